@@ -1,0 +1,16 @@
+//! The sans-IO core of Ticketing.
+//!
+//! Everything that decides lives here: the wire codec ([`wire`]), the
+//! connection handshake ([`auth`]), the lock table ([`lock`]) and the
+//! composition of connections with the lock table ([`server`]). Nothing in
+//! this crate reads a clock, opens a socket or draws from a global RNG: time
+//! enters as an [`time::Instant`] argument and randomness as bytes handed in
+//! by the driver, so a run is a pure function of its inputs.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod lock;
+pub mod server;
+pub mod time;
+pub mod wire;
