@@ -10,6 +10,9 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod client;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lock;
 pub mod server;
 pub mod time;

@@ -5,9 +5,16 @@
 //! clock. The single-mode server drives it directly; cluster mode will drive
 //! the same rules through replicated commands.
 //!
-//! SKELETON: bodies marked `todo!` are being written; signatures are fixed.
+//! Layout: a `HashMap` from key bytes to a 32-byte entry
+//! (token, lease deadline, group size, optional boxed FIFO queue of waiter
+//! sequence numbers); waiters in a map by arrival sequence number; two
+//! min-heaps for wait deadlines and for the lease deadlines of keys that have
+//! waiters. Keys without waiters expire lazily and are swept periodically.
 
-use crate::time::{Duration, Instant};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
 
 /// Capacity limits. Over any of them an acquire is answered `B` at once and
@@ -118,18 +125,138 @@ pub struct LockStats {
     pub next_token: u64,
 }
 
+/// Microseconds in a second: leases and waits arrive in whole seconds.
+const MICROS_PER_SECOND: u64 = 1_000_000;
+
+/// A deadline heap is rebuilt from live state once it holds more than twice
+/// its live entries plus this many, so stale entries stay bounded while the
+/// rebuild cost stays amortised O(1) per push.
+const HEAP_SLACK: usize = 1_024;
+
+/// One key in the table. 32 bytes; the key bytes live in the map's key.
+///
+/// A key exists while it has a holder (`token != 0`, possibly with an expired
+/// lease that nobody has looked at yet) or waiters; a key with neither is
+/// deleted at once.
+#[derive(Debug)]
+struct KeyEntry {
+    /// The holder's fencing token; 0 = no holder.
+    token: u64,
+    /// When the holder's lease ends (microseconds). Meaningless if `token == 0`.
+    lease_deadline_us: u64,
+    /// Waiter sequence numbers in arrival order; `None` when nobody waits, so
+    /// an uncontended key costs no allocation beyond its bytes.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin 8-byte pointer instead of a 32-byte VecDeque in every entry"
+    )]
+    queue: Option<Box<VecDeque<u64>>>,
+    /// Number of keys in the holder's grant, so a release can tell whether it
+    /// names exactly the granted group without a per-grant index.
+    group_len: u8,
+}
+
+impl KeyEntry {
+    /// A key that only has waiters so far.
+    fn unheld() -> Self {
+        KeyEntry {
+            token: 0,
+            lease_deadline_us: 0,
+            queue: None,
+            group_len: 0,
+        }
+    }
+
+    /// Whether a holder's lease is still running at `at_us`.
+    fn is_held_at(&self, at_us: u64) -> bool {
+        self.token != 0 && self.lease_deadline_us > at_us
+    }
+
+    fn queue_front(&self) -> Option<u64> {
+        self.queue.as_ref().and_then(|queue| queue.front().copied())
+    }
+
+    fn queue_len(&self) -> usize {
+        self.queue.as_ref().map_or(0, |queue| queue.len())
+    }
+}
+
+/// A queued acquire.
+#[derive(Debug)]
+struct Waiter {
+    id: WaiterId,
+    /// The requested keys, ascending (a group of one for `A`).
+    keys: Box<[Box<[u8]>]>,
+    /// When the waiter gets `T` (microseconds): `wait_s` after receipt minus
+    /// the margin.
+    wait_deadline_us: u64,
+    lease_s: u8,
+}
+
+/// A lease deadline of a key that has waiters. Stale once the key's token
+/// differs or nobody waits on it any more; stale entries are skipped.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct LeaseDeadline {
+    deadline_us: u64,
+    token: u64,
+    key: Box<[u8]>,
+}
+
 /// The lock table.
+///
+/// Processing order: every method taking `now` first handles everything due
+/// at or before `now` in time order, as if the driver had called
+/// [`LockTable::handle_timeout`] punctually: wait deadlines, lease deadlines
+/// of keys with waiters and sweeps, each at its own instant (ties: wait
+/// deadlines before lease deadlines before the sweep). A grant made while
+/// catching up gets its lease from the real `now`, never from the past
+/// instant, so nobody is handed a lease that has already run out.
 #[derive(Debug)]
 pub struct LockTable {
     config: LockConfig,
     next_token: u64,
+    keys: HashMap<Box<[u8]>, KeyEntry>,
+    /// Queued waiters by arrival sequence number.
+    waiters: HashMap<u64, Waiter>,
+    /// Caller ids of queued waiters, for `cancel`.
+    waiter_seqs: HashMap<WaiterId, u64>,
+    /// The global arrival order that keeps key-set waits deadlock-free.
+    next_seq: u64,
+    /// Sum of all queue lengths (a set waiter counts once per key).
+    queued_pairs: usize,
+    /// Min-heap of (wait deadline, waiter seq).
+    wait_deadlines: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Min-heap of lease deadlines of keys with waiters.
+    lease_deadlines: BinaryHeap<Reverse<LeaseDeadline>>,
+    next_sweep_us: u64,
+    sweep_interval_us: u64,
+    wait_margin_us: u64,
+    /// The latest `now` seen; time never runs backwards inside the table.
+    last_now_us: u64,
+    events: VecDeque<LockEvent>,
 }
 
 impl LockTable {
     /// An empty table whose first grant gets `first_token` (non-zero).
     pub fn new(config: LockConfig, first_token: u64, now: Instant) -> Self {
-        let _ = now;
-        LockTable { config, next_token: first_token.max(1) }
+        // A zero interval would make the sweep schedule stand still.
+        let sweep_interval_us = duration_micros(config.sweep_interval).max(1);
+        LockTable {
+            config,
+            next_token: first_token.max(1),
+            keys: HashMap::new(),
+            waiters: HashMap::new(),
+            waiter_seqs: HashMap::new(),
+            next_seq: 0,
+            queued_pairs: 0,
+            wait_deadlines: BinaryHeap::new(),
+            lease_deadlines: BinaryHeap::new(),
+            next_sweep_us: now.as_micros().saturating_add(sweep_interval_us),
+            sweep_interval_us,
+            wait_margin_us: duration_micros(config.wait_margin),
+            last_now_us: now.as_micros(),
+            events: VecDeque::new(),
+        }
     }
 
     /// An acquire received at `now`. `waiter` is used only if the request is
@@ -142,54 +269,593 @@ impl LockTable {
         wait_s: u8,
         lease_s: u8,
     ) -> AcquireOutcome {
-        let _ = (now, waiter, keys, wait_s, lease_s, &self.config);
-        todo!()
+        let now_us = self.advance(now);
+        let outcome = self.acquire_at(now_us, waiter, keys, wait_s, lease_s);
+        self.tidy();
+        outcome
+    }
+
+    fn acquire_at(
+        &mut self,
+        now_us: u64,
+        waiter: WaiterId,
+        keys: KeyGroup,
+        wait_s: u8,
+        lease_s: u8,
+    ) -> AcquireOutcome {
+        let limits = self.config.limits;
+        let mut new_keys = 0;
+        let mut all_free = true;
+        let mut some_queue_full = false;
+        for key in keys.keys() {
+            match self.keys.get(key.as_bytes()) {
+                None => new_keys += 1,
+                Some(entry) => {
+                    // FIFO: a key with waiters is never free for a newcomer,
+                    // even if its holder is gone.
+                    if entry.queue.is_some() || entry.is_held_at(now_us) {
+                        all_free = false;
+                    }
+                    some_queue_full |= entry.queue_len() >= limits.max_waiters_per_key;
+                }
+            }
+        }
+        let over_key_limit = self.keys.len() + new_keys > limits.max_keys;
+
+        if all_free {
+            if over_key_limit {
+                return AcquireOutcome::Busy;
+            }
+            let token = self.issue_token();
+            let lease_deadline_us = lease_deadline(now_us, lease_s);
+            let group_len = group_len(keys.len());
+            for key in keys.into_keys() {
+                // An expired holder is simply overwritten (lazy expiry).
+                let entry = self
+                    .keys
+                    .entry(key.into_boxed_bytes())
+                    .or_insert_with(KeyEntry::unheld);
+                entry.token = token;
+                entry.lease_deadline_us = lease_deadline_us;
+                entry.group_len = group_len;
+            }
+            return AcquireOutcome::Granted { token };
+        }
+        if wait_s == 0 {
+            return AcquireOutcome::TimedOut;
+        }
+        if over_key_limit || some_queue_full || self.waiters.len() >= limits.max_waiters_total {
+            return AcquireOutcome::Busy;
+        }
+
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let keys: Box<[Box<[u8]>]> = keys
+            .into_keys()
+            .into_iter()
+            .map(|key| key.into_boxed_bytes())
+            .collect();
+        for key in keys.iter() {
+            let entry = match self.keys.get_mut(&**key) {
+                Some(entry) => entry,
+                None => self
+                    .keys
+                    .entry(key.clone())
+                    .or_insert_with(KeyEntry::unheld),
+            };
+            if entry.token != 0 && !entry.is_held_at(now_us) {
+                // Expire lazily now: a key with waiters must not keep a dead
+                // holder that no lease deadline will ever clear.
+                entry.token = 0;
+            }
+            let queue = entry.queue.get_or_insert_with(Box::default);
+            if queue.is_empty() && entry.token != 0 {
+                // From now on this key's lease end must hand it over.
+                self.lease_deadlines.push(Reverse(LeaseDeadline {
+                    deadline_us: entry.lease_deadline_us,
+                    token: entry.token,
+                    key: key.clone(),
+                }));
+            }
+            queue.push_back(seq);
+            self.queued_pairs += 1;
+        }
+        // Answer `T` a margin early so it beats the client's own deadline,
+        // but never before the request arrived.
+        let wait_deadline_us = now_us
+            .saturating_add(u64::from(wait_s) * MICROS_PER_SECOND)
+            .saturating_sub(self.wait_margin_us)
+            .max(now_us);
+        self.wait_deadlines.push(Reverse((wait_deadline_us, seq)));
+        let previous = self.waiter_seqs.insert(waiter, seq);
+        debug_assert!(
+            previous.is_none(),
+            "waiter id {waiter:?} reused while queued"
+        );
+        self.waiters.insert(
+            seq,
+            Waiter {
+                id: waiter,
+                keys,
+                wait_deadline_us,
+                lease_s,
+            },
+        );
+        AcquireOutcome::Queued
     }
 
     /// A release received at `now`.
     pub fn release(&mut self, now: Instant, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
-        let _ = (now, keys, token);
-        todo!()
+        let now_us = self.advance(now);
+        let outcome = self.release_at(now_us, keys, token);
+        self.tidy();
+        outcome
+    }
+
+    fn release_at(&mut self, now_us: u64, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
+        if token == 0 {
+            // 0 marks "no holder" inside the table; it is never current.
+            return ReleaseOutcome::NotFound;
+        }
+        let mut matched = 0;
+        let mut grant = None;
+        for key in keys.keys() {
+            if let Some(entry) = self.keys.get(key.as_bytes())
+                && entry.token == token
+            {
+                matched += 1;
+                grant = Some((entry.group_len, entry.lease_deadline_us));
+            }
+        }
+        let Some((group_len, lease_deadline_us)) = grant else {
+            return ReleaseOutcome::NotFound;
+        };
+        // Tokens are unique per grant, so `matched` named keys carrying it
+        // plus an equal group size means the named group is the granted one.
+        if matched != keys.len() || usize::from(group_len) != keys.len() {
+            // A lapsed grant may already be partly handed on or swept; the
+            // client's token is simply not current any more.
+            return if lease_deadline_us > now_us {
+                ReleaseOutcome::GroupMismatch
+            } else {
+                ReleaseOutcome::NotFound
+            };
+        }
+        // Free every key first, then hand each on, so a set waiting at the
+        // front of several of these keys is granted in one go.
+        let mut some_waiters = false;
+        for key in keys.keys() {
+            let bytes = key.as_bytes();
+            if let Some(entry) = self.keys.get_mut(bytes) {
+                if entry.queue.is_some() {
+                    entry.token = 0;
+                    some_waiters = true;
+                } else {
+                    self.keys.remove(bytes);
+                }
+            }
+        }
+        if some_waiters {
+            for key in keys.keys() {
+                self.grant_front(key.as_bytes(), now_us, now_us);
+            }
+        }
+        ReleaseOutcome::Released
     }
 
     /// Drops a queued waiter (its connection closed). Returns false if it was
     /// not queued. May grant keys to the waiters behind it.
     pub fn cancel(&mut self, now: Instant, waiter: WaiterId) -> bool {
-        let _ = (now, waiter);
-        todo!()
+        let now_us = self.advance(now);
+        let cancelled = match self.waiter_seqs.get(&waiter) {
+            Some(&seq) => {
+                self.remove_waiter(seq, now_us, now_us, false);
+                true
+            }
+            None => false,
+        };
+        self.tidy();
+        cancelled
     }
 
     /// Ends every queued wait with [`LockEvent::TimedOut`] (server shutdown).
     pub fn time_out_all_waiters(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        self.advance(now);
+        let mut seqs: Vec<u64> = self.waiters.keys().copied().collect();
+        seqs.sort_unstable();
+        for seq in seqs {
+            let Some(waiter) = self.waiters.remove(&seq) else {
+                continue;
+            };
+            self.events
+                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+            for key in waiter.keys.iter() {
+                if let Some(entry) = self.keys.get_mut(&**key) {
+                    entry.queue = None;
+                    if entry.token == 0 {
+                        self.keys.remove(&**key);
+                    }
+                }
+            }
+        }
+        self.waiter_seqs.clear();
+        self.queued_pairs = 0;
+        // With no waiters every wait and lease deadline entry is stale.
+        self.wait_deadlines.clear();
+        self.lease_deadlines.clear();
     }
 
     /// Processes every deadline at or before `now`: lease expiry of keys with
     /// waiters (handing them on), wait deadlines, and the periodic sweep.
     /// Calling it early or twice is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        self.advance(now);
+        self.tidy();
     }
 
     /// The earliest instant at which [`LockTable::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
+        // Heap tops are kept live by `tidy`, so this is exact, not early.
+        let wait = self.wait_deadlines.peek().map(|Reverse((at, _))| *at);
+        let lease = self.lease_deadlines.peek().map(|Reverse(l)| l.deadline_us);
+        let earliest = [wait, lease]
+            .into_iter()
+            .flatten()
+            .fold(self.next_sweep_us, u64::min);
+        Some(Instant::from_micros(earliest))
     }
 
     /// The next event for a queued waiter, if any.
     pub fn poll_event(&mut self) -> Option<LockEvent> {
-        todo!()
+        self.events.pop_front()
     }
 
-    /// Current counts.
+    /// Current counts. `held_keys` is counted against the latest `now` the
+    /// table has seen, by a scan: O(keys), meant for metrics and tests.
     pub fn stats(&self) -> LockStats {
-        todo!()
+        LockStats {
+            keys: self.keys.len(),
+            held_keys: self
+                .keys
+                .values()
+                .filter(|entry| entry.is_held_at(self.last_now_us))
+                .count(),
+            waiters: self.waiters.len(),
+            next_token: self.next_token,
+        }
     }
 
     /// The next token to be issued.
     pub fn next_token(&self) -> u64 {
         self.next_token
+    }
+
+    /// The recorded holder of `key`: its token and lease deadline. The lease
+    /// may already have ended if nothing has touched or swept the key since
+    /// (lazy expiry); `None` if the key has no holder.
+    pub fn holder(&self, key: &[u8]) -> Option<(u64, Instant)> {
+        self.keys
+            .get(key)
+            .filter(|entry| entry.token != 0)
+            .map(|entry| (entry.token, Instant::from_micros(entry.lease_deadline_us)))
+    }
+
+    /// Number of waiters queued on `key` (a set waiter counts on each of its
+    /// keys).
+    pub fn queue_len(&self, key: &[u8]) -> usize {
+        self.keys.get(key).map_or(0, KeyEntry::queue_len)
+    }
+
+    /// Moves the table's clock to `now` (never backwards) and processes every
+    /// deadline due by then. Returns the effective `now` in microseconds.
+    fn advance(&mut self, now: Instant) -> u64 {
+        let now_us = now.as_micros().max(self.last_now_us);
+        self.last_now_us = now_us;
+        self.process_due(now_us);
+        now_us
+    }
+
+    /// Handles wait deadlines, lease deadlines and sweeps due at or before
+    /// `now_us`, each at its own instant, in time order.
+    fn process_due(&mut self, now_us: u64) {
+        loop {
+            self.drop_stale_heap_tops();
+            let wait_at = self
+                .wait_deadlines
+                .peek()
+                .map(|Reverse((at, _))| *at)
+                .filter(|&at| at <= now_us);
+            let lease_at = self
+                .lease_deadlines
+                .peek()
+                .map(|Reverse(lease)| lease.deadline_us)
+                .filter(|&at| at <= now_us);
+            let event_at = match (wait_at, lease_at) {
+                (Some(w), Some(l)) => Some(w.min(l)),
+                (w, l) => w.or(l),
+            };
+            if self.next_sweep_us <= now_us && event_at.is_none_or(|at| self.next_sweep_us < at) {
+                // Consecutive sweeps with nothing in between collapse into the
+                // last of them: it removes a superset of what they would.
+                let last_us = event_at.map_or(now_us, |at| at - 1);
+                let missed = (last_us - self.next_sweep_us) / self.sweep_interval_us;
+                let sweep_at_us = self.next_sweep_us + missed * self.sweep_interval_us;
+                self.sweep(sweep_at_us);
+                self.next_sweep_us = sweep_at_us.saturating_add(self.sweep_interval_us);
+                continue;
+            }
+            match (wait_at, lease_at) {
+                (None, None) => break,
+                (Some(wait_at), lease_at) if lease_at.is_none_or(|l| wait_at <= l) => {
+                    let Some(Reverse((_, seq))) = self.wait_deadlines.pop() else {
+                        unreachable!("peeked above");
+                    };
+                    self.remove_waiter(seq, wait_at, now_us, true);
+                }
+                (_, _) => {
+                    let Some(Reverse(lease)) = self.lease_deadlines.pop() else {
+                        unreachable!("peeked above");
+                    };
+                    if let Some(entry) = self.keys.get_mut(&lease.key) {
+                        entry.token = 0;
+                    }
+                    self.grant_front(&lease.key, lease.deadline_us, now_us);
+                }
+            }
+        }
+    }
+
+    /// Removes expired keys that nobody waits for, as of `at_us`.
+    fn sweep(&mut self, at_us: u64) {
+        self.keys
+            .retain(|_, entry| entry.queue.is_some() || entry.is_held_at(at_us));
+    }
+
+    /// Pops heap entries that no longer stand for a live deadline, so that
+    /// `poll_timeout` is exact and dead entries leave the heaps early.
+    fn drop_stale_heap_tops(&mut self) {
+        while let Some(Reverse((_, seq))) = self.wait_deadlines.peek() {
+            if self.waiters.contains_key(seq) {
+                break;
+            }
+            self.wait_deadlines.pop();
+        }
+        while let Some(Reverse(lease)) = self.lease_deadlines.peek() {
+            if self.is_live_lease_deadline(lease) {
+                break;
+            }
+            self.lease_deadlines.pop();
+        }
+    }
+
+    fn is_live_lease_deadline(&self, lease: &LeaseDeadline) -> bool {
+        // Tokens are never reused, so a matching token means the same grant
+        // and therefore the same deadline.
+        self.keys
+            .get(&lease.key)
+            .is_some_and(|entry| entry.token == lease.token && entry.queue.is_some())
+    }
+
+    /// End-of-call upkeep: live heap tops, heaps bounded by live state.
+    fn tidy(&mut self) {
+        if self.wait_deadlines.len() > 2 * self.waiters.len() + HEAP_SLACK {
+            self.wait_deadlines = self
+                .waiters
+                .iter()
+                .map(|(&seq, waiter)| Reverse((waiter.wait_deadline_us, seq)))
+                .collect();
+        }
+        if self.lease_deadlines.len() > 2 * self.queued_pairs + HEAP_SLACK {
+            self.rebuild_lease_deadlines();
+        }
+        self.drop_stale_heap_tops();
+    }
+
+    /// One entry per held key with waiters, found through the waiter at the
+    /// front of each queue: O(queued pairs), no scan of the whole table.
+    fn rebuild_lease_deadlines(&mut self) {
+        let mut lease_deadlines = Vec::new();
+        for (&seq, waiter) in &self.waiters {
+            for key in waiter.keys.iter() {
+                if let Some(entry) = self.keys.get(&**key)
+                    && entry.token != 0
+                    && entry.queue_front() == Some(seq)
+                {
+                    lease_deadlines.push(Reverse(LeaseDeadline {
+                        deadline_us: entry.lease_deadline_us,
+                        token: entry.token,
+                        key: key.clone(),
+                    }));
+                }
+            }
+        }
+        self.lease_deadlines = BinaryHeap::from(lease_deadlines);
+    }
+
+    /// Takes waiter `seq` out of all its queues at `at_us`, with a `T` event
+    /// if `timed_out`, then lets whoever is now at the front of those queues
+    /// in. Grants made here get their lease from `now_us`.
+    fn remove_waiter(&mut self, seq: u64, at_us: u64, now_us: u64, timed_out: bool) {
+        let Some(waiter) = self.waiters.remove(&seq) else {
+            return;
+        };
+        self.waiter_seqs.remove(&waiter.id);
+        if timed_out {
+            self.events
+                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+        }
+        // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
+        let mut was_front: u32 = 0;
+        for (i, key) in waiter.keys.iter().enumerate() {
+            let Some(entry) = self.keys.get_mut(&**key) else {
+                debug_assert!(false, "waiter's key missing from the table");
+                continue;
+            };
+            let Some(queue) = entry.queue.as_mut() else {
+                debug_assert!(false, "waiter missing from its key's queue");
+                continue;
+            };
+            // Queues are ascending by seq: the global arrival order.
+            if let Ok(position) = queue.binary_search(&seq) {
+                queue.remove(position);
+                self.queued_pairs -= 1;
+                if position == 0 {
+                    was_front |= 1 << i;
+                }
+            }
+            if queue.is_empty() {
+                entry.queue = None;
+                if entry.token == 0 {
+                    self.keys.remove(&**key);
+                }
+            }
+        }
+        for (i, key) in waiter.keys.iter().enumerate() {
+            if was_front & (1 << i) != 0 {
+                self.grant_front(key, at_us, now_us);
+            }
+        }
+    }
+
+    /// Grants `key` to the waiter at the front of its queue if, at `at_us`,
+    /// that waiter is at the front of every one of its keys and none of them
+    /// has a running lease. Only the front is looked at ("wake only the next
+    /// waiter"); a set blocked elsewhere is retried when that key frees.
+    fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) {
+        let Some(entry) = self.keys.get(key) else {
+            return;
+        };
+        if entry.is_held_at(at_us) {
+            return;
+        }
+        let Some(seq) = entry.queue_front() else {
+            return;
+        };
+        let Some(waiter) = self.waiters.get(&seq) else {
+            debug_assert!(false, "queued seq without a waiter");
+            return;
+        };
+        let grantable = waiter.keys.iter().all(|key| {
+            self.keys
+                .get(&**key)
+                .is_some_and(|entry| entry.queue_front() == Some(seq) && !entry.is_held_at(at_us))
+        });
+        if !grantable {
+            return;
+        }
+        let Some(waiter) = self.waiters.remove(&seq) else {
+            return;
+        };
+        self.waiter_seqs.remove(&waiter.id);
+        let token = self.issue_token();
+        // A fresh lease from the real handoff time (etcd #11456), even when
+        // catching up on a deadline that passed earlier.
+        let lease_deadline_us = lease_deadline(now_us, waiter.lease_s);
+        let group_len = group_len(waiter.keys.len());
+        for key in waiter.keys.into_vec() {
+            let Some(entry) = self.keys.get_mut(&*key) else {
+                continue;
+            };
+            entry.token = token;
+            entry.lease_deadline_us = lease_deadline_us;
+            entry.group_len = group_len;
+            if let Some(queue) = entry.queue.as_mut() {
+                queue.pop_front();
+                self.queued_pairs -= 1;
+                if queue.is_empty() {
+                    entry.queue = None;
+                } else {
+                    self.lease_deadlines.push(Reverse(LeaseDeadline {
+                        deadline_us: lease_deadline_us,
+                        token,
+                        key,
+                    }));
+                }
+            }
+        }
+        self.events.push_back(LockEvent::Granted {
+            waiter: waiter.id,
+            token,
+        });
+    }
+
+    fn issue_token(&mut self) -> u64 {
+        let token = self.next_token;
+        // Never wrap: a reused token would defeat fencing. Starting from
+        // wall-clock microseconds this is ~580,000 years away.
+        self.next_token = token.checked_add(1).expect("fencing tokens exhausted");
+        token
+    }
+}
+
+fn lease_deadline(now_us: u64, lease_s: u8) -> u64 {
+    now_us.saturating_add(u64::from(lease_s) * MICROS_PER_SECOND)
+}
+
+fn group_len(len: usize) -> u8 {
+    // KeyGroup guarantees 1..=16 keys.
+    u8::try_from(len).expect("key group of at most 16 keys")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_entry_stays_compact() {
+        // 32 bytes of entry + 16 of boxed key bytes per bucket: the memory
+        // budget (< 200 bytes per held key) depends on it.
+        assert_eq!(core::mem::size_of::<KeyEntry>(), 32);
+        assert_eq!(core::mem::size_of::<(Box<[u8]>, KeyEntry)>(), 48);
+    }
+
+    fn group(names: &[&str]) -> KeyGroup {
+        let keys = names
+            .iter()
+            .map(|name| crate::wire::Key::new(name.as_bytes()).unwrap())
+            .collect();
+        KeyGroup::new(keys).unwrap()
+    }
+
+    #[test]
+    fn stale_heap_entries_stay_bounded_behind_a_live_head() {
+        let now = Instant::from_micros(1_000);
+        let mut table = LockTable::new(LockConfig::default(), 1, now);
+        // Live heads: "x" is held with a waiter whose wait ends first, so
+        // stale entries for "y" pile up below them in both heaps.
+        let x = table.acquire(now, WaiterId(0), group(&["x"]), 0, 100);
+        assert_eq!(x, AcquireOutcome::Granted { token: 1 });
+        table.acquire(now, WaiterId(1), group(&["x"]), 10, 100);
+        table.acquire(now, WaiterId(2), group(&["y"]), 0, 200);
+        for id in 3..20_000 {
+            let outcome = table.acquire(now, WaiterId(id), group(&["y"]), 60, 10);
+            assert_eq!(outcome, AcquireOutcome::Queued);
+            assert!(table.cancel(now, WaiterId(id)));
+            assert!(table.wait_deadlines.len() <= 2 * table.waiters.len() + HEAP_SLACK + 1);
+            assert!(table.lease_deadlines.len() <= 2 * table.queued_pairs + HEAP_SLACK + 1);
+        }
+        // The rebuilt heaps still drive the live deadlines.
+        // The first sweep is due before the live wait deadline.
+        let first_sweep = now.saturating_add(Duration::from_secs(5));
+        assert_eq!(table.poll_timeout(), Some(first_sweep));
+        let wait_deadline = now.saturating_add(Duration::from_millis(9_900));
+        table.acquire(now, WaiterId(20_000), group(&["y"]), 250, 10);
+        table.handle_timeout(wait_deadline);
+        assert_eq!(
+            table.poll_event(),
+            Some(LockEvent::TimedOut {
+                waiter: WaiterId(1)
+            })
+        );
+        let y_lease_end = now.saturating_add(Duration::from_secs(200));
+        table.handle_timeout(y_lease_end);
+        assert!(matches!(
+            table.poll_event(),
+            Some(LockEvent::Granted {
+                waiter: WaiterId(20_000),
+                ..
+            })
+        ));
+        assert_eq!(table.stats().waiters, 0);
     }
 }

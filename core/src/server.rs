@@ -9,12 +9,22 @@
 //! - outputs: drain [`Server::poll_wake`] after every input; for each woken
 //!   connection call [`Server::take_transmit`] and write what it gives;
 //! - time: [`Server::poll_timeout`].
-//!
-//! SKELETON: bodies marked `todo!` are being written; signatures are fixed.
 
-use crate::auth::ClientTokens;
-use crate::lock::{LockConfig, LockStats};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+use crate::auth::{
+    ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
+    SINGLE_FINGERPRINT, ServerHandshake, WireMode,
+};
+use crate::lock::{
+    AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
+};
 use crate::time::{Duration, Instant};
+use crate::wire::{
+    AcquireRequest, Decoded, ErrorCode, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+    RequestDecoder,
+};
 
 /// Server configuration (already validated by the caller's config layer).
 #[derive(Clone, Debug)]
@@ -76,85 +86,457 @@ pub struct ServerStats {
 #[derive(Debug)]
 pub struct Server {
     config: ServerConfig,
+    table: LockTable,
+    conns: HashMap<ConnId, Conn>,
+    next_conn_id: u64,
+    /// Queued acquires, by the waiter id the table knows them by.
+    waiters: HashMap<WaiterId, QueuedAcquire>,
+    next_waiter_id: u64,
+    wakes: VecDeque<ConnId>,
+    /// Handshake deadlines; entries of connections that finished or closed
+    /// are skipped when they come due.
+    handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    shutting_down: bool,
+}
+
+/// A grant written (or about to be written) to a connection. Kept until the
+/// bytes carrying it are flushed, so that a connection that dies first does
+/// not leave a ghost lock behind.
+#[derive(Debug)]
+struct UndeliveredGrant {
+    token: u64,
+    keys: KeyGroup,
+}
+
+#[derive(Debug)]
+struct QueuedAcquire {
+    conn: ConnId,
+    rid: u64,
+    set: bool,
+    keys: KeyGroup,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Handshake(ServerHandshake),
+    Session,
+}
+
+#[derive(Debug)]
+struct Conn {
+    phase: Phase,
+    decoder: RequestDecoder,
+    outbound: Vec<u8>,
+    /// Grants in `outbound`, not yet taken by the driver.
+    grants_untaken: Vec<UndeliveredGrant>,
+    /// Grants taken by the driver and not yet reported flushed.
+    grants_unflushed: Vec<UndeliveredGrant>,
+    queued: HashSet<WaiterId>,
+    /// Whether this connection is in the server's wake queue; keeps the queue
+    /// no longer than the number of connections.
+    in_wake_queue: bool,
+    /// The server decided to close: no more input is read; what is queued is
+    /// flushed, then the driver closes.
+    closing: bool,
+}
+
+impl Conn {
+    fn new(handshake: ServerHandshake) -> Self {
+        Conn {
+            phase: Phase::Handshake(handshake),
+            decoder: RequestDecoder::new(),
+            outbound: Vec::new(),
+            grants_untaken: Vec::new(),
+            grants_unflushed: Vec::new(),
+            queued: HashSet::new(),
+            in_wake_queue: false,
+            closing: false,
+        }
+    }
+}
+
+/// Queues `reply` on `conn` and schedules a wake if needed.
+fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>, reply: Reply) {
+    reply.encode(&mut conn.outbound);
+    wake(conn_id, conn, wakes);
+}
+
+fn wake(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>) {
+    if !conn.in_wake_queue {
+        conn.in_wake_queue = true;
+        wakes.push_back(conn_id);
+    }
 }
 
 impl Server {
     /// A server whose first grant gets `first_token` (by our rule the
     /// bootstrap wall-clock time in microseconds since the Unix epoch).
     pub fn new(config: ServerConfig, first_token: u64, now: Instant) -> Self {
-        let _ = (first_token, now);
-        Server { config }
+        let table = LockTable::new(config.lock, first_token, now);
+        Server {
+            config,
+            table,
+            conns: HashMap::new(),
+            next_conn_id: 1,
+            waiters: HashMap::new(),
+            next_waiter_id: 1,
+            wakes: VecDeque::new(),
+            handshake_deadlines: BinaryHeap::new(),
+            shutting_down: false,
+        }
     }
 
     /// A transport connection opened. `nonce` must be fresh CSPRNG bytes.
-    /// Returns `None` if the connection limit is reached (close it at once).
-    /// The hello is queued for sending (a wake follows).
-    pub fn handle_connect(&mut self, now: Instant, nonce: [u8; 16]) -> Option<ConnId> {
-        let _ = (now, nonce, &self.config);
-        todo!()
+    /// Returns `None` if the connection limit is reached or the server is
+    /// shutting down (close it at once). The hello is queued for sending (a
+    /// wake follows).
+    pub fn handle_connect(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        if self.shutting_down || self.conns.len() >= self.config.max_connections {
+            return None;
+        }
+        let conn_id = ConnId(self.next_conn_id);
+        self.next_conn_id += 1;
+        let hello = Hello {
+            mode: WireMode::Single,
+            self_slot: NO_LEADER_SLOT,
+            nonce,
+        };
+        let deadline = now.saturating_add(self.config.handshake_timeout);
+        let handshake = ServerHandshake::new(hello, SINGLE_FINGERPRINT, deadline);
+        let mut conn = Conn::new(handshake);
+        if let Phase::Handshake(handshake) = &conn.phase {
+            conn.outbound.extend_from_slice(&handshake.hello_bytes());
+        }
+        wake(conn_id, &mut conn, &mut self.wakes);
+        self.conns.insert(conn_id, conn);
+        self.handshake_deadlines.push(Reverse((deadline, conn_id)));
+        Some(conn_id)
     }
 
     /// Bytes received on `conn`.
-    pub fn handle_input(&mut self, now: Instant, conn: ConnId, bytes: &[u8]) {
-        let _ = (now, conn, bytes);
-        todo!()
+    pub fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        self.handle_timeout(now);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        let mut rest = bytes;
+        if let Phase::Handshake(handshake) = &mut conn.phase {
+            let (used, status) = handshake.handle_input(&self.config.client_tokens, rest);
+            rest = &rest[used..];
+            match status {
+                HandshakeStatus::NeedMore => return,
+                HandshakeStatus::Accepted => {
+                    conn.phase = Phase::Session;
+                    conn.outbound.push(RESULT_ACCEPTED);
+                    wake(conn_id, conn, &mut self.wakes);
+                }
+                HandshakeStatus::Rejected => {
+                    conn.outbound.push(RESULT_REJECTED);
+                    self.close_conn(now, conn_id);
+                    return;
+                }
+            }
+        }
+        if rest.is_empty() {
+            return;
+        }
+        conn.decoder.push(rest);
+        loop {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                return;
+            };
+            if conn.closing {
+                break;
+            }
+            match conn.decoder.next() {
+                Ok(None) => break,
+                Ok(Some(Decoded::Rejected { rid, code, .. })) => {
+                    send(conn_id, conn, &mut self.wakes, Reply::Error { rid, code });
+                }
+                Ok(Some(Decoded::Request(Request::Acquire(acquire)))) => {
+                    self.handle_acquire(now, conn_id, acquire);
+                }
+                Ok(Some(Decoded::Request(Request::Release(release)))) => {
+                    self.handle_release(now, conn_id, release);
+                }
+                Err(_frame_error) => {
+                    // The frame cannot be parsed, so there is no rid to answer:
+                    // the published clients expect the session to end.
+                    self.close_conn(now, conn_id);
+                    break;
+                }
+            }
+        }
+        self.drain_lock_events();
+    }
+
+    fn handle_acquire(&mut self, now: Instant, conn_id: ConnId, acquire: AcquireRequest) {
+        let AcquireRequest {
+            rid,
+            wait_s,
+            lease_s,
+            keys,
+            set,
+        } = acquire;
+        let over_in_flight = self
+            .conns
+            .get(&conn_id)
+            .is_none_or(|conn| conn.queued.len() >= self.config.max_in_flight_per_connection);
+        let outcome = if over_in_flight {
+            AcquireOutcome::Busy
+        } else {
+            let waiter = WaiterId(self.next_waiter_id);
+            self.next_waiter_id += 1;
+            let outcome = self
+                .table
+                .acquire(now, waiter, keys.clone(), wait_s, lease_s);
+            if outcome == AcquireOutcome::Queued {
+                let Some(conn) = self.conns.get_mut(&conn_id) else {
+                    return;
+                };
+                conn.queued.insert(waiter);
+                self.waiters.insert(
+                    waiter,
+                    QueuedAcquire {
+                        conn: conn_id,
+                        rid,
+                        set,
+                        keys,
+                    },
+                );
+                return;
+            }
+            outcome
+        };
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let reply = match outcome {
+            AcquireOutcome::Granted { token } => {
+                conn.grants_untaken.push(UndeliveredGrant { token, keys });
+                if set {
+                    Reply::AcquiredSet { rid, token }
+                } else {
+                    Reply::Acquired { rid, token }
+                }
+            }
+            AcquireOutcome::TimedOut => Reply::TimedOut { rid },
+            AcquireOutcome::Busy => Reply::Busy { rid },
+            AcquireOutcome::Queued => unreachable!("queued acquires returned above"),
+        };
+        send(conn_id, conn, &mut self.wakes, reply);
+    }
+
+    fn handle_release(&mut self, now: Instant, conn_id: ConnId, release: ReleaseRequest) {
+        let ReleaseRequest {
+            rid,
+            token,
+            keys,
+            set,
+        } = release;
+        let outcome = self.table.release(now, &keys, token);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let reply = match outcome {
+            ReleaseOutcome::Released if set => Reply::ReleasedSet { rid },
+            ReleaseOutcome::Released => Reply::Released { rid },
+            ReleaseOutcome::NotFound => Reply::NotFound { rid },
+            ReleaseOutcome::GroupMismatch => Reply::Error {
+                rid,
+                code: ErrorCode::GroupMismatch,
+            },
+        };
+        send(conn_id, conn, &mut self.wakes, reply);
+    }
+
+    /// Turns the lock table's events into replies to queued acquires.
+    fn drain_lock_events(&mut self) {
+        while let Some(event) = self.table.poll_event() {
+            let (waiter, token) = match event {
+                LockEvent::Granted { waiter, token } => (waiter, Some(token)),
+                LockEvent::TimedOut { waiter } => (waiter, None),
+            };
+            let Some(queued) = self.waiters.remove(&waiter) else {
+                debug_assert!(false, "lock event for unknown waiter {waiter:?}");
+                continue;
+            };
+            let Some(conn) = self.conns.get_mut(&queued.conn) else {
+                debug_assert!(false, "waiter {waiter:?} outlived its connection");
+                continue;
+            };
+            conn.queued.remove(&waiter);
+            let rid = queued.rid;
+            let reply = match token {
+                Some(token) => {
+                    conn.grants_untaken.push(UndeliveredGrant {
+                        token,
+                        keys: queued.keys,
+                    });
+                    if queued.set {
+                        Reply::AcquiredSet { rid, token }
+                    } else {
+                        Reply::Acquired { rid, token }
+                    }
+                }
+                None => Reply::TimedOut { rid },
+            };
+            send(queued.conn, conn, &mut self.wakes, reply);
+        }
+    }
+
+    /// The server gives up on `conn`: it reads nothing more, its queued
+    /// waiters leave their queues now, and what is already queued for it is
+    /// flushed before the driver closes it.
+    fn close_conn(&mut self, now: Instant, conn_id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.closing = true;
+        wake(conn_id, conn, &mut self.wakes);
+        let queued: Vec<WaiterId> = conn.queued.drain().collect();
+        for waiter in queued {
+            self.waiters.remove(&waiter);
+            self.table.cancel(now, waiter);
+        }
+        self.drain_lock_events();
     }
 
     /// Everything taken from `conn` by [`Server::take_transmit`] so far has
     /// been written to the transport: grants in it count as delivered.
-    pub fn handle_flushed(&mut self, now: Instant, conn: ConnId) {
-        let _ = (now, conn);
-        todo!()
+    pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
+        let _ = now;
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.grants_unflushed.clear();
+        }
     }
 
     /// The transport of `conn` is gone (EOF, error, or after
     /// [`ConnState::CloseAfterFlush`]). Its queued waiters are dropped and
     /// grants not yet flushed to it are released at once.
-    pub fn handle_closed(&mut self, now: Instant, conn: ConnId) {
-        let _ = (now, conn);
-        todo!()
+    pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
+        self.handle_timeout(now);
+        self.close_conn(now, conn_id);
+        let Some(conn) = self.conns.remove(&conn_id) else {
+            return;
+        };
+        for grant in conn.grants_unflushed.into_iter().chain(conn.grants_untaken) {
+            // The holder never learned its token: release it now rather than
+            // leave the key blocked until the lease ends. A token that is no
+            // longer current (expired and re-granted) is simply not found.
+            self.table.release(now, &grant.keys, grant.token);
+        }
+        self.drain_lock_events();
     }
 
     /// Processes every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        self.table.handle_timeout(now);
+        while let Some(Reverse((deadline, conn_id))) = self.handshake_deadlines.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.handshake_deadlines.pop();
+            let timed_out = match self.conns.get_mut(&conn_id) {
+                Some(Conn {
+                    phase: Phase::Handshake(handshake),
+                    ..
+                }) => handshake.handle_timeout(now),
+                _ => false,
+            };
+            if timed_out {
+                self.close_conn(now, conn_id);
+            }
+        }
+        self.drain_lock_events();
     }
 
     /// The earliest instant at which [`Server::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
+        let handshake = self
+            .handshake_deadlines
+            .peek()
+            .map(|Reverse((deadline, _))| *deadline);
+        match (self.table.poll_timeout(), handshake) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// A connection that has bytes to send or must be closed. Each connection
-    /// is reported at most once until its bytes are taken.
+    /// A connection that has bytes to send or must be closed. A connection
+    /// whose bytes were already taken since it was queued is skipped, so each
+    /// is reported once per batch of bytes.
     pub fn poll_wake(&mut self) -> Option<ConnId> {
-        todo!()
+        while let Some(conn_id) = self.wakes.pop_front() {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                continue;
+            };
+            conn.in_wake_queue = false;
+            if !conn.outbound.is_empty() || conn.closing {
+                return Some(conn_id);
+            }
+        }
+        None
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
     /// with the connection.
-    pub fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState {
-        let _ = (conn, out);
-        todo!()
+    pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return ConnState::Gone;
+        };
+        if out.is_empty() {
+            // Hand over the buffer itself; the driver's empty one comes back.
+            std::mem::swap(out, &mut conn.outbound);
+        } else {
+            out.extend_from_slice(&conn.outbound);
+            conn.outbound.clear();
+        }
+        conn.grants_unflushed.append(&mut conn.grants_untaken);
+        if conn.closing {
+            ConnState::CloseAfterFlush
+        } else {
+            ConnState::Open
+        }
     }
 
     /// False while `conn` has too many reply bytes waiting to be written: the
     /// driver should stop reading from it until it has written them.
-    pub fn wants_input(&self, conn: ConnId) -> bool {
-        let _ = conn;
-        todo!()
+    pub fn wants_input(&self, conn_id: ConnId) -> bool {
+        self.conns.get(&conn_id).is_some_and(|conn| {
+            !conn.closing && conn.outbound.len() < self.config.max_outbound_bytes_per_connection
+        })
     }
 
-    /// Stop serving: every queued waiter gets `T`, later requests get
-    /// `E 3` (no effect). The driver then flushes and closes every connection.
+    /// Stop serving: every queued waiter gets `T`, every connection is
+    /// flushed and then closed, and new connections are refused.
     pub fn begin_shutdown(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        self.handle_timeout(now);
+        self.shutting_down = true;
+        self.table.time_out_all_waiters(now);
+        self.drain_lock_events();
+        let conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn_id in conn_ids {
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.closing = true;
+                wake(conn_id, conn, &mut self.wakes);
+            }
+        }
+    }
+
+    /// True once [`Server::begin_shutdown`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
     }
 
     /// Current counts.
     pub fn stats(&self) -> ServerStats {
-        todo!()
+        ServerStats {
+            connections: self.conns.len(),
+            lock: self.table.stats(),
+        }
     }
 }

@@ -58,8 +58,14 @@ mod tests {
     #[test]
     fn arithmetic_saturates_instead_of_wrapping() {
         let late = Instant::from_micros(u64::MAX - 1);
-        assert_eq!(late.saturating_add(Duration::from_secs(1)).as_micros(), u64::MAX);
-        assert_eq!(Instant::ZERO.saturating_sub(Duration::from_secs(1)), Instant::ZERO);
+        assert_eq!(
+            late.saturating_add(Duration::from_secs(1)).as_micros(),
+            u64::MAX
+        );
+        assert_eq!(
+            Instant::ZERO.saturating_sub(Duration::from_secs(1)),
+            Instant::ZERO
+        );
         assert_eq!(
             Instant::from_millis(5).saturating_duration_since(Instant::from_millis(7)),
             Duration::ZERO

@@ -1,0 +1,1 @@
+//! The client session as a sans-IO state machine, shared by every runtime.

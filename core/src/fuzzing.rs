@@ -1,0 +1,285 @@
+//! Entry points shared by the cargo-fuzz targets in `fuzz/` and the stable
+//! tests that replay their corpora, so CI exercises the same code without a
+//! nightly toolchain. Each function panics on a violated invariant.
+
+use crate::auth::{
+    ClientHandshake, ClientHandshakeStatus, HELLO_LEN, SINGLE_FINGERPRINT, WireMode,
+};
+use crate::lock::{Limits, LockConfig};
+use crate::server::{ConnId, ConnState, Server, ServerConfig};
+use crate::time::{Duration, Instant};
+use crate::wire::{
+    AcquireRequest, Decoded, Key, KeyGroup, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT,
+    ReleaseRequest, Reply, Request, RequestDecoder,
+};
+
+/// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
+/// first byte, and checks: no panic, bounded buffering, and every request it
+/// yields re-encodes to bytes that decode to the same request.
+pub fn request_decoder(data: &[u8]) {
+    let Some((&chunk_seed, data)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(chunk_seed % 64) + 1;
+    let mut decoder = RequestDecoder::new();
+    for chunk in data.chunks(chunk_len) {
+        decoder.push(chunk);
+        loop {
+            match decoder.next() {
+                Ok(Some(Decoded::Request(request))) => {
+                    let mut bytes = Vec::new();
+                    request.encode(&mut bytes);
+                    let mut again = RequestDecoder::new();
+                    again.push(&bytes);
+                    assert_eq!(again.next(), Ok(Some(Decoded::Request(request))));
+                    assert_eq!(again.buffered(), 0);
+                }
+                Ok(Some(Decoded::Rejected { code, kind, .. })) => {
+                    assert!(code.allowed_for(kind), "{code:?} may not answer {kind:?}");
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+        assert!(
+            decoder.buffered() < MAX_RELEASE_SET_FRAME_LEN,
+            "decoder holds {} bytes after draining",
+            decoder.buffered()
+        );
+    }
+}
+
+/// Decodes reply frames from `data`: never panics, and every reply it
+/// accepts encodes back to the same bytes.
+pub fn reply_decoder(mut data: &[u8]) {
+    while let Ok(Some((reply, used))) = Reply::decode(data) {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        assert_eq!(bytes, &data[..used]);
+        data = &data[used..];
+    }
+}
+
+struct Cursor<'a> {
+    data: &'a [u8],
+}
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&first, rest) = self.data.split_first()?;
+        self.data = rest;
+        Some(first)
+    }
+
+    fn bytes(&mut self, len: usize) -> &[u8] {
+        let len = len.min(self.data.len());
+        let (taken, rest) = self.data.split_at(len);
+        self.data = rest;
+        taken
+    }
+}
+
+struct FuzzConn {
+    id: ConnId,
+    /// Everything the server sent to this connection.
+    received: Vec<u8>,
+    closed: bool,
+}
+
+const FUZZ_KEYS: [&str; 4] = ["a", "b", "c", "d"];
+
+fn fuzz_keys(bits: u8) -> KeyGroup {
+    let mut keys: Vec<Key> = FUZZ_KEYS
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| bits & (1 << index) != 0)
+        .map(|(_, name)| Key::new(name.as_bytes()).expect("valid key"))
+        .collect();
+    if keys.is_empty() {
+        keys.push(Key::new(b"a").expect("valid key"));
+    }
+    KeyGroup::new(keys).expect("ascending keys")
+}
+
+/// Checks that `bytes` is a hello, optionally a result byte, and then only
+/// well-formed replies.
+fn check_server_output(bytes: &[u8]) {
+    if bytes.len() < HELLO_LEN {
+        return;
+    }
+    let mut client =
+        ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+    let (used, status) = client.handle_input(&bytes[..HELLO_LEN]);
+    assert_eq!(
+        (used, status),
+        (HELLO_LEN, ClientHandshakeStatus::SendProof)
+    );
+    let Some((&result, mut rest)) = bytes[HELLO_LEN..].split_first() else {
+        return;
+    };
+    assert!(result <= 1, "result byte {result}");
+    assert!(result == 1 || rest.is_empty(), "bytes after a rejection");
+    while !rest.is_empty() {
+        match Reply::decode(rest) {
+            Ok(Some((reply, used))) => {
+                assert!(!matches!(reply, Reply::Leader { .. } | Reply::Moved { .. }));
+                rest = &rest[used..];
+            }
+            Ok(None) => panic!("server wrote a partial frame"),
+            Err(error) => panic!("server wrote a bad frame: {error:?}"),
+        }
+    }
+}
+
+/// Runs a whole single-mode server on a script read from `data`: connects,
+/// raw bytes, valid handshakes and requests, flushes, closes and clock jumps.
+/// Checks that the server never panics, only ever writes a hello, a result
+/// byte and well-formed replies, and that once every connection is closed and
+/// every lease has run out, the table is empty (no ghost lock, no lost waiter).
+pub fn server_session(data: &[u8]) {
+    let config = ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                max_keys: 3,
+                max_waiters_per_key: 3,
+                max_waiters_total: 5,
+            },
+            ..LockConfig::default()
+        },
+        max_connections: 4,
+        max_in_flight_per_connection: 4,
+        max_outbound_bytes_per_connection: 256,
+        ..ServerConfig::default()
+    };
+    let mut now = Instant::from_millis(1);
+    let mut server = Server::new(config, 1, now);
+    let mut conns: Vec<FuzzConn> = Vec::new();
+    let mut cursor = Cursor { data };
+    let mut rid = 0u64;
+    while let Some(op) = cursor.byte() {
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let live: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].closed).collect();
+        let target = (!live.is_empty()).then(|| live[pick % live.len()]);
+        match (op % 8, target) {
+            (0, _) => {
+                let mut nonce = [0u8; 16];
+                nonce[0] = pick as u8;
+                if let Some(id) = server.handle_connect(now, nonce) {
+                    conns.push(FuzzConn {
+                        id,
+                        received: Vec::new(),
+                        closed: false,
+                    });
+                }
+            }
+            (1, Some(index)) => {
+                let len = usize::from(cursor.byte().unwrap_or(0));
+                let bytes = cursor.bytes(len).to_vec();
+                server.handle_input(now, conns[index].id, &bytes);
+            }
+            (2, Some(index)) => {
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                server.take_transmit(conn.id, &mut out);
+                conn.received.extend_from_slice(&out);
+                if conn.received.len() >= HELLO_LEN {
+                    let mut client = ClientHandshake::new(
+                        b"",
+                        SINGLE_FINGERPRINT,
+                        WireMode::Single,
+                        NO_LEADER_SLOT,
+                    );
+                    client.handle_input(&conn.received[..HELLO_LEN]);
+                    if let Some(proof) = client.proof() {
+                        server.handle_input(now, conn.id, &proof);
+                    }
+                }
+            }
+            (3, Some(index)) => {
+                let kind = cursor.byte().unwrap_or(0);
+                let bits = cursor.byte().unwrap_or(1);
+                let arg = cursor.byte().unwrap_or(0);
+                rid += 1;
+                let set = kind & 1 == 1;
+                // A and R carry exactly one key; S and G any non-empty subset.
+                let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+                let request = if kind & 2 == 0 {
+                    Request::Acquire(AcquireRequest {
+                        rid,
+                        wait_s: arg % 4,
+                        lease_s: 1 + arg % 3,
+                        keys,
+                        set,
+                    })
+                } else {
+                    // Tokens start at 1 here, so small numbers hit live grants.
+                    let token = u64::from(arg % 16) + 1;
+                    Request::Release(ReleaseRequest {
+                        rid,
+                        token,
+                        keys,
+                        set,
+                    })
+                };
+                let mut bytes = Vec::new();
+                request.encode(&mut bytes);
+                server.handle_input(now, conns[index].id, &bytes);
+            }
+            (4, _) => {
+                now = now.saturating_add(Duration::from_millis(pick as u64 * 20));
+                server.handle_timeout(now);
+            }
+            (5, Some(index)) => {
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                let state = server.take_transmit(conn.id, &mut out);
+                conn.received.extend_from_slice(&out);
+                server.handle_flushed(now, conn.id);
+                if state == ConnState::CloseAfterFlush {
+                    server.handle_closed(now, conn.id);
+                    conn.closed = true;
+                }
+            }
+            (6, Some(index)) => {
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                server.take_transmit(conn.id, &mut out);
+                conn.received.extend_from_slice(&out);
+            }
+            (7, Some(index)) => {
+                server.handle_closed(now, conns[index].id);
+                conns[index].closed = true;
+            }
+            _ => {}
+        }
+        while server.poll_wake().is_some() {}
+        if let Some(deadline) = server.poll_timeout() {
+            assert!(deadline.as_micros() > 0);
+        }
+    }
+    for conn in &mut conns {
+        let mut out = Vec::new();
+        server.take_transmit(conn.id, &mut out);
+        conn.received.extend_from_slice(&out);
+        check_server_output(&conn.received);
+        if !conn.closed {
+            server.handle_closed(now, conn.id);
+        }
+    }
+    assert_eq!(server.stats().connections, 0);
+    assert_eq!(
+        server.stats().lock.waiters,
+        0,
+        "waiters outlived their connections"
+    );
+    // Every lease (at most 3 s here) runs out and the sweep removes the keys.
+    now = now.saturating_add(Duration::from_secs(10));
+    server.handle_timeout(now);
+    now = now.saturating_add(Duration::from_secs(10));
+    server.handle_timeout(now);
+    assert_eq!(
+        server.stats().lock.keys,
+        0,
+        "keys left after every lease ended"
+    );
+}

@@ -1,0 +1,476 @@
+//! The single-mode server state machine driven directly: handshake, routing of
+//! replies, connection lifecycle and ghost grants. Time is injected; nothing
+//! sleeps.
+
+use ticketing_core::auth::{
+    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
+};
+use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{
+    AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+};
+
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
+
+struct Harness {
+    server: Server,
+    now: Instant,
+}
+
+fn keys(names: &[&str]) -> KeyGroup {
+    let keys = names
+        .iter()
+        .map(|name| Key::new(name.as_bytes()).unwrap())
+        .collect();
+    KeyGroup::new(keys).unwrap()
+}
+
+fn acquire(rid: u64, key: &str, wait_s: u8, lease_s: u8) -> Request {
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s,
+        lease_s,
+        keys: keys(&[key]),
+        set: false,
+    })
+}
+
+fn release(rid: u64, key: &str, token: u64) -> Request {
+    Request::Release(ReleaseRequest {
+        rid,
+        token,
+        keys: keys(&[key]),
+        set: false,
+    })
+}
+
+fn encode(request: &Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    request.encode(&mut out);
+    out
+}
+
+impl Harness {
+    fn new(config: ServerConfig) -> Self {
+        let now = Instant::from_millis(1_000);
+        Harness {
+            server: Server::new(config, FIRST_TOKEN, now),
+            now,
+        }
+    }
+
+    fn default() -> Self {
+        Self::new(ServerConfig::default())
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        self.server.handle_timeout(self.now);
+    }
+
+    /// Takes what the server has for `conn` without reporting it flushed.
+    fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
+        let mut out = Vec::new();
+        let state = self.server.take_transmit(conn, &mut out);
+        (out, state)
+    }
+
+    /// Takes, "writes" and reports flushed; decodes the replies.
+    fn replies(&mut self, conn: ConnId) -> Vec<Reply> {
+        let (bytes, _) = self.take(conn);
+        self.server.handle_flushed(self.now, conn);
+        decode_all(&bytes)
+    }
+
+    fn open(&mut self) -> (ConnId, Vec<u8>) {
+        let conn = self
+            .server
+            .handle_connect(self.now, [0x5a; 16])
+            .expect("connection accepted");
+        let (hello, state) = self.take(conn);
+        assert_eq!(state, ConnState::Open);
+        (conn, hello)
+    }
+
+    /// Opens a connection and completes the handshake with `token`.
+    fn connect_with(&mut self, token: &[u8]) -> ConnId {
+        let (conn, hello) = self.open();
+        let mut client =
+            ClientHandshake::new(token, SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+        assert_eq!(
+            client.handle_input(&hello),
+            (hello.len(), ClientHandshakeStatus::SendProof)
+        );
+        self.server
+            .handle_input(self.now, conn, &client.proof().unwrap());
+        let (result, state) = self.take(conn);
+        self.server.handle_flushed(self.now, conn);
+        assert_eq!(state, ConnState::Open);
+        assert_eq!(
+            client.handle_input(&result),
+            (1, ClientHandshakeStatus::Accepted)
+        );
+        conn
+    }
+
+    fn connect(&mut self) -> ConnId {
+        self.connect_with(b"")
+    }
+
+    fn send(&mut self, conn: ConnId, request: &Request) {
+        self.server.handle_input(self.now, conn, &encode(request));
+    }
+
+    fn call(&mut self, conn: ConnId, request: &Request) -> Vec<Reply> {
+        self.send(conn, request);
+        self.replies(conn)
+    }
+
+    fn woken(&mut self) -> Vec<ConnId> {
+        std::iter::from_fn(|| self.server.poll_wake()).collect()
+    }
+}
+
+fn decode_all(mut bytes: &[u8]) -> Vec<Reply> {
+    let mut replies = Vec::new();
+    while !bytes.is_empty() {
+        let (reply, used) = Reply::decode(bytes)
+            .expect("valid reply")
+            .expect("complete reply");
+        replies.push(reply);
+        bytes = &bytes[used..];
+    }
+    replies
+}
+
+fn granted_token(replies: &[Reply]) -> u64 {
+    match replies {
+        [Reply::Acquired { token, .. }] => *token,
+        other => panic!("expected one grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn hello_is_single_mode_and_handshake_accepts_the_empty_token() {
+    let mut h = Harness::default();
+    let (_, hello) = h.open();
+    assert_eq!(hello.len(), 28);
+    assert_eq!(&hello[..8], b"TCKCLI3\0");
+    assert_eq!(&hello[8..10], &[0, 3]);
+    assert_eq!(hello[10], 0, "mode single");
+    assert_eq!(hello[11], 0xFF, "single mode has no slot");
+    assert_eq!(&hello[12..], &[0x5a; 16]);
+    let conn = h.connect();
+    let token = granted_token(&h.call(conn, &acquire(1, "k", 0, 30)));
+    assert_eq!(token, FIRST_TOKEN);
+}
+
+#[test]
+fn a_wrong_proof_is_answered_zero_and_the_connection_closes() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let (conn, _hello) = h.open();
+    h.server.handle_input(h.now, conn, &[7u8; 32]);
+    let (bytes, state) = h.take(conn);
+    assert_eq!(bytes, vec![0x00]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    // Nothing it sends afterwards is read.
+    h.send(conn, &acquire(1, "k", 0, 30));
+    assert!(h.take(conn).0.is_empty());
+    h.server.handle_closed(h.now, conn);
+    assert_eq!(h.server.stats().connections, 0);
+}
+
+#[test]
+fn configured_token_is_accepted_and_empty_token_refused() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let conn = h.connect_with(TOKEN_A.as_bytes());
+    assert_eq!(h.call(conn, &acquire(1, "k", 0, 30)).len(), 1);
+
+    let (conn, hello) = h.open();
+    let mut client = ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
+    client.handle_input(&hello);
+    h.server.handle_input(h.now, conn, &client.proof().unwrap());
+    assert_eq!(h.take(conn), (vec![0x00], ConnState::CloseAfterFlush));
+}
+
+#[test]
+fn a_frame_sent_instead_of_the_proof_is_rejected() {
+    let mut h = Harness::default();
+    let (conn, _) = h.open();
+    let long_key = "k".repeat(100);
+    h.send(conn, &acquire(1, &long_key, 0, 30));
+    assert_eq!(h.take(conn), (vec![0x00], ConnState::CloseAfterFlush));
+}
+
+#[test]
+fn an_unfinished_handshake_is_closed_after_ten_seconds() {
+    let mut h = Harness::default();
+    let (conn, _) = h.open();
+    h.server.handle_input(h.now, conn, &[1, 2, 3]);
+    assert!(h.server.poll_timeout() <= Some(h.now.saturating_add(Duration::from_secs(10))));
+    h.advance(Duration::from_millis(9_999));
+    assert_eq!(h.take(conn), (vec![], ConnState::Open));
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        h.take(conn),
+        (vec![], ConnState::CloseAfterFlush),
+        "no result byte, just closed"
+    );
+}
+
+#[test]
+fn proof_and_pipelined_requests_in_one_segment_byte_by_byte() {
+    let mut h = Harness::default();
+    let (conn, hello) = h.open();
+    let mut client = ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
+    client.handle_input(&hello);
+    let mut bytes = client.proof().unwrap().to_vec();
+    for rid in 1..=3 {
+        bytes.extend(encode(&acquire(rid, &format!("k{rid}"), 0, 30)));
+    }
+    for byte in bytes {
+        h.server.handle_input(h.now, conn, &[byte]);
+    }
+    let (out, state) = h.take(conn);
+    assert_eq!(state, ConnState::Open);
+    assert_eq!(out[0], 0x01);
+    let replies = decode_all(&out[1..]);
+    let tokens: Vec<(u64, u64)> = replies
+        .iter()
+        .map(|reply| match reply {
+            Reply::Acquired { rid, token } => (*rid, *token),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        tokens,
+        vec![(1, FIRST_TOKEN), (2, FIRST_TOKEN + 1), (3, FIRST_TOKEN + 2)]
+    );
+}
+
+#[test]
+fn release_on_the_other_connection_hands_over_to_the_waiter() {
+    let mut h = Harness::default();
+    let a = h.connect();
+    let b = h.connect();
+    let c = h.connect();
+    let token = granted_token(&h.call(a, &acquire(1, "k", 5, 30)));
+    assert!(
+        h.call(c, &acquire(1, "k", 5, 30)).is_empty(),
+        "queued, no reply yet"
+    );
+    // The holder's release arrives on another connection of the same client.
+    assert_eq!(
+        h.call(b, &release(9, "k", token)),
+        vec![Reply::Released { rid: 9 }]
+    );
+    assert_eq!(h.woken(), vec![c]);
+    let handed = granted_token(&h.replies(c));
+    assert!(handed > token);
+}
+
+#[test]
+fn out_of_range_fields_get_their_error_code_and_the_session_goes_on() {
+    let mut h = Harness::default();
+    let conn = h.connect();
+    // lease 0 on the wire: build the frame by hand, the encoder is for valid requests.
+    let mut frame = vec![b'A', 0, 11];
+    frame.extend(5u64.to_be_bytes());
+    frame.extend([0, 0, b'k']);
+    h.server.handle_input(h.now, conn, &frame);
+    assert_eq!(
+        h.replies(conn),
+        vec![Reply::Error {
+            rid: 5,
+            code: ErrorCode::BadLease
+        }]
+    );
+    assert_eq!(h.call(conn, &acquire(6, "k", 0, 30)).len(), 1);
+}
+
+#[test]
+fn an_unparsable_frame_closes_but_keeps_delivered_grants_and_frees_undelivered_ones() {
+    let mut h = Harness::default();
+    let observer = h.connect();
+    let conn = h.connect();
+    let delivered = granted_token(&h.call(conn, &acquire(1, "delivered", 0, 30)));
+    h.send(conn, &acquire(2, "undelivered", 0, 30));
+    // The grant for "undelivered" is queued for sending; now garbage arrives.
+    h.server.handle_input(h.now, conn, &[b'X', 0, 1, 0]);
+    let (bytes, state) = h.take(conn);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    assert!(matches!(
+        decode_all(&bytes)[..],
+        [Reply::Acquired { rid: 2, .. }]
+    ));
+    // The write never completes: the transport dies.
+    h.server.handle_closed(h.now, conn);
+    assert_eq!(
+        h.call(observer, &acquire(1, "delivered", 0, 30)),
+        vec![Reply::TimedOut { rid: 1 }]
+    );
+    let again = granted_token(&h.call(observer, &acquire(2, "undelivered", 0, 30)));
+    assert!(again > delivered);
+    // The delivered grant is still releasable by its holder's token.
+    assert_eq!(
+        h.call(observer, &release(3, "delivered", delivered)),
+        vec![Reply::Released { rid: 3 }]
+    );
+}
+
+#[test]
+fn a_closed_waiter_leaves_the_queue_and_the_next_one_is_served() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let quitter = h.connect();
+    let patient = h.connect();
+    let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
+    h.call(quitter, &acquire(1, "k", 10, 30));
+    h.call(patient, &acquire(1, "k", 10, 30));
+    h.server.handle_closed(h.now, quitter);
+    h.call(holder, &release(2, "k", token));
+    assert!(matches!(
+        h.replies(patient)[..],
+        [Reply::Acquired { rid: 1, .. }]
+    ));
+    assert_eq!(h.server.stats().lock.waiters, 0);
+}
+
+#[test]
+fn a_handoff_grant_to_a_connection_that_dies_before_flushing_moves_on() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let doomed = h.connect();
+    let next = h.connect();
+    let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
+    h.call(doomed, &acquire(1, "k", 10, 30));
+    h.call(next, &acquire(1, "k", 10, 30));
+    h.call(holder, &release(2, "k", token));
+    // The driver took the bytes for `doomed` but the write failed.
+    let (bytes, _) = h.take(doomed);
+    assert!(matches!(decode_all(&bytes)[..], [Reply::Acquired { .. }]));
+    assert!(h.replies(next).is_empty());
+    h.server.handle_closed(h.now, doomed);
+    assert!(matches!(
+        h.replies(next)[..],
+        [Reply::Acquired { rid: 1, .. }]
+    ));
+}
+
+#[test]
+fn a_flushed_grant_survives_its_connection() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let other = h.connect();
+    h.call(holder, &acquire(1, "k", 0, 30));
+    h.server.handle_closed(h.now, holder);
+    assert_eq!(
+        h.call(other, &acquire(1, "k", 0, 30)),
+        vec![Reply::TimedOut { rid: 1 }]
+    );
+    // ... until its lease ends.
+    h.advance(Duration::from_secs(30));
+    assert_eq!(h.call(other, &acquire(2, "k", 0, 30)).len(), 1);
+}
+
+#[test]
+fn in_flight_limit_answers_busy() {
+    let config = ServerConfig {
+        max_in_flight_per_connection: 2,
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let holder = h.connect();
+    let conn = h.connect();
+    h.call(holder, &acquire(1, "k", 0, 30));
+    assert!(h.call(conn, &acquire(1, "k", 10, 30)).is_empty());
+    assert!(h.call(conn, &acquire(2, "k", 10, 30)).is_empty());
+    assert_eq!(
+        h.call(conn, &acquire(3, "k", 10, 30)),
+        vec![Reply::Busy { rid: 3 }]
+    );
+}
+
+#[test]
+fn connection_limit_refuses_the_next_connection() {
+    let config = ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let first = h.connect();
+    h.connect();
+    assert_eq!(h.server.handle_connect(h.now, [0; 16]), None);
+    h.server.handle_closed(h.now, first);
+    assert!(h.server.handle_connect(h.now, [0; 16]).is_some());
+}
+
+#[test]
+fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let waiter = h.connect();
+    h.call(holder, &acquire(1, "k", 0, 60));
+    h.call(waiter, &acquire(7, "k", 2, 30));
+    h.advance(Duration::from_millis(1_899));
+    assert!(h.replies(waiter).is_empty());
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.replies(waiter), vec![Reply::TimedOut { rid: 7 }]);
+}
+
+#[test]
+fn shutdown_answers_waiters_and_closes_everything() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let waiter = h.connect();
+    h.call(holder, &acquire(1, "k", 0, 60));
+    h.call(waiter, &acquire(7, "k", 30, 30));
+    h.server.begin_shutdown(h.now);
+    let (bytes, state) = h.take(waiter);
+    assert_eq!(decode_all(&bytes), vec![Reply::TimedOut { rid: 7 }]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    assert_eq!(h.take(holder).1, ConnState::CloseAfterFlush);
+    assert_eq!(h.server.handle_connect(h.now, [0; 16]), None);
+}
+
+#[test]
+fn a_reader_that_does_not_drain_replies_stops_being_read() {
+    let config = ServerConfig {
+        max_outbound_bytes_per_connection: 64,
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let conn = h.connect();
+    assert!(h.server.wants_input(conn));
+    for rid in 1..=4 {
+        h.send(conn, &acquire(rid, &format!("k{rid}"), 0, 30));
+    }
+    assert!(
+        !h.server.wants_input(conn),
+        "4 replies of 19 bytes are over 64"
+    );
+    h.replies(conn);
+    assert!(h.server.wants_input(conn));
+}
+
+#[test]
+fn each_connection_is_woken_once_until_its_bytes_are_taken() {
+    let mut h = Harness::default();
+    let conn = h.connect();
+    h.send(conn, &acquire(1, "a", 0, 30));
+    h.send(conn, &acquire(2, "b", 0, 30));
+    assert_eq!(h.woken(), vec![conn]);
+    assert_eq!(decode_all(&h.take(conn).0).len(), 2);
+    h.send(conn, &acquire(3, "c", 0, 30));
+    assert_eq!(h.woken(), vec![conn]);
+}
