@@ -1,0 +1,1573 @@
+//! The client state machines driven directly: a `Session` against the real
+//! in-process `Server` (bytes shuttled by the test) and against a scripted
+//! peer for the replies a correct server never sends; the logical acquire and
+//! release operations; routing; backoff; parameter validation. Time is
+//! injected and jumped; nothing sleeps.
+
+use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
+use ticketing_core::client::{
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, CancelOutcome,
+    ClientError, CloseReason, Compensation, Grant, KeySet, Outcome, ProtocolError,
+    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
+    SessionEvent, lease_covers,
+};
+use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{
+    Decoded, ErrorCode, NO_LEADER_SLOT, Reply, ReplyError, Request, RequestDecoder,
+};
+
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
+const CLUSTER_ID: [u8; 32] = [7; 32];
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+fn key(name: &str) -> KeySet {
+    KeySet::single(name).unwrap()
+}
+
+fn params(wait: Duration, lease: Duration, budget: Duration) -> AcquireParams {
+    AcquireParams::new(wait, lease, budget).unwrap()
+}
+
+fn drain(session: &mut Session) -> Vec<SessionEvent> {
+    std::iter::from_fn(|| session.poll_event()).collect()
+}
+
+fn outcome(rid: u64, outcome: Outcome) -> SessionEvent {
+    SessionEvent::Outcome { rid, outcome }
+}
+
+fn decode_requests(bytes: &[u8]) -> Vec<Request> {
+    let mut decoder = RequestDecoder::new();
+    decoder.push(bytes);
+    let mut requests = Vec::new();
+    while let Some(decoded) = decoder.next().expect("client sends valid frames") {
+        match decoded {
+            Decoded::Request(request) => requests.push(request),
+            Decoded::Rejected { code, .. } => {
+                panic!("client sent a request rejected with {code:?}")
+            }
+        }
+    }
+    assert_eq!(decoder.buffered(), 0, "client sent a partial frame");
+    requests
+}
+
+// ---------------------------------------------------------------------------
+// A session against the real server
+// ---------------------------------------------------------------------------
+
+/// One server and any number of client sessions, bytes moved by hand.
+struct Live {
+    server: Server,
+    now: Instant,
+    links: Vec<(ConnId, Session)>,
+}
+
+impl Live {
+    fn new(config: ServerConfig) -> Self {
+        let now = Instant::from_millis(1_000);
+        Live {
+            server: Server::new(config, FIRST_TOKEN, now),
+            now,
+            links: Vec::new(),
+        }
+    }
+
+    /// Opens a connection with `config` and runs the handshake to the end.
+    fn connect(&mut self, config: SessionConfig) -> usize {
+        let conn = self
+            .server
+            .handle_connect(self.now, [0x5a; 16])
+            .expect("connection accepted");
+        self.links.push((conn, Session::new(self.now, config)));
+        let index = self.links.len() - 1;
+        self.pump();
+        index
+    }
+
+    fn session(&mut self, index: usize) -> &mut Session {
+        &mut self.links[index].1
+    }
+
+    /// Moves bytes both ways until neither side has anything to say.
+    fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            for (conn, session) in &mut self.links {
+                let mut up = Vec::new();
+                session.poll_transmit(self.now, &mut up);
+                if !up.is_empty() {
+                    moved = true;
+                    self.server.handle_input(self.now, *conn, &up);
+                }
+            }
+            while self.server.poll_wake().is_some() {}
+            for (conn, session) in &mut self.links {
+                let mut down = Vec::new();
+                let state = self.server.take_transmit(*conn, &mut down);
+                self.server.handle_flushed(self.now, *conn);
+                if !down.is_empty() {
+                    moved = true;
+                    session.handle_input(self.now, &down);
+                }
+                if state == ConnState::CloseAfterFlush {
+                    session.handle_transport_closed(self.now);
+                    self.server.handle_closed(self.now, *conn);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        self.server.handle_timeout(self.now);
+        for (_, session) in &mut self.links {
+            session.handle_timeout(self.now);
+        }
+        self.pump();
+    }
+
+    fn acquire(&mut self, index: usize, keys: KeySet, wait_s: u64, lease_s: u64) -> u64 {
+        let now = self.now;
+        let params = params(secs(wait_s), secs(lease_s), Duration::ZERO);
+        let deadline = params.operation_deadline(now);
+        let rid = self
+            .session(index)
+            .submit_acquire(now, keys, &params, deadline)
+            .unwrap();
+        self.pump();
+        rid
+    }
+
+    fn release(&mut self, index: usize, keys: KeySet, token: u64) -> u64 {
+        let now = self.now;
+        let deadline = ReleaseOperation::new(now, keys.clone(), token).attempt_deadline(now);
+        let rid = self
+            .session(index)
+            .submit_release(now, keys, token, deadline)
+            .unwrap();
+        self.pump();
+        rid
+    }
+}
+
+fn granted(events: &[SessionEvent], rid: u64) -> Grant {
+    match events {
+        [
+            SessionEvent::Outcome {
+                rid: got,
+                outcome: Outcome::Acquired(grant),
+            },
+        ] if *got == rid => grant.clone(),
+        other => panic!("expected a grant for rid {rid}, got {other:?}"),
+    }
+}
+
+#[test]
+fn handshake_with_a_real_server_then_acquire_and_release() {
+    let mut live = Live::new(ServerConfig::default());
+    let a = live.connect(SessionConfig::single(b""));
+    assert_eq!(drain(live.session(a)), [SessionEvent::Ready]);
+    assert!(live.session(a).is_ready());
+
+    let sent_at = live.now;
+    let rid = live.acquire(a, key("door"), 0, 30);
+    assert_eq!(rid, 1, "rids count up from 1 per connection");
+    let grant = granted(&drain(live.session(a)), rid);
+    assert_eq!(grant.token, FIRST_TOKEN);
+    assert_eq!(grant.keys, key("door"));
+    assert_eq!(grant.valid_before, sent_at.saturating_add(secs(30)));
+
+    // Held: an immediate try is answered T at once.
+    let busy = live.acquire(a, key("door"), 0, 30);
+    assert_eq!(drain(live.session(a)), [outcome(busy, Outcome::Timeout)]);
+
+    let released = live.release(a, key("door"), grant.token);
+    assert_eq!(
+        drain(live.session(a)),
+        [outcome(released, Outcome::Released)]
+    );
+    let again = live.release(a, key("door"), grant.token);
+    assert_eq!(drain(live.session(a)), [outcome(again, Outcome::NotFound)]);
+    assert_eq!((busy, released, again), (2, 3, 4));
+    assert_eq!(live.session(a).pending_len(), 0);
+    // Every request answered: no timer is left behind.
+    assert_eq!(live.session(a).poll_timeout(), None);
+}
+
+#[test]
+fn key_sets_travel_as_s_and_g_and_a_deduplicated_set_as_a() {
+    let mut live = Live::new(ServerConfig::default());
+    let a = live.connect(SessionConfig::single(b""));
+    drain(live.session(a));
+
+    let set = KeySet::new(&["b", "a", "c", "a"]).unwrap();
+    assert!(set.is_set());
+    let rid = live.acquire(a, set.clone(), 0, 10);
+    let grant = granted(&drain(live.session(a)), rid);
+    // One of the set's keys is now held: a single-key try on it fails.
+    let probe = live.acquire(a, key("c"), 0, 10);
+    assert_eq!(drain(live.session(a)), [outcome(probe, Outcome::Timeout)]);
+    let released = live.release(a, set, grant.token);
+    assert_eq!(
+        drain(live.session(a)),
+        [outcome(released, Outcome::Released)]
+    );
+
+    // A set that dedups to one key is a plain `A` on the wire.
+    let one = KeySet::new(&["x", "x"]).unwrap();
+    assert!(!one.is_set());
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    ready_single(&mut session, Instant::ZERO);
+    let p = params(Duration::ZERO, secs(5), Duration::ZERO);
+    session
+        .submit_acquire(Instant::ZERO, one, &p, p.operation_deadline(Instant::ZERO))
+        .unwrap();
+    let mut out = Vec::new();
+    session.poll_transmit(Instant::ZERO, &mut out);
+    assert_eq!(out[0], b'A');
+    assert_eq!(&out[3 + 10..], b"x");
+}
+
+#[test]
+fn a_waiter_on_the_second_connection_is_granted_when_the_first_releases() {
+    let mut live = Live::new(ServerConfig::default());
+    // One address: two connections, as the broker keeps them.
+    let endpoints = BrokerConfig {
+        allow_loopback_no_auth: true,
+        ..BrokerConfig::single("127.0.0.1:5225", "")
+    }
+    .endpoints()
+    .unwrap();
+    let a = live.connect(endpoints[0].session.clone());
+    let b = live.connect(endpoints[1].session.clone());
+    drain(live.session(a));
+    drain(live.session(b));
+
+    let first = live.acquire(a, key("k"), 0, 30);
+    let grant = granted(&drain(live.session(a)), first);
+    let waiter = live.acquire(b, key("k"), 10, 30);
+    assert!(drain(live.session(b)).is_empty(), "queued on the server");
+    live.advance(secs(2));
+    let released = live.release(a, key("k"), grant.token);
+    assert_eq!(
+        drain(live.session(a)),
+        [outcome(released, Outcome::Released)]
+    );
+    let next = granted(&drain(live.session(b)), waiter);
+    assert!(next.token > grant.token);
+}
+
+#[test]
+fn server_timeout_of_a_queued_acquire_comes_before_the_local_deadline() {
+    let mut live = Live::new(ServerConfig::default());
+    let a = live.connect(SessionConfig::single(b""));
+    drain(live.session(a));
+    let held = live.acquire(a, key("k"), 0, 30);
+    granted(&drain(live.session(a)), held);
+    let waiter = live.acquire(a, key("k"), 1, 30);
+    live.advance(ms(899));
+    assert!(drain(live.session(a)).is_empty());
+    // The server answers T 100 ms before the wait ends; the session stays.
+    live.advance(ms(1));
+    assert_eq!(drain(live.session(a)), [outcome(waiter, Outcome::Timeout)]);
+    assert!(live.session(a).is_ready());
+}
+
+#[test]
+fn a_wrong_token_is_an_auth_failure_and_the_router_reports_auth() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut live = Live::new(config);
+    let good = live.connect(SessionConfig::single(TOKEN_A.as_bytes()));
+    assert_eq!(drain(live.session(good)), [SessionEvent::Ready]);
+    let bad = live.connect(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
+    let events = drain(live.session(bad));
+    assert_eq!(events, [SessionEvent::Closed(CloseReason::AuthRejected)]);
+    assert!(live.session(bad).is_closed());
+    assert_eq!(live.session(bad).lived(), None);
+
+    let mut router = Router::new(1);
+    for event in &events {
+        router.handle_event(0, event);
+    }
+    assert_eq!(router.pick(), None);
+    assert_eq!(router.no_connection_error(), ClientError::Auth);
+}
+
+// ---------------------------------------------------------------------------
+// A session against a scripted peer
+// ---------------------------------------------------------------------------
+
+/// Completes a single-mode handshake on `session` with a scripted hello.
+fn ready_single(session: &mut Session, now: Instant) {
+    handshake(
+        session,
+        now,
+        WireMode::Single,
+        NO_LEADER_SLOT,
+        &SINGLE_FINGERPRINT,
+    );
+}
+
+fn handshake(
+    session: &mut Session,
+    now: Instant,
+    mode: WireMode,
+    slot: u8,
+    fingerprint: &[u8; 32],
+) {
+    let hello = Hello {
+        mode,
+        self_slot: slot,
+        nonce: [0x42; 16],
+    };
+    session.handle_input(now, &hello.encode());
+    let mut proof = Vec::new();
+    session.poll_transmit(now, &mut proof);
+    assert_eq!(proof, client_proof(b"", fingerprint, &hello));
+    session.handle_input(now, &[1]);
+    assert_eq!(drain(session), [SessionEvent::Ready]);
+}
+
+/// A session whose server is played by the test.
+struct Scripted {
+    session: Session,
+    now: Instant,
+}
+
+impl Scripted {
+    fn single() -> Self {
+        Self::with_config(SessionConfig::single(b""))
+    }
+
+    fn cluster(slot: u8, size: usize) -> Self {
+        let mut scripted = Scripted {
+            session: Session::new(
+                Instant::from_millis(1_000),
+                SessionConfig::cluster(b"", CLUSTER_ID, slot, size),
+            ),
+            now: Instant::from_millis(1_000),
+        };
+        handshake(
+            &mut scripted.session,
+            scripted.now,
+            WireMode::Cluster,
+            slot,
+            &CLUSTER_ID,
+        );
+        scripted
+    }
+
+    fn with_config(config: SessionConfig) -> Self {
+        let now = Instant::from_millis(1_000);
+        let mut session = Session::new(now, config);
+        ready_single(&mut session, now);
+        Scripted { session, now }
+    }
+
+    fn acquire(&mut self, name: &str, wait_s: u64) -> u64 {
+        let p = params(secs(wait_s), secs(10), Duration::ZERO);
+        self.session
+            .submit_acquire(self.now, key(name), &p, p.operation_deadline(self.now))
+            .unwrap()
+    }
+
+    fn release(&mut self, name: &str, token: u64) -> u64 {
+        let op = ReleaseOperation::new(self.now, key(name), token);
+        op.submit(self.now, &mut self.session).unwrap()
+    }
+
+    /// What the session hands out now, decoded.
+    fn transmit(&mut self) -> Vec<Request> {
+        let mut out = Vec::new();
+        self.session.poll_transmit(self.now, &mut out);
+        decode_requests(&out)
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        self.session.handle_input(self.now, &bytes);
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        self.session.handle_input(self.now, bytes);
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        self.session.handle_timeout(self.now);
+    }
+
+    fn events(&mut self) -> Vec<SessionEvent> {
+        drain(&mut self.session)
+    }
+}
+
+#[test]
+fn submit_before_the_handshake_is_not_connected_and_bytes_start_with_the_proof() {
+    let now = Instant::ZERO;
+    let mut session = Session::new(now, SessionConfig::single(b""));
+    let p = params(Duration::ZERO, secs(5), Duration::ZERO);
+    assert_eq!(
+        session.submit_acquire(now, key("k"), &p, p.operation_deadline(now)),
+        Err(ClientError::NotConnected)
+    );
+    // Hello, result byte and a first frame in one segment.
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: NO_LEADER_SLOT,
+        nonce: [9; 16],
+    };
+    session.handle_input(now, &hello.encode()[..10]);
+    session.handle_input(now, &hello.encode()[10..]);
+    let mut out = Vec::new();
+    assert_eq!(session.poll_transmit(now, &mut out), 32);
+    let mut rest = vec![1];
+    Reply::Leader {
+        leader_slot: NO_LEADER_SLOT,
+    }
+    .encode(&mut rest);
+    session.handle_input(now, &rest);
+    assert_eq!(
+        drain(&mut session),
+        [SessionEvent::Ready, SessionEvent::LeaderHint(None)]
+    );
+    assert!(
+        session
+            .submit_acquire(now, key("k"), &p, p.operation_deadline(now))
+            .is_ok()
+    );
+}
+
+#[test]
+fn the_wait_byte_is_what_remains_of_the_wait_at_the_send_boundary() {
+    let mut s = Scripted::single();
+    let started = s.now;
+    let p = params(secs(3), secs(10), Duration::ZERO);
+    let deadline = p.operation_deadline(started);
+    assert_eq!(deadline, started.saturating_add(secs(3)));
+    s.session
+        .submit_acquire(started, key("k"), &p, deadline)
+        .unwrap();
+    s.now = started.saturating_add(ms(1_200));
+    match s.transmit().as_slice() {
+        [Request::Acquire(req)] => assert_eq!((req.wait_s, req.lease_s), (2, 10)),
+        other => panic!("{other:?}"),
+    }
+    // wait 0 stays 0, and its local deadline is the 5 s transport bound.
+    let immediate = params(Duration::ZERO, secs(10), Duration::ZERO);
+    assert_eq!(
+        immediate.operation_deadline(started),
+        started.saturating_add(secs(5))
+    );
+    s.session
+        .submit_acquire(
+            s.now,
+            key("j"),
+            &immediate,
+            immediate.operation_deadline(s.now),
+        )
+        .unwrap();
+    match s.transmit().as_slice() {
+        [Request::Acquire(req)] => assert_eq!(req.wait_s, 0),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_lost_reply_after_send_is_indeterminate_and_never_resent() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("k", 0);
+    assert_eq!(s.transmit().len(), 1);
+    s.advance(ms(4_999));
+    assert!(s.events().is_empty());
+    assert_eq!(s.session.poll_timeout(), Some(s.now.saturating_add(ms(1))));
+    s.advance(ms(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::DeadlineAfterSend),
+        ]
+    );
+    assert!(s.transmit().is_empty(), "nothing is resent");
+    assert_eq!(s.session.poll_timeout(), None);
+
+    // The logical acquire ends there: no retry of a possibly-sent request.
+    let mut op = AcquireOperation::new(
+        s.now,
+        key("k"),
+        params(Duration::ZERO, secs(10), Duration::ZERO),
+    );
+    assert_eq!(
+        op.on_outcome(s.now, Outcome::Indeterminate),
+        AcquireStep::Failed(ClientError::Indeterminate)
+    );
+}
+
+#[test]
+fn an_unsent_request_past_its_deadline_times_out_without_closing() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("k", 1);
+    s.advance(secs(1));
+    assert_eq!(s.events(), [outcome(rid, Outcome::Timeout)]);
+    assert!(s.session.is_ready());
+    assert!(s.transmit().is_empty());
+}
+
+#[test]
+fn when_the_session_dies_sent_requests_are_indeterminate_and_unsent_ones_retry() {
+    let mut s = Scripted::single();
+    let sent_acquire = s.acquire("a", 5);
+    let sent_release = s.release("b", 77);
+    assert_eq!(s.transmit().len(), 2);
+    let unsent = s.acquire("c", 5);
+    s.session.handle_transport_closed(s.now);
+    assert_eq!(
+        s.events(),
+        [
+            outcome(sent_acquire, Outcome::Indeterminate),
+            outcome(sent_release, Outcome::Indeterminate),
+            outcome(unsent, Outcome::Retry),
+            SessionEvent::Closed(CloseReason::TransportClosed),
+        ]
+    );
+    assert_eq!(
+        s.session
+            .submit_release(s.now, key("b"), 77, s.now.saturating_add(secs(1))),
+        Err(ClientError::NotConnected)
+    );
+}
+
+#[test]
+fn moved_is_retry_with_a_leader_hint_and_closes_the_session() {
+    let mut s = Scripted::cluster(1, 3);
+    let moved = s.acquire("a", 5);
+    let other = s.acquire("b", 5);
+    assert_eq!(s.transmit().len(), 2);
+    let unsent = s.acquire("c", 5);
+    s.reply(Reply::Moved {
+        rid: moved,
+        leader_slot: 2,
+    });
+    let events = s.events();
+    assert_eq!(
+        events,
+        [
+            outcome(moved, Outcome::Retry),
+            SessionEvent::LeaderHint(Some(2)),
+            outcome(other, Outcome::Indeterminate),
+            outcome(unsent, Outcome::Retry),
+            SessionEvent::Closed(CloseReason::Moved {
+                leader_slot: Some(2)
+            }),
+        ]
+    );
+    let mut router = Router::new(3);
+    for index in 0..3 {
+        router.handle_event(index, &SessionEvent::Ready);
+    }
+    for event in &events {
+        router.handle_event(1, event);
+    }
+    assert_eq!(router.leader(), Some(2));
+    assert_eq!(router.pick(), Some(2));
+}
+
+#[test]
+fn not_active_and_no_leader_errors_are_retry_and_close_the_session() {
+    for code in [ErrorCode::NotActive, ErrorCode::NoLeader] {
+        let mut s = Scripted::cluster(0, 3);
+        let rid = s.release("a", 5);
+        s.transmit();
+        s.reply(Reply::Error { rid, code });
+        let events = s.events();
+        assert_eq!(
+            events,
+            [
+                outcome(rid, Outcome::Retry),
+                SessionEvent::NotLeader,
+                SessionEvent::Closed(CloseReason::ServerError(code)),
+            ]
+        );
+        // The node was the remembered leader: it is forgotten.
+        let mut router = Router::new(3);
+        router.handle_event(0, &SessionEvent::Ready);
+        router.handle_event(1, &SessionEvent::Ready);
+        assert!(router.set_leader_hint(Some(0)));
+        for event in &events {
+            router.handle_event(0, event);
+        }
+        assert_eq!(router.leader(), None);
+        assert_eq!(router.pick(), Some(1));
+    }
+}
+
+#[test]
+fn any_other_error_code_is_reported_and_closes_the_session() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 5);
+    s.transmit();
+    s.reply(Reply::Error {
+        rid,
+        code: ErrorCode::BadLease,
+    });
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Error(ErrorCode::BadLease)),
+            SessionEvent::Closed(CloseReason::ServerError(ErrorCode::BadLease)),
+        ]
+    );
+    let mut op = AcquireOperation::new(s.now, key("a"), params(secs(5), secs(10), Duration::ZERO));
+    assert!(matches!(
+        op.on_outcome(s.now, Outcome::Error(ErrorCode::BadLease)),
+        AcquireStep::Failed(ClientError::Protocol(_))
+    ));
+}
+
+#[test]
+fn an_indeterminate_reply_is_indeterminate_and_the_session_goes_on() {
+    let mut s = Scripted::cluster(0, 5);
+    let rid = s.acquire("a", 5);
+    s.transmit();
+    s.reply(Reply::Indeterminate { rid });
+    assert_eq!(s.events(), [outcome(rid, Outcome::Indeterminate)]);
+    assert!(s.session.is_ready());
+    let next = s.acquire("b", 5);
+    assert_eq!(next, rid + 1);
+}
+
+#[test]
+fn leader_notices_move_the_hint_and_only_the_latest_is_kept() {
+    let mut s = Scripted::cluster(0, 5);
+    s.reply(Reply::Leader { leader_slot: 3 });
+    assert_eq!(s.events(), [SessionEvent::LeaderHint(Some(3))]);
+    s.reply(Reply::Leader { leader_slot: 1 });
+    s.reply(Reply::Leader { leader_slot: 4 });
+    assert_eq!(s.events(), [SessionEvent::LeaderHint(Some(4))]);
+    s.reply(Reply::Leader {
+        leader_slot: NO_LEADER_SLOT,
+    });
+    let events = s.events();
+    assert_eq!(events, [SessionEvent::LeaderHint(None)]);
+
+    let mut router = Router::new(5);
+    router.handle_event(0, &SessionEvent::Ready);
+    router.handle_event(0, &SessionEvent::LeaderHint(Some(4)));
+    assert_eq!(router.leader(), Some(4));
+    router.handle_event(0, &events[0]);
+    assert_eq!(router.leader(), None);
+    assert!(s.session.is_ready());
+}
+
+/// A fresh cluster session (slot 0 of 3) with one acquire sent (rid 1) and
+/// one unsent (rid 2), fed `bytes`; returns the events.
+fn fed(bytes: &[u8]) -> Vec<SessionEvent> {
+    let mut s = Scripted::cluster(0, 3);
+    s.acquire("sent", 5);
+    assert_eq!(s.transmit().len(), 1);
+    s.acquire("unsent", 5);
+    s.raw(bytes);
+    assert!(s.session.is_closed());
+    s.events()
+}
+
+fn frame(reply: Reply) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    reply.encode(&mut bytes);
+    bytes
+}
+
+#[test]
+fn every_session_fatal_reply_fails_the_session() {
+    let granted_then_again = [
+        frame(Reply::Acquired { rid: 1, token: 9 }),
+        frame(Reply::Acquired { rid: 1, token: 9 }),
+    ]
+    .concat();
+    let cases: Vec<(&str, Vec<u8>, ProtocolError)> = vec![
+        (
+            "unknown rid",
+            frame(Reply::TimedOut { rid: 9 }),
+            ProtocolError::UnknownRid(9),
+        ),
+        (
+            "reply to a request never handed out",
+            frame(Reply::TimedOut { rid: 2 }),
+            ProtocolError::UnknownRid(2),
+        ),
+        (
+            "wrong kind",
+            frame(Reply::Released { rid: 1 }),
+            ProtocolError::WrongKind { rid: 1, op: b'R' },
+        ),
+        (
+            "error code that cannot answer an acquire",
+            frame(Reply::Error {
+                rid: 1,
+                code: ErrorCode::BadToken,
+            }),
+            ProtocolError::WrongKind { rid: 1, op: b'E' },
+        ),
+        (
+            "bad slot in M",
+            frame(Reply::Moved {
+                rid: 1,
+                leader_slot: 3,
+            }),
+            ProtocolError::BadSlot(3),
+        ),
+        (
+            "bad slot in L",
+            frame(Reply::Leader { leader_slot: 7 }),
+            ProtocolError::BadSlot(7),
+        ),
+        (
+            "garbage",
+            b"HTTP/1.1 400".to_vec(),
+            ProtocolError::Frame(ReplyError::UnknownOp(b'H')),
+        ),
+        (
+            "wrong length",
+            vec![b'T', 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+            ProtocolError::Frame(ReplyError::BadLength {
+                op: b'T',
+                body_len: 9,
+            }),
+        ),
+        (
+            "rid 0",
+            frame(Reply::TimedOut { rid: 0 }),
+            ProtocolError::Frame(ReplyError::Zero),
+        ),
+        (
+            "token 0",
+            frame(Reply::Acquired { rid: 1, token: 0 }),
+            ProtocolError::Frame(ReplyError::Zero),
+        ),
+        (
+            "unknown error code",
+            vec![b'E', 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 99],
+            ProtocolError::Frame(ReplyError::UnknownCode(99)),
+        ),
+    ];
+    for (name, bytes, error) in cases {
+        assert_eq!(
+            fed(&bytes),
+            [
+                outcome(1, Outcome::Indeterminate),
+                outcome(2, Outcome::Retry),
+                SessionEvent::Closed(CloseReason::Protocol(error)),
+            ],
+            "{name}"
+        );
+    }
+    // A second reply to one request: the first is delivered, the second
+    // finds no request.
+    let events = fed(&granted_then_again);
+    assert!(
+        matches!(
+            events.as_slice(),
+            [
+                SessionEvent::Outcome {
+                    rid: 1,
+                    outcome: Outcome::Acquired(_)
+                },
+                SessionEvent::Outcome {
+                    rid: 2,
+                    outcome: Outcome::Retry
+                },
+                SessionEvent::Closed(CloseReason::Protocol(ProtocolError::UnknownRid(1))),
+            ]
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_single_mode_session_refuses_any_leader_slot() {
+    let mut s = Scripted::single();
+    s.reply(Reply::Leader { leader_slot: 0 });
+    assert_eq!(
+        s.events(),
+        [SessionEvent::Closed(CloseReason::Protocol(
+            ProtocolError::BadSlot(0)
+        ))]
+    );
+}
+
+#[test]
+fn replies_split_at_every_byte_are_decoded() {
+    let mut s = Scripted::single();
+    let a = s.acquire("a", 5);
+    let b = s.release("b", 5);
+    let c = s.acquire("c", 5);
+    s.transmit();
+    let stream = [
+        frame(Reply::Acquired { rid: a, token: 11 }),
+        frame(Reply::Leader {
+            leader_slot: NO_LEADER_SLOT,
+        }),
+        frame(Reply::NotFound { rid: b }),
+        frame(Reply::Busy { rid: c }),
+    ]
+    .concat();
+    for byte in &stream {
+        s.raw(std::slice::from_ref(byte));
+    }
+    let events = s.events();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(
+        matches!(&events[0], SessionEvent::Outcome { rid, outcome: Outcome::Acquired(grant) } if *rid == a && grant.token == 11)
+    );
+    assert_eq!(
+        &events[1..],
+        [
+            SessionEvent::LeaderHint(None),
+            outcome(b, Outcome::NotFound),
+            outcome(c, Outcome::Busy),
+        ]
+    );
+    assert!(s.session.is_ready());
+}
+
+#[test]
+fn a_reply_frame_that_stalls_for_three_seconds_closes_the_session() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 30);
+    s.transmit();
+    let grant = frame(Reply::Acquired { rid, token: 5 });
+    s.raw(&grant[..4]);
+    assert_eq!(
+        s.session.poll_timeout(),
+        Some(s.now.saturating_add(secs(3)))
+    );
+    s.advance(ms(2_999));
+    assert!(s.session.is_ready());
+    s.advance(ms(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::StalledReply),
+        ]
+    );
+}
+
+#[test]
+fn handshake_failures_close_the_session_and_say_whether_it_is_auth() {
+    // Times out.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    assert_eq!(session.poll_timeout(), Some(Instant::from_millis(10_000)));
+    session.handle_timeout(Instant::from_millis(9_999));
+    assert!(!session.is_closed());
+    session.handle_timeout(Instant::from_millis(10_000));
+    assert_eq!(
+        drain(&mut session),
+        [SessionEvent::Closed(CloseReason::HandshakeTimeout)]
+    );
+    assert!(!CloseReason::HandshakeTimeout.is_auth_failure());
+
+    // A cluster node where a single server was configured.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    let hello = Hello {
+        mode: WireMode::Cluster,
+        self_slot: 0,
+        nonce: [0; 16],
+    };
+    session.handle_input(Instant::ZERO, &hello.encode());
+    assert_eq!(
+        drain(&mut session),
+        [SessionEvent::Closed(CloseReason::UnexpectedServer)]
+    );
+    let mut out = Vec::new();
+    assert_eq!(
+        session.poll_transmit(Instant::ZERO, &mut out),
+        0,
+        "no proof for a wrong server"
+    );
+
+    // A result byte other than 0 or 1.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: NO_LEADER_SLOT,
+        nonce: [0; 16],
+    };
+    let mut bytes = hello.encode().to_vec();
+    bytes.push(7);
+    session.handle_input(Instant::ZERO, &bytes);
+    let events = drain(&mut session);
+    assert_eq!(events, [SessionEvent::Closed(CloseReason::BadResult(7))]);
+    assert!(CloseReason::BadResult(7).is_auth_failure());
+    assert_eq!(CloseReason::BadResult(7).to_error(), ClientError::Auth);
+}
+
+#[test]
+fn cancel_before_send_is_silent_and_after_send_closes_the_session() {
+    let mut s = Scripted::single();
+    let sent = s.acquire("a", 5);
+    s.transmit();
+    let unsent = s.acquire("b", 5);
+    assert_eq!(s.session.cancel(s.now, unsent), CancelOutcome::Unsent);
+    assert!(
+        s.transmit().is_empty(),
+        "a cancelled request is never handed out"
+    );
+    assert!(s.session.is_ready());
+    assert!(s.events().is_empty());
+
+    let queued = s.acquire("c", 5);
+    assert_eq!(s.session.cancel(s.now, sent), CancelOutcome::PossiblySent);
+    assert_eq!(
+        s.events(),
+        [
+            outcome(queued, Outcome::Retry),
+            SessionEvent::Closed(CloseReason::CancelledAfterSend),
+        ]
+    );
+    assert_eq!(s.session.cancel(s.now, sent), CancelOutcome::Unknown);
+}
+
+#[test]
+fn cancelling_a_grant_not_yet_polled_turns_it_into_a_compensation() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 5);
+    s.transmit();
+    s.reply(Reply::Acquired { rid, token: 42 });
+    assert_eq!(s.session.cancel(s.now, rid), CancelOutcome::Withdrawn);
+    assert_eq!(
+        s.events(),
+        [SessionEvent::Compensate(Compensation {
+            keys: key("a"),
+            token: 42
+        })]
+    );
+    assert!(s.session.is_ready());
+}
+
+#[test]
+fn a_grant_that_arrives_at_the_deadline_is_indeterminate_and_compensated() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 2);
+    s.transmit();
+    // The bytes arrive exactly at the deadline, before the timer fired.
+    s.now = s.now.saturating_add(secs(2));
+    s.reply(Reply::Acquired { rid, token: 42 });
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Compensate(Compensation {
+                keys: key("a"),
+                token: 42
+            }),
+        ]
+    );
+    s.session.handle_timeout(s.now);
+    assert!(
+        s.session.is_ready(),
+        "the request was answered, nothing to drop"
+    );
+}
+
+#[test]
+fn pending_acquires_and_releases_are_bounded_separately() {
+    let mut config = SessionConfig::single(b"");
+    config.max_pending_acquires = 2;
+    config.max_pending_releases = 1;
+    let mut s = Scripted::with_config(config);
+    s.acquire("a", 5);
+    s.acquire("b", 5);
+    let p = params(secs(5), secs(10), Duration::ZERO);
+    assert_eq!(
+        s.session
+            .submit_acquire(s.now, key("c"), &p, p.operation_deadline(s.now)),
+        Err(ClientError::ClientCapacity)
+    );
+    let release = s.release("a", 1);
+    assert_eq!(
+        s.session
+            .submit_release(s.now, key("b"), 1, s.now.saturating_add(secs(2))),
+        Err(ClientError::ClientCapacity)
+    );
+    assert_eq!(
+        s.session
+            .submit_release(s.now, key("b"), 0, s.now.saturating_add(secs(2))),
+        Err(ClientError::InvalidInput("token must not be zero"))
+    );
+    s.transmit();
+    s.reply(Reply::Released { rid: release });
+    assert_eq!(s.events(), [outcome(release, Outcome::Released)]);
+    assert!(s.release("b", 1) > release);
+}
+
+#[test]
+fn a_release_attempt_lost_after_send_ends_indeterminate_after_two_seconds() {
+    let mut s = Scripted::single();
+    let mut op = ReleaseOperation::new(s.now, key("a"), 9);
+    let rid = op.submit(s.now, &mut s.session).unwrap();
+    assert!(matches!(s.transmit().as_slice(), [Request::Release(req)] if req.token == 9));
+    s.advance(secs(2));
+    let events = s.events();
+    assert_eq!(
+        events,
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::DeadlineAfterSend),
+        ]
+    );
+    // Retried (the exact token is safe to send again) …
+    assert_eq!(
+        op.on_outcome(s.now, Outcome::Indeterminate),
+        ReleaseStep::RetryAt(s.now.saturating_add(ms(10)))
+    );
+    // … and `N` on the retry means the first attempt (or the lease) won.
+    assert_eq!(
+        op.on_outcome(s.now, Outcome::NotFound),
+        ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent))
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Logical operations, routing, backoff
+// ---------------------------------------------------------------------------
+
+#[test]
+fn release_retries_stop_at_the_absolute_five_second_deadline_with_an_error() {
+    let start = Instant::from_millis(7_000);
+    let mut op = ReleaseOperation::new(start, key("a"), 3);
+    assert_eq!(op.deadline(), start.saturating_add(secs(5)));
+    assert_eq!(op.attempt_deadline(start), start.saturating_add(secs(2)));
+    assert_eq!(
+        op.attempt_deadline(start.saturating_add(ms(4_000))),
+        op.deadline(),
+        "an attempt never runs past the absolute deadline"
+    );
+    let mut now = start;
+    let mut delays_ms = Vec::new();
+    let result = loop {
+        // Nobody answers: every attempt finds no connection.
+        match op.on_error(now, ClientError::NotConnected) {
+            ReleaseStep::RetryAt(at) => {
+                delays_ms.push(at.saturating_duration_since(now).as_millis());
+                now = at;
+            }
+            ReleaseStep::Done(result) => break result,
+        }
+    };
+    assert_eq!(&delays_ms[..6], [10, 20, 40, 80, 160, 200]);
+    assert!(delays_ms[6..].iter().all(|&d| d <= 200));
+    assert_eq!(now, start.saturating_add(secs(5)));
+    assert_eq!(result, Err(ClientError::NotConnected));
+
+    // Once an attempt may have applied, the final error says so.
+    let mut op = ReleaseOperation::new(start, key("a"), 3);
+    assert!(matches!(
+        op.on_outcome(start, Outcome::Indeterminate),
+        ReleaseStep::RetryAt(_)
+    ));
+    let late = start.saturating_add(secs(5));
+    assert_eq!(
+        op.on_outcome(late, Outcome::Retry),
+        ReleaseStep::Done(Err(ClientError::Indeterminate))
+    );
+}
+
+#[test]
+fn release_outcomes_map_to_their_results() {
+    let now = Instant::ZERO;
+    let mut op = ReleaseOperation::new(now, key("a"), 3);
+    assert_eq!(
+        op.on_outcome(now, Outcome::Released),
+        ReleaseStep::Done(Ok(ReleaseOutcome::Released))
+    );
+    assert!(matches!(
+        op.on_outcome(now, Outcome::Error(ErrorCode::GroupMismatch)),
+        ReleaseStep::Done(Err(ClientError::Protocol(_)))
+    ));
+    assert_eq!(
+        op.on_error(now, ClientError::Auth),
+        ReleaseStep::Done(Err(ClientError::Auth))
+    );
+    assert!(matches!(
+        op.on_outcome(now, Outcome::Timeout),
+        ReleaseStep::RetryAt(_)
+    ));
+}
+
+#[test]
+fn the_release_queue_is_bounded_and_drops_expired_jobs() {
+    let now = Instant::ZERO;
+    let mut queue = ReleaseQueue::new(2);
+    assert!(queue.push(now, ReleaseOperation::new(now, key("a"), 1)));
+    assert!(queue.push(
+        now,
+        ReleaseOperation::new(now.saturating_add(secs(1)), key("b"), 2)
+    ));
+    assert!(
+        !queue.push(now, ReleaseOperation::new(now, key("c"), 3)),
+        "full"
+    );
+    assert_eq!(queue.len(), 2);
+    // At `later` the first job's deadline has passed; the second's has not.
+    let later = now.saturating_add(secs(5));
+    assert_eq!(queue.pop(later).map(|job| job.token()), Some(2));
+    assert!(queue.is_empty());
+    assert!(
+        !queue.push(later, ReleaseOperation::new(now, key("d"), 4)),
+        "expired"
+    );
+    assert!(queue.is_empty());
+}
+
+#[test]
+fn an_acquire_retries_only_certainly_unsent_attempts_within_its_wait() {
+    let start = Instant::from_millis(500);
+    let p = params(secs(1), secs(10), Duration::ZERO);
+    let mut op = AcquireOperation::new(start, key("a"), p);
+    assert_eq!(op.deadline(), start.saturating_add(secs(1)));
+    let mut now = start;
+    let mut delays_ms = Vec::new();
+    let failed = loop {
+        let step = if delays_ms.len() % 2 == 0 {
+            op.on_outcome(now, Outcome::Retry)
+        } else {
+            op.on_error(now, ClientError::NotConnected)
+        };
+        match step {
+            AcquireStep::RetryAt(at) => {
+                delays_ms.push(at.saturating_duration_since(now).as_millis());
+                now = at;
+            }
+            AcquireStep::Failed(error) => break error,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(&delays_ms[..5], [10, 20, 40, 80, 100]);
+    assert_eq!(now, start.saturating_add(secs(1)));
+    assert_eq!(failed, ClientError::Timeout);
+
+    // Definite answers are final at once.
+    let mut op = AcquireOperation::new(start, key("a"), p);
+    assert_eq!(
+        op.on_outcome(start, Outcome::Busy),
+        AcquireStep::Failed(ClientError::Busy)
+    );
+    assert_eq!(
+        op.on_outcome(start, Outcome::Timeout),
+        AcquireStep::Failed(ClientError::Timeout)
+    );
+    assert_eq!(
+        op.on_error(start, ClientError::Auth),
+        AcquireStep::Failed(ClientError::Auth)
+    );
+    // Out of client capacity until the deadline: that is the error.
+    let end = start.saturating_add(secs(1));
+    assert_eq!(
+        op.on_error(end, ClientError::ClientCapacity),
+        AcquireStep::Failed(ClientError::ClientCapacity)
+    );
+}
+
+#[test]
+fn a_retried_acquire_is_sent_with_only_the_wait_that_remains() {
+    let mut s = Scripted::cluster(0, 3);
+    let start = s.now;
+    let mut op = AcquireOperation::new(start, key("k"), params(secs(3), secs(10), Duration::ZERO));
+    let rid = op.submit(s.now, &mut s.session).unwrap();
+    assert!(matches!(s.transmit().as_slice(), [Request::Acquire(req)] if req.wait_s == 3));
+    s.now = start.saturating_add(ms(800));
+    s.reply(Reply::Moved {
+        rid,
+        leader_slot: 1,
+    });
+    assert_eq!(s.events()[0], outcome(rid, Outcome::Retry));
+    let AcquireStep::RetryAt(at) = op.on_outcome(s.now, Outcome::Retry) else {
+        panic!("a Moved acquire is retried");
+    };
+    let mut leader = Scripted::cluster(1, 3);
+    leader.now = at;
+    op.submit(leader.now, &mut leader.session).unwrap();
+    match leader.transmit().as_slice() {
+        [Request::Acquire(req)] => assert_eq!(req.wait_s, 3, "ceil(3 s - 0.81 s)"),
+        other => panic!("{other:?}"),
+    }
+    leader.now = start.saturating_add(ms(1_000));
+    let later = AcquireOperation::new(start, key("k"), params(secs(3), secs(10), Duration::ZERO));
+    later.submit(leader.now, &mut leader.session).unwrap();
+    match leader.transmit().as_slice() {
+        [Request::Acquire(req)] => assert_eq!(req.wait_s, 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn covers_uses_the_lease_from_just_before_sending() {
+    let sent_at = Instant::from_millis(10_000);
+    let valid_before = sent_at.saturating_add(secs(10));
+    let at = |millis: u64| sent_at.saturating_add(ms(millis));
+    assert!(lease_covers(valid_before, at(2_000), secs(8)));
+    assert!(!lease_covers(
+        valid_before,
+        Instant::from_micros(at(2_000).as_micros() + 1),
+        secs(8)
+    ));
+    assert!(lease_covers(valid_before, at(9_999), ms(1)));
+    assert!(
+        !lease_covers(valid_before, at(10_000), Duration::ZERO),
+        "expired covers nothing"
+    );
+
+    let grant = Grant {
+        keys: key("a"),
+        token: 5,
+        valid_before,
+    };
+    let p = params(secs(30), secs(10), secs(8));
+    let mut op = AcquireOperation::new(sent_at, key("a"), p);
+    assert_eq!(
+        op.on_outcome(at(2_000), Outcome::Acquired(grant.clone())),
+        AcquireStep::Granted(grant.clone())
+    );
+    assert_eq!(
+        op.on_outcome(at(2_001), Outcome::Acquired(grant.clone())),
+        AcquireStep::Compensate {
+            error: ClientError::InsufficientLease,
+            grant: grant.clone()
+        }
+    );
+    // A grant handed over at or after the acquire's deadline is never used.
+    let late = sent_at.saturating_add(secs(30));
+    let mut op = AcquireOperation::new(
+        sent_at,
+        key("a"),
+        params(secs(30), secs(250), Duration::ZERO),
+    );
+    let long = Grant {
+        valid_before: sent_at.saturating_add(secs(250)),
+        ..grant
+    };
+    assert_eq!(
+        op.on_outcome(late, Outcome::Acquired(long.clone())),
+        AcquireStep::Compensate {
+            error: ClientError::Indeterminate,
+            grant: long
+        }
+    );
+}
+
+#[test]
+fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
+    let p = params(ms(1), Duration::from_micros(1_500_001), ms(1_500));
+    assert_eq!((p.wait_s(), p.lease_s()), (1, 2));
+    assert_eq!(p.lease(), secs(2));
+    assert_eq!(p.min_work_budget(), ms(1_500));
+    let p = params(secs(255), secs(250), secs(250));
+    assert_eq!((p.wait_s(), p.lease_s()), (255, 250));
+    assert_eq!(params(Duration::ZERO, secs(1), Duration::ZERO).wait_s(), 0);
+    // Budget equal to the normalized (rounded-up) lease is fine.
+    assert!(AcquireParams::new(Duration::ZERO, ms(1_200), secs(2)).is_ok());
+
+    let cases = [
+        (
+            secs(255) + ms(1),
+            secs(10),
+            Duration::ZERO,
+            ClientError::UnsupportedDuration {
+                field: "wait",
+                max_s: 255,
+            },
+        ),
+        (
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            ClientError::InvalidInput("lease must be greater than zero"),
+        ),
+        (
+            Duration::ZERO,
+            secs(250) + Duration::from_nanos(1),
+            Duration::ZERO,
+            ClientError::UnsupportedDuration {
+                field: "lease",
+                max_s: 250,
+            },
+        ),
+        (
+            Duration::ZERO,
+            secs(251),
+            Duration::ZERO,
+            ClientError::UnsupportedDuration {
+                field: "lease",
+                max_s: 250,
+            },
+        ),
+        (
+            Duration::ZERO,
+            Duration::MAX,
+            Duration::ZERO,
+            ClientError::UnsupportedDuration {
+                field: "lease",
+                max_s: 250,
+            },
+        ),
+        (
+            Duration::ZERO,
+            secs(250),
+            secs(250) + Duration::from_nanos(1),
+            ClientError::UnsupportedDuration {
+                field: "min_work_budget",
+                max_s: 250,
+            },
+        ),
+        (
+            Duration::ZERO,
+            ms(1_200),
+            secs(2) + Duration::from_nanos(1),
+            ClientError::InsufficientLease,
+        ),
+        (
+            Duration::MAX,
+            secs(10),
+            Duration::ZERO,
+            ClientError::UnsupportedDuration {
+                field: "wait",
+                max_s: 255,
+            },
+        ),
+    ];
+    for (wait, lease, budget, error) in cases {
+        assert_eq!(
+            AcquireParams::new(wait, lease, budget),
+            Err(error.clone()),
+            "{wait:?} {lease:?} {budget:?}"
+        );
+        assert!(!error.to_string().is_empty());
+    }
+}
+
+#[test]
+fn keys_are_validated_and_sets_made_canonical() {
+    assert_eq!(
+        KeySet::single(""),
+        Err(ClientError::InvalidInput("key must be 1..=128 bytes"))
+    );
+    assert!(KeySet::single(&"k".repeat(128)).is_ok());
+    assert_eq!(
+        KeySet::single(&"k".repeat(129)),
+        Err(ClientError::InvalidInput("key must be 1..=128 bytes"))
+    );
+    for bad in ["a b", "a\nb", "a\rb"] {
+        assert_eq!(
+            KeySet::single(bad),
+            Err(ClientError::InvalidInput(
+                "key must not contain spaces or newlines"
+            ))
+        );
+    }
+    let set = KeySet::new(&["b", "a", "b", "c"]).unwrap();
+    let names: Vec<&str> = set.keys().iter().map(|key| key.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    let empty: [&str; 0] = [];
+    assert_eq!(
+        KeySet::new(&empty),
+        Err(ClientError::InvalidInput(
+            "key set must contain 1..=16 keys"
+        ))
+    );
+    // Counted before dedup, like the official client.
+    let seventeen = vec!["same"; 17];
+    assert_eq!(
+        KeySet::new(&seventeen),
+        Err(ClientError::InvalidInput(
+            "key set must contain 1..=16 keys"
+        ))
+    );
+    let sixteen: Vec<String> = (0..16).map(|i| format!("k{i:02}")).collect();
+    assert_eq!(KeySet::new(&sixteen).unwrap().len(), 16);
+    assert!(KeySet::new(&["ok", "not ok"]).is_err());
+}
+
+#[test]
+fn backoff_doubles_to_its_cap_and_a_long_session_resets_it() {
+    let mut backoff = Backoff::new();
+    let delays: Vec<u128> = (0..7)
+        .map(|_| backoff.after_connect_failure().as_millis())
+        .collect();
+    assert_eq!(delays, [100, 200, 400, 800, 1_600, 3_200, 3_200]);
+    // A session shorter than 1 s counts as a failure …
+    assert_eq!(backoff.after_session(Some(ms(999))), ms(3_200));
+    // … one that lived 1 s reconnects at once and starts over.
+    assert_eq!(backoff.after_session(Some(secs(1))), Duration::ZERO);
+    assert_eq!(backoff.after_connect_failure(), ms(100));
+    assert_eq!(
+        backoff.after_session(None),
+        ms(200),
+        "never ready = failure"
+    );
+}
+
+#[test]
+fn session_lifetime_feeds_the_backoff() {
+    let mut s = Scripted::single();
+    s.advance(secs(1));
+    s.session.close_local(s.now);
+    assert_eq!(s.session.lived(), Some(secs(1)));
+    assert_eq!(s.events(), [SessionEvent::Closed(CloseReason::Local)]);
+    let mut backoff = Backoff::new();
+    backoff.after_connect_failure();
+    assert_eq!(backoff.after_session(s.session.lived()), Duration::ZERO);
+}
+
+#[test]
+fn routing_prefers_the_leader_then_round_robins_over_ready_connections() {
+    let mut router = Router::new(3);
+    assert_eq!(router.pick(), None);
+    assert_eq!(router.no_connection_error(), ClientError::NotConnected);
+    router.set_ready(0, true);
+    router.set_ready(2, true);
+    let picks: Vec<_> = (0..4).map(|_| router.pick()).collect();
+    // The cursor moved past 0 on the empty pick above: 1 (down) → 2, 2, 0, 1 (down) → 2.
+    assert_eq!(picks, [Some(2), Some(2), Some(0), Some(2)]);
+    assert!(router.set_leader_hint(Some(2)));
+    assert_eq!((router.pick(), router.pick()), (Some(2), Some(2)));
+    assert!(!router.set_leader_hint(Some(3)), "no such slot");
+    assert_eq!(router.leader(), Some(2));
+    // The leader's connection drops: it is forgotten, the others serve.
+    router.handle_event(2, &SessionEvent::Closed(CloseReason::TransportClosed));
+    assert_eq!(router.leader(), None);
+    assert_eq!(router.pick(), Some(0));
+    assert!(!router.auth_failed());
+}
+
+#[test]
+fn broker_configuration_is_validated_and_one_address_means_two_connections() {
+    let single = BrokerConfig::single("db.internal:5225", TOKEN_A)
+        .endpoints()
+        .unwrap();
+    assert_eq!(single.len(), 2);
+    assert!(
+        single
+            .iter()
+            .all(|e| e.addr == "db.internal:5225" && e.session.mode == WireMode::Single)
+    );
+    assert!(!format!("{:?}", BrokerConfig::single("h:1", TOKEN_A)).contains(TOKEN_A));
+    assert!(!format!("{:?}", single[0].session).contains(TOKEN_A));
+    let session = Session::new(Instant::ZERO, single[0].session.clone());
+    let shown = format!("{session:?}");
+    assert!(shown.contains("Handshake"));
+    assert!(
+        !shown.contains(TOKEN_A) && !shown.contains("48, 49, 50"),
+        "{shown}"
+    );
+
+    let cluster = BrokerConfig {
+        addrs: vec!["a:1".into(), "b:1".into(), "[::1]:1".into()],
+        mode: BrokerMode::Cluster {
+            identity_fingerprint: CLUSTER_ID,
+        },
+        ..BrokerConfig::single("x:1", TOKEN_A)
+    };
+    let endpoints = cluster.endpoints().unwrap();
+    let slots: Vec<u8> = endpoints.iter().map(|e| e.session.expected_slot).collect();
+    assert_eq!(slots, [0, 1, 2]);
+    assert!(
+        endpoints
+            .iter()
+            .all(|e| e.session.cluster_size == 3 && e.session.fingerprint == CLUSTER_ID)
+    );
+
+    let invalid = |config: BrokerConfig| {
+        assert!(
+            matches!(config.endpoints(), Err(ClientError::InvalidInput(_))),
+            "{config:?}"
+        )
+    };
+    invalid(BrokerConfig {
+        addrs: vec![],
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    });
+    invalid(BrokerConfig {
+        addrs: vec!["a:1".into(), "b:1".into()],
+        ..cluster.clone()
+    });
+    invalid(BrokerConfig {
+        addrs: vec!["a:1".into(), "b:1".into()],
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    });
+    invalid(BrokerConfig::single("h:1", "short"));
+    invalid(BrokerConfig::single("127.0.0.1:1", ""));
+    invalid(BrokerConfig {
+        allow_loopback_no_auth: true,
+        ..BrokerConfig::single("db.internal:1", "")
+    });
+    invalid(BrokerConfig::single("h:0", TOKEN_A));
+    invalid(BrokerConfig::single("h", TOKEN_A));
+    invalid(BrokerConfig::single("::1:5225", TOKEN_A));
+    invalid(BrokerConfig::single("h :1", TOKEN_A));
+    invalid(BrokerConfig {
+        max_pending: 0,
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    });
+    invalid(BrokerConfig {
+        max_pending: 16_385,
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    });
+    assert!(
+        BrokerConfig {
+            allow_loopback_no_auth: true,
+            ..BrokerConfig::single("[::1]:1", "")
+        }
+        .endpoints()
+        .is_ok()
+    );
+}
+
+#[test]
+fn errors_display_and_convert() {
+    let io: ClientError =
+        std::io::Error::new(std::io::ErrorKind::ConnectionReset, "peer reset").into();
+    assert!(matches!(
+        &io,
+        ClientError::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            ..
+        }
+    ));
+    assert_eq!(io.to_string(), "io error: peer reset");
+    assert_eq!(
+        ClientError::UnsupportedDuration {
+            field: "lease",
+            max_s: 250
+        }
+        .to_string(),
+        "lease exceeds the supported maximum of 250 seconds"
+    );
+    let reason = CloseReason::Protocol(ProtocolError::UnknownRid(4));
+    assert_eq!(
+        reason.to_error(),
+        ClientError::Protocol("reply for unknown request id 4".into())
+    );
+    assert_eq!(
+        CloseReason::TransportClosed.to_error(),
+        ClientError::NotConnected
+    );
+}
