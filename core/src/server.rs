@@ -270,7 +270,7 @@ impl Server {
                 }
             }
         }
-        self.drain_lock_events();
+        self.drain_lock_events(now);
     }
 
     fn handle_acquire(&mut self, now: Instant, conn_id: ConnId, acquire: AcquireRequest) {
@@ -354,7 +354,7 @@ impl Server {
     }
 
     /// Turns the lock table's events into replies to queued acquires.
-    fn drain_lock_events(&mut self) {
+    fn drain_lock_events(&mut self, now: Instant) {
         while let Some(event) = self.table.poll_event() {
             let (waiter, token) = match event {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
@@ -369,6 +369,14 @@ impl Server {
                 continue;
             };
             conn.queued.remove(&waiter);
+            if conn.closing {
+                // Nobody will read this grant: give the keys to whoever is
+                // next instead of leaving them blocked until the lease ends.
+                if let Some(token) = token {
+                    self.table.release(now, &queued.keys, token);
+                }
+                continue;
+            }
             let rid = queued.rid;
             let reply = match token {
                 Some(token) => {
@@ -397,12 +405,21 @@ impl Server {
         };
         conn.closing = true;
         wake(conn_id, conn, &mut self.wakes);
-        let queued: Vec<WaiterId> = conn.queued.drain().collect();
+        let queued: Vec<WaiterId> = conn.queued.iter().copied().collect();
         for waiter in queued {
-            self.waiters.remove(&waiter);
-            self.table.cancel(now, waiter);
+            // Any call into the table may first serve deadlines that are due,
+            // and cancelling one waiter may grant the next, possibly another
+            // waiter of this connection: drain after each so that every event
+            // still finds its waiter, and grants to this closing connection
+            // are passed on (see `drain_lock_events`).
+            if self.table.cancel(now, waiter) {
+                self.waiters.remove(&waiter);
+                if let Some(conn) = self.conns.get_mut(&conn_id) {
+                    conn.queued.remove(&waiter);
+                }
+            }
+            self.drain_lock_events(now);
         }
-        self.drain_lock_events();
     }
 
     /// Everything taken from `conn` by [`Server::take_transmit`] so far has
@@ -429,7 +446,7 @@ impl Server {
             // longer current (expired and re-granted) is simply not found.
             self.table.release(now, &grant.keys, grant.token);
         }
-        self.drain_lock_events();
+        self.drain_lock_events(now);
     }
 
     /// Processes every deadline at or before `now`.
@@ -451,7 +468,7 @@ impl Server {
                 self.close_conn(now, conn_id);
             }
         }
-        self.drain_lock_events();
+        self.drain_lock_events(now);
     }
 
     /// The earliest instant at which [`Server::handle_timeout`] has work.
@@ -517,7 +534,7 @@ impl Server {
         self.handle_timeout(now);
         self.shutting_down = true;
         self.table.time_out_all_waiters(now);
-        self.drain_lock_events();
+        self.drain_lock_events(now);
         let conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
         for conn_id in conn_ids {
             if let Some(conn) = self.conns.get_mut(&conn_id) {

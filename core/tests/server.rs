@@ -474,3 +474,31 @@ fn each_connection_is_woken_once_until_its_bytes_are_taken() {
     h.send(conn, &acquire(3, "c", 0, 30));
     assert_eq!(h.woken(), vec![conn]);
 }
+
+/// Found by fuzzing: cancelling a closing connection's first waiter granted
+/// its second one, whose grant then had nobody to go to and blocked the key.
+#[test]
+fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let closing = h.connect();
+    let patient = h.connect();
+    granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
+    let set = Request::Acquire(AcquireRequest {
+        rid: 1,
+        wait_s: 10,
+        lease_s: 30,
+        keys: keys(&["a", "k"]),
+        set: true,
+    });
+    // "k" is free but the set is first in its queue, so both wait.
+    assert!(h.call(closing, &set).is_empty());
+    assert!(h.call(closing, &acquire(2, "k", 10, 30)).is_empty());
+    assert!(h.call(patient, &acquire(1, "k", 10, 30)).is_empty());
+    h.server.handle_closed(h.now, closing);
+    assert!(matches!(
+        h.replies(patient)[..],
+        [Reply::Acquired { rid: 1, .. }]
+    ));
+    assert_eq!(h.server.stats().lock.waiters, 0);
+}

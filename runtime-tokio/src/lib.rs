@@ -1,1 +1,16 @@
+//! The tokio runtime of Ticketing: the `ticketing` daemon's config loading
+//! ([`config`]), the driver that connects the sans-IO core's
+//! [`Server`](ticketing_core::server::Server) to sockets, clocks and timers
+//! ([`serve`]), and TLS setup ([`tls`]).
+//!
+//! The driver stays thin: every decision about locks, leases, tokens and
+//! protocol bytes is the core's. [`serve::spawn_server`] is also the
+//! in-process harness for tests and benches; the binary uses the same path.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+pub mod config;
+pub mod serve;
+pub mod tls;
+
+pub use serve::{RunningServer, ServeSettings, spawn_server};

@@ -1,0 +1,855 @@
+//! Command line, TOML config file and environment → one validated
+//! [`Config`].
+//!
+//! Precedence, highest first: command-line flags, environment
+//! (`TICKETING_CLIENT_TOKENS`, `RUST_LOG`), the config file, built-in
+//! defaults. Every error names the field at fault and the rule it broke.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use ticketing_core::auth::{ClientTokens, MIN_TOKEN_LEN};
+use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::server::ServerConfig;
+
+use crate::serve::ServeSettings;
+use crate::tls::{self, TlsPart};
+
+/// Listen address used when none is configured.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:5225";
+/// Log level used when none is configured.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+/// Largest accepted `wait_margin_ms`: the margin must stay below the 1 s
+/// granularity of the protocol's `wait` field.
+pub const WAIT_MARGIN_MS_MAX: u64 = 900;
+/// Environment variable with comma-separated client tokens.
+pub const ENV_CLIENT_TOKENS: &str = "TICKETING_CLIENT_TOKENS";
+/// Accepted values of `log_level`.
+pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Inclusive upper bounds of the `[limits]` fields. They keep a typo (an
+/// extra digit or three) from turning into an unbounded memory promise.
+pub const MAX_KEYS_MAX: u64 = 100_000_000;
+/// Upper bound of `max_waiters_per_key`.
+pub const MAX_WAITERS_PER_KEY_MAX: u64 = 1_000_000;
+/// Upper bound of `max_waiters_total`.
+pub const MAX_WAITERS_TOTAL_MAX: u64 = 100_000_000;
+/// Upper bound of `max_connections`.
+pub const MAX_CONNECTIONS_MAX: u64 = 1_000_000;
+/// Upper bound of `max_in_flight_per_connection`.
+pub const MAX_IN_FLIGHT_PER_CONNECTION_MAX: u64 = 1_000_000;
+
+/// The `ticketing` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ticketing",
+    version,
+    about = "Ticketing distributed lock service"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `ticketing` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a single-mode server (with no options: 127.0.0.1:5225, no auth).
+    Serve(ServeArgs),
+}
+
+/// Options of `ticketing serve`. Each overrides the config file.
+#[derive(Debug, Default, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, IP:PORT.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Accepted client token, at least 16 bytes (repeatable). Visible to
+    /// other local users in the process list: prefer the config file or
+    /// TICKETING_CLIENT_TOKENS.
+    #[arg(long = "client-token", value_name = "TOKEN")]
+    pub client_tokens: Vec<String>,
+    /// PEM certificate chain; enables TLS (needs --tls-key).
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (needs --tls-cert).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback listen address with no client token.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// off, error, warn, info, debug or trace (overrides RUST_LOG).
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Keys in the lock table at most.
+    #[arg(long, value_name = "N")]
+    pub max_keys: Option<u64>,
+    /// Waiters queued on one key at most.
+    #[arg(long, value_name = "N")]
+    pub max_waiters_per_key: Option<u64>,
+    /// Waiters queued in total at most.
+    #[arg(long, value_name = "N")]
+    pub max_waiters_total: Option<u64>,
+    /// Open client connections at most.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u64>,
+    /// Requests awaiting a reply on one connection at most.
+    #[arg(long, value_name = "N")]
+    pub max_in_flight_per_connection: Option<u64>,
+    /// How long before a waiter's deadline it is answered `T`, 0..=900.
+    #[arg(long, value_name = "MS")]
+    pub wait_margin_ms: Option<u64>,
+}
+
+/// The config file, as written. Every field is optional.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on, IP:PORT.
+    pub listen: Option<String>,
+    /// Accepted client tokens.
+    pub client_tokens: Option<Vec<String>>,
+    /// Allow a non-loopback listen address with no client token.
+    pub insecure_no_auth: Option<bool>,
+    /// Log level.
+    pub log_level: Option<String>,
+    /// See [`ServeArgs::wait_margin_ms`].
+    pub wait_margin_ms: Option<u64>,
+    /// `[tls]` table.
+    pub tls: Option<FileTls>,
+    /// `[limits]` table.
+    pub limits: Option<FileLimits>,
+}
+
+/// The `[tls]` table. Relative paths are relative to the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTls {
+    /// PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+}
+
+/// The `[limits]` table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    /// See [`ServeArgs::max_keys`].
+    pub max_keys: Option<u64>,
+    /// See [`ServeArgs::max_waiters_per_key`].
+    pub max_waiters_per_key: Option<u64>,
+    /// See [`ServeArgs::max_waiters_total`].
+    pub max_waiters_total: Option<u64>,
+    /// See [`ServeArgs::max_connections`].
+    pub max_connections: Option<u64>,
+    /// See [`ServeArgs::max_in_flight_per_connection`].
+    pub max_in_flight_per_connection: Option<u64>,
+}
+
+/// The environment variables the config reads, gathered once so that the
+/// rest is a pure function (and testable).
+#[derive(Debug, Default, Clone)]
+pub struct Env {
+    /// `TICKETING_CLIENT_TOKENS`.
+    pub client_tokens: Option<String>,
+    /// `RUST_LOG`.
+    pub rust_log: Option<String>,
+}
+
+impl Env {
+    /// Reads the variables from this process's environment.
+    pub fn from_process() -> Self {
+        Env {
+            client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
+            rust_log: std::env::var("RUST_LOG").ok(),
+        }
+    }
+}
+
+/// How clients authenticate, for the startup log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Client tokens are configured; this many.
+    Tokens(usize),
+    /// No token: only the empty token is accepted.
+    None,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What the server runs with.
+    pub settings: ServeSettings,
+    /// `tracing_subscriber::EnvFilter` directives.
+    pub log_filter: String,
+    /// How clients authenticate.
+    pub auth: AuthMode,
+}
+
+/// A configuration that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field at fault, as named in the config file (`limits.max_keys`,
+    /// `client_tokens[1]`), or `--config` for the file itself.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads the config file named by `args` (if any) and validates everything.
+pub fn load(args: &ServeArgs, env: &Env) -> Result<Config, ConfigError> {
+    let (file, file_dir) = match &args.config {
+        None => (FileConfig::default(), None),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
+            })?;
+            let file = parse_file(&text).map_err(|e| ConfigError {
+                field: e.field,
+                message: format!("{} (in {})", e.message, path.display()),
+            })?;
+            (file, path.parent().map(Path::to_owned))
+        }
+    };
+    resolve(&file, file_dir.as_deref(), args, env)
+}
+
+/// Parses config file text. Unknown fields are errors.
+pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        // toml's own Display spans several lines (with a source snippet); keep
+        // the message on one line and point at the line instead.
+        let location = match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!(" at line {line}")
+            }
+            None => String::new(),
+        };
+        ConfigError::new(
+            "--config",
+            format!("invalid TOML{location}: {}", e.message().trim()),
+        )
+    })
+}
+
+/// Merges file, environment and flags and validates the result. `file_dir`
+/// is the config file's folder, against which its relative TLS paths are
+/// resolved.
+pub fn resolve(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<Config, ConfigError> {
+    let listen_text = args
+        .listen
+        .as_deref()
+        .or(file.listen.as_deref())
+        .unwrap_or(DEFAULT_LISTEN);
+    let listen: SocketAddr = listen_text.parse().map_err(|_| {
+        ConfigError::new(
+            "listen",
+            format!("expected IP:PORT such as {DEFAULT_LISTEN} or [::1]:5225, got {listen_text:?}"),
+        )
+    })?;
+
+    let tokens = pick_tokens(file, args, env);
+    let client_tokens = if tokens.values.is_empty() {
+        ClientTokens::no_auth()
+    } else {
+        ClientTokens::new(&tokens.values).map_err(|e| {
+            ConfigError::new(
+                format!("client_tokens[{}]", e.index),
+                format!(
+                    "token is {} bytes, must be at least {MIN_TOKEN_LEN} (from {})",
+                    e.len, tokens.source
+                ),
+            )
+        })?
+    };
+    let insecure_no_auth = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
+    check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
+
+    let limits_file = file.limits.clone().unwrap_or_default();
+    let defaults = ServerConfig::default();
+    let limit =
+        |name: &str, flag: Option<u64>, from_file: Option<u64>, default: usize, max: u64| {
+            let value = flag.or(from_file).unwrap_or(default as u64);
+            check_range(&format!("limits.{name}"), value, 1, max)
+        };
+    let max_keys = limit(
+        "max_keys",
+        args.max_keys,
+        limits_file.max_keys,
+        defaults.lock.limits.max_keys,
+        MAX_KEYS_MAX,
+    )?;
+    let max_waiters_per_key = limit(
+        "max_waiters_per_key",
+        args.max_waiters_per_key,
+        limits_file.max_waiters_per_key,
+        defaults.lock.limits.max_waiters_per_key,
+        MAX_WAITERS_PER_KEY_MAX,
+    )?;
+    let max_waiters_total = limit(
+        "max_waiters_total",
+        args.max_waiters_total,
+        limits_file.max_waiters_total,
+        defaults.lock.limits.max_waiters_total,
+        MAX_WAITERS_TOTAL_MAX,
+    )?;
+    let max_connections = limit(
+        "max_connections",
+        args.max_connections,
+        limits_file.max_connections,
+        defaults.max_connections,
+        MAX_CONNECTIONS_MAX,
+    )?;
+    let max_in_flight_per_connection = limit(
+        "max_in_flight_per_connection",
+        args.max_in_flight_per_connection,
+        limits_file.max_in_flight_per_connection,
+        defaults.max_in_flight_per_connection,
+        MAX_IN_FLIGHT_PER_CONNECTION_MAX,
+    )?;
+    let default_margin_ms = u64::try_from(defaults.lock.wait_margin.as_millis()).unwrap_or(0);
+    let wait_margin_ms = check_range(
+        "wait_margin_ms",
+        args.wait_margin_ms
+            .or(file.wait_margin_ms)
+            .unwrap_or(default_margin_ms),
+        0,
+        WAIT_MARGIN_MS_MAX,
+    )?;
+
+    let tls = resolve_tls(file, file_dir, args)?;
+    let log_filter = resolve_log_filter(file, args, env)?;
+
+    let server = ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                max_keys,
+                max_waiters_per_key,
+                max_waiters_total,
+            },
+            wait_margin: Duration::from_millis(wait_margin_ms as u64),
+            ..defaults.lock
+        },
+        max_connections,
+        max_in_flight_per_connection,
+        client_tokens,
+        ..defaults
+    };
+    let mut settings = ServeSettings::new(listen);
+    settings.server = server;
+    settings.tls = tls;
+    let auth = if tokens.values.is_empty() {
+        AuthMode::None
+    } else {
+        AuthMode::Tokens(tokens.values.len())
+    };
+    Ok(Config {
+        settings,
+        log_filter,
+        auth,
+    })
+}
+
+/// Our rule: with no client token, only the empty token is accepted, so
+/// anyone who can reach the port can take and release locks. That is fine on
+/// loopback only, unless the operator says explicitly that it is meant.
+pub fn check_listen_auth(
+    listen: SocketAddr,
+    has_tokens: bool,
+    insecure_no_auth: bool,
+) -> Result<(), ConfigError> {
+    // `to_canonical` so that ::ffff:127.0.0.1 counts as the loopback it is.
+    if has_tokens || insecure_no_auth || listen.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "listen",
+        format!(
+            "{listen} is not a loopback address and no client token is configured; \
+             set client_tokens (or --client-token / {ENV_CLIENT_TOKENS}), \
+             or insecure_no_auth = true (--insecure-no-auth) to serve without authentication"
+        ),
+    ))
+}
+
+struct PickedTokens {
+    values: Vec<String>,
+    source: &'static str,
+}
+
+fn pick_tokens(file: &FileConfig, args: &ServeArgs, env: &Env) -> PickedTokens {
+    if !args.client_tokens.is_empty() {
+        return PickedTokens {
+            values: args.client_tokens.clone(),
+            source: "--client-token",
+        };
+    }
+    if let Some(list) = env
+        .client_tokens
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+    {
+        return PickedTokens {
+            values: list
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            source: ENV_CLIENT_TOKENS,
+        };
+    }
+    PickedTokens {
+        values: file.client_tokens.clone().unwrap_or_default(),
+        source: "the config file",
+    }
+}
+
+fn check_range(field: &str, value: u64, min: u64, max: u64) -> Result<usize, ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::new(
+            field,
+            format!("{value} is out of range, allowed {min}..={max}"),
+        ));
+    }
+    usize::try_from(value)
+        .map_err(|_| ConfigError::new(field, format!("{value} does not fit this platform's usize")))
+}
+
+fn resolve_tls(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
+    let from_file = |pick: fn(&FileTls) -> Option<&PathBuf>| {
+        let path = file.tls.as_ref().and_then(pick)?;
+        Some(match file_dir {
+            Some(dir) => dir.join(path),
+            None => path.clone(),
+        })
+    };
+    let cert = args
+        .tls_cert
+        .clone()
+        .or_else(|| from_file(|t| t.cert.as_ref()));
+    let key = args
+        .tls_key
+        .clone()
+        .or_else(|| from_file(|t| t.key.as_ref()));
+    let (cert, key) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some(cert), Some(key)) => (cert, key),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "tls.key",
+                "required when tls.cert is set (--tls-key)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "tls.cert",
+                "required when tls.key is set (--tls-cert)",
+            ));
+        }
+    };
+    tls::load_server_config(&cert, &key).map(Some).map_err(|e| {
+        let field = match e.part {
+            TlsPart::Cert => "tls.cert",
+            TlsPart::Key => "tls.key",
+            TlsPart::Pair => "tls",
+        };
+        ConfigError::new(field, e.to_string())
+    })
+}
+
+fn resolve_log_filter(
+    file: &FileConfig,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<String, ConfigError> {
+    let check_level = |field: &str, level: &str| {
+        let lower = level.trim().to_ascii_lowercase();
+        if LOG_LEVELS.contains(&lower.as_str()) {
+            Ok(lower)
+        } else {
+            Err(ConfigError::new(
+                field,
+                format!("{level:?} is not one of {}", LOG_LEVELS.join(", ")),
+            ))
+        }
+    };
+    if let Some(level) = &args.log_level {
+        return check_level("log_level", level);
+    }
+    if let Some(directives) = env.rust_log.as_deref().filter(|s| !s.trim().is_empty()) {
+        tracing_subscriber::EnvFilter::try_new(directives)
+            .map_err(|e| ConfigError::new("RUST_LOG", format!("invalid filter: {e}")))?;
+        return Ok(directives.to_owned());
+    }
+    match &file.log_level {
+        Some(level) => check_level("log_level", level),
+        None => Ok(DEFAULT_LOG_LEVEL.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(argv: &[&str]) -> ServeArgs {
+        let mut full = vec!["ticketing", "serve"];
+        full.extend_from_slice(argv);
+        match Cli::try_parse_from(full)
+            .expect("valid command line")
+            .command
+        {
+            Command::Serve(args) => args,
+        }
+    }
+
+    fn resolve_args(argv: &[&str]) -> Result<Config, ConfigError> {
+        resolve(&FileConfig::default(), None, &args(argv), &Env::default())
+    }
+
+    fn field_of(result: Result<Config, ConfigError>) -> String {
+        result.expect_err("config must be refused").field
+    }
+
+    #[test]
+    fn no_arguments_mean_loopback_5225_without_auth() {
+        let config = resolve_args(&[]).unwrap();
+        assert_eq!(config.settings.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(config.auth, AuthMode::None);
+        assert!(config.settings.server.client_tokens.is_no_auth());
+        assert!(config.settings.tls.is_none());
+        assert_eq!(config.log_filter, "info");
+        let defaults = ServerConfig::default();
+        assert_eq!(config.settings.server.lock, defaults.lock);
+        assert_eq!(
+            config.settings.server.max_connections,
+            defaults.max_connections
+        );
+    }
+
+    #[test]
+    fn listen_rule_is_loopback_or_tokens_or_explicit_insecure() {
+        let public: SocketAddr = "0.0.0.0:5225".parse().unwrap();
+        let err = check_listen_auth(public, false, false).unwrap_err();
+        assert_eq!(err.field, "listen");
+        assert!(err.message.contains("insecure_no_auth"), "{err}");
+        assert!(check_listen_auth(public, true, false).is_ok());
+        assert!(check_listen_auth(public, false, true).is_ok());
+        for loopback in [
+            "127.0.0.1:1",
+            "127.3.4.5:1",
+            "[::1]:1",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(check_listen_auth(loopback.parse().unwrap(), false, false).is_ok());
+        }
+        assert!(check_listen_auth("[::]:1".parse().unwrap(), false, false).is_err());
+        assert!(check_listen_auth("10.0.0.1:1".parse().unwrap(), false, false).is_err());
+    }
+
+    #[test]
+    fn non_loopback_without_tokens_is_refused_unless_insecure() {
+        assert_eq!(
+            field_of(resolve_args(&["--listen", "0.0.0.0:5225"])),
+            "listen"
+        );
+        let config = resolve_args(&["--listen", "0.0.0.0:5225", "--insecure-no-auth"]).unwrap();
+        assert_eq!(config.auth, AuthMode::None);
+        let file = parse_file("listen = \"0.0.0.0:1\"\ninsecure_no_auth = true\n").unwrap();
+        assert!(resolve(&file, None, &ServeArgs::default(), &Env::default()).is_ok());
+    }
+
+    #[test]
+    fn non_loopback_with_tokens_is_allowed() {
+        let config = resolve_args(&[
+            "--listen",
+            "0.0.0.0:5225",
+            "--client-token",
+            "0123456789abcdef",
+        ])
+        .unwrap();
+        assert_eq!(config.auth, AuthMode::Tokens(1));
+    }
+
+    #[test]
+    fn bad_listen_address_names_listen() {
+        let err = resolve_args(&["--listen", "localhost"]).unwrap_err();
+        assert_eq!(err.field, "listen");
+        assert!(err.message.contains("IP:PORT"), "{err}");
+    }
+
+    #[test]
+    fn short_token_names_its_index_and_source() {
+        let err = resolve_args(&[
+            "--client-token",
+            "0123456789abcdef",
+            "--client-token",
+            "short",
+        ])
+        .unwrap_err();
+        assert_eq!(err.field, "client_tokens[1]");
+        assert!(err.message.contains("5 bytes"), "{err}");
+        assert!(err.message.contains("16"), "{err}");
+        assert!(
+            !err.to_string().contains("short"),
+            "a secret was printed: {err}"
+        );
+    }
+
+    #[test]
+    fn tokens_come_from_flags_then_env_then_file() {
+        let file = parse_file("client_tokens = [\"file-token-0123456789\"]").unwrap();
+        let env = Env {
+            client_tokens: Some("env-token-0123456789, env-token-abcdefghij,".to_owned()),
+            rust_log: None,
+        };
+        let from_env = resolve(&file, None, &ServeArgs::default(), &env).unwrap();
+        assert_eq!(from_env.auth, AuthMode::Tokens(2));
+        let from_file = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        assert_eq!(from_file.auth, AuthMode::Tokens(1));
+        let flags = args(&["--client-token", "x"]);
+        let err = resolve(&file, None, &flags, &env).unwrap_err();
+        assert_eq!(err.field, "client_tokens[0]");
+        assert!(err.message.contains("--client-token"), "{err}");
+        let env_short = Env {
+            client_tokens: Some("fine-token-0123456789,tiny".to_owned()),
+            rust_log: None,
+        };
+        let err = resolve(&file, None, &ServeArgs::default(), &env_short).unwrap_err();
+        assert_eq!(err.field, "client_tokens[1]");
+        assert!(err.message.contains(ENV_CLIENT_TOKENS), "{err}");
+    }
+
+    #[test]
+    fn limits_must_be_at_least_one_and_sane() {
+        for (flag, field, max) in [
+            ("--max-keys", "limits.max_keys", MAX_KEYS_MAX),
+            (
+                "--max-waiters-per-key",
+                "limits.max_waiters_per_key",
+                MAX_WAITERS_PER_KEY_MAX,
+            ),
+            (
+                "--max-waiters-total",
+                "limits.max_waiters_total",
+                MAX_WAITERS_TOTAL_MAX,
+            ),
+            (
+                "--max-connections",
+                "limits.max_connections",
+                MAX_CONNECTIONS_MAX,
+            ),
+            (
+                "--max-in-flight-per-connection",
+                "limits.max_in_flight_per_connection",
+                MAX_IN_FLIGHT_PER_CONNECTION_MAX,
+            ),
+        ] {
+            let err = resolve_args(&[flag, "0"]).unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.message.contains(&format!("1..={max}")), "{err}");
+            let too_big = (max + 1).to_string();
+            assert_eq!(field_of(resolve_args(&[flag, &too_big])), field);
+            assert!(resolve_args(&[flag, "1"]).is_ok());
+            assert!(resolve_args(&[flag, &max.to_string()]).is_ok());
+        }
+    }
+
+    #[test]
+    fn wait_margin_is_0_to_900_ms() {
+        let err = resolve_args(&["--wait-margin-ms", "901"]).unwrap_err();
+        assert_eq!(err.field, "wait_margin_ms");
+        assert!(err.message.contains("0..=900"), "{err}");
+        let zero = resolve_args(&["--wait-margin-ms", "0"]).unwrap();
+        assert_eq!(zero.settings.server.lock.wait_margin, Duration::ZERO);
+        let max = resolve_args(&["--wait-margin-ms", "900"]).unwrap();
+        assert_eq!(
+            max.settings.server.lock.wait_margin,
+            Duration::from_millis(900)
+        );
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_override_them() {
+        let file = parse_file(
+            r#"
+            listen = "127.0.0.1:7000"
+            log_level = "debug"
+            wait_margin_ms = 250
+            [limits]
+            max_keys = 10
+            max_waiters_per_key = 20
+            max_waiters_total = 30
+            max_connections = 40
+            max_in_flight_per_connection = 50
+            "#,
+        )
+        .unwrap();
+        let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        let server = &config.settings.server;
+        assert_eq!(config.settings.listen, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(config.log_filter, "debug");
+        assert_eq!(server.lock.wait_margin, Duration::from_millis(250));
+        assert_eq!(server.lock.limits.max_keys, 10);
+        assert_eq!(server.lock.limits.max_waiters_per_key, 20);
+        assert_eq!(server.lock.limits.max_waiters_total, 30);
+        assert_eq!(server.max_connections, 40);
+        assert_eq!(server.max_in_flight_per_connection, 50);
+
+        let flags = args(&[
+            "--listen",
+            "127.0.0.1:7001",
+            "--log-level",
+            "WARN",
+            "--wait-margin-ms",
+            "5",
+            "--max-keys",
+            "11",
+            "--max-connections",
+            "41",
+        ]);
+        let config = resolve(&file, None, &flags, &Env::default()).unwrap();
+        let server = &config.settings.server;
+        assert_eq!(config.settings.listen, "127.0.0.1:7001".parse().unwrap());
+        assert_eq!(config.log_filter, "warn");
+        assert_eq!(server.lock.wait_margin, Duration::from_millis(5));
+        assert_eq!(server.lock.limits.max_keys, 11);
+        assert_eq!(server.lock.limits.max_waiters_per_key, 20);
+        assert_eq!(server.max_connections, 41);
+    }
+
+    #[test]
+    fn file_limit_out_of_range_names_the_field() {
+        let file = parse_file("[limits]\nmax_waiters_total = 0\n").unwrap();
+        let err = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "limits.max_waiters_total");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_their_name() {
+        for text in [
+            "listen_addr = \"127.0.0.1:1\"",
+            "[limits]\nmax_key = 1",
+            "[tls]\ncertificate = \"x\"",
+        ] {
+            let err = parse_file(text).unwrap_err();
+            assert_eq!(err.field, "--config");
+            assert!(err.message.contains("unknown field"), "{err}");
+            assert!(!err.message.contains('\n'), "not one line: {err}");
+        }
+        let err = parse_file("listen = 5").unwrap_err();
+        assert!(err.message.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn log_level_is_checked_and_rust_log_is_used_below_the_flag() {
+        assert_eq!(
+            field_of(resolve_args(&["--log-level", "loud"])),
+            "log_level"
+        );
+        let env = Env {
+            client_tokens: None,
+            rust_log: Some("ticketing_tokio=debug".to_owned()),
+        };
+        let file = parse_file("log_level = \"error\"").unwrap();
+        let config = resolve(&file, None, &ServeArgs::default(), &env).unwrap();
+        assert_eq!(config.log_filter, "ticketing_tokio=debug");
+        let config = resolve(&file, None, &args(&["--log-level", "trace"]), &env).unwrap();
+        assert_eq!(config.log_filter, "trace");
+        let bad_file = parse_file("log_level = \"verbose\"").unwrap();
+        let err = resolve(&bad_file, None, &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "log_level");
+    }
+
+    #[test]
+    fn tls_needs_both_files() {
+        let err = resolve_args(&["--tls-cert", "a.pem"]).unwrap_err();
+        assert_eq!(err.field, "tls.key");
+        let err = resolve_args(&["--tls-key", "a.pem"]).unwrap_err();
+        assert_eq!(err.field, "tls.cert");
+        let file = parse_file("[tls]\ncert = \"a.pem\"").unwrap();
+        let err = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "tls.key");
+    }
+
+    #[test]
+    fn tls_files_must_be_readable_and_parseable() {
+        let dir = std::env::temp_dir().join(format!("ticketing-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let garbage = dir.join("garbage.pem");
+        std::fs::write(&garbage, "not pem at all\n").unwrap();
+        let missing = dir.join("missing.pem");
+
+        let err = resolve_args(&[
+            "--tls-cert",
+            missing.to_str().unwrap(),
+            "--tls-key",
+            garbage.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert_eq!(err.field, "tls.cert");
+        assert!(err.message.contains("cannot read"), "{err}");
+
+        let err = resolve_args(&[
+            "--tls-cert",
+            garbage.to_str().unwrap(),
+            "--tls-key",
+            garbage.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert_eq!(err.field, "tls.cert");
+        assert!(err.message.contains("no PEM certificate"), "{err}");
+
+        // Relative paths in the file resolve against the file's folder.
+        let file = parse_file("[tls]\ncert = \"missing.pem\"\nkey = \"garbage.pem\"").unwrap();
+        let err = resolve(&file, Some(&dir), &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "tls.cert");
+        assert!(err.message.contains(&*missing.to_string_lossy()), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn load_reports_a_missing_config_file() {
+        let flags = args(&["--config", "/nonexistent/ticketing.toml"]);
+        let err = load(&flags, &Env::default()).unwrap_err();
+        assert_eq!(err.field, "--config");
+        assert!(err.message.contains("/nonexistent/ticketing.toml"), "{err}");
+    }
+}

@@ -1,0 +1,116 @@
+//! The `ticketing` binary: exit codes, one-line config errors, startup log
+//! and clean shutdown on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
+
+fn serve_expecting_config_error(args: &[&str]) -> String {
+    let output = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .env_remove("TICKETING_CLIENT_TOKENS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    stderr
+}
+
+#[test]
+fn config_errors_exit_2_with_one_line_naming_the_field() {
+    let stderr = serve_expecting_config_error(&["--max-keys", "0"]);
+    assert!(stderr.contains("limits.max_keys"), "{stderr}");
+    assert!(stderr.contains("1..="), "{stderr}");
+
+    let stderr = serve_expecting_config_error(&["--listen", "0.0.0.0:0"]);
+    assert!(stderr.contains("listen"), "{stderr}");
+    assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
+
+    let stderr = serve_expecting_config_error(&["--client-token", "short"]);
+    assert!(stderr.contains("client_tokens[0]"), "{stderr}");
+
+    let stderr = serve_expecting_config_error(&["--config", "/nonexistent/ticketing.toml"]);
+    assert!(stderr.contains("--config"), "{stderr}");
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_and_exits_0_on_sigterm() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-level", "info"])
+        .env_remove("TICKETING_CLIENT_TOKENS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+
+    // Forward stderr lines; the startup line carries the bound address.
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = Vec::new();
+    let addr = loop {
+        let line = lines_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("no startup log line");
+        log.push(line.clone());
+        if let Some(rest) = line.split("listen=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let startup = log.last().unwrap();
+    assert!(startup.contains("tls=\"off\""), "{startup}");
+
+    let broker = ticketing::TicketBroker::connect_loopback([addr]);
+    assert!(broker.wait_ready(Duration::from_secs(5)).await);
+    let ticket = broker
+        .acquire(
+            "cli",
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ticket.release().await.unwrap(),
+        ticketing::ReleaseOutcome::Released
+    );
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (exit_tx, exit_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exit_tx.send(child.wait());
+    });
+    let status = exit_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("server did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    log.extend(lines_rx.iter());
+    assert!(
+        log.iter().any(|line| line.contains("shutdown complete")),
+        "{log:#?}"
+    );
+    broker.close().await;
+}
