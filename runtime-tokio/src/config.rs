@@ -62,6 +62,133 @@ pub struct Cli {
 pub enum Command {
     /// Run a single-mode server (with no options: 127.0.0.1:5225, no auth).
     Serve(ServeArgs),
+    /// Run a command while holding a lock.
+    #[command(after_help = LOCK_AFTER_HELP)]
+    Lock(LockArgs),
+    /// Load-generate against a server with the built-in client.
+    Bench(BenchArgs),
+}
+
+/// Exit codes of `ticketing lock`, besides the command's own status.
+pub mod lock_exit {
+    /// Bad command line or arguments.
+    pub const USAGE: u8 = 2;
+    /// No connection to the server could be made.
+    pub const UNAVAILABLE: u8 = 69;
+    /// Internal or protocol error.
+    pub const SOFTWARE: u8 = 70;
+    /// The server was busy: nothing was queued.
+    pub const BUSY: u8 = 73;
+    /// The acquire may or may not have taken effect; the command was not run.
+    pub const INDETERMINATE: u8 = 74;
+    /// The wait ended without the lock.
+    pub const TIMEOUT: u8 = 75;
+    /// The server rejected the client token.
+    pub const AUTH: u8 = 77;
+    /// The command could not be started.
+    pub const CANNOT_RUN: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const LOCK_AFTER_HELP: &str = "\
+The command runs with TICKETING_KEY (the key) and TICKETING_TOKEN (the fencing
+token: strictly increasing; reject writes carrying a token not above the last
+one seen) in its environment. The lock is released when it exits. The lease is
+not renewed: choose --lease above the command's worst-case run time.
+
+Exit status: the command's own (128+N if killed by signal N), or
+   2  bad usage          69  cannot connect       70  internal/protocol error
+  73  server busy        74  indeterminate        75  timed out waiting
+  77  auth rejected     126  command not runnable 127  command not found";
+
+/// Options of `ticketing lock`.
+#[derive(Debug, Clone, Args)]
+pub struct LockArgs {
+    /// The key to lock (1-128 bytes, no space, CR or LF).
+    #[arg(value_name = "KEY")]
+    pub key: String,
+    /// Server address HOST:PORT.
+    #[arg(long = "addr", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub addrs: Vec<String>,
+    /// Client token (at least 16 bytes); default $TICKETING_CLIENT_TOKEN, or
+    /// none for a loopback server without authentication.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// How long to wait for the lock (0 = one immediate try), at most 255s.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Lease: the server frees the key after this even if we do not, 1s..=250s.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Lease that must remain when the command starts.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// Use TLS, verifying the server against this PEM CA file.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_system_roots")]
+    pub tls_ca: Option<PathBuf>,
+    /// Use TLS, verifying the server against the system trust store.
+    #[arg(long)]
+    pub tls_system_roots: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Options of `ticketing bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Server address HOST:PORT.
+    #[arg(long = "addr", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub addrs: Vec<String>,
+    /// Client token; default $TICKETING_CLIENT_TOKEN.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Concurrent tasks, each doing acquire+release in a loop.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub clients: usize,
+    /// Distinct keys the tasks contend on.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub keys: usize,
+    /// Acquire+release pairs in total.
+    #[arg(long, value_name = "N", default_value_t = 40_000)]
+    pub ops: u64,
+    /// Wait of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Lease of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Minimum work budget of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// Use TLS, verifying the server against this PEM CA file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// Environment variable with the client token of `lock` and `bench`.
+pub const ENV_CLIENT_TOKEN: &str = "TICKETING_CLIENT_TOKEN";
+
+/// Parses `500ms`, `5s`, `2m` (a whole number and a unit), or `0`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number with a unit: 500ms, 5s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => value
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{text:?}: too long")),
+        "" if value == 0 => Ok(Duration::ZERO),
+        _ => Err(format!("{text:?}: the unit must be ms, s or m")),
+    }
 }
 
 /// Options of `ticketing serve`. Each overrides the config file.
@@ -537,7 +664,45 @@ mod tests {
             .command
         {
             Command::Serve(args) => args,
+            other => panic!("not serve: {other:?}"),
         }
+    }
+
+    #[test]
+    fn durations_take_ms_s_and_m() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "5", "s", "5h", "-1s", "1.5s", "5 s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lock_takes_the_command_after_the_separator() {
+        let cli = Cli::try_parse_from([
+            "ticketing",
+            "lock",
+            "k",
+            "--addr",
+            "127.0.0.1:1",
+            "--wait",
+            "0",
+            "--",
+            "echo",
+            "--x",
+        ])
+        .unwrap();
+        let Command::Lock(args) = cli.command else {
+            panic!("not lock");
+        };
+        assert_eq!(args.key, "k");
+        assert_eq!(args.addrs, ["127.0.0.1:1"]);
+        assert_eq!(args.wait, Duration::ZERO);
+        assert_eq!(args.lease, Duration::from_secs(30));
+        assert_eq!(args.command, ["echo", "--x"]);
+        assert!(Cli::try_parse_from(["ticketing", "lock", "k"]).is_err());
     }
 
     fn resolve_args(argv: &[&str]) -> Result<Config, ConfigError> {

@@ -9,8 +9,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod config;
 pub mod serve;
 pub mod tls;
 
+pub use client::{ReleaseOutcome, Ticket, TicketBroker, TicketError, TicketSet, TlsMode};
 pub use serve::{RunningServer, ServeSettings, spawn_server};

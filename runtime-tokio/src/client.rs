@@ -1,0 +1,1093 @@
+//! The async Rust client on tokio: [`TicketBroker`].
+//!
+//! Every rule of the official client (request ids, reply matching,
+//! Indeterminate, which attempts may be retried, conservative validity, the
+//! 5 s release window, reconnect backoff) lives in
+//! [`ticketing_core::client`]; this module only moves bytes between sockets
+//! and the core's [`Session`]s, reads the clock and parks futures.
+//!
+//! Shape: one broker-wide state (sessions, [`Router`], the pending-reply
+//! map, the [`ReleaseQueue`]) behind a `std::sync::Mutex` that is never held
+//! across an `.await`. Each endpoint has one task that connects, then runs a
+//! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
+//! endpoint wakes the driver after a submit. A release worker drains the
+//! release queue (dropped tickets, compensations).
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ticketing_tokio::client::{ReleaseOutcome, TicketBroker};
+//!
+//! # async fn run() -> Result<(), ticketing_tokio::client::TicketError> {
+//! let broker = TicketBroker::builder()
+//!     .addrs(["127.0.0.1:5225"])
+//!     .allow_loopback_no_auth()
+//!     .connect()?;
+//! broker.wait_ready(Duration::from_secs(5)).await;
+//! let ticket = broker
+//!     .acquire(
+//!         "orders/42",
+//!         Duration::from_secs(5),  // wait
+//!         Duration::from_secs(30), // lease
+//!         Duration::from_secs(2),  // minimum work budget
+//!     )
+//!     .await?;
+//! // In one DB transaction: reject `ticket.token() <= high_water`, store the
+//! // token as the new high water, do the business write, commit.
+//! let _fencing_token = ticket.token();
+//! assert_eq!(ticket.release().await?, ReleaseOutcome::Released);
+//! broker.close().await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsConnector;
+use tracing::{debug, warn};
+
+use ticketing_core::client::{
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
+    RELEASE_RETRY_WINDOW, ReleaseOperation, ReleaseQueue, ReleaseStep, Router, Session,
+    SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+};
+use ticketing_core::time::Instant;
+
+pub use ticketing_core::client::{
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome,
+};
+
+/// Size of one socket read.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Releases the background worker runs at once.
+const RELEASE_WORKERS_MAX: usize = 64;
+
+// ---------------------------------------------------------------------------
+// TLS
+// ---------------------------------------------------------------------------
+
+/// How connections are secured. The client never presents a certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Off,
+    /// TLS, server verified against the operating system's trust store.
+    SystemRoots,
+    /// TLS, server verified against the CA certificates in this PEM file.
+    Ca(PathBuf),
+    /// TLS without verifying the server: anyone on the path can impersonate
+    /// it. For tests only.
+    InsecureSkipVerify,
+}
+
+fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_error(message: impl fmt::Display) -> TicketError {
+    TicketError::Io {
+        kind: io::ErrorKind::InvalidInput,
+        message: format!("TLS setup: {message}"),
+    }
+}
+
+/// Builds the connector once, at [`TicketBrokerBuilder::connect`], so that a
+/// bad CA file fails there rather than on every reconnect.
+fn tls_connector(mode: &TlsMode) -> Result<Option<TlsConnector>, TicketError> {
+    let builder = rustls::ClientConfig::builder_with_provider(ring_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(tls_error)?;
+    let mut roots = rustls::RootCertStore::empty();
+    match mode {
+        TlsMode::Off => return Ok(None),
+        TlsMode::InsecureSkipVerify => {
+            let config = builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(SkipVerify(ring_provider())))
+                .with_no_client_auth();
+            return Ok(Some(TlsConnector::from(Arc::new(config))));
+        }
+        TlsMode::SystemRoots => {
+            let native = rustls_native_certs::load_native_certs();
+            for cert in native.certs {
+                // One unusable system certificate must not disable the rest.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(tls_error(
+                    "no usable certificates in the system trust store",
+                ));
+            }
+        }
+        TlsMode::Ca(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            let certs = rustls_pemfile::certs(&mut &pem[..])
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(tls_error(format_args!(
+                    "{}: no PEM certificates",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            }
+        }
+    }
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    Ok(Some(TlsConnector::from(Arc::new(config))))
+}
+
+/// The verifier of [`TlsMode::InsecureSkipVerify`]: accepts any certificate
+/// but still checks handshake signatures.
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The TLS server name of `host:port` or `[v6]:port` (validated by core).
+fn server_name(addr: &str) -> Result<ServerName<'static>, TicketError> {
+    let host = match addr.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => addr.rsplit_once(':').map_or(addr, |(host, _)| host),
+    };
+    ServerName::try_from(host.to_owned()).map_err(|_| tls_error("invalid server name"))
+}
+
+// ---------------------------------------------------------------------------
+// Builder
+// ---------------------------------------------------------------------------
+
+/// Configures a [`TicketBroker`]; see [`TicketBroker::builder`].
+#[derive(Clone)]
+pub struct TicketBrokerBuilder {
+    config: BrokerConfig,
+    tls: TlsMode,
+}
+
+impl fmt::Debug for TicketBrokerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketBrokerBuilder")
+            .field("config", &self.config)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl TicketBrokerBuilder {
+    /// Server addresses, `host:port` or `[v6]:port`. Single mode: exactly
+    /// one (the broker keeps two connections to it). Cluster: 3 or 5, in
+    /// slot order.
+    pub fn addrs<I, S>(mut self, addrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.config.addrs = addrs.into_iter().map(Into::into).collect();
+        self
+    }
+    /// The client token (at least 16 bytes), one of the server's
+    /// `client_tokens`.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.config.token = token.into();
+        self
+    }
+    /// TLS mode (default [`TlsMode::Off`]).
+    pub fn tls(mut self, tls: TlsMode) -> Self {
+        self.tls = tls;
+        self
+    }
+    /// Single server (default) or cluster.
+    pub fn mode(mut self, mode: BrokerMode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+    /// Bound on acquires in flight across the broker, 1..=16384 (default
+    /// [`DEFAULT_MAX_PENDING`]).
+    pub fn max_pending(mut self, max_pending: usize) -> Self {
+        self.config.max_pending = max_pending;
+        self
+    }
+    /// Allows the empty token against a server without authentication;
+    /// only for IP loopback addresses.
+    pub fn allow_loopback_no_auth(mut self) -> Self {
+        self.config.allow_loopback_no_auth = true;
+        self
+    }
+    /// Validates the configuration and starts connecting in the background
+    /// (on the current tokio runtime). Errors: [`TicketError::InvalidInput`]
+    /// for a bad address, token, mode or bound, or when called outside a
+    /// tokio runtime; [`TicketError::Io`] for unusable TLS settings.
+    pub fn connect(self) -> Result<TicketBroker, TicketError> {
+        let endpoints = self.config.endpoints()?;
+        let tls = tls_connector(&self.tls)?;
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            TicketError::InvalidInput("connect() must be called within a tokio runtime")
+        })?;
+        let server_names = match tls {
+            Some(_) => endpoints
+                .iter()
+                .map(|endpoint| server_name(&endpoint.addr).map(Some))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => vec![None; endpoints.len()],
+        };
+        let (closed_tx, closed_rx) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            origin: std::time::Instant::now(),
+            state: Mutex::new(State {
+                sessions: endpoints.iter().map(|_| None).collect(),
+                router: Router::new(endpoints.len()),
+                pending: HashMap::new(),
+                acquires_in_flight: 0,
+                releases: ReleaseQueue::default(),
+            }),
+            max_pending: self.config.max_pending,
+            wakes: endpoints.iter().map(|_| Notify::new()).collect(),
+            ready_changed: Notify::new(),
+            release_wake: Notify::new(),
+            closing: AtomicBool::new(false),
+            shutdown_tx: watch::channel(false).0,
+            handles: AtomicUsize::new(1),
+            closed_tx,
+            closed_rx,
+        });
+        let mut tasks = Vec::with_capacity(endpoints.len() + 1);
+        for ((index, endpoint), server_name) in endpoints.into_iter().enumerate().zip(server_names)
+        {
+            let link = Link {
+                index,
+                addr: endpoint.addr,
+                session: endpoint.session,
+                tls: tls.clone().zip(server_name),
+            };
+            tasks.push(handle.spawn(run_endpoint(Arc::clone(&inner), link)));
+        }
+        handle.spawn(run_release_worker(Arc::clone(&inner), tasks));
+        Ok(TicketBroker { inner })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared state
+// ---------------------------------------------------------------------------
+
+/// A request awaiting its outcome: who receives it, and whether it counts
+/// against `max_pending`.
+struct Waiter {
+    tx: oneshot::Sender<Outcome>,
+    acquire: bool,
+}
+
+struct State {
+    /// The current session of each endpoint (`None` between attempts).
+    sessions: Vec<Option<Session>>,
+    router: Router,
+    /// Outcome receivers by (endpoint, rid).
+    pending: HashMap<(usize, u64), Waiter>,
+    acquires_in_flight: usize,
+    releases: ReleaseQueue,
+}
+
+struct Inner {
+    /// Core instants are microseconds since this.
+    origin: std::time::Instant,
+    state: Mutex<State>,
+    max_pending: usize,
+    /// Per endpoint: wakes its driver (bytes to send, deadline moved, close).
+    wakes: Vec<Notify>,
+    /// Some endpoint became ready or the broker is closing.
+    ready_changed: Notify,
+    /// The release queue has work, or the broker is closing.
+    release_wake: Notify,
+    closing: AtomicBool,
+    /// Set once background releases are drained after a close: sessions
+    /// close and endpoint tasks end.
+    shutdown_tx: watch::Sender<bool>,
+    /// Live [`TicketBroker`] handles; the last one dropped starts a close.
+    handles: AtomicUsize,
+    closed_tx: watch::Sender<bool>,
+    closed_rx: watch::Receiver<bool>,
+}
+
+impl Inner {
+    fn now(&self) -> Instant {
+        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+    }
+
+    fn to_std(&self, at: Instant) -> std::time::Instant {
+        self.origin
+            .checked_add(Duration::from_micros(at.as_micros()))
+            .unwrap_or(self.origin)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves sessions in an unknown state;
+        // continuing could hand out a lock twice, so poisoning propagates.
+        self.state.lock().expect("client state poisoned")
+    }
+
+    /// No new acquires; background releases still run.
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Connections are closing or closed.
+    fn is_shut_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    fn start_close(&self) {
+        if !self.closing.swap(true, Ordering::AcqRel) {
+            self.release_wake.notify_one();
+            self.ready_changed.notify_waiters();
+        }
+    }
+
+    /// Queues a background release (dropped ticket or compensation).
+    fn enqueue_release(&self, state: &mut State, now: Instant, keys: KeySet, token: u64) {
+        if !state
+            .releases
+            .push(now, ReleaseOperation::new(now, keys, token))
+        {
+            warn!(
+                token,
+                "release queue full: the lock is left to its lease expiry"
+            );
+        }
+        self.release_wake.notify_one();
+    }
+
+    /// Drains `index`'s session events into the router, the waiters and the
+    /// release queue.
+    fn dispatch(&self, state: &mut State, index: usize, now: Instant) {
+        loop {
+            let Some(session) = state.sessions[index].as_mut() else {
+                return;
+            };
+            let Some(event) = session.poll_event() else {
+                return;
+            };
+            state.router.handle_event(index, &event);
+            match event {
+                SessionEvent::Ready => self.ready_changed.notify_waiters(),
+                SessionEvent::Outcome { rid, outcome } => {
+                    let Some(waiter) = state.pending.remove(&(index, rid)) else {
+                        // Its future was dropped and cancelled it.
+                        if let Outcome::Acquired(grant) = outcome {
+                            self.enqueue_release(state, now, grant.keys, grant.token);
+                        }
+                        continue;
+                    };
+                    if waiter.acquire {
+                        state.acquires_in_flight -= 1;
+                    }
+                    if let Err(Outcome::Acquired(grant)) = waiter.tx.send(outcome) {
+                        self.enqueue_release(state, now, grant.keys, grant.token);
+                    }
+                }
+                SessionEvent::Compensate(compensation) => {
+                    self.enqueue_release(state, now, compensation.keys, compensation.token);
+                }
+                SessionEvent::Closed(reason) => {
+                    debug!(endpoint = index, %reason, "session closed");
+                    if reason.is_auth_failure() {
+                        // `wait_ready` gives up on an authentication failure.
+                        self.ready_changed.notify_waiters();
+                    }
+                }
+                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+            }
+        }
+    }
+
+    /// Submits one attempt on the connection the router picks and registers
+    /// its waiter, all under one lock.
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<Attempt<'_>, TicketError> {
+        if self.is_shut_down() || (acquire && self.is_closing()) {
+            return Err(TicketError::Closed);
+        }
+        let now = self.now();
+        let mut state = self.lock();
+        if acquire && state.acquires_in_flight >= self.max_pending {
+            return Err(TicketError::ClientCapacity);
+        }
+        let index = state
+            .router
+            .pick()
+            .ok_or_else(|| state.router.no_connection_error())?;
+        let session = state.sessions[index]
+            .as_mut()
+            .ok_or(TicketError::NotConnected)?;
+        let rid = submit(now, session)?;
+        let (tx, rx) = oneshot::channel();
+        state.pending.insert((index, rid), Waiter { tx, acquire });
+        if acquire {
+            state.acquires_in_flight += 1;
+        }
+        drop(state);
+        self.wakes[index].notify_one();
+        Ok(Attempt {
+            inner: self,
+            index,
+            rid,
+            rx: Some(rx),
+        })
+    }
+
+    /// One exact-token release across attempts, until a final reply or its
+    /// absolute deadline.
+    async fn run_release(&self, mut op: ReleaseOperation) -> Result<ReleaseOutcome, TicketError> {
+        loop {
+            let step = match self.submit(false, |now, session| op.submit(now, session)) {
+                Ok(attempt) => {
+                    let outcome = attempt.outcome().await;
+                    op.on_outcome(self.now(), outcome)
+                }
+                Err(TicketError::Closed) => return Err(TicketError::Closed),
+                Err(error) => op.on_error(self.now(), error),
+            };
+            match step {
+                ReleaseStep::Done(result) => return result,
+                ReleaseStep::RetryAt(at) => self.sleep_until(at).await,
+            }
+        }
+    }
+
+    async fn sleep_until(&self, at: Instant) {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(self.to_std(at))).await;
+    }
+}
+
+/// One submitted request. Dropping it before its outcome arrives cancels
+/// the request in the core: unsent → gone; possibly sent → the session is
+/// closed (Indeterminate); a grant that already arrived → released.
+struct Attempt<'a> {
+    inner: &'a Inner,
+    index: usize,
+    rid: u64,
+    rx: Option<oneshot::Receiver<Outcome>>,
+}
+
+impl Attempt<'_> {
+    async fn outcome(mut self) -> Outcome {
+        let rx = self.rx.as_mut().expect("outcome awaited once");
+        // The sender is only dropped without a value if the broker state is
+        // torn down; nothing definite is known then.
+        let outcome = rx.await.unwrap_or(Outcome::Indeterminate);
+        self.rx = None;
+        outcome
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        let now = self.inner.now();
+        let mut state = self.inner.lock();
+        if let Some(waiter) = state.pending.remove(&(self.index, self.rid)) {
+            if waiter.acquire {
+                state.acquires_in_flight -= 1;
+            }
+            if let Some(session) = state.sessions[self.index].as_mut() {
+                session.cancel(now, self.rid);
+            }
+            self.inner.dispatch(&mut state, self.index, now);
+            drop(state);
+            self.inner.wakes[self.index].notify_one();
+        } else if let Ok(Outcome::Acquired(grant)) = rx.try_recv() {
+            // Delivered but never seen by the caller.
+            self.inner
+                .enqueue_release(&mut state, now, grant.keys, grant.token);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Endpoint tasks
+// ---------------------------------------------------------------------------
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// What one endpoint task connects to.
+struct Link {
+    index: usize,
+    addr: String,
+    session: SessionConfig,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+async fn connect(link: &Link) -> io::Result<Box<dyn Stream>> {
+    let tcp = TcpStream::connect(&link.addr).await?;
+    tcp.set_nodelay(true)?;
+    match &link.tls {
+        None => Ok(Box::new(tcp)),
+        Some((connector, name)) => Ok(Box::new(connector.connect(name.clone(), tcp).await?)),
+    }
+}
+
+async fn run_endpoint(inner: Arc<Inner>, link: Link) {
+    let index = link.index;
+    let mut backoff = Backoff::new();
+    while !inner.is_shut_down() {
+        let started = inner.now();
+        inner.lock().sessions[index] = Some(Session::new(started, link.session.clone()));
+        let handshake_deadline = tokio::time::Instant::from_std(
+            inner.to_std(started.saturating_add(link.session.handshake_timeout)),
+        );
+        let connected = tokio::select! {
+            connected = tokio::time::timeout_at(handshake_deadline, connect(&link)) => connected,
+            // A close must not wait for a connect to an unreachable server.
+            () = wait_shutdown(&inner) => break,
+        };
+        let delay = match connected {
+            Ok(Ok(stream)) => {
+                drive(&inner, index, stream).await;
+                let mut state = inner.lock();
+                let session = state.sessions[index].take();
+                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
+                let lived = session.as_ref().and_then(Session::lived);
+                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
+                    // Reconnecting cannot fix a wrong token or server.
+                    warn!(addr = %link.addr, "authentication failed; not reconnecting");
+                    return;
+                }
+                backoff.after_session(lived)
+            }
+            result => {
+                let why = match result {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "connect timed out".to_owned(),
+                };
+                debug!(addr = %link.addr, %why, "connect failed");
+                let now = inner.now();
+                let mut state = inner.lock();
+                if let Some(session) = state.sessions[index].as_mut() {
+                    session.handle_transport_closed(now);
+                }
+                inner.dispatch(&mut state, index, now);
+                state.sessions[index] = None;
+                backoff.after_connect_failure()
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = wait_shutdown(&inner) => {}
+        }
+    }
+}
+
+/// Returns once connections are to close.
+async fn wait_shutdown(inner: &Inner) {
+    let mut rx = inner.shutdown_tx.subscribe();
+    // An error means the sender is gone, which cannot happen while `inner`
+    // lives; either way there is nothing left to wait for.
+    let _ = rx.wait_for(|shutdown| *shutdown).await;
+}
+
+/// Runs one connected session until it or its transport ends.
+async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let read = async {
+        let mut buf = vec![0u8; READ_CHUNK_BYTES];
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let now = inner.now();
+            let mut state = inner.lock();
+            let Some(session) = state.sessions[index].as_mut() else {
+                return;
+            };
+            session.handle_input(now, &buf[..n]);
+            let closed = session.is_closed();
+            inner.dispatch(&mut state, index, now);
+            drop(state);
+            if closed {
+                return;
+            }
+            // The input may have produced bytes to send (the proof) or moved
+            // the deadline.
+            inner.wakes[index].notify_one();
+        }
+    };
+    let write = async {
+        let mut out = Vec::new();
+        loop {
+            let now = inner.now();
+            let deadline = {
+                let mut state = inner.lock();
+                let shutdown = inner.is_shut_down();
+                let Some(session) = state.sessions[index].as_mut() else {
+                    return;
+                };
+                if shutdown {
+                    session.close_local(now);
+                }
+                session.handle_timeout(now);
+                session.poll_transmit(now, &mut out);
+                let closed = session.is_closed();
+                let deadline = session.poll_timeout();
+                inner.dispatch(&mut state, index, now);
+                if closed {
+                    return;
+                }
+                deadline
+            };
+            if !out.is_empty() {
+                match tokio::time::timeout(WRITE_PROGRESS_TIMEOUT, writer.write_all(&out)).await {
+                    Ok(Ok(())) => out.clear(),
+                    _ => return,
+                }
+                continue;
+            }
+            let sleep = async {
+                match deadline {
+                    Some(at) => inner.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = sleep => {}
+                _ = inner.wakes[index].notified() => {}
+            }
+        }
+    };
+    tokio::select! {
+        _ = read => {}
+        _ = write => {}
+    }
+    let now = inner.now();
+    let mut state = inner.lock();
+    if let Some(session) = state.sessions[index].as_mut() {
+        session.handle_transport_closed(now);
+    }
+    inner.dispatch(&mut state, index, now);
+}
+
+/// Runs queued background releases; on close, drains the queue (each
+/// release keeps its own 5 s bound), then closes every session.
+async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<tokio::task::JoinHandle<()>>) {
+    let mut running = JoinSet::new();
+    loop {
+        let now = inner.now();
+        let job = {
+            let mut state = inner.lock();
+            if running.len() < RELEASE_WORKERS_MAX {
+                state.releases.pop(now)
+            } else {
+                None
+            }
+        };
+        if let Some(job) = job {
+            let inner = Arc::clone(&inner);
+            running.spawn(async move {
+                if let Err(e) = inner.run_release(job).await {
+                    warn!(error = %e, "background release failed; the lease will expire");
+                }
+            });
+            continue;
+        }
+        let idle = inner.lock().releases.is_empty() && running.is_empty();
+        if inner.is_closing() && idle {
+            break;
+        }
+        tokio::select! {
+            _ = inner.release_wake.notified() => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+        }
+    }
+    // Sessions see the shutdown in their driver and close locally: pending
+    // requests end (unsent → Retry, possibly sent → Indeterminate).
+    inner.shutdown_tx.send_replace(true);
+    for wake in &inner.wakes {
+        wake.notify_one();
+    }
+    for endpoint in endpoints {
+        let _ = endpoint.await;
+    }
+    let _ = inner.closed_tx.send(true);
+}
+
+// ---------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------
+
+/// A distributed lock client: one shared handle per application (cheap to
+/// clone). Keeps connections in the background and heals them by itself.
+///
+/// The last handle dropped starts the same close as [`TicketBroker::close`]
+/// without waiting for it.
+pub struct TicketBroker {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for TicketBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketBroker")
+            .field("closing", &self.inner.is_closing())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for TicketBroker {
+    fn clone(&self) -> Self {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        TicketBroker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Drop for TicketBroker {
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.start_close();
+        }
+    }
+}
+
+impl TicketBroker {
+    /// A builder with no addresses, no token, TLS off, single mode.
+    pub fn builder() -> TicketBrokerBuilder {
+        TicketBrokerBuilder {
+            config: BrokerConfig {
+                addrs: Vec::new(),
+                token: String::new(),
+                mode: BrokerMode::Single,
+                max_pending: DEFAULT_MAX_PENDING,
+                allow_loopback_no_auth: false,
+            },
+            tls: TlsMode::Off,
+        }
+    }
+
+    /// A broker for a server without authentication on IP loopback
+    /// addresses.
+    ///
+    /// # Panics
+    ///
+    /// If the addresses are not valid loopback addresses or there is no
+    /// tokio runtime; use [`TicketBroker::builder`] to get the error instead.
+    pub fn connect_loopback<I, S>(addrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder()
+            .addrs(addrs)
+            .allow_loopback_no_auth()
+            .connect()
+            .expect("invalid loopback broker configuration")
+    }
+
+    /// Waits until some connection is ready; false if `timeout` passed, the
+    /// broker is closing, or authentication failed.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.ready_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = self.inner.lock();
+                if self.inner.is_closing() {
+                    return false;
+                }
+                if (0..state.router.len()).any(|i| state.router.is_ready(i)) {
+                    return true;
+                }
+                if state.router.auth_failed() {
+                    return false;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// True once some connection failed authentication (wrong token, or not
+    /// the configured server); that connection is not retried.
+    pub fn auth_failed(&self) -> bool {
+        self.inner.lock().router.auth_failed()
+    }
+
+    /// Acquires `key`, waiting at most `wait` in the server's FIFO queue
+    /// (0 = one immediate try), for a lease of `lease` (1..=250 s).
+    /// Sub-second values round up; out-of-range values are rejected, never
+    /// clamped. The ticket is returned only if its conservative remaining
+    /// lease covers `min_work_budget`.
+    ///
+    /// Enforce [`Ticket::token`] at the protected write. On
+    /// [`TicketError::Indeterminate`] do not enter the critical section.
+    /// Dropping the future after the request may have been sent closes that
+    /// connection (it reconnects) and releases a grant that arrives.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let held = self
+            .acquire_keys(keys, wait, lease, min_work_budget)
+            .await?;
+        Ok(Ticket { held })
+    }
+
+    /// Acquires 1..=16 keys atomically under one token (duplicates are
+    /// removed). Same times and rules as [`TicketBroker::acquire`].
+    pub async fn acquire_set<S: AsRef<str>>(
+        &self,
+        keys: &[S],
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<TicketSet, TicketError> {
+        let keys = KeySet::new(keys)?;
+        let held = self
+            .acquire_keys(keys, wait, lease, min_work_budget)
+            .await?;
+        Ok(TicketSet { held })
+    }
+
+    async fn acquire_keys(
+        &self,
+        keys: KeySet,
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<Held, TicketError> {
+        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let inner = &*self.inner;
+        let mut op = AcquireOperation::new(inner.now(), keys, params);
+        loop {
+            let step = match inner.submit(true, |now, session| op.submit(now, session)) {
+                Ok(attempt) => {
+                    let outcome = attempt.outcome().await;
+                    op.on_outcome(inner.now(), outcome)
+                }
+                Err(TicketError::Closed) => return Err(TicketError::Closed),
+                Err(error) => op.on_error(inner.now(), error),
+            };
+            match step {
+                AcquireStep::Granted(grant) => return Ok(Held::new(&self.inner, grant)),
+                AcquireStep::Failed(error) => return Err(error),
+                AcquireStep::Compensate { error, grant } => {
+                    let now = inner.now();
+                    let mut state = inner.lock();
+                    inner.enqueue_release(&mut state, now, grant.keys, grant.token);
+                    return Err(error);
+                }
+                AcquireStep::RetryAt(at) => inner.sleep_until(at).await,
+            }
+        }
+    }
+
+    /// Stops taking requests, finishes queued background releases (each
+    /// bounded by the 5 s release window), then closes every connection.
+    /// Requests still in flight end as Indeterminate (possibly sent) or
+    /// Closed. Idempotent.
+    pub async fn close(&self) {
+        self.inner.start_close();
+        let mut rx = self.inner.closed_rx.clone();
+        let drained = rx.wait_for(|closed| *closed);
+        // The worker's own bounds end it within the window; this only
+        // guards against a bug turning close into a hang.
+        let bound = RELEASE_RETRY_WINDOW + WRITE_PROGRESS_TIMEOUT;
+        if tokio::time::timeout(bound, drained).await.is_err() {
+            warn!("broker close did not finish in time");
+        }
+    }
+}
+
+/// A held lock: keys, token and conservative validity, released once.
+struct Held {
+    inner: Arc<Inner>,
+    grant: Option<Grant>,
+}
+
+impl Held {
+    fn new(inner: &Arc<Inner>, grant: Grant) -> Self {
+        Held {
+            inner: Arc::clone(inner),
+            grant: Some(grant),
+        }
+    }
+    fn grant(&self) -> &Grant {
+        self.grant.as_ref().expect("grant present until released")
+    }
+    fn valid_before(&self) -> std::time::Instant {
+        self.inner.to_std(self.grant().valid_before)
+    }
+    fn remaining(&self) -> Duration {
+        self.grant()
+            .valid_before
+            .saturating_duration_since(self.inner.now())
+    }
+    async fn release(mut self) -> Result<ReleaseOutcome, TicketError> {
+        let grant = self.grant.take().expect("grant present until released");
+        let op = ReleaseOperation::new(self.inner.now(), grant.keys, grant.token);
+        self.inner.run_release(op).await
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            let now = self.inner.now();
+            let mut state = self.inner.lock();
+            self.inner
+                .enqueue_release(&mut state, now, grant.keys, grant.token);
+        }
+    }
+}
+
+/// A lock on one key. Dropping it releases it in the background (bounded,
+/// best effort); use [`Ticket::release`] to learn the result.
+#[must_use = "dropping a Ticket releases the lock; keep it while the protected work runs"]
+pub struct Ticket {
+    held: Held,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// The key held.
+    pub fn key(&self) -> &str {
+        self.held.grant().keys.keys()[0].as_str()
+    }
+    /// The fencing token: strictly greater than every token granted before.
+    /// Reject `token <= high_water` at the protected write, in the same
+    /// transaction.
+    pub fn token(&self) -> u64 {
+        self.held.grant().token
+    }
+    /// Conservative end of the lease (counted from before the request was
+    /// sent); the server's lease ends later.
+    pub fn conservative_valid_before(&self) -> std::time::Instant {
+        self.held.valid_before()
+    }
+    /// Conservative lease remaining now (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.held.remaining()
+    }
+    /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
+    /// final reply; an error means the result is unknown and the lease is the
+    /// safety net.
+    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
+        self.held.release().await
+    }
+}
+
+/// A lock on a set of keys under one token. Dropping it releases it in the
+/// background; use [`TicketSet::release`] to learn the result.
+#[must_use = "dropping a TicketSet releases the whole set; keep it while the protected work runs"]
+pub struct TicketSet {
+    held: Held,
+}
+
+impl fmt::Debug for TicketSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketSet")
+            .field("keys", &self.keys().collect::<Vec<_>>())
+            .field("token", &self.token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TicketSet {
+    /// The keys held, ascending by bytes, without duplicates.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.held.grant().keys.keys().iter().map(|key| key.as_str())
+    }
+    /// The fencing token shared by the whole set.
+    pub fn token(&self) -> u64 {
+        self.held.grant().token
+    }
+    /// Conservative end of the lease.
+    pub fn conservative_valid_before(&self) -> std::time::Instant {
+        self.held.valid_before()
+    }
+    /// Conservative lease remaining now (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.held.remaining()
+    }
+    /// Releases the whole set with the exact token; see [`Ticket::release`].
+    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
+        self.held.release().await
+    }
+}

@@ -1,0 +1,189 @@
+//! `ticketing lock KEY -- CMD`: the built binary against the in-process
+//! server.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use ticketing_tokio::client::{ReleaseOutcome, TicketBroker};
+use ticketing_tokio::config::lock_exit;
+use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn server() -> RunningServer {
+    spawn_server(ServeSettings::new("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap()
+}
+
+/// Runs `ticketing lock KEY --addr ADDR [extra...] -- sh -c SCRIPT`.
+async fn lock(server: &RunningServer, key: &str, extra: &[&str], script: &str) -> Output {
+    lock_at(server.local_addr().to_string(), key, extra, script).await
+}
+
+async fn lock_at(addr: String, key: &str, extra: &[&str], script: &str) -> Output {
+    let mut command = tokio::process::Command::new(BIN);
+    command
+        .args(["lock", key, "--addr", &addr])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .env_remove("TICKETING_CLIENT_TOKEN");
+    tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .expect("ticketing lock hung")
+        .expect("cannot run ticketing")
+}
+
+fn scratch_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ticketing-cli-lock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_runs_with_key_and_token_and_its_status_passes_through() {
+    let server = server().await;
+    let before_micros = server.stats().lock.next_token;
+
+    let output = lock(
+        &server,
+        "orders/1",
+        &[],
+        r#"echo "$TICKETING_KEY $TICKETING_TOKEN"; exit 7"#,
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (key, token) = stdout.trim().split_once(' ').expect("two words");
+    assert_eq!(key, "orders/1");
+    let token: u64 = token.parse().expect("a numeric token");
+    assert!(token >= before_micros, "{token} < {before_micros}");
+
+    // Released after the command exited: a wait-0 acquire succeeds.
+    assert_eq!(server.stats().lock.held_keys, 0);
+    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
+    let ticket = broker
+        .acquire("orders/1", Duration::ZERO, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(ticket.token() > token);
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+    broker.close().await;
+
+    let ok = lock(&server, "orders/1", &[], "true").await;
+    assert_eq!(ok.status.code(), Some(0));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_exits_with_the_timeout_code_without_running_the_command() {
+    let server = server().await;
+    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
+    let held = broker
+        .acquire("k", Duration::from_secs(5), LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+
+    let marker = scratch_file("must-not-exist");
+    let script = format!("touch '{}'", marker.display());
+    let output = lock(&server, "k", &["--wait", "0"], &script).await;
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::TIMEOUT)),
+        "{output:?}"
+    );
+    assert!(!marker.exists(), "the command ran without the lock");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+    broker.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_and_bad_usage_have_their_own_codes() {
+    let server = server().await;
+    let addr = server.local_addr().to_string();
+    // A port that was just free: nothing listens there once dropped.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let output = tokio::process::Command::new(BIN)
+        .args(["lock", "k", "--addr", &closed, "--", "true"])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::UNAVAILABLE)),
+        "{output:?}"
+    );
+
+    for bad in [
+        vec![
+            "lock", "k", "--addr", &addr, "--lease", "251s", "--", "true",
+        ],
+        vec!["lock", "k", "--addr", &addr, "--wait", "5h", "--", "true"],
+        vec!["lock", "k", "--addr", &addr],
+    ] {
+        let output = tokio::process::Command::new(BIN)
+            .args(&bad)
+            .env_remove("TICKETING_CLIENT_TOKEN")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(lock_exit::USAGE)),
+            "{bad:?}: {output:?}"
+        );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_on_one_key_never_overlap() {
+    const RUNS: usize = 4;
+    let server = server().await;
+    let log = scratch_file("overlap.log");
+    // The sleep is the critical section's work, so that an overlap would
+    // have time to show.
+    let script = format!(
+        "echo start >> '{0}'; sleep 0.2; echo end >> '{0}'",
+        log.display()
+    );
+    let addr = server.local_addr().to_string();
+    let runs = (0..RUNS).map(|_| {
+        let (addr, script) = (addr.clone(), script.clone());
+        async move { lock_at(addr, "shared", &["--wait", "30s"], &script).await }
+    });
+    for output in futures_join_all(runs).await {
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let expected: Vec<&str> = ["start", "end"].repeat(RUNS);
+    assert_eq!(lines, expected);
+    server.shutdown().await;
+}
+
+/// Runs the futures concurrently, results in order.
+async fn futures_join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut outputs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        outputs.push(handle.await.unwrap());
+    }
+    outputs
+}
