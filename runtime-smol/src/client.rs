@@ -1,0 +1,1176 @@
+//! [`TicketBroker`] on smol/async-io: the network client, and the
+//! in-process handle of an [`EmbeddedServer`](crate::EmbeddedServer).
+//!
+//! Every rule of the official client (request ids, reply matching,
+//! Indeterminate, which attempts may be retried, conservative validity, the
+//! 5 s release window, reconnect backoff) lives in
+//! [`ticketing_core::client`]; this module only moves bytes between a
+//! transport and the core's [`Session`]s, reads the clock and parks futures.
+//! It mirrors `ticketing_tokio::client` call for call.
+//!
+//! Two transports under one broker:
+//!
+//! - network: each endpoint has one task that connects (TCP, or TLS via
+//!   futures-rustls), then runs a reader and a driver (timeouts + writes);
+//! - in-process: each endpoint is an in-memory link to the embedded server
+//!   (see [`crate::embedded`]). The caller's own task moves the bytes right
+//!   after it submits (so an uncontended acquire completes without a task
+//!   switch); the endpoint task only serves deadlines and bytes that arrive
+//!   for the link while nobody else is moving them (a grant on another
+//!   broker's release).
+//!
+//! Shape otherwise as on tokio: one broker-wide state (sessions, [`Router`],
+//! the pending-reply map, the [`ReleaseQueue`]) behind a `std::sync::Mutex`
+//! never held across an `.await`; a release worker drains the release queue
+//! (dropped tickets, compensations). Background tasks run on smol's global
+//! executor; the futures returned to callers run on any executor.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_io::Timer;
+use event_listener::Event;
+use futures_rustls::TlsConnector;
+use rustls::pki_types::ServerName;
+use smol::Task;
+use smol::channel::{Receiver, Sender, TrySendError};
+use smol::future;
+use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use ticketing_core::client::{
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
+    RELEASE_RETRY_WINDOW, ReleaseOperation, ReleaseQueue, ReleaseStep, Router, Session,
+    SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+};
+use ticketing_core::server::ConnId;
+use ticketing_core::time::Instant;
+
+pub use ticketing_core::client::{
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome,
+};
+
+use crate::embedded::{Hub, MemoryLink};
+use crate::sync::{Clock, Notify, sleep_until_opt};
+use crate::tls::{self, TlsMode};
+
+/// Size of one socket read.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Releases the background worker runs at once.
+const RELEASE_WORKERS_MAX: usize = 64;
+/// In-memory links per in-process broker: two, like a network broker's two
+/// connections to one address, so that a link closed by a cancelled request
+/// does not interrupt the other requests' service while it reconnects.
+const IN_PROCESS_LINKS: usize = 2;
+
+// ---------------------------------------------------------------------------
+// Builder
+// ---------------------------------------------------------------------------
+
+/// Configures a [`TicketBroker`]; see [`TicketBroker::builder`].
+#[derive(Clone)]
+pub struct TicketBrokerBuilder {
+    config: BrokerConfig,
+    tls: TlsMode,
+}
+
+impl fmt::Debug for TicketBrokerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketBrokerBuilder")
+            .field("config", &self.config)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl TicketBrokerBuilder {
+    /// Server addresses, `host:port` or `[v6]:port`. Single mode: exactly
+    /// one (the broker keeps two connections to it). Cluster: 3 or 5, in
+    /// slot order.
+    pub fn addrs<I, S>(mut self, addrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.config.addrs = addrs.into_iter().map(Into::into).collect();
+        self
+    }
+    /// The client token (at least 16 bytes), one of the server's
+    /// `client_tokens`.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.config.token = token.into();
+        self
+    }
+    /// TLS mode (default [`TlsMode::Off`]).
+    pub fn tls(mut self, tls: TlsMode) -> Self {
+        self.tls = tls;
+        self
+    }
+    /// Single server (default) or cluster.
+    pub fn mode(mut self, mode: BrokerMode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+    /// Bound on acquires in flight across the broker, 1..=16384 (default
+    /// [`DEFAULT_MAX_PENDING`]).
+    pub fn max_pending(mut self, max_pending: usize) -> Self {
+        self.config.max_pending = max_pending;
+        self
+    }
+    /// Allows the empty token against a server without authentication;
+    /// only for IP loopback addresses.
+    pub fn allow_loopback_no_auth(mut self) -> Self {
+        self.config.allow_loopback_no_auth = true;
+        self
+    }
+    /// Validates the configuration and starts connecting in the background
+    /// (on smol's global executor; no executor needed to call it). Errors:
+    /// [`TicketError::InvalidInput`] for a bad address, token, mode or
+    /// bound; [`TicketError::Io`] for unusable TLS settings.
+    pub fn connect(self) -> Result<TicketBroker, TicketError> {
+        let endpoints = self.config.endpoints()?;
+        let connector = tls::connector(&self.tls)?;
+        let links = endpoints
+            .into_iter()
+            .map(|endpoint| {
+                let tls = match &connector {
+                    Some(connector) => Some((connector.clone(), tls::server_name(&endpoint.addr)?)),
+                    None => None,
+                };
+                Ok(Link {
+                    addr: endpoint.addr,
+                    session: endpoint.session,
+                    tls,
+                })
+            })
+            .collect::<Result<Vec<_>, TicketError>>()?;
+        let inner = Arc::new(Inner::new(links.len(), self.config.max_pending, None));
+        let tasks = links
+            .into_iter()
+            .enumerate()
+            .map(|(index, link)| smol::spawn(run_network_endpoint(Arc::clone(&inner), index, link)))
+            .collect();
+        smol::spawn(run_release_worker(Arc::clone(&inner), tasks)).detach();
+        Ok(TicketBroker { inner })
+    }
+}
+
+/// An in-process broker of `hub`, its links connected before it returns.
+pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
+    let session = SessionConfig::single(hub.in_process_token().as_bytes());
+    let inner = Arc::new(Inner::new(
+        IN_PROCESS_LINKS,
+        DEFAULT_MAX_PENDING,
+        Some(Memory { hub, owner }),
+    ));
+    for index in 0..IN_PROCESS_LINKS {
+        inner.open_memory_link(index, &session);
+    }
+    let tasks = (0..IN_PROCESS_LINKS)
+        .map(|index| {
+            smol::spawn(run_memory_endpoint(
+                Arc::clone(&inner),
+                index,
+                session.clone(),
+            ))
+        })
+        .collect();
+    smol::spawn(run_release_worker(Arc::clone(&inner), tasks)).detach();
+    TicketBroker { inner }
+}
+
+// ---------------------------------------------------------------------------
+// Shared state
+// ---------------------------------------------------------------------------
+
+/// A request awaiting its outcome: who receives it, and whether it counts
+/// against `max_pending`.
+struct Waiter {
+    tx: Sender<Outcome>,
+    acquire: bool,
+}
+
+struct State {
+    /// The current session of each endpoint (`None` between attempts).
+    sessions: Vec<Option<Session>>,
+    /// In-process: the server connection of each endpoint's link.
+    links: Vec<Option<ConnId>>,
+    /// In-process: the deadline each endpoint task sleeps until
+    /// (`u64::MAX` for none), so a submit wakes it only when it must.
+    driver_targets_micros: Vec<u64>,
+    router: Router,
+    /// Outcome receivers by (endpoint, rid).
+    pending: HashMap<(usize, u64), Waiter>,
+    acquires_in_flight: usize,
+    releases: ReleaseQueue,
+}
+
+/// The embedded server an in-process broker is linked to.
+struct Memory {
+    hub: Arc<Hub>,
+    /// This broker's name at the hub.
+    owner: u64,
+}
+
+pub(crate) struct Inner {
+    clock: Clock,
+    state: Mutex<State>,
+    max_pending: usize,
+    memory: Option<Memory>,
+    /// Per endpoint: wakes its task (bytes to send, deadline moved, close).
+    wakes: Vec<Arc<Notify>>,
+    /// Some endpoint became ready, authentication failed, or closing.
+    ready_changed: Event,
+    /// The release queue has work, a release finished, or closing.
+    release_wake: Notify,
+    closing: AtomicBool,
+    /// Set once background releases are drained after a close: sessions
+    /// close and endpoint tasks end.
+    shut_down: AtomicBool,
+    shut_down_changed: Event,
+    /// Live [`TicketBroker`] handles; the last one dropped starts a close.
+    handles: AtomicUsize,
+    closed: AtomicBool,
+    closed_changed: Event,
+}
+
+/// A broker known to the embedded server without keeping it alive.
+pub(crate) struct Weak(std::sync::Weak<Inner>);
+
+impl Weak {
+    pub(crate) fn upgrade(&self) -> Option<Arc<Inner>> {
+        self.0.upgrade()
+    }
+    pub(crate) fn strong_count(&self) -> usize {
+        self.0.strong_count()
+    }
+}
+
+/// Waits until `done` holds, re-checking after each notification of `event`.
+async fn wait_for(event: &Event, done: impl Fn() -> bool) {
+    loop {
+        if done() {
+            return;
+        }
+        let listener = event.listen();
+        if done() {
+            return;
+        }
+        listener.await;
+    }
+}
+
+impl Inner {
+    fn new(endpoints: usize, max_pending: usize, memory: Option<Memory>) -> Self {
+        Inner {
+            clock: Clock::start(),
+            state: Mutex::new(State {
+                sessions: (0..endpoints).map(|_| None).collect(),
+                links: vec![None; endpoints],
+                driver_targets_micros: vec![u64::MAX; endpoints],
+                router: Router::new(endpoints),
+                pending: HashMap::new(),
+                acquires_in_flight: 0,
+                releases: ReleaseQueue::default(),
+            }),
+            max_pending,
+            memory,
+            wakes: (0..endpoints).map(|_| Arc::new(Notify::new())).collect(),
+            ready_changed: Event::new(),
+            release_wake: Notify::new(),
+            closing: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            shut_down_changed: Event::new(),
+            handles: AtomicUsize::new(1),
+            closed: AtomicBool::new(false),
+            closed_changed: Event::new(),
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves sessions in an unknown state;
+        // continuing could hand out a lock twice, so poisoning propagates.
+        self.state.lock().expect("client state poisoned")
+    }
+
+    /// No new acquires; background releases still run.
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Connections are closing or closed.
+    fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    fn start_close(&self) {
+        if !self.closing.swap(true, Ordering::AcqRel) {
+            self.release_wake.notify_one();
+            self.ready_changed.notify(usize::MAX);
+        }
+    }
+
+    fn shut_down_now(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.shut_down_changed.notify(usize::MAX);
+        for wake in &self.wakes {
+            wake.notify_one();
+        }
+    }
+
+    /// The embedded server shut down: nothing can be acquired or released
+    /// any more, so the broker closes at once (calls fail with `Closed`)
+    /// instead of retrying until each call's deadline.
+    pub(crate) fn server_gone(&self) {
+        self.start_close();
+        self.shut_down_now();
+    }
+
+    async fn wait_shutdown(&self) {
+        wait_for(&self.shut_down_changed, || self.is_shut_down()).await;
+    }
+
+    /// Queues a background release (dropped ticket or compensation).
+    fn enqueue_release(&self, state: &mut State, now: Instant, keys: KeySet, token: u64) {
+        // Full or expired means dropped: the lease is the safety net.
+        let _ = state
+            .releases
+            .push(now, ReleaseOperation::new(now, keys, token));
+        self.release_wake.notify_one();
+    }
+
+    /// Drains `index`'s session events into the router, the waiters and the
+    /// release queue.
+    fn dispatch(&self, state: &mut State, index: usize, now: Instant) {
+        loop {
+            let Some(session) = state.sessions[index].as_mut() else {
+                return;
+            };
+            let Some(event) = session.poll_event() else {
+                return;
+            };
+            state.router.handle_event(index, &event);
+            match event {
+                SessionEvent::Ready => {
+                    self.ready_changed.notify(usize::MAX);
+                }
+                SessionEvent::Outcome { rid, outcome } => {
+                    let Some(waiter) = state.pending.remove(&(index, rid)) else {
+                        // Its future was dropped and cancelled it.
+                        if let Outcome::Acquired(grant) = outcome {
+                            self.enqueue_release(state, now, grant.keys, grant.token);
+                        }
+                        continue;
+                    };
+                    if waiter.acquire {
+                        state.acquires_in_flight -= 1;
+                    }
+                    if let Err(TrySendError::Closed(Outcome::Acquired(grant))) =
+                        waiter.tx.try_send(outcome)
+                    {
+                        self.enqueue_release(state, now, grant.keys, grant.token);
+                    }
+                }
+                SessionEvent::Compensate(compensation) => {
+                    self.enqueue_release(state, now, compensation.keys, compensation.token);
+                }
+                SessionEvent::Closed(reason) => {
+                    if reason.is_auth_failure() {
+                        // `wait_ready` gives up on an authentication failure.
+                        self.ready_changed.notify(usize::MAX);
+                    }
+                }
+                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+            }
+        }
+    }
+
+    /// In-process: moves bytes between every link of this broker and the
+    /// server until both sides are idle, then handles what the sessions
+    /// report. Links that ended are dropped (their tasks reconnect), and a
+    /// task whose session now has an earlier deadline is woken.
+    fn exchange(&self, state: &mut State, now: Instant) {
+        let Some(memory) = &self.memory else {
+            return;
+        };
+        let mut indices = Vec::with_capacity(IN_PROCESS_LINKS);
+        let mut batch = Vec::with_capacity(IN_PROCESS_LINKS);
+        for (index, (session, conn)) in state.sessions.iter_mut().zip(&state.links).enumerate() {
+            if let (Some(session), Some(conn)) = (session.as_mut(), *conn) {
+                indices.push(index);
+                batch.push(MemoryLink {
+                    conn,
+                    session,
+                    closed: false,
+                });
+            }
+        }
+        memory.hub.exchange(memory.owner, now, &mut batch);
+        let closed: Vec<bool> = batch.iter().map(|link| link.closed).collect();
+        drop(batch);
+        for (index, closed) in indices.into_iter().zip(closed) {
+            if closed {
+                state.links[index] = None;
+                self.wakes[index].notify_one();
+            }
+            self.dispatch(state, index, now);
+            let deadline = state.sessions[index]
+                .as_ref()
+                .and_then(Session::poll_timeout)
+                .map_or(u64::MAX, Instant::as_micros);
+            if deadline < state.driver_targets_micros[index] {
+                state.driver_targets_micros[index] = deadline;
+                self.wakes[index].notify_one();
+            }
+        }
+    }
+
+    /// In-process: opens endpoint `index`'s link and runs its handshake
+    /// (in memory, so it is ready when this returns). False if the server
+    /// refused the link.
+    fn open_memory_link(&self, index: usize, config: &SessionConfig) -> bool {
+        let Some(memory) = &self.memory else {
+            return false;
+        };
+        let now = self.now();
+        let mut state = self.lock();
+        let Some(conn) = memory
+            .hub
+            .connect_memory(memory.owner, Arc::clone(&self.wakes[index]))
+        else {
+            return false;
+        };
+        state.sessions[index] = Some(Session::new(now, config.clone()));
+        state.links[index] = Some(conn);
+        self.exchange(&mut state, now);
+        true
+    }
+
+    /// Submits one attempt on the connection the router picks and registers
+    /// its waiter, all under one lock. In-process, the bytes are moved now.
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<Attempt<'_>, TicketError> {
+        if self.is_shut_down() || (acquire && self.is_closing()) {
+            return Err(TicketError::Closed);
+        }
+        let now = self.now();
+        let mut state = self.lock();
+        if acquire && state.acquires_in_flight >= self.max_pending {
+            return Err(TicketError::ClientCapacity);
+        }
+        let index = state
+            .router
+            .pick()
+            .ok_or_else(|| state.router.no_connection_error())?;
+        let session = state.sessions[index]
+            .as_mut()
+            .ok_or(TicketError::NotConnected)?;
+        let rid = submit(now, session)?;
+        let (tx, rx) = smol::channel::bounded(1);
+        state.pending.insert((index, rid), Waiter { tx, acquire });
+        if acquire {
+            state.acquires_in_flight += 1;
+        }
+        if self.memory.is_some() {
+            self.exchange(&mut state, now);
+        } else {
+            drop(state);
+            self.wakes[index].notify_one();
+        }
+        Ok(Attempt {
+            inner: self,
+            index,
+            rid,
+            rx: Some(rx),
+        })
+    }
+
+    /// One exact-token release across attempts, until a final reply or its
+    /// absolute deadline.
+    async fn run_release(&self, mut op: ReleaseOperation) -> Result<ReleaseOutcome, TicketError> {
+        loop {
+            let step = match self.submit(false, |now, session| op.submit(now, session)) {
+                Ok(attempt) => {
+                    let outcome = attempt.outcome().await;
+                    op.on_outcome(self.now(), outcome)
+                }
+                Err(TicketError::Closed) => return Err(TicketError::Closed),
+                Err(error) => op.on_error(self.now(), error),
+            };
+            match step {
+                ReleaseStep::Done(result) => return result,
+                ReleaseStep::RetryAt(at) => self.clock.sleep_until(at).await,
+            }
+        }
+    }
+}
+
+/// One submitted request. Dropping it before its outcome arrives cancels
+/// the request in the core: unsent → gone; possibly sent → the session is
+/// closed (Indeterminate); a grant that already arrived → released.
+struct Attempt<'a> {
+    inner: &'a Inner,
+    index: usize,
+    rid: u64,
+    rx: Option<Receiver<Outcome>>,
+}
+
+impl Attempt<'_> {
+    async fn outcome(mut self) -> Outcome {
+        let rx = self.rx.as_ref().expect("outcome awaited once");
+        // The sender is only dropped without a value if the broker state is
+        // torn down; nothing definite is known then.
+        let outcome = rx.recv().await.unwrap_or(Outcome::Indeterminate);
+        self.rx = None;
+        outcome
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        let Some(rx) = self.rx.take() else {
+            return;
+        };
+        let now = self.inner.now();
+        let mut state = self.inner.lock();
+        if let Some(waiter) = state.pending.remove(&(self.index, self.rid)) {
+            if waiter.acquire {
+                state.acquires_in_flight -= 1;
+            }
+            if let Some(session) = state.sessions[self.index].as_mut() {
+                session.cancel(now, self.rid);
+            }
+            self.inner.dispatch(&mut state, self.index, now);
+            // A cancel may close the session: the link must hear it.
+            self.inner.exchange(&mut state, now);
+            drop(state);
+            self.inner.wakes[self.index].notify_one();
+        } else if let Ok(Outcome::Acquired(grant)) = rx.try_recv() {
+            // Delivered but never seen by the caller.
+            self.inner
+                .enqueue_release(&mut state, now, grant.keys, grant.token);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Endpoint tasks: in-process
+// ---------------------------------------------------------------------------
+
+/// Keeps endpoint `index`'s in-memory link up: serves its deadlines and the
+/// bytes that arrive while no caller is moving them; reconnects (with the
+/// core's backoff) when the session ends.
+async fn run_memory_endpoint(inner: Arc<Inner>, index: usize, config: SessionConfig) {
+    let mut backoff = Backoff::new();
+    while !inner.is_shut_down() {
+        let linked = inner.lock().links[index].is_some() || inner.open_memory_link(index, &config);
+        let delay = if linked {
+            drive_memory(&inner, index).await;
+            let mut state = inner.lock();
+            let session = state.sessions[index].take();
+            let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
+            if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
+                // Reconnecting cannot fix a wrong token.
+                return;
+            }
+            backoff.after_session(session.as_ref().and_then(Session::lived))
+        } else {
+            backoff.after_connect_failure()
+        };
+        future::or(
+            async {
+                Timer::after(delay).await;
+            },
+            inner.wait_shutdown(),
+        )
+        .await;
+    }
+}
+
+/// Runs one in-memory link until it ends.
+async fn drive_memory(inner: &Inner, index: usize) {
+    loop {
+        let deadline = {
+            let now = inner.now();
+            let mut state = inner.lock();
+            let shutdown = inner.is_shut_down();
+            let Some(session) = state.sessions[index].as_mut() else {
+                return;
+            };
+            if shutdown {
+                session.close_local(now);
+            }
+            session.handle_timeout(now);
+            inner.exchange(&mut state, now);
+            if state.links[index].is_none() {
+                return;
+            }
+            let deadline = state.sessions[index]
+                .as_ref()
+                .and_then(Session::poll_timeout);
+            state.driver_targets_micros[index] = deadline.map_or(u64::MAX, Instant::as_micros);
+            deadline
+        };
+        future::or(
+            sleep_until_opt(inner.clock, deadline),
+            inner.wakes[index].notified(),
+        )
+        .await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Endpoint tasks: network
+// ---------------------------------------------------------------------------
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// What one network endpoint task connects to.
+struct Link {
+    addr: String,
+    session: SessionConfig,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+async fn connect(link: &Link) -> io::Result<Box<dyn Stream>> {
+    let tcp = smol::net::TcpStream::connect(link.addr.as_str()).await?;
+    tcp.set_nodelay(true)?;
+    match &link.tls {
+        None => Ok(Box::new(tcp)),
+        Some((connector, name)) => Ok(Box::new(connector.connect(name.clone(), tcp).await?)),
+    }
+}
+
+async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
+    let mut backoff = Backoff::new();
+    while !inner.is_shut_down() {
+        let started = inner.now();
+        inner.lock().sessions[index] = Some(Session::new(started, link.session.clone()));
+        let handshake_deadline = started.saturating_add(link.session.handshake_timeout);
+        let connected = future::or(async { Some(connect(&link).await) }, async {
+            inner.clock.sleep_until(handshake_deadline).await;
+            None
+        });
+        // A close must not wait for a connect to an unreachable server.
+        let connected = future::or(async { Some(connected.await) }, async {
+            inner.wait_shutdown().await;
+            None
+        })
+        .await;
+        let Some(connected) = connected else {
+            break;
+        };
+        let delay = match connected {
+            Some(Ok(stream)) => {
+                drive_network(&inner, index, stream).await;
+                let mut state = inner.lock();
+                let session = state.sessions[index].take();
+                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
+                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
+                    // Reconnecting cannot fix a wrong token or server.
+                    return;
+                }
+                backoff.after_session(session.as_ref().and_then(Session::lived))
+            }
+            _ => {
+                let now = inner.now();
+                let mut state = inner.lock();
+                if let Some(session) = state.sessions[index].as_mut() {
+                    session.handle_transport_closed(now);
+                }
+                inner.dispatch(&mut state, index, now);
+                state.sessions[index] = None;
+                backoff.after_connect_failure()
+            }
+        };
+        future::or(
+            async {
+                Timer::after(delay).await;
+            },
+            inner.wait_shutdown(),
+        )
+        .await;
+    }
+}
+
+/// Runs one connected session until it or its transport ends.
+async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
+    let (mut reader, mut writer) = smol::io::split(stream);
+    let read = async {
+        let mut buf = vec![0u8; READ_CHUNK_BYTES];
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let now = inner.now();
+            let mut state = inner.lock();
+            let Some(session) = state.sessions[index].as_mut() else {
+                return;
+            };
+            session.handle_input(now, &buf[..n]);
+            let closed = session.is_closed();
+            inner.dispatch(&mut state, index, now);
+            drop(state);
+            if closed {
+                return;
+            }
+            // The input may have produced bytes to send (the proof) or moved
+            // the deadline.
+            inner.wakes[index].notify_one();
+        }
+    };
+    let write = async {
+        let mut out = Vec::new();
+        loop {
+            let now = inner.now();
+            let deadline = {
+                let mut state = inner.lock();
+                let shutdown = inner.is_shut_down();
+                let Some(session) = state.sessions[index].as_mut() else {
+                    return;
+                };
+                if shutdown {
+                    session.close_local(now);
+                }
+                session.handle_timeout(now);
+                session.poll_transmit(now, &mut out);
+                let closed = session.is_closed();
+                let deadline = session.poll_timeout();
+                inner.dispatch(&mut state, index, now);
+                if closed {
+                    return;
+                }
+                deadline
+            };
+            if !out.is_empty() {
+                let written = future::or(
+                    async {
+                        let result = writer.write_all(&out).await;
+                        result.and(writer.flush().await).is_ok()
+                    },
+                    async {
+                        Timer::after(WRITE_PROGRESS_TIMEOUT).await;
+                        false
+                    },
+                )
+                .await;
+                if !written {
+                    return;
+                }
+                out.clear();
+                continue;
+            }
+            future::or(
+                sleep_until_opt(inner.clock, deadline),
+                inner.wakes[index].notified(),
+            )
+            .await;
+        }
+    };
+    future::or(read, write).await;
+    let now = inner.now();
+    let mut state = inner.lock();
+    if let Some(session) = state.sessions[index].as_mut() {
+        session.handle_transport_closed(now);
+    }
+    inner.dispatch(&mut state, index, now);
+}
+
+// ---------------------------------------------------------------------------
+// Release worker
+// ---------------------------------------------------------------------------
+
+/// Runs queued background releases; on close, drains the queue (each
+/// release keeps its own 5 s bound), then closes every session.
+async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<Task<()>>) {
+    let mut running: Vec<Task<()>> = Vec::new();
+    loop {
+        running.retain(|task| !task.is_finished());
+        let now = inner.now();
+        let job = if running.len() < RELEASE_WORKERS_MAX {
+            inner.lock().releases.pop(now)
+        } else {
+            None
+        };
+        if let Some(job) = job {
+            let worker = Arc::clone(&inner);
+            running.push(smol::spawn(async move {
+                // An error leaves the lock to its lease: nothing to do here.
+                let _ = worker.run_release(job).await;
+                worker.release_wake.notify_one();
+            }));
+            continue;
+        }
+        let idle = inner.lock().releases.is_empty() && running.is_empty();
+        if inner.is_closing() && idle {
+            break;
+        }
+        inner.release_wake.notified().await;
+    }
+    // Sessions see the shutdown in their task and close locally: pending
+    // requests end (unsent → Retry, possibly sent → Indeterminate).
+    inner.shut_down_now();
+    for endpoint in endpoints {
+        endpoint.await;
+    }
+    inner.closed.store(true, Ordering::Release);
+    inner.closed_changed.notify(usize::MAX);
+}
+
+// ---------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------
+
+/// A distributed lock client: one shared handle per application (cheap to
+/// clone). Over the network it keeps connections in the background and
+/// heals them by itself; from [`EmbeddedServer::broker`] it talks to the
+/// embedded server in memory. Same API and behaviour either way.
+///
+/// The last handle dropped starts the same close as [`TicketBroker::close`]
+/// without waiting for it.
+///
+/// [`EmbeddedServer::broker`]: crate::EmbeddedServer::broker
+pub struct TicketBroker {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for TicketBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketBroker")
+            .field("in_process", &self.inner.memory.is_some())
+            .field("closing", &self.inner.is_closing())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for TicketBroker {
+    fn clone(&self) -> Self {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        TicketBroker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Drop for TicketBroker {
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.start_close();
+        }
+    }
+}
+
+impl TicketBroker {
+    /// A builder with no addresses, no token, TLS off, single mode.
+    pub fn builder() -> TicketBrokerBuilder {
+        TicketBrokerBuilder {
+            config: BrokerConfig {
+                addrs: Vec::new(),
+                token: String::new(),
+                mode: BrokerMode::Single,
+                max_pending: DEFAULT_MAX_PENDING,
+                allow_loopback_no_auth: false,
+            },
+            tls: TlsMode::Off,
+        }
+    }
+
+    /// A broker for a server without authentication on IP loopback
+    /// addresses.
+    ///
+    /// # Panics
+    ///
+    /// If the addresses are not valid loopback addresses; use
+    /// [`TicketBroker::builder`] to get the error instead.
+    pub fn connect_loopback<I, S>(addrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder()
+            .addrs(addrs)
+            .allow_loopback_no_auth()
+            .connect()
+            .expect("invalid loopback broker configuration")
+    }
+
+    pub(crate) fn downgrade(&self) -> Weak {
+        Weak(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn server_gone(&self) {
+        self.inner.server_gone();
+    }
+
+    /// Waits until some connection is ready; false if `timeout` passed, the
+    /// broker is closing, or authentication failed.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let inner = &*self.inner;
+        let check = || {
+            let state = inner.lock();
+            if inner.is_closing() {
+                Some(false)
+            } else if (0..state.router.len()).any(|i| state.router.is_ready(i)) {
+                Some(true)
+            } else if state.router.auth_failed() {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        let settled = async {
+            loop {
+                if let Some(ready) = check() {
+                    return ready;
+                }
+                let listener = inner.ready_changed.listen();
+                if let Some(ready) = check() {
+                    return ready;
+                }
+                listener.await;
+            }
+        };
+        future::or(settled, async {
+            Timer::after(timeout).await;
+            false
+        })
+        .await
+    }
+
+    /// True once some connection failed authentication (wrong token, or not
+    /// the configured server); that connection is not retried.
+    pub fn auth_failed(&self) -> bool {
+        self.inner.lock().router.auth_failed()
+    }
+
+    /// Acquires `key`, waiting at most `wait` in the server's FIFO queue
+    /// (0 = one immediate try), for a lease of `lease` (1..=250 s).
+    /// Sub-second values round up; out-of-range values are rejected, never
+    /// clamped. The ticket is returned only if its conservative remaining
+    /// lease covers `min_work_budget`.
+    ///
+    /// Enforce [`Ticket::token`] at the protected write. On
+    /// [`TicketError::Indeterminate`] do not enter the critical section.
+    /// Dropping the future after the request may have been sent closes that
+    /// connection (it reconnects) and releases a grant that arrives.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let held = self
+            .acquire_keys(keys, wait, lease, min_work_budget)
+            .await?;
+        Ok(Ticket { held })
+    }
+
+    /// Acquires 1..=16 keys atomically under one token (duplicates are
+    /// removed). Same times and rules as [`TicketBroker::acquire`].
+    pub async fn acquire_set<S: AsRef<str>>(
+        &self,
+        keys: &[S],
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<TicketSet, TicketError> {
+        let keys = KeySet::new(keys)?;
+        let held = self
+            .acquire_keys(keys, wait, lease, min_work_budget)
+            .await?;
+        Ok(TicketSet { held })
+    }
+
+    async fn acquire_keys(
+        &self,
+        keys: KeySet,
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<Held, TicketError> {
+        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let inner = &*self.inner;
+        let mut op = AcquireOperation::new(inner.now(), keys, params);
+        loop {
+            let step = match inner.submit(true, |now, session| op.submit(now, session)) {
+                Ok(attempt) => {
+                    let outcome = attempt.outcome().await;
+                    op.on_outcome(inner.now(), outcome)
+                }
+                Err(TicketError::Closed) => return Err(TicketError::Closed),
+                Err(error) => op.on_error(inner.now(), error),
+            };
+            match step {
+                AcquireStep::Granted(grant) => return Ok(Held::new(&self.inner, grant)),
+                AcquireStep::Failed(error) => return Err(error),
+                AcquireStep::Compensate { error, grant } => {
+                    let now = inner.now();
+                    let mut state = inner.lock();
+                    inner.enqueue_release(&mut state, now, grant.keys, grant.token);
+                    return Err(error);
+                }
+                AcquireStep::RetryAt(at) => inner.clock.sleep_until(at).await,
+            }
+        }
+    }
+
+    /// Stops taking requests, finishes queued background releases (each
+    /// bounded by the 5 s release window), then closes every connection.
+    /// Requests still in flight end as Indeterminate (possibly sent) or
+    /// Closed. Idempotent.
+    pub async fn close(&self) {
+        self.inner.start_close();
+        let inner = &*self.inner;
+        // The worker's own bounds end it within the window; this only
+        // guards against a bug turning close into a hang.
+        let bound = RELEASE_RETRY_WINDOW + WRITE_PROGRESS_TIMEOUT;
+        future::or(
+            wait_for(&inner.closed_changed, || {
+                inner.closed.load(Ordering::Acquire)
+            }),
+            async {
+                Timer::after(bound).await;
+            },
+        )
+        .await;
+    }
+}
+
+/// A held lock: keys, token and conservative validity, released once.
+struct Held {
+    inner: Arc<Inner>,
+    grant: Option<Grant>,
+}
+
+impl Held {
+    fn new(inner: &Arc<Inner>, grant: Grant) -> Self {
+        Held {
+            inner: Arc::clone(inner),
+            grant: Some(grant),
+        }
+    }
+    fn grant(&self) -> &Grant {
+        self.grant.as_ref().expect("grant present until released")
+    }
+    fn valid_before(&self) -> std::time::Instant {
+        self.inner.clock.to_std(self.grant().valid_before)
+    }
+    fn remaining(&self) -> Duration {
+        self.grant()
+            .valid_before
+            .saturating_duration_since(self.inner.now())
+    }
+    async fn release(mut self) -> Result<ReleaseOutcome, TicketError> {
+        let grant = self.grant.take().expect("grant present until released");
+        let op = ReleaseOperation::new(self.inner.now(), grant.keys, grant.token);
+        self.inner.run_release(op).await
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            let now = self.inner.now();
+            let mut state = self.inner.lock();
+            self.inner
+                .enqueue_release(&mut state, now, grant.keys, grant.token);
+        }
+    }
+}
+
+/// A lock on one key. Dropping it releases it in the background (bounded,
+/// best effort); use [`Ticket::release`] to learn the result.
+#[must_use = "dropping a Ticket releases the lock; keep it while the protected work runs"]
+pub struct Ticket {
+    held: Held,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// The key held.
+    pub fn key(&self) -> &str {
+        self.held.grant().keys.keys()[0].as_str()
+    }
+    /// The fencing token: strictly greater than every token granted before.
+    /// Reject `token <= high_water` at the protected write, in the same
+    /// transaction.
+    pub fn token(&self) -> u64 {
+        self.held.grant().token
+    }
+    /// Conservative end of the lease (counted from before the request was
+    /// sent); the server's lease ends later.
+    pub fn conservative_valid_before(&self) -> std::time::Instant {
+        self.held.valid_before()
+    }
+    /// Conservative lease remaining now (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.held.remaining()
+    }
+    /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
+    /// final reply; an error means the result is unknown and the lease is the
+    /// safety net.
+    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
+        self.held.release().await
+    }
+}
+
+/// A lock on a set of keys under one token. Dropping it releases it in the
+/// background; use [`TicketSet::release`] to learn the result.
+#[must_use = "dropping a TicketSet releases the whole set; keep it while the protected work runs"]
+pub struct TicketSet {
+    held: Held,
+}
+
+impl fmt::Debug for TicketSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketSet")
+            .field("keys", &self.keys().collect::<Vec<_>>())
+            .field("token", &self.token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TicketSet {
+    /// The keys held, ascending by bytes, without duplicates.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.held.grant().keys.keys().iter().map(|key| key.as_str())
+    }
+    /// The fencing token shared by the whole set.
+    pub fn token(&self) -> u64 {
+        self.held.grant().token
+    }
+    /// Conservative end of the lease.
+    pub fn conservative_valid_before(&self) -> std::time::Instant {
+        self.held.valid_before()
+    }
+    /// Conservative lease remaining now (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.held.remaining()
+    }
+    /// Releases the whole set with the exact token; see [`Ticket::release`].
+    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
+        self.held.release().await
+    }
+}

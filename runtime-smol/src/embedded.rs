@@ -1,0 +1,803 @@
+//! The embedded server: a single-mode [`Server`] living inside the
+//! application, driven on smol, reachable in-process (no sockets) and,
+//! optionally, over TCP or TLS by any v3 client.
+//!
+//! Shape: one [`Server`] behind a `std::sync::Mutex` (the hub), never
+//! held across an `.await`. Every connection is a *peer* of the hub:
+//!
+//! - a socket peer has one task and one wake-up; after every input the
+//!   task that fed the core drains [`Server::poll_wake`] and notifies the
+//!   woken peers (the serve loop of `ticketing-tokio`, ported to async-io);
+//! - a memory peer is one connection of an in-process
+//!   [`TicketBroker`]: the core client [`Session`] of
+//!   that broker and this server's connection exchange the very same protocol
+//!   bytes, shuttled in memory by the hub instead of a socket. The
+//!   bytes the server hands out for a memory peer wait in its inbox until the
+//!   broker feeds them to its session; only then does the server hear
+//!   [`Server::handle_flushed`], so a broker that dies first leaves no ghost
+//!   grant, exactly as over TCP.
+//!
+//! One timer task sleeps until [`Server::poll_timeout`]; an input that moves
+//! the deadline earlier notifies it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_io::{Async, Timer};
+use event_listener::Event;
+use futures_rustls::TlsAcceptor;
+use smol::Task;
+use smol::future;
+use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use ticketing_core::auth::{ClientTokens, NONCE_LEN};
+use ticketing_core::client::Session;
+use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig, ServerStats};
+use ticketing_core::time::Instant;
+
+use crate::client::{self, TicketBroker};
+use crate::sync::{Clock, Notify, sleep_until_opt};
+
+/// First size of a socket peer's read buffer; most never need more.
+const READ_BUF_START_BYTES: usize = 4 * 1024;
+/// The read buffer doubles when a read fills it, up to this.
+const READ_BUF_MAX_BYTES: usize = 64 * 1024;
+/// A write buffer that grew past this (a burst of replies) is given back.
+const WRITE_BUF_KEEP_BYTES: usize = 1 << 20;
+/// Pause after an accept error such as EMFILE, so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// Default for [`EmbeddedServerBuilder::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+// ---------------------------------------------------------------------------
+// Builder
+// ---------------------------------------------------------------------------
+
+/// Configures an [`EmbeddedServer`]; see [`EmbeddedServer::builder`].
+#[derive(Clone)]
+pub struct EmbeddedServerBuilder {
+    config: ServerConfig,
+    tokens: Vec<String>,
+    listen: Option<SocketAddr>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    insecure_no_auth: bool,
+    shutdown_grace: Duration,
+}
+
+impl fmt::Debug for EmbeddedServerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedServerBuilder")
+            .field("config", &self.config)
+            .field("tokens", &self.tokens.len())
+            .field("listen", &self.listen)
+            .field("tls", &self.tls.is_some())
+            .field("insecure_no_auth", &self.insecure_no_auth)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+impl EmbeddedServerBuilder {
+    /// The core's settings: lock limits, wait margin, connection limits.
+    /// Its `client_tokens` are replaced by [`Self::client_tokens`].
+    pub fn server_config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+    /// Accepted client tokens (each at least 16 bytes; several = rotation).
+    /// In-process handles authenticate with the first. None (the default):
+    /// only the empty token, which a TCP listener allows on loopback only.
+    pub fn client_tokens<I, S>(mut self, tokens: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.tokens = tokens.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Also accept TCP connections on `addr` (port 0 picks a free port; see
+    /// [`EmbeddedServer::local_addr`]). Off by default: in-process only.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+    /// TLS on the listener (rustls, ring provider); see
+    /// [`crate::tls::server_config`].
+    pub fn tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+    /// Allows listening beyond loopback without client tokens: anyone who
+    /// can reach the port can take and release locks.
+    pub fn insecure_no_auth(mut self) -> Self {
+        self.insecure_no_auth = true;
+        self
+    }
+    /// How long [`EmbeddedServer::shutdown`] waits for connections to take
+    /// their last replies before it drops them (default 2 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Starts the server: binds the listener if one was asked for and spawns
+    /// the driver tasks on smol's global executor. Does not need to run
+    /// inside an executor.
+    ///
+    /// Errors: [`io::ErrorKind::InvalidInput`] for a token shorter than 16
+    /// bytes or a non-loopback listener without tokens (unless
+    /// [`Self::insecure_no_auth`]); the bind error otherwise.
+    pub fn start(self) -> io::Result<EmbeddedServer> {
+        let mut config = self.config;
+        config.client_tokens = ClientTokens::new(&self.tokens).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("client token: {e}"))
+        })?;
+        if let Some(addr) = self.listen
+            && self.tokens.is_empty()
+            && !addr.ip().is_loopback()
+            && !self.insecure_no_auth
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "listening beyond loopback needs client tokens (or insecure_no_auth)",
+            ));
+        }
+        let listener = match self.listen {
+            Some(addr) => Some(Async::<TcpListener>::bind(addr)?),
+            None => None,
+        };
+        let local_addr = listener
+            .as_ref()
+            .map(|listener| listener.get_ref().local_addr())
+            .transpose()?;
+
+        let clock = Clock::start();
+        let server = Server::new(config, first_token(), clock.now());
+        let hub = Arc::new(Hub {
+            inner: Mutex::new(HubInner {
+                server,
+                peers: HashMap::new(),
+                timer_target_micros: u64::MAX,
+                scratch: Vec::new(),
+            }),
+            clock,
+            timer: Notify::new(),
+            stop: Notify::new(),
+            peers_changed: Event::new(),
+            tls: self.tls.map(TlsAcceptor::from),
+            in_process_token: self.tokens.into_iter().next().unwrap_or_default(),
+            next_owner: AtomicU64::new(1),
+            brokers: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+        });
+        let timer = smol::spawn(run_timer(Arc::clone(&hub)));
+        let acceptor =
+            listener.map(|listener| smol::spawn(accept_loop(Arc::clone(&hub), listener)));
+        Ok(EmbeddedServer {
+            hub,
+            local_addr,
+            tasks: Some(Tasks { timer, acceptor }),
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Public handle
+// ---------------------------------------------------------------------------
+
+struct Tasks {
+    timer: Task<()>,
+    acceptor: Option<Task<Vec<Task<()>>>>,
+}
+
+/// A Ticketing server inside this process: FIFO handoff, leases, bounded
+/// waits, fencing tokens and key sets, with no daemon to deploy.
+///
+/// [`EmbeddedServer::broker`] gives in-process [`TicketBroker`]s (no
+/// sockets); with [`EmbeddedServerBuilder::listen`] other processes reach
+/// the same locks with any v3 client.
+///
+/// Dropping it starts the same shutdown as [`EmbeddedServer::shutdown`]
+/// without waiting for it.
+///
+/// ```
+/// use std::time::Duration;
+/// use ticketing_smol::{EmbeddedServer, ReleaseOutcome};
+///
+/// smol::block_on(async {
+///     let server = EmbeddedServer::builder().start().unwrap();
+///     let broker = server.broker();
+///     let ticket = broker
+///         .acquire("orders/42", Duration::from_secs(5), Duration::from_secs(30), Duration::from_secs(1))
+///         .await
+///         .unwrap();
+///     assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+///     server.shutdown().await;
+/// });
+/// ```
+pub struct EmbeddedServer {
+    hub: Arc<Hub>,
+    local_addr: Option<SocketAddr>,
+    tasks: Option<Tasks>,
+    shutdown_grace: Duration,
+}
+
+impl fmt::Debug for EmbeddedServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedServer")
+            .field("local_addr", &self.local_addr)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedServer {
+    /// A builder: default limits, no tokens, in-process only.
+    pub fn builder() -> EmbeddedServerBuilder {
+        EmbeddedServerBuilder {
+            config: ServerConfig::default(),
+            tokens: Vec::new(),
+            listen: None,
+            tls: None,
+            insecure_no_auth: false,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+
+    /// An in-process broker: the same [`TicketBroker`] type and behaviour
+    /// as the network client, its connections being in-memory links to
+    /// this server. Cheap; it is ready at once.
+    pub fn broker(&self) -> TicketBroker {
+        let owner = self.hub.next_owner.fetch_add(1, Ordering::Relaxed);
+        let broker = client::in_process(Arc::clone(&self.hub), owner);
+        let mut brokers = self.hub.brokers.lock().expect("broker list poisoned");
+        // Dropped brokers are forgotten here, so the list stays as long as
+        // the number of live ones.
+        brokers.retain(|weak| weak.strong_count() > 0);
+        brokers.push(broker.downgrade());
+        drop(brokers);
+        if self.hub.stopping.load(Ordering::Acquire) {
+            broker.server_gone();
+        }
+        broker
+    }
+
+    /// The TCP address actually bound, if listening.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// The core's current counts (connections include in-process links).
+    pub fn stats(&self) -> ServerStats {
+        self.hub.lock().server.stats()
+    }
+
+    /// Stops accepting; every queued acquire is answered `T` (Timeout),
+    /// every connection, in-process or not, gets its replies and is closed
+    /// (those that do not take them within the shutdown grace are dropped);
+    /// in-process brokers then fail new calls with `Closed`. Returns when
+    /// the driver tasks are done.
+    pub async fn shutdown(mut self) {
+        if let Some(tasks) = self.tasks.take() {
+            shutdown(Arc::clone(&self.hub), tasks, self.shutdown_grace).await;
+        }
+    }
+}
+
+impl Drop for EmbeddedServer {
+    fn drop(&mut self) {
+        if let Some(tasks) = self.tasks.take() {
+            smol::spawn(shutdown(Arc::clone(&self.hub), tasks, self.shutdown_grace)).detach();
+        }
+    }
+}
+
+async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
+    hub.stopping.store(true, Ordering::Release);
+    hub.stop.notify_one();
+    let conn_tasks = match tasks.acceptor {
+        Some(acceptor) => acceptor.await,
+        None => Vec::new(),
+    };
+    {
+        let mut inner = hub.lock();
+        let now = hub.clock.now();
+        inner.server.begin_shutdown(now);
+        inner.dispatch(&hub.timer, None, None);
+    }
+    // Every peer now holds its last replies; wait until they took them.
+    let drained = future::or(
+        async {
+            loop {
+                let listener = hub.peers_changed.listen();
+                if hub.lock().peers.is_empty() {
+                    return true;
+                }
+                listener.await;
+            }
+        },
+        async {
+            Timer::after(grace).await;
+            false
+        },
+    )
+    .await;
+    // Dropping a task cancels it; its guard tells the core.
+    drop(conn_tasks);
+    if !drained {
+        let mut inner = hub.lock();
+        let now = hub.clock.now();
+        let stuck: Vec<ConnId> = inner.peers.keys().copied().collect();
+        for conn in stuck {
+            inner.peers.remove(&conn);
+            inner.server.handle_closed(now, conn);
+        }
+    }
+    let brokers = std::mem::take(&mut *hub.brokers.lock().expect("broker list poisoned"));
+    for broker in brokers.iter().filter_map(client::Weak::upgrade) {
+        broker.server_gone();
+    }
+    drop(tasks.timer);
+}
+
+/// By our rule the token counter starts at the bootstrap wall-clock time in
+/// microseconds since the Unix epoch, so a restarted server issues tokens
+/// above those it issued before (as long as the wall clock did not go back).
+fn first_token() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    u64::try_from(since_epoch.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).ok()?;
+    Some(nonce)
+}
+
+// ---------------------------------------------------------------------------
+// Hub
+// ---------------------------------------------------------------------------
+
+/// The server state shared by every driver task and in-process broker.
+pub(crate) struct Hub {
+    inner: Mutex<HubInner>,
+    clock: Clock,
+    /// Wakes the timer task when its deadline may have moved earlier.
+    timer: Notify,
+    /// Asks the accept loop to stop.
+    stop: Notify,
+    /// A peer was removed (shutdown waits for none to be left).
+    peers_changed: Event,
+    tls: Option<TlsAcceptor>,
+    in_process_token: String,
+    next_owner: AtomicU64,
+    /// In-process brokers, told when the server is gone.
+    brokers: Mutex<Vec<client::Weak>>,
+    stopping: AtomicBool,
+}
+
+struct HubInner {
+    server: Server,
+    peers: HashMap<ConnId, Peer>,
+    /// The deadline the timer task sleeps until, `u64::MAX` for none.
+    timer_target_micros: u64,
+    /// Request bytes of memory peers on their way in; kept for its capacity.
+    scratch: Vec<u8>,
+}
+
+enum Peer {
+    /// A socket task, woken to take its bytes itself.
+    Socket(Arc<Notify>),
+    /// An in-process link.
+    Memory(MemoryPeer),
+}
+
+struct MemoryPeer {
+    /// The broker owning the link: while it is exchanging it reads the inbox
+    /// itself, so it is not woken for it.
+    owner: u64,
+    /// Bytes taken from the server, not yet fed to the session. Bounded by
+    /// the protocol: the server only writes replies to requests (the
+    /// session bounds those in flight) plus the handshake.
+    inbox: Vec<u8>,
+    /// `Open`, or how the server wants the link ended once the inbox is read.
+    state: ConnState,
+    /// Wakes the broker's driver for this link.
+    wake: Arc<Notify>,
+}
+
+impl HubInner {
+    /// Drains the core's wakes after an input: socket peers are notified
+    /// (`me` only reported), memory peers get their bytes in their inbox and
+    /// are notified unless their broker (`owner`) is reading them right now.
+    /// Then tells the timer if the next deadline moved earlier.
+    fn dispatch(&mut self, timer: &Notify, me: Option<ConnId>, owner: Option<u64>) -> bool {
+        let mut mine = false;
+        while let Some(conn) = self.server.poll_wake() {
+            match self.peers.get_mut(&conn) {
+                Some(Peer::Socket(waker)) => {
+                    if Some(conn) == me {
+                        mine = true;
+                    } else {
+                        waker.notify_one();
+                    }
+                }
+                Some(Peer::Memory(peer)) => {
+                    let state = self.server.take_transmit(conn, &mut peer.inbox);
+                    if state != ConnState::Open {
+                        peer.state = state;
+                    }
+                    if Some(peer.owner) != owner {
+                        peer.wake.notify_one();
+                    }
+                }
+                // A peer being closed right now; its closer tells the core.
+                None => {}
+            }
+        }
+        let deadline = self
+            .server
+            .poll_timeout()
+            .map_or(u64::MAX, Instant::as_micros);
+        if deadline < self.timer_target_micros {
+            self.timer_target_micros = deadline;
+            timer.notify_one();
+        }
+        mine
+    }
+
+    fn remove_peer(&mut self, now: Instant, conn: ConnId, peers_changed: &Event) {
+        self.peers.remove(&conn);
+        self.server.handle_closed(now, conn);
+        peers_changed.notify(usize::MAX);
+    }
+}
+
+/// One in-memory link as [`Hub::exchange`] sees it.
+pub(crate) struct MemoryLink<'a> {
+    /// The server's name for it.
+    pub(crate) conn: ConnId,
+    /// The broker's session on it.
+    pub(crate) session: &'a mut Session,
+    /// Set when the link ended (the session is closed and the server told).
+    pub(crate) closed: bool,
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, HubInner> {
+        // A panic inside the core leaves its state unknown; serving on from
+        // it could break mutual exclusion, so every user stops instead.
+        self.inner
+            .lock()
+            .expect("server state poisoned by an earlier panic")
+    }
+
+    /// The token in-process brokers authenticate with.
+    pub(crate) fn in_process_token(&self) -> &str {
+        &self.in_process_token
+    }
+
+    /// Opens an in-memory link for broker `owner`; `None` if the server
+    /// refuses it (connection limit, shutting down) or there is no nonce.
+    pub(crate) fn connect_memory(&self, owner: u64, wake: Arc<Notify>) -> Option<ConnId> {
+        let nonce = fresh_nonce()?;
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let conn = inner.server.handle_connect(now, nonce)?;
+        inner.peers.insert(
+            conn,
+            Peer::Memory(MemoryPeer {
+                owner,
+                inbox: Vec::new(),
+                state: ConnState::Open,
+                wake,
+            }),
+        );
+        inner.dispatch(&self.timer, None, Some(owner));
+        Some(conn)
+    }
+
+    /// Moves bytes both ways between broker `owner`'s sessions and their
+    /// server connections until neither side has more: inbox → session
+    /// (then [`Server::handle_flushed`]), session → server while it wants
+    /// input. A closed session or a link the server ended is closed on both
+    /// sides and marked `closed`. `client_now` is the broker's clock.
+    pub(crate) fn exchange(&self, owner: u64, client_now: Instant, links: &mut [MemoryLink<'_>]) {
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let mut out = std::mem::take(&mut inner.scratch);
+        loop {
+            let mut progressed = false;
+            for link in links.iter_mut().filter(|link| !link.closed) {
+                let conn = link.conn;
+                let (inbox, state) = match inner.peers.get_mut(&conn) {
+                    Some(Peer::Memory(peer)) => (std::mem::take(&mut peer.inbox), peer.state),
+                    _ => (Vec::new(), ConnState::Gone),
+                };
+                if !inbox.is_empty() {
+                    link.session.handle_input(client_now, &inbox);
+                    inner.server.handle_flushed(now, conn);
+                    progressed = true;
+                    if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
+                        && peer.inbox.is_empty()
+                    {
+                        // Give the buffer back for its capacity.
+                        let mut inbox = inbox;
+                        inbox.clear();
+                        peer.inbox = inbox;
+                    }
+                }
+                if state != ConnState::Open {
+                    link.session.handle_transport_closed(client_now);
+                }
+                if link.session.is_closed() {
+                    inner.remove_peer(now, conn, &self.peers_changed);
+                    link.closed = true;
+                    progressed = true;
+                    continue;
+                }
+                if inner.server.wants_input(conn) {
+                    out.clear();
+                    if link.session.poll_transmit(client_now, &mut out) > 0 {
+                        inner.server.handle_input(now, conn, &out);
+                        progressed = true;
+                    }
+                }
+            }
+            inner.dispatch(&self.timer, None, Some(owner));
+            if !progressed {
+                break;
+            }
+        }
+        out.clear();
+        inner.scratch = out;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Timer
+// ---------------------------------------------------------------------------
+
+/// Sleeps until the core's next deadline, then hands it the time.
+async fn run_timer(hub: Arc<Hub>) {
+    loop {
+        let deadline = {
+            let mut inner = hub.lock();
+            let deadline = inner.server.poll_timeout();
+            inner.timer_target_micros = deadline.map_or(u64::MAX, Instant::as_micros);
+            deadline
+        };
+        let fired = future::or(
+            async {
+                sleep_until_opt(hub.clock, deadline).await;
+                true
+            },
+            async {
+                hub.timer.notified().await;
+                false
+            },
+        )
+        .await;
+        if fired {
+            let mut inner = hub.lock();
+            let now = hub.clock.now();
+            inner.server.handle_timeout(now);
+            inner.dispatch(&hub.timer, None, None);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sockets
+// ---------------------------------------------------------------------------
+
+/// Accepts connections until asked to stop; returns the connection tasks.
+async fn accept_loop(hub: Arc<Hub>, listener: Async<TcpListener>) -> Vec<Task<()>> {
+    let mut conns: Vec<Task<()>> = Vec::new();
+    loop {
+        let accepted = future::or(
+            async {
+                hub.stop.notified().await;
+                None
+            },
+            async { Some(listener.accept().await) },
+        )
+        .await;
+        match accepted {
+            None => return conns,
+            Some(Ok((tcp, peer))) => {
+                // Reaped here, so a stream of short connections cannot pile
+                // up finished tasks; at most `max_connections` live.
+                conns.retain(|task| !task.is_finished());
+                conns.push(smol::spawn(run_connection(Arc::clone(&hub), tcp, peer)));
+            }
+            Some(Err(_)) => {
+                Timer::after(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Closes the core's side of a socket peer however its task ends (return,
+/// error, or cancellation at shutdown).
+struct ConnGuard {
+    hub: Arc<Hub>,
+    conn: ConnId,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        // Not `Hub::lock`: panicking again inside a drop would abort.
+        if let Ok(mut inner) = self.hub.inner.lock() {
+            let now = self.hub.clock.now();
+            inner.remove_peer(now, self.conn, &self.hub.peers_changed);
+            inner.dispatch(&self.hub.timer, None, None);
+        }
+    }
+}
+
+async fn run_connection(hub: Arc<Hub>, tcp: Async<TcpStream>, _peer: SocketAddr) {
+    // Replies are small and latency-bound; batching is done by us, not Nagle.
+    let _ = tcp.get_ref().set_nodelay(true);
+    let Some(nonce) = fresh_nonce() else {
+        return;
+    };
+    let waker = Arc::new(Notify::new());
+    let conn = {
+        let mut inner = hub.lock();
+        let now = hub.clock.now();
+        let Some(conn) = inner.server.handle_connect(now, nonce) else {
+            return;
+        };
+        inner.peers.insert(conn, Peer::Socket(Arc::clone(&waker)));
+        if inner.dispatch(&hub.timer, Some(conn), None) {
+            waker.notify_one();
+        }
+        conn
+    };
+    let guard = ConnGuard {
+        hub: Arc::clone(&hub),
+        conn,
+    };
+    let _ = match &hub.tls {
+        None => drive(&guard, &waker, tcp, Vec::new()).await,
+        Some(acceptor) => accept_tls(&guard, &waker, acceptor.clone(), tcp).await,
+    };
+}
+
+/// Runs the TLS handshake, then the connection. The core's handshake
+/// deadline also closes a client that stalls in TLS; what the core queues
+/// meanwhile is kept and written once TLS is up.
+async fn accept_tls(
+    guard: &ConnGuard,
+    waker: &Notify,
+    acceptor: TlsAcceptor,
+    tcp: Async<TcpStream>,
+) -> io::Result<()> {
+    let mut out = Vec::new();
+    let mut accept = std::pin::pin!(acceptor.accept(tcp));
+    loop {
+        let accepted = future::or(async { Some((&mut accept).await) }, async {
+            waker.notified().await;
+            None
+        })
+        .await;
+        match accepted {
+            Some(stream) => return drive(guard, waker, stream?, out).await,
+            None => {
+                let state = guard.hub.lock().server.take_transmit(guard.conn, &mut out);
+                if state != ConnState::Open {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// What woke a socket peer's loop.
+enum Woken {
+    Notified,
+    Read(io::Result<usize>),
+}
+
+/// The connection loop: read → core, core → write.
+async fn drive<S>(
+    guard: &ConnGuard,
+    waker: &Notify,
+    mut stream: S,
+    mut out: Vec<u8>,
+) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let hub = &*guard.hub;
+    let conn = guard.conn;
+    let mut read_buf = vec![0u8; READ_BUF_START_BYTES];
+    let mut reading = true;
+    // Bytes taken before the transport was up (TLS) go out first.
+    if !out.is_empty() {
+        waker.notify_one();
+    }
+    loop {
+        // Wait for our wake or for input (only while the core wants input).
+        let event = if reading {
+            future::or(
+                async {
+                    waker.notified().await;
+                    Woken::Notified
+                },
+                async { Woken::Read(stream.read(&mut read_buf).await) },
+            )
+            .await
+        } else {
+            waker.notified().await;
+            Woken::Notified
+        };
+        let woken = match event {
+            Woken::Notified => true,
+            Woken::Read(read) => {
+                let n = read?;
+                if n == 0 {
+                    return Ok(());
+                }
+                let mut inner = hub.lock();
+                let now = hub.clock.now();
+                inner.server.handle_input(now, conn, &read_buf[..n]);
+                let mine = inner.dispatch(&hub.timer, Some(conn), None);
+                reading = inner.server.wants_input(conn);
+                drop(inner);
+                if n == read_buf.len() && read_buf.len() < READ_BUF_MAX_BYTES {
+                    read_buf.resize(read_buf.len() * 2, 0);
+                }
+                mine
+            }
+        };
+        if !woken {
+            continue;
+        }
+        // Take everything pending in one batch.
+        let state = {
+            let mut inner = hub.lock();
+            let state = inner.server.take_transmit(conn, &mut out);
+            reading = inner.server.wants_input(conn);
+            state
+        };
+        if state == ConnState::Gone {
+            return Ok(());
+        }
+        if out.is_empty() && state == ConnState::Open {
+            continue;
+        }
+        stream.write_all(&out).await?;
+        // TLS buffers records; grants count as delivered only once written.
+        stream.flush().await?;
+        out.clear();
+        if out.capacity() > WRITE_BUF_KEEP_BYTES {
+            out = Vec::new();
+        }
+        {
+            let mut inner = hub.lock();
+            let now = hub.clock.now();
+            inner.server.handle_flushed(now, conn);
+            if inner.dispatch(&hub.timer, Some(conn), None) {
+                waker.notify_one();
+            }
+            reading = inner.server.wants_input(conn);
+        }
+        if state == ConnState::CloseAfterFlush {
+            // The guard reports the close once the stream is shut down.
+            let _ = stream.close().await;
+            return Ok(());
+        }
+    }
+}

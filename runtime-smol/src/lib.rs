@@ -1,0 +1,34 @@
+//! Ticketing on smol / async-io.
+//!
+//! - [`EmbeddedServer`]: a single-mode Ticketing server inside your process —
+//!   FIFO handoff, leases, bounded waits, fencing tokens, key sets — with no
+//!   daemon to deploy; optionally also on a TCP (or TLS) port for other
+//!   processes and any v3 client.
+//! - [`TicketBroker`]: the client, with the API of `ticketing_tokio`'s
+//!   broker. [`EmbeddedServer::broker`] gives one whose connections are
+//!   in-memory links; [`TicketBroker::builder`] gives one over TCP/TLS. The
+//!   locking code is the same for both, so an application can move from the
+//!   embedded lock to a server or cluster by changing how it builds the
+//!   broker, not how it uses it.
+//!
+//! Both are thin drivers of [`ticketing_core`]: the in-process path runs the
+//! very same client [`Session`](ticketing_core::client::Session) and
+//! [`Server`](ticketing_core::server::Server) state machines as the network
+//! path, exchanging the same protocol bytes in memory. See
+//! `docs/embedding.md` for when to embed and what it does not give you.
+//!
+//! Background tasks run on smol's global executor (threads:
+//! `SMOL_THREADS`, default 1); the futures you await run on any executor.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod embedded;
+mod sync;
+pub mod tls;
+
+pub use client::{
+    BrokerMode, ReleaseOutcome, Ticket, TicketBroker, TicketBrokerBuilder, TicketError, TicketSet,
+};
+pub use embedded::{EmbeddedServer, EmbeddedServerBuilder};
+pub use tls::TlsMode;

@@ -1,0 +1,81 @@
+//! Small runtime helpers: a wake-one notification with a stored permit, and
+//! the driver clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use event_listener::Event;
+use ticketing_core::time::Instant;
+
+/// Wakes one task; a notification with nobody waiting is kept as a permit
+/// (the shape of tokio's `Notify::notify_one`), so a wake is never lost
+/// between checking state and starting to wait.
+#[derive(Debug, Default)]
+pub(crate) struct Notify {
+    permit: AtomicBool,
+    event: Event,
+}
+
+impl Notify {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn notify_one(&self) {
+        self.permit.store(true, Ordering::Release);
+        self.event.notify(1);
+    }
+
+    pub(crate) async fn notified(&self) {
+        loop {
+            if self.permit.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            let listener = self.event.listen();
+            // A notify between the check above and `listen` left a permit.
+            if self.permit.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            listener.await;
+        }
+    }
+}
+
+/// A driver's monotonic clock: core instants are microseconds since
+/// `origin`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    origin: std::time::Instant,
+}
+
+impl Clock {
+    pub(crate) fn start() -> Self {
+        Clock {
+            origin: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+    }
+
+    /// The std instant of a core instant (the origin if it cannot be
+    /// represented, which only happens centuries out).
+    pub(crate) fn to_std(self, at: Instant) -> std::time::Instant {
+        self.origin
+            .checked_add(Duration::from_micros(at.as_micros()))
+            .unwrap_or(self.origin)
+    }
+
+    pub(crate) async fn sleep_until(self, at: Instant) {
+        async_io::Timer::at(self.to_std(at)).await;
+    }
+}
+
+/// A duration, or `never` if `at` is `None` (a core without deadlines).
+pub(crate) async fn sleep_until_opt(clock: Clock, at: Option<Instant>) {
+    match at {
+        Some(at) => clock.sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,231 @@
+//! What only the embedded server has: in-process links (cancellation, many
+//! brokers), sharing locks with TCP clients (ours and the published one),
+//! authentication, and the end of in-process brokers at shutdown.
+
+use std::time::{Duration, Instant};
+
+use smol::future;
+use ticketing_smol::{EmbeddedServer, ReleaseOutcome, TicketBroker, TicketError};
+
+const WAIT: Duration = Duration::from_secs(5);
+const LEASE: Duration = Duration::from_secs(30);
+const BUDGET: Duration = Duration::from_secs(1);
+const TOKEN: &str = "embedded-test-token-0123456789";
+
+/// Yields until `done` holds; panics after 5 s. The server offers no event
+/// for its counts.
+async fn settle(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never saw {what}"
+        );
+        future::yield_now().await;
+    }
+}
+
+#[test]
+fn a_cancelled_queued_acquire_leaves_the_queue_and_service_goes_on() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let broker = server.broker();
+        let held = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        // Give up on a queued acquire by dropping its future.
+        let gave_up = future::or(
+            async { Some(broker.acquire("k", WAIT, LEASE, BUDGET).await) },
+            async {
+                settle("the waiter queued", || server.stats().lock.waiters == 1).await;
+                None
+            },
+        )
+        .await;
+        assert!(gave_up.is_none());
+        // Its bytes had left: the link closed (as a TCP connection would),
+        // which took the waiter out of the queue.
+        settle("the waiter gone", || server.stats().lock.waiters == 0).await;
+        // The other link serves meanwhile, and the link comes back.
+        let other = broker
+            .acquire("other", Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert_eq!(other.release().await.unwrap(), ReleaseOutcome::Released);
+        settle("both links back", || server.stats().connections == 2).await;
+        // The key was not handed to the departed waiter.
+        assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+        let next = broker
+            .acquire("k", Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+        broker.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn separate_in_process_brokers_hand_over_to_each_other() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let first = server.broker();
+        let second = server.broker();
+        let held = first.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        let blocked = second.acquire("k", Duration::ZERO, LEASE, BUDGET).await;
+        assert!(matches!(blocked, Err(TicketError::Timeout)), "{blocked:?}");
+        let waiter = {
+            let second = second.clone();
+            smol::spawn(async move { second.acquire("k", WAIT, LEASE, BUDGET).await })
+        };
+        settle("the waiter queued", || server.stats().lock.waiters == 1).await;
+        let released_at = Instant::now();
+        let first_token = held.token();
+        assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+        let next = waiter.await.unwrap();
+        assert!(released_at.elapsed() < Duration::from_secs(1));
+        assert!(next.token() > first_token);
+        assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+        first.close().await;
+        second.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn in_process_and_published_tcp_clients_share_the_locks() {
+    let server = EmbeddedServer::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let local = server.broker();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let remote = ticketing::TicketBroker::connect_loopback([addr]);
+        assert!(remote.wait_ready(Duration::from_secs(5)).await);
+
+        let held = local.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        let blocked = remote.acquire("k", Duration::ZERO, LEASE, BUDGET).await;
+        assert!(
+            matches!(blocked, Err(ticketing::TicketError::Timeout)),
+            "{blocked:?}"
+        );
+        let remote_waiter = {
+            let remote = remote.clone();
+            tokio::spawn(async move { remote.acquire("k", WAIT, LEASE, BUDGET).await })
+        };
+        settle("the remote waiter queued", || {
+            server.stats().lock.waiters == 1
+        })
+        .await;
+        let local_token = held.token();
+        assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+        let remote_ticket = remote_waiter.await.unwrap().unwrap();
+        assert!(remote_ticket.token() > local_token);
+        let blocked = local.acquire("k", Duration::ZERO, LEASE, BUDGET).await;
+        assert!(matches!(blocked, Err(TicketError::Timeout)), "{blocked:?}");
+        remote_ticket.release().await.unwrap();
+        let again = local
+            .acquire("k", Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert!(again.token() > local_token);
+        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+        remote.close().await;
+    });
+    smol::block_on(async {
+        local.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn tokens_guard_the_listener_and_in_process_brokers_use_the_first() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder()
+            .client_tokens([TOKEN])
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start()
+            .unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+
+        let local = server.broker();
+        let ticket = local.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+
+        let wrong = TicketBroker::builder()
+            .addrs([addr.clone()])
+            .token("not-the-right-token-at-all")
+            .connect()
+            .unwrap();
+        assert!(!wrong.wait_ready(Duration::from_secs(5)).await);
+        assert!(wrong.auth_failed());
+
+        let right = TicketBroker::builder()
+            .addrs([addr])
+            .token(TOKEN)
+            .connect()
+            .unwrap();
+        assert!(right.wait_ready(Duration::from_secs(5)).await);
+        let ticket = right.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+
+        wrong.close().await;
+        right.close().await;
+        local.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn a_listener_beyond_loopback_needs_tokens() {
+    let refused = EmbeddedServer::builder()
+        .listen("0.0.0.0:0".parse().unwrap())
+        .start();
+    assert_eq!(
+        refused.err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::InvalidInput)
+    );
+    let short = EmbeddedServer::builder().client_tokens(["short"]).start();
+    assert_eq!(
+        short.err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::InvalidInput)
+    );
+}
+
+#[test]
+fn in_process_brokers_fail_fast_once_the_server_is_gone() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let broker = server.broker();
+        let held = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        server.shutdown().await;
+        let asked = Instant::now();
+        let after = broker.acquire("k", WAIT, LEASE, BUDGET).await;
+        assert!(matches!(after, Err(TicketError::Closed)), "{after:?}");
+        let release = held.release().await;
+        assert!(matches!(release, Err(TicketError::Closed)), "{release:?}");
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "not retried until a deadline"
+        );
+        broker.close().await;
+    });
+}
+
+#[test]
+fn a_ticket_held_by_a_closed_broker_is_released_by_close() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let broker = server.broker();
+        let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        drop(ticket);
+        drop(broker); // the last handle: closes in the background
+        settle("the links closed", || server.stats().connections == 0).await;
+        assert_eq!(server.stats().lock.held_keys, 0);
+        server.shutdown().await;
+    });
+}
