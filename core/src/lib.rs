@@ -14,6 +14,7 @@ pub mod client;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod lock;
+pub mod raft;
 pub mod server;
 pub mod time;
 pub mod wire;

@@ -1,0 +1,121 @@
+//! The leader's view of one follower's log (etcd's `tracker.Progress`).
+
+use std::collections::VecDeque;
+
+use crate::time::Instant;
+
+/// How the leader currently sends to a follower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProgressState {
+    /// Where the follower's log matches is unknown: one append at a time,
+    /// then wait for the answer (or the next heartbeat answer).
+    Probe,
+    /// The follower's log matches up to `match_index`: appends are pipelined
+    /// optimistically, `next_index` runs ahead of acknowledgements, bounded
+    /// by the in-flight window.
+    Replicate,
+    /// The follower needs a snapshot; chunks go one at a time.
+    Snapshot {
+        /// Index of the snapshot being sent.
+        index: u64,
+        /// Offset of the next chunk to send.
+        offset: u64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Progress {
+    pub(crate) match_index: u64,
+    pub(crate) next_index: u64,
+    pub(crate) state: ProgressState,
+    /// Probe: an append is outstanding.
+    pub(crate) probe_sent: bool,
+    /// Replicate: the last index of every append in flight, ascending.
+    pub(crate) inflight: VecDeque<u64>,
+    /// Last time any answer arrived from this follower (check-quorum).
+    pub(crate) last_heard: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new(next_index: u64, now: Instant) -> Self {
+        Progress {
+            match_index: 0,
+            next_index,
+            state: ProgressState::Probe,
+            probe_sent: false,
+            inflight: VecDeque::new(),
+            last_heard: now,
+        }
+    }
+
+    pub(crate) fn is_paused(&self, max_inflight: usize) -> bool {
+        match self.state {
+            ProgressState::Probe => self.probe_sent,
+            ProgressState::Replicate => self.inflight.len() >= max_inflight,
+            ProgressState::Snapshot { .. } => true,
+        }
+    }
+
+    pub(crate) fn become_probe(&mut self) {
+        // After a snapshot the follower holds at least the snapshot index.
+        if let ProgressState::Snapshot { index, .. } = self.state {
+            self.next_index = (self.match_index + 1).max(index + 1);
+        } else {
+            self.next_index = self.match_index + 1;
+        }
+        self.state = ProgressState::Probe;
+        self.probe_sent = false;
+        self.inflight.clear();
+    }
+
+    pub(crate) fn become_replicate(&mut self) {
+        self.state = ProgressState::Replicate;
+        self.next_index = self.match_index + 1;
+        self.probe_sent = false;
+        self.inflight.clear();
+    }
+
+    /// An acknowledgement up to `index`. Returns whether `match_index` grew.
+    pub(crate) fn maybe_update(&mut self, index: u64) -> bool {
+        let updated = index > self.match_index;
+        if updated {
+            self.match_index = index;
+            self.probe_sent = false;
+        }
+        self.next_index = self.next_index.max(index + 1);
+        while self.inflight.front().is_some_and(|&last| last <= index) {
+            self.inflight.pop_front();
+        }
+        updated
+    }
+
+    /// A rejection of `rejected` (a `prev_index` we sent). `next_probe` is
+    /// where the follower's hint says the logs may match. Returns false for
+    /// a stale rejection (an answer to an append already superseded).
+    pub(crate) fn maybe_decrease(&mut self, rejected: u64, next_probe: u64) -> bool {
+        match self.state {
+            ProgressState::Replicate => {
+                // In Replicate every append after the one that matched is
+                // built on `match_index`; a rejection at or below it answers
+                // an old append that was overtaken by a later success.
+                if rejected <= self.match_index {
+                    return false;
+                }
+                self.become_probe();
+                self.next_index = (self.match_index + 1).max(rejected.min(next_probe + 1));
+                true
+            }
+            ProgressState::Probe => {
+                // Only the answer to the outstanding probe counts; anything
+                // else is a duplicate or reordered old answer.
+                if self.next_index.saturating_sub(1) != rejected {
+                    return false;
+                }
+                self.next_index = (self.match_index + 1).max(rejected.min(next_probe + 1));
+                self.probe_sent = false;
+                true
+            }
+            ProgressState::Snapshot { .. } => false,
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Plain data types of the Raft module: identities, configurations, log
+//! entries and messages. No behaviour lives here; the `peer` codec encodes
+//! these for the wire.
+
+use std::collections::BTreeSet;
+
+/// The Raft identity of a node: a stable slot (its place in the client's
+/// address list) and a generation that is new every time a process starts
+/// with empty state for that slot.
+///
+/// State is volatile, so a restarted process has forgotten its votes and its
+/// log. Were it to come back under its old identity it could vote twice in a
+/// term or acknowledge entries it no longer holds, and two leaders or a lost
+/// commit would follow. A fresh generation makes it a different node, which
+/// joins as a learner and replaces its old self by a membership change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId {
+    /// Position in the cluster's address list (0..n-1).
+    pub slot: u8,
+    /// Incarnation of the process behind the slot; larger is newer.
+    pub generation: u64,
+}
+
+impl NodeId {
+    /// Shorthand constructor.
+    pub const fn new(slot: u8, generation: u64) -> Self {
+        NodeId { slot, generation }
+    }
+}
+
+/// A cluster configuration: who votes and who only receives the log.
+///
+/// A node is never both a voter and a learner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Configuration {
+    /// Members whose acknowledgements count towards commit and who vote.
+    pub voters: BTreeSet<NodeId>,
+    /// Members that receive the log but neither vote nor count.
+    pub learners: BTreeSet<NodeId>,
+}
+
+impl Configuration {
+    /// A configuration of the given voters and no learners.
+    pub fn with_voters(voters: impl IntoIterator<Item = NodeId>) -> Self {
+        Configuration {
+            voters: voters.into_iter().collect(),
+            learners: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `id` is a voter.
+    pub fn is_voter(&self, id: NodeId) -> bool {
+        self.voters.contains(&id)
+    }
+
+    /// Whether `id` is a learner.
+    pub fn is_learner(&self, id: NodeId) -> bool {
+        self.learners.contains(&id)
+    }
+
+    /// Whether `id` is a voter or a learner.
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.is_voter(id) || self.is_learner(id)
+    }
+
+    /// Voters and learners, voters first.
+    pub fn members(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.voters.iter().chain(self.learners.iter()).copied()
+    }
+
+    /// The number of voters that forms a majority (0 for no voters).
+    pub fn quorum(&self) -> usize {
+        if self.voters.is_empty() {
+            0
+        } else {
+            self.voters.len() / 2 + 1
+        }
+    }
+
+    /// The voter currently holding `slot`, if any.
+    pub fn voter_in_slot(&self, slot: u8) -> Option<NodeId> {
+        self.voters.iter().copied().find(|v| v.slot == slot)
+    }
+}
+
+/// A membership change proposed to the leader. Changes are single-server
+/// steps, one at a time; see the module documentation for why replacement
+/// is two of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConfChange {
+    /// Add a node that receives the log but does not vote.
+    AddLearner(NodeId),
+    /// Turn a learner into a voter.
+    PromoteLearner(NodeId),
+    /// Remove a voter or a learner.
+    RemoveNode(NodeId),
+    /// Start replacing voter `old` by learner `new`: proposes the removal of
+    /// `old` now; `new` is promoted by the leader once the removal is
+    /// committed and `new` is caught up (with
+    /// [`RaftConfig::auto_membership`](super::RaftConfig::auto_membership)),
+    /// or by a later [`ConfChange::PromoteLearner`].
+    ReplaceVoter {
+        /// The voter to remove.
+        old: NodeId,
+        /// The caught-up learner that takes its place.
+        new: NodeId,
+    },
+}
+
+/// What a log entry carries.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// The entry a leader appends at the start of its term. It lets the
+    /// leader commit older entries (which it may only do through an entry of
+    /// its own term) without waiting for a client command. Apply: nothing.
+    Noop,
+    /// An application command, opaque to Raft (the server encodes
+    /// Grant/Release/Expire into these bytes).
+    Command(Vec<u8>),
+    /// The complete new configuration. It takes effect on every node as soon
+    /// as it is appended to that node's log (not when committed), and is
+    /// undone if the entry is truncated away.
+    Config(Configuration),
+}
+
+/// One log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Entry {
+    /// Position in the log, from 1.
+    pub index: u64,
+    /// Term of the leader that created it.
+    pub term: u64,
+    /// Payload.
+    pub kind: EntryKind,
+}
+
+impl Entry {
+    /// Approximate size in bytes, used for batching limits.
+    pub fn size_bytes(&self) -> usize {
+        let payload = match &self.kind {
+            EntryKind::Noop => 0,
+            EntryKind::Command(bytes) => bytes.len(),
+            EntryKind::Config(config) => 9 * (config.voters.len() + config.learners.len()),
+        };
+        17 + payload
+    }
+}
+
+/// Describes a snapshot: the state after applying every entry up to `index`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SnapshotMeta {
+    /// The last entry the snapshot covers.
+    pub index: u64,
+    /// Term of that entry.
+    pub term: u64,
+    /// The configuration in effect at `index`.
+    pub config: Configuration,
+}
+
+/// A message between two Raft nodes.
+///
+/// `to` carries the full identity: a transport routes by slot, and the
+/// receiver drops a message meant for another generation of its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Sender.
+    pub from: NodeId,
+    /// Recipient.
+    pub to: NodeId,
+    /// The sender's term — except in [`MessageBody::PreVote`] (the term the
+    /// sender would campaign in) and a granted
+    /// [`MessageBody::PreVoteResponse`] (echoes that term).
+    pub term: u64,
+    /// What the message says.
+    pub body: MessageBody,
+}
+
+/// The kinds of Raft message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MessageBody {
+    /// "Would you vote for me in `term`?" — asked before campaigning, without
+    /// changing anyone's term.
+    PreVote {
+        /// Index of the sender's last entry.
+        last_index: u64,
+        /// Term of the sender's last entry.
+        last_term: u64,
+    },
+    /// Answer to [`MessageBody::PreVote`].
+    PreVoteResponse {
+        /// True when not granted.
+        reject: bool,
+    },
+    /// A vote request of a candidate.
+    Vote {
+        /// Index of the candidate's last entry.
+        last_index: u64,
+        /// Term of the candidate's last entry.
+        last_term: u64,
+        /// Sent because the leader handed over leadership
+        /// ([`MessageBody::TimeoutNow`]); overrides the leader-lease rule.
+        transfer: bool,
+    },
+    /// Answer to [`MessageBody::Vote`].
+    VoteResponse {
+        /// True when not granted.
+        reject: bool,
+    },
+    /// Log replication (possibly with no entries, to carry the commit index).
+    Append {
+        /// Index of the entry just before `entries`.
+        prev_index: u64,
+        /// Term of that entry.
+        prev_term: u64,
+        /// Consecutive entries from `prev_index + 1`.
+        entries: Vec<Entry>,
+        /// The leader's commit index.
+        commit: u64,
+    },
+    /// Answer to [`MessageBody::Append`].
+    AppendResponse {
+        /// True when `prev_index`/`prev_term` did not match.
+        reject: bool,
+        /// Accepted: the last index now known to match the leader.
+        /// Rejected: the `prev_index` that was rejected.
+        index: u64,
+        /// Rejected: the largest index that may match (the leader resumes
+        /// there instead of walking back one entry per round trip).
+        hint_index: u64,
+        /// Rejected: the follower's term at `hint_index`.
+        hint_term: u64,
+    },
+    /// Leader liveness and commit propagation.
+    Heartbeat {
+        /// `min(leader commit, what the leader knows the follower holds)`.
+        commit: u64,
+    },
+    /// Answer to [`MessageBody::Heartbeat`]; also sent to a stale leader so
+    /// that it learns about the newer term.
+    HeartbeatResponse,
+    /// One chunk of a snapshot for a follower too far behind.
+    InstallSnapshot {
+        /// What the snapshot covers.
+        meta: SnapshotMeta,
+        /// Byte offset of `data` within the snapshot.
+        offset: u64,
+        /// The chunk.
+        data: Vec<u8>,
+        /// Whether this is the last chunk.
+        done: bool,
+    },
+    /// Answer to [`MessageBody::InstallSnapshot`].
+    SnapshotResponse {
+        /// The snapshot's index.
+        index: u64,
+        /// The offset the follower expects next.
+        next_offset: u64,
+        /// The follower now holds everything up to `index`.
+        done: bool,
+    },
+    /// Leadership transfer: "campaign now, skipping pre-vote and lease".
+    TimeoutNow,
+}

@@ -1,0 +1,348 @@
+//! Raft log replication and commit rules. Injected time only.
+
+mod raft_harness;
+
+use raft_harness::{Net, id};
+use ticketing_core::raft::{
+    Entry, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft, RaftConfig, Role,
+};
+use ticketing_core::time::Instant;
+
+fn fast() -> RaftConfig {
+    RaftConfig::fast()
+}
+
+#[test]
+fn committed_entries_are_applied_everywhere_in_order() {
+    let mut net = Net::new(3, fast(), 7);
+    let leader = net.run_until_leader(5_000);
+    for k in 0..100u8 {
+        net.propose(leader, &[k]);
+        if k % 7 == 0 {
+            net.run_ms(3);
+        }
+    }
+    net.run_ms(1_000);
+    net.assert_converged(&net.ids());
+    let expected: Vec<Vec<u8>> = (0..100u8).map(|k| vec![k]).collect();
+    assert_eq!(net.nodes[&leader].app.commands(), expected);
+    net.check_log_matching();
+}
+
+#[test]
+fn followers_apply_only_committed_entries() {
+    let mut net = Net::new(3, fast(), 3);
+    let leader = net.run_until_leader(5_000);
+    let f: Vec<NodeId> = net.ids().into_iter().filter(|&n| n != leader).collect();
+    // f[0] receives entries but its acknowledgements are lost, and f[1] is
+    // cut off: nothing can commit.
+    net.cut(leader, f[1]);
+    net.filter = Some(Box::new(move |m: &Message| m.to != leader));
+    let before = net.raft(f[0]).commit_index();
+    for k in 0..5u8 {
+        net.propose(leader, &[k]);
+    }
+    net.run_ms(200);
+    let r = net.raft(f[0]);
+    let before = before.max(2);
+    assert_eq!(r.last_index(), before + 5, "the follower holds the entries");
+    assert_eq!(r.commit_index(), before, "but they are not committed");
+    assert_eq!(r.applied_index(), before, "and not applied");
+    assert!(net.nodes[&f[0]].app.applied.is_empty());
+}
+
+#[test]
+fn a_diverged_log_is_repaired_by_the_new_leader() {
+    for seed in 0..10 {
+        let mut net = Net::new(5, fast(), seed);
+        let old = net.run_until_leader(5_000);
+        // The old leader appends entries nobody else gets, then is cut off.
+        net.isolate(old);
+        for k in 0..20u8 {
+            net.propose(old, &[0xEE, k]);
+        }
+        let others: Vec<NodeId> = net.ids().into_iter().filter(|&n| n != old).collect();
+        let new = net.run_until_leader_other_than(Some(old), 5_000);
+        for k in 0..30u8 {
+            net.propose(new, &[0x11, k]);
+        }
+        net.run_ms(500);
+        net.recover();
+        net.run_ms(2_000);
+        assert_eq!(net.leader(), Some(new));
+        net.check_log_matching();
+        let r_old = net.raft(old);
+        let r_new = net.raft(new);
+        assert_eq!(r_old.last_index(), r_new.last_index());
+        for i in r_old.first_index()..=r_old.last_index() {
+            assert_eq!(r_old.entry(i), r_new.entry(i), "seed {seed} index {i}");
+        }
+        // None of the old leader's uncommitted entries survived anywhere.
+        for nid in net.ids() {
+            assert!(
+                net.nodes[&nid].app.commands().iter().all(|c| c[0] != 0xEE),
+                "seed {seed}: an uncommitted entry was applied"
+            );
+        }
+        net.assert_converged(&others);
+        net.assert_converged(&net.ids());
+    }
+}
+
+/// Drives a single node through messages built by hand.
+fn msg(from: NodeId, to: NodeId, term: u64, body: MessageBody) -> Message {
+    Message {
+        from,
+        to,
+        term,
+        body,
+    }
+}
+
+#[test]
+fn an_older_terms_entry_is_not_committed_by_counting_replicas_figure_8() {
+    // Figure 8 of the Raft paper, on the node that matters. S1 leads term 2
+    // and appends entry 3 (term 2) but replicates it to S2 only. S5 leads
+    // term 3 with its own entry 3 (not replicated). S1 then leads term 4:
+    // once entry 3 (term 2) is on a majority {S1, S2, S3} it must NOT be
+    // committed by counting — S5 could still win an election (its last term
+    // 3 beats 2) and overwrite it. Only when the term-4 no-op is on a
+    // majority are both committed.
+    let ids: Vec<NodeId> = (0..5).map(|s| id(s, 1)).collect();
+    let (s1, s2, s3) = (ids[0], ids[1], ids[2]);
+    let mut r = Raft::bootstrap(s1, ids.iter().copied(), fast(), 5, Instant::ZERO);
+    // S1's log as left by its term-2 leadership: [1:t1 cfg][2:t2 noop][3:t2 X].
+    r.step(
+        Instant::from_millis(1),
+        msg(
+            s2,
+            s1,
+            2,
+            MessageBody::Append {
+                prev_index: 1,
+                prev_term: 1,
+                entries: vec![
+                    Entry {
+                        index: 2,
+                        term: 2,
+                        kind: EntryKind::Noop,
+                    },
+                    Entry {
+                        index: 3,
+                        term: 2,
+                        kind: EntryKind::Command(b"X".to_vec()),
+                    },
+                ],
+                commit: 2,
+            },
+        ),
+    );
+    while r.poll_message().is_some() {}
+    assert_eq!(r.commit_index(), 2);
+    // Term 3 passes elsewhere; S1 learns of it.
+    r.step(
+        Instant::from_millis(2),
+        msg(ids[4], s1, 3, MessageBody::Heartbeat { commit: 2 }),
+    );
+    while r.poll_message().is_some() {}
+    // S1 times out and wins term 4 (S2, S3 grant).
+    let deadline = r.poll_timeout().unwrap();
+    r.handle_timeout(deadline);
+    assert_eq!(r.role(), Role::PreCandidate);
+    for &v in &[s2, s3] {
+        r.step(
+            deadline,
+            msg(v, s1, 4, MessageBody::PreVoteResponse { reject: false }),
+        );
+    }
+    assert_eq!(r.role(), Role::Candidate);
+    assert_eq!(r.term(), 4);
+    for &v in &[s2, s3] {
+        r.step(
+            deadline,
+            msg(v, s1, 4, MessageBody::VoteResponse { reject: false }),
+        );
+    }
+    assert_eq!(r.role(), Role::Leader);
+    assert_eq!(r.last_index(), 4, "term-4 no-op appended at 4");
+    assert_eq!(r.term_at(4), Some(4));
+    while r.poll_message().is_some() {}
+    let ack = |index: u64| MessageBody::AppendResponse {
+        reject: false,
+        index,
+        hint_index: 0,
+        hint_term: 0,
+    };
+    // S2 and S3 now hold entry 3 (term 2): 3 of 5, a majority — still not
+    // committed.
+    r.step(deadline, msg(s2, s1, 4, ack(3)));
+    r.step(deadline, msg(s3, s1, 4, ack(3)));
+    assert_eq!(r.match_index(s2), Some(3));
+    assert_eq!(r.match_index(s3), Some(3));
+    assert_eq!(
+        r.commit_index(),
+        2,
+        "committed an older term's entry by counting"
+    );
+    // The term-4 entry reaches the majority: everything up to it commits.
+    r.step(deadline, msg(s2, s1, 4, ack(4)));
+    assert_eq!(r.commit_index(), 2);
+    r.step(deadline, msg(s3, s1, 4, ack(4)));
+    assert_eq!(r.commit_index(), 4);
+}
+
+#[test]
+fn commit_index_never_decreases_under_partitions() {
+    // The harness asserts monotonic commit on every node after every input;
+    // this drives many leader changes to give it something to check.
+    for seed in 0..5 {
+        let mut net = Net::new(5, fast(), seed);
+        let ids = net.ids();
+        for round in 0..20u64 {
+            if let Some(l) = net.leader() {
+                for k in 0..5u8 {
+                    let _ = net.try_propose(l, &[round as u8, k]);
+                }
+            }
+            let victim = ids[(net.rng.below(5)) as usize];
+            net.isolate(victim);
+            net.run_ms(700);
+            net.recover();
+            net.run_ms(400);
+        }
+        net.run_ms(3_000);
+        net.check_log_matching();
+        net.assert_converged(&ids);
+    }
+}
+
+#[test]
+fn appends_are_batched_and_bounded() {
+    let cfg = RaftConfig {
+        max_append_entries: 8,
+        ..fast()
+    };
+    let mut net = Net::new(3, cfg, 11);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(500);
+    // 20 proposals before the next drain travel in batches of at most 8.
+    let now = net.now;
+    for k in 0..20u8 {
+        net.raft_mut(leader).propose(now, vec![k]).unwrap();
+    }
+    let mut sizes = Vec::new();
+    while let Some((_, m)) = net.raft_mut(leader).poll_message() {
+        if let MessageBody::Append { entries, .. } = m.body {
+            sizes.push(entries.len());
+        }
+    }
+    // Two followers, each 8 + 8 + 4.
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![4, 4, 8, 8, 8, 8]);
+}
+
+#[test]
+fn pipelining_is_bounded_by_the_inflight_window() {
+    let cfg = RaftConfig {
+        max_append_entries: 1,
+        max_inflight_appends: 4,
+        ..fast()
+    };
+    let mut net = Net::new(3, cfg, 12);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(500);
+    let now = net.now;
+    for k in 0..10u8 {
+        net.raft_mut(leader).propose(now, vec![k]).unwrap();
+    }
+    let mut per_peer = std::collections::BTreeMap::<NodeId, usize>::new();
+    while let Some((to, m)) = net.raft_mut(leader).poll_message() {
+        if matches!(m.body, MessageBody::Append { .. }) {
+            *per_peer.entry(to).or_default() += 1;
+        }
+    }
+    assert!(per_peer.values().all(|&n| n == 4), "{per_peer:?}");
+}
+
+#[test]
+fn proposals_past_the_uncommitted_limit_are_refused() {
+    let cfg = RaftConfig {
+        max_uncommitted_entries: 10,
+        ..fast()
+    };
+    let mut net = Net::new(3, cfg, 13);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(200);
+    for n in net.ids() {
+        if n != leader {
+            net.isolate(n);
+        }
+    }
+    let now = net.now;
+    let mut accepted = 0;
+    loop {
+        match net.raft_mut(leader).propose(now, vec![1]) {
+            Ok(_) => accepted += 1,
+            Err(e) => {
+                assert_eq!(e, ProposeError::Backpressure);
+                break;
+            }
+        }
+    }
+    assert_eq!(accepted, 10);
+    let big = vec![0u8; RaftConfig::default().max_entry_bytes + 1];
+    net.recover();
+    net.run_ms(300);
+    let now = net.now;
+    assert_eq!(
+        net.raft_mut(leader).propose(now, big),
+        Err(ProposeError::TooLarge)
+    );
+    assert!(net.try_propose(leader, &[2]));
+}
+
+#[test]
+fn a_follower_refuses_proposals_with_a_leader_hint() {
+    let mut net = Net::new(3, fast(), 14);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(100);
+    let f = net.ids().into_iter().find(|&n| n != leader).unwrap();
+    let now = net.now;
+    assert_eq!(
+        net.raft_mut(f).propose(now, vec![1]),
+        Err(ProposeError::NotLeader {
+            leader_hint: Some(leader)
+        })
+    );
+}
+
+#[test]
+fn leadership_events_are_reported() {
+    let mut net = Net::new(3, fast(), 15);
+    let leader = net.run_until_leader(5_000);
+    let evs = &net.nodes[&leader].events;
+    assert!(
+        evs.iter()
+            .any(|(_, e)| matches!(e, Event::BecameLeader { .. }))
+    );
+    assert!(
+        evs.iter().any(
+            |(_, e)| matches!(e, Event::LeaderChanged { leader: Some(l), .. } if *l == leader)
+        )
+    );
+    let f = net.ids().into_iter().find(|&n| n != leader).unwrap();
+    net.run_ms(100);
+    assert!(
+        net.nodes[&f].events.iter().any(
+            |(_, e)| matches!(e, Event::LeaderChanged { leader: Some(l), .. } if *l == leader)
+        )
+    );
+    net.isolate(leader);
+    net.run_ms(1_000);
+    assert!(
+        net.nodes[&leader]
+            .events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::SteppedDown { .. }))
+    );
+}
