@@ -293,7 +293,12 @@ impl LockTable {
                 Some(entry) => {
                     // FIFO: a key with waiters is never free for a newcomer,
                     // even if its holder is gone.
-                    if entry.queue.is_some() || entry.is_held_at(now_us) {
+                    let held = entry.is_held_at(now_us);
+                    #[cfg(feature = "planted-bugs")]
+                    let held = held
+                        && !(planted::active(planted::PlantedBug::GrantTwice)
+                            && entry.queue.is_none());
+                    if entry.queue.is_some() || held {
                         all_free = false;
                     }
                     some_queue_full |= entry.queue_len() >= limits.max_waiters_per_key;
@@ -722,6 +727,10 @@ impl LockTable {
     /// has a running lease. Only the front is looked at ("wake only the next
     /// waiter"); a set blocked elsewhere is retried when that key frees.
     fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) {
+        #[cfg(feature = "planted-bugs")]
+        if planted::active(planted::PlantedBug::SkipWaiter) {
+            self.plant_skip_waiter(key);
+        }
         let Some(entry) = self.keys.get(key) else {
             return;
         };
@@ -779,12 +788,80 @@ impl LockTable {
         });
     }
 
+    /// Planted bug: the second waiter of `key`, if it waits for this key
+    /// alone, jumps the front one.
+    #[cfg(feature = "planted-bugs")]
+    fn plant_skip_waiter(&mut self, key: &[u8]) {
+        let Some(queue) = self
+            .keys
+            .get_mut(key)
+            .and_then(|entry| entry.queue.as_mut())
+        else {
+            return;
+        };
+        if queue.len() >= 2
+            && self
+                .waiters
+                .get(&queue[1])
+                .is_some_and(|w| w.keys.len() == 1)
+        {
+            queue.swap(0, 1);
+        }
+    }
+
     fn issue_token(&mut self) -> u64 {
         let token = self.next_token;
+        #[cfg(feature = "planted-bugs")]
+        if planted::active(planted::PlantedBug::ReuseToken) && token.is_multiple_of(4) {
+            // Hand out the previous token a second time.
+            self.next_token = token + 1;
+            return token - 1;
+        }
         // Never wrap: a reused token would defeat fencing. Starting from
         // wall-clock microseconds this is ~580,000 years away.
         self.next_token = token.checked_add(1).expect("fencing tokens exhausted");
         token
+    }
+}
+
+/// Deliberate bugs for testing the simulator's checkers (`sim/`): each
+/// checker must catch at least one of these, so none is a check that cannot
+/// fail. Compiled only with the `planted-bugs` feature, and even then every
+/// mutation stays off until switched on for the current thread.
+#[cfg(feature = "planted-bugs")]
+#[doc(hidden)]
+pub mod planted {
+    use std::cell::Cell;
+
+    /// A mutation of the lock table or server.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum PlantedBug {
+        /// An acquire treats a held key without waiters as free: two live holders.
+        GrantTwice,
+        /// A token divisible by four is replaced by the previous token,
+        /// which is thereby issued twice.
+        ReuseToken,
+        /// A handoff grants the second waiter of a key before the first.
+        SkipWaiter,
+        /// A closed connection's grants that were never flushed to it are
+        /// not released.
+        ForgetGhostGrant,
+        /// A queued waiter whose wait ends gets no reply at all.
+        LoseWaiter,
+    }
+
+    thread_local! {
+        static ACTIVE: Cell<Option<PlantedBug>> = const { Cell::new(None) };
+    }
+
+    /// Switches `bug` on (or every bug off) for the current thread.
+    pub fn set(bug: Option<PlantedBug>) {
+        ACTIVE.with(|active| active.set(bug));
+    }
+
+    /// Whether `bug` is switched on for the current thread.
+    pub fn active(bug: PlantedBug) -> bool {
+        ACTIVE.with(|active| active.get() == Some(bug))
     }
 }
 

@@ -360,6 +360,18 @@ impl Server {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
                 LockEvent::TimedOut { waiter } => (waiter, None),
             };
+            #[cfg(feature = "planted-bugs")]
+            if token.is_none()
+                && crate::lock::planted::active(crate::lock::planted::PlantedBug::LoseWaiter)
+            {
+                // Forget the waiter without a reply.
+                if let Some(queued) = self.waiters.remove(&waiter)
+                    && let Some(conn) = self.conns.get_mut(&queued.conn)
+                {
+                    conn.queued.remove(&waiter);
+                }
+                continue;
+            }
             let Some(queued) = self.waiters.remove(&waiter) else {
                 debug_assert!(false, "lock event for unknown waiter {waiter:?}");
                 continue;
@@ -440,6 +452,11 @@ impl Server {
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
+        #[cfg(feature = "planted-bugs")]
+        if crate::lock::planted::active(crate::lock::planted::PlantedBug::ForgetGhostGrant) {
+            self.drain_lock_events(now);
+            return;
+        }
         for grant in conn.grants_unflushed.into_iter().chain(conn.grants_untaken) {
             // The holder never learned its token: release it now rather than
             // leave the key blocked until the lease ends. A token that is no
@@ -547,6 +564,21 @@ impl Server {
     /// True once [`Server::begin_shutdown`] was called.
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down
+    }
+
+    /// The lock table, read-only, for invariant checkers (the simulator).
+    #[doc(hidden)]
+    pub fn lock_table(&self) -> &LockTable {
+        &self.table
+    }
+
+    /// The bytes queued for `conn` and not yet taken, read-only, for
+    /// invariant checkers (the simulator reads replies as they are made).
+    #[doc(hidden)]
+    pub fn pending_transmit(&self, conn_id: ConnId) -> &[u8] {
+        self.conns
+            .get(&conn_id)
+            .map_or(&[], |conn| conn.outbound.as_slice())
     }
 
     /// Current counts.

@@ -1,0 +1,38 @@
+//! Entry points shared by the cargo-fuzz targets `fuzz/fuzz_targets/sim_*.rs`
+//! and the stable tests that replay their corpora (`sim/tests/fuzz_corpus.rs`),
+//! so CI exercises the same code without a nightly toolchain. Each function
+//! panics on a violated invariant.
+
+use crate::config::SimConfig;
+use crate::world::World;
+
+pub use crate::lock_model::sim_lock_table;
+
+/// A small, hostile world for fuzzing: few clients, a short safety phase,
+/// every fault kind on.
+pub fn fuzz_config() -> SimConfig {
+    SimConfig {
+        clients: 3,
+        max_acquires_per_client: 6,
+        safety_us: 6_000_000,
+        liveness_bound_us: 30_000_000,
+        wait_s_max: 3,
+        lease_s_max: 3,
+        max_keys: 4,
+        max_waiters_per_key: 2,
+        max_waiters_total: 4,
+        ..SimConfig::default()
+    }
+}
+
+/// Coverage-guided simulation: the fuzzer's bytes make every decision of
+/// the world (network delays and chunking, clocks, workload, faults), then
+/// every checker runs. Panics with the violations found.
+pub fn sim_schedule(data: &[u8]) {
+    let report = World::from_bytes(data, fuzz_config()).run();
+    assert!(
+        report.violations.is_empty(),
+        "violations: {:#?}",
+        report.violations
+    );
+}

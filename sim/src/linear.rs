@@ -1,0 +1,507 @@
+//! Linearizability of the client-observed history of one key against a
+//! sequential model of the FIFO lock with leases and fencing tokens
+//! (Wing & Gong search with memoisation, as in Porcupine).
+//!
+//! The model, per key: a holder (a known token, or an unknown one granted by
+//! a request whose answer was lost), the lease start of that holder, and the
+//! last token granted. Operations:
+//! - a grant with token `t` is legal at point `p` if the key is free at `p`
+//!   (no holder, or the holder's lease has run out by `p`, counted with the
+//!   server's clock as fast as the drift bound allows) and `t` exceeds every
+//!   earlier token;
+//! - `R` for token `t` is legal if `t` is the holder (lazy expiry: an expired
+//!   holder may still be released); `N` if it is not, or its lease has run
+//!   out; `R` frees the key;
+//! - an Indeterminate request may have had no effect, or its effect at any
+//!   point after its invocation (also after the client gave up);
+//! - a server restart (fixed point) forgets the holder but not the tokens.
+//!
+//! `T` and `B` replies constrain nothing here (the FIFO checker covers who
+//! may be granted) and are left out.
+
+use std::collections::HashSet;
+
+/// What one operation of a key's history did, as the client saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinOp {
+    /// Acquired with `token`; the server's lease is `lease_min_us` at least
+    /// in true time.
+    Granted {
+        /// The token.
+        token: u64,
+        /// The shortest true duration the server's lease can have.
+        lease_min_us: u64,
+    },
+    /// An acquire without a definite answer.
+    AcquireIndeterminate {
+        /// As for [`LinOp::Granted`].
+        lease_min_us: u64,
+    },
+    /// `R`/`G` for `token`.
+    Released {
+        /// The token.
+        token: u64,
+    },
+    /// `N` for `token`.
+    NotFound {
+        /// The token.
+        token: u64,
+    },
+    /// A release without a definite answer.
+    ReleaseIndeterminate {
+        /// The token.
+        token: u64,
+    },
+    /// The server restarted from nothing.
+    Restart,
+    /// The server's clock jumped forward: the current lease ends this much
+    /// earlier in true time.
+    LeaseCut {
+        /// The jump.
+        by_us: u64,
+    },
+}
+
+/// One operation with its real-time interval (true microseconds).
+#[derive(Clone, Copy, Debug)]
+pub struct LinEntry {
+    /// When the client called (or the restart happened).
+    pub invoke_us: u64,
+    /// When the client saw the answer; `u64::MAX` if it never did or the
+    /// answer was Indeterminate (the effect may come later).
+    pub respond_us: u64,
+    /// The operation and its answer.
+    pub op: LinOp,
+}
+
+/// Result of checking one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinResult {
+    /// A linearization exists.
+    Ok,
+    /// None exists.
+    Violation,
+    /// The search hit its state budget without an answer.
+    Inconclusive,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Holder {
+    Free,
+    Known {
+        token: u64,
+        since_us: u64,
+        lease_min_us: u64,
+    },
+    Unknown {
+        since_us: u64,
+        lease_min_us: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct State {
+    holder: Holder,
+    last_token: u64,
+    /// The latest linearization point so far.
+    at_us: u64,
+}
+
+impl Holder {
+    /// The earliest point at which the key is free.
+    fn free_from(&self) -> u64 {
+        match *self {
+            Holder::Free => 0,
+            Holder::Known {
+                since_us,
+                lease_min_us,
+                ..
+            }
+            | Holder::Unknown {
+                since_us,
+                lease_min_us,
+            } => since_us.saturating_add(lease_min_us),
+        }
+    }
+}
+
+/// Most histories need a few hundred states; this bounds a pathological one.
+const STATE_BUDGET: usize = 200_000;
+
+/// Longest history checked (the done-set is a `u128`).
+pub const MAX_OPS: usize = 128;
+
+/// Checks `history` (any order; at most [`MAX_OPS`] entries).
+pub fn check(history: &[LinEntry]) -> LinResult {
+    if history.len() > MAX_OPS {
+        return LinResult::Inconclusive;
+    }
+    let mut ops: Vec<LinEntry> = history.to_vec();
+    ops.sort_by_key(|entry| (entry.invoke_us, entry.respond_us));
+    let mut search = Search {
+        ops: &ops,
+        seen: HashSet::new(),
+        budget_hit: false,
+    };
+    let start = State {
+        holder: Holder::Free,
+        last_token: 0,
+        at_us: 0,
+    };
+    if search.dfs(0, start) {
+        LinResult::Ok
+    } else if search.budget_hit {
+        LinResult::Inconclusive
+    } else {
+        LinResult::Violation
+    }
+}
+
+struct Search<'a> {
+    ops: &'a [LinEntry],
+    seen: HashSet<(u128, State)>,
+    budget_hit: bool,
+}
+
+impl Search<'_> {
+    fn dfs(&mut self, done: u128, state: State) -> bool {
+        let all = if self.ops.len() == 128 {
+            u128::MAX
+        } else {
+            (1u128 << self.ops.len()) - 1
+        };
+        if done == all {
+            return true;
+        }
+        if self.seen.len() >= STATE_BUDGET {
+            self.budget_hit = true;
+            return false;
+        }
+        if !self.seen.insert((done, state)) {
+            return false;
+        }
+        // Any pending op may go next if it was invoked before every pending
+        // op's response (otherwise that op must come first).
+        let mut horizon = u64::MAX;
+        for (i, op) in self.ops.iter().enumerate() {
+            if done & (1 << i) == 0 {
+                horizon = horizon.min(op.respond_us);
+            }
+        }
+        for i in 0..self.ops.len() {
+            if done & (1 << i) != 0 {
+                continue;
+            }
+            let op = self.ops[i];
+            if op.invoke_us > horizon {
+                break;
+            }
+            for next in apply(state, &op) {
+                if self.dfs(done | (1 << i), next) {
+                    return true;
+                }
+            }
+            if self.budget_hit {
+                return false;
+            }
+        }
+        false
+    }
+}
+
+/// The states `op` may lead to from `state` (none: illegal here).
+fn apply(state: State, entry: &LinEntry) -> Vec<State> {
+    let earliest = state.at_us.max(entry.invoke_us);
+    let mut out = Vec::new();
+    let at = |point: u64| (point <= entry.respond_us).then_some(point);
+    match entry.op {
+        LinOp::Restart => {
+            if let Some(p) = at(earliest) {
+                out.push(State {
+                    holder: Holder::Free,
+                    at_us: p,
+                    ..state
+                });
+            }
+        }
+        LinOp::LeaseCut { by_us } => {
+            if let Some(p) = at(earliest) {
+                let holder = match state.holder {
+                    Holder::Known {
+                        token,
+                        since_us,
+                        lease_min_us,
+                    } => Holder::Known {
+                        token,
+                        since_us,
+                        lease_min_us: lease_min_us.saturating_sub(by_us),
+                    },
+                    Holder::Unknown {
+                        since_us,
+                        lease_min_us,
+                    } => Holder::Unknown {
+                        since_us,
+                        lease_min_us: lease_min_us.saturating_sub(by_us),
+                    },
+                    Holder::Free => Holder::Free,
+                };
+                out.push(State {
+                    holder,
+                    at_us: p,
+                    ..state
+                });
+            }
+        }
+        LinOp::Granted {
+            token,
+            lease_min_us,
+        } => {
+            if token > state.last_token
+                && let Some(p) = at(earliest.max(state.holder.free_from()))
+            {
+                out.push(State {
+                    holder: Holder::Known {
+                        token,
+                        since_us: p,
+                        lease_min_us,
+                    },
+                    last_token: token,
+                    at_us: p,
+                });
+            }
+        }
+        LinOp::AcquireIndeterminate { lease_min_us } => {
+            out.push(state);
+            if let Some(p) = at(earliest.max(state.holder.free_from())) {
+                out.push(State {
+                    holder: Holder::Unknown {
+                        since_us: p,
+                        lease_min_us,
+                    },
+                    at_us: p,
+                    ..state
+                });
+            }
+        }
+        LinOp::Released { token } => {
+            if matches!(state.holder, Holder::Known { token: t, .. } if t == token)
+                && let Some(p) = at(earliest)
+            {
+                out.push(State {
+                    holder: Holder::Free,
+                    at_us: p,
+                    ..state
+                });
+            }
+        }
+        LinOp::NotFound { token } => {
+            let point = match state.holder {
+                Holder::Known { token: t, .. } if t == token => {
+                    earliest.max(state.holder.free_from())
+                }
+                _ => earliest,
+            };
+            if let Some(p) = at(point) {
+                out.push(State { at_us: p, ..state });
+            }
+        }
+        LinOp::ReleaseIndeterminate { token } => {
+            out.push(state);
+            if matches!(state.holder, Holder::Known { token: t, .. } if t == token) {
+                out.push(State {
+                    holder: Holder::Free,
+                    at_us: earliest,
+                    ..state
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(invoke_us: u64, respond_us: u64, op: LinOp) -> LinEntry {
+        LinEntry {
+            invoke_us,
+            respond_us,
+            op,
+        }
+    }
+
+    const LEASE: u64 = 1_000;
+
+    #[test]
+    fn sequential_grants_and_releases_are_linearizable() {
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(20, 30, LinOp::Released { token: 5 }),
+            entry(
+                40,
+                50,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(60, 70, LinOp::NotFound { token: 5 }),
+        ];
+        assert_eq!(check(&history), LinResult::Ok);
+    }
+
+    #[test]
+    fn two_overlapping_live_grants_are_not() {
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(
+                20,
+                30,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Violation);
+        // After the lease has run out the second grant is fine.
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(
+                2_000,
+                2_010,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Ok);
+    }
+
+    #[test]
+    fn tokens_must_rise_even_across_a_restart() {
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(20, 20, LinOp::Restart),
+            entry(
+                30,
+                40,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Violation);
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(20, 20, LinOp::Restart),
+            entry(
+                30,
+                40,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Ok);
+    }
+
+    #[test]
+    fn an_indeterminate_acquire_may_block_or_not() {
+        // It may have taken effect and blocked until its lease ran out...
+        let history = [
+            entry(
+                0,
+                u64::MAX,
+                LinOp::AcquireIndeterminate {
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(
+                5_000,
+                5_010,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Ok);
+        // ...but a release of a token nobody was granted is never `R`.
+        let history = [
+            entry(
+                0,
+                u64::MAX,
+                LinOp::AcquireIndeterminate {
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(50, 60, LinOp::Released { token: 9 }),
+        ];
+        assert_eq!(check(&history), LinResult::Violation);
+    }
+
+    #[test]
+    fn a_concurrent_release_orders_either_way() {
+        // The release of 5 overlaps the grant of 6: it must go first.
+        let history = [
+            entry(
+                0,
+                10,
+                LinOp::Granted {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(20, 40, LinOp::Released { token: 5 }),
+            entry(
+                25,
+                35,
+                LinOp::Granted {
+                    token: 6,
+                    lease_min_us: LEASE,
+                },
+            ),
+        ];
+        assert_eq!(check(&history), LinResult::Ok);
+    }
+}

@@ -1,0 +1,678 @@
+//! The lock table against a naive reference model, driven by arbitrary
+//! operation sequences (the `sim_lock_table` fuzz target). The model and the
+//! harness are those of `core/tests/lock_matrix.rs` (a proptest there);
+//! here a fuzzer's bytes choose the operations. Panics on any difference.
+
+use ticketing_core::lock::{
+    AcquireOutcome, Limits, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
+};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{Key, KeyGroup};
+
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+/// Runs start away from the clock's origin so that "before" is expressible.
+const START_US: u64 = 1_000_000_000;
+const SECOND_US: u64 = 1_000_000;
+const MARGIN_US: u64 = 100_000;
+
+/// The rules of the table written the slow, obvious way: vectors, linear
+/// scans, no heaps, every sweep run one by one.
+mod model {
+    use super::*;
+
+    pub struct ModelKey {
+        pub name: Vec<u8>,
+        pub token: u64,
+        pub lease_deadline_us: u64,
+        pub group_len: usize,
+        pub queue: Vec<u64>,
+    }
+
+    pub struct ModelWaiter {
+        pub seq: u64,
+        pub id: WaiterId,
+        pub keys: Vec<Vec<u8>>,
+        pub lease_s: u8,
+        pub wait_deadline_us: u64,
+    }
+
+    pub struct Model {
+        pub limits: Limits,
+        pub margin_us: u64,
+        pub sweep_interval_us: u64,
+        pub next_sweep_us: u64,
+        pub next_token: u64,
+        pub next_seq: u64,
+        pub last_now_us: u64,
+        pub keys: Vec<ModelKey>,
+        pub waiters: Vec<ModelWaiter>,
+        pub events: Vec<LockEvent>,
+    }
+
+    fn held_at(key: &ModelKey, at_us: u64) -> bool {
+        key.token != 0 && key.lease_deadline_us > at_us
+    }
+
+    impl Model {
+        pub fn new(config: LockConfig, first_token: u64, now_us: u64) -> Model {
+            let sweep_interval_us = config.sweep_interval.as_micros() as u64;
+            Model {
+                limits: config.limits,
+                margin_us: config.wait_margin.as_micros() as u64,
+                sweep_interval_us,
+                next_sweep_us: now_us + sweep_interval_us,
+                next_token: first_token,
+                next_seq: 0,
+                last_now_us: now_us,
+                keys: Vec::new(),
+                waiters: Vec::new(),
+                events: Vec::new(),
+            }
+        }
+
+        fn key(&self, name: &[u8]) -> Option<&ModelKey> {
+            self.keys.iter().find(|key| key.name == name)
+        }
+
+        fn key_mut(&mut self, name: &[u8]) -> Option<&mut ModelKey> {
+            self.keys.iter_mut().find(|key| key.name == name)
+        }
+
+        fn advance(&mut self, now_us: u64) -> u64 {
+            let now_us = now_us.max(self.last_now_us);
+            self.last_now_us = now_us;
+            loop {
+                let wait = self
+                    .waiters
+                    .iter()
+                    .filter(|w| w.wait_deadline_us <= now_us)
+                    .map(|w| (w.wait_deadline_us, w.seq))
+                    .min();
+                let lease = self
+                    .keys
+                    .iter()
+                    .filter(|k| k.token != 0 && !k.queue.is_empty())
+                    .filter(|k| k.lease_deadline_us <= now_us)
+                    .map(|k| (k.lease_deadline_us, k.token, k.name.clone()))
+                    .min();
+                let sweep = (self.next_sweep_us <= now_us).then_some(self.next_sweep_us);
+                // Ties: wait deadlines, then lease deadlines, then the sweep.
+                let mut next: Option<(u64, u8)> = wait.map(|(t, _)| (t, 0));
+                if let Some((t, _, _)) = lease
+                    && next.is_none_or(|(best, _)| t < best)
+                {
+                    next = Some((t, 1));
+                }
+                if let Some(t) = sweep
+                    && next.is_none_or(|(best, _)| t < best)
+                {
+                    next = Some((t, 2));
+                }
+                match next {
+                    None => break,
+                    Some((t, 0)) => self.remove_waiter(wait.unwrap().1, t, now_us, true),
+                    Some((t, 1)) => {
+                        let name = lease.unwrap().2;
+                        self.key_mut(&name).unwrap().token = 0;
+                        self.grant_front(&name, t, now_us);
+                    }
+                    Some((t, _)) => {
+                        self.keys.retain(|k| !k.queue.is_empty() || held_at(k, t));
+                        self.next_sweep_us += self.sweep_interval_us;
+                    }
+                }
+            }
+            now_us
+        }
+
+        fn remove_waiter(&mut self, seq: u64, at_us: u64, now_us: u64, timed_out: bool) {
+            let index = self.waiters.iter().position(|w| w.seq == seq).unwrap();
+            let waiter = self.waiters.remove(index);
+            if timed_out {
+                self.events.push(LockEvent::TimedOut { waiter: waiter.id });
+            }
+            let mut fronts = Vec::new();
+            for name in &waiter.keys {
+                let key = self.key_mut(name).unwrap();
+                let position = key.queue.iter().position(|&s| s == seq).unwrap();
+                key.queue.remove(position);
+                if position == 0 {
+                    fronts.push(name.clone());
+                }
+                if key.queue.is_empty() && key.token == 0 {
+                    self.keys.retain(|k| k.name != *name);
+                }
+            }
+            for name in fronts {
+                self.grant_front(&name, at_us, now_us);
+            }
+        }
+
+        fn grant_front(&mut self, name: &[u8], at_us: u64, now_us: u64) {
+            let Some(key) = self.key(name) else { return };
+            if held_at(key, at_us) {
+                return;
+            }
+            let Some(&seq) = key.queue.first() else {
+                return;
+            };
+            let index = self.waiters.iter().position(|w| w.seq == seq).unwrap();
+            let all_ready = self.waiters[index].keys.iter().all(|name| {
+                let key = self.key(name).unwrap();
+                key.queue.first() == Some(&seq) && !held_at(key, at_us)
+            });
+            if !all_ready {
+                return;
+            }
+            let waiter = self.waiters.remove(index);
+            let token = self.next_token;
+            self.next_token += 1;
+            for name in &waiter.keys {
+                let key = self.key_mut(name).unwrap();
+                key.queue.remove(0);
+                key.token = token;
+                key.lease_deadline_us = now_us + u64::from(waiter.lease_s) * SECOND_US;
+                key.group_len = waiter.keys.len();
+            }
+            self.events.push(LockEvent::Granted {
+                waiter: waiter.id,
+                token,
+            });
+        }
+
+        pub fn acquire(
+            &mut self,
+            now_us: u64,
+            id: WaiterId,
+            names: &[Vec<u8>],
+            wait_s: u8,
+            lease_s: u8,
+        ) -> AcquireOutcome {
+            let now_us = self.advance(now_us);
+            let new_keys = names.iter().filter(|n| self.key(n).is_none()).count();
+            let all_free = names.iter().all(|n| {
+                self.key(n)
+                    .is_none_or(|k| k.queue.is_empty() && !held_at(k, now_us))
+            });
+            let over_keys = self.keys.len() + new_keys > self.limits.max_keys;
+            if all_free {
+                if over_keys {
+                    return AcquireOutcome::Busy;
+                }
+                let token = self.next_token;
+                self.next_token += 1;
+                for name in names {
+                    if self.key(name).is_none() {
+                        self.keys.push(ModelKey {
+                            name: name.clone(),
+                            token: 0,
+                            lease_deadline_us: 0,
+                            group_len: 0,
+                            queue: Vec::new(),
+                        });
+                    }
+                    let key = self.key_mut(name).unwrap();
+                    key.token = token;
+                    key.lease_deadline_us = now_us + u64::from(lease_s) * SECOND_US;
+                    key.group_len = names.len();
+                }
+                return AcquireOutcome::Granted { token };
+            }
+            if wait_s == 0 {
+                return AcquireOutcome::TimedOut;
+            }
+            let queue_full = names.iter().any(|n| {
+                self.key(n)
+                    .is_some_and(|k| k.queue.len() >= self.limits.max_waiters_per_key)
+            });
+            if over_keys || queue_full || self.waiters.len() >= self.limits.max_waiters_total {
+                return AcquireOutcome::Busy;
+            }
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            for name in names {
+                if self.key(name).is_none() {
+                    self.keys.push(ModelKey {
+                        name: name.clone(),
+                        token: 0,
+                        lease_deadline_us: 0,
+                        group_len: 0,
+                        queue: Vec::new(),
+                    });
+                }
+                let key = self.key_mut(name).unwrap();
+                if !held_at(key, now_us) {
+                    key.token = 0;
+                }
+                key.queue.push(seq);
+            }
+            let wait_deadline_us = (now_us + u64::from(wait_s) * SECOND_US)
+                .saturating_sub(self.margin_us)
+                .max(now_us);
+            self.waiters.push(ModelWaiter {
+                seq,
+                id,
+                keys: names.to_vec(),
+                lease_s,
+                wait_deadline_us,
+            });
+            AcquireOutcome::Queued
+        }
+
+        pub fn release(&mut self, now_us: u64, names: &[Vec<u8>], token: u64) -> ReleaseOutcome {
+            let now_us = self.advance(now_us);
+            if token == 0 {
+                return ReleaseOutcome::NotFound;
+            }
+            let matched: Vec<&ModelKey> = names
+                .iter()
+                .filter_map(|n| self.key(n))
+                .filter(|k| k.token == token)
+                .collect();
+            let Some(first) = matched.first() else {
+                return ReleaseOutcome::NotFound;
+            };
+            if matched.len() != names.len() || first.group_len != names.len() {
+                return if first.lease_deadline_us > now_us {
+                    ReleaseOutcome::GroupMismatch
+                } else {
+                    ReleaseOutcome::NotFound
+                };
+            }
+            for name in names {
+                let key = self.key_mut(name).unwrap();
+                if key.queue.is_empty() {
+                    self.keys.retain(|k| k.name != *name);
+                } else {
+                    key.token = 0;
+                }
+            }
+            for name in names {
+                self.grant_front(name, now_us, now_us);
+            }
+            ReleaseOutcome::Released
+        }
+
+        pub fn cancel(&mut self, now_us: u64, id: WaiterId) -> bool {
+            let now_us = self.advance(now_us);
+            match self.waiters.iter().find(|w| w.id == id) {
+                Some(waiter) => {
+                    self.remove_waiter(waiter.seq, now_us, now_us, false);
+                    true
+                }
+                None => false,
+            }
+        }
+
+        pub fn time_out_all_waiters(&mut self, now_us: u64) {
+            self.advance(now_us);
+            self.waiters.sort_by_key(|w| w.seq);
+            for waiter in self.waiters.drain(..) {
+                self.events.push(LockEvent::TimedOut { waiter: waiter.id });
+            }
+            for key in &mut self.keys {
+                key.queue.clear();
+            }
+            self.keys.retain(|k| k.token != 0);
+        }
+
+        pub fn handle_timeout(&mut self, now_us: u64) {
+            self.advance(now_us);
+        }
+
+        pub fn poll_timeout(&self) -> u64 {
+            let wait = self.waiters.iter().map(|w| w.wait_deadline_us).min();
+            let lease = self
+                .keys
+                .iter()
+                .filter(|k| k.token != 0 && !k.queue.is_empty())
+                .map(|k| k.lease_deadline_us)
+                .min();
+            [wait, lease]
+                .into_iter()
+                .flatten()
+                .fold(self.next_sweep_us, u64::min)
+        }
+
+        pub fn stats(&self) -> LockStats {
+            LockStats {
+                keys: self.keys.len(),
+                held_keys: self
+                    .keys
+                    .iter()
+                    .filter(|k| held_at(k, self.last_now_us))
+                    .count(),
+                waiters: self.waiters.len(),
+                next_token: self.next_token,
+            }
+        }
+
+        pub fn holder(&self, name: &[u8]) -> Option<(u64, u64)> {
+            self.key(name)
+                .filter(|k| k.token != 0)
+                .map(|k| (k.token, k.lease_deadline_us))
+        }
+
+        pub fn queue_len(&self, name: &[u8]) -> usize {
+            self.key(name).map_or(0, |k| k.queue.len())
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        key_mask: u8,
+        wait_s: u8,
+        lease_s: u8,
+    },
+    /// Release the grant `pick` (modulo grants seen) under its own group.
+    ReleaseGrant {
+        pick: usize,
+    },
+    /// Release under the token of grant `pick` but an arbitrary group.
+    ReleaseOther {
+        pick: usize,
+        key_mask: u8,
+    },
+    /// Release with a token that was never issued (or 0).
+    ReleaseBogus {
+        key_mask: u8,
+        token: u64,
+    },
+    Cancel {
+        pick: usize,
+    },
+    /// Moves the clock without telling the table (a late driver).
+    Sleep {
+        micros: u64,
+    },
+    HandleTimeout,
+    /// Jumps to the table's own next deadline (a punctual driver).
+    JumpToDeadline,
+    TimeOutAll,
+}
+
+const UNIVERSE: [&str; 4] = ["a", "b", "c", "d"];
+
+fn names(key_mask: u8) -> Vec<Vec<u8>> {
+    UNIVERSE
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| key_mask & (1 << i) != 0)
+        .map(|(_, name)| name.as_bytes().to_vec())
+        .collect()
+}
+
+fn key_group(names: &[Vec<u8>]) -> KeyGroup {
+    KeyGroup::new(names.iter().map(|n| Key::new(n).unwrap()).collect()).unwrap()
+}
+
+/// A grant seen from outside, for the safety checks.
+struct SeenGrant {
+    token: u64,
+    keys: Vec<Vec<u8>>,
+    lease_deadline_us: u64,
+    released: bool,
+}
+
+struct Harness {
+    table: LockTable,
+    model: model::Model,
+    now_us: u64,
+    next_waiter: u64,
+    /// Queued waiters (id → keys, lease) not yet resolved.
+    queued: Vec<(WaiterId, Vec<Vec<u8>>, u8)>,
+    grants: Vec<SeenGrant>,
+    last_token: u64,
+}
+
+impl Harness {
+    fn new(config: LockConfig) -> Harness {
+        Harness {
+            table: LockTable::new(config, FIRST_TOKEN, Instant::from_micros(START_US)),
+            model: model::Model::new(config, FIRST_TOKEN, START_US),
+            now_us: START_US,
+            next_waiter: 1,
+            queued: Vec::new(),
+            grants: Vec::new(),
+            last_token: 0,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_micros(self.now_us)
+    }
+
+    /// Safety: a new grant is above every earlier token and overlaps no other
+    /// grant whose lease is still running and which was not released.
+    fn record_grant(&mut self, token: u64, keys: Vec<Vec<u8>>, lease_s: u8) {
+        assert!(token > self.last_token, "token {token} not increasing");
+        self.last_token = token;
+        for other in &self.grants {
+            let live = !other.released && other.lease_deadline_us > self.now_us;
+            let overlaps = other.keys.iter().any(|k| keys.contains(k));
+            assert!(
+                !(live && overlaps),
+                "token {token} granted over live token {}",
+                other.token
+            );
+        }
+        self.grants.push(SeenGrant {
+            token,
+            keys,
+            lease_deadline_us: self.now_us + u64::from(lease_s) * SECOND_US,
+            released: false,
+        });
+    }
+
+    fn run(&mut self, op: &Op) {
+        let now = self.now();
+        match *op {
+            Op::Acquire {
+                key_mask,
+                wait_s,
+                lease_s,
+            } => {
+                let names = names(key_mask);
+                let id = WaiterId(self.next_waiter);
+                self.next_waiter += 1;
+                let got = self
+                    .table
+                    .acquire(now, id, key_group(&names), wait_s, lease_s);
+                let want = self.model.acquire(self.now_us, id, &names, wait_s, lease_s);
+                assert_eq!(got, want, "acquire {names:?}");
+                self.check_events();
+                match got {
+                    AcquireOutcome::Granted { token } => self.record_grant(token, names, lease_s),
+                    AcquireOutcome::Queued => self.queued.push((id, names, lease_s)),
+                    AcquireOutcome::TimedOut | AcquireOutcome::Busy => {}
+                }
+            }
+            Op::ReleaseGrant { pick } => {
+                if self.grants.is_empty() {
+                    return;
+                }
+                let grant = &self.grants[pick % self.grants.len()];
+                let (names, token) = (grant.keys.clone(), grant.token);
+                self.release(&names, token);
+            }
+            Op::ReleaseOther { pick, key_mask } => {
+                if self.grants.is_empty() {
+                    return;
+                }
+                let token = self.grants[pick % self.grants.len()].token;
+                self.release(&names(key_mask), token);
+            }
+            Op::ReleaseBogus { key_mask, token } => self.release(&names(key_mask), token),
+            Op::Cancel { pick } => {
+                let id = WaiterId(pick as u64 % self.next_waiter);
+                let got = self.table.cancel(now, id);
+                let want = self.model.cancel(self.now_us, id);
+                assert_eq!(got, want, "cancel {id:?}");
+                if got {
+                    self.queued.retain(|(queued, _, _)| *queued != id);
+                }
+                self.check_events();
+            }
+            Op::Sleep { micros } => self.now_us += micros,
+            Op::HandleTimeout => {
+                self.table.handle_timeout(now);
+                self.model.handle_timeout(self.now_us);
+                self.check_events();
+            }
+            Op::JumpToDeadline => {
+                let deadline = self.table.poll_timeout().unwrap().as_micros();
+                self.now_us = self.now_us.max(deadline);
+                self.table.handle_timeout(self.now());
+                self.model.handle_timeout(self.now_us);
+                self.check_events();
+            }
+            Op::TimeOutAll => {
+                self.table.time_out_all_waiters(now);
+                self.model.time_out_all_waiters(self.now_us);
+                self.check_events();
+                assert!(self.queued.is_empty());
+            }
+        }
+        self.check_state();
+    }
+
+    fn release(&mut self, names: &[Vec<u8>], token: u64) {
+        let got = self.table.release(self.now(), &key_group(names), token);
+        let want = self.model.release(self.now_us, names, token);
+        assert_eq!(got, want, "release {names:?} with {token}");
+        if got == ReleaseOutcome::Released {
+            let grant = self.grants.iter_mut().find(|g| g.token == token).unwrap();
+            assert!(!grant.released, "token {token} released twice");
+            assert_eq!(grant.keys, names, "released under another group");
+            grant.released = true;
+        }
+        self.check_events();
+    }
+
+    /// Same events as the model, each for a waiter that was queued and is
+    /// resolved exactly once.
+    fn check_events(&mut self) {
+        let got: Vec<LockEvent> = std::iter::from_fn(|| self.table.poll_event()).collect();
+        let want = std::mem::take(&mut self.model.events);
+        assert_eq!(got, want, "events");
+        for event in got {
+            let waiter = match event {
+                LockEvent::Granted { waiter, .. } | LockEvent::TimedOut { waiter } => waiter,
+            };
+            let index = self
+                .queued
+                .iter()
+                .position(|(id, _, _)| *id == waiter)
+                .expect("event for a waiter that is not queued");
+            let (_, names, lease_s) = self.queued.remove(index);
+            if let LockEvent::Granted { token, .. } = event {
+                self.record_grant(token, names, lease_s);
+            }
+        }
+    }
+
+    fn check_state(&self) {
+        assert_eq!(self.table.stats(), self.model.stats(), "stats");
+        assert_eq!(
+            self.table.poll_timeout().map(Instant::as_micros),
+            Some(self.model.poll_timeout()),
+            "poll_timeout"
+        );
+        assert_eq!(self.table.stats().waiters, self.queued.len());
+        for name in UNIVERSE {
+            let name = name.as_bytes();
+            assert_eq!(
+                self.table
+                    .holder(name)
+                    .map(|(token, deadline)| (token, deadline.as_micros())),
+                self.model.holder(name),
+                "holder of {name:?}"
+            );
+            assert_eq!(self.table.queue_len(name), self.model.queue_len(name));
+        }
+    }
+}
+
+/// Reads one operation from `data`, or `None` when it is used up.
+fn next_op(data: &mut &[u8]) -> Option<Op> {
+    let (&kind, rest) = data.split_first()?;
+    *data = rest;
+    let mut byte = || {
+        let (&first, rest) = data.split_first().unwrap_or((&0, &[]));
+        *data = rest;
+        first
+    };
+    Some(match kind % 21 {
+        0..=5 => Op::Acquire {
+            key_mask: 1 + byte() % 15,
+            wait_s: byte() % 4,
+            lease_s: 1 + byte() % 3,
+        },
+        6..=8 => Op::ReleaseGrant {
+            pick: usize::from(byte()),
+        },
+        9 => Op::ReleaseOther {
+            pick: usize::from(byte()),
+            key_mask: 1 + byte() % 15,
+        },
+        10 => Op::ReleaseBogus {
+            key_mask: 1 + byte() % 15,
+            token: u64::from(byte()),
+        },
+        11 | 12 => Op::Cancel {
+            pick: usize::from(byte()),
+        },
+        13..=15 => Op::Sleep {
+            micros: match byte() % 3 {
+                0 => u64::from(byte()) * 8,
+                1 => u64::from(byte()) * 6_000,
+                _ => u64::from(byte()) * 32_000,
+            },
+        },
+        16 | 17 => Op::HandleTimeout,
+        18 | 19 => Op::JumpToDeadline,
+        _ => Op::TimeOutAll,
+    })
+}
+
+/// Drives a [`LockTable`] and the reference model with the operations
+/// `data` encodes (first byte: limits) and panics on any difference in
+/// outcomes, events, holders, queues, stats or deadlines, on a token that
+/// does not rise, on two live grants of a key, and if waits or keys outlive
+/// every deadline.
+pub fn sim_lock_table(data: &[u8]) {
+    let Some((&limits_byte, mut data)) = data.split_first() else {
+        return;
+    };
+    let limits = if limits_byte & 1 == 0 {
+        Limits::default()
+    } else {
+        Limits {
+            max_keys: 1 + usize::from(limits_byte >> 1) % 5,
+            max_waiters_per_key: 1 + usize::from(limits_byte >> 4) % 3,
+            max_waiters_total: 1 + usize::from(limits_byte >> 6) % 5,
+        }
+    };
+    let config = LockConfig {
+        limits,
+        wait_margin: Duration::from_micros(MARGIN_US),
+        sweep_interval: Duration::from_secs(5),
+    };
+    let mut harness = Harness::new(config);
+    // Bounded, so one input is one short run.
+    for _ in 0..512 {
+        let Some(op) = next_op(&mut data) else {
+            break;
+        };
+        harness.run(&op);
+    }
+    // Liveness: with time, every wait ends and every key goes away.
+    harness.now_us += 300 * SECOND_US;
+    harness.run(&Op::HandleTimeout);
+    assert!(harness.queued.is_empty(), "waiters outlived every deadline");
+    harness.now_us += 10 * SECOND_US;
+    harness.run(&Op::HandleTimeout);
+    assert_eq!(harness.table.stats().keys, 0, "keys outlived every lease");
+}

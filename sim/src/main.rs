@@ -1,0 +1,224 @@
+//! `ticketing-sim`: run many seeds, or replay one with a trace.
+//!
+//! ```text
+//! ticketing-sim --seeds 0..10000          # summary over a range
+//! ticketing-sim --seed 42 --trace         # replay one seed, event by event
+//! ticketing-sim --seed 42 --planted grant-twice   # with --features planted-bugs
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ticketing_sim::{RunReport, SimConfig, World};
+
+struct Args {
+    seeds: std::ops::Range<u64>,
+    trace: bool,
+    /// Print every seed's trace hash (compare two processes for determinism).
+    hashes: bool,
+    /// Bigger, busier worlds than the swarm default.
+    stress: bool,
+    /// Chance per server write of a partial write, ppm (off by default).
+    partial_writes_ppm: u32,
+    /// Replay a `sim_schedule` fuzz input instead of seeds.
+    bytes: Option<String>,
+    quiet: bool,
+    #[cfg_attr(not(feature = "planted-bugs"), allow(dead_code))]
+    planted: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        seeds: 0..100,
+        trace: false,
+        hashes: false,
+        stress: false,
+        bytes: None,
+        partial_writes_ppm: 0,
+        quiet: false,
+        planted: None,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--seeds" => {
+                let value = iter.next().ok_or("--seeds needs A..B")?;
+                let (a, b) = value.split_once("..").ok_or("--seeds needs A..B")?;
+                let a = a.parse().map_err(|_| "bad seed")?;
+                let b = b.parse().map_err(|_| "bad seed")?;
+                args.seeds = a..b;
+            }
+            "--seed" => {
+                let value: u64 = iter
+                    .next()
+                    .ok_or("--seed needs N")?
+                    .parse()
+                    .map_err(|_| "bad seed")?;
+                args.seeds = value..value + 1;
+            }
+            "--trace" => args.trace = true,
+            "--hashes" => args.hashes = true,
+            "--stress" => args.stress = true,
+            "--partial-writes" => {
+                args.partial_writes_ppm = iter
+                    .next()
+                    .ok_or("--partial-writes needs a rate in ppm")?
+                    .parse()
+                    .map_err(|_| "bad rate")?;
+            }
+            "--bytes" => args.bytes = Some(iter.next().ok_or("--bytes needs a file")?),
+            "--quiet" => args.quiet = true,
+            "--planted" => args.planted = Some(iter.next().ok_or("--planted needs a name")?),
+            "--help" | "-h" => {
+                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--bytes FUZZ_INPUT [--trace]] [--planted NAME]".into());
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+#[cfg(feature = "planted-bugs")]
+fn plant(name: &Option<String>) -> Result<(), String> {
+    use ticketing_core::lock::planted::{self, PlantedBug};
+    let bug = match name.as_deref() {
+        None => None,
+        Some("grant-twice") => Some(PlantedBug::GrantTwice),
+        Some("reuse-token") => Some(PlantedBug::ReuseToken),
+        Some("skip-waiter") => Some(PlantedBug::SkipWaiter),
+        Some("forget-ghost-grant") => Some(PlantedBug::ForgetGhostGrant),
+        Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
+        Some(other) => return Err(format!("unknown planted bug {other}")),
+    };
+    planted::set(bug);
+    Ok(())
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+fn plant(name: &Option<String>) -> Result<(), String> {
+    match name {
+        None => Ok(()),
+        Some(_) => Err("built without --features planted-bugs".into()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(message) = plant(&args.planted) {
+        eprintln!("{message}");
+        return ExitCode::from(2);
+    }
+    if let Some(path) = &args.bytes {
+        return replay_bytes(path, args.trace);
+    }
+    let started = Instant::now();
+    let mut totals = RunReport::default();
+    let mut failing = Vec::new();
+    let mut count = 0u64;
+    for seed in args.seeds.clone() {
+        let mut config = SimConfig::swarm(seed);
+        if args.stress {
+            config = config.stress();
+        }
+        config.faults.partial_write_ppm = args.partial_writes_ppm;
+        let report = if args.trace {
+            let stdout = std::io::stdout();
+            let mut lock = stdout.lock();
+            println!("seed {seed}: {config:?}");
+            World::new(seed, config).with_trace(&mut lock).run()
+        } else {
+            World::new(seed, config).run()
+        };
+        count += 1;
+        totals.events += report.events;
+        totals.requests += report.requests;
+        totals.grants += report.grants;
+        totals.faults += report.faults;
+        totals.fenced_writes += report.fenced_writes;
+        totals.lin_keys_checked += report.lin_keys_checked;
+        totals.lin_inconclusive += report.lin_inconclusive;
+        if !report.violations.is_empty() {
+            if !args.quiet || failing.len() < 20 {
+                for violation in &report.violations {
+                    eprintln!(
+                        "seed {seed}: VIOLATION [{:?}] at {} µs: {}",
+                        violation.checker, violation.at_us, violation.detail
+                    );
+                }
+                eprintln!(
+                    "  replay: cargo run -p ticketing-sim --release -- --seed {seed} --trace"
+                );
+            }
+            failing.push(seed);
+        }
+        if args.trace || args.hashes {
+            println!("seed {seed}: trace hash {:016x}", report.trace_hash);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    println!(
+        "seeds {}..{}: {count} runs, {} events, {} requests, {} grants, {} faults injected, {} stale writes fenced, {} key histories linearizable-checked ({} inconclusive), {} violating seeds",
+        args.seeds.start,
+        args.seeds.end,
+        totals.events,
+        totals.requests,
+        totals.grants,
+        totals.faults,
+        totals.fenced_writes,
+        totals.lin_keys_checked,
+        totals.lin_inconclusive,
+        failing.len()
+    );
+    println!(
+        "{:.1} s, {:.0} seeds/s, {:.0} events/s",
+        elapsed,
+        count as f64 / elapsed,
+        totals.events as f64 / elapsed
+    );
+    if failing.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("failing seeds: {:?}", &failing[..failing.len().min(50)]);
+        ExitCode::FAILURE
+    }
+}
+
+/// Replays a `sim_schedule` fuzz input (a crash file) with the fuzz world.
+fn replay_bytes(path: &str, trace: bool) -> ExitCode {
+    let data = match std::fs::read(path) {
+        Ok(data) => data,
+        Err(error) => {
+            eprintln!("{path}: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = ticketing_sim::fuzzing::fuzz_config();
+    let report = if trace {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        World::from_bytes(&data, config).with_trace(&mut lock).run()
+    } else {
+        World::from_bytes(&data, config).run()
+    };
+    for violation in &report.violations {
+        eprintln!(
+            "VIOLATION [{:?}] at {} µs: {}",
+            violation.checker, violation.at_us, violation.detail
+        );
+    }
+    println!(
+        "{}: {} events, trace hash {:016x}",
+        path, report.events, report.trace_hash
+    );
+    if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

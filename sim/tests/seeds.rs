@@ -1,0 +1,150 @@
+//! Many seeds, determinism, and a quiet baseline.
+
+use ticketing_sim::{RunReport, SimConfig, World, run_seed};
+
+fn assert_clean(report: &RunReport) {
+    assert!(
+        report.violations.is_empty(),
+        "seed {} violated: {:#?}\nreplay: cargo run -p ticketing-sim --release -- --seed {} --trace",
+        report.seed,
+        report.violations,
+        report.seed
+    );
+}
+
+/// CI's seed sweep: every invariant holds on 600 swarm worlds (safety phase
+/// with faults, then a liveness phase without).
+#[test]
+fn six_hundred_seeds_hold_every_invariant() {
+    let mut events = 0;
+    let mut faults = 0;
+    let mut grants = 0;
+    let mut lin_keys = 0;
+    for seed in 0..600 {
+        let report = run_seed(seed);
+        assert_clean(&report);
+        events += report.events;
+        faults += report.faults;
+        grants += report.grants;
+        lin_keys += report.lin_keys_checked;
+    }
+    // The sweep must actually exercise something.
+    assert!(events > 100_000, "only {events} events");
+    assert!(faults > 1_000, "only {faults} faults");
+    assert!(grants > 3_000, "only {grants} grants");
+    assert!(lin_keys > 1_000, "only {lin_keys} key histories checked");
+}
+
+/// Busier worlds (`--stress`), including seed 10589, which caught the
+/// simulator itself reordering bytes held for a paused client.
+#[test]
+fn busier_worlds_hold_every_invariant() {
+    for seed in (0..100).chain([10_589]) {
+        let report = World::new(seed, SimConfig::swarm(seed).stress()).run();
+        assert_clean(&report);
+    }
+}
+
+/// A swarm world whose clients keep one acquire in flight per connection:
+/// immune to the core's close-order nondeterminism (see
+/// `regression_close_order_is_deterministic`) until that is fixed.
+fn one_in_flight(seed: u64) -> RunReport {
+    let config = SimConfig {
+        max_concurrent_per_client: 1,
+        ..SimConfig::swarm(seed)
+    };
+    World::new(seed, config).run()
+}
+
+/// The same seed gives the same run, event for event and byte for byte;
+/// different seeds give different runs.
+#[test]
+fn a_seed_replays_exactly() {
+    let mut hashes = Vec::new();
+    for seed in 0..40 {
+        let first = one_in_flight(seed);
+        let second = one_in_flight(seed);
+        assert_eq!(
+            (first.trace_hash, first.events),
+            (second.trace_hash, second.events),
+            "seed {seed} is not deterministic"
+        );
+        hashes.push(first.trace_hash);
+    }
+    hashes.sort_unstable();
+    hashes.dedup();
+    assert_eq!(hashes.len(), 40, "different seeds gave identical runs");
+}
+
+/// The readable trace is the same text on every replay too.
+#[test]
+fn a_trace_replays_exactly() {
+    let trace = |seed| {
+        let mut out = Vec::new();
+        let config = SimConfig {
+            max_concurrent_per_client: 1,
+            ..SimConfig::swarm(seed)
+        };
+        let report = World::new(seed, config).with_trace(&mut out).run();
+        assert_clean(&report);
+        String::from_utf8(out).expect("utf-8 trace")
+    };
+    let first = trace(7);
+    assert!(first.lines().count() > 100);
+    assert_eq!(first, trace(7));
+}
+
+/// Without faults nothing is indeterminate and no write is fenced, so a
+/// checker complaining here would be a false alarm.
+#[test]
+fn quiet_worlds_are_clean() {
+    for seed in 0..100 {
+        let report = World::new(seed, SimConfig::swarm(seed).without_faults()).run();
+        assert_clean(&report);
+        assert_eq!(report.faults, 0);
+        assert_eq!(report.fenced_writes, 0, "seed {seed}");
+    }
+}
+
+/// Bug found by the simulator (seed 482, and about 4 in 1,000 swarm seeds):
+/// `Server::close_conn` cancels a closing connection's queued waiters in
+/// `HashSet` iteration order, which depends on the process's random hash
+/// keys. With two waiters of one connection on the same key, cancelling the
+/// front one first hands the key to the second (a pass-on grant that burns
+/// a token), cancelling the back one first does not — so the tokens issued
+/// afterwards, and the run, differ from process to process. Safety holds;
+/// replay does not. Fix in core: cancel in a fixed order (e.g. descending
+/// `WaiterId`, which also avoids the pointless pass-on grant).
+#[test]
+#[ignore = "bug: Server::close_conn cancels waiters in HashSet order; runs are not a pure function of their inputs"]
+fn regression_close_order_is_deterministic() {
+    let first = run_seed(482);
+    for _ in 0..16 {
+        assert_eq!(
+            run_seed(482).trace_hash,
+            first.trace_hash,
+            "seed 482 diverged"
+        );
+    }
+}
+
+/// Bug found by the simulator (stress seed 275 with partial writes; 47 of
+/// 30,000 such seeds): the server counts a take's grants as delivered only
+/// when the whole take is reported flushed (`Server::handle_flushed`), so if
+/// a take is written in parts — a short write, as `write_all` may do — and
+/// the connection dies before the rest is written, `handle_closed` releases
+/// a grant whose bytes already went out. Here client 1 reads grant
+/// …659 from the first 25 bytes of a take, its session then closes (the `T`
+/// for another request sat in the unwritten tail, so that request hit its
+/// deadline), the server releases …659 as a ghost, and …661 is granted
+/// while client 1 still holds …659: two holders, only fencing protects.
+/// Fix in core: account flushes by byte offset (e.g.
+/// `handle_written(conn, bytes)`), releasing at close only grants none of
+/// whose bytes were written.
+#[test]
+#[ignore = "bug: a grant in a partly written take is released as a ghost when the connection dies"]
+fn regression_grant_in_a_partly_written_take_stays_held() {
+    let mut config = SimConfig::swarm(275).stress();
+    config.faults.partial_write_ppm = 1_000_000;
+    assert_clean(&World::new(275, config).run());
+}
