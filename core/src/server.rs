@@ -11,7 +11,7 @@
 //! - time: [`Server::poll_timeout`].
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use crate::auth::{
     ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
@@ -99,13 +99,16 @@ pub struct Server {
     shutting_down: bool,
 }
 
-/// A grant written (or about to be written) to a connection. Kept until the
-/// bytes carrying it are flushed, so that a connection that dies first does
+/// A grant queued for a connection whose reply frame has not been written
+/// whole yet. Kept until it is, so that a connection that dies first does
 /// not leave a ghost lock behind.
 #[derive(Debug)]
 struct UndeliveredGrant {
     token: u64,
     keys: KeyGroup,
+    /// Offset just past the reply frame in the connection's output stream:
+    /// once this many bytes are written the client may have the token.
+    end_offset: u64,
 }
 
 #[derive(Debug)]
@@ -127,11 +130,15 @@ struct Conn {
     phase: Phase,
     decoder: RequestDecoder,
     outbound: Vec<u8>,
-    /// Grants in `outbound`, not yet taken by the driver.
-    grants_untaken: Vec<UndeliveredGrant>,
-    /// Grants taken by the driver and not yet reported flushed.
-    grants_unflushed: Vec<UndeliveredGrant>,
-    queued: HashSet<WaiterId>,
+    /// Bytes of this connection's output stream handed to the driver.
+    taken_bytes: u64,
+    /// Bytes of this connection's output stream the driver reported written.
+    written_bytes: u64,
+    /// Grants whose reply frame is not yet written whole, by `end_offset`.
+    undelivered: VecDeque<UndeliveredGrant>,
+    /// Queued waiters, in arrival order (waiter ids only grow), so closing a
+    /// connection cancels them in an order that does not depend on hashing.
+    queued: BTreeSet<WaiterId>,
     /// Whether this connection is in the server's wake queue; keeps the queue
     /// no longer than the number of connections.
     in_wake_queue: bool,
@@ -146,13 +153,35 @@ impl Conn {
             phase: Phase::Handshake(handshake),
             decoder: RequestDecoder::new(),
             outbound: Vec::new(),
-            grants_untaken: Vec::new(),
-            grants_unflushed: Vec::new(),
-            queued: HashSet::new(),
+            taken_bytes: 0,
+            written_bytes: 0,
+            undelivered: VecDeque::new(),
+            queued: BTreeSet::new(),
             in_wake_queue: false,
             closing: false,
         }
     }
+}
+
+/// Queues a grant's reply on `conn`, remembering where its frame ends.
+fn send_grant(
+    conn_id: ConnId,
+    conn: &mut Conn,
+    wakes: &mut VecDeque<ConnId>,
+    reply: Reply,
+    keys: KeyGroup,
+) {
+    let token = match reply {
+        Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
+        other => unreachable!("not a grant: {other:?}"),
+    };
+    send(conn_id, conn, wakes, reply);
+    let end_offset = conn.taken_bytes + conn.outbound.len() as u64;
+    conn.undelivered.push_back(UndeliveredGrant {
+        token,
+        keys,
+        end_offset,
+    });
 }
 
 /// Queues `reply` on `conn` and schedules a wake if needed.
@@ -316,12 +345,13 @@ impl Server {
         };
         let reply = match outcome {
             AcquireOutcome::Granted { token } => {
-                conn.grants_untaken.push(UndeliveredGrant { token, keys });
-                if set {
+                let reply = if set {
                     Reply::AcquiredSet { rid, token }
                 } else {
                     Reply::Acquired { rid, token }
-                }
+                };
+                send_grant(conn_id, conn, &mut self.wakes, reply, keys);
+                return;
             }
             AcquireOutcome::TimedOut => Reply::TimedOut { rid },
             AcquireOutcome::Busy => Reply::Busy { rid },
@@ -390,21 +420,17 @@ impl Server {
                 continue;
             }
             let rid = queued.rid;
-            let reply = match token {
+            match token {
                 Some(token) => {
-                    conn.grants_untaken.push(UndeliveredGrant {
-                        token,
-                        keys: queued.keys,
-                    });
-                    if queued.set {
+                    let reply = if queued.set {
                         Reply::AcquiredSet { rid, token }
                     } else {
                         Reply::Acquired { rid, token }
-                    }
+                    };
+                    send_grant(queued.conn, conn, &mut self.wakes, reply, queued.keys);
                 }
-                None => Reply::TimedOut { rid },
-            };
-            send(queued.conn, conn, &mut self.wakes, reply);
+                None => send(queued.conn, conn, &mut self.wakes, Reply::TimedOut { rid }),
+            }
         }
     }
 
@@ -417,7 +443,9 @@ impl Server {
         };
         conn.closing = true;
         wake(conn_id, conn, &mut self.wakes);
-        let queued: Vec<WaiterId> = conn.queued.iter().copied().collect();
+        // Latest arrival first: cancelling a front waiter first could hand the
+        // key to this connection's own next waiter, only to pass it on again.
+        let queued: Vec<WaiterId> = conn.queued.iter().rev().copied().collect();
         for waiter in queued {
             // Any call into the table may first serve deadlines that are due,
             // and cancelling one waiter may grant the next, possibly another
@@ -434,18 +462,45 @@ impl Server {
         }
     }
 
+    /// The next `bytes` of what [`Server::take_transmit`] gave for `conn`
+    /// were handed to the transport (a short write reports its part). A
+    /// grant whose reply frame is written whole counts as delivered: the
+    /// client may have its token, so it is never released as a ghost.
+    pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
+        let _ = now;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.written_bytes = conn
+            .written_bytes
+            .saturating_add(bytes as u64)
+            .min(conn.taken_bytes);
+        while conn
+            .undelivered
+            .front()
+            .is_some_and(|grant| grant.end_offset <= conn.written_bytes)
+        {
+            conn.undelivered.pop_front();
+        }
+    }
+
     /// Everything taken from `conn` by [`Server::take_transmit`] so far has
     /// been written to the transport: grants in it count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let _ = now;
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
-            conn.grants_unflushed.clear();
-        }
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let unwritten = conn.taken_bytes - conn.written_bytes;
+        self.handle_written(
+            now,
+            conn_id,
+            usize::try_from(unwritten).unwrap_or(usize::MAX),
+        );
     }
 
     /// The transport of `conn` is gone (EOF, error, or after
     /// [`ConnState::CloseAfterFlush`]). Its queued waiters are dropped and
-    /// grants not yet flushed to it are released at once.
+    /// grants whose reply was not written whole are released at once.
     pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
         self.close_conn(now, conn_id);
@@ -457,7 +512,7 @@ impl Server {
             self.drain_lock_events(now);
             return;
         }
-        for grant in conn.grants_unflushed.into_iter().chain(conn.grants_untaken) {
+        for grant in conn.undelivered {
             // The holder never learned its token: release it now rather than
             // leave the key blocked until the lease ends. A token that is no
             // longer current (expired and re-granted) is simply not found.
@@ -522,6 +577,7 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return ConnState::Gone;
         };
+        conn.taken_bytes += conn.outbound.len() as u64;
         if out.is_empty() {
             // Hand over the buffer itself; the driver's empty one comes back.
             std::mem::swap(out, &mut conn.outbound);
@@ -529,7 +585,6 @@ impl Server {
             out.extend_from_slice(&conn.outbound);
             conn.outbound.clear();
         }
-        conn.grants_unflushed.append(&mut conn.grants_untaken);
         if conn.closing {
             ConnState::CloseAfterFlush
         } else {
@@ -552,7 +607,8 @@ impl Server {
         self.shutting_down = true;
         self.table.time_out_all_waiters(now);
         self.drain_lock_events(now);
-        let conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let mut conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        conn_ids.sort_unstable();
         for conn_id in conn_ids {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
                 conn.closing = true;

@@ -502,3 +502,60 @@ fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
     ));
     assert_eq!(h.server.stats().lock.waiters, 0);
 }
+
+/// Found by the simulator: a take written in parts. A grant whose frame went
+/// out whole may be in the client's hands and must stay held; a grant whose
+/// frame did not go out whole is released when the connection dies.
+#[test]
+fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
+    let mut h = Harness::default();
+    let observer = h.connect();
+    let conn = h.connect();
+    h.send(conn, &acquire(1, "first", 0, 30));
+    h.send(conn, &acquire(2, "second", 0, 30));
+    let (bytes, _) = h.take(conn);
+    let first_frame = match Reply::decode(&bytes).unwrap() {
+        Some((Reply::Acquired { rid: 1, .. }, used)) => used,
+        other => panic!("expected the first grant, got {other:?}"),
+    };
+    // The first frame and part of the second reach the socket, then it dies.
+    h.server.handle_written(h.now, conn, first_frame + 3);
+    h.server.handle_closed(h.now, conn);
+    assert_eq!(
+        h.call(observer, &acquire(1, "first", 0, 30)),
+        vec![Reply::TimedOut { rid: 1 }],
+        "a grant written whole stays held"
+    );
+    assert!(
+        matches!(
+            h.call(observer, &acquire(2, "second", 0, 30))[..],
+            [Reply::Acquired { rid: 2, .. }]
+        ),
+        "a grant cut off mid-frame is released"
+    );
+}
+
+/// Found by the simulator: with two waiters of one connection on one key, the
+/// order of cancelling them on close decided whether a token was burned, and
+/// that order came from hashing. Cancelling the latest first burns none.
+#[test]
+fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
+    let mut h = Harness::default();
+    let holder = h.connect();
+    let closing = h.connect();
+    let next = h.connect();
+    let held = granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
+    let set = Request::Acquire(AcquireRequest {
+        rid: 1,
+        wait_s: 10,
+        lease_s: 30,
+        keys: keys(&["a", "k"]),
+        set: true,
+    });
+    // "k" is free, but the set is first in its queue and waits for "a".
+    h.call(closing, &set);
+    h.call(closing, &acquire(2, "k", 10, 30));
+    h.call(next, &acquire(1, "k", 10, 30));
+    h.server.handle_closed(h.now, closing);
+    assert_eq!(granted_token(&h.replies(next)), held + 1);
+}

@@ -778,26 +778,44 @@ where
         if out.is_empty() && state == ConnState::Open {
             continue;
         }
-        stream.write_all(&out).await?;
-        // TLS buffers records; grants count as delivered only once written.
-        stream.flush().await?;
+        let mut written = 0;
+        let result = write_counted(&mut stream, &out, &mut written).await;
         out.clear();
         if out.capacity() > WRITE_BUF_KEEP_BYTES {
             out = Vec::new();
         }
         {
+            // Report what went out even when the write failed part way: a
+            // grant whose frame left whole may be in the client's hands.
             let mut inner = hub.lock();
             let now = hub.clock.now();
-            inner.server.handle_flushed(now, conn);
+            inner.server.handle_written(now, conn, written);
             if inner.dispatch(&hub.timer, Some(conn), None) {
                 waker.notify_one();
             }
             reading = inner.server.wants_input(conn);
         }
+        result?;
         if state == ConnState::CloseAfterFlush {
             // The guard reports the close once the stream is shut down.
             let _ = stream.close().await;
             return Ok(());
         }
     }
+}
+
+/// Writes `bytes` and flushes, counting in `written` how many bytes the
+/// stream accepted, also when a later write fails.
+async fn write_counted<S>(stream: &mut S, bytes: &[u8], written: &mut usize) -> io::Result<()>
+where
+    S: AsyncWrite + Unpin,
+{
+    while *written < bytes.len() {
+        let n = stream.write(&bytes[*written..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        *written += n;
+    }
+    stream.flush().await
 }

@@ -141,7 +141,7 @@ impl Default for SimConfig {
                 clock_jump_max_us: 1_500_000,
                 server_clock_jump_ppm: 30_000,
                 server_write_stall_ppm: 30_000,
-                partial_write_ppm: 0,
+                partial_write_ppm: 100_000,
                 pause_before_write_ppm: 100_000,
             },
             checkers_off: Vec::new(),
@@ -178,6 +178,7 @@ impl SimConfig {
             &mut faults.clock_jump_ppm,
             &mut faults.server_clock_jump_ppm,
             &mut faults.server_write_stall_ppm,
+            &mut faults.partial_write_ppm,
             &mut faults.pause_before_write_ppm,
         ] {
             if rng.chance(330_000) {

@@ -318,11 +318,18 @@ struct SimConn {
     /// Bytes of the server's pending output for this connection the oracle
     /// has read.
     observed: usize,
-    /// Grants in bytes the driver has not taken yet.
-    untaken_grants: Vec<(u64, Vec<usize>)>,
-    /// Grants in taken, not yet flushed bytes (released by the server if the
-    /// connection dies first).
-    unflushed_grants: Vec<(u64, Vec<usize>)>,
+    /// Bytes of the server's output stream for this connection the oracle
+    /// has read, hello and result byte included (the server counts the same
+    /// stream when it decides which grants were written whole).
+    observed_total: u64,
+    /// Bytes of that stream written to the network so far.
+    written_total: u64,
+    /// Grants in bytes the driver has not taken yet: token, keys, and the
+    /// stream offset just past the grant's frame.
+    untaken_grants: Vec<(u64, Vec<usize>, u64)>,
+    /// Grants in taken bytes whose frame is not yet written whole (released
+    /// by the server if the connection dies first).
+    unflushed_grants: Vec<(u64, Vec<usize>, u64)>,
     close_after_flush: bool,
 }
 
@@ -1072,6 +1079,7 @@ impl<'t> World<'t> {
                 continue;
             };
             conn.observed = queued.len();
+            conn.observed_total += new.len() as u64;
             let skip = conn.s2c_skip.min(new.len());
             conn.s2c_skip -= skip;
             conn.reply_buf.extend_from_slice(&new[skip..]);
@@ -1080,7 +1088,9 @@ impl<'t> World<'t> {
                 match Reply::decode(&conn.reply_buf[used_total..]) {
                     Ok(Some((reply, used))) => {
                         used_total += used;
-                        replies.push((conn_id, reply));
+                        // The buffer's end is the stream's observed end.
+                        let unparsed = (conn.reply_buf.len() - used_total) as u64;
+                        replies.push((conn_id, reply, conn.observed_total - unparsed));
                     }
                     Ok(None) => break,
                     Err(error) => {
@@ -1233,7 +1243,22 @@ impl<'t> World<'t> {
         }
         debug_assert_eq!(conn.takes, take, "one take in flight at a time");
         let close = conn.close_after_flush && done;
+        let written = bytes.len();
         self.send(conn_id, false, bytes);
+        // Each part is reported as it goes out, as the drivers do: a grant
+        // whose frame is written whole is delivered even if the rest is lost.
+        if let Some(id) = self.server_conn(conn_id) {
+            let local = self.server_now();
+            if let Some(proc) = self.server.as_mut() {
+                proc.server.handle_written(instant(local), id, written);
+            }
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.written_total += written as u64;
+                let written_total = conn.written_total;
+                conn.unflushed_grants
+                    .retain(|(_, _, end_offset)| *end_offset > written_total);
+            }
+        }
         if !done {
             return;
         }
@@ -1287,7 +1312,7 @@ impl<'t> World<'t> {
         ghosts.append(&mut conn.untaken_grants);
         // The server may hand these keys on at once.
         self.ghost_tokens
-            .extend(ghosts.iter().map(|(token, _)| *token));
+            .extend(ghosts.iter().map(|(token, _, _)| *token));
         // Its queued waiters are dropped by the server.
         let gone: Vec<(u64, u64)> = self
             .pending
@@ -1299,7 +1324,7 @@ impl<'t> World<'t> {
         }
         self.server_step(Vec::new());
         // Grants that never left must not stay held.
-        for (token, keys) in ghosts {
+        for (token, keys, _) in ghosts {
             if let Some(&client) = self.handed_tokens.get(&token) {
                 self.violation(
                     Checker::Replies,
@@ -1333,9 +1358,9 @@ impl<'t> World<'t> {
 
     /// Replies checker, token checker and FIFO checker, fed with every reply
     /// the server produced in one step.
-    fn check_replies(&mut self, replies: Vec<(u64, Reply)>, fresh: Vec<(u64, u64)>) {
+    fn check_replies(&mut self, replies: Vec<(u64, Reply, u64)>, fresh: Vec<(u64, u64)>) {
         let mut grants = Vec::new();
-        for (conn_id, reply) in replies {
+        for (conn_id, reply, end_offset) in replies {
             let Some(rid) = reply.rid() else {
                 self.violation(Checker::Replies, format!("single server sent {reply:?}"));
                 continue;
@@ -1349,7 +1374,7 @@ impl<'t> World<'t> {
             };
             match reply {
                 Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } if req.acquire => {
-                    grants.push((token, conn_id, rid));
+                    grants.push((token, conn_id, rid, end_offset));
                 }
                 Reply::TimedOut { .. } | Reply::Busy { .. } if req.acquire => {
                     self.pending.remove(&(conn_id, rid));
@@ -1371,7 +1396,7 @@ impl<'t> World<'t> {
             }
         }
         grants.sort();
-        for (token, conn_id, rid) in grants {
+        for (token, conn_id, rid, end_offset) in grants {
             let req = self.pending.remove(&(conn_id, rid)).expect("found above");
             if token <= self.max_token_seen || !self.tokens_seen.insert(token) {
                 self.violation(
@@ -1402,7 +1427,7 @@ impl<'t> World<'t> {
             self.token_groups.insert(token, req.keys.clone());
             self.token_eras.insert(token, self.lease_era);
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.untaken_grants.push((token, req.keys));
+                conn.untaken_grants.push((token, req.keys, end_offset));
             }
         }
         // A release or an immediate acquire is answered in the same step.
@@ -1512,6 +1537,8 @@ impl<'t> World<'t> {
                 reply_buf: Vec::new(),
                 takes: 0,
                 observed: 0,
+                observed_total: 0,
+                written_total: 0,
                 untaken_grants: Vec::new(),
                 unflushed_grants: Vec::new(),
                 close_after_flush: false,

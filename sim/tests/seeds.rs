@@ -45,25 +45,14 @@ fn busier_worlds_hold_every_invariant() {
     }
 }
 
-/// A swarm world whose clients keep one acquire in flight per connection:
-/// immune to the core's close-order nondeterminism (see
-/// `regression_close_order_is_deterministic`) until that is fixed.
-fn one_in_flight(seed: u64) -> RunReport {
-    let config = SimConfig {
-        max_concurrent_per_client: 1,
-        ..SimConfig::swarm(seed)
-    };
-    World::new(seed, config).run()
-}
-
 /// The same seed gives the same run, event for event and byte for byte;
 /// different seeds give different runs.
 #[test]
 fn a_seed_replays_exactly() {
     let mut hashes = Vec::new();
     for seed in 0..40 {
-        let first = one_in_flight(seed);
-        let second = one_in_flight(seed);
+        let first = run_seed(seed);
+        let second = run_seed(seed);
         assert_eq!(
             (first.trace_hash, first.events),
             (second.trace_hash, second.events),
@@ -113,10 +102,9 @@ fn quiet_worlds_are_clean() {
 /// front one first hands the key to the second (a pass-on grant that burns
 /// a token), cancelling the back one first does not — so the tokens issued
 /// afterwards, and the run, differ from process to process. Safety holds;
-/// replay does not. Fix in core: cancel in a fixed order (e.g. descending
-/// `WaiterId`, which also avoids the pointless pass-on grant).
+/// replay does not. Fixed in core: waiters are cancelled latest first
+/// (descending `WaiterId`), which also avoids the pointless pass-on grant.
 #[test]
-#[ignore = "bug: Server::close_conn cancels waiters in HashSet order; runs are not a pure function of their inputs"]
 fn regression_close_order_is_deterministic() {
     let first = run_seed(482);
     for _ in 0..16 {
@@ -138,11 +126,9 @@ fn regression_close_order_is_deterministic() {
 /// for another request sat in the unwritten tail, so that request hit its
 /// deadline), the server releases …659 as a ghost, and …661 is granted
 /// while client 1 still holds …659: two holders, only fencing protects.
-/// Fix in core: account flushes by byte offset (e.g.
-/// `handle_written(conn, bytes)`), releasing at close only grants none of
-/// whose bytes were written.
+/// Fixed in core: drivers report written bytes (`Server::handle_written`)
+/// and at close only grants whose frame was not written whole are released.
 #[test]
-#[ignore = "bug: a grant in a partly written take is released as a ghost when the connection dies"]
 fn regression_grant_in_a_partly_written_take_stays_held() {
     let mut config = SimConfig::swarm(275).stress();
     config.faults.partial_write_ppm = 1_000_000;
