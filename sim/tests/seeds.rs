@@ -13,7 +13,8 @@ fn assert_clean(report: &RunReport) {
 }
 
 /// CI's seed sweep: every invariant holds on 600 swarm worlds (safety phase
-/// with faults, then a liveness phase without).
+/// with faults, then a liveness phase without), and each seed run twice
+/// gives the same trace hash.
 #[test]
 fn six_hundred_seeds_hold_every_invariant() {
     let mut events = 0;
@@ -23,6 +24,11 @@ fn six_hundred_seeds_hold_every_invariant() {
     for seed in 0..600 {
         let report = run_seed(seed);
         assert_clean(&report);
+        assert_eq!(
+            run_seed(seed).trace_hash,
+            report.trace_hash,
+            "seed {seed} is not deterministic"
+        );
         events += report.events;
         faults += report.faults;
         grants += report.grants;
