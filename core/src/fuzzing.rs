@@ -284,3 +284,35 @@ pub fn server_session(data: &[u8]) {
         "keys left after every lease ended"
     );
 }
+
+/// Feeds `data` to a [`crate::peer::PeerDecoder`] in chunks whose sizes come
+/// from the first byte, and checks: no panic, bounded buffering, and every
+/// message it yields re-encodes to a frame that decodes to the same message.
+pub fn peer_decoder(data: &[u8]) {
+    use crate::peer::{FRAME_LEN_BYTES, MAX_FRAME_LEN, PeerDecoder, decode_frame, encode_message};
+    let Some((&chunk_seed, data)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(chunk_seed % 64) + 1;
+    let mut decoder = PeerDecoder::new();
+    for chunk in data.chunks(chunk_len) {
+        decoder.push(chunk);
+        loop {
+            match decoder.next() {
+                Ok(Some(msg)) => {
+                    let mut bytes = Vec::new();
+                    encode_message(&msg, &mut bytes).expect("a decoded message re-encodes");
+                    let again = decode_frame(&bytes).expect("re-encoded frame decodes");
+                    assert_eq!(again, Some((msg, bytes.len())));
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+        assert!(
+            decoder.buffered() < FRAME_LEN_BYTES + MAX_FRAME_LEN,
+            "peer decoder holds {} bytes after draining",
+            decoder.buffered()
+        );
+    }
+}

@@ -11,9 +11,11 @@
 
 pub mod auth;
 pub mod client;
+pub mod cluster;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod lock;
+pub mod peer;
 pub mod raft;
 pub mod server;
 pub mod time;

@@ -70,3 +70,11 @@ fn server_session_corpus() {
         fuzzing::server_session(&input);
     }
 }
+
+#[test]
+fn peer_decoder_corpus() {
+    replay("peer_decoder", fuzzing::peer_decoder);
+    for input in pseudo_random_inputs(4, 2_000, 512) {
+        fuzzing::peer_decoder(&input);
+    }
+}

@@ -1,0 +1,169 @@
+//! Replicated commands: what a leader proposes, what every node applies.
+//!
+//! A command travels in a Raft entry as opaque bytes. The encoding is
+//! compact, deterministic (one command has exactly one encoding) and
+//! validated on decode exactly like client input, so a corrupted or hostile
+//! entry can only ever decode to `None`, which every node applies as a
+//! no-op in the same way.
+//!
+//! Layout (big-endian; key groups are `count u8 · count × (len u8 · key)`):
+//!
+//! | tag | command | fields after the tag |
+//! |---|---|---|
+//! | `0x01` | [`Command::Init`] | first_token u64 |
+//! | `0x02` | [`Command::Grant`] | lease_ms u32 · keys |
+//! | `0x03` | [`Command::Release`] | token u64 · keys |
+//! | `0x04` | [`Command::Expire`] | token u64 · keys |
+
+use crate::cluster::bytes::{Reader, put_key_group};
+use crate::wire::KeyGroup;
+
+/// Largest encoded command: a Release/Expire of 16 keys of 128 bytes.
+pub const MAX_COMMAND_LEN: usize = 1 + 8 + 1 + 16 * (1 + 128);
+
+/// Tag of [`Command::Init`].
+const TAG_INIT: u8 = 0x01;
+/// Tag of [`Command::Grant`].
+const TAG_GRANT: u8 = 0x02;
+/// Tag of [`Command::Release`].
+const TAG_RELEASE: u8 = 0x03;
+/// Tag of [`Command::Expire`].
+const TAG_EXPIRE: u8 = 0x04;
+
+/// A lock-state change, replicated through Raft (page 001).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Command {
+    /// Starts the fencing domain's token counter. The first leader proposes
+    /// it with the bootstrap wall-clock time in microseconds since the Unix
+    /// epoch; only the first one applied counts (later ones — a new leader
+    /// that had not yet applied the first — are no-ops), so every node
+    /// starts the counter at the same value.
+    Init {
+        /// The first token the domain issues.
+        first_token: u64,
+    },
+    /// Acquire a key group. The token is not in the command: every node
+    /// allocates it from the replicated counter at apply, so all compute the
+    /// same one.
+    Grant {
+        /// The keys (1..=16, ascending); one token covers them all.
+        keys: KeyGroup,
+        /// The lease, counted by each node on its own clock from when it
+        /// applies the grant.
+        lease_ms: u32,
+    },
+    /// Release the grant `token` holds on exactly `keys`.
+    Release {
+        /// The keys named by the client.
+        keys: KeyGroup,
+        /// The token named by the client.
+        token: u64,
+    },
+    /// Leader-driven lease expiry: removes the grant only if `token` is
+    /// still current, so a late or duplicated expiry never removes a newer
+    /// grant (idempotent).
+    Expire {
+        /// The keys of the grant.
+        keys: KeyGroup,
+        /// The grant's token.
+        token: u64,
+    },
+}
+
+/// What applying one command did (the state machine's answer to the
+/// leader, page 001).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApplyResult {
+    /// Acquired under this fencing token.
+    Granted {
+        /// The token allocated at apply.
+        token: u64,
+    },
+    /// A Grant reached a key that is already held (defensive: the leader
+    /// proposes grants only for free keys), or arrived before the counter
+    /// was initialised. Nothing changed.
+    GrantRejected,
+    /// Released.
+    Released,
+    /// The token is not current on any named key. Nothing changed.
+    NotFound,
+    /// The token is current on a named key but its grant covers a different
+    /// key group (`E 6`). Nothing changed.
+    GroupMismatch,
+    /// Expiry processed; `existed` says whether a grant was removed.
+    Expired {
+        /// A grant with the token was removed.
+        existed: bool,
+    },
+    /// Nothing happened (no-op entries, a repeated [`Command::Init`], bytes
+    /// that do not decode).
+    Noop,
+}
+
+impl Command {
+    /// Appends the command's encoding to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Command::Init { first_token } => {
+                out.push(TAG_INIT);
+                out.extend_from_slice(&first_token.to_be_bytes());
+            }
+            Command::Grant { keys, lease_ms } => {
+                out.push(TAG_GRANT);
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+                put_key_group(out, keys);
+            }
+            Command::Release { keys, token } => {
+                out.push(TAG_RELEASE);
+                out.extend_from_slice(&token.to_be_bytes());
+                put_key_group(out, keys);
+            }
+            Command::Expire { keys, token } => {
+                out.push(TAG_EXPIRE);
+                out.extend_from_slice(&token.to_be_bytes());
+                put_key_group(out, keys);
+            }
+        }
+    }
+
+    /// The command's encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode(&mut out);
+        out
+    }
+
+    /// Decodes exactly one command filling all of `bytes`; `None` for
+    /// anything else (unknown tag, bad key group, trailing bytes).
+    pub fn decode(bytes: &[u8]) -> Option<Command> {
+        let mut r = Reader::new(bytes);
+        let command = match r.u8()? {
+            TAG_INIT => Command::Init {
+                first_token: r.u64()?,
+            },
+            TAG_GRANT => {
+                let lease_ms = r.u32()?;
+                Command::Grant {
+                    keys: r.key_group()?,
+                    lease_ms,
+                }
+            }
+            TAG_RELEASE => {
+                let token = r.u64()?;
+                Command::Release {
+                    keys: r.key_group()?,
+                    token,
+                }
+            }
+            TAG_EXPIRE => {
+                let token = r.u64()?;
+                Command::Expire {
+                    keys: r.key_group()?,
+                    token,
+                }
+            }
+            _ => return None,
+        };
+        r.is_empty().then_some(command)
+    }
+}

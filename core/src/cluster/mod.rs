@@ -1,0 +1,17 @@
+//! Cluster mode: the replicated lock state and the commands that change it.
+//!
+//! - [`command`]: `Init`/`Grant`/`Release`/`Expire` and their byte encoding
+//!   (the payload of Raft command entries), and [`ApplyResult`].
+//! - [`state`]: [`ReplicatedLocks`], the state machine every node applies
+//!   committed commands to, with its snapshot encoding.
+//!
+//! See `docs/cluster.md` for how a grant flows from a client through Raft.
+
+pub(crate) mod bytes;
+pub mod command;
+pub mod node;
+pub mod state;
+
+pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN};
+pub use self::node::{ClusterConfig, ClusterNode, ClusterStats};
+pub use self::state::{Holding, ReplicatedLocks, SnapshotError};

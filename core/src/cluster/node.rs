@@ -1,0 +1,1637 @@
+//! One cluster node: client connections, peer connections, Raft and the
+//! replicated lock state, composed behind the same driver contract as the
+//! single-mode [`crate::server::Server`].
+//!
+//! Contract:
+//! - inputs: [`ClusterNode::handle_connect`] (a client connection accepted),
+//!   [`ClusterNode::handle_peer_accept`] (a peer connection accepted),
+//!   [`ClusterNode::handle_peer_connected`] / [`ClusterNode::handle_dial_failed`]
+//!   (the outcome of a dial asked for by [`ClusterNode::poll_dial`]),
+//!   [`ClusterNode::handle_input`], [`ClusterNode::handle_flushed`],
+//!   [`ClusterNode::handle_closed`], [`ClusterNode::handle_timeout`],
+//!   [`ClusterNode::begin_shutdown`];
+//! - outputs, drained after every input: [`ClusterNode::poll_dial`] (a
+//!   peer slot to dial), [`ClusterNode::poll_wake`] then
+//!   [`ClusterNode::take_transmit`] for each woken connection (client and
+//!   peer alike);
+//! - time: [`ClusterNode::poll_timeout`].
+//!
+//! # How a request is served
+//!
+//! Only the leader serves. A non-leader answers `E 3` when it is not a
+//! voter (a learner catching up) or shutting down, `M` with the leader's
+//! slot when it knows one, else `E 4` — all "no effect, retry".
+//!
+//! On the leader an acquire whose keys are free (not held in the applied
+//! state, no Grant in flight for them, nobody queued) is proposed as a
+//! `Grant` at once; otherwise it queues FIFO in a leader-local waiter table
+//! (or gets `T` for wait 0, `B` over a limit). The reply goes out only when
+//! the entry with exactly the proposal's `(index, term)` is committed and
+//! applied. A release is proposed as `Release` and answered after apply;
+//! what it frees is handed to the next waiter by a new `Grant` proposal.
+//! Lease expiry: the leader watches lease deadlines on its own clock and
+//! proposes `Expire{keys, token}`.
+//!
+//! A new leader serves nothing until it has applied everything up to the
+//! no-op of its own term: before that its view of who holds what may miss
+//! grants committed by its predecessor. Requests arriving meanwhile are
+//! held (bounded) and served in order once it has caught up.
+//!
+//! On `SteppedDown` every proposed, unanswered request gets `I`, and every
+//! queued waiter gets `M`/`E 4` (it had no effect yet). Waiters are not
+//! replicated: the new leader starts with an empty waiter table.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+
+use crate::auth::{
+    ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
+    ServerHandshake, WireMode,
+};
+use crate::cluster::command::{ApplyResult, Command};
+use crate::cluster::state::ReplicatedLocks;
+use crate::lock::Limits;
+use crate::peer::{
+    MAX_FRAME_LEN, PeerDecoder, PeerHandshake, PeerHandshakeStatus, PeerTokens, encode_message,
+};
+use crate::raft::{
+    Committed, ConfChange, EntryKind, Event, NodeId, ProposeError, Raft, RaftConfig,
+};
+use crate::server::{ConnId, ConnState};
+use crate::time::{Duration, Instant};
+use crate::wire::{
+    AcquireRequest, Decoded, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply,
+    Request, RequestDecoder,
+};
+
+/// How soon an `Expire` that could not be proposed is retried; also the
+/// longest the leader lets an expired lease go unnoticed (page 000: checked
+/// at least every 100 ms).
+const EXPIRE_RETRY: Duration = Duration::from_millis(100);
+
+/// Configuration of one cluster node.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The cluster's 32-byte identity (one fencing domain).
+    pub fingerprint: [u8; 32],
+    /// This node's Raft identity: its slot and a generation that is new on
+    /// every start with empty state.
+    pub id: NodeId,
+    /// Slots in the cluster (3 or 5); peers are dialed in `0..slot_count`.
+    pub slot_count: u8,
+    /// Raft timing and limits.
+    pub raft: RaftConfig,
+    /// Limits of the leader's waiter table.
+    pub limits: Limits,
+    /// A queued request gets `T` this long before `wait` seconds after
+    /// receipt.
+    pub wait_margin: Duration,
+    /// Open client connections at most.
+    pub max_connections: usize,
+    /// Requests awaiting a reply on one client connection at most; an
+    /// acquire over it is answered `B`.
+    pub max_in_flight_per_connection: usize,
+    /// Bytes buffered for one connection before the node stops reading
+    /// from it (clients) or drops Raft messages to it (peers).
+    pub max_outbound_bytes_per_connection: usize,
+    /// An unfinished handshake (client or peer) is closed after this long.
+    pub handshake_timeout: Duration,
+    /// Accepted client tokens.
+    pub client_tokens: ClientTokens,
+    /// Peer tokens (the first one is this node's own).
+    pub peer_tokens: PeerTokens,
+    /// Wall-clock microseconds since the Unix epoch at this process's
+    /// start: the first token of the domain if this node's leadership
+    /// initialises it.
+    pub bootstrap_wall_clock_us: u64,
+    /// First redial delay after a failed or lost peer connection.
+    pub dial_backoff_min: Duration,
+    /// Largest redial delay (the delay doubles up to it).
+    pub dial_backoff_max: Duration,
+}
+
+impl ClusterConfig {
+    /// Defaults for everything but identities and secrets.
+    pub fn new(
+        fingerprint: [u8; 32],
+        id: NodeId,
+        slot_count: u8,
+        peer_tokens: PeerTokens,
+        bootstrap_wall_clock_us: u64,
+    ) -> Self {
+        ClusterConfig {
+            fingerprint,
+            id,
+            slot_count,
+            raft: RaftConfig::default(),
+            limits: Limits::default(),
+            wait_margin: Duration::from_millis(100),
+            max_connections: 10_000,
+            max_in_flight_per_connection: 16_384,
+            max_outbound_bytes_per_connection: 16 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            client_tokens: ClientTokens::no_auth(),
+            peer_tokens,
+            bootstrap_wall_clock_us,
+            dial_backoff_min: Duration::from_millis(100),
+            dial_backoff_max: Duration::from_millis(3_200),
+        }
+    }
+
+    /// Checks what the node relies on.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        self.raft.validate()?;
+        if self.slot_count != 3 && self.slot_count != 5 {
+            return Err("a cluster has 3 or 5 slots");
+        }
+        if self.id.slot >= self.slot_count {
+            return Err("this node's slot is outside the cluster");
+        }
+        // Every Raft message must fit one peer frame: an append carries at
+        // most max_append_bytes plus one entry, a snapshot one chunk.
+        let append = self.raft.max_append_bytes + self.raft.max_entry_bytes + 1_024;
+        if append > MAX_FRAME_LEN || self.raft.snapshot_chunk_bytes + 1_024 > MAX_FRAME_LEN {
+            return Err("raft batch or snapshot chunk exceeds the peer frame limit");
+        }
+        Ok(())
+    }
+}
+
+/// What a proposal is waiting for.
+#[derive(Debug)]
+enum PendingKind {
+    /// The domain's counter start; no reply.
+    Init,
+    /// A grant for a client waiter.
+    Grant(Waiter),
+    /// A client's release.
+    Release { conn: ConnId, rid: u64, set: bool },
+    /// A lease expiry or the release of an undelivered grant; no reply.
+    Internal,
+}
+
+#[derive(Debug)]
+struct Pending {
+    term: u64,
+    kind: PendingKind,
+}
+
+/// A queued or proposed acquire.
+#[derive(Clone, Debug)]
+struct Waiter {
+    conn: ConnId,
+    rid: u64,
+    set: bool,
+    keys: KeyGroup,
+    lease_ms: u32,
+    /// When it gets `T` if still queued.
+    deadline: Instant,
+}
+
+/// Leader-only state, dropped on stepping down.
+#[derive(Debug, Default)]
+struct Leadership {
+    /// Index of this term's no-op: nothing is served until it is applied.
+    first_index: u64,
+    caught_up: bool,
+    init_proposed: bool,
+    /// Queued waiters by arrival sequence number.
+    waiters: BTreeMap<u64, Waiter>,
+    queues: HashMap<Key, VecDeque<u64>>,
+    wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Keys of Grant proposals not yet applied.
+    reserved: HashSet<Key>,
+    /// Tokens with an `Expire` in flight.
+    expiring: HashSet<u64>,
+    /// Keys whose queue head may have become grantable.
+    dirty: Vec<Key>,
+    /// Requests received before catching up, served in order after.
+    held: VecDeque<(ConnId, Request, Instant)>,
+}
+
+#[derive(Debug)]
+enum ClientPhase {
+    Handshake(ServerHandshake),
+    Session,
+}
+
+#[derive(Debug)]
+struct ClientConn {
+    phase: ClientPhase,
+    decoder: RequestDecoder,
+    /// Grants in `outbound` not yet taken by the driver.
+    grants_untaken: Vec<(u64, KeyGroup)>,
+    /// Grants taken and not yet reported flushed.
+    grants_unflushed: Vec<(u64, KeyGroup)>,
+    /// Requests awaiting a reply.
+    in_flight: usize,
+    /// Sequence numbers of its queued waiters.
+    queued: BTreeSet<u64>,
+}
+
+#[derive(Debug)]
+struct PeerConn {
+    handshake: PeerHandshake,
+    established: Option<NodeId>,
+    /// The slot this node dialed (outbound connections).
+    dialed: Option<u8>,
+    decoder: PeerDecoder,
+}
+
+#[derive(Debug)]
+enum ConnKind {
+    Client(ClientConn),
+    Peer(PeerConn),
+}
+
+#[derive(Debug)]
+struct Conn {
+    kind: ConnKind,
+    outbound: Vec<u8>,
+    in_wake_queue: bool,
+    closing: bool,
+}
+
+/// Per-slot dialing state.
+#[derive(Clone, Copy, Debug, Default)]
+struct DialState {
+    /// A connection (dialing, handshaking or established) exists.
+    connected: bool,
+    /// The driver was asked to dial and has not answered yet.
+    dialing: bool,
+    /// Not before this instant.
+    next_attempt: Instant,
+    backoff: Duration,
+}
+
+/// Counts for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterStats {
+    /// Open client connections.
+    pub clients: usize,
+    /// Peer connections whose handshake completed.
+    pub peers_established: usize,
+    /// Held keys in the applied state.
+    pub held_keys: usize,
+    /// Queued waiters (leader only).
+    pub waiters: usize,
+    /// Proposals awaiting apply.
+    pub pending: usize,
+}
+
+/// One node of a Ticketing cluster.
+#[derive(Debug)]
+pub struct ClusterNode {
+    config: ClusterConfig,
+    raft: Raft,
+    state: ReplicatedLocks,
+    /// Index of the last entry applied to `state`.
+    applied_index: u64,
+    pending: BTreeMap<u64, Pending>,
+    leadership: Option<Leadership>,
+    /// The leader's slot as last told to clients.
+    announced_leader: u8,
+    /// Ordered so that every iteration (leader notices, shutdown) is
+    /// deterministic: a simulator run must be a pure function of its seed.
+    conns: BTreeMap<ConnId, Conn>,
+    next_conn_id: u64,
+    next_waiter_seq: u64,
+    wakes: VecDeque<ConnId>,
+    handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    dials: Vec<DialState>,
+    shutting_down: bool,
+    /// A snapshot from the leader that did not decode (should never happen;
+    /// counted for operators).
+    bad_snapshots: u64,
+}
+
+fn wake(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>) {
+    if !conn.in_wake_queue {
+        conn.in_wake_queue = true;
+        wakes.push_back(conn_id);
+    }
+}
+
+fn leader_reply(rid: u64, leader: Option<NodeId>) -> Reply {
+    match leader {
+        Some(leader) => Reply::Moved {
+            rid,
+            leader_slot: leader.slot,
+        },
+        None => Reply::Error {
+            rid,
+            code: ErrorCode::NoLeader,
+        },
+    }
+}
+
+impl ClusterNode {
+    /// A member of a freshly bootstrapped cluster; every bootstrap member is
+    /// given the same `voters`.
+    pub fn bootstrap(
+        config: ClusterConfig,
+        voters: impl IntoIterator<Item = NodeId>,
+        seed: u64,
+        now: Instant,
+    ) -> Self {
+        let raft = Raft::bootstrap(config.id, voters, config.raft.clone(), seed, now);
+        ClusterNode::with_raft(config, raft, now)
+    }
+
+    /// A new generation of a slot joining a running cluster: it starts as a
+    /// learner once the leader adds it (on seeing its peer handshake), and
+    /// replaces its slot's old generation when caught up.
+    pub fn join(config: ClusterConfig, seed: u64, now: Instant) -> Self {
+        let raft = Raft::join(config.id, config.raft.clone(), seed, now);
+        ClusterNode::with_raft(config, raft, now)
+    }
+
+    fn with_raft(config: ClusterConfig, raft: Raft, now: Instant) -> Self {
+        assert!(
+            config.validate().is_ok(),
+            "invalid ClusterConfig: {:?}",
+            config.validate()
+        );
+        let dials = (0..config.slot_count)
+            .map(|_| DialState {
+                next_attempt: now,
+                backoff: config.dial_backoff_min,
+                ..DialState::default()
+            })
+            .collect();
+        ClusterNode {
+            config,
+            raft,
+            state: ReplicatedLocks::new(),
+            applied_index: 0,
+            pending: BTreeMap::new(),
+            leadership: None,
+            announced_leader: NO_LEADER_SLOT,
+            conns: BTreeMap::new(),
+            next_conn_id: 1,
+            next_waiter_seq: 1,
+            wakes: VecDeque::new(),
+            handshake_deadlines: BinaryHeap::new(),
+            dials,
+            shutting_down: false,
+            bad_snapshots: 0,
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Queries
+    // ------------------------------------------------------------------
+
+    /// This node's identity.
+    pub fn id(&self) -> NodeId {
+        self.config.id
+    }
+
+    /// Whether this node leads.
+    pub fn is_leader(&self) -> bool {
+        self.raft.is_leader()
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.leader()
+    }
+
+    /// The Raft node, read-only (for checkers and metrics).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The applied lock state, read-only (for checkers and metrics).
+    pub fn locks(&self) -> &ReplicatedLocks {
+        &self.state
+    }
+
+    /// Current counts.
+    pub fn stats(&self) -> ClusterStats {
+        let mut stats = ClusterStats {
+            held_keys: self.state.held_keys(),
+            pending: self.pending.len(),
+            waiters: self.leadership.as_ref().map_or(0, |l| l.waiters.len()),
+            ..ClusterStats::default()
+        };
+        for conn in self.conns.values() {
+            match &conn.kind {
+                ConnKind::Client(_) => stats.clients += 1,
+                ConnKind::Peer(peer) if peer.established.is_some() => {
+                    stats.peers_established += 1;
+                }
+                ConnKind::Peer(_) => {}
+            }
+        }
+        stats
+    }
+
+    /// Snapshots from the leader that could not be restored.
+    pub fn bad_snapshots(&self) -> u64 {
+        self.bad_snapshots
+    }
+
+    /// True once [`ClusterNode::begin_shutdown`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    // ------------------------------------------------------------------
+    // Connections
+    // ------------------------------------------------------------------
+
+    fn new_conn(&mut self, kind: ConnKind, hello: &[u8], deadline: Instant) -> ConnId {
+        let conn_id = ConnId(self.next_conn_id);
+        self.next_conn_id += 1;
+        let mut conn = Conn {
+            kind,
+            outbound: hello.to_vec(),
+            in_wake_queue: false,
+            closing: false,
+        };
+        wake(conn_id, &mut conn, &mut self.wakes);
+        self.conns.insert(conn_id, conn);
+        self.handshake_deadlines.push(Reverse((deadline, conn_id)));
+        conn_id
+    }
+
+    /// A client connection was accepted. `nonce` must be fresh CSPRNG
+    /// bytes. `None`: refuse it (limit reached or shutting down).
+    pub fn handle_connect(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        let clients = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.kind, ConnKind::Client(_)))
+            .count();
+        if self.shutting_down || clients >= self.config.max_connections {
+            return None;
+        }
+        let hello = Hello {
+            mode: WireMode::Cluster,
+            self_slot: self.config.id.slot,
+            nonce,
+        };
+        let deadline = now.saturating_add(self.config.handshake_timeout);
+        let handshake = ServerHandshake::new(hello, self.config.fingerprint, deadline);
+        let hello_bytes = handshake.hello_bytes();
+        let kind = ConnKind::Client(ClientConn {
+            phase: ClientPhase::Handshake(handshake),
+            decoder: RequestDecoder::new(),
+            grants_untaken: Vec::new(),
+            grants_unflushed: Vec::new(),
+            in_flight: 0,
+            queued: BTreeSet::new(),
+        });
+        Some(self.new_conn(kind, &hello_bytes, deadline))
+    }
+
+    fn new_peer_conn(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        dialed: Option<u8>,
+    ) -> ConnId {
+        let deadline = now.saturating_add(self.config.handshake_timeout);
+        let mut handshake = PeerHandshake::new(
+            self.config.fingerprint,
+            self.config.id,
+            nonce,
+            dialed,
+            deadline,
+        );
+        let hello = handshake.take_outbound();
+        let kind = ConnKind::Peer(PeerConn {
+            handshake,
+            established: None,
+            dialed,
+            decoder: PeerDecoder::new(),
+        });
+        self.new_conn(kind, &hello, deadline)
+    }
+
+    /// A peer connection was accepted on the peer address.
+    pub fn handle_peer_accept(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        let peers = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.kind, ConnKind::Peer(_)))
+            .count();
+        // Each slot needs at most two connections (one each way); the bound
+        // keeps a flood of unauthenticated connections from growing state.
+        if peers >= 4 * usize::from(self.config.slot_count) {
+            return None;
+        }
+        Some(self.new_peer_conn(now, nonce, None))
+    }
+
+    /// The next peer slot the driver should dial (its configured peer
+    /// address). Answer with [`ClusterNode::handle_peer_connected`] or
+    /// [`ClusterNode::handle_dial_failed`].
+    pub fn poll_dial(&mut self, now: Instant) -> Option<u8> {
+        for slot in 0..self.config.slot_count {
+            let dial = &mut self.dials[usize::from(slot)];
+            if slot == self.config.id.slot || dial.connected || dial.dialing {
+                continue;
+            }
+            if dial.next_attempt <= now {
+                dial.dialing = true;
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// The dial of `slot` succeeded: the transport is up. `nonce` must be
+    /// fresh CSPRNG bytes.
+    pub fn handle_peer_connected(
+        &mut self,
+        now: Instant,
+        slot: u8,
+        nonce: [u8; NONCE_LEN],
+    ) -> ConnId {
+        if let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+            dial.dialing = false;
+            dial.connected = true;
+        }
+        self.new_peer_conn(now, nonce, Some(slot))
+    }
+
+    /// The dial of `slot` failed: retry after a backoff.
+    pub fn handle_dial_failed(&mut self, now: Instant, slot: u8) {
+        self.back_off(now, slot);
+    }
+
+    fn back_off(&mut self, now: Instant, slot: u8) {
+        let (min, max) = (self.config.dial_backoff_min, self.config.dial_backoff_max);
+        if let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+            dial.dialing = false;
+            dial.connected = false;
+            dial.next_attempt = now.saturating_add(dial.backoff);
+            dial.backoff = (dial.backoff * 2).clamp(min, max);
+        }
+    }
+
+    /// Bytes received on `conn` (client or peer).
+    pub fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        self.handle_timeout(now);
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        match conn.kind {
+            ConnKind::Client(_) => self.client_input(now, conn_id, bytes),
+            ConnKind::Peer(_) => self.peer_input(now, conn_id, bytes),
+        }
+        self.pump(now);
+    }
+
+    fn client_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        let leader_slot = self.announced_leader;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let ConnKind::Client(client) = &mut conn.kind else {
+            return;
+        };
+        let mut rest = bytes;
+        if let ClientPhase::Handshake(handshake) = &mut client.phase {
+            let (used, status) = handshake.handle_input(&self.config.client_tokens, rest);
+            rest = &rest[used..];
+            match status {
+                HandshakeStatus::NeedMore => return,
+                HandshakeStatus::Accepted => {
+                    client.phase = ClientPhase::Session;
+                    conn.outbound.push(RESULT_ACCEPTED);
+                    // Clients route by the leader notice; send it at once.
+                    Reply::Leader { leader_slot }.encode(&mut conn.outbound);
+                    wake(conn_id, conn, &mut self.wakes);
+                }
+                HandshakeStatus::Rejected => {
+                    conn.outbound.push(RESULT_REJECTED);
+                    self.close_conn(now, conn_id);
+                    return;
+                }
+            }
+        }
+        if rest.is_empty() {
+            return;
+        }
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        {
+            client.decoder.push(rest);
+        }
+        loop {
+            let Some(Conn {
+                kind: ConnKind::Client(client),
+                closing: false,
+                ..
+            }) = self.conns.get_mut(&conn_id)
+            else {
+                return;
+            };
+            match client.decoder.next() {
+                Ok(None) => break,
+                Ok(Some(Decoded::Rejected { rid, code, .. })) => {
+                    self.send(conn_id, Reply::Error { rid, code });
+                }
+                Ok(Some(Decoded::Request(request))) => {
+                    client.in_flight += 1;
+                    self.handle_request(now, conn_id, request);
+                }
+                Err(_) => {
+                    self.close_conn(now, conn_id);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Queues `reply` on a client connection.
+    fn send(&mut self, conn_id: ConnId, reply: Reply) {
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            reply.encode(&mut conn.outbound);
+            wake(conn_id, conn, &mut self.wakes);
+        }
+    }
+
+    /// Sends the terminal reply of a request (one of its in-flight ones).
+    fn answer(&mut self, conn_id: ConnId, reply: Reply) {
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        {
+            client.in_flight = client.in_flight.saturating_sub(1);
+            self.send(conn_id, reply);
+        }
+    }
+
+    fn peer_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        let Some(Conn {
+            kind: ConnKind::Peer(peer),
+            outbound,
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        else {
+            return;
+        };
+        let mut rest = bytes;
+        if peer.established.is_none() {
+            let (used, status) = peer.handshake.handle_input(&self.config.peer_tokens, rest);
+            rest = &rest[used..];
+            outbound.extend_from_slice(&peer.handshake.take_outbound());
+            match status {
+                PeerHandshakeStatus::NeedMore => {
+                    if let Some(conn) = self.conns.get_mut(&conn_id) {
+                        wake(conn_id, conn, &mut self.wakes);
+                    }
+                    return;
+                }
+                PeerHandshakeStatus::Rejected(_) => {
+                    self.close_conn(now, conn_id);
+                    return;
+                }
+                PeerHandshakeStatus::Established(remote) => {
+                    peer.established = Some(remote);
+                    if let Some(conn) = self.conns.get_mut(&conn_id) {
+                        wake(conn_id, conn, &mut self.wakes);
+                    }
+                    if let Some(dial) = self.dials.get_mut(usize::from(remote.slot)) {
+                        dial.connected = true;
+                        dial.backoff = self.config.dial_backoff_min;
+                    }
+                    self.maybe_add_learner(now, remote);
+                }
+            }
+        }
+        let Some(Conn {
+            kind: ConnKind::Peer(peer),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        else {
+            return;
+        };
+        let Some(remote) = peer.established else {
+            return;
+        };
+        peer.decoder.push(rest);
+        let mut messages = Vec::new();
+        let mut failed = false;
+        loop {
+            match peer.decoder.next() {
+                Ok(Some(msg)) => messages.push(msg),
+                Ok(None) => break,
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        for msg in messages {
+            // Only the authenticated identity may speak on this connection.
+            if msg.from == remote {
+                self.raft.step(now, msg);
+            }
+        }
+        if failed {
+            self.close_conn(now, conn_id);
+        }
+    }
+
+    /// On the leader: a handshake showed a generation of a slot that the
+    /// configuration does not know and that is newer than its members →
+    /// add it as a learner (Raft's auto-membership replaces the old one).
+    fn maybe_add_learner(&mut self, now: Instant, remote: NodeId) {
+        if !self.raft.is_leader() || self.raft.conf_change_pending() {
+            return;
+        }
+        let config = self.raft.config();
+        if config.contains(remote)
+            || config
+                .members()
+                .any(|m| m.slot == remote.slot && m.generation >= remote.generation)
+        {
+            return;
+        }
+        // Refusals (a change in flight, the term's first commit not yet
+        // made) are retried on the next handshake or timer tick.
+        let _ = self
+            .raft
+            .propose_conf_change(now, ConfChange::AddLearner(remote));
+    }
+
+    /// The node gives up on `conn`: nothing more is read, what is queued
+    /// is flushed, then the driver closes it.
+    fn close_conn(&mut self, now: Instant, conn_id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.closing = true;
+        wake(conn_id, conn, &mut self.wakes);
+        let queued: Vec<u64> = match &mut conn.kind {
+            ConnKind::Client(client) => std::mem::take(&mut client.queued).into_iter().collect(),
+            ConnKind::Peer(_) => Vec::new(),
+        };
+        // Queued waiters leave their queues now; nobody will read a grant.
+        for seq in queued {
+            self.remove_waiter(seq);
+        }
+        let _ = now;
+    }
+
+    /// Everything taken from `conn` so far has been written: grants in it
+    /// count as delivered.
+    pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
+        let _ = now;
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        {
+            client.grants_unflushed.clear();
+        }
+    }
+
+    /// The transport of `conn` is gone. A client's queued waiters are
+    /// dropped and grants not yet flushed to it are released at once
+    /// (proposed as `Release` — only possible while this node leads; a
+    /// former leader leaves them to lease expiry). A peer slot is redialed
+    /// after a backoff.
+    pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
+        self.handle_timeout(now);
+        self.close_conn(now, conn_id);
+        let Some(conn) = self.conns.remove(&conn_id) else {
+            return;
+        };
+        match conn.kind {
+            ConnKind::Client(client) => {
+                for (token, keys) in client
+                    .grants_unflushed
+                    .into_iter()
+                    .chain(client.grants_untaken)
+                {
+                    self.propose_internal(now, Command::Release { keys, token });
+                }
+            }
+            ConnKind::Peer(peer) => {
+                let slot = peer.established.map(|id| id.slot).or(peer.dialed);
+                if let Some(slot) = slot {
+                    let still_connected = self.conns.values().any(|c| match &c.kind {
+                        ConnKind::Peer(p) => {
+                            p.established.map(|id| id.slot).or(p.dialed) == Some(slot)
+                        }
+                        ConnKind::Client(_) => false,
+                    });
+                    if !still_connected {
+                        self.back_off(now, slot);
+                    }
+                }
+            }
+        }
+        self.pump(now);
+    }
+
+    // ------------------------------------------------------------------
+    // Requests
+    // ------------------------------------------------------------------
+
+    fn not_serving_reply(&self, rid: u64) -> Option<Reply> {
+        if self.shutting_down || !self.raft.is_voter() {
+            return Some(Reply::Error {
+                rid,
+                code: ErrorCode::NotActive,
+            });
+        }
+        if !self.raft.is_leader() {
+            return Some(leader_reply(rid, self.raft.leader()));
+        }
+        None
+    }
+
+    fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: Request) {
+        if let Some(reply) = self.not_serving_reply(request.rid()) {
+            self.answer(conn_id, reply);
+            return;
+        }
+        let Some(leadership) = self.leadership.as_mut() else {
+            self.answer(conn_id, leader_reply(request.rid(), None));
+            return;
+        };
+        if !leadership.caught_up {
+            if leadership.held.len() >= self.config.limits.max_waiters_total {
+                let reply = match &request {
+                    Request::Acquire(a) => Reply::Busy { rid: a.rid },
+                    Request::Release(r) => leader_reply(r.rid, None),
+                };
+                self.answer(conn_id, reply);
+            } else {
+                leadership.held.push_back((conn_id, request, now));
+            }
+            return;
+        }
+        match request {
+            Request::Acquire(acquire) => self.handle_acquire(now, conn_id, acquire, now),
+            Request::Release(release) => self.handle_release(now, conn_id, release),
+        }
+    }
+
+    fn handle_release(&mut self, now: Instant, conn_id: ConnId, release: ReleaseRequest) {
+        let ReleaseRequest {
+            rid,
+            token,
+            keys,
+            set,
+        } = release;
+        let command = Command::Release { keys, token };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        kind: PendingKind::Release {
+                            conn: conn_id,
+                            rid,
+                            set,
+                        },
+                    },
+                );
+            }
+            // `B` may not answer a release; every refusal had no effect.
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                self.answer(conn_id, leader_reply(rid, leader_hint));
+            }
+            Err(_) => self.answer(conn_id, leader_reply(rid, None)),
+        }
+    }
+
+    fn handle_acquire(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        acquire: AcquireRequest,
+        received: Instant,
+    ) {
+        let AcquireRequest {
+            rid,
+            wait_s,
+            lease_s,
+            keys,
+            set,
+        } = acquire;
+        let limits = self.config.limits;
+        let over_in_flight = match self.conns.get(&conn_id) {
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) => client.in_flight > self.config.max_in_flight_per_connection,
+            _ => return,
+        };
+        let Some(leadership) = self.leadership.as_ref() else {
+            self.answer(conn_id, leader_reply(rid, self.raft.leader()));
+            return;
+        };
+        let free = keys.keys().iter().all(|k| {
+            !self.state.is_held(k)
+                && !leadership.reserved.contains(k)
+                && leadership.queues.get(k).is_none_or(VecDeque::is_empty)
+        });
+        let waiter = Waiter {
+            conn: conn_id,
+            rid,
+            set,
+            keys,
+            lease_ms: u32::from(lease_s) * 1_000,
+            deadline: received
+                .saturating_add(Duration::from_secs(u64::from(wait_s)))
+                .saturating_sub(self.config.wait_margin)
+                .max(received),
+        };
+        if over_in_flight {
+            self.answer(conn_id, Reply::Busy { rid });
+            return;
+        }
+        if free {
+            let new_keys = waiter.keys.len();
+            if self.state.held_keys() + new_keys > limits.max_keys {
+                self.answer(conn_id, Reply::Busy { rid });
+                return;
+            }
+            self.propose_grant(now, waiter);
+            return;
+        }
+        if wait_s == 0 || waiter.deadline <= now {
+            self.answer(conn_id, Reply::TimedOut { rid });
+            return;
+        }
+        let over_limits = leadership.waiters.len() >= limits.max_waiters_total
+            || waiter.keys.keys().iter().any(|k| {
+                leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
+            });
+        if over_limits {
+            self.answer(conn_id, Reply::Busy { rid });
+            return;
+        }
+        let seq = self.next_waiter_seq;
+        self.next_waiter_seq += 1;
+        let Some(leadership) = self.leadership.as_mut() else {
+            return;
+        };
+        for key in waiter.keys.keys() {
+            leadership
+                .queues
+                .entry(key.clone())
+                .or_default()
+                .push_back(seq);
+        }
+        leadership
+            .wait_deadlines
+            .push(Reverse((waiter.deadline, seq)));
+        leadership.waiters.insert(seq, waiter);
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        {
+            client.queued.insert(seq);
+        }
+    }
+
+    /// Proposes a Grant for `waiter` (keys free and unreserved).
+    fn propose_grant(&mut self, now: Instant, waiter: Waiter) {
+        let command = Command::Grant {
+            keys: waiter.keys.clone(),
+            lease_ms: waiter.lease_ms,
+        };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership
+                        .reserved
+                        .extend(waiter.keys.keys().iter().cloned());
+                }
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        kind: PendingKind::Grant(waiter),
+                    },
+                );
+            }
+            Err(ProposeError::Backpressure) => {
+                self.answer(waiter.conn, Reply::Busy { rid: waiter.rid });
+            }
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                self.answer(waiter.conn, leader_reply(waiter.rid, leader_hint));
+            }
+            Err(_) => self.answer(waiter.conn, leader_reply(waiter.rid, None)),
+        }
+    }
+
+    /// Proposes a command nobody waits for (expiry, ghost release).
+    fn propose_internal(&mut self, now: Instant, command: Command) -> bool {
+        if !self.raft.is_leader() {
+            return false;
+        }
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        kind: PendingKind::Internal,
+                    },
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Removes a queued waiter from the leader's table (no reply).
+    fn remove_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        let leadership = self.leadership.as_mut()?;
+        let waiter = leadership.waiters.remove(&seq)?;
+        for key in waiter.keys.keys() {
+            if let Some(queue) = leadership.queues.get_mut(key) {
+                queue.retain(|s| *s != seq);
+                if queue.is_empty() {
+                    leadership.queues.remove(key);
+                } else {
+                    leadership.dirty.push(key.clone());
+                }
+            }
+        }
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&waiter.conn)
+        {
+            client.queued.remove(&seq);
+        }
+        Some(waiter)
+    }
+
+    // ------------------------------------------------------------------
+    // Raft outputs
+    // ------------------------------------------------------------------
+
+    /// Drains Raft and runs the leader's duties until nothing changes, then
+    /// routes outgoing messages.
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let mut progressed = false;
+            while let Some(committed) = self.raft.poll_committed() {
+                progressed = true;
+                self.apply(now, committed);
+            }
+            while let Some(event) = self.raft.poll_event() {
+                progressed = true;
+                self.handle_event(now, event);
+            }
+            progressed |= self.leader_duties(now);
+            if !progressed {
+                break;
+            }
+        }
+        self.route_messages();
+    }
+
+    fn apply(&mut self, now: Instant, committed: Committed) {
+        match committed {
+            Committed::Snapshot { meta, data } => {
+                match ReplicatedLocks::restore(&data, now) {
+                    Ok(state) => self.state = state,
+                    Err(_) => self.bad_snapshots += 1,
+                }
+                self.applied_index = meta.index;
+            }
+            Committed::Entry(entry) => {
+                self.applied_index = entry.index;
+                let command = match &entry.kind {
+                    EntryKind::Command(bytes) => Command::decode(bytes),
+                    _ => None,
+                };
+                let result = match &command {
+                    Some(command) => self.state.apply(command, now),
+                    None => ApplyResult::Noop,
+                };
+                if let Some(leadership) = self.leadership.as_mut() {
+                    match (&command, result) {
+                        (Some(Command::Release { keys, .. }), ApplyResult::Released)
+                        | (
+                            Some(Command::Expire { keys, .. }),
+                            ApplyResult::Expired { existed: true },
+                        ) => {
+                            // Freed keys go to their queue heads.
+                            leadership.dirty.extend(keys.keys().iter().cloned());
+                        }
+                        _ => {}
+                    }
+                    if let Some(Command::Expire { token, .. }) = &command {
+                        leadership.expiring.remove(token);
+                    }
+                }
+                let pending = match self.pending.remove(&entry.index) {
+                    Some(p) if p.term == entry.term => Some(p),
+                    Some(p) => {
+                        // Overwritten: that proposal never takes effect.
+                        self.answer_unapplied(p);
+                        None
+                    }
+                    None => None,
+                };
+                self.after_apply(now, pending, result);
+                if let Some(leadership) = self.leadership.as_mut()
+                    && !leadership.caught_up
+                    && self.applied_index >= leadership.first_index
+                {
+                    leadership.caught_up = true;
+                }
+            }
+        }
+    }
+
+    /// A proposal whose entry was replaced by another leader's: no effect.
+    fn answer_unapplied(&mut self, pending: Pending) {
+        let leader = self.raft.leader();
+        match pending.kind {
+            PendingKind::Grant(w) => self.answer(w.conn, leader_reply(w.rid, leader)),
+            PendingKind::Release { conn, rid, .. } => self.answer(conn, leader_reply(rid, leader)),
+            PendingKind::Init | PendingKind::Internal => {}
+        }
+    }
+
+    fn after_apply(&mut self, now: Instant, pending: Option<Pending>, result: ApplyResult) {
+        // Whatever was applied, held keys may have been freed.
+        let Some(pending) = pending else {
+            return;
+        };
+        match pending.kind {
+            PendingKind::Grant(waiter) => {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    for key in waiter.keys.keys() {
+                        leadership.reserved.remove(key);
+                        leadership.dirty.push(key.clone());
+                    }
+                }
+                self.deliver_grant(now, waiter, result);
+            }
+            PendingKind::Release { conn, rid, set } => {
+                let reply = match result {
+                    ApplyResult::Released if set => Reply::ReleasedSet { rid },
+                    ApplyResult::Released => Reply::Released { rid },
+                    ApplyResult::GroupMismatch => Reply::Error {
+                        rid,
+                        code: ErrorCode::GroupMismatch,
+                    },
+                    _ => Reply::NotFound { rid },
+                };
+                self.answer(conn, reply);
+            }
+            PendingKind::Init | PendingKind::Internal => {}
+        }
+    }
+
+    fn deliver_grant(&mut self, now: Instant, waiter: Waiter, result: ApplyResult) {
+        let ApplyResult::Granted { token } = result else {
+            // Defensive (a grant never reaches a held key once caught up):
+            // a definite "not acquired".
+            self.answer(waiter.conn, Reply::TimedOut { rid: waiter.rid });
+            return;
+        };
+        let open = matches!(
+            self.conns.get(&waiter.conn),
+            Some(Conn {
+                kind: ConnKind::Client(_),
+                closing: false,
+                ..
+            })
+        );
+        if !open {
+            // Nobody will learn this token: release it at once rather than
+            // leave the keys blocked until the lease ends (page 001).
+            self.propose_internal(
+                now,
+                Command::Release {
+                    keys: waiter.keys,
+                    token,
+                },
+            );
+            return;
+        }
+        let reply = if waiter.set {
+            Reply::AcquiredSet {
+                rid: waiter.rid,
+                token,
+            }
+        } else {
+            Reply::Acquired {
+                rid: waiter.rid,
+                token,
+            }
+        };
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&waiter.conn)
+        {
+            client.grants_untaken.push((token, waiter.keys));
+        }
+        self.answer(waiter.conn, reply);
+    }
+
+    fn handle_event(&mut self, now: Instant, event: Event) {
+        match event {
+            Event::BecameLeader { .. } => {
+                self.state.rebuild_deadlines();
+                self.leadership = Some(Leadership {
+                    // The no-op of this term is the last entry now.
+                    first_index: self.raft.last_index(),
+                    ..Leadership::default()
+                });
+                self.announce_leader();
+            }
+            Event::SteppedDown { .. } => self.step_down(),
+            Event::LeaderChanged { .. } => self.announce_leader(),
+            Event::ConfigChanged { .. } => {}
+            Event::SnapshotWanted { .. } => {
+                let _ = self.raft.compact(self.state.snapshot(now));
+            }
+        }
+    }
+
+    /// Leadership lost: proposed requests get `I` (they may still commit),
+    /// queued and held ones `M`/`E 4` (they had no effect).
+    fn step_down(&mut self) {
+        let leader = self.raft.leader();
+        let pending = std::mem::take(&mut self.pending);
+        for (_, p) in pending {
+            match p.kind {
+                PendingKind::Grant(w) => self.answer(w.conn, Reply::Indeterminate { rid: w.rid }),
+                PendingKind::Release { conn, rid, .. } => {
+                    self.answer(conn, Reply::Indeterminate { rid });
+                }
+                PendingKind::Init | PendingKind::Internal => {}
+            }
+        }
+        if let Some(leadership) = self.leadership.take() {
+            for (_, waiter) in leadership.waiters {
+                if let Some(Conn {
+                    kind: ConnKind::Client(client),
+                    ..
+                }) = self.conns.get_mut(&waiter.conn)
+                {
+                    client.queued.clear();
+                }
+                self.answer(waiter.conn, leader_reply(waiter.rid, leader));
+            }
+            for (conn, request, _) in leadership.held {
+                self.answer(conn, leader_reply(request.rid(), leader));
+            }
+        }
+    }
+
+    /// Sends `L` to every client session when the known leader changed.
+    fn announce_leader(&mut self) {
+        let slot = self.raft.leader().map_or(NO_LEADER_SLOT, |l| l.slot);
+        if slot == self.announced_leader {
+            return;
+        }
+        self.announced_leader = slot;
+        for (conn_id, conn) in &mut self.conns {
+            if let ConnKind::Client(ClientConn {
+                phase: ClientPhase::Session,
+                ..
+            }) = conn.kind
+                && !conn.closing
+            {
+                Reply::Leader { leader_slot: slot }.encode(&mut conn.outbound);
+                wake(*conn_id, conn, &mut self.wakes);
+            }
+        }
+    }
+
+    /// The leader's work: initialise the domain, serve held requests once
+    /// caught up, hand freed keys to queue heads, expire leases. True when
+    /// something was proposed or answered.
+    fn leader_duties(&mut self, now: Instant) -> bool {
+        let Some(leadership) = self.leadership.as_mut() else {
+            return false;
+        };
+        let mut progressed = false;
+        if !leadership.init_proposed && !self.state.is_initialised() {
+            let command = Command::Init {
+                first_token: self.config.bootstrap_wall_clock_us,
+            };
+            if let Ok((index, term)) = self.raft.propose(now, command.to_bytes()) {
+                leadership.init_proposed = true;
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        kind: PendingKind::Init,
+                    },
+                );
+                progressed = true;
+            }
+        }
+        let Some(leadership) = self.leadership.as_mut() else {
+            return progressed;
+        };
+        if !leadership.caught_up {
+            return progressed;
+        }
+        let held = std::mem::take(&mut leadership.held);
+        for (conn, request, received) in held {
+            progressed = true;
+            match request {
+                Request::Acquire(acquire) => self.handle_acquire(now, conn, acquire, received),
+                Request::Release(release) => self.handle_release(now, conn, release),
+            }
+        }
+        progressed |= self.serve_dirty(now);
+        progressed |= self.expire_due(now);
+        progressed
+    }
+
+    /// Proposes a Grant for every queue head that has become grantable.
+    fn serve_dirty(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        loop {
+            let Some(leadership) = self.leadership.as_mut() else {
+                return progressed;
+            };
+            let Some(key) = leadership.dirty.pop() else {
+                return progressed;
+            };
+            let Some(&seq) = leadership.queues.get(&key).and_then(VecDeque::front) else {
+                continue;
+            };
+            let Some(waiter) = leadership.waiters.get(&seq) else {
+                continue;
+            };
+            // A set is granted when it heads every one of its queues and
+            // all its keys are free; one global arrival order rules out
+            // deadlock.
+            let grantable = waiter.keys.keys().iter().all(|k| {
+                !self.state.is_held(k)
+                    && !leadership.reserved.contains(k)
+                    && leadership.queues.get(k).and_then(VecDeque::front) == Some(&seq)
+            });
+            if !grantable {
+                continue;
+            }
+            if let Some(waiter) = self.remove_waiter(seq) {
+                progressed = true;
+                self.propose_grant(now, waiter);
+            }
+        }
+    }
+
+    /// Proposes `Expire` for every lease that ended on this node's clock.
+    fn expire_due(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        while let Some((token, keys)) = self.state.pop_expired(now) {
+            let Some(leadership) = self.leadership.as_mut() else {
+                break;
+            };
+            if !leadership.expiring.insert(token) {
+                continue;
+            }
+            if self.propose_internal(now, Command::Expire { keys, token }) {
+                progressed = true;
+            } else {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership.expiring.remove(&token);
+                }
+                self.state.rearm(token, now.saturating_add(EXPIRE_RETRY));
+                break;
+            }
+        }
+        progressed
+    }
+
+    fn route_messages(&mut self) {
+        while let Some((to, msg)) = self.raft.poll_message() {
+            // The newest established connection to the slot carries it; a
+            // message without one is dropped (Raft retries).
+            let target = self
+                .conns
+                .iter_mut()
+                .filter(|(_, c)| {
+                    !c.closing
+                        && matches!(&c.kind, ConnKind::Peer(p) if p.established.map(|id| id.slot) == Some(to.slot))
+                })
+                .max_by_key(|(id, _)| **id);
+            let Some((conn_id, conn)) = target else {
+                continue;
+            };
+            if conn.outbound.len() >= self.config.max_outbound_bytes_per_connection {
+                continue;
+            }
+            if encode_message(&msg, &mut conn.outbound).is_ok() {
+                wake(*conn_id, conn, &mut self.wakes);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Time
+    // ------------------------------------------------------------------
+
+    /// Processes every deadline at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.raft.handle_timeout(now);
+        while let Some(Reverse((deadline, conn_id))) = self.handshake_deadlines.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.handshake_deadlines.pop();
+            let timed_out = match self.conns.get_mut(&conn_id).map(|c| &mut c.kind) {
+                Some(ConnKind::Client(ClientConn {
+                    phase: ClientPhase::Handshake(handshake),
+                    ..
+                })) => handshake.handle_timeout(now),
+                Some(ConnKind::Peer(peer)) if peer.established.is_none() => {
+                    peer.handshake.handle_timeout(now)
+                }
+                _ => false,
+            };
+            if timed_out {
+                self.close_conn(now, conn_id);
+            }
+        }
+        self.time_out_waiters(now);
+        if self.raft.is_leader() {
+            let leader = self.raft.id();
+            let members: Vec<NodeId> = self
+                .conns
+                .values()
+                .filter_map(|c| match &c.kind {
+                    ConnKind::Peer(p) => p.established,
+                    ConnKind::Client(_) => None,
+                })
+                .filter(|id| *id != leader)
+                .collect();
+            for id in members {
+                self.maybe_add_learner(now, id);
+            }
+        }
+        self.pump(now);
+    }
+
+    fn time_out_waiters(&mut self, now: Instant) {
+        loop {
+            let Some(leadership) = self.leadership.as_mut() else {
+                return;
+            };
+            let Some(Reverse((deadline, seq))) = leadership.wait_deadlines.peek().copied() else {
+                return;
+            };
+            if deadline > now {
+                return;
+            }
+            leadership.wait_deadlines.pop();
+            if let Some(waiter) = self.remove_waiter(seq) {
+                self.answer(waiter.conn, Reply::TimedOut { rid: waiter.rid });
+            }
+        }
+    }
+
+    /// The earliest instant at which [`ClusterNode::handle_timeout`] has
+    /// work (may be early; never late).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut earliest = self.raft.poll_timeout();
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                earliest = Some(earliest.map_or(t, |e| e.min(t)));
+            }
+        };
+        consider(
+            self.handshake_deadlines
+                .peek()
+                .map(|Reverse((deadline, _))| *deadline),
+        );
+        if let Some(leadership) = &self.leadership {
+            consider(
+                leadership
+                    .wait_deadlines
+                    .peek()
+                    .map(|Reverse((deadline, _))| *deadline),
+            );
+            // Expiry runs only once caught up; before that a due deadline
+            // would only make the driver spin.
+            if leadership.caught_up {
+                consider(self.state.peek_deadline());
+            }
+        }
+        for (slot, dial) in self.dials.iter().enumerate() {
+            if slot != usize::from(self.config.id.slot) && !dial.connected && !dial.dialing {
+                consider(Some(dial.next_attempt));
+            }
+        }
+        earliest
+    }
+
+    // ------------------------------------------------------------------
+    // Transmit
+    // ------------------------------------------------------------------
+
+    /// A connection with bytes to send or to be closed.
+    pub fn poll_wake(&mut self) -> Option<ConnId> {
+        while let Some(conn_id) = self.wakes.pop_front() {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                continue;
+            };
+            conn.in_wake_queue = false;
+            if !conn.outbound.is_empty() || conn.closing {
+                return Some(conn_id);
+            }
+        }
+        None
+    }
+
+    /// Moves `conn`'s pending bytes to the end of `out` and says what to do
+    /// with the connection.
+    pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return ConnState::Gone;
+        };
+        if out.is_empty() {
+            std::mem::swap(out, &mut conn.outbound);
+        } else {
+            out.extend_from_slice(&conn.outbound);
+            conn.outbound.clear();
+        }
+        if let ConnKind::Client(client) = &mut conn.kind {
+            client.grants_unflushed.append(&mut client.grants_untaken);
+        }
+        if conn.closing {
+            ConnState::CloseAfterFlush
+        } else {
+            ConnState::Open
+        }
+    }
+
+    /// False while `conn` has too many bytes waiting to be written: the
+    /// driver should stop reading from it until it has written them.
+    pub fn wants_input(&self, conn_id: ConnId) -> bool {
+        self.conns.get(&conn_id).is_some_and(|conn| {
+            !conn.closing && conn.outbound.len() < self.config.max_outbound_bytes_per_connection
+        })
+    }
+
+    /// Stop serving clients: a leader hands leadership over; queued and
+    /// held waiters get `E 3`; client connections are flushed and closed;
+    /// new client connections are refused. Peer connections stay so the
+    /// transfer can complete; the driver exits once
+    /// [`ClusterNode::is_leader`] is false (or after its own timeout).
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        self.handle_timeout(now);
+        self.shutting_down = true;
+        if self.raft.is_leader() {
+            let _ = self.raft.transfer_leadership(now, None);
+        }
+        if let Some(leadership) = self.leadership.as_mut() {
+            let waiters = std::mem::take(&mut leadership.waiters);
+            let held = std::mem::take(&mut leadership.held);
+            leadership.queues.clear();
+            for (_, waiter) in waiters {
+                self.answer(
+                    waiter.conn,
+                    Reply::Error {
+                        rid: waiter.rid,
+                        code: ErrorCode::NotActive,
+                    },
+                );
+            }
+            for (conn, request, _) in held {
+                let rid = request.rid();
+                self.answer(
+                    conn,
+                    Reply::Error {
+                        rid,
+                        code: ErrorCode::NotActive,
+                    },
+                );
+            }
+        }
+        let clients: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.kind, ConnKind::Client(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        for conn_id in clients {
+            self.close_conn(now, conn_id);
+        }
+        self.pump(now);
+    }
+}

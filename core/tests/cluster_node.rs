@@ -1,0 +1,608 @@
+//! Three `ClusterNode`s over an in-memory network with injected time:
+//! bytes are shuttled between their connections exactly as a driver would,
+//! and clients speak the real wire protocol.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
+use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::peer::PeerTokens;
+use ticketing_core::raft::{NodeId, RaftConfig};
+use ticketing_core::server::{ConnId, ConnState};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{
+    AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+};
+
+const FINGERPRINT: [u8; 32] = [3; 32];
+const BOOT_US: u64 = 1_700_000_000_000_000;
+
+fn config(id: NodeId) -> ClusterConfig {
+    let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
+    let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, BOOT_US);
+    config.raft = RaftConfig::fast();
+    config
+}
+
+struct TestClient {
+    node: usize,
+    conn: ConnId,
+    handshake: ClientHandshake,
+    established: bool,
+    buf: Vec<u8>,
+    replies: Vec<Reply>,
+    closed: bool,
+}
+
+/// Where bytes written on (node, conn) go.
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Peer(usize, ConnId),
+    Client(usize),
+}
+
+struct Net {
+    now: Instant,
+    nodes: Vec<Option<ClusterNode>>,
+    links: BTreeMap<(usize, ConnId), Endpoint>,
+    clients: Vec<TestClient>,
+    nonce: u8,
+}
+
+impl Net {
+    fn new() -> Self {
+        let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+        let nodes = voters
+            .iter()
+            .map(|id| {
+                Some(ClusterNode::bootstrap(
+                    config(*id),
+                    voters.clone(),
+                    u64::from(id.slot) + 11,
+                    Instant::ZERO,
+                ))
+            })
+            .collect();
+        Net {
+            now: Instant::ZERO,
+            nodes,
+            links: BTreeMap::new(),
+            clients: Vec::new(),
+            nonce: 0,
+        }
+    }
+
+    fn nonce(&mut self) -> [u8; 16] {
+        self.nonce = self.nonce.wrapping_add(1);
+        [self.nonce; 16]
+    }
+
+    fn node(&mut self, i: usize) -> &mut ClusterNode {
+        self.nodes[i].as_mut().expect("node alive")
+    }
+
+    /// Moves every byte until nothing moves.
+    fn settle(&mut self) {
+        for _ in 0..10_000 {
+            let mut moved = false;
+            for i in 0..self.nodes.len() {
+                // Dials.
+                loop {
+                    let now = self.now;
+                    let Some(node) = self.nodes[i].as_mut() else {
+                        break;
+                    };
+                    let Some(slot) = node.poll_dial(now) else {
+                        break;
+                    };
+                    moved = true;
+                    let target = usize::from(slot);
+                    if self.nodes.get(target).is_some_and(Option::is_some) {
+                        let (n1, n2) = (self.nonce(), self.nonce());
+                        let a = self.node(i).handle_peer_connected(now, slot, n1);
+                        let b = self.node(target).handle_peer_accept(now, n2).unwrap();
+                        self.links.insert((i, a), Endpoint::Peer(target, b));
+                        self.links.insert((target, b), Endpoint::Peer(i, a));
+                    } else {
+                        self.node(i).handle_dial_failed(now, slot);
+                    }
+                }
+                // Transmits.
+                let mut deliveries = VecDeque::new();
+                if let Some(node) = self.nodes[i].as_mut() {
+                    while let Some(conn) = node.poll_wake() {
+                        let mut out = Vec::new();
+                        let state = node.take_transmit(conn, &mut out);
+                        node.handle_flushed(self.now, conn);
+                        deliveries.push_back((conn, out, state));
+                    }
+                }
+                for (conn, bytes, state) in deliveries {
+                    moved = true;
+                    let endpoint = self.links.get(&(i, conn)).copied();
+                    match endpoint {
+                        Some(Endpoint::Peer(j, other)) => {
+                            if !bytes.is_empty()
+                                && let Some(node) = self.nodes[j].as_mut()
+                            {
+                                node.handle_input(self.now, other, &bytes);
+                            }
+                            if state != ConnState::Open {
+                                self.close_link(i, conn);
+                            }
+                        }
+                        Some(Endpoint::Client(c)) => {
+                            self.client_receive(c, &bytes);
+                            if state != ConnState::Open {
+                                self.clients[c].closed = true;
+                                self.links.remove(&(i, conn));
+                                let now = self.now;
+                                self.node(i).handle_closed(now, conn);
+                            }
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("network did not settle");
+    }
+
+    fn close_link(&mut self, i: usize, conn: ConnId) {
+        if let Some(Endpoint::Peer(j, other)) = self.links.remove(&(i, conn)) {
+            self.links.remove(&(j, other));
+            if let Some(node) = self.nodes[j].as_mut() {
+                node.handle_closed(self.now, other);
+            }
+        }
+        if let Some(node) = self.nodes[i].as_mut() {
+            node.handle_closed(self.now, conn);
+        }
+    }
+
+    fn client_receive(&mut self, c: usize, mut bytes: &[u8]) {
+        if !self.clients[c].established {
+            loop {
+                let client = &mut self.clients[c];
+                let (used, status) = client.handshake.handle_input(bytes);
+                bytes = &bytes[used..];
+                match status {
+                    ClientHandshakeStatus::NeedMore => return,
+                    ClientHandshakeStatus::SendProof => {
+                        let proof = client.handshake.proof().unwrap();
+                        let (node, conn) = (client.node, client.conn);
+                        let now = self.now;
+                        self.node(node).handle_input(now, conn, &proof);
+                        if bytes.is_empty() {
+                            return;
+                        }
+                    }
+                    ClientHandshakeStatus::Accepted => {
+                        self.clients[c].established = true;
+                        break;
+                    }
+                    other => panic!("client handshake failed: {other:?}"),
+                }
+            }
+        }
+        let client = &mut self.clients[c];
+        client.buf.extend_from_slice(bytes);
+        while let Ok(Some((reply, used))) = Reply::decode(&client.buf) {
+            client.replies.push(reply);
+            client.buf.drain(..used);
+        }
+    }
+
+    /// Runs for `duration` of injected time, jumping between deadlines.
+    fn run_for(&mut self, duration: Duration) {
+        let end = self.now.saturating_add(duration);
+        loop {
+            self.settle();
+            let next = self
+                .nodes
+                .iter()
+                .flatten()
+                .filter_map(ClusterNode::poll_timeout)
+                .min()
+                .unwrap_or(end)
+                .max(self.now.saturating_add(Duration::from_micros(1)));
+            if next > end {
+                self.now = end;
+                break;
+            }
+            self.now = next;
+            for node in self.nodes.iter_mut().flatten() {
+                node.handle_timeout(next);
+            }
+        }
+        for node in self.nodes.iter_mut().flatten() {
+            node.handle_timeout(end);
+        }
+        self.settle();
+    }
+
+    fn leader(&self) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.as_ref().is_some_and(ClusterNode::is_leader))
+    }
+
+    fn kill(&mut self, i: usize) {
+        let links: Vec<(usize, ConnId)> = self
+            .links
+            .keys()
+            .filter(|(n, _)| *n == i)
+            .copied()
+            .collect();
+        self.nodes[i] = None;
+        for (n, conn) in links {
+            match self.links.remove(&(n, conn)) {
+                Some(Endpoint::Peer(j, other)) => {
+                    self.links.remove(&(j, other));
+                    if let Some(node) = self.nodes[j].as_mut() {
+                        node.handle_closed(self.now, other);
+                    }
+                }
+                Some(Endpoint::Client(c)) => self.clients[c].closed = true,
+                None => {}
+            }
+        }
+    }
+
+    fn connect(&mut self, node: usize) -> usize {
+        let nonce = self.nonce();
+        let now = self.now;
+        let conn = self.node(node).handle_connect(now, nonce).unwrap();
+        let c = self.clients.len();
+        self.clients.push(TestClient {
+            node,
+            conn,
+            handshake: ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, node as u8),
+            established: false,
+            buf: Vec::new(),
+            replies: Vec::new(),
+            closed: false,
+        });
+        self.links.insert((node, conn), Endpoint::Client(c));
+        self.settle();
+        assert!(self.clients[c].established);
+        c
+    }
+
+    /// Sends `request` without moving any other byte.
+    fn send_only(&mut self, c: usize, request: Request) {
+        let (node, conn) = (self.clients[c].node, self.clients[c].conn);
+        let now = self.now;
+        self.node(node).handle_input(now, conn, &request.to_frame());
+    }
+
+    fn request(&mut self, c: usize, request: Request) -> Reply {
+        let before = self.clients[c].replies.len();
+        self.send_only(c, request);
+        self.run_for(Duration::from_millis(200));
+        let replies = &self.clients[c].replies[before..];
+        let answers: Vec<Reply> = replies
+            .iter()
+            .copied()
+            .filter(|r| r.rid().is_some())
+            .collect();
+        assert_eq!(answers.len(), 1, "replies: {replies:?}");
+        answers[0]
+    }
+
+    fn answers(&self, c: usize) -> Vec<Reply> {
+        self.clients[c]
+            .replies
+            .iter()
+            .copied()
+            .filter(|r| r.rid().is_some())
+            .collect()
+    }
+
+    fn elect(&mut self) -> usize {
+        self.run_for(Duration::from_secs(2));
+        self.leader().expect("a leader is elected")
+    }
+}
+
+fn keys(key: &str) -> KeyGroup {
+    KeyGroup::single(Key::new(key.as_bytes()).unwrap())
+}
+
+fn acquire(rid: u64, key: &str, wait_s: u8, lease_s: u8) -> Request {
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s,
+        lease_s,
+        keys: keys(key),
+        set: false,
+    })
+}
+
+fn release(rid: u64, key: &str, token: u64) -> Request {
+    Request::Release(ReleaseRequest {
+        rid,
+        token,
+        keys: keys(key),
+        set: false,
+    })
+}
+
+fn token_of(reply: Reply) -> u64 {
+    match reply {
+        Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
+        other => panic!("not a grant: {other:?}"),
+    }
+}
+
+#[test]
+fn a_grant_is_replied_only_after_commit_and_apply() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    assert_eq!(
+        net.clients[c].replies,
+        vec![Reply::Leader {
+            leader_slot: leader as u8
+        }]
+    );
+    net.send_only(c, acquire(1, "k", 0, 10));
+    // The leader has only proposed: nothing for the client yet.
+    let conn = net.clients[c].conn;
+    let mut out = Vec::new();
+    net.node(leader).take_transmit(conn, &mut out);
+    assert!(out.is_empty(), "replied before commit: {out:?}");
+    assert_eq!(net.node(leader).locks().held_keys(), 0);
+    net.run_for(Duration::from_millis(100));
+    let token = token_of(net.answers(c)[0]);
+    assert!(
+        token >= BOOT_US,
+        "the counter starts at the bootstrap clock"
+    );
+    for node in net.nodes.iter().flatten() {
+        let (held, _) = node.locks().holder(&Key::new(b"k").unwrap()).unwrap();
+        assert_eq!(held, token, "every replica applied the grant");
+    }
+}
+
+#[test]
+fn a_follower_answers_moved_with_the_leader_slot() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let follower = (leader + 1) % 3;
+    let c = net.connect(follower);
+    assert_eq!(
+        net.clients[c].replies,
+        vec![Reply::Leader {
+            leader_slot: leader as u8
+        }]
+    );
+    assert_eq!(
+        net.request(c, acquire(1, "k", 5, 10)),
+        Reply::Moved {
+            rid: 1,
+            leader_slot: leader as u8
+        }
+    );
+    assert_eq!(net.node(leader).locks().held_keys(), 0, "no effect");
+}
+
+#[test]
+fn a_new_leader_grants_with_a_larger_token_and_keeps_the_old_grant() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let first = token_of(net.request(c, acquire(1, "a", 0, 60)));
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("a new leader");
+    assert_ne!(new_leader, leader);
+    let c2 = net.connect(new_leader);
+    let second = token_of(net.request(c2, acquire(1, "b", 0, 60)));
+    assert!(second > first, "{second} > {first}");
+    // The grant made under the old leader is still held.
+    assert_eq!(
+        net.request(c2, acquire(2, "a", 0, 60)),
+        Reply::TimedOut { rid: 2 }
+    );
+    assert_eq!(
+        net.request(c2, release(3, "a", first)),
+        Reply::Released { rid: 3 }
+    );
+}
+
+#[test]
+fn leases_expire_through_a_committed_expire_and_the_waiter_gets_the_key() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 1)));
+    net.send_only(c2, acquire(1, "k", 5, 10));
+    net.run_for(Duration::from_millis(500));
+    assert!(net.answers(c2).is_empty(), "still queued");
+    net.run_for(Duration::from_millis(600));
+    let second = token_of(net.answers(c2)[0]);
+    assert!(second > first);
+    for node in net.nodes.iter().flatten() {
+        let (held, _) = node.locks().holder(&Key::new(b"k").unwrap()).unwrap();
+        assert_eq!(held, second);
+    }
+    // The stale holder's release is refused; the current one succeeds.
+    assert_eq!(
+        net.request(c1, release(2, "k", first)),
+        Reply::NotFound { rid: 2 }
+    );
+    assert_eq!(
+        net.request(c2, release(2, "k", second)),
+        Reply::Released { rid: 2 }
+    );
+    assert_eq!(net.node(leader).locks().held_keys(), 0);
+}
+
+#[test]
+fn release_hands_the_key_to_the_front_waiter_and_wait_ends_with_t() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let c3 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.send_only(c3, acquire(1, "k", 1, 60));
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(
+        net.request(c1, release(2, "k", first)),
+        Reply::Released { rid: 2 }
+    );
+    net.run_for(Duration::from_millis(100));
+    let second = token_of(net.answers(c2)[0]);
+    assert!(second > first);
+    // c3 waited behind c2 and times out a margin before its 1 s.
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.answers(c3), vec![Reply::TimedOut { rid: 1 }]);
+}
+
+#[test]
+fn a_grant_for_a_closed_connection_is_released_at_once() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.send_only(c, acquire(1, "k", 0, 60));
+    let conn = net.clients[c].conn;
+    let now = net.now;
+    net.links.remove(&(leader, conn));
+    net.node(leader).handle_closed(now, conn);
+    net.run_for(Duration::from_millis(200));
+    for node in net.nodes.iter().flatten() {
+        assert_eq!(node.locks().held_keys(), 0, "ghost lock released");
+    }
+    assert!(net.node(leader).locks().next_token() > BOOT_US);
+}
+
+#[test]
+fn lost_leadership_answers_proposed_requests_indeterminate() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let held = token_of(net.request(c1, acquire(1, "held", 0, 60)));
+    net.send_only(c2, acquire(1, "held", 30, 60));
+    for i in 0..3 {
+        if i != leader {
+            net.kill(i);
+        }
+    }
+    net.send_only(c1, acquire(2, "new", 0, 60));
+    net.run_for(Duration::from_secs(2));
+    assert!(!net.node(leader).is_leader(), "check-quorum stepped down");
+    // Proposed: outcome unknown. Queued: no effect, no leader known.
+    assert_eq!(net.answers(c1)[1], Reply::Indeterminate { rid: 2 });
+    assert_eq!(
+        net.answers(c2),
+        vec![Reply::Error {
+            rid: 1,
+            code: ErrorCode::NoLeader
+        }]
+    );
+    assert!(net.clients[c1].replies.contains(&Reply::Leader {
+        leader_slot: NO_LEADER_SLOT
+    }));
+    let _ = held;
+}
+
+#[test]
+fn a_new_generation_answers_not_active_until_it_is_a_voter() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let id = NodeId::new(victim as u8, 2);
+    net.nodes[victim] = Some(ClusterNode::join(config(id), 99, net.now));
+    let c = net.connect(victim);
+    assert_eq!(
+        net.request(c, acquire(1, "k", 0, 10)),
+        Reply::Error {
+            rid: 1,
+            code: ErrorCode::NotActive
+        }
+    );
+    // The leader adds it as a learner and replaces the dead generation.
+    net.run_for(Duration::from_secs(3));
+    let raft = net.node(victim).raft();
+    assert!(raft.is_voter(), "config: {:?}", raft.config());
+    assert!(!raft.config().contains(NodeId::new(victim as u8, 1)));
+}
+
+#[test]
+fn a_key_set_waits_for_all_its_keys_in_fifo_order() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let a = token_of(net.request(c1, acquire(1, "a", 0, 60)));
+    let set = KeyGroup::new(vec![Key::new(b"a").unwrap(), Key::new(b"b").unwrap()]).unwrap();
+    net.send_only(
+        c2,
+        Request::Acquire(AcquireRequest {
+            rid: 1,
+            wait_s: 10,
+            lease_s: 60,
+            keys: set.clone(),
+            set: true,
+        }),
+    );
+    net.run_for(Duration::from_millis(100));
+    // "b" is free, but a later single acquire of it queues behind the set.
+    assert_eq!(
+        net.request(c1, acquire(2, "b", 0, 60)),
+        Reply::TimedOut { rid: 2 }
+    );
+    assert_eq!(
+        net.request(c1, release(3, "a", a)),
+        Reply::Released { rid: 3 }
+    );
+    net.run_for(Duration::from_millis(100));
+    let Reply::AcquiredSet { rid: 1, token } = net.answers(c2)[0] else {
+        panic!("{:?}", net.answers(c2));
+    };
+    assert!(token > a);
+    // Releasing one key of the set with the set's token is a group mismatch.
+    assert_eq!(
+        net.request(c2, release(2, "a", token)),
+        Reply::Error {
+            rid: 2,
+            code: ErrorCode::GroupMismatch
+        }
+    );
+    let release_set = Request::Release(ReleaseRequest {
+        rid: 3,
+        token,
+        keys: set,
+        set: true,
+    });
+    assert_eq!(net.request(c2, release_set), Reply::ReleasedSet { rid: 3 });
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let run = || {
+        let mut net = Net::new();
+        let leader = net.elect();
+        let c1 = net.connect(leader);
+        let c2 = net.connect((leader + 1) % 3);
+        net.send_only(c1, acquire(1, "k", 0, 1));
+        net.send_only(c1, acquire(2, "k", 5, 1));
+        net.send_only(c2, acquire(1, "k", 5, 1));
+        net.run_for(Duration::from_secs(4));
+        (
+            leader,
+            net.clients[c1].replies.clone(),
+            net.clients[c2].replies.clone(),
+        )
+    };
+    assert_eq!(run(), run());
+}

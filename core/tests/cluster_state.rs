@@ -1,0 +1,312 @@
+//! The replicated lock state (page 001): commands, their encoding, apply
+//! results, determinism and snapshots.
+
+use proptest::prelude::*;
+use ticketing_core::cluster::{ApplyResult, Command, ReplicatedLocks, SnapshotError};
+use ticketing_core::time::Instant;
+use ticketing_core::wire::{Key, KeyGroup};
+
+fn group(keys: &[&str]) -> KeyGroup {
+    KeyGroup::new(
+        keys.iter()
+            .map(|k| Key::new(k.as_bytes()).unwrap())
+            .collect(),
+    )
+    .unwrap()
+}
+
+fn ms(millis: u64) -> Instant {
+    Instant::from_millis(millis)
+}
+
+fn initialised(first_token: u64) -> ReplicatedLocks {
+    let mut state = ReplicatedLocks::new();
+    assert_eq!(
+        state.apply(&Command::Init { first_token }, ms(0)),
+        ApplyResult::Noop
+    );
+    state
+}
+
+fn grant(keys: &[&str]) -> Command {
+    Command::Grant {
+        keys: group(keys),
+        lease_ms: 10_000,
+    }
+}
+
+#[test]
+fn grant_before_init_is_rejected() {
+    let mut state = ReplicatedLocks::new();
+    assert_eq!(
+        state.apply(&grant(&["a"]), ms(1)),
+        ApplyResult::GrantRejected
+    );
+    assert_eq!(state.held_keys(), 0);
+}
+
+#[test]
+fn only_the_first_init_sets_the_counter() {
+    let mut state = initialised(1_000);
+    state.apply(&Command::Init { first_token: 5 }, ms(1));
+    assert_eq!(state.next_token(), 1_000);
+    assert_eq!(
+        state.apply(&grant(&["a"]), ms(2)),
+        ApplyResult::Granted { token: 1_000 }
+    );
+}
+
+#[test]
+fn tokens_strictly_increase_across_keys_and_sets() {
+    let mut state = initialised(77);
+    let mut last = 0;
+    for (i, keys) in [vec!["a"], vec!["b", "c"], vec!["d"]].iter().enumerate() {
+        let ApplyResult::Granted { token } = state.apply(&grant(keys), ms(i as u64)) else {
+            panic!("not granted");
+        };
+        assert!(token > last);
+        last = token;
+    }
+    let release = Command::Release {
+        keys: group(&["a"]),
+        token: 77,
+    };
+    assert_eq!(state.apply(&release, ms(5)), ApplyResult::Released);
+    assert_eq!(
+        state.apply(&grant(&["a"]), ms(6)),
+        ApplyResult::Granted { token: last + 1 }
+    );
+}
+
+#[test]
+fn grant_on_a_held_key_is_rejected_and_changes_nothing() {
+    let mut state = initialised(10);
+    state.apply(&grant(&["b"]), ms(0));
+    let before = state.replicated_view();
+    assert_eq!(
+        state.apply(&grant(&["a", "b"]), ms(1)),
+        ApplyResult::GrantRejected
+    );
+    assert_eq!(state.replicated_view(), before);
+}
+
+#[test]
+fn release_matches_token_and_group() {
+    let mut state = initialised(10);
+    state.apply(&grant(&["a", "b"]), ms(0));
+    let rel = |keys: &[&str], token| Command::Release {
+        keys: group(keys),
+        token,
+    };
+    assert_eq!(
+        state.apply(&rel(&["a", "b"], 9), ms(1)),
+        ApplyResult::NotFound
+    );
+    assert_eq!(state.apply(&rel(&["c"], 10), ms(1)), ApplyResult::NotFound);
+    assert_eq!(
+        state.apply(&rel(&["a"], 10), ms(1)),
+        ApplyResult::GroupMismatch
+    );
+    assert_eq!(
+        state.apply(&rel(&["a", "b"], 10), ms(1)),
+        ApplyResult::Released
+    );
+    assert_eq!(
+        state.apply(&rel(&["a", "b"], 10), ms(1)),
+        ApplyResult::NotFound
+    );
+    assert_eq!(state.held_keys(), 0);
+}
+
+#[test]
+fn stale_release_after_regrant_is_not_found() {
+    let mut state = initialised(10);
+    state.apply(&grant(&["a"]), ms(0));
+    let expire = Command::Expire {
+        keys: group(&["a"]),
+        token: 10,
+    };
+    assert_eq!(
+        state.apply(&expire, ms(10_000)),
+        ApplyResult::Expired { existed: true }
+    );
+    assert_eq!(
+        state.apply(&grant(&["a"]), ms(10_001)),
+        ApplyResult::Granted { token: 11 }
+    );
+    let stale = Command::Release {
+        keys: group(&["a"]),
+        token: 10,
+    };
+    assert_eq!(state.apply(&stale, ms(10_002)), ApplyResult::NotFound);
+    assert_eq!(state.holder(&Key::new(b"a").unwrap()).unwrap().0, 11);
+}
+
+#[test]
+fn late_or_duplicate_expire_never_removes_a_newer_grant() {
+    let mut state = initialised(10);
+    state.apply(&grant(&["a"]), ms(0));
+    let expire = Command::Expire {
+        keys: group(&["a"]),
+        token: 10,
+    };
+    assert_eq!(
+        state.apply(&expire, ms(10_000)),
+        ApplyResult::Expired { existed: true }
+    );
+    // Duplicate: nothing left to remove.
+    assert_eq!(
+        state.apply(&expire, ms(10_001)),
+        ApplyResult::Expired { existed: false }
+    );
+    state.apply(&grant(&["a"]), ms(10_002));
+    // Late: the key is held again under a newer token.
+    assert_eq!(
+        state.apply(&expire, ms(10_003)),
+        ApplyResult::Expired { existed: false }
+    );
+    assert_eq!(state.holder(&Key::new(b"a").unwrap()).unwrap().0, 11);
+}
+
+#[test]
+fn leader_sees_expired_grants_once_on_its_own_clock() {
+    let mut state = initialised(10);
+    state.apply(&grant(&["a"]), ms(100));
+    assert_eq!(state.next_deadline(), Some(ms(10_100)));
+    assert_eq!(state.pop_expired(ms(10_099)), None);
+    assert_eq!(state.pop_expired(ms(10_100)), Some((10, group(&["a"]))));
+    assert_eq!(state.pop_expired(ms(20_000)), None);
+    // A new term of leadership watches every grant again.
+    state.rebuild_deadlines();
+    assert_eq!(state.pop_expired(ms(20_000)), Some((10, group(&["a"]))));
+    // A retry only moves the deadline later.
+    state.rearm(10, ms(20_100));
+    assert_eq!(state.next_deadline(), Some(ms(20_100)));
+}
+
+#[test]
+fn snapshot_round_trip_never_shortens_a_lease() {
+    let mut state = initialised(500);
+    state.apply(&grant(&["a"]), ms(0));
+    state.apply(&grant(&["b", "c"]), ms(1));
+    state.apply(
+        &Command::Release {
+            keys: group(&["a"]),
+            token: 500,
+        },
+        ms(2),
+    );
+    // Taken at 4.5005 s: b,c has 5.5005 s left, rounded up to 5501 ms.
+    let bytes = state.snapshot(Instant::from_micros(4_500_500));
+    let restored = ReplicatedLocks::restore(&bytes, ms(7_000)).unwrap();
+    assert_eq!(restored.replicated_view(), state.replicated_view());
+    let (_, holding) = restored.holder(&Key::new(b"c").unwrap()).unwrap();
+    assert_eq!(holding.deadline, ms(7_000 + 5_501));
+    assert!(holding.deadline >= state.grant(501).unwrap().deadline);
+    // Deterministic: the same state at the same instant gives the same bytes.
+    assert_eq!(
+        restored.snapshot(ms(7_000)),
+        ReplicatedLocks::restore(&bytes, ms(7_000))
+            .unwrap()
+            .snapshot(ms(7_000))
+    );
+}
+
+#[test]
+fn bad_snapshots_are_errors() {
+    let state = initialised(500);
+    let mut bytes = state.snapshot(ms(0));
+    bytes[0] = 9;
+    assert_eq!(
+        ReplicatedLocks::restore(&bytes, ms(0)).unwrap_err(),
+        SnapshotError::Version(9)
+    );
+    // A grant whose token is at or above the counter cannot exist.
+    let mut holding = initialised(500);
+    holding.apply(&grant(&["a"]), ms(0));
+    let mut bytes = holding.snapshot(ms(0));
+    bytes[1..9].copy_from_slice(&500u64.to_be_bytes());
+    assert_eq!(
+        ReplicatedLocks::restore(&bytes, ms(0)).unwrap_err(),
+        SnapshotError::Inconsistent
+    );
+    let mut bytes = holding.snapshot(ms(0));
+    bytes.push(0);
+    assert_eq!(
+        ReplicatedLocks::restore(&bytes, ms(0)).unwrap_err(),
+        SnapshotError::Malformed
+    );
+}
+
+#[test]
+fn undecodable_entries_apply_as_noop() {
+    let mut state = initialised(1);
+    assert_eq!(state.apply_bytes(&[0x02, 0, 0], ms(0)), ApplyResult::Noop);
+    assert_eq!(state.apply_bytes(&[], ms(0)), ApplyResult::Noop);
+    let mut bytes = grant(&["a"]).to_bytes();
+    bytes.push(0);
+    assert_eq!(state.apply_bytes(&bytes, ms(0)), ApplyResult::Noop);
+    assert_eq!(state.held_keys(), 0);
+}
+
+fn arb_group() -> impl Strategy<Value = KeyGroup> {
+    proptest::collection::btree_set("[a-e]{1,2}", 1..=3).prop_map(|keys| {
+        KeyGroup::new(
+            keys.iter()
+                .map(|k| Key::new(k.as_bytes()).unwrap())
+                .collect(),
+        )
+        .unwrap()
+    })
+}
+
+fn arb_command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        (1u64..1_000).prop_map(|first_token| Command::Init { first_token }),
+        (arb_group(), 1u32..250_000).prop_map(|(keys, lease_ms)| Command::Grant { keys, lease_ms }),
+        (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Release { keys, token }),
+        (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Expire { keys, token }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn encoding_round_trips(command in arb_command()) {
+        let bytes = command.to_bytes();
+        prop_assert!(bytes.len() <= ticketing_core::cluster::MAX_COMMAND_LEN);
+        prop_assert_eq!(Command::decode(&bytes), Some(command));
+    }
+
+    #[test]
+    fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        if let Some(command) = Command::decode(&bytes) {
+            prop_assert_eq!(command.to_bytes(), bytes);
+        }
+    }
+
+    /// Two replicas applying the same committed sequence at different local
+    /// times agree on every result and on the replicated state; tokens only
+    /// ever grow.
+    #[test]
+    fn replicas_agree(commands in proptest::collection::vec(arb_command(), 1..60), skew in 0u64..5_000) {
+        let mut a = initialised(100);
+        let mut b = initialised(100);
+        let mut last_token = 0;
+        for (i, command) in commands.iter().enumerate() {
+            let bytes = command.to_bytes();
+            let ra = a.apply_bytes(&bytes, ms(i as u64 * 10));
+            let rb = b.apply_bytes(&bytes, ms(i as u64 * 10 + skew));
+            prop_assert_eq!(ra, rb);
+            if let ApplyResult::Granted { token } = ra {
+                prop_assert!(token > last_token);
+                last_token = token;
+            }
+            prop_assert_eq!(a.replicated_view(), b.replicated_view());
+        }
+        let restored = ReplicatedLocks::restore(&a.snapshot(ms(1_000)), ms(2_000)).unwrap();
+        prop_assert_eq!(restored.replicated_view(), a.replicated_view());
+        for (token, holding) in restored.grants() {
+            prop_assert!(holding.deadline >= a.grant(token).unwrap().deadline);
+        }
+    }
+}
