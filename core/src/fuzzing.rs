@@ -241,9 +241,12 @@ pub fn server_session(data: &[u8]) {
                 }
             }
             (6, Some(index)) => {
+                // A short write: only a prefix of what was taken goes out.
                 let conn = &mut conns[index];
                 let mut out = Vec::new();
                 server.take_transmit(conn.id, &mut out);
+                let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
+                server.handle_written(now, conn.id, written);
                 conn.received.extend_from_slice(&out);
             }
             (7, Some(index)) => {
