@@ -17,6 +17,12 @@ use ticketing_core::auth::{ClientTokens, MIN_TOKEN_LEN};
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::ServerConfig;
 
+use rustls::pki_types::ServerName;
+use ticketing_core::cluster::node::ClusterConfig;
+use ticketing_core::peer::{PeerTokenError, PeerTokens};
+use ticketing_core::raft::{NodeId, RaftConfig};
+
+use crate::cluster::{ClusterSettings, PeerTls};
 use crate::serve::ServeSettings;
 use crate::tls::{self, TlsPart};
 
@@ -29,6 +35,8 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const WAIT_MARGIN_MS_MAX: u64 = 900;
 /// Environment variable with comma-separated client tokens.
 pub const ENV_CLIENT_TOKENS: &str = "TICKETING_CLIENT_TOKENS";
+/// Environment variable with comma-separated peer tokens (cluster mode).
+pub const ENV_PEER_TOKENS: &str = "TICKETING_PEER_TOKENS";
 /// Accepted values of `log_level`.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
@@ -58,15 +66,20 @@ pub struct Cli {
 }
 
 /// `ticketing` subcommands.
+// Parsed once per process: the size difference between variants is moot.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a single-mode server (with no options: 127.0.0.1:5225, no auth).
+    /// Run a server (with no options: single mode on 127.0.0.1:5225, no
+    /// auth); a cluster node with --cluster or a `[cluster]` table.
     Serve(ServeArgs),
     /// Run a command while holding a lock.
     #[command(after_help = LOCK_AFTER_HELP)]
     Lock(LockArgs),
     /// Load-generate against a server with the built-in client.
     Bench(BenchArgs),
+    /// Print a fresh random cluster identity (64 lowercase hex digits).
+    Identity,
 }
 
 /// Exit codes of `ticketing lock`, besides the command's own status.
@@ -235,6 +248,37 @@ pub struct ServeArgs {
     /// How long before a waiter's deadline it is answered `T`, 0..=900.
     #[arg(long, value_name = "MS")]
     pub wait_margin_ms: Option<u64>,
+    /// Run as a cluster node (implied by any other cluster option or a
+    /// `[cluster]` table in the config file).
+    #[arg(long)]
+    pub cluster: bool,
+    /// Cluster identity: 64 lowercase hex digits (`ticketing identity`).
+    #[arg(long, value_name = "HEX")]
+    pub cluster_identity: Option<String>,
+    /// This node's slot, 0-based, in the `--slot` list.
+    #[arg(long, value_name = "N")]
+    pub self_slot: Option<u64>,
+    /// One slot's addresses, CLIENT_ADDR,PEER_ADDR; give 3 or 5, in slot
+    /// order (repeatable; replaces the config file's `slots`).
+    #[arg(long = "slot", value_name = "CLIENT,PEER")]
+    pub slots: Vec<String>,
+    /// Peer token, at least 16 bytes (repeatable; the first is this node's
+    /// own, the others are also accepted, for rotation). Prefer the config
+    /// file or TICKETING_PEER_TOKENS.
+    #[arg(long = "peer-token", value_name = "TOKEN")]
+    pub peer_tokens: Vec<String>,
+    /// Raft timing: `default` (failover 2.3-2.5 s) or `fast` (under 0.65 s,
+    /// for LANs and tests).
+    #[arg(long, value_name = "PROFILE")]
+    pub profile: Option<String>,
+    /// Serve a one-line status on this address (plain TCP, read-only).
+    #[arg(long, value_name = "ADDR")]
+    pub status_listen: Option<String>,
+    /// First start of a brand-new cluster: every slot is started once with
+    /// this flag. Never pass it when restarting a node: a restarted node
+    /// joins by itself.
+    #[arg(long)]
+    pub bootstrap: bool,
 }
 
 /// The config file, as written. Every field is optional.
@@ -255,6 +299,53 @@ pub struct FileConfig {
     pub tls: Option<FileTls>,
     /// `[limits]` table.
     pub limits: Option<FileLimits>,
+    /// `[cluster]` table: run as a cluster node.
+    pub cluster: Option<FileCluster>,
+}
+
+/// The `[cluster]` table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCluster {
+    /// See [`ServeArgs::cluster_identity`].
+    pub identity: Option<String>,
+    /// See [`ServeArgs::self_slot`].
+    pub self_slot: Option<u64>,
+    /// `[[cluster.slots]]`: 3 or 5, in slot order.
+    pub slots: Option<Vec<FileSlot>>,
+    /// See [`ServeArgs::peer_tokens`].
+    pub peer_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::profile`].
+    pub profile: Option<String>,
+    /// See [`ServeArgs::status_listen`].
+    pub status_listen: Option<String>,
+    /// `[cluster.peer_tls]` table.
+    pub peer_tls: Option<FilePeerTls>,
+}
+
+/// One `[[cluster.slots]]` entry.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSlot {
+    /// Where clients connect, IP:PORT.
+    pub client: Option<String>,
+    /// Where peers connect, IP:PORT.
+    pub peer: Option<String>,
+}
+
+/// The `[cluster.peer_tls]` table: TLS between peers. Relative paths are
+/// relative to the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePeerTls {
+    /// PEM certificate chain presented on the peer address.
+    pub cert: Option<PathBuf>,
+    /// Its PEM private key.
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates that dialed peers are verified against.
+    pub ca: Option<PathBuf>,
+    /// The DNS name every peer certificate carries.
+    pub server_name: Option<String>,
 }
 
 /// The `[tls]` table. Relative paths are relative to the config file.
@@ -291,6 +382,8 @@ pub struct Env {
     pub client_tokens: Option<String>,
     /// `RUST_LOG`.
     pub rust_log: Option<String>,
+    /// `TICKETING_PEER_TOKENS`.
+    pub peer_tokens: Option<String>,
 }
 
 impl Env {
@@ -299,6 +392,7 @@ impl Env {
         Env {
             client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
             rust_log: std::env::var("RUST_LOG").ok(),
+            peer_tokens: std::env::var(ENV_PEER_TOKENS).ok(),
         }
     }
 }
@@ -321,6 +415,10 @@ pub struct Config {
     pub log_filter: String,
     /// How clients authenticate.
     pub auth: AuthMode,
+    /// Cluster mode: what the node runs with (`settings` then only carries
+    /// the client listen address and the shared options, already copied
+    /// into this).
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// A configuration that cannot be used.
@@ -423,7 +521,6 @@ pub fn resolve(
         })?
     };
     let insecure_no_auth = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
-    check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
 
     let limits_file = file.limits.clone().unwrap_or_default();
     let defaults = ServerConfig::default();
@@ -495,7 +592,36 @@ pub fn resolve(
         client_tokens,
         ..defaults
     };
-    let mut settings = ServeSettings::new(listen);
+    let cluster = if cluster_mode(file, args) {
+        let cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
+        if let Some(text) = args.listen.as_deref().or(file.listen.as_deref())
+            && listen != cluster.client_listen
+        {
+            return Err(ConfigError::new(
+                "listen",
+                format!(
+                    "{text} differs from this slot's client address {}; in cluster mode leave listen unset",
+                    cluster.client_listen
+                ),
+            ));
+        }
+        check_listen_auth(
+            cluster.client_listen,
+            !tokens.values.is_empty(),
+            insecure_no_auth,
+        )
+        .map_err(|e| {
+            ConfigError::new(
+                format!("cluster.slots[{}].client", cluster.node.id.slot),
+                e.message,
+            )
+        })?;
+        Some(cluster)
+    } else {
+        check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
+        None
+    };
+    let mut settings = ServeSettings::new(cluster.as_ref().map_or(listen, |c| c.client_listen));
     settings.server = server;
     settings.tls = tls;
     let auth = if tokens.values.is_empty() {
@@ -507,7 +633,289 @@ pub fn resolve(
         settings,
         log_filter,
         auth,
+        cluster,
     })
+}
+
+/// Whether any cluster option is set.
+fn cluster_mode(file: &FileConfig, args: &ServeArgs) -> bool {
+    file.cluster.is_some()
+        || args.cluster
+        || args.cluster_identity.is_some()
+        || args.self_slot.is_some()
+        || !args.slots.is_empty()
+        || !args.peer_tokens.is_empty()
+        || args.profile.is_some()
+        || args.status_listen.is_some()
+        || args.bootstrap
+}
+
+fn parse_addr(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.trim().parse().map_err(|_| {
+        ConfigError::new(
+            field,
+            format!("expected IP:PORT such as 127.0.0.1:5225 or [::1]:5225, got {text:?}"),
+        )
+    })
+}
+
+/// Parses a cluster identity: exactly 64 lowercase hex digits.
+pub fn parse_identity(text: &str) -> Result<[u8; 32], String> {
+    if text.len() != 64
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(format!(
+            "expected 64 lowercase hex digits (see `ticketing identity`), got {} characters",
+            text.len()
+        ));
+    }
+    let mut out = [0u8; 32];
+    for (index, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16)
+            .map_err(|_| "not hexadecimal".to_owned())?;
+    }
+    Ok(out)
+}
+
+/// The cluster half of [`resolve`]; `server` carries the limits, margin
+/// and client tokens already validated.
+fn resolve_cluster(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+    server: &ServerConfig,
+    client_tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<ClusterSettings, ConfigError> {
+    let table = file.cluster.clone().unwrap_or_default();
+
+    let identity_text = args
+        .cluster_identity
+        .as_deref()
+        .or(table.identity.as_deref())
+        .ok_or_else(|| {
+            ConfigError::new(
+                "cluster.identity",
+                "required in cluster mode (--cluster-identity; make one with `ticketing identity`)",
+            )
+        })?;
+    let fingerprint =
+        parse_identity(identity_text).map_err(|e| ConfigError::new("cluster.identity", e))?;
+
+    // Slots: the flags replace the file's list as a whole.
+    let slots: Vec<(SocketAddr, SocketAddr)> = if args.slots.is_empty() {
+        let list = table.slots.clone().unwrap_or_default();
+        let mut out = Vec::with_capacity(list.len());
+        for (index, slot) in list.iter().enumerate() {
+            let get = |name: &str, value: &Option<String>| {
+                let field = format!("cluster.slots[{index}].{name}");
+                let text = value
+                    .as_deref()
+                    .ok_or_else(|| ConfigError::new(field.clone(), "required"))?;
+                parse_addr(&field, text)
+            };
+            out.push((get("client", &slot.client)?, get("peer", &slot.peer)?));
+        }
+        out
+    } else {
+        let mut out = Vec::with_capacity(args.slots.len());
+        for (index, text) in args.slots.iter().enumerate() {
+            let field = format!("cluster.slots[{index}]");
+            let (client, peer) = text.split_once(',').ok_or_else(|| {
+                ConfigError::new(
+                    field.clone(),
+                    format!("expected CLIENT_ADDR,PEER_ADDR (--slot), got {text:?}"),
+                )
+            })?;
+            out.push((
+                parse_addr(&format!("{field}.client"), client)?,
+                parse_addr(&format!("{field}.peer"), peer)?,
+            ));
+        }
+        out
+    };
+    if slots.len() != 3 && slots.len() != 5 {
+        let why = if slots.len().is_multiple_of(2) {
+            "; an even count adds cost but no fault tolerance"
+        } else {
+            ""
+        };
+        return Err(ConfigError::new(
+            "cluster.slots",
+            format!(
+                "{} slots given, a cluster has exactly 3 or 5{why}",
+                slots.len()
+            ),
+        ));
+    }
+    let mut seen: Vec<(SocketAddr, String)> = Vec::new();
+    for (index, (client, peer)) in slots.iter().enumerate() {
+        for (addr, name) in [(client, "client"), (peer, "peer")] {
+            let field = format!("cluster.slots[{index}].{name}");
+            if let Some((_, other)) = seen.iter().find(|(a, _)| a == addr) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{addr} is also {other}; every address must be distinct"),
+                ));
+            }
+            seen.push((*addr, field));
+        }
+    }
+
+    let self_slot = args.self_slot.or(table.self_slot).ok_or_else(|| {
+        ConfigError::new(
+            "cluster.self_slot",
+            "required in cluster mode (--self-slot)",
+        )
+    })?;
+    if self_slot >= slots.len() as u64 {
+        return Err(ConfigError::new(
+            "cluster.self_slot",
+            format!(
+                "{self_slot} is out of range, allowed 0..={}",
+                slots.len() - 1
+            ),
+        ));
+    }
+    let self_slot = self_slot as u8;
+
+    // Peer tokens: flags, then environment, then file.
+    let (peer_tokens, source): (Vec<String>, &str) = if !args.peer_tokens.is_empty() {
+        (args.peer_tokens.clone(), "--peer-token")
+    } else if let Some(list) = env.peer_tokens.as_deref().filter(|s| !s.trim().is_empty()) {
+        (
+            list.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            ENV_PEER_TOKENS,
+        )
+    } else {
+        (
+            table.peer_tokens.clone().unwrap_or_default(),
+            "the config file",
+        )
+    };
+    let peer_tokens =
+        PeerTokens::new(peer_tokens.iter().map(String::as_bytes)).map_err(|e| match e {
+            PeerTokenError::Empty => ConfigError::new(
+                "cluster.peer_tokens",
+                format!("at least one peer token is required (--peer-token, {ENV_PEER_TOKENS})"),
+            ),
+            PeerTokenError::TooShort(index) => ConfigError::new(
+                format!("cluster.peer_tokens[{index}]"),
+                format!(
+                    "token is {} bytes, must be at least {MIN_TOKEN_LEN} (from {source})",
+                    peer_tokens[index].len()
+                ),
+            ),
+        })?;
+
+    let profile = args
+        .profile
+        .as_deref()
+        .or(table.profile.as_deref())
+        .unwrap_or("default");
+    let raft = match profile {
+        "default" => RaftConfig::default(),
+        "fast" => RaftConfig::fast(),
+        other => {
+            return Err(ConfigError::new(
+                "cluster.profile",
+                format!("{other:?} is not one of default, fast"),
+            ));
+        }
+    };
+    let status_listen = args
+        .status_listen
+        .as_deref()
+        .or(table.status_listen.as_deref())
+        .map(|text| parse_addr("cluster.status_listen", text))
+        .transpose()?;
+    let peer_tls = resolve_peer_tls(table.peer_tls.as_ref(), file_dir)?;
+
+    // The generation is chosen at start (spawn_cluster); 0 until then.
+    let mut node = ClusterConfig::new(
+        fingerprint,
+        NodeId::new(self_slot, 0),
+        slots.len() as u8,
+        peer_tokens,
+        0,
+    );
+    node.raft = raft;
+    node.limits = server.lock.limits;
+    node.wait_margin = server.lock.wait_margin;
+    node.max_connections = server.max_connections;
+    node.max_in_flight_per_connection = server.max_in_flight_per_connection;
+    node.client_tokens = server.client_tokens.clone();
+    node.validate()
+        .map_err(|e| ConfigError::new("cluster", e.to_owned()))?;
+    let (client_listen, peer_listen) = slots[usize::from(self_slot)];
+    let mut settings = ClusterSettings::new(
+        client_listen,
+        peer_listen,
+        slots.iter().map(|(_, peer)| *peer).collect(),
+        node,
+    );
+    settings.bootstrap = args.bootstrap;
+    settings.client_tls = client_tls;
+    settings.peer_tls = peer_tls;
+    settings.status_listen = status_listen;
+    Ok(settings)
+}
+
+fn resolve_peer_tls(
+    table: Option<&FilePeerTls>,
+    file_dir: Option<&Path>,
+) -> Result<Option<PeerTls>, ConfigError> {
+    let Some(table) = table else {
+        return Ok(None);
+    };
+    let path = |name: &str, value: &Option<PathBuf>| {
+        let value = value.as_ref().ok_or_else(|| {
+            ConfigError::new(
+                format!("cluster.peer_tls.{name}"),
+                "required when [cluster.peer_tls] is present",
+            )
+        })?;
+        Ok::<PathBuf, ConfigError>(match file_dir {
+            Some(dir) => dir.join(value),
+            None => value.clone(),
+        })
+    };
+    let cert = path("cert", &table.cert)?;
+    let key = path("key", &table.key)?;
+    let ca = path("ca", &table.ca)?;
+    let name_text = table.server_name.clone().ok_or_else(|| {
+        ConfigError::new(
+            "cluster.peer_tls.server_name",
+            "required when [cluster.peer_tls] is present: the DNS name on every peer certificate",
+        )
+    })?;
+    let server_name = ServerName::try_from(name_text.clone()).map_err(|_| {
+        ConfigError::new(
+            "cluster.peer_tls.server_name",
+            format!("{name_text:?} is not a valid DNS name"),
+        )
+    })?;
+    let server = tls::load_server_config(&cert, &key).map_err(|e| {
+        let field = match e.part {
+            TlsPart::Cert => "cluster.peer_tls.cert",
+            TlsPart::Key => "cluster.peer_tls.key",
+            TlsPart::Pair => "cluster.peer_tls",
+        };
+        ConfigError::new(field, e.to_string())
+    })?;
+    let client = tls::load_client_config(&ca)
+        .map_err(|e| ConfigError::new("cluster.peer_tls.ca", e.to_string()))?;
+    Ok(Some(PeerTls {
+        server,
+        client,
+        server_name,
+    }))
 }
 
 /// Our rule: with no client token, only the empty token is accepted, so
@@ -668,6 +1076,131 @@ mod tests {
         }
     }
 
+    const IDENTITY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    const SLOTS3: [&str; 6] = [
+        "--slot",
+        "127.0.0.1:5225,127.0.0.1:6225",
+        "--slot",
+        "127.0.0.1:5226,127.0.0.1:6226",
+        "--slot",
+        "127.0.0.1:5227,127.0.0.1:6227",
+    ];
+
+    fn cluster_args(extra: &[&str]) -> Vec<String> {
+        let mut argv = vec![
+            "--cluster-identity",
+            IDENTITY,
+            "--self-slot",
+            "1",
+            "--peer-token",
+            "peer-token-0123456789",
+        ];
+        argv.extend_from_slice(extra);
+        argv.into_iter().map(str::to_owned).collect()
+    }
+
+    fn cluster_field(argv: &[String]) -> String {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        field_of(resolve_args(&argv))
+    }
+
+    #[test]
+    fn cluster_flags_give_the_slot_addresses_and_profile() {
+        let mut argv = cluster_args(&SLOTS3);
+        argv.extend([
+            "--profile".to_owned(),
+            "fast".to_owned(),
+            "--bootstrap".to_owned(),
+        ]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = resolve_args(&argv).unwrap();
+        let cluster = config.cluster.expect("cluster mode");
+        assert_eq!(cluster.client_listen, "127.0.0.1:5226".parse().unwrap());
+        assert_eq!(cluster.peer_listen, "127.0.0.1:6226".parse().unwrap());
+        assert_eq!(cluster.peer_addrs.len(), 3);
+        assert_eq!(cluster.node.slot_count, 3);
+        assert_eq!(cluster.node.id.slot, 1);
+        assert_eq!(cluster.node.raft, RaftConfig::fast());
+        assert!(cluster.bootstrap);
+        assert_eq!(config.settings.listen, cluster.client_listen);
+    }
+
+    #[test]
+    fn cluster_slot_count_must_be_3_or_5() {
+        let four = [
+            SLOTS3.as_slice(),
+            &["--slot", "127.0.0.1:5228,127.0.0.1:6228"],
+        ]
+        .concat();
+        assert_eq!(cluster_field(&cluster_args(&four)), "cluster.slots");
+        let err = {
+            let argv = cluster_args(&four);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            resolve_args(&argv).unwrap_err()
+        };
+        assert!(err.message.contains("even"), "{err}");
+        assert_eq!(cluster_field(&cluster_args(&SLOTS3[..4])), "cluster.slots");
+    }
+
+    #[test]
+    fn cluster_errors_name_their_field() {
+        let mut bad_identity = cluster_args(&SLOTS3);
+        bad_identity[1] = IDENTITY.to_uppercase();
+        assert_eq!(cluster_field(&bad_identity), "cluster.identity");
+        let mut bad_slot = cluster_args(&SLOTS3);
+        bad_slot[3] = "3".to_owned();
+        assert_eq!(cluster_field(&bad_slot), "cluster.self_slot");
+        let mut short_token = cluster_args(&SLOTS3);
+        short_token[5] = "short".to_owned();
+        assert_eq!(cluster_field(&short_token), "cluster.peer_tokens[0]");
+        let mut dup = cluster_args(&SLOTS3);
+        let last = dup.len() - 1;
+        dup[last] = "127.0.0.1:5225,127.0.0.1:6227".to_owned();
+        assert_eq!(cluster_field(&dup), "cluster.slots[2].client");
+        let mut profile = cluster_args(&SLOTS3);
+        profile.extend(["--profile".to_owned(), "turbo".to_owned()]);
+        assert_eq!(cluster_field(&profile), "cluster.profile");
+        assert_eq!(
+            cluster_field(&cluster_args(&[
+                "--slot", "x", "--slot", "y", "--slot", "z"
+            ])),
+            "cluster.slots[0]"
+        );
+    }
+
+    #[test]
+    fn cluster_table_in_the_file_is_read() {
+        let file = parse_file(&format!(
+            r#"
+            client_tokens = ["client-token-0123456789"]
+            [cluster]
+            identity = "{IDENTITY}"
+            self_slot = 0
+            peer_tokens = ["peer-token-0123456789", "old-peer-token-0123456789"]
+            profile = "default"
+            slots = [
+              {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" }},
+              {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" }},
+              {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" }},
+            ]
+            "#
+        ))
+        .unwrap();
+        let config = resolve(&file, None, &args(&[]), &Env::default()).unwrap();
+        let cluster = config.cluster.unwrap();
+        assert_eq!(cluster.client_listen, "10.0.0.1:5225".parse().unwrap());
+        assert_eq!(cluster.node.raft, RaftConfig::default());
+        assert!(!cluster.bootstrap, "bootstrap is a command-line flag only");
+        let missing_peer = parse_file(&format!(
+            "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 0\npeer_tokens = [\"peer-token-0123456789\"]\nslots = [{{ client = \"127.0.0.1:1\" }}]\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            field_of(resolve(&missing_peer, None, &args(&[]), &Env::default())),
+            "cluster.slots[0].peer"
+        );
+    }
+
     #[test]
     fn durations_take_ms_s_and_m() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
@@ -804,6 +1337,7 @@ mod tests {
         let env = Env {
             client_tokens: Some("env-token-0123456789, env-token-abcdefghij,".to_owned()),
             rust_log: None,
+            ..Env::default()
         };
         let from_env = resolve(&file, None, &ServeArgs::default(), &env).unwrap();
         assert_eq!(from_env.auth, AuthMode::Tokens(2));
@@ -816,6 +1350,7 @@ mod tests {
         let env_short = Env {
             client_tokens: Some("fine-token-0123456789,tiny".to_owned()),
             rust_log: None,
+            ..Env::default()
         };
         let err = resolve(&file, None, &ServeArgs::default(), &env_short).unwrap_err();
         assert_eq!(err.field, "client_tokens[1]");
@@ -952,6 +1487,7 @@ mod tests {
         let env = Env {
             client_tokens: None,
             rust_log: Some("ticketing_tokio=debug".to_owned()),
+            ..Env::default()
         };
         let file = parse_file("log_level = \"error\"").unwrap();
         let config = resolve(&file, None, &ServeArgs::default(), &env).unwrap();

@@ -10,9 +10,11 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod serve;
 pub mod tls;
 
 pub use client::{ReleaseOutcome, Ticket, TicketBroker, TicketError, TicketSet, TlsMode};
+pub use cluster::{ClusterSettings, ClusterStatus, RunningCluster, spawn_cluster};
 pub use serve::{RunningServer, ServeSettings, spawn_server};

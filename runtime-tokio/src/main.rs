@@ -18,7 +18,20 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::Lock(args) => lock::run(args),
         Command::Bench(args) => bench::run(&args),
+        Command::Identity => identity(),
     }
+}
+
+/// `ticketing identity`: 32 fresh CSPRNG bytes as 64 lowercase hex digits.
+fn identity() -> ExitCode {
+    let mut bytes = [0u8; 32];
+    if let Err(e) = getrandom::fill(&mut bytes) {
+        eprintln!("ticketing: no OS randomness: {e}");
+        return ExitCode::from(1);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    println!("{hex}");
+    ExitCode::SUCCESS
 }
 
 fn serve(args: &ServeArgs) -> ExitCode {
@@ -46,6 +59,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(cluster) = config.cluster {
+        return runtime.block_on(serve_cluster(cluster, config.auth));
+    }
     runtime.block_on(async {
         let listen = config.settings.listen;
         let server = match spawn_server(config.settings).await {
@@ -67,6 +83,28 @@ fn serve(args: &ServeArgs) -> ExitCode {
         server.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMode) -> ExitCode {
+    let (client, peer) = (settings.client_listen, settings.peer_listen);
+    let node = match ticketing_tokio::spawn_cluster(settings).await {
+        Ok(node) => node,
+        Err(e) => {
+            error!("cannot start the cluster node on {client} / {peer}: {e}");
+            eprintln!("ticketing: cannot start the cluster node on {client} / {peer}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match auth {
+        AuthMode::Tokens(count) => info!(tokens = count, "client authentication on"),
+        AuthMode::None => info!("client authentication off: only the empty token is accepted"),
+    }
+    if let Err(e) = wait_for_stop_signal().await {
+        error!("cannot watch for stop signals: {e}");
+    }
+    info!("stop signal received");
+    node.shutdown().await;
+    ExitCode::SUCCESS
 }
 
 /// A lock service that keeps serving from state a panic left half-updated

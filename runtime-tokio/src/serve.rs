@@ -2,27 +2,36 @@
 //! and the timer. Every decision is the core's; this module only moves bytes
 //! and instants between the two.
 //!
-//! Shape: one [`Server`] behind a `std::sync::Mutex`, never held across an
-//! `.await`. Each connection has one task and one [`Notify`] registered under
-//! its [`ConnId`]; after every input the task that fed it drains
-//! [`Server::poll_wake`] and notifies the woken connections (its own wake is
-//! served inline, without a round trip through its `Notify`). One timer task
-//! sleeps until [`Server::poll_timeout`]; an input that makes the deadline
-//! earlier notifies it.
+//! Shape: one state machine behind a `std::sync::Mutex`, never held across
+//! an `.await`. Each connection has one task and one [`Notify`] registered
+//! under its [`ConnId`]; after every input the task that fed it drains the
+//! core's wakes and notifies the woken connections (its own wake is served
+//! inline, without a round trip through its `Notify`). One timer task sleeps
+//! until the core's next deadline; an input that makes the deadline earlier
+//! notifies it.
+//!
+//! The same code drives the cluster node ([`crate::cluster`]): the
+//! connection tasks, the timer and the supervisor are generic over
+//! `Machine`, a small trait implemented by the single-mode [`Server`] and
+//! by the cluster driver's wrapper of `ClusterNode`. The cluster adds a
+//! second listener (peers) and outbound peer dials.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tracing::{debug, error, info, warn};
 
+use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
 
@@ -37,6 +46,8 @@ const WRITE_BUF_KEEP_BYTES: usize = 1 << 20;
 /// Pause after an accept error such as EMFILE, so that the loop does not spin
 /// while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// How long an outbound peer dial may take before it counts as failed.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -72,7 +83,7 @@ impl ServeSettings {
 #[derive(Debug)]
 pub struct RunningServer {
     local_addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<Server>>,
     supervisor: Option<JoinHandle<()>>,
 }
 
@@ -84,7 +95,7 @@ impl RunningServer {
 
     /// The core's current counts.
     pub fn stats(&self) -> ServerStats {
-        self.shared.lock().server.stats()
+        self.shared.lock().core.stats()
     }
 
     /// Stops accepting, lets the core answer what is queued, flushes and
@@ -128,24 +139,19 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
 
     let clock = Clock::start();
     let server = Server::new(settings.server, first_token(), clock.now());
-    let shared = Arc::new(Shared {
-        inner: Mutex::new(Inner {
-            server,
-            wakers: HashMap::new(),
-            timer_target_micros: u64::MAX,
-        }),
-        clock,
-        timer: Notify::new(),
-        stop: Notify::new(),
-        tls,
-    });
-    let timer = tokio::spawn(run_timer(Arc::clone(&shared)));
-    let supervisor = tokio::spawn(supervise(
-        Arc::clone(&shared),
-        listener,
-        timer,
+    let shared = Shared::new(server, clock);
+    let supervisor = start(
+        &shared,
+        vec![Listener {
+            tcp: listener,
+            tls,
+            open: Server::handle_connect,
+            what: "client",
+        }],
+        Vec::new(),
+        None,
         settings.shutdown_grace,
-    ));
+    );
     Ok(RunningServer {
         local_addr,
         shared,
@@ -156,7 +162,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
 /// By our rule the token counter starts at the bootstrap wall-clock time in
 /// microseconds since the Unix epoch, so a restarted server issues tokens
 /// above those it issued before.
-fn first_token() -> u64 {
+pub(crate) fn first_token() -> u64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
@@ -165,21 +171,107 @@ fn first_token() -> u64 {
         .max(1)
 }
 
+// ---------------------------------------------------------------------------
+// The state machine seen by the driver
+// ---------------------------------------------------------------------------
+
+/// What the generic driver needs from a sans-IO core: the single-mode
+/// [`Server`] or a cluster node. Each method is the core's method of the
+/// same name unless documented otherwise.
+pub(crate) trait Machine: Send + 'static {
+    /// Bytes received on `conn`.
+    fn handle_input(&mut self, now: Instant, conn: ConnId, bytes: &[u8]);
+    /// A connection with bytes to send or to be closed.
+    fn poll_wake(&mut self) -> Option<ConnId>;
+    /// Moves `conn`'s pending bytes to `out`.
+    fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState;
+    /// False while the core wants no more input from `conn`.
+    fn wants_input(&self, conn: ConnId) -> bool;
+    /// `written` of the `taken` bytes of the last `take_transmit` were
+    /// accepted by the stream (all of them unless the write failed).
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, taken: usize);
+    /// The transport of `conn` is gone.
+    fn handle_closed(&mut self, now: Instant, conn: ConnId);
+    /// The next deadline.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// Deadlines up to `now` are due.
+    fn handle_timeout(&mut self, now: Instant);
+    /// Stop serving.
+    fn begin_shutdown(&mut self, now: Instant);
+    /// True once [`Machine::begin_shutdown`] was called.
+    fn is_shutting_down(&self) -> bool;
+    /// The next peer slot to dial (cluster only).
+    fn poll_dial(&mut self, _now: Instant) -> Option<u8> {
+        None
+    }
+    /// The outcome of a dial asked for by [`Machine::poll_dial`].
+    fn handle_dial_failed(&mut self, _now: Instant, _slot: u8) {}
+    /// The dialed transport to `slot` is up: a new connection.
+    fn handle_dialed(&mut self, _now: Instant, _slot: u8, _nonce: [u8; NONCE_LEN]) -> ConnId {
+        unreachable!("this core never asks to dial")
+    }
+    /// During shutdown: true when what is left (peer connections) may be
+    /// dropped without waiting for it. The single server waits for all of
+    /// its connections instead.
+    fn quiesced(&self) -> bool {
+        false
+    }
+    /// Called after every drain of the wakes; for logging state changes.
+    fn observe(&mut self) {}
+}
+
+impl Machine for Server {
+    fn handle_input(&mut self, now: Instant, conn: ConnId, bytes: &[u8]) {
+        Server::handle_input(self, now, conn, bytes);
+    }
+    fn poll_wake(&mut self) -> Option<ConnId> {
+        Server::poll_wake(self)
+    }
+    fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState {
+        Server::take_transmit(self, conn, out)
+    }
+    fn wants_input(&self, conn: ConnId) -> bool {
+        Server::wants_input(self, conn)
+    }
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, _taken: usize) {
+        Server::handle_written(self, now, conn, written);
+    }
+    fn handle_closed(&mut self, now: Instant, conn: ConnId) {
+        Server::handle_closed(self, now, conn);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Server::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Server::handle_timeout(self, now);
+    }
+    fn begin_shutdown(&mut self, now: Instant) {
+        Server::begin_shutdown(self, now);
+    }
+    fn is_shutting_down(&self) -> bool {
+        Server::is_shutting_down(self)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Clock and shared state
+// ---------------------------------------------------------------------------
+
 /// The driver's monotonic clock: core instants are microseconds since
 /// `origin`.
 #[derive(Debug)]
-struct Clock {
+pub(crate) struct Clock {
     origin: std::time::Instant,
 }
 
 impl Clock {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Clock {
             origin: std::time::Instant::now(),
         }
     }
 
-    fn now(&self) -> Instant {
+    pub(crate) fn now(&self) -> Instant {
         Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
     }
 
@@ -192,19 +284,46 @@ impl Clock {
     }
 }
 
-#[derive(Debug)]
-struct Shared {
-    inner: Mutex<Inner>,
-    clock: Clock,
+pub(crate) struct Shared<M> {
+    inner: Mutex<Inner<M>>,
+    pub(crate) clock: Clock,
     /// Wakes the timer task when its deadline may have moved earlier.
     timer: Notify,
     /// Asks the supervisor to shut down.
-    stop: Notify,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) stop: Notify,
+    /// Tells the supervisor that the core asked for dials.
+    dial: Notify,
+    /// During shutdown: something changed, the supervisor re-checks
+    /// [`Machine::quiesced`].
+    progress: Notify,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+impl<M> std::fmt::Debug for Shared<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: Machine> Shared<M> {
+    pub(crate) fn new(core: M, clock: Clock) -> Arc<Self> {
+        Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                core,
+                wakers: HashMap::new(),
+                timer_target_micros: u64::MAX,
+                dials: Vec::new(),
+            }),
+            clock,
+            timer: Notify::new(),
+            stop: Notify::new(),
+            dial: Notify::new(),
+            progress: Notify::new(),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner<M>> {
         // A panic inside the core leaves its state unknown; serving on from
         // it could break mutual exclusion, so every task stops instead.
         self.inner
@@ -213,30 +332,24 @@ impl Shared {
     }
 }
 
-struct Inner {
-    server: Server,
+pub(crate) struct Inner<M> {
+    pub(crate) core: M,
     /// The task to notify for each open connection.
     wakers: HashMap<ConnId, Arc<Notify>>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     timer_target_micros: u64,
+    /// Slots the core asked to dial, not yet picked up by the supervisor.
+    dials: Vec<u8>,
 }
 
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner")
-            .field("connections", &self.wakers.len())
-            .field("timer_target_micros", &self.timer_target_micros)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Inner {
+impl<M: Machine> Inner<M> {
     /// Drains the core's wakes after an input: notifies every woken
-    /// connection but `me` and says whether `me` was woken. Then tells the
-    /// timer if the input made the next deadline earlier.
-    fn dispatch(&mut self, timer: &Notify, me: Option<ConnId>) -> bool {
+    /// connection but `me` and says whether `me` was woken. Then collects
+    /// dials, tells the timer if the input made the next deadline earlier,
+    /// and (during shutdown) the supervisor.
+    fn dispatch(&mut self, shared: &Shared<M>, me: Option<ConnId>) -> bool {
         let mut mine = false;
-        while let Some(conn) = self.server.poll_wake() {
+        while let Some(conn) = self.core.poll_wake() {
             if Some(conn) == me {
                 mine = true;
             } else if let Some(waker) = self.wakers.get(&conn) {
@@ -245,24 +358,36 @@ impl Inner {
             // A wake for a connection without a waker is for one that is
             // being closed right now; its task is already finishing.
         }
+        let now = shared.clock.now();
+        let dials_before = self.dials.len();
+        while let Some(slot) = self.core.poll_dial(now) {
+            self.dials.push(slot);
+        }
+        if self.dials.len() > dials_before {
+            shared.dial.notify_one();
+        }
+        self.core.observe();
         let deadline = self
-            .server
+            .core
             .poll_timeout()
             .map_or(u64::MAX, Instant::as_micros);
         if deadline < self.timer_target_micros {
             self.timer_target_micros = deadline;
-            timer.notify_one();
+            shared.timer.notify_one();
+        }
+        if self.core.is_shutting_down() {
+            shared.progress.notify_one();
         }
         mine
     }
 }
 
 /// Sleeps until the core's next deadline, then hands it the time.
-async fn run_timer(shared: Arc<Shared>) {
+async fn run_timer<M: Machine>(shared: Arc<Shared<M>>) {
     loop {
         let deadline = {
             let mut inner = shared.lock();
-            let deadline = inner.server.poll_timeout();
+            let deadline = inner.core.poll_timeout();
             inner.timer_target_micros = deadline.map_or(u64::MAX, Instant::as_micros);
             deadline
         };
@@ -272,8 +397,8 @@ async fn run_timer(shared: Arc<Shared>) {
                     () = tokio::time::sleep_until(at) => {
                         let mut inner = shared.lock();
                         let now = shared.clock.now();
-                        inner.server.handle_timeout(now);
-                        inner.dispatch(&shared.timer, None);
+                        inner.core.handle_timeout(now);
+                        inner.dispatch(&shared, None);
                     }
                     () = shared.timer.notified() => {}
                 }
@@ -283,11 +408,70 @@ async fn run_timer(shared: Arc<Shared>) {
     }
 }
 
-/// Accepts connections until asked to stop, then shuts down.
-async fn supervise(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    timer: JoinHandle<()>,
+// ---------------------------------------------------------------------------
+// Listeners, dials and the supervisor
+// ---------------------------------------------------------------------------
+
+/// How a new inbound connection is announced to the core.
+pub(crate) type OpenFn<M> = fn(&mut M, Instant, [u8; NONCE_LEN]) -> Option<ConnId>;
+
+/// One listening socket and what its connections are.
+pub(crate) struct Listener<M> {
+    pub(crate) tcp: TcpListener,
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) open: OpenFn<M>,
+    /// `client` or `peer`, for logs.
+    pub(crate) what: &'static str,
+}
+
+/// Where to dial each peer slot, and how.
+pub(crate) struct Dialer {
+    /// The peer address of every slot (index = slot).
+    pub(crate) addrs: Vec<SocketAddr>,
+    /// TLS towards peers, with the name to verify.
+    pub(crate) tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+/// Starts the timer and the supervisor of `shared` on the current runtime.
+pub(crate) fn start<M: Machine>(
+    shared: &Arc<Shared<M>>,
+    listeners: Vec<Listener<M>>,
+    extra: Vec<JoinHandle<()>>,
+    dialer: Option<Dialer>,
+    grace: Duration,
+) -> JoinHandle<()> {
+    let timer = tokio::spawn(run_timer(Arc::clone(shared)));
+    let mut background = extra;
+    background.push(timer);
+    tokio::spawn(supervise(
+        Arc::clone(shared),
+        listeners,
+        background,
+        dialer,
+        grace,
+    ))
+}
+
+/// Accepts from whichever listener has a connection.
+async fn accept_any<M>(listeners: &[Listener<M>]) -> (usize, io::Result<(TcpStream, SocketAddr)>) {
+    std::future::poll_fn(|cx| {
+        for (index, listener) in listeners.iter().enumerate() {
+            if let std::task::Poll::Ready(result) = listener.tcp.poll_accept(cx) {
+                return std::task::Poll::Ready((index, result));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Accepts connections and starts dials until asked to stop, then shuts
+/// down.
+async fn supervise<M: Machine>(
+    shared: Arc<Shared<M>>,
+    listeners: Vec<Listener<M>>,
+    background: Vec<JoinHandle<()>>,
+    dialer: Option<Dialer>,
     grace: Duration,
 ) {
     let mut conns = JoinSet::new();
@@ -298,9 +482,26 @@ async fn supervise(
             // Reaped before accepting, so a steady stream of new connections
             // cannot make finished tasks pile up.
             Some(done) = conns.join_next(), if !conns.is_empty() => log_task_end(done),
-            accepted = listener.accept() => match accepted {
+            () = shared.dial.notified(), if dialer.is_some() => {
+                let slots = std::mem::take(&mut shared.lock().dials);
+                if let Some(dialer) = &dialer {
+                    for slot in slots {
+                        let addr = dialer.addrs[usize::from(slot)];
+                        conns.spawn(run_dial(Arc::clone(&shared), slot, addr, dialer.tls.clone()));
+                    }
+                }
+            }
+            (index, accepted) = accept_any(&listeners) => match accepted {
                 Ok((tcp, peer)) => {
-                    conns.spawn(run_connection(Arc::clone(&shared), tcp, peer));
+                    let listener = &listeners[index];
+                    conns.spawn(run_inbound(
+                        Arc::clone(&shared),
+                        tcp,
+                        peer,
+                        listener.tls.clone(),
+                        listener.open,
+                        listener.what,
+                    ));
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
@@ -309,7 +510,7 @@ async fn supervise(
             },
         }
     }
-    drop(listener);
+    drop(listeners);
     info!(
         connections = conns.len(),
         "shutting down: flushing and closing connections"
@@ -317,23 +518,31 @@ async fn supervise(
     {
         let mut inner = shared.lock();
         let now = shared.clock.now();
-        inner.server.begin_shutdown(now);
-        inner.dispatch(&shared.timer, None);
+        inner.core.begin_shutdown(now);
+        inner.dispatch(&shared, None);
     }
-    let drained = tokio::time::timeout(grace, async {
-        while let Some(done) = conns.join_next().await {
-            log_task_end(done);
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        if conns.is_empty() || shared.lock().core.quiesced() {
+            break;
         }
-    })
-    .await;
-    if drained.is_err() {
-        warn!(
-            connections = conns.len(),
-            "connections did not close within {grace:?}; dropping them"
-        );
-        conns.shutdown().await;
+        tokio::select! {
+            biased;
+            Some(done) = conns.join_next() => log_task_end(done),
+            () = shared.progress.notified() => {}
+            () = tokio::time::sleep_until(deadline) => {
+                warn!(
+                    connections = conns.len(),
+                    "connections did not close within {grace:?}; dropping them"
+                );
+                break;
+            }
+        }
     }
-    timer.abort();
+    conns.shutdown().await;
+    for task in background {
+        task.abort();
+    }
     info!("shutdown complete");
 }
 
@@ -345,87 +554,170 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Connections
+// ---------------------------------------------------------------------------
+
 /// Closes the core's side of a connection however its task ends (return,
 /// error, panic or abort at shutdown).
-struct ConnGuard {
-    shared: Arc<Shared>,
+struct ConnGuard<M: Machine> {
+    shared: Arc<Shared<M>>,
     conn: ConnId,
     peer: SocketAddr,
 }
 
-impl Drop for ConnGuard {
+impl<M: Machine> Drop for ConnGuard<M> {
     fn drop(&mut self) {
         // Not `Shared::lock`: panicking again inside a drop would abort.
         if let Ok(mut inner) = self.shared.inner.lock() {
             inner.wakers.remove(&self.conn);
             let now = self.shared.clock.now();
-            inner.server.handle_closed(now, self.conn);
-            inner.dispatch(&self.shared.timer, None);
+            inner.core.handle_closed(now, self.conn);
+            inner.dispatch(&self.shared, None);
         }
         debug!(peer = %self.peer, conn = self.conn.0, "connection closed");
     }
 }
 
-async fn run_connection(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
+fn fresh_nonce(peer: SocketAddr) -> Option<[u8; NONCE_LEN]> {
+    let mut nonce = [0u8; NONCE_LEN];
+    match getrandom::fill(&mut nonce) {
+        Ok(()) => Some(nonce),
+        Err(e) => {
+            error!(%peer, "no nonce from the OS random source, closing: {e}");
+            None
+        }
+    }
+}
+
+/// Registers a new connection with the core (through `open`) and its waker.
+fn register<M: Machine>(
+    shared: &Arc<Shared<M>>,
+    peer: SocketAddr,
+    open: impl FnOnce(&mut M, Instant) -> Option<ConnId>,
+) -> Option<(ConnGuard<M>, Arc<Notify>)> {
+    let waker = Arc::new(Notify::new());
+    let mut inner = shared.lock();
+    let now = shared.clock.now();
+    let conn = open(&mut inner.core, now)?;
+    inner.wakers.insert(conn, Arc::clone(&waker));
+    if inner.dispatch(shared, Some(conn)) {
+        waker.notify_one();
+    }
+    drop(inner);
+    let guard = ConnGuard {
+        shared: Arc::clone(shared),
+        conn,
+        peer,
+    };
+    Some((guard, waker))
+}
+
+async fn run_inbound<M: Machine>(
+    shared: Arc<Shared<M>>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    open: OpenFn<M>,
+    what: &'static str,
+) {
     // Replies are small and latency-bound; batching is done by us, not Nagle.
     if let Err(e) = tcp.set_nodelay(true) {
         debug!(%peer, "set_nodelay failed: {e}");
     }
-    let mut nonce = [0u8; 16];
-    if let Err(e) = getrandom::fill(&mut nonce) {
-        error!(%peer, "no nonce from the OS random source, closing: {e}");
+    let Some(nonce) = fresh_nonce(peer) else {
         return;
-    }
-    let waker = Arc::new(Notify::new());
-    let conn = {
-        let mut inner = shared.lock();
-        let now = shared.clock.now();
-        let Some(conn) = inner.server.handle_connect(now, nonce) else {
-            debug!(%peer, "connection refused by the server (limit or shutdown)");
-            return;
-        };
-        inner.wakers.insert(conn, Arc::clone(&waker));
-        if inner.dispatch(&shared.timer, Some(conn)) {
-            waker.notify_one();
-        }
-        conn
     };
-    debug!(%peer, conn = conn.0, "connection opened");
-    let guard = ConnGuard {
-        shared: Arc::clone(&shared),
-        conn,
-        peer,
+    let Some((guard, waker)) = register(&shared, peer, |core, now| open(core, now, nonce)) else {
+        debug!(%peer, what, "connection refused by the core (limit or shutdown)");
+        return;
     };
-    let result = match &shared.tls {
+    debug!(%peer, what, conn = guard.conn.0, "connection opened");
+    let result = match tls {
         None => drive(&guard, &waker, tcp, Vec::new()).await,
-        Some(tls) => accept_tls(&guard, &waker, TlsAcceptor::from(Arc::clone(tls)), tcp).await,
+        Some(tls) => handshake_then_drive(&guard, &waker, TlsAcceptor::from(tls).accept(tcp)).await,
     };
     if let Err(e) = result {
-        debug!(%peer, conn = conn.0, "connection error: {e}");
+        debug!(%peer, what, conn = guard.conn.0, "connection error: {e}");
     }
 }
 
-/// Runs the TLS handshake, then the connection. The core already counts the
-/// connection (limit) and runs its handshake deadline, which closes a client
-/// that stalls in TLS as well; what the core queues meanwhile is kept and
-/// written once TLS is up.
-async fn accept_tls(
-    guard: &ConnGuard,
+/// Dials peer `slot` at `addr` and runs the connection.
+async fn run_dial<M: Machine>(
+    shared: Arc<Shared<M>>,
+    slot: u8,
+    addr: SocketAddr,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+) {
+    let connected = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr)).await;
+    let tcp = match connected {
+        Ok(Ok(tcp)) => tcp,
+        Ok(Err(e)) => {
+            debug!(slot, %addr, "peer dial failed: {e}");
+            dial_failed(&shared, slot);
+            return;
+        }
+        Err(_) => {
+            debug!(slot, %addr, "peer dial timed out");
+            dial_failed(&shared, slot);
+            return;
+        }
+    };
+    if let Err(e) = tcp.set_nodelay(true) {
+        debug!(%addr, "set_nodelay failed: {e}");
+    }
+    let Some(nonce) = fresh_nonce(addr) else {
+        dial_failed(&shared, slot);
+        return;
+    };
+    let Some((guard, waker)) = register(&shared, addr, |core, now| {
+        Some(core.handle_dialed(now, slot, nonce))
+    }) else {
+        return;
+    };
+    debug!(slot, %addr, conn = guard.conn.0, "peer connection dialed");
+    let result = match tls {
+        None => drive(&guard, &waker, tcp, Vec::new()).await,
+        Some((connector, name)) => {
+            handshake_then_drive(&guard, &waker, connector.connect(name, tcp)).await
+        }
+    };
+    if let Err(e) = result {
+        debug!(slot, %addr, conn = guard.conn.0, "peer connection error: {e}");
+    }
+}
+
+fn dial_failed<M: Machine>(shared: &Shared<M>, slot: u8) {
+    let mut inner = shared.lock();
+    let now = shared.clock.now();
+    inner.core.handle_dial_failed(now, slot);
+    inner.dispatch(shared, None);
+}
+
+/// Runs a TLS handshake, then the connection. The core already counts the
+/// connection (limit) and runs its handshake deadline, which closes a
+/// connection that stalls in TLS as well; what the core queues meanwhile is
+/// kept and written once TLS is up.
+async fn handshake_then_drive<M, F, S>(
+    guard: &ConnGuard<M>,
     waker: &Notify,
-    acceptor: TlsAcceptor,
-    tcp: TcpStream,
-) -> io::Result<()> {
+    handshake: F,
+) -> io::Result<()>
+where
+    M: Machine,
+    F: Future<Output = io::Result<S>>,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut out = Vec::new();
-    let accept = acceptor.accept(tcp);
-    tokio::pin!(accept);
+    tokio::pin!(handshake);
     loop {
         tokio::select! {
-            accepted = &mut accept => {
-                let stream = accepted?;
+            done = &mut handshake => {
+                let stream = done?;
                 return drive(guard, waker, stream, out).await;
             }
             () = waker.notified() => {
-                let state = guard.shared.lock().server.take_transmit(guard.conn, &mut out);
+                let state = guard.shared.lock().core.take_transmit(guard.conn, &mut out);
                 if state != ConnState::Open {
                     return Ok(());
                 }
@@ -435,13 +727,14 @@ async fn accept_tls(
 }
 
 /// The connection loop: read → core, core → write.
-async fn drive<S>(
-    guard: &ConnGuard,
+async fn drive<M, S>(
+    guard: &ConnGuard<M>,
     waker: &Notify,
     mut stream: S,
     mut out: Vec<u8>,
 ) -> io::Result<()>
 where
+    M: Machine,
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let shared = &*guard.shared;
@@ -464,9 +757,9 @@ where
                 }
                 let mut inner = shared.lock();
                 let now = shared.clock.now();
-                inner.server.handle_input(now, conn, &read_buf[..n]);
-                let mine = inner.dispatch(&shared.timer, Some(conn));
-                reading = inner.server.wants_input(conn);
+                inner.core.handle_input(now, conn, &read_buf[..n]);
+                let mine = inner.dispatch(shared, Some(conn));
+                reading = inner.core.wants_input(conn);
                 drop(inner);
                 if n == read_buf.len() && read_buf.len() < READ_BUF_MAX_BYTES {
                     read_buf.resize(read_buf.len() * 2, 0);
@@ -481,8 +774,8 @@ where
         // Take everything pending in one batch.
         let state = {
             let mut inner = shared.lock();
-            let state = inner.server.take_transmit(conn, &mut out);
-            reading = inner.server.wants_input(conn);
+            let state = inner.core.take_transmit(conn, &mut out);
+            reading = inner.core.wants_input(conn);
             state
         };
         if state == ConnState::Gone {
@@ -493,6 +786,7 @@ where
         }
         let mut written = 0;
         let result = write_counted(&mut stream, &out, &mut written).await;
+        let taken = out.len();
         out.clear();
         if out.capacity() > WRITE_BUF_KEEP_BYTES {
             out = Vec::new();
@@ -502,11 +796,11 @@ where
             // grant whose frame left whole may be in the client's hands.
             let mut inner = shared.lock();
             let now = shared.clock.now();
-            inner.server.handle_written(now, conn, written);
-            if inner.dispatch(&shared.timer, Some(conn)) {
+            inner.core.handle_written(now, conn, written, taken);
+            if inner.dispatch(shared, Some(conn)) {
                 waker.notify_one();
             }
-            reading = inner.server.wants_input(conn);
+            reading = inner.core.wants_input(conn);
         }
         result?;
         if state == ConnState::CloseAfterFlush {

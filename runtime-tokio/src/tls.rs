@@ -76,6 +76,32 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// Builds a client-side rustls configuration that verifies servers against
+/// the CA certificates in the PEM file `ca_path` (used between cluster
+/// peers; the dialing node presents no certificate). Errors are about
+/// [`TlsPart::Cert`], the CA file.
+pub fn load_client_config(ca_path: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(ca_path)? {
+        roots.add(cert).map_err(|e| TlsError {
+            part: TlsPart::Cert,
+            path: Some(ca_path.to_owned()),
+            message: format!("unusable CA certificate: {e}"),
+        })?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError {
+            part: TlsPart::Pair,
+            path: None,
+            message: format!("no usable TLS protocol version: {e}"),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 fn read_file(part: TlsPart, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError {
         part,

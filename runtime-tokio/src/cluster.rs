@@ -1,0 +1,478 @@
+//! The tokio driver of a cluster node ([`ClusterNode`]): a client listener,
+//! a peer listener, outbound peer dials, an optional status listener, the
+//! clock and the timer. It shares its connection tasks, timer and
+//! supervisor with the single-mode driver ([`crate::serve`]); every
+//! decision (Raft, who serves, when to dial, backoff, membership) is the
+//! core's.
+//!
+//! # Identity: generations and bootstrap
+//!
+//! State is volatile, so a process must never come back under an identity
+//! it had before (it would have forgotten its votes and log). Every start
+//! therefore picks the node's generation itself:
+//!
+//! - **`--bootstrap`** (first start of a brand-new cluster only): the node
+//!   is `(self_slot, BOOTSTRAP_GENERATION)` and starts with
+//!   [`ClusterNode::bootstrap`] and the voters `(s, BOOTSTRAP_GENERATION)`
+//!   for every slot `s`, so all bootstrap members agree on the first
+//!   configuration without talking first. The flag exists on the command
+//!   line only (not in the config file), so a supervisor restarting the
+//!   process with the same config file never bootstraps again.
+//! - **otherwise** the node is `(self_slot, wall-clock µs at start)` and
+//!   starts with [`ClusterNode::join`]: the leader sees the newer generation
+//!   in the peer handshake, adds it as a learner, and once it is caught up
+//!   removes the slot's old generation and promotes it (Raft auto
+//!   membership). No operator step, as long as a majority of the current
+//!   voters is up.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::pki_types::ServerName;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+use tracing::{debug, error, info, warn};
+
+use ticketing_core::auth::NONCE_LEN;
+use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
+use ticketing_core::raft::NodeId;
+use ticketing_core::server::{ConnId, ConnState};
+use ticketing_core::time::Instant;
+
+use crate::serve::{
+    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token, start,
+};
+
+/// The generation of every member of a freshly bootstrapped cluster. Any
+/// later start of a slot uses its wall-clock microseconds, which are far
+/// larger.
+pub const BOOTSTRAP_GENERATION: u64 = 1;
+
+/// TLS between peers: each node serves `server` on its peer address and
+/// verifies the peers it dials with `client` under `server_name`.
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    /// Presented to dialing peers.
+    pub server: Arc<rustls::ServerConfig>,
+    /// Verifies dialed peers.
+    pub client: Arc<rustls::ClientConfig>,
+    /// The name every peer certificate carries.
+    pub server_name: ServerName<'static>,
+}
+
+/// Everything [`spawn_cluster`] needs.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    /// Client address to bind (this slot's `client` address).
+    pub client_listen: SocketAddr,
+    /// Peer address to bind (this slot's `peer` address).
+    pub peer_listen: SocketAddr,
+    /// Every slot's peer address, in slot order (this slot's included).
+    pub peer_addrs: Vec<SocketAddr>,
+    /// The core's configuration. `node.id.generation` is replaced at start
+    /// (see the module documentation); `node.bootstrap_wall_clock_us` too.
+    pub node: ClusterConfig,
+    /// Start a brand-new cluster (first start only).
+    pub bootstrap: bool,
+    /// TLS towards clients, if enabled.
+    pub client_tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS between peers, if enabled.
+    pub peer_tls: Option<PeerTls>,
+    /// Where to serve a one-line plain-text status (for operators and
+    /// tests), if anywhere.
+    pub status_listen: Option<SocketAddr>,
+    /// How long shutdown waits for clients to be answered and leadership to
+    /// be handed over.
+    pub shutdown_grace: Duration,
+}
+
+impl ClusterSettings {
+    /// Settings with the core's defaults, no TLS and no status listener.
+    pub fn new(
+        client_listen: SocketAddr,
+        peer_listen: SocketAddr,
+        peer_addrs: Vec<SocketAddr>,
+        node: ClusterConfig,
+    ) -> Self {
+        ClusterSettings {
+            client_listen,
+            peer_listen,
+            peer_addrs,
+            node,
+            bootstrap: false,
+            client_tls: None,
+            peer_tls: None,
+            status_listen: None,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// A snapshot of a node's view, as served on the status address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// This node.
+    pub id: NodeId,
+    /// Whether it leads.
+    pub is_leader: bool,
+    /// The leader it knows of.
+    pub leader: Option<NodeId>,
+    /// Whether it is a voter of its current configuration.
+    pub is_voter: bool,
+    /// Its current term.
+    pub term: u64,
+    /// Voters of its current configuration.
+    pub voters: Vec<NodeId>,
+    /// Learners of its current configuration.
+    pub learners: Vec<NodeId>,
+    /// Its commit index.
+    pub commit_index: u64,
+    /// The core's counts.
+    pub stats: ClusterStats,
+}
+
+impl ClusterStatus {
+    /// One line: `slot=0 generation=1 role=leader leader=0 voter=1 term=3
+    /// commit=12 voters=0:1,1:1,2:1 learners= clients=2 peers=2 held=0
+    /// waiters=0 pending=0`.
+    pub fn line(&self) -> String {
+        let list = |ids: &[NodeId]| {
+            ids.iter()
+                .map(|id| format!("{}:{}", id.slot, id.generation))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        format!(
+            "slot={} generation={} role={} leader={} voter={} term={} commit={} voters={} learners={} clients={} peers={} held={} waiters={} pending={}",
+            self.id.slot,
+            self.id.generation,
+            if self.is_leader { "leader" } else { "follower" },
+            self.leader
+                .map_or_else(|| "none".to_owned(), |l| l.slot.to_string()),
+            u8::from(self.is_voter),
+            self.term,
+            self.commit_index,
+            list(&self.voters),
+            list(&self.learners),
+            self.stats.clients,
+            self.stats.peers_established,
+            self.stats.held_keys,
+            self.stats.waiters,
+            self.stats.pending,
+        )
+    }
+}
+
+/// The cluster node as the generic driver sees it, plus what it logs.
+#[derive(Debug)]
+pub(crate) struct ClusterCore {
+    node: ClusterNode,
+    last_leader: Option<NodeId>,
+    last_voter: bool,
+}
+
+impl ClusterCore {
+    fn status(&self) -> ClusterStatus {
+        let raft = self.node.raft();
+        ClusterStatus {
+            id: self.node.id(),
+            is_leader: self.node.is_leader(),
+            leader: self.node.leader(),
+            is_voter: raft.is_voter(),
+            term: raft.term(),
+            voters: raft.config().voters.iter().copied().collect(),
+            learners: raft.config().learners.iter().copied().collect(),
+            commit_index: raft.commit_index(),
+            stats: self.node.stats(),
+        }
+    }
+
+    fn open_client(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        self.node.handle_connect(now, nonce)
+    }
+
+    fn open_peer(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        self.node.handle_peer_accept(now, nonce)
+    }
+}
+
+impl Machine for ClusterCore {
+    fn handle_input(&mut self, now: Instant, conn: ConnId, bytes: &[u8]) {
+        self.node.handle_input(now, conn, bytes);
+    }
+    fn poll_wake(&mut self) -> Option<ConnId> {
+        self.node.poll_wake()
+    }
+    fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState {
+        self.node.take_transmit(conn, out)
+    }
+    fn wants_input(&self, conn: ConnId) -> bool {
+        self.node.wants_input(conn)
+    }
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, taken: usize) {
+        // ClusterNode only knows "all taken bytes were written". When a
+        // write fails part way, a grant whose frame left whole may be in the
+        // client's hands: counting the batch as delivered leaves any grant
+        // in it to its lease (an idle lock for a while), whereas not
+        // counting it would release a lock a client may hold. Safety first.
+        if written > 0 || taken == 0 {
+            self.node.handle_flushed(now, conn);
+        }
+    }
+    fn handle_closed(&mut self, now: Instant, conn: ConnId) {
+        self.node.handle_closed(now, conn);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.node.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        self.node.handle_timeout(now);
+    }
+    fn begin_shutdown(&mut self, now: Instant) {
+        self.node.begin_shutdown(now);
+    }
+    fn is_shutting_down(&self) -> bool {
+        self.node.is_shutting_down()
+    }
+    fn poll_dial(&mut self, now: Instant) -> Option<u8> {
+        self.node.poll_dial(now)
+    }
+    fn handle_dial_failed(&mut self, now: Instant, slot: u8) {
+        self.node.handle_dial_failed(now, slot);
+    }
+    fn handle_dialed(&mut self, now: Instant, slot: u8, nonce: [u8; NONCE_LEN]) -> ConnId {
+        self.node.handle_peer_connected(now, slot, nonce)
+    }
+    fn quiesced(&self) -> bool {
+        // Clients answered and closed, leadership handed over: the peer
+        // connections left may be dropped.
+        self.node.stats().clients == 0 && !self.node.is_leader()
+    }
+    fn observe(&mut self) {
+        let leader = self.node.leader();
+        if leader != self.last_leader {
+            self.last_leader = leader;
+            match leader {
+                Some(leader) if leader == self.node.id() => {
+                    info!(term = self.node.raft().term(), "this node leads");
+                }
+                Some(leader) => info!(
+                    leader_slot = leader.slot,
+                    leader_generation = leader.generation,
+                    term = self.node.raft().term(),
+                    "leader changed"
+                ),
+                None => info!(term = self.node.raft().term(), "no leader known"),
+            }
+        }
+        let voter = self.node.raft().is_voter();
+        if voter != self.last_voter {
+            self.last_voter = voter;
+            if voter {
+                info!("this node is a voter");
+            } else {
+                info!("this node is not a voter (learner or removed)");
+            }
+        }
+    }
+}
+
+/// A cluster node running on the current tokio runtime. Dropping it starts
+/// the same shutdown as [`RunningCluster::shutdown`] without waiting for it.
+#[derive(Debug)]
+pub struct RunningCluster {
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    status_addr: Option<SocketAddr>,
+    shared: Arc<Shared<ClusterCore>>,
+    supervisor: Option<JoinHandle<()>>,
+}
+
+impl RunningCluster {
+    /// The client address actually bound.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// The peer address actually bound.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// The status address actually bound, if configured.
+    pub fn status_addr(&self) -> Option<SocketAddr> {
+        self.status_addr
+    }
+
+    /// The node's current view.
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.lock().core.status()
+    }
+
+    /// Stops accepting clients, answers what is queued (`E 3`), hands
+    /// leadership over if this node leads, and returns once clients are
+    /// closed and leadership is gone, or after the shutdown grace.
+    pub async fn shutdown(mut self) {
+        self.shared.stop.notify_one();
+        if let Some(supervisor) = self.supervisor.take()
+            && let Err(e) = supervisor.await
+        {
+            error!("cluster supervisor task failed: {e}");
+        }
+    }
+}
+
+impl Drop for RunningCluster {
+    fn drop(&mut self) {
+        self.shared.stop.notify_one();
+    }
+}
+
+fn wall_clock_micros() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Binds the client, peer and status addresses and starts the node on the
+/// current tokio runtime.
+pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningCluster> {
+    let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidInput, message);
+    let slot_count = settings.node.slot_count;
+    if settings.peer_addrs.len() != usize::from(slot_count) {
+        return Err(invalid(format!(
+            "{} peer addresses for {slot_count} slots",
+            settings.peer_addrs.len()
+        )));
+    }
+    let slot = settings.node.id.slot;
+    let generation = if settings.bootstrap {
+        BOOTSTRAP_GENERATION
+    } else {
+        // Strictly above the bootstrap generation whatever the clock says.
+        wall_clock_micros().max(BOOTSTRAP_GENERATION + 1)
+    };
+    settings.node.id = NodeId::new(slot, generation);
+    settings.node.bootstrap_wall_clock_us = first_token();
+    settings
+        .node
+        .validate()
+        .map_err(|e| invalid(format!("cluster configuration: {e}")))?;
+
+    let client = TcpListener::bind(settings.client_listen).await?;
+    let peer = TcpListener::bind(settings.peer_listen).await?;
+    let status = match settings.status_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await?),
+        None => None,
+    };
+    let client_addr = client.local_addr()?;
+    let peer_addr = peer.local_addr()?;
+    let status_addr = status.as_ref().map(TcpListener::local_addr).transpose()?;
+
+    let mut seed = [0u8; 8];
+    getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
+    let seed = u64::from_le_bytes(seed);
+    let clock = Clock::start();
+    let now = clock.now();
+    let auth = if settings.node.client_tokens.is_no_auth() {
+        "none (empty token only)"
+    } else {
+        "client tokens"
+    };
+    let node = if settings.bootstrap {
+        let voters = (0..slot_count).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
+        ClusterNode::bootstrap(settings.node.clone(), voters, seed, now)
+    } else {
+        ClusterNode::join(settings.node.clone(), seed, now)
+    };
+    info!(
+        client = %client_addr,
+        peer = %peer_addr,
+        status = ?status_addr,
+        mode = "cluster",
+        slot,
+        generation,
+        slots = slot_count,
+        start = if settings.bootstrap { "bootstrap" } else { "join" },
+        auth,
+        client_tls = if settings.client_tls.is_some() { "on" } else { "off" },
+        peer_tls = if settings.peer_tls.is_some() { "on" } else { "off" },
+        "ticketing cluster node listening"
+    );
+    let core = ClusterCore {
+        last_voter: node.raft().is_voter(),
+        last_leader: None,
+        node,
+    };
+    let shared = Shared::new(core, clock);
+    let mut extra = Vec::new();
+    if let Some(status) = status {
+        extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
+    }
+    let listeners = vec![
+        Listener {
+            tcp: client,
+            tls: settings.client_tls.clone(),
+            open: ClusterCore::open_client,
+            what: "client",
+        },
+        Listener {
+            tcp: peer,
+            tls: settings.peer_tls.as_ref().map(|t| Arc::clone(&t.server)),
+            open: ClusterCore::open_peer,
+            what: "peer",
+        },
+    ];
+    let dialer = Dialer {
+        addrs: settings.peer_addrs.clone(),
+        tls: settings.peer_tls.as_ref().map(|t| {
+            (
+                TlsConnector::from(Arc::clone(&t.client)),
+                t.server_name.clone(),
+            )
+        }),
+    };
+    let supervisor = start(
+        &shared,
+        listeners,
+        extra,
+        Some(dialer),
+        settings.shutdown_grace,
+    );
+    // No kick needed for the first dials: their attempts are due at once,
+    // so the timer's first wake-up drains them.
+    Ok(RunningCluster {
+        client_addr,
+        peer_addr,
+        status_addr,
+        shared,
+        supervisor: Some(supervisor),
+    })
+}
+
+/// Writes one status line to every connection, then closes it.
+async fn serve_status(shared: Arc<Shared<ClusterCore>>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((mut tcp, peer)) => {
+                let mut line = shared.lock().core.status().line();
+                line.push('\n');
+                tokio::spawn(async move {
+                    if let Err(e) = tcp.write_all(line.as_bytes()).await {
+                        debug!(%peer, "status write failed: {e}");
+                    }
+                    let _ = tcp.shutdown().await;
+                });
+            }
+            Err(e) => {
+                warn!("status accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

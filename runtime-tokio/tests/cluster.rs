@@ -1,0 +1,408 @@
+//! Three `ticketing serve` cluster processes on loopback (fast Raft
+//! profile), driven by the published client and by ours: grants, mutual
+//! exclusion and FIFO under contention, failover after `kill -9` of the
+//! leader, a killed slot rejoining by itself under a new generation, and no
+//! grant without a majority.
+//!
+//! Leadership and membership are read from each node's status address (one
+//! line per connection). Where no event exists (an election, a membership
+//! change) the tests poll it with a deadline.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PEER_TOKEN: &str = "peer-token-for-tests-0123";
+const CLIENT_TOKEN: &str = "client-token-for-tests-0123";
+const IDENTITY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+const LEASE: Duration = Duration::from_secs(10);
+const BUDGET: Duration = Duration::from_millis(500);
+/// Longest any awaited cluster change may take (elections take < 1 s in
+/// the fast profile; a rejoin a few heartbeats more).
+const CHANGE_DEADLINE: Duration = Duration::from_secs(15);
+
+fn fingerprint() -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&IDENTITY[i * 2..i * 2 + 2], 16).unwrap();
+    }
+    out
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    client: SocketAddr,
+    peer: SocketAddr,
+    status: SocketAddr,
+}
+
+/// One node's status line, parsed.
+#[derive(Debug, Default)]
+struct Status {
+    generation: u64,
+    leader: bool,
+    voter: bool,
+    voters: Vec<(u8, u64)>,
+    waiters: usize,
+}
+
+struct Cluster {
+    slots: Vec<Slot>,
+    nodes: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let slots: Vec<Slot> = (0..3)
+            .map(|_| Slot {
+                client: free_port(),
+                peer: free_port(),
+                status: free_port(),
+            })
+            .collect();
+        let mut cluster = Cluster {
+            slots,
+            nodes: vec![None, None, None],
+        };
+        for slot in 0..3 {
+            cluster.spawn(slot, true);
+        }
+        cluster
+    }
+
+    fn spawn(&mut self, slot: usize, bootstrap: bool) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticketing"));
+        cmd.args(["serve", "--cluster-identity", IDENTITY, "--profile", "fast"])
+            .args(["--self-slot", &slot.to_string()])
+            .args(["--peer-token", PEER_TOKEN, "--client-token", CLIENT_TOKEN])
+            .args(["--status-listen", &self.slots[slot].status.to_string()])
+            .args(["--log-level", "warn"]);
+        for s in &self.slots {
+            cmd.args(["--slot", &format!("{},{}", s.client, s.peer)]);
+        }
+        if bootstrap {
+            cmd.arg("--bootstrap");
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
+    }
+
+    /// SIGKILL, then reap.
+    fn kill(&mut self, slot: usize) {
+        if let Some(mut child) = self.nodes[slot].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.client.to_string()).collect()
+    }
+
+    fn status(&self, slot: usize) -> Option<Status> {
+        let mut tcp =
+            TcpStream::connect_timeout(&self.slots[slot].status, Duration::from_secs(1)).ok()?;
+        tcp.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut line = String::new();
+        tcp.read_to_string(&mut line).ok()?;
+        let mut status = Status::default();
+        for field in line.split_whitespace() {
+            let (name, value) = field.split_once('=')?;
+            match name {
+                "generation" => status.generation = value.parse().ok()?,
+                "role" => status.leader = value == "leader",
+                "voter" => status.voter = value == "1",
+                "waiters" => status.waiters = value.parse().ok()?,
+                "voters" => {
+                    status.voters = value
+                        .split(',')
+                        .filter(|v| !v.is_empty())
+                        .filter_map(|v| {
+                            let (s, g) = v.split_once(':')?;
+                            Some((s.parse().ok()?, g.parse().ok()?))
+                        })
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        Some(status)
+    }
+
+    /// Polls until exactly one live node leads; returns its slot.
+    async fn leader(&self) -> usize {
+        self.poll("a leader", || {
+            let leaders: Vec<usize> = (0..3)
+                .filter(|&s| self.nodes[s].is_some())
+                .filter(|&s| self.status(s).is_some_and(|st| st.leader))
+                .collect();
+            (leaders.len() == 1).then(|| leaders[0])
+        })
+        .await
+    }
+
+    async fn poll<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + CHANGE_DEADLINE;
+        loop {
+            if let Some(value) = check() {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {CHANGE_DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for slot in 0..self.nodes.len() {
+            self.kill(slot);
+        }
+    }
+}
+
+fn published(cluster: &Cluster) -> ticketing::TicketBroker {
+    ticketing::TicketBroker::builder()
+        .addrs(cluster.addrs())
+        .token(CLIENT_TOKEN)
+        .mode(ticketing::BrokerMode::Cluster {
+            identity_fingerprint: fingerprint(),
+        })
+        .connect()
+        .unwrap()
+}
+
+fn ours(cluster: &Cluster) -> ticketing_tokio::TicketBroker {
+    ticketing_tokio::TicketBroker::builder()
+        .addrs(cluster.addrs())
+        .token(CLIENT_TOKEN)
+        .mode(ticketing_tokio::client::BrokerMode::Cluster {
+            identity_fingerprint: fingerprint(),
+        })
+        .connect()
+        .unwrap()
+}
+
+/// Acquires `key` with the published client, retrying the answers that
+/// mean "no effect, try again" while a new leader is being elected.
+async fn acquire_published(broker: &ticketing::TicketBroker, key: &str) -> ticketing::Ticket {
+    let deadline = Instant::now() + CHANGE_DEADLINE;
+    loop {
+        match broker
+            .acquire(key, Duration::from_secs(5), LEASE, BUDGET)
+            .await
+        {
+            Ok(ticket) => return ticket,
+            Err(e) => assert!(Instant::now() < deadline, "no grant of {key}: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn published_client_grants_with_mutual_exclusion_and_fifo() {
+    let cluster = Cluster::start();
+    let leader = cluster.leader().await;
+    let broker = published(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+
+    let first = acquire_published(&broker, "k").await;
+    let t1 = first.token();
+    assert_eq!(
+        first.release().await.unwrap(),
+        ticketing::ReleaseOutcome::Released
+    );
+    let second = acquire_published(&broker, "k").await;
+    assert!(second.token() > t1, "tokens strictly increase");
+    second.release().await.unwrap();
+
+    // Contention: 8 tasks × 15 rounds on one key; never two holders, and
+    // tokens in grant order strictly increase.
+    let held = Arc::new(AtomicBool::new(false));
+    let last = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (broker, held, last) = (broker.clone(), held.clone(), last.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let ticket = acquire_published(&broker, "hot").await;
+                assert!(!held.swap(true, Ordering::SeqCst), "two holders at once");
+                let prev = last.swap(ticket.token(), Ordering::SeqCst);
+                assert!(ticket.token() > prev, "token went back");
+                tokio::task::yield_now().await;
+                held.store(false, Ordering::SeqCst);
+                assert_eq!(
+                    ticket.release().await.unwrap(),
+                    ticketing::ReleaseOutcome::Released
+                );
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // FIFO: A holds; B queues, then C; releasing A grants B, and C only
+    // after B's release.
+    let a = acquire_published(&broker, "fifo").await;
+    let a_token = a.token();
+    let queued = |n: usize| {
+        let cluster = &cluster;
+        move || {
+            cluster
+                .status(leader)
+                .is_some_and(|s| s.waiters == n)
+                .then_some(())
+        }
+    };
+    let spawn_acquire = || {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .acquire("fifo", Duration::from_secs(10), LEASE, BUDGET)
+                .await
+        })
+    };
+    let b = spawn_acquire();
+    cluster.poll("B queued", queued(1)).await;
+    let c = spawn_acquire();
+    cluster.poll("C queued", queued(2)).await;
+    assert_eq!(
+        a.release().await.unwrap(),
+        ticketing::ReleaseOutcome::Released
+    );
+    let b = b.await.unwrap().expect("B granted first");
+    assert!(b.token() > a_token);
+    assert!(!c.is_finished(), "C is granted only after B releases");
+    assert_eq!(cluster.status(leader).unwrap().waiters, 1, "C still queued");
+    let b_token = b.token();
+    assert_eq!(
+        b.release().await.unwrap(),
+        ticketing::ReleaseOutcome::Released
+    );
+    let c = c.await.unwrap().expect("C granted after B");
+    assert!(c.token() > b_token);
+    c.release().await.unwrap();
+    broker.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failover_rejoin_and_majority_loss() {
+    let mut cluster = Cluster::start();
+    let first_leader = cluster.leader().await;
+    let broker = published(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let before = acquire_published(&broker, "f").await;
+    let t0 = before.token();
+    before.release().await.unwrap();
+
+    // kill -9 the leader: another node leads and grants a larger token.
+    cluster.kill(first_leader);
+    let second_leader = cluster.leader().await;
+    assert_ne!(second_leader, first_leader);
+    let after = acquire_published(&broker, "f").await;
+    assert!(
+        after.token() > t0,
+        "a new leader continues the token counter"
+    );
+    let t1 = after.token();
+    after.release().await.unwrap();
+
+    // Restart the killed slot with empty state (no --bootstrap): it joins
+    // under a new generation and replaces its old self as a voter.
+    cluster.spawn(first_leader, false);
+    let generation = cluster
+        .poll("the restarted slot as a voter", || {
+            let status = cluster.status(first_leader)?;
+            let leader = cluster.status(second_leader)?;
+            (status.voter
+                && status.generation > 1
+                && leader
+                    .voters
+                    .contains(&(first_leader as u8, status.generation))
+                && leader.voters.len() == 3)
+                .then_some(status.generation)
+        })
+        .await;
+    assert!(
+        !cluster
+            .status(second_leader)
+            .unwrap()
+            .voters
+            .contains(&(first_leader as u8, 1)),
+        "old generation removed"
+    );
+    assert!(generation > 1);
+
+    // The cluster survives losing another node (the current leader).
+    cluster.kill(second_leader);
+    let third_leader = cluster.leader().await;
+    let survived = acquire_published(&broker, "f").await;
+    assert!(survived.token() > t1);
+    survived.release().await.unwrap();
+
+    // Kill one more: no majority, no grant.
+    cluster.kill(third_leader);
+    for _ in 0..3 {
+        match broker
+            .acquire("f", Duration::from_secs(1), LEASE, BUDGET)
+            .await
+        {
+            Ok(ticket) => panic!("granted without a majority: token {}", ticket.token()),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    ticketing::TicketError::Timeout
+                        | ticketing::TicketError::Indeterminate
+                        | ticketing::TicketError::NotConnected
+                        | ticketing::TicketError::Busy
+                ),
+                "unexpected error without a majority: {e:?}"
+            ),
+        }
+    }
+    broker.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn our_client_in_cluster_mode_survives_failover() {
+    let mut cluster = Cluster::start();
+    let leader = cluster.leader().await;
+    let broker = ours(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let acquire = |broker: ticketing_tokio::TicketBroker| async move {
+        let deadline = Instant::now() + CHANGE_DEADLINE;
+        loop {
+            match broker
+                .acquire("ours", Duration::from_secs(5), LEASE, BUDGET)
+                .await
+            {
+                Ok(ticket) => return ticket,
+                Err(e) => assert!(Instant::now() < deadline, "no grant: {e:?}"),
+            }
+        }
+    };
+    let ticket = acquire(broker.clone()).await;
+    let t0 = ticket.token();
+    assert_eq!(
+        ticket.release().await.unwrap(),
+        ticketing_tokio::ReleaseOutcome::Released
+    );
+    cluster.kill(leader);
+    let ticket = acquire(broker.clone()).await;
+    assert!(ticket.token() > t0);
+    ticket.release().await.unwrap();
+    broker.close().await;
+}
