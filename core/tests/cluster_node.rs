@@ -32,6 +32,8 @@ struct TestClient {
     buf: Vec<u8>,
     replies: Vec<Reply>,
     closed: bool,
+    /// The "socket" to this client is stuck: its bytes stay in the node.
+    stalled: bool,
 }
 
 /// Where bytes written on (node, conn) go.
@@ -111,6 +113,11 @@ impl Net {
                 let mut deliveries = VecDeque::new();
                 if let Some(node) = self.nodes[i].as_mut() {
                     while let Some(conn) = node.poll_wake() {
+                        if let Some(Endpoint::Client(c)) = self.links.get(&(i, conn))
+                            && self.clients[*c].stalled
+                        {
+                            continue;
+                        }
                         let mut out = Vec::new();
                         let state = node.take_transmit(conn, &mut out);
                         node.handle_flushed(self.now, conn);
@@ -265,6 +272,7 @@ impl Net {
             buf: Vec::new(),
             replies: Vec::new(),
             closed: false,
+            stalled: false,
         });
         self.links.insert((node, conn), Endpoint::Client(c));
         self.settle();
@@ -605,4 +613,43 @@ fn runs_are_deterministic() {
         )
     };
     assert_eq!(run(), run());
+}
+
+/// A take written in parts: a grant whose reply frame went out whole may be
+/// in the client's hands and stays held when the connection dies; a grant
+/// cut off mid-frame is released.
+#[test]
+fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let observer = net.connect(leader);
+    net.clients[c].stalled = true;
+    net.send_only(c, acquire(1, "first", 0, 60));
+    net.send_only(c, acquire(2, "second", 0, 60));
+    net.run_for(Duration::from_millis(200));
+    let conn = net.clients[c].conn;
+    let mut out = Vec::new();
+    net.node(leader).take_transmit(conn, &mut out);
+    let first_frame = match Reply::decode(&out).unwrap() {
+        Some((Reply::Acquired { rid: 1, .. }, used)) => used,
+        other => panic!("expected the first grant, got {other:?}"),
+    };
+    let now = net.now;
+    net.node(leader).handle_written(now, conn, first_frame + 3);
+    net.links.remove(&(leader, conn));
+    net.node(leader).handle_closed(now, conn);
+    net.run_for(Duration::from_millis(200));
+    assert_eq!(
+        net.request(observer, acquire(1, "first", 0, 60)),
+        Reply::TimedOut { rid: 1 },
+        "a grant written whole stays held"
+    );
+    assert!(
+        matches!(
+            net.request(observer, acquire(2, "second", 0, 60)),
+            Reply::Acquired { rid: 2, .. }
+        ),
+        "a grant cut off mid-frame is released"
+    );
 }

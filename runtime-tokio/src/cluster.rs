@@ -213,15 +213,8 @@ impl Machine for ClusterCore {
     fn wants_input(&self, conn: ConnId) -> bool {
         self.node.wants_input(conn)
     }
-    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, taken: usize) {
-        // ClusterNode only knows "all taken bytes were written". When a
-        // write fails part way, a grant whose frame left whole may be in the
-        // client's hands: counting the batch as delivered leaves any grant
-        // in it to its lease (an idle lock for a while), whereas not
-        // counting it would release a lock a client may hold. Safety first.
-        if written > 0 || taken == 0 {
-            self.node.handle_flushed(now, conn);
-        }
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize) {
+        self.node.handle_written(now, conn, written);
     }
     fn handle_closed(&mut self, now: Instant, conn: ConnId) {
         self.node.handle_closed(now, conn);

@@ -187,9 +187,9 @@ pub(crate) trait Machine: Send + 'static {
     fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState;
     /// False while the core wants no more input from `conn`.
     fn wants_input(&self, conn: ConnId) -> bool;
-    /// `written` of the `taken` bytes of the last `take_transmit` were
-    /// accepted by the stream (all of them unless the write failed).
-    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, taken: usize);
+    /// `written` bytes of the last `take_transmit` were accepted by the
+    /// stream (all of them unless the write failed).
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize);
     /// The transport of `conn` is gone.
     fn handle_closed(&mut self, now: Instant, conn: ConnId);
     /// The next deadline.
@@ -233,7 +233,7 @@ impl Machine for Server {
     fn wants_input(&self, conn: ConnId) -> bool {
         Server::wants_input(self, conn)
     }
-    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize, _taken: usize) {
+    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize) {
         Server::handle_written(self, now, conn, written);
     }
     fn handle_closed(&mut self, now: Instant, conn: ConnId) {
@@ -786,7 +786,6 @@ where
         }
         let mut written = 0;
         let result = write_counted(&mut stream, &out, &mut written).await;
-        let taken = out.len();
         out.clear();
         if out.capacity() > WRITE_BUF_KEEP_BYTES {
             out = Vec::new();
@@ -796,7 +795,7 @@ where
             // grant whose frame left whole may be in the client's hands.
             let mut inner = shared.lock();
             let now = shared.clock.now();
-            inner.core.handle_written(now, conn, written, taken);
+            inner.core.handle_written(now, conn, written);
             if inner.dispatch(shared, Some(conn)) {
                 waker.notify_one();
             }

@@ -219,10 +219,9 @@ enum ClientPhase {
 struct ClientConn {
     phase: ClientPhase,
     decoder: RequestDecoder,
-    /// Grants in `outbound` not yet taken by the driver.
-    grants_untaken: Vec<(u64, KeyGroup)>,
-    /// Grants taken and not yet reported flushed.
-    grants_unflushed: Vec<(u64, KeyGroup)>,
+    /// Grants whose reply frame is not yet written whole: token, keys, and
+    /// the offset just past the frame in the connection's output stream.
+    undelivered: VecDeque<(u64, KeyGroup, u64)>,
     /// Requests awaiting a reply.
     in_flight: usize,
     /// Sequence numbers of its queued waiters.
@@ -248,6 +247,10 @@ enum ConnKind {
 struct Conn {
     kind: ConnKind,
     outbound: Vec<u8>,
+    /// Bytes of the output stream handed to the driver.
+    taken_bytes: u64,
+    /// Bytes of the output stream the driver reported written.
+    written_bytes: u64,
     in_wake_queue: bool,
     closing: bool,
 }
@@ -447,6 +450,8 @@ impl ClusterNode {
         let mut conn = Conn {
             kind,
             outbound: hello.to_vec(),
+            taken_bytes: 0,
+            written_bytes: 0,
             in_wake_queue: false,
             closing: false,
         };
@@ -478,8 +483,7 @@ impl ClusterNode {
         let kind = ConnKind::Client(ClientConn {
             phase: ClientPhase::Handshake(handshake),
             decoder: RequestDecoder::new(),
-            grants_untaken: Vec::new(),
-            grants_unflushed: Vec::new(),
+            undelivered: VecDeque::new(),
             in_flight: 0,
             queued: BTreeSet::new(),
         });
@@ -785,17 +789,43 @@ impl ClusterNode {
         let _ = now;
     }
 
+    /// The next `bytes` of what [`ClusterNode::take_transmit`] gave for
+    /// `conn` were handed to the transport (a short write reports its part).
+    /// A grant whose reply frame is written whole counts as delivered: the
+    /// client may have its token, so it is never released as a ghost.
+    pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
+        let _ = now;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.written_bytes = conn
+            .written_bytes
+            .saturating_add(bytes as u64)
+            .min(conn.taken_bytes);
+        let written_bytes = conn.written_bytes;
+        if let ConnKind::Client(client) = &mut conn.kind {
+            while client
+                .undelivered
+                .front()
+                .is_some_and(|(_, _, end_offset)| *end_offset <= written_bytes)
+            {
+                client.undelivered.pop_front();
+            }
+        }
+    }
+
     /// Everything taken from `conn` so far has been written: grants in it
     /// count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let _ = now;
-        if let Some(Conn {
-            kind: ConnKind::Client(client),
-            ..
-        }) = self.conns.get_mut(&conn_id)
-        {
-            client.grants_unflushed.clear();
-        }
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let unwritten = conn.taken_bytes - conn.written_bytes;
+        self.handle_written(
+            now,
+            conn_id,
+            usize::try_from(unwritten).unwrap_or(usize::MAX),
+        );
     }
 
     /// The transport of `conn` is gone. A client's queued waiters are
@@ -811,11 +841,7 @@ impl ClusterNode {
         };
         match conn.kind {
             ConnKind::Client(client) => {
-                for (token, keys) in client
-                    .grants_unflushed
-                    .into_iter()
-                    .chain(client.grants_untaken)
-                {
+                for (token, keys, _) in client.undelivered {
                     self.propose_internal(now, Command::Release { keys, token });
                 }
             }
@@ -1237,14 +1263,20 @@ impl ClusterNode {
                 token,
             }
         };
+        self.answer(waiter.conn, reply);
         if let Some(Conn {
             kind: ConnKind::Client(client),
+            outbound,
+            taken_bytes,
             ..
         }) = self.conns.get_mut(&waiter.conn)
         {
-            client.grants_untaken.push((token, waiter.keys));
+            // The reply was just queued: its frame ends at the stream's end.
+            let end_offset = *taken_bytes + outbound.len() as u64;
+            client
+                .undelivered
+                .push_back((token, waiter.keys, end_offset));
         }
-        self.answer(waiter.conn, reply);
     }
 
     fn handle_event(&mut self, now: Instant, event: Event) {
@@ -1564,14 +1596,12 @@ impl ClusterNode {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return ConnState::Gone;
         };
+        conn.taken_bytes += conn.outbound.len() as u64;
         if out.is_empty() {
             std::mem::swap(out, &mut conn.outbound);
         } else {
             out.extend_from_slice(&conn.outbound);
             conn.outbound.clear();
-        }
-        if let ConnKind::Client(client) = &mut conn.kind {
-            client.grants_unflushed.append(&mut client.grants_untaken);
         }
         if conn.closing {
             ConnState::CloseAfterFlush
