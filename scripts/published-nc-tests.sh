@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the published `ticketing` 0.4.0 client's own single-node integration
-# tests (nc_example_simple_test, nc_bank_test, nc_bench_test) against our
-# `ticketing serve` on 127.0.0.1:5225, the address those tests hard-code.
+# Runs the published `ticketing` 0.4.0 client's own integration tests against
+# our server: nc_example_simple_test, nc_bank_test, nc_bench_test on a single
+# `ticketing serve` on 127.0.0.1:5225 (the address those tests hard-code),
+# then nc_cluster_test on a 3-node loopback cluster (5225-5227).
 #
 # Usage: scripts/published-nc-tests.sh
 # Env:   CARGO_TARGET_DIR      target dir for our release build (default: <repo>/target)
@@ -32,6 +33,10 @@ cleanup() {
     if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
         kill -TERM "$server_pid" 2>/dev/null || true
         wait "$server_pid" 2>/dev/null || true
+    fi
+    if [[ -d "$work/cluster" ]]; then
+        CLUSTER_DIR="$work/cluster" CARGO_TARGET_DIR="$target" \
+            "$repo/scripts/cluster-local.sh" stop >/dev/null 2>&1 || true
     fi
     rm -rf "$work"
 }
@@ -89,7 +94,7 @@ nc_test() {
     ) 2>&1 | tee -a "$work/test.log"
 }
 status=0
-nc_test --test nc_example_simple_test --test nc_bank_test --test nc_bench_test --no-run || status=$?
+nc_test --test nc_example_simple_test --test nc_bank_test --test nc_bench_test --test nc_cluster_test --no-run || status=$?
 if [[ "$status" -eq 0 ]]; then
     nc_test --test nc_example_simple_test --test nc_bank_test \
         -- --include-ignored --nocapture || status=$?
@@ -121,6 +126,27 @@ if [[ "$server_status" -ne 0 ]]; then
 elif [[ -s "$work/server.log" ]]; then
     echo "    server log (warnings and above):"
     sed 's/^/    /' "$work/server.log"
+fi
+
+echo "==> nc_cluster_test against a 3-node cluster on loopback"
+cluster_dir="$work/cluster"
+cluster() {
+    CARGO_TARGET_DIR="$target" CLUSTER_DIR="$cluster_dir" PROFILE=fast LOG_LEVEL=warn \
+        "$repo/scripts/cluster-local.sh" "$@"
+}
+if cluster start; then
+    # The cluster is up once some node reports itself leader.
+    for _ in $(seq 1 100); do
+        if cluster status 2>/dev/null | grep -q "role=leader"; then break; fi
+        sleep 0.1
+    done
+    (
+        eval "$(cluster env)"
+        nc_test --test nc_cluster_test -- --include-ignored --nocapture
+    ) || status=$?
+    cluster stop || status=$?
+else
+    status=1
 fi
 
 if [[ "$status" -ne 0 ]]; then
