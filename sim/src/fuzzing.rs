@@ -3,6 +3,7 @@
 //! so CI exercises the same code without a nightly toolchain. Each function
 //! panics on a violated invariant.
 
+use crate::cluster::{ClusterSimConfig, ClusterWorld};
 use crate::config::SimConfig;
 use crate::world::World;
 
@@ -30,6 +31,29 @@ pub fn fuzz_config() -> SimConfig {
 /// every checker runs. Panics with the violations found.
 pub fn sim_schedule(data: &[u8]) {
     let report = World::from_bytes(data, fuzz_config()).run();
+    assert!(
+        report.violations.is_empty(),
+        "violations: {:#?}",
+        report.violations
+    );
+}
+
+/// A small, hostile cluster world for fuzzing: the first byte picks 3 or 5
+/// nodes, the rest make every decision (delays, chunking, clocks, workload,
+/// partitions, node crashes and replacements); every checker runs. Panics
+/// with the violations found.
+pub fn sim_cluster_schedule(data: &[u8]) {
+    let nodes = if data.first().is_some_and(|byte| byte & 1 == 1) {
+        5
+    } else {
+        3
+    };
+    let mut config = ClusterSimConfig::swarm(0, nodes);
+    config.base = SimConfig {
+        safety_us: 6_000_000,
+        ..fuzz_config()
+    };
+    let report = ClusterWorld::from_bytes(data.get(1..).unwrap_or(&[]), config).run();
     assert!(
         report.violations.is_empty(),
         "violations: {:#?}",

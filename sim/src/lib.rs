@@ -12,6 +12,12 @@
 //! linearizability per key. A run is a pure function of its seed: a failing
 //! seed replays exactly (`--seed N --trace`).
 //!
+//! [`cluster::ClusterWorld`] does the same for 3 or 5 real
+//! [`ClusterNode`]s with partitions, node crashes and replacement by new
+//! generations, and Raft checkers (`--cluster 3|5`).
+//!
+//! [`ClusterNode`]: ticketing_core::cluster::ClusterNode
+//!
 //! [`Server`]: ticketing_core::server::Server
 //! [`Session`]: ticketing_core::client::Session
 //! [`AcquireOperation`]: ticketing_core::client::AcquireOperation
@@ -19,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod config;
 pub mod fuzzing;
 pub mod linear;
@@ -26,6 +33,7 @@ mod lock_model;
 pub mod rng;
 pub mod world;
 
+pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
 pub use config::{FaultConfig, SimConfig};
 pub use world::{Checker, RunReport, Violation, World};
 

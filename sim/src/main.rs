@@ -4,12 +4,13 @@
 //! ticketing-sim --seeds 0..10000          # summary over a range
 //! ticketing-sim --seed 42 --trace         # replay one seed, event by event
 //! ticketing-sim --seed 42 --planted grant-twice   # with --features planted-bugs
+//! ticketing-sim --cluster 3 --seeds 0..1000       # cluster worlds (3 or 5 nodes)
 //! ```
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ticketing_sim::{RunReport, SimConfig, World};
+use ticketing_sim::{ClusterSimConfig, ClusterWorld, RunReport, SimConfig, World};
 
 struct Args {
     seeds: std::ops::Range<u64>,
@@ -18,11 +19,19 @@ struct Args {
     hashes: bool,
     /// Bigger, busier worlds than the swarm default.
     stress: bool,
-    /// Chance per server write of a partial write, ppm (off by default).
-    partial_writes_ppm: u32,
+    /// Chance per server write of a partial write, ppm (off by default;
+    /// cluster worlds keep their swarm draw unless given).
+    partial_writes_ppm: Option<u32>,
+    /// Cluster worlds: drive nodes by the literal flush contract (a partly
+    /// written take is never reported flushed), exposing the open core bug.
     /// Replay a `sim_schedule` fuzz input instead of seeds.
     bytes: Option<String>,
     quiet: bool,
+    /// Run cluster worlds of this many nodes (3 or 5) instead.
+    cluster: Option<u8>,
+    /// Cluster worlds: run the liveness phase to its bound even when
+    /// everything resolved early.
+    full_liveness: bool,
     #[cfg_attr(not(feature = "planted-bugs"), allow(dead_code))]
     planted: Option<String>,
 }
@@ -34,8 +43,10 @@ fn parse() -> Result<Args, String> {
         hashes: false,
         stress: false,
         bytes: None,
-        partial_writes_ppm: 0,
+        partial_writes_ppm: None,
         quiet: false,
+        cluster: None,
+        full_liveness: false,
         planted: None,
     };
     let mut iter = std::env::args().skip(1);
@@ -60,17 +71,30 @@ fn parse() -> Result<Args, String> {
             "--hashes" => args.hashes = true,
             "--stress" => args.stress = true,
             "--partial-writes" => {
-                args.partial_writes_ppm = iter
-                    .next()
-                    .ok_or("--partial-writes needs a rate in ppm")?
-                    .parse()
-                    .map_err(|_| "bad rate")?;
+                args.partial_writes_ppm = Some(
+                    iter.next()
+                        .ok_or("--partial-writes needs a rate in ppm")?
+                        .parse()
+                        .map_err(|_| "bad rate")?,
+                );
             }
             "--bytes" => args.bytes = Some(iter.next().ok_or("--bytes needs a file")?),
             "--quiet" => args.quiet = true,
+            "--full-liveness" => args.full_liveness = true,
+            "--cluster" => {
+                let nodes: u8 = iter
+                    .next()
+                    .ok_or("--cluster needs 3 or 5")?
+                    .parse()
+                    .map_err(|_| "bad node count")?;
+                if nodes != 3 && nodes != 5 {
+                    return Err("--cluster needs 3 or 5".into());
+                }
+                args.cluster = Some(nodes);
+            }
             "--planted" => args.planted = Some(iter.next().ok_or("--planted needs a name")?),
             "--help" | "-h" => {
-                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--bytes FUZZ_INPUT [--trace]] [--planted NAME]".into());
+                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--cluster 3|5 [--full-liveness]] [--bytes FUZZ_INPUT [--trace]] [--planted NAME]".into());
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -126,8 +150,25 @@ fn main() -> ExitCode {
         if args.stress {
             config = config.stress();
         }
-        config.faults.partial_write_ppm = args.partial_writes_ppm;
-        let report = if args.trace {
+        config.faults.partial_write_ppm = args.partial_writes_ppm.unwrap_or(0);
+        let report = if let Some(nodes) = args.cluster {
+            let mut cluster = ClusterSimConfig::swarm(seed, nodes);
+            if let Some(ppm) = args.partial_writes_ppm {
+                cluster.base.faults.partial_write_ppm = ppm;
+            }
+            cluster.end_when_quiet = !args.full_liveness;
+            if args.stress {
+                cluster.base = cluster.base.stress();
+            }
+            if args.trace {
+                let stdout = std::io::stdout();
+                let mut lock = stdout.lock();
+                println!("seed {seed}: {cluster:?}");
+                ClusterWorld::new(seed, cluster).with_trace(&mut lock).run()
+            } else {
+                ClusterWorld::new(seed, cluster).run()
+            }
+        } else if args.trace {
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
             println!("seed {seed}: {config:?}");
@@ -151,8 +192,11 @@ fn main() -> ExitCode {
                         violation.checker, violation.at_us, violation.detail
                     );
                 }
+                let cluster = args
+                    .cluster
+                    .map_or(String::new(), |n| format!(" --cluster {n}"));
                 eprintln!(
-                    "  replay: cargo run -p ticketing-sim --release -- --seed {seed} --trace"
+                    "  replay: cargo run -p ticketing-sim --release -- --seed {seed}{cluster} --trace"
                 );
             }
             failing.push(seed);

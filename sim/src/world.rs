@@ -30,14 +30,14 @@ use crate::rng::Rng;
 
 /// The server's wall clock at true time 0, in microseconds since the Unix
 /// epoch: first tokens are taken from it.
-const WALL_EPOCH_US: u64 = 1_700_000_000_000_000;
-const MILLION: i128 = 1_000_000;
+pub(crate) const WALL_EPOCH_US: u64 = 1_700_000_000_000_000;
+pub(crate) const MILLION: i128 = 1_000_000;
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
 /// Indeterminate acquires remembered per client for matching a later
 /// `Compensate` event.
-const RECENT_INDETERMINATE_MAX: usize = 64;
+pub(crate) const RECENT_INDETERMINATE_MAX: usize = 64;
 
 /// Which checker found a violation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,11 +58,15 @@ pub enum Checker {
     Liveness,
     /// A client saw something a correct server never causes.
     Client,
+    /// Raft (cluster worlds): one leader per term, log matching, one
+    /// committed entry per index, commit index never decreasing, equal
+    /// replicated state at equal applied index.
+    Raft,
 }
 
 impl Checker {
     /// Every checker.
-    pub const ALL: [Checker; 8] = [
+    pub const ALL: [Checker; 9] = [
         Checker::ServerState,
         Checker::Tokens,
         Checker::Fifo,
@@ -71,6 +75,7 @@ impl Checker {
         Checker::Linearizability,
         Checker::Liveness,
         Checker::Client,
+        Checker::Raft,
     ];
 }
 
@@ -114,21 +119,21 @@ pub struct RunReport {
 
 /// A process clock: `local = base + t·(1 + rate) + jumps`.
 #[derive(Clone, Copy, Debug)]
-struct Clock {
-    base_us: u64,
-    rate_ppm: i64,
-    jump_us: u64,
+pub(crate) struct Clock {
+    pub(crate) base_us: u64,
+    pub(crate) rate_ppm: i64,
+    pub(crate) jump_us: u64,
 }
 
 impl Clock {
-    fn local(&self, true_us: u64) -> u64 {
+    pub(crate) fn local(&self, true_us: u64) -> u64 {
         let scaled = i128::from(true_us) * (MILLION + i128::from(self.rate_ppm)) / MILLION;
         self.base_us + self.jump_us + u64::try_from(scaled).unwrap_or(0)
     }
 
     /// The first true instant at which this clock shows `local_us` or later
     /// (assuming no further jumps).
-    fn true_at(&self, local_us: u64) -> u64 {
+    pub(crate) fn true_at(&self, local_us: u64) -> u64 {
         let offset = self.base_us + self.jump_us;
         if local_us <= offset {
             return 0;
@@ -474,21 +479,21 @@ pub struct World<'t> {
     hash: u64,
 }
 
-fn key_index(bytes: &[u8]) -> usize {
+pub(crate) fn key_index(bytes: &[u8]) -> usize {
     ALL_KEYS
         .iter()
         .position(|name| name.as_bytes() == bytes)
         .expect("the sim only uses its own keys")
 }
 
-fn key_indices(keys: &KeySet) -> Vec<usize> {
+pub(crate) fn key_indices(keys: &KeySet) -> Vec<usize> {
     keys.keys()
         .iter()
         .map(|key| key_index(key.as_bytes()))
         .collect()
 }
 
-fn instant(us: u64) -> Instant {
+pub(crate) fn instant(us: u64) -> Instant {
     Instant::from_micros(us)
 }
 
@@ -2739,7 +2744,7 @@ impl std::fmt::Debug for TraceEv<'_> {
     }
 }
 
-struct Short<'a>(&'a [u8]);
+pub(crate) struct Short<'a>(pub(crate) &'a [u8]);
 
 impl std::fmt::Debug for Short<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -62,3 +62,11 @@ fn sim_lock_table_corpus() {
         fuzzing::sim_lock_table(&input);
     }
 }
+
+#[test]
+fn sim_cluster_schedule_corpus() {
+    replay("sim_cluster_schedule", fuzzing::sim_cluster_schedule);
+    for input in pseudo_random_inputs(13, 24, 2_048) {
+        fuzzing::sim_cluster_schedule(&input);
+    }
+}

@@ -113,8 +113,10 @@
 //! With [`RaftConfig::auto_membership`] the leader drives this itself: a
 //! caught-up learner whose slot is held by an older-generation voter causes
 //! that voter's removal; a caught-up learner in a slot without a voter is
-//! promoted while the voter count is even (so automatic changes never turn
-//! 3 voters into 4); a learner superseded by a newer generation of its slot
+//! promoted while the voter count is even, or while a second caught-up
+//! learner waits for another empty slot (two replacements at once: 3 → 4 →
+//! 5), so automatic changes never leave an even voter set behind; a learner
+//! superseded by a newer generation of its slot
 //! is removed. Because these rules read only the configuration and progress,
 //! a new leader finishes a replacement that its predecessor started.
 //! Adding the new generation as a learner is the server's call
@@ -1751,6 +1753,13 @@ impl Raft {
             return;
         }
         let learners: Vec<NodeId> = self.config.learners.iter().copied().collect();
+        // Caught-up learners in slots with no voter: two of them can be
+        // promoted one after the other into an odd voter set (3 → 4 → 5)
+        // and leave it odd again.
+        let ready_for_empty_slots = learners
+            .iter()
+            .filter(|l| self.config.voter_in_slot(l.slot).is_none() && self.caught_up(**l))
+            .count();
         for learner in learners {
             // A learner superseded by a newer generation of its slot.
             if self
@@ -1771,11 +1780,15 @@ impl Raft {
                     return;
                 }
                 Some(_) => {}
-                // Promote only into an even voter set (the middle of a
-                // replacement: 2 → 3 or 4 → 5). An odd set is complete; a
-                // promotion would make it even, which adds a member to
-                // every majority without tolerating one more failure.
-                None if self.config.voters.len().is_multiple_of(2) => {
+                // Promote into an even voter set (the middle of a
+                // replacement: 2 → 3 or 4 → 5), or into an odd one when a
+                // second caught-up learner will follow (two slots replaced
+                // at once: 3 → 4 → 5). Otherwise an odd set is complete: a
+                // promotion would make it even, which adds a member to every
+                // majority without tolerating one more failure.
+                None if self.config.voters.len().is_multiple_of(2)
+                    || ready_for_empty_slots >= 2 =>
+                {
                     let _ = self.propose_conf_change(now, ConfChange::PromoteLearner(learner));
                     return;
                 }

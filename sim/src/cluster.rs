@@ -1,0 +1,3149 @@
+//! The cluster world: 3 or 5 real [`ClusterNode`]s connected by simulated
+//! peer connections, and client processes with one real core [`Session`]
+//! per node (slot order) routed by the core [`Router`], all driven the way
+//! a runtime drives them. Faults: connection resets, symmetric and
+//! asymmetric partitions (peer links cut one way or both), an isolated
+//! leader, node crashes with a fresh restart (a new generation that joins
+//! as a learner and replaces its old self), per-node clock drift and
+//! forward jumps, client crashes and pauses, message delay and reordering
+//! across connections.
+//!
+//! Checkers after every event: Raft (one leader per term, log matching,
+//! one committed entry per index, commit index never decreasing, equal
+//! replicated state at equal applied index), lock state (a key changes
+//! holder only when its holder released it, lost it as a ghost, or ran out
+//! of lease; tokens strictly increasing), replies, fencing; at the end
+//! liveness and per-key linearizability of what clients observed.
+
+use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
+
+use ticketing_core::auth::{HELLO_LEN, PROOF_LEN};
+use ticketing_core::client::{
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, CloseReason,
+    Grant, KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router, Session,
+    SessionConfig, SessionEvent,
+};
+use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::lock::Limits;
+use ticketing_core::peer::PeerTokens;
+use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
+use ticketing_core::server::{ConnId, ConnState};
+use ticketing_core::wire::{Decoded, ErrorCode, Reply, Request, RequestDecoder};
+
+use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
+use crate::linear::{self, LinEntry, LinOp, LinResult};
+use crate::rng::Rng;
+use crate::world::{
+    Checker, Clock, MILLION, RECENT_INDETERMINATE_MAX, RunReport, Short, Violation, WALL_EPOCH_US,
+    duration_us, instant, key_indices,
+};
+
+const FINGERPRINT: [u8; 32] = [7; 32];
+const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
+/// A dial over a cut link fails after this long (a SYN timeout).
+const DIAL_TIMEOUT_US: u64 = 1_000_000;
+
+/// Cluster-specific fault rates (ppm per fault tick), on top of
+/// [`SimConfig`]'s resets, client crashes, pauses and clock jumps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterFaults {
+    /// Peer links between a random minority and the rest are cut both ways.
+    pub partition_ppm: u32,
+    /// One peer link is cut in one direction only.
+    pub one_way_ppm: u32,
+    /// Every peer link of the current leader is cut both ways.
+    pub isolate_leader_ppm: u32,
+    /// A node crashes and restarts later with nothing (a new generation);
+    /// only while the voters that still have their state stay a majority.
+    pub node_crash_ppm: u32,
+    /// A node's clock jumps forward.
+    pub node_clock_jump_ppm: u32,
+    /// Longest partition.
+    pub partition_max_us: u64,
+}
+
+/// A bug planted in the simulated *driver* (the core has no cluster
+/// mutations): shows that the cluster checkers can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterPlant {
+    /// A crashed node comes back with empty state under its old identity
+    /// (bootstrap, same generation) instead of joining as a new generation,
+    /// and crashes are not held back to keep a majority's state: Raft's
+    /// persistent-state assumption broken.
+    AmnesiacRestart,
+    /// The driver never reports a write flushed: every grant counts as
+    /// undelivered and is released when its connection closes.
+    NeverReportFlushed,
+}
+
+/// What a cluster run simulates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSimConfig {
+    /// Nodes: 3 or 5.
+    pub nodes: u8,
+    /// Workload, network, clocks and the fault rates shared with the
+    /// single-server world (its server restart, stall and server clock
+    /// jump rates are unused here).
+    pub base: SimConfig,
+    /// Cluster faults.
+    pub faults: ClusterFaults,
+    /// End the liveness phase as soon as everything has resolved (off: run
+    /// it to its bound, to watch a quiet cluster for longer).
+    pub end_when_quiet: bool,
+    /// A driver bug to plant (tests only).
+    pub plant: Option<ClusterPlant>,
+}
+
+impl ClusterSimConfig {
+    /// The swarm configuration of `seed` for `nodes` nodes: the single
+    /// world's swarm draw plus cluster fault rates, each off in about a
+    /// third of the worlds.
+    pub fn swarm(seed: u64, nodes: u8) -> Self {
+        let mut base = SimConfig::swarm(seed);
+        // Shorter phases than the single world: a cluster event costs more.
+        base.safety_us = base.safety_us.min(15_000_000);
+        base.faults.server_restart_ppm = 0;
+        base.faults.server_clock_jump_ppm = 0;
+        base.faults.server_write_stall_ppm = 0;
+        let mut rng = Rng::new(seed, 98);
+        let mut faults = ClusterFaults {
+            partition_ppm: 80_000,
+            one_way_ppm: 60_000,
+            isolate_leader_ppm: 60_000,
+            node_crash_ppm: 60_000,
+            node_clock_jump_ppm: 30_000,
+            partition_max_us: rng.range(300_000, 5_000_000),
+        };
+        for rate in [
+            &mut faults.partition_ppm,
+            &mut faults.one_way_ppm,
+            &mut faults.isolate_leader_ppm,
+            &mut faults.node_crash_ppm,
+            &mut faults.node_clock_jump_ppm,
+        ] {
+            if rng.chance(330_000) {
+                *rate = 0;
+            }
+        }
+        ClusterSimConfig {
+            nodes,
+            base,
+            faults,
+            end_when_quiet: true,
+            plant: None,
+        }
+    }
+
+    /// No faults at all.
+    pub fn without_faults(mut self) -> Self {
+        self.base = self.base.without_faults();
+        self.faults = ClusterFaults {
+            partition_ppm: 0,
+            one_way_ppm: 0,
+            isolate_leader_ppm: 0,
+            node_crash_ppm: 0,
+            node_clock_jump_ppm: 0,
+            partition_max_us: 0,
+        };
+        self
+    }
+}
+
+/// Runs the cluster swarm world of `seed` with `nodes` nodes.
+pub fn run_cluster_seed(seed: u64, nodes: u8) -> RunReport {
+    ClusterWorld::new(seed, ClusterSimConfig::swarm(seed, nodes)).run()
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    NodeTimer {
+        slot: u8,
+        inc: u64,
+        generation: u64,
+    },
+    NodeRestart {
+        slot: u8,
+    },
+    /// A dial's SYN reaches the target.
+    DialArrive {
+        pipe: u64,
+    },
+    /// The dialer learns the outcome.
+    DialAnswer {
+        pipe: u64,
+        ok: bool,
+    },
+    ClientConnectArrive {
+        pipe: u64,
+    },
+    /// `dir` 0: towards the acceptor (end b); 1: towards the initiator.
+    Deliver {
+        pipe: u64,
+        dir: u8,
+        bytes: Vec<u8>,
+    },
+    /// A node writes a take (or part of it) on its `side` of `pipe`.
+    Flush {
+        pipe: u64,
+        side: u8,
+        bytes: Vec<u8>,
+        done: bool,
+        close: bool,
+    },
+    SeesClose {
+        pipe: u64,
+        side: u8,
+    },
+    Heal {
+        id: u64,
+    },
+    ClientTimer {
+        client: usize,
+        inc: u64,
+        slot: u8,
+        generation: u64,
+    },
+    ClientConnect {
+        client: usize,
+        inc: u64,
+        slot: u8,
+    },
+    ClientStartOp {
+        client: usize,
+        inc: u64,
+    },
+    OpRetry {
+        client: usize,
+        inc: u64,
+        op: u64,
+    },
+    WorkStep {
+        client: usize,
+        inc: u64,
+        op: u64,
+    },
+    CancelOp {
+        client: usize,
+        inc: u64,
+        op: u64,
+    },
+    ClientResume {
+        client: usize,
+        inc: u64,
+    },
+    ClientRestart {
+        client: usize,
+    },
+    FaultTick,
+    EndSafety,
+    /// Liveness phase: ends the run early once everything has resolved.
+    Probe,
+    End,
+}
+
+impl Ev {
+    fn client(&self) -> Option<(usize, u64)> {
+        match *self {
+            Ev::ClientTimer { client, inc, .. }
+            | Ev::ClientConnect { client, inc, .. }
+            | Ev::ClientStartOp { client, inc }
+            | Ev::OpRetry { client, inc, .. }
+            | Ev::WorkStep { client, inc, .. }
+            | Ev::CancelOp { client, inc, .. } => Some((client, inc)),
+            _ => None,
+        }
+    }
+
+    fn code(&self) -> u64 {
+        match self {
+            Ev::NodeTimer { .. } => 1,
+            Ev::NodeRestart { .. } => 2,
+            Ev::DialArrive { .. } => 3,
+            Ev::DialAnswer { .. } => 4,
+            Ev::ClientConnectArrive { .. } => 5,
+            Ev::Deliver { .. } => 6,
+            Ev::Flush { .. } => 7,
+            Ev::SeesClose { .. } => 8,
+            Ev::Heal { .. } => 9,
+            Ev::ClientTimer { .. } => 10,
+            Ev::ClientConnect { .. } => 11,
+            Ev::ClientStartOp { .. } => 12,
+            Ev::OpRetry { .. } => 13,
+            Ev::WorkStep { .. } => 14,
+            Ev::CancelOp { .. } => 15,
+            Ev::ClientResume { .. } => 16,
+            Ev::ClientRestart { .. } => 17,
+            Ev::FaultTick => 18,
+            Ev::EndSafety => 19,
+            Ev::End => 20,
+            Ev::Probe => 21,
+        }
+    }
+}
+
+struct Scheduled {
+    at_us: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at_us, self.seq) == (other.at_us, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
+    }
+}
+
+/// Who opened a connection (end a). End b is always a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opener {
+    Client { client: usize, inc: u64 },
+    Node { slot: u8, inc: u64 },
+}
+
+/// A simulated TCP connection: end a (a client, or the dialing node) and
+/// end b (the accepting node). Direction 0 is a→b, 1 is b→a.
+struct Pipe {
+    opener: Opener,
+    b_slot: u8,
+    b_inc: u64,
+    /// Node-side connection ids: end a (peer pipes) and end b.
+    ids: [Option<ConnId>; 2],
+    reset: bool,
+    open: [bool; 2],
+    last_us: [u64; 2],
+    in_flight: [usize; 2],
+    allow: [usize; 2],
+    /// Chunks sent over a cut link, delivered when it heals (TCP
+    /// retransmits) unless the connection resets first.
+    held: [Vec<Vec<u8>>; 2],
+    /// Bytes that reached a paused client's kernel, and a close after them.
+    held_for_client: Vec<u8>,
+    close_held: bool,
+    /// A node's take is being written on that side.
+    writing: [bool; 2],
+    /// A dial whose outcome the dialer has not learnt yet: the pipe must
+    /// outlive a reset until then, or the dialer would wait forever.
+    dialing: bool,
+    // Oracle of client pipes.
+    c2s_skip: usize,
+    decoder: RequestDecoder,
+    s2c_skip: usize,
+    reply_buf: Vec<u8>,
+    /// Bytes of the node's output stream on this client pipe the oracle has
+    /// read (hello and result byte included, as the node counts them).
+    observed_total: u64,
+    /// Bytes of that stream reported written to the node.
+    written_total: u64,
+    /// Grants in taken bytes whose frame is not yet reported written whole:
+    /// token and the stream offset just past the frame.
+    unflushed_grants: Vec<(u64, u64)>,
+}
+
+impl Pipe {
+    fn peer(&self) -> bool {
+        matches!(self.opener, Opener::Node { .. })
+    }
+
+    /// The node at `side` of this pipe, with its incarnation.
+    fn node_at(&self, side: u8) -> Option<(u8, u64)> {
+        match (side, self.opener) {
+            (1, _) => Some((self.b_slot, self.b_inc)),
+            (_, Opener::Node { slot, inc }) => Some((slot, inc)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Plan {
+    writes: u8,
+    write_gap_us: u64,
+    release: bool,
+}
+
+enum OpState {
+    Acquiring {
+        op: AcquireOperation,
+        attempt: Option<(u64, u64)>,
+        plan: Plan,
+        hist: Vec<(usize, usize)>,
+    },
+    Holding {
+        grant: Grant,
+        plan: Plan,
+        writes_left: u8,
+        act_before_local_us: u64,
+        start_us: u64,
+        era: u64,
+        write_after_pause: bool,
+    },
+    Releasing {
+        op: ReleaseOperation,
+        attempt: Option<(u64, u64)>,
+        any_indeterminate: bool,
+        hist: Vec<(usize, usize)>,
+    },
+}
+
+struct ClientProc {
+    inc: u64,
+    clock: Clock,
+    crashed: bool,
+    paused_until_us: u64,
+    /// One session per slot, with its pipe.
+    sessions: Vec<Option<(Session, u64)>>,
+    backoffs: Vec<Backoff>,
+    router: Router,
+    timer_generation: Vec<u64>,
+    armed: Vec<Option<ticketing_core::time::Instant>>,
+    ops: BTreeMap<u64, OpState>,
+    acquires_started: usize,
+    recent_indeterminate: Vec<(KeySet, Vec<(usize, usize)>)>,
+}
+
+struct NodeProc {
+    node: Option<ClusterNode>,
+    inc: u64,
+    generation: u64,
+    clock: Clock,
+    conns: BTreeMap<ConnId, u64>,
+    timer_generation: u64,
+    armed: Option<ticketing_core::time::Instant>,
+    /// Highest commit index seen in this incarnation.
+    commit_seen: u64,
+    /// Highest token seen in this incarnation's applied state.
+    max_token: u64,
+    /// (last index, its term, commit, applied) at the last check: the
+    /// checks rerun only when one of them moved.
+    checked: (u64, u64, u64, u64),
+    /// (term, leader, configuration) this node last knew, for trace notes.
+    known_leader: (u64, Option<NodeId>, Configuration),
+    /// Per key: the token holding it in this node's applied state.
+    shadow: Vec<Option<u64>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Safety,
+    Liveness,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct DbKey {
+    high_water: u64,
+    writer: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    start_us: u64,
+    end_us: u64,
+    token: u64,
+    era: u64,
+}
+
+/// What the oracle knows of a grant in the replicated state.
+#[derive(Clone, Debug)]
+struct GrantInfo {
+    keys: Vec<usize>,
+    lease_ms: u32,
+    /// True time it first appeared in any node's applied state.
+    first_applied_us: u64,
+    era: u64,
+}
+
+/// A simulated cluster world; see the module docs.
+pub struct ClusterWorld<'t> {
+    config: ClusterSimConfig,
+    n: u8,
+    now_us: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    net: Rng,
+    work: Rng,
+    fault_rng: Rng,
+    phase: Phase,
+    nodes: Vec<NodeProc>,
+    clients: Vec<ClientProc>,
+    pipes: BTreeMap<u64, Pipe>,
+    next_pipe: u64,
+    next_op: u64,
+    /// Cuts in force per directed link `[from][to]` (partitions overlap).
+    cut: Vec<Vec<u32>>,
+    partitions: BTreeMap<u64, Vec<(u8, u8)>>,
+    next_partition: u64,
+    lease_era: u64,
+    /// Last true time some node led.
+    last_leader_us: u64,
+    // Raft oracle.
+    leaders: HashMap<u64, NodeId>,
+    /// Committed entry hash per index.
+    committed: HashMap<u64, u64>,
+    /// Entry hash per (index, term), committed or not.
+    entries: HashMap<(u64, u64), u64>,
+    /// Replicated-state hash per applied index.
+    states: HashMap<u64, u64>,
+    // Lock oracle.
+    grants: HashMap<u64, GrantInfo>,
+    max_token: u64,
+    /// Tokens a client asked to release (any attempt).
+    release_requested: HashSet<u64>,
+    /// Grants whose reply bytes a node took for writing.
+    replied: HashSet<u64>,
+    /// Grants a node counted as undelivered when their connection closed.
+    ghosts: HashSet<u64>,
+    /// Grants a client received.
+    received: HashSet<u64>,
+    /// Requests a node received and has not answered: (pipe, rid).
+    pending: BTreeMap<(u64, u64), bool>,
+    db: Vec<DbKey>,
+    windows: Vec<Vec<Window>>,
+    history: Vec<Vec<LinEntry>>,
+    report: RunReport,
+    trace: Option<&'t mut dyn std::io::Write>,
+    hash: u64,
+}
+
+fn hash_of<T: Hash>(value: &T) -> u64 {
+    // SipHash with fixed keys: deterministic across processes.
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl<'t> ClusterWorld<'t> {
+    /// A cluster world for `seed`.
+    pub fn new(seed: u64, config: ClusterSimConfig) -> Self {
+        let rngs = [11, 12, 13, 14].map(|stream| Rng::new(seed, stream));
+        Self::with_rngs(seed, config, rngs)
+    }
+
+    /// A cluster world whose every decision comes from `bytes` (fuzzing).
+    pub fn from_bytes(bytes: &[u8], config: ClusterSimConfig) -> Self {
+        let shared: std::sync::Arc<[u8]> = bytes.into();
+        let rngs = [0, 1, 2, 3].map(|stream| Rng::from_bytes(shared.clone(), stream));
+        Self::with_rngs(0, config, rngs)
+    }
+
+    fn with_rngs(seed: u64, config: ClusterSimConfig, rngs: [Rng; 4]) -> Self {
+        assert!(matches!(config.nodes, 3 | 5), "a cluster has 3 or 5 nodes");
+        let n = config.nodes;
+        let [net, mut clocks, work, fault_rng] = rngs;
+        let drift = i64::from(config.base.drift_ppm_max);
+        let clock = |rng: &mut Rng| Clock {
+            base_us: rng.range(1_000_000, 1_000_000_000),
+            rate_ppm: rng.range(0, 2 * drift as u64) as i64 - drift,
+            jump_us: 0,
+        };
+        let nodes = (0..n)
+            .map(|_| NodeProc {
+                node: None,
+                inc: 0,
+                generation: 1,
+                clock: clock(&mut clocks),
+                conns: BTreeMap::new(),
+                timer_generation: 0,
+                armed: None,
+                commit_seen: 0,
+                max_token: 0,
+                checked: (0, 0, 0, 0),
+                known_leader: (0, None, Configuration::default()),
+                shadow: vec![None; ALL_KEYS.len()],
+            })
+            .collect();
+        let clients = (0..config.base.clients)
+            .map(|_| ClientProc {
+                inc: 0,
+                clock: clock(&mut clocks),
+                crashed: false,
+                paused_until_us: 0,
+                sessions: (0..n).map(|_| None).collect(),
+                backoffs: vec![Backoff::new(); usize::from(n)],
+                router: Router::new(usize::from(n)),
+                timer_generation: vec![0; usize::from(n)],
+                armed: vec![None; usize::from(n)],
+                ops: BTreeMap::new(),
+                acquires_started: 0,
+                recent_indeterminate: Vec::new(),
+            })
+            .collect();
+        let keys = ALL_KEYS.len();
+        ClusterWorld {
+            n,
+            now_us: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            net,
+            work,
+            fault_rng,
+            phase: Phase::Safety,
+            nodes,
+            clients,
+            pipes: BTreeMap::new(),
+            next_pipe: 1,
+            next_op: 1,
+            cut: vec![vec![0; usize::from(n)]; usize::from(n)],
+            partitions: BTreeMap::new(),
+            next_partition: 1,
+            lease_era: 0,
+            last_leader_us: 0,
+            leaders: HashMap::new(),
+            committed: HashMap::new(),
+            entries: HashMap::new(),
+            states: HashMap::new(),
+            grants: HashMap::new(),
+            max_token: 0,
+            release_requested: HashSet::new(),
+            replied: HashSet::new(),
+            ghosts: HashSet::new(),
+            received: HashSet::new(),
+            pending: BTreeMap::new(),
+            db: vec![DbKey::default(); keys],
+            windows: vec![Vec::new(); keys],
+            history: vec![Vec::new(); keys],
+            report: RunReport {
+                seed,
+                ..RunReport::default()
+            },
+            trace: None,
+            hash: 0xcbf2_9ce4_8422_2325,
+            config,
+        }
+    }
+
+    /// Prints a readable line per event to `out`.
+    pub fn with_trace(mut self, out: &'t mut dyn std::io::Write) -> Self {
+        self.trace = Some(out);
+        self
+    }
+
+    /// Runs to the end and checks everything.
+    pub fn run(mut self) -> RunReport {
+        for slot in 0..self.n {
+            self.node_start(slot, true);
+        }
+        for client in 0..self.clients.len() {
+            let at = self.work.below(200_000);
+            for slot in 0..self.n {
+                self.schedule(
+                    at,
+                    Ev::ClientConnect {
+                        client,
+                        inc: 0,
+                        slot,
+                    },
+                );
+            }
+            // Give the cluster a moment to elect a first leader.
+            let at = at + 500_000 + self.work.below(500_000);
+            self.schedule(at, Ev::ClientStartOp { client, inc: 0 });
+        }
+        let tick = self.fault_delay();
+        self.schedule(tick, Ev::FaultTick);
+        self.schedule(self.config.base.safety_us, Ev::EndSafety);
+        let end = self.config.base.safety_us + self.config.base.liveness_bound_us;
+        self.schedule(end, Ev::End);
+        while let Some(Reverse(next)) = self.queue.pop() {
+            self.now_us = next.at_us;
+            self.report.events += 1;
+            self.hash_event(&next);
+            self.dispatch(next.ev);
+            self.check_cluster();
+            if self.phase == Phase::Done || self.report.violations.len() >= 4 {
+                break;
+            }
+        }
+        if self.report.violations.is_empty() {
+            self.check_linearizability();
+        }
+        self.report.trace_hash = self.hash;
+        self.report.end_us = self.now_us;
+        self.report
+    }
+
+    // -----------------------------------------------------------------
+    // Plumbing
+    // -----------------------------------------------------------------
+
+    fn schedule(&mut self, at_us: u64, ev: Ev) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { at_us, seq, ev }));
+    }
+
+    fn mix(&mut self, value: u64) {
+        for byte in value.to_le_bytes() {
+            self.hash ^= u64::from(byte);
+            self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn hash_event(&mut self, next: &Scheduled) {
+        self.mix(next.at_us);
+        self.mix(next.ev.code());
+        let extra = match &next.ev {
+            Ev::Deliver { pipe, bytes, .. } | Ev::Flush { pipe, bytes, .. } => {
+                for &byte in bytes {
+                    self.hash ^= u64::from(byte);
+                    self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
+                }
+                pipe ^ ((bytes.len() as u64) << 32)
+            }
+            Ev::DialArrive { pipe }
+            | Ev::DialAnswer { pipe, .. }
+            | Ev::ClientConnectArrive { pipe }
+            | Ev::SeesClose { pipe, .. } => *pipe,
+            Ev::NodeTimer { slot, .. } | Ev::NodeRestart { slot } => u64::from(*slot),
+            Ev::ClientTimer { client, .. }
+            | Ev::ClientConnect { client, .. }
+            | Ev::ClientStartOp { client, .. }
+            | Ev::ClientResume { client, .. }
+            | Ev::ClientRestart { client } => *client as u64,
+            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => *op,
+            _ => 0,
+        };
+        self.mix(extra);
+        if self.trace.is_some() {
+            let line = format!("{:>12.6}s {:?}", next.at_us as f64 / 1e6, TraceEv(&next.ev));
+            self.trace_line(&line);
+        }
+    }
+
+    fn trace_line(&mut self, line: &str) {
+        if let Some(out) = self.trace.as_mut() {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        if self.trace.is_some() {
+            let line = format!("              . {}", text());
+            self.trace_line(&line);
+        }
+    }
+
+    fn violation(&mut self, checker: Checker, detail: String) {
+        if self.config.base.checkers_off.contains(&checker) {
+            return;
+        }
+        let line = format!("VIOLATION [{checker:?}] {detail}");
+        self.trace_line(&line);
+        self.report.violations.push(Violation {
+            checker,
+            at_us: self.now_us,
+            detail,
+        });
+    }
+
+    fn net_delay(&mut self) -> u64 {
+        let base = &self.config.base;
+        let (min, jitter, spike_ppm, spike_max) = (
+            base.net_delay_min_us,
+            base.net_jitter_us,
+            base.net_spike_ppm,
+            base.net_spike_max_us,
+        );
+        let mut delay = min + self.net.below(jitter + 1);
+        if self.net.chance(spike_ppm) {
+            delay += self.net.below(spike_max + 1);
+        }
+        delay
+    }
+
+    fn fault_delay(&mut self) -> u64 {
+        let mean = self.config.base.faults.tick_mean_us.max(1);
+        self.now_us + 1 + self.fault_rng.below(2 * mean)
+    }
+
+    fn node_now(&self, slot: u8) -> ticketing_core::time::Instant {
+        instant(self.nodes[usize::from(slot)].clock.local(self.now_us))
+    }
+
+    fn client_now(&self, client: usize) -> u64 {
+        self.clients[client].clock.local(self.now_us)
+    }
+
+    fn nonce(&mut self) -> [u8; 16] {
+        let mut nonce = [0u8; 16];
+        nonce[..8].copy_from_slice(&self.net.next_u64().to_le_bytes());
+        nonce[8..].copy_from_slice(&self.net.next_u64().to_le_bytes());
+        nonce
+    }
+
+    /// Whether a peer pipe's direction `dir` is cut now.
+    fn is_cut(&self, pipe: &Pipe, dir: u8) -> bool {
+        let Opener::Node { slot: a, .. } = pipe.opener else {
+            return false;
+        };
+        let (from, to) = if dir == 0 {
+            (a, pipe.b_slot)
+        } else {
+            (pipe.b_slot, a)
+        };
+        self.cut[usize::from(from)][usize::from(to)] > 0
+    }
+
+    /// Sends `bytes` on `pipe` in direction `dir`, split at random byte
+    /// boundaries into chunks that arrive in order.
+    fn send(&mut self, pipe_id: u64, dir: u8, mut bytes: Vec<u8>) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        if pipe.reset || bytes.is_empty() {
+            return;
+        }
+        if self.is_cut(pipe, dir) || !pipe.held[usize::from(dir)].is_empty() {
+            // The link drops everything; TCP retransmits after it heals.
+            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+            pipe.held[usize::from(dir)].push(bytes);
+            return;
+        }
+        let mut chunks = Vec::new();
+        while bytes.len() > 1 && self.net.chance(300_000) {
+            let at = 1 + self.net.index(bytes.len() - 1);
+            let rest = bytes.split_off(at);
+            chunks.push(std::mem::replace(&mut bytes, rest));
+        }
+        chunks.push(bytes);
+        for chunk in chunks {
+            let delay = self.net_delay();
+            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+            let d = usize::from(dir);
+            let arrival = pipe.last_us[d].max(self.now_us + delay);
+            pipe.last_us[d] = arrival;
+            pipe.in_flight[d] += chunk.len();
+            self.schedule(
+                arrival,
+                Ev::Deliver {
+                    pipe: pipe_id,
+                    dir,
+                    bytes: chunk,
+                },
+            );
+        }
+    }
+
+    /// Kills a pipe's transport: in-flight bytes after a random boundary
+    /// are lost; each open end learns after the bytes that still reach it.
+    fn reset_pipe(&mut self, pipe_id: u64) {
+        let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+            return;
+        };
+        if pipe.reset {
+            return;
+        }
+        pipe.reset = true;
+        pipe.held = [Vec::new(), Vec::new()];
+        let open = pipe.open;
+        let in_flight = pipe.in_flight;
+        let last = pipe.last_us;
+        let allow = [
+            self.net.below(in_flight[0] as u64 + 1) as usize,
+            self.net.below(in_flight[1] as u64 + 1) as usize,
+        ];
+        self.pipes.get_mut(&pipe_id).expect("checked above").allow = allow;
+        for side in 0..2u8 {
+            if open[usize::from(side)] {
+                // Side 0 reads direction 1 and vice versa.
+                let reads = usize::from(1 - side);
+                let at = (self.now_us + self.net_delay()).max(last[reads] + 1);
+                self.schedule(
+                    at,
+                    Ev::SeesClose {
+                        pipe: pipe_id,
+                        side,
+                    },
+                );
+            }
+        }
+        self.drop_pipe_if_done(pipe_id);
+    }
+
+    fn drop_pipe_if_done(&mut self, pipe_id: u64) {
+        if let Some(pipe) = self.pipes.get(&pipe_id)
+            && pipe.reset
+            && !pipe.dialing
+            && !pipe.open[0]
+            && !pipe.open[1]
+        {
+            self.pipes.remove(&pipe_id);
+        }
+    }
+
+    fn new_pipe(&mut self, opener: Opener, b_slot: u8) -> u64 {
+        let id = self.next_pipe;
+        self.next_pipe += 1;
+        let b_inc = self.nodes[usize::from(b_slot)].inc;
+        self.pipes.insert(
+            id,
+            Pipe {
+                opener,
+                b_slot,
+                b_inc,
+                ids: [None, None],
+                reset: false,
+                open: [matches!(opener, Opener::Client { .. }), false],
+                last_us: [0, 0],
+                in_flight: [0, 0],
+                allow: [0, 0],
+                held: [Vec::new(), Vec::new()],
+                held_for_client: Vec::new(),
+                close_held: false,
+                writing: [false, false],
+                dialing: matches!(opener, Opener::Node { .. }),
+                c2s_skip: PROOF_LEN,
+                decoder: RequestDecoder::new(),
+                s2c_skip: HELLO_LEN + 1,
+                reply_buf: Vec::new(),
+                observed_total: 0,
+                written_total: 0,
+                unflushed_grants: Vec::new(),
+            },
+        );
+        id
+    }
+
+    // -----------------------------------------------------------------
+    // Events
+    // -----------------------------------------------------------------
+
+    fn dispatch(&mut self, ev: Ev) {
+        if let Some((client, inc)) = ev.client() {
+            let proc = &self.clients[client];
+            if proc.inc != inc || proc.crashed {
+                return;
+            }
+            if proc.paused_until_us > self.now_us {
+                let at = proc.paused_until_us;
+                self.schedule(at, ev);
+                return;
+            }
+        }
+        match ev {
+            Ev::NodeTimer {
+                slot,
+                inc,
+                generation,
+            } => {
+                let now = self.node_now(slot);
+                let proc = &mut self.nodes[usize::from(slot)];
+                if proc.inc == inc && proc.timer_generation == generation {
+                    proc.armed = None;
+                    if let Some(node) = proc.node.as_mut() {
+                        node.handle_timeout(now);
+                    }
+                    self.node_step(slot, None);
+                }
+            }
+            Ev::NodeRestart { slot } => self.node_start(slot, false),
+            Ev::DialArrive { pipe } => self.dial_arrive(pipe),
+            Ev::DialAnswer { pipe, ok } => self.dial_answer(pipe, ok),
+            Ev::ClientConnectArrive { pipe } => self.client_connect_arrive(pipe),
+            Ev::Deliver { pipe, dir, bytes } => self.deliver(pipe, dir, bytes),
+            Ev::Flush {
+                pipe,
+                side,
+                bytes,
+                done,
+                close,
+            } => self.flush(pipe, side, bytes, done, close),
+            Ev::SeesClose { pipe, side } => self.sees_close(pipe, side),
+            Ev::Heal { id } => self.heal(id),
+            Ev::ClientTimer {
+                client,
+                slot,
+                generation,
+                ..
+            } => {
+                let proc = &mut self.clients[client];
+                if proc.timer_generation[usize::from(slot)] == generation {
+                    proc.armed[usize::from(slot)] = None;
+                    let local = self.client_now(client);
+                    if let Some((session, _)) =
+                        self.clients[client].sessions[usize::from(slot)].as_mut()
+                    {
+                        session.handle_timeout(instant(local));
+                    }
+                    self.client_pump(client, slot);
+                }
+            }
+            Ev::ClientConnect { client, slot, .. } => self.client_connect(client, slot),
+            Ev::ClientStartOp { client, .. } => self.client_start_op(client),
+            Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
+            Ev::WorkStep { client, op, .. } => self.work_step(client, op),
+            Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
+            Ev::ClientResume { client, inc } => {
+                let proc = &self.clients[client];
+                if proc.inc == inc && !proc.crashed && proc.paused_until_us <= self.now_us {
+                    self.client_resume(client);
+                }
+            }
+            Ev::ClientRestart { client } => self.client_restart(client),
+            Ev::FaultTick => self.fault_tick(),
+            Ev::EndSafety => {
+                self.note(|| "safety phase ends: no more faults or new work".into());
+                self.phase = Phase::Liveness;
+                let ids: Vec<u64> = self.partitions.keys().copied().collect();
+                for id in ids {
+                    self.heal(id);
+                }
+                self.schedule(self.now_us + 1_000_000, Ev::Probe);
+            }
+            Ev::Probe => {
+                if self.config.end_when_quiet && self.quiescent() {
+                    // Everything resolved within the bound: the rest of the
+                    // phase would only be heartbeats.
+                    self.note(|| "everything resolved: the liveness phase ends early".into());
+                    self.check_end();
+                    self.phase = Phase::Done;
+                } else {
+                    self.schedule(self.now_us + 1_000_000, Ev::Probe);
+                }
+            }
+            Ev::End => {
+                self.check_end();
+                self.phase = Phase::Done;
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // Nodes
+    // -----------------------------------------------------------------
+
+    fn node_config(&self, slot: u8, generation: u64) -> ClusterConfig {
+        let local = self.nodes[usize::from(slot)].clock.local(self.now_us);
+        let tokens = PeerTokens::new([PEER_TOKEN]).expect("sim token is long enough");
+        let mut config = ClusterConfig::new(
+            FINGERPRINT,
+            NodeId::new(slot, generation),
+            self.n,
+            tokens,
+            WALL_EPOCH_US + local,
+        );
+        config.raft = RaftConfig::fast();
+        config.limits = Limits {
+            max_keys: self.config.base.max_keys,
+            max_waiters_per_key: self.config.base.max_waiters_per_key,
+            max_waiters_total: self.config.base.max_waiters_total,
+        };
+        config.max_connections = 64;
+        config.max_in_flight_per_connection = 64;
+        config
+    }
+
+    /// Starts `slot`: a bootstrap member at time 0, else a new generation
+    /// that joins (its old state is gone).
+    fn node_start(&mut self, slot: u8, bootstrap: bool) {
+        let seed = self.net.next_u64();
+        let now = self.node_now(slot);
+        let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
+        let proc = &mut self.nodes[usize::from(slot)];
+        if !bootstrap {
+            proc.inc += 1;
+            if !amnesia {
+                proc.generation += 1;
+            }
+        }
+        let generation = proc.generation;
+        let config = self.node_config(slot, generation);
+        let node = if bootstrap || amnesia {
+            let voters = (0..self.n).map(|s| NodeId::new(s, 1));
+            ClusterNode::bootstrap(config, voters, seed, now)
+        } else {
+            ClusterNode::join(config, seed, now)
+        };
+        let proc = &mut self.nodes[usize::from(slot)];
+        proc.node = Some(node);
+        proc.conns.clear();
+        proc.armed = None;
+        proc.commit_seen = 0;
+        proc.max_token = 0;
+        proc.checked = (0, 0, 0, 0);
+        proc.shadow = vec![None; ALL_KEYS.len()];
+        self.note(|| format!("node {slot} starts, generation {generation}"));
+        self.node_step(slot, None);
+    }
+
+    fn crash_node(&mut self, slot: u8) {
+        let proc = &mut self.nodes[usize::from(slot)];
+        let inc = proc.inc;
+        let generation = proc.generation;
+        proc.node = None;
+        proc.conns.clear();
+        proc.armed = None;
+        self.note(|| format!("FAULT node {slot} generation {generation} crashes"));
+        let pipes: Vec<u64> = self.pipes.keys().copied().collect();
+        for pipe_id in pipes {
+            let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+                continue;
+            };
+            let mut hit = false;
+            for side in 0..2u8 {
+                if pipe.node_at(side) == Some((slot, inc)) {
+                    pipe.open[usize::from(side)] = false;
+                    hit = true;
+                }
+            }
+            if hit {
+                self.reset_pipe(pipe_id);
+            }
+        }
+        let at = self.now_us + self.fault_rng.range(200_000, 3_000_000);
+        self.schedule(at, Ev::NodeRestart { slot });
+    }
+
+    fn node_alive(&self, slot: u8, inc: u64) -> bool {
+        let proc = &self.nodes[usize::from(slot)];
+        proc.inc == inc && proc.node.is_some()
+    }
+
+    /// After any node input: dials, transmits, timer.
+    fn node_step(&mut self, slot: u8, retake: Option<ConnId>) {
+        let s = usize::from(slot);
+        let now = self.node_now(slot);
+        let inc = self.nodes[s].inc;
+        let Some(node) = self.nodes[s].node.as_mut() else {
+            return;
+        };
+        let mut dials = Vec::new();
+        while let Some(target) = node.poll_dial(now) {
+            dials.push(target);
+        }
+        let mut woken = Vec::new();
+        while let Some(id) = node.poll_wake() {
+            woken.push(id);
+        }
+        woken.extend(retake);
+        woken.sort();
+        woken.dedup();
+        for target in dials {
+            let pipe = self.new_pipe(Opener::Node { slot, inc }, target);
+            self.note(|| format!("node {slot} dials {target} (pipe {pipe})"));
+            let at = self.now_us + self.net_delay();
+            self.schedule(at, Ev::DialArrive { pipe });
+        }
+        for id in woken {
+            let Some(&pipe_id) = self.nodes[s].conns.get(&id) else {
+                continue;
+            };
+            let Some(pipe) = self.pipes.get(&pipe_id) else {
+                continue;
+            };
+            let side: u8 = if pipe.node_at(1) == Some((slot, inc)) && pipe.ids[1] == Some(id) {
+                1
+            } else {
+                0
+            };
+            if pipe.writing[usize::from(side)] {
+                // One take at a time, as in the runtimes; retaken after
+                // the flush.
+                continue;
+            }
+            let mut out = Vec::new();
+            let node = self.nodes[s].node.as_mut().expect("checked above");
+            let state = node.take_transmit(id, &mut out);
+            if state == ConnState::Gone {
+                continue;
+            }
+            let close = state == ConnState::CloseAfterFlush;
+            if out.is_empty() && !close {
+                continue;
+            }
+            if !self.pipes[&pipe_id].peer() {
+                self.observe_replies(pipe_id, &out);
+            }
+            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+            pipe.writing[usize::from(side)] = true;
+            let mut at = self.now_us + self.net.below(3) * self.net.below(2_000);
+            if out.len() > 1 && self.net.chance(self.config.base.faults.partial_write_ppm) {
+                let rest = out.split_off(1 + self.net.index(out.len() - 1));
+                let first = std::mem::replace(&mut out, rest);
+                self.schedule(
+                    at,
+                    Ev::Flush {
+                        pipe: pipe_id,
+                        side,
+                        bytes: first,
+                        done: false,
+                        close: false,
+                    },
+                );
+                at += self.net.range(100, 100_000);
+            }
+            self.schedule(
+                at,
+                Ev::Flush {
+                    pipe: pipe_id,
+                    side,
+                    bytes: out,
+                    done: true,
+                    close,
+                },
+            );
+        }
+        let proc = &mut self.nodes[s];
+        let Some(node) = proc.node.as_ref() else {
+            return;
+        };
+        let deadline = node.poll_timeout();
+        if deadline == proc.armed {
+            return;
+        }
+        proc.armed = deadline;
+        if let Some(deadline) = deadline {
+            proc.timer_generation += 1;
+            let generation = proc.timer_generation;
+            let at = proc.clock.true_at(deadline.as_micros()).max(self.now_us);
+            self.schedule(
+                at,
+                Ev::NodeTimer {
+                    slot,
+                    inc,
+                    generation,
+                },
+            );
+        }
+    }
+
+    /// Oracle: the replies in bytes a node took for a client pipe.
+    fn observe_replies(&mut self, pipe_id: u64, out: &[u8]) {
+        let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
+        pipe.observed_total += out.len() as u64;
+        let skip = pipe.s2c_skip.min(out.len());
+        pipe.s2c_skip -= skip;
+        pipe.reply_buf.extend_from_slice(&out[skip..]);
+        let mut used_total = 0;
+        let mut replies = Vec::new();
+        let mut bad = None;
+        loop {
+            match Reply::decode(&pipe.reply_buf[used_total..]) {
+                Ok(Some((reply, used))) => {
+                    used_total += used;
+                    // The buffer's end is the stream's observed end.
+                    let unparsed = (pipe.reply_buf.len() - used_total) as u64;
+                    replies.push((reply, pipe.observed_total - unparsed));
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    bad = Some(error);
+                    pipe.reply_buf.clear();
+                    used_total = 0;
+                    break;
+                }
+            }
+        }
+        pipe.reply_buf.drain(..used_total);
+        if let Some(error) = bad {
+            self.violation(
+                Checker::Replies,
+                format!("node wrote a bad frame on pipe {pipe_id}: {error:?}"),
+            );
+        }
+        for (reply, end_offset) in replies {
+            let Some(rid) = reply.rid() else {
+                continue; // `L` notices
+            };
+            let Some(acquire) = self.pending.remove(&(pipe_id, rid)) else {
+                self.violation(
+                    Checker::Replies,
+                    format!("reply {reply:?} on pipe {pipe_id} answers no request in flight"),
+                );
+                continue;
+            };
+            let fits = match reply {
+                Reply::Acquired { .. }
+                | Reply::AcquiredSet { .. }
+                | Reply::TimedOut { .. }
+                | Reply::Busy { .. } => acquire,
+                Reply::Released { .. } | Reply::ReleasedSet { .. } | Reply::NotFound { .. } => {
+                    !acquire
+                }
+                Reply::Indeterminate { .. } | Reply::Moved { .. } => true,
+                Reply::Error { code, .. } => {
+                    matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
+                        || (!acquire && code == ErrorCode::GroupMismatch)
+                }
+                Reply::Leader { .. } => false,
+            };
+            if !fits {
+                self.violation(
+                    Checker::Replies,
+                    format!("reply {reply:?} on pipe {pipe_id} does not fit its request"),
+                );
+            }
+            if let Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } = reply {
+                if !self.replied.insert(token) {
+                    self.violation(
+                        Checker::Tokens,
+                        format!("token {token} granted in two replies"),
+                    );
+                }
+                let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
+                pipe.unflushed_grants.push((token, end_offset));
+            }
+        }
+    }
+
+    fn dial_arrive(&mut self, pipe_id: u64) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        let Opener::Node { slot: from, inc } = pipe.opener else {
+            return;
+        };
+        let to = pipe.b_slot;
+        let to_inc = self.nodes[usize::from(to)].inc;
+        let cut = self.cut[usize::from(from)][usize::from(to)] > 0
+            || self.cut[usize::from(to)][usize::from(from)] > 0;
+        let up = self.nodes[usize::from(to)].node.is_some() && !pipe.reset;
+        if !self.node_alive(from, inc) {
+            self.pipes.remove(&pipe_id);
+            return;
+        }
+        if cut || !up {
+            let at = if cut {
+                self.now_us + DIAL_TIMEOUT_US
+            } else {
+                self.now_us + self.net_delay()
+            };
+            self.schedule(
+                at,
+                Ev::DialAnswer {
+                    pipe: pipe_id,
+                    ok: false,
+                },
+            );
+            return;
+        }
+        let now = self.node_now(to);
+        let nonce = self.nonce();
+        let accepted = self.nodes[usize::from(to)]
+            .node
+            .as_mut()
+            .and_then(|node| node.handle_peer_accept(now, nonce));
+        let Some(id) = accepted else {
+            let at = self.now_us + self.net_delay();
+            self.schedule(
+                at,
+                Ev::DialAnswer {
+                    pipe: pipe_id,
+                    ok: false,
+                },
+            );
+            return;
+        };
+        let answer_at = self.now_us + self.net_delay();
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        pipe.b_inc = to_inc;
+        pipe.ids[1] = Some(id);
+        pipe.open[1] = true;
+        // The acceptor's bytes travel behind its SYN-ACK.
+        pipe.last_us[1] = answer_at;
+        self.nodes[usize::from(to)].conns.insert(id, pipe_id);
+        self.schedule(
+            answer_at,
+            Ev::DialAnswer {
+                pipe: pipe_id,
+                ok: true,
+            },
+        );
+        self.node_step(to, None);
+    }
+
+    fn dial_answer(&mut self, pipe_id: u64, ok: bool) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        let Opener::Node { slot: from, inc } = pipe.opener else {
+            return;
+        };
+        let to = pipe.b_slot;
+        let reset = pipe.reset;
+        self.pipes.get_mut(&pipe_id).expect("checked above").dialing = false;
+        if !self.node_alive(from, inc) {
+            // The dialer is gone: the acceptor's side dies with it.
+            self.reset_pipe(pipe_id);
+            return;
+        }
+        let now = self.node_now(from);
+        if !ok || reset {
+            // A reset after the accept: the acceptor learns by SeesClose.
+            self.drop_pipe_if_done(pipe_id);
+            if !ok {
+                self.pipes.remove(&pipe_id);
+            }
+            if let Some(node) = self.nodes[usize::from(from)].node.as_mut() {
+                node.handle_dial_failed(now, to);
+            }
+            self.node_step(from, None);
+            return;
+        }
+        let nonce = self.nonce();
+        let node = self.nodes[usize::from(from)]
+            .node
+            .as_mut()
+            .expect("alive checked");
+        let id = node.handle_peer_connected(now, to, nonce);
+        self.nodes[usize::from(from)].conns.insert(id, pipe_id);
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        pipe.ids[0] = Some(id);
+        pipe.open[0] = true;
+        self.node_step(from, None);
+    }
+
+    fn client_connect_arrive(&mut self, pipe_id: u64) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        if pipe.reset {
+            return;
+        }
+        let slot = pipe.b_slot;
+        let now = self.node_now(slot);
+        let nonce = self.nonce();
+        let inc = self.nodes[usize::from(slot)].inc;
+        let accepted = self.nodes[usize::from(slot)]
+            .node
+            .as_mut()
+            .and_then(|node| node.handle_connect(now, nonce));
+        match accepted {
+            Some(id) => {
+                self.nodes[usize::from(slot)].conns.insert(id, pipe_id);
+                let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+                pipe.ids[1] = Some(id);
+                pipe.b_inc = inc;
+                pipe.open[1] = true;
+                self.node_step(slot, None);
+            }
+            None => {
+                self.note(|| format!("pipe {pipe_id} refused by node {slot}"));
+                self.reset_pipe(pipe_id);
+            }
+        }
+    }
+
+    /// The node connection id of `side` of a pipe, if that node still runs
+    /// the incarnation that owns it.
+    fn node_conn(&self, pipe_id: u64, side: u8) -> Option<(u8, ConnId)> {
+        let pipe = self.pipes.get(&pipe_id)?;
+        let (slot, inc) = pipe.node_at(side)?;
+        let id = pipe.ids[usize::from(side)]?;
+        (pipe.open[usize::from(side)] && self.node_alive(slot, inc)).then_some((slot, id))
+    }
+
+    fn deliver(&mut self, pipe_id: u64, dir: u8, mut bytes: Vec<u8>) {
+        let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+            return;
+        };
+        let d = usize::from(dir);
+        pipe.in_flight[d] -= bytes.len().min(pipe.in_flight[d]);
+        if pipe.reset {
+            bytes.truncate(pipe.allow[d]);
+            pipe.allow[d] -= bytes.len();
+            if bytes.is_empty() {
+                return;
+            }
+        }
+        let to_side = if dir == 0 { 1 } else { 0 };
+        if to_side == 0
+            && let Opener::Client { client, inc } = pipe.opener
+        {
+            return self.deliver_to_client(pipe_id, client, inc, bytes);
+        }
+        let Some((slot, id)) = self.node_conn(pipe_id, to_side) else {
+            return;
+        };
+        if !self.pipes[&pipe_id].peer() {
+            self.observe_requests(pipe_id, &bytes);
+        }
+        let now = self.node_now(slot);
+        if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
+            node.handle_input(now, id, &bytes);
+        }
+        self.node_step(slot, None);
+    }
+
+    /// Oracle: requests a node receives on a client pipe.
+    fn observe_requests(&mut self, pipe_id: u64, bytes: &[u8]) {
+        let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
+        let skip = pipe.c2s_skip.min(bytes.len());
+        pipe.c2s_skip -= skip;
+        pipe.decoder.push(&bytes[skip..]);
+        let mut arrived = Vec::new();
+        while let Ok(Some(decoded)) = pipe.decoder.next() {
+            if let Decoded::Request(request) = decoded {
+                arrived.push(request);
+            }
+        }
+        for request in arrived {
+            self.report.requests += 1;
+            let (rid, acquire) = match &request {
+                Request::Acquire(acquire) => (acquire.rid, true),
+                Request::Release(release) => {
+                    self.release_requested.insert(release.token);
+                    (release.rid, false)
+                }
+            };
+            if self.pending.insert((pipe_id, rid), acquire).is_some() {
+                self.violation(
+                    Checker::Client,
+                    format!("pipe {pipe_id} reused rid {rid} while in flight"),
+                );
+            }
+        }
+    }
+
+    fn flush(&mut self, pipe_id: u64, side: u8, bytes: Vec<u8>, done: bool, close: bool) {
+        let Some((slot, id)) = self.node_conn(pipe_id, side) else {
+            return;
+        };
+        let pipe = &self.pipes[&pipe_id];
+        if pipe.reset {
+            return;
+        }
+        let dir = if side == 1 { 1 } else { 0 };
+        let written = bytes.len();
+        self.send(pipe_id, dir, bytes);
+        // Each part is reported as it goes out, as the drivers do: a grant
+        // whose frame is written whole is delivered even if the rest is lost.
+        let now = self.node_now(slot);
+        let report = self.config.plant != Some(ClusterPlant::NeverReportFlushed);
+        if report {
+            if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
+                node.handle_written(now, id, written);
+            }
+            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+            pipe.written_total += written as u64;
+            let written_total = pipe.written_total;
+            pipe.unflushed_grants
+                .retain(|(_, end_offset)| *end_offset > written_total);
+        }
+        if !done {
+            return;
+        }
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        pipe.writing[usize::from(side)] = false;
+        if close {
+            // Closed after flushing: FIN after the bytes.
+            self.node_closes(pipe_id, side);
+            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+            pipe.reset = true;
+            let other = 1 - side;
+            if pipe.open[usize::from(other)] {
+                let at = pipe.last_us[usize::from(dir)].max(self.now_us) + 1;
+                pipe.allow = [usize::MAX, usize::MAX];
+                self.schedule(
+                    at,
+                    Ev::SeesClose {
+                        pipe: pipe_id,
+                        side: other,
+                    },
+                );
+            }
+            self.drop_pipe_if_done(pipe_id);
+        } else {
+            self.node_step(slot, Some(id));
+        }
+    }
+
+    /// The node at `side` learns its connection is gone.
+    fn node_closes(&mut self, pipe_id: u64, side: u8) {
+        let Some((slot, id)) = self.node_conn(pipe_id, side) else {
+            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                pipe.open[usize::from(side)] = false;
+            }
+            return;
+        };
+        let now = self.node_now(slot);
+        if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
+            node.handle_closed(now, id);
+        }
+        self.nodes[usize::from(slot)].conns.remove(&id);
+        let pipe = self.pipes.get_mut(&pipe_id).expect("node_conn found it");
+        pipe.open[usize::from(side)] = false;
+        let ghosts = std::mem::take(&mut pipe.unflushed_grants);
+        for (token, _) in ghosts {
+            // Released at once by the node as never delivered.
+            if self.received.contains(&token) {
+                self.violation(
+                    Checker::Replies,
+                    format!(
+                        "pipe {pipe_id} closed before grant {token} was reported flushed, so node {slot} releases it, yet a client received it"
+                    ),
+                );
+            }
+            self.ghosts.insert(token);
+        }
+        self.pending.retain(|(p, _), _| *p != pipe_id);
+        self.node_step(slot, None);
+    }
+
+    fn sees_close(&mut self, pipe_id: u64, side: u8) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        if side == 0
+            && let Opener::Client { client, inc } = pipe.opener
+        {
+            self.client_sees_close(pipe_id, client, inc);
+        } else {
+            self.node_closes(pipe_id, side);
+        }
+        self.drop_pipe_if_done(pipe_id);
+    }
+
+    // -----------------------------------------------------------------
+    // Partitions
+    // -----------------------------------------------------------------
+
+    fn partition(&mut self, links: Vec<(u8, u8)>, what: String) {
+        let id = self.next_partition;
+        self.next_partition += 1;
+        for &(from, to) in &links {
+            self.cut[usize::from(from)][usize::from(to)] += 1;
+        }
+        self.note(|| format!("FAULT partition {id}: {what}"));
+        self.partitions.insert(id, links);
+        let max = self.config.faults.partition_max_us.max(300_000);
+        let at = self.now_us + self.fault_rng.range(100_000, max);
+        self.schedule(at, Ev::Heal { id });
+        // Some connections over a cut link time out (TCP user timeout).
+        let affected: Vec<u64> = self
+            .pipes
+            .iter()
+            .filter(|(_, pipe)| pipe.peer() && !pipe.reset)
+            .filter(|(_, pipe)| self.is_cut(pipe, 0) || self.is_cut(pipe, 1))
+            .map(|(&id, _)| id)
+            .collect();
+        for pipe_id in affected {
+            if self.fault_rng.chance(300_000) {
+                self.reset_pipe(pipe_id);
+            }
+        }
+    }
+
+    fn heal(&mut self, id: u64) {
+        let Some(links) = self.partitions.remove(&id) else {
+            return;
+        };
+        self.note(|| format!("partition {id} heals"));
+        for (from, to) in links {
+            self.cut[usize::from(from)][usize::from(to)] -= 1;
+        }
+        let pipes: Vec<u64> = self.pipes.keys().copied().collect();
+        for pipe_id in pipes {
+            for dir in 0..2u8 {
+                let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+                    continue;
+                };
+                if pipe.held[usize::from(dir)].is_empty() || self.is_cut(&self.pipes[&pipe_id], dir)
+                {
+                    continue;
+                }
+                let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+                let held = std::mem::take(&mut pipe.held[usize::from(dir)]);
+                for chunk in held {
+                    self.send(pipe_id, dir, chunk);
+                }
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // Checkers
+    // -----------------------------------------------------------------
+
+    /// Raft and lock-state checks over every running node.
+    fn check_cluster(&mut self) {
+        let mut found = Vec::new();
+        let mut changed = Vec::new();
+        let mut notes = Vec::new();
+        if self
+            .nodes
+            .iter()
+            .any(|proc| proc.node.as_ref().is_some_and(|node| node.is_leader()))
+        {
+            self.last_leader_us = self.now_us;
+        }
+        for slot in 0..self.n {
+            let s = usize::from(slot);
+            let proc = &mut self.nodes[s];
+            let Some(node) = proc.node.as_ref() else {
+                continue;
+            };
+            let raft = node.raft();
+            let id = raft.id();
+            let known = (raft.term(), raft.leader(), raft.config());
+            if (known.0, known.1, known.2)
+                != (
+                    proc.known_leader.0,
+                    proc.known_leader.1,
+                    &proc.known_leader.2,
+                )
+            {
+                proc.known_leader = (known.0, known.1, known.2.clone());
+                if self.trace.is_some() {
+                    notes.push(format!(
+                        "{id:?} term {}: leader {:?}, {:?}, commit {}, voters {:?}, learners {:?}",
+                        known.0,
+                        known.1,
+                        raft.role(),
+                        raft.commit_index(),
+                        raft.config().voters,
+                        raft.config().learners,
+                    ));
+                }
+            }
+            if raft.is_leader() {
+                match self.leaders.get(&raft.term()) {
+                    Some(other) if *other != id => found.push((
+                        Checker::Raft,
+                        format!("two leaders in term {}: {other:?} and {id:?}", raft.term()),
+                    )),
+                    Some(_) => {}
+                    None => {
+                        self.leaders.insert(raft.term(), id);
+                    }
+                }
+            }
+            let commit = raft.commit_index();
+            let last = raft.last_index();
+            let mark = (
+                last,
+                raft.term_at(last).unwrap_or(0),
+                commit,
+                raft.applied_index(),
+            );
+            if mark == proc.checked {
+                continue;
+            }
+            if mark.3 != proc.checked.3 {
+                changed.push(slot);
+            }
+            proc.checked = mark;
+            if commit < proc.commit_seen {
+                found.push((
+                    Checker::Raft,
+                    format!(
+                        "{id:?} commit index went back from {} to {commit}",
+                        proc.commit_seen
+                    ),
+                ));
+            }
+            // Every entry this node has: one entry per (index, term) across
+            // the cluster (log matching), one per committed index.
+            let from = raft
+                .first_index()
+                .max(proc.commit_seen.saturating_sub(1))
+                .max(1);
+            for index in from..=raft.last_index() {
+                let Some(entry) = raft.entry(index) else {
+                    continue;
+                };
+                let h = hash_of(entry);
+                if *self.entries.entry((index, entry.term)).or_insert(h) != h {
+                    found.push((
+                        Checker::Raft,
+                        format!(
+                            "{id:?} has another entry at index {index} term {}",
+                            entry.term
+                        ),
+                    ));
+                }
+                if index <= commit && *self.committed.entry(index).or_insert(h) != h {
+                    found.push((
+                        Checker::Raft,
+                        format!("{id:?} committed another entry at index {index}"),
+                    ));
+                }
+            }
+            let view = node.locks().replicated_view();
+            let applied = raft.applied_index();
+            let h = hash_of(&view);
+            if *self.states.entry(applied).or_insert(h) != h {
+                found.push((
+                    Checker::Raft,
+                    format!("{id:?} has another replicated state at applied index {applied}"),
+                ));
+            }
+            proc.commit_seen = proc.commit_seen.max(commit);
+        }
+        for (checker, detail) in found {
+            self.violation(checker, detail);
+        }
+        for note in notes {
+            self.note(|| note);
+        }
+        for slot in changed {
+            self.check_locks(slot);
+        }
+    }
+
+    /// A node's applied lock state: tokens only grow; a key changes holder
+    /// only once the old holder released it, was a ghost, never reached a
+    /// client, or ran out of lease.
+    fn check_locks(&mut self, slot: u8) {
+        let s = usize::from(slot);
+        let Some(node) = self.nodes[s].node.as_ref() else {
+            return;
+        };
+        let mut fresh = Vec::new();
+        let mut holders = vec![None; ALL_KEYS.len()];
+        for (token, holding) in node.locks().grants() {
+            let keys: Vec<usize> = holding
+                .keys
+                .keys()
+                .iter()
+                .map(|key| crate::world::key_index(key.as_bytes()))
+                .collect();
+            for &key in &keys {
+                holders[key] = Some(token);
+            }
+            if token > self.nodes[s].max_token {
+                fresh.push((token, keys, holding.lease_ms));
+            }
+        }
+        let mut found = Vec::new();
+        for (token, keys, lease_ms) in fresh {
+            self.nodes[s].max_token = token;
+            match self.grants.get(&token) {
+                Some(info) if info.keys != keys || info.lease_ms != lease_ms => found.push((
+                    Checker::Tokens,
+                    format!(
+                        "token {token} names {keys:?} on node {slot}, {:?} elsewhere",
+                        info.keys
+                    ),
+                )),
+                Some(_) => {}
+                None => {
+                    if token <= self.max_token {
+                        found.push((
+                            Checker::Tokens,
+                            format!(
+                                "new grant {token} on node {slot} is not above earlier token {}",
+                                self.max_token
+                            ),
+                        ));
+                    }
+                    self.max_token = self.max_token.max(token);
+                    self.grants.insert(
+                        token,
+                        GrantInfo {
+                            keys,
+                            lease_ms,
+                            first_applied_us: self.now_us,
+                            era: self.lease_era,
+                        },
+                    );
+                }
+            }
+        }
+        for (key, name) in ALL_KEYS.iter().enumerate() {
+            let old = self.nodes[s].shadow[key];
+            let new = holders[key];
+            if let (Some(old), Some(new)) = (old, new)
+                && old != new
+            {
+                let info = self.grants.get(&old);
+                let lease_over = info.is_none_or(|info| {
+                    info.era != self.lease_era
+                        || self.now_us
+                            >= info.first_applied_us
+                                + self.lease_min_us(u64::from(info.lease_ms) * 1_000)
+                });
+                let free = lease_over
+                    || self.release_requested.contains(&old)
+                    || self.ghosts.contains(&old)
+                    || !self.replied.contains(&old);
+                if !free {
+                    found.push((
+                        Checker::ServerState,
+                        format!(
+                            "{name} passed from {old} to {new} on node {slot}: two live holders"
+                        ),
+                    ));
+                }
+            }
+            self.nodes[s].shadow[key] = new;
+        }
+        for (checker, detail) in found {
+            self.violation(checker, detail);
+        }
+    }
+
+    /// The shortest true duration of a lease of `lease_us` on a node clock
+    /// that may run fast by the drift bound.
+    fn lease_min_us(&self, lease_us: u64) -> u64 {
+        let lease = i128::from(lease_us);
+        u64::try_from(lease * MILLION / (MILLION + i128::from(self.config.base.drift_ppm_max)))
+            .unwrap_or(0)
+    }
+
+    // -----------------------------------------------------------------
+    // Clients
+    // -----------------------------------------------------------------
+
+    fn client_connect(&mut self, client: usize, slot: u8) {
+        let proc = &self.clients[client];
+        if proc.sessions[usize::from(slot)].is_some() || proc.crashed {
+            return;
+        }
+        let local = proc.clock.local(self.now_us);
+        let inc = proc.inc;
+        let pipe = self.new_pipe(Opener::Client { client, inc }, slot);
+        let config = SessionConfig::cluster(b"", FINGERPRINT, slot, usize::from(self.n));
+        let session = Session::new(instant(local), config);
+        self.clients[client].sessions[usize::from(slot)] = Some((session, pipe));
+        self.note(|| format!("client {client} connects to node {slot} as pipe {pipe}"));
+        let at = self.now_us + self.net_delay();
+        self.schedule(at, Ev::ClientConnectArrive { pipe });
+        self.client_pump(client, slot);
+    }
+
+    fn deliver_to_client(&mut self, pipe_id: u64, client: usize, inc: u64, bytes: Vec<u8>) {
+        let proc = &self.clients[client];
+        if proc.inc != inc || proc.crashed || !self.pipes[&pipe_id].open[0] {
+            return;
+        }
+        let paused = proc.paused_until_us > self.now_us;
+        let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
+        if paused || !pipe.held_for_client.is_empty() {
+            pipe.held_for_client.extend_from_slice(&bytes);
+            return;
+        }
+        let slot = pipe.b_slot;
+        let local = self.client_now(client);
+        if let Some((session, current)) = self.clients[client].sessions[usize::from(slot)].as_mut()
+            && *current == pipe_id
+        {
+            session.handle_input(instant(local), &bytes);
+        }
+        self.client_pump(client, slot);
+    }
+
+    fn client_resume(&mut self, client: usize) {
+        self.note(|| format!("client {client} resumes"));
+        let pipes: Vec<u64> = self
+            .pipes
+            .iter()
+            .filter(
+                |(_, pipe)| matches!(pipe.opener, Opener::Client { client: c, .. } if c == client),
+            )
+            .map(|(&id, _)| id)
+            .collect();
+        for pipe_id in pipes {
+            let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+                continue;
+            };
+            let bytes = std::mem::take(&mut pipe.held_for_client);
+            let close = std::mem::take(&mut pipe.close_held);
+            let slot = pipe.b_slot;
+            if !bytes.is_empty() {
+                let local = self.client_now(client);
+                if let Some((session, current)) =
+                    self.clients[client].sessions[usize::from(slot)].as_mut()
+                    && *current == pipe_id
+                {
+                    session.handle_input(instant(local), &bytes);
+                }
+                self.client_pump(client, slot);
+            }
+            if close {
+                let inc = self.clients[client].inc;
+                self.client_sees_close(pipe_id, client, inc);
+                self.drop_pipe_if_done(pipe_id);
+            }
+        }
+        for slot in 0..self.n {
+            self.client_pump(client, slot);
+        }
+    }
+
+    fn pause_client(&mut self, client: usize, pause_us: u64) {
+        let proc = &mut self.clients[client];
+        proc.paused_until_us = proc.paused_until_us.max(self.now_us + pause_us);
+        let (inc, until) = (proc.inc, proc.paused_until_us);
+        self.schedule(until, Ev::ClientResume { client, inc });
+    }
+
+    fn client_sees_close(&mut self, pipe_id: u64, client: usize, inc: u64) {
+        let proc = &self.clients[client];
+        let current = proc.inc == inc && !proc.crashed;
+        if current && proc.paused_until_us > self.now_us {
+            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                pipe.close_held = true;
+            }
+            return;
+        }
+        let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+            return;
+        };
+        pipe.open[0] = false;
+        let slot = pipe.b_slot;
+        if current {
+            let local = self.client_now(client);
+            if let Some((session, open)) = self.clients[client].sessions[usize::from(slot)].as_mut()
+                && *open == pipe_id
+            {
+                session.handle_transport_closed(instant(local));
+            }
+            self.client_pump(client, slot);
+        }
+    }
+
+    fn client_pump(&mut self, client: usize, slot: u8) {
+        let s = usize::from(slot);
+        loop {
+            let local = self.client_now(client);
+            let proc = &mut self.clients[client];
+            let Some((session, pipe_id)) = proc.sessions[s].as_mut() else {
+                return;
+            };
+            let pipe_id = *pipe_id;
+            let mut events = Vec::new();
+            while let Some(event) = session.poll_event() {
+                events.push(event);
+            }
+            let mut out = Vec::new();
+            if !session.is_closed() {
+                session.poll_transmit(instant(local), &mut out);
+            }
+            if events.is_empty() && out.is_empty() {
+                break;
+            }
+            self.send(pipe_id, 0, out);
+            for event in events {
+                self.clients[client].router.handle_event(s, &event);
+                self.session_event(client, slot, pipe_id, event);
+            }
+        }
+        let local = self.client_now(client);
+        let proc = &mut self.clients[client];
+        let deadline = proc.sessions[s]
+            .as_ref()
+            .and_then(|(session, _)| session.poll_timeout());
+        if deadline == proc.armed[s] {
+            return;
+        }
+        proc.armed[s] = deadline;
+        if let Some(deadline) = deadline {
+            proc.timer_generation[s] += 1;
+            let generation = proc.timer_generation[s];
+            let inc = proc.inc;
+            let at = proc
+                .clock
+                .true_at(deadline.as_micros().max(local))
+                .max(self.now_us);
+            self.schedule(
+                at,
+                Ev::ClientTimer {
+                    client,
+                    inc,
+                    slot,
+                    generation,
+                },
+            );
+        }
+    }
+
+    fn session_event(&mut self, client: usize, slot: u8, pipe_id: u64, event: SessionEvent) {
+        match event {
+            SessionEvent::Ready => {
+                self.note(|| format!("client {client} ready on node {slot} (pipe {pipe_id})"));
+            }
+            SessionEvent::Outcome { rid, outcome } => {
+                self.note(|| format!("client {client} pipe {pipe_id} rid {rid}: {outcome:?}"));
+                let found = self.clients[client]
+                    .ops
+                    .iter()
+                    .find_map(|(&id, op)| match op {
+                        OpState::Acquiring { attempt, .. } | OpState::Releasing { attempt, .. }
+                            if *attempt == Some((pipe_id, rid)) =>
+                        {
+                            Some(id)
+                        }
+                        _ => None,
+                    });
+                if let Some(op) = found {
+                    self.op_outcome(client, op, outcome);
+                }
+            }
+            SessionEvent::Compensate(compensation) => {
+                self.note(|| format!("client {client} compensates {compensation:?}"));
+                let proc = &mut self.clients[client];
+                let position = proc
+                    .recent_indeterminate
+                    .iter()
+                    .rposition(|(keys, _)| *keys == compensation.keys);
+                if let Some(position) = position {
+                    let (_, hist) = proc.recent_indeterminate.remove(position);
+                    self.resolve_history(&hist, |op| match op {
+                        LinOp::AcquireIndeterminate { lease_min_us } => LinOp::Granted {
+                            token: compensation.token,
+                            lease_min_us,
+                        },
+                        other => other,
+                    });
+                } else {
+                    self.violation(
+                        Checker::Client,
+                        format!(
+                            "client {client}: compensation {compensation:?} for no known acquire"
+                        ),
+                    );
+                }
+                let local = self.client_now(client);
+                let op =
+                    ReleaseOperation::new(instant(local), compensation.keys, compensation.token);
+                self.start_release(client, op);
+            }
+            SessionEvent::Closed(reason) => {
+                self.note(|| format!("client {client} pipe {pipe_id} closed: {reason:?}"));
+                let s = usize::from(slot);
+                let proc = &mut self.clients[client];
+                let lived = proc.sessions[s]
+                    .as_ref()
+                    .filter(|(_, current)| *current == pipe_id)
+                    .and_then(|(session, _)| session.lived());
+                if proc.sessions[s]
+                    .as_ref()
+                    .is_some_and(|(_, p)| *p == pipe_id)
+                {
+                    proc.sessions[s] = None;
+                    proc.armed[s] = None;
+                }
+                let delay = proc.backoffs[s].after_session(lived);
+                let inc = proc.inc;
+                let at = self.now_us + duration_us(delay);
+                self.schedule(at, Ev::ClientConnect { client, inc, slot });
+                if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                    pipe.open[0] = false;
+                }
+                self.reset_pipe(pipe_id);
+                let expected = matches!(
+                    reason,
+                    CloseReason::TransportClosed
+                        | CloseReason::DeadlineAfterSend
+                        | CloseReason::CancelledAfterSend
+                        | CloseReason::HandshakeTimeout
+                        | CloseReason::StalledReply
+                        | CloseReason::Moved { .. }
+                        | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+                );
+                if !expected {
+                    self.violation(
+                        Checker::Client,
+                        format!(
+                            "client {client} pipe {pipe_id} closed by the protocol: {reason:?}"
+                        ),
+                    );
+                }
+            }
+            SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+        }
+    }
+
+    fn client_start_op(&mut self, client: usize) {
+        if self.phase != Phase::Safety {
+            return;
+        }
+        let base = &self.config.base;
+        let (max_acquires, max_concurrent, wait_s_max, lease_s_max) = (
+            base.max_acquires_per_client,
+            base.max_concurrent_per_client,
+            base.wait_s_max,
+            base.lease_s_max,
+        );
+        let proc = &self.clients[client];
+        let active = proc
+            .ops
+            .values()
+            .filter(|op| !matches!(op, OpState::Releasing { .. }))
+            .count();
+        let inc = proc.inc;
+        if proc.acquires_started >= max_acquires {
+            return;
+        }
+        let think = self.work.below(600_000);
+        self.schedule(self.now_us + think, Ev::ClientStartOp { client, inc });
+        if active >= max_concurrent {
+            return;
+        }
+        let keys: Vec<&str> = match self.work.below(10) {
+            0..=4 => vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]],
+            5..=6 => vec![COLD_KEYS[self.work.index(COLD_KEYS.len())]],
+            _ => {
+                let mut set = vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]];
+                for _ in 0..self.work.range(1, 2) {
+                    set.push(ALL_KEYS[self.work.index(ALL_KEYS.len())]);
+                }
+                set
+            }
+        };
+        let keys = KeySet::new(&keys).expect("sim keys are valid");
+        let wait_s = if self.work.chance(300_000) {
+            0
+        } else {
+            self.work.range(1, u64::from(wait_s_max))
+        };
+        let lease_s = if self.work.chance(600_000) {
+            self.work.range(1, 2)
+        } else {
+            self.work.range(1, u64::from(lease_s_max))
+        };
+        let budget_us = if self.work.chance(500_000) {
+            0
+        } else {
+            self.work.below(lease_s * 1_000_000)
+        };
+        let params = AcquireParams::new(
+            ticketing_core::time::Duration::from_secs(wait_s),
+            ticketing_core::time::Duration::from_secs(lease_s),
+            ticketing_core::time::Duration::from_micros(budget_us),
+        )
+        .expect("sim parameters are valid");
+        let plan = Plan {
+            writes: self.work.range(1, 4) as u8,
+            write_gap_us: self.work.range(1_000, lease_s * 400_000),
+            release: self.work.chance(800_000),
+        };
+        let cancel_after =
+            (wait_s > 0 && self.work.chance(100_000)).then(|| self.work.below(wait_s * 1_000_000));
+        let local = self.client_now(client);
+        let op = AcquireOperation::new(instant(local), keys.clone(), params);
+        let id = self.next_op;
+        self.next_op += 1;
+        let lease_min_us = self.lease_min_us(lease_s * 1_000_000);
+        let hist = self.open_history(&keys, LinOp::AcquireIndeterminate { lease_min_us });
+        let proc = &mut self.clients[client];
+        proc.acquires_started += 1;
+        proc.ops.insert(
+            id,
+            OpState::Acquiring {
+                op,
+                attempt: None,
+                plan,
+                hist,
+            },
+        );
+        self.note(|| format!("client {client} op {id}: acquire {keys:?} {params:?}"));
+        if let Some(delay) = cancel_after {
+            self.schedule(
+                self.now_us + delay,
+                Ev::CancelOp {
+                    client,
+                    inc,
+                    op: id,
+                },
+            );
+        }
+        self.op_attempt(client, id);
+    }
+
+    fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
+        key_indices(keys)
+            .into_iter()
+            .map(|key| {
+                self.history[key].push(LinEntry {
+                    invoke_us: self.now_us,
+                    respond_us: u64::MAX,
+                    op,
+                });
+                (key, self.history[key].len() - 1)
+            })
+            .collect()
+    }
+
+    fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
+        for &(key, index) in hist {
+            let entry = &mut self.history[key][index];
+            entry.op = map(entry.op);
+            entry.respond_us = match entry.op {
+                LinOp::AcquireIndeterminate { .. } | LinOp::ReleaseIndeterminate { .. } => u64::MAX,
+                _ => self.now_us,
+            };
+        }
+    }
+
+    fn forget_history(&mut self, hist: &[(usize, usize)]) {
+        for &(key, index) in hist {
+            let entry = &mut self.history[key][index];
+            entry.op = LinOp::ReleaseIndeterminate { token: 0 };
+            entry.respond_us = u64::MAX;
+        }
+    }
+
+    fn op_attempt(&mut self, client: usize, id: u64) {
+        let local = self.client_now(client);
+        let proc = &mut self.clients[client];
+        // Leader first, then round-robin over ready sessions.
+        let picked = proc.router.pick();
+        let session = picked.and_then(|index| {
+            proc.sessions[index]
+                .as_mut()
+                .filter(|(session, _)| session.is_ready())
+                .map(|(session, pipe)| (session, *pipe, index))
+        });
+        let error = proc.router.no_connection_error();
+        let slot;
+        match (proc.ops.get_mut(&id), session) {
+            (Some(OpState::Acquiring { op, attempt, .. }), Some((session, pipe, index))) => {
+                match op.submit(instant(local), session) {
+                    Ok(rid) => {
+                        *attempt = Some((pipe, rid));
+                        slot = index;
+                    }
+                    Err(error) => {
+                        let step = op.on_error(instant(local), error);
+                        return self.acquire_step(client, id, step);
+                    }
+                }
+            }
+            (Some(OpState::Acquiring { op, .. }), None) => {
+                let step = op.on_error(instant(local), error);
+                return self.acquire_step(client, id, step);
+            }
+            (Some(OpState::Releasing { op, attempt, .. }), Some((session, pipe, index))) => {
+                match op.submit(instant(local), session) {
+                    Ok(rid) => {
+                        *attempt = Some((pipe, rid));
+                        slot = index;
+                    }
+                    Err(error) => {
+                        let step = op.on_error(instant(local), error);
+                        return self.release_step(client, id, step);
+                    }
+                }
+            }
+            (Some(OpState::Releasing { op, .. }), None) => {
+                let step = op.on_error(instant(local), error);
+                return self.release_step(client, id, step);
+            }
+            _ => return,
+        }
+        self.client_pump(client, slot as u8);
+    }
+
+    fn op_outcome(&mut self, client: usize, id: u64, outcome: Outcome) {
+        let local = self.client_now(client);
+        match self.clients[client].ops.get_mut(&id) {
+            Some(OpState::Acquiring { op, attempt, .. }) => {
+                *attempt = None;
+                let step = op.on_outcome(instant(local), outcome);
+                self.acquire_step(client, id, step);
+            }
+            Some(OpState::Releasing {
+                op,
+                attempt,
+                any_indeterminate,
+                ..
+            }) => {
+                *attempt = None;
+                if outcome == Outcome::Indeterminate {
+                    *any_indeterminate = true;
+                }
+                let step = op.on_outcome(instant(local), outcome);
+                self.release_step(client, id, step);
+            }
+            _ => {}
+        }
+    }
+
+    fn remember_indeterminate(&mut self, client: usize, keys: KeySet, hist: Vec<(usize, usize)>) {
+        let proc = &mut self.clients[client];
+        if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
+            proc.recent_indeterminate.remove(0);
+        }
+        proc.recent_indeterminate.push((keys, hist));
+    }
+
+    fn acquire_step(&mut self, client: usize, id: u64, step: AcquireStep) {
+        let inc = self.clients[client].inc;
+        if let AcquireStep::RetryAt(at) = step {
+            let at = self.clients[client]
+                .clock
+                .true_at(at.as_micros())
+                .max(self.now_us);
+            self.schedule(
+                at,
+                Ev::OpRetry {
+                    client,
+                    inc,
+                    op: id,
+                },
+            );
+            return;
+        }
+        let Some(OpState::Acquiring { op, plan, hist, .. }) = self.clients[client].ops.remove(&id)
+        else {
+            return;
+        };
+        let lease_min_us = self.lease_min_us(duration_us(op.params().lease()));
+        self.note(|| format!("client {client} op {id}: {step:?}"));
+        match step {
+            AcquireStep::Granted(grant) => {
+                self.report.grants += 1;
+                self.received.insert(grant.token);
+                if self.ghosts.contains(&grant.token) {
+                    self.violation(
+                        Checker::Replies,
+                        format!(
+                            "client {client} holds grant {} that a node released as never delivered",
+                            grant.token
+                        ),
+                    );
+                }
+                let token = grant.token;
+                self.resolve_history(&hist, |_| LinOp::Granted {
+                    token,
+                    lease_min_us,
+                });
+                self.start_holding(client, id, grant, plan, op.params().lease_s());
+            }
+            AcquireStep::Compensate { grant, .. } => {
+                let token = grant.token;
+                self.received.insert(token);
+                self.resolve_history(&hist, |_| LinOp::Granted {
+                    token,
+                    lease_min_us,
+                });
+                let local = self.client_now(client);
+                let release = ReleaseOperation::new(instant(local), grant.keys, grant.token);
+                self.start_release(client, release);
+            }
+            AcquireStep::Failed(ClientError::Timeout | ClientError::Busy) => {
+                self.forget_history(&hist);
+            }
+            AcquireStep::Failed(ClientError::Indeterminate) => {
+                self.remember_indeterminate(client, op.keys().clone(), hist);
+            }
+            AcquireStep::Failed(ClientError::ClientCapacity) => self.forget_history(&hist),
+            AcquireStep::Failed(error) => {
+                self.violation(
+                    Checker::Client,
+                    format!("client {client} op {id}: acquire failed with {error:?}"),
+                );
+            }
+            AcquireStep::RetryAt(_) => unreachable!("handled above"),
+        }
+    }
+
+    fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
+        let drift = i128::from(self.config.base.drift_ppm_max);
+        let valid_before = grant.valid_before.as_micros();
+        let lease_us = i128::from(lease_s) * MILLION;
+        let shrink = lease_us - lease_us * (MILLION - drift) / (MILLION + drift);
+        let act_before_local_us =
+            valid_before.saturating_sub(u64::try_from(shrink).unwrap_or(u64::MAX));
+        let era = self
+            .grants
+            .get(&grant.token)
+            .map_or(self.lease_era, |info| info.era);
+        let inc = self.clients[client].inc;
+        self.clients[client].ops.insert(
+            id,
+            OpState::Holding {
+                writes_left: plan.writes,
+                grant,
+                plan,
+                act_before_local_us,
+                start_us: self.now_us,
+                era,
+                write_after_pause: false,
+            },
+        );
+        self.schedule(
+            self.now_us,
+            Ev::WorkStep {
+                client,
+                inc,
+                op: id,
+            },
+        );
+    }
+
+    fn work_step(&mut self, client: usize, id: u64) {
+        let local = self.client_now(client);
+        let inc = self.clients[client].inc;
+        let pause_chance = if self.phase == Phase::Safety {
+            self.config.base.faults.pause_before_write_ppm
+        } else {
+            0
+        };
+        let Some(OpState::Holding {
+            grant,
+            era,
+            writes_left,
+            act_before_local_us,
+            write_after_pause,
+            plan,
+            ..
+        }) = self.clients[client].ops.get_mut(&id)
+        else {
+            return;
+        };
+        // 0 finish, 1 pause, 2 checked write, 3 unchecked write.
+        let action = if *write_after_pause {
+            *write_after_pause = false;
+            3
+        } else if *writes_left > 0 && local < *act_before_local_us {
+            if pause_chance > 0 && self.fault_rng.chance(pause_chance) {
+                *write_after_pause = true;
+                1
+            } else {
+                2
+            }
+        } else {
+            0
+        };
+        if action >= 2 {
+            *writes_left = writes_left.saturating_sub(1);
+        }
+        let token = grant.token;
+        let keys = key_indices(&grant.keys);
+        let (gap, era) = (plan.write_gap_us, *era);
+        match action {
+            0 => self.finish_holding(client, id),
+            1 => {
+                let max = self.config.base.faults.pause_max_us.max(1);
+                let pause = self.fault_rng.range(1, max);
+                self.report.faults += 1;
+                self.pause_client(client, pause);
+                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
+                self.schedule(
+                    self.now_us,
+                    Ev::WorkStep {
+                        client,
+                        inc,
+                        op: id,
+                    },
+                );
+            }
+            _ => {
+                for key in keys {
+                    self.db_write(client, key, token, action == 2, era);
+                }
+                self.schedule(
+                    self.now_us + gap,
+                    Ev::WorkStep {
+                        client,
+                        inc,
+                        op: id,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The fenced resource: accepts a write iff its token is at least the
+    /// key's high-water mark.
+    fn db_write(&mut self, client: usize, key: usize, token: u64, checked: bool, era: u64) {
+        let entry = self.db[key];
+        if token >= entry.high_water {
+            self.db[key] = DbKey {
+                high_water: token,
+                writer: client as u64,
+            };
+        } else {
+            self.report.fenced_writes += 1;
+            self.note(|| {
+                format!(
+                    "db {}: stale write by client {client} token {token} < {} fenced",
+                    ALL_KEYS[key], entry.high_water
+                )
+            });
+            if checked && self.lease_era == era {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: client {client} wrote inside its validity window with token {token}, but token {} (client {}) had already written",
+                        ALL_KEYS[key], entry.high_water, entry.writer
+                    ),
+                );
+            }
+        }
+    }
+
+    fn finish_holding(&mut self, client: usize, id: u64) {
+        let Some(OpState::Holding {
+            grant,
+            plan,
+            act_before_local_us,
+            start_us,
+            era,
+            ..
+        }) = self.clients[client].ops.remove(&id)
+        else {
+            return;
+        };
+        let clock = self.clients[client].clock;
+        let end_us = self.now_us.min(clock.true_at(act_before_local_us));
+        self.record_window(&grant, start_us, end_us, era);
+        if plan.release {
+            let local = self.client_now(client);
+            let op = ReleaseOperation::new(instant(local), grant.keys, grant.token);
+            self.start_release(client, op);
+        } else {
+            self.note(|| format!("client {client} drops ticket {}", grant.token));
+        }
+    }
+
+    /// No two grants of a key (in one lease era) have overlapping validity
+    /// windows in true time.
+    fn record_window(&mut self, grant: &Grant, start_us: u64, end_us: u64, era: u64) {
+        let window = Window {
+            start_us,
+            end_us,
+            token: grant.token,
+            era,
+        };
+        for key in key_indices(&grant.keys) {
+            let clash = self.windows[key].iter().copied().find(|other| {
+                other.era == era
+                    && other.token != window.token
+                    && other.start_us < window.end_us
+                    && window.start_us < other.end_us
+            });
+            if let Some(other) = clash {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: validity windows overlap: token {} [{}, {}] and token {} [{}, {}]",
+                        ALL_KEYS[key],
+                        other.token,
+                        other.start_us,
+                        other.end_us,
+                        window.token,
+                        window.start_us,
+                        window.end_us
+                    ),
+                );
+            }
+            self.windows[key].push(window);
+        }
+    }
+
+    fn start_release(&mut self, client: usize, op: ReleaseOperation) {
+        let id = self.next_op;
+        self.next_op += 1;
+        let hist = self.open_history(op.keys(), LinOp::ReleaseIndeterminate { token: op.token() });
+        self.note(|| {
+            format!(
+                "client {client} op {id}: release {:?} token {}",
+                op.keys(),
+                op.token()
+            )
+        });
+        self.clients[client].ops.insert(
+            id,
+            OpState::Releasing {
+                op,
+                attempt: None,
+                any_indeterminate: false,
+                hist,
+            },
+        );
+        self.op_attempt(client, id);
+    }
+
+    fn release_step(&mut self, client: usize, id: u64, step: ReleaseStep) {
+        let inc = self.clients[client].inc;
+        if let ReleaseStep::RetryAt(at) = step {
+            let at = self.clients[client]
+                .clock
+                .true_at(at.as_micros())
+                .max(self.now_us);
+            self.schedule(
+                at,
+                Ev::OpRetry {
+                    client,
+                    inc,
+                    op: id,
+                },
+            );
+            return;
+        }
+        let Some(OpState::Releasing {
+            op,
+            any_indeterminate,
+            hist,
+            ..
+        }) = self.clients[client].ops.remove(&id)
+        else {
+            return;
+        };
+        self.note(|| format!("client {client} op {id}: {step:?}"));
+        let token = op.token();
+        match step {
+            ReleaseStep::Done(Ok(ReleaseOutcome::Released)) => {
+                self.resolve_history(&hist, |_| LinOp::Released { token });
+            }
+            ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent)) => {
+                if !any_indeterminate {
+                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
+                }
+            }
+            ReleaseStep::Done(Err(
+                ClientError::Indeterminate | ClientError::NotConnected | ClientError::Timeout,
+            )) => {
+                // No final reply within the release window; an attempt may
+                // have taken effect (the history entry stays open).
+            }
+            ReleaseStep::Done(Err(ClientError::ClientCapacity)) => {
+                if !any_indeterminate {
+                    self.forget_history(&hist);
+                }
+            }
+            ReleaseStep::Done(Err(ClientError::Protocol(message)))
+                if message.contains("GroupMismatch") =>
+            {
+                // `E 6` cannot happen: the sim always releases a grant's
+                // exact key group.
+                self.violation(
+                    Checker::Client,
+                    format!("client {client} op {id}: release got {message}"),
+                );
+            }
+            ReleaseStep::Done(Err(error)) => {
+                self.violation(
+                    Checker::Client,
+                    format!("client {client} op {id}: release failed with {error:?}"),
+                );
+            }
+            ReleaseStep::RetryAt(_) => unreachable!("handled above"),
+        }
+    }
+
+    fn cancel_op(&mut self, client: usize, id: u64) {
+        let local = self.client_now(client);
+        let proc = &mut self.clients[client];
+        let Some(OpState::Acquiring {
+            attempt: Some((pipe_id, rid)),
+            ..
+        }) = proc.ops.get(&id)
+        else {
+            return;
+        };
+        let (pipe_id, rid) = (*pipe_id, *rid);
+        let Some(slot) = self.pipes.get(&pipe_id).map(|pipe| pipe.b_slot) else {
+            return;
+        };
+        let Some((session, current)) = proc.sessions[usize::from(slot)].as_mut() else {
+            return;
+        };
+        if *current != pipe_id {
+            return;
+        }
+        let outcome = session.cancel(instant(local), rid);
+        self.note(|| format!("client {client} cancels op {id} (rid {rid}): {outcome:?}"));
+        let Some(OpState::Acquiring { hist, op, .. }) = self.clients[client].ops.remove(&id) else {
+            return;
+        };
+        match outcome {
+            CancelOutcome::Unsent => self.forget_history(&hist),
+            CancelOutcome::PossiblySent | CancelOutcome::Withdrawn | CancelOutcome::Unknown => {
+                self.remember_indeterminate(client, op.keys().clone(), hist);
+            }
+        }
+        self.client_pump(client, slot);
+    }
+
+    fn client_restart(&mut self, client: usize) {
+        let n = usize::from(self.n);
+        let proc = &mut self.clients[client];
+        proc.crashed = false;
+        proc.inc += 1;
+        proc.router = Router::new(n);
+        proc.backoffs = vec![Backoff::new(); n];
+        let inc = proc.inc;
+        self.note(|| format!("client {client} restarts as incarnation {inc}"));
+        for slot in 0..self.n {
+            self.schedule(self.now_us, Ev::ClientConnect { client, inc, slot });
+        }
+        self.schedule(self.now_us + 1, Ev::ClientStartOp { client, inc });
+    }
+
+    fn crash_client(&mut self, client: usize) {
+        self.note(|| format!("FAULT client {client} crashes"));
+        let proc = &mut self.clients[client];
+        proc.crashed = true;
+        proc.paused_until_us = 0;
+        proc.sessions.iter_mut().for_each(|s| *s = None);
+        proc.armed.iter_mut().for_each(|a| *a = None);
+        proc.recent_indeterminate.clear();
+        let ops = std::mem::take(&mut proc.ops);
+        for op in ops.into_values() {
+            if let OpState::Holding {
+                grant,
+                act_before_local_us,
+                start_us,
+                era,
+                ..
+            } = op
+            {
+                let clock = self.clients[client].clock;
+                let end_us = self.now_us.min(clock.true_at(act_before_local_us));
+                self.record_window(&grant, start_us, end_us, era);
+            }
+        }
+        let pipes: Vec<u64> = self
+            .pipes
+            .iter()
+            .filter(
+                |(_, pipe)| matches!(pipe.opener, Opener::Client { client: c, .. } if c == client),
+            )
+            .map(|(&id, _)| id)
+            .collect();
+        for pipe_id in pipes {
+            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                pipe.open[0] = false;
+            }
+            self.reset_pipe(pipe_id);
+        }
+        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
+        self.schedule(at, Ev::ClientRestart { client });
+    }
+
+    // -----------------------------------------------------------------
+    // Faults
+    // -----------------------------------------------------------------
+
+    /// Whether crashing `slot` (losing its state) leaves, in every
+    /// configuration some running node holds (any of them may be the one
+    /// in effect), a quorum of voters that still have their state.
+    fn crash_is_survivable(&self, slot: u8) -> bool {
+        self.nodes
+            .iter()
+            .filter_map(|proc| proc.node.as_ref())
+            .map(|node| node.raft().config())
+            .filter(|config| !config.voters.is_empty())
+            .all(|config| {
+                let healthy = config
+                    .voters
+                    .iter()
+                    .filter(|id| {
+                        let proc = &self.nodes[usize::from(id.slot)];
+                        id.slot != slot && proc.node.is_some() && proc.generation == id.generation
+                    })
+                    .count();
+                healthy >= config.quorum()
+            })
+    }
+
+    fn fault_tick(&mut self) {
+        if self.phase != Phase::Safety {
+            return;
+        }
+        let next = self.fault_delay();
+        self.schedule(next, Ev::FaultTick);
+        let faults = self.config.base.faults.clone();
+        let cluster = self.config.faults.clone();
+        let roll = self.fault_rng.below(1_000_000) as u32;
+        let mut threshold = 0;
+        let mut pick = |ppm: u32| {
+            let hit = roll >= threshold && roll < threshold.saturating_add(ppm);
+            threshold = threshold.saturating_add(ppm);
+            hit
+        };
+        let n = self.n;
+        if pick(faults.reset_ppm) {
+            let live: Vec<u64> = self
+                .pipes
+                .iter()
+                .filter(|(_, pipe)| !pipe.reset)
+                .map(|(&id, _)| id)
+                .collect();
+            if !live.is_empty() {
+                let pipe = live[self.fault_rng.index(live.len())];
+                self.report.faults += 1;
+                self.note(|| format!("FAULT reset pipe {pipe}"));
+                self.reset_pipe(pipe);
+            }
+        } else if pick(faults.client_crash_ppm) {
+            let client = self.fault_rng.index(self.clients.len());
+            if !self.clients[client].crashed {
+                self.report.faults += 1;
+                self.crash_client(client);
+            }
+        } else if pick(cluster.node_crash_ppm) {
+            let slot = self.fault_rng.below(u64::from(n)) as u8;
+            // Losing the state of a majority of voters is unrecoverable by
+            // design (docs/cluster.md); never crash into that.
+            let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
+            if self.nodes[usize::from(slot)].node.is_some()
+                && (amnesia || self.crash_is_survivable(slot))
+            {
+                self.report.faults += 1;
+                self.crash_node(slot);
+            }
+        } else if pick(cluster.partition_ppm) {
+            let size = self.fault_rng.range(1, u64::from(n / 2)) as usize;
+            let mut minority = BTreeSet::new();
+            while minority.len() < size {
+                minority.insert(self.fault_rng.below(u64::from(n)) as u8);
+            }
+            let mut links = Vec::new();
+            for a in 0..n {
+                for b in 0..n {
+                    if minority.contains(&a) != minority.contains(&b) {
+                        links.push((a, b));
+                    }
+                }
+            }
+            self.report.faults += 1;
+            self.partition(links, format!("{minority:?} | rest"));
+        } else if pick(cluster.one_way_ppm) {
+            let from = self.fault_rng.below(u64::from(n)) as u8;
+            let to = (from + 1 + self.fault_rng.below(u64::from(n) - 1) as u8) % n;
+            self.report.faults += 1;
+            self.partition(vec![(from, to)], format!("{from} → {to} cut one way"));
+        } else if pick(cluster.isolate_leader_ppm) {
+            let leader = self
+                .nodes
+                .iter()
+                .filter_map(|proc| proc.node.as_ref())
+                .find(|node| node.is_leader())
+                .map(|node| node.id().slot);
+            if let Some(leader) = leader {
+                let links = (0..n)
+                    .filter(|&other| other != leader)
+                    .flat_map(|other| [(leader, other), (other, leader)])
+                    .collect();
+                self.report.faults += 1;
+                self.partition(links, format!("leader {leader} isolated"));
+            }
+        } else if pick(cluster.node_clock_jump_ppm) {
+            let slot = self.fault_rng.below(u64::from(n)) as u8;
+            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
+            self.report.faults += 1;
+            self.nodes[usize::from(slot)].clock.jump_us += jump;
+            // Leases timed on this node now end `jump` earlier.
+            self.lease_era += 1;
+            for history in &mut self.history {
+                history.push(LinEntry {
+                    invoke_us: self.now_us,
+                    respond_us: self.now_us,
+                    op: LinOp::LeaseCut { by_us: jump },
+                });
+            }
+            self.note(|| format!("FAULT node {slot} clock jumps {jump} µs forward"));
+            let now = self.node_now(slot);
+            if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
+                node.handle_timeout(now);
+                self.nodes[usize::from(slot)].armed = None;
+            }
+            self.node_step(slot, None);
+        } else if pick(faults.pause_ppm) {
+            let client = self.fault_rng.index(self.clients.len());
+            let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
+            if !self.clients[client].crashed {
+                self.report.faults += 1;
+                self.pause_client(client, pause);
+                self.note(|| format!("FAULT client {client} pauses {pause} µs"));
+            }
+        } else if pick(faults.clock_jump_ppm) {
+            let client = self.fault_rng.index(self.clients.len());
+            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
+            self.report.faults += 1;
+            self.clients[client].clock.jump_us += jump;
+            self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
+            let local = self.client_now(client);
+            for slot in 0..n {
+                if let Some((session, _)) =
+                    self.clients[client].sessions[usize::from(slot)].as_mut()
+                {
+                    session.handle_timeout(instant(local));
+                }
+                self.client_pump(client, slot);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // End of run
+    // -----------------------------------------------------------------
+
+    /// Every node's configuration has exactly the running generations as
+    /// voters: every restarted node replaced its old self.
+    fn replaced(&self) -> bool {
+        let current: BTreeSet<NodeId> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(slot, proc)| NodeId::new(slot as u8, proc.generation))
+            .collect();
+        self.nodes.iter().all(|proc| {
+            proc.node.as_ref().is_some_and(|node| {
+                let config = node.raft().config();
+                config.voters == current && config.learners.is_empty()
+            })
+        })
+    }
+
+    /// Every node up with one leader, no client work left, every request a
+    /// node received answered, no waiter queued.
+    fn quiescent(&self) -> bool {
+        let mut leaders = 0;
+        for proc in &self.nodes {
+            let Some(node) = proc.node.as_ref() else {
+                return false;
+            };
+            if node.stats().waiters > 0 || node.raft().conf_change_pending() {
+                return false;
+            }
+            leaders += usize::from(node.is_leader());
+        }
+        leaders == 1
+            && self.replaced()
+            && self.pending.is_empty()
+            && self
+                .clients
+                .iter()
+                .all(|proc| !proc.crashed && proc.ops.is_empty())
+    }
+
+    fn check_end(&mut self) {
+        // An election may be running at any instant (a delay spike can
+        // trip check-quorum), but not for long in a quiet cluster.
+        if self.now_us > self.last_leader_us + 5_000_000 {
+            let since = self.last_leader_us;
+            self.violation(
+                Checker::Liveness,
+                format!("no leader since {since} µs at the end of the liveness phase"),
+            );
+        }
+        if self.config.plant.is_none() && !self.replaced() {
+            self.violation(
+                Checker::Liveness,
+                "restarted nodes have not replaced their old generations by the end".into(),
+            );
+        }
+        for client in 0..self.clients.len() {
+            let proc = &self.clients[client];
+            if proc.crashed {
+                continue;
+            }
+            if let Some((&id, _)) = proc.ops.iter().next() {
+                self.violation(
+                    Checker::Liveness,
+                    format!(
+                        "client {client} op {id} still unresolved at the end of the liveness phase"
+                    ),
+                );
+                return;
+            }
+        }
+        let open_pending = self
+            .pending
+            .keys()
+            .find(|(pipe, _)| self.pipes.get(pipe).is_some_and(|p| !p.reset))
+            .copied();
+        if let Some((pipe, rid)) = open_pending {
+            self.violation(
+                Checker::Liveness,
+                format!("no node answered pipe {pipe} rid {rid}"),
+            );
+        }
+        for proc in &self.nodes {
+            if let Some(node) = proc.node.as_ref()
+                && node.stats().waiters > 0
+            {
+                let detail = format!(
+                    "{:?}: {} waiters still queued at the end",
+                    node.id(),
+                    node.stats().waiters
+                );
+                self.violation(Checker::Liveness, detail);
+                return;
+            }
+        }
+    }
+
+    fn check_linearizability(&mut self) {
+        for (key, name) in ALL_KEYS.iter().enumerate() {
+            let history: Vec<LinEntry> = self.history[key]
+                .iter()
+                .copied()
+                .filter(|entry| !matches!(entry.op, LinOp::ReleaseIndeterminate { token: 0 }))
+                .collect();
+            if history
+                .iter()
+                .all(|entry| matches!(entry.op, LinOp::LeaseCut { .. }))
+            {
+                continue;
+            }
+            self.report.lin_keys_checked += 1;
+            match linear::check(&history) {
+                LinResult::Ok => {}
+                LinResult::Inconclusive => self.report.lin_inconclusive += 1,
+                LinResult::Violation => {
+                    let mut detail = format!("history of {name} has no linearization:");
+                    for entry in &history {
+                        let _ = write!(
+                            detail,
+                            "\n    [{}, {}] {:?}",
+                            entry.invoke_us,
+                            if entry.respond_us == u64::MAX {
+                                "-".to_string()
+                            } else {
+                                entry.respond_us.to_string()
+                            },
+                            entry.op
+                        );
+                    }
+                    self.violation(Checker::Linearizability, detail);
+                }
+            }
+        }
+    }
+}
+
+struct TraceEv<'a>(&'a Ev);
+
+impl std::fmt::Debug for TraceEv<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ev::Deliver { pipe, dir, bytes } => {
+                let arrow = if *dir == 0 { "→ b" } else { "→ a" };
+                write!(
+                    f,
+                    "deliver pipe {pipe} {arrow} {} bytes {:02x?}",
+                    bytes.len(),
+                    Short(bytes)
+                )
+            }
+            Ev::Flush {
+                pipe,
+                side,
+                bytes,
+                done,
+                ..
+            } => {
+                let part = if *done { "" } else { " (first part)" };
+                write!(
+                    f,
+                    "node on side {side} of pipe {pipe} writes {} bytes{part}",
+                    bytes.len()
+                )
+            }
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
