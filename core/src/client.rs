@@ -475,6 +475,15 @@ impl CloseReason {
                 | CloseReason::BadResult(_)
         )
     }
+    /// True for a routing answer (`M`, `E 3`, `E 4`): the node answered, it
+    /// just is not the one to serve requests now. The connection is healthy.
+    pub fn is_routing(&self) -> bool {
+        matches!(
+            self,
+            CloseReason::Moved { .. }
+                | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+        )
+    }
     /// The error a caller sees for a request that could not use this session.
     pub fn to_error(&self) -> ClientError {
         if self.is_auth_failure() {
@@ -1268,8 +1277,22 @@ impl Backoff {
         delay
     }
     /// The delay before the next connect after a session ended;
-    /// `lived` = [`Session::lived`] (`None`: it never became ready).
-    pub fn after_session(&mut self, lived: Option<Duration>) -> Duration {
+    /// `lived` = [`Session::lived`] (`None`: it never became ready),
+    /// `reason` = [`Session::close_reason`].
+    pub fn after_session(
+        &mut self,
+        lived: Option<Duration>,
+        reason: Option<&CloseReason>,
+    ) -> Duration {
+        if reason.is_some_and(CloseReason::is_routing) {
+            // A node that answered `M`/`E 3`/`E 4` is reachable: during an
+            // election every node answers so for a while, and growing the
+            // backoff then would keep the client away from the new leader
+            // for up to 3.2 s after it is elected. Come back soon, without
+            // spinning.
+            self.next = BACKOFF_MIN;
+            return BACKOFF_MIN;
+        }
         match lived {
             Some(lived) if lived >= SHORT_SESSION => {
                 self.next = BACKOFF_MIN;

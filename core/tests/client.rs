@@ -1414,12 +1414,12 @@ fn backoff_doubles_to_its_cap_and_a_long_session_resets_it() {
         .collect();
     assert_eq!(delays, [100, 200, 400, 800, 1_600, 3_200, 3_200]);
     // A session shorter than 1 s counts as a failure …
-    assert_eq!(backoff.after_session(Some(ms(999))), ms(3_200));
+    assert_eq!(backoff.after_session(Some(ms(999)), None), ms(3_200));
     // … one that lived 1 s reconnects at once and starts over.
-    assert_eq!(backoff.after_session(Some(secs(1))), Duration::ZERO);
+    assert_eq!(backoff.after_session(Some(secs(1)), None), Duration::ZERO);
     assert_eq!(backoff.after_connect_failure(), ms(100));
     assert_eq!(
-        backoff.after_session(None),
+        backoff.after_session(None, None),
         ms(200),
         "never ready = failure"
     );
@@ -1434,7 +1434,33 @@ fn session_lifetime_feeds_the_backoff() {
     assert_eq!(s.events(), [SessionEvent::Closed(CloseReason::Local)]);
     let mut backoff = Backoff::new();
     backoff.after_connect_failure();
-    assert_eq!(backoff.after_session(s.session.lived()), Duration::ZERO);
+    assert_eq!(
+        backoff.after_session(s.session.lived(), s.session.close_reason()),
+        Duration::ZERO
+    );
+}
+
+/// During an election every node answers `M` or `E 4` for a while; those
+/// short sessions must not grow the backoff, or the client would stay away
+/// from the new leader for seconds after it is elected.
+#[test]
+fn routing_answers_do_not_grow_the_backoff() {
+    let mut backoff = Backoff::new();
+    for _ in 0..5 {
+        backoff.after_connect_failure();
+    }
+    let no_leader = CloseReason::ServerError(ErrorCode::NoLeader);
+    let moved = CloseReason::Moved {
+        leader_slot: Some(1),
+    };
+    let not_active = CloseReason::ServerError(ErrorCode::NotActive);
+    for reason in [&no_leader, &moved, &not_active, &no_leader] {
+        assert_eq!(backoff.after_session(Some(ms(10)), Some(reason)), ms(100));
+    }
+    // Any other short session is still a failure and doubles it.
+    let other = CloseReason::ServerError(ErrorCode::BadLease);
+    assert_eq!(backoff.after_session(Some(ms(10)), Some(&other)), ms(100));
+    assert_eq!(backoff.after_session(Some(ms(10)), Some(&other)), ms(200));
 }
 
 #[test]

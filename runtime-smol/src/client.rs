@@ -583,7 +583,7 @@ async fn run_memory_endpoint(inner: Arc<Inner>, index: usize, config: SessionCon
                 // Reconnecting cannot fix a wrong token.
                 return;
             }
-            backoff.after_session(session.as_ref().and_then(Session::lived))
+            backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
         } else {
             backoff.after_connect_failure()
         };
@@ -681,7 +681,7 @@ async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
                     // Reconnecting cannot fix a wrong token or server.
                     return;
                 }
-                backoff.after_session(session.as_ref().and_then(Session::lived))
+                backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
             }
             _ => {
                 let now = inner.now();

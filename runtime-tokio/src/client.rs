@@ -615,7 +615,7 @@ async fn run_endpoint(inner: Arc<Inner>, link: Link) {
                     warn!(addr = %link.addr, "authentication failed; not reconnecting");
                     return;
                 }
-                backoff.after_session(lived)
+                backoff.after_session(lived, reason.as_ref())
             }
             result => {
                 let why = match result {

@@ -2129,7 +2129,7 @@ impl<'t> ClusterWorld<'t> {
                     proc.sessions[s] = None;
                     proc.armed[s] = None;
                 }
-                let delay = proc.backoffs[s].after_session(lived);
+                let delay = proc.backoffs[s].after_session(lived, Some(&reason));
                 let inc = proc.inc;
                 let at = self.now_us + duration_us(delay);
                 self.schedule(at, Ev::ClientConnect { client, inc, slot });

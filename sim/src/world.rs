@@ -1781,7 +1781,7 @@ impl<'t> World<'t> {
                     proc.session = None;
                     proc.armed = None;
                 }
-                let delay = proc.backoff.after_session(lived);
+                let delay = proc.backoff.after_session(lived, Some(&reason));
                 let inc = proc.inc;
                 let at = self.now_us + duration_us(delay);
                 self.schedule(at, Ev::ClientConnect { client, inc });
