@@ -128,6 +128,10 @@ pub struct LockArgs {
     /// none for a loopback server without authentication.
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// Cluster identity (64 lowercase hex digits, see `ticketing identity`):
+    /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
+    #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
+    pub cluster_identity: Option<[u8; 32]>,
     /// How long to wait for the lock (0 = one immediate try), at most 255s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub wait: Duration,
@@ -157,6 +161,10 @@ pub struct BenchArgs {
     /// Client token; default $TICKETING_CLIENT_TOKEN.
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// Cluster identity (64 lowercase hex digits, see `ticketing identity`):
+    /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
+    #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
+    pub cluster_identity: Option<[u8; 32]>,
     /// Concurrent tasks, each doing acquire+release in a loop.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub clients: usize,

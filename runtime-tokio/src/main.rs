@@ -141,6 +141,7 @@ struct ClientOptions<'a> {
     token: Option<&'a str>,
     tls_ca: Option<&'a std::path::Path>,
     tls_system_roots: bool,
+    cluster_identity: Option<[u8; 32]>,
 }
 
 /// Builds the broker of `lock` and `bench`: the token from the flag or
@@ -159,6 +160,11 @@ fn client_broker(
     } else {
         builder.token(token)
     };
+    if let Some(identity_fingerprint) = options.cluster_identity {
+        builder = builder.mode(ticketing_tokio::client::BrokerMode::Cluster {
+            identity_fingerprint,
+        });
+    }
     if let Some(ca) = options.tls_ca {
         builder = builder.tls(TlsMode::Ca(ca.to_owned()));
     } else if options.tls_system_roots {
@@ -219,6 +225,7 @@ mod lock {
             token: args.token.as_deref(),
             tls_ca: args.tls_ca.as_deref(),
             tls_system_roots: args.tls_system_roots,
+            cluster_identity: args.cluster_identity,
         };
         let broker = match client_broker(&options) {
             Ok(broker) => broker,
@@ -434,6 +441,7 @@ mod bench {
             token: args.token.as_deref(),
             tls_ca: args.tls_ca.as_deref(),
             tls_system_roots: false,
+            cluster_identity: args.cluster_identity,
         };
         let broker = match client_broker(&options) {
             Ok(broker) => broker,

@@ -406,3 +406,37 @@ async fn our_client_in_cluster_mode_survives_failover() {
     ticket.release().await.unwrap();
     broker.close().await;
 }
+
+/// `ticketing lock` in cluster mode: the node addresses in slot order and the
+/// identity; the command runs under the lock with its fencing token, and the
+/// key is free again afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn ticketing_lock_runs_a_command_under_a_cluster_lock() {
+    let cluster = Cluster::start();
+    cluster.leader().await;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ticketing"));
+    command.args([
+        "lock",
+        "cli-key",
+        "--token",
+        CLIENT_TOKEN,
+        "--cluster-identity",
+        IDENTITY,
+    ]);
+    for addr in cluster.addrs() {
+        command.args(["--addr", &addr]);
+    }
+    command.args(["--", "sh", "-c", "echo \"$TICKETING_KEY $TICKETING_TOKEN\""]);
+    let output = command.output().await.expect("run ticketing lock");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (key, token) = stdout.trim().split_once(' ').expect("key and token");
+    assert_eq!(key, "cli-key");
+    let token: u64 = token.parse().expect("a fencing token");
+    // Released on exit: the key is granted again, with a larger token.
+    let broker = published(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let ticket = acquire_published(&broker, "cli-key").await;
+    assert!(ticket.token() > token);
+    ticket.release().await.unwrap();
+}
