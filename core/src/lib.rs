@@ -15,6 +15,8 @@ pub mod cluster;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod lock;
+#[doc(hidden)]
+pub mod lock_model;
 pub mod peer;
 pub mod raft;
 pub mod server;

@@ -1,0 +1,348 @@
+//! The lock table's rules written the slow, obvious way — vectors, linear
+//! scans, no heaps, every sweep run one by one — as a reference model for
+//! property tests (`core/tests/lock_matrix.rs`) and the simulator's
+//! `sim_lock_table` fuzz target. Not part of the API.
+#![allow(missing_docs)]
+
+use crate::lock::{
+    AcquireOutcome, Limits, LockConfig, LockEvent, LockStats, ReleaseOutcome, WaiterId,
+};
+
+const SECOND_US: u64 = 1_000_000;
+pub struct ModelKey {
+    pub name: Vec<u8>,
+    pub token: u64,
+    pub lease_deadline_us: u64,
+    pub group_len: usize,
+    pub queue: Vec<u64>,
+}
+
+pub struct ModelWaiter {
+    pub seq: u64,
+    pub id: WaiterId,
+    pub keys: Vec<Vec<u8>>,
+    pub lease_s: u8,
+    pub wait_deadline_us: u64,
+}
+
+pub struct Model {
+    pub limits: Limits,
+    pub margin_us: u64,
+    pub sweep_interval_us: u64,
+    pub next_sweep_us: u64,
+    pub next_token: u64,
+    pub next_seq: u64,
+    pub last_now_us: u64,
+    pub keys: Vec<ModelKey>,
+    pub waiters: Vec<ModelWaiter>,
+    pub events: Vec<LockEvent>,
+}
+
+fn held_at(key: &ModelKey, at_us: u64) -> bool {
+    key.token != 0 && key.lease_deadline_us > at_us
+}
+
+impl Model {
+    pub fn new(config: LockConfig, first_token: u64, now_us: u64) -> Model {
+        let sweep_interval_us = config.sweep_interval.as_micros() as u64;
+        Model {
+            limits: config.limits,
+            margin_us: config.wait_margin.as_micros() as u64,
+            sweep_interval_us,
+            next_sweep_us: now_us + sweep_interval_us,
+            next_token: first_token,
+            next_seq: 0,
+            last_now_us: now_us,
+            keys: Vec::new(),
+            waiters: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn key(&self, name: &[u8]) -> Option<&ModelKey> {
+        self.keys.iter().find(|key| key.name == name)
+    }
+
+    fn key_mut(&mut self, name: &[u8]) -> Option<&mut ModelKey> {
+        self.keys.iter_mut().find(|key| key.name == name)
+    }
+
+    fn advance(&mut self, now_us: u64) -> u64 {
+        let now_us = now_us.max(self.last_now_us);
+        self.last_now_us = now_us;
+        loop {
+            let wait = self
+                .waiters
+                .iter()
+                .filter(|w| w.wait_deadline_us <= now_us)
+                .map(|w| (w.wait_deadline_us, w.seq))
+                .min();
+            let lease = self
+                .keys
+                .iter()
+                .filter(|k| k.token != 0 && !k.queue.is_empty())
+                .filter(|k| k.lease_deadline_us <= now_us)
+                .map(|k| (k.lease_deadline_us, k.token, k.name.clone()))
+                .min();
+            let sweep = (self.next_sweep_us <= now_us).then_some(self.next_sweep_us);
+            // Ties: wait deadlines, then lease deadlines, then the sweep.
+            let mut next: Option<(u64, u8)> = wait.map(|(t, _)| (t, 0));
+            if let Some((t, _, _)) = lease
+                && next.is_none_or(|(best, _)| t < best)
+            {
+                next = Some((t, 1));
+            }
+            if let Some(t) = sweep
+                && next.is_none_or(|(best, _)| t < best)
+            {
+                next = Some((t, 2));
+            }
+            match next {
+                None => break,
+                Some((t, 0)) => self.remove_waiter(wait.unwrap().1, t, now_us, true),
+                Some((t, 1)) => {
+                    let name = lease.unwrap().2;
+                    self.key_mut(&name).unwrap().token = 0;
+                    self.grant_front(&name, t, now_us);
+                }
+                Some((t, _)) => {
+                    self.keys.retain(|k| !k.queue.is_empty() || held_at(k, t));
+                    self.next_sweep_us += self.sweep_interval_us;
+                }
+            }
+        }
+        now_us
+    }
+
+    fn remove_waiter(&mut self, seq: u64, at_us: u64, now_us: u64, timed_out: bool) {
+        let index = self.waiters.iter().position(|w| w.seq == seq).unwrap();
+        let waiter = self.waiters.remove(index);
+        if timed_out {
+            self.events.push(LockEvent::TimedOut { waiter: waiter.id });
+        }
+        let mut fronts = Vec::new();
+        for name in &waiter.keys {
+            let key = self.key_mut(name).unwrap();
+            let position = key.queue.iter().position(|&s| s == seq).unwrap();
+            key.queue.remove(position);
+            if position == 0 {
+                fronts.push(name.clone());
+            }
+            if key.queue.is_empty() && key.token == 0 {
+                self.keys.retain(|k| k.name != *name);
+            }
+        }
+        for name in fronts {
+            self.grant_front(&name, at_us, now_us);
+        }
+    }
+
+    fn grant_front(&mut self, name: &[u8], at_us: u64, now_us: u64) {
+        let Some(key) = self.key(name) else { return };
+        if held_at(key, at_us) {
+            return;
+        }
+        let Some(&seq) = key.queue.first() else {
+            return;
+        };
+        let index = self.waiters.iter().position(|w| w.seq == seq).unwrap();
+        let all_ready = self.waiters[index].keys.iter().all(|name| {
+            let key = self.key(name).unwrap();
+            key.queue.first() == Some(&seq) && !held_at(key, at_us)
+        });
+        if !all_ready {
+            return;
+        }
+        let waiter = self.waiters.remove(index);
+        let token = self.next_token;
+        self.next_token += 1;
+        for name in &waiter.keys {
+            let key = self.key_mut(name).unwrap();
+            key.queue.remove(0);
+            key.token = token;
+            key.lease_deadline_us = now_us + u64::from(waiter.lease_s) * SECOND_US;
+            key.group_len = waiter.keys.len();
+        }
+        self.events.push(LockEvent::Granted {
+            waiter: waiter.id,
+            token,
+        });
+    }
+
+    pub fn acquire(
+        &mut self,
+        now_us: u64,
+        id: WaiterId,
+        names: &[Vec<u8>],
+        wait_s: u8,
+        lease_s: u8,
+    ) -> AcquireOutcome {
+        let now_us = self.advance(now_us);
+        let new_keys = names.iter().filter(|n| self.key(n).is_none()).count();
+        let all_free = names.iter().all(|n| {
+            self.key(n)
+                .is_none_or(|k| k.queue.is_empty() && !held_at(k, now_us))
+        });
+        let over_keys = self.keys.len() + new_keys > self.limits.max_keys;
+        if all_free {
+            if over_keys {
+                return AcquireOutcome::Busy;
+            }
+            let token = self.next_token;
+            self.next_token += 1;
+            for name in names {
+                if self.key(name).is_none() {
+                    self.keys.push(ModelKey {
+                        name: name.clone(),
+                        token: 0,
+                        lease_deadline_us: 0,
+                        group_len: 0,
+                        queue: Vec::new(),
+                    });
+                }
+                let key = self.key_mut(name).unwrap();
+                key.token = token;
+                key.lease_deadline_us = now_us + u64::from(lease_s) * SECOND_US;
+                key.group_len = names.len();
+            }
+            return AcquireOutcome::Granted { token };
+        }
+        if wait_s == 0 {
+            return AcquireOutcome::TimedOut;
+        }
+        let queue_full = names.iter().any(|n| {
+            self.key(n)
+                .is_some_and(|k| k.queue.len() >= self.limits.max_waiters_per_key)
+        });
+        if over_keys || queue_full || self.waiters.len() >= self.limits.max_waiters_total {
+            return AcquireOutcome::Busy;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        for name in names {
+            if self.key(name).is_none() {
+                self.keys.push(ModelKey {
+                    name: name.clone(),
+                    token: 0,
+                    lease_deadline_us: 0,
+                    group_len: 0,
+                    queue: Vec::new(),
+                });
+            }
+            let key = self.key_mut(name).unwrap();
+            if !held_at(key, now_us) {
+                key.token = 0;
+            }
+            key.queue.push(seq);
+        }
+        let wait_deadline_us = (now_us + u64::from(wait_s) * SECOND_US)
+            .saturating_sub(self.margin_us)
+            .max(now_us);
+        self.waiters.push(ModelWaiter {
+            seq,
+            id,
+            keys: names.to_vec(),
+            lease_s,
+            wait_deadline_us,
+        });
+        AcquireOutcome::Queued
+    }
+
+    pub fn release(&mut self, now_us: u64, names: &[Vec<u8>], token: u64) -> ReleaseOutcome {
+        let now_us = self.advance(now_us);
+        if token == 0 {
+            return ReleaseOutcome::NotFound;
+        }
+        let matched: Vec<&ModelKey> = names
+            .iter()
+            .filter_map(|n| self.key(n))
+            .filter(|k| k.token == token)
+            .collect();
+        let Some(first) = matched.first() else {
+            return ReleaseOutcome::NotFound;
+        };
+        if matched.len() != names.len() || first.group_len != names.len() {
+            return if first.lease_deadline_us > now_us {
+                ReleaseOutcome::GroupMismatch
+            } else {
+                ReleaseOutcome::NotFound
+            };
+        }
+        for name in names {
+            let key = self.key_mut(name).unwrap();
+            if key.queue.is_empty() {
+                self.keys.retain(|k| k.name != *name);
+            } else {
+                key.token = 0;
+            }
+        }
+        for name in names {
+            self.grant_front(name, now_us, now_us);
+        }
+        ReleaseOutcome::Released
+    }
+
+    pub fn cancel(&mut self, now_us: u64, id: WaiterId) -> bool {
+        let now_us = self.advance(now_us);
+        match self.waiters.iter().find(|w| w.id == id) {
+            Some(waiter) => {
+                self.remove_waiter(waiter.seq, now_us, now_us, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn time_out_all_waiters(&mut self, now_us: u64) {
+        self.advance(now_us);
+        self.waiters.sort_by_key(|w| w.seq);
+        for waiter in self.waiters.drain(..) {
+            self.events.push(LockEvent::TimedOut { waiter: waiter.id });
+        }
+        for key in &mut self.keys {
+            key.queue.clear();
+        }
+        self.keys.retain(|k| k.token != 0);
+    }
+
+    pub fn handle_timeout(&mut self, now_us: u64) {
+        self.advance(now_us);
+    }
+
+    pub fn poll_timeout(&self) -> u64 {
+        let wait = self.waiters.iter().map(|w| w.wait_deadline_us).min();
+        let lease = self
+            .keys
+            .iter()
+            .filter(|k| k.token != 0 && !k.queue.is_empty())
+            .map(|k| k.lease_deadline_us)
+            .min();
+        [wait, lease]
+            .into_iter()
+            .flatten()
+            .fold(self.next_sweep_us, u64::min)
+    }
+
+    pub fn stats(&self) -> LockStats {
+        LockStats {
+            keys: self.keys.len(),
+            held_keys: self
+                .keys
+                .iter()
+                .filter(|k| held_at(k, self.last_now_us))
+                .count(),
+            waiters: self.waiters.len(),
+            next_token: self.next_token,
+        }
+    }
+
+    pub fn holder(&self, name: &[u8]) -> Option<(u64, u64)> {
+        self.key(name)
+            .filter(|k| k.token != 0)
+            .map(|k| (k.token, k.lease_deadline_us))
+    }
+
+    pub fn queue_len(&self, name: &[u8]) -> usize {
+        self.key(name).map_or(0, |k| k.queue.len())
+    }
+}
