@@ -1,12 +1,18 @@
 //! The published client's steady-state workload against a real
 //! `ticketing serve` process: 64 tasks share 32 keys × 1,250 acquire+release
 //! = 40,000 operations (wait and lease 30 s, work budget 1 s), each critical
-//! section checked for overlap and counted. Prints ops/s and acquire+release
-//! latency per round, then the median round.
+//! section checked for overlap and counted. The same rounds run with the
+//! published 0.4.0 client and with ours, alternately, against one server, so
+//! the two compare within one run. Prints per round ops/s, acquire+release
+//! latency and the CPU time the client and the server spent per operation
+//! (from /proc), then the medians and the ceiling those CPU costs put on
+//! this machine (cores / (client + server CPU per op)).
 //!
 //! `cargo bench -p ticketing-tokio --bench throughput`. Settings (env):
 //! `TICKETING_BENCH_ROUNDS` (default 3), `TICKETING_BENCH_CLIENT_THREADS`
-//! worker threads of the client runtime (default: tokio's, one per core).
+//! worker threads of the client runtime (default: tokio's, one per core),
+//! `TICKETING_BENCH_SERVER_THREADS` (the server's `--worker-threads`,
+//! default: its own default).
 //! The server runs as its own process, as in production.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,7 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use ticketing::{ReleaseOutcome, TicketBroker, TicketError};
 
 const TASKS: usize = 64;
 const KEYS: usize = 32;
@@ -52,14 +57,18 @@ fn start_server() -> (ServerProcess, SocketAddr) {
     let addr = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_ticketing"))
-        .args([
-            "serve",
-            "--listen",
-            &addr.to_string(),
-            "--log-level",
-            "warn",
-        ])
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketing"));
+    command.args([
+        "serve",
+        "--listen",
+        &addr.to_string(),
+        "--log-level",
+        "warn",
+    ]);
+    if let Ok(threads) = std::env::var("TICKETING_BENCH_SERVER_THREADS") {
+        command.args(["--worker-threads", &threads]);
+    }
+    let child = command
         .stdin(Stdio::null())
         .spawn()
         .expect("start ticketing serve");
@@ -74,6 +83,62 @@ fn start_server() -> (ServerProcess, SocketAddr) {
     }
     (server, addr)
 }
+
+/// CPU time (user + system) a process has used so far, from
+/// `/proc/PID/stat`; `None` where there is no procfs.
+fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces: utime and stime are the 12th and 13th of them.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // procfs counts in USER_HZ, 100 on every Linux platform we run on.
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// One acquire (retrying on capacity answers, the workload's own rule), a
+/// check-and-count critical section, one release: the same for both
+/// clients.
+trait Client: Clone + Send + Sync + 'static {
+    fn name() -> &'static str;
+    /// Acquires `key`, runs `section` under it, releases it.
+    fn op(
+        &self,
+        key: String,
+        section: impl Future<Output = ()> + Send,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// Both crates spell the API alike, so one body serves both.
+macro_rules! impl_client {
+    ($krate:ident, $name:literal) => {
+        impl Client for $krate::TicketBroker {
+            fn name() -> &'static str {
+                $name
+            }
+            async fn op(&self, key: String, section: impl Future<Output = ()> + Send) {
+                use $krate::TicketError;
+                let ticket = loop {
+                    match self.acquire(&key, WAIT, LEASE, WORK_BUDGET).await {
+                        Ok(ticket) => break ticket,
+                        Err(TicketError::Busy | TicketError::ClientCapacity) => {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        Err(error) => panic!("acquire {key}: {error}"),
+                    }
+                };
+                section.await;
+                let released = ticket.release().await.expect("release");
+                assert_eq!(released, $krate::ReleaseOutcome::Released);
+            }
+        }
+    };
+}
+
+impl_client!(ticketing, "published 0.4.0 client");
+impl_client!(ticketing_tokio, "our client");
 
 /// The 40,000 operations in a fixed shuffled order (xorshift, fixed seed), so
 /// rounds and runs compare like with like.
@@ -91,7 +156,7 @@ fn shuffled_keys(seed: u64) -> Vec<usize> {
     order
 }
 
-async fn round(broker: &TicketBroker, seed: u64) -> (Duration, Histogram<u64>) {
+async fn round<C: Client>(broker: &C, seed: u64) -> (Duration, Histogram<u64>) {
     let order = Arc::new(shuffled_keys(seed));
     let next = Arc::new(AtomicUsize::new(0));
     let keys: Arc<Vec<KeyState>> = Arc::new(
@@ -115,28 +180,18 @@ async fn round(broker: &TicketBroker, seed: u64) -> (Duration, Histogram<u64>) {
             let mut hist = Histogram::<u64>::new(3).expect("histogram");
             while let Some(&key) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let op_started = Instant::now();
-                let name = format!("bench-{key}");
-                let ticket = loop {
-                    match broker.acquire(&name, WAIT, LEASE, WORK_BUDGET).await {
-                        Ok(ticket) => break ticket,
-                        // The workload's own rule: back off on capacity answers.
-                        Err(TicketError::Busy | TicketError::ClientCapacity) => {
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                        Err(error) => panic!("acquire {name}: {error}"),
-                    }
-                };
                 let state = &keys[key];
-                assert!(
-                    !state.in_section.swap(true, Ordering::AcqRel),
-                    "two holders of {name} at once"
-                );
-                let before = state.count.load(Ordering::Acquire);
-                tokio::task::yield_now().await;
-                state.count.store(before + 1, Ordering::Release);
-                state.in_section.store(false, Ordering::Release);
-                let released = ticket.release().await.expect("release");
-                assert_eq!(released, ReleaseOutcome::Released);
+                let section = async {
+                    assert!(
+                        !state.in_section.swap(true, Ordering::AcqRel),
+                        "two holders of bench-{key} at once"
+                    );
+                    let before = state.count.load(Ordering::Acquire);
+                    tokio::task::yield_now().await;
+                    state.count.store(before + 1, Ordering::Release);
+                    state.in_section.store(false, Ordering::Release);
+                };
+                broker.op(format!("bench-{key}"), section).await;
                 let _ = hist.record(op_started.elapsed().as_nanos() as u64);
             }
             hist
@@ -157,6 +212,75 @@ async fn round(broker: &TicketBroker, seed: u64) -> (Duration, Histogram<u64>) {
     (elapsed, all)
 }
 
+/// What one round measured.
+struct Figures {
+    ops_per_s: f64,
+    client_cpu_us_per_op: Option<f64>,
+    server_cpu_us_per_op: Option<f64>,
+}
+
+/// Runs one round with `broker`, measuring the CPU both processes used.
+async fn measured_round<C: Client>(broker: &C, server_pid: &str, r: usize) -> Figures {
+    let total = (KEYS * OPS_PER_KEY) as f64;
+    let cpu_before = (cpu_time("self"), cpu_time(server_pid));
+    let (elapsed, hist) = round(broker, 0x9e37_79b9_7f4a_7c15 ^ r as u64).await;
+    let per_op = |before: Option<Duration>, after: Option<Duration>| {
+        Some((after? - before?).as_secs_f64() * 1e6 / total)
+    };
+    let figures = Figures {
+        ops_per_s: total / elapsed.as_secs_f64(),
+        client_cpu_us_per_op: per_op(cpu_before.0, cpu_time("self")),
+        server_cpu_us_per_op: per_op(cpu_before.1, cpu_time(server_pid)),
+    };
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1_000.0;
+    let cpu = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{v:.1}"));
+    println!(
+        "round {r}, {}: {TASKS} tasks, {KEYS} keys x {OPS_PER_KEY} = {total} ops in {:.1} ms = {:.0} ops/s; \
+         acquire+release µs p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}; CPU µs/op client {} server {}",
+        C::name(),
+        elapsed.as_secs_f64() * 1e3,
+        figures.ops_per_s,
+        us(0.5),
+        us(0.99),
+        us(0.999),
+        hist.max() as f64 / 1_000.0,
+        cpu(figures.client_cpu_us_per_op),
+        cpu(figures.server_cpu_us_per_op),
+    );
+    figures
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
+/// Prints the medians of one client's rounds and the throughput its CPU
+/// costs allow on `cores` cores.
+fn summarize(name: &str, rounds: &[Figures], cores: usize) {
+    let ops = median(rounds.iter().map(|f| f.ops_per_s).collect()).unwrap_or(0.0);
+    let client = median(
+        rounds
+            .iter()
+            .filter_map(|f| f.client_cpu_us_per_op)
+            .collect(),
+    );
+    let server = median(
+        rounds
+            .iter()
+            .filter_map(|f| f.server_cpu_us_per_op)
+            .collect(),
+    );
+    print!("{name}: median {ops:.0} ops/s");
+    if let (Some(client), Some(server)) = (client, server) {
+        print!(
+            "; CPU µs/op client {client:.1} + server {server:.1}: at most {:.0} ops/s on {cores} cores",
+            cores as f64 * 1e6 / (client + server)
+        );
+    }
+    println!();
+}
+
 fn main() {
     let rounds = env_or("TICKETING_BENCH_ROUNDS", 3).max(1);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -165,33 +289,25 @@ fn main() {
         builder.worker_threads(threads.parse().expect("TICKETING_BENCH_CLIENT_THREADS"));
     }
     let runtime = builder.build().expect("tokio runtime");
-    let (_server, addr) = start_server();
-    let total = (KEYS * OPS_PER_KEY) as f64;
-    let mut rates: Vec<f64> = runtime.block_on(async {
-        let broker = TicketBroker::connect_loopback([addr.to_string()]);
-        assert!(broker.wait_ready(Duration::from_secs(5)).await);
-        let mut rates = Vec::new();
+    let (server, addr) = start_server();
+    let server_pid = server.0.id().to_string();
+    let (published, ours) = runtime.block_on(async {
+        let published_broker = ticketing::TicketBroker::connect_loopback([addr.to_string()]);
+        assert!(published_broker.wait_ready(Duration::from_secs(5)).await);
+        let our_broker = ticketing_tokio::TicketBroker::connect_loopback([addr.to_string()]);
+        assert!(our_broker.wait_ready(Duration::from_secs(5)).await);
+        let (mut published, mut ours) = (Vec::new(), Vec::new());
+        // Alternate, so a noisy neighbour hits both clients alike.
         for r in 0..rounds {
-            let (elapsed, hist) = round(&broker, 0x9e37_79b9_7f4a_7c15 ^ r as u64).await;
-            let rate = total / elapsed.as_secs_f64();
-            let us = |q: f64| hist.value_at_quantile(q) as f64 / 1_000.0;
-            println!(
-                "round {r}: {TASKS} tasks, {KEYS} keys x {OPS_PER_KEY} = {total} ops in {:.1} ms = {rate:.0} ops/s; \
-                 acquire+release µs p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
-                elapsed.as_secs_f64() * 1e3,
-                us(0.5),
-                us(0.99),
-                us(0.999),
-                hist.max() as f64 / 1_000.0,
-            );
-            rates.push(rate);
+            published.push(measured_round(&published_broker, &server_pid, r).await);
+            ours.push(measured_round(&our_broker, &server_pid, r).await);
         }
-        broker.close().await;
-        rates
+        published_broker.close().await;
+        our_broker.close().await;
+        (published, ours)
     });
-    rates.sort_by(f64::total_cmp);
-    println!(
-        "median of {rounds} rounds: {:.0} ops/s (published figure for this workload: 143,062 ops/s on a 10-core Apple M4)",
-        rates[rates.len() / 2]
-    );
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    summarize(ticketing::TicketBroker::name(), &published, cores);
+    summarize(ticketing_tokio::TicketBroker::name(), &ours, cores);
+    println!("published figure for this workload: 143,062 ops/s on a 10-core Apple M4");
 }

@@ -37,6 +37,8 @@ pub const WAIT_MARGIN_MS_MAX: u64 = 900;
 pub const ENV_CLIENT_TOKENS: &str = "TICKETING_CLIENT_TOKENS";
 /// Environment variable with comma-separated peer tokens (cluster mode).
 pub const ENV_PEER_TOKENS: &str = "TICKETING_PEER_TOKENS";
+/// Largest accepted `worker_threads`.
+pub const WORKER_THREADS_MAX: u64 = 256;
 /// Accepted values of `log_level`.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
@@ -256,6 +258,10 @@ pub struct ServeArgs {
     /// How long before a waiter's deadline it is answered `T`, 0..=900.
     #[arg(long, value_name = "MS")]
     pub wait_margin_ms: Option<u64>,
+    /// Threads that run connections, 1..=256 (default 1: the lock table
+    /// is one serial state machine; more threads help only TLS-heavy loads).
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<u64>,
     /// Run as a cluster node (implied by any other cluster option or a
     /// `[cluster]` table in the config file).
     #[arg(long)]
@@ -303,6 +309,8 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
+    /// See [`ServeArgs::worker_threads`].
+    pub worker_threads: Option<u64>,
     /// `[tls]` table.
     pub tls: Option<FileTls>,
     /// `[limits]` table.
@@ -421,6 +429,8 @@ pub struct Config {
     pub settings: ServeSettings,
     /// `tracing_subscriber::EnvFilter` directives.
     pub log_filter: String,
+    /// Threads of the runtime; 1 runs everything on the main thread.
+    pub worker_threads: usize,
     /// How clients authenticate.
     pub auth: AuthMode,
     /// Cluster mode: what the node runs with (`settings` then only carries
@@ -582,6 +592,13 @@ pub fn resolve(
         WAIT_MARGIN_MS_MAX,
     )?;
 
+    let worker_threads = check_range(
+        "worker_threads",
+        args.worker_threads.or(file.worker_threads).unwrap_or(1),
+        1,
+        WORKER_THREADS_MAX,
+    )?;
+
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
 
@@ -640,6 +657,7 @@ pub fn resolve(
     Ok(Config {
         settings,
         log_filter,
+        worker_threads,
         auth,
         cluster,
     })
@@ -1412,6 +1430,27 @@ mod tests {
             max.settings.server.lock.wait_margin,
             Duration::from_millis(900)
         );
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_and_are_1_to_256() {
+        assert_eq!(resolve_args(&[]).unwrap().worker_threads, 1);
+        let err = resolve_args(&["--worker-threads", "0"]).unwrap_err();
+        assert_eq!(err.field, "worker_threads");
+        assert!(err.message.contains("1..=256"), "{err}");
+        assert_eq!(
+            field_of(resolve_args(&["--worker-threads", "257"])),
+            "worker_threads"
+        );
+        assert_eq!(
+            resolve_args(&["--worker-threads", "4"])
+                .unwrap()
+                .worker_threads,
+            4
+        );
+        let file = parse_file("worker_threads = 2").unwrap();
+        let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        assert_eq!(config.worker_threads, 2);
     }
 
     #[test]

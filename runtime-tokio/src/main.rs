@@ -49,10 +49,20 @@ fn serve(args: &ServeArgs) -> ExitCode {
         .init();
     fail_stop_on_panic();
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One thread by default: the core is one serial state machine, and a
+    // single thread spares the cross-thread wake-ups that dominate small
+    // lock operations.
+    let runtime = if config.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.worker_threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("ticketing: cannot start the tokio runtime: {e}");

@@ -770,6 +770,11 @@ where
         if !woken {
             continue;
         }
+        // Let the other connections that became readable in the same
+        // wake-up run first: what their input grants to this connection
+        // (a release there hands a key to a waiter here) then leaves in this
+        // write instead of a second one.
+        tokio::task::yield_now().await;
 
         // Take everything pending in one batch.
         let state = {
