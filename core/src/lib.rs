@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;
+mod outbound;
 pub mod peer;
 pub mod raft;
 pub mod server;

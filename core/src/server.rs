@@ -11,7 +11,7 @@
 //! - time: [`Server::poll_timeout`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use crate::auth::{
     ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
@@ -20,6 +20,7 @@ use crate::auth::{
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
+use crate::outbound::{Outbound, WakeQueue};
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireRequest, Decoded, ErrorCode, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
@@ -92,23 +93,11 @@ pub struct Server {
     /// Queued acquires, by the waiter id the table knows them by.
     waiters: HashMap<WaiterId, QueuedAcquire>,
     next_waiter_id: u64,
-    wakes: VecDeque<ConnId>,
+    wakes: WakeQueue,
     /// Handshake deadlines; entries of connections that finished or closed
     /// are skipped when they come due.
     handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
     shutting_down: bool,
-}
-
-/// A grant queued for a connection whose reply frame has not been written
-/// whole yet. Kept until it is, so that a connection that dies first does
-/// not leave a ghost lock behind.
-#[derive(Debug)]
-struct UndeliveredGrant {
-    token: u64,
-    keys: KeyGroup,
-    /// Offset just past the reply frame in the connection's output stream:
-    /// once this many bytes are written the client may have the token.
-    end_offset: u64,
 }
 
 #[derive(Debug)]
@@ -129,45 +118,18 @@ enum Phase {
 struct Conn {
     phase: Phase,
     decoder: RequestDecoder,
-    outbound: Vec<u8>,
-    /// Bytes of this connection's output stream handed to the driver.
-    taken_bytes: u64,
-    /// Bytes of this connection's output stream the driver reported written.
-    written_bytes: u64,
-    /// Grants whose reply frame is not yet written whole, by `end_offset`.
-    undelivered: VecDeque<UndeliveredGrant>,
+    /// Reply bytes for the driver, and which grants they carry.
+    out: Outbound,
     /// Queued waiters, in arrival order (waiter ids only grow), so closing a
     /// connection cancels them in an order that does not depend on hashing.
     queued: BTreeSet<WaiterId>,
-    /// Whether this connection is in the server's wake queue; keeps the queue
-    /// no longer than the number of connections.
-    in_wake_queue: bool,
-    /// The server decided to close: no more input is read; what is queued is
-    /// flushed, then the driver closes.
-    closing: bool,
-}
-
-impl Conn {
-    fn new(handshake: ServerHandshake) -> Self {
-        Conn {
-            phase: Phase::Handshake(handshake),
-            decoder: RequestDecoder::new(),
-            outbound: Vec::new(),
-            taken_bytes: 0,
-            written_bytes: 0,
-            undelivered: VecDeque::new(),
-            queued: BTreeSet::new(),
-            in_wake_queue: false,
-            closing: false,
-        }
-    }
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
 fn send_grant(
     conn_id: ConnId,
     conn: &mut Conn,
-    wakes: &mut VecDeque<ConnId>,
+    wakes: &mut WakeQueue,
     reply: Reply,
     keys: KeyGroup,
 ) {
@@ -176,25 +138,13 @@ fn send_grant(
         other => unreachable!("not a grant: {other:?}"),
     };
     send(conn_id, conn, wakes, reply);
-    let end_offset = conn.taken_bytes + conn.outbound.len() as u64;
-    conn.undelivered.push_back(UndeliveredGrant {
-        token,
-        keys,
-        end_offset,
-    });
+    conn.out.record_grant(token, keys);
 }
 
 /// Queues `reply` on `conn` and schedules a wake if needed.
-fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>, reply: Reply) {
-    reply.encode(&mut conn.outbound);
-    wake(conn_id, conn, wakes);
-}
-
-fn wake(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>) {
-    if !conn.in_wake_queue {
-        conn.in_wake_queue = true;
-        wakes.push_back(conn_id);
-    }
+fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, reply: Reply) {
+    reply.encode(conn.out.buffer_mut());
+    wakes.wake(conn_id, &mut conn.out);
 }
 
 impl Server {
@@ -209,7 +159,7 @@ impl Server {
             next_conn_id: 1,
             waiters: HashMap::new(),
             next_waiter_id: 1,
-            wakes: VecDeque::new(),
+            wakes: WakeQueue::default(),
             handshake_deadlines: BinaryHeap::new(),
             shutting_down: false,
         }
@@ -232,11 +182,13 @@ impl Server {
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
         let handshake = ServerHandshake::new(hello, SINGLE_FINGERPRINT, deadline);
-        let mut conn = Conn::new(handshake);
-        if let Phase::Handshake(handshake) = &conn.phase {
-            conn.outbound.extend_from_slice(&handshake.hello_bytes());
-        }
-        wake(conn_id, &mut conn, &mut self.wakes);
+        let mut conn = Conn {
+            out: Outbound::new(handshake.hello_bytes().to_vec()),
+            phase: Phase::Handshake(handshake),
+            decoder: RequestDecoder::new(),
+            queued: BTreeSet::new(),
+        };
+        self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
         self.handshake_deadlines.push(Reverse((deadline, conn_id)));
         Some(conn_id)
@@ -248,7 +200,7 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        if conn.closing {
+        if conn.out.is_closing() {
             return;
         }
         let mut rest = bytes;
@@ -259,11 +211,11 @@ impl Server {
                 HandshakeStatus::NeedMore => return,
                 HandshakeStatus::Accepted => {
                     conn.phase = Phase::Session;
-                    conn.outbound.push(RESULT_ACCEPTED);
-                    wake(conn_id, conn, &mut self.wakes);
+                    conn.out.buffer_mut().push(RESULT_ACCEPTED);
+                    self.wakes.wake(conn_id, &mut conn.out);
                 }
                 HandshakeStatus::Rejected => {
-                    conn.outbound.push(RESULT_REJECTED);
+                    conn.out.buffer_mut().push(RESULT_REJECTED);
                     self.close_conn(now, conn_id);
                     return;
                 }
@@ -277,7 +229,7 @@ impl Server {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 return;
             };
-            if conn.closing {
+            if conn.out.is_closing() {
                 break;
             }
             match conn.decoder.next() {
@@ -411,7 +363,7 @@ impl Server {
                 continue;
             };
             conn.queued.remove(&waiter);
-            if conn.closing {
+            if conn.out.is_closing() {
                 // Nobody will read this grant: give the keys to whoever is
                 // next instead of leaving them blocked until the lease ends.
                 if let Some(token) = token {
@@ -441,8 +393,7 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.closing = true;
-        wake(conn_id, conn, &mut self.wakes);
+        self.wakes.close_after_flush(conn_id, &mut conn.out);
         // Latest arrival first: cancelling a front waiter first could hand the
         // key to this connection's own next waiter, only to pass it on again.
         let queued: Vec<WaiterId> = conn.queued.iter().rev().copied().collect();
@@ -468,34 +419,18 @@ impl Server {
     /// client may have its token, so it is never released as a ghost.
     pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
         let _ = now;
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return;
-        };
-        conn.written_bytes = conn
-            .written_bytes
-            .saturating_add(bytes as u64)
-            .min(conn.taken_bytes);
-        while conn
-            .undelivered
-            .front()
-            .is_some_and(|grant| grant.end_offset <= conn.written_bytes)
-        {
-            conn.undelivered.pop_front();
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_written(bytes);
         }
     }
 
     /// Everything taken from `conn` by [`Server::take_transmit`] so far has
     /// been written to the transport: grants in it count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let Some(conn) = self.conns.get(&conn_id) else {
-            return;
-        };
-        let unwritten = conn.taken_bytes - conn.written_bytes;
-        self.handle_written(
-            now,
-            conn_id,
-            usize::try_from(unwritten).unwrap_or(usize::MAX),
-        );
+        let _ = now;
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_flushed();
+        }
     }
 
     /// The transport of `conn` is gone (EOF, error, or after
@@ -512,7 +447,7 @@ impl Server {
             self.drain_lock_events(now);
             return;
         }
-        for grant in conn.undelivered {
+        for grant in conn.out.into_undelivered() {
             // The holder never learned its token: release it now rather than
             // leave the key blocked until the lease ends. A token that is no
             // longer current (expired and re-granted) is simply not found.
@@ -559,45 +494,28 @@ impl Server {
     /// whose bytes were already taken since it was queued is skipped, so each
     /// is reported once per batch of bytes.
     pub fn poll_wake(&mut self) -> Option<ConnId> {
-        while let Some(conn_id) = self.wakes.pop_front() {
-            let Some(conn) = self.conns.get_mut(&conn_id) else {
-                continue;
-            };
-            conn.in_wake_queue = false;
-            if !conn.outbound.is_empty() || conn.closing {
-                return Some(conn_id);
-            }
-        }
-        None
+        self.wakes.poll(|conn_id| {
+            self.conns
+                .get_mut(&conn_id)
+                .is_some_and(|conn| conn.out.leave_wake_queue())
+        })
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
     /// with the connection.
     pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return ConnState::Gone;
-        };
-        conn.taken_bytes += conn.outbound.len() as u64;
-        if out.is_empty() {
-            // Hand over the buffer itself; the driver's empty one comes back.
-            std::mem::swap(out, &mut conn.outbound);
-        } else {
-            out.extend_from_slice(&conn.outbound);
-            conn.outbound.clear();
-        }
-        if conn.closing {
-            ConnState::CloseAfterFlush
-        } else {
-            ConnState::Open
-        }
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| conn.out.take(out))
     }
 
     /// False while `conn` has too many reply bytes waiting to be written: the
     /// driver should stop reading from it until it has written them.
     pub fn wants_input(&self, conn_id: ConnId) -> bool {
-        self.conns.get(&conn_id).is_some_and(|conn| {
-            !conn.closing && conn.outbound.len() < self.config.max_outbound_bytes_per_connection
-        })
+        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        self.conns
+            .get(&conn_id)
+            .is_some_and(|conn| conn.out.wants_input(max_bytes))
     }
 
     /// Stop serving: every queued waiter gets `T`, every connection is
@@ -611,8 +529,7 @@ impl Server {
         conn_ids.sort_unstable();
         for conn_id in conn_ids {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.closing = true;
-                wake(conn_id, conn, &mut self.wakes);
+                self.wakes.close_after_flush(conn_id, &mut conn.out);
             }
         }
     }
@@ -634,7 +551,7 @@ impl Server {
     pub fn pending_transmit(&self, conn_id: ConnId) -> &[u8] {
         self.conns
             .get(&conn_id)
-            .map_or(&[], |conn| conn.outbound.as_slice())
+            .map_or(&[], |conn| conn.out.pending())
     }
 
     /// Current counts.

@@ -51,6 +51,7 @@ use crate::auth::{
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::state::ReplicatedLocks;
 use crate::lock::Limits;
+use crate::outbound::{Outbound, WakeQueue};
 use crate::peer::{
     MAX_FRAME_LEN, PeerDecoder, PeerHandshake, PeerHandshakeStatus, PeerTokens, encode_message,
 };
@@ -219,9 +220,6 @@ enum ClientPhase {
 struct ClientConn {
     phase: ClientPhase,
     decoder: RequestDecoder,
-    /// Grants whose reply frame is not yet written whole: token, keys, and
-    /// the offset just past the frame in the connection's output stream.
-    undelivered: VecDeque<(u64, KeyGroup, u64)>,
     /// Requests awaiting a reply.
     in_flight: usize,
     /// Sequence numbers of its queued waiters.
@@ -246,13 +244,9 @@ enum ConnKind {
 #[derive(Debug)]
 struct Conn {
     kind: ConnKind,
-    outbound: Vec<u8>,
-    /// Bytes of the output stream handed to the driver.
-    taken_bytes: u64,
-    /// Bytes of the output stream the driver reported written.
-    written_bytes: u64,
-    in_wake_queue: bool,
-    closing: bool,
+    /// Bytes for the driver (replies or Raft messages), and which grants
+    /// they carry (client connections only).
+    out: Outbound,
 }
 
 /// Per-slot dialing state.
@@ -299,20 +293,13 @@ pub struct ClusterNode {
     conns: BTreeMap<ConnId, Conn>,
     next_conn_id: u64,
     next_waiter_seq: u64,
-    wakes: VecDeque<ConnId>,
+    wakes: WakeQueue,
     handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
     dials: Vec<DialState>,
     shutting_down: bool,
     /// A snapshot from the leader that did not decode (should never happen;
     /// counted for operators).
     bad_snapshots: u64,
-}
-
-fn wake(conn_id: ConnId, conn: &mut Conn, wakes: &mut VecDeque<ConnId>) {
-    if !conn.in_wake_queue {
-        conn.in_wake_queue = true;
-        wakes.push_back(conn_id);
-    }
 }
 
 fn leader_reply(rid: u64, leader: Option<NodeId>) -> Reply {
@@ -373,7 +360,7 @@ impl ClusterNode {
             conns: BTreeMap::new(),
             next_conn_id: 1,
             next_waiter_seq: 1,
-            wakes: VecDeque::new(),
+            wakes: WakeQueue::default(),
             handshake_deadlines: BinaryHeap::new(),
             dials,
             shutting_down: false,
@@ -449,13 +436,9 @@ impl ClusterNode {
         self.next_conn_id += 1;
         let mut conn = Conn {
             kind,
-            outbound: hello.to_vec(),
-            taken_bytes: 0,
-            written_bytes: 0,
-            in_wake_queue: false,
-            closing: false,
+            out: Outbound::new(hello.to_vec()),
         };
-        wake(conn_id, &mut conn, &mut self.wakes);
+        self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
         self.handshake_deadlines.push(Reverse((deadline, conn_id)));
         conn_id
@@ -483,7 +466,6 @@ impl ClusterNode {
         let kind = ConnKind::Client(ClientConn {
             phase: ClientPhase::Handshake(handshake),
             decoder: RequestDecoder::new(),
-            undelivered: VecDeque::new(),
             in_flight: 0,
             queued: BTreeSet::new(),
         });
@@ -582,7 +564,7 @@ impl ClusterNode {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.closing {
+        if conn.out.is_closing() {
             return;
         }
         match conn.kind {
@@ -608,13 +590,13 @@ impl ClusterNode {
                 HandshakeStatus::NeedMore => return,
                 HandshakeStatus::Accepted => {
                     client.phase = ClientPhase::Session;
-                    conn.outbound.push(RESULT_ACCEPTED);
+                    conn.out.buffer_mut().push(RESULT_ACCEPTED);
                     // Clients route by the leader notice; send it at once.
-                    Reply::Leader { leader_slot }.encode(&mut conn.outbound);
-                    wake(conn_id, conn, &mut self.wakes);
+                    Reply::Leader { leader_slot }.encode(conn.out.buffer_mut());
+                    self.wakes.wake(conn_id, &mut conn.out);
                 }
                 HandshakeStatus::Rejected => {
-                    conn.outbound.push(RESULT_REJECTED);
+                    conn.out.buffer_mut().push(RESULT_REJECTED);
                     self.close_conn(now, conn_id);
                     return;
                 }
@@ -633,12 +615,14 @@ impl ClusterNode {
         loop {
             let Some(Conn {
                 kind: ConnKind::Client(client),
-                closing: false,
-                ..
+                out,
             }) = self.conns.get_mut(&conn_id)
             else {
                 return;
             };
+            if out.is_closing() {
+                return;
+            }
             match client.decoder.next() {
                 Ok(None) => break,
                 Ok(Some(Decoded::Rejected { rid, code, .. })) => {
@@ -659,8 +643,8 @@ impl ClusterNode {
     /// Queues `reply` on a client connection.
     fn send(&mut self, conn_id: ConnId, reply: Reply) {
         if let Some(conn) = self.conns.get_mut(&conn_id) {
-            reply.encode(&mut conn.outbound);
-            wake(conn_id, conn, &mut self.wakes);
+            reply.encode(conn.out.buffer_mut());
+            self.wakes.wake(conn_id, &mut conn.out);
         }
     }
 
@@ -679,8 +663,7 @@ impl ClusterNode {
     fn peer_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
         let Some(Conn {
             kind: ConnKind::Peer(peer),
-            outbound,
-            ..
+            out,
         }) = self.conns.get_mut(&conn_id)
         else {
             return;
@@ -689,11 +672,12 @@ impl ClusterNode {
         if peer.established.is_none() {
             let (used, status) = peer.handshake.handle_input(&self.config.peer_tokens, rest);
             rest = &rest[used..];
-            outbound.extend_from_slice(&peer.handshake.take_outbound());
+            out.buffer_mut()
+                .extend_from_slice(&peer.handshake.take_outbound());
             match status {
                 PeerHandshakeStatus::NeedMore => {
                     if let Some(conn) = self.conns.get_mut(&conn_id) {
-                        wake(conn_id, conn, &mut self.wakes);
+                        self.wakes.wake(conn_id, &mut conn.out);
                     }
                     return;
                 }
@@ -704,7 +688,7 @@ impl ClusterNode {
                 PeerHandshakeStatus::Established(remote) => {
                     peer.established = Some(remote);
                     if let Some(conn) = self.conns.get_mut(&conn_id) {
-                        wake(conn_id, conn, &mut self.wakes);
+                        self.wakes.wake(conn_id, &mut conn.out);
                     }
                     if let Some(dial) = self.dials.get_mut(usize::from(remote.slot)) {
                         dial.connected = true;
@@ -776,8 +760,7 @@ impl ClusterNode {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.closing = true;
-        wake(conn_id, conn, &mut self.wakes);
+        self.wakes.close_after_flush(conn_id, &mut conn.out);
         let queued: Vec<u64> = match &mut conn.kind {
             ConnKind::Client(client) => std::mem::take(&mut client.queued).into_iter().collect(),
             ConnKind::Peer(_) => Vec::new(),
@@ -795,37 +778,18 @@ impl ClusterNode {
     /// client may have its token, so it is never released as a ghost.
     pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
         let _ = now;
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return;
-        };
-        conn.written_bytes = conn
-            .written_bytes
-            .saturating_add(bytes as u64)
-            .min(conn.taken_bytes);
-        let written_bytes = conn.written_bytes;
-        if let ConnKind::Client(client) = &mut conn.kind {
-            while client
-                .undelivered
-                .front()
-                .is_some_and(|(_, _, end_offset)| *end_offset <= written_bytes)
-            {
-                client.undelivered.pop_front();
-            }
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_written(bytes);
         }
     }
 
     /// Everything taken from `conn` so far has been written: grants in it
     /// count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let Some(conn) = self.conns.get(&conn_id) else {
-            return;
-        };
-        let unwritten = conn.taken_bytes - conn.written_bytes;
-        self.handle_written(
-            now,
-            conn_id,
-            usize::try_from(unwritten).unwrap_or(usize::MAX),
-        );
+        let _ = now;
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_flushed();
+        }
     }
 
     /// The transport of `conn` is gone. A client's queued waiters are
@@ -840,8 +804,9 @@ impl ClusterNode {
             return;
         };
         match conn.kind {
-            ConnKind::Client(client) => {
-                for (token, keys, _) in client.undelivered {
+            ConnKind::Client(_) => {
+                for grant in conn.out.into_undelivered() {
+                    let (keys, token) = (grant.keys, grant.token);
                     self.propose_internal(now, Command::Release { keys, token });
                 }
             }
@@ -1236,9 +1201,8 @@ impl ClusterNode {
             self.conns.get(&waiter.conn),
             Some(Conn {
                 kind: ConnKind::Client(_),
-                closing: false,
-                ..
-            })
+                out,
+            }) if !out.is_closing()
         );
         if !open {
             // Nobody will learn this token: release it at once rather than
@@ -1265,17 +1229,12 @@ impl ClusterNode {
         };
         self.answer(waiter.conn, reply);
         if let Some(Conn {
-            kind: ConnKind::Client(client),
-            outbound,
-            taken_bytes,
-            ..
+            kind: ConnKind::Client(_),
+            out,
         }) = self.conns.get_mut(&waiter.conn)
         {
             // The reply was just queued: its frame ends at the stream's end.
-            let end_offset = *taken_bytes + outbound.len() as u64;
-            client
-                .undelivered
-                .push_back((token, waiter.keys, end_offset));
+            out.record_grant(token, waiter.keys);
         }
     }
 
@@ -1342,10 +1301,10 @@ impl ClusterNode {
                 phase: ClientPhase::Session,
                 ..
             }) = conn.kind
-                && !conn.closing
+                && !conn.out.is_closing()
             {
-                Reply::Leader { leader_slot: slot }.encode(&mut conn.outbound);
-                wake(*conn_id, conn, &mut self.wakes);
+                Reply::Leader { leader_slot: slot }.encode(conn.out.buffer_mut());
+                self.wakes.wake(*conn_id, &mut conn.out);
             }
         }
     }
@@ -1458,18 +1417,20 @@ impl ClusterNode {
                 .conns
                 .iter_mut()
                 .filter(|(_, c)| {
-                    !c.closing
+                    !c.out.is_closing()
                         && matches!(&c.kind, ConnKind::Peer(p) if p.established.map(|id| id.slot) == Some(to.slot))
                 })
                 .max_by_key(|(id, _)| **id);
             let Some((conn_id, conn)) = target else {
                 continue;
             };
-            if conn.outbound.len() >= self.config.max_outbound_bytes_per_connection {
+            // A peer that does not keep up loses messages rather than
+            // growing the buffer without bound; Raft retries them.
+            if conn.out.pending().len() >= self.config.max_outbound_bytes_per_connection {
                 continue;
             }
-            if encode_message(&msg, &mut conn.outbound).is_ok() {
-                wake(*conn_id, conn, &mut self.wakes);
+            if encode_message(&msg, conn.out.buffer_mut()).is_ok() {
+                self.wakes.wake(*conn_id, &mut conn.out);
             }
         }
     }
@@ -1578,44 +1539,28 @@ impl ClusterNode {
 
     /// A connection with bytes to send or to be closed.
     pub fn poll_wake(&mut self) -> Option<ConnId> {
-        while let Some(conn_id) = self.wakes.pop_front() {
-            let Some(conn) = self.conns.get_mut(&conn_id) else {
-                continue;
-            };
-            conn.in_wake_queue = false;
-            if !conn.outbound.is_empty() || conn.closing {
-                return Some(conn_id);
-            }
-        }
-        None
+        self.wakes.poll(|conn_id| {
+            self.conns
+                .get_mut(&conn_id)
+                .is_some_and(|conn| conn.out.leave_wake_queue())
+        })
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
     /// with the connection.
     pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return ConnState::Gone;
-        };
-        conn.taken_bytes += conn.outbound.len() as u64;
-        if out.is_empty() {
-            std::mem::swap(out, &mut conn.outbound);
-        } else {
-            out.extend_from_slice(&conn.outbound);
-            conn.outbound.clear();
-        }
-        if conn.closing {
-            ConnState::CloseAfterFlush
-        } else {
-            ConnState::Open
-        }
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| conn.out.take(out))
     }
 
     /// False while `conn` has too many bytes waiting to be written: the
     /// driver should stop reading from it until it has written them.
     pub fn wants_input(&self, conn_id: ConnId) -> bool {
-        self.conns.get(&conn_id).is_some_and(|conn| {
-            !conn.closing && conn.outbound.len() < self.config.max_outbound_bytes_per_connection
-        })
+        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        self.conns
+            .get(&conn_id)
+            .is_some_and(|conn| conn.out.wants_input(max_bytes))
     }
 
     /// Stop serving clients: a leader hands leadership over; queued and

@@ -1,0 +1,197 @@
+//! The outbound side of a connection, shared by the single-mode
+//! [`crate::server::Server`] and the [`crate::cluster::ClusterNode`]: the
+//! bytes queued for the driver, how far the driver has taken and written
+//! them, the grants they carry, closing after a flush, and the queue of
+//! connections that have something for the driver.
+//!
+//! Both state machines follow one driver contract (`poll_wake`,
+//! `take_transmit`, `handle_written`, `handle_flushed`, `wants_input`), so
+//! the accounting behind it lives here once; in particular the rule that a
+//! grant counts as delivered only once its whole reply frame was written.
+//! What happens to a grant that never was differs (the server releases it
+//! in its lock table, a cluster leader proposes a `Release`), so
+//! [`Outbound::into_undelivered`] hands those back to the owner.
+
+use std::collections::VecDeque;
+
+use crate::server::{ConnId, ConnState};
+use crate::wire::KeyGroup;
+
+/// A grant whose reply frame has not been written whole yet. Kept until it
+/// is, so that a connection that dies first does not leave a ghost lock
+/// behind.
+#[derive(Debug)]
+pub(crate) struct UndeliveredGrant {
+    /// The fencing token granted.
+    pub(crate) token: u64,
+    /// The keys it holds.
+    pub(crate) keys: KeyGroup,
+    /// Offset just past the reply frame in the connection's output stream:
+    /// once this many bytes are written the client may have the token.
+    end_offset: u64,
+}
+
+/// One connection's outbound byte stream and its delivery accounting.
+///
+/// Offsets count bytes of the whole stream since the connection opened, so
+/// they stay valid however the driver splits takes and writes.
+#[derive(Debug)]
+pub(crate) struct Outbound {
+    /// Bytes queued and not yet taken by the driver.
+    buffer: Vec<u8>,
+    /// Bytes of the stream handed to the driver.
+    taken_bytes: u64,
+    /// Bytes of the stream the driver reported written.
+    written_bytes: u64,
+    /// Grants whose reply frame is not yet written whole, by `end_offset`.
+    undelivered: VecDeque<UndeliveredGrant>,
+    /// Whether this connection is in the owner's [`WakeQueue`]; keeps the
+    /// queue no longer than the number of connections.
+    in_wake_queue: bool,
+    /// The owner decided to close: no more input is read; what is queued is
+    /// flushed, then the driver closes.
+    closing: bool,
+}
+
+impl Outbound {
+    /// A stream whose first bytes are `first` (the handshake hello). The
+    /// caller wakes it so the driver sends them.
+    pub(crate) fn new(first: Vec<u8>) -> Self {
+        Outbound {
+            buffer: first,
+            taken_bytes: 0,
+            written_bytes: 0,
+            undelivered: VecDeque::new(),
+            in_wake_queue: false,
+            closing: false,
+        }
+    }
+
+    /// The queue to append bytes to; wake the connection afterwards
+    /// ([`WakeQueue::wake`]) so the driver takes them.
+    pub(crate) fn buffer_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buffer
+    }
+
+    /// The bytes queued and not yet taken.
+    pub(crate) fn pending(&self) -> &[u8] {
+        &self.buffer
+    }
+
+    /// The grant of `token` on `keys` was just queued: its frame ends at the
+    /// stream's current end, and it is undelivered until that is written.
+    pub(crate) fn record_grant(&mut self, token: u64, keys: KeyGroup) {
+        let end_offset = self.taken_bytes + self.buffer.len() as u64;
+        self.undelivered.push_back(UndeliveredGrant {
+            token,
+            keys,
+            end_offset,
+        });
+    }
+
+    /// True once the owner decided to close this connection.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Moves the queued bytes to the end of `out` and says what the driver
+    /// should do with the connection.
+    pub(crate) fn take(&mut self, out: &mut Vec<u8>) -> ConnState {
+        self.taken_bytes += self.buffer.len() as u64;
+        if out.is_empty() {
+            // Hand over the buffer itself; the driver's empty one comes back.
+            std::mem::swap(out, &mut self.buffer);
+        } else {
+            out.extend_from_slice(&self.buffer);
+            self.buffer.clear();
+        }
+        if self.closing {
+            ConnState::CloseAfterFlush
+        } else {
+            ConnState::Open
+        }
+    }
+
+    /// The next `bytes` of what [`Outbound::take`] gave were written (a
+    /// short write reports its part). Grants whose frame is now written
+    /// whole count as delivered and are forgotten: the client may have
+    /// their token, so they must never be released as ghosts.
+    pub(crate) fn handle_written(&mut self, bytes: usize) {
+        // Never past what was taken: a driver over-reporting must not make
+        // a grant it has not even taken count as delivered.
+        self.written_bytes = self
+            .written_bytes
+            .saturating_add(bytes as u64)
+            .min(self.taken_bytes);
+        while self
+            .undelivered
+            .front()
+            .is_some_and(|grant| grant.end_offset <= self.written_bytes)
+        {
+            self.undelivered.pop_front();
+        }
+    }
+
+    /// Everything taken so far was written.
+    pub(crate) fn handle_flushed(&mut self) {
+        let unwritten = self.taken_bytes - self.written_bytes;
+        self.handle_written(usize::try_from(unwritten).unwrap_or(usize::MAX));
+    }
+
+    /// False while closing or while at least `max_bytes` wait to be taken:
+    /// the driver should stop reading until the peer catches up.
+    pub(crate) fn wants_input(&self, max_bytes: usize) -> bool {
+        !self.closing && self.buffer.len() < max_bytes
+    }
+
+    /// The connection leaves the [`WakeQueue`] (see [`WakeQueue::poll`]):
+    /// true if it still has bytes to send or must be closed.
+    pub(crate) fn leave_wake_queue(&mut self) -> bool {
+        self.in_wake_queue = false;
+        !self.buffer.is_empty() || self.closing
+    }
+
+    /// The grants never written whole, oldest first, for the owner to free
+    /// once the connection is gone.
+    pub(crate) fn into_undelivered(self) -> VecDeque<UndeliveredGrant> {
+        self.undelivered
+    }
+}
+
+/// Connections that have bytes to send or must be closed, in the order they
+/// became so, each at most once.
+#[derive(Debug, Default)]
+pub(crate) struct WakeQueue {
+    queue: VecDeque<ConnId>,
+}
+
+impl WakeQueue {
+    /// Queues `conn_id` (whose stream is `out`) unless it is queued already.
+    pub(crate) fn wake(&mut self, conn_id: ConnId, out: &mut Outbound) {
+        if !out.in_wake_queue {
+            out.in_wake_queue = true;
+            self.queue.push_back(conn_id);
+        }
+    }
+
+    /// Marks `conn_id` closing and wakes it so the driver flushes what is
+    /// queued and then closes ([`ConnState::CloseAfterFlush`]).
+    pub(crate) fn close_after_flush(&mut self, conn_id: ConnId, out: &mut Outbound) {
+        out.closing = true;
+        self.wake(conn_id, out);
+    }
+
+    /// The next woken connection that still has work for the driver.
+    /// `leave_queue` finds the connection's stream and calls
+    /// [`Outbound::leave_wake_queue`] on it (false for a connection that is
+    /// gone). A connection whose bytes were already taken since it was
+    /// queued is skipped, so each is reported once per batch of bytes.
+    pub(crate) fn poll(&mut self, mut leave_queue: impl FnMut(ConnId) -> bool) -> Option<ConnId> {
+        while let Some(conn_id) = self.queue.pop_front() {
+            if leave_queue(conn_id) {
+                return Some(conn_id);
+            }
+        }
+        None
+    }
+}
