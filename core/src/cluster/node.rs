@@ -431,6 +431,15 @@ impl ClusterNode {
     // Connections
     // ------------------------------------------------------------------
 
+    /// Open peer connections (`peers`) or client connections, for the
+    /// connection limits.
+    fn count_conns(&self, peers: bool) -> usize {
+        self.conns
+            .values()
+            .filter(|c| matches!(c.kind, ConnKind::Peer(_)) == peers)
+            .count()
+    }
+
     fn new_conn(&mut self, kind: ConnKind, hello: &[u8], deadline: Instant) -> ConnId {
         let conn_id = ConnId(self.next_conn_id);
         self.next_conn_id += 1;
@@ -447,12 +456,7 @@ impl ClusterNode {
     /// A client connection was accepted. `nonce` must be fresh CSPRNG
     /// bytes. `None`: refuse it (limit reached or shutting down).
     pub fn handle_connect(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        let clients = self
-            .conns
-            .values()
-            .filter(|c| matches!(c.kind, ConnKind::Client(_)))
-            .count();
-        if self.shutting_down || clients >= self.config.max_connections {
+        if self.shutting_down || self.count_conns(false) >= self.config.max_connections {
             return None;
         }
         let hello = Hello {
@@ -498,14 +502,9 @@ impl ClusterNode {
 
     /// A peer connection was accepted on the peer address.
     pub fn handle_peer_accept(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        let peers = self
-            .conns
-            .values()
-            .filter(|c| matches!(c.kind, ConnKind::Peer(_)))
-            .count();
         // Each slot needs at most two connections (one each way); the bound
         // keeps a flood of unauthenticated connections from growing state.
-        if peers >= 4 * usize::from(self.config.slot_count) {
+        if self.count_conns(true) >= 4 * usize::from(self.config.slot_count) {
             return None;
         }
         Some(self.new_peer_conn(now, nonce, None))
