@@ -12,12 +12,12 @@
 pub mod auth;
 pub mod client;
 pub mod cluster;
+mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;
-mod outbound;
 pub mod peer;
 pub mod raft;
 pub mod server;

@@ -10,17 +10,16 @@
 //!   connection call [`Server::take_transmit`] and write what it gives;
 //! - time: [`Server::poll_timeout`].
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use crate::auth::{
     ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
     SINGLE_FINGERPRINT, ServerHandshake, WireMode,
 };
+use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
-use crate::outbound::{Outbound, WakeQueue};
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireRequest, Decoded, ErrorCode, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
@@ -96,7 +95,7 @@ pub struct Server {
     wakes: WakeQueue,
     /// Handshake deadlines; entries of connections that finished or closed
     /// are skipped when they come due.
-    handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    handshake_deadlines: HandshakeDeadlines,
     shutting_down: bool,
 }
 
@@ -160,7 +159,7 @@ impl Server {
             waiters: HashMap::new(),
             next_waiter_id: 1,
             wakes: WakeQueue::default(),
-            handshake_deadlines: BinaryHeap::new(),
+            handshake_deadlines: HandshakeDeadlines::default(),
             shutting_down: false,
         }
     }
@@ -190,7 +189,7 @@ impl Server {
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
-        self.handshake_deadlines.push(Reverse((deadline, conn_id)));
+        self.handshake_deadlines.push(deadline, conn_id);
         Some(conn_id)
     }
 
@@ -459,11 +458,7 @@ impl Server {
     /// Processes every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.table.handle_timeout(now);
-        while let Some(Reverse((deadline, conn_id))) = self.handshake_deadlines.peek().copied() {
-            if deadline > now {
-                break;
-            }
-            self.handshake_deadlines.pop();
+        while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
             let timed_out = match self.conns.get_mut(&conn_id) {
                 Some(Conn {
                     phase: Phase::Handshake(handshake),
@@ -480,10 +475,7 @@ impl Server {
 
     /// The earliest instant at which [`Server::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let handshake = self
-            .handshake_deadlines
-            .peek()
-            .map(|Reverse((deadline, _))| *deadline);
+        let handshake = self.handshake_deadlines.earliest();
         match (self.table.poll_timeout(), handshake) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

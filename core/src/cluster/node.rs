@@ -50,8 +50,8 @@ use crate::auth::{
 };
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::state::ReplicatedLocks;
+use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::Limits;
-use crate::outbound::{Outbound, WakeQueue};
 use crate::peer::{
     MAX_FRAME_LEN, PeerDecoder, PeerHandshake, PeerHandshakeStatus, PeerTokens, encode_message,
 };
@@ -294,7 +294,7 @@ pub struct ClusterNode {
     next_conn_id: u64,
     next_waiter_seq: u64,
     wakes: WakeQueue,
-    handshake_deadlines: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    handshake_deadlines: HandshakeDeadlines,
     dials: Vec<DialState>,
     shutting_down: bool,
     /// A snapshot from the leader that did not decode (should never happen;
@@ -361,7 +361,7 @@ impl ClusterNode {
             next_conn_id: 1,
             next_waiter_seq: 1,
             wakes: WakeQueue::default(),
-            handshake_deadlines: BinaryHeap::new(),
+            handshake_deadlines: HandshakeDeadlines::default(),
             dials,
             shutting_down: false,
             bad_snapshots: 0,
@@ -449,7 +449,7 @@ impl ClusterNode {
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
-        self.handshake_deadlines.push(Reverse((deadline, conn_id)));
+        self.handshake_deadlines.push(deadline, conn_id);
         conn_id
     }
 
@@ -1441,11 +1441,7 @@ impl ClusterNode {
     /// Processes every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.raft.handle_timeout(now);
-        while let Some(Reverse((deadline, conn_id))) = self.handshake_deadlines.peek().copied() {
-            if deadline > now {
-                break;
-            }
-            self.handshake_deadlines.pop();
+        while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
             let timed_out = match self.conns.get_mut(&conn_id).map(|c| &mut c.kind) {
                 Some(ConnKind::Client(ClientConn {
                     phase: ClientPhase::Handshake(handshake),
@@ -1506,11 +1502,7 @@ impl ClusterNode {
                 earliest = Some(earliest.map_or(t, |e| e.min(t)));
             }
         };
-        consider(
-            self.handshake_deadlines
-                .peek()
-                .map(|Reverse((deadline, _))| *deadline),
-        );
+        consider(self.handshake_deadlines.earliest());
         if let Some(leadership) = &self.leadership {
             consider(
                 leadership

@@ -1,8 +1,9 @@
-//! The outbound side of a connection, shared by the single-mode
-//! [`crate::server::Server`] and the [`crate::cluster::ClusterNode`]: the
-//! bytes queued for the driver, how far the driver has taken and written
-//! them, the grants they carry, closing after a flush, and the queue of
-//! connections that have something for the driver.
+//! Bookkeeping of a served connection that the single-mode
+//! [`crate::server::Server`] and the [`crate::cluster::ClusterNode`] share:
+//! the outbound side ([`Outbound`]: bytes queued for the driver, how far the
+//! driver has taken and written them, the grants they carry, closing after a
+//! flush), the queue of connections with work for the driver
+//! ([`WakeQueue`]) and handshake deadlines ([`HandshakeDeadlines`]).
 //!
 //! Both state machines follow one driver contract (`poll_wake`,
 //! `take_transmit`, `handle_written`, `handle_flushed`, `wants_input`), so
@@ -10,11 +11,14 @@
 //! grant counts as delivered only once its whole reply frame was written.
 //! What happens to a grant that never was differs (the server releases it
 //! in its lock table, a cluster leader proposes a `Release`), so
-//! [`Outbound::into_undelivered`] hands those back to the owner.
+//! [`Outbound::into_undelivered`] hands those back to the owner. So do the
+//! handshakes themselves (client or peer, single or cluster mode).
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use crate::server::{ConnId, ConnState};
+use crate::time::Instant;
 use crate::wire::KeyGroup;
 
 /// A grant whose reply frame has not been written whole yet. Kept until it
@@ -193,5 +197,37 @@ impl WakeQueue {
             }
         }
         None
+    }
+}
+
+/// When each connection's handshake must have finished. Entries of
+/// connections that finished or closed are left in place and skipped by the
+/// owner when they come due: cheaper than removing them from the heap.
+#[derive(Debug, Default)]
+pub(crate) struct HandshakeDeadlines {
+    /// Earliest first; ties by connection id, so the order is deterministic.
+    heap: BinaryHeap<Reverse<(Instant, ConnId)>>,
+}
+
+impl HandshakeDeadlines {
+    /// `conn_id`'s handshake must finish by `deadline`.
+    pub(crate) fn push(&mut self, deadline: Instant, conn_id: ConnId) {
+        self.heap.push(Reverse((deadline, conn_id)));
+    }
+
+    /// Removes and returns the next connection whose deadline is at or
+    /// before `now`.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<ConnId> {
+        let Reverse((deadline, conn_id)) = *self.heap.peek()?;
+        if deadline > now {
+            return None;
+        }
+        self.heap.pop();
+        Some(conn_id)
+    }
+
+    /// The earliest deadline, if any.
+    pub(crate) fn earliest(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((deadline, _))| *deadline)
     }
 }
