@@ -612,16 +612,15 @@ impl ClusterNode {
             client.decoder.push(rest);
         }
         loop {
+            // A request may have closed the connection: read no further.
+            let open = self.conns.get_mut(&conn_id).filter(|c| !c.out.is_closing());
             let Some(Conn {
                 kind: ConnKind::Client(client),
-                out,
-            }) = self.conns.get_mut(&conn_id)
+                ..
+            }) = open
             else {
                 return;
             };
-            if out.is_closing() {
-                return;
-            }
             match client.decoder.next() {
                 Ok(None) => break,
                 Ok(Some(Decoded::Rejected { rid, code, .. })) => {
