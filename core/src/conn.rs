@@ -11,8 +11,9 @@
 //! grant counts as delivered only once its whole reply frame was written.
 //! What happens to a grant that never was differs (the server releases it
 //! in its lock table, a cluster leader proposes a `Release`), so
-//! [`Outbound::into_undelivered`] hands those back to the owner. So do the
-//! handshakes themselves (client or peer, single or cluster mode).
+//! [`Outbound::into_undelivered`] hands those back to the owner. The
+//! handshakes (client or peer, single or cluster mode) stay with the owners
+//! too.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
