@@ -1,10 +1,11 @@
 //! Setup shared by runtime-tokio's test binaries: the in-process server on
-//! loopback and clients for it, a raw wire client ([`raw`]) and throwaway
-//! certificates ([`certs`]).
+//! loopback and clients for it, a raw wire client ([`raw`]), throwaway
+//! certificates ([`certs`]) and `ticketing serve` clusters ([`cluster`]).
 //! Each test file says `mod common;` and uses only a part of it.
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cluster;
 pub mod raw;
 
 use std::time::Duration;
