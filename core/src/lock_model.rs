@@ -1,12 +1,17 @@
 //! The lock table's rules written the slow, obvious way — vectors, linear
-//! scans, no heaps, every sweep run one by one — as a reference model for
-//! property tests (`core/tests/lock_matrix.rs`) and the simulator's
-//! `sim_lock_table` fuzz target. Not part of the API.
+//! scans, no heaps, every sweep run one by one — as a reference model, and
+//! the [`Harness`] that applies each [`Op`] to a real [`LockTable`] and to
+//! the model and compares them. Two drivers share it: the property test in
+//! `core/tests/lock_matrix.rs` (ops from proptest strategies) and the
+//! simulator's `sim_lock_table` fuzz target (ops decoded from bytes). Not
+//! part of the API.
 #![allow(missing_docs)]
 
 use crate::lock::{
-    AcquireOutcome, Limits, LockConfig, LockEvent, LockStats, ReleaseOutcome, WaiterId,
+    AcquireOutcome, Limits, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
+use crate::time::{Duration, Instant};
+use crate::wire::{Key, KeyGroup};
 
 const SECOND_US: u64 = 1_000_000;
 pub struct ModelKey {
@@ -345,4 +350,287 @@ impl Model {
     pub fn queue_len(&self, name: &[u8]) -> usize {
         self.key(name).map_or(0, |k| k.queue.len())
     }
+}
+
+// ---------------------------------------------------------------------------
+// The harness: one operation applied to the table and the model, compared.
+// ---------------------------------------------------------------------------
+
+/// The first fencing token the harness's table and model hand out.
+pub const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+/// Runs start away from the clock's origin so that "before" is expressible.
+pub const START_US: u64 = 1_000_000_000;
+const MARGIN_US: u64 = 100_000;
+
+/// The keys every operation draws from; bit `i` of a `key_mask` is
+/// `UNIVERSE[i]`.
+pub const UNIVERSE: [&str; 4] = ["a", "b", "c", "d"];
+
+/// The configuration every harness run uses, with `limits`.
+pub fn harness_config(limits: Limits) -> LockConfig {
+    LockConfig {
+        limits,
+        wait_margin: Duration::from_micros(MARGIN_US),
+        sweep_interval: Duration::from_secs(5),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Acquire {
+        key_mask: u8,
+        wait_s: u8,
+        lease_s: u8,
+    },
+    /// Release the grant `pick` (modulo grants seen) under its own group.
+    ReleaseGrant {
+        pick: usize,
+    },
+    /// Release under the token of grant `pick` but an arbitrary group.
+    ReleaseOther {
+        pick: usize,
+        key_mask: u8,
+    },
+    /// Release with a token that was never issued (or 0).
+    ReleaseBogus {
+        key_mask: u8,
+        token: u64,
+    },
+    Cancel {
+        pick: usize,
+    },
+    /// Moves the clock without telling the table (a late driver).
+    Sleep {
+        micros: u64,
+    },
+    HandleTimeout,
+    /// Jumps to the table's own next deadline (a punctual driver).
+    JumpToDeadline,
+    TimeOutAll,
+}
+
+fn names(key_mask: u8) -> Vec<Vec<u8>> {
+    UNIVERSE
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| key_mask & (1 << i) != 0)
+        .map(|(_, name)| name.as_bytes().to_vec())
+        .collect()
+}
+
+fn key_group(names: &[Vec<u8>]) -> KeyGroup {
+    KeyGroup::new(names.iter().map(|n| Key::new(n).unwrap()).collect()).unwrap()
+}
+
+/// A grant seen from outside, for the safety checks.
+struct SeenGrant {
+    token: u64,
+    keys: Vec<Vec<u8>>,
+    lease_deadline_us: u64,
+    released: bool,
+}
+
+/// A [`LockTable`] and a [`Model`] driven in lockstep. Every method panics
+/// on a difference in outcomes, events, holders, queues, stats or
+/// deadlines, on a token that does not rise, and on two live grants of a
+/// key.
+pub struct Harness {
+    table: LockTable,
+    model: Model,
+    now_us: u64,
+    next_waiter: u64,
+    /// Queued waiters (id → keys, lease) not yet resolved.
+    queued: Vec<(WaiterId, Vec<Vec<u8>>, u8)>,
+    grants: Vec<SeenGrant>,
+    last_token: u64,
+}
+
+impl Harness {
+    pub fn new(config: LockConfig) -> Harness {
+        Harness {
+            table: LockTable::new(config, FIRST_TOKEN, Instant::from_micros(START_US)),
+            model: Model::new(config, FIRST_TOKEN, START_US),
+            now_us: START_US,
+            next_waiter: 1,
+            queued: Vec::new(),
+            grants: Vec::new(),
+            last_token: 0,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_micros(self.now_us)
+    }
+
+    /// Safety: a new grant is above every earlier token and overlaps no other
+    /// grant whose lease is still running and which was not released.
+    fn record_grant(&mut self, token: u64, keys: Vec<Vec<u8>>, lease_s: u8) {
+        assert!(token > self.last_token, "token {token} not increasing");
+        self.last_token = token;
+        for other in &self.grants {
+            let live = !other.released && other.lease_deadline_us > self.now_us;
+            let overlaps = other.keys.iter().any(|k| keys.contains(k));
+            assert!(
+                !(live && overlaps),
+                "token {token} granted over live token {}",
+                other.token
+            );
+        }
+        self.grants.push(SeenGrant {
+            token,
+            keys,
+            lease_deadline_us: self.now_us + u64::from(lease_s) * SECOND_US,
+            released: false,
+        });
+    }
+
+    /// Applies `op` to the table and the model, then compares their state.
+    pub fn run(&mut self, op: &Op) {
+        let now = self.now();
+        match *op {
+            Op::Acquire {
+                key_mask,
+                wait_s,
+                lease_s,
+            } => {
+                let names = names(key_mask);
+                let id = WaiterId(self.next_waiter);
+                self.next_waiter += 1;
+                let got = self
+                    .table
+                    .acquire(now, id, key_group(&names), wait_s, lease_s);
+                let want = self.model.acquire(self.now_us, id, &names, wait_s, lease_s);
+                assert_eq!(got, want, "acquire {names:?}");
+                self.check_events();
+                match got {
+                    AcquireOutcome::Granted { token } => self.record_grant(token, names, lease_s),
+                    AcquireOutcome::Queued => self.queued.push((id, names, lease_s)),
+                    AcquireOutcome::TimedOut | AcquireOutcome::Busy => {}
+                }
+            }
+            Op::ReleaseGrant { pick } => {
+                if self.grants.is_empty() {
+                    return;
+                }
+                let grant = &self.grants[pick % self.grants.len()];
+                let (names, token) = (grant.keys.clone(), grant.token);
+                self.release(&names, token);
+            }
+            Op::ReleaseOther { pick, key_mask } => {
+                if self.grants.is_empty() {
+                    return;
+                }
+                let token = self.grants[pick % self.grants.len()].token;
+                self.release(&names(key_mask), token);
+            }
+            Op::ReleaseBogus { key_mask, token } => self.release(&names(key_mask), token),
+            Op::Cancel { pick } => {
+                let id = WaiterId(pick as u64 % self.next_waiter);
+                let got = self.table.cancel(now, id);
+                let want = self.model.cancel(self.now_us, id);
+                assert_eq!(got, want, "cancel {id:?}");
+                if got {
+                    self.queued.retain(|(queued, _, _)| *queued != id);
+                }
+                self.check_events();
+            }
+            Op::Sleep { micros } => self.now_us += micros,
+            Op::HandleTimeout => {
+                self.table.handle_timeout(now);
+                self.model.handle_timeout(self.now_us);
+                self.check_events();
+            }
+            Op::JumpToDeadline => {
+                let deadline = self.table.poll_timeout().unwrap().as_micros();
+                self.now_us = self.now_us.max(deadline);
+                self.table.handle_timeout(self.now());
+                self.model.handle_timeout(self.now_us);
+                self.check_events();
+            }
+            Op::TimeOutAll => {
+                self.table.time_out_all_waiters(now);
+                self.model.time_out_all_waiters(self.now_us);
+                self.check_events();
+                assert!(self.queued.is_empty());
+            }
+        }
+        self.check_state();
+    }
+
+    fn release(&mut self, names: &[Vec<u8>], token: u64) {
+        let got = self.table.release(self.now(), &key_group(names), token);
+        let want = self.model.release(self.now_us, names, token);
+        assert_eq!(got, want, "release {names:?} with {token}");
+        if got == ReleaseOutcome::Released {
+            let grant = self.grants.iter_mut().find(|g| g.token == token).unwrap();
+            assert!(!grant.released, "token {token} released twice");
+            assert_eq!(grant.keys, names, "released under another group");
+            grant.released = true;
+        }
+        self.check_events();
+    }
+
+    /// Same events as the model, each for a waiter that was queued and is
+    /// resolved exactly once.
+    fn check_events(&mut self) {
+        let got: Vec<LockEvent> = std::iter::from_fn(|| self.table.poll_event()).collect();
+        let want = std::mem::take(&mut self.model.events);
+        assert_eq!(got, want, "events");
+        for event in got {
+            let waiter = match event {
+                LockEvent::Granted { waiter, .. } | LockEvent::TimedOut { waiter } => waiter,
+            };
+            let index = self
+                .queued
+                .iter()
+                .position(|(id, _, _)| *id == waiter)
+                .expect("event for a waiter that is not queued");
+            let (_, names, lease_s) = self.queued.remove(index);
+            if let LockEvent::Granted { token, .. } = event {
+                self.record_grant(token, names, lease_s);
+            }
+        }
+    }
+
+    fn check_state(&self) {
+        assert_eq!(self.table.stats(), self.model.stats(), "stats");
+        assert_eq!(
+            self.table.poll_timeout().map(Instant::as_micros),
+            Some(self.model.poll_timeout()),
+            "poll_timeout"
+        );
+        assert_eq!(self.table.stats().waiters, self.queued.len());
+        for name in UNIVERSE {
+            let name = name.as_bytes();
+            assert_eq!(
+                self.table
+                    .holder(name)
+                    .map(|(token, deadline)| (token, deadline.as_micros())),
+                self.model.holder(name),
+                "holder of {name:?}"
+            );
+            assert_eq!(self.table.queue_len(name), self.model.queue_len(name));
+        }
+    }
+
+    /// Liveness: with time, every wait ends and every key goes away. Lets
+    /// 300 s pass (past every wait and lease), then 10 s more (a sweep).
+    pub fn check_liveness(&mut self) {
+        self.now_us += 300 * SECOND_US;
+        self.run(&Op::HandleTimeout);
+        assert!(self.queued.is_empty(), "waiters outlived every deadline");
+        self.now_us += 10 * SECOND_US;
+        self.run(&Op::HandleTimeout);
+        assert_eq!(self.table.stats().keys, 0, "keys outlived every lease");
+    }
+}
+
+/// Runs `ops` through a fresh [`Harness`] with [`harness_config`]`(limits)`,
+/// then [`Harness::check_liveness`]. Panics on any difference or violation.
+pub fn check_ops(limits: Limits, ops: impl IntoIterator<Item = Op>) {
+    let mut harness = Harness::new(harness_config(limits));
+    for op in ops {
+        harness.run(&op);
+    }
+    harness.check_liveness();
 }

@@ -2,50 +2,11 @@
 //! same entry points the cargo-fuzz targets call, plus a fixed batch of
 //! pseudo-random inputs, so that stable CI exercises them without nightly.
 
-use std::path::PathBuf;
+#[path = "../../fuzz/corpus_replay.rs"]
+mod corpus_replay;
 
+use corpus_replay::{pseudo_random_inputs, replay};
 use ticketing_core::fuzzing;
-
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
-    let mut entries: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|error| panic!("corpus {} unreadable: {error}", dir.display()))
-        .map(|entry| {
-            let path = entry.expect("corpus entry").path();
-            let bytes = std::fs::read(&path).expect("corpus file");
-            (path, bytes)
-        })
-        .collect();
-    entries.sort();
-    assert!(!entries.is_empty(), "corpus {} is empty", dir.display());
-    entries
-}
-
-/// xorshift64*: a fixed stream of inputs, the same on every run.
-fn pseudo_random_inputs(seed: u64, count: usize, max_len: usize) -> Vec<Vec<u8>> {
-    let mut state = seed;
-    let mut next = move || {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
-    (0..count)
-        .map(|_| {
-            let len = (next() as usize) % max_len;
-            (0..len).map(|_| next() as u8).collect()
-        })
-        .collect()
-}
-
-fn replay(target: &str, run: fn(&[u8])) {
-    for (path, bytes) in corpus(target) {
-        let outcome = std::panic::catch_unwind(|| run(&bytes));
-        assert!(outcome.is_ok(), "{target} failed on {}", path.display());
-    }
-}
 
 #[test]
 fn request_decoder_corpus() {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use ticketing_core::lock::{
     AcquireOutcome, Limits, LockConfig, LockEvent, LockTable, ReleaseOutcome, WaiterId,
 };
-use ticketing_core::time::{Duration, Instant};
+use ticketing_core::time::Instant;
 use ticketing_core::wire::{Key, KeyGroup};
 
 const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
@@ -604,46 +604,12 @@ fn time_going_backwards_is_treated_as_standing_still() {
 }
 
 // ---------------------------------------------------------------------------
-// Property test: the table against a naive reference model.
+// Property test: the table against a naive reference model. The model and
+// the harness that compares it with the table live in
+// `ticketing_core::lock_model`, shared with the simulator's fuzz target.
 // ---------------------------------------------------------------------------
 
-use ticketing_core::lock_model as model;
-
-const UNIVERSE: [&str; 4] = ["a", "b", "c", "d"];
-
-#[derive(Clone, Debug)]
-enum Op {
-    Acquire {
-        key_mask: u8,
-        wait_s: u8,
-        lease_s: u8,
-    },
-    /// Release the grant `pick` (modulo grants seen) under its own group.
-    ReleaseGrant {
-        pick: usize,
-    },
-    /// Release under the token of grant `pick` but an arbitrary group.
-    ReleaseOther {
-        pick: usize,
-        key_mask: u8,
-    },
-    /// Release with a token that was never issued (or 0).
-    ReleaseBogus {
-        key_mask: u8,
-        token: u64,
-    },
-    Cancel {
-        pick: usize,
-    },
-    /// Moves the clock without telling the table (a late driver).
-    Sleep {
-        micros: u64,
-    },
-    HandleTimeout,
-    /// Jumps to the table's own next deadline (a punctual driver).
-    JumpToDeadline,
-    TimeOutAll,
-}
+use ticketing_core::lock_model::{self as model, Op};
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -654,7 +620,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         }),
         3 => any::<usize>().prop_map(|pick| Op::ReleaseGrant { pick }),
         1 => (any::<usize>(), 1u8..16).prop_map(|(pick, key_mask)| Op::ReleaseOther { pick, key_mask }),
-        1 => (1u8..16, prop_oneof![Just(0u64), 1u64..FIRST_TOKEN])
+        1 => (1u8..16, prop_oneof![Just(0u64), 1u64..model::FIRST_TOKEN])
             .prop_map(|(key_mask, token)| Op::ReleaseBogus { key_mask, token }),
         2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         3 => prop_oneof![0u64..2_000, 0u64..1_500_000, 0u64..8_000_000]
@@ -663,206 +629,6 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::JumpToDeadline),
         1 => (0..20u8).prop_filter_map("rare", |n| (n == 0).then_some(Op::TimeOutAll)),
     ]
-}
-
-fn names(key_mask: u8) -> Vec<Vec<u8>> {
-    UNIVERSE
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| key_mask & (1 << i) != 0)
-        .map(|(_, name)| name.as_bytes().to_vec())
-        .collect()
-}
-
-fn key_group(names: &[Vec<u8>]) -> KeyGroup {
-    KeyGroup::new(names.iter().map(|n| Key::new(n).unwrap()).collect()).unwrap()
-}
-
-/// A grant seen from outside, for the safety checks.
-struct SeenGrant {
-    token: u64,
-    keys: Vec<Vec<u8>>,
-    lease_deadline_us: u64,
-    released: bool,
-}
-
-struct Harness {
-    table: LockTable,
-    model: model::Model,
-    now_us: u64,
-    next_waiter: u64,
-    /// Queued waiters (id → keys, lease) not yet resolved.
-    queued: Vec<(WaiterId, Vec<Vec<u8>>, u8)>,
-    grants: Vec<SeenGrant>,
-    last_token: u64,
-}
-
-impl Harness {
-    fn new(config: LockConfig) -> Harness {
-        Harness {
-            table: LockTable::new(config, FIRST_TOKEN, Instant::from_micros(START_US)),
-            model: model::Model::new(config, FIRST_TOKEN, START_US),
-            now_us: START_US,
-            next_waiter: 1,
-            queued: Vec::new(),
-            grants: Vec::new(),
-            last_token: 0,
-        }
-    }
-
-    fn now(&self) -> Instant {
-        Instant::from_micros(self.now_us)
-    }
-
-    /// Safety: a new grant is above every earlier token and overlaps no other
-    /// grant whose lease is still running and which was not released.
-    fn record_grant(&mut self, token: u64, keys: Vec<Vec<u8>>, lease_s: u8) {
-        assert!(token > self.last_token, "token {token} not increasing");
-        self.last_token = token;
-        for other in &self.grants {
-            let live = !other.released && other.lease_deadline_us > self.now_us;
-            let overlaps = other.keys.iter().any(|k| keys.contains(k));
-            assert!(
-                !(live && overlaps),
-                "token {token} granted over live token {}",
-                other.token
-            );
-        }
-        self.grants.push(SeenGrant {
-            token,
-            keys,
-            lease_deadline_us: self.now_us + u64::from(lease_s) * SECOND_US,
-            released: false,
-        });
-    }
-
-    fn run(&mut self, op: &Op) {
-        let now = self.now();
-        match *op {
-            Op::Acquire {
-                key_mask,
-                wait_s,
-                lease_s,
-            } => {
-                let names = names(key_mask);
-                let id = WaiterId(self.next_waiter);
-                self.next_waiter += 1;
-                let got = self
-                    .table
-                    .acquire(now, id, key_group(&names), wait_s, lease_s);
-                let want = self.model.acquire(self.now_us, id, &names, wait_s, lease_s);
-                assert_eq!(got, want, "acquire {names:?}");
-                self.check_events();
-                match got {
-                    AcquireOutcome::Granted { token } => self.record_grant(token, names, lease_s),
-                    AcquireOutcome::Queued => self.queued.push((id, names, lease_s)),
-                    AcquireOutcome::TimedOut | AcquireOutcome::Busy => {}
-                }
-            }
-            Op::ReleaseGrant { pick } => {
-                if self.grants.is_empty() {
-                    return;
-                }
-                let grant = &self.grants[pick % self.grants.len()];
-                let (names, token) = (grant.keys.clone(), grant.token);
-                self.release(&names, token);
-            }
-            Op::ReleaseOther { pick, key_mask } => {
-                if self.grants.is_empty() {
-                    return;
-                }
-                let token = self.grants[pick % self.grants.len()].token;
-                self.release(&names(key_mask), token);
-            }
-            Op::ReleaseBogus { key_mask, token } => self.release(&names(key_mask), token),
-            Op::Cancel { pick } => {
-                let id = WaiterId(pick as u64 % self.next_waiter);
-                let got = self.table.cancel(now, id);
-                let want = self.model.cancel(self.now_us, id);
-                assert_eq!(got, want, "cancel {id:?}");
-                if got {
-                    self.queued.retain(|(queued, _, _)| *queued != id);
-                }
-                self.check_events();
-            }
-            Op::Sleep { micros } => self.now_us += micros,
-            Op::HandleTimeout => {
-                self.table.handle_timeout(now);
-                self.model.handle_timeout(self.now_us);
-                self.check_events();
-            }
-            Op::JumpToDeadline => {
-                let deadline = self.table.poll_timeout().unwrap().as_micros();
-                self.now_us = self.now_us.max(deadline);
-                self.table.handle_timeout(self.now());
-                self.model.handle_timeout(self.now_us);
-                self.check_events();
-            }
-            Op::TimeOutAll => {
-                self.table.time_out_all_waiters(now);
-                self.model.time_out_all_waiters(self.now_us);
-                self.check_events();
-                assert!(self.queued.is_empty());
-            }
-        }
-        self.check_state();
-    }
-
-    fn release(&mut self, names: &[Vec<u8>], token: u64) {
-        let got = self.table.release(self.now(), &key_group(names), token);
-        let want = self.model.release(self.now_us, names, token);
-        assert_eq!(got, want, "release {names:?} with {token}");
-        if got == ReleaseOutcome::Released {
-            let grant = self.grants.iter_mut().find(|g| g.token == token).unwrap();
-            assert!(!grant.released, "token {token} released twice");
-            assert_eq!(grant.keys, names, "released under another group");
-            grant.released = true;
-        }
-        self.check_events();
-    }
-
-    /// Same events as the model, each for a waiter that was queued and is
-    /// resolved exactly once.
-    fn check_events(&mut self) {
-        let got: Vec<LockEvent> = std::iter::from_fn(|| self.table.poll_event()).collect();
-        let want = std::mem::take(&mut self.model.events);
-        assert_eq!(got, want, "events");
-        for event in got {
-            let waiter = match event {
-                LockEvent::Granted { waiter, .. } | LockEvent::TimedOut { waiter } => waiter,
-            };
-            let index = self
-                .queued
-                .iter()
-                .position(|(id, _, _)| *id == waiter)
-                .expect("event for a waiter that is not queued");
-            let (_, names, lease_s) = self.queued.remove(index);
-            if let LockEvent::Granted { token, .. } = event {
-                self.record_grant(token, names, lease_s);
-            }
-        }
-    }
-
-    fn check_state(&self) {
-        assert_eq!(self.table.stats(), self.model.stats(), "stats");
-        assert_eq!(
-            self.table.poll_timeout().map(Instant::as_micros),
-            Some(self.model.poll_timeout()),
-            "poll_timeout"
-        );
-        assert_eq!(self.table.stats().waiters, self.queued.len());
-        for name in UNIVERSE {
-            let name = name.as_bytes();
-            assert_eq!(
-                self.table
-                    .holder(name)
-                    .map(|(token, deadline)| (token, deadline.as_micros())),
-                self.model.holder(name),
-                "holder of {name:?}"
-            );
-            assert_eq!(self.table.queue_len(name), self.model.queue_len(name));
-        }
-    }
 }
 
 fn limits_strategy() -> impl Strategy<Value = Limits> {
@@ -878,26 +644,14 @@ fn limits_strategy() -> impl Strategy<Value = Limits> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1_000))]
 
+    /// Every op is checked against the model as it runs (outcomes, events,
+    /// holders, queues, stats, deadlines, rising tokens, no two live grants
+    /// of a key); then, with time, every wait ends and every key goes away.
     #[test]
     fn table_matches_the_reference_model(
         limits in prop_oneof![Just(Limits::default()), limits_strategy()],
         ops in proptest::collection::vec(op_strategy(), 1..120),
     ) {
-        let config = LockConfig {
-            limits,
-            wait_margin: Duration::from_micros(MARGIN_US),
-            sweep_interval: Duration::from_secs(5),
-        };
-        let mut harness = Harness::new(config);
-        for op in &ops {
-            harness.run(op);
-        }
-        // Liveness: with time, every wait ends and every key goes away.
-        harness.now_us += 300 * SECOND_US;
-        harness.run(&Op::HandleTimeout);
-        prop_assert!(harness.queued.is_empty());
-        harness.now_us += 10 * SECOND_US;
-        harness.run(&Op::HandleTimeout);
-        prop_assert_eq!(harness.table.stats().keys, 0);
+        model::check_ops(limits, ops);
     }
 }

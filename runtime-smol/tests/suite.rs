@@ -26,25 +26,12 @@ fn tiny_limits() -> ServerConfig {
     config
 }
 
+#[path = "../../runtime-tokio/tests/common/certs.rs"]
+mod certs;
+
 /// Rcgen CA + server certificate for 127.0.0.1: (CA PEM path, server config).
 fn tls_material(name: &str) -> (std::path::PathBuf, Arc<rustls::ServerConfig>) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let dir = std::env::temp_dir().join(format!("ticketing-smol-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server_cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &ca)
-        .unwrap();
-    let ca_path = dir.join("ca.pem");
-    let cert_path = dir.join("server.pem");
-    let key_path = dir.join("server.key");
-    std::fs::write(&ca_path, ca.pem()).unwrap();
-    std::fs::write(&cert_path, server_cert.pem()).unwrap();
-    std::fs::write(&key_path, server_key.serialize_pem()).unwrap();
+    let (_dir, ca_path, cert_path, key_path) = certs::make_certs(&format!("smol-{name}"));
     let config = ticketing_smol::tls::server_config(&cert_path, &key_path).unwrap();
     (ca_path, config)
 }

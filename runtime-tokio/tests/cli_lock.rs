@@ -1,21 +1,29 @@
 //! `ticketing lock KEY -- CMD`: the built binary against the in-process
 //! server.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
+use common::loopback_server;
+use ticketing_tokio::RunningServer;
 use ticketing_tokio::client::{ReleaseOutcome, TicketBroker};
 use ticketing_tokio::config::lock_exit;
-use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn server() -> RunningServer {
-    spawn_server(ServeSettings::new("127.0.0.1:0".parse().unwrap()))
+/// Runs the built binary with `args`, with no client token taken from the
+/// environment.
+async fn run_ticketing(args: &[&str]) -> Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
         .await
-        .unwrap()
+        .expect("cannot run ticketing")
 }
 
 /// Runs `ticketing lock KEY --addr ADDR [extra...] -- sh -c SCRIPT`.
@@ -24,16 +32,12 @@ async fn lock(server: &RunningServer, key: &str, extra: &[&str], script: &str) -
 }
 
 async fn lock_at(addr: String, key: &str, extra: &[&str], script: &str) -> Output {
-    let mut command = tokio::process::Command::new(BIN);
-    command
-        .args(["lock", key, "--addr", &addr])
-        .args(extra)
-        .args(["--", "sh", "-c", script])
-        .env_remove("TICKETING_CLIENT_TOKEN");
-    tokio::time::timeout(Duration::from_secs(30), command.output())
+    let mut args = vec!["lock", key, "--addr", &addr];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    tokio::time::timeout(Duration::from_secs(30), run_ticketing(&args))
         .await
         .expect("ticketing lock hung")
-        .expect("cannot run ticketing")
 }
 
 fn scratch_file(name: &str) -> PathBuf {
@@ -46,7 +50,7 @@ fn scratch_file(name: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_runs_with_key_and_token_and_its_status_passes_through() {
-    let server = server().await;
+    let server = loopback_server().await;
     let before_micros = server.stats().lock.next_token;
 
     let output = lock(
@@ -81,7 +85,7 @@ async fn the_command_runs_with_key_and_token_and_its_status_passes_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_key_exits_with_the_timeout_code_without_running_the_command() {
-    let server = server().await;
+    let server = loopback_server().await;
     let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
     let held = broker
         .acquire("k", Duration::from_secs(5), LEASE, Duration::ZERO)
@@ -107,19 +111,14 @@ async fn a_held_key_exits_with_the_timeout_code_without_running_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_and_bad_usage_have_their_own_codes() {
-    let server = server().await;
+    let server = loopback_server().await;
     let addr = server.local_addr().to_string();
     // A port that was just free: nothing listens there once dropped.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().to_string()
     };
-    let output = tokio::process::Command::new(BIN)
-        .args(["lock", "k", "--addr", &closed, "--", "true"])
-        .env_remove("TICKETING_CLIENT_TOKEN")
-        .output()
-        .await
-        .unwrap();
+    let output = run_ticketing(&["lock", "k", "--addr", &closed, "--", "true"]).await;
     assert_eq!(
         output.status.code(),
         Some(i32::from(lock_exit::UNAVAILABLE)),
@@ -133,12 +132,7 @@ async fn no_server_and_bad_usage_have_their_own_codes() {
         vec!["lock", "k", "--addr", &addr, "--wait", "5h", "--", "true"],
         vec!["lock", "k", "--addr", &addr],
     ] {
-        let output = tokio::process::Command::new(BIN)
-            .args(&bad)
-            .env_remove("TICKETING_CLIENT_TOKEN")
-            .output()
-            .await
-            .unwrap();
+        let output = run_ticketing(&bad).await;
         assert_eq!(
             output.status.code(),
             Some(i32::from(lock_exit::USAGE)),
@@ -151,7 +145,7 @@ async fn no_server_and_bad_usage_have_their_own_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_runs_on_one_key_never_overlap() {
     const RUNS: usize = 4;
-    let server = server().await;
+    let server = loopback_server().await;
     let log = scratch_file("overlap.log");
     // The sleep is the critical section's work, so that an overlap would
     // have time to show.

@@ -1,47 +1,27 @@
 //! Our tokio client (`ticketing_tokio::client`) against our in-process
 //! server, and side by side with the published `ticketing` 0.4.0 client.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::certs::make_certs;
+use common::{
+    BUDGET, LEASE, READY, TOKEN, loopback_server, loopback_settings, ours_loopback,
+    published_loopback, wait_for_waiters,
+};
 use ticketing_core::auth::ClientTokens;
 use ticketing_tokio::client::{ReleaseOutcome, TicketBroker, TicketError, TlsMode};
-use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
+use ticketing_tokio::spawn_server;
 
-const READY: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(5);
-const LEASE: Duration = Duration::from_secs(30);
-const BUDGET: Duration = Duration::from_secs(1);
-const TOKEN: &str = "test-client-token-0123456789";
-
-fn loopback_settings() -> ServeSettings {
-    ServeSettings::new("127.0.0.1:0".parse().unwrap())
-}
-
-async fn loopback_broker(server: &RunningServer) -> TicketBroker {
-    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
-    assert!(broker.wait_ready(READY).await, "client did not get ready");
-    broker
-}
-
-/// Returns once the server counts `count` queued waiters. The server offers
-/// no event for that, so this polls its stats (yielding, never sleeping).
-async fn wait_for_waiters(server: &RunningServer, count: usize) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while server.stats().lock.waiters != count {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("never saw {count} waiters"));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     assert_eq!(ticket.key(), "k");
@@ -64,9 +44,9 @@ async fn acquire_and_release() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_a_lapsed_ticket_reports_not_current() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
-    let other = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+    let other = ours_loopback(&server).await;
 
     let stale = broker
         .acquire("k", WAIT, Duration::from_secs(1), Duration::ZERO)
@@ -94,7 +74,7 @@ async fn a_full_server_answers_busy_at_once() {
     let mut settings = loopback_settings();
     settings.server.lock.limits.max_keys = 1;
     let server = spawn_server(settings).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let broker = ours_loopback(&server).await;
 
     let held = broker.acquire("a", WAIT, LEASE, BUDGET).await.unwrap();
     let asked = Instant::now();
@@ -111,8 +91,8 @@ async fn a_full_server_answers_busy_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_key_times_out() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let held = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     let immediate = broker.acquire("k", Duration::ZERO, LEASE, BUDGET).await;
@@ -140,8 +120,8 @@ async fn a_held_key_times_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durations_out_of_range_are_rejected_before_sending() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let lease = broker
         .acquire("k", WAIT, Duration::from_secs(251), BUDGET)
@@ -181,8 +161,8 @@ async fn durations_out_of_range_are_rejected_before_sending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_cannot_cover_the_budget_is_released() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     // Budget = lease: any time between send and reply leaves less than the
     // budget, so the grant is refused and must be released (not left to its
@@ -203,8 +183,8 @@ async fn a_grant_that_cannot_cover_the_budget_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_sets_are_held_and_released_together() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let set = broker
         .acquire_set(&["b", "a", "b"], WAIT, LEASE, BUDGET)
@@ -230,9 +210,9 @@ async fn key_sets_are_held_and_released_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_ticket_releases_it() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
-    let other = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+    let other = ours_loopback(&server).await;
 
     let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     drop(ticket);
@@ -253,8 +233,8 @@ async fn dropping_a_ticket_releases_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_finishes_background_releases_then_refuses_work() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let tickets = [
         broker.acquire("a", WAIT, LEASE, BUDGET).await.unwrap(),
@@ -272,9 +252,9 @@ async fn close_finishes_background_releases_then_refuses_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquire_leaves_no_waiter_and_the_broker_heals() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
-    let holder = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+    let holder = ours_loopback(&server).await;
 
     let held = holder.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     {
@@ -301,8 +281,8 @@ async fn a_cancelled_acquire_leaves_no_waiter_and_the_broker_heals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_served_in_arrival_order() {
     const WAITERS: usize = 16;
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
 
     let holder = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -336,10 +316,9 @@ async fn waiters_are_served_in_arrival_order() {
 async fn our_client_and_the_published_client_exclude_each_other() {
     const ROUNDS: usize = 40;
     const TASKS_PER_CLIENT: usize = 4;
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let ours = loopback_broker(&server).await;
-    let theirs = ticketing::TicketBroker::connect_loopback([server.local_addr().to_string()]);
-    assert!(theirs.wait_ready(READY).await);
+    let server = loopback_server().await;
+    let ours = ours_loopback(&server).await;
+    let theirs = published_loopback(&server).await;
 
     let inside = Arc::new(AtomicBool::new(false));
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -466,34 +445,9 @@ async fn the_builder_rejects_bad_configurations() {
     );
 }
 
-/// A CA and a server certificate for 127.0.0.1, as PEM files in a fresh
-/// folder. Returns (folder, ca.pem, server.pem, server.key).
-fn make_certs(name: &str) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let dir = std::env::temp_dir().join(format!("ticketing-client-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server_cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &ca)
-        .unwrap();
-    let paths = (
-        dir.join("ca.pem"),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-    );
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, server_cert.pem()).unwrap();
-    std::fs::write(&paths.2, server_key.serialize_pem()).unwrap();
-    (dir, paths.0, paths.1, paths.2)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_ca_file_or_without_verification() {
-    let (dir, ca, cert, key) = make_certs("tls");
+    let (dir, ca, cert, key) = make_certs("client-tls");
     let mut settings = loopback_settings();
     settings.tls = Some(ticketing_tokio::tls::load_server_config(&cert, &key).unwrap());
     settings.server.client_tokens = ClientTokens::new([TOKEN]).unwrap();
@@ -513,7 +467,7 @@ async fn tls_with_a_ca_file_or_without_verification() {
     }
 
     // A CA that did not sign the server's certificate never gets ready.
-    let (other_dir, other_ca, _, _) = make_certs("tls-other");
+    let (other_dir, other_ca, _, _) = make_certs("client-tls-other");
     let untrusted = TicketBroker::builder()
         .addrs([server.local_addr().to_string()])
         .token(TOKEN)

@@ -8,212 +8,20 @@
 //! line per connection). Where no event exists (an election, a membership
 //! change) the tests poll it with a deadline.
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const PEER_TOKEN: &str = "peer-token-for-tests-0123";
-const CLIENT_TOKEN: &str = "client-token-for-tests-0123";
-const IDENTITY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
-const LEASE: Duration = Duration::from_secs(10);
-const BUDGET: Duration = Duration::from_millis(500);
-/// Longest any awaited cluster change may take (elections take < 1 s in
-/// the fast profile; a rejoin a few heartbeats more).
-const CHANGE_DEADLINE: Duration = Duration::from_secs(15);
-
-fn fingerprint() -> [u8; 32] {
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&IDENTITY[i * 2..i * 2 + 2], 16).unwrap();
-    }
-    out
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    client: SocketAddr,
-    peer: SocketAddr,
-    status: SocketAddr,
-}
-
-/// One node's status line, parsed.
-#[derive(Debug, Default)]
-struct Status {
-    generation: u64,
-    leader: bool,
-    voter: bool,
-    voters: Vec<(u8, u64)>,
-    waiters: usize,
-}
-
-struct Cluster {
-    slots: Vec<Slot>,
-    nodes: Vec<Option<Child>>,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let slots: Vec<Slot> = (0..3)
-            .map(|_| Slot {
-                client: free_port(),
-                peer: free_port(),
-                status: free_port(),
-            })
-            .collect();
-        let mut cluster = Cluster {
-            slots,
-            nodes: vec![None, None, None],
-        };
-        for slot in 0..3 {
-            cluster.spawn(slot, true);
-        }
-        cluster
-    }
-
-    fn spawn(&mut self, slot: usize, bootstrap: bool) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticketing"));
-        cmd.args(["serve", "--cluster-identity", IDENTITY, "--profile", "fast"])
-            .args(["--self-slot", &slot.to_string()])
-            .args(["--peer-token", PEER_TOKEN, "--client-token", CLIENT_TOKEN])
-            .args(["--status-listen", &self.slots[slot].status.to_string()])
-            .args(["--log-level", "warn"]);
-        for s in &self.slots {
-            cmd.args(["--slot", &format!("{},{}", s.client, s.peer)]);
-        }
-        if bootstrap {
-            cmd.arg("--bootstrap");
-        }
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
-    }
-
-    /// SIGKILL, then reap.
-    fn kill(&mut self, slot: usize) {
-        if let Some(mut child) = self.nodes[slot].take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    fn addrs(&self) -> Vec<String> {
-        self.slots.iter().map(|s| s.client.to_string()).collect()
-    }
-
-    fn status(&self, slot: usize) -> Option<Status> {
-        let mut tcp =
-            TcpStream::connect_timeout(&self.slots[slot].status, Duration::from_secs(1)).ok()?;
-        tcp.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        let mut line = String::new();
-        tcp.read_to_string(&mut line).ok()?;
-        let mut status = Status::default();
-        for field in line.split_whitespace() {
-            let (name, value) = field.split_once('=')?;
-            match name {
-                "generation" => status.generation = value.parse().ok()?,
-                "role" => status.leader = value == "leader",
-                "voter" => status.voter = value == "1",
-                "waiters" => status.waiters = value.parse().ok()?,
-                "voters" => {
-                    status.voters = value
-                        .split(',')
-                        .filter(|v| !v.is_empty())
-                        .filter_map(|v| {
-                            let (s, g) = v.split_once(':')?;
-                            Some((s.parse().ok()?, g.parse().ok()?))
-                        })
-                        .collect();
-                }
-                _ => {}
-            }
-        }
-        Some(status)
-    }
-
-    /// Polls until exactly one live node leads; returns its slot.
-    async fn leader(&self) -> usize {
-        self.poll("a leader", || {
-            let leaders: Vec<usize> = (0..3)
-                .filter(|&s| self.nodes[s].is_some())
-                .filter(|&s| self.status(s).is_some_and(|st| st.leader))
-                .collect();
-            (leaders.len() == 1).then(|| leaders[0])
-        })
-        .await
-    }
-
-    async fn poll<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-        let deadline = Instant::now() + CHANGE_DEADLINE;
-        loop {
-            if let Some(value) = check() {
-                return value;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what} within {CHANGE_DEADLINE:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for slot in 0..self.nodes.len() {
-            self.kill(slot);
-        }
-    }
-}
-
-fn published(cluster: &Cluster) -> ticketing::TicketBroker {
-    ticketing::TicketBroker::builder()
-        .addrs(cluster.addrs())
-        .token(CLIENT_TOKEN)
-        .mode(ticketing::BrokerMode::Cluster {
-            identity_fingerprint: fingerprint(),
-        })
-        .connect()
-        .unwrap()
-}
-
-fn ours(cluster: &Cluster) -> ticketing_tokio::TicketBroker {
-    ticketing_tokio::TicketBroker::builder()
-        .addrs(cluster.addrs())
-        .token(CLIENT_TOKEN)
-        .mode(ticketing_tokio::client::BrokerMode::Cluster {
-            identity_fingerprint: fingerprint(),
-        })
-        .connect()
-        .unwrap()
-}
-
-/// Acquires `key` with the published client, retrying the answers that
-/// mean "no effect, try again" while a new leader is being elected.
-async fn acquire_published(broker: &ticketing::TicketBroker, key: &str) -> ticketing::Ticket {
-    let deadline = Instant::now() + CHANGE_DEADLINE;
-    loop {
-        match broker
-            .acquire(key, Duration::from_secs(5), LEASE, BUDGET)
-            .await
-        {
-            Ok(ticket) => return ticket,
-            Err(e) => assert!(Instant::now() < deadline, "no grant of {key}: {e:?}"),
-        }
-    }
-}
+use common::cluster::{
+    BUDGET, CHANGE_DEADLINE, CLIENT_TOKEN, Cluster, IDENTITY, LEASE, acquire_published,
+    assert_no_grant_without_majority, ours, poll, published,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn published_client_grants_with_mutual_exclusion_and_fifo() {
-    let cluster = Cluster::start();
+    let cluster = Cluster::start(3);
     let leader = cluster.leader().await;
     let broker = published(&cluster);
     assert!(broker.wait_ready(Duration::from_secs(10)).await);
@@ -276,9 +84,9 @@ async fn published_client_grants_with_mutual_exclusion_and_fifo() {
         })
     };
     let b = spawn_acquire();
-    cluster.poll("B queued", queued(1)).await;
+    poll("B queued", queued(1)).await;
     let c = spawn_acquire();
-    cluster.poll("C queued", queued(2)).await;
+    poll("C queued", queued(2)).await;
     assert_eq!(
         a.release().await.unwrap(),
         ticketing::ReleaseOutcome::Released
@@ -300,7 +108,7 @@ async fn published_client_grants_with_mutual_exclusion_and_fifo() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failover_rejoin_and_majority_loss() {
-    let mut cluster = Cluster::start();
+    let mut cluster = Cluster::start(3);
     let first_leader = cluster.leader().await;
     let broker = published(&cluster);
     assert!(broker.wait_ready(Duration::from_secs(10)).await);
@@ -323,19 +131,18 @@ async fn failover_rejoin_and_majority_loss() {
     // Restart the killed slot with empty state (no --bootstrap): it joins
     // under a new generation and replaces its old self as a voter.
     cluster.spawn(first_leader, false);
-    let generation = cluster
-        .poll("the restarted slot as a voter", || {
-            let status = cluster.status(first_leader)?;
-            let leader = cluster.status(second_leader)?;
-            (status.voter
-                && status.generation > 1
-                && leader
-                    .voters
-                    .contains(&(first_leader as u8, status.generation))
-                && leader.voters.len() == 3)
-                .then_some(status.generation)
-        })
-        .await;
+    let generation = poll("the restarted slot as a voter", || {
+        let status = cluster.status(first_leader)?;
+        let leader = cluster.status(second_leader)?;
+        (status.voter
+            && status.generation > 1
+            && leader
+                .voters
+                .contains(&(first_leader as u8, status.generation))
+            && leader.voters.len() == 3)
+            .then_some(status.generation)
+    })
+    .await;
     assert!(
         !cluster
             .status(second_leader)
@@ -355,30 +162,13 @@ async fn failover_rejoin_and_majority_loss() {
 
     // Kill one more: no majority, no grant.
     cluster.kill(third_leader);
-    for _ in 0..3 {
-        match broker
-            .acquire("f", Duration::from_secs(1), LEASE, BUDGET)
-            .await
-        {
-            Ok(ticket) => panic!("granted without a majority: token {}", ticket.token()),
-            Err(e) => assert!(
-                matches!(
-                    e,
-                    ticketing::TicketError::Timeout
-                        | ticketing::TicketError::Indeterminate
-                        | ticketing::TicketError::NotConnected
-                        | ticketing::TicketError::Busy
-                ),
-                "unexpected error without a majority: {e:?}"
-            ),
-        }
-    }
+    assert_no_grant_without_majority(&broker, "f").await;
     broker.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn our_client_in_cluster_mode_survives_failover() {
-    let mut cluster = Cluster::start();
+    let mut cluster = Cluster::start(3);
     let leader = cluster.leader().await;
     let broker = ours(&cluster);
     assert!(broker.wait_ready(Duration::from_secs(10)).await);
@@ -412,7 +202,7 @@ async fn our_client_in_cluster_mode_survives_failover() {
 /// key is free again afterwards.
 #[tokio::test(flavor = "multi_thread")]
 async fn ticketing_lock_runs_a_command_under_a_cluster_lock() {
-    let cluster = Cluster::start();
+    let cluster = Cluster::start(3);
     cluster.leader().await;
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ticketing"));
     command.args([

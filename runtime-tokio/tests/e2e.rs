@@ -2,48 +2,28 @@
 //! 0.4.0 client, over TCP and TLS, plus the driver's transport duties
 //! (connection limit, handshake deadline, shutdown) seen from a raw socket.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::certs::make_certs;
+use common::{
+    BUDGET, LEASE, READY, TOKEN, loopback_server, loopback_settings, published_loopback,
+    wait_for_waiters,
+};
 use ticketing::{ReleaseOutcome, TicketBroker, TicketError, TlsMode};
 use ticketing_core::auth::{CLIENT_MAGIC, ClientTokens, HELLO_LEN};
-use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
+use ticketing_tokio::spawn_server;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-const READY: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(5);
-const LEASE: Duration = Duration::from_secs(30);
-const BUDGET: Duration = Duration::from_secs(1);
-const TOKEN: &str = "test-client-token-0123456789";
-
-fn loopback_settings() -> ServeSettings {
-    ServeSettings::new("127.0.0.1:0".parse().unwrap())
-}
-
-async fn loopback_broker(server: &RunningServer) -> TicketBroker {
-    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
-    assert!(broker.wait_ready(READY).await, "client did not get ready");
-    broker
-}
 
 fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64
-}
-
-/// Returns once the server has a queued waiter. The core offers no event
-/// for that, so this polls its stats (yielding, never sleeping).
-async fn wait_until_queued(server: &RunningServer) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while server.stats().lock.waiters == 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the second acquire was never queued");
 }
 
 /// Reads until EOF and returns what came; fails if the server keeps the
@@ -60,8 +40,8 @@ async fn read_to_eof(stream: &mut TcpStream) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_over_tcp() {
     let started_micros = unix_micros();
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
 
     let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     // Our rule: tokens start at the bootstrap wall-clock time in µs.
@@ -76,8 +56,8 @@ async fn acquire_and_release_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_hands_the_key_to_the_waiter() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
 
     let first = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     let waiter = {
@@ -86,7 +66,7 @@ async fn release_hands_the_key_to_the_waiter() {
     };
     // Release only once the second request is queued, so that the hand-over
     // (not a fresh grant) is what is tested.
-    wait_until_queued(&server).await;
+    wait_for_waiters(&server, 1).await;
     let first_token = first.token();
     assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
     let second = waiter.await.unwrap().unwrap();
@@ -104,7 +84,7 @@ async fn a_queued_acquire_is_answered_by_the_server_timer() {
     // so an answer in under a second can only have come from the server.
     settings.server.lock.wait_margin = Duration::from_millis(500);
     let server = spawn_server(settings).await.unwrap();
-    let broker = loopback_broker(&server).await;
+    let broker = published_loopback(&server).await;
 
     let holder = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     let asked = Instant::now();
@@ -127,15 +107,15 @@ async fn a_queued_acquire_is_answered_by_the_server_timer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_answers_waiters_and_closes_connections() {
-    let server = spawn_server(loopback_settings()).await.unwrap();
+    let server = loopback_server().await;
     let addr = server.local_addr();
-    let broker = loopback_broker(&server).await;
+    let broker = published_loopback(&server).await;
     let _holder = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     let waiter = {
         let broker = broker.clone();
         tokio::spawn(async move { broker.acquire("k", WAIT, LEASE, BUDGET).await })
     };
-    wait_until_queued(&server).await;
+    wait_for_waiters(&server, 1).await;
 
     let asked = Instant::now();
     server.shutdown().await;
@@ -182,34 +162,9 @@ async fn an_unfinished_handshake_is_closed_at_the_core_deadline() {
     server.shutdown().await;
 }
 
-/// A CA and a server certificate for 127.0.0.1 / localhost, as PEM files in
-/// a fresh folder. Returns (folder, ca.pem, server.pem, server.key).
-fn make_certs(name: &str) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let dir = std::env::temp_dir().join(format!("ticketing-e2e-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server_cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &ca)
-        .unwrap();
-
-    let ca_path = dir.join("ca.pem");
-    let cert_path = dir.join("server.pem");
-    let key_path = dir.join("server.key");
-    std::fs::write(&ca_path, ca.pem()).unwrap();
-    std::fs::write(&cert_path, server_cert.pem()).unwrap();
-    std::fs::write(&key_path, server_key.serialize_pem()).unwrap();
-    (dir, ca_path, cert_path, key_path)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_over_tls_with_a_token() {
-    let (dir, ca, cert, key) = make_certs("tls");
+    let (dir, ca, cert, key) = make_certs("e2e-tls");
     let mut settings = loopback_settings();
     settings.tls = Some(ticketing_tokio::tls::load_server_config(&cert, &key).unwrap());
     settings.server.client_tokens = ClientTokens::new([TOKEN]).unwrap();
@@ -251,7 +206,7 @@ async fn acquire_and_release_over_tls_with_a_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_stalled_in_tls_is_closed_at_the_core_deadline() {
-    let (dir, _ca, cert, key) = make_certs("stall");
+    let (dir, _ca, cert, key) = make_certs("e2e-stall");
     let mut settings = loopback_settings();
     settings.tls = Some(ticketing_tokio::tls::load_server_config(&cert, &key).unwrap());
     settings.server.handshake_timeout = Duration::from_millis(200);
@@ -267,7 +222,7 @@ async fn a_client_stalled_in_tls_is_closed_at_the_core_deadline() {
 
 #[test]
 fn tls_key_that_does_not_match_the_certificate_is_refused() {
-    let (dir, _ca, cert, _key) = make_certs("mismatch");
+    let (dir, _ca, cert, _key) = make_certs("e2e-mismatch");
     let other_key = dir.join("other.key");
     std::fs::write(
         &other_key,

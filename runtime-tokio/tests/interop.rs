@@ -3,138 +3,31 @@
 //! and FIFO, the default `T` margin, `B`, key sets, token rotation, and
 //! clients that die while holding or waiting (played by a raw socket).
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use ticketing::{ReleaseOutcome, TicketBroker, TicketError};
-use ticketing_core::auth::{
-    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT,
-    WireMode,
+use common::raw::{Raw, acquire};
+use common::{
+    BUDGET, LEASE, READY, loopback_server, loopback_settings, published_loopback,
+    wait_for_connections, wait_for_waiters,
 };
-use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, Reply, Request};
-use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use ticketing::{ReleaseOutcome, TicketBroker, TicketError};
+use ticketing_core::auth::ClientTokens;
+use ticketing_core::wire::Reply;
+use ticketing_tokio::spawn_server;
 use tokio::sync::Mutex;
 
-const READY: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(10);
-const LEASE: Duration = Duration::from_secs(30);
-const BUDGET: Duration = Duration::from_secs(1);
 /// Turns a missing event into a failure rather than a hang.
 const BOUND: Duration = Duration::from_secs(10);
 
-fn settings() -> ServeSettings {
-    ServeSettings::new("127.0.0.1:0".parse().unwrap())
-}
-
-async fn broker(server: &RunningServer) -> TicketBroker {
-    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
-    assert!(broker.wait_ready(READY).await, "client did not get ready");
-    broker
-}
-
-/// Returns once `server` has exactly `count` queued waiters. The core has no
-/// event for this, so it polls the stats.
-async fn wait_for_waiters(server: &RunningServer, count: usize) {
-    tokio::time::timeout(BOUND, async {
-        while server.stats().lock.waiters != count {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "waiters stayed at {}, expected {count}",
-            server.stats().lock.waiters
-        )
-    });
-}
-
-/// Returns once `server` has exactly `count` open connections (no event for
-/// that either).
-async fn wait_for_connections(server: &RunningServer, count: usize) {
-    tokio::time::timeout(BOUND, async {
-        while server.stats().connections != count {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "connections stayed at {}, expected {count}",
-            server.stats().connections
-        )
-    });
-}
-
-/// A wire-v3 client on a raw socket, for a client that dies mid-way.
-struct Raw {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    async fn connect(server: &RunningServer) -> Raw {
-        let stream = TcpStream::connect(server.local_addr()).await.unwrap();
-        let mut raw = Raw {
-            stream,
-            buf: Vec::new(),
-        };
-        let mut handshake =
-            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
-        loop {
-            let (used, status) = handshake.handle_input(&raw.buf);
-            raw.buf.drain(..used);
-            match status {
-                ClientHandshakeStatus::NeedMore => raw.fill().await,
-                ClientHandshakeStatus::SendProof => {
-                    let proof = handshake.proof().unwrap();
-                    raw.stream.write_all(&proof).await.unwrap();
-                }
-                ClientHandshakeStatus::Accepted => return raw,
-                other => panic!("handshake failed: {other:?}"),
-            }
-        }
-    }
-
-    async fn fill(&mut self) {
-        let mut chunk = [0u8; 256];
-        let n = tokio::time::timeout(BOUND, self.stream.read(&mut chunk))
-            .await
-            .expect("server sent nothing")
-            .unwrap();
-        assert!(n > 0, "server closed the connection");
-        self.buf.extend_from_slice(&chunk[..n]);
-    }
-
-    async fn acquire(&mut self, rid: u64, key: &str, wait_s: u8, lease_s: u8) {
-        let request = Request::Acquire(AcquireRequest {
-            rid,
-            wait_s,
-            lease_s,
-            keys: KeyGroup::single(Key::new(key.as_bytes()).unwrap()),
-            set: false,
-        });
-        self.stream.write_all(&request.to_frame()).await.unwrap();
-    }
-
-    async fn reply(&mut self) -> Reply {
-        loop {
-            if let Some((reply, used)) = Reply::decode(&self.buf).unwrap() {
-                self.buf.drain(..used);
-                return reply;
-            }
-            self.fill().await;
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_cycles_release_on_either_connection() {
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     // The published client keeps two connections to one address and picks
     // them in turn, so about half of these releases travel on the
     // connection that did not acquire. wait_ready needs only one of them.
@@ -155,8 +48,8 @@ async fn many_cycles_release_on_either_connection() {
 async fn contention_on_one_key_is_mutually_exclusive_with_rising_tokens() {
     const TASKS: u64 = 32;
     const OPS: u64 = 40;
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     let in_section = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     // Pushed inside the critical section, so the order is the grant order.
@@ -203,8 +96,8 @@ async fn contention_on_one_key_is_mutually_exclusive_with_rising_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_served_in_arrival_order() {
     const WAITERS: usize = 6;
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     let holder = broker.acquire("fifo", WAIT, LEASE, BUDGET).await.unwrap();
     let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
     for index in 0..WAITERS {
@@ -237,8 +130,8 @@ async fn waiters_are_served_in_arrival_order() {
 async fn an_expired_wait_is_timeout_with_the_default_margin() {
     // e2e.rs checks a 500 ms margin; the default 100 ms must also beat the
     // client's own deadline, or the client would report Indeterminate.
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     let holder = broker.acquire("busy", WAIT, LEASE, BUDGET).await.unwrap();
     for _ in 0..2 {
         let result = broker
@@ -257,11 +150,11 @@ async fn an_expired_wait_is_timeout_with_the_default_margin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_or_table_is_busy() {
-    let mut settings = settings();
+    let mut settings = loopback_settings();
     settings.server.lock.limits.max_waiters_per_key = 1;
     settings.server.lock.limits.max_keys = 2;
     let server = spawn_server(settings).await.unwrap();
-    let broker = broker(&server).await;
+    let broker = published_loopback(&server).await;
 
     let holder = broker.acquire("q", WAIT, LEASE, BUDGET).await.unwrap();
     let waiter = {
@@ -291,8 +184,8 @@ async fn a_full_queue_or_table_is_busy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_set_waits_for_a_holder_and_takes_all_keys_at_once() {
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     let holder = broker.acquire("set-b", WAIT, LEASE, BUDGET).await.unwrap();
     let set = {
         let broker = broker.clone();
@@ -329,7 +222,7 @@ async fn a_key_set_waits_for_a_holder_and_takes_all_keys_at_once() {
 async fn every_configured_token_is_accepted_during_rotation() {
     const OLD: &str = "old-client-token-0123456789";
     const NEW: &str = "new-client-token-0123456789";
-    let mut settings = settings();
+    let mut settings = loopback_settings();
     settings.server.client_tokens = ClientTokens::new([OLD, NEW]).unwrap();
     let server = spawn_server(settings).await.unwrap();
     let addr = server.local_addr().to_string();
@@ -362,11 +255,11 @@ async fn every_configured_token_is_accepted_during_rotation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holders_delivered_grant_stays_until_its_lease_ends() {
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     wait_for_connections(&server, 2).await;
-    let mut raw = Raw::connect(&server).await;
-    raw.acquire(1, "ghost", 0, 2).await;
+    let mut raw = Raw::connect(&server, b"").await;
+    raw.send(&acquire(1, "ghost", 0, 2)).await;
     assert!(matches!(raw.reply().await, Reply::Acquired { rid: 1, .. }));
     drop(raw);
     // The server has seen the close before anyone asks for the key.
@@ -388,12 +281,12 @@ async fn a_dead_holders_delivered_grant_stays_until_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_dropped_and_the_next_live_one_served() {
-    let server = spawn_server(settings()).await.unwrap();
-    let broker = broker(&server).await;
+    let server = loopback_server().await;
+    let broker = published_loopback(&server).await;
     let holder = broker.acquire("line", WAIT, LEASE, BUDGET).await.unwrap();
 
-    let mut raw = Raw::connect(&server).await;
-    raw.acquire(1, "line", 30, 30).await;
+    let mut raw = Raw::connect(&server, b"").await;
+    raw.send(&acquire(1, "line", 30, 30)).await;
     wait_for_waiters(&server, 1).await;
     let live = {
         let broker = broker.clone();

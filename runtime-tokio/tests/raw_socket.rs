@@ -3,141 +3,17 @@
 //! checks the server's answer (or its silence and close) and that nothing
 //! already granted is lost.
 
-use std::io::ErrorKind;
+mod common;
+
 use std::time::Duration;
 
-use ticketing_core::auth::{
-    ClientHandshake, ClientHandshakeStatus, HELLO_LEN, PROOF_LEN, RESULT_REJECTED,
-    SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
-};
-use ticketing_core::wire::{
-    AcquireRequest, ErrorCode, Key, KeyGroup, ReleaseRequest, Reply, Request,
-};
-use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use common::raw::{Raw, acquire, release};
+use common::{loopback_server, loopback_settings, wait_for_connections};
+use ticketing_core::auth::{ClientHandshakeStatus, HELLO_LEN, PROOF_LEN, RESULT_REJECTED};
+use ticketing_core::wire::{ErrorCode, Reply};
+use ticketing_tokio::{RunningServer, spawn_server};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-
-/// Bounds every read, so that a server that stays silent fails the test
-/// instead of hanging it.
-const IO_BOUND: Duration = Duration::from_secs(5);
-
-/// A minimal wire-v3 client.
-struct Raw {
-    stream: TcpStream,
-    /// Received bytes not yet decoded.
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    /// Connects and completes the handshake with `token`; panics unless
-    /// accepted.
-    async fn connect(server: &RunningServer, token: &[u8]) -> Raw {
-        let (raw, status) = Raw::try_connect(server, token).await;
-        assert_eq!(status, ClientHandshakeStatus::Accepted);
-        raw
-    }
-
-    /// Connects and runs the handshake with `token`; returns the final status.
-    async fn try_connect(server: &RunningServer, token: &[u8]) -> (Raw, ClientHandshakeStatus) {
-        let stream = TcpStream::connect(server.local_addr()).await.unwrap();
-        let mut raw = Raw {
-            stream,
-            buf: Vec::new(),
-        };
-        let mut handshake = ClientHandshake::new(
-            token,
-            SINGLE_FINGERPRINT,
-            WireMode::Single,
-            SINGLE_SELF_SLOT,
-        );
-        loop {
-            let (used, status) = handshake.handle_input(&raw.buf);
-            raw.buf.drain(..used);
-            match status {
-                ClientHandshakeStatus::NeedMore => raw.fill().await,
-                ClientHandshakeStatus::SendProof => {
-                    let proof = handshake.proof().unwrap();
-                    raw.stream.write_all(&proof).await.unwrap();
-                }
-                done => return (raw, done),
-            }
-        }
-    }
-
-    /// Reads more bytes into `buf`; panics on EOF or after [`IO_BOUND`].
-    async fn fill(&mut self) {
-        let mut chunk = [0u8; 512];
-        let n = tokio::time::timeout(IO_BOUND, self.stream.read(&mut chunk))
-            .await
-            .expect("server sent nothing")
-            .expect("read failed");
-        assert!(n > 0, "server closed the connection");
-        self.buf.extend_from_slice(&chunk[..n]);
-    }
-
-    async fn send(&mut self, request: &Request) {
-        self.stream.write_all(&request.to_frame()).await.unwrap();
-    }
-
-    async fn reply(&mut self) -> Reply {
-        loop {
-            if let Some((reply, used)) = Reply::decode(&self.buf).expect("malformed reply") {
-                self.buf.drain(..used);
-                return reply;
-            }
-            self.fill().await;
-        }
-    }
-
-    /// Reads until the server closes and returns every byte not yet
-    /// decoded. A reset counts as a close: it is what a peer sees when the
-    /// server closes with our unread bytes in its buffer.
-    async fn read_until_closed(mut self) -> Vec<u8> {
-        tokio::time::timeout(IO_BOUND, async {
-            let mut chunk = [0u8; 512];
-            loop {
-                match self.stream.read(&mut chunk).await {
-                    Ok(0) => return,
-                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                    Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
-                    Err(e) => panic!("read failed: {e}"),
-                }
-            }
-        })
-        .await
-        .expect("server did not close the connection");
-        self.buf
-    }
-}
-
-fn key(name: &str) -> KeyGroup {
-    KeyGroup::single(Key::new(name.as_bytes()).unwrap())
-}
-
-fn acquire(rid: u64, name: &str, wait_s: u8, lease_s: u8) -> Request {
-    Request::Acquire(AcquireRequest {
-        rid,
-        wait_s,
-        lease_s,
-        keys: key(name),
-        set: false,
-    })
-}
-
-fn release(rid: u64, name: &str, token: u64) -> Request {
-    Request::Release(ReleaseRequest {
-        rid,
-        token,
-        keys: key(name),
-        set: false,
-    })
-}
-
-async fn start() -> RunningServer {
-    spawn_server(ServeSettings::new("127.0.0.1:0".parse().unwrap()))
-        .await
-        .unwrap()
-}
 
 /// Takes `name` with wait 0 on `raw` and returns the token.
 async fn hold(raw: &mut Raw, rid: u64, name: &str) -> u64 {
@@ -146,18 +22,6 @@ async fn hold(raw: &mut Raw, rid: u64, name: &str) -> u64 {
         Reply::Acquired { rid: got, token } if got == rid => token,
         other => panic!("expected A for rid {rid}, got {other:?}"),
     }
-}
-
-/// Waits until the server has processed the close of every connection but
-/// `open`. There is no event for that, so this polls the stats.
-async fn wait_for_connections(server: &RunningServer, open: usize) {
-    tokio::time::timeout(IO_BOUND, async {
-        while server.stats().connections != open {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("server did not process the close");
 }
 
 /// Asks for `name` with wait 0 on a new connection and returns the reply.
@@ -169,7 +33,7 @@ async fn try_now(server: &RunningServer, name: &str) -> Reply {
 
 #[tokio::test]
 async fn a_bad_proof_is_rejected_then_closed() {
-    let server = start().await;
+    let server = loopback_server().await;
     // No tokens configured: only the empty token is accepted.
     let (raw, status) = Raw::try_connect(&server, b"not-the-empty-token-at-all").await;
     assert_eq!(status, ClientHandshakeStatus::Rejected);
@@ -179,7 +43,7 @@ async fn a_bad_proof_is_rejected_then_closed() {
 
 #[tokio::test]
 async fn a_frame_in_place_of_the_proof_is_rejected_and_never_served() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
     // Sent before the hello is even read; exactly proof-sized so that the
     // server consumes all of it (no reset hides its reply).
@@ -199,7 +63,7 @@ async fn a_frame_in_place_of_the_proof_is_rejected_and_never_served() {
 
 #[tokio::test]
 async fn a_partial_proof_is_closed_at_the_handshake_deadline() {
-    let mut settings = ServeSettings::new("127.0.0.1:0".parse().unwrap());
+    let mut settings = loopback_settings();
     settings.server.handshake_timeout = Duration::from_millis(300);
     let server = spawn_server(settings).await.unwrap();
     let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
@@ -225,14 +89,14 @@ async fn closes_without_reply(server: &RunningServer, bytes: &[u8]) {
 
 #[tokio::test]
 async fn an_oversized_set_frame_closes_the_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     closes_without_reply(&server, &[b'S', 0xFF, 0xFF]).await;
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_acquire_one_byte_over_its_maximum_closes_the_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     // rid · wait · lease · 129-byte key: body_len 139, one over A's 138.
     let mut frame = vec![b'A', 0, 139];
     frame.extend_from_slice(&1u64.to_be_bytes());
@@ -245,14 +109,14 @@ async fn an_acquire_one_byte_over_its_maximum_closes_the_connection() {
 
 #[tokio::test]
 async fn a_zero_body_len_closes_the_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     closes_without_reply(&server, &[b'A', 0, 0]).await;
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn rid_zero_closes_the_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     closes_without_reply(&server, &acquire(0, "k", 0, 30).to_frame()).await;
     assert_eq!(server.stats().lock.keys, 0);
     server.shutdown().await;
@@ -260,7 +124,7 @@ async fn rid_zero_closes_the_connection() {
 
 #[tokio::test]
 async fn an_unknown_op_closes_the_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut frame = vec![b'X', 0, 10];
     frame.extend_from_slice(&1u64.to_be_bytes());
     frame.extend_from_slice(&[0, 30]);
@@ -270,7 +134,7 @@ async fn an_unknown_op_closes_the_connection() {
 
 #[tokio::test]
 async fn a_truncated_frame_then_eof_grants_nothing() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut raw = Raw::connect(&server, b"").await;
     // The frame announces the key "abcde" but only "abc" arrives; a server
     // that acted on the partial body would grant "abc" and reply.
@@ -288,7 +152,7 @@ async fn a_truncated_frame_then_eof_grants_nothing() {
 
 #[tokio::test]
 async fn an_out_of_range_lease_is_e2_and_the_session_goes_on() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut raw = Raw::connect(&server, b"").await;
     for (rid, lease) in [(1, 0), (2, 251)] {
         raw.send(&acquire(rid, "k", 0, lease)).await;
@@ -310,7 +174,7 @@ async fn an_out_of_range_lease_is_e2_and_the_session_goes_on() {
 
 #[tokio::test]
 async fn a_release_with_token_zero_is_e7_and_changes_nothing() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut raw = Raw::connect(&server, b"").await;
     let token = hold(&mut raw, 1, "k").await;
     raw.send(&release(2, "k", 0)).await;
@@ -329,7 +193,7 @@ async fn a_release_with_token_zero_is_e7_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_delivered_grant_outlives_a_bad_frame_on_its_connection() {
-    let server = start().await;
+    let server = loopback_server().await;
     let mut holder = Raw::connect(&server, b"").await;
     let token = hold(&mut holder, 1, "k").await;
     // Unknown op: the server closes the holder's connection.
