@@ -13,6 +13,9 @@
 //!   release across attempts (retry only what certainly had no effect,
 //!   conservative validity, the absolute 5 s release window).
 //! - [`Backoff`]: reconnect delays.
+//! - [`Ticket`] / [`TicketSet`]: what the caller holds after an acquire,
+//!   released once (explicitly or on drop) through the broker's
+//!   [`Releaser`].
 //! - [`BrokerConfig`]: validation of what a user configures, and the
 //!   connections it implies (one address means two connections).
 //!
@@ -34,6 +37,10 @@ use crate::wire::{
     AcquireRequest, ErrorCode, FRAME_HEADER_LEN, Key, KeyGroup, MAX_KEY_LEN, MAX_LEASE_S,
     MAX_SET_KEYS, NO_LEADER_SLOT, ReleaseRequest, Reply, ReplyError, Request,
 };
+
+mod ticket;
+
+pub use ticket::{ReleaseFuture, Releaser, Ticket, TicketSet};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
 pub const MAX_WAIT_S: u8 = 255;

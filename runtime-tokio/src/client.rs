@@ -60,13 +60,13 @@ use tracing::{debug, warn};
 
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
-    RELEASE_RETRY_WINDOW, ReleaseOperation, ReleaseQueue, ReleaseStep, Router, Session,
-    SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+    RELEASE_RETRY_WINDOW, ReleaseFuture, ReleaseOperation, ReleaseQueue, ReleaseStep, Releaser,
+    Router, Session, SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
 };
 use ticketing_core::time::Instant;
 
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome,
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
 };
 
 /// Size of one socket read.
@@ -895,10 +895,10 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let held = self
+        let grant = self
             .acquire_keys(keys, wait, lease, min_work_budget)
             .await?;
-        Ok(Ticket { held })
+        Ok(Ticket::new(self.inner.clone(), grant))
     }
 
     /// Acquires 1..=16 keys atomically under one token (duplicates are
@@ -911,10 +911,10 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let held = self
+        let grant = self
             .acquire_keys(keys, wait, lease, min_work_budget)
             .await?;
-        Ok(TicketSet { held })
+        Ok(TicketSet::new(self.inner.clone(), grant))
     }
 
     async fn acquire_keys(
@@ -923,7 +923,7 @@ impl TicketBroker {
         wait: Duration,
         lease: Duration,
         min_work_budget: Duration,
-    ) -> Result<Held, TicketError> {
+    ) -> Result<Grant, TicketError> {
         let params = AcquireParams::new(wait, lease, min_work_budget)?;
         let inner = &*self.inner;
         let mut op = AcquireOperation::new(inner.now(), keys, params);
@@ -937,12 +937,10 @@ impl TicketBroker {
                 Err(error) => op.on_error(inner.now(), error),
             };
             match step {
-                AcquireStep::Granted(grant) => return Ok(Held::new(&self.inner, grant)),
+                AcquireStep::Granted(grant) => return Ok(grant),
                 AcquireStep::Failed(error) => return Err(error),
                 AcquireStep::Compensate { error, grant } => {
-                    let now = inner.now();
-                    let mut state = inner.lock();
-                    inner.enqueue_release(&mut state, now, grant.keys, grant.token);
+                    inner.release_in_background(grant);
                     return Err(error);
                 }
                 AcquireStep::RetryAt(at) => inner.sleep_until(at).await,
@@ -967,127 +965,19 @@ impl TicketBroker {
     }
 }
 
-/// A held lock: keys, token and conservative validity, released once.
-struct Held {
-    inner: Arc<Inner>,
-    grant: Option<Grant>,
-}
-
-impl Held {
-    fn new(inner: &Arc<Inner>, grant: Grant) -> Self {
-        Held {
-            inner: Arc::clone(inner),
-            grant: Some(grant),
-        }
+impl Releaser for Inner {
+    fn now(&self) -> Instant {
+        Inner::now(self)
     }
-    fn grant(&self) -> &Grant {
-        self.grant.as_ref().expect("grant present until released")
+    fn to_std(&self, at: Instant) -> std::time::Instant {
+        self.to_std(at)
     }
-    fn valid_before(&self) -> std::time::Instant {
-        self.inner.to_std(self.grant().valid_before)
+    fn release(&self, op: ReleaseOperation) -> ReleaseFuture<'_> {
+        Box::pin(self.run_release(op))
     }
-    fn remaining(&self) -> Duration {
-        self.grant()
-            .valid_before
-            .saturating_duration_since(self.inner.now())
-    }
-    async fn release(mut self) -> Result<ReleaseOutcome, TicketError> {
-        let grant = self.grant.take().expect("grant present until released");
-        let op = ReleaseOperation::new(self.inner.now(), grant.keys, grant.token);
-        self.inner.run_release(op).await
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(grant) = self.grant.take() {
-            let now = self.inner.now();
-            let mut state = self.inner.lock();
-            self.inner
-                .enqueue_release(&mut state, now, grant.keys, grant.token);
-        }
-    }
-}
-
-/// A lock on one key. Dropping it releases it in the background (bounded,
-/// best effort); use [`Ticket::release`] to learn the result.
-#[must_use = "dropping a Ticket releases the lock; keep it while the protected work runs"]
-pub struct Ticket {
-    held: Held,
-}
-
-impl fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("key", &self.key())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ticket {
-    /// The key held.
-    pub fn key(&self) -> &str {
-        self.held.grant().keys.keys()[0].as_str()
-    }
-    /// The fencing token: strictly greater than every token granted before.
-    /// Reject `token <= high_water` at the protected write, in the same
-    /// transaction.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease (counted from before the request was
-    /// sent); the server's lease ends later.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
-    /// final reply; an error means the result is unknown and the lease is the
-    /// safety net.
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
-    }
-}
-
-/// A lock on a set of keys under one token. Dropping it releases it in the
-/// background; use [`TicketSet::release`] to learn the result.
-#[must_use = "dropping a TicketSet releases the whole set; keep it while the protected work runs"]
-pub struct TicketSet {
-    held: Held,
-}
-
-impl fmt::Debug for TicketSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TicketSet")
-            .field("keys", &self.keys().collect::<Vec<_>>())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl TicketSet {
-    /// The keys held, ascending by bytes, without duplicates.
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.held.grant().keys.keys().iter().map(|key| key.as_str())
-    }
-    /// The fencing token shared by the whole set.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases the whole set with the exact token; see [`Ticket::release`].
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
+    fn release_in_background(&self, grant: Grant) {
+        let now = Inner::now(self);
+        let mut state = self.lock();
+        self.enqueue_release(&mut state, now, grant.keys, grant.token);
     }
 }
