@@ -65,6 +65,8 @@ use ticketing_core::client::{
 };
 use ticketing_core::time::Instant;
 
+use crate::serve::Clock;
+
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
 };
@@ -290,7 +292,7 @@ impl TicketBrokerBuilder {
         };
         let (closed_tx, closed_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
-            origin: std::time::Instant::now(),
+            clock: Clock::start(),
             state: Mutex::new(State {
                 sessions: endpoints.iter().map(|_| None).collect(),
                 router: Router::new(endpoints.len()),
@@ -346,8 +348,7 @@ struct State {
 }
 
 struct Inner {
-    /// Core instants are microseconds since this.
-    origin: std::time::Instant,
+    clock: Clock,
     state: Mutex<State>,
     max_pending: usize,
     /// Per endpoint: wakes its driver (bytes to send, deadline moved, close).
@@ -368,13 +369,11 @@ struct Inner {
 
 impl Inner {
     fn now(&self) -> Instant {
-        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+        self.clock.now()
     }
 
     fn to_std(&self, at: Instant) -> std::time::Instant {
-        self.origin
-            .checked_add(Duration::from_micros(at.as_micros()))
-            .unwrap_or(self.origin)
+        self.clock.to_std(at)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
