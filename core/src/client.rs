@@ -13,9 +13,11 @@
 //!   release across attempts (retry only what certainly had no effect,
 //!   conservative validity, the absolute 5 s release window).
 //! - [`Backoff`]: reconnect delays.
+//! - [`BrokerState`], [`run_acquire`], [`run_release`]: the broker-wide
+//!   state behind a runtime's lock (pending outcomes, capacity, release
+//!   queue) and the operation loops, over a runtime's [`Broker`].
 //! - [`Ticket`] / [`TicketSet`]: what the caller holds after an acquire,
-//!   released once (explicitly or on drop) through the broker's
-//!   [`Releaser`].
+//!   released once (explicitly or on drop) through its [`Broker`].
 //! - [`BrokerConfig`]: validation of what a user configures, and the
 //!   connections it implies (one address means two connections).
 //!
@@ -38,9 +40,11 @@ use crate::wire::{
     MAX_SET_KEYS, NO_LEADER_SLOT, ReleaseRequest, Reply, ReplyError, Request,
 };
 
+mod broker;
 mod ticket;
 
-pub use ticket::{ReleaseFuture, Releaser, Ticket, TicketSet};
+pub use broker::{Broker, BrokerNotice, BrokerState, OutcomeSender, run_acquire, run_release};
+pub use ticket::{Ticket, TicketSet};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
 pub const MAX_WAIT_S: u8 = 255;

@@ -42,8 +42,8 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,9 +58,9 @@ use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
-    RELEASE_RETRY_WINDOW, ReleaseFuture, ReleaseOperation, ReleaseQueue, ReleaseStep, Releaser,
-    Router, Session, SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+    AcquireParams, Backoff, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet,
+    Outcome, OutcomeSender, RELEASE_RETRY_WINDOW, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT,
+    run_acquire, run_release,
 };
 use ticketing_core::time::Instant;
 
@@ -163,14 +163,7 @@ impl TicketBrokerBuilder {
         let (closed_tx, closed_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             clock: Clock::start(),
-            state: Mutex::new(State {
-                sessions: endpoints.iter().map(|_| None).collect(),
-                router: Router::new(endpoints.len()),
-                pending: HashMap::new(),
-                acquires_in_flight: 0,
-                releases: ReleaseQueue::default(),
-            }),
-            max_pending: self.config.max_pending,
+            state: Mutex::new(State::new(endpoints.len(), self.config.max_pending)),
             wakes: endpoints.iter().map(|_| Notify::new()).collect(),
             ready_changed: Notify::new(),
             release_wake: Notify::new(),
@@ -200,27 +193,20 @@ impl TicketBrokerBuilder {
 // Shared state
 // ---------------------------------------------------------------------------
 
-/// A request awaiting its outcome: who receives it, and whether it counts
-/// against `max_pending`.
-struct Waiter {
-    tx: oneshot::Sender<Outcome>,
-    acquire: bool,
+/// Where one request's outcome goes.
+struct OutcomeTx(oneshot::Sender<Outcome>);
+
+impl OutcomeSender for OutcomeTx {
+    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
+        self.0.send(outcome)
+    }
 }
 
-struct State {
-    /// The current session of each endpoint (`None` between attempts).
-    sessions: Vec<Option<Session>>,
-    router: Router,
-    /// Outcome receivers by (endpoint, rid).
-    pending: HashMap<(usize, u64), Waiter>,
-    acquires_in_flight: usize,
-    releases: ReleaseQueue,
-}
+type State = BrokerState<OutcomeTx>;
 
 struct Inner {
     clock: Clock,
     state: Mutex<State>,
-    max_pending: usize,
     /// Per endpoint: wakes its driver (bytes to send, deadline moved, close).
     wakes: Vec<Notify>,
     /// Some endpoint became ready or the broker is closing.
@@ -240,10 +226,6 @@ struct Inner {
 impl Inner {
     fn now(&self) -> Instant {
         self.clock.now()
-    }
-
-    fn to_std(&self, at: Instant) -> std::time::Instant {
-        self.clock.to_std(at)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -271,64 +253,37 @@ impl Inner {
 
     /// Queues a background release (dropped ticket or compensation).
     fn enqueue_release(&self, state: &mut State, now: Instant, keys: KeySet, token: u64) {
-        if !state
-            .releases
-            .push(now, ReleaseOperation::new(now, keys, token))
-        {
-            warn!(
-                token,
-                "release queue full: the lock is left to its lease expiry"
-            );
-        }
-        self.release_wake.notify_one();
+        state.enqueue_release(now, keys, token, &mut |notice| self.notice(notice));
     }
 
     /// Drains `index`'s session events into the router, the waiters and the
     /// release queue.
     fn dispatch(&self, state: &mut State, index: usize, now: Instant) {
-        loop {
-            let Some(session) = state.sessions[index].as_mut() else {
-                return;
-            };
-            let Some(event) = session.poll_event() else {
-                return;
-            };
-            state.router.handle_event(index, &event);
-            match event {
-                SessionEvent::Ready => self.ready_changed.notify_waiters(),
-                SessionEvent::Outcome { rid, outcome } => {
-                    let Some(waiter) = state.pending.remove(&(index, rid)) else {
-                        // Its future was dropped and cancelled it.
-                        if let Outcome::Acquired(grant) = outcome {
-                            self.enqueue_release(state, now, grant.keys, grant.token);
-                        }
-                        continue;
-                    };
-                    if waiter.acquire {
-                        state.acquires_in_flight -= 1;
-                    }
-                    if let Err(Outcome::Acquired(grant)) = waiter.tx.send(outcome) {
-                        self.enqueue_release(state, now, grant.keys, grant.token);
-                    }
+        state.dispatch(index, now, &mut |notice| self.notice(notice));
+    }
+
+    /// Wakes and logs what the broker state reports.
+    fn notice(&self, notice: BrokerNotice<'_>) {
+        match notice {
+            BrokerNotice::ReadyChanged => self.ready_changed.notify_waiters(),
+            BrokerNotice::SessionClosed { index, reason } => {
+                debug!(endpoint = index, %reason, "session closed");
+            }
+            BrokerNotice::Release { token, queued } => {
+                if !queued {
+                    warn!(
+                        token,
+                        "release queue full: the lock is left to its lease expiry"
+                    );
                 }
-                SessionEvent::Compensate(compensation) => {
-                    self.enqueue_release(state, now, compensation.keys, compensation.token);
-                }
-                SessionEvent::Closed(reason) => {
-                    debug!(endpoint = index, %reason, "session closed");
-                    if reason.is_auth_failure() {
-                        // `wait_ready` gives up on an authentication failure.
-                        self.ready_changed.notify_waiters();
-                    }
-                }
-                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+                self.release_wake.notify_one();
             }
         }
     }
 
     /// Submits one attempt on the connection the router picks and registers
     /// its waiter, all under one lock.
-    fn submit(
+    fn attempt(
         &self,
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
@@ -337,23 +292,9 @@ impl Inner {
             return Err(TicketError::Closed);
         }
         let now = self.now();
-        let mut state = self.lock();
-        if acquire && state.acquires_in_flight >= self.max_pending {
-            return Err(TicketError::ClientCapacity);
-        }
-        let index = state
-            .router
-            .pick()
-            .ok_or_else(|| state.router.no_connection_error())?;
-        let session = state.sessions[index]
-            .as_mut()
-            .ok_or(TicketError::NotConnected)?;
-        let rid = submit(now, session)?;
         let (tx, rx) = oneshot::channel();
-        state.pending.insert((index, rid), Waiter { tx, acquire });
-        if acquire {
-            state.acquires_in_flight += 1;
-        }
+        let mut state = self.lock();
+        let (index, rid) = state.submit(now, acquire, submit, OutcomeTx(tx))?;
         drop(state);
         self.wakes[index].notify_one();
         Ok(Attempt {
@@ -362,25 +303,6 @@ impl Inner {
             rid,
             rx: Some(rx),
         })
-    }
-
-    /// One exact-token release across attempts, until a final reply or its
-    /// absolute deadline.
-    async fn run_release(&self, mut op: ReleaseOperation) -> Result<ReleaseOutcome, TicketError> {
-        loop {
-            let step = match self.submit(false, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(self.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(self.now(), error),
-            };
-            match step {
-                ReleaseStep::Done(result) => return result,
-                ReleaseStep::RetryAt(at) => self.sleep_until(at).await,
-            }
-        }
     }
 
     async fn sleep_until(&self, at: Instant) {
@@ -416,13 +338,7 @@ impl Drop for Attempt<'_> {
         };
         let now = self.inner.now();
         let mut state = self.inner.lock();
-        if let Some(waiter) = state.pending.remove(&(self.index, self.rid)) {
-            if waiter.acquire {
-                state.acquires_in_flight -= 1;
-            }
-            if let Some(session) = state.sessions[self.index].as_mut() {
-                session.cancel(now, self.rid);
-            }
+        if state.cancel(now, self.index, self.rid) {
             self.inner.dispatch(&mut state, self.index, now);
             drop(state);
             self.inner.wakes[self.index].notify_one();
@@ -615,7 +531,7 @@ async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<tokio::task::JoinH
         if let Some(job) = job {
             let inner = Arc::clone(&inner);
             running.spawn(async move {
-                if let Err(e) = inner.run_release(job).await {
+                if let Err(e) = run_release(&*inner, job).await {
                     warn!(error = %e, "background release failed; the lease will expire");
                 }
             });
@@ -764,10 +680,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let grant = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(Ticket::new(self.inner.clone(), grant))
+        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
 
     /// Acquires 1..=16 keys atomically under one token (duplicates are
@@ -780,41 +695,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let grant = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(TicketSet::new(self.inner.clone(), grant))
-    }
-
-    async fn acquire_keys(
-        &self,
-        keys: KeySet,
-        wait: Duration,
-        lease: Duration,
-        min_work_budget: Duration,
-    ) -> Result<Grant, TicketError> {
         let params = AcquireParams::new(wait, lease, min_work_budget)?;
-        let inner = &*self.inner;
-        let mut op = AcquireOperation::new(inner.now(), keys, params);
-        loop {
-            let step = match inner.submit(true, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(inner.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(inner.now(), error),
-            };
-            match step {
-                AcquireStep::Granted(grant) => return Ok(grant),
-                AcquireStep::Failed(error) => return Err(error),
-                AcquireStep::Compensate { error, grant } => {
-                    inner.release_in_background(grant);
-                    return Err(error);
-                }
-                AcquireStep::RetryAt(at) => inner.sleep_until(at).await,
-            }
-        }
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }
 
     /// Stops taking requests, finishes queued background releases (each
@@ -834,18 +717,25 @@ impl TicketBroker {
     }
 }
 
-impl Releaser for Inner {
+impl Broker for Inner {
     fn now(&self) -> Instant {
-        Inner::now(self)
+        self.clock.now()
     }
     fn to_std(&self, at: Instant) -> std::time::Instant {
-        self.to_std(at)
+        self.clock.to_std(at)
     }
-    fn release(&self, op: ReleaseOperation) -> ReleaseFuture<'_> {
-        Box::pin(self.run_release(op))
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<impl Future<Output = Outcome> + Send + '_, TicketError> {
+        Ok(self.attempt(acquire, submit)?.outcome())
+    }
+    fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_ {
+        Inner::sleep_until(self, at)
     }
     fn release_in_background(&self, grant: Grant) {
-        let now = Inner::now(self);
+        let now = self.now();
         let mut state = self.lock();
         self.enqueue_release(&mut state, now, grant.keys, grant.token);
     }

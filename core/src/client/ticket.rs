@@ -5,34 +5,45 @@
 //! A ticket owns its [`Grant`] and gives it back exactly once: explicitly
 //! with `release` (the caller waits for the final reply), or on drop (a
 //! bounded background release). The broker that acquired it is reached
-//! through [`Releaser`], so the ticket itself does no IO and knows no
-//! runtime.
+//! through its [`Broker`] implementation, so the ticket itself does no IO
+//! and knows no runtime.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::{ClientError, Grant, ReleaseOperation, ReleaseOutcome};
+use super::{Broker, ClientError, Grant, ReleaseOperation, ReleaseOutcome, run_release};
 use crate::time::{Duration, Instant};
 
-/// The future of one explicit release, as a [`Releaser`] runs it.
-pub type ReleaseFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<ReleaseOutcome, ClientError>> + Send + 'a>>;
-
-/// The broker side of a held ticket: its clock and the two ways a grant
-/// goes back. Implemented by each runtime's broker state.
-pub trait Releaser: Send + Sync {
-    /// The broker's clock now.
+/// What a ticket needs of the broker that acquired it: a [`Broker`] as a
+/// trait object.
+trait Releaser: Send + Sync {
     fn now(&self) -> Instant;
-    /// The std instant of `at` on the broker's clock.
     fn to_std(&self, at: Instant) -> std::time::Instant;
-    /// Runs `op` across attempts until a final reply or its deadline (see
-    /// [`ReleaseOperation`]).
-    fn release(&self, op: ReleaseOperation) -> ReleaseFuture<'_>;
-    /// Releases `grant` in the background (a dropped ticket): bounded and
-    /// best effort, the lease being the safety net.
+    fn release(
+        &self,
+        op: ReleaseOperation,
+    ) -> Pin<Box<dyn Future<Output = Result<ReleaseOutcome, ClientError>> + Send + '_>>;
     fn release_in_background(&self, grant: Grant);
+}
+
+impl<B: Broker> Releaser for B {
+    fn now(&self) -> Instant {
+        Broker::now(self)
+    }
+    fn to_std(&self, at: Instant) -> std::time::Instant {
+        Broker::to_std(self, at)
+    }
+    fn release(
+        &self,
+        op: ReleaseOperation,
+    ) -> Pin<Box<dyn Future<Output = Result<ReleaseOutcome, ClientError>> + Send + '_>> {
+        Box::pin(run_release(self, op))
+    }
+    fn release_in_background(&self, grant: Grant) {
+        Broker::release_in_background(self, grant);
+    }
 }
 
 /// A granted lock and the broker it goes back to, released once.
@@ -88,9 +99,10 @@ impl fmt::Debug for Ticket {
 }
 
 impl Ticket {
-    /// The ticket for `grant`, a single-key grant acquired by `releaser`
+    /// The ticket for `grant`, a single-key grant acquired by `broker`
     /// (for runtimes: a broker's `acquire` hands this out).
-    pub fn new(releaser: Arc<dyn Releaser>, grant: Grant) -> Self {
+    pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
+        let releaser: Arc<dyn Releaser> = broker;
         Ticket {
             held: Held {
                 releaser,
@@ -142,9 +154,10 @@ impl fmt::Debug for TicketSet {
 }
 
 impl TicketSet {
-    /// The ticket for `grant`, acquired by `releaser` (for runtimes: a
+    /// The ticket for `grant`, acquired by `broker` (for runtimes: a
     /// broker's `acquire_set` hands this out).
-    pub fn new(releaser: Arc<dyn Releaser>, grant: Grant) -> Self {
+    pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
+        let releaser: Arc<dyn Releaser> = broker;
         TicketSet {
             held: Held {
                 releaser,
