@@ -1287,6 +1287,16 @@ impl Backoff {
         self.next = (self.next * 2).min(BACKOFF_MAX);
         delay
     }
+    /// The delay before reconnecting after `session` (the endpoint's last
+    /// session, if any) ended, or `None` when reconnecting cannot help: it
+    /// failed authentication (a wrong token, or not the configured server).
+    pub fn after_ended(&mut self, session: Option<&Session>) -> Option<Duration> {
+        let reason = session.and_then(Session::close_reason);
+        if reason.is_some_and(CloseReason::is_auth_failure) {
+            return None;
+        }
+        Some(self.after_session(session.and_then(Session::lived), reason))
+    }
     /// The delay before the next connect after a session ended;
     /// `lived` = [`Session::lived`] (`None`: it never became ready),
     /// `reason` = [`Session::close_reason`].

@@ -350,6 +350,14 @@ impl Inner {
             .dispatch(index, now, &mut |notice| self.notice(notice));
     }
 
+    /// Endpoint `index`'s transport is gone: its session and waiters hear
+    /// it.
+    fn transport_closed(&self, state: &mut State, index: usize, now: Instant) {
+        state
+            .broker
+            .transport_closed(index, now, &mut |notice| self.notice(notice));
+    }
+
     /// Wakes what the broker state reports.
     fn notice(&self, notice: BrokerNotice<'_>) {
         match notice {
@@ -512,14 +520,12 @@ async fn run_memory_endpoint(inner: Arc<Inner>, index: usize, config: SessionCon
         let linked = inner.lock().links[index].is_some() || inner.open_memory_link(index, &config);
         let delay = if linked {
             drive_memory(&inner, index).await;
-            let mut state = inner.lock();
-            let session = state.broker.sessions[index].take();
-            let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-            if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                // Reconnecting cannot fix a wrong token.
+            let session = inner.lock().broker.sessions[index].take();
+            let Some(delay) = backoff.after_ended(session.as_ref()) else {
+                // Authentication failed: reconnecting cannot fix it.
                 return;
-            }
-            backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
+            };
+            delay
         } else {
             backoff.after_connect_failure()
         };
@@ -610,22 +616,17 @@ async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
         let delay = match connected {
             Some(Ok(stream)) => {
                 drive_network(&inner, index, stream).await;
-                let mut state = inner.lock();
-                let session = state.broker.sessions[index].take();
-                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                    // Reconnecting cannot fix a wrong token or server.
+                let session = inner.lock().broker.sessions[index].take();
+                let Some(delay) = backoff.after_ended(session.as_ref()) else {
+                    // Authentication failed: reconnecting cannot fix it.
                     return;
-                }
-                backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
+                };
+                delay
             }
             _ => {
                 let now = inner.now();
                 let mut state = inner.lock();
-                if let Some(session) = state.broker.sessions[index].as_mut() {
-                    session.handle_transport_closed(now);
-                }
-                inner.dispatch(&mut state, index, now);
+                inner.transport_closed(&mut state, index, now);
                 state.broker.sessions[index] = None;
                 backoff.after_connect_failure()
             }
@@ -718,10 +719,7 @@ async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
     future::or(read, write).await;
     let now = inner.now();
     let mut state = inner.lock();
-    if let Some(session) = state.broker.sessions[index].as_mut() {
-        session.handle_transport_closed(now);
-    }
-    inner.dispatch(&mut state, index, now);
+    inner.transport_closed(&mut state, index, now);
 }
 
 // ---------------------------------------------------------------------------

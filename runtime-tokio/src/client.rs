@@ -262,6 +262,12 @@ impl Inner {
         state.dispatch(index, now, &mut |notice| self.notice(notice));
     }
 
+    /// Endpoint `index`'s transport is gone: its session and waiters hear
+    /// it.
+    fn transport_closed(&self, state: &mut State, index: usize, now: Instant) {
+        state.transport_closed(index, now, &mut |notice| self.notice(notice));
+    }
+
     /// Wakes and logs what the broker state reports.
     fn notice(&self, notice: BrokerNotice<'_>) {
         match notice {
@@ -391,16 +397,12 @@ async fn run_endpoint(inner: Arc<Inner>, link: Link) {
         let delay = match connected {
             Ok(Ok(stream)) => {
                 drive(&inner, index, stream).await;
-                let mut state = inner.lock();
-                let session = state.sessions[index].take();
-                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-                let lived = session.as_ref().and_then(Session::lived);
-                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                    // Reconnecting cannot fix a wrong token or server.
+                let session = inner.lock().sessions[index].take();
+                let Some(delay) = backoff.after_ended(session.as_ref()) else {
                     warn!(addr = %link.addr, "authentication failed; not reconnecting");
                     return;
-                }
-                backoff.after_session(lived, reason.as_ref())
+                };
+                delay
             }
             result => {
                 let why = match result {
@@ -410,10 +412,7 @@ async fn run_endpoint(inner: Arc<Inner>, link: Link) {
                 debug!(addr = %link.addr, %why, "connect failed");
                 let now = inner.now();
                 let mut state = inner.lock();
-                if let Some(session) = state.sessions[index].as_mut() {
-                    session.handle_transport_closed(now);
-                }
-                inner.dispatch(&mut state, index, now);
+                inner.transport_closed(&mut state, index, now);
                 state.sessions[index] = None;
                 backoff.after_connect_failure()
             }
@@ -508,10 +507,7 @@ async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
     }
     let now = inner.now();
     let mut state = inner.lock();
-    if let Some(session) = state.sessions[index].as_mut() {
-        session.handle_transport_closed(now);
-    }
-    inner.dispatch(&mut state, index, now);
+    inner.transport_closed(&mut state, index, now);
 }
 
 /// Runs queued background releases; on close, drains the queue (each

@@ -134,6 +134,20 @@ impl<W: OutcomeSender> BrokerState<W> {
         true
     }
 
+    /// Endpoint `index`'s transport is gone (or never came up): its session
+    /// hears it, and what that ends (pending requests) is dispatched.
+    pub fn transport_closed(
+        &mut self,
+        index: usize,
+        now: Instant,
+        notice: &mut impl FnMut(BrokerNotice<'_>),
+    ) {
+        if let Some(session) = self.sessions[index].as_mut() {
+            session.handle_transport_closed(now);
+        }
+        self.dispatch(index, now, notice);
+    }
+
     /// Queues a background release of `keys` under `token` and reports it.
     pub fn enqueue_release(
         &mut self,
