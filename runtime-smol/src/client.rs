@@ -4,9 +4,11 @@
 //! Every rule of the official client (request ids, reply matching,
 //! Indeterminate, which attempts may be retried, conservative validity, the
 //! 5 s release window, reconnect backoff) lives in
-//! [`ticketing_core::client`]; this module only moves bytes between a
-//! transport and the core's [`Session`]s, reads the clock and parks futures.
-//! It mirrors `ticketing_tokio::client` call for call.
+//! [`ticketing_core::client`], and so do the acquire and release loops
+//! ([`run_acquire`], [`run_release`]) and the tickets; this module only moves
+//! bytes between a transport and the core's [`Session`]s, reads the clock
+//! and parks futures (it implements the core's [`Broker`]). It mirrors
+//! `ticketing_tokio::client` call for call.
 //!
 //! Two transports under one broker:
 //!
@@ -19,8 +21,8 @@
 //!   for the link while nobody else is moving them (a grant on another
 //!   broker's release).
 //!
-//! Shape otherwise as on tokio: one broker-wide state (sessions, [`Router`],
-//! the pending-reply map, the [`ReleaseQueue`]) behind a `std::sync::Mutex`
+//! Shape otherwise as on tokio: one broker-wide [`BrokerState`] (sessions,
+//! router, pending-reply map, release queue) behind a `std::sync::Mutex`
 //! never held across an `.await`; a release worker drains the release queue
 //! (dropped tickets, compensations). Background tasks run on smol's global
 //! executor; the futures returned to callers run on any executor.

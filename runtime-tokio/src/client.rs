@@ -3,11 +3,13 @@
 //! Every rule of the official client (request ids, reply matching,
 //! Indeterminate, which attempts may be retried, conservative validity, the
 //! 5 s release window, reconnect backoff) lives in
-//! [`ticketing_core::client`]; this module only moves bytes between sockets
-//! and the core's [`Session`]s, reads the clock and parks futures.
+//! [`ticketing_core::client`], and so do the acquire and release loops
+//! ([`run_acquire`], [`run_release`]) and the tickets; this module only moves
+//! bytes between sockets and the core's [`Session`]s, reads the clock and
+//! parks futures (it implements the core's [`Broker`]).
 //!
-//! Shape: one broker-wide state (sessions, [`Router`], the pending-reply
-//! map, the [`ReleaseQueue`]) behind a `std::sync::Mutex` that is never held
+//! Shape: one broker-wide [`BrokerState`] (sessions, router, pending-reply
+//! map, release queue) behind a `std::sync::Mutex` that is never held
 //! across an `.await`. Each endpoint has one task that connects, then runs a
 //! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
 //! endpoint wakes the driver after a submit. A release worker drains the
