@@ -57,7 +57,7 @@ pub use ticketing_core::client::{
 
 use crate::embedded::{Hub, MemoryLink};
 use crate::sync::{Clock, Notify, sleep_until_opt};
-use crate::tls::TlsMode;
+use crate::tls::{self, TlsMode};
 
 /// Size of one socket read.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -134,17 +134,12 @@ impl TicketBrokerBuilder {
     /// bound; [`TicketError::Io`] for unusable TLS settings.
     pub fn connect(self) -> Result<TicketBroker, TicketError> {
         let endpoints = self.config.endpoints()?;
-        // Built once, here, so that a bad CA file fails at connect rather
-        // than on every reconnect.
-        let connector = ticketing_tls::client_config(&self.tls)?.map(TlsConnector::from);
+        let connector = tls::connector(&self.tls)?;
         let links = endpoints
             .into_iter()
             .map(|endpoint| {
                 let tls = match &connector {
-                    Some(connector) => Some((
-                        connector.clone(),
-                        ticketing_tls::server_name(&endpoint.addr)?,
-                    )),
+                    Some(connector) => Some((connector.clone(), tls::server_name(&endpoint.addr)?)),
                     None => None,
                 };
                 Ok(Link {

@@ -1,15 +1,157 @@
 //! TLS with rustls (ring provider only) via futures-rustls: the client's
-//! [`TlsMode`] (shared with `ticketing-tokio`, see [`ticketing_tls`]) and a
-//! helper building the embedded listener's configuration.
+//! [`TlsMode`] and a helper building the embedded listener's configuration.
 
+use std::fmt;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::PrivateKeyDer;
-use ticketing_tls::{read_certs, ring_provider};
+use futures_rustls::TlsConnector;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-pub use ticketing_tls::TlsMode;
+use crate::client::TicketError;
+
+/// How a [`TicketBroker`](crate::TicketBroker) secures its connections. The
+/// client never presents a certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Off,
+    /// TLS, server verified against the operating system's trust store.
+    SystemRoots,
+    /// TLS, server verified against the CA certificates in this PEM file.
+    Ca(PathBuf),
+    /// TLS without verifying the server: anyone on the path can impersonate
+    /// it. For tests only.
+    InsecureSkipVerify,
+}
+
+fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_error(message: impl fmt::Display) -> TicketError {
+    TicketError::Io {
+        kind: io::ErrorKind::InvalidInput,
+        message: format!("TLS setup: {message}"),
+    }
+}
+
+/// Builds the connector once, when the broker is built, so that a bad CA
+/// file fails there rather than on every reconnect.
+pub(crate) fn connector(mode: &TlsMode) -> Result<Option<TlsConnector>, TicketError> {
+    let builder = rustls::ClientConfig::builder_with_provider(ring_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(tls_error)?;
+    let mut roots = rustls::RootCertStore::empty();
+    match mode {
+        TlsMode::Off => return Ok(None),
+        TlsMode::InsecureSkipVerify => {
+            let config = builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(SkipVerify(ring_provider())))
+                .with_no_client_auth();
+            return Ok(Some(TlsConnector::from(Arc::new(config))));
+        }
+        TlsMode::SystemRoots => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                // One unusable system certificate must not disable the rest.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(tls_error(
+                    "no usable certificates in the system trust store",
+                ));
+            }
+        }
+        TlsMode::Ca(path) => {
+            for cert in read_certs(path).map_err(tls_error)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            }
+        }
+    }
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    Ok(Some(TlsConnector::from(Arc::new(config))))
+}
+
+/// The verifier of [`TlsMode::InsecureSkipVerify`]: accepts any certificate
+/// but still checks handshake signatures.
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The TLS server name of `host:port` or `[v6]:port` (validated by core).
+pub(crate) fn server_name(addr: &str) -> Result<ServerName<'static>, TicketError> {
+    let host = match addr.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => addr.rsplit_once(':').map_or(addr, |(host, _)| host),
+    };
+    ServerName::try_from(host.to_owned()).map_err(|_| tls_error("invalid server name"))
+}
+
+fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+    let pem = std::fs::read(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let certs = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: no PEM certificates", path.display()),
+        ));
+    }
+    Ok(certs)
+}
 
 /// The embedded listener's TLS configuration from a PEM certificate chain
 /// (leaf first) and a PEM private key (PKCS#8, PKCS#1 or SEC1): TLS 1.3 and

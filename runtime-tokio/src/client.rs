@@ -47,6 +47,7 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -81,7 +82,138 @@ const RELEASE_WORKERS_MAX: usize = 64;
 // TLS
 // ---------------------------------------------------------------------------
 
-pub use ticketing_tls::TlsMode;
+/// How connections are secured. The client never presents a certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Off,
+    /// TLS, server verified against the operating system's trust store.
+    SystemRoots,
+    /// TLS, server verified against the CA certificates in this PEM file.
+    Ca(PathBuf),
+    /// TLS without verifying the server: anyone on the path can impersonate
+    /// it. For tests only.
+    InsecureSkipVerify,
+}
+
+fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_error(message: impl fmt::Display) -> TicketError {
+    TicketError::Io {
+        kind: io::ErrorKind::InvalidInput,
+        message: format!("TLS setup: {message}"),
+    }
+}
+
+/// Builds the connector once, at [`TicketBrokerBuilder::connect`], so that a
+/// bad CA file fails there rather than on every reconnect.
+fn tls_connector(mode: &TlsMode) -> Result<Option<TlsConnector>, TicketError> {
+    let builder = rustls::ClientConfig::builder_with_provider(ring_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(tls_error)?;
+    let mut roots = rustls::RootCertStore::empty();
+    match mode {
+        TlsMode::Off => return Ok(None),
+        TlsMode::InsecureSkipVerify => {
+            let config = builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(SkipVerify(ring_provider())))
+                .with_no_client_auth();
+            return Ok(Some(TlsConnector::from(Arc::new(config))));
+        }
+        TlsMode::SystemRoots => {
+            let native = rustls_native_certs::load_native_certs();
+            for cert in native.certs {
+                // One unusable system certificate must not disable the rest.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(tls_error(
+                    "no usable certificates in the system trust store",
+                ));
+            }
+        }
+        TlsMode::Ca(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            let certs = rustls_pemfile::certs(&mut &pem[..])
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(tls_error(format_args!(
+                    "{}: no PEM certificates",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
+            }
+        }
+    }
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    Ok(Some(TlsConnector::from(Arc::new(config))))
+}
+
+/// The verifier of [`TlsMode::InsecureSkipVerify`]: accepts any certificate
+/// but still checks handshake signatures.
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The TLS server name of `host:port` or `[v6]:port` (validated by core).
+fn server_name(addr: &str) -> Result<ServerName<'static>, TicketError> {
+    let host = match addr.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => addr.rsplit_once(':').map_or(addr, |(host, _)| host),
+    };
+    ServerName::try_from(host.to_owned()).map_err(|_| tls_error("invalid server name"))
+}
 
 // ---------------------------------------------------------------------------
 // Builder
@@ -149,16 +281,14 @@ impl TicketBrokerBuilder {
     /// tokio runtime; [`TicketError::Io`] for unusable TLS settings.
     pub fn connect(self) -> Result<TicketBroker, TicketError> {
         let endpoints = self.config.endpoints()?;
-        // Built once, here, so that a bad CA file fails at connect rather
-        // than on every reconnect.
-        let tls = ticketing_tls::client_config(&self.tls)?.map(TlsConnector::from);
+        let tls = tls_connector(&self.tls)?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
             TicketError::InvalidInput("connect() must be called within a tokio runtime")
         })?;
         let server_names = match tls {
             Some(_) => endpoints
                 .iter()
-                .map(|endpoint| ticketing_tls::server_name(&endpoint.addr).map(Some))
+                .map(|endpoint| server_name(&endpoint.addr).map(Some))
                 .collect::<Result<Vec<_>, _>>()?,
             None => vec![None; endpoints.len()],
         };
