@@ -13,6 +13,11 @@
 //!   release across attempts (retry only what certainly had no effect,
 //!   conservative validity, the absolute 5 s release window).
 //! - [`Backoff`]: reconnect delays.
+//! - [`BrokerState`], [`run_acquire`], [`run_release`]: the broker-wide
+//!   state behind a runtime's lock (pending outcomes, capacity, release
+//!   queue) and the operation loops, over a runtime's [`Broker`].
+//! - [`Ticket`] / [`TicketSet`]: what the caller holds after an acquire,
+//!   released once (explicitly or on drop) through its [`Broker`].
 //! - [`BrokerConfig`]: validation of what a user configures, and the
 //!   connections it implies (one address means two connections).
 //!
@@ -34,6 +39,12 @@ use crate::wire::{
     AcquireRequest, ErrorCode, FRAME_HEADER_LEN, Key, KeyGroup, MAX_KEY_LEN, MAX_LEASE_S,
     MAX_SET_KEYS, NO_LEADER_SLOT, ReleaseRequest, Reply, ReplyError, Request,
 };
+
+mod broker;
+mod ticket;
+
+pub use broker::{Broker, BrokerNotice, BrokerState, OutcomeSender, run_acquire, run_release};
+pub use ticket::{Ticket, TicketSet};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
 pub const MAX_WAIT_S: u8 = 255;
@@ -1275,6 +1286,16 @@ impl Backoff {
         let delay = self.next;
         self.next = (self.next * 2).min(BACKOFF_MAX);
         delay
+    }
+    /// The delay before reconnecting after `session` (the endpoint's last
+    /// session, if any) ended, or `None` when reconnecting cannot help: it
+    /// failed authentication (a wrong token, or not the configured server).
+    pub fn after_ended(&mut self, session: Option<&Session>) -> Option<Duration> {
+        let reason = session.and_then(Session::close_reason);
+        if reason.is_some_and(CloseReason::is_auth_failure) {
+            return None;
+        }
+        Some(self.after_session(session.and_then(Session::lived), reason))
     }
     /// The delay before the next connect after a session ended;
     /// `lived` = [`Session::lived`] (`None`: it never became ready),

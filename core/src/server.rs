@@ -26,6 +26,14 @@ use crate::wire::{
     RequestDecoder,
 };
 
+/// The first fencing token of a server bootstrapped `since_epoch` after the
+/// Unix epoch by the wall clock: that time in microseconds (at least 1).
+/// Tokens only grow from there, so a restarted server issues tokens above
+/// those it issued before, as long as the wall clock did not go back.
+pub fn first_token(since_epoch: Duration) -> u64 {
+    crate::time::duration_micros(since_epoch).max(1)
+}
+
 /// Server configuration (already validated by the caller's config layer).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {

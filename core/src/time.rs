@@ -46,6 +46,36 @@ impl Instant {
     }
 }
 
+/// A driver's origin on the std monotonic clock: converts between
+/// `std::time::Instant`s and [`Instant`]s (microseconds since the origin).
+/// It reads no clock itself; the driver passes the std instants in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StdOrigin(std::time::Instant);
+
+impl StdOrigin {
+    /// An origin at `origin` (usually when the driver started).
+    pub fn new(origin: std::time::Instant) -> Self {
+        StdOrigin(origin)
+    }
+
+    /// The origin as a std instant.
+    pub fn as_std(self) -> std::time::Instant {
+        self.0
+    }
+
+    /// `at` as an [`Instant`]: the origin if `at` is earlier, the end of time
+    /// if it is beyond `u64::MAX` microseconds.
+    pub fn instant(self, at: std::time::Instant) -> Instant {
+        Instant::ZERO.saturating_add(at.saturating_duration_since(self.0))
+    }
+
+    /// The std instant of `at`; `None` if the platform clock cannot
+    /// represent it (centuries out).
+    pub fn to_std(self, at: Instant) -> Option<std::time::Instant> {
+        self.0.checked_add(Duration::from_micros(at.as_micros()))
+    }
+}
+
 /// A duration in whole microseconds, saturating at `u64::MAX`.
 pub fn duration_micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
@@ -54,6 +84,18 @@ pub fn duration_micros(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn std_origin_round_trips_and_saturates() {
+        let start = std::time::Instant::now();
+        let origin = StdOrigin::new(start);
+        let later = start + Duration::from_micros(1500);
+        assert_eq!(origin.instant(later), Instant::from_micros(1500));
+        assert_eq!(origin.to_std(Instant::from_micros(1500)), Some(later));
+        assert_eq!(origin.instant(start), Instant::ZERO);
+        let before = StdOrigin::new(later);
+        assert_eq!(before.instant(start), Instant::ZERO);
+    }
 
     #[test]
     fn arithmetic_saturates_instead_of_wrapping() {

@@ -6,10 +6,10 @@
 
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, CancelOutcome,
-    ClientError, CloseReason, Compensation, Grant, KeySet, Outcome, ProtocolError,
-    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
-    SessionEvent, lease_covers,
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
+    CancelOutcome, ClientError, CloseReason, Compensation, Grant, KeySet, Outcome, OutcomeSender,
+    ProtocolError, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session,
+    SessionConfig, SessionEvent, lease_covers,
 };
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
@@ -1596,4 +1596,93 @@ fn errors_display_and_convert() {
         CloseReason::TransportClosed.to_error(),
         ClientError::NotConnected
     );
+}
+
+// ---------------------------------------------------------------------------
+// Broker state
+// ---------------------------------------------------------------------------
+
+/// A test's outcome channel: a std channel whose receiver may be dropped.
+struct Tx(std::sync::mpsc::Sender<Outcome>);
+
+impl OutcomeSender for Tx {
+    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
+        self.0.send(outcome).map_err(|e| e.0)
+    }
+}
+
+/// Sends what `state`'s only session has to send and answers it with `reply`.
+fn answer(state: &mut BrokerState<Tx>, now: Instant, reply: Reply) {
+    let session = state.sessions[0].as_mut().unwrap();
+    session.poll_transmit(now, &mut Vec::new());
+    let mut bytes = Vec::new();
+    reply.encode(&mut bytes);
+    session.handle_input(now, &bytes);
+}
+
+#[test]
+fn the_broker_state_bounds_acquires_delivers_outcomes_and_releases_abandoned_grants() {
+    let s = Scripted::single();
+    let now = s.now;
+    let mut state = BrokerState::new(1, 1);
+    state.sessions[0] = Some(s.session);
+    state.router.handle_event(0, &SessionEvent::Ready);
+    let mut notices = Vec::new();
+    let p = params(secs(5), secs(10), Duration::ZERO);
+    let acquire = |now, session: &mut Session| {
+        session.submit_acquire(now, key("a"), &p, p.operation_deadline(now))
+    };
+
+    // One acquire in flight at most.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (index, rid) = state.submit(now, true, acquire, Tx(tx)).unwrap();
+    assert_eq!(index, 0);
+    let (tx, _rx) = std::sync::mpsc::channel();
+    assert_eq!(
+        state.submit(now, true, acquire, Tx(tx)),
+        Err(ClientError::ClientCapacity)
+    );
+
+    // The grant reaches its caller and frees the slot.
+    answer(&mut state, now, Reply::Acquired { rid, token: 42 });
+    state.dispatch(0, now, &mut |n| notices.push(format!("{n:?}")));
+    assert!(notices.is_empty(), "{notices:?}");
+    assert!(matches!(rx.try_recv(), Ok(Outcome::Acquired(grant)) if grant.token == 42));
+
+    // A grant whose caller is gone is released in the background.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (_, rid) = state.submit(now, true, acquire, Tx(tx)).unwrap();
+    drop(rx);
+    answer(&mut state, now, Reply::Acquired { rid, token: 43 });
+    state.dispatch(0, now, &mut |n| notices.push(format!("{n:?}")));
+    assert_eq!(notices, ["Release { token: 43, queued: true }"]);
+    assert_eq!(state.releases.len(), 1);
+
+    // A cancel frees the slot once; after that it is the caller's receiver
+    // that may hold the outcome.
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let (index, rid) = state.submit(now, true, acquire, Tx(tx)).unwrap();
+    assert!(state.cancel(now, index, rid));
+    assert!(!state.cancel(now, index, rid));
+    let (tx, _rx) = std::sync::mpsc::channel();
+    assert!(state.submit(now, true, acquire, Tx(tx)).is_ok());
+}
+
+#[test]
+fn an_ended_session_sets_the_backoff_unless_authentication_failed() {
+    let mut backoff = Backoff::new();
+    assert_eq!(backoff.after_ended(None), Some(ms(100)), "never connected");
+    let mut s = Scripted::single();
+    s.advance(secs(1));
+    s.session.close_local(s.now);
+    assert_eq!(backoff.after_ended(Some(&s.session)), Some(Duration::ZERO));
+
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut live = Live::new(config);
+    let bad = live.connect(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
+    drain(live.session(bad));
+    assert_eq!(backoff.after_ended(Some(live.session(bad))), None);
 }

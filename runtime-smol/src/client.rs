@@ -4,9 +4,11 @@
 //! Every rule of the official client (request ids, reply matching,
 //! Indeterminate, which attempts may be retried, conservative validity, the
 //! 5 s release window, reconnect backoff) lives in
-//! [`ticketing_core::client`]; this module only moves bytes between a
-//! transport and the core's [`Session`]s, reads the clock and parks futures.
-//! It mirrors `ticketing_tokio::client` call for call.
+//! [`ticketing_core::client`], and so do the acquire and release loops
+//! ([`run_acquire`], [`run_release`]) and the tickets; this module only moves
+//! bytes between a transport and the core's [`Session`]s, reads the clock
+//! and parks futures (it implements the core's [`Broker`]). It mirrors
+//! `ticketing_tokio::client` call for call.
 //!
 //! Two transports under one broker:
 //!
@@ -19,14 +21,14 @@
 //!   for the link while nobody else is moving them (a grant on another
 //!   broker's release).
 //!
-//! Shape otherwise as on tokio: one broker-wide state (sessions, [`Router`],
-//! the pending-reply map, the [`ReleaseQueue`]) behind a `std::sync::Mutex`
+//! Shape otherwise as on tokio: one broker-wide [`BrokerState`] (sessions,
+//! router, pending-reply map, release queue) behind a `std::sync::Mutex`
 //! never held across an `.await`; a release worker drains the release queue
 //! (dropped tickets, compensations). Background tasks run on smol's global
 //! executor; the futures returned to callers run on any executor.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,15 +44,15 @@ use smol::future;
 use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
-    RELEASE_RETRY_WINDOW, ReleaseOperation, ReleaseQueue, ReleaseStep, Router, Session,
-    SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+    AcquireParams, Backoff, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet,
+    Outcome, OutcomeSender, RELEASE_RETRY_WINDOW, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT,
+    run_acquire, run_release,
 };
 use ticketing_core::server::ConnId;
 use ticketing_core::time::Instant;
 
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome,
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
 };
 
 use crate::embedded::{Hub, MemoryLink};
@@ -186,26 +188,24 @@ pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
 // Shared state
 // ---------------------------------------------------------------------------
 
-/// A request awaiting its outcome: who receives it, and whether it counts
-/// against `max_pending`.
-struct Waiter {
-    tx: Sender<Outcome>,
-    acquire: bool,
+/// Where one request's outcome goes.
+struct OutcomeTx(Sender<Outcome>);
+
+impl OutcomeSender for OutcomeTx {
+    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
+        // The channel holds one outcome and gets one: never full.
+        self.0.try_send(outcome).map_err(TrySendError::into_inner)
+    }
 }
 
 struct State {
-    /// The current session of each endpoint (`None` between attempts).
-    sessions: Vec<Option<Session>>,
+    /// Sessions, router, waiters and the release queue.
+    broker: BrokerState<OutcomeTx>,
     /// In-process: the server connection of each endpoint's link.
     links: Vec<Option<ConnId>>,
     /// In-process: the deadline each endpoint task sleeps until
     /// (`u64::MAX` for none), so a submit wakes it only when it must.
     driver_targets_micros: Vec<u64>,
-    router: Router,
-    /// Outcome receivers by (endpoint, rid).
-    pending: HashMap<(usize, u64), Waiter>,
-    acquires_in_flight: usize,
-    releases: ReleaseQueue,
 }
 
 /// The embedded server an in-process broker is linked to.
@@ -218,7 +218,6 @@ struct Memory {
 pub(crate) struct Inner {
     clock: Clock,
     state: Mutex<State>,
-    max_pending: usize,
     memory: Option<Memory>,
     /// Per endpoint: wakes its task (bytes to send, deadline moved, close).
     wakes: Vec<Arc<Notify>>,
@@ -268,15 +267,10 @@ impl Inner {
         Inner {
             clock: Clock::start(),
             state: Mutex::new(State {
-                sessions: (0..endpoints).map(|_| None).collect(),
+                broker: BrokerState::new(endpoints, max_pending),
                 links: vec![None; endpoints],
                 driver_targets_micros: vec![u64::MAX; endpoints],
-                router: Router::new(endpoints),
-                pending: HashMap::new(),
-                acquires_in_flight: 0,
-                releases: ReleaseQueue::default(),
             }),
-            max_pending,
             memory,
             wakes: (0..endpoints).map(|_| Arc::new(Notify::new())).collect(),
             ready_changed: Event::new(),
@@ -337,58 +331,38 @@ impl Inner {
         wait_for(&self.shut_down_changed, || self.is_shut_down()).await;
     }
 
-    /// Queues a background release (dropped ticket or compensation).
+    /// Queues a background release (dropped ticket or compensation). Full
+    /// or expired means dropped: the lease is the safety net.
     fn enqueue_release(&self, state: &mut State, now: Instant, keys: KeySet, token: u64) {
-        // Full or expired means dropped: the lease is the safety net.
-        let _ = state
-            .releases
-            .push(now, ReleaseOperation::new(now, keys, token));
-        self.release_wake.notify_one();
+        state
+            .broker
+            .enqueue_release(now, keys, token, &mut |notice| self.notice(notice));
     }
 
     /// Drains `index`'s session events into the router, the waiters and the
     /// release queue.
     fn dispatch(&self, state: &mut State, index: usize, now: Instant) {
-        loop {
-            let Some(session) = state.sessions[index].as_mut() else {
-                return;
-            };
-            let Some(event) = session.poll_event() else {
-                return;
-            };
-            state.router.handle_event(index, &event);
-            match event {
-                SessionEvent::Ready => {
-                    self.ready_changed.notify(usize::MAX);
-                }
-                SessionEvent::Outcome { rid, outcome } => {
-                    let Some(waiter) = state.pending.remove(&(index, rid)) else {
-                        // Its future was dropped and cancelled it.
-                        if let Outcome::Acquired(grant) = outcome {
-                            self.enqueue_release(state, now, grant.keys, grant.token);
-                        }
-                        continue;
-                    };
-                    if waiter.acquire {
-                        state.acquires_in_flight -= 1;
-                    }
-                    if let Err(TrySendError::Closed(Outcome::Acquired(grant))) =
-                        waiter.tx.try_send(outcome)
-                    {
-                        self.enqueue_release(state, now, grant.keys, grant.token);
-                    }
-                }
-                SessionEvent::Compensate(compensation) => {
-                    self.enqueue_release(state, now, compensation.keys, compensation.token);
-                }
-                SessionEvent::Closed(reason) => {
-                    if reason.is_auth_failure() {
-                        // `wait_ready` gives up on an authentication failure.
-                        self.ready_changed.notify(usize::MAX);
-                    }
-                }
-                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+        state
+            .broker
+            .dispatch(index, now, &mut |notice| self.notice(notice));
+    }
+
+    /// Endpoint `index`'s transport is gone: its session and waiters hear
+    /// it.
+    fn transport_closed(&self, state: &mut State, index: usize, now: Instant) {
+        state
+            .broker
+            .transport_closed(index, now, &mut |notice| self.notice(notice));
+    }
+
+    /// Wakes what the broker state reports.
+    fn notice(&self, notice: BrokerNotice<'_>) {
+        match notice {
+            BrokerNotice::ReadyChanged => {
+                self.ready_changed.notify(usize::MAX);
             }
+            BrokerNotice::SessionClosed { .. } => {}
+            BrokerNotice::Release { .. } => self.release_wake.notify_one(),
         }
     }
 
@@ -402,7 +376,13 @@ impl Inner {
         };
         let mut indices = Vec::with_capacity(IN_PROCESS_LINKS);
         let mut batch = Vec::with_capacity(IN_PROCESS_LINKS);
-        for (index, (session, conn)) in state.sessions.iter_mut().zip(&state.links).enumerate() {
+        for (index, (session, conn)) in state
+            .broker
+            .sessions
+            .iter_mut()
+            .zip(&state.links)
+            .enumerate()
+        {
             if let (Some(session), Some(conn)) = (session.as_mut(), *conn) {
                 indices.push(index);
                 batch.push(MemoryLink {
@@ -421,7 +401,7 @@ impl Inner {
                 self.wakes[index].notify_one();
             }
             self.dispatch(state, index, now);
-            let deadline = state.sessions[index]
+            let deadline = state.broker.sessions[index]
                 .as_ref()
                 .and_then(Session::poll_timeout)
                 .map_or(u64::MAX, Instant::as_micros);
@@ -447,7 +427,7 @@ impl Inner {
         else {
             return false;
         };
-        state.sessions[index] = Some(Session::new(now, config.clone()));
+        state.broker.sessions[index] = Some(Session::new(now, config.clone()));
         state.links[index] = Some(conn);
         self.exchange(&mut state, now);
         true
@@ -455,7 +435,7 @@ impl Inner {
 
     /// Submits one attempt on the connection the router picks and registers
     /// its waiter, all under one lock. In-process, the bytes are moved now.
-    fn submit(
+    fn attempt(
         &self,
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
@@ -464,23 +444,9 @@ impl Inner {
             return Err(TicketError::Closed);
         }
         let now = self.now();
-        let mut state = self.lock();
-        if acquire && state.acquires_in_flight >= self.max_pending {
-            return Err(TicketError::ClientCapacity);
-        }
-        let index = state
-            .router
-            .pick()
-            .ok_or_else(|| state.router.no_connection_error())?;
-        let session = state.sessions[index]
-            .as_mut()
-            .ok_or(TicketError::NotConnected)?;
-        let rid = submit(now, session)?;
         let (tx, rx) = smol::channel::bounded(1);
-        state.pending.insert((index, rid), Waiter { tx, acquire });
-        if acquire {
-            state.acquires_in_flight += 1;
-        }
+        let mut state = self.lock();
+        let (index, rid) = state.broker.submit(now, acquire, submit, OutcomeTx(tx))?;
         if self.memory.is_some() {
             self.exchange(&mut state, now);
         } else {
@@ -493,25 +459,6 @@ impl Inner {
             rid,
             rx: Some(rx),
         })
-    }
-
-    /// One exact-token release across attempts, until a final reply or its
-    /// absolute deadline.
-    async fn run_release(&self, mut op: ReleaseOperation) -> Result<ReleaseOutcome, TicketError> {
-        loop {
-            let step = match self.submit(false, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(self.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(self.now(), error),
-            };
-            match step {
-                ReleaseStep::Done(result) => return result,
-                ReleaseStep::RetryAt(at) => self.clock.sleep_until(at).await,
-            }
-        }
     }
 }
 
@@ -543,13 +490,7 @@ impl Drop for Attempt<'_> {
         };
         let now = self.inner.now();
         let mut state = self.inner.lock();
-        if let Some(waiter) = state.pending.remove(&(self.index, self.rid)) {
-            if waiter.acquire {
-                state.acquires_in_flight -= 1;
-            }
-            if let Some(session) = state.sessions[self.index].as_mut() {
-                session.cancel(now, self.rid);
-            }
+        if state.broker.cancel(now, self.index, self.rid) {
             self.inner.dispatch(&mut state, self.index, now);
             // A cancel may close the session: the link must hear it.
             self.inner.exchange(&mut state, now);
@@ -576,14 +517,12 @@ async fn run_memory_endpoint(inner: Arc<Inner>, index: usize, config: SessionCon
         let linked = inner.lock().links[index].is_some() || inner.open_memory_link(index, &config);
         let delay = if linked {
             drive_memory(&inner, index).await;
-            let mut state = inner.lock();
-            let session = state.sessions[index].take();
-            let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-            if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                // Reconnecting cannot fix a wrong token.
+            let session = inner.lock().broker.sessions[index].take();
+            let Some(delay) = backoff.after_ended(session.as_ref()) else {
+                // Authentication failed: reconnecting cannot fix it.
                 return;
-            }
-            backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
+            };
+            delay
         } else {
             backoff.after_connect_failure()
         };
@@ -604,7 +543,7 @@ async fn drive_memory(inner: &Inner, index: usize) {
             let now = inner.now();
             let mut state = inner.lock();
             let shutdown = inner.is_shut_down();
-            let Some(session) = state.sessions[index].as_mut() else {
+            let Some(session) = state.broker.sessions[index].as_mut() else {
                 return;
             };
             if shutdown {
@@ -615,7 +554,7 @@ async fn drive_memory(inner: &Inner, index: usize) {
             if state.links[index].is_none() {
                 return;
             }
-            let deadline = state.sessions[index]
+            let deadline = state.broker.sessions[index]
                 .as_ref()
                 .and_then(Session::poll_timeout);
             state.driver_targets_micros[index] = deadline.map_or(u64::MAX, Instant::as_micros);
@@ -656,7 +595,7 @@ async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
     let mut backoff = Backoff::new();
     while !inner.is_shut_down() {
         let started = inner.now();
-        inner.lock().sessions[index] = Some(Session::new(started, link.session.clone()));
+        inner.lock().broker.sessions[index] = Some(Session::new(started, link.session.clone()));
         let handshake_deadline = started.saturating_add(link.session.handshake_timeout);
         let connected = future::or(async { Some(connect(&link).await) }, async {
             inner.clock.sleep_until(handshake_deadline).await;
@@ -674,23 +613,18 @@ async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
         let delay = match connected {
             Some(Ok(stream)) => {
                 drive_network(&inner, index, stream).await;
-                let mut state = inner.lock();
-                let session = state.sessions[index].take();
-                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                    // Reconnecting cannot fix a wrong token or server.
+                let session = inner.lock().broker.sessions[index].take();
+                let Some(delay) = backoff.after_ended(session.as_ref()) else {
+                    // Authentication failed: reconnecting cannot fix it.
                     return;
-                }
-                backoff.after_session(session.as_ref().and_then(Session::lived), reason.as_ref())
+                };
+                delay
             }
             _ => {
                 let now = inner.now();
                 let mut state = inner.lock();
-                if let Some(session) = state.sessions[index].as_mut() {
-                    session.handle_transport_closed(now);
-                }
-                inner.dispatch(&mut state, index, now);
-                state.sessions[index] = None;
+                inner.transport_closed(&mut state, index, now);
+                state.broker.sessions[index] = None;
                 backoff.after_connect_failure()
             }
         };
@@ -716,7 +650,7 @@ async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
             };
             let now = inner.now();
             let mut state = inner.lock();
-            let Some(session) = state.sessions[index].as_mut() else {
+            let Some(session) = state.broker.sessions[index].as_mut() else {
                 return;
             };
             session.handle_input(now, &buf[..n]);
@@ -738,7 +672,7 @@ async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
             let deadline = {
                 let mut state = inner.lock();
                 let shutdown = inner.is_shut_down();
-                let Some(session) = state.sessions[index].as_mut() else {
+                let Some(session) = state.broker.sessions[index].as_mut() else {
                     return;
                 };
                 if shutdown {
@@ -782,10 +716,7 @@ async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
     future::or(read, write).await;
     let now = inner.now();
     let mut state = inner.lock();
-    if let Some(session) = state.sessions[index].as_mut() {
-        session.handle_transport_closed(now);
-    }
-    inner.dispatch(&mut state, index, now);
+    inner.transport_closed(&mut state, index, now);
 }
 
 // ---------------------------------------------------------------------------
@@ -800,7 +731,7 @@ async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<Task<()>>) {
         running.retain(|task| !task.is_finished());
         let now = inner.now();
         let job = if running.len() < RELEASE_WORKERS_MAX {
-            inner.lock().releases.pop(now)
+            inner.lock().broker.releases.pop(now)
         } else {
             None
         };
@@ -808,12 +739,12 @@ async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<Task<()>>) {
             let worker = Arc::clone(&inner);
             running.push(smol::spawn(async move {
                 // An error leaves the lock to its lease: nothing to do here.
-                let _ = worker.run_release(job).await;
+                let _ = run_release(&*worker, job).await;
                 worker.release_wake.notify_one();
             }));
             continue;
         }
-        let idle = inner.lock().releases.is_empty() && running.is_empty();
+        let idle = inner.lock().broker.releases.is_empty() && running.is_empty();
         if inner.is_closing() && idle {
             break;
         }
@@ -922,9 +853,9 @@ impl TicketBroker {
             let state = inner.lock();
             if inner.is_closing() {
                 Some(false)
-            } else if (0..state.router.len()).any(|i| state.router.is_ready(i)) {
+            } else if (0..state.broker.router.len()).any(|i| state.broker.router.is_ready(i)) {
                 Some(true)
-            } else if state.router.auth_failed() {
+            } else if state.broker.router.auth_failed() {
                 Some(false)
             } else {
                 None
@@ -952,7 +883,7 @@ impl TicketBroker {
     /// True once some connection failed authentication (wrong token, or not
     /// the configured server); that connection is not retried.
     pub fn auth_failed(&self) -> bool {
-        self.inner.lock().router.auth_failed()
+        self.inner.lock().broker.router.auth_failed()
     }
 
     /// Acquires `key`, waiting at most `wait` in the server's FIFO queue
@@ -973,10 +904,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let held = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(Ticket { held })
+        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
 
     /// Acquires 1..=16 keys atomically under one token (duplicates are
@@ -989,43 +919,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let held = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(TicketSet { held })
-    }
-
-    async fn acquire_keys(
-        &self,
-        keys: KeySet,
-        wait: Duration,
-        lease: Duration,
-        min_work_budget: Duration,
-    ) -> Result<Held, TicketError> {
         let params = AcquireParams::new(wait, lease, min_work_budget)?;
-        let inner = &*self.inner;
-        let mut op = AcquireOperation::new(inner.now(), keys, params);
-        loop {
-            let step = match inner.submit(true, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(inner.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(inner.now(), error),
-            };
-            match step {
-                AcquireStep::Granted(grant) => return Ok(Held::new(&self.inner, grant)),
-                AcquireStep::Failed(error) => return Err(error),
-                AcquireStep::Compensate { error, grant } => {
-                    let now = inner.now();
-                    let mut state = inner.lock();
-                    inner.enqueue_release(&mut state, now, grant.keys, grant.token);
-                    return Err(error);
-                }
-                AcquireStep::RetryAt(at) => inner.clock.sleep_until(at).await,
-            }
-        }
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }
 
     /// Stops taking requests, finishes queued background releases (each
@@ -1050,127 +946,26 @@ impl TicketBroker {
     }
 }
 
-/// A held lock: keys, token and conservative validity, released once.
-struct Held {
-    inner: Arc<Inner>,
-    grant: Option<Grant>,
-}
-
-impl Held {
-    fn new(inner: &Arc<Inner>, grant: Grant) -> Self {
-        Held {
-            inner: Arc::clone(inner),
-            grant: Some(grant),
-        }
+impl Broker for Inner {
+    fn now(&self) -> Instant {
+        self.clock.now()
     }
-    fn grant(&self) -> &Grant {
-        self.grant.as_ref().expect("grant present until released")
+    fn to_std(&self, at: Instant) -> std::time::Instant {
+        self.clock.to_std(at)
     }
-    fn valid_before(&self) -> std::time::Instant {
-        self.inner.clock.to_std(self.grant().valid_before)
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<impl Future<Output = Outcome> + Send + '_, TicketError> {
+        Ok(self.attempt(acquire, submit)?.outcome())
     }
-    fn remaining(&self) -> Duration {
-        self.grant()
-            .valid_before
-            .saturating_duration_since(self.inner.now())
+    fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_ {
+        self.clock.sleep_until(at)
     }
-    async fn release(mut self) -> Result<ReleaseOutcome, TicketError> {
-        let grant = self.grant.take().expect("grant present until released");
-        let op = ReleaseOperation::new(self.inner.now(), grant.keys, grant.token);
-        self.inner.run_release(op).await
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(grant) = self.grant.take() {
-            let now = self.inner.now();
-            let mut state = self.inner.lock();
-            self.inner
-                .enqueue_release(&mut state, now, grant.keys, grant.token);
-        }
-    }
-}
-
-/// A lock on one key. Dropping it releases it in the background (bounded,
-/// best effort); use [`Ticket::release`] to learn the result.
-#[must_use = "dropping a Ticket releases the lock; keep it while the protected work runs"]
-pub struct Ticket {
-    held: Held,
-}
-
-impl fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("key", &self.key())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ticket {
-    /// The key held.
-    pub fn key(&self) -> &str {
-        self.held.grant().keys.keys()[0].as_str()
-    }
-    /// The fencing token: strictly greater than every token granted before.
-    /// Reject `token <= high_water` at the protected write, in the same
-    /// transaction.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease (counted from before the request was
-    /// sent); the server's lease ends later.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
-    /// final reply; an error means the result is unknown and the lease is the
-    /// safety net.
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
-    }
-}
-
-/// A lock on a set of keys under one token. Dropping it releases it in the
-/// background; use [`TicketSet::release`] to learn the result.
-#[must_use = "dropping a TicketSet releases the whole set; keep it while the protected work runs"]
-pub struct TicketSet {
-    held: Held,
-}
-
-impl fmt::Debug for TicketSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TicketSet")
-            .field("keys", &self.keys().collect::<Vec<_>>())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl TicketSet {
-    /// The keys held, ascending by bytes, without duplicates.
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.held.grant().keys.keys().iter().map(|key| key.as_str())
-    }
-    /// The fencing token shared by the whole set.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases the whole set with the exact token; see [`Ticket::release`].
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
+    fn release_in_background(&self, grant: Grant) {
+        let now = self.now();
+        let mut state = self.lock();
+        self.enqueue_release(&mut state, now, grant.keys, grant.token);
     }
 }

@@ -37,7 +37,7 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::auth::{ClientTokens, NONCE_LEN};
 use ticketing_core::client::Session;
-use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig, ServerStats};
+use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
 
 use crate::client::{self, TicketBroker};
@@ -346,16 +346,12 @@ async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
     drop(tasks.timer);
 }
 
-/// By our rule the token counter starts at the bootstrap wall-clock time in
-/// microseconds since the Unix epoch, so a restarted server issues tokens
-/// above those it issued before (as long as the wall clock did not go back).
+/// The core's [`server::first_token`] at the wall-clock time now.
 fn first_token() -> u64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
-    u64::try_from(since_epoch.as_micros())
-        .unwrap_or(u64::MAX)
-        .max(1)
+    server::first_token(since_epoch)
 }
 
 fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {

@@ -2,10 +2,9 @@
 //! the driver clock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use event_listener::Event;
-use ticketing_core::time::Instant;
+use ticketing_core::time::{Instant, StdOrigin};
 
 /// Wakes one task; a notification with nobody waiting is kept as a permit
 /// (the shape of tokio's `Notify::notify_one`), so a wake is never lost
@@ -41,30 +40,24 @@ impl Notify {
     }
 }
 
-/// A driver's monotonic clock: core instants are microseconds since
-/// `origin`.
+/// A driver's monotonic clock: reads the std clock; the core's
+/// [`StdOrigin`] converts.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    origin: std::time::Instant,
-}
+pub(crate) struct Clock(StdOrigin);
 
 impl Clock {
     pub(crate) fn start() -> Self {
-        Clock {
-            origin: std::time::Instant::now(),
-        }
+        Clock(StdOrigin::new(std::time::Instant::now()))
     }
 
     pub(crate) fn now(&self) -> Instant {
-        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+        self.0.instant(std::time::Instant::now())
     }
 
     /// The std instant of a core instant (the origin if it cannot be
     /// represented, which only happens centuries out).
     pub(crate) fn to_std(self, at: Instant) -> std::time::Instant {
-        self.origin
-            .checked_add(Duration::from_micros(at.as_micros()))
-            .unwrap_or(self.origin)
+        self.0.to_std(at).unwrap_or(self.0.as_std())
     }
 
     pub(crate) async fn sleep_until(self, at: Instant) {

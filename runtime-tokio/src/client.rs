@@ -3,11 +3,13 @@
 //! Every rule of the official client (request ids, reply matching,
 //! Indeterminate, which attempts may be retried, conservative validity, the
 //! 5 s release window, reconnect backoff) lives in
-//! [`ticketing_core::client`]; this module only moves bytes between sockets
-//! and the core's [`Session`]s, reads the clock and parks futures.
+//! [`ticketing_core::client`], and so do the acquire and release loops
+//! ([`run_acquire`], [`run_release`]) and the tickets; this module only moves
+//! bytes between sockets and the core's [`Session`]s, reads the clock and
+//! parks futures (it implements the core's [`Broker`]).
 //!
-//! Shape: one broker-wide state (sessions, [`Router`], the pending-reply
-//! map, the [`ReleaseQueue`]) behind a `std::sync::Mutex` that is never held
+//! Shape: one broker-wide [`BrokerState`] (sessions, router, pending-reply
+//! map, release queue) behind a `std::sync::Mutex` that is never held
 //! across an `.await`. Each endpoint has one task that connects, then runs a
 //! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
 //! endpoint wakes the driver after a submit. A release worker drains the
@@ -42,8 +44,8 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -59,14 +61,16 @@ use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, Grant, KeySet, Outcome,
-    RELEASE_RETRY_WINDOW, ReleaseOperation, ReleaseQueue, ReleaseStep, Router, Session,
-    SessionConfig, SessionEvent, WRITE_PROGRESS_TIMEOUT,
+    AcquireParams, Backoff, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet,
+    Outcome, OutcomeSender, RELEASE_RETRY_WINDOW, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT,
+    run_acquire, run_release,
 };
 use ticketing_core::time::Instant;
 
+use crate::serve::Clock;
+
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome,
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
 };
 
 /// Size of one socket read.
@@ -290,15 +294,8 @@ impl TicketBrokerBuilder {
         };
         let (closed_tx, closed_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
-            origin: std::time::Instant::now(),
-            state: Mutex::new(State {
-                sessions: endpoints.iter().map(|_| None).collect(),
-                router: Router::new(endpoints.len()),
-                pending: HashMap::new(),
-                acquires_in_flight: 0,
-                releases: ReleaseQueue::default(),
-            }),
-            max_pending: self.config.max_pending,
+            clock: Clock::start(),
+            state: Mutex::new(State::new(endpoints.len(), self.config.max_pending)),
             wakes: endpoints.iter().map(|_| Notify::new()).collect(),
             ready_changed: Notify::new(),
             release_wake: Notify::new(),
@@ -328,28 +325,20 @@ impl TicketBrokerBuilder {
 // Shared state
 // ---------------------------------------------------------------------------
 
-/// A request awaiting its outcome: who receives it, and whether it counts
-/// against `max_pending`.
-struct Waiter {
-    tx: oneshot::Sender<Outcome>,
-    acquire: bool,
+/// Where one request's outcome goes.
+struct OutcomeTx(oneshot::Sender<Outcome>);
+
+impl OutcomeSender for OutcomeTx {
+    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
+        self.0.send(outcome)
+    }
 }
 
-struct State {
-    /// The current session of each endpoint (`None` between attempts).
-    sessions: Vec<Option<Session>>,
-    router: Router,
-    /// Outcome receivers by (endpoint, rid).
-    pending: HashMap<(usize, u64), Waiter>,
-    acquires_in_flight: usize,
-    releases: ReleaseQueue,
-}
+type State = BrokerState<OutcomeTx>;
 
 struct Inner {
-    /// Core instants are microseconds since this.
-    origin: std::time::Instant,
+    clock: Clock,
     state: Mutex<State>,
-    max_pending: usize,
     /// Per endpoint: wakes its driver (bytes to send, deadline moved, close).
     wakes: Vec<Notify>,
     /// Some endpoint became ready or the broker is closing.
@@ -368,13 +357,7 @@ struct Inner {
 
 impl Inner {
     fn now(&self) -> Instant {
-        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
-    }
-
-    fn to_std(&self, at: Instant) -> std::time::Instant {
-        self.origin
-            .checked_add(Duration::from_micros(at.as_micros()))
-            .unwrap_or(self.origin)
+        self.clock.now()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -402,64 +385,43 @@ impl Inner {
 
     /// Queues a background release (dropped ticket or compensation).
     fn enqueue_release(&self, state: &mut State, now: Instant, keys: KeySet, token: u64) {
-        if !state
-            .releases
-            .push(now, ReleaseOperation::new(now, keys, token))
-        {
-            warn!(
-                token,
-                "release queue full: the lock is left to its lease expiry"
-            );
-        }
-        self.release_wake.notify_one();
+        state.enqueue_release(now, keys, token, &mut |notice| self.notice(notice));
     }
 
     /// Drains `index`'s session events into the router, the waiters and the
     /// release queue.
     fn dispatch(&self, state: &mut State, index: usize, now: Instant) {
-        loop {
-            let Some(session) = state.sessions[index].as_mut() else {
-                return;
-            };
-            let Some(event) = session.poll_event() else {
-                return;
-            };
-            state.router.handle_event(index, &event);
-            match event {
-                SessionEvent::Ready => self.ready_changed.notify_waiters(),
-                SessionEvent::Outcome { rid, outcome } => {
-                    let Some(waiter) = state.pending.remove(&(index, rid)) else {
-                        // Its future was dropped and cancelled it.
-                        if let Outcome::Acquired(grant) = outcome {
-                            self.enqueue_release(state, now, grant.keys, grant.token);
-                        }
-                        continue;
-                    };
-                    if waiter.acquire {
-                        state.acquires_in_flight -= 1;
-                    }
-                    if let Err(Outcome::Acquired(grant)) = waiter.tx.send(outcome) {
-                        self.enqueue_release(state, now, grant.keys, grant.token);
-                    }
+        state.dispatch(index, now, &mut |notice| self.notice(notice));
+    }
+
+    /// Endpoint `index`'s transport is gone: its session and waiters hear
+    /// it.
+    fn transport_closed(&self, state: &mut State, index: usize, now: Instant) {
+        state.transport_closed(index, now, &mut |notice| self.notice(notice));
+    }
+
+    /// Wakes and logs what the broker state reports.
+    fn notice(&self, notice: BrokerNotice<'_>) {
+        match notice {
+            BrokerNotice::ReadyChanged => self.ready_changed.notify_waiters(),
+            BrokerNotice::SessionClosed { index, reason } => {
+                debug!(endpoint = index, %reason, "session closed");
+            }
+            BrokerNotice::Release { token, queued } => {
+                if !queued {
+                    warn!(
+                        token,
+                        "release queue full: the lock is left to its lease expiry"
+                    );
                 }
-                SessionEvent::Compensate(compensation) => {
-                    self.enqueue_release(state, now, compensation.keys, compensation.token);
-                }
-                SessionEvent::Closed(reason) => {
-                    debug!(endpoint = index, %reason, "session closed");
-                    if reason.is_auth_failure() {
-                        // `wait_ready` gives up on an authentication failure.
-                        self.ready_changed.notify_waiters();
-                    }
-                }
-                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+                self.release_wake.notify_one();
             }
         }
     }
 
     /// Submits one attempt on the connection the router picks and registers
     /// its waiter, all under one lock.
-    fn submit(
+    fn attempt(
         &self,
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
@@ -468,23 +430,9 @@ impl Inner {
             return Err(TicketError::Closed);
         }
         let now = self.now();
-        let mut state = self.lock();
-        if acquire && state.acquires_in_flight >= self.max_pending {
-            return Err(TicketError::ClientCapacity);
-        }
-        let index = state
-            .router
-            .pick()
-            .ok_or_else(|| state.router.no_connection_error())?;
-        let session = state.sessions[index]
-            .as_mut()
-            .ok_or(TicketError::NotConnected)?;
-        let rid = submit(now, session)?;
         let (tx, rx) = oneshot::channel();
-        state.pending.insert((index, rid), Waiter { tx, acquire });
-        if acquire {
-            state.acquires_in_flight += 1;
-        }
+        let mut state = self.lock();
+        let (index, rid) = state.submit(now, acquire, submit, OutcomeTx(tx))?;
         drop(state);
         self.wakes[index].notify_one();
         Ok(Attempt {
@@ -493,25 +441,6 @@ impl Inner {
             rid,
             rx: Some(rx),
         })
-    }
-
-    /// One exact-token release across attempts, until a final reply or its
-    /// absolute deadline.
-    async fn run_release(&self, mut op: ReleaseOperation) -> Result<ReleaseOutcome, TicketError> {
-        loop {
-            let step = match self.submit(false, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(self.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(self.now(), error),
-            };
-            match step {
-                ReleaseStep::Done(result) => return result,
-                ReleaseStep::RetryAt(at) => self.sleep_until(at).await,
-            }
-        }
     }
 
     async fn sleep_until(&self, at: Instant) {
@@ -547,13 +476,7 @@ impl Drop for Attempt<'_> {
         };
         let now = self.inner.now();
         let mut state = self.inner.lock();
-        if let Some(waiter) = state.pending.remove(&(self.index, self.rid)) {
-            if waiter.acquire {
-                state.acquires_in_flight -= 1;
-            }
-            if let Some(session) = state.sessions[self.index].as_mut() {
-                session.cancel(now, self.rid);
-            }
+        if state.cancel(now, self.index, self.rid) {
             self.inner.dispatch(&mut state, self.index, now);
             drop(state);
             self.inner.wakes[self.index].notify_one();
@@ -606,16 +529,12 @@ async fn run_endpoint(inner: Arc<Inner>, link: Link) {
         let delay = match connected {
             Ok(Ok(stream)) => {
                 drive(&inner, index, stream).await;
-                let mut state = inner.lock();
-                let session = state.sessions[index].take();
-                let reason = session.as_ref().and_then(|s| s.close_reason().cloned());
-                let lived = session.as_ref().and_then(Session::lived);
-                if reason.as_ref().is_some_and(|r| r.is_auth_failure()) {
-                    // Reconnecting cannot fix a wrong token or server.
+                let session = inner.lock().sessions[index].take();
+                let Some(delay) = backoff.after_ended(session.as_ref()) else {
                     warn!(addr = %link.addr, "authentication failed; not reconnecting");
                     return;
-                }
-                backoff.after_session(lived, reason.as_ref())
+                };
+                delay
             }
             result => {
                 let why = match result {
@@ -625,10 +544,7 @@ async fn run_endpoint(inner: Arc<Inner>, link: Link) {
                 debug!(addr = %link.addr, %why, "connect failed");
                 let now = inner.now();
                 let mut state = inner.lock();
-                if let Some(session) = state.sessions[index].as_mut() {
-                    session.handle_transport_closed(now);
-                }
-                inner.dispatch(&mut state, index, now);
+                inner.transport_closed(&mut state, index, now);
                 state.sessions[index] = None;
                 backoff.after_connect_failure()
             }
@@ -723,10 +639,7 @@ async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
     }
     let now = inner.now();
     let mut state = inner.lock();
-    if let Some(session) = state.sessions[index].as_mut() {
-        session.handle_transport_closed(now);
-    }
-    inner.dispatch(&mut state, index, now);
+    inner.transport_closed(&mut state, index, now);
 }
 
 /// Runs queued background releases; on close, drains the queue (each
@@ -746,7 +659,7 @@ async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<tokio::task::JoinH
         if let Some(job) = job {
             let inner = Arc::clone(&inner);
             running.spawn(async move {
-                if let Err(e) = inner.run_release(job).await {
+                if let Err(e) = run_release(&*inner, job).await {
                     warn!(error = %e, "background release failed; the lease will expire");
                 }
             });
@@ -895,10 +808,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let held = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(Ticket { held })
+        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
 
     /// Acquires 1..=16 keys atomically under one token (duplicates are
@@ -911,43 +823,9 @@ impl TicketBroker {
         min_work_budget: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let held = self
-            .acquire_keys(keys, wait, lease, min_work_budget)
-            .await?;
-        Ok(TicketSet { held })
-    }
-
-    async fn acquire_keys(
-        &self,
-        keys: KeySet,
-        wait: Duration,
-        lease: Duration,
-        min_work_budget: Duration,
-    ) -> Result<Held, TicketError> {
         let params = AcquireParams::new(wait, lease, min_work_budget)?;
-        let inner = &*self.inner;
-        let mut op = AcquireOperation::new(inner.now(), keys, params);
-        loop {
-            let step = match inner.submit(true, |now, session| op.submit(now, session)) {
-                Ok(attempt) => {
-                    let outcome = attempt.outcome().await;
-                    op.on_outcome(inner.now(), outcome)
-                }
-                Err(TicketError::Closed) => return Err(TicketError::Closed),
-                Err(error) => op.on_error(inner.now(), error),
-            };
-            match step {
-                AcquireStep::Granted(grant) => return Ok(Held::new(&self.inner, grant)),
-                AcquireStep::Failed(error) => return Err(error),
-                AcquireStep::Compensate { error, grant } => {
-                    let now = inner.now();
-                    let mut state = inner.lock();
-                    inner.enqueue_release(&mut state, now, grant.keys, grant.token);
-                    return Err(error);
-                }
-                AcquireStep::RetryAt(at) => inner.sleep_until(at).await,
-            }
-        }
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }
 
     /// Stops taking requests, finishes queued background releases (each
@@ -967,127 +845,26 @@ impl TicketBroker {
     }
 }
 
-/// A held lock: keys, token and conservative validity, released once.
-struct Held {
-    inner: Arc<Inner>,
-    grant: Option<Grant>,
-}
-
-impl Held {
-    fn new(inner: &Arc<Inner>, grant: Grant) -> Self {
-        Held {
-            inner: Arc::clone(inner),
-            grant: Some(grant),
-        }
+impl Broker for Inner {
+    fn now(&self) -> Instant {
+        self.clock.now()
     }
-    fn grant(&self) -> &Grant {
-        self.grant.as_ref().expect("grant present until released")
+    fn to_std(&self, at: Instant) -> std::time::Instant {
+        self.clock.to_std(at)
     }
-    fn valid_before(&self) -> std::time::Instant {
-        self.inner.to_std(self.grant().valid_before)
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<impl Future<Output = Outcome> + Send + '_, TicketError> {
+        Ok(self.attempt(acquire, submit)?.outcome())
     }
-    fn remaining(&self) -> Duration {
-        self.grant()
-            .valid_before
-            .saturating_duration_since(self.inner.now())
+    fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_ {
+        Inner::sleep_until(self, at)
     }
-    async fn release(mut self) -> Result<ReleaseOutcome, TicketError> {
-        let grant = self.grant.take().expect("grant present until released");
-        let op = ReleaseOperation::new(self.inner.now(), grant.keys, grant.token);
-        self.inner.run_release(op).await
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(grant) = self.grant.take() {
-            let now = self.inner.now();
-            let mut state = self.inner.lock();
-            self.inner
-                .enqueue_release(&mut state, now, grant.keys, grant.token);
-        }
-    }
-}
-
-/// A lock on one key. Dropping it releases it in the background (bounded,
-/// best effort); use [`Ticket::release`] to learn the result.
-#[must_use = "dropping a Ticket releases the lock; keep it while the protected work runs"]
-pub struct Ticket {
-    held: Held,
-}
-
-impl fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("key", &self.key())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ticket {
-    /// The key held.
-    pub fn key(&self) -> &str {
-        self.held.grant().keys.keys()[0].as_str()
-    }
-    /// The fencing token: strictly greater than every token granted before.
-    /// Reject `token <= high_water` at the protected write, in the same
-    /// transaction.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease (counted from before the request was
-    /// sent); the server's lease ends later.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
-    /// final reply; an error means the result is unknown and the lease is the
-    /// safety net.
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
-    }
-}
-
-/// A lock on a set of keys under one token. Dropping it releases it in the
-/// background; use [`TicketSet::release`] to learn the result.
-#[must_use = "dropping a TicketSet releases the whole set; keep it while the protected work runs"]
-pub struct TicketSet {
-    held: Held,
-}
-
-impl fmt::Debug for TicketSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TicketSet")
-            .field("keys", &self.keys().collect::<Vec<_>>())
-            .field("token", &self.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl TicketSet {
-    /// The keys held, ascending by bytes, without duplicates.
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.held.grant().keys.keys().iter().map(|key| key.as_str())
-    }
-    /// The fencing token shared by the whole set.
-    pub fn token(&self) -> u64 {
-        self.held.grant().token
-    }
-    /// Conservative end of the lease.
-    pub fn conservative_valid_before(&self) -> std::time::Instant {
-        self.held.valid_before()
-    }
-    /// Conservative lease remaining now (zero once past).
-    pub fn remaining(&self) -> Duration {
-        self.held.remaining()
-    }
-    /// Releases the whole set with the exact token; see [`Ticket::release`].
-    pub async fn release(self) -> Result<ReleaseOutcome, TicketError> {
-        self.held.release().await
+    fn release_in_background(&self, grant: Grant) {
+        let now = self.now();
+        let mut state = self.lock();
+        self.enqueue_release(&mut state, now, grant.keys, grant.token);
     }
 }

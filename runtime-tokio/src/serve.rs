@@ -32,8 +32,8 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
-use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig, ServerStats};
-use ticketing_core::time::Instant;
+use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
+use ticketing_core::time::{Instant, StdOrigin};
 
 /// First size of a connection's read buffer; most connections never need
 /// more, so 10 000 idle connections cost 40 MiB rather than 640.
@@ -159,16 +159,12 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     })
 }
 
-/// By our rule the token counter starts at the bootstrap wall-clock time in
-/// microseconds since the Unix epoch, so a restarted server issues tokens
-/// above those it issued before.
+/// The core's [`server::first_token`] at the wall-clock time now.
 pub(crate) fn first_token() -> u64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
-    u64::try_from(since_epoch.as_micros())
-        .unwrap_or(u64::MAX)
-        .max(1)
+    server::first_token(since_epoch)
 }
 
 // ---------------------------------------------------------------------------
@@ -257,30 +253,30 @@ impl Machine for Server {
 // Clock and shared state
 // ---------------------------------------------------------------------------
 
-/// The driver's monotonic clock: core instants are microseconds since
-/// `origin`.
+/// The driver's monotonic clock: reads the std clock; the core's
+/// [`StdOrigin`] converts.
 #[derive(Debug)]
-pub(crate) struct Clock {
-    origin: std::time::Instant,
-}
+pub(crate) struct Clock(StdOrigin);
 
 impl Clock {
     pub(crate) fn start() -> Self {
-        Clock {
-            origin: std::time::Instant::now(),
-        }
+        Clock(StdOrigin::new(std::time::Instant::now()))
     }
 
     pub(crate) fn now(&self) -> Instant {
-        Instant::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+        self.0.instant(std::time::Instant::now())
+    }
+
+    /// The std instant of a core instant (the origin if it cannot be
+    /// represented, which only happens centuries out).
+    pub(crate) fn to_std(&self, at: Instant) -> std::time::Instant {
+        self.0.to_std(at).unwrap_or(self.0.as_std())
     }
 
     /// The tokio instant of a core instant; `None` if it is beyond what the
     /// platform clock can represent (never, in practice).
     fn to_tokio(&self, at: Instant) -> Option<tokio::time::Instant> {
-        self.origin
-            .checked_add(Duration::from_micros(at.as_micros()))
-            .map(tokio::time::Instant::from_std)
+        self.0.to_std(at).map(tokio::time::Instant::from_std)
     }
 }
 

@@ -1,0 +1,292 @@
+//! The broker around the sessions, shared by every runtime: the state kept
+//! behind the broker's one lock ([`BrokerState`]) and the loops of one
+//! logical acquire or release across attempts ([`run_acquire`],
+//! [`run_release`]).
+//!
+//! A runtime keeps a [`BrokerState`] behind a mutex, moves bytes between
+//! its sessions and transports, and implements [`Broker`]: reading its
+//! clock, sleeping, and submitting one attempt whose outcome arrives on its
+//! own one-shot channel ([`OutcomeSender`]). Everything decided between an
+//! attempt's submission and the caller's result is here.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use super::{
+    AcquireOperation, AcquireParams, AcquireStep, ClientError, CloseReason, Grant, KeySet, Outcome,
+    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionEvent,
+};
+use crate::time::Instant;
+
+/// The sending half of a runtime's one-shot channel for one outcome.
+pub trait OutcomeSender {
+    /// Delivers `outcome`, or gives it back if the receiver is gone.
+    fn send(self, outcome: Outcome) -> Result<(), Outcome>;
+}
+
+/// What [`BrokerState::dispatch`] and [`BrokerState::enqueue_release`] ask
+/// the runtime to wake or log.
+#[derive(Debug)]
+pub enum BrokerNotice<'a> {
+    /// A session became ready or failed authentication: wake the callers
+    /// waiting for readiness.
+    ReadyChanged,
+    /// Endpoint `index`'s session closed (for logs).
+    SessionClosed {
+        /// The endpoint.
+        index: usize,
+        /// Why.
+        reason: &'a CloseReason,
+    },
+    /// A background release of `token` was queued (`queued`), or dropped
+    /// because the queue was full or its deadline had passed (the lease is
+    /// then the safety net): wake the release worker.
+    Release {
+        /// The token to release.
+        token: u64,
+        /// False if the release was dropped.
+        queued: bool,
+    },
+}
+
+/// A request awaiting its outcome: who receives it, and whether it counts
+/// against `max_pending`.
+struct Waiter<W> {
+    tx: W,
+    acquire: bool,
+}
+
+/// The broker-wide state a runtime keeps behind one lock: the session of
+/// each endpoint, the router, the requests awaiting outcomes and the
+/// background release queue.
+pub struct BrokerState<W> {
+    /// The current session of each endpoint (`None` between attempts).
+    pub sessions: Vec<Option<Session>>,
+    /// Picks the endpoint of each attempt.
+    pub router: Router,
+    /// Background releases (dropped tickets, compensations).
+    pub releases: ReleaseQueue,
+    /// Outcome senders by (endpoint, rid).
+    pending: HashMap<(usize, u64), Waiter<W>>,
+    acquires_in_flight: usize,
+    max_pending: usize,
+}
+
+impl<W: OutcomeSender> BrokerState<W> {
+    /// A broker of `endpoints` endpoints, none connected, allowing at most
+    /// `max_pending` acquires in flight.
+    pub fn new(endpoints: usize, max_pending: usize) -> Self {
+        BrokerState {
+            sessions: (0..endpoints).map(|_| None).collect(),
+            router: Router::new(endpoints),
+            releases: ReleaseQueue::default(),
+            pending: HashMap::new(),
+            acquires_in_flight: 0,
+            max_pending,
+        }
+    }
+
+    /// Submits one attempt (`submit`) on the session the router picks and
+    /// registers `tx` for its outcome; returns the endpoint and request id.
+    /// Acquires count against `max_pending` until their outcome is
+    /// delivered or cancelled.
+    pub fn submit(
+        &mut self,
+        now: Instant,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+        tx: W,
+    ) -> Result<(usize, u64), ClientError> {
+        if acquire && self.acquires_in_flight >= self.max_pending {
+            return Err(ClientError::ClientCapacity);
+        }
+        let index = self
+            .router
+            .pick()
+            .ok_or_else(|| self.router.no_connection_error())?;
+        let session = self.sessions[index]
+            .as_mut()
+            .ok_or(ClientError::NotConnected)?;
+        let rid = submit(now, session)?;
+        self.pending.insert((index, rid), Waiter { tx, acquire });
+        if acquire {
+            self.acquires_in_flight += 1;
+        }
+        Ok((index, rid))
+    }
+
+    /// The caller stopped waiting for request `rid` on endpoint `index`.
+    /// True if it was still pending: the session cancels it (unsent → gone,
+    /// possibly sent → the session closes), and the runtime should
+    /// [`dispatch`](Self::dispatch) and wake that endpoint. False if its
+    /// outcome was already delivered: a grant in the runtime's receiver is
+    /// then the runtime's to [`enqueue_release`](Self::enqueue_release).
+    pub fn cancel(&mut self, now: Instant, index: usize, rid: u64) -> bool {
+        let Some(waiter) = self.pending.remove(&(index, rid)) else {
+            return false;
+        };
+        if waiter.acquire {
+            self.acquires_in_flight -= 1;
+        }
+        if let Some(session) = self.sessions[index].as_mut() {
+            session.cancel(now, rid);
+        }
+        true
+    }
+
+    /// Endpoint `index`'s transport is gone (or never came up): its session
+    /// hears it, and what that ends (pending requests) is dispatched.
+    pub fn transport_closed(
+        &mut self,
+        index: usize,
+        now: Instant,
+        notice: &mut impl FnMut(BrokerNotice<'_>),
+    ) {
+        if let Some(session) = self.sessions[index].as_mut() {
+            session.handle_transport_closed(now);
+        }
+        self.dispatch(index, now, notice);
+    }
+
+    /// Queues a background release of `keys` under `token` and reports it.
+    pub fn enqueue_release(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        token: u64,
+        notice: &mut impl FnMut(BrokerNotice<'_>),
+    ) {
+        let queued = self
+            .releases
+            .push(now, ReleaseOperation::new(now, keys, token));
+        notice(BrokerNotice::Release { token, queued });
+    }
+
+    /// Drains endpoint `index`'s session events into the router, the
+    /// waiting callers and the release queue. A grant nobody waits for any
+    /// more (its caller gave up) is released in the background.
+    pub fn dispatch(
+        &mut self,
+        index: usize,
+        now: Instant,
+        notice: &mut impl FnMut(BrokerNotice<'_>),
+    ) {
+        loop {
+            let Some(session) = self.sessions[index].as_mut() else {
+                return;
+            };
+            let Some(event) = session.poll_event() else {
+                return;
+            };
+            self.router.handle_event(index, &event);
+            match event {
+                SessionEvent::Ready => notice(BrokerNotice::ReadyChanged),
+                SessionEvent::Outcome { rid, outcome } => {
+                    let Some(waiter) = self.pending.remove(&(index, rid)) else {
+                        // Its caller gave up and cancelled it.
+                        if let Outcome::Acquired(grant) = outcome {
+                            self.enqueue_release(now, grant.keys, grant.token, notice);
+                        }
+                        continue;
+                    };
+                    if waiter.acquire {
+                        self.acquires_in_flight -= 1;
+                    }
+                    if let Err(Outcome::Acquired(grant)) = waiter.tx.send(outcome) {
+                        self.enqueue_release(now, grant.keys, grant.token, notice);
+                    }
+                }
+                SessionEvent::Compensate(compensation) => {
+                    self.enqueue_release(now, compensation.keys, compensation.token, notice);
+                }
+                SessionEvent::Closed(reason) => {
+                    notice(BrokerNotice::SessionClosed {
+                        index,
+                        reason: &reason,
+                    });
+                    if reason.is_auth_failure() {
+                        // Waiting for readiness gives up on an
+                        // authentication failure.
+                        notice(BrokerNotice::ReadyChanged);
+                    }
+                }
+                SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+            }
+        }
+    }
+}
+
+/// A runtime's broker as [`run_acquire`], [`run_release`] and the tickets
+/// it hands out see it.
+pub trait Broker: Send + Sync {
+    /// The broker's clock now.
+    fn now(&self) -> Instant;
+    /// The std instant of `at` on the broker's clock.
+    fn to_std(&self, at: Instant) -> std::time::Instant;
+    /// Submits one attempt ([`BrokerState::submit`] under the broker's
+    /// lock, then the transport is woken) and returns the future of its
+    /// outcome. Dropping that future before the outcome cancels the request
+    /// ([`BrokerState::cancel`]). An error means nothing was submitted.
+    fn submit(
+        &self,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<impl Future<Output = Outcome> + Send + '_, ClientError>;
+    /// Sleeps until `at` on the broker's clock.
+    fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_;
+    /// Releases `grant` in the background: bounded and best effort, the
+    /// lease being the safety net.
+    fn release_in_background(&self, grant: Grant);
+}
+
+/// One logical acquire of `keys` across attempts, until a grant the caller
+/// may use or a final error. A grant that cannot be handed to the caller
+/// is released in the background.
+pub async fn run_acquire<B: Broker + ?Sized>(
+    broker: &B,
+    keys: KeySet,
+    params: AcquireParams,
+) -> Result<Grant, ClientError> {
+    let mut op = AcquireOperation::new(broker.now(), keys, params);
+    loop {
+        let step = match broker.submit(true, |now, session| op.submit(now, session)) {
+            Ok(outcome) => {
+                let outcome = outcome.await;
+                op.on_outcome(broker.now(), outcome)
+            }
+            Err(ClientError::Closed) => return Err(ClientError::Closed),
+            Err(error) => op.on_error(broker.now(), error),
+        };
+        match step {
+            AcquireStep::Granted(grant) => return Ok(grant),
+            AcquireStep::Failed(error) => return Err(error),
+            AcquireStep::Compensate { error, grant } => {
+                broker.release_in_background(grant);
+                return Err(error);
+            }
+            AcquireStep::RetryAt(at) => broker.sleep_until(at).await,
+        }
+    }
+}
+
+/// One exact-token release across attempts, until a final reply or its
+/// absolute deadline.
+pub async fn run_release<B: Broker + ?Sized>(
+    broker: &B,
+    mut op: ReleaseOperation,
+) -> Result<ReleaseOutcome, ClientError> {
+    loop {
+        let step = match broker.submit(false, |now, session| op.submit(now, session)) {
+            Ok(outcome) => {
+                let outcome = outcome.await;
+                op.on_outcome(broker.now(), outcome)
+            }
+            Err(ClientError::Closed) => return Err(ClientError::Closed),
+            Err(error) => op.on_error(broker.now(), error),
+        };
+        match step {
+            ReleaseStep::Done(result) => return result,
+            ReleaseStep::RetryAt(at) => broker.sleep_until(at).await,
+        }
+    }
+}
