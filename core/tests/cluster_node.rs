@@ -16,6 +16,9 @@ use ticketing_core::wire::{
 
 const FINGERPRINT: [u8; 32] = [3; 32];
 const BOOT_US: u64 = 1_700_000_000_000_000;
+/// The generation a bootstrap member joins under if it finds the cluster
+/// already running.
+const REJOIN_GENERATION: u64 = 7;
 
 fn config(id: NodeId) -> ClusterConfig {
     let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
@@ -60,6 +63,7 @@ impl Net {
                 Some(ClusterNode::bootstrap(
                     config(*id),
                     voters.clone(),
+                    REJOIN_GENERATION,
                     u64::from(id.slot) + 11,
                     Instant::ZERO,
                 ))
@@ -651,5 +655,70 @@ fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
             Reply::Acquired { rid: 2, .. }
         ),
         "a grant cut off mid-frame is released"
+    );
+}
+
+#[test]
+fn bootstrap_members_started_together_stay_generation_one() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    for i in 0..3 {
+        let node = net.node(i);
+        assert!(!node.checking_genesis(), "node {i} still checking");
+        assert_eq!(node.id(), NodeId::new(i as u8, 1));
+    }
+    let c = net.connect(leader);
+    assert!(matches!(
+        net.request(c, acquire(1, "k", 0, 10)),
+        Reply::Acquired { rid: 1, .. }
+    ));
+}
+
+/// What a restart with `--bootstrap` by mistake (or a bootstrap member
+/// started after the others already elected a leader) must do: never act as
+/// generation 1, join as the new generation and be swapped in.
+#[test]
+fn a_bootstrap_member_that_finds_a_running_cluster_joins_as_a_new_generation() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let first = token_of(net.request(c, acquire(1, "k", 0, 30)));
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+    let old_id = NodeId::new(victim as u8, 1);
+    net.nodes[victim] = Some(ClusterNode::bootstrap(
+        config(old_id),
+        voters,
+        REJOIN_GENERATION,
+        42,
+        net.now,
+    ));
+    assert!(net.node(victim).checking_genesis());
+    // The leader's heartbeats show a running cluster.
+    net.run_for(Duration::from_millis(500));
+    let new_id = NodeId::new(victim as u8, REJOIN_GENERATION);
+    assert_eq!(net.node(victim).id(), new_id);
+    assert!(!net.node(victim).checking_genesis());
+    // Replaced as a voter like any restart; the old identity is gone.
+    net.run_for(Duration::from_secs(3));
+    let leader_config = net.node(leader).raft().config().clone();
+    assert!(leader_config.is_voter(new_id), "config: {leader_config:?}");
+    assert!(!leader_config.contains(old_id), "config: {leader_config:?}");
+    assert!(net.node(victim).raft().is_voter());
+    // The grant made before is still held: nothing committed was lost.
+    assert_eq!(
+        net.request(c, acquire(2, "k", 0, 30)),
+        Reply::TimedOut { rid: 2 }
+    );
+    let other = (leader + 2) % 3;
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("the two survivors elect a leader");
+    assert!(new_leader == victim || new_leader == other);
+    let c2 = net.connect(new_leader);
+    assert_eq!(
+        net.request(c2, release(3, "k", first)),
+        Reply::Released { rid: 3 }
     );
 }

@@ -17,7 +17,11 @@
 //!   for every slot `s`, so all bootstrap members agree on the first
 //!   configuration without talking first. The flag exists on the command
 //!   line only (not in the config file), so a supervisor restarting the
-//!   process with the same config file never bootstraps again.
+//!   process with the same config file never bootstraps again. If the flag
+//!   is passed to a restart anyway (or a member starts after the others
+//!   already elected a leader), the core's genesis check sees the running
+//!   cluster before the node acts as generation 1 and it joins under the
+//!   wall-clock generation instead, as below.
 //! - **otherwise** the node is `(self_slot, wall-clock µs at start)` and
 //!   starts with [`ClusterNode::join`]: the leader sees the newer generation
 //!   in the peer handshake, adds it as a learner, and once it is caught up
@@ -173,6 +177,8 @@ pub(crate) struct ClusterCore {
     node: ClusterNode,
     last_leader: Option<NodeId>,
     last_voter: bool,
+    /// This node's generation as last logged.
+    last_generation: u64,
 }
 
 impl ClusterCore {
@@ -246,6 +252,15 @@ impl Machine for ClusterCore {
         self.node.stats().clients == 0 && !self.node.is_leader()
     }
     fn observe(&mut self) {
+        let generation = self.node.id().generation;
+        if generation != self.last_generation {
+            self.last_generation = generation;
+            warn!(
+                generation,
+                "--bootstrap found this cluster already running: joined as a new generation \
+                 instead (never pass --bootstrap to a restart)"
+            );
+        }
         let leader = self.node.leader();
         if leader != self.last_leader {
             self.last_leader = leader;
@@ -344,11 +359,13 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         )));
     }
     let slot = settings.node.id.slot;
+    // Strictly above the bootstrap generation whatever the clock says. A
+    // bootstrap member joins under it if it finds the cluster running.
+    let join_generation = wall_clock_micros().max(BOOTSTRAP_GENERATION + 1);
     let generation = if settings.bootstrap {
         BOOTSTRAP_GENERATION
     } else {
-        // Strictly above the bootstrap generation whatever the clock says.
-        wall_clock_micros().max(BOOTSTRAP_GENERATION + 1)
+        join_generation
     };
     settings.node.id = NodeId::new(slot, generation);
     settings.node.bootstrap_wall_clock_us = first_token();
@@ -379,7 +396,7 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     };
     let node = if settings.bootstrap {
         let voters = (0..slot_count).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
-        ClusterNode::bootstrap(settings.node.clone(), voters, seed, now)
+        ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
     } else {
         ClusterNode::join(settings.node.clone(), seed, now)
     };
@@ -399,6 +416,7 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     );
     let core = ClusterCore {
         last_voter: node.raft().is_voter(),
+        last_generation: node.id().generation,
         last_leader: None,
         node,
     };

@@ -1065,7 +1065,13 @@ impl<'t> ClusterWorld<'t> {
         let config = self.node_config(slot, generation);
         let node = if bootstrap || amnesia {
             let voters = (0..self.n).map(|s| NodeId::new(s, 1));
-            ClusterNode::bootstrap(config, voters, seed, now)
+            if amnesia && !bootstrap {
+                // The planted driver bug restarts under generation 1 and
+                // skips the core's check that would catch it.
+                ClusterNode::bootstrap_unchecked(config, voters, seed, now)
+            } else {
+                ClusterNode::bootstrap(config, voters, generation + 1, seed, now)
+            }
         } else {
             ClusterNode::join(config, seed, now)
         };
@@ -1690,6 +1696,16 @@ impl<'t> ClusterWorld<'t> {
             };
             let raft = node.raft();
             let id = raft.id();
+            if id.generation != proc.generation {
+                // A bootstrap member found the cluster running and joined
+                // as a new generation: a new incarnation for the checks.
+                proc.generation = id.generation;
+                proc.commit_seen = 0;
+                proc.max_token = 0;
+                proc.checked = (0, 0, 0, 0);
+                proc.shadow = vec![None; ALL_KEYS.len()];
+                notes.push(format!("node {slot} rejoins as {id:?}"));
+            }
             let known = (raft.term(), raft.leader(), raft.config());
             if (known.0, known.1, known.2)
                 != (
@@ -2840,7 +2856,7 @@ impl<'t> ClusterWorld<'t> {
                     .iter()
                     .filter(|id| {
                         let proc = &self.nodes[usize::from(id.slot)];
-                        id.slot != slot && proc.node.is_some() && proc.generation == id.generation
+                        id.slot != slot && proc.node.as_ref().map(|node| node.id()) == Some(**id)
                     })
                     .count();
                 healthy >= config.quorum()
@@ -2987,7 +3003,11 @@ impl<'t> ClusterWorld<'t> {
             .nodes
             .iter()
             .enumerate()
-            .map(|(slot, proc)| NodeId::new(slot as u8, proc.generation))
+            .map(|(slot, proc)| {
+                proc.node
+                    .as_ref()
+                    .map_or(NodeId::new(slot as u8, proc.generation), |node| node.id())
+            })
             .collect();
         self.nodes.iter().all(|proc| {
             proc.node.as_ref().is_some_and(|node| {

@@ -56,7 +56,8 @@ use crate::peer::{
     MAX_FRAME_LEN, PeerDecoder, PeerHandshake, PeerHandshakeStatus, PeerTokens, encode_message,
 };
 use crate::raft::{
-    Committed, ConfChange, EntryKind, Event, NodeId, ProposeError, Raft, RaftConfig,
+    Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
+    RaftConfig,
 };
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
@@ -300,6 +301,60 @@ pub struct ClusterNode {
     /// A snapshot from the leader that did not decode (should never happen;
     /// counted for operators).
     bad_snapshots: u64,
+    /// A bootstrap member's check that the cluster is new.
+    genesis: GenesisCheck,
+}
+
+/// Where a bootstrap member stands in checking that the cluster is new (see
+/// [`ClusterNode::bootstrap`]).
+#[derive(Debug)]
+enum GenesisCheck {
+    /// Nothing to check: a joining node, or a bootstrap member that saw a
+    /// majority with bootstrap-only logs.
+    Done,
+    /// Still checking; peer messages are observed, not stepped.
+    Pending {
+        /// Slots seen with a log holding only the bootstrap entry.
+        empty_logs: BTreeSet<u8>,
+        /// The generation to join under if the cluster is already running.
+        rejoin_generation: u64,
+        /// Raft's seed, reused for the joining Raft.
+        seed: u64,
+    },
+}
+
+/// What one peer message says about whether the cluster is new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GenesisEvidence {
+    /// The sender's log holds only the bootstrap entry.
+    BootstrapLog,
+    /// A leader exists or existed: the cluster is running.
+    Running,
+    /// Nothing either way.
+    Nothing,
+}
+
+/// Index of the bootstrap configuration entry every bootstrap log starts
+/// with; an entry after it was appended by a leader.
+const BOOTSTRAP_INDEX: u64 = 1;
+
+fn genesis_evidence(body: &MessageBody) -> GenesisEvidence {
+    match body {
+        MessageBody::PreVote { last_index, .. } | MessageBody::Vote { last_index, .. } => {
+            if *last_index <= BOOTSTRAP_INDEX {
+                GenesisEvidence::BootstrapLog
+            } else {
+                GenesisEvidence::Running
+            }
+        }
+        // Only sent to a pre-candidate, and granted only when the granter's
+        // log is no longer than ours: bootstrap-only.
+        MessageBody::PreVoteResponse { reject: false } => GenesisEvidence::BootstrapLog,
+        MessageBody::Append { .. }
+        | MessageBody::Heartbeat { .. }
+        | MessageBody::InstallSnapshot { .. } => GenesisEvidence::Running,
+        _ => GenesisEvidence::Nothing,
+    }
 }
 
 fn leader_reply(rid: u64, leader: Option<NodeId>) -> Reply {
@@ -318,7 +373,46 @@ fn leader_reply(rid: u64, leader: Option<NodeId>) -> Reply {
 impl ClusterNode {
     /// A member of a freshly bootstrapped cluster; every bootstrap member is
     /// given the same `voters`.
+    ///
+    /// State lives in memory only, so nothing tells a process whether its
+    /// `(slot, generation)` has run before; a bootstrap member started by
+    /// mistake on a running cluster would vote and acknowledge again under
+    /// an identity whose earlier votes and acknowledgements it forgot, which
+    /// can lose committed entries. So a bootstrap member first checks that
+    /// the cluster is new: it steps no peer message into Raft until a
+    /// majority of the slots (itself included) showed a log holding only the
+    /// bootstrap entry (in a pre-vote or vote request, or by granting its
+    /// own pre-vote). Any sign of a running cluster before that (a leader's
+    /// append, heartbeat or snapshot, or a longer log) makes it join instead
+    /// as the new generation `rejoin_generation`, exactly like a restart
+    /// without `--bootstrap`; it has cast no vote and acknowledged nothing
+    /// as generation 1 by then.
     pub fn bootstrap(
+        config: ClusterConfig,
+        voters: impl IntoIterator<Item = NodeId>,
+        rejoin_generation: u64,
+        seed: u64,
+        now: Instant,
+    ) -> Self {
+        assert!(
+            rejoin_generation > config.id.generation,
+            "rejoin_generation must be newer than the bootstrap generation"
+        );
+        let mut node = ClusterNode::bootstrap_unchecked(config, voters, seed, now);
+        node.genesis = GenesisCheck::Pending {
+            empty_logs: BTreeSet::new(),
+            rejoin_generation,
+            seed,
+        };
+        node
+    }
+
+    /// A bootstrap member that acts as generation 1 at once, without
+    /// checking that the cluster is new. Only for the simulator's planted
+    /// driver bug (a restart under generation 1, which its checkers must
+    /// catch); a real start uses [`ClusterNode::bootstrap`].
+    #[doc(hidden)]
+    pub fn bootstrap_unchecked(
         config: ClusterConfig,
         voters: impl IntoIterator<Item = NodeId>,
         seed: u64,
@@ -365,6 +459,7 @@ impl ClusterNode {
             dials,
             shutting_down: false,
             bad_snapshots: 0,
+            genesis: GenesisCheck::Done,
         }
     }
 
@@ -722,12 +817,74 @@ impl ClusterNode {
         for msg in messages {
             // Only the authenticated identity may speak on this connection.
             if msg.from == remote {
-                self.raft.step(now, msg);
+                self.step_peer_message(now, msg);
             }
         }
         if failed {
             self.close_conn(now, conn_id);
         }
+    }
+
+    /// Steps `msg` into Raft, unless this bootstrap member is still checking
+    /// that the cluster is new (see [`ClusterNode::bootstrap`]).
+    fn step_peer_message(&mut self, now: Instant, msg: Message) {
+        let GenesisCheck::Pending {
+            empty_logs,
+            rejoin_generation,
+            seed,
+        } = &mut self.genesis
+        else {
+            self.raft.step(now, msg);
+            return;
+        };
+        match genesis_evidence(&msg.body) {
+            GenesisEvidence::Running => {
+                let (generation, seed) = (*rejoin_generation, *seed);
+                self.rejoin(now, generation, seed);
+            }
+            GenesisEvidence::BootstrapLog => {
+                empty_logs.insert(msg.from.slot);
+                // This node's own log is bootstrap-only too.
+                if 2 * (empty_logs.len() + 1) > usize::from(self.config.slot_count) {
+                    self.genesis = GenesisCheck::Done;
+                    self.raft.step(now, msg);
+                }
+            }
+            GenesisEvidence::Nothing => {}
+        }
+    }
+
+    /// Becomes the new generation `generation` of this slot, joining the
+    /// running cluster: a fresh joining Raft and empty replicated state;
+    /// client connections stay, peer connections (whose handshakes named
+    /// the old generation) are closed and dialed again.
+    fn rejoin(&mut self, now: Instant, generation: u64, seed: u64) {
+        let mut config = self.config.clone();
+        config.id = NodeId::new(config.id.slot, generation);
+        let mut fresh = ClusterNode::join(config, seed, now);
+        fresh.conns = std::mem::take(&mut self.conns);
+        fresh.next_conn_id = self.next_conn_id;
+        fresh.next_waiter_seq = self.next_waiter_seq;
+        fresh.wakes = std::mem::take(&mut self.wakes);
+        fresh.handshake_deadlines = std::mem::take(&mut self.handshake_deadlines);
+        fresh.dials = std::mem::take(&mut self.dials);
+        fresh.shutting_down = self.shutting_down;
+        *self = fresh;
+        let peers: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, conn)| matches!(conn.kind, ConnKind::Peer(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        for conn_id in peers {
+            self.close_conn(now, conn_id);
+        }
+    }
+
+    /// Whether this node was started as a bootstrap member and is still
+    /// checking that the cluster is new (it steps no peer message yet).
+    pub fn checking_genesis(&self) -> bool {
+        matches!(self.genesis, GenesisCheck::Pending { .. })
     }
 
     /// On the leader: a handshake showed a generation of a slot that the
