@@ -15,13 +15,10 @@
 //! of lease; tokens strictly increasing), replies, fencing; at the end
 //! liveness and per-key linearizability of what clients observed.
 
-use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-use ticketing_core::auth::{HELLO_LEN, PROOF_LEN};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, CloseReason,
     Grant, KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router, Session,
@@ -32,15 +29,16 @@ use ticketing_core::lock::Limits;
 use ticketing_core::peer::PeerTokens;
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::server::{ConnId, ConnState};
-use ticketing_core::wire::{Decoded, ErrorCode, Reply, Request, RequestDecoder};
+use ticketing_core::wire::{ErrorCode, Reply, Request};
 
+use crate::checks::{History, Window, Windows, key_index, key_indices};
+use crate::clock::{Clock, WALL_EPOCH_US, act_before_local_us, duration_us, instant};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
-use crate::linear::{self, LinEntry, LinOp, LinResult};
-use crate::rng::Rng;
-use crate::world::{
-    Checker, Clock, MILLION, RECENT_INDETERMINATE_MAX, RunReport, Short, Violation, WALL_EPOCH_US,
-    duration_us, instant, key_indices,
-};
+use crate::linear::LinOp;
+use crate::net::{self, StreamOracle};
+use crate::rng::{FaultRoll, Rng};
+use crate::run::{Checker, Queue, Recorder, RunReport, Scheduled, Short};
+use crate::world::RECENT_INDETERMINATE_MAX;
 
 const FINGERPRINT: [u8; 32] = [7; 32];
 const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
@@ -285,29 +283,6 @@ impl Ev {
     }
 }
 
-struct Scheduled {
-    at_us: u64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at_us, self.seq) == (other.at_us, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
-    }
-}
-
 /// Who opened a connection (end a). End b is always a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opener {
@@ -339,16 +314,8 @@ struct Pipe {
     /// A dial whose outcome the dialer has not learnt yet: the pipe must
     /// outlive a reset until then, or the dialer would wait forever.
     dialing: bool,
-    // Oracle of client pipes.
-    c2s_skip: usize,
-    decoder: RequestDecoder,
-    s2c_skip: usize,
-    reply_buf: Vec<u8>,
-    /// Bytes of the node's output stream on this client pipe the oracle has
-    /// read (hello and result byte included, as the node counts them).
-    observed_total: u64,
-    /// Bytes of that stream reported written to the node.
-    written_total: u64,
+    /// Oracle of client pipes: requests and replies in the two streams.
+    oracle: StreamOracle,
     /// Grants in taken bytes whose frame is not yet reported written whole:
     /// token and the stream offset just past the frame.
     unflushed_grants: Vec<(u64, u64)>,
@@ -450,14 +417,6 @@ struct DbKey {
     writer: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    start_us: u64,
-    end_us: u64,
-    token: u64,
-    era: u64,
-}
-
 /// What the oracle knows of a grant in the replicated state.
 #[derive(Clone, Debug)]
 struct GrantInfo {
@@ -473,8 +432,7 @@ pub struct ClusterWorld<'t> {
     config: ClusterSimConfig,
     n: u8,
     now_us: u64,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: Queue<Ev>,
     net: Rng,
     work: Rng,
     fault_rng: Rng,
@@ -513,11 +471,9 @@ pub struct ClusterWorld<'t> {
     /// Requests a node received and has not answered: (pipe, rid).
     pending: BTreeMap<(u64, u64), bool>,
     db: Vec<DbKey>,
-    windows: Vec<Vec<Window>>,
-    history: Vec<Vec<LinEntry>>,
-    report: RunReport,
-    trace: Option<&'t mut dyn std::io::Write>,
-    hash: u64,
+    windows: Windows,
+    history: History,
+    rec: Recorder<'t>,
 }
 
 fn hash_of<T: Hash>(value: &T) -> u64 {
@@ -545,18 +501,13 @@ impl<'t> ClusterWorld<'t> {
         assert!(matches!(config.nodes, 3 | 5), "a cluster has 3 or 5 nodes");
         let n = config.nodes;
         let [net, mut clocks, work, fault_rng] = rngs;
-        let drift = i64::from(config.base.drift_ppm_max);
-        let clock = |rng: &mut Rng| Clock {
-            base_us: rng.range(1_000_000, 1_000_000_000),
-            rate_ppm: rng.range(0, 2 * drift as u64) as i64 - drift,
-            jump_us: 0,
-        };
+        let drift = config.base.drift_ppm_max;
         let nodes = (0..n)
             .map(|_| NodeProc {
                 node: None,
                 inc: 0,
                 generation: 1,
-                clock: clock(&mut clocks),
+                clock: Clock::draw(&mut clocks, drift),
                 conns: BTreeMap::new(),
                 timer_generation: 0,
                 armed: None,
@@ -570,7 +521,7 @@ impl<'t> ClusterWorld<'t> {
         let clients = (0..config.base.clients)
             .map(|_| ClientProc {
                 inc: 0,
-                clock: clock(&mut clocks),
+                clock: Clock::draw(&mut clocks, drift),
                 crashed: false,
                 paused_until_us: 0,
                 sessions: (0..n).map(|_| None).collect(),
@@ -587,8 +538,7 @@ impl<'t> ClusterWorld<'t> {
         ClusterWorld {
             n,
             now_us: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: Queue::new(),
             net,
             work,
             fault_rng,
@@ -615,21 +565,16 @@ impl<'t> ClusterWorld<'t> {
             received: HashSet::new(),
             pending: BTreeMap::new(),
             db: vec![DbKey::default(); keys],
-            windows: vec![Vec::new(); keys],
-            history: vec![Vec::new(); keys],
-            report: RunReport {
-                seed,
-                ..RunReport::default()
-            },
-            trace: None,
-            hash: 0xcbf2_9ce4_8422_2325,
+            windows: Windows::new(),
+            history: History::new(),
+            rec: Recorder::new(seed, config.base.checkers_off.clone()),
             config,
         }
     }
 
     /// Prints a readable line per event to `out`.
     pub fn with_trace(mut self, out: &'t mut dyn std::io::Write) -> Self {
-        self.trace = Some(out);
+        self.rec.set_trace(out);
         self
     }
 
@@ -659,22 +604,19 @@ impl<'t> ClusterWorld<'t> {
         self.schedule(self.config.base.safety_us, Ev::EndSafety);
         let end = self.config.base.safety_us + self.config.base.liveness_bound_us;
         self.schedule(end, Ev::End);
-        while let Some(Reverse(next)) = self.queue.pop() {
+        while let Some(next) = self.queue.pop() {
             self.now_us = next.at_us;
-            self.report.events += 1;
             self.hash_event(&next);
             self.dispatch(next.ev);
             self.check_cluster();
-            if self.phase == Phase::Done || self.report.violations.len() >= 4 {
+            if self.phase == Phase::Done || self.rec.saturated() {
                 break;
             }
         }
-        if self.report.violations.is_empty() {
+        if self.rec.report.violations.is_empty() {
             self.check_linearizability();
         }
-        self.report.trace_hash = self.hash;
-        self.report.end_us = self.now_us;
-        self.report
+        self.rec.finish(self.now_us)
     }
 
     // -----------------------------------------------------------------
@@ -682,88 +624,43 @@ impl<'t> ClusterWorld<'t> {
     // -----------------------------------------------------------------
 
     fn schedule(&mut self, at_us: u64, ev: Ev) {
-        let seq = self.seq;
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at_us, seq, ev }));
+        self.queue.push(at_us, ev);
     }
 
-    fn mix(&mut self, value: u64) {
-        for byte in value.to_le_bytes() {
-            self.hash ^= u64::from(byte);
-            self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn hash_event(&mut self, next: &Scheduled) {
-        self.mix(next.at_us);
-        self.mix(next.ev.code());
-        let extra = match &next.ev {
+    fn hash_event(&mut self, next: &Scheduled<Ev>) {
+        let (bytes, extra): (&[u8], u64) = match &next.ev {
             Ev::Deliver { pipe, bytes, .. } | Ev::Flush { pipe, bytes, .. } => {
-                for &byte in bytes {
-                    self.hash ^= u64::from(byte);
-                    self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-                }
-                pipe ^ ((bytes.len() as u64) << 32)
+                (bytes, pipe ^ ((bytes.len() as u64) << 32))
             }
             Ev::DialArrive { pipe }
             | Ev::DialAnswer { pipe, .. }
             | Ev::ClientConnectArrive { pipe }
-            | Ev::SeesClose { pipe, .. } => *pipe,
-            Ev::NodeTimer { slot, .. } | Ev::NodeRestart { slot } => u64::from(*slot),
+            | Ev::SeesClose { pipe, .. } => (&[], *pipe),
+            Ev::NodeTimer { slot, .. } | Ev::NodeRestart { slot } => (&[], u64::from(*slot)),
             Ev::ClientTimer { client, .. }
             | Ev::ClientConnect { client, .. }
             | Ev::ClientStartOp { client, .. }
             | Ev::ClientResume { client, .. }
-            | Ev::ClientRestart { client } => *client as u64,
-            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => *op,
-            _ => 0,
+            | Ev::ClientRestart { client } => (&[], *client as u64),
+            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => {
+                (&[], *op)
+            }
+            _ => (&[], 0),
         };
-        self.mix(extra);
-        if self.trace.is_some() {
-            let line = format!("{:>12.6}s {:?}", next.at_us as f64 / 1e6, TraceEv(&next.ev));
-            self.trace_line(&line);
-        }
-    }
-
-    fn trace_line(&mut self, line: &str) {
-        if let Some(out) = self.trace.as_mut() {
-            let _ = writeln!(out, "{line}");
-        }
+        self.rec
+            .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
     }
 
     fn note(&mut self, text: impl FnOnce() -> String) {
-        if self.trace.is_some() {
-            let line = format!("              . {}", text());
-            self.trace_line(&line);
-        }
+        self.rec.note(text);
     }
 
     fn violation(&mut self, checker: Checker, detail: String) {
-        if self.config.base.checkers_off.contains(&checker) {
-            return;
-        }
-        let line = format!("VIOLATION [{checker:?}] {detail}");
-        self.trace_line(&line);
-        self.report.violations.push(Violation {
-            checker,
-            at_us: self.now_us,
-            detail,
-        });
+        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn net_delay(&mut self) -> u64 {
-        let base = &self.config.base;
-        let (min, jitter, spike_ppm, spike_max) = (
-            base.net_delay_min_us,
-            base.net_jitter_us,
-            base.net_spike_ppm,
-            base.net_spike_max_us,
-        );
-        let mut delay = min + self.net.below(jitter + 1);
-        if self.net.chance(spike_ppm) {
-            delay += self.net.below(spike_max + 1);
-        }
-        delay
+        net::delay(&self.config.base, &mut self.net)
     }
 
     fn fault_delay(&mut self) -> u64 {
@@ -780,10 +677,7 @@ impl<'t> ClusterWorld<'t> {
     }
 
     fn nonce(&mut self) -> [u8; 16] {
-        let mut nonce = [0u8; 16];
-        nonce[..8].copy_from_slice(&self.net.next_u64().to_le_bytes());
-        nonce[8..].copy_from_slice(&self.net.next_u64().to_le_bytes());
-        nonce
+        net::nonce(&mut self.net, 2)
     }
 
     /// Whether a peer pipe's direction `dir` is cut now.
@@ -801,7 +695,7 @@ impl<'t> ClusterWorld<'t> {
 
     /// Sends `bytes` on `pipe` in direction `dir`, split at random byte
     /// boundaries into chunks that arrive in order.
-    fn send(&mut self, pipe_id: u64, dir: u8, mut bytes: Vec<u8>) {
+    fn send(&mut self, pipe_id: u64, dir: u8, bytes: Vec<u8>) {
         let Some(pipe) = self.pipes.get(&pipe_id) else {
             return;
         };
@@ -814,14 +708,7 @@ impl<'t> ClusterWorld<'t> {
             pipe.held[usize::from(dir)].push(bytes);
             return;
         }
-        let mut chunks = Vec::new();
-        while bytes.len() > 1 && self.net.chance(300_000) {
-            let at = 1 + self.net.index(bytes.len() - 1);
-            let rest = bytes.split_off(at);
-            chunks.push(std::mem::replace(&mut bytes, rest));
-        }
-        chunks.push(bytes);
-        for chunk in chunks {
+        for chunk in net::chunks(&mut self.net, bytes) {
             let delay = self.net_delay();
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
             let d = usize::from(dir);
@@ -854,8 +741,8 @@ impl<'t> ClusterWorld<'t> {
         let in_flight = pipe.in_flight;
         let last = pipe.last_us;
         let allow = [
-            self.net.below(in_flight[0] as u64 + 1) as usize,
-            self.net.below(in_flight[1] as u64 + 1) as usize,
+            net::reset_allow(&mut self.net, in_flight[0]),
+            net::reset_allow(&mut self.net, in_flight[1]),
         ];
         self.pipes.get_mut(&pipe_id).expect("checked above").allow = allow;
         for side in 0..2u8 {
@@ -907,12 +794,7 @@ impl<'t> ClusterWorld<'t> {
                 close_held: false,
                 writing: [false, false],
                 dialing: matches!(opener, Opener::Node { .. }),
-                c2s_skip: PROOF_LEN,
-                decoder: RequestDecoder::new(),
-                s2c_skip: HELLO_LEN + 1,
-                reply_buf: Vec::new(),
-                observed_total: 0,
-                written_total: 0,
+                oracle: StreamOracle::new(),
                 unflushed_grants: Vec::new(),
             },
         );
@@ -1171,32 +1053,19 @@ impl<'t> ClusterWorld<'t> {
             }
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
             pipe.writing[usize::from(side)] = true;
-            let mut at = self.now_us + self.net.below(3) * self.net.below(2_000);
-            if out.len() > 1 && self.net.chance(self.config.base.faults.partial_write_ppm) {
-                let rest = out.split_off(1 + self.net.index(out.len() - 1));
-                let first = std::mem::replace(&mut out, rest);
+            let partial_ppm = self.config.base.faults.partial_write_ppm;
+            for part in net::write_parts(&mut self.net, self.now_us, partial_ppm, out) {
                 self.schedule(
-                    at,
+                    part.at_us,
                     Ev::Flush {
                         pipe: pipe_id,
                         side,
-                        bytes: first,
-                        done: false,
-                        close: false,
+                        bytes: part.bytes,
+                        done: part.done,
+                        close: close && part.done,
                     },
                 );
-                at += self.net.range(100, 100_000);
             }
-            self.schedule(
-                at,
-                Ev::Flush {
-                    pipe: pipe_id,
-                    side,
-                    bytes: out,
-                    done: true,
-                    close,
-                },
-            );
         }
         let proc = &mut self.nodes[s];
         let Some(node) = proc.node.as_ref() else {
@@ -1225,31 +1094,7 @@ impl<'t> ClusterWorld<'t> {
     /// Oracle: the replies in bytes a node took for a client pipe.
     fn observe_replies(&mut self, pipe_id: u64, out: &[u8]) {
         let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
-        pipe.observed_total += out.len() as u64;
-        let skip = pipe.s2c_skip.min(out.len());
-        pipe.s2c_skip -= skip;
-        pipe.reply_buf.extend_from_slice(&out[skip..]);
-        let mut used_total = 0;
-        let mut replies = Vec::new();
-        let mut bad = None;
-        loop {
-            match Reply::decode(&pipe.reply_buf[used_total..]) {
-                Ok(Some((reply, used))) => {
-                    used_total += used;
-                    // The buffer's end is the stream's observed end.
-                    let unparsed = (pipe.reply_buf.len() - used_total) as u64;
-                    replies.push((reply, pipe.observed_total - unparsed));
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    bad = Some(error);
-                    pipe.reply_buf.clear();
-                    used_total = 0;
-                    break;
-                }
-            }
-        }
-        pipe.reply_buf.drain(..used_total);
+        let (replies, bad) = pipe.oracle.replies(out);
         if let Some(error) = bad {
             self.violation(
                 Checker::Replies,
@@ -1455,11 +1300,10 @@ impl<'t> ClusterWorld<'t> {
         let d = usize::from(dir);
         pipe.in_flight[d] -= bytes.len().min(pipe.in_flight[d]);
         if pipe.reset {
-            bytes.truncate(pipe.allow[d]);
-            pipe.allow[d] -= bytes.len();
-            if bytes.is_empty() {
+            let Some(kept) = net::cut_after_reset(&mut pipe.allow[d], bytes) else {
                 return;
-            }
+            };
+            bytes = kept;
         }
         let to_side = if dir == 0 { 1 } else { 0 };
         if to_side == 0
@@ -1483,17 +1327,8 @@ impl<'t> ClusterWorld<'t> {
     /// Oracle: requests a node receives on a client pipe.
     fn observe_requests(&mut self, pipe_id: u64, bytes: &[u8]) {
         let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
-        let skip = pipe.c2s_skip.min(bytes.len());
-        pipe.c2s_skip -= skip;
-        pipe.decoder.push(&bytes[skip..]);
-        let mut arrived = Vec::new();
-        while let Ok(Some(decoded)) = pipe.decoder.next() {
-            if let Decoded::Request(request) = decoded {
-                arrived.push(request);
-            }
-        }
-        for request in arrived {
-            self.report.requests += 1;
+        for request in pipe.oracle.requests(bytes) {
+            self.rec.report.requests += 1;
             let (rid, acquire) = match &request {
                 Request::Acquire(acquire) => (acquire.rid, true),
                 Request::Release(release) => {
@@ -1530,8 +1365,8 @@ impl<'t> ClusterWorld<'t> {
                 node.handle_written(now, id, written);
             }
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
-            pipe.written_total += written as u64;
-            let written_total = pipe.written_total;
+            pipe.oracle.written_total += written as u64;
+            let written_total = pipe.oracle.written_total;
             pipe.unflushed_grants
                 .retain(|(_, end_offset)| *end_offset > written_total);
         }
@@ -1699,7 +1534,7 @@ impl<'t> ClusterWorld<'t> {
                 )
             {
                 proc.known_leader = (known.0, known.1, known.2.clone());
-                if self.trace.is_some() {
+                if self.rec.tracing() {
                     notes.push(format!(
                         "{id:?} term {}: leader {:?}, {:?}, commit {}, voters {:?}, learners {:?}",
                         known.0,
@@ -1811,7 +1646,7 @@ impl<'t> ClusterWorld<'t> {
                 .keys
                 .keys()
                 .iter()
-                .map(|key| crate::world::key_index(key.as_bytes()))
+                .map(|key| key_index(key.as_bytes()))
                 .collect();
             for &key in &keys {
                 holders[key] = Some(token);
@@ -1891,9 +1726,7 @@ impl<'t> ClusterWorld<'t> {
     /// The shortest true duration of a lease of `lease_us` on a node clock
     /// that may run fast by the drift bound.
     fn lease_min_us(&self, lease_us: u64) -> u64 {
-        let lease = i128::from(lease_us);
-        u64::try_from(lease * MILLION / (MILLION + i128::from(self.config.base.drift_ppm_max)))
-            .unwrap_or(0)
+        crate::clock::lease_min_us(lease_us, self.config.base.drift_ppm_max)
     }
 
     // -----------------------------------------------------------------
@@ -2258,36 +2091,15 @@ impl<'t> ClusterWorld<'t> {
     }
 
     fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
-        key_indices(keys)
-            .into_iter()
-            .map(|key| {
-                self.history[key].push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: u64::MAX,
-                    op,
-                });
-                (key, self.history[key].len() - 1)
-            })
-            .collect()
+        self.history.open(self.now_us, keys, op)
     }
 
     fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = map(entry.op);
-            entry.respond_us = match entry.op {
-                LinOp::AcquireIndeterminate { .. } | LinOp::ReleaseIndeterminate { .. } => u64::MAX,
-                _ => self.now_us,
-            };
-        }
+        self.history.resolve(self.now_us, hist, map);
     }
 
     fn forget_history(&mut self, hist: &[(usize, usize)]) {
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = LinOp::ReleaseIndeterminate { token: 0 };
-            entry.respond_us = u64::MAX;
-        }
+        self.history.forget(hist);
     }
 
     fn op_attempt(&mut self, client: usize, id: u64) {
@@ -2399,7 +2211,7 @@ impl<'t> ClusterWorld<'t> {
         self.note(|| format!("client {client} op {id}: {step:?}"));
         match step {
             AcquireStep::Granted(grant) => {
-                self.report.grants += 1;
+                self.rec.report.grants += 1;
                 self.received.insert(grant.token);
                 if self.ghosts.contains(&grant.token) {
                     self.violation(
@@ -2446,12 +2258,11 @@ impl<'t> ClusterWorld<'t> {
     }
 
     fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
-        let drift = i128::from(self.config.base.drift_ppm_max);
-        let valid_before = grant.valid_before.as_micros();
-        let lease_us = i128::from(lease_s) * MILLION;
-        let shrink = lease_us - lease_us * (MILLION - drift) / (MILLION + drift);
-        let act_before_local_us =
-            valid_before.saturating_sub(u64::try_from(shrink).unwrap_or(u64::MAX));
+        let act_before_local_us = act_before_local_us(
+            grant.valid_before.as_micros(),
+            lease_s,
+            self.config.base.drift_ppm_max,
+        );
         let era = self
             .grants
             .get(&grant.token)
@@ -2524,7 +2335,7 @@ impl<'t> ClusterWorld<'t> {
             1 => {
                 let max = self.config.base.faults.pause_max_us.max(1);
                 let pause = self.fault_rng.range(1, max);
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.pause_client(client, pause);
                 self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
                 self.schedule(
@@ -2562,7 +2373,7 @@ impl<'t> ClusterWorld<'t> {
                 writer: client as u64,
             };
         } else {
-            self.report.fenced_writes += 1;
+            self.rec.report.fenced_writes += 1;
             self.note(|| {
                 format!(
                     "db {}: stale write by client {client} token {token} < {} fenced",
@@ -2608,35 +2419,16 @@ impl<'t> ClusterWorld<'t> {
     /// No two grants of a key (in one lease era) have overlapping validity
     /// windows in true time.
     fn record_window(&mut self, grant: &Grant, start_us: u64, end_us: u64, era: u64) {
+        // A holding is named by its token here: one grant, one holding.
         let window = Window {
             start_us,
             end_us,
+            holding: grant.token,
             token: grant.token,
             era,
         };
-        for key in key_indices(&grant.keys) {
-            let clash = self.windows[key].iter().copied().find(|other| {
-                other.era == era
-                    && other.token != window.token
-                    && other.start_us < window.end_us
-                    && window.start_us < other.end_us
-            });
-            if let Some(other) = clash {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: validity windows overlap: token {} [{}, {}] and token {} [{}, {}]",
-                        ALL_KEYS[key],
-                        other.token,
-                        other.start_us,
-                        other.end_us,
-                        window.token,
-                        window.start_us,
-                        window.end_us
-                    ),
-                );
-            }
-            self.windows[key].push(window);
+        for detail in self.windows.record(grant, window) {
+            self.violation(Checker::Fencing, detail);
         }
     }
 
@@ -2855,13 +2647,8 @@ impl<'t> ClusterWorld<'t> {
         self.schedule(next, Ev::FaultTick);
         let faults = self.config.base.faults.clone();
         let cluster = self.config.faults.clone();
-        let roll = self.fault_rng.below(1_000_000) as u32;
-        let mut threshold = 0;
-        let mut pick = |ppm: u32| {
-            let hit = roll >= threshold && roll < threshold.saturating_add(ppm);
-            threshold = threshold.saturating_add(ppm);
-            hit
-        };
+        let mut roll = FaultRoll::new(&mut self.fault_rng);
+        let mut pick = |ppm: u32| roll.pick(ppm);
         let n = self.n;
         if pick(faults.reset_ppm) {
             let live: Vec<u64> = self
@@ -2872,14 +2659,14 @@ impl<'t> ClusterWorld<'t> {
                 .collect();
             if !live.is_empty() {
                 let pipe = live[self.fault_rng.index(live.len())];
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.note(|| format!("FAULT reset pipe {pipe}"));
                 self.reset_pipe(pipe);
             }
         } else if pick(faults.client_crash_ppm) {
             let client = self.fault_rng.index(self.clients.len());
             if !self.clients[client].crashed {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.crash_client(client);
             }
         } else if pick(cluster.node_crash_ppm) {
@@ -2890,7 +2677,7 @@ impl<'t> ClusterWorld<'t> {
             if self.nodes[usize::from(slot)].node.is_some()
                 && (amnesia || self.crash_is_survivable(slot))
             {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.crash_node(slot);
             }
         } else if pick(cluster.partition_ppm) {
@@ -2907,12 +2694,12 @@ impl<'t> ClusterWorld<'t> {
                     }
                 }
             }
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.partition(links, format!("{minority:?} | rest"));
         } else if pick(cluster.one_way_ppm) {
             let from = self.fault_rng.below(u64::from(n)) as u8;
             let to = (from + 1 + self.fault_rng.below(u64::from(n) - 1) as u8) % n;
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.partition(vec![(from, to)], format!("{from} → {to} cut one way"));
         } else if pick(cluster.isolate_leader_ppm) {
             let leader = self
@@ -2926,23 +2713,18 @@ impl<'t> ClusterWorld<'t> {
                     .filter(|&other| other != leader)
                     .flat_map(|other| [(leader, other), (other, leader)])
                     .collect();
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.partition(links, format!("leader {leader} isolated"));
             }
         } else if pick(cluster.node_clock_jump_ppm) {
             let slot = self.fault_rng.below(u64::from(n)) as u8;
             let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.nodes[usize::from(slot)].clock.jump_us += jump;
             // Leases timed on this node now end `jump` earlier.
             self.lease_era += 1;
-            for history in &mut self.history {
-                history.push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: self.now_us,
-                    op: LinOp::LeaseCut { by_us: jump },
-                });
-            }
+            self.history
+                .mark_all(self.now_us, LinOp::LeaseCut { by_us: jump });
             self.note(|| format!("FAULT node {slot} clock jumps {jump} µs forward"));
             let now = self.node_now(slot);
             if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
@@ -2954,14 +2736,14 @@ impl<'t> ClusterWorld<'t> {
             let client = self.fault_rng.index(self.clients.len());
             let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
             if !self.clients[client].crashed {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.pause_client(client, pause);
                 self.note(|| format!("FAULT client {client} pauses {pause} µs"));
             }
         } else if pick(faults.clock_jump_ppm) {
             let client = self.fault_rng.index(self.clients.len());
             let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.clients[client].clock.jump_us += jump;
             self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
             let local = self.client_now(client);
@@ -3077,40 +2859,10 @@ impl<'t> ClusterWorld<'t> {
     }
 
     fn check_linearizability(&mut self) {
-        for (key, name) in ALL_KEYS.iter().enumerate() {
-            let history: Vec<LinEntry> = self.history[key]
-                .iter()
-                .copied()
-                .filter(|entry| !matches!(entry.op, LinOp::ReleaseIndeterminate { token: 0 }))
-                .collect();
-            if history
-                .iter()
-                .all(|entry| matches!(entry.op, LinOp::LeaseCut { .. }))
-            {
-                continue;
-            }
-            self.report.lin_keys_checked += 1;
-            match linear::check(&history) {
-                LinResult::Ok => {}
-                LinResult::Inconclusive => self.report.lin_inconclusive += 1,
-                LinResult::Violation => {
-                    let mut detail = format!("history of {name} has no linearization:");
-                    for entry in &history {
-                        let _ = write!(
-                            detail,
-                            "\n    [{}, {}] {:?}",
-                            entry.invoke_us,
-                            if entry.respond_us == u64::MAX {
-                                "-".to_string()
-                            } else {
-                                entry.respond_us.to_string()
-                            },
-                            entry.op
-                        );
-                    }
-                    self.violation(Checker::Linearizability, detail);
-                }
-            }
+        // Keys that saw nothing but lease cuts are not checked.
+        let trivial = |op: &LinOp| matches!(op, LinOp::LeaseCut { .. });
+        for detail in self.history.check(trivial, &mut self.rec.report) {
+            self.violation(Checker::Linearizability, detail);
         }
     }
 }

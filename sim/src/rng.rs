@@ -93,6 +93,30 @@ impl Rng {
 /// Number of streams a world draws from (network, clocks, workload, faults).
 pub const STREAMS: usize = 4;
 
+/// One fault tick's roll: each fault's rate claims the next slice of a
+/// million, so one draw picks at most one fault.
+pub(crate) struct FaultRoll {
+    roll: u32,
+    threshold: u32,
+}
+
+impl FaultRoll {
+    /// Draws the roll (one draw from `rng`).
+    pub(crate) fn new(rng: &mut Rng) -> Self {
+        FaultRoll {
+            roll: rng.below(1_000_000) as u32,
+            threshold: 0,
+        }
+    }
+
+    /// Whether the roll falls in the next slice, `ppm` wide.
+    pub(crate) fn pick(&mut self, ppm: u32) -> bool {
+        let hit = self.roll >= self.threshold && self.roll < self.threshold.saturating_add(ppm);
+        self.threshold = self.threshold.saturating_add(ppm);
+        hit
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

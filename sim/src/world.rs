@@ -8,12 +8,9 @@
 //! forward jumps. The core state machines (`Server`, `Session`,
 //! `AcquireOperation`, `ReleaseOperation`, `Backoff`) are the real ones.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use ticketing_core::auth::{HELLO_LEN, PROOF_LEN};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, Grant,
     KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Session, SessionConfig,
@@ -22,130 +19,23 @@ use ticketing_core::client::{
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
-use ticketing_core::wire::{Decoded, Reply, Request, RequestDecoder};
+use ticketing_core::wire::{Reply, Request};
 
+use crate::checks::{History, Window, Windows, key_index, key_indices};
+use crate::clock::{Clock, WALL_EPOCH_US, act_before_local_us, duration_us, instant};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
-use crate::linear::{self, LinEntry, LinOp, LinResult};
-use crate::rng::Rng;
+use crate::linear::LinOp;
+use crate::net::{self, StreamOracle};
+use crate::rng::{FaultRoll, Rng};
+pub use crate::run::{Checker, RunReport, Violation};
+use crate::run::{Queue, Recorder, Scheduled, Short};
 
-/// The server's wall clock at true time 0, in microseconds since the Unix
-/// epoch: first tokens are taken from it.
-pub(crate) const WALL_EPOCH_US: u64 = 1_700_000_000_000_000;
-pub(crate) const MILLION: i128 = 1_000_000;
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
 /// Indeterminate acquires remembered per client for matching a later
 /// `Compensate` event.
 pub(crate) const RECENT_INDETERMINATE_MAX: usize = 64;
-
-/// Which checker found a violation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Checker {
-    /// Server state: one live holder per key, a set held by one grant.
-    ServerState,
-    /// Tokens strictly increasing and never reused, across restarts.
-    Tokens,
-    /// Grants follow waiters' arrival order.
-    Fifo,
-    /// Exactly one terminal reply per request; no lost waiter; no ghost grant.
-    Replies,
-    /// The fenced resource and the clients' validity windows.
-    Fencing,
-    /// Client-observed history against the sequential model.
-    Linearizability,
-    /// Everything outstanding resolves once faults stop.
-    Liveness,
-    /// A client saw something a correct server never causes.
-    Client,
-    /// Raft (cluster worlds): one leader per term, log matching, one
-    /// committed entry per index, commit index never decreasing, equal
-    /// replicated state at equal applied index.
-    Raft,
-}
-
-impl Checker {
-    /// Every checker.
-    pub const ALL: [Checker; 9] = [
-        Checker::ServerState,
-        Checker::Tokens,
-        Checker::Fifo,
-        Checker::Replies,
-        Checker::Fencing,
-        Checker::Linearizability,
-        Checker::Liveness,
-        Checker::Client,
-        Checker::Raft,
-    ];
-}
-
-/// One broken invariant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// The checker.
-    pub checker: Checker,
-    /// True time of detection.
-    pub at_us: u64,
-    /// What was seen.
-    pub detail: String,
-}
-
-/// The outcome of one run.
-#[derive(Clone, Debug, Default)]
-pub struct RunReport {
-    /// The seed.
-    pub seed: u64,
-    /// Events processed.
-    pub events: u64,
-    /// Requests the server received.
-    pub requests: u64,
-    /// Grants the clients saw.
-    pub grants: u64,
-    /// Faults injected.
-    pub faults: u64,
-    /// Fenced (rejected) stale writes: expected after pauses.
-    pub fenced_writes: u64,
-    /// Violations, in order of detection (the run stops at the first few).
-    pub violations: Vec<Violation>,
-    /// Hash of the event trace: equal for equal runs.
-    pub trace_hash: u64,
-    /// Keys whose history was checked for linearizability.
-    pub lin_keys_checked: u64,
-    /// Keys whose search ran out of budget.
-    pub lin_inconclusive: u64,
-    /// True time at the end.
-    pub end_us: u64,
-}
-
-/// A process clock: `local = base + t·(1 + rate) + jumps`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    pub(crate) base_us: u64,
-    pub(crate) rate_ppm: i64,
-    pub(crate) jump_us: u64,
-}
-
-impl Clock {
-    pub(crate) fn local(&self, true_us: u64) -> u64 {
-        let scaled = i128::from(true_us) * (MILLION + i128::from(self.rate_ppm)) / MILLION;
-        self.base_us + self.jump_us + u64::try_from(scaled).unwrap_or(0)
-    }
-
-    /// The first true instant at which this clock shows `local_us` or later
-    /// (assuming no further jumps).
-    pub(crate) fn true_at(&self, local_us: u64) -> u64 {
-        let offset = self.base_us + self.jump_us;
-        if local_us <= offset {
-            return 0;
-        }
-        let x = i128::from(local_us - offset);
-        let mut t = u64::try_from(x * MILLION / (MILLION + i128::from(self.rate_ppm))).unwrap_or(0);
-        while self.local(t) < local_us {
-            t += 1;
-        }
-        t
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Ev {
@@ -261,29 +151,6 @@ impl Ev {
     }
 }
 
-struct Scheduled {
-    at_us: u64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at_us, self.seq) == (other.at_us, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
-    }
-}
-
 /// A simulated TCP connection between one client incarnation and one
 /// server epoch, plus the oracle's decoding of both byte streams.
 struct SimConn {
@@ -313,22 +180,12 @@ struct SimConn {
     stalled: bool,
     /// A take is being written; the next one waits (as in the runtimes).
     writing: bool,
-    /// Oracle: the proof bytes still to skip, then requests.
-    c2s_skip: usize,
-    decoder: RequestDecoder,
-    /// Oracle: hello and result bytes still to skip, then replies.
-    s2c_skip: usize,
-    reply_buf: Vec<u8>,
+    /// Oracle: the requests and replies in the two byte streams.
+    oracle: StreamOracle,
     takes: u64,
     /// Bytes of the server's pending output for this connection the oracle
     /// has read.
     observed: usize,
-    /// Bytes of the server's output stream for this connection the oracle
-    /// has read, hello and result byte included (the server counts the same
-    /// stream when it decides which grants were written whole).
-    observed_total: u64,
-    /// Bytes of that stream written to the network so far.
-    written_total: u64,
     /// Grants in bytes the driver has not taken yet: token, keys, and the
     /// stream offset just past the grant's frame.
     untaken_grants: Vec<(u64, Vec<usize>, u64)>,
@@ -425,22 +282,11 @@ struct DbKey {
     writer: u64,
 }
 
-/// A finished validity window: when a client could act on a grant.
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    start_us: u64,
-    end_us: u64,
-    grant_id: u64,
-    token: u64,
-    epoch: u64,
-}
-
 /// A simulated world; see the module docs.
 pub struct World<'t> {
     config: SimConfig,
     now_us: u64,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: Queue<Ev>,
     net: Rng,
     work: Rng,
     fault_rng: Rng,
@@ -472,29 +318,9 @@ pub struct World<'t> {
     shadow: Vec<Option<(u64, u64)>>,
     // Clients' side.
     db: Vec<DbKey>,
-    windows: Vec<Vec<Window>>,
-    history: Vec<Vec<LinEntry>>,
-    report: RunReport,
-    trace: Option<&'t mut dyn std::io::Write>,
-    hash: u64,
-}
-
-pub(crate) fn key_index(bytes: &[u8]) -> usize {
-    ALL_KEYS
-        .iter()
-        .position(|name| name.as_bytes() == bytes)
-        .expect("the sim only uses its own keys")
-}
-
-pub(crate) fn key_indices(keys: &KeySet) -> Vec<usize> {
-    keys.keys()
-        .iter()
-        .map(|key| key_index(key.as_bytes()))
-        .collect()
-}
-
-pub(crate) fn instant(us: u64) -> Instant {
-    Instant::from_micros(us)
+    windows: Windows,
+    history: History,
+    rec: Recorder<'t>,
 }
 
 impl<'t> World<'t> {
@@ -521,17 +347,12 @@ impl<'t> World<'t> {
 
     fn with_rngs(seed: u64, config: SimConfig, rngs: [Rng; 4]) -> Self {
         let [net, mut clocks, work, fault_rng] = rngs;
-        let drift = i64::from(config.drift_ppm_max);
-        let clock = |rng: &mut Rng| Clock {
-            base_us: rng.range(1_000_000, 1_000_000_000),
-            rate_ppm: rng.range(0, 2 * drift as u64) as i64 - drift,
-            jump_us: 0,
-        };
-        let server_clock = clock(&mut clocks);
+        let drift = config.drift_ppm_max;
+        let server_clock = Clock::draw(&mut clocks, drift);
         let clients = (0..config.clients)
             .map(|_| ClientProc {
                 inc: 0,
-                clock: clock(&mut clocks),
+                clock: Clock::draw(&mut clocks, drift),
                 crashed: false,
                 paused_until_us: 0,
                 session: None,
@@ -546,8 +367,7 @@ impl<'t> World<'t> {
         let keys = ALL_KEYS.len();
         World {
             now_us: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: Queue::new(),
             net,
             work,
             fault_rng,
@@ -572,21 +392,16 @@ impl<'t> World<'t> {
             handed_tokens: HashMap::new(),
             shadow: vec![None; keys],
             db: vec![DbKey::default(); keys],
-            windows: vec![Vec::new(); keys],
-            history: vec![Vec::new(); keys],
-            report: RunReport {
-                seed,
-                ..RunReport::default()
-            },
-            trace: None,
-            hash: 0xcbf2_9ce4_8422_2325,
+            windows: Windows::new(),
+            history: History::new(),
+            rec: Recorder::new(seed, config.checkers_off.clone()),
             config,
         }
     }
 
     /// Prints a readable line per event to `out`.
     pub fn with_trace(mut self, out: &'t mut dyn std::io::Write) -> Self {
-        self.trace = Some(out);
+        self.rec.set_trace(out);
         self
     }
 
@@ -604,21 +419,18 @@ impl<'t> World<'t> {
         self.schedule(self.config.safety_us, Ev::EndSafety);
         let end = self.config.safety_us + self.config.liveness_bound_us;
         self.schedule(end, Ev::End);
-        while let Some(Reverse(next)) = self.queue.pop() {
+        while let Some(next) = self.queue.pop() {
             self.now_us = next.at_us;
-            self.report.events += 1;
             self.hash_event(&next);
             self.dispatch(next.ev);
-            if self.phase == Phase::Done || self.report.violations.len() >= 4 {
+            if self.phase == Phase::Done || self.rec.saturated() {
                 break;
             }
         }
-        if self.report.violations.is_empty() {
+        if self.rec.report.violations.is_empty() {
             self.check_linearizability();
         }
-        self.report.trace_hash = self.hash;
-        self.report.end_us = self.now_us;
-        self.report
+        self.rec.finish(self.now_us)
     }
 
     // -----------------------------------------------------------------
@@ -626,84 +438,45 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn schedule(&mut self, at_us: u64, ev: Ev) {
-        let seq = self.seq;
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at_us, seq, ev }));
+        self.queue.push(at_us, ev);
     }
 
-    fn mix(&mut self, value: u64) {
-        for byte in value.to_le_bytes() {
-            self.hash ^= u64::from(byte);
-            self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn hash_event(&mut self, next: &Scheduled) {
-        self.mix(next.at_us);
-        self.mix(next.ev.code());
-        let extra = match &next.ev {
+    fn hash_event(&mut self, next: &Scheduled<Ev>) {
+        let (bytes, extra): (&[u8], u64) = match &next.ev {
             Ev::DeliverToServer { conn, bytes }
             | Ev::DeliverToClient { conn, bytes }
             | Ev::ServerFlush { conn, bytes, .. } => {
                 // The bytes themselves: tokens, rids, nonces.
-                for &byte in bytes {
-                    self.hash ^= u64::from(byte);
-                    self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-                }
-                conn ^ ((bytes.len() as u64) << 32)
+                (bytes, conn ^ ((bytes.len() as u64) << 32))
             }
             Ev::ClientTimer { client, .. }
             | Ev::ClientConnect { client, .. }
             | Ev::ClientStartOp { client, .. }
             | Ev::ClientResume { client, .. }
-            | Ev::ClientRestart { client } => *client as u64,
-            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => *op,
+            | Ev::ClientRestart { client } => (&[], *client as u64),
+            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => {
+                (&[], *op)
+            }
             Ev::ConnectArrive { conn }
             | Ev::ServerWritable { conn }
             | Ev::ServerSeesClose { conn }
-            | Ev::ClientSeesClose { conn } => *conn,
-            _ => 0,
+            | Ev::ClientSeesClose { conn } => (&[], *conn),
+            _ => (&[], 0),
         };
-        self.mix(extra);
-        if self.trace.is_some() {
-            let line = format!("{:>12.6}s {:?}", next.at_us as f64 / 1e6, TraceEv(&next.ev));
-            self.trace_line(&line);
-        }
-    }
-
-    fn trace_line(&mut self, line: &str) {
-        if let Some(out) = self.trace.as_mut() {
-            let _ = writeln!(out, "{line}");
-        }
+        self.rec
+            .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
     }
 
     fn note(&mut self, text: impl FnOnce() -> String) {
-        if self.trace.is_some() {
-            let line = format!("              . {}", text());
-            self.trace_line(&line);
-        }
+        self.rec.note(text);
     }
 
     fn violation(&mut self, checker: Checker, detail: String) {
-        if self.config.checkers_off.contains(&checker) {
-            return;
-        }
-        let line = format!("VIOLATION [{checker:?}] {detail}");
-        self.trace_line(&line);
-        self.report.violations.push(Violation {
-            checker,
-            at_us: self.now_us,
-            detail,
-        });
+        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn net_delay(&mut self) -> u64 {
-        let mut delay =
-            self.config.net_delay_min_us + self.net.below(self.config.net_jitter_us + 1);
-        if self.net.chance(self.config.net_spike_ppm) {
-            delay += self.net.below(self.config.net_spike_max_us + 1);
-        }
-        delay
+        net::delay(&self.config, &mut self.net)
     }
 
     fn fault_delay(&mut self) -> u64 {
@@ -721,7 +494,7 @@ impl<'t> World<'t> {
 
     /// Sends `bytes` on `conn` in `to_server` direction, split at random
     /// byte boundaries into chunks that arrive in order.
-    fn send(&mut self, conn_id: u64, to_server: bool, mut bytes: Vec<u8>) {
+    fn send(&mut self, conn_id: u64, to_server: bool, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
@@ -737,14 +510,7 @@ impl<'t> World<'t> {
             in_flight + bytes.len() <= MAX_IN_FLIGHT_BYTES,
             "unbounded bytes in flight"
         );
-        let mut chunks = Vec::new();
-        while bytes.len() > 1 && self.net.chance(300_000) {
-            let at = 1 + self.net.index(bytes.len() - 1);
-            let rest = bytes.split_off(at);
-            chunks.push(std::mem::replace(&mut bytes, rest));
-        }
-        chunks.push(bytes);
-        for chunk in chunks {
+        for chunk in net::chunks(&mut self.net, bytes) {
             let delay = self.net_delay();
             let conn = self.conns.get_mut(&conn_id).expect("checked above");
             let last = if to_server {
@@ -787,10 +553,10 @@ impl<'t> World<'t> {
         }
         conn.reset = true;
         let (client_open, server_open) = (conn.client_open, conn.server_open);
-        let (c2s, s2c) = (conn.c2s_in_flight as u64, conn.s2c_in_flight as u64);
+        let (c2s, s2c) = (conn.c2s_in_flight, conn.s2c_in_flight);
         let (c2s_last, s2c_last) = (conn.c2s_last_us, conn.s2c_last_us);
-        let c2s_allow = self.net.below(c2s + 1) as usize;
-        let s2c_allow = self.net.below(s2c + 1) as usize;
+        let c2s_allow = net::reset_allow(&mut self.net, c2s);
+        let s2c_allow = net::reset_allow(&mut self.net, s2c);
         let conn = self.conns.get_mut(&conn_id).expect("checked above");
         conn.c2s_allow = c2s_allow;
         conn.s2c_allow = s2c_allow;
@@ -950,8 +716,7 @@ impl<'t> World<'t> {
             return;
         }
         let local = self.server_now();
-        let mut nonce = [0u8; 16];
-        nonce[..8].copy_from_slice(&self.net.next_u64().to_le_bytes());
+        let nonce = net::nonce(&mut self.net, 1);
         let accepted = self.server.as_mut().and_then(|proc| {
             let id = proc.server.handle_connect(instant(local), nonce)?;
             proc.conns.insert(id, conn_id);
@@ -986,30 +751,21 @@ impl<'t> World<'t> {
         };
         conn.c2s_in_flight -= bytes.len().min(conn.c2s_in_flight);
         if conn.reset {
-            bytes.truncate(conn.c2s_allow);
-            conn.c2s_allow -= bytes.len();
-            if bytes.is_empty() {
+            let Some(kept) = net::cut_after_reset(&mut conn.c2s_allow, bytes) else {
                 return;
-            }
+            };
+            bytes = kept;
         }
         let Some(id) = self.server_conn(conn_id) else {
             return;
         };
         // Oracle: what requests does this chunk complete?
         let conn = self.conns.get_mut(&conn_id).expect("checked above");
-        let skip = conn.c2s_skip.min(bytes.len());
-        conn.c2s_skip -= skip;
-        conn.decoder.push(&bytes[skip..]);
-        let mut arrived = Vec::new();
-        while let Ok(Some(decoded)) = conn.decoder.next() {
-            if let Decoded::Request(request) = decoded {
-                arrived.push(request);
-            }
-        }
+        let arrived = conn.oracle.requests(&bytes);
         let local = self.server_now();
         let mut fresh = Vec::new();
         for request in arrived {
-            self.report.requests += 1;
+            self.rec.report.requests += 1;
             self.arrival_seq += 1;
             let (rid, req) = match &request {
                 Request::Acquire(acquire) => (
@@ -1084,40 +840,28 @@ impl<'t> World<'t> {
                 continue;
             };
             conn.observed = queued.len();
-            conn.observed_total += new.len() as u64;
-            let skip = conn.s2c_skip.min(new.len());
-            conn.s2c_skip -= skip;
-            conn.reply_buf.extend_from_slice(&new[skip..]);
-            let mut used_total = 0;
-            loop {
-                match Reply::decode(&conn.reply_buf[used_total..]) {
-                    Ok(Some((reply, used))) => {
-                        used_total += used;
-                        // The buffer's end is the stream's observed end.
-                        let unparsed = (conn.reply_buf.len() - used_total) as u64;
-                        replies.push((conn_id, reply, conn.observed_total - unparsed));
-                    }
-                    Ok(None) => break,
-                    Err(error) => {
-                        let detail =
-                            format!("server wrote a bad frame on conn {conn_id}: {error:?}");
-                        conn.reply_buf.clear();
-                        self.report.violations.push(Violation {
-                            checker: Checker::Replies,
-                            at_us: self.now_us,
-                            detail,
-                        });
-                        return;
-                    }
-                }
+            let (decoded, bad) = conn.oracle.replies(new);
+            if let Some(error) = bad {
+                // Recorded whatever checkers are off, and the step ends.
+                let detail = format!("server wrote a bad frame on conn {conn_id}: {error:?}");
+                self.rec.report.violations.push(Violation {
+                    checker: Checker::Replies,
+                    at_us: self.now_us,
+                    detail,
+                });
+                return;
             }
-            conn.reply_buf.drain(..used_total);
+            replies.extend(
+                decoded
+                    .into_iter()
+                    .map(|(reply, end_offset)| (conn_id, reply, end_offset)),
+            );
         }
         self.check_replies(replies, fresh);
         let Some(proc) = self.server.as_mut() else {
             return;
         };
-        if self.trace.is_some() {
+        if self.rec.tracing() {
             let stats = proc.server.stats();
             self.note(|| {
                 format!(
@@ -1187,35 +931,18 @@ impl<'t> World<'t> {
                 continue;
             }
             conn.writing = true;
-            // Writing to the kernel takes a moment; a reset before then
-            // loses these bytes and makes their grants ghosts. A partial
-            // write puts a prefix out before the rest (and before the
-            // driver can report the take flushed).
-            let mut at = self.now_us + self.net.below(3) * self.net.below(2_000);
-            let mut out = out;
-            if out.len() > 1 && self.net.chance(self.config.faults.partial_write_ppm) {
-                let rest = out.split_off(1 + self.net.index(out.len() - 1));
-                let first = std::mem::replace(&mut out, rest);
+            let partial_ppm = self.config.faults.partial_write_ppm;
+            for part in net::write_parts(&mut self.net, self.now_us, partial_ppm, out) {
                 self.schedule(
-                    at,
+                    part.at_us,
                     Ev::ServerFlush {
                         conn: conn_id,
                         take,
-                        bytes: first,
-                        done: false,
+                        bytes: part.bytes,
+                        done: part.done,
                     },
                 );
-                at += self.net.range(100, 100_000);
             }
-            self.schedule(
-                at,
-                Ev::ServerFlush {
-                    conn: conn_id,
-                    take,
-                    bytes: out,
-                    done: true,
-                },
-            );
         }
         self.check_server_state();
         let Some(proc) = self.server.as_mut() else {
@@ -1258,8 +985,8 @@ impl<'t> World<'t> {
                 proc.server.handle_written(instant(local), id, written);
             }
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.written_total += written as u64;
-                let written_total = conn.written_total;
+                conn.oracle.written_total += written as u64;
+                let written_total = conn.oracle.written_total;
                 conn.unflushed_grants
                     .retain(|(_, _, end_offset)| *end_offset > written_total);
             }
@@ -1536,14 +1263,9 @@ impl<'t> World<'t> {
                 writing: false,
                 held_for_client: Vec::new(),
                 close_held: false,
-                c2s_skip: PROOF_LEN,
-                decoder: RequestDecoder::new(),
-                s2c_skip: HELLO_LEN + 1,
-                reply_buf: Vec::new(),
+                oracle: StreamOracle::new(),
                 takes: 0,
                 observed: 0,
-                observed_total: 0,
-                written_total: 0,
                 untaken_grants: Vec::new(),
                 unflushed_grants: Vec::new(),
                 close_after_flush: false,
@@ -1564,11 +1286,10 @@ impl<'t> World<'t> {
             return;
         }
         if conn.reset {
-            bytes.truncate(conn.s2c_allow);
-            conn.s2c_allow -= bytes.len();
-            if bytes.is_empty() {
+            let Some(kept) = net::cut_after_reset(&mut conn.s2c_allow, bytes) else {
                 return;
-            }
+            };
+            bytes = kept;
         }
         let client = conn.client;
         let proc = &self.clients[client];
@@ -1911,47 +1632,20 @@ impl<'t> World<'t> {
     /// The shortest true duration of a server lease of `lease_s` (the
     /// server's clock may run fast by the drift bound).
     fn lease_min_us(&self, lease_s: u64) -> u64 {
-        let lease = i128::from(lease_s * 1_000_000);
-        u64::try_from(lease * MILLION / (MILLION + i128::from(self.config.drift_ppm_max)))
-            .unwrap_or(0)
+        crate::clock::lease_min_us(lease_s * 1_000_000, self.config.drift_ppm_max)
     }
 
     /// Opens a history entry per key (answer unknown for now).
     fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
-        key_indices(keys)
-            .into_iter()
-            .map(|key| {
-                self.history[key].push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: u64::MAX,
-                    op,
-                });
-                (key, self.history[key].len() - 1)
-            })
-            .collect()
+        self.history.open(self.now_us, keys, op)
     }
 
-    /// Sets the answer of history entries; `respond` now unless the answer
-    /// is indeterminate.
     fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = map(entry.op);
-            entry.respond_us = match entry.op {
-                LinOp::AcquireIndeterminate { .. } | LinOp::ReleaseIndeterminate { .. } => u64::MAX,
-                _ => self.now_us,
-            };
-        }
+        self.history.resolve(self.now_us, hist, map);
     }
 
     fn forget_history(&mut self, hist: &[(usize, usize)]) {
-        // No effect for certain: a release of token 0 that matches nothing
-        // and constrains nothing.
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = LinOp::ReleaseIndeterminate { token: 0 };
-            entry.respond_us = u64::MAX;
-        }
+        self.history.forget(hist);
     }
 
     fn op_attempt(&mut self, client: usize, id: u64) {
@@ -2043,7 +1737,7 @@ impl<'t> World<'t> {
         self.note(|| format!("client {client} op {id}: {step:?}"));
         match step {
             AcquireStep::Granted(grant) => {
-                self.report.grants += 1;
+                self.rec.report.grants += 1;
                 self.handed_tokens.insert(grant.token, client);
                 if self.ghost_tokens.contains(&grant.token) {
                     // Its bytes were written (else the client could not
@@ -2101,12 +1795,11 @@ impl<'t> World<'t> {
         // Act only before the conservative end shrunk by the drift bound:
         // then even a slow client clock against a fast server clock stays
         // inside the server's lease.
-        let drift = i128::from(self.config.drift_ppm_max);
-        let valid_before = grant.valid_before.as_micros();
-        let lease_us = i128::from(lease_s) * MILLION;
-        let shrink = lease_us - lease_us * (MILLION - drift) / (MILLION + drift);
-        let act_before_local_us =
-            valid_before.saturating_sub(u64::try_from(shrink).unwrap_or(u64::MAX));
+        let act_before_local_us = act_before_local_us(
+            grant.valid_before.as_micros(),
+            lease_s,
+            self.config.drift_ppm_max,
+        );
         // Leases are cut by what happens after the grant at the server, not
         // after the client heard of it.
         let epoch = self
@@ -2191,7 +1884,7 @@ impl<'t> World<'t> {
                 let pause = self
                     .fault_rng
                     .range(1, self.config.faults.pause_max_us.max(1));
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.pause_client(client, pause);
                 self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
                 self.schedule(
@@ -2252,7 +1945,7 @@ impl<'t> World<'t> {
                 )
             });
         } else {
-            self.report.fenced_writes += 1;
+            self.rec.report.fenced_writes += 1;
             self.note(|| {
                 format!(
                     "db {}: stale write by client {client} token {token} < {} fenced",
@@ -2310,33 +2003,12 @@ impl<'t> World<'t> {
         let window = Window {
             start_us,
             end_us,
-            grant_id,
+            holding: grant_id,
             token: grant.token,
-            epoch,
+            era: epoch,
         };
-        for key in key_indices(&grant.keys) {
-            let clash = self.windows[key].iter().copied().find(|other| {
-                other.epoch == epoch
-                    && other.grant_id != grant_id
-                    && other.start_us < window.end_us
-                    && window.start_us < other.end_us
-            });
-            if let Some(other) = clash {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: validity windows overlap: token {} [{}, {}] and token {} [{}, {}]",
-                        ALL_KEYS[key],
-                        other.token,
-                        other.start_us,
-                        other.end_us,
-                        window.token,
-                        window.start_us,
-                        window.end_us
-                    ),
-                );
-            }
-            self.windows[key].push(window);
+        for detail in self.windows.record(grant, window) {
+            self.violation(Checker::Fencing, detail);
         }
     }
 
@@ -2474,13 +2146,8 @@ impl<'t> World<'t> {
         let next = self.fault_delay();
         self.schedule(next, Ev::FaultTick);
         let faults = self.config.faults.clone();
-        let roll = self.fault_rng.below(1_000_000) as u32;
-        let mut threshold = 0;
-        let mut pick = |ppm: u32| {
-            let hit = roll >= threshold && roll < threshold.saturating_add(ppm);
-            threshold = threshold.saturating_add(ppm);
-            hit
-        };
+        let mut roll = FaultRoll::new(&mut self.fault_rng);
+        let mut pick = |ppm: u32| roll.pick(ppm);
         if pick(faults.reset_ppm) {
             let live: Vec<u64> = self
                 .conns
@@ -2490,43 +2157,38 @@ impl<'t> World<'t> {
                 .collect();
             if !live.is_empty() {
                 let conn = live[self.fault_rng.index(live.len())];
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.note(|| format!("FAULT reset conn {conn}"));
                 self.reset_conn(conn);
             }
         } else if pick(faults.client_crash_ppm) {
             let client = self.fault_rng.index(self.clients.len());
             if !self.clients[client].crashed {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.crash_client(client);
             }
         } else if pick(faults.server_restart_ppm) {
             if self.server.is_some() {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.crash_server();
             }
         } else if pick(faults.pause_ppm) {
             let client = self.fault_rng.index(self.clients.len());
             let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
             if !self.clients[client].crashed {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.pause_client(client, pause);
                 let until = self.clients[client].paused_until_us;
                 self.note(|| format!("FAULT client {client} pauses until {until}"));
             }
         } else if pick(faults.server_clock_jump_ppm) {
             let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.server_clock.jump_us += jump;
             // Leases on the server now end `jump` earlier in true time.
             self.lease_era += 1;
-            for history in &mut self.history {
-                history.push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: self.now_us,
-                    op: LinOp::LeaseCut { by_us: jump },
-                });
-            }
+            self.history
+                .mark_all(self.now_us, LinOp::LeaseCut { by_us: jump });
             self.note(|| format!("FAULT server clock jumps {jump} µs forward"));
             let now = self.server_now();
             if let Some(proc) = self.server.as_mut() {
@@ -2537,7 +2199,7 @@ impl<'t> World<'t> {
         } else if pick(faults.clock_jump_ppm) {
             let client = self.fault_rng.index(self.clients.len());
             let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.clients[client].clock.jump_us += jump;
             self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
             let local = self.client_now(client);
@@ -2596,13 +2258,7 @@ impl<'t> World<'t> {
         self.lease_era += 1;
         self.pending.clear();
         self.shadow.iter_mut().for_each(|slot| *slot = None);
-        for history in &mut self.history {
-            history.push(LinEntry {
-                invoke_us: self.now_us,
-                respond_us: self.now_us,
-                op: LinOp::Restart,
-            });
-        }
+        self.history.mark_all(self.now_us, LinOp::Restart);
         let conns: Vec<u64> = self.conns.keys().copied().collect();
         for conn_id in conns {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
@@ -2662,47 +2318,12 @@ impl<'t> World<'t> {
     }
 
     fn check_linearizability(&mut self) {
-        for (key, name) in ALL_KEYS.iter().enumerate() {
-            let history: Vec<LinEntry> = self.history[key]
-                .iter()
-                .copied()
-                .filter(|entry| !matches!(entry.op, LinOp::ReleaseIndeterminate { token: 0 }))
-                .collect();
-            if history
-                .iter()
-                .all(|entry| matches!(entry.op, LinOp::Restart))
-            {
-                continue;
-            }
-            self.report.lin_keys_checked += 1;
-            match linear::check(&history) {
-                LinResult::Ok => {}
-                LinResult::Inconclusive => self.report.lin_inconclusive += 1,
-                LinResult::Violation => {
-                    let mut detail = format!("history of {name} has no linearization:");
-                    for entry in &history {
-                        let _ = write!(
-                            detail,
-                            "\n    [{}, {}] {:?}",
-                            entry.invoke_us,
-                            if entry.respond_us == u64::MAX {
-                                "-".to_string()
-                            } else {
-                                entry.respond_us.to_string()
-                            },
-                            entry.op
-                        );
-                    }
-                    self.violation(Checker::Linearizability, detail);
-                }
-            }
+        // Keys that saw nothing but server restarts are not checked.
+        let trivial = |op: &LinOp| matches!(op, LinOp::Restart);
+        for detail in self.history.check(trivial, &mut self.rec.report) {
+            self.violation(Checker::Linearizability, detail);
         }
     }
-}
-
-/// Whole microseconds of `duration`.
-pub(crate) fn duration_us(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 struct TraceEv<'a>(&'a Ev);
@@ -2741,18 +2362,5 @@ impl std::fmt::Debug for TraceEv<'_> {
             }
             other => write!(f, "{other:?}"),
         }
-    }
-}
-
-pub(crate) struct Short<'a>(pub(crate) &'a [u8]);
-
-impl std::fmt::Debug for Short<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = &self.0[..self.0.len().min(24)];
-        write!(f, "{shown:02x?}")?;
-        if self.0.len() > shown.len() {
-            write!(f, "…")?;
-        }
-        Ok(())
     }
 }
