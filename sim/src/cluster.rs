@@ -20,9 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, CloseReason,
-    Grant, KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router, Session,
-    SessionConfig, SessionEvent,
+    Backoff, CancelOutcome, ClientError, CloseReason, Router, Session, SessionConfig, SessionEvent,
 };
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::lock::Limits;
@@ -31,14 +29,14 @@ use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::wire::{ErrorCode, Reply, Request};
 
-use crate::checks::{History, Window, Windows, key_index, key_indices};
-use crate::clock::{Clock, WALL_EPOCH_US, act_before_local_us, duration_us, instant};
-use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
+use crate::checks::{History, Windows, key_index};
+use crate::clients::{self, ClientEv, ClientWorld, Link, Parts, ReleaseFailure};
+use crate::clock::{Clock, WALL_EPOCH_US, duration_us, instant};
+use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
 use crate::rng::{FaultRoll, Rng};
 use crate::run::{Checker, Queue, Recorder, RunReport, Scheduled, Short};
-use crate::world::RECENT_INDETERMINATE_MAX;
 
 const FINGERPRINT: [u8; 32] = [7; 32];
 const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
@@ -336,52 +334,46 @@ impl Pipe {
     }
 }
 
-#[derive(Clone, Debug)]
-struct Plan {
-    writes: u8,
-    write_gap_us: u64,
-    release: bool,
-}
-
-enum OpState {
-    Acquiring {
-        op: AcquireOperation,
-        attempt: Option<(u64, u64)>,
-        plan: Plan,
-        hist: Vec<(usize, usize)>,
-    },
-    Holding {
-        grant: Grant,
-        plan: Plan,
-        writes_left: u8,
-        act_before_local_us: u64,
-        start_us: u64,
-        era: u64,
-        write_after_pause: bool,
-    },
-    Releasing {
-        op: ReleaseOperation,
-        attempt: Option<(u64, u64)>,
-        any_indeterminate: bool,
-        hist: Vec<(usize, usize)>,
-    },
-}
-
-struct ClientProc {
-    inc: u64,
-    clock: Clock,
-    crashed: bool,
-    paused_until_us: u64,
+/// How a cluster client reaches the nodes: one session per slot, routed
+/// by the core [`Router`].
+pub(crate) struct PerNode {
     /// One session per slot, with its pipe.
     sessions: Vec<Option<(Session, u64)>>,
     backoffs: Vec<Backoff>,
     router: Router,
     timer_generation: Vec<u64>,
     armed: Vec<Option<ticketing_core::time::Instant>>,
-    ops: BTreeMap<u64, OpState>,
-    acquires_started: usize,
-    recent_indeterminate: Vec<(KeySet, Vec<(usize, usize)>)>,
 }
+
+impl PerNode {
+    fn new(n: usize) -> Self {
+        PerNode {
+            sessions: (0..n).map(|_| None).collect(),
+            backoffs: vec![Backoff::new(); n],
+            router: Router::new(n),
+            timer_generation: vec![0; n],
+            armed: vec![None; n],
+        }
+    }
+}
+
+impl Link for PerNode {
+    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError> {
+        // Leader first, then round-robin over ready sessions.
+        let picked = self.router.pick();
+        let error = self.router.no_connection_error();
+        picked
+            .and_then(|index| {
+                self.sessions[index]
+                    .as_mut()
+                    .filter(|(session, _)| session.is_ready())
+                    .map(|(session, pipe)| (session, *pipe, index as u8))
+            })
+            .ok_or(error)
+    }
+}
+
+type ClientProc = clients::ClientProc<PerNode>;
 
 struct NodeProc {
     node: Option<ClusterNode>,
@@ -519,19 +511,11 @@ impl<'t> ClusterWorld<'t> {
             })
             .collect();
         let clients = (0..config.base.clients)
-            .map(|_| ClientProc {
-                inc: 0,
-                clock: Clock::draw(&mut clocks, drift),
-                crashed: false,
-                paused_until_us: 0,
-                sessions: (0..n).map(|_| None).collect(),
-                backoffs: vec![Backoff::new(); usize::from(n)],
-                router: Router::new(usize::from(n)),
-                timer_generation: vec![0; usize::from(n)],
-                armed: vec![None; usize::from(n)],
-                ops: BTreeMap::new(),
-                acquires_started: 0,
-                recent_indeterminate: Vec::new(),
+            .map(|_| {
+                ClientProc::new(
+                    Clock::draw(&mut clocks, drift),
+                    PerNode::new(usize::from(n)),
+                )
             })
             .collect();
         let keys = ALL_KEYS.len();
@@ -854,11 +838,11 @@ impl<'t> ClusterWorld<'t> {
                 ..
             } => {
                 let proc = &mut self.clients[client];
-                if proc.timer_generation[usize::from(slot)] == generation {
-                    proc.armed[usize::from(slot)] = None;
+                if proc.link.timer_generation[usize::from(slot)] == generation {
+                    proc.link.armed[usize::from(slot)] = None;
                     let local = self.client_now(client);
                     if let Some((session, _)) =
-                        self.clients[client].sessions[usize::from(slot)].as_mut()
+                        self.clients[client].link.sessions[usize::from(slot)].as_mut()
                     {
                         session.handle_timeout(instant(local));
                     }
@@ -1735,7 +1719,7 @@ impl<'t> ClusterWorld<'t> {
 
     fn client_connect(&mut self, client: usize, slot: u8) {
         let proc = &self.clients[client];
-        if proc.sessions[usize::from(slot)].is_some() || proc.crashed {
+        if proc.link.sessions[usize::from(slot)].is_some() || proc.crashed {
             return;
         }
         let local = proc.clock.local(self.now_us);
@@ -1743,7 +1727,7 @@ impl<'t> ClusterWorld<'t> {
         let pipe = self.new_pipe(Opener::Client { client, inc }, slot);
         let config = SessionConfig::cluster(b"", FINGERPRINT, slot, usize::from(self.n));
         let session = Session::new(instant(local), config);
-        self.clients[client].sessions[usize::from(slot)] = Some((session, pipe));
+        self.clients[client].link.sessions[usize::from(slot)] = Some((session, pipe));
         self.note(|| format!("client {client} connects to node {slot} as pipe {pipe}"));
         let at = self.now_us + self.net_delay();
         self.schedule(at, Ev::ClientConnectArrive { pipe });
@@ -1763,7 +1747,8 @@ impl<'t> ClusterWorld<'t> {
         }
         let slot = pipe.b_slot;
         let local = self.client_now(client);
-        if let Some((session, current)) = self.clients[client].sessions[usize::from(slot)].as_mut()
+        if let Some((session, current)) =
+            self.clients[client].link.sessions[usize::from(slot)].as_mut()
             && *current == pipe_id
         {
             session.handle_input(instant(local), &bytes);
@@ -1791,7 +1776,7 @@ impl<'t> ClusterWorld<'t> {
             if !bytes.is_empty() {
                 let local = self.client_now(client);
                 if let Some((session, current)) =
-                    self.clients[client].sessions[usize::from(slot)].as_mut()
+                    self.clients[client].link.sessions[usize::from(slot)].as_mut()
                     && *current == pipe_id
                 {
                     session.handle_input(instant(local), &bytes);
@@ -1807,13 +1792,6 @@ impl<'t> ClusterWorld<'t> {
         for slot in 0..self.n {
             self.client_pump(client, slot);
         }
-    }
-
-    fn pause_client(&mut self, client: usize, pause_us: u64) {
-        let proc = &mut self.clients[client];
-        proc.paused_until_us = proc.paused_until_us.max(self.now_us + pause_us);
-        let (inc, until) = (proc.inc, proc.paused_until_us);
-        self.schedule(until, Ev::ClientResume { client, inc });
     }
 
     fn client_sees_close(&mut self, pipe_id: u64, client: usize, inc: u64) {
@@ -1832,7 +1810,8 @@ impl<'t> ClusterWorld<'t> {
         let slot = pipe.b_slot;
         if current {
             let local = self.client_now(client);
-            if let Some((session, open)) = self.clients[client].sessions[usize::from(slot)].as_mut()
+            if let Some((session, open)) =
+                self.clients[client].link.sessions[usize::from(slot)].as_mut()
                 && *open == pipe_id
             {
                 session.handle_transport_closed(instant(local));
@@ -1846,7 +1825,7 @@ impl<'t> ClusterWorld<'t> {
         loop {
             let local = self.client_now(client);
             let proc = &mut self.clients[client];
-            let Some((session, pipe_id)) = proc.sessions[s].as_mut() else {
+            let Some((session, pipe_id)) = proc.link.sessions[s].as_mut() else {
                 return;
             };
             let pipe_id = *pipe_id;
@@ -1863,22 +1842,22 @@ impl<'t> ClusterWorld<'t> {
             }
             self.send(pipe_id, 0, out);
             for event in events {
-                self.clients[client].router.handle_event(s, &event);
+                self.clients[client].link.router.handle_event(s, &event);
                 self.session_event(client, slot, pipe_id, event);
             }
         }
         let local = self.client_now(client);
         let proc = &mut self.clients[client];
-        let deadline = proc.sessions[s]
+        let deadline = proc.link.sessions[s]
             .as_ref()
             .and_then(|(session, _)| session.poll_timeout());
-        if deadline == proc.armed[s] {
+        if deadline == proc.link.armed[s] {
             return;
         }
-        proc.armed[s] = deadline;
+        proc.link.armed[s] = deadline;
         if let Some(deadline) = deadline {
-            proc.timer_generation[s] += 1;
-            let generation = proc.timer_generation[s];
+            proc.link.timer_generation[s] += 1;
+            let generation = proc.link.timer_generation[s];
             let inc = proc.inc;
             let at = proc
                 .clock
@@ -1903,66 +1882,25 @@ impl<'t> ClusterWorld<'t> {
             }
             SessionEvent::Outcome { rid, outcome } => {
                 self.note(|| format!("client {client} pipe {pipe_id} rid {rid}: {outcome:?}"));
-                let found = self.clients[client]
-                    .ops
-                    .iter()
-                    .find_map(|(&id, op)| match op {
-                        OpState::Acquiring { attempt, .. } | OpState::Releasing { attempt, .. }
-                            if *attempt == Some((pipe_id, rid)) =>
-                        {
-                            Some(id)
-                        }
-                        _ => None,
-                    });
-                if let Some(op) = found {
-                    self.op_outcome(client, op, outcome);
-                }
+                self.attempt_outcome(client, pipe_id, rid, outcome);
             }
-            SessionEvent::Compensate(compensation) => {
-                self.note(|| format!("client {client} compensates {compensation:?}"));
-                let proc = &mut self.clients[client];
-                let position = proc
-                    .recent_indeterminate
-                    .iter()
-                    .rposition(|(keys, _)| *keys == compensation.keys);
-                if let Some(position) = position {
-                    let (_, hist) = proc.recent_indeterminate.remove(position);
-                    self.resolve_history(&hist, |op| match op {
-                        LinOp::AcquireIndeterminate { lease_min_us } => LinOp::Granted {
-                            token: compensation.token,
-                            lease_min_us,
-                        },
-                        other => other,
-                    });
-                } else {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client}: compensation {compensation:?} for no known acquire"
-                        ),
-                    );
-                }
-                let local = self.client_now(client);
-                let op =
-                    ReleaseOperation::new(instant(local), compensation.keys, compensation.token);
-                self.start_release(client, op);
-            }
+            SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
             SessionEvent::Closed(reason) => {
                 self.note(|| format!("client {client} pipe {pipe_id} closed: {reason:?}"));
                 let s = usize::from(slot);
                 let proc = &mut self.clients[client];
-                let lived = proc.sessions[s]
+                let lived = proc.link.sessions[s]
                     .as_ref()
                     .filter(|(_, current)| *current == pipe_id)
                     .and_then(|(session, _)| session.lived());
-                if proc.sessions[s]
+                if proc.link.sessions[s]
                     .as_ref()
                     .is_some_and(|(_, p)| *p == pipe_id)
                 {
-                    proc.sessions[s] = None;
-                    proc.armed[s] = None;
+                    proc.link.sessions[s] = None;
+                    proc.link.armed[s] = None;
                 }
-                let delay = proc.backoffs[s].after_session(lived, Some(&reason));
+                let delay = proc.link.backoffs[s].after_session(lived, Some(&reason));
                 let inc = proc.inc;
                 let at = self.now_us + duration_us(delay);
                 self.schedule(at, Ev::ClientConnect { client, inc, slot });
@@ -1993,577 +1931,13 @@ impl<'t> ClusterWorld<'t> {
         }
     }
 
-    fn client_start_op(&mut self, client: usize) {
-        if self.phase != Phase::Safety {
-            return;
-        }
-        let base = &self.config.base;
-        let (max_acquires, max_concurrent, wait_s_max, lease_s_max) = (
-            base.max_acquires_per_client,
-            base.max_concurrent_per_client,
-            base.wait_s_max,
-            base.lease_s_max,
-        );
-        let proc = &self.clients[client];
-        let active = proc
-            .ops
-            .values()
-            .filter(|op| !matches!(op, OpState::Releasing { .. }))
-            .count();
-        let inc = proc.inc;
-        if proc.acquires_started >= max_acquires {
-            return;
-        }
-        let think = self.work.below(600_000);
-        self.schedule(self.now_us + think, Ev::ClientStartOp { client, inc });
-        if active >= max_concurrent {
-            return;
-        }
-        let keys: Vec<&str> = match self.work.below(10) {
-            0..=4 => vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]],
-            5..=6 => vec![COLD_KEYS[self.work.index(COLD_KEYS.len())]],
-            _ => {
-                let mut set = vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]];
-                for _ in 0..self.work.range(1, 2) {
-                    set.push(ALL_KEYS[self.work.index(ALL_KEYS.len())]);
-                }
-                set
-            }
-        };
-        let keys = KeySet::new(&keys).expect("sim keys are valid");
-        let wait_s = if self.work.chance(300_000) {
-            0
-        } else {
-            self.work.range(1, u64::from(wait_s_max))
-        };
-        let lease_s = if self.work.chance(600_000) {
-            self.work.range(1, 2)
-        } else {
-            self.work.range(1, u64::from(lease_s_max))
-        };
-        let budget_us = if self.work.chance(500_000) {
-            0
-        } else {
-            self.work.below(lease_s * 1_000_000)
-        };
-        let params = AcquireParams::new(
-            ticketing_core::time::Duration::from_secs(wait_s),
-            ticketing_core::time::Duration::from_secs(lease_s),
-            ticketing_core::time::Duration::from_micros(budget_us),
-        )
-        .expect("sim parameters are valid");
-        let plan = Plan {
-            writes: self.work.range(1, 4) as u8,
-            write_gap_us: self.work.range(1_000, lease_s * 400_000),
-            release: self.work.chance(800_000),
-        };
-        let cancel_after =
-            (wait_s > 0 && self.work.chance(100_000)).then(|| self.work.below(wait_s * 1_000_000));
-        let local = self.client_now(client);
-        let op = AcquireOperation::new(instant(local), keys.clone(), params);
-        let id = self.next_op;
-        self.next_op += 1;
-        let lease_min_us = self.lease_min_us(lease_s * 1_000_000);
-        let hist = self.open_history(&keys, LinOp::AcquireIndeterminate { lease_min_us });
-        let proc = &mut self.clients[client];
-        proc.acquires_started += 1;
-        proc.ops.insert(
-            id,
-            OpState::Acquiring {
-                op,
-                attempt: None,
-                plan,
-                hist,
-            },
-        );
-        self.note(|| format!("client {client} op {id}: acquire {keys:?} {params:?}"));
-        if let Some(delay) = cancel_after {
-            self.schedule(
-                self.now_us + delay,
-                Ev::CancelOp {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-        }
-        self.op_attempt(client, id);
-    }
-
-    fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
-        self.history.open(self.now_us, keys, op)
-    }
-
-    fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
-        self.history.resolve(self.now_us, hist, map);
-    }
-
-    fn forget_history(&mut self, hist: &[(usize, usize)]) {
-        self.history.forget(hist);
-    }
-
-    fn op_attempt(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        // Leader first, then round-robin over ready sessions.
-        let picked = proc.router.pick();
-        let session = picked.and_then(|index| {
-            proc.sessions[index]
-                .as_mut()
-                .filter(|(session, _)| session.is_ready())
-                .map(|(session, pipe)| (session, *pipe, index))
-        });
-        let error = proc.router.no_connection_error();
-        let slot;
-        match (proc.ops.get_mut(&id), session) {
-            (Some(OpState::Acquiring { op, attempt, .. }), Some((session, pipe, index))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => {
-                        *attempt = Some((pipe, rid));
-                        slot = index;
-                    }
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.acquire_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Acquiring { op, .. }), None) => {
-                let step = op.on_error(instant(local), error);
-                return self.acquire_step(client, id, step);
-            }
-            (Some(OpState::Releasing { op, attempt, .. }), Some((session, pipe, index))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => {
-                        *attempt = Some((pipe, rid));
-                        slot = index;
-                    }
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.release_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Releasing { op, .. }), None) => {
-                let step = op.on_error(instant(local), error);
-                return self.release_step(client, id, step);
-            }
-            _ => return,
-        }
-        self.client_pump(client, slot as u8);
-    }
-
-    fn op_outcome(&mut self, client: usize, id: u64, outcome: Outcome) {
-        let local = self.client_now(client);
-        match self.clients[client].ops.get_mut(&id) {
-            Some(OpState::Acquiring { op, attempt, .. }) => {
-                *attempt = None;
-                let step = op.on_outcome(instant(local), outcome);
-                self.acquire_step(client, id, step);
-            }
-            Some(OpState::Releasing {
-                op,
-                attempt,
-                any_indeterminate,
-                ..
-            }) => {
-                *attempt = None;
-                if outcome == Outcome::Indeterminate {
-                    *any_indeterminate = true;
-                }
-                let step = op.on_outcome(instant(local), outcome);
-                self.release_step(client, id, step);
-            }
-            _ => {}
-        }
-    }
-
-    fn remember_indeterminate(&mut self, client: usize, keys: KeySet, hist: Vec<(usize, usize)>) {
-        let proc = &mut self.clients[client];
-        if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
-            proc.recent_indeterminate.remove(0);
-        }
-        proc.recent_indeterminate.push((keys, hist));
-    }
-
-    fn acquire_step(&mut self, client: usize, id: u64, step: AcquireStep) {
-        let inc = self.clients[client].inc;
-        if let AcquireStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Acquiring { op, plan, hist, .. }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let lease_min_us = self.lease_min_us(duration_us(op.params().lease()));
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        match step {
-            AcquireStep::Granted(grant) => {
-                self.rec.report.grants += 1;
-                self.received.insert(grant.token);
-                if self.ghosts.contains(&grant.token) {
-                    self.violation(
-                        Checker::Replies,
-                        format!(
-                            "client {client} holds grant {} that a node released as never delivered",
-                            grant.token
-                        ),
-                    );
-                }
-                let token = grant.token;
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                self.start_holding(client, id, grant, plan, op.params().lease_s());
-            }
-            AcquireStep::Compensate { grant, .. } => {
-                let token = grant.token;
-                self.received.insert(token);
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                let local = self.client_now(client);
-                let release = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-                self.start_release(client, release);
-            }
-            AcquireStep::Failed(ClientError::Timeout | ClientError::Busy) => {
-                self.forget_history(&hist);
-            }
-            AcquireStep::Failed(ClientError::Indeterminate) => {
-                self.remember_indeterminate(client, op.keys().clone(), hist);
-            }
-            AcquireStep::Failed(ClientError::ClientCapacity) => self.forget_history(&hist),
-            AcquireStep::Failed(error) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: acquire failed with {error:?}"),
-                );
-            }
-            AcquireStep::RetryAt(_) => unreachable!("handled above"),
-        }
-    }
-
-    fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
-        let act_before_local_us = act_before_local_us(
-            grant.valid_before.as_micros(),
-            lease_s,
-            self.config.base.drift_ppm_max,
-        );
-        let era = self
-            .grants
-            .get(&grant.token)
-            .map_or(self.lease_era, |info| info.era);
-        let inc = self.clients[client].inc;
-        self.clients[client].ops.insert(
-            id,
-            OpState::Holding {
-                writes_left: plan.writes,
-                grant,
-                plan,
-                act_before_local_us,
-                start_us: self.now_us,
-                era,
-                write_after_pause: false,
-            },
-        );
-        self.schedule(
-            self.now_us,
-            Ev::WorkStep {
-                client,
-                inc,
-                op: id,
-            },
-        );
-    }
-
-    fn work_step(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let inc = self.clients[client].inc;
-        let pause_chance = if self.phase == Phase::Safety {
-            self.config.base.faults.pause_before_write_ppm
-        } else {
-            0
-        };
-        let Some(OpState::Holding {
-            grant,
-            era,
-            writes_left,
-            act_before_local_us,
-            write_after_pause,
-            plan,
-            ..
-        }) = self.clients[client].ops.get_mut(&id)
-        else {
-            return;
-        };
-        // 0 finish, 1 pause, 2 checked write, 3 unchecked write.
-        let action = if *write_after_pause {
-            *write_after_pause = false;
-            3
-        } else if *writes_left > 0 && local < *act_before_local_us {
-            if pause_chance > 0 && self.fault_rng.chance(pause_chance) {
-                *write_after_pause = true;
-                1
-            } else {
-                2
-            }
-        } else {
-            0
-        };
-        if action >= 2 {
-            *writes_left = writes_left.saturating_sub(1);
-        }
-        let token = grant.token;
-        let keys = key_indices(&grant.keys);
-        let (gap, era) = (plan.write_gap_us, *era);
-        match action {
-            0 => self.finish_holding(client, id),
-            1 => {
-                let max = self.config.base.faults.pause_max_us.max(1);
-                let pause = self.fault_rng.range(1, max);
-                self.rec.report.faults += 1;
-                self.pause_client(client, pause);
-                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
-                self.schedule(
-                    self.now_us,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-            _ => {
-                for key in keys {
-                    self.db_write(client, key, token, action == 2, era);
-                }
-                self.schedule(
-                    self.now_us + gap,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-        }
-    }
-
-    /// The fenced resource: accepts a write iff its token is at least the
-    /// key's high-water mark.
-    fn db_write(&mut self, client: usize, key: usize, token: u64, checked: bool, era: u64) {
-        let entry = self.db[key];
-        if token >= entry.high_water {
-            self.db[key] = DbKey {
-                high_water: token,
-                writer: client as u64,
-            };
-        } else {
-            self.rec.report.fenced_writes += 1;
-            self.note(|| {
-                format!(
-                    "db {}: stale write by client {client} token {token} < {} fenced",
-                    ALL_KEYS[key], entry.high_water
-                )
-            });
-            if checked && self.lease_era == era {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: client {client} wrote inside its validity window with token {token}, but token {} (client {}) had already written",
-                        ALL_KEYS[key], entry.high_water, entry.writer
-                    ),
-                );
-            }
-        }
-    }
-
-    fn finish_holding(&mut self, client: usize, id: u64) {
-        let Some(OpState::Holding {
-            grant,
-            plan,
-            act_before_local_us,
-            start_us,
-            era,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let clock = self.clients[client].clock;
-        let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-        self.record_window(&grant, start_us, end_us, era);
-        if plan.release {
-            let local = self.client_now(client);
-            let op = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-            self.start_release(client, op);
-        } else {
-            self.note(|| format!("client {client} drops ticket {}", grant.token));
-        }
-    }
-
-    /// No two grants of a key (in one lease era) have overlapping validity
-    /// windows in true time.
-    fn record_window(&mut self, grant: &Grant, start_us: u64, end_us: u64, era: u64) {
-        // A holding is named by its token here: one grant, one holding.
-        let window = Window {
-            start_us,
-            end_us,
-            holding: grant.token,
-            token: grant.token,
-            era,
-        };
-        for detail in self.windows.record(grant, window) {
-            self.violation(Checker::Fencing, detail);
-        }
-    }
-
-    fn start_release(&mut self, client: usize, op: ReleaseOperation) {
-        let id = self.next_op;
-        self.next_op += 1;
-        let hist = self.open_history(op.keys(), LinOp::ReleaseIndeterminate { token: op.token() });
-        self.note(|| {
-            format!(
-                "client {client} op {id}: release {:?} token {}",
-                op.keys(),
-                op.token()
-            )
-        });
-        self.clients[client].ops.insert(
-            id,
-            OpState::Releasing {
-                op,
-                attempt: None,
-                any_indeterminate: false,
-                hist,
-            },
-        );
-        self.op_attempt(client, id);
-    }
-
-    fn release_step(&mut self, client: usize, id: u64, step: ReleaseStep) {
-        let inc = self.clients[client].inc;
-        if let ReleaseStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Releasing {
-            op,
-            any_indeterminate,
-            hist,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        let token = op.token();
-        match step {
-            ReleaseStep::Done(Ok(ReleaseOutcome::Released)) => {
-                self.resolve_history(&hist, |_| LinOp::Released { token });
-            }
-            ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent)) => {
-                if !any_indeterminate {
-                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
-                }
-            }
-            ReleaseStep::Done(Err(
-                ClientError::Indeterminate | ClientError::NotConnected | ClientError::Timeout,
-            )) => {
-                // No final reply within the release window; an attempt may
-                // have taken effect (the history entry stays open).
-            }
-            ReleaseStep::Done(Err(ClientError::ClientCapacity)) => {
-                if !any_indeterminate {
-                    self.forget_history(&hist);
-                }
-            }
-            ReleaseStep::Done(Err(ClientError::Protocol(message)))
-                if message.contains("GroupMismatch") =>
-            {
-                // `E 6` cannot happen: the sim always releases a grant's
-                // exact key group.
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: release got {message}"),
-                );
-            }
-            ReleaseStep::Done(Err(error)) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: release failed with {error:?}"),
-                );
-            }
-            ReleaseStep::RetryAt(_) => unreachable!("handled above"),
-        }
-    }
-
-    fn cancel_op(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let Some(OpState::Acquiring {
-            attempt: Some((pipe_id, rid)),
-            ..
-        }) = proc.ops.get(&id)
-        else {
-            return;
-        };
-        let (pipe_id, rid) = (*pipe_id, *rid);
-        let Some(slot) = self.pipes.get(&pipe_id).map(|pipe| pipe.b_slot) else {
-            return;
-        };
-        let Some((session, current)) = proc.sessions[usize::from(slot)].as_mut() else {
-            return;
-        };
-        if *current != pipe_id {
-            return;
-        }
-        let outcome = session.cancel(instant(local), rid);
-        self.note(|| format!("client {client} cancels op {id} (rid {rid}): {outcome:?}"));
-        let Some(OpState::Acquiring { hist, op, .. }) = self.clients[client].ops.remove(&id) else {
-            return;
-        };
-        match outcome {
-            CancelOutcome::Unsent => self.forget_history(&hist),
-            CancelOutcome::PossiblySent | CancelOutcome::Withdrawn | CancelOutcome::Unknown => {
-                self.remember_indeterminate(client, op.keys().clone(), hist);
-            }
-        }
-        self.client_pump(client, slot);
-    }
-
     fn client_restart(&mut self, client: usize) {
         let n = usize::from(self.n);
         let proc = &mut self.clients[client];
         proc.crashed = false;
         proc.inc += 1;
-        proc.router = Router::new(n);
-        proc.backoffs = vec![Backoff::new(); n];
+        proc.link.router = Router::new(n);
+        proc.link.backoffs = vec![Backoff::new(); n];
         let inc = proc.inc;
         self.note(|| format!("client {client} restarts as incarnation {inc}"));
         for slot in 0..self.n {
@@ -2574,27 +1948,10 @@ impl<'t> ClusterWorld<'t> {
 
     fn crash_client(&mut self, client: usize) {
         self.note(|| format!("FAULT client {client} crashes"));
-        let proc = &mut self.clients[client];
-        proc.crashed = true;
-        proc.paused_until_us = 0;
-        proc.sessions.iter_mut().for_each(|s| *s = None);
-        proc.armed.iter_mut().for_each(|a| *a = None);
-        proc.recent_indeterminate.clear();
-        let ops = std::mem::take(&mut proc.ops);
-        for op in ops.into_values() {
-            if let OpState::Holding {
-                grant,
-                act_before_local_us,
-                start_us,
-                era,
-                ..
-            } = op
-            {
-                let clock = self.clients[client].clock;
-                let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-                self.record_window(&grant, start_us, end_us, era);
-            }
-        }
+        self.crash_ops(client);
+        let link = &mut self.clients[client].link;
+        link.sessions.iter_mut().for_each(|s| *s = None);
+        link.armed.iter_mut().for_each(|a| *a = None);
         let pipes: Vec<u64> = self
             .pipes
             .iter()
@@ -2749,7 +2106,7 @@ impl<'t> ClusterWorld<'t> {
             let local = self.client_now(client);
             for slot in 0..n {
                 if let Some((session, _)) =
-                    self.clients[client].sessions[usize::from(slot)].as_mut()
+                    self.clients[client].link.sessions[usize::from(slot)].as_mut()
                 {
                     session.handle_timeout(instant(local));
                 }
@@ -2864,6 +2221,137 @@ impl<'t> ClusterWorld<'t> {
         for detail in self.history.check(trivial, &mut self.rec.report) {
             self.violation(Checker::Linearizability, detail);
         }
+    }
+}
+
+impl<'t> ClientWorld for ClusterWorld<'t> {
+    type Link = PerNode;
+
+    fn parts(&mut self) -> Parts<'_, PerNode> {
+        Parts {
+            now_us: self.now_us,
+            config: &self.config.base,
+            safety: self.phase == Phase::Safety,
+            clients: &mut self.clients,
+            next_op: &mut self.next_op,
+            history: &mut self.history,
+            windows: &mut self.windows,
+            work: &mut self.work,
+            fault_rng: &mut self.fault_rng,
+            report: &mut self.rec.report,
+        }
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.rec.note(text);
+    }
+
+    fn violation(&mut self, checker: Checker, detail: String) {
+        self.rec.violation(checker, self.now_us, detail);
+    }
+
+    fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
+        let ev = match ev {
+            ClientEv::StartOp => Ev::ClientStartOp { client, inc },
+            ClientEv::OpRetry(op) => Ev::OpRetry { client, inc, op },
+            ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
+            ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
+            ClientEv::Resume => Ev::ClientResume { client, inc },
+        };
+        self.schedule(at_us, ev);
+    }
+
+    fn pump(&mut self, client: usize, slot: u8) {
+        self.client_pump(client, slot);
+    }
+
+    fn after_op_step(&mut self, _client: usize) {}
+
+    fn on_grant(&mut self, client: usize, token: u64, caller: bool) {
+        self.received.insert(token);
+        if caller && self.ghosts.contains(&token) {
+            self.violation(
+                Checker::Replies,
+                format!(
+                    "client {client} holds grant {token} that a node released as never delivered"
+                ),
+            );
+        }
+    }
+
+    fn new_holding(&mut self, token: u64) -> (u64, u64) {
+        // A holding is named by its token here: one grant, one holding.
+        let era = self
+            .grants
+            .get(&token)
+            .map_or(self.lease_era, |info| info.era);
+        (token, era)
+    }
+
+    /// The fenced resource: accepts a write iff its token is at least the
+    /// key's high-water mark.
+    fn db_write(
+        &mut self,
+        client: usize,
+        key: usize,
+        token: u64,
+        _holding: u64,
+        checked: bool,
+        era: u64,
+    ) {
+        let entry = self.db[key];
+        if token >= entry.high_water {
+            self.db[key] = DbKey {
+                high_water: token,
+                writer: client as u64,
+            };
+        } else {
+            self.rec.report.fenced_writes += 1;
+            self.note(|| {
+                format!(
+                    "db {}: stale write by client {client} token {token} < {} fenced",
+                    ALL_KEYS[key], entry.high_water
+                )
+            });
+            if checked && self.lease_era == era {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: client {client} wrote inside its validity window with token {token}, but token {} (client {}) had already written",
+                        ALL_KEYS[key], entry.high_water, entry.writer
+                    ),
+                );
+            }
+        }
+    }
+
+    fn release_failure(&self, error: ClientError) -> ReleaseFailure {
+        match error {
+            // No final reply within the release window; an attempt may
+            // have taken effect (the history entry stays open).
+            ClientError::Indeterminate | ClientError::NotConnected | ClientError::Timeout => {
+                ReleaseFailure::LeaveOpen
+            }
+            ClientError::ClientCapacity => ReleaseFailure::Forget,
+            // `E 6` cannot happen: the sim always releases a grant's exact
+            // key group.
+            ClientError::Protocol(message) if message.contains("GroupMismatch") => {
+                ReleaseFailure::Unexpected(format!("release got {message}"))
+            }
+            error => ReleaseFailure::Unexpected(format!("release failed with {error:?}")),
+        }
+    }
+
+    fn cancel_in_session(
+        &mut self,
+        client: usize,
+        conn: u64,
+        rid: u64,
+    ) -> Option<(CancelOutcome, u8)> {
+        let local = self.client_now(client);
+        let slot = self.pipes.get(&conn).map(|pipe| pipe.b_slot)?;
+        let (session, current) = self.clients[client].link.sessions[usize::from(slot)].as_mut()?;
+        (*current == conn).then(|| (session.cancel(instant(local), rid), slot))
     }
 }
 

@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 mod checks;
+mod clients;
 mod clock;
 pub mod cluster;
 pub mod config;

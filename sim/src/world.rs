@@ -12,18 +12,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, Grant,
-    KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Session, SessionConfig,
-    SessionEvent,
+    Backoff, CancelOutcome, ClientError, Session, SessionConfig, SessionEvent,
 };
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
-use ticketing_core::time::{Duration, Instant};
+use ticketing_core::time::Instant;
 use ticketing_core::wire::{Reply, Request};
 
-use crate::checks::{History, Window, Windows, key_index, key_indices};
-use crate::clock::{Clock, WALL_EPOCH_US, act_before_local_us, duration_us, instant};
-use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
+use crate::checks::{History, Windows, key_index};
+use crate::clients::{self, ClientEv, ClientWorld, Link, Parts, ReleaseFailure};
+use crate::clock::{Clock, WALL_EPOCH_US, duration_us, instant};
+use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
 use crate::rng::{FaultRoll, Rng};
@@ -33,10 +32,6 @@ use crate::run::{Queue, Recorder, Scheduled, Short};
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
-/// Indeterminate acquires remembered per client for matching a later
-/// `Compensate` event.
-pub(crate) const RECENT_INDETERMINATE_MAX: usize = 64;
-
 #[derive(Clone, Debug)]
 enum Ev {
     ClientTimer {
@@ -206,58 +201,29 @@ struct ServerReq {
     seq: u64,
 }
 
-#[derive(Clone, Debug)]
-struct Plan {
-    writes: u8,
-    write_gap_us: u64,
-    release: bool,
-}
-
-enum OpState {
-    Acquiring {
-        op: AcquireOperation,
-        attempt: Option<(u64, u64)>,
-        plan: Plan,
-        hist: Vec<(usize, usize)>,
-    },
-    Holding {
-        grant: Grant,
-        grant_id: u64,
-        plan: Plan,
-        writes_left: u8,
-        /// Local instant after which the client must not act (the grant's
-        /// conservative end shrunk by the drift bound).
-        act_before_local_us: u64,
-        start_us: u64,
-        epoch: u64,
-        /// The next write was checked before a pause and goes ahead
-        /// unchecked after it.
-        write_after_pause: bool,
-    },
-    Releasing {
-        op: ReleaseOperation,
-        attempt: Option<(u64, u64)>,
-        any_indeterminate: bool,
-        hist: Vec<(usize, usize)>,
-    },
-}
-
-struct ClientProc {
-    inc: u64,
-    clock: Clock,
-    crashed: bool,
-    paused_until_us: u64,
+/// How a client of the single server reaches it: one session at a time.
+pub(crate) struct Single {
     session: Option<(Session, u64)>,
     backoff: Backoff,
     timer_generation: u64,
     /// The deadline the pending timer event stands for.
     armed: Option<Instant>,
-    ops: BTreeMap<u64, OpState>,
-    acquires_started: usize,
-    /// (keys, history refs) of acquires that ended Indeterminate, newest
-    /// last, to attach a later `Compensate` to.
-    recent_indeterminate: Vec<(KeySet, Vec<(usize, usize)>)>,
 }
+
+impl Link for Single {
+    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError> {
+        match self
+            .session
+            .as_mut()
+            .filter(|(session, _)| session.is_ready())
+        {
+            Some((session, conn_id)) => Ok((session, *conn_id, 0)),
+            None => Err(ClientError::NotConnected),
+        }
+    }
+}
+
+type ClientProc = clients::ClientProc<Single>;
 
 struct ServerProc {
     server: Server,
@@ -350,18 +316,14 @@ impl<'t> World<'t> {
         let drift = config.drift_ppm_max;
         let server_clock = Clock::draw(&mut clocks, drift);
         let clients = (0..config.clients)
-            .map(|_| ClientProc {
-                inc: 0,
-                clock: Clock::draw(&mut clocks, drift),
-                crashed: false,
-                paused_until_us: 0,
-                session: None,
-                backoff: Backoff::new(),
-                timer_generation: 0,
-                armed: None,
-                ops: BTreeMap::new(),
-                acquires_started: 0,
-                recent_indeterminate: Vec::new(),
+            .map(|_| {
+                let link = Single {
+                    session: None,
+                    backoff: Backoff::new(),
+                    timer_generation: 0,
+                    armed: None,
+                };
+                ClientProc::new(Clock::draw(&mut clocks, drift), link)
             })
             .collect();
         let keys = ALL_KEYS.len();
@@ -603,10 +565,10 @@ impl<'t> World<'t> {
             Ev::ClientTimer {
                 client, generation, ..
             } => {
-                if self.clients[client].timer_generation == generation {
-                    self.clients[client].armed = None;
+                if self.clients[client].link.timer_generation == generation {
+                    self.clients[client].link.armed = None;
                     let local = self.client_now(client);
-                    if let Some((session, _)) = self.clients[client].session.as_mut() {
+                    if let Some((session, _)) = self.clients[client].link.session.as_mut() {
                         session.handle_timeout(instant(local));
                     }
                     self.client_pump(client);
@@ -1234,14 +1196,14 @@ impl<'t> World<'t> {
 
     fn client_connect(&mut self, client: usize) {
         let proc = &mut self.clients[client];
-        if proc.session.is_some() || proc.crashed {
+        if proc.link.session.is_some() || proc.crashed {
             return;
         }
         let local = proc.clock.local(self.now_us);
         let conn_id = self.next_conn;
         self.next_conn += 1;
         let session = Session::new(instant(local), SessionConfig::single(b""));
-        proc.session = Some((session, conn_id));
+        proc.link.session = Some((session, conn_id));
         let inc = proc.inc;
         self.conns.insert(
             conn_id,
@@ -1304,7 +1266,7 @@ impl<'t> World<'t> {
             return;
         }
         let local = self.client_now(client);
-        if let Some((session, current)) = self.clients[client].session.as_mut()
+        if let Some((session, current)) = self.clients[client].link.session.as_mut()
             && *current == conn_id
         {
             session.handle_input(instant(local), &bytes);
@@ -1330,7 +1292,7 @@ impl<'t> World<'t> {
             let close = std::mem::take(&mut conn.close_held);
             if !bytes.is_empty() {
                 let local = self.client_now(client);
-                if let Some((session, current)) = self.clients[client].session.as_mut()
+                if let Some((session, current)) = self.clients[client].link.session.as_mut()
                     && *current == conn_id
                 {
                     session.handle_input(instant(local), &bytes);
@@ -1342,15 +1304,6 @@ impl<'t> World<'t> {
             }
         }
         self.client_pump(client);
-    }
-
-    /// Stops `client` for `pause_us` (a GC pause): it runs nothing until a
-    /// `ClientResume`.
-    fn pause_client(&mut self, client: usize, pause_us: u64) {
-        let proc = &mut self.clients[client];
-        proc.paused_until_us = proc.paused_until_us.max(self.now_us + pause_us);
-        let (inc, until) = (proc.inc, proc.paused_until_us);
-        self.schedule(until, Ev::ClientResume { client, inc });
     }
 
     fn client_sees_close(&mut self, conn_id: u64) {
@@ -1372,7 +1325,7 @@ impl<'t> World<'t> {
         }
         if current {
             let local = self.client_now(client);
-            if let Some((session, open)) = self.clients[client].session.as_mut()
+            if let Some((session, open)) = self.clients[client].link.session.as_mut()
                 && *open == conn_id
             {
                 session.handle_transport_closed(instant(local));
@@ -1388,7 +1341,7 @@ impl<'t> World<'t> {
         loop {
             let local = self.client_now(client);
             let proc = &mut self.clients[client];
-            let Some((session, conn_id)) = proc.session.as_mut() else {
+            let Some((session, conn_id)) = proc.link.session.as_mut() else {
                 return;
             };
             let conn_id = *conn_id;
@@ -1411,16 +1364,17 @@ impl<'t> World<'t> {
         let local = self.client_now(client);
         let proc = &mut self.clients[client];
         let deadline = proc
+            .link
             .session
             .as_ref()
             .and_then(|(session, _)| session.poll_timeout());
-        if deadline == proc.armed {
+        if deadline == proc.link.armed {
             return;
         }
-        proc.armed = deadline;
+        proc.link.armed = deadline;
         if let Some(deadline) = deadline {
-            proc.timer_generation += 1;
-            let generation = proc.timer_generation;
+            proc.link.timer_generation += 1;
+            let generation = proc.link.timer_generation;
             let inc = proc.inc;
             let at = proc
                 .clock
@@ -1444,65 +1398,23 @@ impl<'t> World<'t> {
             }
             SessionEvent::Outcome { rid, outcome } => {
                 self.note(|| format!("client {client} conn {conn_id} rid {rid}: {outcome:?}"));
-                let found = self.clients[client]
-                    .ops
-                    .iter()
-                    .find_map(|(&id, op)| match op {
-                        OpState::Acquiring { attempt, .. } | OpState::Releasing { attempt, .. }
-                            if *attempt == Some((conn_id, rid)) =>
-                        {
-                            Some(id)
-                        }
-                        _ => None,
-                    });
-                if let Some(op) = found {
-                    self.op_outcome(client, op, outcome);
-                }
+                self.attempt_outcome(client, conn_id, rid, outcome);
             }
-            SessionEvent::Compensate(compensation) => {
-                self.note(|| format!("client {client} compensates {compensation:?}"));
-                let proc = &mut self.clients[client];
-                let position = proc
-                    .recent_indeterminate
-                    .iter()
-                    // The newest: a late grant's Indeterminate outcome comes
-                    // right before its compensation.
-                    .rposition(|(keys, _)| *keys == compensation.keys);
-                if let Some(position) = position {
-                    let (_, hist) = proc.recent_indeterminate.remove(position);
-                    self.resolve_history(&hist, |op| match op {
-                        LinOp::AcquireIndeterminate { lease_min_us } => LinOp::Granted {
-                            token: compensation.token,
-                            lease_min_us,
-                        },
-                        other => other,
-                    });
-                } else {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client}: compensation {compensation:?} for no known acquire"
-                        ),
-                    );
-                }
-                let local = self.client_now(client);
-                let op =
-                    ReleaseOperation::new(instant(local), compensation.keys, compensation.token);
-                self.start_release(client, op);
-            }
+            SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
             SessionEvent::Closed(reason) => {
                 self.note(|| format!("client {client} conn {conn_id} closed: {reason:?}"));
-                let proc = &mut self.clients[client];
-                let lived = proc
+                let link = &mut self.clients[client].link;
+                let lived = link
                     .session
                     .as_ref()
                     .filter(|(_, current)| *current == conn_id)
                     .and_then(|(session, _)| session.lived());
-                if proc.session.as_ref().is_some_and(|(_, c)| *c == conn_id) {
-                    proc.session = None;
-                    proc.armed = None;
+                if link.session.as_ref().is_some_and(|(_, c)| *c == conn_id) {
+                    link.session = None;
+                    link.armed = None;
                 }
-                let delay = proc.backoff.after_session(lived, Some(&reason));
+                let delay = link.backoff.after_session(lived, Some(&reason));
+                let proc = &self.clients[client];
                 let inc = proc.inc;
                 let at = self.now_us + duration_us(delay);
                 self.schedule(at, Ev::ClientConnect { client, inc });
@@ -1535,594 +1447,6 @@ impl<'t> World<'t> {
                 );
             }
         }
-    }
-
-    fn client_start_op(&mut self, client: usize) {
-        if self.phase != Phase::Safety {
-            return;
-        }
-        let proc = &self.clients[client];
-        let active = proc
-            .ops
-            .values()
-            .filter(|op| !matches!(op, OpState::Releasing { .. }))
-            .count();
-        let inc = proc.inc;
-        let started = proc.acquires_started;
-        if started >= self.config.max_acquires_per_client {
-            return;
-        }
-        let think = self.work.below(600_000);
-        self.schedule(self.now_us + think, Ev::ClientStartOp { client, inc });
-        if active >= self.config.max_concurrent_per_client {
-            return;
-        }
-        // Keys: mostly one hot key; sometimes a cold one or a small set.
-        let keys: Vec<&str> = match self.work.below(10) {
-            0..=4 => vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]],
-            5..=6 => vec![COLD_KEYS[self.work.index(COLD_KEYS.len())]],
-            _ => {
-                let mut set = vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]];
-                for _ in 0..self.work.range(1, 2) {
-                    set.push(ALL_KEYS[self.work.index(ALL_KEYS.len())]);
-                }
-                set
-            }
-        };
-        let keys = KeySet::new(&keys).expect("sim keys are valid");
-        let wait_s = if self.work.chance(300_000) {
-            0
-        } else {
-            self.work.range(1, u64::from(self.config.wait_s_max))
-        };
-        let lease_s = if self.work.chance(600_000) {
-            self.work.range(1, 2)
-        } else {
-            self.work.range(1, u64::from(self.config.lease_s_max))
-        };
-        let budget_us = if self.work.chance(500_000) {
-            0
-        } else {
-            self.work.below(lease_s * 1_000_000)
-        };
-        let params = AcquireParams::new(
-            Duration::from_secs(wait_s),
-            Duration::from_secs(lease_s),
-            Duration::from_micros(budget_us),
-        )
-        .expect("sim parameters are valid");
-        let plan = Plan {
-            writes: self.work.range(1, 4) as u8,
-            write_gap_us: self.work.range(1_000, lease_s * 400_000),
-            release: self.work.chance(800_000),
-        };
-        let cancel_after =
-            (wait_s > 0 && self.work.chance(100_000)).then(|| self.work.below(wait_s * 1_000_000));
-        let local = self.client_now(client);
-        let op = AcquireOperation::new(instant(local), keys.clone(), params);
-        let id = self.next_op;
-        self.next_op += 1;
-        let lease_min_us = self.lease_min_us(lease_s);
-        let hist = self.open_history(&keys, LinOp::AcquireIndeterminate { lease_min_us });
-        let proc = &mut self.clients[client];
-        proc.acquires_started += 1;
-        proc.ops.insert(
-            id,
-            OpState::Acquiring {
-                op,
-                attempt: None,
-                plan,
-                hist,
-            },
-        );
-        self.note(|| format!("client {client} op {id}: acquire {keys:?} {params:?}"));
-        if let Some(delay) = cancel_after {
-            self.schedule(
-                self.now_us + delay,
-                Ev::CancelOp {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-        }
-        self.op_attempt(client, id);
-    }
-
-    /// The shortest true duration of a server lease of `lease_s` (the
-    /// server's clock may run fast by the drift bound).
-    fn lease_min_us(&self, lease_s: u64) -> u64 {
-        crate::clock::lease_min_us(lease_s * 1_000_000, self.config.drift_ppm_max)
-    }
-
-    /// Opens a history entry per key (answer unknown for now).
-    fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
-        self.history.open(self.now_us, keys, op)
-    }
-
-    fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
-        self.history.resolve(self.now_us, hist, map);
-    }
-
-    fn forget_history(&mut self, hist: &[(usize, usize)]) {
-        self.history.forget(hist);
-    }
-
-    fn op_attempt(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let session = proc
-            .session
-            .as_mut()
-            .filter(|(session, _)| session.is_ready());
-        match (proc.ops.get_mut(&id), session) {
-            (Some(OpState::Acquiring { op, attempt, .. }), Some((session, conn_id))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => *attempt = Some((*conn_id, rid)),
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.acquire_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Acquiring { op, .. }), None) => {
-                let step = op.on_error(instant(local), ClientError::NotConnected);
-                return self.acquire_step(client, id, step);
-            }
-            (Some(OpState::Releasing { op, attempt, .. }), Some((session, conn_id))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => *attempt = Some((*conn_id, rid)),
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.release_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Releasing { op, .. }), None) => {
-                let step = op.on_error(instant(local), ClientError::NotConnected);
-                return self.release_step(client, id, step);
-            }
-            _ => return,
-        }
-        self.client_pump(client);
-    }
-
-    fn op_outcome(&mut self, client: usize, id: u64, outcome: Outcome) {
-        let local = self.client_now(client);
-        match self.clients[client].ops.get_mut(&id) {
-            Some(OpState::Acquiring { op, attempt, .. }) => {
-                *attempt = None;
-                let step = op.on_outcome(instant(local), outcome);
-                self.acquire_step(client, id, step);
-            }
-            Some(OpState::Releasing {
-                op,
-                attempt,
-                any_indeterminate,
-                ..
-            }) => {
-                *attempt = None;
-                if outcome == Outcome::Indeterminate {
-                    *any_indeterminate = true;
-                }
-                let step = op.on_outcome(instant(local), outcome);
-                self.release_step(client, id, step);
-            }
-            _ => {}
-        }
-    }
-
-    fn acquire_step(&mut self, client: usize, id: u64, step: AcquireStep) {
-        let inc = self.clients[client].inc;
-        if let AcquireStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Acquiring { op, plan, hist, .. }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let lease_min_us = self.lease_min_us(u64::from(op.params().lease_s()));
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        match step {
-            AcquireStep::Granted(grant) => {
-                self.rec.report.grants += 1;
-                self.handed_tokens.insert(grant.token, client);
-                if self.ghost_tokens.contains(&grant.token) {
-                    // Its bytes were written (else the client could not
-                    // have it), yet the server counted it undelivered.
-                    self.violation(
-                        Checker::Replies,
-                        format!(
-                            "client {client} holds grant {} that the server released as never delivered",
-                            grant.token
-                        ),
-                    );
-                }
-                let token = grant.token;
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                self.start_holding(client, id, grant, plan, op.params().lease_s());
-            }
-            AcquireStep::Compensate { grant, .. } => {
-                let token = grant.token;
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                let local = self.client_now(client);
-                let release = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-                self.start_release(client, release);
-            }
-            AcquireStep::Failed(ClientError::Timeout | ClientError::Busy) => {
-                self.forget_history(&hist);
-            }
-            AcquireStep::Failed(ClientError::Indeterminate) => {
-                let proc = &mut self.clients[client];
-                if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
-                    proc.recent_indeterminate.remove(0);
-                }
-                proc.recent_indeterminate.push((op.keys().clone(), hist));
-            }
-            AcquireStep::Failed(ClientError::ClientCapacity) => self.forget_history(&hist),
-            AcquireStep::Failed(error) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: acquire failed with {error:?}"),
-                );
-            }
-            AcquireStep::RetryAt(_) => unreachable!("handled above"),
-        }
-        self.client_pump(client);
-    }
-
-    fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
-        let grant_id = self.next_grant_id;
-        self.next_grant_id += 1;
-        // Act only before the conservative end shrunk by the drift bound:
-        // then even a slow client clock against a fast server clock stays
-        // inside the server's lease.
-        let act_before_local_us = act_before_local_us(
-            grant.valid_before.as_micros(),
-            lease_s,
-            self.config.drift_ppm_max,
-        );
-        // Leases are cut by what happens after the grant at the server, not
-        // after the client heard of it.
-        let epoch = self
-            .token_eras
-            .get(&grant.token)
-            .copied()
-            .unwrap_or(self.lease_era);
-        let inc = self.clients[client].inc;
-        self.clients[client].ops.insert(
-            id,
-            OpState::Holding {
-                writes_left: plan.writes,
-                grant,
-                grant_id,
-                plan,
-                act_before_local_us,
-                start_us: self.now_us,
-                epoch,
-                write_after_pause: false,
-            },
-        );
-        self.schedule(
-            self.now_us,
-            Ev::WorkStep {
-                client,
-                inc,
-                op: id,
-            },
-        );
-    }
-
-    fn work_step(&mut self, client: usize, id: u64) {
-        enum Action {
-            Finish,
-            Pause,
-            Write { checked: bool },
-        }
-        let local = self.client_now(client);
-        let inc = self.clients[client].inc;
-        let pause_chance = if self.phase == Phase::Safety {
-            self.config.faults.pause_before_write_ppm
-        } else {
-            0
-        };
-        let Some(OpState::Holding {
-            grant,
-            grant_id,
-            epoch,
-            writes_left,
-            act_before_local_us,
-            write_after_pause,
-            plan,
-            ..
-        }) = self.clients[client].ops.get_mut(&id)
-        else {
-            return;
-        };
-        let action = if *write_after_pause {
-            *write_after_pause = false;
-            Action::Write { checked: false }
-        } else if *writes_left > 0 && local < *act_before_local_us {
-            if pause_chance > 0 && self.fault_rng.chance(pause_chance) {
-                // Checked, then stopped before writing: the write lands
-                // after the pause, perhaps long after the lease.
-                *write_after_pause = true;
-                Action::Pause
-            } else {
-                Action::Write { checked: true }
-            }
-        } else {
-            Action::Finish
-        };
-        if matches!(action, Action::Write { .. }) {
-            *writes_left = writes_left.saturating_sub(1);
-        }
-        let token = grant.token;
-        let keys = key_indices(&grant.keys);
-        let (gap, grant_id, epoch) = (plan.write_gap_us, *grant_id, *epoch);
-        match action {
-            Action::Finish => self.finish_holding(client, id),
-            Action::Pause => {
-                let pause = self
-                    .fault_rng
-                    .range(1, self.config.faults.pause_max_us.max(1));
-                self.rec.report.faults += 1;
-                self.pause_client(client, pause);
-                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
-                self.schedule(
-                    self.now_us,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-            Action::Write { checked } => {
-                for key in keys {
-                    self.db_write(client, key, token, grant_id, checked, epoch);
-                }
-                self.schedule(
-                    self.now_us + gap,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-        }
-    }
-
-    /// The fenced resource: accepts a write iff its token is at least the
-    /// key's high-water mark.
-    fn db_write(
-        &mut self,
-        client: usize,
-        key: usize,
-        token: u64,
-        grant_id: u64,
-        checked: bool,
-        epoch: u64,
-    ) {
-        let entry = self.db[key];
-        if token >= entry.high_water {
-            if token == entry.high_water && entry.writer != grant_id && entry.writer != 0 {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: token {token} accepted from two grants ({} and {grant_id})",
-                        ALL_KEYS[key], entry.writer
-                    ),
-                );
-            }
-            self.db[key] = DbKey {
-                high_water: token,
-                writer: grant_id,
-            };
-            self.note(|| {
-                format!(
-                    "db {}: write by client {client} token {token} accepted",
-                    ALL_KEYS[key]
-                )
-            });
-        } else {
-            self.rec.report.fenced_writes += 1;
-            self.note(|| {
-                format!(
-                    "db {}: stale write by client {client} token {token} < {} fenced",
-                    ALL_KEYS[key], entry.high_water
-                )
-            });
-            if checked && self.lease_era == epoch {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: client {client} wrote inside its validity window with token {token}, but token {} had already written",
-                        ALL_KEYS[key], entry.high_water
-                    ),
-                );
-            }
-        }
-    }
-
-    fn finish_holding(&mut self, client: usize, id: u64) {
-        let Some(OpState::Holding {
-            grant,
-            grant_id,
-            plan,
-            act_before_local_us,
-            start_us,
-            epoch,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let clock = self.clients[client].clock;
-        let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-        self.record_window(&grant, grant_id, start_us, end_us, epoch);
-        if plan.release {
-            let local = self.client_now(client);
-            let op = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-            self.start_release(client, op);
-        } else {
-            self.note(|| format!("client {client} drops ticket {}", grant.token));
-        }
-        self.client_pump(client);
-    }
-
-    /// Validity-window checker: no two grants of a key (in one server
-    /// epoch) have overlapping windows in true time.
-    fn record_window(
-        &mut self,
-        grant: &Grant,
-        grant_id: u64,
-        start_us: u64,
-        end_us: u64,
-        epoch: u64,
-    ) {
-        let window = Window {
-            start_us,
-            end_us,
-            holding: grant_id,
-            token: grant.token,
-            era: epoch,
-        };
-        for detail in self.windows.record(grant, window) {
-            self.violation(Checker::Fencing, detail);
-        }
-    }
-
-    fn start_release(&mut self, client: usize, op: ReleaseOperation) {
-        let id = self.next_op;
-        self.next_op += 1;
-        let hist = self.open_history(op.keys(), LinOp::ReleaseIndeterminate { token: op.token() });
-        self.note(|| {
-            format!(
-                "client {client} op {id}: release {:?} token {}",
-                op.keys(),
-                op.token()
-            )
-        });
-        self.clients[client].ops.insert(
-            id,
-            OpState::Releasing {
-                op,
-                attempt: None,
-                any_indeterminate: false,
-                hist,
-            },
-        );
-        self.op_attempt(client, id);
-    }
-
-    fn release_step(&mut self, client: usize, id: u64, step: ReleaseStep) {
-        let inc = self.clients[client].inc;
-        if let ReleaseStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Releasing {
-            op,
-            any_indeterminate,
-            hist,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        let token = op.token();
-        match step {
-            ReleaseStep::Done(Ok(ReleaseOutcome::Released)) => {
-                self.resolve_history(&hist, |_| LinOp::Released { token });
-            }
-            ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent)) => {
-                if any_indeterminate {
-                    // An earlier attempt may have released it.
-                } else {
-                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
-                }
-            }
-            ReleaseStep::Done(Err(ClientError::Indeterminate)) => {}
-            ReleaseStep::Done(Err(ClientError::NotConnected | ClientError::ClientCapacity)) => {
-                if !any_indeterminate {
-                    self.forget_history(&hist);
-                }
-            }
-            ReleaseStep::Done(Err(error)) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: release failed with {error:?}"),
-                );
-            }
-            ReleaseStep::RetryAt(_) => unreachable!("handled above"),
-        }
-    }
-
-    fn cancel_op(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let Some(OpState::Acquiring {
-            attempt: Some((conn_id, rid)),
-            ..
-        }) = proc.ops.get(&id)
-        else {
-            return;
-        };
-        let (conn_id, rid) = (*conn_id, *rid);
-        let Some((session, current)) = proc.session.as_mut() else {
-            return;
-        };
-        if *current != conn_id {
-            return;
-        }
-        let outcome = session.cancel(instant(local), rid);
-        self.note(|| format!("client {client} cancels op {id} (rid {rid}): {outcome:?}"));
-        let Some(OpState::Acquiring { hist, op, .. }) = self.clients[client].ops.remove(&id) else {
-            return;
-        };
-        match outcome {
-            CancelOutcome::Unsent => self.forget_history(&hist),
-            CancelOutcome::PossiblySent | CancelOutcome::Withdrawn | CancelOutcome::Unknown => {
-                let proc = &mut self.clients[client];
-                if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
-                    proc.recent_indeterminate.remove(0);
-                }
-                proc.recent_indeterminate.push((op.keys().clone(), hist));
-            }
-        }
-        self.client_pump(client);
     }
 
     fn client_restart(&mut self, client: usize) {
@@ -2203,7 +1527,7 @@ impl<'t> World<'t> {
             self.clients[client].clock.jump_us += jump;
             self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
             let local = self.client_now(client);
-            if let Some((session, _)) = self.clients[client].session.as_mut() {
+            if let Some((session, _)) = self.clients[client].link.session.as_mut() {
                 session.handle_timeout(instant(local));
             }
             self.client_pump(client);
@@ -2212,29 +1536,11 @@ impl<'t> World<'t> {
 
     fn crash_client(&mut self, client: usize) {
         self.note(|| format!("FAULT client {client} crashes"));
-        let proc = &mut self.clients[client];
-        proc.crashed = true;
-        proc.paused_until_us = 0;
-        proc.session = None;
-        proc.armed = None;
-        proc.backoff = Backoff::new();
-        proc.recent_indeterminate.clear();
-        let ops = std::mem::take(&mut proc.ops);
-        for op in ops.into_values() {
-            if let OpState::Holding {
-                grant,
-                grant_id,
-                act_before_local_us,
-                start_us,
-                epoch,
-                ..
-            } = op
-            {
-                let clock = self.clients[client].clock;
-                let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-                self.record_window(&grant, grant_id, start_us, end_us, epoch);
-            }
-        }
+        self.crash_ops(client);
+        let link = &mut self.clients[client].link;
+        link.session = None;
+        link.armed = None;
+        link.backoff = Backoff::new();
         let conns: Vec<u64> = self
             .conns
             .iter()
@@ -2291,7 +1597,7 @@ impl<'t> World<'t> {
                 );
                 return;
             }
-            if let Some((session, _)) = proc.session.as_ref()
+            if let Some((session, _)) = proc.link.session.as_ref()
                 && session.pending_len() > 0
             {
                 let detail = format!(
@@ -2323,6 +1629,153 @@ impl<'t> World<'t> {
         for detail in self.history.check(trivial, &mut self.rec.report) {
             self.violation(Checker::Linearizability, detail);
         }
+    }
+}
+
+impl<'t> ClientWorld for World<'t> {
+    type Link = Single;
+
+    fn parts(&mut self) -> Parts<'_, Single> {
+        Parts {
+            now_us: self.now_us,
+            config: &self.config,
+            safety: self.phase == Phase::Safety,
+            clients: &mut self.clients,
+            next_op: &mut self.next_op,
+            history: &mut self.history,
+            windows: &mut self.windows,
+            work: &mut self.work,
+            fault_rng: &mut self.fault_rng,
+            report: &mut self.rec.report,
+        }
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.rec.note(text);
+    }
+
+    fn violation(&mut self, checker: Checker, detail: String) {
+        self.rec.violation(checker, self.now_us, detail);
+    }
+
+    fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
+        let ev = match ev {
+            ClientEv::StartOp => Ev::ClientStartOp { client, inc },
+            ClientEv::OpRetry(op) => Ev::OpRetry { client, inc, op },
+            ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
+            ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
+            ClientEv::Resume => Ev::ClientResume { client, inc },
+        };
+        self.schedule(at_us, ev);
+    }
+
+    fn pump(&mut self, client: usize, _slot: u8) {
+        self.client_pump(client);
+    }
+
+    fn after_op_step(&mut self, client: usize) {
+        self.client_pump(client);
+    }
+
+    fn on_grant(&mut self, client: usize, token: u64, caller: bool) {
+        if !caller {
+            return;
+        }
+        self.handed_tokens.insert(token, client);
+        if self.ghost_tokens.contains(&token) {
+            // Its bytes were written (else the client could not have it),
+            // yet the server counted it undelivered.
+            self.violation(
+                Checker::Replies,
+                format!(
+                    "client {client} holds grant {token} that the server released as never delivered"
+                ),
+            );
+        }
+    }
+
+    fn new_holding(&mut self, token: u64) -> (u64, u64) {
+        let grant_id = self.next_grant_id;
+        self.next_grant_id += 1;
+        // Leases are cut by what happens after the grant at the server, not
+        // after the client heard of it.
+        let era = self
+            .token_eras
+            .get(&token)
+            .copied()
+            .unwrap_or(self.lease_era);
+        (grant_id, era)
+    }
+
+    /// The fenced resource: accepts a write iff its token is at least the
+    /// key's high-water mark.
+    fn db_write(
+        &mut self,
+        client: usize,
+        key: usize,
+        token: u64,
+        grant_id: u64,
+        checked: bool,
+        epoch: u64,
+    ) {
+        let entry = self.db[key];
+        if token >= entry.high_water {
+            if token == entry.high_water && entry.writer != grant_id && entry.writer != 0 {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: token {token} accepted from two grants ({} and {grant_id})",
+                        ALL_KEYS[key], entry.writer
+                    ),
+                );
+            }
+            self.db[key] = DbKey {
+                high_water: token,
+                writer: grant_id,
+            };
+            self.note(|| {
+                format!(
+                    "db {}: write by client {client} token {token} accepted",
+                    ALL_KEYS[key]
+                )
+            });
+        } else {
+            self.rec.report.fenced_writes += 1;
+            self.note(|| {
+                format!(
+                    "db {}: stale write by client {client} token {token} < {} fenced",
+                    ALL_KEYS[key], entry.high_water
+                )
+            });
+            if checked && self.lease_era == epoch {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: client {client} wrote inside its validity window with token {token}, but token {} had already written",
+                        ALL_KEYS[key], entry.high_water
+                    ),
+                );
+            }
+        }
+    }
+
+    fn release_failure(&self, error: ClientError) -> ReleaseFailure {
+        match error {
+            ClientError::Indeterminate => ReleaseFailure::LeaveOpen,
+            ClientError::NotConnected | ClientError::ClientCapacity => ReleaseFailure::Forget,
+            error => ReleaseFailure::Unexpected(format!("release failed with {error:?}")),
+        }
+    }
+
+    fn cancel_in_session(
+        &mut self,
+        client: usize,
+        conn: u64,
+        rid: u64,
+    ) -> Option<(CancelOutcome, u8)> {
+        let local = self.client_now(client);
+        let (session, current) = self.clients[client].link.session.as_mut()?;
+        (*current == conn).then(|| (session.cancel(instant(local), rid), 0))
     }
 }
 
