@@ -4,26 +4,31 @@
 //! grant and writing to the fenced resource with it, cancels, pauses, and
 //! the history and validity windows all of that leaves for the checkers.
 //!
-//! What differs between the worlds — one session or one per node behind a
-//! router, what the oracle learns of a grant, the fenced resource's own
-//! checks, which release errors are expected — is asked of the world
-//! through [`ClientWorld`]; everything else is here once, drawing from the
-//! worlds' random streams in the order it always did.
+//! Its sessions too: input, timers, transport closes, session events and
+//! reconnect backoff, over one session (single server) or one per node
+//! slot with the core `Router` choosing among them (cluster).
+//!
+//! What differs between the worlds — how bytes travel, what the oracle
+//! learns of a grant, the fenced resource's own checks, which release
+//! errors and close reasons are expected — is asked of the world through
+//! [`ClientWorld`]; everything else is here once, drawing from the worlds'
+//! random streams in the order it always did.
 
 use std::collections::BTreeMap;
 
 use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, CancelOutcome, ClientError, Compensation, Grant,
-    KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Session,
+    AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, CloseReason,
+    Compensation, Grant, KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router,
+    Session, SessionEvent,
 };
-use ticketing_core::time::Duration;
+use ticketing_core::time::{Duration, Instant};
 
 use crate::checks::{HistRefs, History, Window, Windows, key_indices};
 use crate::clock::{Clock, act_before_local_us, duration_us, instant, lease_min_us};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::rng::Rng;
-use crate::run::{Checker, RunReport};
+use crate::run::{Checker, Recorder};
 
 /// Indeterminate acquires remembered per client for matching a later
 /// `Compensate` event.
@@ -71,8 +76,8 @@ pub(crate) enum OpState {
     },
 }
 
-/// A client process; `L` is how it reaches the servers (see [`Link`]).
-pub(crate) struct ClientProc<L> {
+/// A client process.
+pub(crate) struct ClientProc {
     /// Incarnation: bumped by each restart, so a dead one's events drop.
     pub(crate) inc: u64,
     pub(crate) clock: Clock,
@@ -83,11 +88,11 @@ pub(crate) struct ClientProc<L> {
     /// (keys, history refs) of acquires that ended Indeterminate, newest
     /// last, to attach a later `Compensate` to.
     pub(crate) recent_indeterminate: Vec<(KeySet, HistRefs)>,
-    pub(crate) link: L,
+    pub(crate) link: Sessions,
 }
 
-impl<L> ClientProc<L> {
-    pub(crate) fn new(clock: Clock, link: L) -> Self {
+impl ClientProc {
+    pub(crate) fn new(clock: Clock, link: Sessions) -> Self {
         ClientProc {
             inc: 0,
             clock,
@@ -101,11 +106,74 @@ impl<L> ClientProc<L> {
     }
 }
 
-/// A client's sessions, as far as the shared operation code needs them.
-pub(crate) trait Link {
+/// A client's sessions, one per slot: one slot for the single server, one
+/// per node in a cluster, where the core [`Router`] picks among them.
+pub(crate) struct Sessions {
+    /// Per slot: the session and its connection.
+    pub(crate) sessions: Vec<Option<(Session, u64)>>,
+    pub(crate) backoffs: Vec<Backoff>,
+    pub(crate) router: Option<Router>,
+    pub(crate) timer_generation: Vec<u64>,
+    /// Per slot: the deadline the pending timer event stands for.
+    pub(crate) armed: Vec<Option<Instant>>,
+}
+
+impl Sessions {
+    /// One session to a single server.
+    pub(crate) fn single() -> Self {
+        Sessions::new(1, None)
+    }
+
+    /// One session per node of an `n`-node cluster, routed.
+    pub(crate) fn routed(n: usize) -> Self {
+        Sessions::new(n, Some(Router::new(n)))
+    }
+
+    fn new(n: usize, router: Option<Router>) -> Self {
+        Sessions {
+            sessions: (0..n).map(|_| None).collect(),
+            backoffs: vec![Backoff::new(); n],
+            router,
+            timer_generation: vec![0; n],
+            armed: vec![None; n],
+        }
+    }
+
+    /// Slots, as the worlds number them.
+    pub(crate) fn slots(&self) -> u8 {
+        self.sessions.len() as u8
+    }
+
     /// The ready session an attempt goes out on now, with its connection
     /// and slot; or the error an attempt gets when there is none.
-    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError>;
+    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError> {
+        let Some(router) = self.router.as_mut() else {
+            return match self.sessions[0]
+                .as_mut()
+                .filter(|(session, _)| session.is_ready())
+            {
+                Some((session, conn)) => Ok((session, *conn, 0)),
+                None => Err(ClientError::NotConnected),
+            };
+        };
+        // Leader first, then round-robin over ready sessions.
+        let picked = router.pick();
+        let error = router.no_connection_error();
+        picked
+            .and_then(|index| {
+                self.sessions[index]
+                    .as_mut()
+                    .filter(|(session, _)| session.is_ready())
+                    .map(|(session, conn)| (session, *conn, index as u8))
+            })
+            .ok_or(error)
+    }
+
+    /// Drops every session (a crash).
+    pub(crate) fn clear(&mut self) {
+        self.sessions.iter_mut().for_each(|session| *session = None);
+        self.armed.iter_mut().for_each(|armed| *armed = None);
+    }
 }
 
 /// A client event the shared code schedules; the world wraps it in its own
@@ -117,6 +185,22 @@ pub(crate) enum ClientEv {
     WorkStep(u64),
     CancelOp(u64),
     Resume,
+    /// The session timer of `slot`, armed as `generation`.
+    Timer {
+        slot: u8,
+        generation: u64,
+    },
+    /// Connect `slot`'s session again.
+    Connect(u8),
+}
+
+/// Whether a client event runs now.
+pub(crate) enum Gate {
+    /// Its incarnation crashed or was replaced: dropped.
+    Stale,
+    /// The process is paused: the event waits until then.
+    PausedUntil(u64),
+    Runs,
 }
 
 /// What the fenced resource and the oracle make of a release error.
@@ -131,38 +215,46 @@ pub(crate) enum ReleaseFailure {
 }
 
 /// The world's state the shared client code works on, borrowed at once.
-pub(crate) struct Parts<'a, L> {
+pub(crate) struct Parts<'a, 't> {
     pub(crate) now_us: u64,
     pub(crate) config: &'a SimConfig,
     /// In the safety phase: new work and faults.
     pub(crate) safety: bool,
-    pub(crate) clients: &'a mut Vec<ClientProc<L>>,
+    pub(crate) clients: &'a mut Vec<ClientProc>,
     pub(crate) next_op: &'a mut u64,
     pub(crate) history: &'a mut History,
     pub(crate) windows: &'a mut Windows,
     pub(crate) work: &'a mut Rng,
     pub(crate) fault_rng: &'a mut Rng,
-    pub(crate) report: &'a mut RunReport,
+    pub(crate) rec: &'a mut Recorder<'t>,
 }
 
 /// A world whose client processes the shared code drives. The provided
 /// methods are the client side of both worlds; the required ones are where
 /// the worlds differ.
-pub(crate) trait ClientWorld {
-    /// How a client reaches the servers.
-    type Link: Link;
+pub(crate) trait ClientWorld<'t> {
+    /// What the worlds call a connection in traces and findings.
+    const CONN: &'static str;
 
     /// The world's state the shared code works on.
-    fn parts(&mut self) -> Parts<'_, Self::Link>;
-    /// A trace note; `text` only runs when tracing.
-    fn note(&mut self, text: impl FnOnce() -> String);
-    /// Records a violation (unless that checker is off).
-    fn violation(&mut self, checker: Checker, detail: String);
+    fn parts(&mut self) -> Parts<'_, 't>;
     /// Schedules `ev` for incarnation `inc` of `client`.
     fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv);
-    /// Hands out what `client`'s session on `slot` wants to send, handles
-    /// its events, re-arms its timer.
-    fn pump(&mut self, client: usize, slot: u8);
+    /// Sends a client's bytes towards the server on connection `conn`.
+    fn send_from_client(&mut self, conn: u64, bytes: Vec<u8>);
+    /// The client closed connection `conn` (its session ended): the
+    /// transport goes too.
+    fn close_transport(&mut self, conn: u64);
+    /// Whether a correct server can make a session close for `reason`.
+    fn close_expected(&self, reason: &CloseReason) -> bool;
+    /// A session became ready.
+    fn on_ready(&mut self, client: usize, slot: u8, conn: u64);
+    /// A session heard a leader notice (`L`) or a not-leader answer.
+    fn on_leader_notice(&mut self, client: usize);
+    /// A paused client runs again.
+    fn resume(&mut self, client: usize);
+    /// A client process crashes.
+    fn crash_client(&mut self, client: usize);
     /// The single world pumps its one session after an operation step
     /// (the cluster world pumps per slot where it submits).
     fn after_op_step(&mut self, client: usize);
@@ -193,6 +285,17 @@ pub(crate) trait ClientWorld {
         conn: u64,
         rid: u64,
     ) -> Option<(CancelOutcome, u8)>;
+
+    /// A trace note; `text` only runs when tracing.
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.parts().rec.note(text);
+    }
+
+    /// Records a violation (unless that checker is off).
+    fn violation(&mut self, checker: Checker, detail: String) {
+        let parts = self.parts();
+        parts.rec.violation(checker, parts.now_us, detail);
+    }
 
     /// `client`'s clock now.
     fn local_now(&mut self, client: usize) -> u64 {
@@ -344,7 +447,7 @@ pub(crate) trait ClientWorld {
             }
             _ => return,
         }
-        self.pump(client, slot);
+        self.client_pump(client, slot);
     }
 
     /// A session reported the outcome of `rid` on `conn`: the operation
@@ -455,7 +558,7 @@ pub(crate) trait ClientWorld {
         self.note(|| format!("client {client} op {id}: {step:?}"));
         match step {
             AcquireStep::Granted(grant) => {
-                self.parts().report.grants += 1;
+                self.parts().rec.report.grants += 1;
                 self.on_grant(client, grant.token, true);
                 let token = grant.token;
                 self.resolve_history(&hist, |_| LinOp::Granted {
@@ -587,7 +690,7 @@ pub(crate) trait ClientWorld {
             Action::Pause => {
                 let parts = self.parts();
                 let pause = parts.fault_rng.range(1, pause_max_us.max(1));
-                parts.report.faults += 1;
+                parts.rec.report.faults += 1;
                 self.pause_client(client, pause);
                 self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
                 self.schedule_client(now_us, client, inc, ClientEv::WorkStep(id));
@@ -776,6 +879,259 @@ pub(crate) trait ClientWorld {
                 self.remember_indeterminate(client, op.keys().clone(), hist);
             }
         }
-        self.pump(client, slot);
+        self.client_pump(client, slot);
+    }
+
+    /// Whether an event of incarnation `inc` of `client` runs now.
+    fn client_gate(&mut self, client: usize, inc: u64) -> Gate {
+        let parts = self.parts();
+        let proc = &parts.clients[client];
+        if proc.inc != inc || proc.crashed {
+            Gate::Stale
+        } else if proc.paused_until_us > parts.now_us {
+            // A paused process runs nothing; its work waits.
+            Gate::PausedUntil(proc.paused_until_us)
+        } else {
+            Gate::Runs
+        }
+    }
+
+    /// A `Resume` event: the pause of incarnation `inc` is over (unless a
+    /// later, longer pause or a crash came since).
+    fn resume_event(&mut self, client: usize, inc: u64) {
+        let parts = self.parts();
+        let proc = &parts.clients[client];
+        if proc.inc == inc && !proc.crashed && proc.paused_until_us <= parts.now_us {
+            self.resume(client);
+        }
+    }
+
+    /// `slot`'s session timer fires, if it is still the one armed.
+    fn client_timer(&mut self, client: usize, slot: u8, generation: u64) {
+        let s = usize::from(slot);
+        let link = &mut self.parts().clients[client].link;
+        if link.timer_generation[s] == generation {
+            link.armed[s] = None;
+            let local = self.local_now(client);
+            if let Some((session, _)) = self.parts().clients[client].link.sessions[s].as_mut() {
+                session.handle_timeout(instant(local));
+            }
+            self.client_pump(client, slot);
+        }
+    }
+
+    /// Bytes from connection `conn` reach `client`'s session on `slot`
+    /// (if that is still its connection).
+    fn client_input(&mut self, client: usize, slot: u8, conn: u64, bytes: &[u8]) {
+        let local = self.local_now(client);
+        if let Some((session, current)) =
+            self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()
+            && *current == conn
+        {
+            session.handle_input(instant(local), bytes);
+        }
+        self.client_pump(client, slot);
+    }
+
+    /// `client` learns that connection `conn` of its session on `slot` is
+    /// gone.
+    fn transport_closed(&mut self, client: usize, slot: u8, conn: u64) {
+        let local = self.local_now(client);
+        if let Some((session, open)) =
+            self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()
+            && *open == conn
+        {
+            session.handle_transport_closed(instant(local));
+        }
+        self.client_pump(client, slot);
+    }
+
+    /// A client clock jump (or other kick): every session looks at its
+    /// deadlines now.
+    fn client_timeouts(&mut self, client: usize) {
+        let local = self.local_now(client);
+        for slot in 0..self.parts().clients[client].link.slots() {
+            if let Some((session, _)) =
+                self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()
+            {
+                session.handle_timeout(instant(local));
+            }
+            self.client_pump(client, slot);
+        }
+    }
+
+    /// After any input to `client`'s session on `slot`: handle its
+    /// events, hand out its bytes, re-arm its timer.
+    fn client_pump(&mut self, client: usize, slot: u8) {
+        let s = usize::from(slot);
+        loop {
+            let local = self.local_now(client);
+            let Some((session, conn)) = self.parts().clients[client].link.sessions[s].as_mut()
+            else {
+                return;
+            };
+            let conn = *conn;
+            let mut events = Vec::new();
+            while let Some(event) = session.poll_event() {
+                events.push(event);
+            }
+            let mut out = Vec::new();
+            if !session.is_closed() {
+                session.poll_transmit(instant(local), &mut out);
+            }
+            if events.is_empty() && out.is_empty() {
+                break;
+            }
+            self.send_from_client(conn, out);
+            for event in events {
+                if let Some(router) = self.parts().clients[client].link.router.as_mut() {
+                    router.handle_event(s, &event);
+                }
+                self.session_event(client, slot, conn, event);
+            }
+        }
+        let local = self.local_now(client);
+        let parts = self.parts();
+        let proc = &mut parts.clients[client];
+        let link = &mut proc.link;
+        let deadline = link.sessions[s]
+            .as_ref()
+            .and_then(|(session, _)| session.poll_timeout());
+        if deadline == link.armed[s] {
+            return;
+        }
+        link.armed[s] = deadline;
+        if let Some(deadline) = deadline {
+            link.timer_generation[s] += 1;
+            let generation = link.timer_generation[s];
+            let inc = proc.inc;
+            let at = proc
+                .clock
+                .true_at(deadline.as_micros().max(local))
+                .max(parts.now_us);
+            self.schedule_client(at, client, inc, ClientEv::Timer { slot, generation });
+        }
+    }
+
+    fn session_event(&mut self, client: usize, slot: u8, conn: u64, event: SessionEvent) {
+        let name = Self::CONN;
+        match event {
+            SessionEvent::Ready => self.on_ready(client, slot, conn),
+            SessionEvent::Outcome { rid, outcome } => {
+                self.note(|| format!("client {client} {name} {conn} rid {rid}: {outcome:?}"));
+                self.attempt_outcome(client, conn, rid, outcome);
+            }
+            SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
+            SessionEvent::Closed(reason) => self.session_closed(client, slot, conn, reason),
+            SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => self.on_leader_notice(client),
+        }
+    }
+
+    /// `client`'s session on `slot` ended: it reconnects after its
+    /// backoff, and drops the transport.
+    fn session_closed(&mut self, client: usize, slot: u8, conn: u64, reason: CloseReason) {
+        let name = Self::CONN;
+        self.note(|| format!("client {client} {name} {conn} closed: {reason:?}"));
+        let s = usize::from(slot);
+        let parts = self.parts();
+        let proc = &mut parts.clients[client];
+        let link = &mut proc.link;
+        let lived = link.sessions[s]
+            .as_ref()
+            .filter(|(_, current)| *current == conn)
+            .and_then(|(session, _)| session.lived());
+        if link.sessions[s].as_ref().is_some_and(|(_, c)| *c == conn) {
+            link.sessions[s] = None;
+            link.armed[s] = None;
+        }
+        let delay = link.backoffs[s].after_session(lived, Some(&reason));
+        let inc = proc.inc;
+        let at = parts.now_us + duration_us(delay);
+        self.schedule_client(at, client, inc, ClientEv::Connect(slot));
+        self.close_transport(conn);
+        if !self.close_expected(&reason) {
+            self.violation(
+                Checker::Client,
+                format!("client {client} {name} {conn} closed by the protocol: {reason:?}"),
+            );
+        }
+    }
+
+    /// Liveness at the end: every running client's operations resolved
+    /// (and, with `sessions_too`, nothing pending in its sessions). Reports
+    /// the first that is not; false then.
+    fn clients_resolved(&mut self, sessions_too: bool) -> bool {
+        let parts = self.parts();
+        let mut found = None;
+        for (client, proc) in parts.clients.iter().enumerate() {
+            if proc.crashed {
+                continue;
+            }
+            if let Some((&id, _)) = proc.ops.iter().next() {
+                found = Some(format!(
+                    "client {client} op {id} still unresolved at the end of the liveness phase"
+                ));
+                break;
+            }
+            let pending = proc
+                .link
+                .sessions
+                .iter()
+                .flatten()
+                .map(|(session, _)| session.pending_len())
+                .find(|&pending| sessions_too && pending > 0);
+            if let Some(pending) = pending {
+                found = Some(format!(
+                    "client {client} session has {pending} requests pending"
+                ));
+                break;
+            }
+        }
+        match found {
+            Some(detail) => {
+                self.violation(Checker::Liveness, detail);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Fault: a random client crashes (unless it is down already).
+    fn fault_client_crash(&mut self) {
+        let parts = self.parts();
+        let client = parts.fault_rng.index(parts.clients.len());
+        if !parts.clients[client].crashed {
+            parts.rec.report.faults += 1;
+            self.crash_client(client);
+        }
+    }
+
+    /// Fault: a random client pauses for a random while (unless it is
+    /// down): which, and how long.
+    fn fault_pause(&mut self) -> Option<(usize, u64)> {
+        let parts = self.parts();
+        let client = parts.fault_rng.index(parts.clients.len());
+        let pause = parts
+            .fault_rng
+            .range(1, parts.config.faults.pause_max_us.max(1));
+        if parts.clients[client].crashed {
+            return None;
+        }
+        parts.rec.report.faults += 1;
+        self.pause_client(client, pause);
+        Some((client, pause))
+    }
+
+    /// Fault: a random client's clock jumps forward.
+    fn fault_client_clock_jump(&mut self) {
+        let parts = self.parts();
+        let client = parts.fault_rng.index(parts.clients.len());
+        let jump = parts
+            .fault_rng
+            .range(1, parts.config.faults.clock_jump_max_us.max(1));
+        parts.rec.report.faults += 1;
+        parts.clients[client].clock.jump_us += jump;
+        self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
+        self.client_timeouts(client);
     }
 }

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use ticketing_core::client::{
-    Backoff, CancelOutcome, ClientError, CloseReason, Router, Session, SessionConfig, SessionEvent,
+    Backoff, CancelOutcome, ClientError, CloseReason, Router, Session, SessionConfig,
 };
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::lock::Limits;
@@ -30,8 +30,8 @@ use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::wire::{ErrorCode, Reply, Request};
 
 use crate::checks::{History, Windows, key_index};
-use crate::clients::{self, ClientEv, ClientWorld, Link, Parts, ReleaseFailure};
-use crate::clock::{Clock, WALL_EPOCH_US, duration_us, instant};
+use crate::clients::{ClientEv, ClientProc, ClientWorld, Gate, Parts, ReleaseFailure, Sessions};
+use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
@@ -334,47 +334,6 @@ impl Pipe {
     }
 }
 
-/// How a cluster client reaches the nodes: one session per slot, routed
-/// by the core [`Router`].
-pub(crate) struct PerNode {
-    /// One session per slot, with its pipe.
-    sessions: Vec<Option<(Session, u64)>>,
-    backoffs: Vec<Backoff>,
-    router: Router,
-    timer_generation: Vec<u64>,
-    armed: Vec<Option<ticketing_core::time::Instant>>,
-}
-
-impl PerNode {
-    fn new(n: usize) -> Self {
-        PerNode {
-            sessions: (0..n).map(|_| None).collect(),
-            backoffs: vec![Backoff::new(); n],
-            router: Router::new(n),
-            timer_generation: vec![0; n],
-            armed: vec![None; n],
-        }
-    }
-}
-
-impl Link for PerNode {
-    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError> {
-        // Leader first, then round-robin over ready sessions.
-        let picked = self.router.pick();
-        let error = self.router.no_connection_error();
-        picked
-            .and_then(|index| {
-                self.sessions[index]
-                    .as_mut()
-                    .filter(|(session, _)| session.is_ready())
-                    .map(|(session, pipe)| (session, *pipe, index as u8))
-            })
-            .ok_or(error)
-    }
-}
-
-type ClientProc = clients::ClientProc<PerNode>;
-
 struct NodeProc {
     node: Option<ClusterNode>,
     inc: u64,
@@ -512,10 +471,8 @@ impl<'t> ClusterWorld<'t> {
             .collect();
         let clients = (0..config.base.clients)
             .map(|_| {
-                ClientProc::new(
-                    Clock::draw(&mut clocks, drift),
-                    PerNode::new(usize::from(n)),
-                )
+                let sessions = Sessions::routed(usize::from(n));
+                ClientProc::new(Clock::draw(&mut clocks, drift), sessions)
             })
             .collect();
         let keys = ALL_KEYS.len();
@@ -633,14 +590,6 @@ impl<'t> ClusterWorld<'t> {
         };
         self.rec
             .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
-    }
-
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.rec.note(text);
-    }
-
-    fn violation(&mut self, checker: Checker, detail: String) {
-        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn net_delay(&mut self) -> u64 {
@@ -791,14 +740,10 @@ impl<'t> ClusterWorld<'t> {
 
     fn dispatch(&mut self, ev: Ev) {
         if let Some((client, inc)) = ev.client() {
-            let proc = &self.clients[client];
-            if proc.inc != inc || proc.crashed {
-                return;
-            }
-            if proc.paused_until_us > self.now_us {
-                let at = proc.paused_until_us;
-                self.schedule(at, ev);
-                return;
+            match self.client_gate(client, inc) {
+                Gate::Stale => return,
+                Gate::PausedUntil(at) => return self.schedule(at, ev),
+                Gate::Runs => {}
             }
         }
         match ev {
@@ -836,30 +781,13 @@ impl<'t> ClusterWorld<'t> {
                 slot,
                 generation,
                 ..
-            } => {
-                let proc = &mut self.clients[client];
-                if proc.link.timer_generation[usize::from(slot)] == generation {
-                    proc.link.armed[usize::from(slot)] = None;
-                    let local = self.client_now(client);
-                    if let Some((session, _)) =
-                        self.clients[client].link.sessions[usize::from(slot)].as_mut()
-                    {
-                        session.handle_timeout(instant(local));
-                    }
-                    self.client_pump(client, slot);
-                }
-            }
+            } => self.client_timer(client, slot, generation),
             Ev::ClientConnect { client, slot, .. } => self.client_connect(client, slot),
             Ev::ClientStartOp { client, .. } => self.client_start_op(client),
             Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
             Ev::WorkStep { client, op, .. } => self.work_step(client, op),
             Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
-            Ev::ClientResume { client, inc } => {
-                let proc = &self.clients[client];
-                if proc.inc == inc && !proc.crashed && proc.paused_until_us <= self.now_us {
-                    self.client_resume(client);
-                }
-            }
+            Ev::ClientResume { client, inc } => self.resume_event(client, inc),
             Ev::ClientRestart { client } => self.client_restart(client),
             Ev::FaultTick => self.fault_tick(),
             Ev::EndSafety => {
@@ -1746,27 +1674,12 @@ impl<'t> ClusterWorld<'t> {
             return;
         }
         let slot = pipe.b_slot;
-        let local = self.client_now(client);
-        if let Some((session, current)) =
-            self.clients[client].link.sessions[usize::from(slot)].as_mut()
-            && *current == pipe_id
-        {
-            session.handle_input(instant(local), &bytes);
-        }
-        self.client_pump(client, slot);
+        self.client_input(client, slot, pipe_id, &bytes);
     }
 
     fn client_resume(&mut self, client: usize) {
         self.note(|| format!("client {client} resumes"));
-        let pipes: Vec<u64> = self
-            .pipes
-            .iter()
-            .filter(
-                |(_, pipe)| matches!(pipe.opener, Opener::Client { client: c, .. } if c == client),
-            )
-            .map(|(&id, _)| id)
-            .collect();
-        for pipe_id in pipes {
+        for pipe_id in self.client_pipes(client) {
             let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
                 continue;
             };
@@ -1774,14 +1687,7 @@ impl<'t> ClusterWorld<'t> {
             let close = std::mem::take(&mut pipe.close_held);
             let slot = pipe.b_slot;
             if !bytes.is_empty() {
-                let local = self.client_now(client);
-                if let Some((session, current)) =
-                    self.clients[client].link.sessions[usize::from(slot)].as_mut()
-                    && *current == pipe_id
-                {
-                    session.handle_input(instant(local), &bytes);
-                }
-                self.client_pump(client, slot);
+                self.client_input(client, slot, pipe_id, &bytes);
             }
             if close {
                 let inc = self.clients[client].inc;
@@ -1792,6 +1698,17 @@ impl<'t> ClusterWorld<'t> {
         for slot in 0..self.n {
             self.client_pump(client, slot);
         }
+    }
+
+    /// The pipes `client` opened (any incarnation).
+    fn client_pipes(&self, client: usize) -> Vec<u64> {
+        self.pipes
+            .iter()
+            .filter(
+                |(_, pipe)| matches!(pipe.opener, Opener::Client { client: c, .. } if c == client),
+            )
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     fn client_sees_close(&mut self, pipe_id: u64, client: usize, inc: u64) {
@@ -1809,125 +1726,7 @@ impl<'t> ClusterWorld<'t> {
         pipe.open[0] = false;
         let slot = pipe.b_slot;
         if current {
-            let local = self.client_now(client);
-            if let Some((session, open)) =
-                self.clients[client].link.sessions[usize::from(slot)].as_mut()
-                && *open == pipe_id
-            {
-                session.handle_transport_closed(instant(local));
-            }
-            self.client_pump(client, slot);
-        }
-    }
-
-    fn client_pump(&mut self, client: usize, slot: u8) {
-        let s = usize::from(slot);
-        loop {
-            let local = self.client_now(client);
-            let proc = &mut self.clients[client];
-            let Some((session, pipe_id)) = proc.link.sessions[s].as_mut() else {
-                return;
-            };
-            let pipe_id = *pipe_id;
-            let mut events = Vec::new();
-            while let Some(event) = session.poll_event() {
-                events.push(event);
-            }
-            let mut out = Vec::new();
-            if !session.is_closed() {
-                session.poll_transmit(instant(local), &mut out);
-            }
-            if events.is_empty() && out.is_empty() {
-                break;
-            }
-            self.send(pipe_id, 0, out);
-            for event in events {
-                self.clients[client].link.router.handle_event(s, &event);
-                self.session_event(client, slot, pipe_id, event);
-            }
-        }
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let deadline = proc.link.sessions[s]
-            .as_ref()
-            .and_then(|(session, _)| session.poll_timeout());
-        if deadline == proc.link.armed[s] {
-            return;
-        }
-        proc.link.armed[s] = deadline;
-        if let Some(deadline) = deadline {
-            proc.link.timer_generation[s] += 1;
-            let generation = proc.link.timer_generation[s];
-            let inc = proc.inc;
-            let at = proc
-                .clock
-                .true_at(deadline.as_micros().max(local))
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::ClientTimer {
-                    client,
-                    inc,
-                    slot,
-                    generation,
-                },
-            );
-        }
-    }
-
-    fn session_event(&mut self, client: usize, slot: u8, pipe_id: u64, event: SessionEvent) {
-        match event {
-            SessionEvent::Ready => {
-                self.note(|| format!("client {client} ready on node {slot} (pipe {pipe_id})"));
-            }
-            SessionEvent::Outcome { rid, outcome } => {
-                self.note(|| format!("client {client} pipe {pipe_id} rid {rid}: {outcome:?}"));
-                self.attempt_outcome(client, pipe_id, rid, outcome);
-            }
-            SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
-            SessionEvent::Closed(reason) => {
-                self.note(|| format!("client {client} pipe {pipe_id} closed: {reason:?}"));
-                let s = usize::from(slot);
-                let proc = &mut self.clients[client];
-                let lived = proc.link.sessions[s]
-                    .as_ref()
-                    .filter(|(_, current)| *current == pipe_id)
-                    .and_then(|(session, _)| session.lived());
-                if proc.link.sessions[s]
-                    .as_ref()
-                    .is_some_and(|(_, p)| *p == pipe_id)
-                {
-                    proc.link.sessions[s] = None;
-                    proc.link.armed[s] = None;
-                }
-                let delay = proc.link.backoffs[s].after_session(lived, Some(&reason));
-                let inc = proc.inc;
-                let at = self.now_us + duration_us(delay);
-                self.schedule(at, Ev::ClientConnect { client, inc, slot });
-                if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
-                    pipe.open[0] = false;
-                }
-                self.reset_pipe(pipe_id);
-                let expected = matches!(
-                    reason,
-                    CloseReason::TransportClosed
-                        | CloseReason::DeadlineAfterSend
-                        | CloseReason::CancelledAfterSend
-                        | CloseReason::HandshakeTimeout
-                        | CloseReason::StalledReply
-                        | CloseReason::Moved { .. }
-                        | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-                );
-                if !expected {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client} pipe {pipe_id} closed by the protocol: {reason:?}"
-                        ),
-                    );
-                }
-            }
-            SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
+            self.transport_closed(client, slot, pipe_id);
         }
     }
 
@@ -1936,7 +1735,7 @@ impl<'t> ClusterWorld<'t> {
         let proc = &mut self.clients[client];
         proc.crashed = false;
         proc.inc += 1;
-        proc.link.router = Router::new(n);
+        proc.link.router = Some(Router::new(n));
         proc.link.backoffs = vec![Backoff::new(); n];
         let inc = proc.inc;
         self.note(|| format!("client {client} restarts as incarnation {inc}"));
@@ -1944,30 +1743,6 @@ impl<'t> ClusterWorld<'t> {
             self.schedule(self.now_us, Ev::ClientConnect { client, inc, slot });
         }
         self.schedule(self.now_us + 1, Ev::ClientStartOp { client, inc });
-    }
-
-    fn crash_client(&mut self, client: usize) {
-        self.note(|| format!("FAULT client {client} crashes"));
-        self.crash_ops(client);
-        let link = &mut self.clients[client].link;
-        link.sessions.iter_mut().for_each(|s| *s = None);
-        link.armed.iter_mut().for_each(|a| *a = None);
-        let pipes: Vec<u64> = self
-            .pipes
-            .iter()
-            .filter(
-                |(_, pipe)| matches!(pipe.opener, Opener::Client { client: c, .. } if c == client),
-            )
-            .map(|(&id, _)| id)
-            .collect();
-        for pipe_id in pipes {
-            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
-                pipe.open[0] = false;
-            }
-            self.reset_pipe(pipe_id);
-        }
-        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
-        self.schedule(at, Ev::ClientRestart { client });
     }
 
     // -----------------------------------------------------------------
@@ -2021,11 +1796,7 @@ impl<'t> ClusterWorld<'t> {
                 self.reset_pipe(pipe);
             }
         } else if pick(faults.client_crash_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            if !self.clients[client].crashed {
-                self.rec.report.faults += 1;
-                self.crash_client(client);
-            }
+            self.fault_client_crash();
         } else if pick(cluster.node_crash_ppm) {
             let slot = self.fault_rng.below(u64::from(n)) as u8;
             // Losing the state of a majority of voters is unrecoverable by
@@ -2090,28 +1861,11 @@ impl<'t> ClusterWorld<'t> {
             }
             self.node_step(slot, None);
         } else if pick(faults.pause_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
-            if !self.clients[client].crashed {
-                self.rec.report.faults += 1;
-                self.pause_client(client, pause);
+            if let Some((client, pause)) = self.fault_pause() {
                 self.note(|| format!("FAULT client {client} pauses {pause} µs"));
             }
         } else if pick(faults.clock_jump_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.rec.report.faults += 1;
-            self.clients[client].clock.jump_us += jump;
-            self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
-            let local = self.client_now(client);
-            for slot in 0..n {
-                if let Some((session, _)) =
-                    self.clients[client].link.sessions[usize::from(slot)].as_mut()
-                {
-                    session.handle_timeout(instant(local));
-                }
-                self.client_pump(client, slot);
-            }
+            self.fault_client_clock_jump();
         }
     }
 
@@ -2174,20 +1928,8 @@ impl<'t> ClusterWorld<'t> {
                 "restarted nodes have not replaced their old generations by the end".into(),
             );
         }
-        for client in 0..self.clients.len() {
-            let proc = &self.clients[client];
-            if proc.crashed {
-                continue;
-            }
-            if let Some((&id, _)) = proc.ops.iter().next() {
-                self.violation(
-                    Checker::Liveness,
-                    format!(
-                        "client {client} op {id} still unresolved at the end of the liveness phase"
-                    ),
-                );
-                return;
-            }
+        if !self.clients_resolved(false) {
+            return;
         }
         let open_pending = self
             .pending
@@ -2224,10 +1966,10 @@ impl<'t> ClusterWorld<'t> {
     }
 }
 
-impl<'t> ClientWorld for ClusterWorld<'t> {
-    type Link = PerNode;
+impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
+    const CONN: &'static str = "pipe";
 
-    fn parts(&mut self) -> Parts<'_, PerNode> {
+    fn parts(&mut self) -> Parts<'_, 't> {
         Parts {
             now_us: self.now_us,
             config: &self.config.base,
@@ -2238,16 +1980,8 @@ impl<'t> ClientWorld for ClusterWorld<'t> {
             windows: &mut self.windows,
             work: &mut self.work,
             fault_rng: &mut self.fault_rng,
-            report: &mut self.rec.report,
+            rec: &mut self.rec,
         }
-    }
-
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.rec.note(text);
-    }
-
-    fn violation(&mut self, checker: Checker, detail: String) {
-        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
@@ -2257,12 +1991,64 @@ impl<'t> ClientWorld for ClusterWorld<'t> {
             ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
             ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
             ClientEv::Resume => Ev::ClientResume { client, inc },
+            ClientEv::Timer { slot, generation } => Ev::ClientTimer {
+                client,
+                inc,
+                slot,
+                generation,
+            },
+            ClientEv::Connect(slot) => Ev::ClientConnect { client, inc, slot },
         };
         self.schedule(at_us, ev);
     }
 
-    fn pump(&mut self, client: usize, slot: u8) {
-        self.client_pump(client, slot);
+    fn send_from_client(&mut self, pipe: u64, bytes: Vec<u8>) {
+        self.send(pipe, 0, bytes);
+    }
+
+    fn close_transport(&mut self, pipe_id: u64) {
+        if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+            pipe.open[0] = false;
+        }
+        self.reset_pipe(pipe_id);
+    }
+
+    fn close_expected(&self, reason: &CloseReason) -> bool {
+        matches!(
+            reason,
+            CloseReason::TransportClosed
+                | CloseReason::DeadlineAfterSend
+                | CloseReason::CancelledAfterSend
+                | CloseReason::HandshakeTimeout
+                | CloseReason::StalledReply
+                | CloseReason::Moved { .. }
+                | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+        )
+    }
+
+    fn on_ready(&mut self, client: usize, slot: u8, pipe_id: u64) {
+        self.note(|| format!("client {client} ready on node {slot} (pipe {pipe_id})"));
+    }
+
+    /// The router (fed by the shared pump) follows leader notices.
+    fn on_leader_notice(&mut self, _client: usize) {}
+
+    fn resume(&mut self, client: usize) {
+        self.client_resume(client);
+    }
+
+    fn crash_client(&mut self, client: usize) {
+        self.note(|| format!("FAULT client {client} crashes"));
+        self.crash_ops(client);
+        self.clients[client].link.clear();
+        for pipe_id in self.client_pipes(client) {
+            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                pipe.open[0] = false;
+            }
+            self.reset_pipe(pipe_id);
+        }
+        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
+        self.schedule(at, Ev::ClientRestart { client });
     }
 
     fn after_op_step(&mut self, _client: usize) {}

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use ticketing_core::client::{
-    Backoff, CancelOutcome, ClientError, Session, SessionConfig, SessionEvent,
+    Backoff, CancelOutcome, ClientError, CloseReason, Session, SessionConfig,
 };
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
@@ -20,8 +20,8 @@ use ticketing_core::time::Instant;
 use ticketing_core::wire::{Reply, Request};
 
 use crate::checks::{History, Windows, key_index};
-use crate::clients::{self, ClientEv, ClientWorld, Link, Parts, ReleaseFailure};
-use crate::clock::{Clock, WALL_EPOCH_US, duration_us, instant};
+use crate::clients::{ClientEv, ClientProc, ClientWorld, Gate, Parts, ReleaseFailure, Sessions};
+use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
@@ -201,30 +201,6 @@ struct ServerReq {
     seq: u64,
 }
 
-/// How a client of the single server reaches it: one session at a time.
-pub(crate) struct Single {
-    session: Option<(Session, u64)>,
-    backoff: Backoff,
-    timer_generation: u64,
-    /// The deadline the pending timer event stands for.
-    armed: Option<Instant>,
-}
-
-impl Link for Single {
-    fn attempt_session(&mut self) -> Result<(&mut Session, u64, u8), ClientError> {
-        match self
-            .session
-            .as_mut()
-            .filter(|(session, _)| session.is_ready())
-        {
-            Some((session, conn_id)) => Ok((session, *conn_id, 0)),
-            None => Err(ClientError::NotConnected),
-        }
-    }
-}
-
-type ClientProc = clients::ClientProc<Single>;
-
 struct ServerProc {
     server: Server,
     epoch: u64,
@@ -316,15 +292,7 @@ impl<'t> World<'t> {
         let drift = config.drift_ppm_max;
         let server_clock = Clock::draw(&mut clocks, drift);
         let clients = (0..config.clients)
-            .map(|_| {
-                let link = Single {
-                    session: None,
-                    backoff: Backoff::new(),
-                    timer_generation: 0,
-                    armed: None,
-                };
-                ClientProc::new(Clock::draw(&mut clocks, drift), link)
-            })
+            .map(|_| ClientProc::new(Clock::draw(&mut clocks, drift), Sessions::single()))
             .collect();
         let keys = ALL_KEYS.len();
         World {
@@ -427,14 +395,6 @@ impl<'t> World<'t> {
         };
         self.rec
             .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
-    }
-
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.rec.note(text);
-    }
-
-    fn violation(&mut self, checker: Checker, detail: String) {
-        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn net_delay(&mut self) -> u64 {
@@ -550,41 +510,22 @@ impl<'t> World<'t> {
 
     fn dispatch(&mut self, ev: Ev) {
         if let Some((client, inc)) = ev.client() {
-            let proc = &self.clients[client];
-            if proc.inc != inc || proc.crashed {
-                return;
-            }
-            if proc.paused_until_us > self.now_us {
-                // A paused process runs nothing; its work waits.
-                let at = proc.paused_until_us;
-                self.schedule(at, ev);
-                return;
+            match self.client_gate(client, inc) {
+                Gate::Stale => return,
+                Gate::PausedUntil(at) => return self.schedule(at, ev),
+                Gate::Runs => {}
             }
         }
         match ev {
             Ev::ClientTimer {
                 client, generation, ..
-            } => {
-                if self.clients[client].link.timer_generation == generation {
-                    self.clients[client].link.armed = None;
-                    let local = self.client_now(client);
-                    if let Some((session, _)) = self.clients[client].link.session.as_mut() {
-                        session.handle_timeout(instant(local));
-                    }
-                    self.client_pump(client);
-                }
-            }
+            } => self.client_timer(client, 0, generation),
             Ev::ClientConnect { client, .. } => self.client_connect(client),
             Ev::ClientStartOp { client, .. } => self.client_start_op(client),
             Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
             Ev::WorkStep { client, op, .. } => self.work_step(client, op),
             Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
-            Ev::ClientResume { client, inc } => {
-                let proc = &self.clients[client];
-                if proc.inc == inc && !proc.crashed && proc.paused_until_us <= self.now_us {
-                    self.client_resume(client);
-                }
-            }
+            Ev::ClientResume { client, inc } => self.resume_event(client, inc),
             Ev::ClientRestart { client } => self.client_restart(client),
             Ev::ConnectArrive { conn } => self.connect_arrive(conn),
             Ev::DeliverToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
@@ -1196,14 +1137,14 @@ impl<'t> World<'t> {
 
     fn client_connect(&mut self, client: usize) {
         let proc = &mut self.clients[client];
-        if proc.link.session.is_some() || proc.crashed {
+        if proc.link.sessions[0].is_some() || proc.crashed {
             return;
         }
         let local = proc.clock.local(self.now_us);
         let conn_id = self.next_conn;
         self.next_conn += 1;
         let session = Session::new(instant(local), SessionConfig::single(b""));
-        proc.link.session = Some((session, conn_id));
+        proc.link.sessions[0] = Some((session, conn_id));
         let inc = proc.inc;
         self.conns.insert(
             conn_id,
@@ -1236,7 +1177,7 @@ impl<'t> World<'t> {
         self.note(|| format!("client {client} connects as conn {conn_id}"));
         let at = self.now_us + self.net_delay();
         self.schedule(at, Ev::ConnectArrive { conn: conn_id });
-        self.client_pump(client);
+        self.client_pump(client, 0);
     }
 
     fn deliver_to_client(&mut self, conn_id: u64, mut bytes: Vec<u8>) {
@@ -1265,45 +1206,36 @@ impl<'t> World<'t> {
             conn.held_for_client.extend_from_slice(&bytes);
             return;
         }
-        let local = self.client_now(client);
-        if let Some((session, current)) = self.clients[client].link.session.as_mut()
-            && *current == conn_id
-        {
-            session.handle_input(instant(local), &bytes);
-        }
-        self.client_pump(client);
+        self.client_input(client, 0, conn_id, &bytes);
     }
 
     /// A paused client runs again: what its kernel held is read first, in
     /// order, then any reset that came after it.
     fn client_resume(&mut self, client: usize) {
         self.note(|| format!("client {client} resumes"));
-        let conns: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, conn)| conn.client == client)
-            .map(|(&id, _)| id)
-            .collect();
-        for conn_id in conns {
+        for conn_id in self.client_conns(client) {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 continue;
             };
             let bytes = std::mem::take(&mut conn.held_for_client);
             let close = std::mem::take(&mut conn.close_held);
             if !bytes.is_empty() {
-                let local = self.client_now(client);
-                if let Some((session, current)) = self.clients[client].link.session.as_mut()
-                    && *current == conn_id
-                {
-                    session.handle_input(instant(local), &bytes);
-                }
-                self.client_pump(client);
+                self.client_input(client, 0, conn_id, &bytes);
             }
             if close {
                 self.client_sees_close(conn_id);
             }
         }
-        self.client_pump(client);
+        self.client_pump(client, 0);
+    }
+
+    /// The connections `client` opened (any incarnation).
+    fn client_conns(&self, client: usize) -> Vec<u64> {
+        self.conns
+            .iter()
+            .filter(|(_, conn)| conn.client == client)
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     fn client_sees_close(&mut self, conn_id: u64) {
@@ -1324,129 +1256,9 @@ impl<'t> World<'t> {
             conn.client_open = false;
         }
         if current {
-            let local = self.client_now(client);
-            if let Some((session, open)) = self.clients[client].link.session.as_mut()
-                && *open == conn_id
-            {
-                session.handle_transport_closed(instant(local));
-            }
-            self.client_pump(client);
+            self.transport_closed(client, 0, conn_id);
         }
         self.drop_conn_if_done(conn_id);
-    }
-
-    /// After any client input: handle session events, hand out bytes, re-arm
-    /// the timer.
-    fn client_pump(&mut self, client: usize) {
-        loop {
-            let local = self.client_now(client);
-            let proc = &mut self.clients[client];
-            let Some((session, conn_id)) = proc.link.session.as_mut() else {
-                return;
-            };
-            let conn_id = *conn_id;
-            let mut events = Vec::new();
-            while let Some(event) = session.poll_event() {
-                events.push(event);
-            }
-            let mut out = Vec::new();
-            if !session.is_closed() {
-                session.poll_transmit(instant(local), &mut out);
-            }
-            if events.is_empty() && out.is_empty() {
-                break;
-            }
-            self.send(conn_id, true, out);
-            for event in events {
-                self.session_event(client, conn_id, event);
-            }
-        }
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let deadline = proc
-            .link
-            .session
-            .as_ref()
-            .and_then(|(session, _)| session.poll_timeout());
-        if deadline == proc.link.armed {
-            return;
-        }
-        proc.link.armed = deadline;
-        if let Some(deadline) = deadline {
-            proc.link.timer_generation += 1;
-            let generation = proc.link.timer_generation;
-            let inc = proc.inc;
-            let at = proc
-                .clock
-                .true_at(deadline.as_micros().max(local))
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::ClientTimer {
-                    client,
-                    inc,
-                    generation,
-                },
-            );
-        }
-    }
-
-    fn session_event(&mut self, client: usize, conn_id: u64, event: SessionEvent) {
-        match event {
-            SessionEvent::Ready => {
-                self.note(|| format!("client {client} ready on conn {conn_id}"));
-            }
-            SessionEvent::Outcome { rid, outcome } => {
-                self.note(|| format!("client {client} conn {conn_id} rid {rid}: {outcome:?}"));
-                self.attempt_outcome(client, conn_id, rid, outcome);
-            }
-            SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
-            SessionEvent::Closed(reason) => {
-                self.note(|| format!("client {client} conn {conn_id} closed: {reason:?}"));
-                let link = &mut self.clients[client].link;
-                let lived = link
-                    .session
-                    .as_ref()
-                    .filter(|(_, current)| *current == conn_id)
-                    .and_then(|(session, _)| session.lived());
-                if link.session.as_ref().is_some_and(|(_, c)| *c == conn_id) {
-                    link.session = None;
-                    link.armed = None;
-                }
-                let delay = link.backoff.after_session(lived, Some(&reason));
-                let proc = &self.clients[client];
-                let inc = proc.inc;
-                let at = self.now_us + duration_us(delay);
-                self.schedule(at, Ev::ClientConnect { client, inc });
-                // Our side drops the transport too.
-                if let Some(conn) = self.conns.get_mut(&conn_id) {
-                    conn.client_open = false;
-                }
-                self.reset_conn(conn_id);
-                let unexpected = !matches!(
-                    reason,
-                    ticketing_core::client::CloseReason::TransportClosed
-                        | ticketing_core::client::CloseReason::DeadlineAfterSend
-                        | ticketing_core::client::CloseReason::CancelledAfterSend
-                        | ticketing_core::client::CloseReason::HandshakeTimeout
-                        | ticketing_core::client::CloseReason::StalledReply
-                );
-                if unexpected {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client} conn {conn_id} closed by the protocol: {reason:?}"
-                        ),
-                    );
-                }
-            }
-            SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client}: a single server sent a leader notice"),
-                );
-            }
-        }
     }
 
     fn client_restart(&mut self, client: usize) {
@@ -1486,22 +1298,14 @@ impl<'t> World<'t> {
                 self.reset_conn(conn);
             }
         } else if pick(faults.client_crash_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            if !self.clients[client].crashed {
-                self.rec.report.faults += 1;
-                self.crash_client(client);
-            }
+            self.fault_client_crash();
         } else if pick(faults.server_restart_ppm) {
             if self.server.is_some() {
                 self.rec.report.faults += 1;
                 self.crash_server();
             }
         } else if pick(faults.pause_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
-            if !self.clients[client].crashed {
-                self.rec.report.faults += 1;
-                self.pause_client(client, pause);
+            if let Some((client, _)) = self.fault_pause() {
                 let until = self.clients[client].paused_until_us;
                 self.note(|| format!("FAULT client {client} pauses until {until}"));
             }
@@ -1521,40 +1325,8 @@ impl<'t> World<'t> {
             }
             self.server_step(Vec::new());
         } else if pick(faults.clock_jump_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.rec.report.faults += 1;
-            self.clients[client].clock.jump_us += jump;
-            self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
-            let local = self.client_now(client);
-            if let Some((session, _)) = self.clients[client].link.session.as_mut() {
-                session.handle_timeout(instant(local));
-            }
-            self.client_pump(client);
+            self.fault_client_clock_jump();
         }
-    }
-
-    fn crash_client(&mut self, client: usize) {
-        self.note(|| format!("FAULT client {client} crashes"));
-        self.crash_ops(client);
-        let link = &mut self.clients[client].link;
-        link.session = None;
-        link.armed = None;
-        link.backoff = Backoff::new();
-        let conns: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, conn)| conn.client == client)
-            .map(|(&id, _)| id)
-            .collect();
-        for conn_id in conns {
-            if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.client_open = false;
-            }
-            self.reset_conn(conn_id);
-        }
-        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
-        self.schedule(at, Ev::ClientRestart { client });
     }
 
     fn crash_server(&mut self) {
@@ -1583,30 +1355,8 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn check_end(&mut self) {
-        for client in 0..self.clients.len() {
-            let proc = &self.clients[client];
-            if proc.crashed {
-                continue;
-            }
-            if let Some((&id, _)) = proc.ops.iter().next() {
-                self.violation(
-                    Checker::Liveness,
-                    format!(
-                        "client {client} op {id} still unresolved at the end of the liveness phase"
-                    ),
-                );
-                return;
-            }
-            if let Some((session, _)) = proc.link.session.as_ref()
-                && session.pending_len() > 0
-            {
-                let detail = format!(
-                    "client {client} session has {} requests pending",
-                    session.pending_len()
-                );
-                self.violation(Checker::Liveness, detail);
-                return;
-            }
+        if !self.clients_resolved(true) {
+            return;
         }
         if let Some((key, req)) = self.pending.iter().next() {
             let detail = format!("server never answered {key:?} {req:?}");
@@ -1632,10 +1382,10 @@ impl<'t> World<'t> {
     }
 }
 
-impl<'t> ClientWorld for World<'t> {
-    type Link = Single;
+impl<'t> ClientWorld<'t> for World<'t> {
+    const CONN: &'static str = "conn";
 
-    fn parts(&mut self) -> Parts<'_, Single> {
+    fn parts(&mut self) -> Parts<'_, 't> {
         Parts {
             now_us: self.now_us,
             config: &self.config,
@@ -1646,16 +1396,8 @@ impl<'t> ClientWorld for World<'t> {
             windows: &mut self.windows,
             work: &mut self.work,
             fault_rng: &mut self.fault_rng,
-            report: &mut self.rec.report,
+            rec: &mut self.rec,
         }
-    }
-
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.rec.note(text);
-    }
-
-    fn violation(&mut self, checker: Checker, detail: String) {
-        self.rec.violation(checker, self.now_us, detail);
     }
 
     fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
@@ -1665,16 +1407,72 @@ impl<'t> ClientWorld for World<'t> {
             ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
             ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
             ClientEv::Resume => Ev::ClientResume { client, inc },
+            ClientEv::Timer { generation, .. } => Ev::ClientTimer {
+                client,
+                inc,
+                generation,
+            },
+            ClientEv::Connect(_) => Ev::ClientConnect { client, inc },
         };
         self.schedule(at_us, ev);
     }
 
-    fn pump(&mut self, client: usize, _slot: u8) {
-        self.client_pump(client);
+    fn send_from_client(&mut self, conn: u64, bytes: Vec<u8>) {
+        self.send(conn, true, bytes);
+    }
+
+    fn close_transport(&mut self, conn_id: u64) {
+        // Our side drops the transport too.
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.client_open = false;
+        }
+        self.reset_conn(conn_id);
+    }
+
+    fn close_expected(&self, reason: &CloseReason) -> bool {
+        matches!(
+            reason,
+            CloseReason::TransportClosed
+                | CloseReason::DeadlineAfterSend
+                | CloseReason::CancelledAfterSend
+                | CloseReason::HandshakeTimeout
+                | CloseReason::StalledReply
+        )
+    }
+
+    fn on_ready(&mut self, client: usize, _slot: u8, conn_id: u64) {
+        self.note(|| format!("client {client} ready on conn {conn_id}"));
+    }
+
+    fn on_leader_notice(&mut self, client: usize) {
+        self.violation(
+            Checker::Client,
+            format!("client {client}: a single server sent a leader notice"),
+        );
+    }
+
+    fn resume(&mut self, client: usize) {
+        self.client_resume(client);
+    }
+
+    fn crash_client(&mut self, client: usize) {
+        self.note(|| format!("FAULT client {client} crashes"));
+        self.crash_ops(client);
+        let link = &mut self.clients[client].link;
+        link.clear();
+        link.backoffs[0] = Backoff::new();
+        for conn_id in self.client_conns(client) {
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.client_open = false;
+            }
+            self.reset_conn(conn_id);
+        }
+        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
+        self.schedule(at, Ev::ClientRestart { client });
     }
 
     fn after_op_step(&mut self, client: usize) {
-        self.client_pump(client);
+        self.client_pump(client, 0);
     }
 
     fn on_grant(&mut self, client: usize, token: u64, caller: bool) {
@@ -1774,7 +1572,7 @@ impl<'t> ClientWorld for World<'t> {
         rid: u64,
     ) -> Option<(CancelOutcome, u8)> {
         let local = self.client_now(client);
-        let (session, current) = self.clients[client].link.session.as_mut()?;
+        let (session, current) = self.clients[client].link.sessions[0].as_mut()?;
         (*current == conn).then(|| (session.cancel(instant(local), rid), 0))
     }
 }
