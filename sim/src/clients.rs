@@ -8,11 +8,12 @@
 //! reconnect backoff, over one session (single server) or one per node
 //! slot with the core `Router` choosing among them (cluster).
 //!
-//! What differs between the worlds — how bytes travel, what the oracle
-//! learns of a grant, the fenced resource's own checks, which release
-//! errors and close reasons are expected — is asked of the world through
-//! [`ClientWorld`]; everything else is here once, drawing from the worlds'
-//! random streams in the order it always did.
+//! What differs between the worlds — how bytes travel and connections
+//! close, what the oracle learns of a grant and how it names a holding,
+//! which release errors and close reasons a correct server may cause — is
+//! asked of the world through [`ClientWorld`]; everything else is here
+//! once, drawing from the worlds' random streams in the order it always
+//! did.
 
 use std::collections::BTreeMap;
 
@@ -176,8 +177,8 @@ impl Sessions {
     }
 }
 
-/// A client event the shared code schedules; the world wraps it in its own
-/// event type (whose codes feed the trace hash).
+/// A client event; the world wraps it (as a [`ClientCall`]) in its own
+/// event type.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ClientEv {
     StartOp,
@@ -192,6 +193,82 @@ pub(crate) enum ClientEv {
     },
     /// Connect `slot`'s session again.
     Connect(u8),
+    /// A crashed client process starts again, as a new incarnation.
+    Restart,
+}
+
+/// A client event as scheduled: for which client and incarnation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientCall {
+    pub(crate) client: usize,
+    pub(crate) inc: u64,
+    pub(crate) ev: ClientEv,
+}
+
+impl ClientCall {
+    /// Where this event's code lies after the world's first client-event
+    /// code: both worlds number their client events in this order, so the
+    /// trace hash is what it was when each world had its own variants.
+    pub(crate) fn code_offset(&self) -> u64 {
+        match self.ev {
+            ClientEv::Timer { .. } => 0,
+            ClientEv::Connect(_) => 1,
+            ClientEv::StartOp => 2,
+            ClientEv::OpRetry(_) => 3,
+            ClientEv::WorkStep(_) => 4,
+            ClientEv::CancelOp(_) => 5,
+            ClientEv::Resume => 6,
+            ClientEv::Restart => 7,
+        }
+    }
+
+    /// The number the trace hash mixes in besides time and code.
+    pub(crate) fn hash_extra(&self) -> u64 {
+        match self.ev {
+            ClientEv::OpRetry(op) | ClientEv::WorkStep(op) | ClientEv::CancelOp(op) => op,
+            _ => self.client as u64,
+        }
+    }
+
+    /// Shows the event in a trace; `slots`: with the slot of timers and
+    /// connects (cluster worlds).
+    pub(crate) fn trace(&self, f: &mut std::fmt::Formatter<'_>, slots: bool) -> std::fmt::Result {
+        let (name, op) = match self.ev {
+            ClientEv::Timer { slot, generation } => {
+                let mut shown = f.debug_struct("ClientTimer");
+                shown.field("client", &self.client).field("inc", &self.inc);
+                if slots {
+                    shown.field("slot", &slot);
+                }
+                return shown.field("generation", &generation).finish();
+            }
+            ClientEv::Connect(slot) => {
+                let mut shown = f.debug_struct("ClientConnect");
+                shown.field("client", &self.client).field("inc", &self.inc);
+                if slots {
+                    shown.field("slot", &slot);
+                }
+                return shown.finish();
+            }
+            ClientEv::Restart => {
+                return f
+                    .debug_struct("ClientRestart")
+                    .field("client", &self.client)
+                    .finish();
+            }
+            ClientEv::StartOp => ("ClientStartOp", None),
+            ClientEv::Resume => ("ClientResume", None),
+            ClientEv::OpRetry(op) => ("OpRetry", Some(op)),
+            ClientEv::WorkStep(op) => ("WorkStep", Some(op)),
+            ClientEv::CancelOp(op) => ("CancelOp", Some(op)),
+        };
+        let mut shown = f.debug_struct(name);
+        shown.field("client", &self.client).field("inc", &self.inc);
+        if let Some(op) = op {
+            shown.field("op", &op);
+        }
+        shown.finish()
+    }
 }
 
 /// Whether a client event runs now.
@@ -201,6 +278,28 @@ pub(crate) enum Gate {
     /// The process is paused: the event waits until then.
     PausedUntil(u64),
     Runs,
+}
+
+/// The fenced resource's record of one key: the highest token that wrote,
+/// and which holding (and client) it came from.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DbKey {
+    high_water: u64,
+    holding: u64,
+    client: usize,
+}
+
+/// Whether any correct server may make a session close for `reason`
+/// (timeouts, a dead transport); a cluster adds its redirects.
+pub(crate) fn close_expected_of_any(reason: &CloseReason) -> bool {
+    matches!(
+        reason,
+        CloseReason::TransportClosed
+            | CloseReason::DeadlineAfterSend
+            | CloseReason::CancelledAfterSend
+            | CloseReason::HandshakeTimeout
+            | CloseReason::StalledReply
+    )
 }
 
 /// What the fenced resource and the oracle make of a release error.
@@ -224,6 +323,11 @@ pub(crate) struct Parts<'a, 't> {
     pub(crate) next_op: &'a mut u64,
     pub(crate) history: &'a mut History,
     pub(crate) windows: &'a mut Windows,
+    /// The fenced resource, per key.
+    pub(crate) db: &'a mut Vec<DbKey>,
+    /// Bumped whenever leases may end early in true time: validity
+    /// windows and fencing are only judged within one era.
+    pub(crate) lease_era: u64,
     pub(crate) work: &'a mut Rng,
     pub(crate) fault_rng: &'a mut Rng,
     pub(crate) rec: &'a mut Recorder<'t>,
@@ -253,6 +357,10 @@ pub(crate) trait ClientWorld<'t> {
     fn on_leader_notice(&mut self, client: usize);
     /// A paused client runs again.
     fn resume(&mut self, client: usize);
+    /// `client` opens a session (on `slot`) if it has none there.
+    fn connect(&mut self, client: usize, slot: u8);
+    /// A crashed client starts again.
+    fn restart(&mut self, client: usize);
     /// A client process crashes.
     fn crash_client(&mut self, client: usize);
     /// The single world pumps its one session after an operation step
@@ -265,26 +373,11 @@ pub(crate) trait ClientWorld<'t> {
     /// Names a new holding of `token` among validity windows, and the lease
     /// era it was granted in.
     fn new_holding(&mut self, token: u64) -> (u64, u64);
-    /// The fenced resource: a write of `key` with `token`.
-    fn db_write(
-        &mut self,
-        client: usize,
-        key: usize,
-        token: u64,
-        holding: u64,
-        checked: bool,
-        era: u64,
-    );
     /// What a release that ended with `error` means in this world.
     fn release_failure(&self, error: ClientError) -> ReleaseFailure;
-    /// Cancels `rid` in `client`'s session on connection `conn` (if that
-    /// session is still the current one): the outcome and the session's slot.
-    fn cancel_in_session(
-        &mut self,
-        client: usize,
-        conn: u64,
-        rid: u64,
-    ) -> Option<(CancelOutcome, u8)>;
+    /// The slot of the session connection `conn` belongs to (while the
+    /// world still knows the connection).
+    fn slot_of(&self, conn: u64) -> Option<u8>;
 
     /// A trace note; `text` only runs when tracing.
     fn note(&mut self, text: impl FnOnce() -> String) {
@@ -704,6 +797,63 @@ pub(crate) trait ClientWorld<'t> {
         }
     }
 
+    /// The fenced resource: accepts a write iff its token is at least the
+    /// key's high-water mark. A write the holder checked against its
+    /// validity window (in the lease era of its grant) must not be fenced,
+    /// and one token must not be accepted from two holdings.
+    fn db_write(
+        &mut self,
+        client: usize,
+        key: usize,
+        token: u64,
+        holding: u64,
+        checked: bool,
+        era: u64,
+    ) {
+        let parts = self.parts();
+        let entry = parts.db[key];
+        if token >= entry.high_water {
+            parts.db[key] = DbKey {
+                high_water: token,
+                holding,
+                client,
+            };
+            if token == entry.high_water && entry.holding != holding && entry.holding != 0 {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: token {token} accepted from two grants ({} and {holding})",
+                        ALL_KEYS[key], entry.holding
+                    ),
+                );
+            }
+            self.note(|| {
+                format!(
+                    "db {}: write by client {client} token {token} accepted",
+                    ALL_KEYS[key]
+                )
+            });
+        } else {
+            parts.rec.report.fenced_writes += 1;
+            let lease_era = parts.lease_era;
+            self.note(|| {
+                format!(
+                    "db {}: stale write by client {client} token {token} < {} fenced",
+                    ALL_KEYS[key], entry.high_water
+                )
+            });
+            if checked && lease_era == era {
+                self.violation(
+                    Checker::Fencing,
+                    format!(
+                        "{}: client {client} wrote inside its validity window with token {token}, but token {} (client {}) had already written",
+                        ALL_KEYS[key], entry.high_water, entry.client
+                    ),
+                );
+            }
+        }
+    }
+
     /// Stops `client` for `pause_us` (a GC pause): it runs nothing until a
     /// `Resume`.
     fn pause_client(&mut self, client: usize, pause_us: u64) {
@@ -880,6 +1030,44 @@ pub(crate) trait ClientWorld<'t> {
             }
         }
         self.client_pump(client, slot);
+    }
+
+    /// Runs a client event: events of a dead incarnation drop, those of a
+    /// paused process wait until it runs again.
+    fn client_event(&mut self, call: ClientCall) {
+        let ClientCall { client, inc, ev } = call;
+        if !matches!(ev, ClientEv::Resume | ClientEv::Restart) {
+            match self.client_gate(client, inc) {
+                Gate::Stale => return,
+                Gate::PausedUntil(at) => return self.schedule_client(at, client, inc, ev),
+                Gate::Runs => {}
+            }
+        }
+        match ev {
+            ClientEv::Timer { slot, generation } => self.client_timer(client, slot, generation),
+            ClientEv::Connect(slot) => self.connect(client, slot),
+            ClientEv::StartOp => self.client_start_op(client),
+            ClientEv::OpRetry(op) => self.op_attempt(client, op),
+            ClientEv::WorkStep(op) => self.work_step(client, op),
+            ClientEv::CancelOp(op) => self.cancel_op(client, op),
+            ClientEv::Resume => self.resume_event(client, inc),
+            ClientEv::Restart => self.restart(client),
+        }
+    }
+
+    /// Cancels `rid` in `client`'s session on connection `conn`, if that
+    /// is still the session's connection: the outcome and the slot.
+    fn cancel_in_session(
+        &mut self,
+        client: usize,
+        conn: u64,
+        rid: u64,
+    ) -> Option<(CancelOutcome, u8)> {
+        let local = self.local_now(client);
+        let slot = self.slot_of(conn)?;
+        let (session, current) =
+            self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()?;
+        (*current == conn).then(|| (session.cancel(instant(local), rid), slot))
     }
 
     /// Whether an event of incarnation `inc` of `client` runs now.

@@ -19,9 +19,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-use ticketing_core::client::{
-    Backoff, CancelOutcome, ClientError, CloseReason, Router, Session, SessionConfig,
-};
+use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::lock::Limits;
 use ticketing_core::peer::PeerTokens;
@@ -30,13 +28,16 @@ use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::wire::{ErrorCode, Reply, Request};
 
 use crate::checks::{History, Windows, key_index};
-use crate::clients::{ClientEv, ClientProc, ClientWorld, Gate, Parts, ReleaseFailure, Sessions};
+use crate::clients::{
+    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
+    close_expected_of_any,
+};
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
-use crate::rng::{FaultRoll, Rng};
-use crate::run::{Checker, Queue, Recorder, RunReport, Scheduled, Short};
+use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
+use crate::run::{Checker, Phase, Queue, Recorder, RunReport, Scheduled, Short};
 
 const FINGERPRINT: [u8; 32] = [7; 32];
 const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
@@ -197,43 +198,8 @@ enum Ev {
     Heal {
         id: u64,
     },
-    ClientTimer {
-        client: usize,
-        inc: u64,
-        slot: u8,
-        generation: u64,
-    },
-    ClientConnect {
-        client: usize,
-        inc: u64,
-        slot: u8,
-    },
-    ClientStartOp {
-        client: usize,
-        inc: u64,
-    },
-    OpRetry {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    WorkStep {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    CancelOp {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    ClientResume {
-        client: usize,
-        inc: u64,
-    },
-    ClientRestart {
-        client: usize,
-    },
+    /// Everything a client process does on its own.
+    Client(ClientCall),
     FaultTick,
     EndSafety,
     /// Liveness phase: ends the run early once everything has resolved.
@@ -242,18 +208,6 @@ enum Ev {
 }
 
 impl Ev {
-    fn client(&self) -> Option<(usize, u64)> {
-        match *self {
-            Ev::ClientTimer { client, inc, .. }
-            | Ev::ClientConnect { client, inc, .. }
-            | Ev::ClientStartOp { client, inc }
-            | Ev::OpRetry { client, inc, .. }
-            | Ev::WorkStep { client, inc, .. }
-            | Ev::CancelOp { client, inc, .. } => Some((client, inc)),
-            _ => None,
-        }
-    }
-
     fn code(&self) -> u64 {
         match self {
             Ev::NodeTimer { .. } => 1,
@@ -265,14 +219,7 @@ impl Ev {
             Ev::Flush { .. } => 7,
             Ev::SeesClose { .. } => 8,
             Ev::Heal { .. } => 9,
-            Ev::ClientTimer { .. } => 10,
-            Ev::ClientConnect { .. } => 11,
-            Ev::ClientStartOp { .. } => 12,
-            Ev::OpRetry { .. } => 13,
-            Ev::WorkStep { .. } => 14,
-            Ev::CancelOp { .. } => 15,
-            Ev::ClientResume { .. } => 16,
-            Ev::ClientRestart { .. } => 17,
+            Ev::Client(call) => 10 + call.code_offset(),
             Ev::FaultTick => 18,
             Ev::EndSafety => 19,
             Ev::End => 20,
@@ -355,19 +302,6 @@ struct NodeProc {
     shadow: Vec<Option<u64>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Safety,
-    Liveness,
-    Done,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct DbKey {
-    high_water: u64,
-    writer: u64,
-}
-
 /// What the oracle knows of a grant in the replicated state.
 #[derive(Clone, Debug)]
 struct GrantInfo {
@@ -437,15 +371,12 @@ fn hash_of<T: Hash>(value: &T) -> u64 {
 impl<'t> ClusterWorld<'t> {
     /// A cluster world for `seed`.
     pub fn new(seed: u64, config: ClusterSimConfig) -> Self {
-        let rngs = [11, 12, 13, 14].map(|stream| Rng::new(seed, stream));
-        Self::with_rngs(seed, config, rngs)
+        Self::with_rngs(seed, config, seeded_streams(seed, 11))
     }
 
     /// A cluster world whose every decision comes from `bytes` (fuzzing).
     pub fn from_bytes(bytes: &[u8], config: ClusterSimConfig) -> Self {
-        let shared: std::sync::Arc<[u8]> = bytes.into();
-        let rngs = [0, 1, 2, 3].map(|stream| Rng::from_bytes(shared.clone(), stream));
-        Self::with_rngs(0, config, rngs)
+        Self::with_rngs(0, config, fuzz_streams(bytes))
     }
 
     fn with_rngs(seed: u64, config: ClusterSimConfig, rngs: [Rng; 4]) -> Self {
@@ -527,18 +458,11 @@ impl<'t> ClusterWorld<'t> {
         for client in 0..self.clients.len() {
             let at = self.work.below(200_000);
             for slot in 0..self.n {
-                self.schedule(
-                    at,
-                    Ev::ClientConnect {
-                        client,
-                        inc: 0,
-                        slot,
-                    },
-                );
+                self.schedule_client(at, client, 0, ClientEv::Connect(slot));
             }
             // Give the cluster a moment to elect a first leader.
             let at = at + 500_000 + self.work.below(500_000);
-            self.schedule(at, Ev::ClientStartOp { client, inc: 0 });
+            self.schedule_client(at, client, 0, ClientEv::StartOp);
         }
         let tick = self.fault_delay();
         self.schedule(tick, Ev::FaultTick);
@@ -578,14 +502,7 @@ impl<'t> ClusterWorld<'t> {
             | Ev::ClientConnectArrive { pipe }
             | Ev::SeesClose { pipe, .. } => (&[], *pipe),
             Ev::NodeTimer { slot, .. } | Ev::NodeRestart { slot } => (&[], u64::from(*slot)),
-            Ev::ClientTimer { client, .. }
-            | Ev::ClientConnect { client, .. }
-            | Ev::ClientStartOp { client, .. }
-            | Ev::ClientResume { client, .. }
-            | Ev::ClientRestart { client } => (&[], *client as u64),
-            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => {
-                (&[], *op)
-            }
+            Ev::Client(call) => (&[], call.hash_extra()),
             _ => (&[], 0),
         };
         self.rec
@@ -603,10 +520,6 @@ impl<'t> ClusterWorld<'t> {
 
     fn node_now(&self, slot: u8) -> ticketing_core::time::Instant {
         instant(self.nodes[usize::from(slot)].clock.local(self.now_us))
-    }
-
-    fn client_now(&self, client: usize) -> u64 {
-        self.clients[client].clock.local(self.now_us)
     }
 
     fn nonce(&mut self) -> [u8; 16] {
@@ -739,13 +652,6 @@ impl<'t> ClusterWorld<'t> {
     // -----------------------------------------------------------------
 
     fn dispatch(&mut self, ev: Ev) {
-        if let Some((client, inc)) = ev.client() {
-            match self.client_gate(client, inc) {
-                Gate::Stale => return,
-                Gate::PausedUntil(at) => return self.schedule(at, ev),
-                Gate::Runs => {}
-            }
-        }
         match ev {
             Ev::NodeTimer {
                 slot,
@@ -776,19 +682,7 @@ impl<'t> ClusterWorld<'t> {
             } => self.flush(pipe, side, bytes, done, close),
             Ev::SeesClose { pipe, side } => self.sees_close(pipe, side),
             Ev::Heal { id } => self.heal(id),
-            Ev::ClientTimer {
-                client,
-                slot,
-                generation,
-                ..
-            } => self.client_timer(client, slot, generation),
-            Ev::ClientConnect { client, slot, .. } => self.client_connect(client, slot),
-            Ev::ClientStartOp { client, .. } => self.client_start_op(client),
-            Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
-            Ev::WorkStep { client, op, .. } => self.work_step(client, op),
-            Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
-            Ev::ClientResume { client, inc } => self.resume_event(client, inc),
-            Ev::ClientRestart { client } => self.client_restart(client),
+            Ev::Client(call) => self.client_event(call),
             Ev::FaultTick => self.fault_tick(),
             Ev::EndSafety => {
                 self.note(|| "safety phase ends: no more faults or new work".into());
@@ -1080,14 +974,7 @@ impl<'t> ClusterWorld<'t> {
             } else {
                 self.now_us + self.net_delay()
             };
-            self.schedule(
-                at,
-                Ev::DialAnswer {
-                    pipe: pipe_id,
-                    ok: false,
-                },
-            );
-            return;
+            return self.dial_fails(pipe_id, at);
         }
         let now = self.node_now(to);
         let nonce = self.nonce();
@@ -1097,14 +984,7 @@ impl<'t> ClusterWorld<'t> {
             .and_then(|node| node.handle_peer_accept(now, nonce));
         let Some(id) = accepted else {
             let at = self.now_us + self.net_delay();
-            self.schedule(
-                at,
-                Ev::DialAnswer {
-                    pipe: pipe_id,
-                    ok: false,
-                },
-            );
-            return;
+            return self.dial_fails(pipe_id, at);
         };
         let answer_at = self.now_us + self.net_delay();
         let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
@@ -1122,6 +1002,17 @@ impl<'t> ClusterWorld<'t> {
             },
         );
         self.node_step(to, None);
+    }
+
+    /// The dialer of `pipe_id` learns at `at` that its dial failed.
+    fn dial_fails(&mut self, pipe_id: u64, at: u64) {
+        self.schedule(
+            at,
+            Ev::DialAnswer {
+                pipe: pipe_id,
+                ok: false,
+            },
+        );
     }
 
     fn dial_answer(&mut self, pipe_id: u64, ok: bool) {
@@ -1740,9 +1631,9 @@ impl<'t> ClusterWorld<'t> {
         let inc = proc.inc;
         self.note(|| format!("client {client} restarts as incarnation {inc}"));
         for slot in 0..self.n {
-            self.schedule(self.now_us, Ev::ClientConnect { client, inc, slot });
+            self.schedule_client(self.now_us, client, inc, ClientEv::Connect(slot));
         }
-        self.schedule(self.now_us + 1, Ev::ClientStartOp { client, inc });
+        self.schedule_client(self.now_us + 1, client, inc, ClientEv::StartOp);
     }
 
     // -----------------------------------------------------------------
@@ -1978,6 +1869,8 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
             next_op: &mut self.next_op,
             history: &mut self.history,
             windows: &mut self.windows,
+            db: &mut self.db,
+            lease_era: self.lease_era,
             work: &mut self.work,
             fault_rng: &mut self.fault_rng,
             rec: &mut self.rec,
@@ -1985,21 +1878,7 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
     }
 
     fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
-        let ev = match ev {
-            ClientEv::StartOp => Ev::ClientStartOp { client, inc },
-            ClientEv::OpRetry(op) => Ev::OpRetry { client, inc, op },
-            ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
-            ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
-            ClientEv::Resume => Ev::ClientResume { client, inc },
-            ClientEv::Timer { slot, generation } => Ev::ClientTimer {
-                client,
-                inc,
-                slot,
-                generation,
-            },
-            ClientEv::Connect(slot) => Ev::ClientConnect { client, inc, slot },
-        };
-        self.schedule(at_us, ev);
+        self.schedule(at_us, Ev::Client(ClientCall { client, inc, ev }));
     }
 
     fn send_from_client(&mut self, pipe: u64, bytes: Vec<u8>) {
@@ -2014,16 +1893,14 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
     }
 
     fn close_expected(&self, reason: &CloseReason) -> bool {
-        matches!(
-            reason,
-            CloseReason::TransportClosed
-                | CloseReason::DeadlineAfterSend
-                | CloseReason::CancelledAfterSend
-                | CloseReason::HandshakeTimeout
-                | CloseReason::StalledReply
-                | CloseReason::Moved { .. }
-                | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-        )
+        // Besides what any server may cause: redirects to the leader, and
+        // a node that is not (or no longer) active or has no leader.
+        close_expected_of_any(reason)
+            || matches!(
+                reason,
+                CloseReason::Moved { .. }
+                    | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+            )
     }
 
     fn on_ready(&mut self, client: usize, slot: u8, pipe_id: u64) {
@@ -2037,6 +1914,14 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
         self.client_resume(client);
     }
 
+    fn connect(&mut self, client: usize, slot: u8) {
+        self.client_connect(client, slot);
+    }
+
+    fn restart(&mut self, client: usize) {
+        self.client_restart(client);
+    }
+
     fn crash_client(&mut self, client: usize) {
         self.note(|| format!("FAULT client {client} crashes"));
         self.crash_ops(client);
@@ -2048,7 +1933,8 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
             self.reset_pipe(pipe_id);
         }
         let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
-        self.schedule(at, Ev::ClientRestart { client });
+        let inc = self.clients[client].inc;
+        self.schedule_client(at, client, inc, ClientEv::Restart);
     }
 
     fn after_op_step(&mut self, _client: usize) {}
@@ -2074,43 +1960,6 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
         (token, era)
     }
 
-    /// The fenced resource: accepts a write iff its token is at least the
-    /// key's high-water mark.
-    fn db_write(
-        &mut self,
-        client: usize,
-        key: usize,
-        token: u64,
-        _holding: u64,
-        checked: bool,
-        era: u64,
-    ) {
-        let entry = self.db[key];
-        if token >= entry.high_water {
-            self.db[key] = DbKey {
-                high_water: token,
-                writer: client as u64,
-            };
-        } else {
-            self.rec.report.fenced_writes += 1;
-            self.note(|| {
-                format!(
-                    "db {}: stale write by client {client} token {token} < {} fenced",
-                    ALL_KEYS[key], entry.high_water
-                )
-            });
-            if checked && self.lease_era == era {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: client {client} wrote inside its validity window with token {token}, but token {} (client {}) had already written",
-                        ALL_KEYS[key], entry.high_water, entry.writer
-                    ),
-                );
-            }
-        }
-    }
-
     fn release_failure(&self, error: ClientError) -> ReleaseFailure {
         match error {
             // No final reply within the release window; an attempt may
@@ -2128,16 +1977,8 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
         }
     }
 
-    fn cancel_in_session(
-        &mut self,
-        client: usize,
-        conn: u64,
-        rid: u64,
-    ) -> Option<(CancelOutcome, u8)> {
-        let local = self.client_now(client);
-        let slot = self.pipes.get(&conn).map(|pipe| pipe.b_slot)?;
-        let (session, current) = self.clients[client].link.sessions[usize::from(slot)].as_mut()?;
-        (*current == conn).then(|| (session.cancel(instant(local), rid), slot))
+    fn slot_of(&self, pipe: u64) -> Option<u8> {
+        self.pipes.get(&pipe).map(|pipe| pipe.b_slot)
     }
 }
 
@@ -2146,6 +1987,7 @@ struct TraceEv<'a>(&'a Ev);
 impl std::fmt::Debug for TraceEv<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
+            Ev::Client(call) => call.trace(f, true),
             Ev::Deliver { pipe, dir, bytes } => {
                 let arrow = if *dir == 0 { "→ b" } else { "→ a" };
                 write!(

@@ -87,6 +87,15 @@ pub struct RunReport {
     pub end_us: u64,
 }
 
+/// Where a run is: faults and new work (safety), then none while
+/// everything outstanding must resolve (liveness), then over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Safety,
+    Liveness,
+    Done,
+}
+
 /// A run stops after this many violations: later ones mostly echo the first.
 pub(crate) const MAX_VIOLATIONS: usize = 4;
 

@@ -9,66 +9,34 @@
 //! `AcquireOperation`, `ReleaseOperation`, `Backoff`) are the real ones.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 
-use ticketing_core::client::{
-    Backoff, CancelOutcome, ClientError, CloseReason, Session, SessionConfig,
-};
+use ticketing_core::client::{Backoff, ClientError, CloseReason, Session, SessionConfig};
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::Instant;
 use ticketing_core::wire::{Reply, Request};
 
 use crate::checks::{History, Windows, key_index};
-use crate::clients::{ClientEv, ClientProc, ClientWorld, Gate, Parts, ReleaseFailure, Sessions};
+use crate::clients::{
+    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
+    close_expected_of_any,
+};
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle};
-use crate::rng::{FaultRoll, Rng};
+use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
 pub use crate::run::{Checker, RunReport, Violation};
-use crate::run::{Queue, Recorder, Scheduled, Short};
+use crate::run::{Phase, Queue, Recorder, Scheduled, Short};
 
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
+
 #[derive(Clone, Debug)]
 enum Ev {
-    ClientTimer {
-        client: usize,
-        inc: u64,
-        generation: u64,
-    },
-    ClientConnect {
-        client: usize,
-        inc: u64,
-    },
-    ClientStartOp {
-        client: usize,
-        inc: u64,
-    },
-    OpRetry {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    WorkStep {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    CancelOp {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    ClientResume {
-        client: usize,
-        inc: u64,
-    },
-    ClientRestart {
-        client: usize,
-    },
+    /// Everything a client process does on its own.
+    Client(ClientCall),
     ConnectArrive {
         conn: u64,
     },
@@ -107,29 +75,9 @@ enum Ev {
 }
 
 impl Ev {
-    /// The client process an event runs in, for pauses and crashes.
-    fn client(&self) -> Option<(usize, u64)> {
-        match *self {
-            Ev::ClientTimer { client, inc, .. }
-            | Ev::ClientConnect { client, inc }
-            | Ev::ClientStartOp { client, inc }
-            | Ev::OpRetry { client, inc, .. }
-            | Ev::WorkStep { client, inc, .. }
-            | Ev::CancelOp { client, inc, .. } => Some((client, inc)),
-            _ => None,
-        }
-    }
-
     fn code(&self) -> u64 {
         match self {
-            Ev::ClientTimer { .. } => 1,
-            Ev::ClientConnect { .. } => 2,
-            Ev::ClientStartOp { .. } => 3,
-            Ev::OpRetry { .. } => 4,
-            Ev::WorkStep { .. } => 5,
-            Ev::CancelOp { .. } => 6,
-            Ev::ClientResume { .. } => 7,
-            Ev::ClientRestart { .. } => 8,
+            Ev::Client(call) => 1 + call.code_offset(),
             Ev::ConnectArrive { .. } => 9,
             Ev::DeliverToServer { .. } => 10,
             Ev::DeliverToClient { .. } => 11,
@@ -210,20 +158,6 @@ struct ServerProc {
     conns: BTreeMap<ConnId, u64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Safety,
-    Liveness,
-    Done,
-}
-
-/// The per-key write log of the fenced resource.
-#[derive(Clone, Copy, Debug, Default)]
-struct DbKey {
-    high_water: u64,
-    writer: u64,
-}
-
 /// A simulated world; see the module docs.
 pub struct World<'t> {
     config: SimConfig,
@@ -268,23 +202,12 @@ pub struct World<'t> {
 impl<'t> World<'t> {
     /// A world for `seed`, drawing from seeded streams.
     pub fn new(seed: u64, config: SimConfig) -> Self {
-        Self::with_rngs(
-            seed,
-            config,
-            [
-                Rng::new(seed, 1),
-                Rng::new(seed, 2),
-                Rng::new(seed, 3),
-                Rng::new(seed, 4),
-            ],
-        )
+        Self::with_rngs(seed, config, seeded_streams(seed, 1))
     }
 
     /// A world whose every decision comes from `bytes` (fuzzing).
     pub fn from_bytes(bytes: &[u8], config: SimConfig) -> Self {
-        let shared: Arc<[u8]> = bytes.into();
-        let rngs = [0, 1, 2, 3].map(|stream| Rng::from_bytes(shared.clone(), stream));
-        Self::with_rngs(0, config, rngs)
+        Self::with_rngs(0, config, fuzz_streams(bytes))
     }
 
     fn with_rngs(seed: u64, config: SimConfig, rngs: [Rng; 4]) -> Self {
@@ -340,9 +263,9 @@ impl<'t> World<'t> {
         self.schedule(0, Ev::ServerStart);
         for client in 0..self.clients.len() {
             let at = self.work.below(200_000);
-            self.schedule(at, Ev::ClientConnect { client, inc: 0 });
+            self.schedule_client(at, client, 0, ClientEv::Connect(0));
             let at = at + self.work.below(300_000);
-            self.schedule(at, Ev::ClientStartOp { client, inc: 0 });
+            self.schedule_client(at, client, 0, ClientEv::StartOp);
         }
         let tick = self.fault_delay();
         self.schedule(tick, Ev::FaultTick);
@@ -379,14 +302,7 @@ impl<'t> World<'t> {
                 // The bytes themselves: tokens, rids, nonces.
                 (bytes, conn ^ ((bytes.len() as u64) << 32))
             }
-            Ev::ClientTimer { client, .. }
-            | Ev::ClientConnect { client, .. }
-            | Ev::ClientStartOp { client, .. }
-            | Ev::ClientResume { client, .. }
-            | Ev::ClientRestart { client } => (&[], *client as u64),
-            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => {
-                (&[], *op)
-            }
+            Ev::Client(call) => (&[], call.hash_extra()),
             Ev::ConnectArrive { conn }
             | Ev::ServerWritable { conn }
             | Ev::ServerSeesClose { conn }
@@ -408,10 +324,6 @@ impl<'t> World<'t> {
 
     fn server_now(&self) -> u64 {
         self.server_clock.local(self.now_us)
-    }
-
-    fn client_now(&self, client: usize) -> u64 {
-        self.clients[client].clock.local(self.now_us)
     }
 
     /// Sends `bytes` on `conn` in `to_server` direction, split at random
@@ -509,24 +421,8 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn dispatch(&mut self, ev: Ev) {
-        if let Some((client, inc)) = ev.client() {
-            match self.client_gate(client, inc) {
-                Gate::Stale => return,
-                Gate::PausedUntil(at) => return self.schedule(at, ev),
-                Gate::Runs => {}
-            }
-        }
         match ev {
-            Ev::ClientTimer {
-                client, generation, ..
-            } => self.client_timer(client, 0, generation),
-            Ev::ClientConnect { client, .. } => self.client_connect(client),
-            Ev::ClientStartOp { client, .. } => self.client_start_op(client),
-            Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
-            Ev::WorkStep { client, op, .. } => self.work_step(client, op),
-            Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
-            Ev::ClientResume { client, inc } => self.resume_event(client, inc),
-            Ev::ClientRestart { client } => self.client_restart(client),
+            Ev::Client(call) => self.client_event(call),
             Ev::ConnectArrive { conn } => self.connect_arrive(conn),
             Ev::DeliverToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
             Ev::DeliverToClient { conn, bytes } => self.deliver_to_client(conn, bytes),
@@ -1267,8 +1163,8 @@ impl<'t> World<'t> {
         proc.inc += 1;
         let inc = proc.inc;
         self.note(|| format!("client {client} restarts as incarnation {inc}"));
-        self.schedule(self.now_us, Ev::ClientConnect { client, inc });
-        self.schedule(self.now_us + 1, Ev::ClientStartOp { client, inc });
+        self.schedule_client(self.now_us, client, inc, ClientEv::Connect(0));
+        self.schedule_client(self.now_us + 1, client, inc, ClientEv::StartOp);
     }
 
     // -----------------------------------------------------------------
@@ -1394,6 +1290,8 @@ impl<'t> ClientWorld<'t> for World<'t> {
             next_op: &mut self.next_op,
             history: &mut self.history,
             windows: &mut self.windows,
+            db: &mut self.db,
+            lease_era: self.lease_era,
             work: &mut self.work,
             fault_rng: &mut self.fault_rng,
             rec: &mut self.rec,
@@ -1401,20 +1299,7 @@ impl<'t> ClientWorld<'t> for World<'t> {
     }
 
     fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
-        let ev = match ev {
-            ClientEv::StartOp => Ev::ClientStartOp { client, inc },
-            ClientEv::OpRetry(op) => Ev::OpRetry { client, inc, op },
-            ClientEv::WorkStep(op) => Ev::WorkStep { client, inc, op },
-            ClientEv::CancelOp(op) => Ev::CancelOp { client, inc, op },
-            ClientEv::Resume => Ev::ClientResume { client, inc },
-            ClientEv::Timer { generation, .. } => Ev::ClientTimer {
-                client,
-                inc,
-                generation,
-            },
-            ClientEv::Connect(_) => Ev::ClientConnect { client, inc },
-        };
-        self.schedule(at_us, ev);
+        self.schedule(at_us, Ev::Client(ClientCall { client, inc, ev }));
     }
 
     fn send_from_client(&mut self, conn: u64, bytes: Vec<u8>) {
@@ -1430,14 +1315,7 @@ impl<'t> ClientWorld<'t> for World<'t> {
     }
 
     fn close_expected(&self, reason: &CloseReason) -> bool {
-        matches!(
-            reason,
-            CloseReason::TransportClosed
-                | CloseReason::DeadlineAfterSend
-                | CloseReason::CancelledAfterSend
-                | CloseReason::HandshakeTimeout
-                | CloseReason::StalledReply
-        )
+        close_expected_of_any(reason)
     }
 
     fn on_ready(&mut self, client: usize, _slot: u8, conn_id: u64) {
@@ -1455,6 +1333,14 @@ impl<'t> ClientWorld<'t> for World<'t> {
         self.client_resume(client);
     }
 
+    fn connect(&mut self, client: usize, _slot: u8) {
+        self.client_connect(client);
+    }
+
+    fn restart(&mut self, client: usize) {
+        self.client_restart(client);
+    }
+
     fn crash_client(&mut self, client: usize) {
         self.note(|| format!("FAULT client {client} crashes"));
         self.crash_ops(client);
@@ -1468,7 +1354,8 @@ impl<'t> ClientWorld<'t> for World<'t> {
             self.reset_conn(conn_id);
         }
         let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
-        self.schedule(at, Ev::ClientRestart { client });
+        let inc = self.clients[client].inc;
+        self.schedule_client(at, client, inc, ClientEv::Restart);
     }
 
     fn after_op_step(&mut self, client: usize) {
@@ -1505,58 +1392,6 @@ impl<'t> ClientWorld<'t> for World<'t> {
         (grant_id, era)
     }
 
-    /// The fenced resource: accepts a write iff its token is at least the
-    /// key's high-water mark.
-    fn db_write(
-        &mut self,
-        client: usize,
-        key: usize,
-        token: u64,
-        grant_id: u64,
-        checked: bool,
-        epoch: u64,
-    ) {
-        let entry = self.db[key];
-        if token >= entry.high_water {
-            if token == entry.high_water && entry.writer != grant_id && entry.writer != 0 {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: token {token} accepted from two grants ({} and {grant_id})",
-                        ALL_KEYS[key], entry.writer
-                    ),
-                );
-            }
-            self.db[key] = DbKey {
-                high_water: token,
-                writer: grant_id,
-            };
-            self.note(|| {
-                format!(
-                    "db {}: write by client {client} token {token} accepted",
-                    ALL_KEYS[key]
-                )
-            });
-        } else {
-            self.rec.report.fenced_writes += 1;
-            self.note(|| {
-                format!(
-                    "db {}: stale write by client {client} token {token} < {} fenced",
-                    ALL_KEYS[key], entry.high_water
-                )
-            });
-            if checked && self.lease_era == epoch {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: client {client} wrote inside its validity window with token {token}, but token {} had already written",
-                        ALL_KEYS[key], entry.high_water
-                    ),
-                );
-            }
-        }
-    }
-
     fn release_failure(&self, error: ClientError) -> ReleaseFailure {
         match error {
             ClientError::Indeterminate => ReleaseFailure::LeaveOpen,
@@ -1565,15 +1400,8 @@ impl<'t> ClientWorld<'t> for World<'t> {
         }
     }
 
-    fn cancel_in_session(
-        &mut self,
-        client: usize,
-        conn: u64,
-        rid: u64,
-    ) -> Option<(CancelOutcome, u8)> {
-        let local = self.client_now(client);
-        let (session, current) = self.clients[client].link.sessions[0].as_mut()?;
-        (*current == conn).then(|| (session.cancel(instant(local), rid), 0))
+    fn slot_of(&self, _conn: u64) -> Option<u8> {
+        Some(0)
     }
 }
 
@@ -1582,6 +1410,7 @@ struct TraceEv<'a>(&'a Ev);
 impl std::fmt::Debug for TraceEv<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
+            Ev::Client(call) => call.trace(f, false),
             Ev::DeliverToServer { conn, bytes } => {
                 write!(
                     f,
