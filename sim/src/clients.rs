@@ -181,16 +181,18 @@ impl Sessions {
 /// event type.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ClientEv {
+    /// Maybe start an acquire (the workload's next step).
     StartOp,
+    /// Operation `op`'s next attempt is due.
     OpRetry(u64),
+    /// The holder of operation `op` takes its next step.
     WorkStep(u64),
+    /// Cancel acquire `op` while it waits.
     CancelOp(u64),
+    /// A pause may be over.
     Resume,
     /// The session timer of `slot`, armed as `generation`.
-    Timer {
-        slot: u8,
-        generation: u64,
-    },
+    Timer { slot: u8, generation: u64 },
     /// Connect `slot`'s session again.
     Connect(u8),
     /// A crashed client process starts again, as a new incarnation.

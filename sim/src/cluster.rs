@@ -35,7 +35,7 @@ use crate::clients::{
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
-use crate::net::{self, StreamOracle};
+use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
 use crate::run::{Checker, Phase, Queue, Recorder, RunReport, Scheduled, Short};
 
@@ -243,11 +243,9 @@ struct Pipe {
     b_inc: u64,
     /// Node-side connection ids: end a (peer pipes) and end b.
     ids: [Option<ConnId>; 2],
-    reset: bool,
+    /// The network's side of it.
+    tcp: Tcp,
     open: [bool; 2],
-    last_us: [u64; 2],
-    in_flight: [usize; 2],
-    allow: [usize; 2],
     /// Chunks sent over a cut link, delivered when it heals (TCP
     /// retransmits) unless the connection resets first.
     held: [Vec<Vec<u8>>; 2],
@@ -545,7 +543,7 @@ impl<'t> ClusterWorld<'t> {
         let Some(pipe) = self.pipes.get(&pipe_id) else {
             return;
         };
-        if pipe.reset || bytes.is_empty() {
+        if pipe.tcp.reset || bytes.is_empty() {
             return;
         }
         if self.is_cut(pipe, dir) || !pipe.held[usize::from(dir)].is_empty() {
@@ -554,21 +552,17 @@ impl<'t> ClusterWorld<'t> {
             pipe.held[usize::from(dir)].push(bytes);
             return;
         }
-        for chunk in net::chunks(&mut self.net, bytes) {
-            let delay = self.net_delay();
-            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
-            let d = usize::from(dir);
-            let arrival = pipe.last_us[d].max(self.now_us + delay);
-            pipe.last_us[d] = arrival;
-            pipe.in_flight[d] += chunk.len();
-            self.schedule(
-                arrival,
-                Ev::Deliver {
-                    pipe: pipe_id,
-                    dir,
-                    bytes: chunk,
-                },
-            );
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        let timed = pipe.tcp.transmit(
+            usize::from(dir),
+            bytes,
+            self.now_us,
+            &self.config.base,
+            &mut self.net,
+        );
+        for (arrival, bytes) in timed {
+            let pipe = pipe_id;
+            self.schedule(arrival, Ev::Deliver { pipe, dir, bytes });
         }
     }
 
@@ -578,24 +572,16 @@ impl<'t> ClusterWorld<'t> {
         let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
             return;
         };
-        if pipe.reset {
+        if pipe.tcp.reset {
             return;
         }
-        pipe.reset = true;
         pipe.held = [Vec::new(), Vec::new()];
         let open = pipe.open;
-        let in_flight = pipe.in_flight;
-        let last = pipe.last_us;
-        let allow = [
-            net::reset_allow(&mut self.net, in_flight[0]),
-            net::reset_allow(&mut self.net, in_flight[1]),
-        ];
-        self.pipes.get_mut(&pipe_id).expect("checked above").allow = allow;
+        let seen = pipe
+            .tcp
+            .reset(open, self.now_us, &self.config.base, &mut self.net);
         for side in 0..2u8 {
-            if open[usize::from(side)] {
-                // Side 0 reads direction 1 and vice versa.
-                let reads = usize::from(1 - side);
-                let at = (self.now_us + self.net_delay()).max(last[reads] + 1);
+            if let Some(at) = seen[usize::from(side)] {
                 self.schedule(
                     at,
                     Ev::SeesClose {
@@ -610,7 +596,7 @@ impl<'t> ClusterWorld<'t> {
 
     fn drop_pipe_if_done(&mut self, pipe_id: u64) {
         if let Some(pipe) = self.pipes.get(&pipe_id)
-            && pipe.reset
+            && pipe.tcp.reset
             && !pipe.dialing
             && !pipe.open[0]
             && !pipe.open[1]
@@ -630,11 +616,8 @@ impl<'t> ClusterWorld<'t> {
                 b_slot,
                 b_inc,
                 ids: [None, None],
-                reset: false,
+                tcp: Tcp::new(),
                 open: [matches!(opener, Opener::Client { .. }), false],
-                last_us: [0, 0],
-                in_flight: [0, 0],
-                allow: [0, 0],
                 held: [Vec::new(), Vec::new()],
                 held_for_client: Vec::new(),
                 close_held: false,
@@ -963,7 +946,7 @@ impl<'t> ClusterWorld<'t> {
         let to_inc = self.nodes[usize::from(to)].inc;
         let cut = self.cut[usize::from(from)][usize::from(to)] > 0
             || self.cut[usize::from(to)][usize::from(from)] > 0;
-        let up = self.nodes[usize::from(to)].node.is_some() && !pipe.reset;
+        let up = self.nodes[usize::from(to)].node.is_some() && !pipe.tcp.reset;
         if !self.node_alive(from, inc) {
             self.pipes.remove(&pipe_id);
             return;
@@ -992,7 +975,7 @@ impl<'t> ClusterWorld<'t> {
         pipe.ids[1] = Some(id);
         pipe.open[1] = true;
         // The acceptor's bytes travel behind its SYN-ACK.
-        pipe.last_us[1] = answer_at;
+        pipe.tcp.last_us[1] = answer_at;
         self.nodes[usize::from(to)].conns.insert(id, pipe_id);
         self.schedule(
             answer_at,
@@ -1023,7 +1006,7 @@ impl<'t> ClusterWorld<'t> {
             return;
         };
         let to = pipe.b_slot;
-        let reset = pipe.reset;
+        let reset = pipe.tcp.reset;
         self.pipes.get_mut(&pipe_id).expect("checked above").dialing = false;
         if !self.node_alive(from, inc) {
             // The dialer is gone: the acceptor's side dies with it.
@@ -1060,7 +1043,7 @@ impl<'t> ClusterWorld<'t> {
         let Some(pipe) = self.pipes.get(&pipe_id) else {
             return;
         };
-        if pipe.reset {
+        if pipe.tcp.reset {
             return;
         }
         let slot = pipe.b_slot;
@@ -1096,18 +1079,15 @@ impl<'t> ClusterWorld<'t> {
         (pipe.open[usize::from(side)] && self.node_alive(slot, inc)).then_some((slot, id))
     }
 
-    fn deliver(&mut self, pipe_id: u64, dir: u8, mut bytes: Vec<u8>) {
+    fn deliver(&mut self, pipe_id: u64, dir: u8, bytes: Vec<u8>) {
         let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
             return;
         };
         let d = usize::from(dir);
-        pipe.in_flight[d] -= bytes.len().min(pipe.in_flight[d]);
-        if pipe.reset {
-            let Some(kept) = net::cut_after_reset(&mut pipe.allow[d], bytes) else {
-                return;
-            };
-            bytes = kept;
-        }
+        pipe.tcp.landed(d, bytes.len());
+        let Some(bytes) = pipe.tcp.keep(d, bytes) else {
+            return;
+        };
         let to_side = if dir == 0 { 1 } else { 0 };
         if to_side == 0
             && let Opener::Client { client, inc } = pipe.opener
@@ -1153,7 +1133,7 @@ impl<'t> ClusterWorld<'t> {
             return;
         };
         let pipe = &self.pipes[&pipe_id];
-        if pipe.reset {
+        if pipe.tcp.reset {
             return;
         }
         let dir = if side == 1 { 1 } else { 0 };
@@ -1182,11 +1162,11 @@ impl<'t> ClusterWorld<'t> {
             // Closed after flushing: FIN after the bytes.
             self.node_closes(pipe_id, side);
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
-            pipe.reset = true;
+            pipe.tcp.reset = true;
             let other = 1 - side;
             if pipe.open[usize::from(other)] {
-                let at = pipe.last_us[usize::from(dir)].max(self.now_us) + 1;
-                pipe.allow = [usize::MAX, usize::MAX];
+                let at = pipe.tcp.last_us[usize::from(dir)].max(self.now_us) + 1;
+                pipe.tcp.allow = [usize::MAX, usize::MAX];
                 self.schedule(
                     at,
                     Ev::SeesClose {
@@ -1266,7 +1246,7 @@ impl<'t> ClusterWorld<'t> {
         let affected: Vec<u64> = self
             .pipes
             .iter()
-            .filter(|(_, pipe)| pipe.peer() && !pipe.reset)
+            .filter(|(_, pipe)| pipe.peer() && !pipe.tcp.reset)
             .filter(|(_, pipe)| self.is_cut(pipe, 0) || self.is_cut(pipe, 1))
             .map(|(&id, _)| id)
             .collect();
@@ -1677,7 +1657,7 @@ impl<'t> ClusterWorld<'t> {
             let live: Vec<u64> = self
                 .pipes
                 .iter()
-                .filter(|(_, pipe)| !pipe.reset)
+                .filter(|(_, pipe)| !pipe.tcp.reset)
                 .map(|(&id, _)| id)
                 .collect();
             if !live.is_empty() {
@@ -1825,7 +1805,7 @@ impl<'t> ClusterWorld<'t> {
         let open_pending = self
             .pending
             .keys()
-            .find(|(pipe, _)| self.pipes.get(pipe).is_some_and(|p| !p.reset))
+            .find(|(pipe, _)| self.pipes.get(pipe).is_some_and(|p| !p.tcp.reset))
             .copied();
         if let Some((pipe, rid)) = open_pending {
             self.violation(

@@ -1,7 +1,8 @@
 //! The simulated network both worlds share: per-chunk delays, byte streams
-//! split at random boundaries, server writes that reach the kernel in one
-//! or two parts, the cut point of a reset, and the oracle that decodes a
-//! client connection's two byte streams.
+//! split at random boundaries and kept in order, resets that cut what is in
+//! flight at a random byte, server writes that reach the kernel in one or
+//! two parts, and the oracle that decodes a client connection's two byte
+//! streams.
 //!
 //! Each helper draws from the `net` stream in exactly the order the worlds
 //! always drew, so a seed's run (and its trace hash) does not depend on
@@ -74,18 +75,89 @@ pub(crate) fn write_parts(
     parts
 }
 
-/// After a reset, how many of the `in_flight` bytes one way still arrive:
-/// the cut falls at any byte boundary.
-pub(crate) fn reset_allow(net: &mut Rng, in_flight: usize) -> usize {
-    net.below(in_flight as u64 + 1) as usize
+/// The network's side of one simulated TCP connection. Direction 0 runs
+/// from the end that opened it (a client, or a dialing node) to the end
+/// that accepted it; direction 1 back. Side 0 (the opener) reads direction
+/// 1, side 1 reads direction 0.
+pub(crate) struct Tcp {
+    /// The transport is dead: bytes in flight after the cut are lost.
+    pub(crate) reset: bool,
+    /// Arrival time of the last chunk each way (TCP keeps order).
+    pub(crate) last_us: [u64; 2],
+    pub(crate) in_flight: [usize; 2],
+    /// After a reset, how many more bytes each way still arrive.
+    pub(crate) allow: [usize; 2],
 }
 
-/// A chunk that arrives after its connection was reset keeps only the
-/// bytes before the cut; `None` when nothing of it arrives.
-pub(crate) fn cut_after_reset(allow: &mut usize, mut bytes: Vec<u8>) -> Option<Vec<u8>> {
-    bytes.truncate(*allow);
-    *allow -= bytes.len();
-    (!bytes.is_empty()).then_some(bytes)
+impl Tcp {
+    pub(crate) fn new() -> Self {
+        Tcp {
+            reset: false,
+            last_us: [0, 0],
+            in_flight: [0, 0],
+            allow: [0, 0],
+        }
+    }
+
+    /// Splits `bytes` at random boundaries and times each chunk's arrival
+    /// in direction `dir`, no earlier than the chunk before it: the chunks
+    /// with their arrival times, in order.
+    pub(crate) fn transmit(
+        &mut self,
+        dir: usize,
+        bytes: Vec<u8>,
+        now_us: u64,
+        config: &SimConfig,
+        net: &mut Rng,
+    ) -> Vec<(u64, Vec<u8>)> {
+        let mut timed = Vec::new();
+        for chunk in chunks(net, bytes) {
+            let arrival = self.last_us[dir].max(now_us + delay(config, net));
+            self.last_us[dir] = arrival;
+            self.in_flight[dir] += chunk.len();
+            timed.push((arrival, chunk));
+        }
+        timed
+    }
+
+    /// A chunk of `len` bytes in direction `dir` reached its end.
+    pub(crate) fn landed(&mut self, dir: usize, len: usize) {
+        self.in_flight[dir] -= len.min(self.in_flight[dir]);
+    }
+
+    /// What of a landed chunk its end reads: all of it, or after a reset
+    /// only the bytes before the cut; `None` when nothing.
+    pub(crate) fn keep(&mut self, dir: usize, mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+        if self.reset {
+            bytes.truncate(self.allow[dir]);
+            self.allow[dir] -= bytes.len();
+        }
+        (!bytes.is_empty()).then_some(bytes)
+    }
+
+    /// Kills the transport: each way, the bytes in flight after a random
+    /// boundary are lost. Returns when each `open` side learns of it: after
+    /// a network delay, and after the bytes that still reach it.
+    pub(crate) fn reset(
+        &mut self,
+        open: [bool; 2],
+        now_us: u64,
+        config: &SimConfig,
+        net: &mut Rng,
+    ) -> [Option<u64>; 2] {
+        self.reset = true;
+        self.allow = self
+            .in_flight
+            .map(|in_flight| net.below(in_flight as u64 + 1) as usize);
+        let mut seen = [None, None];
+        for side in 0..2 {
+            if open[side] {
+                let at = (now_us + delay(config, net)).max(self.last_us[1 - side] + 1);
+                seen[side] = Some(at);
+            }
+        }
+        seen
+    }
 }
 
 /// A random connection nonce of which the first `words` × 8 bytes are drawn.

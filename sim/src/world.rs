@@ -24,7 +24,7 @@ use crate::clients::{
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::linear::LinOp;
-use crate::net::{self, StreamOracle};
+use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
 pub use crate::run::{Checker, RunReport, Violation};
 use crate::run::{Phase, Queue, Recorder, Scheduled, Short};
@@ -101,19 +101,10 @@ struct SimConn {
     inc: u64,
     server_id: Option<ConnId>,
     epoch: u64,
-    /// The transport is dead: bytes in flight are lost.
-    reset: bool,
+    /// The network's side: direction 0 to the server, 1 to the client.
+    tcp: Tcp,
     client_open: bool,
     server_open: bool,
-    /// Arrival time of the last chunk each way (TCP keeps order).
-    c2s_last_us: u64,
-    s2c_last_us: u64,
-    c2s_in_flight: usize,
-    s2c_in_flight: usize,
-    /// After a reset, how many more bytes each way still arrive: the cut
-    /// falls at any byte boundary of what was in flight.
-    c2s_allow: usize,
-    s2c_allow: usize,
     /// Bytes that reached a paused client's kernel, in order, and whether
     /// the reset notice came after them: handed over when it resumes.
     held_for_client: Vec<u8>,
@@ -332,47 +323,31 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset || bytes.is_empty() {
+        if conn.tcp.reset || bytes.is_empty() {
             return;
         }
-        let in_flight = if to_server {
-            conn.c2s_in_flight
-        } else {
-            conn.s2c_in_flight
-        };
+        let dir = if to_server { 0 } else { 1 };
         assert!(
-            in_flight + bytes.len() <= MAX_IN_FLIGHT_BYTES,
+            conn.tcp.in_flight[dir] + bytes.len() <= MAX_IN_FLIGHT_BYTES,
             "unbounded bytes in flight"
         );
-        for chunk in net::chunks(&mut self.net, bytes) {
-            let delay = self.net_delay();
-            let conn = self.conns.get_mut(&conn_id).expect("checked above");
-            let last = if to_server {
-                &mut conn.c2s_last_us
+        let conn = self.conns.get_mut(&conn_id).expect("checked above");
+        let timed = conn
+            .tcp
+            .transmit(dir, bytes, self.now_us, &self.config, &mut self.net);
+        for (arrival, bytes) in timed {
+            let ev = if to_server {
+                Ev::DeliverToServer {
+                    conn: conn_id,
+                    bytes,
+                }
             } else {
-                &mut conn.s2c_last_us
+                Ev::DeliverToClient {
+                    conn: conn_id,
+                    bytes,
+                }
             };
-            let arrival = (*last).max(self.now_us + delay);
-            *last = arrival;
-            if to_server {
-                conn.c2s_in_flight += chunk.len();
-                self.schedule(
-                    arrival,
-                    Ev::DeliverToServer {
-                        conn: conn_id,
-                        bytes: chunk,
-                    },
-                );
-            } else {
-                conn.s2c_in_flight += chunk.len();
-                self.schedule(
-                    arrival,
-                    Ev::DeliverToClient {
-                        conn: conn_id,
-                        bytes: chunk,
-                    },
-                );
-            }
+            self.schedule(arrival, ev);
         }
     }
 
@@ -382,25 +357,17 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
-        conn.reset = true;
-        let (client_open, server_open) = (conn.client_open, conn.server_open);
-        let (c2s, s2c) = (conn.c2s_in_flight, conn.s2c_in_flight);
-        let (c2s_last, s2c_last) = (conn.c2s_last_us, conn.s2c_last_us);
-        let c2s_allow = net::reset_allow(&mut self.net, c2s);
-        let s2c_allow = net::reset_allow(&mut self.net, s2c);
-        let conn = self.conns.get_mut(&conn_id).expect("checked above");
-        conn.c2s_allow = c2s_allow;
-        conn.s2c_allow = s2c_allow;
-        // Each end learns of the reset after the bytes that still reach it.
-        if client_open {
-            let at = (self.now_us + self.net_delay()).max(s2c_last + 1);
+        let open = [conn.client_open, conn.server_open];
+        let [client_sees, server_sees] =
+            conn.tcp
+                .reset(open, self.now_us, &self.config, &mut self.net);
+        if let Some(at) = client_sees {
             self.schedule(at, Ev::ClientSeesClose { conn: conn_id });
         }
-        if server_open {
-            let at = (self.now_us + self.net_delay()).max(c2s_last + 1);
+        if let Some(at) = server_sees {
             self.schedule(at, Ev::ServerSeesClose { conn: conn_id });
         }
         self.drop_conn_if_done(conn_id);
@@ -408,7 +375,7 @@ impl<'t> World<'t> {
 
     fn drop_conn_if_done(&mut self, conn_id: u64) {
         if let Some(conn) = self.conns.get(&conn_id)
-            && conn.reset
+            && conn.tcp.reset
             && !conn.client_open
             && !conn.server_open
         {
@@ -511,7 +478,7 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
         let local = self.server_now();
@@ -544,17 +511,14 @@ impl<'t> World<'t> {
             .flatten()
     }
 
-    fn deliver_to_server(&mut self, conn_id: u64, mut bytes: Vec<u8>) {
+    fn deliver_to_server(&mut self, conn_id: u64, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.c2s_in_flight -= bytes.len().min(conn.c2s_in_flight);
-        if conn.reset {
-            let Some(kept) = net::cut_after_reset(&mut conn.c2s_allow, bytes) else {
-                return;
-            };
-            bytes = kept;
-        }
+        conn.tcp.landed(0, bytes.len());
+        let Some(bytes) = conn.tcp.keep(0, bytes) else {
+            return;
+        };
         let Some(id) = self.server_conn(conn_id) else {
             return;
         };
@@ -769,7 +733,7 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
         debug_assert_eq!(conn.takes, take, "one take in flight at a time");
@@ -813,8 +777,8 @@ impl<'t> World<'t> {
             // The server asked to close after flushing: FIN after the bytes.
             self.server_closes(conn_id);
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                let at = conn.s2c_last_us.max(self.now_us) + 1;
-                conn.reset = true;
+                let at = conn.tcp.last_us[1].max(self.now_us) + 1;
+                conn.tcp.reset = true;
                 self.schedule(at, Ev::ClientSeesClose { conn: conn_id });
             }
         }
@@ -1049,15 +1013,9 @@ impl<'t> World<'t> {
                 inc,
                 server_id: None,
                 epoch: 0,
-                reset: false,
+                tcp: Tcp::new(),
                 client_open: true,
                 server_open: false,
-                c2s_last_us: 0,
-                s2c_last_us: 0,
-                c2s_in_flight: 0,
-                s2c_in_flight: 0,
-                c2s_allow: 0,
-                s2c_allow: 0,
                 stalled: false,
                 writing: false,
                 held_for_client: Vec::new(),
@@ -1076,20 +1034,17 @@ impl<'t> World<'t> {
         self.client_pump(client, 0);
     }
 
-    fn deliver_to_client(&mut self, conn_id: u64, mut bytes: Vec<u8>) {
+    fn deliver_to_client(&mut self, conn_id: u64, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.s2c_in_flight -= bytes.len().min(conn.s2c_in_flight);
+        conn.tcp.landed(1, bytes.len());
         if !conn.client_open {
             return;
         }
-        if conn.reset {
-            let Some(kept) = net::cut_after_reset(&mut conn.s2c_allow, bytes) else {
-                return;
-            };
-            bytes = kept;
-        }
+        let Some(bytes) = conn.tcp.keep(1, bytes) else {
+            return;
+        };
         let client = conn.client;
         let proc = &self.clients[client];
         if proc.inc != conn.inc || proc.crashed {
@@ -1184,7 +1139,7 @@ impl<'t> World<'t> {
             let live: Vec<u64> = self
                 .conns
                 .iter()
-                .filter(|(_, conn)| !conn.reset)
+                .filter(|(_, conn)| !conn.tcp.reset)
                 .map(|(&id, _)| id)
                 .collect();
             if !live.is_empty() {
