@@ -35,7 +35,7 @@ pub mod linear;
 mod lock_model;
 mod net;
 pub mod rng;
-pub mod run;
+mod run;
 pub mod world;
 
 pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
