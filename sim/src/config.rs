@@ -3,7 +3,7 @@
 //! covers quiet worlds and hostile ones.
 
 use crate::rng::Rng;
-use crate::world::Checker;
+use crate::run::Checker;
 
 /// Keys clients contend for most.
 pub const HOT_KEYS: [&str; 2] = ["h0", "h1"];

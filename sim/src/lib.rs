@@ -25,17 +25,23 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod checks;
+mod clients;
+mod clock;
 pub mod cluster;
 pub mod config;
 pub mod fuzzing;
 pub mod linear;
 mod lock_model;
+mod net;
 pub mod rng;
+mod run;
 pub mod world;
 
 pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
 pub use config::{FaultConfig, SimConfig};
-pub use world::{Checker, RunReport, Violation, World};
+pub use run::{Checker, RunReport, Violation};
+pub use world::World;
 
 /// Runs the swarm world of `seed` (see [`SimConfig::swarm`]).
 pub fn run_seed(seed: u64) -> RunReport {

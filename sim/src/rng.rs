@@ -93,6 +93,42 @@ impl Rng {
 /// Number of streams a world draws from (network, clocks, workload, faults).
 pub const STREAMS: usize = 4;
 
+/// A world's streams (network, clocks, workload, faults) for `seed`,
+/// numbered from `first` (each world has its own numbers).
+pub(crate) fn seeded_streams(seed: u64, first: u64) -> [Rng; STREAMS] {
+    [0, 1, 2, 3].map(|offset| Rng::new(seed, first + offset))
+}
+
+/// A world's streams all drawn from one fuzz input.
+pub(crate) fn fuzz_streams(bytes: &[u8]) -> [Rng; STREAMS] {
+    let shared: std::sync::Arc<[u8]> = bytes.into();
+    [0, 1, 2, 3].map(|stream| Rng::from_bytes(shared.clone(), stream))
+}
+
+/// One fault tick's roll: each fault's rate claims the next slice of a
+/// million, so one draw picks at most one fault.
+pub(crate) struct FaultRoll {
+    roll: u32,
+    threshold: u32,
+}
+
+impl FaultRoll {
+    /// Draws the roll (one draw from `rng`).
+    pub(crate) fn new(rng: &mut Rng) -> Self {
+        FaultRoll {
+            roll: rng.below(1_000_000) as u32,
+            threshold: 0,
+        }
+    }
+
+    /// Whether the roll falls in the next slice, `ppm` wide.
+    pub(crate) fn pick(&mut self, ppm: u32) -> bool {
+        let hit = self.roll >= self.threshold && self.roll < self.threshold.saturating_add(ppm);
+        self.threshold = self.threshold.saturating_add(ppm);
+        hit
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,182 +8,35 @@
 //! forward jumps. The core state machines (`Server`, `Session`,
 //! `AcquireOperation`, `ReleaseOperation`, `Backoff`) are the real ones.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
-use std::fmt::Write as _;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use ticketing_core::auth::{HELLO_LEN, PROOF_LEN};
-use ticketing_core::client::{
-    AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, Grant,
-    KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Session, SessionConfig,
-    SessionEvent,
-};
+use ticketing_core::client::{Backoff, ClientError, CloseReason, Session, SessionConfig};
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
-use ticketing_core::time::{Duration, Instant};
-use ticketing_core::wire::{Decoded, Reply, Request, RequestDecoder};
+use ticketing_core::time::Instant;
+use ticketing_core::wire::{Reply, Request};
 
-use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
-use crate::linear::{self, LinEntry, LinOp, LinResult};
-use crate::rng::Rng;
+use crate::checks::{History, Windows, key_index};
+use crate::clients::{
+    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
+    close_expected_of_any,
+};
+use crate::clock::{Clock, WALL_EPOCH_US, instant};
+use crate::config::{ALL_KEYS, SimConfig};
+use crate::linear::LinOp;
+use crate::net::{self, StreamOracle, Tcp};
+use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
+pub use crate::run::{Checker, RunReport, Violation};
+use crate::run::{Phase, Queue, Recorder, Scheduled, Short};
 
-/// The server's wall clock at true time 0, in microseconds since the Unix
-/// epoch: first tokens are taken from it.
-pub(crate) const WALL_EPOCH_US: u64 = 1_700_000_000_000_000;
-pub(crate) const MILLION: i128 = 1_000_000;
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
-/// Indeterminate acquires remembered per client for matching a later
-/// `Compensate` event.
-pub(crate) const RECENT_INDETERMINATE_MAX: usize = 64;
-
-/// Which checker found a violation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Checker {
-    /// Server state: one live holder per key, a set held by one grant.
-    ServerState,
-    /// Tokens strictly increasing and never reused, across restarts.
-    Tokens,
-    /// Grants follow waiters' arrival order.
-    Fifo,
-    /// Exactly one terminal reply per request; no lost waiter; no ghost grant.
-    Replies,
-    /// The fenced resource and the clients' validity windows.
-    Fencing,
-    /// Client-observed history against the sequential model.
-    Linearizability,
-    /// Everything outstanding resolves once faults stop.
-    Liveness,
-    /// A client saw something a correct server never causes.
-    Client,
-    /// Raft (cluster worlds): one leader per term, log matching, one
-    /// committed entry per index, commit index never decreasing, equal
-    /// replicated state at equal applied index.
-    Raft,
-}
-
-impl Checker {
-    /// Every checker.
-    pub const ALL: [Checker; 9] = [
-        Checker::ServerState,
-        Checker::Tokens,
-        Checker::Fifo,
-        Checker::Replies,
-        Checker::Fencing,
-        Checker::Linearizability,
-        Checker::Liveness,
-        Checker::Client,
-        Checker::Raft,
-    ];
-}
-
-/// One broken invariant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// The checker.
-    pub checker: Checker,
-    /// True time of detection.
-    pub at_us: u64,
-    /// What was seen.
-    pub detail: String,
-}
-
-/// The outcome of one run.
-#[derive(Clone, Debug, Default)]
-pub struct RunReport {
-    /// The seed.
-    pub seed: u64,
-    /// Events processed.
-    pub events: u64,
-    /// Requests the server received.
-    pub requests: u64,
-    /// Grants the clients saw.
-    pub grants: u64,
-    /// Faults injected.
-    pub faults: u64,
-    /// Fenced (rejected) stale writes: expected after pauses.
-    pub fenced_writes: u64,
-    /// Violations, in order of detection (the run stops at the first few).
-    pub violations: Vec<Violation>,
-    /// Hash of the event trace: equal for equal runs.
-    pub trace_hash: u64,
-    /// Keys whose history was checked for linearizability.
-    pub lin_keys_checked: u64,
-    /// Keys whose search ran out of budget.
-    pub lin_inconclusive: u64,
-    /// True time at the end.
-    pub end_us: u64,
-}
-
-/// A process clock: `local = base + t·(1 + rate) + jumps`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    pub(crate) base_us: u64,
-    pub(crate) rate_ppm: i64,
-    pub(crate) jump_us: u64,
-}
-
-impl Clock {
-    pub(crate) fn local(&self, true_us: u64) -> u64 {
-        let scaled = i128::from(true_us) * (MILLION + i128::from(self.rate_ppm)) / MILLION;
-        self.base_us + self.jump_us + u64::try_from(scaled).unwrap_or(0)
-    }
-
-    /// The first true instant at which this clock shows `local_us` or later
-    /// (assuming no further jumps).
-    pub(crate) fn true_at(&self, local_us: u64) -> u64 {
-        let offset = self.base_us + self.jump_us;
-        if local_us <= offset {
-            return 0;
-        }
-        let x = i128::from(local_us - offset);
-        let mut t = u64::try_from(x * MILLION / (MILLION + i128::from(self.rate_ppm))).unwrap_or(0);
-        while self.local(t) < local_us {
-            t += 1;
-        }
-        t
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Ev {
-    ClientTimer {
-        client: usize,
-        inc: u64,
-        generation: u64,
-    },
-    ClientConnect {
-        client: usize,
-        inc: u64,
-    },
-    ClientStartOp {
-        client: usize,
-        inc: u64,
-    },
-    OpRetry {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    WorkStep {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    CancelOp {
-        client: usize,
-        inc: u64,
-        op: u64,
-    },
-    ClientResume {
-        client: usize,
-        inc: u64,
-    },
-    ClientRestart {
-        client: usize,
-    },
+    /// Everything a client process does on its own.
+    Client(ClientCall),
     ConnectArrive {
         conn: u64,
     },
@@ -222,29 +75,9 @@ enum Ev {
 }
 
 impl Ev {
-    /// The client process an event runs in, for pauses and crashes.
-    fn client(&self) -> Option<(usize, u64)> {
-        match *self {
-            Ev::ClientTimer { client, inc, .. }
-            | Ev::ClientConnect { client, inc }
-            | Ev::ClientStartOp { client, inc }
-            | Ev::OpRetry { client, inc, .. }
-            | Ev::WorkStep { client, inc, .. }
-            | Ev::CancelOp { client, inc, .. } => Some((client, inc)),
-            _ => None,
-        }
-    }
-
     fn code(&self) -> u64 {
         match self {
-            Ev::ClientTimer { .. } => 1,
-            Ev::ClientConnect { .. } => 2,
-            Ev::ClientStartOp { .. } => 3,
-            Ev::OpRetry { .. } => 4,
-            Ev::WorkStep { .. } => 5,
-            Ev::CancelOp { .. } => 6,
-            Ev::ClientResume { .. } => 7,
-            Ev::ClientRestart { .. } => 8,
+            Ev::Client(call) => 1 + call.code_offset(),
             Ev::ConnectArrive { .. } => 9,
             Ev::DeliverToServer { .. } => 10,
             Ev::DeliverToClient { .. } => 11,
@@ -261,29 +94,6 @@ impl Ev {
     }
 }
 
-struct Scheduled {
-    at_us: u64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at_us, self.seq) == (other.at_us, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
-    }
-}
-
 /// A simulated TCP connection between one client incarnation and one
 /// server epoch, plus the oracle's decoding of both byte streams.
 struct SimConn {
@@ -291,19 +101,10 @@ struct SimConn {
     inc: u64,
     server_id: Option<ConnId>,
     epoch: u64,
-    /// The transport is dead: bytes in flight are lost.
-    reset: bool,
+    /// The network's side: direction 0 to the server, 1 to the client.
+    tcp: Tcp,
     client_open: bool,
     server_open: bool,
-    /// Arrival time of the last chunk each way (TCP keeps order).
-    c2s_last_us: u64,
-    s2c_last_us: u64,
-    c2s_in_flight: usize,
-    s2c_in_flight: usize,
-    /// After a reset, how many more bytes each way still arrive: the cut
-    /// falls at any byte boundary of what was in flight.
-    c2s_allow: usize,
-    s2c_allow: usize,
     /// Bytes that reached a paused client's kernel, in order, and whether
     /// the reset notice came after them: handed over when it resumes.
     held_for_client: Vec<u8>,
@@ -313,22 +114,12 @@ struct SimConn {
     stalled: bool,
     /// A take is being written; the next one waits (as in the runtimes).
     writing: bool,
-    /// Oracle: the proof bytes still to skip, then requests.
-    c2s_skip: usize,
-    decoder: RequestDecoder,
-    /// Oracle: hello and result bytes still to skip, then replies.
-    s2c_skip: usize,
-    reply_buf: Vec<u8>,
+    /// Oracle: the requests and replies in the two byte streams.
+    oracle: StreamOracle,
     takes: u64,
     /// Bytes of the server's pending output for this connection the oracle
     /// has read.
     observed: usize,
-    /// Bytes of the server's output stream for this connection the oracle
-    /// has read, hello and result byte included (the server counts the same
-    /// stream when it decides which grants were written whole).
-    observed_total: u64,
-    /// Bytes of that stream written to the network so far.
-    written_total: u64,
     /// Grants in bytes the driver has not taken yet: token, keys, and the
     /// stream offset just past the grant's frame.
     untaken_grants: Vec<(u64, Vec<usize>, u64)>,
@@ -349,59 +140,6 @@ struct ServerReq {
     seq: u64,
 }
 
-#[derive(Clone, Debug)]
-struct Plan {
-    writes: u8,
-    write_gap_us: u64,
-    release: bool,
-}
-
-enum OpState {
-    Acquiring {
-        op: AcquireOperation,
-        attempt: Option<(u64, u64)>,
-        plan: Plan,
-        hist: Vec<(usize, usize)>,
-    },
-    Holding {
-        grant: Grant,
-        grant_id: u64,
-        plan: Plan,
-        writes_left: u8,
-        /// Local instant after which the client must not act (the grant's
-        /// conservative end shrunk by the drift bound).
-        act_before_local_us: u64,
-        start_us: u64,
-        epoch: u64,
-        /// The next write was checked before a pause and goes ahead
-        /// unchecked after it.
-        write_after_pause: bool,
-    },
-    Releasing {
-        op: ReleaseOperation,
-        attempt: Option<(u64, u64)>,
-        any_indeterminate: bool,
-        hist: Vec<(usize, usize)>,
-    },
-}
-
-struct ClientProc {
-    inc: u64,
-    clock: Clock,
-    crashed: bool,
-    paused_until_us: u64,
-    session: Option<(Session, u64)>,
-    backoff: Backoff,
-    timer_generation: u64,
-    /// The deadline the pending timer event stands for.
-    armed: Option<Instant>,
-    ops: BTreeMap<u64, OpState>,
-    acquires_started: usize,
-    /// (keys, history refs) of acquires that ended Indeterminate, newest
-    /// last, to attach a later `Compensate` to.
-    recent_indeterminate: Vec<(KeySet, Vec<(usize, usize)>)>,
-}
-
 struct ServerProc {
     server: Server,
     epoch: u64,
@@ -411,36 +149,11 @@ struct ServerProc {
     conns: BTreeMap<ConnId, u64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Safety,
-    Liveness,
-    Done,
-}
-
-/// The per-key write log of the fenced resource.
-#[derive(Clone, Copy, Debug, Default)]
-struct DbKey {
-    high_water: u64,
-    writer: u64,
-}
-
-/// A finished validity window: when a client could act on a grant.
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    start_us: u64,
-    end_us: u64,
-    grant_id: u64,
-    token: u64,
-    epoch: u64,
-}
-
 /// A simulated world; see the module docs.
 pub struct World<'t> {
     config: SimConfig,
     now_us: u64,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: Queue<Ev>,
     net: Rng,
     work: Rng,
     fault_rng: Rng,
@@ -472,82 +185,33 @@ pub struct World<'t> {
     shadow: Vec<Option<(u64, u64)>>,
     // Clients' side.
     db: Vec<DbKey>,
-    windows: Vec<Vec<Window>>,
-    history: Vec<Vec<LinEntry>>,
-    report: RunReport,
-    trace: Option<&'t mut dyn std::io::Write>,
-    hash: u64,
-}
-
-pub(crate) fn key_index(bytes: &[u8]) -> usize {
-    ALL_KEYS
-        .iter()
-        .position(|name| name.as_bytes() == bytes)
-        .expect("the sim only uses its own keys")
-}
-
-pub(crate) fn key_indices(keys: &KeySet) -> Vec<usize> {
-    keys.keys()
-        .iter()
-        .map(|key| key_index(key.as_bytes()))
-        .collect()
-}
-
-pub(crate) fn instant(us: u64) -> Instant {
-    Instant::from_micros(us)
+    windows: Windows,
+    history: History,
+    rec: Recorder<'t>,
 }
 
 impl<'t> World<'t> {
     /// A world for `seed`, drawing from seeded streams.
     pub fn new(seed: u64, config: SimConfig) -> Self {
-        Self::with_rngs(
-            seed,
-            config,
-            [
-                Rng::new(seed, 1),
-                Rng::new(seed, 2),
-                Rng::new(seed, 3),
-                Rng::new(seed, 4),
-            ],
-        )
+        Self::with_rngs(seed, config, seeded_streams(seed, 1))
     }
 
     /// A world whose every decision comes from `bytes` (fuzzing).
     pub fn from_bytes(bytes: &[u8], config: SimConfig) -> Self {
-        let shared: Arc<[u8]> = bytes.into();
-        let rngs = [0, 1, 2, 3].map(|stream| Rng::from_bytes(shared.clone(), stream));
-        Self::with_rngs(0, config, rngs)
+        Self::with_rngs(0, config, fuzz_streams(bytes))
     }
 
     fn with_rngs(seed: u64, config: SimConfig, rngs: [Rng; 4]) -> Self {
         let [net, mut clocks, work, fault_rng] = rngs;
-        let drift = i64::from(config.drift_ppm_max);
-        let clock = |rng: &mut Rng| Clock {
-            base_us: rng.range(1_000_000, 1_000_000_000),
-            rate_ppm: rng.range(0, 2 * drift as u64) as i64 - drift,
-            jump_us: 0,
-        };
-        let server_clock = clock(&mut clocks);
+        let drift = config.drift_ppm_max;
+        let server_clock = Clock::draw(&mut clocks, drift);
         let clients = (0..config.clients)
-            .map(|_| ClientProc {
-                inc: 0,
-                clock: clock(&mut clocks),
-                crashed: false,
-                paused_until_us: 0,
-                session: None,
-                backoff: Backoff::new(),
-                timer_generation: 0,
-                armed: None,
-                ops: BTreeMap::new(),
-                acquires_started: 0,
-                recent_indeterminate: Vec::new(),
-            })
+            .map(|_| ClientProc::new(Clock::draw(&mut clocks, drift), Sessions::single()))
             .collect();
         let keys = ALL_KEYS.len();
         World {
             now_us: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: Queue::new(),
             net,
             work,
             fault_rng,
@@ -572,21 +236,16 @@ impl<'t> World<'t> {
             handed_tokens: HashMap::new(),
             shadow: vec![None; keys],
             db: vec![DbKey::default(); keys],
-            windows: vec![Vec::new(); keys],
-            history: vec![Vec::new(); keys],
-            report: RunReport {
-                seed,
-                ..RunReport::default()
-            },
-            trace: None,
-            hash: 0xcbf2_9ce4_8422_2325,
+            windows: Windows::new(),
+            history: History::new(),
+            rec: Recorder::new(seed, config.checkers_off.clone()),
             config,
         }
     }
 
     /// Prints a readable line per event to `out`.
     pub fn with_trace(mut self, out: &'t mut dyn std::io::Write) -> Self {
-        self.trace = Some(out);
+        self.rec.set_trace(out);
         self
     }
 
@@ -595,30 +254,27 @@ impl<'t> World<'t> {
         self.schedule(0, Ev::ServerStart);
         for client in 0..self.clients.len() {
             let at = self.work.below(200_000);
-            self.schedule(at, Ev::ClientConnect { client, inc: 0 });
+            self.schedule_client(at, client, 0, ClientEv::Connect(0));
             let at = at + self.work.below(300_000);
-            self.schedule(at, Ev::ClientStartOp { client, inc: 0 });
+            self.schedule_client(at, client, 0, ClientEv::StartOp);
         }
         let tick = self.fault_delay();
         self.schedule(tick, Ev::FaultTick);
         self.schedule(self.config.safety_us, Ev::EndSafety);
         let end = self.config.safety_us + self.config.liveness_bound_us;
         self.schedule(end, Ev::End);
-        while let Some(Reverse(next)) = self.queue.pop() {
+        while let Some(next) = self.queue.pop() {
             self.now_us = next.at_us;
-            self.report.events += 1;
             self.hash_event(&next);
             self.dispatch(next.ev);
-            if self.phase == Phase::Done || self.report.violations.len() >= 4 {
+            if self.phase == Phase::Done || self.rec.saturated() {
                 break;
             }
         }
-        if self.report.violations.is_empty() {
+        if self.rec.report.violations.is_empty() {
             self.check_linearizability();
         }
-        self.report.trace_hash = self.hash;
-        self.report.end_us = self.now_us;
-        self.report
+        self.rec.finish(self.now_us)
     }
 
     // -----------------------------------------------------------------
@@ -626,84 +282,30 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn schedule(&mut self, at_us: u64, ev: Ev) {
-        let seq = self.seq;
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at_us, seq, ev }));
+        self.queue.push(at_us, ev);
     }
 
-    fn mix(&mut self, value: u64) {
-        for byte in value.to_le_bytes() {
-            self.hash ^= u64::from(byte);
-            self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn hash_event(&mut self, next: &Scheduled) {
-        self.mix(next.at_us);
-        self.mix(next.ev.code());
-        let extra = match &next.ev {
+    fn hash_event(&mut self, next: &Scheduled<Ev>) {
+        let (bytes, extra): (&[u8], u64) = match &next.ev {
             Ev::DeliverToServer { conn, bytes }
             | Ev::DeliverToClient { conn, bytes }
             | Ev::ServerFlush { conn, bytes, .. } => {
                 // The bytes themselves: tokens, rids, nonces.
-                for &byte in bytes {
-                    self.hash ^= u64::from(byte);
-                    self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
-                }
-                conn ^ ((bytes.len() as u64) << 32)
+                (bytes, conn ^ ((bytes.len() as u64) << 32))
             }
-            Ev::ClientTimer { client, .. }
-            | Ev::ClientConnect { client, .. }
-            | Ev::ClientStartOp { client, .. }
-            | Ev::ClientResume { client, .. }
-            | Ev::ClientRestart { client } => *client as u64,
-            Ev::OpRetry { op, .. } | Ev::WorkStep { op, .. } | Ev::CancelOp { op, .. } => *op,
+            Ev::Client(call) => (&[], call.hash_extra()),
             Ev::ConnectArrive { conn }
             | Ev::ServerWritable { conn }
             | Ev::ServerSeesClose { conn }
-            | Ev::ClientSeesClose { conn } => *conn,
-            _ => 0,
+            | Ev::ClientSeesClose { conn } => (&[], *conn),
+            _ => (&[], 0),
         };
-        self.mix(extra);
-        if self.trace.is_some() {
-            let line = format!("{:>12.6}s {:?}", next.at_us as f64 / 1e6, TraceEv(&next.ev));
-            self.trace_line(&line);
-        }
-    }
-
-    fn trace_line(&mut self, line: &str) {
-        if let Some(out) = self.trace.as_mut() {
-            let _ = writeln!(out, "{line}");
-        }
-    }
-
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        if self.trace.is_some() {
-            let line = format!("              . {}", text());
-            self.trace_line(&line);
-        }
-    }
-
-    fn violation(&mut self, checker: Checker, detail: String) {
-        if self.config.checkers_off.contains(&checker) {
-            return;
-        }
-        let line = format!("VIOLATION [{checker:?}] {detail}");
-        self.trace_line(&line);
-        self.report.violations.push(Violation {
-            checker,
-            at_us: self.now_us,
-            detail,
-        });
+        self.rec
+            .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
     }
 
     fn net_delay(&mut self) -> u64 {
-        let mut delay =
-            self.config.net_delay_min_us + self.net.below(self.config.net_jitter_us + 1);
-        if self.net.chance(self.config.net_spike_ppm) {
-            delay += self.net.below(self.config.net_spike_max_us + 1);
-        }
-        delay
+        net::delay(&self.config, &mut self.net)
     }
 
     fn fault_delay(&mut self) -> u64 {
@@ -715,64 +317,37 @@ impl<'t> World<'t> {
         self.server_clock.local(self.now_us)
     }
 
-    fn client_now(&self, client: usize) -> u64 {
-        self.clients[client].clock.local(self.now_us)
-    }
-
     /// Sends `bytes` on `conn` in `to_server` direction, split at random
     /// byte boundaries into chunks that arrive in order.
-    fn send(&mut self, conn_id: u64, to_server: bool, mut bytes: Vec<u8>) {
+    fn send(&mut self, conn_id: u64, to_server: bool, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset || bytes.is_empty() {
+        if conn.tcp.reset || bytes.is_empty() {
             return;
         }
-        let in_flight = if to_server {
-            conn.c2s_in_flight
-        } else {
-            conn.s2c_in_flight
-        };
+        let dir = if to_server { 0 } else { 1 };
         assert!(
-            in_flight + bytes.len() <= MAX_IN_FLIGHT_BYTES,
+            conn.tcp.in_flight[dir] + bytes.len() <= MAX_IN_FLIGHT_BYTES,
             "unbounded bytes in flight"
         );
-        let mut chunks = Vec::new();
-        while bytes.len() > 1 && self.net.chance(300_000) {
-            let at = 1 + self.net.index(bytes.len() - 1);
-            let rest = bytes.split_off(at);
-            chunks.push(std::mem::replace(&mut bytes, rest));
-        }
-        chunks.push(bytes);
-        for chunk in chunks {
-            let delay = self.net_delay();
-            let conn = self.conns.get_mut(&conn_id).expect("checked above");
-            let last = if to_server {
-                &mut conn.c2s_last_us
+        let conn = self.conns.get_mut(&conn_id).expect("checked above");
+        let timed = conn
+            .tcp
+            .transmit(dir, bytes, self.now_us, &self.config, &mut self.net);
+        for (arrival, bytes) in timed {
+            let ev = if to_server {
+                Ev::DeliverToServer {
+                    conn: conn_id,
+                    bytes,
+                }
             } else {
-                &mut conn.s2c_last_us
+                Ev::DeliverToClient {
+                    conn: conn_id,
+                    bytes,
+                }
             };
-            let arrival = (*last).max(self.now_us + delay);
-            *last = arrival;
-            if to_server {
-                conn.c2s_in_flight += chunk.len();
-                self.schedule(
-                    arrival,
-                    Ev::DeliverToServer {
-                        conn: conn_id,
-                        bytes: chunk,
-                    },
-                );
-            } else {
-                conn.s2c_in_flight += chunk.len();
-                self.schedule(
-                    arrival,
-                    Ev::DeliverToClient {
-                        conn: conn_id,
-                        bytes: chunk,
-                    },
-                );
-            }
+            self.schedule(arrival, ev);
         }
     }
 
@@ -782,25 +357,17 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
-        conn.reset = true;
-        let (client_open, server_open) = (conn.client_open, conn.server_open);
-        let (c2s, s2c) = (conn.c2s_in_flight as u64, conn.s2c_in_flight as u64);
-        let (c2s_last, s2c_last) = (conn.c2s_last_us, conn.s2c_last_us);
-        let c2s_allow = self.net.below(c2s + 1) as usize;
-        let s2c_allow = self.net.below(s2c + 1) as usize;
-        let conn = self.conns.get_mut(&conn_id).expect("checked above");
-        conn.c2s_allow = c2s_allow;
-        conn.s2c_allow = s2c_allow;
-        // Each end learns of the reset after the bytes that still reach it.
-        if client_open {
-            let at = (self.now_us + self.net_delay()).max(s2c_last + 1);
+        let open = [conn.client_open, conn.server_open];
+        let [client_sees, server_sees] =
+            conn.tcp
+                .reset(open, self.now_us, &self.config, &mut self.net);
+        if let Some(at) = client_sees {
             self.schedule(at, Ev::ClientSeesClose { conn: conn_id });
         }
-        if server_open {
-            let at = (self.now_us + self.net_delay()).max(c2s_last + 1);
+        if let Some(at) = server_sees {
             self.schedule(at, Ev::ServerSeesClose { conn: conn_id });
         }
         self.drop_conn_if_done(conn_id);
@@ -808,7 +375,7 @@ impl<'t> World<'t> {
 
     fn drop_conn_if_done(&mut self, conn_id: u64) {
         if let Some(conn) = self.conns.get(&conn_id)
-            && conn.reset
+            && conn.tcp.reset
             && !conn.client_open
             && !conn.server_open
         {
@@ -821,43 +388,8 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn dispatch(&mut self, ev: Ev) {
-        if let Some((client, inc)) = ev.client() {
-            let proc = &self.clients[client];
-            if proc.inc != inc || proc.crashed {
-                return;
-            }
-            if proc.paused_until_us > self.now_us {
-                // A paused process runs nothing; its work waits.
-                let at = proc.paused_until_us;
-                self.schedule(at, ev);
-                return;
-            }
-        }
         match ev {
-            Ev::ClientTimer {
-                client, generation, ..
-            } => {
-                if self.clients[client].timer_generation == generation {
-                    self.clients[client].armed = None;
-                    let local = self.client_now(client);
-                    if let Some((session, _)) = self.clients[client].session.as_mut() {
-                        session.handle_timeout(instant(local));
-                    }
-                    self.client_pump(client);
-                }
-            }
-            Ev::ClientConnect { client, .. } => self.client_connect(client),
-            Ev::ClientStartOp { client, .. } => self.client_start_op(client),
-            Ev::OpRetry { client, op, .. } => self.op_attempt(client, op),
-            Ev::WorkStep { client, op, .. } => self.work_step(client, op),
-            Ev::CancelOp { client, op, .. } => self.cancel_op(client, op),
-            Ev::ClientResume { client, inc } => {
-                let proc = &self.clients[client];
-                if proc.inc == inc && !proc.crashed && proc.paused_until_us <= self.now_us {
-                    self.client_resume(client);
-                }
-            }
-            Ev::ClientRestart { client } => self.client_restart(client),
+            Ev::Client(call) => self.client_event(call),
             Ev::ConnectArrive { conn } => self.connect_arrive(conn),
             Ev::DeliverToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
             Ev::DeliverToClient { conn, bytes } => self.deliver_to_client(conn, bytes),
@@ -946,12 +478,11 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
         let local = self.server_now();
-        let mut nonce = [0u8; 16];
-        nonce[..8].copy_from_slice(&self.net.next_u64().to_le_bytes());
+        let nonce = net::nonce(&mut self.net, 1);
         let accepted = self.server.as_mut().and_then(|proc| {
             let id = proc.server.handle_connect(instant(local), nonce)?;
             proc.conns.insert(id, conn_id);
@@ -980,36 +511,24 @@ impl<'t> World<'t> {
             .flatten()
     }
 
-    fn deliver_to_server(&mut self, conn_id: u64, mut bytes: Vec<u8>) {
+    fn deliver_to_server(&mut self, conn_id: u64, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.c2s_in_flight -= bytes.len().min(conn.c2s_in_flight);
-        if conn.reset {
-            bytes.truncate(conn.c2s_allow);
-            conn.c2s_allow -= bytes.len();
-            if bytes.is_empty() {
-                return;
-            }
-        }
+        conn.tcp.landed(0, bytes.len());
+        let Some(bytes) = conn.tcp.keep(0, bytes) else {
+            return;
+        };
         let Some(id) = self.server_conn(conn_id) else {
             return;
         };
         // Oracle: what requests does this chunk complete?
         let conn = self.conns.get_mut(&conn_id).expect("checked above");
-        let skip = conn.c2s_skip.min(bytes.len());
-        conn.c2s_skip -= skip;
-        conn.decoder.push(&bytes[skip..]);
-        let mut arrived = Vec::new();
-        while let Ok(Some(decoded)) = conn.decoder.next() {
-            if let Decoded::Request(request) = decoded {
-                arrived.push(request);
-            }
-        }
+        let arrived = conn.oracle.requests(&bytes);
         let local = self.server_now();
         let mut fresh = Vec::new();
         for request in arrived {
-            self.report.requests += 1;
+            self.rec.report.requests += 1;
             self.arrival_seq += 1;
             let (rid, req) = match &request {
                 Request::Acquire(acquire) => (
@@ -1084,40 +603,28 @@ impl<'t> World<'t> {
                 continue;
             };
             conn.observed = queued.len();
-            conn.observed_total += new.len() as u64;
-            let skip = conn.s2c_skip.min(new.len());
-            conn.s2c_skip -= skip;
-            conn.reply_buf.extend_from_slice(&new[skip..]);
-            let mut used_total = 0;
-            loop {
-                match Reply::decode(&conn.reply_buf[used_total..]) {
-                    Ok(Some((reply, used))) => {
-                        used_total += used;
-                        // The buffer's end is the stream's observed end.
-                        let unparsed = (conn.reply_buf.len() - used_total) as u64;
-                        replies.push((conn_id, reply, conn.observed_total - unparsed));
-                    }
-                    Ok(None) => break,
-                    Err(error) => {
-                        let detail =
-                            format!("server wrote a bad frame on conn {conn_id}: {error:?}");
-                        conn.reply_buf.clear();
-                        self.report.violations.push(Violation {
-                            checker: Checker::Replies,
-                            at_us: self.now_us,
-                            detail,
-                        });
-                        return;
-                    }
-                }
+            let (decoded, bad) = conn.oracle.replies(new);
+            if let Some(error) = bad {
+                // Recorded whatever checkers are off, and the step ends.
+                let detail = format!("server wrote a bad frame on conn {conn_id}: {error:?}");
+                self.rec.report.violations.push(Violation {
+                    checker: Checker::Replies,
+                    at_us: self.now_us,
+                    detail,
+                });
+                return;
             }
-            conn.reply_buf.drain(..used_total);
+            replies.extend(
+                decoded
+                    .into_iter()
+                    .map(|(reply, end_offset)| (conn_id, reply, end_offset)),
+            );
         }
         self.check_replies(replies, fresh);
         let Some(proc) = self.server.as_mut() else {
             return;
         };
-        if self.trace.is_some() {
+        if self.rec.tracing() {
             let stats = proc.server.stats();
             self.note(|| {
                 format!(
@@ -1187,35 +694,18 @@ impl<'t> World<'t> {
                 continue;
             }
             conn.writing = true;
-            // Writing to the kernel takes a moment; a reset before then
-            // loses these bytes and makes their grants ghosts. A partial
-            // write puts a prefix out before the rest (and before the
-            // driver can report the take flushed).
-            let mut at = self.now_us + self.net.below(3) * self.net.below(2_000);
-            let mut out = out;
-            if out.len() > 1 && self.net.chance(self.config.faults.partial_write_ppm) {
-                let rest = out.split_off(1 + self.net.index(out.len() - 1));
-                let first = std::mem::replace(&mut out, rest);
+            let partial_ppm = self.config.faults.partial_write_ppm;
+            for part in net::write_parts(&mut self.net, self.now_us, partial_ppm, out) {
                 self.schedule(
-                    at,
+                    part.at_us,
                     Ev::ServerFlush {
                         conn: conn_id,
                         take,
-                        bytes: first,
-                        done: false,
+                        bytes: part.bytes,
+                        done: part.done,
                     },
                 );
-                at += self.net.range(100, 100_000);
             }
-            self.schedule(
-                at,
-                Ev::ServerFlush {
-                    conn: conn_id,
-                    take,
-                    bytes: out,
-                    done: true,
-                },
-            );
         }
         self.check_server_state();
         let Some(proc) = self.server.as_mut() else {
@@ -1243,7 +733,7 @@ impl<'t> World<'t> {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if conn.reset {
+        if conn.tcp.reset {
             return;
         }
         debug_assert_eq!(conn.takes, take, "one take in flight at a time");
@@ -1258,8 +748,8 @@ impl<'t> World<'t> {
                 proc.server.handle_written(instant(local), id, written);
             }
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.written_total += written as u64;
-                let written_total = conn.written_total;
+                conn.oracle.written_total += written as u64;
+                let written_total = conn.oracle.written_total;
                 conn.unflushed_grants
                     .retain(|(_, _, end_offset)| *end_offset > written_total);
             }
@@ -1287,8 +777,8 @@ impl<'t> World<'t> {
             // The server asked to close after flushing: FIN after the bytes.
             self.server_closes(conn_id);
             if let Some(conn) = self.conns.get_mut(&conn_id) {
-                let at = conn.s2c_last_us.max(self.now_us) + 1;
-                conn.reset = true;
+                let at = conn.tcp.last_us[1].max(self.now_us) + 1;
+                conn.tcp.reset = true;
                 self.schedule(at, Ev::ClientSeesClose { conn: conn_id });
             }
         }
@@ -1507,14 +997,14 @@ impl<'t> World<'t> {
 
     fn client_connect(&mut self, client: usize) {
         let proc = &mut self.clients[client];
-        if proc.session.is_some() || proc.crashed {
+        if proc.link.sessions[0].is_some() || proc.crashed {
             return;
         }
         let local = proc.clock.local(self.now_us);
         let conn_id = self.next_conn;
         self.next_conn += 1;
         let session = Session::new(instant(local), SessionConfig::single(b""));
-        proc.session = Some((session, conn_id));
+        proc.link.sessions[0] = Some((session, conn_id));
         let inc = proc.inc;
         self.conns.insert(
             conn_id,
@@ -1523,27 +1013,16 @@ impl<'t> World<'t> {
                 inc,
                 server_id: None,
                 epoch: 0,
-                reset: false,
+                tcp: Tcp::new(),
                 client_open: true,
                 server_open: false,
-                c2s_last_us: 0,
-                s2c_last_us: 0,
-                c2s_in_flight: 0,
-                s2c_in_flight: 0,
-                c2s_allow: 0,
-                s2c_allow: 0,
                 stalled: false,
                 writing: false,
                 held_for_client: Vec::new(),
                 close_held: false,
-                c2s_skip: PROOF_LEN,
-                decoder: RequestDecoder::new(),
-                s2c_skip: HELLO_LEN + 1,
-                reply_buf: Vec::new(),
+                oracle: StreamOracle::new(),
                 takes: 0,
                 observed: 0,
-                observed_total: 0,
-                written_total: 0,
                 untaken_grants: Vec::new(),
                 unflushed_grants: Vec::new(),
                 close_after_flush: false,
@@ -1552,24 +1031,20 @@ impl<'t> World<'t> {
         self.note(|| format!("client {client} connects as conn {conn_id}"));
         let at = self.now_us + self.net_delay();
         self.schedule(at, Ev::ConnectArrive { conn: conn_id });
-        self.client_pump(client);
+        self.client_pump(client, 0);
     }
 
-    fn deliver_to_client(&mut self, conn_id: u64, mut bytes: Vec<u8>) {
+    fn deliver_to_client(&mut self, conn_id: u64, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        conn.s2c_in_flight -= bytes.len().min(conn.s2c_in_flight);
+        conn.tcp.landed(1, bytes.len());
         if !conn.client_open {
             return;
         }
-        if conn.reset {
-            bytes.truncate(conn.s2c_allow);
-            conn.s2c_allow -= bytes.len();
-            if bytes.is_empty() {
-                return;
-            }
-        }
+        let Some(bytes) = conn.tcp.keep(1, bytes) else {
+            return;
+        };
         let client = conn.client;
         let proc = &self.clients[client];
         if proc.inc != conn.inc || proc.crashed {
@@ -1582,54 +1057,36 @@ impl<'t> World<'t> {
             conn.held_for_client.extend_from_slice(&bytes);
             return;
         }
-        let local = self.client_now(client);
-        if let Some((session, current)) = self.clients[client].session.as_mut()
-            && *current == conn_id
-        {
-            session.handle_input(instant(local), &bytes);
-        }
-        self.client_pump(client);
+        self.client_input(client, 0, conn_id, &bytes);
     }
 
     /// A paused client runs again: what its kernel held is read first, in
     /// order, then any reset that came after it.
     fn client_resume(&mut self, client: usize) {
         self.note(|| format!("client {client} resumes"));
-        let conns: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, conn)| conn.client == client)
-            .map(|(&id, _)| id)
-            .collect();
-        for conn_id in conns {
+        for conn_id in self.client_conns(client) {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 continue;
             };
             let bytes = std::mem::take(&mut conn.held_for_client);
             let close = std::mem::take(&mut conn.close_held);
             if !bytes.is_empty() {
-                let local = self.client_now(client);
-                if let Some((session, current)) = self.clients[client].session.as_mut()
-                    && *current == conn_id
-                {
-                    session.handle_input(instant(local), &bytes);
-                }
-                self.client_pump(client);
+                self.client_input(client, 0, conn_id, &bytes);
             }
             if close {
                 self.client_sees_close(conn_id);
             }
         }
-        self.client_pump(client);
+        self.client_pump(client, 0);
     }
 
-    /// Stops `client` for `pause_us` (a GC pause): it runs nothing until a
-    /// `ClientResume`.
-    fn pause_client(&mut self, client: usize, pause_us: u64) {
-        let proc = &mut self.clients[client];
-        proc.paused_until_us = proc.paused_until_us.max(self.now_us + pause_us);
-        let (inc, until) = (proc.inc, proc.paused_until_us);
-        self.schedule(until, Ev::ClientResume { client, inc });
+    /// The connections `client` opened (any incarnation).
+    fn client_conns(&self, client: usize) -> Vec<u64> {
+        self.conns
+            .iter()
+            .filter(|(_, conn)| conn.client == client)
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     fn client_sees_close(&mut self, conn_id: u64) {
@@ -1650,807 +1107,9 @@ impl<'t> World<'t> {
             conn.client_open = false;
         }
         if current {
-            let local = self.client_now(client);
-            if let Some((session, open)) = self.clients[client].session.as_mut()
-                && *open == conn_id
-            {
-                session.handle_transport_closed(instant(local));
-            }
-            self.client_pump(client);
+            self.transport_closed(client, 0, conn_id);
         }
         self.drop_conn_if_done(conn_id);
-    }
-
-    /// After any client input: handle session events, hand out bytes, re-arm
-    /// the timer.
-    fn client_pump(&mut self, client: usize) {
-        loop {
-            let local = self.client_now(client);
-            let proc = &mut self.clients[client];
-            let Some((session, conn_id)) = proc.session.as_mut() else {
-                return;
-            };
-            let conn_id = *conn_id;
-            let mut events = Vec::new();
-            while let Some(event) = session.poll_event() {
-                events.push(event);
-            }
-            let mut out = Vec::new();
-            if !session.is_closed() {
-                session.poll_transmit(instant(local), &mut out);
-            }
-            if events.is_empty() && out.is_empty() {
-                break;
-            }
-            self.send(conn_id, true, out);
-            for event in events {
-                self.session_event(client, conn_id, event);
-            }
-        }
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let deadline = proc
-            .session
-            .as_ref()
-            .and_then(|(session, _)| session.poll_timeout());
-        if deadline == proc.armed {
-            return;
-        }
-        proc.armed = deadline;
-        if let Some(deadline) = deadline {
-            proc.timer_generation += 1;
-            let generation = proc.timer_generation;
-            let inc = proc.inc;
-            let at = proc
-                .clock
-                .true_at(deadline.as_micros().max(local))
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::ClientTimer {
-                    client,
-                    inc,
-                    generation,
-                },
-            );
-        }
-    }
-
-    fn session_event(&mut self, client: usize, conn_id: u64, event: SessionEvent) {
-        match event {
-            SessionEvent::Ready => {
-                self.note(|| format!("client {client} ready on conn {conn_id}"));
-            }
-            SessionEvent::Outcome { rid, outcome } => {
-                self.note(|| format!("client {client} conn {conn_id} rid {rid}: {outcome:?}"));
-                let found = self.clients[client]
-                    .ops
-                    .iter()
-                    .find_map(|(&id, op)| match op {
-                        OpState::Acquiring { attempt, .. } | OpState::Releasing { attempt, .. }
-                            if *attempt == Some((conn_id, rid)) =>
-                        {
-                            Some(id)
-                        }
-                        _ => None,
-                    });
-                if let Some(op) = found {
-                    self.op_outcome(client, op, outcome);
-                }
-            }
-            SessionEvent::Compensate(compensation) => {
-                self.note(|| format!("client {client} compensates {compensation:?}"));
-                let proc = &mut self.clients[client];
-                let position = proc
-                    .recent_indeterminate
-                    .iter()
-                    // The newest: a late grant's Indeterminate outcome comes
-                    // right before its compensation.
-                    .rposition(|(keys, _)| *keys == compensation.keys);
-                if let Some(position) = position {
-                    let (_, hist) = proc.recent_indeterminate.remove(position);
-                    self.resolve_history(&hist, |op| match op {
-                        LinOp::AcquireIndeterminate { lease_min_us } => LinOp::Granted {
-                            token: compensation.token,
-                            lease_min_us,
-                        },
-                        other => other,
-                    });
-                } else {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client}: compensation {compensation:?} for no known acquire"
-                        ),
-                    );
-                }
-                let local = self.client_now(client);
-                let op =
-                    ReleaseOperation::new(instant(local), compensation.keys, compensation.token);
-                self.start_release(client, op);
-            }
-            SessionEvent::Closed(reason) => {
-                self.note(|| format!("client {client} conn {conn_id} closed: {reason:?}"));
-                let proc = &mut self.clients[client];
-                let lived = proc
-                    .session
-                    .as_ref()
-                    .filter(|(_, current)| *current == conn_id)
-                    .and_then(|(session, _)| session.lived());
-                if proc.session.as_ref().is_some_and(|(_, c)| *c == conn_id) {
-                    proc.session = None;
-                    proc.armed = None;
-                }
-                let delay = proc.backoff.after_session(lived, Some(&reason));
-                let inc = proc.inc;
-                let at = self.now_us + duration_us(delay);
-                self.schedule(at, Ev::ClientConnect { client, inc });
-                // Our side drops the transport too.
-                if let Some(conn) = self.conns.get_mut(&conn_id) {
-                    conn.client_open = false;
-                }
-                self.reset_conn(conn_id);
-                let unexpected = !matches!(
-                    reason,
-                    ticketing_core::client::CloseReason::TransportClosed
-                        | ticketing_core::client::CloseReason::DeadlineAfterSend
-                        | ticketing_core::client::CloseReason::CancelledAfterSend
-                        | ticketing_core::client::CloseReason::HandshakeTimeout
-                        | ticketing_core::client::CloseReason::StalledReply
-                );
-                if unexpected {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "client {client} conn {conn_id} closed by the protocol: {reason:?}"
-                        ),
-                    );
-                }
-            }
-            SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client}: a single server sent a leader notice"),
-                );
-            }
-        }
-    }
-
-    fn client_start_op(&mut self, client: usize) {
-        if self.phase != Phase::Safety {
-            return;
-        }
-        let proc = &self.clients[client];
-        let active = proc
-            .ops
-            .values()
-            .filter(|op| !matches!(op, OpState::Releasing { .. }))
-            .count();
-        let inc = proc.inc;
-        let started = proc.acquires_started;
-        if started >= self.config.max_acquires_per_client {
-            return;
-        }
-        let think = self.work.below(600_000);
-        self.schedule(self.now_us + think, Ev::ClientStartOp { client, inc });
-        if active >= self.config.max_concurrent_per_client {
-            return;
-        }
-        // Keys: mostly one hot key; sometimes a cold one or a small set.
-        let keys: Vec<&str> = match self.work.below(10) {
-            0..=4 => vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]],
-            5..=6 => vec![COLD_KEYS[self.work.index(COLD_KEYS.len())]],
-            _ => {
-                let mut set = vec![HOT_KEYS[self.work.index(HOT_KEYS.len())]];
-                for _ in 0..self.work.range(1, 2) {
-                    set.push(ALL_KEYS[self.work.index(ALL_KEYS.len())]);
-                }
-                set
-            }
-        };
-        let keys = KeySet::new(&keys).expect("sim keys are valid");
-        let wait_s = if self.work.chance(300_000) {
-            0
-        } else {
-            self.work.range(1, u64::from(self.config.wait_s_max))
-        };
-        let lease_s = if self.work.chance(600_000) {
-            self.work.range(1, 2)
-        } else {
-            self.work.range(1, u64::from(self.config.lease_s_max))
-        };
-        let budget_us = if self.work.chance(500_000) {
-            0
-        } else {
-            self.work.below(lease_s * 1_000_000)
-        };
-        let params = AcquireParams::new(
-            Duration::from_secs(wait_s),
-            Duration::from_secs(lease_s),
-            Duration::from_micros(budget_us),
-        )
-        .expect("sim parameters are valid");
-        let plan = Plan {
-            writes: self.work.range(1, 4) as u8,
-            write_gap_us: self.work.range(1_000, lease_s * 400_000),
-            release: self.work.chance(800_000),
-        };
-        let cancel_after =
-            (wait_s > 0 && self.work.chance(100_000)).then(|| self.work.below(wait_s * 1_000_000));
-        let local = self.client_now(client);
-        let op = AcquireOperation::new(instant(local), keys.clone(), params);
-        let id = self.next_op;
-        self.next_op += 1;
-        let lease_min_us = self.lease_min_us(lease_s);
-        let hist = self.open_history(&keys, LinOp::AcquireIndeterminate { lease_min_us });
-        let proc = &mut self.clients[client];
-        proc.acquires_started += 1;
-        proc.ops.insert(
-            id,
-            OpState::Acquiring {
-                op,
-                attempt: None,
-                plan,
-                hist,
-            },
-        );
-        self.note(|| format!("client {client} op {id}: acquire {keys:?} {params:?}"));
-        if let Some(delay) = cancel_after {
-            self.schedule(
-                self.now_us + delay,
-                Ev::CancelOp {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-        }
-        self.op_attempt(client, id);
-    }
-
-    /// The shortest true duration of a server lease of `lease_s` (the
-    /// server's clock may run fast by the drift bound).
-    fn lease_min_us(&self, lease_s: u64) -> u64 {
-        let lease = i128::from(lease_s * 1_000_000);
-        u64::try_from(lease * MILLION / (MILLION + i128::from(self.config.drift_ppm_max)))
-            .unwrap_or(0)
-    }
-
-    /// Opens a history entry per key (answer unknown for now).
-    fn open_history(&mut self, keys: &KeySet, op: LinOp) -> Vec<(usize, usize)> {
-        key_indices(keys)
-            .into_iter()
-            .map(|key| {
-                self.history[key].push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: u64::MAX,
-                    op,
-                });
-                (key, self.history[key].len() - 1)
-            })
-            .collect()
-    }
-
-    /// Sets the answer of history entries; `respond` now unless the answer
-    /// is indeterminate.
-    fn resolve_history(&mut self, hist: &[(usize, usize)], map: impl Fn(LinOp) -> LinOp) {
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = map(entry.op);
-            entry.respond_us = match entry.op {
-                LinOp::AcquireIndeterminate { .. } | LinOp::ReleaseIndeterminate { .. } => u64::MAX,
-                _ => self.now_us,
-            };
-        }
-    }
-
-    fn forget_history(&mut self, hist: &[(usize, usize)]) {
-        // No effect for certain: a release of token 0 that matches nothing
-        // and constrains nothing.
-        for &(key, index) in hist {
-            let entry = &mut self.history[key][index];
-            entry.op = LinOp::ReleaseIndeterminate { token: 0 };
-            entry.respond_us = u64::MAX;
-        }
-    }
-
-    fn op_attempt(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let session = proc
-            .session
-            .as_mut()
-            .filter(|(session, _)| session.is_ready());
-        match (proc.ops.get_mut(&id), session) {
-            (Some(OpState::Acquiring { op, attempt, .. }), Some((session, conn_id))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => *attempt = Some((*conn_id, rid)),
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.acquire_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Acquiring { op, .. }), None) => {
-                let step = op.on_error(instant(local), ClientError::NotConnected);
-                return self.acquire_step(client, id, step);
-            }
-            (Some(OpState::Releasing { op, attempt, .. }), Some((session, conn_id))) => {
-                match op.submit(instant(local), session) {
-                    Ok(rid) => *attempt = Some((*conn_id, rid)),
-                    Err(error) => {
-                        let step = op.on_error(instant(local), error);
-                        return self.release_step(client, id, step);
-                    }
-                }
-            }
-            (Some(OpState::Releasing { op, .. }), None) => {
-                let step = op.on_error(instant(local), ClientError::NotConnected);
-                return self.release_step(client, id, step);
-            }
-            _ => return,
-        }
-        self.client_pump(client);
-    }
-
-    fn op_outcome(&mut self, client: usize, id: u64, outcome: Outcome) {
-        let local = self.client_now(client);
-        match self.clients[client].ops.get_mut(&id) {
-            Some(OpState::Acquiring { op, attempt, .. }) => {
-                *attempt = None;
-                let step = op.on_outcome(instant(local), outcome);
-                self.acquire_step(client, id, step);
-            }
-            Some(OpState::Releasing {
-                op,
-                attempt,
-                any_indeterminate,
-                ..
-            }) => {
-                *attempt = None;
-                if outcome == Outcome::Indeterminate {
-                    *any_indeterminate = true;
-                }
-                let step = op.on_outcome(instant(local), outcome);
-                self.release_step(client, id, step);
-            }
-            _ => {}
-        }
-    }
-
-    fn acquire_step(&mut self, client: usize, id: u64, step: AcquireStep) {
-        let inc = self.clients[client].inc;
-        if let AcquireStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Acquiring { op, plan, hist, .. }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let lease_min_us = self.lease_min_us(u64::from(op.params().lease_s()));
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        match step {
-            AcquireStep::Granted(grant) => {
-                self.report.grants += 1;
-                self.handed_tokens.insert(grant.token, client);
-                if self.ghost_tokens.contains(&grant.token) {
-                    // Its bytes were written (else the client could not
-                    // have it), yet the server counted it undelivered.
-                    self.violation(
-                        Checker::Replies,
-                        format!(
-                            "client {client} holds grant {} that the server released as never delivered",
-                            grant.token
-                        ),
-                    );
-                }
-                let token = grant.token;
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                self.start_holding(client, id, grant, plan, op.params().lease_s());
-            }
-            AcquireStep::Compensate { grant, .. } => {
-                let token = grant.token;
-                self.resolve_history(&hist, |_| LinOp::Granted {
-                    token,
-                    lease_min_us,
-                });
-                let local = self.client_now(client);
-                let release = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-                self.start_release(client, release);
-            }
-            AcquireStep::Failed(ClientError::Timeout | ClientError::Busy) => {
-                self.forget_history(&hist);
-            }
-            AcquireStep::Failed(ClientError::Indeterminate) => {
-                let proc = &mut self.clients[client];
-                if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
-                    proc.recent_indeterminate.remove(0);
-                }
-                proc.recent_indeterminate.push((op.keys().clone(), hist));
-            }
-            AcquireStep::Failed(ClientError::ClientCapacity) => self.forget_history(&hist),
-            AcquireStep::Failed(error) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: acquire failed with {error:?}"),
-                );
-            }
-            AcquireStep::RetryAt(_) => unreachable!("handled above"),
-        }
-        self.client_pump(client);
-    }
-
-    fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
-        let grant_id = self.next_grant_id;
-        self.next_grant_id += 1;
-        // Act only before the conservative end shrunk by the drift bound:
-        // then even a slow client clock against a fast server clock stays
-        // inside the server's lease.
-        let drift = i128::from(self.config.drift_ppm_max);
-        let valid_before = grant.valid_before.as_micros();
-        let lease_us = i128::from(lease_s) * MILLION;
-        let shrink = lease_us - lease_us * (MILLION - drift) / (MILLION + drift);
-        let act_before_local_us =
-            valid_before.saturating_sub(u64::try_from(shrink).unwrap_or(u64::MAX));
-        // Leases are cut by what happens after the grant at the server, not
-        // after the client heard of it.
-        let epoch = self
-            .token_eras
-            .get(&grant.token)
-            .copied()
-            .unwrap_or(self.lease_era);
-        let inc = self.clients[client].inc;
-        self.clients[client].ops.insert(
-            id,
-            OpState::Holding {
-                writes_left: plan.writes,
-                grant,
-                grant_id,
-                plan,
-                act_before_local_us,
-                start_us: self.now_us,
-                epoch,
-                write_after_pause: false,
-            },
-        );
-        self.schedule(
-            self.now_us,
-            Ev::WorkStep {
-                client,
-                inc,
-                op: id,
-            },
-        );
-    }
-
-    fn work_step(&mut self, client: usize, id: u64) {
-        enum Action {
-            Finish,
-            Pause,
-            Write { checked: bool },
-        }
-        let local = self.client_now(client);
-        let inc = self.clients[client].inc;
-        let pause_chance = if self.phase == Phase::Safety {
-            self.config.faults.pause_before_write_ppm
-        } else {
-            0
-        };
-        let Some(OpState::Holding {
-            grant,
-            grant_id,
-            epoch,
-            writes_left,
-            act_before_local_us,
-            write_after_pause,
-            plan,
-            ..
-        }) = self.clients[client].ops.get_mut(&id)
-        else {
-            return;
-        };
-        let action = if *write_after_pause {
-            *write_after_pause = false;
-            Action::Write { checked: false }
-        } else if *writes_left > 0 && local < *act_before_local_us {
-            if pause_chance > 0 && self.fault_rng.chance(pause_chance) {
-                // Checked, then stopped before writing: the write lands
-                // after the pause, perhaps long after the lease.
-                *write_after_pause = true;
-                Action::Pause
-            } else {
-                Action::Write { checked: true }
-            }
-        } else {
-            Action::Finish
-        };
-        if matches!(action, Action::Write { .. }) {
-            *writes_left = writes_left.saturating_sub(1);
-        }
-        let token = grant.token;
-        let keys = key_indices(&grant.keys);
-        let (gap, grant_id, epoch) = (plan.write_gap_us, *grant_id, *epoch);
-        match action {
-            Action::Finish => self.finish_holding(client, id),
-            Action::Pause => {
-                let pause = self
-                    .fault_rng
-                    .range(1, self.config.faults.pause_max_us.max(1));
-                self.report.faults += 1;
-                self.pause_client(client, pause);
-                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
-                self.schedule(
-                    self.now_us,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-            Action::Write { checked } => {
-                for key in keys {
-                    self.db_write(client, key, token, grant_id, checked, epoch);
-                }
-                self.schedule(
-                    self.now_us + gap,
-                    Ev::WorkStep {
-                        client,
-                        inc,
-                        op: id,
-                    },
-                );
-            }
-        }
-    }
-
-    /// The fenced resource: accepts a write iff its token is at least the
-    /// key's high-water mark.
-    fn db_write(
-        &mut self,
-        client: usize,
-        key: usize,
-        token: u64,
-        grant_id: u64,
-        checked: bool,
-        epoch: u64,
-    ) {
-        let entry = self.db[key];
-        if token >= entry.high_water {
-            if token == entry.high_water && entry.writer != grant_id && entry.writer != 0 {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: token {token} accepted from two grants ({} and {grant_id})",
-                        ALL_KEYS[key], entry.writer
-                    ),
-                );
-            }
-            self.db[key] = DbKey {
-                high_water: token,
-                writer: grant_id,
-            };
-            self.note(|| {
-                format!(
-                    "db {}: write by client {client} token {token} accepted",
-                    ALL_KEYS[key]
-                )
-            });
-        } else {
-            self.report.fenced_writes += 1;
-            self.note(|| {
-                format!(
-                    "db {}: stale write by client {client} token {token} < {} fenced",
-                    ALL_KEYS[key], entry.high_water
-                )
-            });
-            if checked && self.lease_era == epoch {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: client {client} wrote inside its validity window with token {token}, but token {} had already written",
-                        ALL_KEYS[key], entry.high_water
-                    ),
-                );
-            }
-        }
-    }
-
-    fn finish_holding(&mut self, client: usize, id: u64) {
-        let Some(OpState::Holding {
-            grant,
-            grant_id,
-            plan,
-            act_before_local_us,
-            start_us,
-            epoch,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        let clock = self.clients[client].clock;
-        let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-        self.record_window(&grant, grant_id, start_us, end_us, epoch);
-        if plan.release {
-            let local = self.client_now(client);
-            let op = ReleaseOperation::new(instant(local), grant.keys, grant.token);
-            self.start_release(client, op);
-        } else {
-            self.note(|| format!("client {client} drops ticket {}", grant.token));
-        }
-        self.client_pump(client);
-    }
-
-    /// Validity-window checker: no two grants of a key (in one server
-    /// epoch) have overlapping windows in true time.
-    fn record_window(
-        &mut self,
-        grant: &Grant,
-        grant_id: u64,
-        start_us: u64,
-        end_us: u64,
-        epoch: u64,
-    ) {
-        let window = Window {
-            start_us,
-            end_us,
-            grant_id,
-            token: grant.token,
-            epoch,
-        };
-        for key in key_indices(&grant.keys) {
-            let clash = self.windows[key].iter().copied().find(|other| {
-                other.epoch == epoch
-                    && other.grant_id != grant_id
-                    && other.start_us < window.end_us
-                    && window.start_us < other.end_us
-            });
-            if let Some(other) = clash {
-                self.violation(
-                    Checker::Fencing,
-                    format!(
-                        "{}: validity windows overlap: token {} [{}, {}] and token {} [{}, {}]",
-                        ALL_KEYS[key],
-                        other.token,
-                        other.start_us,
-                        other.end_us,
-                        window.token,
-                        window.start_us,
-                        window.end_us
-                    ),
-                );
-            }
-            self.windows[key].push(window);
-        }
-    }
-
-    fn start_release(&mut self, client: usize, op: ReleaseOperation) {
-        let id = self.next_op;
-        self.next_op += 1;
-        let hist = self.open_history(op.keys(), LinOp::ReleaseIndeterminate { token: op.token() });
-        self.note(|| {
-            format!(
-                "client {client} op {id}: release {:?} token {}",
-                op.keys(),
-                op.token()
-            )
-        });
-        self.clients[client].ops.insert(
-            id,
-            OpState::Releasing {
-                op,
-                attempt: None,
-                any_indeterminate: false,
-                hist,
-            },
-        );
-        self.op_attempt(client, id);
-    }
-
-    fn release_step(&mut self, client: usize, id: u64, step: ReleaseStep) {
-        let inc = self.clients[client].inc;
-        if let ReleaseStep::RetryAt(at) = step {
-            let at = self.clients[client]
-                .clock
-                .true_at(at.as_micros())
-                .max(self.now_us);
-            self.schedule(
-                at,
-                Ev::OpRetry {
-                    client,
-                    inc,
-                    op: id,
-                },
-            );
-            return;
-        }
-        let Some(OpState::Releasing {
-            op,
-            any_indeterminate,
-            hist,
-            ..
-        }) = self.clients[client].ops.remove(&id)
-        else {
-            return;
-        };
-        self.note(|| format!("client {client} op {id}: {step:?}"));
-        let token = op.token();
-        match step {
-            ReleaseStep::Done(Ok(ReleaseOutcome::Released)) => {
-                self.resolve_history(&hist, |_| LinOp::Released { token });
-            }
-            ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent)) => {
-                if any_indeterminate {
-                    // An earlier attempt may have released it.
-                } else {
-                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
-                }
-            }
-            ReleaseStep::Done(Err(ClientError::Indeterminate)) => {}
-            ReleaseStep::Done(Err(ClientError::NotConnected | ClientError::ClientCapacity)) => {
-                if !any_indeterminate {
-                    self.forget_history(&hist);
-                }
-            }
-            ReleaseStep::Done(Err(error)) => {
-                self.violation(
-                    Checker::Client,
-                    format!("client {client} op {id}: release failed with {error:?}"),
-                );
-            }
-            ReleaseStep::RetryAt(_) => unreachable!("handled above"),
-        }
-    }
-
-    fn cancel_op(&mut self, client: usize, id: u64) {
-        let local = self.client_now(client);
-        let proc = &mut self.clients[client];
-        let Some(OpState::Acquiring {
-            attempt: Some((conn_id, rid)),
-            ..
-        }) = proc.ops.get(&id)
-        else {
-            return;
-        };
-        let (conn_id, rid) = (*conn_id, *rid);
-        let Some((session, current)) = proc.session.as_mut() else {
-            return;
-        };
-        if *current != conn_id {
-            return;
-        }
-        let outcome = session.cancel(instant(local), rid);
-        self.note(|| format!("client {client} cancels op {id} (rid {rid}): {outcome:?}"));
-        let Some(OpState::Acquiring { hist, op, .. }) = self.clients[client].ops.remove(&id) else {
-            return;
-        };
-        match outcome {
-            CancelOutcome::Unsent => self.forget_history(&hist),
-            CancelOutcome::PossiblySent | CancelOutcome::Withdrawn | CancelOutcome::Unknown => {
-                let proc = &mut self.clients[client];
-                if proc.recent_indeterminate.len() >= RECENT_INDETERMINATE_MAX {
-                    proc.recent_indeterminate.remove(0);
-                }
-                proc.recent_indeterminate.push((op.keys().clone(), hist));
-            }
-        }
-        self.client_pump(client);
     }
 
     fn client_restart(&mut self, client: usize) {
@@ -2459,8 +1118,8 @@ impl<'t> World<'t> {
         proc.inc += 1;
         let inc = proc.inc;
         self.note(|| format!("client {client} restarts as incarnation {inc}"));
-        self.schedule(self.now_us, Ev::ClientConnect { client, inc });
-        self.schedule(self.now_us + 1, Ev::ClientStartOp { client, inc });
+        self.schedule_client(self.now_us, client, inc, ClientEv::Connect(0));
+        self.schedule_client(self.now_us + 1, client, inc, ClientEv::StartOp);
     }
 
     // -----------------------------------------------------------------
@@ -2474,59 +1133,41 @@ impl<'t> World<'t> {
         let next = self.fault_delay();
         self.schedule(next, Ev::FaultTick);
         let faults = self.config.faults.clone();
-        let roll = self.fault_rng.below(1_000_000) as u32;
-        let mut threshold = 0;
-        let mut pick = |ppm: u32| {
-            let hit = roll >= threshold && roll < threshold.saturating_add(ppm);
-            threshold = threshold.saturating_add(ppm);
-            hit
-        };
+        let mut roll = FaultRoll::new(&mut self.fault_rng);
+        let mut pick = |ppm: u32| roll.pick(ppm);
         if pick(faults.reset_ppm) {
             let live: Vec<u64> = self
                 .conns
                 .iter()
-                .filter(|(_, conn)| !conn.reset)
+                .filter(|(_, conn)| !conn.tcp.reset)
                 .map(|(&id, _)| id)
                 .collect();
             if !live.is_empty() {
                 let conn = live[self.fault_rng.index(live.len())];
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.note(|| format!("FAULT reset conn {conn}"));
                 self.reset_conn(conn);
             }
         } else if pick(faults.client_crash_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            if !self.clients[client].crashed {
-                self.report.faults += 1;
-                self.crash_client(client);
-            }
+            self.fault_client_crash();
         } else if pick(faults.server_restart_ppm) {
             if self.server.is_some() {
-                self.report.faults += 1;
+                self.rec.report.faults += 1;
                 self.crash_server();
             }
         } else if pick(faults.pause_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let pause = self.fault_rng.range(1, faults.pause_max_us.max(1));
-            if !self.clients[client].crashed {
-                self.report.faults += 1;
-                self.pause_client(client, pause);
+            if let Some((client, _)) = self.fault_pause() {
                 let until = self.clients[client].paused_until_us;
                 self.note(|| format!("FAULT client {client} pauses until {until}"));
             }
         } else if pick(faults.server_clock_jump_ppm) {
             let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
+            self.rec.report.faults += 1;
             self.server_clock.jump_us += jump;
             // Leases on the server now end `jump` earlier in true time.
             self.lease_era += 1;
-            for history in &mut self.history {
-                history.push(LinEntry {
-                    invoke_us: self.now_us,
-                    respond_us: self.now_us,
-                    op: LinOp::LeaseCut { by_us: jump },
-                });
-            }
+            self.history
+                .mark_all(self.now_us, LinOp::LeaseCut { by_us: jump });
             self.note(|| format!("FAULT server clock jumps {jump} µs forward"));
             let now = self.server_now();
             if let Some(proc) = self.server.as_mut() {
@@ -2535,58 +1176,8 @@ impl<'t> World<'t> {
             }
             self.server_step(Vec::new());
         } else if pick(faults.clock_jump_ppm) {
-            let client = self.fault_rng.index(self.clients.len());
-            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.report.faults += 1;
-            self.clients[client].clock.jump_us += jump;
-            self.note(|| format!("FAULT client {client} clock jumps {jump} µs forward"));
-            let local = self.client_now(client);
-            if let Some((session, _)) = self.clients[client].session.as_mut() {
-                session.handle_timeout(instant(local));
-            }
-            self.client_pump(client);
+            self.fault_client_clock_jump();
         }
-    }
-
-    fn crash_client(&mut self, client: usize) {
-        self.note(|| format!("FAULT client {client} crashes"));
-        let proc = &mut self.clients[client];
-        proc.crashed = true;
-        proc.paused_until_us = 0;
-        proc.session = None;
-        proc.armed = None;
-        proc.backoff = Backoff::new();
-        proc.recent_indeterminate.clear();
-        let ops = std::mem::take(&mut proc.ops);
-        for op in ops.into_values() {
-            if let OpState::Holding {
-                grant,
-                grant_id,
-                act_before_local_us,
-                start_us,
-                epoch,
-                ..
-            } = op
-            {
-                let clock = self.clients[client].clock;
-                let end_us = self.now_us.min(clock.true_at(act_before_local_us));
-                self.record_window(&grant, grant_id, start_us, end_us, epoch);
-            }
-        }
-        let conns: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, conn)| conn.client == client)
-            .map(|(&id, _)| id)
-            .collect();
-        for conn_id in conns {
-            if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.client_open = false;
-            }
-            self.reset_conn(conn_id);
-        }
-        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
-        self.schedule(at, Ev::ClientRestart { client });
     }
 
     fn crash_server(&mut self) {
@@ -2596,13 +1187,7 @@ impl<'t> World<'t> {
         self.lease_era += 1;
         self.pending.clear();
         self.shadow.iter_mut().for_each(|slot| *slot = None);
-        for history in &mut self.history {
-            history.push(LinEntry {
-                invoke_us: self.now_us,
-                respond_us: self.now_us,
-                op: LinOp::Restart,
-            });
-        }
+        self.history.mark_all(self.now_us, LinOp::Restart);
         let conns: Vec<u64> = self.conns.keys().copied().collect();
         for conn_id in conns {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
@@ -2621,30 +1206,8 @@ impl<'t> World<'t> {
     // -----------------------------------------------------------------
 
     fn check_end(&mut self) {
-        for client in 0..self.clients.len() {
-            let proc = &self.clients[client];
-            if proc.crashed {
-                continue;
-            }
-            if let Some((&id, _)) = proc.ops.iter().next() {
-                self.violation(
-                    Checker::Liveness,
-                    format!(
-                        "client {client} op {id} still unresolved at the end of the liveness phase"
-                    ),
-                );
-                return;
-            }
-            if let Some((session, _)) = proc.session.as_ref()
-                && session.pending_len() > 0
-            {
-                let detail = format!(
-                    "client {client} session has {} requests pending",
-                    session.pending_len()
-                );
-                self.violation(Checker::Liveness, detail);
-                return;
-            }
+        if !self.clients_resolved(true) {
+            return;
         }
         if let Some((key, req)) = self.pending.iter().next() {
             let detail = format!("server never answered {key:?} {req:?}");
@@ -2662,47 +1225,139 @@ impl<'t> World<'t> {
     }
 
     fn check_linearizability(&mut self) {
-        for (key, name) in ALL_KEYS.iter().enumerate() {
-            let history: Vec<LinEntry> = self.history[key]
-                .iter()
-                .copied()
-                .filter(|entry| !matches!(entry.op, LinOp::ReleaseIndeterminate { token: 0 }))
-                .collect();
-            if history
-                .iter()
-                .all(|entry| matches!(entry.op, LinOp::Restart))
-            {
-                continue;
-            }
-            self.report.lin_keys_checked += 1;
-            match linear::check(&history) {
-                LinResult::Ok => {}
-                LinResult::Inconclusive => self.report.lin_inconclusive += 1,
-                LinResult::Violation => {
-                    let mut detail = format!("history of {name} has no linearization:");
-                    for entry in &history {
-                        let _ = write!(
-                            detail,
-                            "\n    [{}, {}] {:?}",
-                            entry.invoke_us,
-                            if entry.respond_us == u64::MAX {
-                                "-".to_string()
-                            } else {
-                                entry.respond_us.to_string()
-                            },
-                            entry.op
-                        );
-                    }
-                    self.violation(Checker::Linearizability, detail);
-                }
-            }
+        // Keys that saw nothing but server restarts are not checked.
+        let trivial = |op: &LinOp| matches!(op, LinOp::Restart);
+        for detail in self.history.check(trivial, &mut self.rec.report) {
+            self.violation(Checker::Linearizability, detail);
         }
     }
 }
 
-/// Whole microseconds of `duration`.
-pub(crate) fn duration_us(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+impl<'t> ClientWorld<'t> for World<'t> {
+    const CONN: &'static str = "conn";
+
+    fn parts(&mut self) -> Parts<'_, 't> {
+        Parts {
+            now_us: self.now_us,
+            config: &self.config,
+            safety: self.phase == Phase::Safety,
+            clients: &mut self.clients,
+            next_op: &mut self.next_op,
+            history: &mut self.history,
+            windows: &mut self.windows,
+            db: &mut self.db,
+            lease_era: self.lease_era,
+            work: &mut self.work,
+            fault_rng: &mut self.fault_rng,
+            rec: &mut self.rec,
+        }
+    }
+
+    fn schedule_client(&mut self, at_us: u64, client: usize, inc: u64, ev: ClientEv) {
+        self.schedule(at_us, Ev::Client(ClientCall { client, inc, ev }));
+    }
+
+    fn send_from_client(&mut self, conn: u64, bytes: Vec<u8>) {
+        self.send(conn, true, bytes);
+    }
+
+    fn close_transport(&mut self, conn_id: u64) {
+        // Our side drops the transport too.
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.client_open = false;
+        }
+        self.reset_conn(conn_id);
+    }
+
+    fn close_expected(&self, reason: &CloseReason) -> bool {
+        close_expected_of_any(reason)
+    }
+
+    fn on_ready(&mut self, client: usize, _slot: u8, conn_id: u64) {
+        self.note(|| format!("client {client} ready on conn {conn_id}"));
+    }
+
+    fn on_leader_notice(&mut self, client: usize) {
+        self.violation(
+            Checker::Client,
+            format!("client {client}: a single server sent a leader notice"),
+        );
+    }
+
+    fn resume(&mut self, client: usize) {
+        self.client_resume(client);
+    }
+
+    fn connect(&mut self, client: usize, _slot: u8) {
+        self.client_connect(client);
+    }
+
+    fn restart(&mut self, client: usize) {
+        self.client_restart(client);
+    }
+
+    fn crash_client(&mut self, client: usize) {
+        self.note(|| format!("FAULT client {client} crashes"));
+        self.crash_ops(client);
+        let link = &mut self.clients[client].link;
+        link.clear();
+        link.backoffs[0] = Backoff::new();
+        for conn_id in self.client_conns(client) {
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.client_open = false;
+            }
+            self.reset_conn(conn_id);
+        }
+        let at = self.now_us + self.fault_rng.range(100_000, 3_000_000);
+        let inc = self.clients[client].inc;
+        self.schedule_client(at, client, inc, ClientEv::Restart);
+    }
+
+    fn after_op_step(&mut self, client: usize) {
+        self.client_pump(client, 0);
+    }
+
+    fn on_grant(&mut self, client: usize, token: u64, caller: bool) {
+        if !caller {
+            return;
+        }
+        self.handed_tokens.insert(token, client);
+        if self.ghost_tokens.contains(&token) {
+            // Its bytes were written (else the client could not have it),
+            // yet the server counted it undelivered.
+            self.violation(
+                Checker::Replies,
+                format!(
+                    "client {client} holds grant {token} that the server released as never delivered"
+                ),
+            );
+        }
+    }
+
+    fn new_holding(&mut self, token: u64) -> (u64, u64) {
+        let grant_id = self.next_grant_id;
+        self.next_grant_id += 1;
+        // Leases are cut by what happens after the grant at the server, not
+        // after the client heard of it.
+        let era = self
+            .token_eras
+            .get(&token)
+            .copied()
+            .unwrap_or(self.lease_era);
+        (grant_id, era)
+    }
+
+    fn release_failure(&self, error: ClientError) -> ReleaseFailure {
+        match error {
+            ClientError::Indeterminate => ReleaseFailure::LeaveOpen,
+            ClientError::NotConnected | ClientError::ClientCapacity => ReleaseFailure::Forget,
+            error => ReleaseFailure::Unexpected(format!("release failed with {error:?}")),
+        }
+    }
+
+    fn slot_of(&self, _conn: u64) -> Option<u8> {
+        Some(0)
+    }
 }
 
 struct TraceEv<'a>(&'a Ev);
@@ -2710,6 +1365,7 @@ struct TraceEv<'a>(&'a Ev);
 impl std::fmt::Debug for TraceEv<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
+            Ev::Client(call) => call.trace(f, false),
             Ev::DeliverToServer { conn, bytes } => {
                 write!(
                     f,
@@ -2741,18 +1397,5 @@ impl std::fmt::Debug for TraceEv<'_> {
             }
             other => write!(f, "{other:?}"),
         }
-    }
-}
-
-pub(crate) struct Short<'a>(pub(crate) &'a [u8]);
-
-impl std::fmt::Debug for Short<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = &self.0[..self.0.len().min(24)];
-        write!(f, "{shown:02x?}")?;
-        if self.0.len() > shown.len() {
-            write!(f, "…")?;
-        }
-        Ok(())
     }
 }
