@@ -43,6 +43,8 @@ const FINGERPRINT: [u8; 32] = [7; 32];
 const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
 /// A dial over a cut link fails after this long (a SYN timeout).
 const DIAL_TIMEOUT_US: u64 = 1_000_000;
+/// Share of node restarts given `--bootstrap` by mistake, parts per million.
+const MISTAKEN_BOOTSTRAP_PPM: u32 = 250_000;
 
 /// Cluster-specific fault rates (ppm per fault tick), on top of
 /// [`SimConfig`]'s resets, client crashes, pauses and clock jumps.
@@ -282,7 +284,12 @@ impl Pipe {
 struct NodeProc {
     node: Option<ClusterNode>,
     inc: u64,
+    /// The newest generation this slot used or reserved (a bootstrap
+    /// member's generation to join under if it finds the cluster running).
     generation: u64,
+    /// The running node's identity as the checks last saw it; a change is a
+    /// new incarnation (a bootstrap member that joined as a new generation).
+    incarnation: Option<NodeId>,
     clock: Clock,
     conns: BTreeMap<ConnId, u64>,
     timer_generation: u64,
@@ -387,6 +394,7 @@ impl<'t> ClusterWorld<'t> {
                 node: None,
                 inc: 0,
                 generation: 1,
+                incarnation: None,
                 clock: Clock::draw(&mut clocks, drift),
                 conns: BTreeMap::new(),
                 timer_generation: 0,
@@ -720,33 +728,40 @@ impl<'t> ClusterWorld<'t> {
     }
 
     /// Starts `slot`: a bootstrap member at time 0, else a new generation
-    /// that joins (its old state is gone).
+    /// that joins (its old state is gone) — or, as an operator's mistake,
+    /// a restart with `--bootstrap`, which the core must turn into a join.
     fn node_start(&mut self, slot: u8, bootstrap: bool) {
         let seed = self.net.next_u64();
         let now = self.node_now(slot);
         let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
+        let mistaken_bootstrap =
+            !bootstrap && !amnesia && self.fault_rng.chance(MISTAKEN_BOOTSTRAP_PPM);
         let proc = &mut self.nodes[usize::from(slot)];
         if !bootstrap {
             proc.inc += 1;
-            if !amnesia {
-                proc.generation += 1;
-            }
+        }
+        if bootstrap || !amnesia {
+            // A joining node's generation, or the one a bootstrap member
+            // joins under if it finds the cluster running.
+            proc.generation += 1;
         }
         let generation = proc.generation;
-        let config = self.node_config(slot, generation);
-        let node = if bootstrap || amnesia {
-            let voters = (0..self.n).map(|s| NodeId::new(s, 1));
-            if amnesia && !bootstrap {
-                // The planted driver bug restarts under generation 1 and
-                // skips the core's check that would catch it.
-                ClusterNode::bootstrap_unchecked(config, voters, seed, now)
-            } else {
-                ClusterNode::bootstrap(config, voters, generation + 1, seed, now)
+        let voters = (0..self.n).map(|s| NodeId::new(s, 1));
+        let node = if amnesia && !bootstrap {
+            // The planted driver bug restarts under generation 1 and skips
+            // the core's check that would catch it.
+            ClusterNode::bootstrap_unchecked(self.node_config(slot, 1), voters, seed, now)
+        } else if bootstrap || mistaken_bootstrap {
+            if mistaken_bootstrap {
+                self.note(|| format!("FAULT node {slot} restarts with --bootstrap"));
             }
+            ClusterNode::bootstrap(self.node_config(slot, 1), voters, generation, seed, now)
         } else {
-            ClusterNode::join(config, seed, now)
+            ClusterNode::join(self.node_config(slot, generation), seed, now)
         };
+        let generation = node.id().generation;
         let proc = &mut self.nodes[usize::from(slot)];
+        proc.incarnation = Some(node.id());
         proc.node = Some(node);
         proc.conns.clear();
         proc.armed = None;
@@ -761,7 +776,7 @@ impl<'t> ClusterWorld<'t> {
     fn crash_node(&mut self, slot: u8) {
         let proc = &mut self.nodes[usize::from(slot)];
         let inc = proc.inc;
-        let generation = proc.generation;
+        let generation = proc.incarnation.map_or(proc.generation, |id| id.generation);
         proc.node = None;
         proc.conns.clear();
         proc.armed = None;
@@ -1314,10 +1329,10 @@ impl<'t> ClusterWorld<'t> {
             };
             let raft = node.raft();
             let id = raft.id();
-            if id.generation != proc.generation {
+            if proc.incarnation != Some(id) {
                 // A bootstrap member found the cluster running and joined
                 // as a new generation: a new incarnation for the checks.
-                proc.generation = id.generation;
+                proc.incarnation = Some(id);
                 proc.commit_seen = 0;
                 proc.max_token = 0;
                 proc.checked = (0, 0, 0, 0);
