@@ -240,21 +240,9 @@ pub struct ServeArgs {
     /// off, error, warn, info, debug or trace (overrides RUST_LOG).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// Keys in the lock table at most.
-    #[arg(long, value_name = "N")]
-    pub max_keys: Option<u64>,
-    /// Waiters queued on one key at most.
-    #[arg(long, value_name = "N")]
-    pub max_waiters_per_key: Option<u64>,
-    /// Waiters queued in total at most.
-    #[arg(long, value_name = "N")]
-    pub max_waiters_total: Option<u64>,
-    /// Open client connections at most.
-    #[arg(long, value_name = "N")]
-    pub max_connections: Option<u64>,
-    /// Requests awaiting a reply on one connection at most.
-    #[arg(long, value_name = "N")]
-    pub max_in_flight_per_connection: Option<u64>,
+    /// `--max-*`: the `[limits]` table's fields.
+    #[command(flatten)]
+    pub limits: FileLimits,
     /// How long before a waiter's deadline it is answered `T`, 0..=900.
     #[arg(long, value_name = "MS")]
     pub wait_margin_ms: Option<u64>,
@@ -374,19 +362,25 @@ pub struct FileTls {
     pub key: Option<PathBuf>,
 }
 
-/// The `[limits]` table.
-#[derive(Debug, Default, Clone, Deserialize)]
+/// The `[limits]` table, and the `--max-*` flags of the same names
+/// ([`ServeArgs::limits`]). Each is checked against 1 and its `*_MAX`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileLimits {
-    /// See [`ServeArgs::max_keys`].
+    /// Keys in the lock table at most.
+    #[arg(long, value_name = "N")]
     pub max_keys: Option<u64>,
-    /// See [`ServeArgs::max_waiters_per_key`].
+    /// Waiters queued on one key at most.
+    #[arg(long, value_name = "N")]
     pub max_waiters_per_key: Option<u64>,
-    /// See [`ServeArgs::max_waiters_total`].
+    /// Waiters queued in total at most.
+    #[arg(long, value_name = "N")]
     pub max_waiters_total: Option<u64>,
-    /// See [`ServeArgs::max_connections`].
+    /// Open client connections at most.
+    #[arg(long, value_name = "N")]
     pub max_connections: Option<u64>,
-    /// See [`ServeArgs::max_in_flight_per_connection`].
+    /// Requests awaiting a reply on one connection at most.
+    #[arg(long, value_name = "N")]
     pub max_in_flight_per_connection: Option<u64>,
 }
 
@@ -542,43 +536,40 @@ pub fn resolve(
 
     let limits_file = file.limits.clone().unwrap_or_default();
     let defaults = ServerConfig::default();
-    let limit =
-        |name: &str, flag: Option<u64>, from_file: Option<u64>, default: usize, max: u64| {
-            let value = flag.or(from_file).unwrap_or(default as u64);
-            check_range(&format!("limits.{name}"), value, 1, max)
-        };
+    // The flag, else the `[limits]` field, else the default; in 1..=max.
+    let limit = |name: &str, pick: fn(&FileLimits) -> Option<u64>, default: usize, max: u64| {
+        let value = pick(&args.limits)
+            .or(pick(&limits_file))
+            .unwrap_or(default as u64);
+        check_range(&format!("limits.{name}"), value, 1, max)
+    };
     let max_keys = limit(
         "max_keys",
-        args.max_keys,
-        limits_file.max_keys,
+        |l| l.max_keys,
         defaults.lock.limits.max_keys,
         MAX_KEYS_MAX,
     )?;
     let max_waiters_per_key = limit(
         "max_waiters_per_key",
-        args.max_waiters_per_key,
-        limits_file.max_waiters_per_key,
+        |l| l.max_waiters_per_key,
         defaults.lock.limits.max_waiters_per_key,
         MAX_WAITERS_PER_KEY_MAX,
     )?;
     let max_waiters_total = limit(
         "max_waiters_total",
-        args.max_waiters_total,
-        limits_file.max_waiters_total,
+        |l| l.max_waiters_total,
         defaults.lock.limits.max_waiters_total,
         MAX_WAITERS_TOTAL_MAX,
     )?;
     let max_connections = limit(
         "max_connections",
-        args.max_connections,
-        limits_file.max_connections,
+        |l| l.max_connections,
         defaults.max_connections,
         MAX_CONNECTIONS_MAX,
     )?;
     let max_in_flight_per_connection = limit(
         "max_in_flight_per_connection",
-        args.max_in_flight_per_connection,
-        limits_file.max_in_flight_per_connection,
+        |l| l.max_in_flight_per_connection,
         defaults.max_in_flight_per_connection,
         MAX_IN_FLIGHT_PER_CONNECTION_MAX,
     )?;
