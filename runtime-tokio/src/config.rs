@@ -1219,6 +1219,52 @@ mod tests {
     }
 
     #[test]
+    fn peer_tokens_come_from_flags_then_env_then_file() {
+        let cluster_file = |tokens: &str| {
+            parse_file(&format!(
+                "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n{tokens}"
+            ))
+            .unwrap()
+        };
+        let short_file = cluster_file("peer_tokens = [\"x\"]\n");
+        let slots = args(&SLOTS3);
+        let err = resolve(&short_file, None, &slots, &Env::default()).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tokens[0]");
+        assert!(err.message.contains("the config file"), "{err}");
+
+        let env = Env {
+            peer_tokens: Some(" env-peer-token-0123456, ,env-peer-token-abcdefg".to_owned()),
+            ..Env::default()
+        };
+        assert!(resolve(&short_file, None, &slots, &env).is_ok());
+        let env_short = Env {
+            peer_tokens: Some("env-peer-token-0123456,tiny".to_owned()),
+            ..Env::default()
+        };
+        let err = resolve(&short_file, None, &slots, &env_short).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tokens[1]");
+        assert!(err.message.contains("4 bytes"), "{err}");
+        assert!(err.message.contains(ENV_PEER_TOKENS), "{err}");
+        assert!(
+            !err.to_string().contains("tiny"),
+            "a secret was printed: {err}"
+        );
+
+        let with_flag = |token: &str| args(&[SLOTS3.as_slice(), &["--peer-token", token]].concat());
+        let good_flag = with_flag("flag-peer-token-0123");
+        assert!(resolve(&short_file, None, &good_flag, &env_short).is_ok());
+        let err = resolve(&short_file, None, &with_flag("x"), &env).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tokens[0]");
+        assert!(err.message.contains("--peer-token"), "{err}");
+
+        let no_tokens = cluster_file("");
+        assert_eq!(
+            field_of(resolve(&no_tokens, None, &slots, &Env::default())),
+            "cluster.peer_tokens"
+        );
+    }
+
+    #[test]
     fn durations_take_ms_s_and_m() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
