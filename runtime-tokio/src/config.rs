@@ -518,19 +518,17 @@ pub fn resolve(
         )
     })?;
 
-    let tokens = pick_tokens(file, args, env);
+    let tokens = pick_tokens(
+        &args.client_tokens,
+        "--client-token",
+        env.client_tokens.as_deref(),
+        ENV_CLIENT_TOKENS,
+        file.client_tokens.as_deref(),
+    );
     let client_tokens = if tokens.values.is_empty() {
         ClientTokens::no_auth()
     } else {
-        ClientTokens::new(&tokens.values).map_err(|e| {
-            ConfigError::new(
-                format!("client_tokens[{}]", e.index),
-                format!(
-                    "token is {} bytes, must be at least {MIN_TOKEN_LEN} (from {})",
-                    e.len, tokens.source
-                ),
-            )
-        })?
+        ClientTokens::new(&tokens.values).map_err(|e| tokens.too_short("client_tokens", e.index))?
     };
     let insecure_no_auth = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
 
@@ -798,37 +796,20 @@ fn resolve_cluster(
     }
     let self_slot = self_slot as u8;
 
-    // Peer tokens: flags, then environment, then file.
-    let (peer_tokens, source): (Vec<String>, &str) = if !args.peer_tokens.is_empty() {
-        (args.peer_tokens.clone(), "--peer-token")
-    } else if let Some(list) = env.peer_tokens.as_deref().filter(|s| !s.trim().is_empty()) {
-        (
-            list.split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            ENV_PEER_TOKENS,
-        )
-    } else {
-        (
-            table.peer_tokens.clone().unwrap_or_default(),
-            "the config file",
-        )
-    };
+    let tokens = pick_tokens(
+        &args.peer_tokens,
+        "--peer-token",
+        env.peer_tokens.as_deref(),
+        ENV_PEER_TOKENS,
+        table.peer_tokens.as_deref(),
+    );
     let peer_tokens =
-        PeerTokens::new(peer_tokens.iter().map(String::as_bytes)).map_err(|e| match e {
+        PeerTokens::new(tokens.values.iter().map(String::as_bytes)).map_err(|e| match e {
             PeerTokenError::Empty => ConfigError::new(
                 "cluster.peer_tokens",
                 format!("at least one peer token is required (--peer-token, {ENV_PEER_TOKENS})"),
             ),
-            PeerTokenError::TooShort(index) => ConfigError::new(
-                format!("cluster.peer_tokens[{index}]"),
-                format!(
-                    "token is {} bytes, must be at least {MIN_TOKEN_LEN} (from {source})",
-                    peer_tokens[index].len()
-                ),
-            ),
+            PeerTokenError::TooShort(index) => tokens.too_short("cluster.peer_tokens", index),
         })?;
 
     let profile = args
@@ -957,23 +938,41 @@ pub fn check_listen_auth(
     ))
 }
 
+/// Client or peer tokens, with where they came from (for error messages).
 struct PickedTokens {
     values: Vec<String>,
     source: &'static str,
 }
 
-fn pick_tokens(file: &FileConfig, args: &ServeArgs, env: &Env) -> PickedTokens {
-    if !args.client_tokens.is_empty() {
+impl PickedTokens {
+    /// Token `index` of the list field `list` is too short; the message
+    /// gives its length, never its text.
+    fn too_short(&self, list: &str, index: usize) -> ConfigError {
+        let len = self.values[index].len();
+        let source = self.source;
+        ConfigError::new(
+            format!("{list}[{index}]"),
+            format!("token is {len} bytes, must be at least {MIN_TOKEN_LEN} (from {source})"),
+        )
+    }
+}
+
+/// The tokens given by the flags, else by the environment variable
+/// (comma-separated; blank entries skipped), else by the config file.
+fn pick_tokens(
+    flags: &[String],
+    flag_name: &'static str,
+    env_value: Option<&str>,
+    env_name: &'static str,
+    from_file: Option<&[String]>,
+) -> PickedTokens {
+    if !flags.is_empty() {
         return PickedTokens {
-            values: args.client_tokens.clone(),
-            source: "--client-token",
+            values: flags.to_vec(),
+            source: flag_name,
         };
     }
-    if let Some(list) = env
-        .client_tokens
-        .as_deref()
-        .filter(|s| !s.trim().is_empty())
-    {
+    if let Some(list) = env_value.filter(|s| !s.trim().is_empty()) {
         return PickedTokens {
             values: list
                 .split(',')
@@ -981,11 +980,11 @@ fn pick_tokens(file: &FileConfig, args: &ServeArgs, env: &Env) -> PickedTokens {
                 .filter(|t| !t.is_empty())
                 .map(str::to_owned)
                 .collect(),
-            source: ENV_CLIENT_TOKENS,
+            source: env_name,
         };
     }
     PickedTokens {
-        values: file.client_tokens.clone().unwrap_or_default(),
+        values: from_file.unwrap_or_default().to_vec(),
         source: "the config file",
     }
 }
