@@ -1630,6 +1630,93 @@ mod tests {
     }
 
     #[test]
+    fn peer_tls_errors_name_their_field() {
+        let dir = std::env::temp_dir().join(format!("ticketing-peer-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("garbage.pem"), "not pem at all\n").unwrap();
+        let resolve_peer_tls = |table: &str| {
+            let file = parse_file(&format!(
+                "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
+                 peer_tokens = [\"peer-token-0123456789\"]\n[cluster.peer_tls]\n{table}"
+            ))
+            .unwrap();
+            resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default())
+        };
+        let all = "cert = \"missing.pem\"\nkey = \"garbage.pem\"\nca = \"garbage.pem\"\n";
+        assert_eq!(
+            field_of(resolve_peer_tls("cert = \"a.pem\"\nca = \"c.pem\"\n")),
+            "cluster.peer_tls.key"
+        );
+        assert_eq!(
+            field_of(resolve_peer_tls(all)),
+            "cluster.peer_tls.server_name"
+        );
+        let err = resolve_peer_tls(&format!("{all}server_name = \"not a name\"\n")).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tls.server_name");
+        // Relative paths resolve against the file's folder.
+        let err = resolve_peer_tls(&format!("{all}server_name = \"peers\"\n")).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tls.cert");
+        assert!(err.message.contains("cannot read"), "{err}");
+        assert!(
+            err.message
+                .contains(&*dir.join("missing.pem").to_string_lossy()),
+            "{err}"
+        );
+        let err = resolve_peer_tls(
+            "cert = \"garbage.pem\"\nkey = \"garbage.pem\"\nca = \"garbage.pem\"\nserver_name = \"peers\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tls.cert");
+        assert!(err.message.contains("no PEM certificate"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tls_key_and_pair_errors_name_their_table() {
+        let dir = std::env::temp_dir().join(format!("ticketing-tls-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let leaf = rcgen::generate_simple_self_signed(["peers".to_owned()]).unwrap();
+        std::fs::write(dir.join("cert.pem"), leaf.cert.pem()).unwrap();
+        std::fs::write(dir.join("key.pem"), leaf.signing_key.serialize_pem()).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(dir.join("other.pem"), other.serialize_pem()).unwrap();
+        std::fs::write(dir.join("garbage.pem"), "not pem at all\n").unwrap();
+        let cluster = format!(
+            "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
+             peer_tokens = [\"peer-token-0123456789\"]\n"
+        );
+        for (key, field_suffix) in [("garbage.pem", ".key"), ("other.pem", "")] {
+            let text = format!("[tls]\ncert = \"cert.pem\"\nkey = \"{key}\"\n");
+            let file = parse_file(&text).unwrap();
+            let err = resolve(&file, Some(&dir), &args(&[]), &Env::default()).unwrap_err();
+            assert_eq!(err.field, format!("tls{field_suffix}"), "{err}");
+            let text = format!(
+                "{cluster}[cluster.peer_tls]\ncert = \"cert.pem\"\nkey = \"{key}\"\n\
+                 ca = \"cert.pem\"\nserver_name = \"peers\"\n"
+            );
+            let file = parse_file(&text).unwrap();
+            let err = resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default()).unwrap_err();
+            assert_eq!(
+                err.field,
+                format!("cluster.peer_tls{field_suffix}"),
+                "{err}"
+            );
+        }
+        let text = format!(
+            "{cluster}[cluster.peer_tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n\
+             ca = \"garbage.pem\"\nserver_name = \"peers\"\n"
+        );
+        let file = parse_file(&text).unwrap();
+        let err = resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "cluster.peer_tls.ca", "{err}");
+        let text = text.replace("garbage.pem", "cert.pem");
+        let file = parse_file(&text).unwrap();
+        let config = resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default()).unwrap();
+        assert!(config.cluster.unwrap().peer_tls.is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn load_reports_a_missing_config_file() {
         let flags = args(&["--config", "/nonexistent/ticketing.toml"]);
         let err = load(&flags, &Env::default()).unwrap_err();
