@@ -879,10 +879,7 @@ fn resolve_peer_tls(
                 "required when [cluster.peer_tls] is present",
             )
         })?;
-        Ok::<PathBuf, ConfigError>(match file_dir {
-            Some(dir) => dir.join(value),
-            None => value.clone(),
-        })
+        Ok::<PathBuf, ConfigError>(in_file_dir(file_dir, value))
     };
     let cert = path("cert", &table.cert)?;
     let key = path("key", &table.key)?;
@@ -899,14 +896,8 @@ fn resolve_peer_tls(
             format!("{name_text:?} is not a valid DNS name"),
         )
     })?;
-    let server = tls::load_server_config(&cert, &key).map_err(|e| {
-        let field = match e.part {
-            TlsPart::Cert => "cluster.peer_tls.cert",
-            TlsPart::Key => "cluster.peer_tls.key",
-            TlsPart::Pair => "cluster.peer_tls",
-        };
-        ConfigError::new(field, e.to_string())
-    })?;
+    let server =
+        tls::load_server_config(&cert, &key).map_err(|e| tls_error("cluster.peer_tls", e))?;
     let client = tls::load_client_config(&ca)
         .map_err(|e| ConfigError::new("cluster.peer_tls.ca", e.to_string()))?;
     Ok(Some(PeerTls {
@@ -1007,10 +998,7 @@ fn resolve_tls(
 ) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
     let from_file = |pick: fn(&FileTls) -> Option<&PathBuf>| {
         let path = file.tls.as_ref().and_then(pick)?;
-        Some(match file_dir {
-            Some(dir) => dir.join(path),
-            None => path.clone(),
-        })
+        Some(in_file_dir(file_dir, path))
     };
     let cert = args
         .tls_cert
@@ -1036,14 +1024,28 @@ fn resolve_tls(
             ));
         }
     };
-    tls::load_server_config(&cert, &key).map(Some).map_err(|e| {
-        let field = match e.part {
-            TlsPart::Cert => "tls.cert",
-            TlsPart::Key => "tls.key",
-            TlsPart::Pair => "tls",
-        };
-        ConfigError::new(field, e.to_string())
-    })
+    tls::load_server_config(&cert, &key)
+        .map(Some)
+        .map_err(|e| tls_error("tls", e))
+}
+
+/// A path from the config file: relative ones are relative to its folder.
+fn in_file_dir(file_dir: Option<&Path>, path: &Path) -> PathBuf {
+    match file_dir {
+        Some(dir) => dir.join(path),
+        None => path.to_owned(),
+    }
+}
+
+/// A certificate/key error, named after the field of `table` at fault
+/// (`table.cert`, `table.key`, or `table` itself when they do not match).
+fn tls_error(table: &str, e: tls::TlsError) -> ConfigError {
+    let field = match e.part {
+        TlsPart::Cert => format!("{table}.cert"),
+        TlsPart::Key => format!("{table}.key"),
+        TlsPart::Pair => table.to_owned(),
+    };
+    ConfigError::new(field, e.to_string())
 }
 
 fn resolve_log_filter(
