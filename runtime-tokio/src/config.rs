@@ -287,13 +287,13 @@ pub struct ServeArgs {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    /// Address to listen on, IP:PORT.
+    /// See [`ServeArgs::listen`].
     pub listen: Option<String>,
-    /// Accepted client tokens.
+    /// See [`ServeArgs::client_tokens`].
     pub client_tokens: Option<Vec<String>>,
-    /// Allow a non-loopback listen address with no client token.
+    /// See [`ServeArgs::insecure_no_auth`].
     pub insecure_no_auth: Option<bool>,
-    /// Log level.
+    /// See [`ServeArgs::log_level`].
     pub log_level: Option<String>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
