@@ -37,6 +37,16 @@ fn acquire(rid: u64, key: &str, wait_s: u8, lease_s: u8) -> Request {
     })
 }
 
+fn acquire_set(rid: u64, names: &[&str], wait_s: u8, lease_s: u8) -> Request {
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s,
+        lease_s,
+        keys: keys(names),
+        set: true,
+    })
+}
+
 fn release(rid: u64, key: &str, token: u64) -> Request {
     Request::Release(ReleaseRequest {
         rid,
@@ -50,6 +60,14 @@ fn encode(request: &Request) -> Vec<u8> {
     let mut out = Vec::new();
     request.encode(&mut out);
     out
+}
+
+/// A server that accepts [`TOKEN_A`] and no other token.
+fn token_a_only() -> ServerConfig {
+    ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    }
 }
 
 impl Harness {
@@ -119,6 +137,11 @@ impl Harness {
         self.connect_with(b"")
     }
 
+    /// `N` connections with the empty token, handshakes done.
+    fn connections<const N: usize>(&mut self) -> [ConnId; N] {
+        std::array::from_fn(|_| self.connect())
+    }
+
     fn send(&mut self, conn: ConnId, request: &Request) {
         self.server.handle_input(self.now, conn, &encode(request));
     }
@@ -145,6 +168,14 @@ fn decode_all(mut bytes: &[u8]) -> Vec<Reply> {
     replies
 }
 
+/// Asserts that `replies` is one grant, for request `rid`.
+fn assert_granted(replies: &[Reply], rid: u64) {
+    assert!(
+        matches!(replies, [Reply::Acquired { rid: got, .. }] if *got == rid),
+        "expected one grant for rid {rid}, got {replies:?}"
+    );
+}
+
 fn granted_token(replies: &[Reply]) -> u64 {
     match replies {
         [Reply::Acquired { token, .. }] => *token,
@@ -169,11 +200,7 @@ fn hello_is_single_mode_and_handshake_accepts_the_empty_token() {
 
 #[test]
 fn a_wrong_proof_is_answered_zero_and_the_connection_closes() {
-    let config = ServerConfig {
-        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
-        ..ServerConfig::default()
-    };
-    let mut h = Harness::new(config);
+    let mut h = Harness::new(token_a_only());
     let (conn, _hello) = h.open();
     h.server.handle_input(h.now, conn, &[7u8; 32]);
     let (bytes, state) = h.take(conn);
@@ -188,11 +215,7 @@ fn a_wrong_proof_is_answered_zero_and_the_connection_closes() {
 
 #[test]
 fn configured_token_is_accepted_and_empty_token_refused() {
-    let config = ServerConfig {
-        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
-        ..ServerConfig::default()
-    };
-    let mut h = Harness::new(config);
+    let mut h = Harness::new(token_a_only());
     let conn = h.connect_with(TOKEN_A.as_bytes());
     assert_eq!(h.call(conn, &acquire(1, "k", 0, 30)).len(), 1);
 
@@ -261,9 +284,7 @@ fn proof_and_pipelined_requests_in_one_segment_byte_by_byte() {
 #[test]
 fn release_on_the_other_connection_hands_over_to_the_waiter() {
     let mut h = Harness::default();
-    let a = h.connect();
-    let b = h.connect();
-    let c = h.connect();
+    let [a, b, c] = h.connections();
     let token = granted_token(&h.call(a, &acquire(1, "k", 5, 30)));
     assert!(
         h.call(c, &acquire(1, "k", 5, 30)).is_empty(),
@@ -301,18 +322,14 @@ fn out_of_range_fields_get_their_error_code_and_the_session_goes_on() {
 #[test]
 fn an_unparsable_frame_closes_but_keeps_delivered_grants_and_frees_undelivered_ones() {
     let mut h = Harness::default();
-    let observer = h.connect();
-    let conn = h.connect();
+    let [observer, conn] = h.connections();
     let delivered = granted_token(&h.call(conn, &acquire(1, "delivered", 0, 30)));
     h.send(conn, &acquire(2, "undelivered", 0, 30));
     // The grant for "undelivered" is queued for sending; now garbage arrives.
     h.server.handle_input(h.now, conn, &[b'X', 0, 1, 0]);
     let (bytes, state) = h.take(conn);
     assert_eq!(state, ConnState::CloseAfterFlush);
-    assert!(matches!(
-        decode_all(&bytes)[..],
-        [Reply::Acquired { rid: 2, .. }]
-    ));
+    assert_granted(&decode_all(&bytes), 2);
     // The write never completes: the transport dies.
     h.server.handle_closed(h.now, conn);
     assert_eq!(
@@ -331,27 +348,20 @@ fn an_unparsable_frame_closes_but_keeps_delivered_grants_and_frees_undelivered_o
 #[test]
 fn a_closed_waiter_leaves_the_queue_and_the_next_one_is_served() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let quitter = h.connect();
-    let patient = h.connect();
+    let [holder, quitter, patient] = h.connections();
     let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
     h.call(quitter, &acquire(1, "k", 10, 30));
     h.call(patient, &acquire(1, "k", 10, 30));
     h.server.handle_closed(h.now, quitter);
     h.call(holder, &release(2, "k", token));
-    assert!(matches!(
-        h.replies(patient)[..],
-        [Reply::Acquired { rid: 1, .. }]
-    ));
+    assert_granted(&h.replies(patient), 1);
     assert_eq!(h.server.stats().lock.waiters, 0);
 }
 
 #[test]
 fn a_handoff_grant_to_a_connection_that_dies_before_flushing_moves_on() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let doomed = h.connect();
-    let next = h.connect();
+    let [holder, doomed, next] = h.connections();
     let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
     h.call(doomed, &acquire(1, "k", 10, 30));
     h.call(next, &acquire(1, "k", 10, 30));
@@ -361,17 +371,13 @@ fn a_handoff_grant_to_a_connection_that_dies_before_flushing_moves_on() {
     assert!(matches!(decode_all(&bytes)[..], [Reply::Acquired { .. }]));
     assert!(h.replies(next).is_empty());
     h.server.handle_closed(h.now, doomed);
-    assert!(matches!(
-        h.replies(next)[..],
-        [Reply::Acquired { rid: 1, .. }]
-    ));
+    assert_granted(&h.replies(next), 1);
 }
 
 #[test]
 fn a_flushed_grant_survives_its_connection() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let other = h.connect();
+    let [holder, other] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 30));
     h.server.handle_closed(h.now, holder);
     assert_eq!(
@@ -390,8 +396,7 @@ fn in_flight_limit_answers_busy() {
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);
-    let holder = h.connect();
-    let conn = h.connect();
+    let [holder, conn] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 30));
     assert!(h.call(conn, &acquire(1, "k", 10, 30)).is_empty());
     assert!(h.call(conn, &acquire(2, "k", 10, 30)).is_empty());
@@ -418,8 +423,7 @@ fn connection_limit_refuses_the_next_connection() {
 #[test]
 fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let waiter = h.connect();
+    let [holder, waiter] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 60));
     h.call(waiter, &acquire(7, "k", 2, 30));
     h.advance(Duration::from_millis(1_899));
@@ -431,8 +435,7 @@ fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
 #[test]
 fn shutdown_answers_waiters_and_closes_everything() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let waiter = h.connect();
+    let [holder, waiter] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 60));
     h.call(waiter, &acquire(7, "k", 30, 30));
     h.server.begin_shutdown(h.now);
@@ -480,26 +483,15 @@ fn each_connection_is_woken_once_until_its_bytes_are_taken() {
 #[test]
 fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let closing = h.connect();
-    let patient = h.connect();
+    let [holder, closing, patient] = h.connections();
     granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
-    let set = Request::Acquire(AcquireRequest {
-        rid: 1,
-        wait_s: 10,
-        lease_s: 30,
-        keys: keys(&["a", "k"]),
-        set: true,
-    });
+    let set = acquire_set(1, &["a", "k"], 10, 30);
     // "k" is free but the set is first in its queue, so both wait.
     assert!(h.call(closing, &set).is_empty());
     assert!(h.call(closing, &acquire(2, "k", 10, 30)).is_empty());
     assert!(h.call(patient, &acquire(1, "k", 10, 30)).is_empty());
     h.server.handle_closed(h.now, closing);
-    assert!(matches!(
-        h.replies(patient)[..],
-        [Reply::Acquired { rid: 1, .. }]
-    ));
+    assert_granted(&h.replies(patient), 1);
     assert_eq!(h.server.stats().lock.waiters, 0);
 }
 
@@ -509,8 +501,7 @@ fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
 #[test]
 fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
     let mut h = Harness::default();
-    let observer = h.connect();
-    let conn = h.connect();
+    let [observer, conn] = h.connections();
     h.send(conn, &acquire(1, "first", 0, 30));
     h.send(conn, &acquire(2, "second", 0, 30));
     let (bytes, _) = h.take(conn);
@@ -541,17 +532,9 @@ fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
 #[test]
 fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
     let mut h = Harness::default();
-    let holder = h.connect();
-    let closing = h.connect();
-    let next = h.connect();
+    let [holder, closing, next] = h.connections();
     let held = granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
-    let set = Request::Acquire(AcquireRequest {
-        rid: 1,
-        wait_s: 10,
-        lease_s: 30,
-        keys: keys(&["a", "k"]),
-        set: true,
-    });
+    let set = acquire_set(1, &["a", "k"], 10, 30);
     // "k" is free, but the set is first in its queue and waits for "a".
     h.call(closing, &set);
     h.call(closing, &acquire(2, "k", 10, 30));

@@ -51,32 +51,33 @@ fn records(keys: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// A body: `rid · wait · lease · key`.
 fn a_body(rid: u64, wait_s: u8, lease_s: u8, key: &[u8]) -> Vec<u8> {
-    let mut body = rid.to_be_bytes().to_vec();
-    body.extend_from_slice(&[wait_s, lease_s]);
-    body.extend_from_slice(key);
-    body
+    [&rid.to_be_bytes()[..], &[wait_s, lease_s], key].concat()
 }
 
+/// R body: `rid · token · key`.
 fn r_body(rid: u64, token: u64, key: &[u8]) -> Vec<u8> {
-    let mut body = rid.to_be_bytes().to_vec();
-    body.extend_from_slice(&token.to_be_bytes());
-    body.extend_from_slice(key);
-    body
+    [&rid.to_be_bytes()[..], &token.to_be_bytes(), key].concat()
 }
 
+/// S body: the A layout with set records in place of the key.
 fn s_body(rid: u64, wait_s: u8, lease_s: u8, recs: &[u8]) -> Vec<u8> {
-    let mut body = rid.to_be_bytes().to_vec();
-    body.extend_from_slice(&[wait_s, lease_s]);
-    body.extend_from_slice(recs);
-    body
+    a_body(rid, wait_s, lease_s, recs)
 }
 
+/// G body: the R layout with set records in place of the key.
 fn g_body(rid: u64, token: u64, recs: &[u8]) -> Vec<u8> {
-    let mut body = rid.to_be_bytes().to_vec();
-    body.extend_from_slice(&token.to_be_bytes());
-    body.extend_from_slice(recs);
-    body
+    r_body(rid, token, recs)
+}
+
+/// A fresh decoder given `chunks`, one push each.
+fn fed(chunks: &[&[u8]]) -> RequestDecoder {
+    let mut decoder = RequestDecoder::new();
+    for chunk in chunks {
+        decoder.push(chunk);
+    }
+    decoder
 }
 
 /// Decodes one complete frame through a fresh decoder and checks it used
@@ -102,6 +103,20 @@ fn code_of(bytes: &[u8]) -> ErrorCode {
 
 fn long_key(len: usize) -> Vec<u8> {
     vec![b'k'; len]
+}
+
+/// The longest key (128 bytes) and the largest set: 16 distinct keys of
+/// 128 bytes.
+fn largest_keys() -> (String, Vec<String>) {
+    let max_key = String::from_utf8(long_key(128)).unwrap();
+    let max_set = (0..16u8)
+        .map(|i| {
+            let mut k = long_key(127);
+            k.push(b'a' + i);
+            String::from_utf8(k).unwrap()
+        })
+        .collect();
+    (max_key, max_set)
 }
 
 // ------------------------------------------------------- kinds and tables
@@ -449,14 +464,7 @@ fn reply_frames_have_the_documented_layout() {
 
 #[test]
 fn every_request_kind_round_trips() {
-    let max_key = String::from_utf8(long_key(128)).unwrap();
-    let max_set: Vec<String> = (0..16u8)
-        .map(|i| {
-            let mut k = long_key(127);
-            k.push(b'a' + i);
-            String::from_utf8(k).unwrap()
-        })
-        .collect();
+    let (max_key, max_set) = largest_keys();
     let max_set: Vec<&str> = max_set.iter().map(String::as_str).collect();
     let requests = [
         acquire(1, 0, 1, &["a"], false),
@@ -486,14 +494,7 @@ fn every_request_kind_round_trips() {
 
 #[test]
 fn largest_frames_are_exactly_the_limits() {
-    let max_key = String::from_utf8(long_key(128)).unwrap();
-    let max_set: Vec<String> = (0..16u8)
-        .map(|i| {
-            let mut k = long_key(127);
-            k.push(b'a' + i);
-            String::from_utf8(k).unwrap()
-        })
-        .collect();
+    let (max_key, max_set) = largest_keys();
     let max_set: Vec<&str> = max_set.iter().map(String::as_str).collect();
     assert_eq!(
         acquire(1, 0, 1, &[&max_key], false).to_frame().len(),
@@ -589,32 +590,28 @@ fn every_reply_round_trips() {
 
 #[test]
 fn unknown_op_is_reported_from_the_first_byte() {
-    let mut decoder = RequestDecoder::new();
-    decoder.push(b"X");
-    assert_eq!(decoder.next(), Err(FrameError::UnknownOp(b'X')));
+    assert_eq!(fed(&[b"X"]).next(), Err(FrameError::UnknownOp(b'X')));
     // Reply ops are not request ops.
     for op in [b'N', b'T', b'B', b'I', b'M', b'E', b'L', 0, 0xFF, b'a'] {
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[op]);
-        assert_eq!(decoder.next(), Err(FrameError::UnknownOp(op)));
+        assert_eq!(fed(&[&[op]]).next(), Err(FrameError::UnknownOp(op)));
     }
 }
 
 #[test]
 fn empty_body_is_fatal() {
     for op in [b'A', b'R', b'S', b'G'] {
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[op, 0, 0]);
-        assert_eq!(decoder.next(), Err(FrameError::EmptyBody), "op {op}");
+        assert_eq!(
+            fed(&[&[op, 0, 0]]).next(),
+            Err(FrameError::EmptyBody),
+            "op {op}"
+        );
     }
 }
 
 #[test]
 fn too_long_is_reported_from_the_header_alone() {
-    let mut decoder = RequestDecoder::new();
-    decoder.push(&[b'S', 0xFF, 0xFF]);
     assert_eq!(
-        decoder.next(),
+        fed(&[&[b'S', 0xFF, 0xFF]]).next(),
         Err(FrameError::TooLong {
             kind: RequestKind::AcquireSet,
             body_len: 0xFFFF
@@ -622,11 +619,8 @@ fn too_long_is_reported_from_the_header_alone() {
     );
     for kind in KINDS {
         let max = kind.max_body_len();
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[kind.op()]);
-        decoder.push(&((max + 1) as u16).to_be_bytes());
         assert_eq!(
-            decoder.next(),
+            fed(&[&[kind.op()], &((max + 1) as u16).to_be_bytes()]).next(),
             Err(FrameError::TooLong {
                 kind,
                 body_len: max + 1
@@ -634,9 +628,7 @@ fn too_long_is_reported_from_the_header_alone() {
             "{kind:?}"
         );
         // Exactly the maximum is fine: the decoder waits for the body.
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[kind.op()]);
-        decoder.push(&(max as u16).to_be_bytes());
+        let mut decoder = fed(&[&[kind.op()], &(max as u16).to_be_bytes()]);
         assert_eq!(decoder.next(), Ok(None), "{kind:?}");
         assert_eq!(decoder.buffered(), 3);
     }
@@ -664,22 +656,16 @@ fn too_short_is_reported_from_the_header_alone() {
         (RequestKind::AcquireSet, 11),
         (RequestKind::ReleaseSet, 17),
     ] {
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[kind.op()]);
-        decoder.push(&(fixed - 1).to_be_bytes());
         assert_eq!(
-            decoder.next(),
+            fed(&[&[kind.op()], &(fixed - 1).to_be_bytes()]).next(),
             Err(FrameError::TooShort {
                 kind,
                 body_len: usize::from(fixed - 1)
             }),
             "{kind:?}"
         );
-        let mut decoder = RequestDecoder::new();
-        decoder.push(&[kind.op()]);
-        decoder.push(&1u16.to_be_bytes());
         assert_eq!(
-            decoder.next(),
+            fed(&[&[kind.op()], &1u16.to_be_bytes()]).next(),
             Err(FrameError::TooShort { kind, body_len: 1 })
         );
     }
@@ -1012,8 +998,7 @@ fn every_rejection_code_is_allowed_for_its_kind() {
 fn the_session_goes_on_after_a_rejection() {
     let mut stream = frame(b'A', &a_body(1, 0, 0, b"k"));
     stream.extend(acquire(2, 0, 5, &["k"], false).to_frame());
-    let mut decoder = RequestDecoder::new();
-    decoder.push(&stream);
+    let mut decoder = fed(&[&stream]);
     assert_eq!(
         decoder.next(),
         Ok(Some(Decoded::Rejected {

@@ -1,12 +1,13 @@
 //! One behavioural suite, run against every flavour of client and server:
 //! a difference between runtimes is a failing test here.
 //!
-//! Each flavour module provides `run` (block on a future in its runtime),
-//! `spawn`, `Fixture::start(config)`, `Fixture::broker()`,
-//! `Fixture::stats()` and `Fixture::shutdown()`; `suite!()` expands the same
-//! cases inside each module.
+//! Each flavour module takes `run` (block on a future in its runtime),
+//! `spawn` and `yield_now` from `on_tokio` or `on_smol`, and declares with
+//! `fixture!` the server it starts and how its client connects, giving
+//! `Fixture::start(config)`, `Fixture::broker()`, `Fixture::stats()` and
+//! `Fixture::shutdown()`; `suite!()` expands the same cases inside each
+//! module.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -399,32 +400,56 @@ macro_rules! suite {
     };
 }
 
-/// Smol helpers shared by the smol flavours.
-fn smol_run<F: Future>(future: F) -> F::Output {
-    smol::block_on(future)
+/// The runtime of the tokio flavours: `run` blocks on a future, `spawn`
+/// starts a task whose output is awaited, `yield_now` lets the others run.
+mod on_tokio {
+    use std::future::Future;
+
+    pub fn run<F: Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    pub fn spawn<T: Send + 'static>(
+        future: impl Future<Output = T> + Send + 'static,
+    ) -> impl Future<Output = T> {
+        let handle = tokio::spawn(future);
+        async move { handle.await.expect("task panicked") }
+    }
+
+    pub async fn yield_now() {
+        tokio::task::yield_now().await;
+    }
 }
 
-fn smol_spawn<T: Send + 'static>(
-    future: impl Future<Output = T> + Send + 'static,
-) -> impl Future<Output = T> {
-    smol::spawn(future)
+/// The same three on smol.
+mod on_smol {
+    use std::future::Future;
+
+    pub fn run<F: Future>(future: F) -> F::Output {
+        smol::block_on(future)
+    }
+
+    pub fn spawn<T: Send + 'static>(
+        future: impl Future<Output = T> + Send + 'static,
+    ) -> impl Future<Output = T> {
+        smol::spawn(future)
+    }
+
+    pub async fn yield_now() {
+        smol::future::yield_now().await;
+    }
 }
 
-/// Tokio helpers shared by the tokio-client flavours.
-fn tokio_run<F: Future>(future: F) -> F::Output {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
-fn tokio_spawn<T: Send + 'static>(
-    future: impl Future<Output = T> + Send + 'static,
-) -> impl Future<Output = T> {
-    let handle = tokio::spawn(future);
-    async move { handle.await.expect("task panicked") }
+/// The tokio daemon's driver listening on loopback.
+async fn tokio_daemon(config: ServerConfig) -> ticketing_tokio::RunningServer {
+    let mut settings = ticketing_tokio::ServeSettings::new("127.0.0.1:0".parse().unwrap());
+    settings.server = config;
+    ticketing_tokio::spawn_server(settings).await.unwrap()
 }
 
 /// An embedded server listening on loopback (optionally TLS).
@@ -441,39 +466,73 @@ fn embedded_listening(
     builder.start().unwrap()
 }
 
+/// An embedded server listening on loopback over TLS, with the CA its
+/// clients are to trust.
+struct EmbeddedTls {
+    embedded: ticketing_smol::EmbeddedServer,
+    ca: std::path::PathBuf,
+}
+
+impl EmbeddedTls {
+    fn start(config: ServerConfig) -> Self {
+        let (ca, tls) = tls_material("suite");
+        EmbeddedTls {
+            embedded: embedded_listening(config, Some(tls)),
+            ca,
+        }
+    }
+    fn stats(&self) -> ServerStats {
+        self.embedded.stats()
+    }
+    async fn shutdown(self) {
+        self.embedded.shutdown().await;
+    }
+}
+
+/// Declares a flavour's `Fixture`: the server `start` brings up from a
+/// config, and the client `broker` connects to it, asserted ready within the
+/// bound given.
+macro_rules! fixture {
+    (
+        server: $server:ty = |$config:ident| $start:expr,
+        broker: $broker:ty = |$server_ref:ident| $connect:expr,
+        ready within: $ready:expr $(,)?
+    ) => {
+        struct Fixture($server);
+
+        impl Fixture {
+            async fn start($config: ServerConfig) -> Self {
+                Fixture($start)
+            }
+            async fn broker(&self) -> $broker {
+                let $server_ref = &self.0;
+                let broker: $broker = $connect;
+                assert!(broker.wait_ready($ready).await);
+                broker
+            }
+            fn stats(&self) -> ServerStats {
+                self.0.stats()
+            }
+            async fn shutdown(self) {
+                self.0.shutdown().await;
+            }
+        }
+    };
+}
+
 /// Our tokio client → the tokio daemon's driver over TCP.
 mod tokio_client_tokio_server {
-    use ticketing_tokio::{RunningServer, ServeSettings, TicketBroker, spawn_server};
+    use ticketing_tokio::{RunningServer, TicketBroker};
 
+    use super::on_tokio::{run, spawn, yield_now};
     use super::*;
 
-    fn run<F: Future>(future: F) -> F::Output {
-        tokio_run(future)
-    }
-    use super::tokio_spawn as spawn;
-    async fn yield_now() {
-        tokio::task::yield_now().await;
-    }
-
-    struct Fixture(RunningServer);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            let mut settings = ServeSettings::new("127.0.0.1:0".parse().unwrap());
-            settings.server = config;
-            Fixture(spawn_server(settings).await.unwrap())
-        }
-        async fn broker(&self) -> TicketBroker {
-            let broker = TicketBroker::connect_loopback([self.0.local_addr().to_string()]);
-            assert!(broker.wait_ready(READY).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+    fixture! {
+        server: RunningServer = |config| tokio_daemon(config).await,
+        broker: TicketBroker = |server| {
+            TicketBroker::connect_loopback([server.local_addr().to_string()])
+        },
+        ready within: READY,
     }
 
     suite!();
@@ -484,34 +543,15 @@ mod tokio_client_embedded_tcp {
     use ticketing_smol::EmbeddedServer;
     use ticketing_tokio::TicketBroker;
 
+    use super::on_tokio::{run, spawn, yield_now};
     use super::*;
 
-    fn run<F: Future>(future: F) -> F::Output {
-        tokio_run(future)
-    }
-    use super::tokio_spawn as spawn;
-    async fn yield_now() {
-        tokio::task::yield_now().await;
-    }
-
-    struct Fixture(EmbeddedServer);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            Fixture(embedded_listening(config, None))
-        }
-        async fn broker(&self) -> TicketBroker {
-            let addr = self.0.local_addr().unwrap().to_string();
-            let broker = TicketBroker::connect_loopback([addr]);
-            assert!(broker.wait_ready(READY).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+    fixture! {
+        server: EmbeddedServer = |config| embedded_listening(config, None),
+        broker: TicketBroker = |server| {
+            TicketBroker::connect_loopback([server.local_addr().unwrap().to_string()])
+        },
+        ready within: READY,
     }
 
     suite!();
@@ -521,71 +561,35 @@ mod tokio_client_embedded_tcp {
 mod smol_client_embedded_tcp {
     use ticketing_smol::{EmbeddedServer, TicketBroker};
 
+    use super::on_smol::{run, spawn, yield_now};
     use super::*;
 
-    use super::smol_run as run;
-    use super::smol_spawn as spawn;
-    async fn yield_now() {
-        smol::future::yield_now().await;
-    }
-
-    struct Fixture(EmbeddedServer);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            Fixture(embedded_listening(config, None))
-        }
-        async fn broker(&self) -> TicketBroker {
-            let addr = self.0.local_addr().unwrap().to_string();
-            let broker = TicketBroker::connect_loopback([addr]);
-            assert!(broker.wait_ready(READY).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+    fixture! {
+        server: EmbeddedServer = |config| embedded_listening(config, None),
+        broker: TicketBroker = |server| {
+            TicketBroker::connect_loopback([server.local_addr().unwrap().to_string()])
+        },
+        ready within: READY,
     }
 
     suite!();
 }
 
-/// The smol client → the tokio daemon's driver over TCP.
+/// The smol client → the tokio daemon's driver over TCP (on tokio, which
+/// the daemon needs).
 mod smol_client_tokio_server {
     use ticketing_smol::TicketBroker;
-    use ticketing_tokio::{RunningServer, ServeSettings, spawn_server};
+    use ticketing_tokio::RunningServer;
 
+    use super::on_tokio::{run, spawn, yield_now};
     use super::*;
 
-    fn run<F: Future>(future: F) -> F::Output {
-        tokio_run(future)
-    }
-    use super::tokio_spawn as spawn;
-    async fn yield_now() {
-        tokio::task::yield_now().await;
-    }
-
-    struct Fixture(RunningServer);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            let mut settings = ServeSettings::new("127.0.0.1:0".parse().unwrap());
-            settings.server = config;
-            Fixture(spawn_server(settings).await.unwrap())
-        }
-        async fn broker(&self) -> TicketBroker {
-            let broker = TicketBroker::connect_loopback([self.0.local_addr().to_string()]);
-            assert!(broker.wait_ready(READY).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+    fixture! {
+        server: RunningServer = |config| tokio_daemon(config).await,
+        broker: TicketBroker = |server| {
+            TicketBroker::connect_loopback([server.local_addr().to_string()])
+        },
+        ready within: READY,
     }
 
     suite!();
@@ -593,40 +597,22 @@ mod smol_client_tokio_server {
 
 /// The smol client → the embedded server over TLS (futures-rustls both ends).
 mod smol_client_embedded_tls {
-    use ticketing_smol::{EmbeddedServer, TicketBroker, TlsMode};
+    use ticketing_smol::{TicketBroker, TlsMode};
 
+    use super::on_smol::{run, spawn, yield_now};
     use super::*;
 
-    use super::smol_run as run;
-    use super::smol_spawn as spawn;
-    async fn yield_now() {
-        smol::future::yield_now().await;
-    }
-
-    struct Fixture(EmbeddedServer, std::path::PathBuf);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            let (ca, tls) = tls_material("suite");
-            Fixture(embedded_listening(config, Some(tls)), ca)
-        }
-        async fn broker(&self) -> TicketBroker {
-            let addr = self.0.local_addr().unwrap().to_string();
-            let broker = TicketBroker::builder()
-                .addrs([addr])
+    fixture! {
+        server: EmbeddedTls = |config| EmbeddedTls::start(config),
+        broker: TicketBroker = |server| {
+            TicketBroker::builder()
+                .addrs([server.embedded.local_addr().unwrap().to_string()])
                 .allow_loopback_no_auth()
-                .tls(TlsMode::Ca(self.1.clone()))
+                .tls(TlsMode::Ca(server.ca.clone()))
                 .connect()
-                .unwrap();
-            assert!(broker.wait_ready(READY).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+                .unwrap()
+        },
+        ready within: READY,
     }
 
     suite!();
@@ -636,37 +622,19 @@ mod smol_client_embedded_tls {
 mod in_process {
     use ticketing_smol::{EmbeddedServer, TicketBroker};
 
+    use super::on_smol::{run, spawn, yield_now};
     use super::*;
 
-    use super::smol_run as run;
-    use super::smol_spawn as spawn;
-    async fn yield_now() {
-        smol::future::yield_now().await;
-    }
-
-    struct Fixture(EmbeddedServer);
-
-    impl Fixture {
-        async fn start(config: ServerConfig) -> Self {
-            Fixture(
-                EmbeddedServer::builder()
-                    .server_config(config)
-                    .start()
-                    .unwrap(),
-            )
-        }
-        async fn broker(&self) -> TicketBroker {
-            let broker = self.0.broker();
-            // Ready at once: the in-memory handshake ran inside `broker()`.
-            assert!(broker.wait_ready(Duration::ZERO).await);
-            broker
-        }
-        fn stats(&self) -> ServerStats {
-            self.0.stats()
-        }
-        async fn shutdown(self) {
-            self.0.shutdown().await;
-        }
+    fixture! {
+        server: EmbeddedServer = |config| {
+            EmbeddedServer::builder()
+                .server_config(config)
+                .start()
+                .unwrap()
+        },
+        broker: TicketBroker = |server| server.broker(),
+        // Ready at once: the in-memory handshake ran inside `broker()`.
+        ready within: Duration::ZERO,
     }
 
     suite!();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::certs::make_certs;
 use common::{
     BUDGET, LEASE, READY, TOKEN, loopback_server, loopback_settings, ours_loopback,
-    published_loopback, wait_for_waiters,
+    ours_with_token, published_loopback, wait_for_waiters,
 };
 use ticketing_core::auth::ClientTokens;
 use ticketing_tokio::client::{ReleaseOutcome, TicketBroker, TicketError, TlsMode};
@@ -369,18 +369,12 @@ async fn a_wrong_token_fails_authentication() {
     settings.server.client_tokens = ClientTokens::new([TOKEN]).unwrap();
     let server = spawn_server(settings).await.unwrap();
 
-    let good = TicketBroker::builder()
-        .addrs([server.local_addr().to_string()])
-        .token(TOKEN)
-        .connect()
-        .unwrap();
+    let good = ours_with_token(&server, TOKEN).connect().unwrap();
     assert!(good.wait_ready(READY).await);
     let ticket = good.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
     assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
 
-    let bad = TicketBroker::builder()
-        .addrs([server.local_addr().to_string()])
-        .token("another-token-0123456789")
+    let bad = ours_with_token(&server, "another-token-0123456789")
         .connect()
         .unwrap();
     assert!(!bad.wait_ready(READY).await);
@@ -454,9 +448,7 @@ async fn tls_with_a_ca_file_or_without_verification() {
     let server = spawn_server(settings).await.unwrap();
 
     for mode in [TlsMode::Ca(ca.clone()), TlsMode::InsecureSkipVerify] {
-        let broker = TicketBroker::builder()
-            .addrs([server.local_addr().to_string()])
-            .token(TOKEN)
+        let broker = ours_with_token(&server, TOKEN)
             .tls(mode.clone())
             .connect()
             .unwrap();
@@ -468,9 +460,7 @@ async fn tls_with_a_ca_file_or_without_verification() {
 
     // A CA that did not sign the server's certificate never gets ready.
     let (other_dir, other_ca, _, _) = make_certs("client-tls-other");
-    let untrusted = TicketBroker::builder()
-        .addrs([server.local_addr().to_string()])
-        .token(TOKEN)
+    let untrusted = ours_with_token(&server, TOKEN)
         .tls(TlsMode::Ca(other_ca))
         .connect()
         .unwrap();
@@ -478,11 +468,7 @@ async fn tls_with_a_ca_file_or_without_verification() {
     untrusted.close().await;
 
     // Plain TCP against a TLS server never gets ready either.
-    let plain = TicketBroker::builder()
-        .addrs([server.local_addr().to_string()])
-        .token(TOKEN)
-        .connect()
-        .unwrap();
+    let plain = ours_with_token(&server, TOKEN).connect().unwrap();
     assert!(!plain.wait_ready(Duration::from_millis(500)).await);
     plain.close().await;
 

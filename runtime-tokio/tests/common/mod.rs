@@ -38,6 +38,17 @@ pub async fn ours_loopback(server: &RunningServer) -> ticketing_tokio::TicketBro
     broker
 }
 
+/// A builder for our client to `server` presenting `token`; the caller adds
+/// the rest (TLS) and connects.
+pub fn ours_with_token(
+    server: &RunningServer,
+    token: &str,
+) -> ticketing_tokio::client::TicketBrokerBuilder {
+    ticketing_tokio::TicketBroker::builder()
+        .addrs([server.local_addr().to_string()])
+        .token(token)
+}
+
 /// The published `ticketing` client, no auth over loopback, once ready.
 pub async fn published_loopback(server: &RunningServer) -> ticketing::TicketBroker {
     let broker = ticketing::TicketBroker::connect_loopback([server.local_addr().to_string()]);
