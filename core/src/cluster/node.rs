@@ -848,6 +848,14 @@ impl ClusterNode {
                 if 2 * (empty_logs.len() + 1) > usize::from(self.config.slot_count) {
                     self.genesis = GenesisCheck::Done;
                     self.raft.step(now, msg);
+                } else if matches!(msg.body, MessageBody::PreVote { .. }) {
+                    // Answering a pre-vote changes no term and casts no
+                    // vote, so it is safe while checking; and the answer is
+                    // what lets the asker count this node and finish its
+                    // own check (otherwise the first pre-candidate of a
+                    // five-node cluster, heard by nobody, would end up
+                    // joining as a new generation).
+                    self.raft.step(now, msg);
                 }
             }
             GenesisEvidence::Nothing => {}
