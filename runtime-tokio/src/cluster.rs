@@ -127,6 +127,9 @@ pub struct ClusterStatus {
     pub leader: Option<NodeId>,
     /// Whether it is a voter of its current configuration.
     pub is_voter: bool,
+    /// A bootstrap member still checking that the cluster is new: it may
+    /// yet join as a new generation, so it does not count as a voter yet.
+    pub checking_genesis: bool,
     /// Its current term.
     pub term: u64,
     /// Voters of its current configuration.
@@ -140,9 +143,9 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
-    /// One line: `slot=0 generation=1 role=leader leader=0 voter=1 term=3
-    /// commit=12 voters=0:1,1:1,2:1 learners= clients=2 peers=2 held=0
-    /// waiters=0 pending=0`.
+    /// One line: `slot=0 generation=1 role=leader leader=0 voter=1
+    /// checking=0 term=3 commit=12 voters=0:1,1:1,2:1 learners= clients=2
+    /// peers=2 held=0 waiters=0 pending=0`.
     pub fn line(&self) -> String {
         let list = |ids: &[NodeId]| {
             ids.iter()
@@ -151,13 +154,14 @@ impl ClusterStatus {
                 .join(",")
         };
         format!(
-            "slot={} generation={} role={} leader={} voter={} term={} commit={} voters={} learners={} clients={} peers={} held={} waiters={} pending={}",
+            "slot={} generation={} role={} leader={} voter={} checking={} term={} commit={} voters={} learners={} clients={} peers={} held={} waiters={} pending={}",
             self.id.slot,
             self.id.generation,
             if self.is_leader { "leader" } else { "follower" },
             self.leader
                 .map_or_else(|| "none".to_owned(), |l| l.slot.to_string()),
             u8::from(self.is_voter),
+            u8::from(self.checking_genesis),
             self.term,
             self.commit_index,
             list(&self.voters),
@@ -189,6 +193,7 @@ impl ClusterCore {
             is_leader: self.node.is_leader(),
             leader: self.node.leader(),
             is_voter: raft.is_voter(),
+            checking_genesis: self.node.checking_genesis(),
             term: raft.term(),
             voters: raft.config().voters.iter().copied().collect(),
             learners: raft.config().learners.iter().copied().collect(),

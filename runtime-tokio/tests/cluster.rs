@@ -250,6 +250,7 @@ async fn a_restart_with_bootstrap_by_mistake_joins_as_a_new_generation() {
         let status = cluster.status(victim)?;
         let leader_status = cluster.status(leader)?;
         (status.voter
+            && !status.checking
             && status.generation > 1
             && leader_status
                 .voters

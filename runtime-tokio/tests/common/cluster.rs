@@ -49,6 +49,8 @@ pub struct Status {
     /// The leader this node knows of.
     pub knows_leader: bool,
     pub voter: bool,
+    /// A bootstrap member still checking that the cluster is new.
+    pub checking: bool,
     pub voters: Vec<(u8, u64)>,
     pub waiters: usize,
     pub peers: usize,
@@ -154,6 +156,7 @@ impl Cluster {
                 }
                 "leader" => status.knows_leader = value != "none",
                 "voter" => status.voter = value == "1",
+                "checking" => status.checking = value == "1",
                 "waiters" => status.waiters = value.parse().ok()?,
                 "peers" => status.peers = value.parse().ok()?,
                 "voters" => {
