@@ -247,7 +247,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS")]
     pub wait_margin_ms: Option<u64>,
     /// Threads that run connections, 1..=256 (default 1: the lock table
-    /// is one serial state machine; more threads help only TLS-heavy loads).
+    /// is one serial state machine; more threads can only spread syscalls
+    /// and TLS work).
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<u64>,
     /// Run as a cluster node (implied by any other cluster option or a
