@@ -131,26 +131,7 @@ async fn failover_rejoin_and_majority_loss() {
     // Restart the killed slot with empty state (no --bootstrap): it joins
     // under a new generation and replaces its old self as a voter.
     cluster.spawn(first_leader, false);
-    let generation = poll("the restarted slot as a voter", || {
-        let status = cluster.status(first_leader)?;
-        let leader = cluster.status(second_leader)?;
-        (status.voter
-            && status.generation > 1
-            && leader
-                .voters
-                .contains(&(first_leader as u8, status.generation))
-            && leader.voters.len() == 3)
-            .then_some(status.generation)
-    })
-    .await;
-    assert!(
-        !cluster
-            .status(second_leader)
-            .unwrap()
-            .voters
-            .contains(&(first_leader as u8, 1)),
-        "old generation removed"
-    );
+    let generation = cluster.await_replaced(first_leader, second_leader).await;
     assert!(generation > 1);
 
     // The cluster survives losing another node (the current leader).
@@ -246,28 +227,9 @@ async fn a_restart_with_bootstrap_by_mistake_joins_as_a_new_generation() {
     let victim = (leader + 1) % 3;
     cluster.kill(victim);
     cluster.spawn(victim, true);
-    let generation = poll("the mistaken bootstrap replaced as a voter", || {
-        let status = cluster.status(victim)?;
-        let leader_status = cluster.status(leader)?;
-        (status.voter
-            && !status.checking
-            && status.generation > 1
-            && leader_status
-                .voters
-                .contains(&(victim as u8, status.generation))
-            && leader_status.voters.len() == 3)
-            .then_some(status.generation)
-    })
-    .await;
+    let generation = cluster.await_replaced(victim, leader).await;
     assert!(generation > 1);
-    assert!(
-        !cluster
-            .status(leader)
-            .unwrap()
-            .voters
-            .contains(&(victim as u8, 1)),
-        "generation 1 of the slot removed"
-    );
+    assert!(!cluster.status(victim).unwrap().checking);
 
     // The grant from before is still held, and its release still works.
     match broker

@@ -189,6 +189,35 @@ impl Cluster {
         .await
     }
 
+    /// Polls until `slot` runs under a generation above 1 and is a voter
+    /// (not still checking a bootstrap) in `leader`'s three-voter
+    /// configuration; asserts its generation 1 is gone from it. Returns the
+    /// new generation.
+    pub async fn await_replaced(&self, slot: usize, leader: usize) -> u64 {
+        let generation = poll("the restarted slot as a voter", || {
+            let status = self.status(slot)?;
+            let leader_status = self.status(leader)?;
+            (status.voter
+                && !status.checking
+                && status.generation > 1
+                && leader_status
+                    .voters
+                    .contains(&(slot as u8, status.generation))
+                && leader_status.voters.len() == 3)
+                .then_some(status.generation)
+        })
+        .await;
+        assert!(
+            !self
+                .status(leader)
+                .unwrap()
+                .voters
+                .contains(&(slot as u8, 1)),
+            "generation 1 of slot {slot} removed"
+        );
+        generation
+    }
+
     /// Polls until exactly one live node leads; returns its slot.
     pub async fn leader(&self) -> usize {
         let all: Vec<usize> = (0..self.slots.len()).collect();
