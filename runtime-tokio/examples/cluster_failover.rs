@@ -9,7 +9,7 @@
 //! scripts/cluster-failover.sh)
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,12 +19,9 @@ use ticketing_tokio::client::BrokerMode;
 const PEER_TOKEN: &str = "failover-peer-token-0123456789";
 const CLIENT_TOKEN: &str = "failover-client-token-0123456789";
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-}
+#[path = "../tests/common/ports.rs"]
+mod ports;
+use ports::free_port;
 
 struct Node {
     client: SocketAddr,

@@ -5,7 +5,7 @@
 //! deadline.
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,12 +27,7 @@ pub fn fingerprint() -> [u8; 32] {
     out
 }
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+use super::ports::free_port;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Slot {

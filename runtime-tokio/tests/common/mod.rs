@@ -1,11 +1,13 @@
 //! Setup shared by runtime-tokio's test binaries: the in-process server on
 //! loopback and clients for it, a raw wire client ([`raw`]), throwaway
-//! certificates ([`certs`]) and `ticketing serve` clusters ([`cluster`]).
+//! certificates ([`certs`]), `ticketing serve` clusters ([`cluster`]) and
+//! loopback ports for child processes ([`ports`]).
 //! Each test file says `mod common;` and uses only a part of it.
 #![allow(dead_code)]
 
 pub mod certs;
 pub mod cluster;
+pub mod ports;
 pub mod raw;
 
 use std::time::Duration;
