@@ -1730,6 +1730,22 @@ pub enum BrokerMode {
     },
 }
 
+/// How a broker secures its connections; every runtime builds its TLS
+/// connector from it. The client never presents a certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Off,
+    /// TLS, server verified against the operating system's trust store.
+    SystemRoots,
+    /// TLS, server verified against the CA certificates in this PEM file.
+    Ca(std::path::PathBuf),
+    /// TLS without verifying the server: anyone on the path can impersonate
+    /// it. For tests only.
+    InsecureSkipVerify,
+}
+
 /// What a user configures for a broker.
 #[derive(Clone)]
 pub struct BrokerConfig {

@@ -761,6 +761,10 @@ where
         if !woken {
             continue;
         }
+        // Let the other connections that became readable in the same
+        // wake-up run first, so a grant their input hands to this
+        // connection leaves in this write (as the tokio driver does).
+        future::yield_now().await;
         // Take everything pending in one batch.
         let state = {
             let mut inner = hub.lock();

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use futures_rustls::TlsConnector;
@@ -11,21 +11,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::client::TicketError;
 
-/// How a [`TicketBroker`](crate::TicketBroker) secures its connections. The
-/// client never presents a certificate.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum TlsMode {
-    /// Plain TCP.
-    #[default]
-    Off,
-    /// TLS, server verified against the operating system's trust store.
-    SystemRoots,
-    /// TLS, server verified against the CA certificates in this PEM file.
-    Ca(PathBuf),
-    /// TLS without verifying the server: anyone on the path can impersonate
-    /// it. For tests only.
-    InsecureSkipVerify,
-}
+pub use ticketing_core::client::TlsMode;
 
 fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

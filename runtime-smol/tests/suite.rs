@@ -32,11 +32,7 @@ mod certs;
 
 /// Rcgen CA + server certificate for 127.0.0.1: (CA PEM path, server config).
 fn tls_material(name: &str) -> (std::path::PathBuf, Arc<rustls::ServerConfig>) {
-    // A folder per call: tests run in parallel, and one writing its CA over
-    // another's while that one still connects would fail verification.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (_dir, ca_path, cert_path, key_path) = certs::make_certs(&format!("smol-{name}-{call}"));
+    let (_dir, ca_path, cert_path, key_path) = certs::make_certs(&format!("smol-{name}"));
     let config = ticketing_smol::tls::server_config(&cert_path, &key_path).unwrap();
     (ca_path, config)
 }

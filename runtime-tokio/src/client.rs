@@ -47,7 +47,6 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -71,6 +70,7 @@ use crate::serve::Clock;
 
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
+    TlsMode,
 };
 
 /// Size of one socket read.
@@ -81,21 +81,6 @@ const RELEASE_WORKERS_MAX: usize = 64;
 // ---------------------------------------------------------------------------
 // TLS
 // ---------------------------------------------------------------------------
-
-/// How connections are secured. The client never presents a certificate.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum TlsMode {
-    /// Plain TCP.
-    #[default]
-    Off,
-    /// TLS, server verified against the operating system's trust store.
-    SystemRoots,
-    /// TLS, server verified against the CA certificates in this PEM file.
-    Ca(PathBuf),
-    /// TLS without verifying the server: anyone on the path can impersonate
-    /// it. For tests only.
-    InsecureSkipVerify,
-}
 
 fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -36,10 +36,14 @@ pub fn make_pki(dir: &Path, prefix: &str, names: &[&str]) -> Pki {
 }
 
 /// A CA and a server certificate for 127.0.0.1 / localhost in a fresh
-/// folder named after `name` and this process. Returns (folder, CA,
-/// server certificate, server key); the caller removes the folder.
+/// folder named after `name`, this process and this call. Returns (folder,
+/// CA, server certificate, server key); the caller removes the folder.
 pub fn make_certs(name: &str) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("ticketing-{name}-{}", std::process::id()));
+    // A folder per call: tests run in parallel, and one writing its CA over
+    // another's while that one still connects would fail verification.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ticketing-{name}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pki = make_pki(&dir, "server", &["127.0.0.1", "localhost"]);
     (dir, pki.ca, pki.cert, pki.key)
