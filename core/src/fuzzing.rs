@@ -164,7 +164,9 @@ pub fn server_session(data: &[u8]) {
             (0, _) => {
                 let mut nonce = [0u8; 16];
                 nonce[0] = pick as u8;
-                if let Some(id) = server.handle_connect(now, nonce) {
+                // A few sources, so the per-source handshake cap is exercised.
+                let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
+                if let Some(id) = server.handle_connect(now, nonce, source) {
                     conns.push(FuzzConn {
                         id,
                         received: Vec::new(),

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod budget;
 pub mod client;
 pub mod cluster;
 mod conn;

@@ -11,10 +11,14 @@
 //! - time: [`Server::poll_timeout`].
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 
 use crate::auth::{
     ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
     SINGLE_FINGERPRINT, ServerHandshake, WireMode,
+};
+use crate::budget::{
+    AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
@@ -39,10 +43,12 @@ pub fn first_token(since_epoch: Duration) -> u64 {
 pub struct ServerConfig {
     /// Lock table settings (limits, `T` margin, sweep interval).
     pub lock: LockConfig,
-    /// Open connections at most; more are refused at once.
+    /// Connections past their handshake (sessions) at most; a new
+    /// connection while they are all taken is refused at once. Unfinished
+    /// handshakes have their own budget ([`BudgetConfig::max_handshakes`]).
     pub max_connections: usize,
-    /// Requests awaiting a reply on one connection at most; an acquire over
-    /// it is answered `B`.
+    /// Queued acquires (waiting for a key) on one connection at most; an
+    /// acquire over it is answered `B`.
     pub max_in_flight_per_connection: usize,
     /// Reply bytes buffered for one connection before the server stops
     /// reading from it (see [`Server::wants_input`]).
@@ -51,6 +57,8 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Accepted client tokens.
     pub client_tokens: ClientTokens,
+    /// Handshake budget, held-key cap, release-miss limit, report interval.
+    pub budget: BudgetConfig,
 }
 
 impl Default for ServerConfig {
@@ -60,8 +68,9 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             max_in_flight_per_connection: 16_384,
             max_outbound_bytes_per_connection: 1 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
+            budget: BudgetConfig::for_max_connections(10_000),
         }
     }
 }
@@ -84,8 +93,12 @@ pub enum ConnState {
 /// Server-wide counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerStats {
-    /// Open connections.
+    /// Open connections (sessions and unfinished handshakes).
     pub connections: usize,
+    /// Connections past their handshake.
+    pub sessions: usize,
+    /// Unfinished handshakes counted against the handshake budget.
+    pub handshakes: usize,
     /// Lock table counts.
     pub lock: LockStats,
 }
@@ -104,6 +117,14 @@ pub struct Server {
     /// Handshake deadlines; entries of connections that finished or closed
     /// are skipped when they come due.
     handshake_deadlines: HandshakeDeadlines,
+    /// Unfinished handshakes and their sources.
+    handshakes: HandshakeBudget,
+    /// Connections past their handshake.
+    sessions: usize,
+    /// Keys held by each connection's delivered grants.
+    held: HeldKeys,
+    /// What the driver should log.
+    reports: Reports,
     shutting_down: bool,
 }
 
@@ -130,6 +151,12 @@ struct Conn {
     /// Queued waiters, in arrival order (waiter ids only grow), so closing a
     /// connection cancels them in an order that does not depend on hashing.
     queued: BTreeSet<WaiterId>,
+    /// Where the connection comes from, for budgets and logs.
+    source: IpAddr,
+    /// Why the server closes it, once it decided to.
+    close_reason: Option<CloseReason>,
+    /// Releases answered `N` since the last one that released.
+    release_misses_in_row: u32,
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
@@ -148,6 +175,15 @@ fn send_grant(
     conn.out.record_grant(token, keys);
 }
 
+/// When the grant just made on `keys` ends (the table's lease deadline of
+/// its first key; `now` if the table no longer records it).
+fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
+    keys.keys()
+        .first()
+        .and_then(|key| table.holder(key.as_bytes()))
+        .map_or(now, |(_, deadline)| deadline)
+}
+
 /// Queues `reply` on `conn` and schedules a wake if needed.
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, reply: Reply) {
     reply.encode(conn.out.buffer_mut());
@@ -160,7 +196,6 @@ impl Server {
     pub fn new(config: ServerConfig, first_token: u64, now: Instant) -> Self {
         let table = LockTable::new(config.lock, first_token, now);
         Server {
-            config,
             table,
             conns: HashMap::new(),
             next_conn_id: 1,
@@ -168,20 +203,45 @@ impl Server {
             next_waiter_id: 1,
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
+            handshakes: HandshakeBudget::new(
+                config.budget.max_handshakes,
+                config.budget.max_handshakes_per_source,
+            ),
+            sessions: 0,
+            held: HeldKeys::default(),
+            reports: Reports::new(config.budget.report_interval),
+            config,
             shutting_down: false,
         }
     }
 
-    /// A transport connection opened. `nonce` must be fresh CSPRNG bytes.
-    /// Returns `None` if the connection limit is reached or the server is
-    /// shutting down (close it at once). The hello is queued for sending (a
-    /// wake follows).
-    pub fn handle_connect(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        if self.shutting_down || self.conns.len() >= self.config.max_connections {
+    /// A transport connection opened from `source`. `nonce` must be fresh
+    /// CSPRNG bytes. Returns `None` if every session slot is taken or the
+    /// server is shutting down (close it at once). Otherwise the connection
+    /// joins the handshake budget, which may drop an older unfinished
+    /// handshake (never this one). The hello is queued for sending (a wake
+    /// follows).
+    pub fn handle_connect(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.handle_timeout(now);
+        if self.shutting_down || self.sessions >= self.config.max_connections {
+            self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
         let conn_id = ConnId(self.next_conn_id);
         self.next_conn_id += 1;
+        if let Some(evicted) = self.handshakes.admit(conn_id, source) {
+            if let Some(old) = self.conns.get(&evicted) {
+                let old_source = old.source;
+                self.reports
+                    .abuse(now, Some(old_source), AbuseKind::HandshakeEvicted);
+            }
+            self.close_conn(now, evicted, CloseReason::HandshakeEvicted);
+        }
         let hello = Hello {
             mode: WireMode::Single,
             self_slot: NO_LEADER_SLOT,
@@ -194,6 +254,9 @@ impl Server {
             phase: Phase::Handshake(handshake),
             decoder: RequestDecoder::new(),
             queued: BTreeSet::new(),
+            source,
+            close_reason: None,
+            release_misses_in_row: 0,
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -217,13 +280,24 @@ impl Server {
             match status {
                 HandshakeStatus::NeedMore => return,
                 HandshakeStatus::Accepted => {
+                    self.handshakes.finish(conn_id);
+                    if self.sessions >= self.config.max_connections {
+                        let source = conn.source;
+                        self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                        self.close_conn(now, conn_id, CloseReason::SessionLimit);
+                        return;
+                    }
+                    self.sessions += 1;
                     conn.phase = Phase::Session;
                     conn.out.buffer_mut().push(RESULT_ACCEPTED);
                     self.wakes.wake(conn_id, &mut conn.out);
                 }
                 HandshakeStatus::Rejected => {
                     conn.out.buffer_mut().push(RESULT_REJECTED);
-                    self.close_conn(now, conn_id);
+                    let source = conn.source;
+                    self.reports
+                        .abuse(now, Some(source), AbuseKind::FailedProof);
+                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
                     return;
                 }
             }
@@ -253,7 +327,7 @@ impl Server {
                 Err(_frame_error) => {
                     // The frame cannot be parsed, so there is no rid to answer:
                     // the published clients expect the session to end.
-                    self.close_conn(now, conn_id);
+                    self.close_conn(now, conn_id, CloseReason::BadFrame);
                     break;
                 }
             }
@@ -273,7 +347,10 @@ impl Server {
             .conns
             .get(&conn_id)
             .is_none_or(|conn| conn.queued.len() >= self.config.max_in_flight_per_connection);
-        let outcome = if over_in_flight {
+        self.held.expire(now);
+        let over_held = self.held.held(conn_id).saturating_add(keys.len())
+            > self.config.budget.max_held_per_connection;
+        let outcome = if over_in_flight || over_held {
             AcquireOutcome::Busy
         } else {
             let waiter = WaiterId(self.next_waiter_id);
@@ -309,6 +386,8 @@ impl Server {
                 } else {
                     Reply::Acquired { rid, token }
                 };
+                let expires = lease_end(&self.table, &keys, now);
+                self.held.add(conn_id, token, keys.len(), expires);
                 send_grant(conn_id, conn, &mut self.wakes, reply, keys);
                 return;
             }
@@ -327,9 +406,22 @@ impl Server {
             set,
         } = release;
         let outcome = self.table.release(now, &keys, token);
+        if outcome == ReleaseOutcome::Released {
+            self.held.remove(token);
+        }
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
+        let max_misses = self.config.budget.max_release_misses_in_row;
+        let mut sweeping = false;
+        match outcome {
+            ReleaseOutcome::Released => conn.release_misses_in_row = 0,
+            ReleaseOutcome::NotFound => {
+                conn.release_misses_in_row = conn.release_misses_in_row.saturating_add(1);
+                sweeping = max_misses > 0 && conn.release_misses_in_row >= max_misses;
+            }
+            ReleaseOutcome::GroupMismatch => {}
+        }
         let reply = match outcome {
             ReleaseOutcome::Released if set => Reply::ReleasedSet { rid },
             ReleaseOutcome::Released => Reply::Released { rid },
@@ -340,6 +432,32 @@ impl Server {
             },
         };
         send(conn_id, conn, &mut self.wakes, reply);
+        if sweeping {
+            // A run of misses is what trying tokens blindly looks like;
+            // fencing at the storage is the real protection, this makes a
+            // sweep slow and visible.
+            let source = conn.source;
+            self.reports
+                .abuse(now, Some(source), AbuseKind::ReleaseSweep);
+            self.close_conn(now, conn_id, CloseReason::ReleaseMisses);
+        }
+    }
+
+    /// Keys held by the grants delivered to `conn` (for tests and metrics).
+    pub fn held_keys(&self, conn_id: ConnId) -> usize {
+        self.held.held(conn_id)
+    }
+
+    /// The next thing to log: aggregated abuse reports (`warn`) and close
+    /// reasons (`debug`). Drain after every input, like the wakes.
+    pub fn poll_log(&mut self) -> Option<LogEvent> {
+        self.reports.poll()
+    }
+
+    /// Log events dropped because the driver did not drain
+    /// [`Server::poll_log`] (a bounded queue).
+    pub fn dropped_log_events(&self) -> u64 {
+        self.reports.dropped_events()
     }
 
     /// Turns the lock table's events into replies to queued acquires.
@@ -386,6 +504,9 @@ impl Server {
                     } else {
                         Reply::Acquired { rid, token }
                     };
+                    let expires = lease_end(&self.table, &queued.keys, now);
+                    self.held
+                        .add(queued.conn, token, queued.keys.len(), expires);
                     send_grant(queued.conn, conn, &mut self.wakes, reply, queued.keys);
                 }
                 None => send(queued.conn, conn, &mut self.wakes, Reply::TimedOut { rid }),
@@ -396,10 +517,12 @@ impl Server {
     /// The server gives up on `conn`: it reads nothing more, its queued
     /// waiters leave their queues now, and what is already queued for it is
     /// flushed before the driver closes it.
-    fn close_conn(&mut self, now: Instant, conn_id: ConnId) {
+    fn close_conn(&mut self, now: Instant, conn_id: ConnId, reason: CloseReason) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
+        conn.close_reason.get_or_insert(reason);
+        self.handshakes.finish(conn_id);
         self.wakes.close_after_flush(conn_id, &mut conn.out);
         // Latest arrival first: cancelling a front waiter first could hand the
         // key to this connection's own next waiter, only to pass it on again.
@@ -445,10 +568,16 @@ impl Server {
     /// grants whose reply was not written whole are released at once.
     pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
-        self.close_conn(now, conn_id);
+        self.close_conn(now, conn_id, CloseReason::TransportClosed);
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
+        if matches!(conn.phase, Phase::Session) {
+            self.sessions -= 1;
+        }
+        self.held.forget_conn(conn_id);
+        let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
+        self.reports.closed(conn_id, Some(conn.source), reason);
         #[cfg(feature = "planted-bugs")]
         if crate::lock::planted::active(crate::lock::planted::PlantedBug::ForgetGhostGrant) {
             self.drain_lock_events(now);
@@ -475,19 +604,29 @@ impl Server {
                 _ => false,
             };
             if timed_out {
-                self.close_conn(now, conn_id);
+                if let Some(conn) = self.conns.get(&conn_id) {
+                    let source = conn.source;
+                    self.reports
+                        .abuse(now, Some(source), AbuseKind::HandshakeTimedOut);
+                }
+                self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
             }
         }
+        self.held.expire(now);
+        self.reports.handle_timeout(now);
         self.drain_lock_events(now);
     }
 
     /// The earliest instant at which [`Server::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let handshake = self.handshake_deadlines.earliest();
-        match (self.table.poll_timeout(), handshake) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.table.poll_timeout(),
+            self.handshake_deadlines.earliest(),
+            self.reports.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// A connection that has bytes to send or must be closed. A connection
@@ -529,6 +668,7 @@ impl Server {
         conn_ids.sort_unstable();
         for conn_id in conn_ids {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.close_reason.get_or_insert(CloseReason::Shutdown);
                 self.wakes.close_after_flush(conn_id, &mut conn.out);
             }
         }
@@ -558,6 +698,8 @@ impl Server {
     pub fn stats(&self) -> ServerStats {
         ServerStats {
             connections: self.conns.len(),
+            sessions: self.sessions,
+            handshakes: self.handshakes.len(),
             lock: self.table.stats(),
         }
     }

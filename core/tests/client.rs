@@ -4,6 +4,9 @@
 //! release operations; routing; backoff; parameter validation. Time is
 //! injected and jumped; nothing sleeps.
 
+/// The source address of every test connection.
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
@@ -86,7 +89,7 @@ impl Live {
     fn connect(&mut self, config: SessionConfig) -> usize {
         let conn = self
             .server
-            .handle_connect(self.now, [0x5a; 16])
+            .handle_connect(self.now, [0x5a; 16], LOOPBACK)
             .expect("connection accepted");
         self.links.push((conn, Session::new(self.now, config)));
         let index = self.links.len() - 1;

@@ -2,6 +2,9 @@
 //! bytes are shuttled between their connections exactly as a driver would,
 //! and clients speak the real wire protocol.
 
+/// The source address of every test connection.
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 use std::collections::{BTreeMap, VecDeque};
 
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
@@ -56,12 +59,19 @@ struct Net {
 
 impl Net {
     fn new() -> Self {
+        Net::with_config(|_| {})
+    }
+
+    /// Three bootstrap members whose configuration `adjust` changes.
+    fn with_config(adjust: fn(&mut ClusterConfig)) -> Self {
         let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
         let nodes = voters
             .iter()
             .map(|id| {
+                let mut config = config(*id);
+                adjust(&mut config);
                 Some(ClusterNode::bootstrap(
-                    config(*id),
+                    config,
                     voters.clone(),
                     REJOIN_GENERATION,
                     u64::from(id.slot) + 11,
@@ -106,7 +116,10 @@ impl Net {
                     if self.nodes.get(target).is_some_and(Option::is_some) {
                         let (n1, n2) = (self.nonce(), self.nonce());
                         let a = self.node(i).handle_peer_connected(now, slot, n1);
-                        let b = self.node(target).handle_peer_accept(now, n2).unwrap();
+                        let b = self
+                            .node(target)
+                            .handle_peer_accept(now, n2, LOOPBACK)
+                            .unwrap();
                         self.links.insert((i, a), Endpoint::Peer(target, b));
                         self.links.insert((target, b), Endpoint::Peer(i, a));
                     } else {
@@ -151,7 +164,14 @@ impl Net {
                                 self.node(i).handle_closed(now, conn);
                             }
                         }
-                        None => {}
+                        // A socket nobody reads (an idle attacker's): the
+                        // driver closes it when the node says so.
+                        None => {
+                            if state != ConnState::Open {
+                                let now = self.now;
+                                self.node(i).handle_closed(now, conn);
+                            }
+                        }
                     }
                 }
             }
@@ -266,7 +286,10 @@ impl Net {
     fn connect(&mut self, node: usize) -> usize {
         let nonce = self.nonce();
         let now = self.now;
-        let conn = self.node(node).handle_connect(now, nonce).unwrap();
+        let conn = self
+            .node(node)
+            .handle_connect(now, nonce, LOOPBACK)
+            .unwrap();
         let c = self.clients.len();
         self.clients.push(TestClient {
             node,
@@ -720,5 +743,106 @@ fn a_bootstrap_member_that_finds_a_running_cluster_joins_as_a_new_generation() {
     assert_eq!(
         net.request(c2, release(3, "k", first)),
         Reply::Released { rid: 3 }
+    );
+}
+
+#[test]
+fn idle_sockets_on_every_peer_port_do_not_keep_a_restarted_node_out() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    for i in 0..3 {
+        for _ in 0..20 {
+            let (now, nonce) = (net.now, net.nonce());
+            // Never answered: nobody reads or writes these sockets.
+            net.node(i)
+                .handle_peer_accept(now, nonce, LOOPBACK)
+                .unwrap();
+        }
+    }
+    net.settle();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let id = NodeId::new(victim as u8, 2);
+    net.nodes[victim] = Some(ClusterNode::join(config(id), 99, net.now));
+    // More idle sockets arrive while it rejoins.
+    for i in 0..3 {
+        if i != victim {
+            for _ in 0..20 {
+                let (now, nonce) = (net.now, net.nonce());
+                net.node(i)
+                    .handle_peer_accept(now, nonce, LOOPBACK)
+                    .unwrap();
+            }
+        }
+    }
+    net.run_for(Duration::from_secs(3));
+    let raft = net.node(victim).raft();
+    assert!(raft.is_voter(), "config: {:?}", raft.config());
+}
+
+#[test]
+fn the_leader_caps_keys_held_per_client_connection() {
+    let mut net = Net::with_config(|config| config.budget.max_held_per_connection = 2);
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let a = token_of(net.request(c, acquire(1, "a", 0, 60)));
+    net.request(c, acquire(2, "b", 0, 60));
+    assert_eq!(
+        net.request(c, acquire(3, "c", 0, 60)),
+        Reply::Busy { rid: 3 }
+    );
+    assert_eq!(
+        net.request(c, release(4, "a", a)),
+        Reply::Released { rid: 4 }
+    );
+    assert!(matches!(
+        net.request(c, acquire(5, "c", 0, 60)),
+        Reply::Acquired { rid: 5, .. }
+    ));
+    // Expiry frees the count too (leases of 1 s).
+    let d = net.connect(leader);
+    net.request(d, acquire(6, "x", 0, 1));
+    net.request(d, acquire(7, "y", 0, 1));
+    assert_eq!(
+        net.request(d, acquire(8, "z", 0, 1)),
+        Reply::Busy { rid: 8 }
+    );
+    net.run_for(Duration::from_secs(2));
+    assert!(matches!(
+        net.request(d, acquire(9, "z", 0, 1)),
+        Reply::Acquired { rid: 9, .. }
+    ));
+}
+
+#[test]
+fn a_run_of_release_misses_closes_a_cluster_client_after_exactly_k() {
+    let mut net = Net::with_config(|config| config.budget.max_release_misses_in_row = 3);
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let own = token_of(net.request(c, acquire(1, "own", 0, 60)));
+    for rid in 2..4 {
+        assert_eq!(
+            net.request(c, release(rid, "v", own + rid)),
+            Reply::NotFound { rid }
+        );
+    }
+    assert_eq!(
+        net.request(c, release(4, "own", own)),
+        Reply::Released { rid: 4 }
+    );
+    for rid in 5..7 {
+        assert_eq!(
+            net.request(c, release(rid, "v", own + rid)),
+            Reply::NotFound { rid }
+        );
+    }
+    assert!(!net.clients[c].closed);
+    assert_eq!(
+        net.request(c, release(7, "v", own + 7)),
+        Reply::NotFound { rid: 7 }
+    );
+    assert!(
+        net.clients[c].closed,
+        "closed after the third miss in a row"
     );
 }

@@ -43,10 +43,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
 
 use crate::auth::{
     ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
     ServerHandshake, WireMode,
+};
+use crate::budget::{
+    AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::state::ReplicatedLocks;
@@ -88,7 +92,9 @@ pub struct ClusterConfig {
     /// A queued request gets `T` this long before `wait` seconds after
     /// receipt.
     pub wait_margin: Duration,
-    /// Open client connections at most.
+    /// Client connections past their handshake (sessions) at most;
+    /// unfinished handshakes have their own budget
+    /// ([`BudgetConfig::max_handshakes`]).
     pub max_connections: usize,
     /// Requests awaiting a reply on one client connection at most; an
     /// acquire over it is answered `B`.
@@ -102,6 +108,9 @@ pub struct ClusterConfig {
     pub client_tokens: ClientTokens,
     /// Peer tokens (the first one is this node's own).
     pub peer_tokens: PeerTokens,
+    /// Handshake budgets (client and peer), held-key cap, release-miss
+    /// limit, report interval.
+    pub budget: BudgetConfig,
     /// Wall-clock microseconds since the Unix epoch at this process's
     /// start: the first token of the domain if this node's leadership
     /// initialises it.
@@ -131,9 +140,10 @@ impl ClusterConfig {
             max_connections: 10_000,
             max_in_flight_per_connection: 16_384,
             max_outbound_bytes_per_connection: 16 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
             peer_tokens,
+            budget: BudgetConfig::for_max_connections(10_000),
             bootstrap_wall_clock_us,
             dial_backoff_min: Duration::from_millis(100),
             dial_backoff_max: Duration::from_millis(3_200),
@@ -209,6 +219,8 @@ struct Leadership {
     dirty: Vec<Key>,
     /// Requests received before catching up, served in order after.
     held: VecDeque<(ConnId, Request, Instant)>,
+    /// Keys held by the grants this leader delivered, per connection.
+    held_keys: HeldKeys,
 }
 
 #[derive(Debug)]
@@ -225,6 +237,8 @@ struct ClientConn {
     in_flight: usize,
     /// Sequence numbers of its queued waiters.
     queued: BTreeSet<u64>,
+    /// Releases answered `N` since the last one that released.
+    release_misses_in_row: u32,
 }
 
 #[derive(Debug)]
@@ -248,6 +262,10 @@ struct Conn {
     /// Bytes for the driver (replies or Raft messages), and which grants
     /// they carry (client connections only).
     out: Outbound,
+    /// Where an accepted connection comes from (`None`: dialed by us).
+    source: Option<IpAddr>,
+    /// Why the node closes it, once it decided to.
+    close_reason: Option<CloseReason>,
 }
 
 /// Per-slot dialing state.
@@ -296,6 +314,14 @@ pub struct ClusterNode {
     next_waiter_seq: u64,
     wakes: WakeQueue,
     handshake_deadlines: HandshakeDeadlines,
+    /// Unfinished client handshakes and their sources.
+    client_handshakes: HandshakeBudget,
+    /// Unfinished accepted peer handshakes and their sources.
+    peer_handshakes: HandshakeBudget,
+    /// Client connections past their handshake.
+    client_sessions: usize,
+    /// What the driver should log.
+    reports: Reports,
     dials: Vec<DialState>,
     shutting_down: bool,
     /// A snapshot from the leader that did not decode (should never happen;
@@ -444,7 +470,6 @@ impl ClusterNode {
             })
             .collect();
         ClusterNode {
-            config,
             raft,
             state: ReplicatedLocks::new(),
             applied_index: 0,
@@ -456,10 +481,21 @@ impl ClusterNode {
             next_waiter_seq: 1,
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
+            client_handshakes: HandshakeBudget::new(
+                config.budget.max_handshakes,
+                config.budget.max_handshakes_per_source,
+            ),
+            peer_handshakes: HandshakeBudget::new(
+                config.budget.max_peer_handshakes,
+                config.budget.max_peer_handshakes_per_source,
+            ),
+            client_sessions: 0,
+            reports: Reports::new(config.budget.report_interval),
             dials,
             shutting_down: false,
             bad_snapshots: 0,
             genesis: GenesisCheck::Done,
+            config,
         }
     }
 
@@ -526,21 +562,20 @@ impl ClusterNode {
     // Connections
     // ------------------------------------------------------------------
 
-    /// Open peer connections (`peers`) or client connections, for the
-    /// connection limits.
-    fn count_conns(&self, peers: bool) -> usize {
-        self.conns
-            .values()
-            .filter(|c| matches!(c.kind, ConnKind::Peer(_)) == peers)
-            .count()
-    }
-
-    fn new_conn(&mut self, kind: ConnKind, hello: &[u8], deadline: Instant) -> ConnId {
+    fn new_conn(
+        &mut self,
+        kind: ConnKind,
+        hello: &[u8],
+        deadline: Instant,
+        source: Option<IpAddr>,
+    ) -> ConnId {
         let conn_id = ConnId(self.next_conn_id);
         self.next_conn_id += 1;
         let mut conn = Conn {
             kind,
             out: Outbound::new(hello.to_vec()),
+            source,
+            close_reason: None,
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -548,10 +583,35 @@ impl ClusterNode {
         conn_id
     }
 
-    /// A client connection was accepted. `nonce` must be fresh CSPRNG
-    /// bytes. `None`: refuse it (limit reached or shutting down).
-    pub fn handle_connect(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        if self.shutting_down || self.count_conns(false) >= self.config.max_connections {
+    /// Counts a new connection from `source` in `peers`' handshake budget
+    /// (or the clients'), closing the unfinished handshake it displaces.
+    fn admit_handshake(&mut self, now: Instant, peers: bool, conn_id: ConnId, source: IpAddr) {
+        let budget = if peers {
+            &mut self.peer_handshakes
+        } else {
+            &mut self.client_handshakes
+        };
+        if let Some(evicted) = budget.admit(conn_id, source) {
+            let old_source = self.conns.get(&evicted).and_then(|c| c.source);
+            self.reports
+                .abuse(now, old_source, AbuseKind::HandshakeEvicted);
+            self.close_conn(now, evicted, CloseReason::HandshakeEvicted);
+        }
+    }
+
+    /// A client connection from `source` was accepted. `nonce` must be
+    /// fresh CSPRNG bytes. `None`: refuse it (every session slot taken or
+    /// shutting down). Otherwise it joins the client handshake budget,
+    /// which may drop an older unfinished handshake (never this one).
+    pub fn handle_connect(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.handle_timeout(now);
+        if self.shutting_down || self.client_sessions >= self.config.max_connections {
+            self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
         let hello = Hello {
@@ -567,8 +627,11 @@ impl ClusterNode {
             decoder: RequestDecoder::new(),
             in_flight: 0,
             queued: BTreeSet::new(),
+            release_misses_in_row: 0,
         });
-        Some(self.new_conn(kind, &hello_bytes, deadline))
+        let conn_id = ConnId(self.next_conn_id);
+        self.admit_handshake(now, false, conn_id, source);
+        Some(self.new_conn(kind, &hello_bytes, deadline, Some(source)))
     }
 
     fn new_peer_conn(
@@ -576,6 +639,7 @@ impl ClusterNode {
         now: Instant,
         nonce: [u8; NONCE_LEN],
         dialed: Option<u8>,
+        source: Option<IpAddr>,
     ) -> ConnId {
         let deadline = now.saturating_add(self.config.handshake_timeout);
         let mut handshake = PeerHandshake::new(
@@ -592,17 +656,37 @@ impl ClusterNode {
             dialed,
             decoder: PeerDecoder::new(),
         });
-        self.new_conn(kind, &hello, deadline)
+        self.new_conn(kind, &hello, deadline, source)
     }
 
-    /// A peer connection was accepted on the peer address.
-    pub fn handle_peer_accept(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+    /// A peer connection from `source` was accepted on the peer address.
+    /// Unauthenticated ones have their own small budget, capped per source,
+    /// the oldest dropped first, so idle sockets can never keep a
+    /// restarted node from rejoining.
+    pub fn handle_peer_accept(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.handle_timeout(now);
         // Each slot needs at most two connections (one each way); the bound
-        // keeps a flood of unauthenticated connections from growing state.
-        if self.count_conns(true) >= 4 * usize::from(self.config.slot_count) {
+        // keeps authenticated and dialed connections from growing state.
+        // Unauthenticated accepted ones are bounded by their own budget.
+        let known = self
+            .conns
+            .values()
+            .filter(|c| {
+                matches!(&c.kind, ConnKind::Peer(p) if p.established.is_some() || p.dialed.is_some())
+            })
+            .count();
+        if known >= 4 * usize::from(self.config.slot_count) {
+            self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
-        Some(self.new_peer_conn(now, nonce, None))
+        let conn_id = ConnId(self.next_conn_id);
+        self.admit_handshake(now, true, conn_id, source);
+        Some(self.new_peer_conn(now, nonce, None, Some(source)))
     }
 
     /// The next peer slot the driver should dial (its configured peer
@@ -634,7 +718,7 @@ impl ClusterNode {
             dial.dialing = false;
             dial.connected = true;
         }
-        self.new_peer_conn(now, nonce, Some(slot))
+        self.new_peer_conn(now, nonce, Some(slot), None)
     }
 
     /// The dial of `slot` failed: retry after a backoff.
@@ -683,6 +767,13 @@ impl ClusterNode {
             match status {
                 HandshakeStatus::NeedMore => return,
                 HandshakeStatus::Accepted => {
+                    self.client_handshakes.finish(conn_id);
+                    if self.client_sessions >= self.config.max_connections {
+                        self.reports.abuse(now, conn.source, AbuseKind::Refused);
+                        self.close_conn(now, conn_id, CloseReason::SessionLimit);
+                        return;
+                    }
+                    self.client_sessions += 1;
                     client.phase = ClientPhase::Session;
                     conn.out.buffer_mut().push(RESULT_ACCEPTED);
                     // Clients route by the leader notice; send it at once.
@@ -691,7 +782,8 @@ impl ClusterNode {
                 }
                 HandshakeStatus::Rejected => {
                     conn.out.buffer_mut().push(RESULT_REJECTED);
-                    self.close_conn(now, conn_id);
+                    self.reports.abuse(now, conn.source, AbuseKind::FailedProof);
+                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
                     return;
                 }
             }
@@ -726,7 +818,7 @@ impl ClusterNode {
                     self.handle_request(now, conn_id, request);
                 }
                 Err(_) => {
-                    self.close_conn(now, conn_id);
+                    self.close_conn(now, conn_id, CloseReason::BadFrame);
                     break;
                 }
             }
@@ -757,10 +849,13 @@ impl ClusterNode {
         let Some(Conn {
             kind: ConnKind::Peer(peer),
             out,
+            source,
+            ..
         }) = self.conns.get_mut(&conn_id)
         else {
             return;
         };
+        let source = *source;
         let mut rest = bytes;
         if peer.established.is_none() {
             let (used, status) = peer.handshake.handle_input(&self.config.peer_tokens, rest);
@@ -775,10 +870,13 @@ impl ClusterNode {
                     return;
                 }
                 PeerHandshakeStatus::Rejected(_) => {
-                    self.close_conn(now, conn_id);
+                    self.reports
+                        .abuse(now, source, AbuseKind::FailedPeerHandshake);
+                    self.close_conn(now, conn_id, CloseReason::PeerHandshakeFailed);
                     return;
                 }
                 PeerHandshakeStatus::Established(remote) => {
+                    self.peer_handshakes.finish(conn_id);
                     peer.established = Some(remote);
                     if let Some(conn) = self.conns.get_mut(&conn_id) {
                         self.wakes.wake(conn_id, &mut conn.out);
@@ -821,7 +919,7 @@ impl ClusterNode {
             }
         }
         if failed {
-            self.close_conn(now, conn_id);
+            self.close_conn(now, conn_id, CloseReason::BadFrame);
         }
     }
 
@@ -875,6 +973,12 @@ impl ClusterNode {
         fresh.next_waiter_seq = self.next_waiter_seq;
         fresh.wakes = std::mem::take(&mut self.wakes);
         fresh.handshake_deadlines = std::mem::take(&mut self.handshake_deadlines);
+        fresh.client_handshakes =
+            std::mem::replace(&mut self.client_handshakes, HandshakeBudget::new(0, 0));
+        fresh.peer_handshakes =
+            std::mem::replace(&mut self.peer_handshakes, HandshakeBudget::new(0, 0));
+        fresh.client_sessions = self.client_sessions;
+        fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.dials = std::mem::take(&mut self.dials);
         fresh.shutting_down = self.shutting_down;
         *self = fresh;
@@ -885,7 +989,7 @@ impl ClusterNode {
             .map(|(id, _)| *id)
             .collect();
         for conn_id in peers {
-            self.close_conn(now, conn_id);
+            self.close_conn(now, conn_id, CloseReason::Rejoin);
         }
     }
 
@@ -919,10 +1023,15 @@ impl ClusterNode {
 
     /// The node gives up on `conn`: nothing more is read, what is queued
     /// is flushed, then the driver closes it.
-    fn close_conn(&mut self, now: Instant, conn_id: ConnId) {
+    fn close_conn(&mut self, now: Instant, conn_id: ConnId, reason: CloseReason) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
+        conn.close_reason.get_or_insert(reason);
+        match conn.kind {
+            ConnKind::Client(_) => self.client_handshakes.finish(conn_id),
+            ConnKind::Peer(_) => self.peer_handshakes.finish(conn_id),
+        }
         self.wakes.close_after_flush(conn_id, &mut conn.out);
         let queued: Vec<u64> = match &mut conn.kind {
             ConnKind::Client(client) => std::mem::take(&mut client.queued).into_iter().collect(),
@@ -962,12 +1071,20 @@ impl ClusterNode {
     /// after a backoff.
     pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
-        self.close_conn(now, conn_id);
+        self.close_conn(now, conn_id, CloseReason::TransportClosed);
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
+        let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
+        self.reports.closed(conn_id, conn.source, reason);
         match conn.kind {
-            ConnKind::Client(_) => {
+            ConnKind::Client(client) => {
+                if matches!(client.phase, ClientPhase::Session) {
+                    self.client_sessions -= 1;
+                }
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership.held_keys.forget_conn(conn_id);
+                }
                 for grant in conn.out.into_undelivered() {
                     let (keys, token) = (grant.keys, grant.token);
                     self.propose_internal(now, Command::Release { keys, token });
@@ -1087,6 +1204,17 @@ impl ClusterNode {
             }) => client.in_flight > self.config.max_in_flight_per_connection,
             _ => return,
         };
+        let over_held = match self.leadership.as_mut() {
+            Some(leadership) => {
+                leadership.held_keys.expire(now);
+                leadership
+                    .held_keys
+                    .held(conn_id)
+                    .saturating_add(keys.len())
+                    > self.config.budget.max_held_per_connection
+            }
+            None => false,
+        };
         let Some(leadership) = self.leadership.as_ref() else {
             self.answer(conn_id, leader_reply(rid, self.raft.leader()));
             return;
@@ -1107,7 +1235,7 @@ impl ClusterNode {
                 .saturating_sub(self.config.wait_margin)
                 .max(received),
         };
-        if over_in_flight {
+        if over_in_flight || over_held {
             self.answer(conn_id, Reply::Busy { rid });
             return;
         }
@@ -1291,6 +1419,13 @@ impl ClusterNode {
                     if let Some(Command::Expire { token, .. }) = &command {
                         leadership.expiring.remove(token);
                     }
+                    match (&command, result) {
+                        (Some(Command::Release { token, .. }), ApplyResult::Released)
+                        | (Some(Command::Expire { token, .. }), _) => {
+                            leadership.held_keys.remove(*token);
+                        }
+                        _ => {}
+                    }
                 }
                 let pending = match self.pending.remove(&entry.index) {
                     Some(p) if p.term == entry.term => Some(p),
@@ -1338,6 +1473,7 @@ impl ClusterNode {
                 self.deliver_grant(now, waiter, result);
             }
             PendingKind::Release { conn, rid, set } => {
+                self.count_release_miss(now, conn, &result);
                 let reply = match result {
                     ApplyResult::Released if set => Reply::ReleasedSet { rid },
                     ApplyResult::Released => Reply::Released { rid },
@@ -1348,9 +1484,66 @@ impl ClusterNode {
                     _ => Reply::NotFound { rid },
                 };
                 self.answer(conn, reply);
+                self.close_if_sweeping(now, conn);
             }
             PendingKind::Init | PendingKind::Internal => {}
         }
+    }
+
+    /// Counts a release's outcome in its connection's run of misses.
+    fn count_release_miss(&mut self, _now: Instant, conn_id: ConnId, result: &ApplyResult) {
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.get_mut(&conn_id)
+        {
+            match result {
+                ApplyResult::Released => client.release_misses_in_row = 0,
+                ApplyResult::GroupMismatch => {}
+                _ => {
+                    client.release_misses_in_row = client.release_misses_in_row.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// Closes `conn_id` once its releases missed too often in a row: that is
+    /// what trying tokens blindly looks like. Fencing at the storage is the
+    /// real protection; this makes a sweep slow and visible.
+    fn close_if_sweeping(&mut self, now: Instant, conn_id: ConnId) {
+        let max_misses = self.config.budget.max_release_misses_in_row;
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let ConnKind::Client(client) = &conn.kind else {
+            return;
+        };
+        if max_misses == 0 || client.release_misses_in_row < max_misses || conn.out.is_closing() {
+            return;
+        }
+        self.reports
+            .abuse(now, conn.source, AbuseKind::ReleaseSweep);
+        self.close_conn(now, conn_id, CloseReason::ReleaseMisses);
+    }
+
+    /// Keys held by the grants this leader delivered to `conn` (for tests
+    /// and metrics; 0 on a follower).
+    pub fn held_keys(&self, conn_id: ConnId) -> usize {
+        self.leadership
+            .as_ref()
+            .map_or(0, |leadership| leadership.held_keys.held(conn_id))
+    }
+
+    /// The next thing to log: aggregated abuse reports (`warn`) and close
+    /// reasons (`debug`). Drain after every input, like the wakes.
+    pub fn poll_log(&mut self) -> Option<LogEvent> {
+        self.reports.poll()
+    }
+
+    /// Log events dropped because the driver did not drain
+    /// [`ClusterNode::poll_log`] (a bounded queue).
+    pub fn dropped_log_events(&self) -> u64 {
+        self.reports.dropped_events()
     }
 
     fn deliver_grant(&mut self, now: Instant, waiter: Waiter, result: ApplyResult) {
@@ -1365,6 +1558,7 @@ impl ClusterNode {
             Some(Conn {
                 kind: ConnKind::Client(_),
                 out,
+                ..
             }) if !out.is_closing()
         );
         if !open {
@@ -1391,9 +1585,19 @@ impl ClusterNode {
             }
         };
         self.answer(waiter.conn, reply);
+        if let Some(leadership) = self.leadership.as_mut() {
+            let lease = Duration::from_millis(u64::from(waiter.lease_ms));
+            leadership.held_keys.add(
+                waiter.conn,
+                token,
+                waiter.keys.len(),
+                now.saturating_add(lease),
+            );
+        }
         if let Some(Conn {
             kind: ConnKind::Client(_),
             out,
+            ..
         }) = self.conns.get_mut(&waiter.conn)
         {
             // The reply was just queued: its frame ends at the stream's end.
@@ -1617,8 +1821,15 @@ impl ClusterNode {
                 _ => false,
             };
             if timed_out {
-                self.close_conn(now, conn_id);
+                let source = self.conns.get(&conn_id).and_then(|c| c.source);
+                self.reports
+                    .abuse(now, source, AbuseKind::HandshakeTimedOut);
+                self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
             }
+        }
+        self.reports.handle_timeout(now);
+        if let Some(leadership) = self.leadership.as_mut() {
+            leadership.held_keys.expire(now);
         }
         self.time_out_waiters(now);
         if self.raft.is_leader() {
@@ -1667,6 +1878,7 @@ impl ClusterNode {
             }
         };
         consider(self.handshake_deadlines.earliest());
+        consider(self.reports.poll_timeout());
         if let Some(leadership) = &self.leadership {
             consider(
                 leadership
@@ -1760,7 +1972,7 @@ impl ClusterNode {
             .map(|(id, _)| *id)
             .collect();
         for conn_id in clients {
-            self.close_conn(now, conn_id);
+            self.close_conn(now, conn_id, CloseReason::Shutdown);
         }
         self.pump(now);
     }

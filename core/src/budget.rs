@@ -1,0 +1,555 @@
+//! Connection budgets and reports shared by the single-mode
+//! [`crate::server::Server`] and the [`crate::cluster::ClusterNode`]:
+//!
+//! - [`HandshakeBudget`]: unfinished handshakes have their own budget and a
+//!   per-source cap. A new connection is never the one refused: when its
+//!   source is at its cap, that source's oldest unfinished handshake is
+//!   dropped; when the whole budget is full, the oldest of all is. A client
+//!   that finishes its handshake in a round trip therefore gets in however
+//!   many idle sockets an attacker keeps refilling.
+//! - [`Reports`]: failed proofs, failed peer handshakes, evictions and
+//!   refusals, aggregated per source per interval (one [`LogEvent::Abuse`]
+//!   per source and kind per interval, with a count), and every
+//!   connection's close reason ([`LogEvent::Closed`]); the driver logs them.
+//! - [`HeldKeys`]: keys held by grants delivered to each connection, for
+//!   [`BudgetConfig::max_held_per_connection`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::IpAddr;
+
+use crate::server::ConnId;
+use crate::time::{Duration, Instant};
+
+/// Limits against connection abuse. Build with
+/// [`BudgetConfig::for_max_connections`] and adjust.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetConfig {
+    /// Unfinished client handshakes at most; a new one over it drops the
+    /// oldest.
+    pub max_handshakes: usize,
+    /// Unfinished client handshakes from one source address at most; a new
+    /// one over it drops that source's oldest.
+    pub max_handshakes_per_source: usize,
+    /// Unfinished accepted peer handshakes at most (cluster only).
+    pub max_peer_handshakes: usize,
+    /// Unfinished accepted peer handshakes from one source at most.
+    pub max_peer_handshakes_per_source: usize,
+    /// Keys held at once by the grants delivered to one connection; an
+    /// acquire that would go over it is answered `B`. A set counts its keys.
+    pub max_held_per_connection: usize,
+    /// A connection whose releases get this many `N` replies in a row is
+    /// closed (a blind sweep over tokens). 0 turns the check off.
+    pub max_release_misses_in_row: u32,
+    /// Abuse reports are aggregated over this long per source.
+    pub report_interval: Duration,
+}
+
+/// The floor of the derived handshake budget.
+pub const MIN_HANDSHAKES: usize = 32;
+/// Sources tracked at once in [`Reports`]; events from further sources are
+/// counted together (`source: None`).
+pub const MAX_REPORTED_SOURCES: usize = 1_024;
+/// Events kept for a driver that does not drain them at most; further ones
+/// are dropped and counted (see `dropped_log_events` on the server and node).
+pub const MAX_QUEUED_LOG_EVENTS: usize = 4_096;
+
+impl BudgetConfig {
+    /// Defaults for a server of `max_connections` sessions: an eighth of it
+    /// for handshakes (at least [`MIN_HANDSHAKES`]), half of that per
+    /// source, 8 unfinished peer handshakes (4 per source), 16,384 held keys
+    /// per connection, 64 release misses in a row, 10 s report interval.
+    pub fn for_max_connections(max_connections: usize) -> Self {
+        let max_handshakes = (max_connections / 8).max(MIN_HANDSHAKES);
+        BudgetConfig {
+            max_handshakes,
+            max_handshakes_per_source: (max_handshakes / 2).max(1),
+            max_peer_handshakes: 8,
+            max_peer_handshakes_per_source: 4,
+            max_held_per_connection: 16_384,
+            max_release_misses_in_row: 64,
+            report_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig::for_max_connections(10_000)
+    }
+}
+
+/// What a source did that an operator should see, aggregated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AbuseKind {
+    /// A client sent a proof that matches no configured token.
+    FailedProof,
+    /// A peer handshake failed (bad proof, wrong cluster, bad bytes).
+    FailedPeerHandshake,
+    /// An unfinished handshake was dropped to make room for a newer one.
+    HandshakeEvicted,
+    /// A handshake did not finish within the handshake timeout.
+    HandshakeTimedOut,
+    /// A connection was refused: the session limit was full or the server
+    /// is shutting down.
+    Refused,
+    /// A connection was closed after too many release misses in a row.
+    ReleaseSweep,
+}
+
+impl AbuseKind {
+    /// A short description for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            AbuseKind::FailedProof => "failed client proofs",
+            AbuseKind::FailedPeerHandshake => "failed peer handshakes",
+            AbuseKind::HandshakeEvicted => "unfinished handshakes dropped for newer ones",
+            AbuseKind::HandshakeTimedOut => "handshakes timed out",
+            AbuseKind::Refused => "connections refused (session limit or shutdown)",
+            AbuseKind::ReleaseSweep => "connections closed after a run of release misses",
+        }
+    }
+}
+
+/// Why the core closed (or saw close) a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The transport went away (EOF, error) while the core had no reason
+    /// of its own.
+    TransportClosed,
+    /// The client proof matched no token.
+    ProofRejected,
+    /// The peer handshake failed.
+    PeerHandshakeFailed,
+    /// The handshake did not finish in time.
+    HandshakeTimedOut,
+    /// The unfinished handshake was dropped for a newer connection.
+    HandshakeEvicted,
+    /// The handshake finished but every session slot is taken.
+    SessionLimit,
+    /// A frame could not be parsed.
+    BadFrame,
+    /// Too many release misses in a row.
+    ReleaseMisses,
+    /// Server shutdown.
+    Shutdown,
+    /// A cluster node took a new generation and redials its peers.
+    Rejoin,
+}
+
+impl CloseReason {
+    /// A short description for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CloseReason::TransportClosed => "transport closed",
+            CloseReason::ProofRejected => "client proof rejected",
+            CloseReason::PeerHandshakeFailed => "peer handshake failed",
+            CloseReason::HandshakeTimedOut => "handshake timed out",
+            CloseReason::HandshakeEvicted => "unfinished handshake dropped for a newer one",
+            CloseReason::SessionLimit => "session limit reached",
+            CloseReason::BadFrame => "unparseable frame",
+            CloseReason::ReleaseMisses => "too many release misses in a row",
+            CloseReason::Shutdown => "shutdown",
+            CloseReason::Rejoin => "node rejoined as a new generation",
+        }
+    }
+}
+
+/// Something the driver should log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogEvent {
+    /// `count` events of `kind` from `source` (`None`: sources beyond
+    /// [`MAX_REPORTED_SOURCES`], counted together). The first event of a
+    /// source is reported at once; further ones are counted and reported
+    /// once per [`BudgetConfig::report_interval`]. Log at `warn`.
+    Abuse {
+        /// The source address.
+        source: Option<IpAddr>,
+        /// What happened.
+        kind: AbuseKind,
+        /// How many times since the last report.
+        count: u64,
+    },
+    /// A connection was closed (log at `debug`).
+    Closed {
+        /// The connection.
+        conn: ConnId,
+        /// Its source (`None` for a connection this node dialed).
+        source: Option<IpAddr>,
+        /// Why.
+        reason: CloseReason,
+    },
+}
+
+/// Unfinished handshakes, oldest first, and their sources.
+#[derive(Debug)]
+pub(crate) struct HandshakeBudget {
+    max_total: usize,
+    max_per_source: usize,
+    /// Connection ids only grow, so the smallest is the oldest.
+    order: BTreeMap<ConnId, IpAddr>,
+    per_source: HashMap<IpAddr, BTreeSet<ConnId>>,
+}
+
+impl HandshakeBudget {
+    pub(crate) fn new(max_total: usize, max_per_source: usize) -> Self {
+        HandshakeBudget {
+            max_total: max_total.max(1),
+            max_per_source: max_per_source.max(1),
+            order: BTreeMap::new(),
+            per_source: HashMap::new(),
+        }
+    }
+
+    /// Counts `conn` from `source` and returns the unfinished handshake to
+    /// drop to make room for it, if any: the source's oldest when the
+    /// source is at its cap, else the oldest of all when the budget is full.
+    pub(crate) fn admit(&mut self, conn: ConnId, source: IpAddr) -> Option<ConnId> {
+        let from_source = self.per_source.get(&source).map_or(0, BTreeSet::len);
+        let evict = if from_source >= self.max_per_source {
+            self.per_source
+                .get(&source)
+                .and_then(|set| set.first().copied())
+        } else if self.order.len() >= self.max_total {
+            self.order.keys().next().copied()
+        } else {
+            None
+        };
+        if let Some(old) = evict {
+            self.finish(old);
+        }
+        self.order.insert(conn, source);
+        self.per_source.entry(source).or_default().insert(conn);
+        evict
+    }
+
+    /// `conn` no longer counts (handshake finished, or the connection closed).
+    pub(crate) fn finish(&mut self, conn: ConnId) {
+        if let Some(source) = self.order.remove(&conn)
+            && let Some(set) = self.per_source.get_mut(&source)
+        {
+            set.remove(&conn);
+            if set.is_empty() {
+                self.per_source.remove(&source);
+            }
+        }
+    }
+
+    /// Unfinished handshakes counted.
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
+#[derive(Debug)]
+struct Window {
+    /// Events since the last report.
+    unreported: u64,
+}
+
+type ReportKey = (Option<IpAddr>, AbuseKind);
+
+/// Aggregated abuse reports and close events for the driver.
+#[derive(Debug)]
+pub(crate) struct Reports {
+    interval: Duration,
+    windows: HashMap<ReportKey, Window>,
+    /// When each open window ends, in order (windows open at the latest
+    /// `now`, so pushing at the back keeps it sorted).
+    window_ends: VecDeque<(Instant, ReportKey)>,
+    events: VecDeque<LogEvent>,
+    dropped_events: u64,
+    /// The latest `now` seen; keeps `window_ends` sorted if a driver's
+    /// clock readings arrive out of order.
+    last_now: Instant,
+}
+
+impl Reports {
+    pub(crate) fn new(interval: Duration) -> Self {
+        Reports {
+            interval: interval.max(Duration::from_millis(1)),
+            windows: HashMap::new(),
+            window_ends: VecDeque::new(),
+            events: VecDeque::new(),
+            dropped_events: 0,
+            last_now: Instant::ZERO,
+        }
+    }
+
+    /// One event of `kind` from `source` at `now`.
+    pub(crate) fn abuse(&mut self, now: Instant, source: Option<IpAddr>, kind: AbuseKind) {
+        self.handle_timeout(now);
+        let now = self.last_now;
+        let mut key = (source, kind);
+        if !self.windows.contains_key(&key) && self.windows.len() >= MAX_REPORTED_SOURCES {
+            key = (None, kind);
+        }
+        match self.windows.get_mut(&key) {
+            Some(window) => window.unreported += 1,
+            None => {
+                // First from this source: report at once, then aggregate.
+                self.push(LogEvent::Abuse {
+                    source: key.0,
+                    kind,
+                    count: 1,
+                });
+                self.windows.insert(key, Window { unreported: 0 });
+                self.window_ends
+                    .push_back((now.saturating_add(self.interval), key));
+            }
+        }
+    }
+
+    /// `conn` from `source` was closed for `reason`.
+    pub(crate) fn closed(&mut self, conn: ConnId, source: Option<IpAddr>, reason: CloseReason) {
+        self.push(LogEvent::Closed {
+            conn,
+            source,
+            reason,
+        });
+    }
+
+    fn push(&mut self, event: LogEvent) {
+        if self.events.len() >= MAX_QUEUED_LOG_EVENTS {
+            self.dropped_events += 1;
+        } else {
+            self.events.push_back(event);
+        }
+    }
+
+    /// Reports every window that ended by `now`; a window with events goes
+    /// on for another interval, an empty one is forgotten.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
+        let now = self.last_now;
+        while let Some(&(end, key)) = self.window_ends.front() {
+            if end > now {
+                break;
+            }
+            self.window_ends.pop_front();
+            let Some(window) = self.windows.get_mut(&key) else {
+                continue;
+            };
+            if window.unreported == 0 {
+                self.windows.remove(&key);
+                continue;
+            }
+            let count = std::mem::take(&mut window.unreported);
+            self.push(LogEvent::Abuse {
+                source: key.0,
+                kind: key.1,
+                count,
+            });
+            self.window_ends
+                .push_back((now.saturating_add(self.interval), key));
+        }
+    }
+
+    /// When the next window ends.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.window_ends.front().map(|(end, _)| *end)
+    }
+
+    pub(crate) fn poll(&mut self) -> Option<LogEvent> {
+        self.events.pop_front()
+    }
+
+    pub(crate) fn dropped_events(&self) -> u64 {
+        self.dropped_events
+    }
+}
+
+#[derive(Debug)]
+struct HeldGrant {
+    conn: ConnId,
+    keys: usize,
+    expires: Instant,
+}
+
+/// Keys held by the grants delivered to each connection, until released
+/// (by anyone) or expired.
+#[derive(Debug, Default)]
+pub(crate) struct HeldKeys {
+    grants: HashMap<u64, HeldGrant>,
+    per_conn: HashMap<ConnId, (usize, BTreeSet<u64>)>,
+    by_expiry: BTreeSet<(Instant, u64)>,
+}
+
+impl HeldKeys {
+    /// `conn` received the grant of `token` on `keys` keys, whose lease ends
+    /// at `expires`.
+    pub(crate) fn add(&mut self, conn: ConnId, token: u64, keys: usize, expires: Instant) {
+        self.remove(token);
+        self.grants.insert(
+            token,
+            HeldGrant {
+                conn,
+                keys,
+                expires,
+            },
+        );
+        let entry = self.per_conn.entry(conn).or_default();
+        entry.0 += keys;
+        entry.1.insert(token);
+        self.by_expiry.insert((expires, token));
+    }
+
+    /// The grant of `token` was released or expired.
+    pub(crate) fn remove(&mut self, token: u64) {
+        let Some(grant) = self.grants.remove(&token) else {
+            return;
+        };
+        self.by_expiry.remove(&(grant.expires, token));
+        if let Some(entry) = self.per_conn.get_mut(&grant.conn) {
+            entry.0 -= grant.keys;
+            entry.1.remove(&token);
+            if entry.1.is_empty() {
+                self.per_conn.remove(&grant.conn);
+            }
+        }
+    }
+
+    /// Forgets grants whose lease ended by `now`.
+    pub(crate) fn expire(&mut self, now: Instant) {
+        while let Some(&(expires, token)) = self.by_expiry.first() {
+            if expires > now {
+                break;
+            }
+            self.remove(token);
+        }
+    }
+
+    /// `conn` is gone: its grants no longer count against anybody.
+    pub(crate) fn forget_conn(&mut self, conn: ConnId) {
+        if let Some((_, tokens)) = self.per_conn.remove(&conn) {
+            for token in tokens {
+                if let Some(grant) = self.grants.remove(&token) {
+                    self.by_expiry.remove(&(grant.expires, token));
+                }
+            }
+        }
+    }
+
+    /// Keys held by `conn`'s delivered grants (after [`HeldKeys::expire`]).
+    pub(crate) fn held(&self, conn: ConnId) -> usize {
+        self.per_conn.get(&conn).map_or(0, |entry| entry.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+    }
+
+    #[test]
+    fn budget_drops_the_sources_oldest_then_the_oldest_of_all() {
+        let mut budget = HandshakeBudget::new(4, 2);
+        assert_eq!(budget.admit(ConnId(1), ip(1)), None);
+        assert_eq!(budget.admit(ConnId(2), ip(1)), None);
+        // Source 1 at its cap: its own oldest goes.
+        assert_eq!(budget.admit(ConnId(3), ip(1)), Some(ConnId(1)));
+        assert_eq!(budget.admit(ConnId(4), ip(2)), None);
+        assert_eq!(budget.admit(ConnId(5), ip(3)), None);
+        assert_eq!(budget.len(), 4);
+        // Budget full, source 4 under its cap: the oldest of all goes.
+        assert_eq!(budget.admit(ConnId(6), ip(4)), Some(ConnId(2)));
+        budget.finish(ConnId(3));
+        assert_eq!(budget.len(), 3);
+        assert_eq!(budget.admit(ConnId(7), ip(1)), None);
+    }
+
+    #[test]
+    fn reports_aggregate_per_source_per_interval() {
+        let mut reports = Reports::new(Duration::from_secs(10));
+        let t0 = Instant::from_micros(1_000_000);
+        for _ in 0..5 {
+            reports.abuse(t0, Some(ip(1)), AbuseKind::FailedProof);
+        }
+        reports.abuse(t0, Some(ip(2)), AbuseKind::FailedProof);
+        let first: Vec<_> = std::iter::from_fn(|| reports.poll()).collect();
+        assert_eq!(
+            first,
+            vec![
+                LogEvent::Abuse {
+                    source: Some(ip(1)),
+                    kind: AbuseKind::FailedProof,
+                    count: 1
+                },
+                LogEvent::Abuse {
+                    source: Some(ip(2)),
+                    kind: AbuseKind::FailedProof,
+                    count: 1
+                },
+            ]
+        );
+        assert_eq!(
+            reports.poll_timeout(),
+            Some(t0.saturating_add(Duration::from_secs(10)))
+        );
+        reports.handle_timeout(t0.saturating_add(Duration::from_secs(10)));
+        let second: Vec<_> = std::iter::from_fn(|| reports.poll()).collect();
+        assert_eq!(
+            second,
+            vec![LogEvent::Abuse {
+                source: Some(ip(1)),
+                kind: AbuseKind::FailedProof,
+                count: 4
+            }]
+        );
+        // Quiet for an interval: forgotten, so the next one is reported at once.
+        reports.handle_timeout(t0.saturating_add(Duration::from_secs(20)));
+        assert_eq!(reports.poll(), None);
+        assert_eq!(reports.poll_timeout(), None);
+    }
+
+    #[test]
+    fn reports_bound_their_sources() {
+        let mut reports = Reports::new(Duration::from_secs(10));
+        let now = Instant::from_micros(1);
+        for n in 0..(MAX_REPORTED_SOURCES as u32 + 10) {
+            let source = IpAddr::V4(Ipv4Addr::from(n.to_be_bytes()));
+            reports.abuse(now, Some(source), AbuseKind::Refused);
+        }
+        let events: Vec<_> = std::iter::from_fn(|| reports.poll()).collect();
+        assert_eq!(events.len(), MAX_REPORTED_SOURCES + 1);
+        assert_eq!(
+            events.last(),
+            Some(&LogEvent::Abuse {
+                source: None,
+                kind: AbuseKind::Refused,
+                count: 1
+            })
+        );
+        reports.handle_timeout(now.saturating_add(Duration::from_secs(10)));
+        assert_eq!(
+            reports.poll(),
+            Some(LogEvent::Abuse {
+                source: None,
+                kind: AbuseKind::Refused,
+                count: 9
+            })
+        );
+    }
+
+    #[test]
+    fn held_keys_count_until_release_expiry_or_close() {
+        let mut held = HeldKeys::default();
+        let t = |s: u64| Instant::from_micros(s * 1_000_000);
+        held.add(ConnId(1), 10, 3, t(5));
+        held.add(ConnId(1), 11, 1, t(9));
+        held.add(ConnId(2), 12, 2, t(9));
+        assert_eq!(held.held(ConnId(1)), 4);
+        held.remove(10);
+        assert_eq!(held.held(ConnId(1)), 1);
+        held.expire(t(9));
+        assert_eq!(held.held(ConnId(1)), 0);
+        assert_eq!(held.held(ConnId(2)), 0);
+        held.add(ConnId(2), 13, 2, t(20));
+        held.forget_conn(ConnId(2));
+        assert_eq!(held.held(ConnId(2)), 0);
+        assert!(held.by_expiry.is_empty());
+    }
+}
