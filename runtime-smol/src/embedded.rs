@@ -441,6 +441,10 @@ impl HubInner {
                 None => {}
             }
         }
+        // The embedded server has no logger: the core's reports (failed
+        // proofs, close reasons) are drained so its bounded queue never
+        // fills, and dropped.
+        while self.server.poll_log().is_some() {}
         let deadline = self
             .server
             .poll_timeout()
@@ -489,7 +493,9 @@ impl Hub {
         let nonce = fresh_nonce()?;
         let mut inner = self.lock();
         let now = self.clock.now();
-        let conn = inner.server.handle_connect(now, nonce)?;
+        // In-process links count as loopback for the handshake budget.
+        let source = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let conn = inner.server.handle_connect(now, nonce, source)?;
         inner.peers.insert(
             conn,
             Peer::Memory(MemoryPeer {
@@ -642,7 +648,7 @@ impl Drop for ConnGuard {
     }
 }
 
-async fn run_connection(hub: Arc<Hub>, tcp: Async<TcpStream>, _peer: SocketAddr) {
+async fn run_connection(hub: Arc<Hub>, tcp: Async<TcpStream>, peer: SocketAddr) {
     // Replies are small and latency-bound; batching is done by us, not Nagle.
     let _ = tcp.get_ref().set_nodelay(true);
     let Some(nonce) = fresh_nonce() else {
@@ -652,7 +658,7 @@ async fn run_connection(hub: Arc<Hub>, tcp: Async<TcpStream>, _peer: SocketAddr)
     let conn = {
         let mut inner = hub.lock();
         let now = hub.clock.now();
-        let Some(conn) = inner.server.handle_connect(now, nonce) else {
+        let Some(conn) = inner.server.handle_connect(now, nonce, peer.ip()) else {
             return;
         };
         inner.peers.insert(conn, Peer::Socket(Arc::clone(&waker)));

@@ -53,7 +53,9 @@ fn main() {
     let mut server = Server::new(config, 1, now);
 
     // One authenticated connection (no tokens: the empty token).
-    let conn = server.handle_connect(now, [0x5a; 16]).expect("connection");
+    let conn = server
+        .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
+        .expect("connection");
     let mut out = Vec::new();
     assert_eq!(server.take_transmit(conn, &mut out), ConnState::Open);
     let mut handshake =

@@ -30,7 +30,7 @@
 //!   voters is up.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -202,12 +202,22 @@ impl ClusterCore {
         }
     }
 
-    fn open_client(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        self.node.handle_connect(now, nonce)
+    fn open_client(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.node.handle_connect(now, nonce, source)
     }
 
-    fn open_peer(&mut self, now: Instant, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
-        self.node.handle_peer_accept(now, nonce)
+    fn open_peer(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.node.handle_peer_accept(now, nonce, source)
     }
 }
 
@@ -257,6 +267,9 @@ impl Machine for ClusterCore {
         self.node.stats().clients == 0 && !self.node.is_leader()
     }
     fn observe(&mut self) {
+        while let Some(event) = self.node.poll_log() {
+            crate::serve::log_event(event);
+        }
         let generation = self.node.id().generation;
         if generation != self.last_generation {
             self.last_generation = generation;

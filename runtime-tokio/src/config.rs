@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use ticketing_core::auth::{ClientTokens, MIN_TOKEN_LEN};
+use ticketing_core::budget::BudgetConfig;
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::server::ServerConfig;
 
@@ -53,6 +54,18 @@ pub const MAX_WAITERS_TOTAL_MAX: u64 = 100_000_000;
 pub const MAX_CONNECTIONS_MAX: u64 = 1_000_000;
 /// Upper bound of `max_in_flight_per_connection`.
 pub const MAX_IN_FLIGHT_PER_CONNECTION_MAX: u64 = 1_000_000;
+/// Upper bound of `max_handshakes` and `max_handshakes_per_source`.
+pub const MAX_HANDSHAKES_MAX: u64 = 1_000_000;
+/// Upper bound of `max_peer_handshakes` and `max_peer_handshakes_per_source`.
+pub const MAX_PEER_HANDSHAKES_MAX: u64 = 1_000;
+/// Upper bound of `max_held_per_connection`.
+pub const MAX_HELD_PER_CONNECTION_MAX: u64 = 100_000_000;
+/// Upper bound of `max_release_misses_in_row`.
+pub const MAX_RELEASE_MISSES_IN_ROW_MAX: u64 = 1_000_000;
+/// Bounds of `handshake_timeout_ms`.
+pub const HANDSHAKE_TIMEOUT_MS_MIN: u64 = 100;
+/// Upper bound of `handshake_timeout_ms`.
+pub const HANDSHAKE_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// The `ticketing` command line.
 #[derive(Debug, Parser)]
@@ -377,12 +390,42 @@ pub struct FileLimits {
     /// Waiters queued in total at most.
     #[arg(long, value_name = "N")]
     pub max_waiters_total: Option<u64>,
-    /// Open client connections at most.
+    /// Client connections past their handshake at most (unfinished
+    /// handshakes have their own budget, --max-handshakes).
     #[arg(long, value_name = "N")]
     pub max_connections: Option<u64>,
-    /// Requests awaiting a reply on one connection at most.
+    /// Queued acquires (waiting for a held key) on one connection at most;
+    /// one over it is answered B.
     #[arg(long, value_name = "N")]
     pub max_in_flight_per_connection: Option<u64>,
+    /// Unfinished client handshakes at most; a new connection over it
+    /// drops the oldest unfinished one (default: max_connections / 8, at
+    /// least 32).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes: Option<u64>,
+    /// Unfinished client handshakes from one source address at most; a new
+    /// one over it drops that source's oldest (default: max_handshakes / 2).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes_per_source: Option<u64>,
+    /// Unfinished accepted peer handshakes at most (cluster; default 8).
+    #[arg(long, value_name = "N")]
+    pub max_peer_handshakes: Option<u64>,
+    /// Unfinished accepted peer handshakes from one source at most
+    /// (cluster; default 4).
+    #[arg(long, value_name = "N")]
+    pub max_peer_handshakes_per_source: Option<u64>,
+    /// Keys held at once by the grants delivered to one connection (a set
+    /// counts its keys); an acquire over it is answered B (default 16384).
+    #[arg(long, value_name = "N")]
+    pub max_held_per_connection: Option<u64>,
+    /// A connection whose releases get this many N replies in a row is
+    /// closed and logged (a blind token sweep); 0 turns it off (default 64).
+    #[arg(long, value_name = "N")]
+    pub max_release_misses_in_row: Option<u64>,
+    /// An unfinished handshake (client or peer) is closed after this many
+    /// milliseconds, 100..=60000 (default 3000).
+    #[arg(long, value_name = "MS")]
+    pub handshake_timeout_ms: Option<u64>,
 }
 
 /// The environment variables the config reads, gathered once so that the
@@ -572,6 +615,66 @@ pub fn resolve(
         defaults.max_in_flight_per_connection,
         MAX_IN_FLIGHT_PER_CONNECTION_MAX,
     )?;
+    let budget_defaults = BudgetConfig::for_max_connections(max_connections);
+    let max_handshakes = limit(
+        "max_handshakes",
+        |l| l.max_handshakes,
+        budget_defaults.max_handshakes,
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_handshakes_per_source = limit(
+        "max_handshakes_per_source",
+        |l| l.max_handshakes_per_source,
+        (max_handshakes / 2).max(1),
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes = limit(
+        "max_peer_handshakes",
+        |l| l.max_peer_handshakes,
+        budget_defaults.max_peer_handshakes,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes_per_source = limit(
+        "max_peer_handshakes_per_source",
+        |l| l.max_peer_handshakes_per_source,
+        budget_defaults.max_peer_handshakes_per_source,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_held_per_connection = limit(
+        "max_held_per_connection",
+        |l| l.max_held_per_connection,
+        budget_defaults.max_held_per_connection,
+        MAX_HELD_PER_CONNECTION_MAX,
+    )?;
+    let max_release_misses_in_row = check_range(
+        "limits.max_release_misses_in_row",
+        args.limits
+            .max_release_misses_in_row
+            .or(limits_file.max_release_misses_in_row)
+            .unwrap_or(u64::from(budget_defaults.max_release_misses_in_row)),
+        0,
+        MAX_RELEASE_MISSES_IN_ROW_MAX,
+    )?;
+    let default_handshake_ms =
+        u64::try_from(defaults.handshake_timeout.as_millis()).unwrap_or(u64::MAX);
+    let handshake_timeout_ms = check_range(
+        "limits.handshake_timeout_ms",
+        args.limits
+            .handshake_timeout_ms
+            .or(limits_file.handshake_timeout_ms)
+            .unwrap_or(default_handshake_ms),
+        HANDSHAKE_TIMEOUT_MS_MIN,
+        HANDSHAKE_TIMEOUT_MS_MAX,
+    )?;
+    let budget = BudgetConfig {
+        max_handshakes,
+        max_handshakes_per_source,
+        max_peer_handshakes,
+        max_peer_handshakes_per_source,
+        max_held_per_connection,
+        max_release_misses_in_row: u32::try_from(max_release_misses_in_row).unwrap_or(u32::MAX),
+        ..budget_defaults
+    };
     let default_margin_ms = u64::try_from(defaults.lock.wait_margin.as_millis()).unwrap_or(0);
     let wait_margin_ms = check_range(
         "wait_margin_ms",
@@ -604,7 +707,9 @@ pub fn resolve(
         },
         max_connections,
         max_in_flight_per_connection,
+        handshake_timeout: Duration::from_millis(handshake_timeout_ms as u64),
         client_tokens,
+        budget,
         ..defaults
     };
     let cluster = if cluster_mode(file, args) {
@@ -849,6 +954,8 @@ fn resolve_cluster(
     node.wait_margin = server.lock.wait_margin;
     node.max_connections = server.max_connections;
     node.max_in_flight_per_connection = server.max_in_flight_per_connection;
+    node.handshake_timeout = server.handshake_timeout;
+    node.budget = server.budget;
     node.client_tokens = server.client_tokens.clone();
     node.validate()
         .map_err(|e| ConfigError::new("cluster", e.to_owned()))?;

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +32,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
+use ticketing_core::budget::LogEvent;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::{Instant, StdOrigin};
 
@@ -247,6 +248,39 @@ impl Machine for Server {
     fn is_shutting_down(&self) -> bool {
         Server::is_shutting_down(self)
     }
+    fn observe(&mut self) {
+        while let Some(event) = self.poll_log() {
+            log_event(event);
+        }
+    }
+}
+
+/// Logs what the core reported: abuse at `warn`, close reasons at `debug`.
+pub(crate) fn log_event(event: LogEvent) {
+    match event {
+        LogEvent::Abuse {
+            source,
+            kind,
+            count,
+        } => match source {
+            Some(source) => warn!(%source, count, "{}", kind.describe()),
+            None => warn!(source = "other sources", count, "{}", kind.describe()),
+        },
+        LogEvent::Closed {
+            conn,
+            source,
+            reason,
+        } => match source {
+            Some(source) => {
+                debug!(conn = conn.0, %source, reason = reason.describe(), "connection closed")
+            }
+            None => debug!(
+                conn = conn.0,
+                reason = reason.describe(),
+                "connection closed"
+            ),
+        },
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -408,8 +442,9 @@ async fn run_timer<M: Machine>(shared: Arc<Shared<M>>) {
 // Listeners, dials and the supervisor
 // ---------------------------------------------------------------------------
 
-/// How a new inbound connection is announced to the core.
-pub(crate) type OpenFn<M> = fn(&mut M, Instant, [u8; NONCE_LEN]) -> Option<ConnId>;
+/// How a new inbound connection (from the given source address) is
+/// announced to the core.
+pub(crate) type OpenFn<M> = fn(&mut M, Instant, [u8; NONCE_LEN], IpAddr) -> Option<ConnId>;
 
 /// One listening socket and what its connections are.
 pub(crate) struct Listener<M> {
@@ -571,7 +606,9 @@ impl<M: Machine> Drop for ConnGuard<M> {
             inner.core.handle_closed(now, self.conn);
             inner.dispatch(&self.shared, None);
         }
-        debug!(peer = %self.peer, conn = self.conn.0, "connection closed");
+        // The core reports the close with its reason (see `log_event`);
+        // this names the port too.
+        debug!(peer = %self.peer, conn = self.conn.0, "connection task ended");
     }
 }
 
@@ -624,7 +661,9 @@ async fn run_inbound<M: Machine>(
     let Some(nonce) = fresh_nonce(peer) else {
         return;
     };
-    let Some((guard, waker)) = register(&shared, peer, |core, now| open(core, now, nonce)) else {
+    let Some((guard, waker)) =
+        register(&shared, peer, |core, now| open(core, now, nonce, peer.ip()))
+    else {
         debug!(%peer, what, "connection refused by the core (limit or shutdown)");
         return;
     };

@@ -231,6 +231,17 @@ impl Ev {
 }
 
 /// Who opened a connection (end a). End b is always a node.
+/// The address node `slot` connects from, as its peers see it.
+fn node_source(slot: u8) -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 1, slot])
+}
+
+/// The address client `client` connects from (a few clients share one, as
+/// behind a NAT, so per-source caps meet several clients).
+fn client_source(client: usize) -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 2, (client % 4) as u8])
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opener {
     Client { client: usize, inc: u64 },
@@ -985,7 +996,7 @@ impl<'t> ClusterWorld<'t> {
         let accepted = self.nodes[usize::from(to)]
             .node
             .as_mut()
-            .and_then(|node| node.handle_peer_accept(now, nonce));
+            .and_then(|node| node.handle_peer_accept(now, nonce, node_source(from)));
         let Some(id) = accepted else {
             let at = self.now_us + self.net_delay();
             return self.dial_fails(pipe_id, at);
@@ -1069,12 +1080,16 @@ impl<'t> ClusterWorld<'t> {
         }
         let slot = pipe.b_slot;
         let now = self.node_now(slot);
+        let source = match pipe.opener {
+            Opener::Client { client, .. } => client_source(client),
+            Opener::Node { slot, .. } => node_source(slot),
+        };
         let nonce = self.nonce();
         let inc = self.nodes[usize::from(slot)].inc;
         let accepted = self.nodes[usize::from(slot)]
             .node
             .as_mut()
-            .and_then(|node| node.handle_connect(now, nonce));
+            .and_then(|node| node.handle_connect(now, nonce, source));
         match accepted {
             Some(id) => {
                 self.nodes[usize::from(slot)].conns.insert(id, pipe_id);

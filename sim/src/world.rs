@@ -484,7 +484,10 @@ impl<'t> World<'t> {
         let local = self.server_now();
         let nonce = net::nonce(&mut self.net, 1);
         let accepted = self.server.as_mut().and_then(|proc| {
-            let id = proc.server.handle_connect(instant(local), nonce)?;
+            // Every simulated client connects from the same address, like
+            // clients on one host: per-source caps meet them all.
+            let source = std::net::IpAddr::from([10, 0, 0, 1]);
+            let id = proc.server.handle_connect(instant(local), nonce, source)?;
             proc.conns.insert(id, conn_id);
             Some((id, proc.epoch))
         });
