@@ -1553,6 +1553,31 @@ mod tests {
                 "limits.max_in_flight_per_connection",
                 MAX_IN_FLIGHT_PER_CONNECTION_MAX,
             ),
+            (
+                "--max-handshakes",
+                "limits.max_handshakes",
+                MAX_HANDSHAKES_MAX,
+            ),
+            (
+                "--max-handshakes-per-source",
+                "limits.max_handshakes_per_source",
+                MAX_HANDSHAKES_MAX,
+            ),
+            (
+                "--max-peer-handshakes",
+                "limits.max_peer_handshakes",
+                MAX_PEER_HANDSHAKES_MAX,
+            ),
+            (
+                "--max-peer-handshakes-per-source",
+                "limits.max_peer_handshakes_per_source",
+                MAX_PEER_HANDSHAKES_MAX,
+            ),
+            (
+                "--max-held-per-connection",
+                "limits.max_held_per_connection",
+                MAX_HELD_PER_CONNECTION_MAX,
+            ),
         ] {
             let err = resolve_args(&[flag, "0"]).unwrap_err();
             assert_eq!(err.field, field);
@@ -1562,6 +1587,42 @@ mod tests {
             assert!(resolve_args(&[flag, "1"]).is_ok());
             assert!(resolve_args(&[flag, &max.to_string()]).is_ok());
         }
+    }
+
+    #[test]
+    fn budget_defaults_follow_max_connections_and_fields_apply() {
+        let config = resolve_args(&["--max-connections", "200"]).unwrap();
+        let server = &config.settings.server;
+        assert_eq!(server.budget, BudgetConfig::for_max_connections(200));
+        assert_eq!(server.handshake_timeout, Duration::from_secs(3));
+        let file = parse_file(
+            "[limits]\nmax_handshakes = 40\nmax_held_per_connection = 7\n\
+             max_release_misses_in_row = 0\nhandshake_timeout_ms = 500\n",
+        )
+        .unwrap();
+        let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        let server = &config.settings.server;
+        assert_eq!(server.budget.max_handshakes, 40);
+        assert_eq!(server.budget.max_handshakes_per_source, 20);
+        assert_eq!(server.budget.max_held_per_connection, 7);
+        assert_eq!(server.budget.max_release_misses_in_row, 0);
+        assert_eq!(server.handshake_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn release_misses_and_handshake_timeout_are_range_checked_by_name() {
+        let too_many = (MAX_RELEASE_MISSES_IN_ROW_MAX + 1).to_string();
+        assert_eq!(
+            field_of(resolve_args(&["--max-release-misses-in-row", &too_many])),
+            "limits.max_release_misses_in_row"
+        );
+        let err = resolve_args(&["--handshake-timeout-ms", "99"]).unwrap_err();
+        assert_eq!(err.field, "limits.handshake_timeout_ms");
+        assert!(err.message.contains("100..=60000"), "{err}");
+        assert_eq!(
+            field_of(resolve_args(&["--handshake-timeout-ms", "60001"])),
+            "limits.handshake_timeout_ms"
+        );
     }
 
     #[test]

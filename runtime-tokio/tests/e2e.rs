@@ -131,21 +131,25 @@ async fn shutdown_answers_waiters_and_closes_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_the_connection_limit_is_closed_without_a_hello() {
+async fn over_the_session_limit_is_closed_without_a_hello() {
     let mut settings = loopback_settings();
     settings.server.max_connections = 1;
     let server = spawn_server(settings).await.unwrap();
 
-    let mut first = TcpStream::connect(server.local_addr()).await.unwrap();
+    // An unfinished handshake does not take the session slot...
+    let mut unfinished = TcpStream::connect(server.local_addr()).await.unwrap();
     let mut hello = [0u8; HELLO_LEN];
-    first.read_exact(&mut hello).await.unwrap();
+    unfinished.read_exact(&mut hello).await.unwrap();
     assert_eq!(hello[..8], CLIENT_MAGIC);
+    // ...a finished one does.
+    let first = common::raw::Raw::connect(&server, b"").await;
+    assert_eq!(server.stats().sessions, 1);
 
     let mut second = TcpStream::connect(server.local_addr()).await.unwrap();
     assert_eq!(read_to_eof(&mut second).await, b"");
-    assert_eq!(server.stats().connections, 1);
+    assert_eq!(server.stats().sessions, 1);
 
-    drop(first);
+    drop((first, unfinished));
     server.shutdown().await;
 }
 
