@@ -394,8 +394,8 @@ pub struct FileLimits {
     /// handshakes have their own budget, --max-handshakes).
     #[arg(long, value_name = "N")]
     pub max_connections: Option<u64>,
-    /// Queued acquires (waiting for a held key) on one connection at most;
-    /// one over it is answered B.
+    /// Acquires waiting for a held key on one connection at most (cluster
+    /// mode: requests awaiting their reply); one over it is answered B.
     #[arg(long, value_name = "N")]
     pub max_in_flight_per_connection: Option<u64>,
     /// Unfinished client handshakes at most; a new connection over it
