@@ -344,6 +344,28 @@ impl Reports {
         }
     }
 
+    /// Reports every count not yet reported, now (shutdown: nothing is
+    /// left unsaid).
+    pub(crate) fn flush(&mut self) {
+        let mut keys: Vec<ReportKey> = self
+            .windows
+            .iter()
+            .filter(|(_, window)| window.unreported > 0)
+            .map(|(key, _)| *key)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            if let Some(window) = self.windows.get_mut(&key) {
+                let count = std::mem::take(&mut window.unreported);
+                self.push(LogEvent::Abuse {
+                    source: key.0,
+                    kind: key.1,
+                    count,
+                });
+            }
+        }
+    }
+
     /// When the next window ends.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.window_ends.front().map(|(end, _)| *end)

@@ -58,6 +58,8 @@ pub struct ServerConfig {
     /// Accepted client tokens.
     pub client_tokens: ClientTokens,
     /// Handshake budget, held-key cap, release-miss limit, report interval.
+    /// The default suits 10,000 sessions; derive it with
+    /// [`BudgetConfig::for_max_connections`] when changing `max_connections`.
     pub budget: BudgetConfig,
 }
 
@@ -662,6 +664,7 @@ impl Server {
     pub fn begin_shutdown(&mut self, now: Instant) {
         self.handle_timeout(now);
         self.shutting_down = true;
+        self.reports.flush();
         self.table.time_out_all_waiters(now);
         self.drain_lock_events(now);
         let mut conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();

@@ -367,6 +367,22 @@ fn failed_proofs_are_reported_once_per_source_per_interval_with_counts() {
 }
 
 #[test]
+fn shutdown_reports_the_counts_not_yet_reported() {
+    let mut h = Harness::new(ServerConfig {
+        max_connections: 1,
+        budget: budget(8, 8),
+        ..ServerConfig::default()
+    });
+    h.connect(source(1));
+    for _ in 0..3 {
+        assert_eq!(h.server.handle_connect(h.now, [0; 16], source(7)), None);
+    }
+    assert_eq!(h.abuse(), vec![(Some(source(7)), AbuseKind::Refused, 1)]);
+    h.server.begin_shutdown(h.now);
+    assert_eq!(h.abuse(), vec![(Some(source(7)), AbuseKind::Refused, 2)]);
+}
+
+#[test]
 fn every_close_reports_its_reason() {
     let mut h = Harness::new(ServerConfig::default());
     let conn = h.connect(source(3));

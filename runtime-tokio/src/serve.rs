@@ -632,7 +632,11 @@ fn register<M: Machine>(
     let waker = Arc::new(Notify::new());
     let mut inner = shared.lock();
     let now = shared.clock.now();
-    let conn = open(&mut inner.core, now)?;
+    let Some(conn) = open(&mut inner.core, now) else {
+        // The core may have reported the refusal: log it now.
+        inner.dispatch(shared, None);
+        return None;
+    };
     inner.wakers.insert(conn, Arc::clone(&waker));
     if inner.dispatch(shared, Some(conn)) {
         waker.notify_one();

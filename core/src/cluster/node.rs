@@ -1938,6 +1938,7 @@ impl ClusterNode {
     pub fn begin_shutdown(&mut self, now: Instant) {
         self.handle_timeout(now);
         self.shutting_down = true;
+        self.reports.flush();
         if self.raft.is_leader() {
             let _ = self.raft.transfer_leadership(now, None);
         }
