@@ -320,6 +320,8 @@ pub struct ClusterNode {
     peer_handshakes: HandshakeBudget,
     /// Client connections past their handshake.
     client_sessions: usize,
+    /// Peer connections that this node dialed or that authenticated.
+    known_peer_conns: usize,
     /// What the driver should log.
     reports: Reports,
     dials: Vec<DialState>,
@@ -490,6 +492,7 @@ impl ClusterNode {
                 config.budget.max_peer_handshakes_per_source,
             ),
             client_sessions: 0,
+            known_peer_conns: 0,
             reports: Reports::new(config.budget.report_interval),
             dials,
             shutting_down: false,
@@ -673,14 +676,7 @@ impl ClusterNode {
         // Each slot needs at most two connections (one each way); the bound
         // keeps authenticated and dialed connections from growing state.
         // Unauthenticated accepted ones are bounded by their own budget.
-        let known = self
-            .conns
-            .values()
-            .filter(|c| {
-                matches!(&c.kind, ConnKind::Peer(p) if p.established.is_some() || p.dialed.is_some())
-            })
-            .count();
-        if known >= 4 * usize::from(self.config.slot_count) {
+        if self.known_peer_conns >= 4 * usize::from(self.config.slot_count) {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
@@ -718,6 +714,7 @@ impl ClusterNode {
             dial.dialing = false;
             dial.connected = true;
         }
+        self.known_peer_conns += 1;
         self.new_peer_conn(now, nonce, Some(slot), None)
     }
 
@@ -877,6 +874,9 @@ impl ClusterNode {
                 }
                 PeerHandshakeStatus::Established(remote) => {
                     self.peer_handshakes.finish(conn_id);
+                    if peer.dialed.is_none() {
+                        self.known_peer_conns += 1;
+                    }
                     peer.established = Some(remote);
                     if let Some(conn) = self.conns.get_mut(&conn_id) {
                         self.wakes.wake(conn_id, &mut conn.out);
@@ -978,6 +978,7 @@ impl ClusterNode {
         fresh.peer_handshakes =
             std::mem::replace(&mut self.peer_handshakes, HandshakeBudget::new(0, 0));
         fresh.client_sessions = self.client_sessions;
+        fresh.known_peer_conns = self.known_peer_conns;
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.dials = std::mem::take(&mut self.dials);
         fresh.shutting_down = self.shutting_down;
@@ -1091,6 +1092,9 @@ impl ClusterNode {
                 }
             }
             ConnKind::Peer(peer) => {
+                if peer.established.is_some() || peer.dialed.is_some() {
+                    self.known_peer_conns -= 1;
+                }
                 let slot = peer.established.map(|id| id.slot).or(peer.dialed);
                 if let Some(slot) = slot {
                     let still_connected = self.conns.values().any(|c| match &c.kind {
