@@ -8,6 +8,7 @@ const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCA
 use std::collections::{BTreeMap, VecDeque};
 
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
+use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::peer::PeerTokens;
 use ticketing_core::raft::{NodeId, RaftConfig};
@@ -845,4 +846,80 @@ fn a_run_of_release_misses_closes_a_cluster_client_after_exactly_k() {
         net.clients[c].closed,
         "closed after the third miss in a row"
     );
+}
+
+#[test]
+fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
+    let mut net = Net::new();
+    let now = net.now;
+    let from = |n: u8| std::net::IpAddr::from([192, 0, 2, n]);
+    let mut opened = Vec::new();
+    for _ in 0..6 {
+        let nonce = net.nonce();
+        opened.push(net.node(0).handle_peer_accept(now, nonce, from(1)).unwrap());
+    }
+    let nonce = net.nonce();
+    let other = net.node(0).handle_peer_accept(now, nonce, from(2)).unwrap();
+    let state = |net: &mut Net, conn| {
+        let mut out = Vec::new();
+        net.node(0).take_transmit(conn, &mut out)
+    };
+    // Four per source: the two oldest of source 1 are gone.
+    for (i, conn) in opened.iter().enumerate() {
+        let expected = if i < 2 {
+            ConnState::CloseAfterFlush
+        } else {
+            ConnState::Open
+        };
+        assert_eq!(state(&mut net, *conn), expected, "connection {i}");
+    }
+    assert_eq!(state(&mut net, other), ConnState::Open);
+    let evicted: Vec<_> = std::iter::from_fn(|| net.node(0).poll_log())
+        .filter(|e| {
+            matches!(
+                e,
+                LogEvent::Abuse {
+                    kind: AbuseKind::HandshakeEvicted,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(
+        evicted,
+        vec![LogEvent::Abuse {
+            source: Some(from(1)),
+            kind: AbuseKind::HandshakeEvicted,
+            count: 1
+        }]
+    );
+}
+
+#[test]
+fn a_failed_peer_handshake_is_reported_with_its_source() {
+    let mut net = Net::new();
+    let (now, nonce) = (net.now, net.nonce());
+    let source = std::net::IpAddr::from([192, 0, 2, 77]);
+    let conn = net.node(1).handle_peer_accept(now, nonce, source).unwrap();
+    net.node(1).handle_input(now, conn, &[0xab; 256]);
+    let mut out = Vec::new();
+    assert_eq!(
+        net.node(1).take_transmit(conn, &mut out),
+        ConnState::CloseAfterFlush
+    );
+    net.node(1).handle_closed(now, conn);
+    let events: Vec<_> = std::iter::from_fn(|| net.node(1).poll_log()).collect();
+    assert!(
+        events.contains(&LogEvent::Abuse {
+            source: Some(source),
+            kind: AbuseKind::FailedPeerHandshake,
+            count: 1
+        }),
+        "{events:?}"
+    );
+    assert!(events.contains(&LogEvent::Closed {
+        conn,
+        source: Some(source),
+        reason: CloseReason::PeerHandshakeFailed
+    }));
 }
