@@ -848,6 +848,10 @@ pub mod planted {
         ForgetGhostGrant,
         /// A queued waiter whose wait ends gets no reply at all.
         LoseWaiter,
+        /// Peer frames are decoded without checking their tag
+        /// (`crate::peer::PeerDecoder`): a frame forged by someone without
+        /// the peer token reaches Raft.
+        SkipPeerFrameMac,
     }
 
     thread_local! {

@@ -25,8 +25,12 @@ const BOOT_US: u64 = 1_700_000_000_000_000;
 const REJOIN_GENERATION: u64 = 7;
 
 fn config(id: NodeId) -> ClusterConfig {
+    config_with_clock(id, BOOT_US)
+}
+
+fn config_with_clock(id: NodeId, bootstrap_wall_clock_us: u64) -> ClusterConfig {
     let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
-    let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, BOOT_US);
+    let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, bootstrap_wall_clock_us);
     config.raft = RaftConfig::fast();
     config
 }
@@ -60,16 +64,25 @@ struct Net {
 
 impl Net {
     fn new() -> Self {
-        Net::with_config(|_| {})
+        Net::with_boot_clocks([BOOT_US; 3])
     }
 
     /// Three bootstrap members whose configuration `adjust` changes.
     fn with_config(adjust: fn(&mut ClusterConfig)) -> Self {
+        Net::build([BOOT_US; 3], adjust)
+    }
+
+    /// Three bootstrap members whose wall clocks read `clocks_us` at start.
+    fn with_boot_clocks(clocks_us: [u64; 3]) -> Self {
+        Net::build(clocks_us, |_| {})
+    }
+
+    fn build(clocks_us: [u64; 3], adjust: fn(&mut ClusterConfig)) -> Self {
         let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
         let nodes = voters
             .iter()
             .map(|id| {
-                let mut config = config(*id);
+                let mut config = config_with_clock(*id, clocks_us[usize::from(id.slot)]);
                 adjust(&mut config);
                 Some(ClusterNode::bootstrap(
                     config,
@@ -922,4 +935,58 @@ fn a_failed_peer_handshake_is_reported_with_its_source() {
         source: Some(source),
         reason: CloseReason::PeerHandshakeFailed
     }));
+}
+
+/// A cluster bootstrapped again while one member's clock is an hour ahead
+/// of the others (as if tokens up to there had been issued before): the
+/// first leader, one of the slow ones, starts its tokens above the floor
+/// the fast member sent in its (authenticated) hello, not at its own clock.
+#[test]
+fn the_first_token_starts_above_every_peer_token_floor() {
+    const AHEAD_US: u64 = BOOT_US + 3_600_000_000;
+    let mut clocks = [BOOT_US; 3];
+    // Which slot leads is a pure function of the seeds; put the fast clock
+    // on one that does not.
+    let probe = Net::new().elect();
+    let ahead = (probe + 1) % 3;
+    clocks[ahead] = AHEAD_US;
+    let mut net = Net::with_boot_clocks(clocks);
+    let leader = net.elect();
+    assert_eq!(leader, probe, "same seeds, same leader");
+    assert_ne!(leader, ahead);
+    assert_eq!(net.node(leader).peer_token_floor_max(), AHEAD_US);
+    let c = net.connect(leader);
+    let first = token_of(net.request(c, acquire(1, "k", 0, 30)));
+    assert!(
+        first >= AHEAD_US,
+        "first token {first} below the peer floor {AHEAD_US}"
+    );
+}
+
+/// The floor a node sends grows with the replicated token counter, and a
+/// node that connects later learns it from its peers' hellos.
+#[test]
+fn token_floors_follow_the_replicated_counter() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let mut last = 0;
+    for rid in 1..=3 {
+        last = token_of(net.request(c, acquire(rid, &format!("k{rid}"), 0, 30)));
+    }
+    for i in 0..3 {
+        assert!(net.node(i).local_token_floor() > last, "node {i}");
+    }
+    // A fresh process for a follower slot hears the floor on its handshakes.
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let fresh = NodeId::new(victim as u8, REJOIN_GENERATION);
+    net.nodes[victim] = Some(ClusterNode::join(config(fresh), 5, net.now));
+    assert_eq!(net.node(victim).peer_token_floor_max(), 0);
+    net.run_for(Duration::from_millis(500));
+    assert!(
+        net.node(victim).peer_token_floor_max() > last,
+        "{} > {last}",
+        net.node(victim).peer_token_floor_max()
+    );
 }

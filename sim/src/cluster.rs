@@ -22,11 +22,12 @@ use std::hash::{Hash, Hasher};
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::lock::Limits;
-use ticketing_core::peer::PeerTokens;
+use ticketing_core::peer::{PEER_HELLO_LEN, PeerTokens};
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::wire::{ErrorCode, Reply, Request};
 
+use crate::adversary::{Adversary, AdversaryRates};
 use crate::checks::{History, Windows, key_index};
 use crate::clients::{
     ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
@@ -45,6 +46,14 @@ const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
 const DIAL_TIMEOUT_US: u64 = 1_000_000;
 /// Share of node restarts given `--bootstrap` by mistake, parts per million.
 const MISTAKEN_BOOTSTRAP_PPM: u32 = 250_000;
+/// Share of swarm worlds with the outsider, parts per million.
+const ADVERSARY_SEEDS_PPM: u32 = 300_000;
+/// Most connections the outsider holds open at once (each pair is a relay);
+/// well below a node's peer connection limit.
+const ADVERSARY_CONNS_MAX: usize = 4;
+/// The outsider writes its guessed proof and a forged frame this long
+/// after opening a relay.
+const ADVERSARY_FINISH_US: u64 = 300_000;
 
 /// Cluster-specific fault rates (ppm per fault tick), on top of
 /// [`SimConfig`]'s resets, client crashes, pauses and clock jumps.
@@ -63,6 +72,9 @@ pub struct ClusterFaults {
     pub node_clock_jump_ppm: u32,
     /// Longest partition.
     pub partition_max_us: u64,
+    /// The outsider without the peer token (`crate::adversary`); off
+    /// when both rates are 0.
+    pub adversary: AdversaryRates,
 }
 
 /// A bug planted in the simulated *driver* (the core has no cluster
@@ -116,6 +128,7 @@ impl ClusterSimConfig {
             node_crash_ppm: 60_000,
             node_clock_jump_ppm: 30_000,
             partition_max_us: rng.range(300_000, 5_000_000),
+            adversary: AdversaryRates::default(),
         };
         for rate in [
             &mut faults.partition_ppm,
@@ -127,6 +140,15 @@ impl ClusterSimConfig {
             if rng.chance(330_000) {
                 *rate = 0;
             }
+        }
+        // Its own stream, so the worlds without it draw what they drew
+        // before it existed.
+        let mut adversary_rng = Rng::new(seed, 96);
+        if adversary_rng.chance(ADVERSARY_SEEDS_PPM) {
+            faults.adversary = AdversaryRates {
+                relay_ppm: 100_000,
+                inject_ppm: adversary_rng.range(500, 5_000) as u32,
+            };
         }
         ClusterSimConfig {
             nodes,
@@ -147,6 +169,7 @@ impl ClusterSimConfig {
             node_crash_ppm: 0,
             node_clock_jump_ppm: 0,
             partition_max_us: 0,
+            adversary: AdversaryRates::default(),
         };
         self
     }
@@ -177,6 +200,14 @@ enum Ev {
         ok: bool,
     },
     ClientConnectArrive {
+        pipe: u64,
+    },
+    /// The outsider's connection reaches a node's peer port.
+    AdversaryArrive {
+        pipe: u64,
+    },
+    /// The outsider gives up waiting for a proof and writes its own.
+    AdversaryFinish {
         pipe: u64,
     },
     /// `dir` 0: towards the acceptor (end b); 1: towards the initiator.
@@ -226,11 +257,12 @@ impl Ev {
             Ev::EndSafety => 19,
             Ev::End => 20,
             Ev::Probe => 21,
+            Ev::AdversaryArrive { .. } => 22,
+            Ev::AdversaryFinish { .. } => 23,
         }
     }
 }
 
-/// Who opened a connection (end a). End b is always a node.
 /// The address node `slot` connects from, as its peers see it.
 fn node_source(slot: u8) -> std::net::IpAddr {
     std::net::IpAddr::from([10, 0, 1, slot])
@@ -242,10 +274,24 @@ fn client_source(client: usize) -> std::net::IpAddr {
     std::net::IpAddr::from([10, 0, 2, (client % 4) as u8])
 }
 
+/// The address the outsider connects from.
+fn adversary_source() -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 3, 1])
+}
+
+/// Who opened a connection (end a). End b is always a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opener {
-    Client { client: usize, inc: u64 },
-    Node { slot: u8, inc: u64 },
+    Client {
+        client: usize,
+        inc: u64,
+    },
+    Node {
+        slot: u8,
+        inc: u64,
+    },
+    /// The outsider, on a node's peer port.
+    Adversary,
 }
 
 /// A simulated TCP connection: end a (a client, or the dialing node) and
@@ -280,6 +326,10 @@ struct Pipe {
 impl Pipe {
     fn peer(&self) -> bool {
         matches!(self.opener, Opener::Node { .. })
+    }
+
+    fn client(&self) -> bool {
+        matches!(self.opener, Opener::Client { .. })
     }
 
     /// The node at `side` of this pipe, with its incarnation.
@@ -374,6 +424,7 @@ pub struct ClusterWorld<'t> {
     db: Vec<DbKey>,
     windows: Windows,
     history: History,
+    adversary: Adversary,
     rec: Recorder<'t>,
 }
 
@@ -456,6 +507,7 @@ impl<'t> ClusterWorld<'t> {
             db: vec![DbKey::default(); keys],
             windows: Windows::new(),
             history: History::new(),
+            adversary: Adversary::new(config.faults.adversary.clone(), Rng::new(seed, 95)),
             rec: Recorder::new(seed, config.base.checkers_off.clone()),
             config,
         }
@@ -517,6 +569,8 @@ impl<'t> ClusterWorld<'t> {
             Ev::DialArrive { pipe }
             | Ev::DialAnswer { pipe, .. }
             | Ev::ClientConnectArrive { pipe }
+            | Ev::AdversaryArrive { pipe }
+            | Ev::AdversaryFinish { pipe }
             | Ev::SeesClose { pipe, .. } => (&[], *pipe),
             Ev::NodeTimer { slot, .. } | Ev::NodeRestart { slot } => (&[], u64::from(*slot)),
             Ev::Client(call) => (&[], call.hash_extra()),
@@ -565,6 +619,63 @@ impl<'t> ClusterWorld<'t> {
         if pipe.tcp.reset || bytes.is_empty() {
             return;
         }
+        if pipe.peer() && self.adversary.rates.active() {
+            self.tap(pipe_id, dir, &bytes);
+        }
+        self.transmit(pipe_id, dir, bytes);
+    }
+
+    /// The outsider on an honest peer link: maybe writes a forged or
+    /// replayed frame before `bytes` (at a frame boundary), then follows
+    /// them.
+    fn tap(&mut self, pipe_id: u64, dir: u8, bytes: &[u8]) {
+        let tap = self.adversary.taps.entry((pipe_id, dir)).or_default();
+        let boundary = tap.at_boundary();
+        let from = tap.hello().map(|hello| hello.from);
+        let inject_ppm = self.adversary.rates.inject_ppm;
+        if self.phase == Phase::Safety
+            && boundary
+            && inject_ppm > 0
+            && self.adversary.rng.chance(inject_ppm)
+        {
+            let to = self
+                .adversary
+                .taps
+                .get(&(pipe_id, 1 - dir))
+                .and_then(|tap| tap.hello())
+                .map(|hello| hello.from);
+            if let (Some(from), Some(to)) = (from, to) {
+                let voters = self.adversary_known_ids();
+                if let Some((frame, what)) = self.adversary.forge(from, to, voters) {
+                    self.adversary.injected += 1;
+                    self.rec.report.faults += 1;
+                    self.note(|| format!("ADVERSARY writes {what} on pipe {pipe_id} dir {dir}"));
+                    self.transmit(pipe_id, dir, frame);
+                }
+            }
+        }
+        let tap = self.adversary.taps.entry((pipe_id, dir)).or_default();
+        let frames = tap.feed(bytes);
+        self.adversary.capture(frames);
+    }
+
+    /// The newest identity per slot the outsider saw in a hello.
+    fn adversary_known_ids(&self) -> Vec<NodeId> {
+        let mut ids: BTreeMap<u8, NodeId> = BTreeMap::new();
+        for tap in self.adversary.taps.values() {
+            if let Some(hello) = tap.hello() {
+                let id = ids.entry(hello.from.slot).or_insert(hello.from);
+                *id = (*id).max(hello.from);
+            }
+        }
+        ids.into_values().collect()
+    }
+
+    /// Puts `bytes` on the wire of `pipe` in direction `dir`.
+    fn transmit(&mut self, pipe_id: u64, dir: u8, bytes: Vec<u8>) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
         if self.is_cut(pipe, dir) || !pipe.held[usize::from(dir)].is_empty() {
             // The link drops everything; TCP retransmits after it heals.
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
@@ -636,7 +747,7 @@ impl<'t> ClusterWorld<'t> {
                 b_inc,
                 ids: [None, None],
                 tcp: Tcp::new(),
-                open: [matches!(opener, Opener::Client { .. }), false],
+                open: [!matches!(opener, Opener::Node { .. }), false],
                 held: [Vec::new(), Vec::new()],
                 held_for_client: Vec::new(),
                 close_held: false,
@@ -674,6 +785,8 @@ impl<'t> ClusterWorld<'t> {
             Ev::DialArrive { pipe } => self.dial_arrive(pipe),
             Ev::DialAnswer { pipe, ok } => self.dial_answer(pipe, ok),
             Ev::ClientConnectArrive { pipe } => self.client_connect_arrive(pipe),
+            Ev::AdversaryArrive { pipe } => self.adversary_arrive(pipe),
+            Ev::AdversaryFinish { pipe } => self.adversary_finish(pipe),
             Ev::Deliver { pipe, dir, bytes } => self.deliver(pipe, dir, bytes),
             Ev::Flush {
                 pipe,
@@ -689,6 +802,13 @@ impl<'t> ClusterWorld<'t> {
             Ev::EndSafety => {
                 self.note(|| "safety phase ends: no more faults or new work".into());
                 self.phase = Phase::Liveness;
+                // The outsider leaves too.
+                let conns: Vec<u64> = std::mem::take(&mut self.adversary.conns)
+                    .into_keys()
+                    .collect();
+                for pipe_id in conns {
+                    self.close_transport(pipe_id);
+                }
                 let ids: Vec<u64> = self.partitions.keys().copied().collect();
                 for id in ids {
                     self.heal(id);
@@ -869,7 +989,7 @@ impl<'t> ClusterWorld<'t> {
             if out.is_empty() && !close {
                 continue;
             }
-            if !self.pipes[&pipe_id].peer() {
+            if self.pipes[&pipe_id].client() {
                 self.observe_replies(pipe_id, &out);
             }
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
@@ -1083,6 +1203,7 @@ impl<'t> ClusterWorld<'t> {
         let source = match pipe.opener {
             Opener::Client { client, .. } => client_source(client),
             Opener::Node { slot, .. } => node_source(slot),
+            Opener::Adversary => adversary_source(),
         };
         let nonce = self.nonce();
         let inc = self.nodes[usize::from(slot)].inc;
@@ -1130,10 +1251,13 @@ impl<'t> ClusterWorld<'t> {
         {
             return self.deliver_to_client(pipe_id, client, inc, bytes);
         }
+        if to_side == 0 && pipe.opener == Opener::Adversary {
+            return self.adversary_receive(pipe_id, bytes);
+        }
         let Some((slot, id)) = self.node_conn(pipe_id, to_side) else {
             return;
         };
-        if !self.pipes[&pipe_id].peer() {
+        if self.pipes[&pipe_id].client() {
             self.observe_requests(pipe_id, &bytes);
         }
         let now = self.node_now(slot);
@@ -1257,10 +1381,159 @@ impl<'t> ClusterWorld<'t> {
             && let Opener::Client { client, inc } = pipe.opener
         {
             self.client_sees_close(pipe_id, client, inc);
+        } else if side == 0 && pipe.opener == Opener::Adversary {
+            self.adversary.conns.remove(&pipe_id);
+            if let Some(pipe) = self.pipes.get_mut(&pipe_id) {
+                pipe.open[0] = false;
+            }
         } else {
             self.node_closes(pipe_id, side);
         }
         self.drop_pipe_if_done(pipe_id);
+    }
+
+    // -----------------------------------------------------------------
+    // The outsider
+    // -----------------------------------------------------------------
+
+    /// Opens a connection to the leader (or any node) and one to another
+    /// node, to relay the hellos between them.
+    fn adversary_relay(&mut self) {
+        let n = self.n;
+        let leader = self
+            .nodes
+            .iter()
+            .filter_map(|proc| proc.node.as_ref())
+            .find(|node| node.is_leader())
+            .map(|node| node.id().slot);
+        let x = leader.unwrap_or_else(|| self.adversary.rng.below(u64::from(n)) as u8);
+        let y = (x + 1 + self.adversary.rng.below(u64::from(n) - 1) as u8) % n;
+        let (px, py) = (
+            self.new_pipe(Opener::Adversary, x),
+            self.new_pipe(Opener::Adversary, y),
+        );
+        self.adversary.relays += 1;
+        self.rec.report.faults += 1;
+        self.note(|| {
+            format!("ADVERSARY dials node {x} (pipe {px}) and node {y} (pipe {py}) to relay")
+        });
+        for (pipe, partner) in [(px, py), (py, px)] {
+            self.adversary.conns.insert(
+                pipe,
+                crate::adversary::AdversaryConn {
+                    partner: Some(partner),
+                    ..Default::default()
+                },
+            );
+            let at = self.now_us + self.net_delay();
+            self.schedule(at, Ev::AdversaryArrive { pipe });
+            self.schedule(
+                self.now_us + ADVERSARY_FINISH_US,
+                Ev::AdversaryFinish { pipe },
+            );
+        }
+    }
+
+    fn adversary_arrive(&mut self, pipe_id: u64) {
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        if pipe.tcp.reset {
+            return;
+        }
+        let slot = pipe.b_slot;
+        let now = self.node_now(slot);
+        let nonce = self.nonce();
+        let inc = self.nodes[usize::from(slot)].inc;
+        let accepted = self.nodes[usize::from(slot)]
+            .node
+            .as_mut()
+            .and_then(|node| node.handle_peer_accept(now, nonce, adversary_source()));
+        match accepted {
+            Some(id) => {
+                self.nodes[usize::from(slot)].conns.insert(id, pipe_id);
+                let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+                pipe.ids[1] = Some(id);
+                pipe.b_inc = inc;
+                pipe.open[1] = true;
+                self.node_step(slot, None);
+            }
+            None => {
+                self.adversary.conns.remove(&pipe_id);
+                self.close_transport(pipe_id);
+            }
+        }
+    }
+
+    /// Bytes a node sent the outsider: its hello, and nothing else, ever
+    /// (an acceptor proves only after the dialer did). Once both hellos of
+    /// a relay are in, each node gets the other's, claiming to dial;
+    /// anything more a node sends is shuttled to the other.
+    fn adversary_receive(&mut self, pipe_id: u64, bytes: Vec<u8>) {
+        let Some(conn) = self.adversary.conns.get_mut(&pipe_id) else {
+            return;
+        };
+        let before = conn.received.len();
+        if conn.received.len() < 4_096 {
+            conn.received.extend_from_slice(&bytes);
+        }
+        let (partner, hello_sent) = (conn.partner, conn.hello_sent);
+        let from = before.max(PEER_HELLO_LEN).min(conn.received.len());
+        let shuttle = conn.received[from..].to_vec();
+        let sent = conn.received.len().saturating_sub(PEER_HELLO_LEN);
+        if !shuttle.is_empty() {
+            let slot = self.pipes.get(&pipe_id).map(|pipe| pipe.b_slot);
+            self.violation(
+                Checker::Raft,
+                format!(
+                    "node {slot:?} sent the outsider {sent} bytes after its hello on pipe {pipe_id}"
+                ),
+            );
+            if let Some(partner) = partner {
+                self.send(partner, 0, shuttle);
+            }
+        }
+        if hello_sent {
+            return;
+        }
+        let Some(partner) = partner else {
+            return;
+        };
+        let own = self.adversary.conns.get(&pipe_id).and_then(|c| c.hello());
+        let other = self.adversary.conns.get(&partner).and_then(|c| c.hello());
+        if let (Some(own), Some(other)) = (own, other) {
+            for (to, claim) in [(pipe_id, other), (partner, own)] {
+                if let Some(conn) = self.adversary.conns.get_mut(&to) {
+                    conn.hello_sent = true;
+                }
+                self.send(to, 0, Adversary::relay_hello(&claim));
+            }
+        }
+    }
+
+    /// The outsider writes a guessed proof and a forged frame claiming to
+    /// be the other node of the relay.
+    fn adversary_finish(&mut self, pipe_id: u64) {
+        if self.phase != Phase::Safety {
+            return;
+        }
+        let Some(conn) = self.adversary.conns.get(&pipe_id) else {
+            return;
+        };
+        let to = conn.hello().map(|hello| hello.from);
+        let from = conn
+            .partner
+            .and_then(|partner| self.adversary.conns.get(&partner))
+            .and_then(|partner| partner.hello())
+            .map(|hello| hello.from);
+        let mut bytes = self.adversary.guessed_proof();
+        if let (Some(from), Some(to)) = (from, to) {
+            let voters = self.adversary_known_ids();
+            if let Some((frame, _)) = self.adversary.forge(from, to, voters) {
+                bytes.extend_from_slice(&frame);
+            }
+        }
+        self.send(pipe_id, 0, bytes);
     }
 
     // -----------------------------------------------------------------
@@ -1701,6 +1974,18 @@ impl<'t> ClusterWorld<'t> {
         }
         let next = self.fault_delay();
         self.schedule(next, Ev::FaultTick);
+        let relay_ppm = self.adversary.rates.relay_ppm;
+        if relay_ppm > 0 {
+            let pipes = &self.pipes;
+            self.adversary
+                .taps
+                .retain(|(pipe, _), _| pipes.contains_key(pipe));
+            if self.adversary.conns.len() + 2 <= ADVERSARY_CONNS_MAX
+                && self.adversary.rng.chance(relay_ppm)
+            {
+                self.adversary_relay();
+            }
+        }
         let faults = self.config.base.faults.clone();
         let cluster = self.config.faults.clone();
         let mut roll = FaultRoll::new(&mut self.fault_rng);

@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod adversary;
 mod checks;
 mod clients;
 mod clock;
@@ -38,6 +39,7 @@ pub mod rng;
 mod run;
 pub mod world;
 
+pub use adversary::AdversaryRates;
 pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
 pub use config::{FaultConfig, SimConfig};
 pub use run::{Checker, RunReport, Violation};

@@ -112,6 +112,7 @@ fn plant(name: &Option<String>) -> Result<(), String> {
         Some("skip-waiter") => Some(PlantedBug::SkipWaiter),
         Some("forget-ghost-grant") => Some(PlantedBug::ForgetGhostGrant),
         Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
+        Some("skip-peer-frame-mac") => Some(PlantedBug::SkipPeerFrameMac),
         Some(other) => return Err(format!("unknown planted bug {other}")),
     };
     planted::set(bug);

@@ -57,7 +57,7 @@ use crate::cluster::state::ReplicatedLocks;
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::Limits;
 use crate::peer::{
-    MAX_FRAME_LEN, PeerDecoder, PeerHandshake, PeerHandshakeStatus, PeerTokens, encode_message,
+    MAX_FRAME_LEN, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens,
 };
 use crate::raft::{
     Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
@@ -243,11 +243,14 @@ struct ClientConn {
 
 #[derive(Debug)]
 struct PeerConn {
-    handshake: PeerHandshake,
+    // Boxed: the handshake and the keyed MAC states are large next to a
+    // client connection.
+    handshake: Box<PeerHandshake>,
     established: Option<NodeId>,
     /// The slot this node dialed (outbound connections).
     dialed: Option<u8>,
-    decoder: PeerDecoder,
+    /// Frame keys, once established: every frame is sealed and verified.
+    session: Option<Box<PeerSession>>,
 }
 
 #[derive(Debug)]
@@ -331,6 +334,9 @@ pub struct ClusterNode {
     bad_snapshots: u64,
     /// A bootstrap member's check that the cluster is new.
     genesis: GenesisCheck,
+    /// The largest token floor an authenticated peer sent in its hello
+    /// (below 2^63): the first `Init` starts at least there.
+    peer_token_floor_max: u64,
 }
 
 /// Where a bootstrap member stands in checking that the cluster is new (see
@@ -498,6 +504,7 @@ impl ClusterNode {
             shutting_down: false,
             bad_snapshots: 0,
             genesis: GenesisCheck::Done,
+            peer_token_floor_max: 0,
             config,
         }
     }
@@ -645,21 +652,35 @@ impl ClusterNode {
         source: Option<IpAddr>,
     ) -> ConnId {
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let mut handshake = PeerHandshake::new(
-            self.config.fingerprint,
-            self.config.id,
-            nonce,
-            dialed,
-            deadline,
-        );
+        let local = PeerIdentity {
+            fingerprint: self.config.fingerprint,
+            id: self.config.id,
+            slot_count: self.config.slot_count,
+            token_floor: self.local_token_floor(),
+        };
+        let mut handshake = Box::new(PeerHandshake::new(local, nonce, dialed, deadline));
         let hello = handshake.take_outbound();
         let kind = ConnKind::Peer(PeerConn {
             handshake,
             established: None,
             dialed,
-            decoder: PeerDecoder::new(),
+            session: None,
         });
         self.new_conn(kind, &hello, deadline, source)
+    }
+
+    /// Every fencing token this node knows of is below this: the larger of
+    /// the configured bootstrap clock and the replicated token counter. Sent
+    /// in peer hellos so that a cluster bootstrapped again starts above it.
+    pub fn local_token_floor(&self) -> u64 {
+        self.config
+            .bootstrap_wall_clock_us
+            .max(self.state.next_token())
+    }
+
+    /// The largest token floor an authenticated peer has sent.
+    pub fn peer_token_floor_max(&self) -> u64 {
+        self.peer_token_floor_max
     }
 
     /// A peer connection from `source` was accepted on the peer address.
@@ -878,6 +899,12 @@ impl ClusterNode {
                         self.known_peer_conns += 1;
                     }
                     peer.established = Some(remote);
+                    peer.session = peer.handshake.take_session().map(Box::new);
+                    // The handshake refused floors at or above 2^63.
+                    if let Some(hello) = peer.handshake.peer_hello() {
+                        self.peer_token_floor_max =
+                            self.peer_token_floor_max.max(hello.token_floor);
+                    }
                     if let Some(conn) = self.conns.get_mut(&conn_id) {
                         self.wakes.wake(conn_id, &mut conn.out);
                     }
@@ -896,14 +923,17 @@ impl ClusterNode {
         else {
             return;
         };
-        let Some(remote) = peer.established else {
+        let (Some(remote), Some(session)) = (peer.established, peer.session.as_mut()) else {
             return;
         };
-        peer.decoder.push(rest);
+        let decoder = &mut session.decoder;
+        decoder.push(rest);
         let mut messages = Vec::new();
         let mut failed = false;
         loop {
-            match peer.decoder.next() {
+            // Each frame's tag is verified before its payload is decoded; a
+            // bad one (forged, replayed, corrupted) closes the connection.
+            match decoder.next() {
                 Ok(Some(msg)) => messages.push(msg),
                 Ok(None) => break,
                 Err(_) => {
@@ -982,6 +1012,7 @@ impl ClusterNode {
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.dials = std::mem::take(&mut self.dials);
         fresh.shutting_down = self.shutting_down;
+        fresh.peer_token_floor_max = self.peer_token_floor_max;
         *self = fresh;
         let peers: Vec<ConnId> = self
             .conns
@@ -1689,8 +1720,14 @@ impl ClusterNode {
         };
         let mut progressed = false;
         if !leadership.init_proposed && !self.state.is_initialised() {
+            // Above every token an authenticated peer knew of, so that a
+            // cluster bootstrapped again with one clock behind still starts
+            // above what it issued before.
             let command = Command::Init {
-                first_token: self.config.bootstrap_wall_clock_us,
+                first_token: self
+                    .config
+                    .bootstrap_wall_clock_us
+                    .max(self.peer_token_floor_max),
             };
             if let Ok((index, term)) = self.raft.propose(now, command.to_bytes()) {
                 leadership.init_proposed = true;
@@ -1800,7 +1837,14 @@ impl ClusterNode {
             if conn.out.pending().len() >= self.config.max_outbound_bytes_per_connection {
                 continue;
             }
-            if encode_message(&msg, conn.out.buffer_mut()).is_ok() {
+            let ConnKind::Peer(PeerConn {
+                session: Some(session),
+                ..
+            }) = &mut conn.kind
+            else {
+                continue;
+            };
+            if session.sealer.seal(&msg, conn.out.buffer_mut()).is_ok() {
                 self.wakes.wake(*conn_id, &mut conn.out);
             }
         }
