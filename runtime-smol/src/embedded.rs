@@ -351,7 +351,7 @@ fn first_token() -> u64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
-    server::first_token(since_epoch)
+    server::first_token(since_epoch, None)
 }
 
 fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {
