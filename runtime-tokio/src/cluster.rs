@@ -48,8 +48,10 @@ use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::Instant;
 
 use crate::serve::{
-    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token, start,
+    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
+    log_token_alert, open_floor, run_persister, start,
 };
+use crate::state::{self, StateSettings};
 
 /// The generation of every member of a freshly bootstrapped cluster. Any
 /// later start of a slot uses its wall-clock microseconds, which are far
@@ -92,6 +94,10 @@ pub struct ClusterSettings {
     /// How long shutdown waits for clients to be answered and leadership to
     /// be handed over.
     pub shutdown_grace: Duration,
+    /// The state directory that keeps this slot's token floor
+    /// ([`crate::state`]); `None`: no file (tests). The `ticketing` binary
+    /// always sets one.
+    pub state: Option<StateSettings>,
 }
 
 impl ClusterSettings {
@@ -112,6 +118,7 @@ impl ClusterSettings {
             peer_tls: None,
             status_listen: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            state: None,
         }
     }
 }
@@ -256,7 +263,19 @@ impl Machine for ClusterCore {
         // connections left may be dropped.
         self.node.stats().clients == 0 && !self.node.is_leader()
     }
+    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        self.node.poll_reserve(now)
+    }
+    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        self.node.handle_reserve_persisted(now, value);
+    }
+    fn handle_reserve_failed(&mut self, now: Instant) {
+        self.node.handle_reserve_failed(now);
+    }
     fn observe(&mut self) {
+        while let Some(alert) = self.node.poll_alert() {
+            log_token_alert(alert);
+        }
         let generation = self.node.id().generation;
         if generation != self.last_generation {
             self.last_generation = generation;
@@ -373,7 +392,6 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         join_generation
     };
     settings.node.id = NodeId::new(slot, generation);
-    settings.node.bootstrap_wall_clock_us = first_token();
     settings
         .node
         .validate()
@@ -393,6 +411,18 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
     let seed = u64::from_le_bytes(seed);
     let clock = Clock::start();
+    let floor = match &settings.state {
+        Some(state) => {
+            let name = state::cluster_file_name(&settings.node.fingerprint, slot);
+            Some(open_floor(state, &name, &clock).await?)
+        }
+        None => None,
+    };
+    // The token floor at start; the domain's first token if this node's
+    // leadership initialises the counter.
+    settings.node.bootstrap_wall_clock_us = floor
+        .as_ref()
+        .map_or_else(first_token_from_clock, |floor| floor.first_token);
     let now = clock.now();
     let auth = if settings.node.client_tokens.is_no_auth() {
         "none (empty token only)"
@@ -404,6 +434,10 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
     } else {
         ClusterNode::join(settings.node.clone(), seed, now)
+    };
+    let (node, persister) = match floor {
+        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
+        None => (node, None),
     };
     info!(
         client = %client_addr,
@@ -427,6 +461,9 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     };
     let shared = Shared::new(core, clock);
     let mut extra = Vec::new();
+    if let Some(file) = persister {
+        extra.push(tokio::spawn(run_persister(Arc::clone(&shared), file)));
+    }
     if let Some(status) = status {
         extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
     }

@@ -28,6 +28,7 @@ pub fn fingerprint() -> [u8; 32] {
 }
 
 use super::ports::free_port;
+use super::scratch::{Scratch, scratch_dir};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Slot {
@@ -63,6 +64,8 @@ pub struct Cluster {
     pub slots: Vec<Slot>,
     nodes: Vec<Option<Child>>,
     pub setup: Setup,
+    /// Every node's state directory (their files are named by slot).
+    pub state_dir: Scratch,
 }
 
 impl Cluster {
@@ -78,6 +81,7 @@ impl Cluster {
                 .collect(),
             nodes: (0..n).map(|_| None).collect(),
             setup: Setup::Flags,
+            state_dir: scratch_dir("cluster-state"),
         }
     }
 
@@ -116,6 +120,7 @@ impl Cluster {
         if bootstrap {
             cmd.arg("--bootstrap");
         }
+        cmd.args(["--state-dir", &self.state_dir.arg()]);
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
     }

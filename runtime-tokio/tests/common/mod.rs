@@ -9,6 +9,7 @@ pub mod certs;
 pub mod cluster;
 pub mod ports;
 pub mod raw;
+pub mod scratch;
 
 use std::time::Duration;
 
