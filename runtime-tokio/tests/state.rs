@@ -6,10 +6,11 @@
 mod common;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::faketime::shift_clock;
 use common::ports::free_port;
 use common::scratch::scratch_dir;
 use ticketing_tokio::{TicketBroker, TicketError};
@@ -17,21 +18,6 @@ use ticketing_tokio::{TicketBroker, TicketError};
 const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
 /// One hour in microseconds: how far the faked clock is behind.
 const HOUR_US: u64 = 3_600_000_000;
-
-/// libfaketime's preload library (Debian's `faketime` package).
-fn libfaketime() -> PathBuf {
-    let candidates = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-        "/usr/local/lib/faketime/libfaketime.so.1",
-    ];
-    candidates
-        .iter()
-        .map(PathBuf::from)
-        .find(|path| path.exists())
-        .expect("libfaketime not found: install the `faketime` package (.ci/run does)")
-}
 
 /// A `ticketing serve` process, killed with SIGKILL when dropped.
 struct Server(Child);
@@ -57,11 +43,7 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         if let Some(offset) = faketime {
-            // Preloaded directly (not through the `faketime` wrapper) so
-            // that the child is the server itself and SIGKILL reaches it.
-            command
-                .env("LD_PRELOAD", libfaketime())
-                .env("FAKETIME", offset);
+            shift_clock(&mut command, offset);
         }
         let mut server = Server(command.spawn().expect("start ticketing serve"));
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -66,6 +66,8 @@ pub struct Cluster {
     pub setup: Setup,
     /// Every node's state directory (their files are named by slot).
     pub state_dir: Scratch,
+    /// A libfaketime offset (`-1h`) for nodes started from now on.
+    pub faketime: Option<&'static str>,
 }
 
 impl Cluster {
@@ -82,6 +84,7 @@ impl Cluster {
             nodes: (0..n).map(|_| None).collect(),
             setup: Setup::Flags,
             state_dir: scratch_dir("cluster-state"),
+            faketime: None,
         }
     }
 
@@ -121,6 +124,9 @@ impl Cluster {
             cmd.arg("--bootstrap");
         }
         cmd.args(["--state-dir", &self.state_dir.arg()]);
+        if let Some(offset) = self.faketime {
+            super::faketime::shift_clock(&mut cmd, offset);
+        }
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
     }

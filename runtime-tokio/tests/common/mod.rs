@@ -7,6 +7,7 @@
 
 pub mod certs;
 pub mod cluster;
+pub mod faketime;
 pub mod ports;
 pub mod raw;
 pub mod scratch;
