@@ -8,6 +8,10 @@
 //!   [`Server::handle_timeout`], [`Server::begin_shutdown`];
 //! - outputs: drain [`Server::poll_wake`] after every input; for each woken
 //!   connection call [`Server::take_transmit`] and write what it gives;
+//!   with a token reserve ([`Server::with_token_reserve`]) also
+//!   [`Server::poll_reserve`] (store the value durably, then
+//!   [`Server::handle_reserve_persisted`] or [`Server::handle_reserve_failed`])
+//!   and [`Server::poll_alert`] (log at `error`);
 //! - time: [`Server::poll_timeout`].
 
 use std::collections::{BTreeSet, HashMap};

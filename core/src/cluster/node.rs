@@ -13,7 +13,9 @@
 //! - outputs, drained after every input: [`ClusterNode::poll_dial`] (a
 //!   peer slot to dial), [`ClusterNode::poll_wake`] then
 //!   [`ClusterNode::take_transmit`] for each woken connection (client and
-//!   peer alike);
+//!   peer alike); with a token reserve ([`ClusterNode::with_token_reserve`])
+//!   [`ClusterNode::poll_reserve`] and [`ClusterNode::poll_alert`], as for
+//!   the single-mode server;
 //! - time: [`ClusterNode::poll_timeout`].
 //!
 //! # How a request is served
