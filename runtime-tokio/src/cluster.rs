@@ -22,7 +22,9 @@
 //!   already elected a leader), the core's genesis check sees the running
 //!   cluster before the node acts as generation 1 and it joins under the
 //!   wall-clock generation instead, as below.
-//! - **otherwise** the node is `(self_slot, wall-clock µs at start)` and
+//! - **otherwise** the node is `(self_slot, token floor at start)` (the
+//!   wall-clock µs, or the slot's stored token reserve plus one if that is
+//!   larger, so a clock stepped back still gives a newer generation) and
 //!   starts with [`ClusterNode::join`]: the leader sees the newer generation
 //!   in the peer handshake, adds it as a learner, and once it is caught up
 //!   removes the slot's old generation and promotes it (Raft auto
@@ -54,8 +56,8 @@ use crate::serve::{
 use crate::state::{self, StateSettings};
 
 /// The generation of every member of a freshly bootstrapped cluster. Any
-/// later start of a slot uses its wall-clock microseconds, which are far
-/// larger.
+/// later start of a slot uses its token floor (wall-clock microseconds or
+/// above), which is far larger.
 pub const BOOTSTRAP_GENERATION: u64 = 1;
 
 /// TLS between peers: each node serves `server` on its peer address and
@@ -383,15 +385,36 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         )));
     }
     let slot = settings.node.id.slot;
-    // Strictly above the bootstrap generation whatever the clock says. A
+    let clock = Clock::start();
+    let floor = match &settings.state {
+        Some(state) => {
+            let name = state::cluster_file_name(&settings.node.fingerprint, slot);
+            Some(open_floor(state, &name, &clock).await?)
+        }
+        None => None,
+    };
+    // The token floor at start: above the clock and above every floor this
+    // slot started with before. It is also the generation of a joining
+    // start, so that a restart with the clock stepped back still comes back
+    // newer than its last generation (the leader adds only newer ones).
+    // Strictly above the bootstrap generation whatever the clock says; a
     // bootstrap member joins under it if it finds the cluster running.
-    let join_generation = wall_clock_micros().max(BOOTSTRAP_GENERATION + 1);
+    let token_floor = floor
+        .as_ref()
+        .map_or_else(first_token_from_clock, |floor| floor.first_token);
+    let join_generation = floor
+        .as_ref()
+        .map_or_else(wall_clock_micros, |floor| floor.first_token)
+        .max(BOOTSTRAP_GENERATION + 1);
     let generation = if settings.bootstrap {
         BOOTSTRAP_GENERATION
     } else {
         join_generation
     };
     settings.node.id = NodeId::new(slot, generation);
+    // The domain's first token if this node's leadership initialises the
+    // counter.
+    settings.node.bootstrap_wall_clock_us = token_floor;
     settings
         .node
         .validate()
@@ -410,19 +433,6 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     let mut seed = [0u8; 8];
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
     let seed = u64::from_le_bytes(seed);
-    let clock = Clock::start();
-    let floor = match &settings.state {
-        Some(state) => {
-            let name = state::cluster_file_name(&settings.node.fingerprint, slot);
-            Some(open_floor(state, &name, &clock).await?)
-        }
-        None => None,
-    };
-    // The token floor at start; the domain's first token if this node's
-    // leadership initialises the counter.
-    settings.node.bootstrap_wall_clock_us = floor
-        .as_ref()
-        .map_or_else(first_token_from_clock, |floor| floor.first_token);
     let now = clock.now();
     let auth = if settings.node.client_tokens.is_no_auth() {
         "none (empty token only)"

@@ -47,3 +47,22 @@ async fn a_cluster_bootstrapped_again_an_hour_behind_issues_higher_tokens() {
         "faketime had no effect: {fresh} vs {before}"
     );
 }
+
+/// A node restarted with its clock an hour behind still joins under a
+/// generation newer than its last one (the leader only adds a newer
+/// generation of a slot): its generation is its token floor, not the bare
+/// clock.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_restarted_an_hour_behind_rejoins_under_a_newer_generation() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader().await;
+    let slot = (leader + 1) % 3;
+    cluster.kill(slot);
+    cluster.spawn(slot, false);
+    let first = cluster.await_replaced(slot, leader).await;
+    cluster.kill(slot);
+    cluster.faketime = Some("-1h");
+    cluster.spawn(slot, false);
+    let second = cluster.await_replaced(slot, leader).await;
+    assert!(second > first, "generation {second} not above {first}");
+}
