@@ -264,7 +264,8 @@ impl TokenReserve {
         self.alerts.pop_front()
     }
 
-    /// A token counter refused to go from `current` down to `proposed`.
+    /// A token counter refused to go down (`alert` says from what to
+    /// what): counted and reported.
     pub(crate) fn refused_lowering(&mut self, alert: TokenAlert) {
         self.stats.counter_lowering_refused += 1;
         self.alert(alert);
