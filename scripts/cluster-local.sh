@@ -43,7 +43,8 @@ start_node() { # SLOT [--bootstrap]
     TICKETING_CLIENT_TOKENS="$(cat "$dir/client-token")" \
         "$bin" serve --cluster-identity "$(cat "$dir/identity")" --self-slot "$slot" \
         $(slot_args) --status-listen "127.0.0.1:$((base + 2000 + slot))" \
-        --profile "${PROFILE:-default}" --log-level "${LOG_LEVEL:-info}" "$@" \
+        --profile "${PROFILE:-default}" --log-level "${LOG_LEVEL:-info}" \
+        --state-dir "$dir/state" "$@" \
         >> "$dir/node$slot.log" 2>&1 &
     echo $! > "$dir/node$slot.pid"
     for _ in $(seq 1 100); do

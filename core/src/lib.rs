@@ -21,6 +21,7 @@ pub mod lock;
 pub mod lock_model;
 pub mod peer;
 pub mod raft;
+pub mod reserve;
 pub mod server;
 pub mod time;
 pub mod wire;

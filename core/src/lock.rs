@@ -12,7 +12,7 @@
 //! waiters. Keys without waiters expire lazily and are swept periodically.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
@@ -234,6 +234,13 @@ pub struct LockTable {
     /// The latest `now` seen; time never runs backwards inside the table.
     last_now_us: u64,
     events: VecDeque<LockEvent>,
+    /// The highest token that may be issued (the durable token reserve,
+    /// see [`crate::reserve`]); `u64::MAX` when unlimited.
+    token_limit: u64,
+    /// Keys whose front waiter could have been granted but for the token
+    /// limit; retried when it is raised. Ordered, so a run stays a pure
+    /// function of its inputs.
+    stalled: BTreeSet<Box<[u8]>>,
 }
 
 impl LockTable {
@@ -256,7 +263,29 @@ impl LockTable {
             wait_margin_us: duration_micros(config.wait_margin),
             last_now_us: now.as_micros(),
             events: VecDeque::new(),
+            token_limit: u64::MAX,
+            stalled: BTreeSet::new(),
         }
+    }
+
+    /// Issues no token above `limit` from now on: an acquire that would be
+    /// granted at once is answered [`AcquireOutcome::Busy`] instead, and a
+    /// queued waiter whose turn has come keeps its place (its wait deadline
+    /// still applies) until the limit is raised far enough.
+    pub fn set_token_limit(&mut self, now: Instant, limit: u64) {
+        let now_us = self.advance(now);
+        self.token_limit = limit;
+        if self.next_token <= self.token_limit {
+            for key in std::mem::take(&mut self.stalled) {
+                self.grant_front(&key, now_us, now_us);
+            }
+        }
+        self.tidy();
+    }
+
+    /// The highest token that may be issued now.
+    pub fn token_limit(&self) -> u64 {
+        self.token_limit
     }
 
     /// An acquire received at `now`. `waiter` is used only if the request is
@@ -308,7 +337,7 @@ impl LockTable {
         let over_key_limit = self.keys.len() + new_keys > limits.max_keys;
 
         if all_free {
-            if over_key_limit {
+            if over_key_limit || self.next_token > self.token_limit {
                 return AcquireOutcome::Busy;
             }
             let token = self.issue_token();
@@ -750,6 +779,12 @@ impl LockTable {
                 .is_some_and(|entry| entry.queue_front() == Some(seq) && !entry.is_held_at(at_us))
         });
         if !grantable {
+            return;
+        }
+        if self.next_token > self.token_limit {
+            // Not durable yet: the waiter keeps its place until the limit
+            // is raised or its wait ends.
+            self.stalled.insert(key.into());
             return;
         }
         let Some(waiter) = self.waiters.remove(&seq) else {

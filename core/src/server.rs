@@ -8,6 +8,10 @@
 //!   [`Server::handle_timeout`], [`Server::begin_shutdown`];
 //! - outputs: drain [`Server::poll_wake`] after every input; for each woken
 //!   connection call [`Server::take_transmit`] and write what it gives;
+//!   with a token reserve ([`Server::with_token_reserve`]) also
+//!   [`Server::poll_reserve`] (store the value durably, then
+//!   [`Server::handle_reserve_persisted`] or [`Server::handle_reserve_failed`])
+//!   and [`Server::poll_alert`] (log at `error`);
 //! - time: [`Server::poll_timeout`].
 
 use std::collections::{BTreeSet, HashMap};
@@ -24,18 +28,21 @@ use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
+use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireRequest, Decoded, ErrorCode, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
     RequestDecoder,
 };
 
-/// The first fencing token of a server bootstrapped `since_epoch` after the
-/// Unix epoch by the wall clock: that time in microseconds (at least 1).
-/// Tokens only grow from there, so a restarted server issues tokens above
-/// those it issued before, as long as the wall clock did not go back.
-pub fn first_token(since_epoch: Duration) -> u64 {
-    crate::time::duration_micros(since_epoch).max(1)
+/// The first fencing token of a server started `since_epoch` after the
+/// Unix epoch by the wall clock, given the token reserve its previous run
+/// stored (`None`: no state file, or a first start): the wall-clock
+/// microseconds or `stored + 1`, whichever is larger (see
+/// [`crate::reserve::start_token`]). With a state file a restarted server
+/// issues tokens above those it issued before even if the clock went back.
+pub fn first_token(since_epoch: Duration, stored: Option<u64>) -> u64 {
+    crate::reserve::start_token(since_epoch, stored)
 }
 
 /// Server configuration (already validated by the caller's config layer).
@@ -103,6 +110,8 @@ pub struct ServerStats {
     pub handshakes: usize,
     /// Lock table counts.
     pub lock: LockStats,
+    /// Token reserve counts.
+    pub reserve: ReserveStats,
 }
 
 /// The single-mode server state machine.
@@ -128,6 +137,9 @@ pub struct Server {
     /// What the driver should log.
     reports: Reports,
     shutting_down: bool,
+    /// The durable bound on tokens; unlimited unless
+    /// [`Server::with_token_reserve`] set one.
+    reserve: TokenReserve,
 }
 
 #[derive(Debug)]
@@ -214,7 +226,52 @@ impl Server {
             reports: Reports::new(config.budget.report_interval),
             config,
             shutting_down: false,
+            reserve: TokenReserve::unlimited(),
         }
+    }
+
+    /// Issues no token above what `reserve` has confirmed durable (see
+    /// [`crate::reserve`]). Without it the server is unlimited (no state
+    /// file). When the reserve is used up (its write is late or failing) an
+    /// acquire that would be granted at once is answered `B` (a definite
+    /// "no", nothing queued, safe to retry) and queued waiters keep their
+    /// place until the write succeeds or their wait ends with `T`.
+    pub fn with_token_reserve(mut self, now: Instant, reserve: TokenReserve) -> Self {
+        self.table.set_token_limit(now, reserve.limit());
+        self.reserve = reserve;
+        self
+    }
+
+    /// A reserve value the driver must store durably now (then answer
+    /// [`Server::handle_reserve_persisted`] or
+    /// [`Server::handle_reserve_failed`]). Drain after every input.
+    pub fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        let next_token = self.table.next_token();
+        // The table refuses every token above the limit, so a next token
+        // beyond it means grants are being held back right now.
+        self.reserve.note_exhausted(next_token);
+        self.reserve.poll_persist(now, next_token)
+    }
+
+    /// `value` is durable: tokens up to it may be issued; waiters held back
+    /// by the reserve are granted now (wakes follow).
+    pub fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        if self.reserve.handle_persisted(value) {
+            self.table.set_token_limit(now, self.reserve.limit());
+            self.drain_lock_events(now);
+        }
+    }
+
+    /// The write asked for by [`Server::poll_reserve`] failed; it is asked
+    /// for again later ([`Server::poll_timeout`] says when).
+    pub fn handle_reserve_failed(&mut self, now: Instant) {
+        self.reserve.handle_persist_failed(now);
+    }
+
+    /// The next token alert for the operator (the driver logs it at
+    /// `error`).
+    pub fn poll_alert(&mut self) -> Option<TokenAlert> {
+        self.reserve.poll_alert()
     }
 
     /// A transport connection opened from `source`. `nonce` must be fresh
@@ -625,6 +682,7 @@ impl Server {
             self.table.poll_timeout(),
             self.handshake_deadlines.earliest(),
             self.reports.poll_timeout(),
+            self.reserve.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -704,6 +762,7 @@ impl Server {
             sessions: self.sessions,
             handshakes: self.handshakes.len(),
             lock: self.table.stats(),
+            reserve: self.reserve.stats(),
         }
     }
 }

@@ -12,6 +12,7 @@ use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
 use ticketing_core::peer::PeerTokens;
 use ticketing_core::raft::{NodeId, RaftConfig};
+use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
@@ -60,6 +61,10 @@ struct Net {
     links: BTreeMap<(usize, ConnId), Endpoint>,
     clients: Vec<TestClient>,
     nonce: u8,
+    /// Token reserve writes: the last value made durable per node.
+    durable: Vec<Option<u64>>,
+    /// Writes asked for stay unanswered while set (a stalled disk).
+    hold_reserve_writes: bool,
 }
 
 impl Net {
@@ -99,7 +104,20 @@ impl Net {
             links: BTreeMap::new(),
             clients: Vec::new(),
             nonce: 0,
+            durable: vec![None; 3],
+            hold_reserve_writes: false,
         }
+    }
+
+    /// Every node with a token reserve of `step` and nothing stored.
+    fn with_reserves(step: u64) -> Self {
+        let mut net = Net::new();
+        for node in &mut net.nodes {
+            *node = node
+                .take()
+                .map(|node| node.with_token_reserve(TokenReserve::new(step, None)));
+        }
+        net
     }
 
     fn nonce(&mut self) -> [u8; 16] {
@@ -139,6 +157,16 @@ impl Net {
                     } else {
                         self.node(i).handle_dial_failed(now, slot);
                     }
+                }
+                // Token reserve writes, durable at once unless held back.
+                let now = self.now;
+                if !self.hold_reserve_writes
+                    && let Some(node) = self.nodes[i].as_mut()
+                    && let Some(value) = node.poll_reserve(now)
+                {
+                    moved = true;
+                    self.durable[i] = Some(value);
+                    node.handle_reserve_persisted(now, value);
                 }
                 // Transmits.
                 let mut deliveries = VecDeque::new();
@@ -989,4 +1017,99 @@ fn token_floors_follow_the_replicated_counter() {
         "{} > {last}",
         net.node(victim).peer_token_floor_max()
     );
+}
+
+// ---------------------------------------------------------------------------
+// The token reserve (issue 10)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_leader_proposes_no_grant_above_its_durable_reserve() {
+    let mut net = Net::with_reserves(1_000);
+    net.hold_reserve_writes = true;
+    let leader = net.elect();
+    let c = net.connect(leader);
+    // Nothing durable yet: a definite "no", nothing proposed.
+    assert_eq!(
+        net.request(c, acquire(1, "k", 0, 10)),
+        Reply::Busy { rid: 1 }
+    );
+    assert_eq!(net.node(leader).locks().held_keys(), 0);
+    assert_eq!(net.node(leader).stats().reserve.exhausted, 1);
+    net.hold_reserve_writes = false;
+    net.run_for(Duration::from_millis(10));
+    let durable = net.durable[leader].expect("the leader stored a reserve");
+    let token = token_of(net.request(c, acquire(2, "k", 0, 10)));
+    assert_eq!(token, BOOT_US);
+    assert!(token <= durable, "{token} above the durable {durable}");
+    // Every node keeps a reserve ahead of the counter it applied.
+    for (i, node) in net.nodes.iter().enumerate() {
+        let node = node.as_ref().unwrap();
+        let stored = net.durable[i].expect("every node stored a reserve");
+        assert!(stored >= node.locks().next_token(), "node {i}");
+    }
+}
+
+#[test]
+fn a_queue_head_waits_for_the_reserve_then_gets_the_key() {
+    // A step of 4: the reserve runs out after a few grants.
+    let mut net = Net::with_reserves(4);
+    let leader = net.elect();
+    let [a, b] = [net.connect(leader), net.connect(leader)];
+    let first = token_of(net.request(a, acquire(1, "k", 0, 60)));
+    net.hold_reserve_writes = true;
+    // Use up what is durable on other keys.
+    let durable = net.durable[leader].unwrap();
+    let mut rid = 10;
+    loop {
+        rid += 1;
+        match net.request(a, acquire(rid, &format!("x{rid}"), 0, 60)) {
+            Reply::Acquired { token, .. } => assert!(token <= durable),
+            Reply::Busy { .. } => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    net.send_only(b, acquire(2, "k", 5, 60));
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(
+        net.request(a, release(3, "k", first)),
+        Reply::Released { rid: 3 }
+    );
+    net.run_for(Duration::from_millis(500));
+    assert!(
+        net.answers(b).is_empty(),
+        "granted above the reserve: {:?}",
+        net.answers(b)
+    );
+    net.hold_reserve_writes = false;
+    net.run_for(Duration::from_millis(200));
+    let granted = token_of(net.answers(b)[0]);
+    assert!(granted > durable);
+    assert!(granted <= net.durable[leader].unwrap());
+}
+
+#[test]
+fn the_bootstrap_counter_starts_above_a_stored_floor() {
+    // The slot stored a reserve an hour ahead of its (stepped back) clock.
+    let clock_us = BOOT_US;
+    let stored = BOOT_US + 3_600_000_000;
+    let floor = ticketing_core::reserve::start_token(Duration::from_micros(clock_us), Some(stored));
+    assert_eq!(floor, stored + 1);
+    let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+    let mut net = Net::new();
+    for (slot, node) in net.nodes.iter_mut().enumerate() {
+        let mut config = config(voters[slot]);
+        config.bootstrap_wall_clock_us = floor;
+        *node = Some(ClusterNode::bootstrap(
+            config,
+            voters.clone(),
+            REJOIN_GENERATION,
+            slot as u64 + 11,
+            Instant::ZERO,
+        ));
+    }
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let token = token_of(net.request(c, acquire(1, "k", 0, 10)));
+    assert_eq!(token, stored + 1);
 }

@@ -310,3 +310,59 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_snapshot_with_a_lower_counter_is_refused_and_the_state_kept() {
+    // An older state: counter at 1,002 after two grants.
+    let mut old = initialised(1_000);
+    old.apply(&grant(&["x"]), ms(1));
+    old.apply(&grant(&["y"]), ms(1));
+    let behind = old.snapshot(ms(2));
+
+    let mut state = initialised(5_000);
+    let held = match state.apply(&grant(&["a"]), ms(1)) {
+        ApplyResult::Granted { token } => token,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        state.install_snapshot(&behind, ms(3)),
+        Err(SnapshotError::CounterBehind {
+            current: 5_001,
+            snapshot: 1_002
+        })
+    );
+    // Nothing changed: the grant is still there and the counter goes on
+    // above every token issued before.
+    assert_eq!(state.next_token(), 5_001);
+    assert_eq!(
+        state.holder(&Key::new(b"a").unwrap()).map(|(t, _)| t),
+        Some(held)
+    );
+    assert!(!state.is_held(&Key::new(b"x").unwrap()));
+    assert_eq!(
+        state.apply(&grant(&["b"]), ms(4)),
+        ApplyResult::Granted { token: 5_001 }
+    );
+
+    // A snapshot at or above the counter is installed.
+    let mut ahead = initialised(9_000);
+    ahead.apply(&grant(&["z"]), ms(1));
+    assert_eq!(
+        state.install_snapshot(&ahead.snapshot(ms(5)), ms(5)),
+        Ok(())
+    );
+    assert_eq!(state.next_token(), 9_001);
+    assert!(state.is_held(&Key::new(b"z").unwrap()));
+    // An uninitialised node takes any valid snapshot.
+    let mut fresh = ReplicatedLocks::new();
+    assert_eq!(fresh.install_snapshot(&behind, ms(6)), Ok(()));
+    assert_eq!(fresh.next_token(), 1_002);
+}
+
+#[test]
+fn a_later_init_never_lowers_the_counter() {
+    let mut state = initialised(5_000);
+    state.apply(&grant(&["a"]), ms(1));
+    state.apply(&Command::Init { first_token: 10 }, ms(2));
+    assert_eq!(state.next_token(), 5_001);
+}

@@ -545,3 +545,138 @@ fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
     h.server.handle_closed(h.now, closing);
     assert_eq!(granted_token(&h.replies(next)), held + 1);
 }
+
+// ---------------------------------------------------------------------------
+// The token reserve (issue 10): no token above what the driver made durable
+// ---------------------------------------------------------------------------
+
+const STEP: u64 = 1_000;
+
+/// A server whose reserve starts with nothing durable (a first start).
+fn with_reserve(stored: Option<u64>) -> Harness {
+    let mut h = Harness::default();
+    let first = ticketing_core::reserve::start_token(Duration::from_micros(FIRST_TOKEN), stored);
+    h.server = Server::new(ServerConfig::default(), first, h.now)
+        .with_token_reserve(h.now, TokenReserve::new(STEP, stored));
+    h
+}
+
+use ticketing_core::reserve::{TokenAlert, TokenReserve};
+
+/// A server that starts at `first` with `durable` already stored.
+fn with_durable(first: u64, durable: u64) -> Harness {
+    let mut h = Harness::default();
+    h.server = Server::new(ServerConfig::default(), first, h.now)
+        .with_token_reserve(h.now, TokenReserve::new(STEP, Some(durable)));
+    h
+}
+
+#[test]
+fn nothing_is_granted_before_the_first_reserve_is_durable() {
+    let mut h = with_reserve(None);
+    let conn = h.connect();
+    assert_eq!(
+        h.call(conn, &acquire(1, "k", 0, 30)),
+        [Reply::Busy { rid: 1 }]
+    );
+    assert_eq!(h.server.poll_reserve(h.now), Some(FIRST_TOKEN + STEP));
+    // One write at a time.
+    assert_eq!(h.server.poll_reserve(h.now), None);
+    h.server.handle_reserve_persisted(h.now, FIRST_TOKEN + STEP);
+    assert_eq!(
+        granted_token(&h.call(conn, &acquire(2, "k", 0, 30))),
+        FIRST_TOKEN
+    );
+    assert!(matches!(
+        h.server.poll_alert(),
+        Some(TokenAlert::Exhausted { .. })
+    ));
+}
+
+#[test]
+fn the_next_reserve_is_asked_for_half_a_step_early_and_never_overrun() {
+    let mut h = with_reserve(None);
+    let limit = FIRST_TOKEN + STEP;
+    h.server.poll_reserve(h.now);
+    h.server.handle_reserve_persisted(h.now, limit);
+    let conn = h.connect();
+    let mut asked = None;
+    let mut last = 0;
+    for rid in 1..=STEP + 10 {
+        let replies = h.call(conn, &acquire(rid, &format!("k{rid}"), 0, 30));
+        match replies[..] {
+            [Reply::Acquired { token, .. }] => {
+                assert!(token <= limit, "token {token} above the durable {limit}");
+                last = token;
+            }
+            [Reply::Busy { .. }] => {
+                assert_eq!(last, limit, "refused before the reserve was used up");
+                break;
+            }
+            ref other => panic!("unexpected {other:?}"),
+        }
+        if asked.is_none() {
+            asked = h.server.poll_reserve(h.now).map(|value| (value, last));
+        }
+    }
+    // Asked once the next token came within STEP / 2 of the reserve: the
+    // grant of `limit - STEP / 2` made the next token `limit - STEP / 2 + 1`.
+    let (value, at_token) = asked.expect("a write was asked for");
+    assert_eq!(at_token, limit - STEP / 2);
+    assert_eq!(value, limit - STEP / 2 + 1 + STEP);
+    assert_eq!(last, limit);
+    // The write lands: grants resume right above the old reserve.
+    h.server.handle_reserve_persisted(h.now, value);
+    let token = granted_token(&h.call(conn, &acquire(1, "again", 0, 30)));
+    assert_eq!(token, limit + 1);
+}
+
+#[test]
+fn a_queued_waiter_keeps_its_place_until_the_reserve_grows() {
+    // Only `start` itself is durable and the next write is slow: one
+    // grant, then none.
+    let start = FIRST_TOKEN;
+    let mut h = with_durable(start, start);
+    let asked = h.server.poll_reserve(h.now).expect("a write is asked for");
+    let [holder, waiter] = h.connections();
+    let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
+    assert_eq!(token, start);
+    h.send(waiter, &acquire(7, "k", 10, 30));
+    assert!(h.replies(waiter).is_empty(), "queued");
+    assert_eq!(
+        h.call(holder, &release(2, "k", token)),
+        [Reply::Released { rid: 2 }]
+    );
+    // The key is free but no token is durable: the waiter keeps waiting.
+    assert!(h.replies(waiter).is_empty());
+    h.advance(Duration::from_secs(1));
+    assert!(h.replies(waiter).is_empty());
+    // The asked-for write lands: the waiter is granted at once.
+    assert_eq!(asked, start + STEP);
+    h.server.handle_reserve_persisted(h.now, asked);
+    assert_eq!(h.woken(), vec![waiter]);
+    let replies = h.replies(waiter);
+    assert!(matches!(replies[..], [Reply::Acquired { rid: 7, token }] if token == start + 1));
+}
+
+#[test]
+fn a_waiter_held_back_by_the_reserve_still_times_out() {
+    let mut h = with_durable(FIRST_TOKEN, FIRST_TOKEN);
+    let [holder, waiter] = h.connections();
+    let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
+    h.send(waiter, &acquire(7, "k", 2, 30));
+    h.call(holder, &release(2, "k", token));
+    // The write keeps failing; the wait ends with T (minus the margin).
+    h.server.poll_reserve(h.now).expect("a write is asked for");
+    h.server.handle_reserve_failed(h.now);
+    assert_eq!(h.server.poll_reserve(h.now), None, "not at once again");
+    assert!(matches!(
+        std::iter::from_fn(|| h.server.poll_alert()).last(),
+        Some(TokenAlert::PersistFailed { .. })
+    ));
+    h.advance(Duration::from_millis(1_900));
+    assert_eq!(h.replies(waiter), [Reply::TimedOut { rid: 7 }]);
+    // Retried after the pause the core asks for (1 s, already passed).
+    assert!(h.server.poll_reserve(h.now).is_some());
+    assert_eq!(h.server.stats().reserve.persist_failures, 1);
+}

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,10 +38,12 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::auth::{ClientTokens, NONCE_LEN};
 use ticketing_core::client::Session;
+use ticketing_core::reserve::{DEFAULT_RESERVE_STEP, TokenAlert, TokenReserve};
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
 
 use crate::client::{self, TicketBroker};
+use crate::state::FloorFile;
 use crate::sync::{Clock, Notify, sleep_until_opt};
 
 /// First size of a socket peer's read buffer; most never need more.
@@ -67,6 +70,7 @@ pub struct EmbeddedServerBuilder {
     tls: Option<Arc<rustls::ServerConfig>>,
     insecure_no_auth: bool,
     shutdown_grace: Duration,
+    state_dir: Option<PathBuf>,
 }
 
 impl fmt::Debug for EmbeddedServerBuilder {
@@ -78,6 +82,7 @@ impl fmt::Debug for EmbeddedServerBuilder {
             .field("tls", &self.tls.is_some())
             .field("insecure_no_auth", &self.insecure_no_auth)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("state_dir", &self.state_dir)
             .finish()
     }
 }
@@ -125,13 +130,27 @@ impl EmbeddedServerBuilder {
         self
     }
 
+    /// Keeps fencing tokens rising across restarts of the application
+    /// whatever the wall clock does: the server stores a token reserve in
+    /// a small file in `dir` (created if missing; one file per listen
+    /// address, `embedded.floor` without a listener, locked against a
+    /// second server) and never issues a token above what it stored (see
+    /// `docs/operations.md`, "State directory and the token floor"). Off by
+    /// default: tokens then start from the wall clock alone.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = Some(dir.into());
+        self
+    }
+
     /// Starts the server: binds the listener if one was asked for and spawns
     /// the driver tasks on smol's global executor. Does not need to run
     /// inside an executor.
     ///
     /// Errors: [`io::ErrorKind::InvalidInput`] for a token shorter than 16
     /// bytes or a non-loopback listener without tokens (unless
-    /// [`Self::insecure_no_auth`]); the bind error otherwise.
+    /// [`Self::insecure_no_auth`]); the bind error otherwise; with
+    /// [`Self::state_dir`], an error naming `state_dir` and the path when
+    /// the folder or its file cannot be used.
     pub fn start(self) -> io::Result<EmbeddedServer> {
         let mut config = self.config;
         config.client_tokens = ClientTokens::new(&self.tokens).map_err(|e| {
@@ -157,13 +176,36 @@ impl EmbeddedServerBuilder {
             .transpose()?;
 
         let clock = Clock::start();
-        let server = Server::new(config, first_token(), clock.now());
+        let now = clock.now();
+        let (server, floor_file) = match &self.state_dir {
+            Some(dir) => {
+                let name = match local_addr {
+                    Some(addr) => format!("embedded-{}.floor", addr.to_string().replace(':', "_")),
+                    None => "embedded.floor".to_owned(),
+                };
+                let (file, stored) = FloorFile::open(dir, &name)?;
+                let first = server::first_token(wall_clock(), stored);
+                let mut reserve = TokenReserve::new(DEFAULT_RESERVE_STEP, stored);
+                // The first reserve is durable before anything is served.
+                if let Some(value) = reserve.poll_persist(now, first) {
+                    file.write(value)?;
+                    reserve.handle_persisted(value);
+                }
+                let server = Server::new(config, first, now).with_token_reserve(now, reserve);
+                (server, Some(file))
+            }
+            None => (Server::new(config, first_token(), now), None),
+        };
+        let persist = floor_file.as_ref().map(|_| Arc::new(Notify::new()));
         let hub = Arc::new(Hub {
             inner: Mutex::new(HubInner {
                 server,
                 peers: HashMap::new(),
                 timer_target_micros: u64::MAX,
                 scratch: Vec::new(),
+                clock,
+                persist: persist.clone(),
+                reserve_request: None,
             }),
             clock,
             timer: Notify::new(),
@@ -176,12 +218,19 @@ impl EmbeddedServerBuilder {
             stopping: AtomicBool::new(false),
         });
         let timer = smol::spawn(run_timer(Arc::clone(&hub)));
+        let persister = floor_file
+            .zip(persist)
+            .map(|(file, persist)| smol::spawn(run_persister(Arc::clone(&hub), file, persist)));
         let acceptor =
             listener.map(|listener| smol::spawn(accept_loop(Arc::clone(&hub), listener)));
         Ok(EmbeddedServer {
             hub,
             local_addr,
-            tasks: Some(Tasks { timer, acceptor }),
+            tasks: Some(Tasks {
+                timer,
+                acceptor,
+                persister,
+            }),
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -194,6 +243,7 @@ impl EmbeddedServerBuilder {
 struct Tasks {
     timer: Task<()>,
     acceptor: Option<Task<Vec<Task<()>>>>,
+    persister: Option<Task<()>>,
 }
 
 /// A Ticketing server inside this process: FIFO handoff, leases, bounded
@@ -247,6 +297,7 @@ impl EmbeddedServer {
             tls: None,
             insecure_no_auth: false,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            state_dir: None,
         }
     }
 
@@ -276,6 +327,14 @@ impl EmbeddedServer {
     /// The core's current counts (connections include in-process links).
     pub fn stats(&self) -> ServerStats {
         self.hub.lock().server.stats()
+    }
+
+    /// The next token alert (a failed state-file write, a used-up token
+    /// reserve) for the application to log; see [`Self::stats`] for the
+    /// counts. Only a server with [`EmbeddedServerBuilder::state_dir`] has
+    /// any.
+    pub fn poll_token_alert(&self) -> Option<TokenAlert> {
+        self.hub.lock().server.poll_alert()
     }
 
     /// Stops accepting; every queued acquire is answered `T` (Timeout),
@@ -344,14 +403,40 @@ async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
         broker.server_gone();
     }
     drop(tasks.timer);
+    drop(tasks.persister);
 }
 
-/// The core's [`server::first_token`] at the wall-clock time now.
+/// Writes the reserve values the core asks for, one at a time, off the
+/// executor's threads, and tells the core how each write went.
+async fn run_persister(hub: Arc<Hub>, file: FloorFile, persist: Arc<Notify>) {
+    let file = Arc::new(file);
+    loop {
+        persist.notified().await;
+        let Some(value) = hub.lock().reserve_request.take() else {
+            continue;
+        };
+        let writer = Arc::clone(&file);
+        let result = smol::unblock(move || writer.write(value)).await;
+        let mut inner = hub.lock();
+        let now = hub.clock.now();
+        match result {
+            Ok(()) => inner.server.handle_reserve_persisted(now, value),
+            Err(_) => inner.server.handle_reserve_failed(now),
+        }
+        inner.dispatch(&hub.timer, None, None);
+    }
+}
+
+/// The core's [`server::first_token`] at the wall-clock time now, with no
+/// state file.
 fn first_token() -> u64 {
-    let since_epoch = SystemTime::now()
+    server::first_token(wall_clock(), None)
+}
+
+fn wall_clock() -> Duration {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    server::first_token(since_epoch)
+        .unwrap_or(Duration::ZERO)
 }
 
 fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {
@@ -389,6 +474,11 @@ struct HubInner {
     timer_target_micros: u64,
     /// Request bytes of memory peers on their way in; kept for its capacity.
     scratch: Vec<u8>,
+    clock: Clock,
+    /// Wakes the persister (with a state file only).
+    persist: Option<Arc<Notify>>,
+    /// A reserve write the core asked for, not yet picked up.
+    reserve_request: Option<u64>,
 }
 
 enum Peer {
@@ -445,6 +535,12 @@ impl HubInner {
         // proofs, close reasons) are drained so its bounded queue never
         // fills, and dropped.
         while self.server.poll_log().is_some() {}
+        if let Some(persist) = &self.persist
+            && let Some(value) = self.server.poll_reserve(self.clock.now())
+        {
+            self.reserve_request = Some(value);
+            persist.notify_one();
+        }
         let deadline = self
             .server
             .poll_timeout()

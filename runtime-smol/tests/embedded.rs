@@ -229,3 +229,62 @@ fn a_ticket_held_by_a_closed_broker_is_released_by_close() {
         server.shutdown().await;
     });
 }
+
+/// A fresh folder for a state directory, removed on drop.
+struct StateDir(std::path::PathBuf);
+
+impl StateDir {
+    fn new(name: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("ticketing-smol-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        StateDir(path)
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn with_a_state_dir_tokens_start_above_the_stored_reserve() {
+    use ticketing_core::reserve::{decode_floor_file, encode_floor_file};
+    smol::block_on(async {
+        let dir = StateDir::new("floor");
+        std::fs::create_dir_all(&dir.0).unwrap();
+        // What a run whose clock was an hour ahead stored.
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        let stored = wall_us + 3_600_000_000;
+        let file = dir.0.join("embedded.floor");
+        std::fs::write(&file, encode_floor_file(stored)).unwrap();
+
+        let server = EmbeddedServer::builder().state_dir(&dir.0).start().unwrap();
+        // One server per file: a second one is refused, naming the field.
+        let second = EmbeddedServer::builder().state_dir(&dir.0).start();
+        let err = second.expect_err("the file is locked");
+        assert!(err.to_string().starts_with("state_dir: "), "{err}");
+        let broker = server.broker();
+        let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        assert_eq!(ticket.token(), stored + 1);
+        // The next reserve is durable before the token was handed out.
+        let durable = decode_floor_file(&std::fs::read(&file).unwrap()).unwrap();
+        assert!(durable >= ticket.token(), "{durable} < {}", ticket.token());
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+        broker.close().await;
+        server.shutdown().await;
+
+        // A damaged file stops the start instead of resetting the floor.
+        std::fs::write(&file, b"garbage\n").unwrap();
+        let err = EmbeddedServer::builder()
+            .state_dir(&dir.0)
+            .start()
+            .expect_err("a damaged file is refused");
+        let message = err.to_string();
+        assert!(message.contains("embedded.floor: not a"), "{message}");
+    });
+}

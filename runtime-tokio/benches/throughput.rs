@@ -35,13 +35,15 @@ struct KeyState {
     count: AtomicU64,
 }
 
-/// Kills the server process however the bench ends.
-struct ServerProcess(Child);
+/// Kills the server process however the bench ends, and removes its state
+/// directory.
+struct ServerProcess(Child, std::path::PathBuf);
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -57,6 +59,10 @@ fn start_server() -> (ServerProcess, SocketAddr) {
     let addr = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port");
+    // Its own state directory, as in production (the token floor's file),
+    // on the machine's disk rather than the service's default folder.
+    let state_dir =
+        std::env::temp_dir().join(format!("ticketing-bench-state-{}", std::process::id()));
     let mut command = Command::new(env!("CARGO_BIN_EXE_ticketing"));
     command.args([
         "serve",
@@ -65,6 +71,7 @@ fn start_server() -> (ServerProcess, SocketAddr) {
         "--log-level",
         "warn",
     ]);
+    command.arg("--state-dir").arg(&state_dir);
     if let Ok(threads) = std::env::var("TICKETING_BENCH_SERVER_THREADS") {
         command.args(["--worker-threads", &threads]);
     }
@@ -72,7 +79,7 @@ fn start_server() -> (ServerProcess, SocketAddr) {
         .stdin(Stdio::null())
         .spawn()
         .expect("start ticketing serve");
-    let server = ServerProcess(child);
+    let server = ServerProcess(child, state_dir);
     let started = Instant::now();
     while TcpStream::connect(addr).is_err() {
         assert!(

@@ -22,7 +22,9 @@
 //!   already elected a leader), the core's genesis check sees the running
 //!   cluster before the node acts as generation 1 and it joins under the
 //!   wall-clock generation instead, as below.
-//! - **otherwise** the node is `(self_slot, wall-clock µs at start)` and
+//! - **otherwise** the node is `(self_slot, token floor at start)` (the
+//!   wall-clock µs, or the slot's stored token reserve plus one if that is
+//!   larger, so a clock stepped back still gives a newer generation) and
 //!   starts with [`ClusterNode::join`]: the leader sees the newer generation
 //!   in the peer handshake, adds it as a learner, and once it is caught up
 //!   removes the slot's old generation and promotes it (Raft auto
@@ -48,12 +50,14 @@ use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::Instant;
 
 use crate::serve::{
-    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token, start,
+    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
+    log_token_alert, open_floor, run_persister, start,
 };
+use crate::state::{self, StateSettings};
 
 /// The generation of every member of a freshly bootstrapped cluster. Any
-/// later start of a slot uses its wall-clock microseconds, which are far
-/// larger.
+/// later start of a slot uses its token floor (wall-clock microseconds or
+/// above), which is far larger.
 pub const BOOTSTRAP_GENERATION: u64 = 1;
 
 /// TLS between peers: each node serves `server` on its peer address and
@@ -92,6 +96,10 @@ pub struct ClusterSettings {
     /// How long shutdown waits for clients to be answered and leadership to
     /// be handed over.
     pub shutdown_grace: Duration,
+    /// The state directory that keeps this slot's token floor
+    /// ([`crate::state`]); `None`: no file (tests). The `ticketing` binary
+    /// always sets one.
+    pub state: Option<StateSettings>,
 }
 
 impl ClusterSettings {
@@ -112,6 +120,7 @@ impl ClusterSettings {
             peer_tls: None,
             status_listen: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            state: None,
         }
     }
 }
@@ -266,9 +275,21 @@ impl Machine for ClusterCore {
         // connections left may be dropped.
         self.node.stats().clients == 0 && !self.node.is_leader()
     }
+    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        self.node.poll_reserve(now)
+    }
+    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        self.node.handle_reserve_persisted(now, value);
+    }
+    fn handle_reserve_failed(&mut self, now: Instant) {
+        self.node.handle_reserve_failed(now);
+    }
     fn observe(&mut self) {
         while let Some(event) = self.node.poll_log() {
             crate::serve::log_event(event);
+        }
+        while let Some(alert) = self.node.poll_alert() {
+            log_token_alert(alert);
         }
         let generation = self.node.id().generation;
         if generation != self.last_generation {
@@ -377,16 +398,36 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         )));
     }
     let slot = settings.node.id.slot;
-    // Strictly above the bootstrap generation whatever the clock says. A
+    let clock = Clock::start();
+    let floor = match &settings.state {
+        Some(state) => {
+            let name = state::cluster_file_name(&settings.node.fingerprint, slot);
+            Some(open_floor(state, &name, &clock).await?)
+        }
+        None => None,
+    };
+    // The token floor at start: above the clock and above every floor this
+    // slot started with before. It is also the generation of a joining
+    // start, so that a restart with the clock stepped back still comes back
+    // newer than its last generation (the leader adds only newer ones).
+    // Strictly above the bootstrap generation whatever the clock says; a
     // bootstrap member joins under it if it finds the cluster running.
-    let join_generation = wall_clock_micros().max(BOOTSTRAP_GENERATION + 1);
+    let token_floor = floor
+        .as_ref()
+        .map_or_else(first_token_from_clock, |floor| floor.first_token);
+    let join_generation = floor
+        .as_ref()
+        .map_or_else(wall_clock_micros, |floor| floor.first_token)
+        .max(BOOTSTRAP_GENERATION + 1);
     let generation = if settings.bootstrap {
         BOOTSTRAP_GENERATION
     } else {
         join_generation
     };
     settings.node.id = NodeId::new(slot, generation);
-    settings.node.bootstrap_wall_clock_us = first_token();
+    // The domain's first token if this node's leadership initialises the
+    // counter.
+    settings.node.bootstrap_wall_clock_us = token_floor;
     settings
         .node
         .validate()
@@ -405,7 +446,6 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     let mut seed = [0u8; 8];
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
     let seed = u64::from_le_bytes(seed);
-    let clock = Clock::start();
     let now = clock.now();
     let auth = if settings.node.client_tokens.is_no_auth() {
         "none (empty token only)"
@@ -417,6 +457,10 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
     } else {
         ClusterNode::join(settings.node.clone(), seed, now)
+    };
+    let (node, persister) = match floor {
+        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
+        None => (node, None),
     };
     info!(
         client = %client_addr,
@@ -440,6 +484,9 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     };
     let shared = Shared::new(core, clock);
     let mut extra = Vec::new();
+    if let Some(file) = persister {
+        extra.push(tokio::spawn(run_persister(Arc::clone(&shared), file)));
+    }
     if let Some(status) = status {
         extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
     }

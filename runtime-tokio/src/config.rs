@@ -25,10 +25,14 @@ use ticketing_core::raft::{NodeId, RaftConfig};
 
 use crate::cluster::{ClusterSettings, PeerTls};
 use crate::serve::ServeSettings;
+use crate::state::StateSettings;
 use crate::tls::{self, TlsPart};
 
 /// Listen address used when none is configured.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5225";
+/// State directory of a server running as root (the FHS place for
+/// variable state that must survive a reboot).
+pub const DEFAULT_ROOT_STATE_DIR: &str = "/var/lib/ticketing";
 /// Log level used when none is configured.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// Largest accepted `wait_margin_ms`: the margin must stay below the 1 s
@@ -295,6 +299,11 @@ pub struct ServeArgs {
     /// joins by itself.
     #[arg(long)]
     pub bootstrap: bool,
+    /// Folder of the token-floor state file, created if missing (default:
+    /// $STATE_DIRECTORY, else /var/lib/ticketing as root, else
+    /// $XDG_STATE_HOME/ticketing or ~/.local/state/ticketing).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The config file, as written. Every field is optional.
@@ -313,6 +322,8 @@ pub struct FileConfig {
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`].
     pub worker_threads: Option<u64>,
+    /// See [`ServeArgs::state_dir`]; relative to the config file.
+    pub state_dir: Option<PathBuf>,
     /// `[tls]` table.
     pub tls: Option<FileTls>,
     /// `[limits]` table.
@@ -438,6 +449,14 @@ pub struct Env {
     pub rust_log: Option<String>,
     /// `TICKETING_PEER_TOKENS`.
     pub peer_tokens: Option<String>,
+    /// `STATE_DIRECTORY` (set by systemd's `StateDirectory=`).
+    pub state_directory: Option<String>,
+    /// `XDG_STATE_HOME`.
+    pub xdg_state_home: Option<String>,
+    /// `HOME`.
+    pub home: Option<String>,
+    /// Whether the process runs as root (effective uid 0).
+    pub is_root: bool,
 }
 
 impl Env {
@@ -447,8 +466,24 @@ impl Env {
             client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
             rust_log: std::env::var("RUST_LOG").ok(),
             peer_tokens: std::env::var(ENV_PEER_TOKENS).ok(),
+            state_directory: std::env::var("STATE_DIRECTORY").ok(),
+            xdg_state_home: std::env::var("XDG_STATE_HOME").ok(),
+            home: std::env::var("HOME").ok(),
+            is_root: running_as_root(),
         }
     }
+}
+
+/// Whether the effective user is root: the owner of `/proc/self` (Linux)
+/// is the process's effective uid. Elsewhere: assumed not.
+fn running_as_root() -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    }
+    #[cfg(not(unix))]
+    false
 }
 
 /// How clients authenticate, for the startup log.
@@ -694,6 +729,7 @@ pub fn resolve(
 
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
+    let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
 
     let server = ServerConfig {
         lock: LockConfig {
@@ -736,6 +772,8 @@ pub fn resolve(
                 e.message,
             )
         })?;
+        let mut cluster = cluster;
+        cluster.state = Some(state.clone());
         Some(cluster)
     } else {
         check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
@@ -744,6 +782,7 @@ pub fn resolve(
     let mut settings = ServeSettings::new(cluster.as_ref().map_or(listen, |c| c.client_listen));
     settings.server = server;
     settings.tls = tls;
+    settings.state = Some(state);
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -971,6 +1010,42 @@ fn resolve_cluster(
     settings.peer_tls = peer_tls;
     settings.status_listen = status_listen;
     Ok(settings)
+}
+
+/// The state directory: the flag, else `state_dir` in the file (relative
+/// to its folder), else the default for how the process runs: systemd's
+/// `StateDirectory=` (`$STATE_DIRECTORY`, its first entry), else
+/// `/var/lib/ticketing` as root, else `$XDG_STATE_HOME/ticketing`, else
+/// `~/.local/state/ticketing`, else `/var/lib/ticketing`. Nothing is
+/// touched here; the server creates and checks it at start.
+pub fn resolve_state_dir(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> PathBuf {
+    if let Some(dir) = &args.state_dir {
+        return dir.clone();
+    }
+    if let Some(dir) = &file.state_dir {
+        return in_file_dir(file_dir, dir);
+    }
+    let non_empty = |value: &Option<String>| value.clone().filter(|v| !v.is_empty());
+    if let Some(dirs) = non_empty(&env.state_directory)
+        && let Some(first) = dirs.split(':').find(|d| !d.is_empty())
+    {
+        return PathBuf::from(first);
+    }
+    if env.is_root {
+        return PathBuf::from(DEFAULT_ROOT_STATE_DIR);
+    }
+    if let Some(xdg) = non_empty(&env.xdg_state_home) {
+        return Path::new(&xdg).join("ticketing");
+    }
+    if let Some(home) = non_empty(&env.home) {
+        return Path::new(&home).join(".local/state/ticketing");
+    }
+    PathBuf::from(DEFAULT_ROOT_STATE_DIR)
 }
 
 fn resolve_peer_tls(
@@ -1893,5 +1968,66 @@ mod tests {
         let err = load(&flags, &Env::default()).unwrap_err();
         assert_eq!(err.field, "--config");
         assert!(err.message.contains("/nonexistent/ticketing.toml"), "{err}");
+    }
+    #[test]
+    fn state_dir_comes_from_flag_then_file_then_the_default_for_the_process() {
+        let dir_of = |file: &FileConfig, argv: &[&str], env: &Env| {
+            let config =
+                resolve(file, Some(Path::new("/etc/ticketing")), &args(argv), env).unwrap();
+            config
+                .settings
+                .state
+                .expect("the binary always has a state directory")
+                .dir
+        };
+        let none = FileConfig::default();
+        let file = parse_file("state_dir = \"state\"").unwrap();
+        let user = Env {
+            home: Some("/home/u".into()),
+            ..Env::default()
+        };
+        assert_eq!(
+            dir_of(&file, &["--state-dir", "/srv/t"], &user),
+            PathBuf::from("/srv/t")
+        );
+        // Relative to the config file, like the TLS paths.
+        assert_eq!(
+            dir_of(&file, &[], &user),
+            PathBuf::from("/etc/ticketing/state")
+        );
+        assert_eq!(
+            dir_of(&none, &[], &user),
+            PathBuf::from("/home/u/.local/state/ticketing")
+        );
+        let xdg = Env {
+            xdg_state_home: Some("/x".into()),
+            ..user.clone()
+        };
+        assert_eq!(dir_of(&none, &[], &xdg), PathBuf::from("/x/ticketing"));
+        let root = Env {
+            is_root: true,
+            ..xdg.clone()
+        };
+        assert_eq!(
+            dir_of(&none, &[], &root),
+            PathBuf::from("/var/lib/ticketing")
+        );
+        // systemd's StateDirectory= wins over every default (first entry).
+        let systemd = Env {
+            state_directory: Some("/var/lib/tk:/var/lib/other".into()),
+            ..root.clone()
+        };
+        assert_eq!(dir_of(&none, &[], &systemd), PathBuf::from("/var/lib/tk"));
+        assert_eq!(
+            dir_of(&none, &[], &Env::default()),
+            PathBuf::from("/var/lib/ticketing")
+        );
+        // Cluster nodes use the same folder.
+        let mut argv = cluster_args(&SLOTS3);
+        argv.extend(["--state-dir".to_owned(), "/srv/c".to_owned()]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = resolve_args(&argv).unwrap();
+        let cluster = config.cluster.unwrap();
+        assert_eq!(cluster.state.unwrap().dir, PathBuf::from("/srv/c"));
     }
 }

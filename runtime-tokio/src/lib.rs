@@ -1,7 +1,8 @@
 //! The tokio runtime of Ticketing: the `ticketing` daemon's config loading
 //! ([`config`]), the driver that connects the sans-IO core's
 //! [`Server`](ticketing_core::server::Server) to sockets, clocks and timers
-//! ([`serve`]), and TLS setup ([`tls`]).
+//! ([`serve`]), the state file that keeps fencing tokens rising across
+//! restarts ([`state`]), and TLS setup ([`tls`]).
 //!
 //! The driver stays thin: every decision about locks, leases, tokens and
 //! protocol bytes is the core's. [`serve::spawn_server`] is also the
@@ -13,8 +14,10 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod serve;
+pub mod state;
 pub mod tls;
 
 pub use client::{ReleaseOutcome, Ticket, TicketBroker, TicketError, TicketSet, TlsMode};
 pub use cluster::{ClusterSettings, ClusterStatus, RunningCluster, spawn_cluster};
 pub use serve::{RunningServer, ServeSettings, spawn_server};
+pub use state::{StateError, StateSettings};

@@ -2,14 +2,14 @@
 //!
 //! `serve` exit codes: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when the
 //! server cannot start (for example the address is in use), 2 for a bad
-//! command line or config. `lock` exit codes: see [`config::lock_exit`].
+//! command line or config, or an unusable state directory. `lock` exit codes: see [`config::lock_exit`].
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 use ticketing_tokio::config::{self, AuthMode, Cli, Command, Env, ServeArgs};
-use ticketing_tokio::spawn_server;
+use ticketing_tokio::{StateError, spawn_server};
 use tracing::{error, info};
 
 fn main() -> ExitCode {
@@ -76,6 +76,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
         let listen = config.settings.listen;
         let server = match spawn_server(config.settings).await {
             Ok(server) => server,
+            Err(e) if StateError::find(&e).is_some() => return state_error(&e),
             Err(e) => {
                 error!("cannot listen on {listen}: {e}");
                 eprintln!("ticketing: cannot listen on {listen}: {e}");
@@ -99,6 +100,7 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
     let (client, peer) = (settings.client_listen, settings.peer_listen);
     let node = match ticketing_tokio::spawn_cluster(settings).await {
         Ok(node) => node,
+        Err(e) if StateError::find(&e).is_some() => return state_error(&e),
         Err(e) => {
             error!("cannot start the cluster node on {client} / {peer}: {e}");
             eprintln!("ticketing: cannot start the cluster node on {client} / {peer}: {e}");
@@ -115,6 +117,15 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
     info!("stop signal received");
     node.shutdown().await;
     ExitCode::SUCCESS
+}
+
+/// The state directory or file is unusable: like a config error, exit 2
+/// with one line naming the field and the path.
+fn state_error(e: &std::io::Error) -> ExitCode {
+    if let Some(state) = StateError::find(e) {
+        eprintln!("ticketing: config error: {state}");
+    }
+    ExitCode::from(2)
 }
 
 /// A lock service that keeps serving from state a panic left half-updated

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -33,8 +33,11 @@ use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::budget::LogEvent;
+use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::{Instant, StdOrigin};
+
+use crate::state::{self, FloorFile, StateSettings};
 
 /// First size of a connection's read buffer; most connections never need
 /// more, so 10 000 idle connections cost 40 MiB rather than 640.
@@ -65,6 +68,11 @@ pub struct ServeSettings {
     /// How long shutdown waits for connections to flush and close before it
     /// drops them.
     pub shutdown_grace: Duration,
+    /// The state directory that keeps fencing tokens rising across
+    /// restarts whatever the wall clock does ([`crate::state`]). `None`:
+    /// no file, tokens start from the clock alone (tests); the `ticketing`
+    /// binary always sets one.
+    pub state: Option<StateSettings>,
 }
 
 impl ServeSettings {
@@ -75,6 +83,7 @@ impl ServeSettings {
             server: ServerConfig::default(),
             tls: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            state: None,
         }
     }
 }
@@ -121,9 +130,25 @@ impl Drop for RunningServer {
 }
 
 /// Binds `settings.listen` and starts serving on the current tokio runtime.
+/// With a state directory the first token reserve is made durable before
+/// the first connection is accepted; a state directory or file that cannot
+/// be used is an error carrying a [`crate::StateError`]
+/// ([`crate::StateError::find`]).
 pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> {
     let listener = TcpListener::bind(settings.listen).await?;
     let local_addr = listener.local_addr()?;
+    let clock = Clock::start();
+    // Named after the configured address, or the bound one for port 0
+    // (which no two live servers share).
+    let name_addr = if settings.listen.port() == 0 {
+        local_addr
+    } else {
+        settings.listen
+    };
+    let floor = match &settings.state {
+        Some(state) => Some(open_floor(state, &state::single_file_name(name_addr), &clock).await?),
+        None => None,
+    };
     let tls = settings.tls.clone();
     let auth = if settings.server.client_tokens.is_no_auth() {
         "none (empty token only)"
@@ -138,9 +163,22 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         "ticketing server listening"
     );
 
-    let clock = Clock::start();
-    let server = Server::new(settings.server, first_token(), clock.now());
+    let now = clock.now();
+    let (server, persister) = match floor {
+        Some(floor) => (
+            Server::new(settings.server, floor.first_token, now)
+                .with_token_reserve(now, floor.reserve),
+            Some(floor.file),
+        ),
+        None => (
+            Server::new(settings.server, first_token_from_clock(), now),
+            None,
+        ),
+    };
     let shared = Shared::new(server, clock);
+    let extra = persister
+        .map(|file| vec![tokio::spawn(run_persister(Arc::clone(&shared), file))])
+        .unwrap_or_default();
     let supervisor = start(
         &shared,
         vec![Listener {
@@ -149,7 +187,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
             open: Server::handle_connect,
             what: "client",
         }],
-        Vec::new(),
+        extra,
         None,
         settings.shutdown_grace,
     );
@@ -160,12 +198,61 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     })
 }
 
-/// The core's [`server::first_token`] at the wall-clock time now.
-pub(crate) fn first_token() -> u64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    server::first_token(since_epoch)
+/// The core's [`server::first_token`] at the wall-clock time now, with no
+/// state file.
+pub(crate) fn first_token_from_clock() -> u64 {
+    server::first_token(state::wall_clock(), None)
+}
+
+/// Opens the state file (blocking IO, off the runtime's thread) and makes
+/// the first reserve durable.
+pub(crate) async fn open_floor(
+    settings: &StateSettings,
+    name: &str,
+    clock: &Clock,
+) -> io::Result<state::Floor> {
+    let (settings, name, now) = (settings.clone(), name.to_owned(), clock.now());
+    let floor = tokio::task::spawn_blocking(move || state::open_floor(&settings, &name, now))
+        .await
+        .map_err(io::Error::other)?
+        .map_err(state::StateError::into_io)?;
+    info!(
+        path = %floor.file.path().display(),
+        first_token = floor.first_token,
+        reserve = floor.reserve.limit(),
+        "token floor loaded"
+    );
+    Ok(floor)
+}
+
+/// Writes the reserve values the core asks for, one at a time, and tells
+/// the core how each write went.
+pub(crate) async fn run_persister<M: Machine>(shared: Arc<Shared<M>>, file: Arc<FloorFile>) {
+    loop {
+        shared.persist.notified().await;
+        let Some(value) = shared.lock().reserve_request.take() else {
+            continue;
+        };
+        let writer = Arc::clone(&file);
+        let result = tokio::task::spawn_blocking(move || writer.write(value))
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(e)));
+        let mut inner = shared.lock();
+        let now = shared.clock.now();
+        match result {
+            Ok(()) => inner.core.handle_reserve_persisted(now, value),
+            Err(e) => {
+                error!(path = %file.path().display(), value, "cannot write the token reserve: {e}");
+                inner.core.handle_reserve_failed(now);
+            }
+        }
+        inner.dispatch(&shared, None);
+    }
+}
+
+/// Logs what the core reports about the token counter.
+pub(crate) fn log_token_alert(alert: TokenAlert) {
+    error!("{alert}");
 }
 
 // ---------------------------------------------------------------------------
@@ -215,6 +302,15 @@ pub(crate) trait Machine: Send + 'static {
     }
     /// Called after every drain of the wakes; for logging state changes.
     fn observe(&mut self) {}
+    /// A token reserve value to store durably (see
+    /// [`ticketing_core::reserve`]).
+    fn poll_reserve(&mut self, _now: Instant) -> Option<u64> {
+        None
+    }
+    /// The value asked for by [`Machine::poll_reserve`] is durable.
+    fn handle_reserve_persisted(&mut self, _now: Instant, _value: u64) {}
+    /// The write asked for by [`Machine::poll_reserve`] failed.
+    fn handle_reserve_failed(&mut self, _now: Instant) {}
 }
 
 impl Machine for Server {
@@ -252,6 +348,18 @@ impl Machine for Server {
         while let Some(event) = self.poll_log() {
             log_event(event);
         }
+        while let Some(alert) = Server::poll_alert(self) {
+            log_token_alert(alert);
+        }
+    }
+    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        Server::poll_reserve(self, now)
+    }
+    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        Server::handle_reserve_persisted(self, now, value);
+    }
+    fn handle_reserve_failed(&mut self, now: Instant) {
+        Server::handle_reserve_failed(self, now);
     }
 }
 
@@ -326,6 +434,8 @@ pub(crate) struct Shared<M> {
     /// During shutdown: something changed, the supervisor re-checks
     /// [`Machine::quiesced`].
     progress: Notify,
+    /// Tells the persister that the core asked for a reserve write.
+    persist: Notify,
 }
 
 impl<M> std::fmt::Debug for Shared<M> {
@@ -344,12 +454,14 @@ impl<M: Machine> Shared<M> {
                 wakers: HashMap::new(),
                 timer_target_micros: u64::MAX,
                 dials: Vec::new(),
+                reserve_request: None,
             }),
             clock,
             timer: Notify::new(),
             stop: Notify::new(),
             dial: Notify::new(),
             progress: Notify::new(),
+            persist: Notify::new(),
         })
     }
 
@@ -370,6 +482,9 @@ pub(crate) struct Inner<M> {
     timer_target_micros: u64,
     /// Slots the core asked to dial, not yet picked up by the supervisor.
     dials: Vec<u8>,
+    /// A reserve write the core asked for, not yet picked up by the
+    /// persister (the core asks for one at a time).
+    reserve_request: Option<u64>,
 }
 
 impl<M: Machine> Inner<M> {
@@ -395,6 +510,10 @@ impl<M: Machine> Inner<M> {
         }
         if self.dials.len() > dials_before {
             shared.dial.notify_one();
+        }
+        if let Some(value) = self.core.poll_reserve(now) {
+            self.reserve_request = Some(value);
+            shared.persist.notify_one();
         }
         self.core.observe();
         let deadline = self

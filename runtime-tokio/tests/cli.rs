@@ -1,6 +1,8 @@
 //! The `ticketing` binary: exit codes, one-line config errors, startup log
 //! and clean shutdown on SIGTERM.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -43,10 +45,13 @@ fn config_errors_exit_2_with_one_line_naming_the_field() {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_and_exits_0_on_sigterm() {
+    // No --state-dir: the default, here systemd's $STATE_DIRECTORY.
+    let state = common::scratch::scratch_dir("cli-state");
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--log-level", "info"])
         .env_remove("TICKETING_CLIENT_TOKENS")
         .env_remove("RUST_LOG")
+        .env("STATE_DIRECTORY", &state.0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -76,6 +81,11 @@ async fn serves_and_exits_0_on_sigterm() {
     };
     let startup = log.last().unwrap();
     assert!(startup.contains("tls=\"off\""), "{startup}");
+    let floor = log
+        .iter()
+        .find(|line| line.contains("token floor loaded"))
+        .expect("the token floor is loaded before listening");
+    assert!(floor.contains(&state.arg()), "{floor}");
 
     let broker = ticketing::TicketBroker::connect_loopback([addr]);
     assert!(broker.wait_ready(Duration::from_secs(5)).await);

@@ -48,6 +48,10 @@ pub struct FaultConfig {
     /// A write pauses between its validity check and the write itself
     /// (the GC pause that makes a holder outlive its lease).
     pub pause_before_write_ppm: u32,
+    /// With a token floor (`SimConfig::token_reserve_step` > 0): at a
+    /// server restart the wall clock is stepped back by up to this, in
+    /// half of the restarts (NTP at boot, a wrong RTC).
+    pub restart_clock_back_max_us: u64,
 }
 
 impl FaultConfig {
@@ -66,6 +70,7 @@ impl FaultConfig {
             server_write_stall_ppm: 0,
             partial_write_ppm: 0,
             pause_before_write_ppm: 0,
+            restart_clock_back_max_us: 0,
         }
     }
 }
@@ -110,6 +115,15 @@ pub struct SimConfig {
     /// Checkers whose findings are ignored: the planted-bug tests switch off
     /// all but one to show that that one alone catches its bug.
     pub checkers_off: Vec<Checker>,
+    /// The server keeps a token floor "on disk" with this reserve step
+    /// (`ticketing_core::reserve`); 0: none, the first token of a restart
+    /// is its wall clock alone (and the wall clock never steps back).
+    pub token_reserve_step: u64,
+    /// Longest time a reserve write takes to become durable.
+    pub reserve_write_max_us: u64,
+    /// Planted driver bug: a restart ignores the stored floor (starts from
+    /// the wall clock alone), so a clock stepped back lowers the tokens.
+    pub forget_token_floor: bool,
 }
 
 impl Default for SimConfig {
@@ -143,8 +157,12 @@ impl Default for SimConfig {
                 server_write_stall_ppm: 30_000,
                 partial_write_ppm: 100_000,
                 pause_before_write_ppm: 100_000,
+                restart_clock_back_max_us: 3_600_000_000,
             },
             checkers_off: Vec::new(),
+            token_reserve_step: 0,
+            reserve_write_max_us: 30_000,
+            forget_token_floor: false,
         }
     }
 }
@@ -186,6 +204,10 @@ impl SimConfig {
             }
         }
         faults.tick_mean_us = rng.range(200_000, 2_000_000);
+        // Drawn last, so the draws above stay those of earlier versions. A
+        // step of 4 runs the reserve out all the time (`B`, waiters held
+        // back); the default step never does within a run.
+        config.token_reserve_step = [0, 4, 64, 1_000_000][rng.index(4)];
         config
     }
 

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Session, SessionConfig};
 use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
-use ticketing_core::time::Instant;
+use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{Reply, Request};
 
 use crate::checks::{History, Windows, key_index};
@@ -69,6 +70,11 @@ enum Ev {
         generation: u64,
     },
     ServerStart,
+    /// A token reserve write of server `epoch` is durable.
+    ReserveWritten {
+        epoch: u64,
+        value: u64,
+    },
     FaultTick,
     EndSafety,
     End,
@@ -90,6 +96,7 @@ impl Ev {
             Ev::FaultTick => 17,
             Ev::EndSafety => 18,
             Ev::End => 19,
+            Ev::ReserveWritten { .. } => 21,
         }
     }
 }
@@ -174,6 +181,10 @@ pub struct World<'t> {
     pending: BTreeMap<(u64, u64), ServerReq>,
     arrival_seq: u64,
     max_token_seen: u64,
+    /// The token floor's file: the last reserve made durable.
+    disk_reserve: Option<u64>,
+    /// How far the server's wall clock was stepped back at restarts.
+    wall_back_us: u64,
     tokens_seen: HashSet<u64>,
     token_groups: HashMap<u64, Vec<usize>>,
     /// The lease era each grant was made in.
@@ -228,6 +239,8 @@ impl<'t> World<'t> {
             pending: BTreeMap::new(),
             arrival_seq: 0,
             max_token_seen: 0,
+            disk_reserve: None,
+            wall_back_us: 0,
             tokens_seen: HashSet::new(),
             token_groups: HashMap::new(),
             token_eras: HashMap::new(),
@@ -419,6 +432,7 @@ impl<'t> World<'t> {
                 }
             }
             Ev::ServerStart => self.server_start(),
+            Ev::ReserveWritten { epoch, value } => self.reserve_written(epoch, value),
             Ev::FaultTick => self.fault_tick(),
             Ev::EndSafety => {
                 self.note(|| "safety phase ends: no more faults or new work".into());
@@ -437,8 +451,23 @@ impl<'t> World<'t> {
 
     fn server_start(&mut self) {
         let local = self.server_now();
-        // By our rule a domain's counter starts at its wall clock in µs.
-        let first_token = WALL_EPOCH_US + local;
+        let step = self.config.token_reserve_step;
+        let back_max = self.config.faults.restart_clock_back_max_us;
+        if step > 0 && self.next_epoch > 0 && back_max > 0 && self.fault_rng.chance(500_000) {
+            let back = self.fault_rng.below(back_max);
+            self.wall_back_us += back;
+            self.note(|| format!("FAULT the server's wall clock is {back} µs behind at restart"));
+        }
+        // By our rule a domain's counter starts at its wall clock in µs, or
+        // above the stored token floor if that is larger.
+        let wall_us = (WALL_EPOCH_US + local).saturating_sub(self.wall_back_us);
+        let stored = if self.config.forget_token_floor {
+            None
+        } else {
+            self.disk_reserve
+        };
+        let first_token =
+            ticketing_core::reserve::start_token(Duration::from_micros(wall_us), stored);
         let config = ServerConfig {
             lock: LockConfig {
                 limits: Limits {
@@ -464,13 +493,56 @@ impl<'t> World<'t> {
                 ),
             );
         }
+        let mut server = Server::new(config, first_token, instant(local));
+        if step > 0 {
+            // As the drivers do: the first reserve is durable before
+            // anything is served.
+            let mut reserve = TokenReserve::new(step, stored);
+            if let Some(value) = reserve.poll_persist(instant(local), first_token) {
+                self.disk_reserve = Some(value);
+                reserve.handle_persisted(value);
+            }
+            server = server.with_token_reserve(instant(local), reserve);
+        }
         self.server = Some(ServerProc {
-            server: Server::new(config, first_token, instant(local)),
+            server,
             epoch,
             timer_generation: 0,
             armed: None,
             conns: BTreeMap::new(),
         });
+        self.server_step(Vec::new());
+    }
+
+    /// Starts the reserve write the server asks for, if any: durable after
+    /// a random delay, lost if the server crashes first.
+    fn poll_server_reserve(&mut self) {
+        let now = self.server_now();
+        let Some(proc) = self.server.as_mut() else {
+            return;
+        };
+        let epoch = proc.epoch;
+        let alerts: Vec<_> = std::iter::from_fn(|| proc.server.poll_alert()).collect();
+        let asked = proc.server.poll_reserve(instant(now));
+        for alert in alerts {
+            self.note(|| format!("server epoch {epoch}: {alert}"));
+        }
+        if let Some(value) = asked {
+            let delay = self
+                .fault_rng
+                .below(self.config.reserve_write_max_us.max(1));
+            self.schedule(self.now_us + 1 + delay, Ev::ReserveWritten { epoch, value });
+        }
+    }
+
+    fn reserve_written(&mut self, epoch: u64, value: u64) {
+        let now = self.server_now();
+        let Some(proc) = self.server.as_mut().filter(|proc| proc.epoch == epoch) else {
+            // The server crashed first: the write never landed.
+            return;
+        };
+        self.disk_reserve = Some(self.disk_reserve.map_or(value, |d| d.max(value)));
+        proc.server.handle_reserve_persisted(instant(now), value);
         self.server_step(Vec::new());
     }
 
@@ -591,6 +663,7 @@ impl<'t> World<'t> {
     /// [`World::server_step`], also taking `writable`'s bytes (its socket
     /// just became writable again).
     fn server_step_with(&mut self, fresh: Vec<(u64, u64)>, writable: Option<u64>) {
+        self.poll_server_reserve();
         let Some(proc) = self.server.as_mut() else {
             return;
         };

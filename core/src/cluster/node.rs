@@ -13,7 +13,9 @@
 //! - outputs, drained after every input: [`ClusterNode::poll_dial`] (a
 //!   peer slot to dial), [`ClusterNode::poll_wake`] then
 //!   [`ClusterNode::take_transmit`] for each woken connection (client and
-//!   peer alike);
+//!   peer alike); with a token reserve ([`ClusterNode::with_token_reserve`])
+//!   [`ClusterNode::poll_reserve`] and [`ClusterNode::poll_alert`], as for
+//!   the single-mode server;
 //! - time: [`ClusterNode::poll_timeout`].
 //!
 //! # How a request is served
@@ -53,7 +55,7 @@ use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::cluster::command::{ApplyResult, Command};
-use crate::cluster::state::ReplicatedLocks;
+use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::Limits;
 use crate::peer::{
@@ -63,6 +65,7 @@ use crate::raft::{
     Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
     RaftConfig,
 };
+use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
 use crate::wire::{
@@ -111,9 +114,11 @@ pub struct ClusterConfig {
     /// Handshake budgets (client and peer), held-key cap, release-miss
     /// limit, report interval.
     pub budget: BudgetConfig,
-    /// Wall-clock microseconds since the Unix epoch at this process's
-    /// start: the first token of the domain if this node's leadership
-    /// initialises it.
+    /// The token floor at this process's start: the larger of the
+    /// wall-clock microseconds since the Unix epoch and the token reserve
+    /// this slot stored before plus one
+    /// ([`crate::reserve::start_token`]); the first token of the domain if
+    /// this node's leadership initialises it.
     pub bootstrap_wall_clock_us: u64,
     /// First redial delay after a failed or lost peer connection.
     pub dial_backoff_min: Duration,
@@ -217,6 +222,9 @@ struct Leadership {
     expiring: HashSet<u64>,
     /// Keys whose queue head may have become grantable.
     dirty: Vec<Key>,
+    /// Keys whose queue head was grantable but for the token reserve;
+    /// dirty again once the reserve grows.
+    reserve_stalled: BTreeSet<Key>,
     /// Requests received before catching up, served in order after.
     held: VecDeque<(ConnId, Request, Instant)>,
     /// Keys held by the grants this leader delivered, per connection.
@@ -296,6 +304,8 @@ pub struct ClusterStats {
     pub waiters: usize,
     /// Proposals awaiting apply.
     pub pending: usize,
+    /// Token reserve counts.
+    pub reserve: ReserveStats,
 }
 
 /// One node of a Ticketing cluster.
@@ -337,6 +347,9 @@ pub struct ClusterNode {
     /// The largest token floor an authenticated peer sent in its hello
     /// (below 2^63): the first `Init` starts at least there.
     peer_token_floor_max: u64,
+    /// The durable bound on tokens this node proposes; unlimited unless
+    /// [`ClusterNode::with_token_reserve`] set one.
+    reserve: TokenReserve,
 }
 
 /// Where a bootstrap member stands in checking that the cluster is new (see
@@ -506,7 +519,65 @@ impl ClusterNode {
             genesis: GenesisCheck::Done,
             peer_token_floor_max: 0,
             config,
+            reserve: TokenReserve::unlimited(),
         }
+    }
+
+    /// Proposes no Grant whose token could exceed what `reserve` has
+    /// confirmed durable (see [`crate::reserve`]); every node also asks for
+    /// its reserve to follow the replicated counter as it applies. Without
+    /// it the node is unlimited. When the reserve is used up a leader
+    /// answers an acquire that would be proposed at once `B`, and queue
+    /// heads wait until the write succeeds or their wait ends.
+    pub fn with_token_reserve(mut self, reserve: TokenReserve) -> Self {
+        self.reserve = reserve;
+        self
+    }
+
+    /// The highest token the next Grant could get: the counter (or, before
+    /// `Init` is applied, the value this node's `Init` carries) plus one
+    /// for every proposal in flight. Each in-flight Grant takes at most one
+    /// token; counting every pending proposal is an upper bound that needs
+    /// no bookkeeping of its own. A leader serves only once caught up, when
+    /// its own proposals are the only unapplied entries.
+    fn next_grant_token_bound(&self) -> u64 {
+        let counter = if self.state.is_initialised() {
+            self.state.next_token()
+        } else {
+            self.config.bootstrap_wall_clock_us.max(1)
+        };
+        counter.saturating_add(self.pending.len() as u64)
+    }
+
+    /// A reserve value the driver must store durably now (then answer
+    /// [`ClusterNode::handle_reserve_persisted`] or
+    /// [`ClusterNode::handle_reserve_failed`]). Drain after every input.
+    pub fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        let bound = self.next_grant_token_bound();
+        self.reserve.poll_persist(now, bound)
+    }
+
+    /// `value` is durable; queue heads held back by the reserve are served.
+    pub fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        if self.reserve.handle_persisted(value) {
+            if let Some(leadership) = self.leadership.as_mut() {
+                let stalled = std::mem::take(&mut leadership.reserve_stalled);
+                leadership.dirty.extend(stalled);
+            }
+            self.pump(now);
+        }
+    }
+
+    /// The write asked for by [`ClusterNode::poll_reserve`] failed; it is
+    /// asked for again later ([`ClusterNode::poll_timeout`] says when).
+    pub fn handle_reserve_failed(&mut self, now: Instant) {
+        self.reserve.handle_persist_failed(now);
+    }
+
+    /// The next token alert for the operator (the driver logs it at
+    /// `error`).
+    pub fn poll_alert(&mut self) -> Option<TokenAlert> {
+        self.reserve.poll_alert()
     }
 
     // ------------------------------------------------------------------
@@ -544,6 +615,7 @@ impl ClusterNode {
             held_keys: self.state.held_keys(),
             pending: self.pending.len(),
             waiters: self.leadership.as_ref().map_or(0, |l| l.waiters.len()),
+            reserve: self.reserve.stats(),
             ..ClusterStats::default()
         };
         for conn in self.conns.values() {
@@ -1013,6 +1085,7 @@ impl ClusterNode {
         fresh.dials = std::mem::take(&mut self.dials);
         fresh.shutting_down = self.shutting_down;
         fresh.peer_token_floor_max = self.peer_token_floor_max;
+        fresh.reserve = std::mem::take(&mut self.reserve);
         *self = fresh;
         let peers: Vec<ConnId> = self
             .conns
@@ -1276,6 +1349,12 @@ impl ClusterNode {
         }
         if free {
             let new_keys = waiter.keys.len();
+            let bound = self.next_grant_token_bound();
+            if !self.reserve.covers(bound) {
+                self.reserve.note_exhausted(bound);
+                self.answer(conn_id, Reply::Busy { rid });
+                return;
+            }
             if self.state.held_keys() + new_keys > limits.max_keys {
                 self.answer(conn_id, Reply::Busy { rid });
                 return;
@@ -1423,8 +1502,15 @@ impl ClusterNode {
     fn apply(&mut self, now: Instant, committed: Committed) {
         match committed {
             Committed::Snapshot { meta, data } => {
-                match ReplicatedLocks::restore(&data, now) {
-                    Ok(state) => self.state = state,
+                match self.state.install_snapshot(&data, now) {
+                    Ok(()) => {}
+                    Err(SnapshotError::CounterBehind { current, snapshot }) => {
+                        self.reserve
+                            .refused_lowering(TokenAlert::SnapshotCounterBehind {
+                                current,
+                                snapshot,
+                            });
+                    }
                     Err(_) => self.bad_snapshots += 1,
                 }
                 self.applied_index = meta.index;
@@ -1787,6 +1873,14 @@ impl ClusterNode {
             if !grantable {
                 continue;
             }
+            let bound = self.next_grant_token_bound();
+            if !self.reserve.covers(bound) {
+                self.reserve.note_exhausted(bound);
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership.reserve_stalled.insert(key);
+                }
+                continue;
+            }
             if let Some(waiter) = self.remove_waiter(seq) {
                 progressed = true;
                 self.propose_grant(now, waiter);
@@ -1927,6 +2021,7 @@ impl ClusterNode {
         };
         consider(self.handshake_deadlines.earliest());
         consider(self.reports.poll_timeout());
+        consider(self.reserve.poll_timeout());
         if let Some(leadership) = &self.leadership {
             consider(
                 leadership

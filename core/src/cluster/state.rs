@@ -48,6 +48,14 @@ pub enum SnapshotError {
     /// Tokens not ascending, a token at or above the counter, or a key held
     /// by two grants.
     Inconsistent,
+    /// The snapshot's token counter is below this node's: installing it
+    /// would let tokens go down, so it is refused and the state kept.
+    CounterBehind {
+        /// This node's counter.
+        current: u64,
+        /// The snapshot's counter.
+        snapshot: u64,
+    },
 }
 
 impl core::fmt::Display for SnapshotError {
@@ -56,6 +64,10 @@ impl core::fmt::Display for SnapshotError {
             SnapshotError::Version(v) => write!(f, "unknown lock snapshot version {v}"),
             SnapshotError::Malformed => f.write_str("malformed lock snapshot"),
             SnapshotError::Inconsistent => f.write_str("inconsistent lock snapshot"),
+            SnapshotError::CounterBehind { current, snapshot } => write!(
+                f,
+                "lock snapshot token counter {snapshot} is below this node's {current}"
+            ),
         }
     }
 }
@@ -317,6 +329,22 @@ impl ReplicatedLocks {
             put_key_group(&mut out, &holding.keys);
         }
         out
+    }
+
+    /// Replaces this state with the one in [`Self::snapshot`] bytes,
+    /// installed at `now` (see [`Self::restore`]), unless they do not decode
+    /// or their token counter is below this state's: a counter never goes
+    /// down, so such a snapshot is refused and this state kept as it is.
+    pub fn install_snapshot(&mut self, bytes: &[u8], now: Instant) -> Result<(), SnapshotError> {
+        let restored = ReplicatedLocks::restore(bytes, now)?;
+        if restored.next_token < self.next_token {
+            return Err(SnapshotError::CounterBehind {
+                current: self.next_token,
+                snapshot: restored.next_token,
+            });
+        }
+        *self = restored;
+        Ok(())
     }
 
     /// Rebuilds a state from [`Self::snapshot`] bytes installed at `now`:

@@ -28,6 +28,7 @@ pub fn fingerprint() -> [u8; 32] {
 }
 
 use super::ports::free_port;
+use super::scratch::{Scratch, scratch_dir};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Slot {
@@ -63,6 +64,10 @@ pub struct Cluster {
     pub slots: Vec<Slot>,
     nodes: Vec<Option<Child>>,
     pub setup: Setup,
+    /// Every node's state directory (their files are named by slot).
+    pub state_dir: Scratch,
+    /// A libfaketime offset (`-1h`) for nodes started from now on.
+    pub faketime: Option<&'static str>,
 }
 
 impl Cluster {
@@ -78,6 +83,8 @@ impl Cluster {
                 .collect(),
             nodes: (0..n).map(|_| None).collect(),
             setup: Setup::Flags,
+            state_dir: scratch_dir("cluster-state"),
+            faketime: None,
         }
     }
 
@@ -115,6 +122,10 @@ impl Cluster {
         }
         if bootstrap {
             cmd.arg("--bootstrap");
+        }
+        cmd.args(["--state-dir", &self.state_dir.arg()]);
+        if let Some(offset) = self.faketime {
+            super::faketime::shift_clock(&mut cmd, offset);
         }
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));

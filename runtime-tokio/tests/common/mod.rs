@@ -7,8 +7,10 @@
 
 pub mod certs;
 pub mod cluster;
+pub mod faketime;
 pub mod ports;
 pub mod raw;
+pub mod scratch;
 
 use std::time::Duration;
 
