@@ -466,12 +466,15 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, PeerError> {
         let to = get_id(r)?;
         let term = r.u64()?;
         let body = decode_body(tag, r)?;
-        Some(Message {
+        let msg = Message {
             from,
             to,
             term,
             body,
-        })
+        };
+        // No honest peer sends a term, index or offset this large, and
+        // accepting one would bring `+ 1` within reach of overflow.
+        msg.numbers_in_bounds().then_some(msg)
     };
     let msg = decode(&mut r).ok_or(PeerError::Malformed)?;
     if !r.is_empty() {

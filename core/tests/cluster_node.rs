@@ -722,3 +722,91 @@ fn a_bootstrap_member_that_finds_a_running_cluster_joins_as_a_new_generation() {
         Reply::Released { rid: 3 }
     );
 }
+
+/// Issue 16: a Heartbeat with term `u64::MAX`, then acknowledgements with
+/// index and hint `u64::MAX`, each sent on an established peer connection
+/// in the name of its authenticated peer. Each is refused and counted, the
+/// connection is closed (and dialed again), and the cluster still elects a
+/// new leader and grants with a larger token.
+#[test]
+fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
+    use ticketing_core::peer::{PeerError, encode_message};
+    use ticketing_core::raft::{Message, MessageBody};
+
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let first = token_of(net.request(c, acquire(1, "a", 0, 60)));
+    let term = net.node(leader).raft().term();
+    let hostile = [
+        MessageBody::Heartbeat { commit: 0 },
+        MessageBody::AppendResponse {
+            reject: false,
+            index: u64::MAX,
+            hint_index: 0,
+            hint_term: 0,
+        },
+        MessageBody::AppendResponse {
+            reject: true,
+            index: u64::MAX,
+            hint_index: u64::MAX,
+            hint_term: 0,
+        },
+    ];
+    for (round, body) in hostile.into_iter().enumerate() {
+        // A heartbeat goes to a follower, the acknowledgements to the leader.
+        let heartbeat = matches!(body, MessageBody::Heartbeat { .. });
+        let (from, to) = if heartbeat {
+            (leader, (leader + 1) % 3)
+        } else {
+            ((leader + 1) % 3, leader)
+        };
+        let (&(_, conn), _) = net
+            .links
+            .iter()
+            .find(|((node, _), endpoint)| {
+                *node == to && matches!(endpoint, Endpoint::Peer(j, _) if *j == from)
+            })
+            .expect("an established peer link");
+        let msg = Message {
+            from: net.node(from).id(),
+            to: net.node(to).id(),
+            term: if heartbeat { u64::MAX } else { term },
+            body,
+        };
+        let mut frame = Vec::new();
+        encode_message(&msg, &mut frame).unwrap();
+        let refused = net.node(to).refused_peer_frames();
+        let now = net.now;
+        net.node(to).handle_input(now, conn, &frame);
+        assert_eq!(
+            net.node(to).refused_peer_frames(),
+            refused + 1,
+            "round {round}"
+        );
+        assert_eq!(
+            net.node(to).last_refused_peer_frame(),
+            Some((from as u8, PeerError::Malformed))
+        );
+        assert!(net.node(to).raft().term() < 1_000, "term not taken");
+        let mut out = Vec::new();
+        assert_ne!(
+            net.node(to).take_transmit(conn, &mut out),
+            ConnState::Open,
+            "the connection that sent it is closed"
+        );
+        net.run_for(Duration::from_millis(500));
+    }
+    // The links were dialed again; the leader still leads and grants.
+    assert_eq!(net.leader(), Some(leader));
+    let c = net.connect(leader);
+    let second = token_of(net.request(c, acquire(2, "b", 0, 60)));
+    assert!(second > first);
+    // A failover works too: every election timeout fires on the survivors.
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("a new leader");
+    let c = net.connect(new_leader);
+    let third = token_of(net.request(c, acquire(3, "c", 0, 60)));
+    assert!(third > second, "{third} > {second}");
+}
