@@ -2,6 +2,18 @@
 //! tests that replay their corpora, so CI exercises the same code without a
 //! nightly toolchain. Each function panics on a violated invariant.
 
+mod client_session;
+mod cluster_clients;
+mod codecs;
+mod handshake;
+mod raft_group;
+
+pub use client_session::client_session;
+pub use cluster_clients::cluster_clients;
+pub use codecs::replicated_codecs;
+pub use handshake::client_handshake;
+pub use raft_group::raft_hostile_peer;
+
 use crate::auth::{
     ClientHandshake, ClientHandshakeStatus, HELLO_LEN, SINGLE_FINGERPRINT, WireMode,
 };
@@ -14,31 +26,50 @@ use crate::wire::{
 };
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
-/// first byte, and checks: no panic, bounded buffering, and every request it
-/// yields re-encodes to bytes that decode to the same request.
+/// first byte, and checks: no panic, bounded buffering, every request it
+/// yields re-encodes to bytes that decode to the same request, and the
+/// sequence decoded (requests, rejections, the error that ends it) is the
+/// same as when the whole input arrives at once.
 pub fn request_decoder(data: &[u8]) {
     let Some((&chunk_seed, data)) = data.split_first() else {
         return;
     };
     let chunk_len = usize::from(chunk_seed % 64) + 1;
+    let chunked = decode_requests(data, chunk_len);
+    let whole = decode_requests(data, data.len().max(1));
+    assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
+}
+
+/// Everything a [`RequestDecoder`] yields for `data` pushed in chunks of
+/// `chunk_len`, up to and including the first error.
+fn decode_requests(data: &[u8], chunk_len: usize) -> Vec<Result<Decoded, crate::wire::FrameError>> {
     let mut decoder = RequestDecoder::new();
+    let mut seen = Vec::new();
     for chunk in data.chunks(chunk_len) {
         decoder.push(chunk);
         loop {
             match decoder.next() {
-                Ok(Some(Decoded::Request(request))) => {
-                    let mut bytes = Vec::new();
-                    request.encode(&mut bytes);
-                    let mut again = RequestDecoder::new();
-                    again.push(&bytes);
-                    assert_eq!(again.next(), Ok(Some(Decoded::Request(request))));
-                    assert_eq!(again.buffered(), 0);
-                }
-                Ok(Some(Decoded::Rejected { code, kind, .. })) => {
-                    assert!(code.allowed_for(kind), "{code:?} may not answer {kind:?}");
+                Ok(Some(decoded)) => {
+                    match &decoded {
+                        Decoded::Request(request) => {
+                            let mut bytes = Vec::new();
+                            request.encode(&mut bytes);
+                            let mut again = RequestDecoder::new();
+                            again.push(&bytes);
+                            assert_eq!(again.next(), Ok(Some(Decoded::Request(request.clone()))));
+                            assert_eq!(again.buffered(), 0);
+                        }
+                        Decoded::Rejected { code, kind, .. } => {
+                            assert!(code.allowed_for(*kind), "{code:?} may not answer {kind:?}");
+                        }
+                    }
+                    seen.push(Ok(decoded));
                 }
                 Ok(None) => break,
-                Err(_) => return,
+                Err(error) => {
+                    seen.push(Err(error));
+                    return seen;
+                }
             }
         }
         assert!(
@@ -47,17 +78,53 @@ pub fn request_decoder(data: &[u8]) {
             decoder.buffered()
         );
     }
+    seen
 }
 
 /// Decodes reply frames from `data`: never panics, and every reply it
-/// accepts encodes back to the same bytes.
-pub fn reply_decoder(mut data: &[u8]) {
-    while let Ok(Some((reply, used))) = Reply::decode(data) {
+/// accepts encodes back to the same bytes. Then feeds `data` to a ready
+/// single-mode client [`crate::client::Session`] in chunks whose sizes
+/// come from the first byte (the session's partial-frame path), and checks
+/// that it reports exactly what it reports when the input arrives whole.
+pub fn reply_decoder(data: &[u8]) {
+    let mut rest = data;
+    while let Ok(Some((reply, used))) = Reply::decode(rest) {
         let mut bytes = Vec::new();
         reply.encode(&mut bytes);
-        assert_eq!(bytes, &data[..used]);
-        data = &data[used..];
+        assert_eq!(bytes, &rest[..used]);
+        rest = &rest[used..];
     }
+    let Some((&chunk_seed, frames)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(chunk_seed % 16) + 1;
+    let chunked = session_events(frames, chunk_len);
+    let whole = session_events(frames, frames.len().max(1));
+    assert_eq!(chunked, whole, "chunks of {chunk_len} end differently");
+}
+
+/// The events of a ready session fed `frames` in chunks of `chunk_len`.
+fn session_events(frames: &[u8], chunk_len: usize) -> Vec<crate::client::SessionEvent> {
+    use crate::auth::{Hello, SINGLE_SELF_SLOT};
+    use crate::client::{Session, SessionConfig};
+    let now = Instant::from_millis(1);
+    let mut session = Session::new(now, SessionConfig::single(b""));
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: SINGLE_SELF_SLOT,
+        nonce: [7; 16],
+    };
+    session.handle_input(now, &hello.encode());
+    session.handle_input(now, &[crate::auth::RESULT_ACCEPTED]);
+    assert!(session.is_ready());
+    for chunk in frames.chunks(chunk_len) {
+        session.handle_input(now, chunk);
+    }
+    let mut events = Vec::new();
+    while let Some(event) = session.poll_event() {
+        events.push(event);
+    }
+    events
 }
 
 struct Cursor<'a> {
