@@ -262,7 +262,14 @@ impl Group {
                     Some((committed, _)) if *committed == term => {}
                     // Overwritten before it committed (the leader changed).
                     Some(_) => target = None,
-                    None => {}
+                    // Not committed yet: still possible while its term
+                    // leads; otherwise it may be gone, so propose again.
+                    None => {
+                        let leader_term = self.leader().map(|l| self.nodes[l].raft.term());
+                        if leader_term != Some(term) {
+                            target = None;
+                        }
+                    }
                 }
             }
             if target.is_none()
