@@ -29,10 +29,12 @@ else
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 
-cargo +nightly fuzz build >/dev/null
-
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
+if ! cargo +nightly fuzz build >"$scratch/build.log" 2>&1; then
+    cat "$scratch/build.log" >&2
+    exit 1
+fi
 failed=0
 printf '%-22s %12s %8s %8s %8s %s\n' target execs cov ft corpus findings
 for target in "${targets[@]}"; do
