@@ -311,3 +311,28 @@ fn every_number_field_is_bounded() {
         assert_decoder_refuses(&msg);
     }
 }
+
+#[test]
+fn a_node_at_the_last_term_stops_campaigning_instead_of_overflowing() {
+    // The largest term the decoder accepts: the follower takes it (no
+    // honest node sends it, but it is in bounds), and then must never
+    // campaign into a term its peers would refuse.
+    let (mut net, leader, followers) = cluster(1);
+    let to = followers[0];
+    let msg = Message {
+        from: leader,
+        to,
+        term: MAX_RAFT_NUMBER - 1,
+        body: MessageBody::Heartbeat { commit: 0 },
+    };
+    net.with(to, |raft, now| raft.step(now, msg));
+    assert_eq!(net.raft(to).term(), MAX_RAFT_NUMBER - 1);
+    net.isolate(to);
+    net.run_ms(10_000);
+    assert_eq!(
+        net.raft(to).term(),
+        MAX_RAFT_NUMBER - 1,
+        "campaigned past the bound"
+    );
+    assert_eq!(net.raft(to).refused_messages(), 0);
+}
