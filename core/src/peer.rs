@@ -539,12 +539,15 @@ fn decode_message(tag: u8, payload: &[u8]) -> Option<Message> {
     let to = get_id(&mut r)?;
     let term = r.u64()?;
     let body = decode_body(tag, &mut r)?;
-    r.is_empty().then_some(Message {
+    let msg = Message {
         from,
         to,
         term,
         body,
-    })
+    };
+    // No honest peer sends a term, index or offset this large, and
+    // accepting one would bring `+ 1` within reach of overflow.
+    (r.is_empty() && msg.numbers_in_bounds()).then_some(msg)
 }
 
 /// Incremental decoder of one connection's incoming frames: it verifies

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, VecDeque};
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
 use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
-use ticketing_core::peer::PeerTokens;
+use ticketing_core::peer::{
+    PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
+};
 use ticketing_core::raft::{NodeId, RaftConfig};
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
@@ -1112,4 +1114,132 @@ fn the_bootstrap_counter_starts_above_a_stored_floor() {
     let c = net.connect(leader);
     let token = token_of(net.request(c, acquire(1, "k", 0, 10)));
     assert_eq!(token, stored + 1);
+}
+
+impl Net {
+    /// Opens a connection to node `to` and completes the real peer
+    /// handshake on it as node `from` would (same identity, same token):
+    /// the connection and the frame sealer of that authenticated session.
+    fn authenticated_peer(&mut self, from: usize, to: usize) -> (ConnId, PeerSealer) {
+        let identity = PeerIdentity {
+            fingerprint: FINGERPRINT,
+            id: self.node(from).id(),
+            slot_count: 3,
+            token_floor: 0,
+        };
+        let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
+        let (now, nonce) = (self.now, self.nonce());
+        let mut dialer = PeerHandshake::new(
+            identity,
+            nonce,
+            Some(to as u8),
+            Instant::from_micros(u64::MAX),
+        );
+        let nonce = self.nonce();
+        let conn = self
+            .node(to)
+            .handle_peer_accept(now, nonce, LOOPBACK)
+            .expect("accepted");
+        for _ in 0..8 {
+            let bytes = dialer.take_outbound();
+            if !bytes.is_empty() {
+                self.node(to).handle_input(now, conn, &bytes);
+            }
+            let mut answer = Vec::new();
+            self.node(to).take_transmit(conn, &mut answer);
+            let (_, status) = dialer.handle_input(&tokens, &answer);
+            if let PeerHandshakeStatus::Established(_) = status {
+                let bytes = dialer.take_outbound();
+                if !bytes.is_empty() {
+                    self.node(to).handle_input(now, conn, &bytes);
+                }
+                let session = dialer.take_session().expect("a session once established");
+                return (conn, session.sealer);
+            }
+        }
+        panic!("the peer handshake did not complete");
+    }
+}
+
+/// Issue 16: a Heartbeat with term `u64::MAX`, then acknowledgements with
+/// index and hint `u64::MAX`, each sent on an established peer connection
+/// in the name of its authenticated peer. Each is refused and counted, the
+/// connection is closed (and dialed again), and the cluster still elects a
+/// new leader and grants with a larger token.
+#[test]
+fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
+    use ticketing_core::peer::PeerError;
+    use ticketing_core::raft::{Message, MessageBody};
+
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let first = token_of(net.request(c, acquire(1, "a", 0, 60)));
+    let term = net.node(leader).raft().term();
+    let hostile = [
+        MessageBody::Heartbeat { commit: 0 },
+        MessageBody::AppendResponse {
+            reject: false,
+            index: u64::MAX,
+            hint_index: 0,
+            hint_term: 0,
+        },
+        MessageBody::AppendResponse {
+            reject: true,
+            index: u64::MAX,
+            hint_index: u64::MAX,
+            hint_term: 0,
+        },
+    ];
+    for (round, body) in hostile.into_iter().enumerate() {
+        // A heartbeat goes to a follower, the acknowledgements to the leader.
+        let heartbeat = matches!(body, MessageBody::Heartbeat { .. });
+        let (from, to) = if heartbeat {
+            (leader, (leader + 1) % 3)
+        } else {
+            ((leader + 1) % 3, leader)
+        };
+        // An authenticated peer (it holds the peer token) that misbehaves.
+        let (conn, mut sealer) = net.authenticated_peer(from, to);
+        let msg = Message {
+            from: net.node(from).id(),
+            to: net.node(to).id(),
+            term: if heartbeat { u64::MAX } else { term },
+            body,
+        };
+        let mut frame = Vec::new();
+        sealer.seal(&msg, &mut frame).unwrap();
+        let refused = net.node(to).refused_peer_frames();
+        let now = net.now;
+        net.node(to).handle_input(now, conn, &frame);
+        assert_eq!(
+            net.node(to).refused_peer_frames(),
+            refused + 1,
+            "round {round}"
+        );
+        assert_eq!(
+            net.node(to).last_refused_peer_frame(),
+            Some((from as u8, PeerError::Malformed))
+        );
+        assert!(net.node(to).raft().term() < 1_000, "term not taken");
+        let mut out = Vec::new();
+        assert_ne!(
+            net.node(to).take_transmit(conn, &mut out),
+            ConnState::Open,
+            "the connection that sent it is closed"
+        );
+        net.run_for(Duration::from_millis(500));
+    }
+    // The links were dialed again; the leader still leads and grants.
+    assert_eq!(net.leader(), Some(leader));
+    let c = net.connect(leader);
+    let second = token_of(net.request(c, acquire(2, "b", 0, 60)));
+    assert!(second > first);
+    // A failover works too: every election timeout fires on the survivors.
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("a new leader");
+    let c = net.connect(new_leader);
+    let third = token_of(net.request(c, acquire(3, "c", 0, 60)));
+    assert!(third > second, "{third} > {second}");
 }

@@ -39,3 +39,43 @@ fn peer_decoder_corpus() {
         fuzzing::peer_decoder(&input);
     }
 }
+
+#[test]
+fn raft_hostile_peer_corpus() {
+    replay("raft_hostile_peer", fuzzing::raft_hostile_peer);
+    for input in pseudo_random_inputs(5, 300, 600) {
+        fuzzing::raft_hostile_peer(&input);
+    }
+}
+
+#[test]
+fn client_session_corpus() {
+    replay("client_session", fuzzing::client_session);
+    for input in pseudo_random_inputs(6, 2_000, 400) {
+        fuzzing::client_session(&input);
+    }
+}
+
+#[test]
+fn client_handshake_corpus() {
+    replay("client_handshake", fuzzing::client_handshake);
+    for input in pseudo_random_inputs(7, 2_000, 200) {
+        fuzzing::client_handshake(&input);
+    }
+}
+
+#[test]
+fn replicated_codecs_corpus() {
+    replay("replicated_codecs", fuzzing::replicated_codecs);
+    for input in pseudo_random_inputs(8, 2_000, 400) {
+        fuzzing::replicated_codecs(&input);
+    }
+}
+
+#[test]
+fn cluster_clients_corpus() {
+    replay("cluster_clients", fuzzing::cluster_clients);
+    for input in pseudo_random_inputs(9, 50, 400) {
+        fuzzing::cluster_clients(&input);
+    }
+}

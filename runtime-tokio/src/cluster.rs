@@ -192,6 +192,10 @@ pub(crate) struct ClusterCore {
     last_voter: bool,
     /// This node's generation as last logged.
     last_generation: u64,
+    /// Refused peer frames as last logged.
+    last_refused_peer_frames: u64,
+    /// Peer messages Raft refused, as last logged.
+    last_refused_raft_messages: u64,
 }
 
 impl ClusterCore {
@@ -298,6 +302,24 @@ impl Machine for ClusterCore {
                 generation,
                 "--bootstrap found this cluster already running: joined as a new generation \
                  instead (never pass --bootstrap to a restart)"
+            );
+        }
+        let refused = self.node.refused_peer_frames();
+        if refused != self.last_refused_peer_frames {
+            self.last_refused_peer_frames = refused;
+            if let Some((slot, error)) = self.node.last_refused_peer_frame() {
+                warn!(
+                    slot,
+                    refused, "refused a peer frame ({error}); closed that connection"
+                );
+            }
+        }
+        let refused = self.node.raft().refused_messages();
+        if refused != self.last_refused_raft_messages {
+            self.last_refused_raft_messages = refused;
+            warn!(
+                refused,
+                "dropped a peer message carrying an out-of-bounds term or index"
             );
         }
         let leader = self.node.leader();
@@ -479,6 +501,8 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     let core = ClusterCore {
         last_voter: node.raft().is_voter(),
         last_generation: node.id().generation,
+        last_refused_peer_frames: 0,
+        last_refused_raft_messages: 0,
         last_leader: None,
         node,
     };

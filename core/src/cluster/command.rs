@@ -18,6 +18,12 @@
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::wire::KeyGroup;
 
+/// A [`Command::Init`] must start the token counter below this (2^62);
+/// one starting higher does not decode. The first token is the bootstrap
+/// wall clock in microseconds (about 2^51 today), so this refuses only
+/// corruption, and leaves 3 · 2^62 grants of headroom below `u64::MAX`.
+pub const MAX_FIRST_TOKEN: u64 = 1 << 62;
+
 /// Largest encoded command: a Release/Expire of 16 keys of 128 bytes.
 pub const MAX_COMMAND_LEN: usize = 1 + 8 + 1 + 16 * (1 + 128);
 
@@ -134,13 +140,18 @@ impl Command {
     }
 
     /// Decodes exactly one command filling all of `bytes`; `None` for
-    /// anything else (unknown tag, bad key group, trailing bytes).
+    /// anything else (unknown tag, bad key group, trailing bytes, a first
+    /// token at or above [`MAX_FIRST_TOKEN`]).
     pub fn decode(bytes: &[u8]) -> Option<Command> {
         let mut r = Reader::new(bytes);
         let command = match r.u8()? {
-            TAG_INIT => Command::Init {
-                first_token: r.u64()?,
-            },
+            TAG_INIT => {
+                let first_token = r.u64()?;
+                if first_token >= MAX_FIRST_TOKEN {
+                    return None;
+                }
+                Command::Init { first_token }
+            }
             TAG_GRANT => {
                 let lease_ms = r.u32()?;
                 Command::Grant {

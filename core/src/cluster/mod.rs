@@ -12,6 +12,6 @@ pub mod command;
 pub mod node;
 pub mod state;
 
-pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN};
+pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};
 pub use self::node::{ClusterConfig, ClusterNode, ClusterStats};
-pub use self::state::{Holding, ReplicatedLocks, SnapshotError};
+pub use self::state::{Holding, MAX_SNAPSHOT_NEXT_TOKEN, ReplicatedLocks, SnapshotError};

@@ -54,12 +54,13 @@ use crate::auth::{
 use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
-use crate::cluster::command::{ApplyResult, Command};
+use crate::cluster::command::{ApplyResult, Command, MAX_FIRST_TOKEN};
 use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::Limits;
 use crate::peer::{
-    MAX_FRAME_LEN, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens,
+    MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
+    PeerTokens,
 };
 use crate::raft::{
     Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
@@ -163,6 +164,10 @@ impl ClusterConfig {
         }
         if self.id.slot >= self.slot_count {
             return Err("this node's slot is outside the cluster");
+        }
+        if self.bootstrap_wall_clock_us >= MAX_FIRST_TOKEN {
+            // Its Init command would not decode on any node.
+            return Err("bootstrap_wall_clock_us is beyond the first-token bound");
         }
         // Every Raft message must fit one peer frame: an append carries at
         // most max_append_bytes plus one entry, a snapshot one chunk.
@@ -342,6 +347,10 @@ pub struct ClusterNode {
     /// A snapshot from the leader that did not decode (should never happen;
     /// counted for operators).
     bad_snapshots: u64,
+    /// Peer frames refused by the decoder (each closed its connection).
+    refused_peer_frames: u64,
+    /// The slot and reason of the latest refused peer frame.
+    last_refused_peer_frame: Option<(u8, PeerError)>,
     /// A bootstrap member's check that the cluster is new.
     genesis: GenesisCheck,
     /// The largest token floor an authenticated peer sent in its hello
@@ -516,6 +525,8 @@ impl ClusterNode {
             dials,
             shutting_down: false,
             bad_snapshots: 0,
+            refused_peer_frames: 0,
+            last_refused_peer_frame: None,
             genesis: GenesisCheck::Done,
             peer_token_floor_max: 0,
             config,
@@ -633,6 +644,17 @@ impl ClusterNode {
     /// Snapshots from the leader that could not be restored.
     pub fn bad_snapshots(&self) -> u64 {
         self.bad_snapshots
+    }
+
+    /// Peer frames the decoder refused (malformed, or carrying a number no
+    /// honest peer sends); each closed its connection. The driver logs them.
+    pub fn refused_peer_frames(&self) -> u64 {
+        self.refused_peer_frames
+    }
+
+    /// The slot of the peer and the reason of the latest refused frame.
+    pub fn last_refused_peer_frame(&self) -> Option<(u8, PeerError)> {
+        self.last_refused_peer_frame
     }
 
     /// True once [`ClusterNode::begin_shutdown`] was called.
@@ -1001,15 +1023,15 @@ impl ClusterNode {
         let decoder = &mut session.decoder;
         decoder.push(rest);
         let mut messages = Vec::new();
-        let mut failed = false;
+        let mut failed = None;
         loop {
             // Each frame's tag is verified before its payload is decoded; a
             // bad one (forged, replayed, corrupted) closes the connection.
             match decoder.next() {
                 Ok(Some(msg)) => messages.push(msg),
                 Ok(None) => break,
-                Err(_) => {
-                    failed = true;
+                Err(error) => {
+                    failed = Some(error);
                     break;
                 }
             }
@@ -1020,7 +1042,9 @@ impl ClusterNode {
                 self.step_peer_message(now, msg);
             }
         }
-        if failed {
+        if let Some(error) = failed {
+            self.refused_peer_frames += 1;
+            self.last_refused_peer_frame = Some((remote.slot, error));
             self.close_conn(now, conn_id, CloseReason::BadFrame);
         }
     }

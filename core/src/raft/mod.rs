@@ -131,6 +131,13 @@
 //! (`max_inflight_appends`), snapshot chunk and total size, events. The log
 //! stays bounded as long as the application answers
 //! [`Event::SnapshotWanted`] with [`Raft::compact`].
+//!
+//! Numbers from peers are bounded too: a message carrying a term, index,
+//! commit, hint or offset at or above [`MAX_RAFT_NUMBER`] is dropped and
+//! counted ([`Raft::refused_messages`]), and so is an acknowledgement of an
+//! index the leader does not have. Every `+ 1` on a term or index therefore
+//! has a margin of 3 · 2^62; a node whose term has reached the bound stops
+//! campaigning rather than send what its peers refuse.
 
 mod log;
 mod progress;
@@ -141,7 +148,8 @@ use std::collections::{BTreeMap, VecDeque};
 use self::log::RaftLog;
 use self::progress::{Progress, ProgressState};
 pub use self::types::{
-    ConfChange, Configuration, Entry, EntryKind, Message, MessageBody, NodeId, SnapshotMeta,
+    ConfChange, Configuration, Entry, EntryKind, MAX_RAFT_NUMBER, Message, MessageBody, NodeId,
+    SnapshotMeta,
 };
 use crate::time::{Duration, Instant};
 
@@ -431,6 +439,8 @@ pub struct Raft {
     outbox: VecDeque<Message>,
     events: VecDeque<Event>,
     dropped_messages: u64,
+    /// Peer messages dropped because a number was out of bounds.
+    refused_messages: u64,
     /// The latest `now` seen on any input.
     now: Instant,
 }
@@ -498,6 +508,7 @@ impl Raft {
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             dropped_messages: 0,
+            refused_messages: 0,
             now,
         };
         raft.reset_election_deadline(now);
@@ -598,6 +609,13 @@ impl Raft {
     /// Messages dropped because the outbox was full.
     pub fn dropped_messages(&self) -> u64 {
         self.dropped_messages
+    }
+
+    /// Peer messages dropped because they carried a number no honest peer
+    /// sends: a term, index, commit, hint or offset at or above
+    /// [`MAX_RAFT_NUMBER`], or an acknowledgement beyond the leader's log.
+    pub fn refused_messages(&self) -> u64 {
+        self.refused_messages
     }
 
     /// Leader: the highest index `peer` is known to hold.
@@ -712,7 +730,7 @@ impl Raft {
             return;
         }
         if now >= self.election_deadline {
-            if self.is_voter() {
+            if self.is_voter() && self.term.saturating_add(1) < MAX_RAFT_NUMBER {
                 self.campaign(now, true, false);
             } else {
                 self.reset_election_deadline(now);
@@ -862,6 +880,14 @@ impl Raft {
             // Meant for another generation of our slot (or looped back).
             return;
         }
+        if !msg.numbers_in_bounds() {
+            // The peer decoder refuses these already; this guards callers
+            // that step messages directly. Accepting a term near u64::MAX
+            // would make the next `term + 1` overflow (or wrap to 0 and
+            // leave the cluster campaigning at a stale term forever).
+            self.refused_messages += 1;
+            return;
+        }
         let from = msg.from;
         if msg.term > self.term {
             let lease_applies = matches!(
@@ -946,8 +972,8 @@ impl Raft {
                 self.send(from, MessageBody::VoteResponse { reject: !grant });
             }
             MessageBody::PreVoteResponse { reject } => {
-                let current =
-                    (!reject && msg.term == self.term + 1) || (reject && msg.term == self.term);
+                let current = (!reject && msg.term == self.term.saturating_add(1))
+                    || (reject && msg.term == self.term);
                 if self.role == Role::PreCandidate && current {
                     self.votes.insert(from, !reject);
                     self.tally(now, true);
@@ -1003,7 +1029,10 @@ impl Raft {
                 done,
             } => self.handle_snapshot_response(now, from, index, next_offset, done),
             MessageBody::TimeoutNow => {
-                if self.is_voter() && self.role != Role::Leader {
+                if self.is_voter()
+                    && self.role != Role::Leader
+                    && self.term.saturating_add(1) < MAX_RAFT_NUMBER
+                {
                     // The leader hands over: campaign at once, skipping
                     // pre-vote, and flag the votes so that voters set the
                     // lease rule aside (they did hear from a live leader —
@@ -1066,10 +1095,11 @@ impl Raft {
         self.set_leader(None);
         self.leader_contact = None;
         self.reset_election_deadline(now);
+        // Callers check that `term + 1` stays below MAX_RAFT_NUMBER.
         let (term, body) = if pre_vote {
             self.role = Role::PreCandidate;
             (
-                self.term + 1,
+                self.term.saturating_add(1),
                 MessageBody::PreVote {
                     last_index: self.log.last_index(),
                     last_term: self.log.last_term(),
@@ -1077,7 +1107,7 @@ impl Raft {
             )
         } else {
             self.role = Role::Candidate;
-            self.term += 1;
+            self.term = self.term.saturating_add(1);
             self.vote = Some(self.id);
             (
                 self.term,
@@ -1383,6 +1413,12 @@ impl Raft {
             hint_index
         };
         let last_index = self.log.last_index();
+        if !reject && index > last_index {
+            // An acknowledgement of entries this leader never had: no
+            // honest follower of this term sends one.
+            self.refused_messages += 1;
+            return;
+        }
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
@@ -1399,7 +1435,7 @@ impl Raft {
                 // The answer to our probe (or anything newer) tells us
                 // where the logs match: start pipelining from there.
                 pr.probe_sent = false;
-                if updated || index + 1 == pr.next_index {
+                if updated || index.saturating_add(1) == pr.next_index {
                     pr.become_replicate();
                 }
             }
@@ -1469,6 +1505,11 @@ impl Raft {
         if self.role != Role::Leader {
             return;
         }
+        if done && index > self.log.last_index() {
+            // A snapshot this leader never had: no honest follower says so.
+            self.refused_messages += 1;
+            return;
+        }
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
@@ -1479,7 +1520,7 @@ impl Raft {
         if done {
             pr.match_index = pr.match_index.max(index);
             pr.become_probe();
-            pr.next_index = pr.match_index + 1;
+            pr.next_index = pr.match_index.saturating_add(1);
             self.send_append(from, true);
             return;
         }
@@ -1741,7 +1782,8 @@ impl Raft {
     fn caught_up(&self, id: NodeId) -> bool {
         self.progress.get(&id).is_some_and(|p| {
             p.state == ProgressState::Replicate
-                && p.match_index + self.cfg.catch_up_lag_entries >= self.log.last_index()
+                && p.match_index.saturating_add(self.cfg.catch_up_lag_entries)
+                    >= self.log.last_index()
         })
     }
 

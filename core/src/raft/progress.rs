@@ -58,10 +58,16 @@ impl Progress {
 
     pub(crate) fn become_probe(&mut self) {
         // After a snapshot the follower holds at least the snapshot index.
+        // Indexes here are below MAX_RAFT_NUMBER (Raft refuses larger
+        // ones), so saturation never actually happens; it keeps a bug from
+        // becoming an overflow panic.
         if let ProgressState::Snapshot { index, .. } = self.state {
-            self.next_index = (self.match_index + 1).max(index + 1);
+            self.next_index = self
+                .match_index
+                .saturating_add(1)
+                .max(index.saturating_add(1));
         } else {
-            self.next_index = self.match_index + 1;
+            self.next_index = self.match_index.saturating_add(1);
         }
         self.state = ProgressState::Probe;
         self.probe_sent = false;
@@ -70,7 +76,7 @@ impl Progress {
 
     pub(crate) fn become_replicate(&mut self) {
         self.state = ProgressState::Replicate;
-        self.next_index = self.match_index + 1;
+        self.next_index = self.match_index.saturating_add(1);
         self.probe_sent = false;
         self.inflight.clear();
     }
@@ -82,7 +88,7 @@ impl Progress {
             self.match_index = index;
             self.probe_sent = false;
         }
-        self.next_index = self.next_index.max(index + 1);
+        self.next_index = self.next_index.max(index.saturating_add(1));
         while self.inflight.front().is_some_and(|&last| last <= index) {
             self.inflight.pop_front();
         }
@@ -102,7 +108,10 @@ impl Progress {
                     return false;
                 }
                 self.become_probe();
-                self.next_index = (self.match_index + 1).max(rejected.min(next_probe + 1));
+                self.next_index = self
+                    .match_index
+                    .saturating_add(1)
+                    .max(rejected.min(next_probe.saturating_add(1)));
                 true
             }
             ProgressState::Probe => {
@@ -111,7 +120,10 @@ impl Progress {
                 if self.next_index.saturating_sub(1) != rejected {
                     return false;
                 }
-                self.next_index = (self.match_index + 1).max(rejected.min(next_probe + 1));
+                self.next_index = self
+                    .match_index
+                    .saturating_add(1)
+                    .max(rejected.min(next_probe.saturating_add(1)));
                 self.probe_sent = false;
                 true
             }

@@ -4,6 +4,18 @@
 
 use std::collections::BTreeSet;
 
+/// Every term, log index, commit index, hint and snapshot offset a peer
+/// sends must be below this bound (2^62); a message carrying one at or above
+/// it is refused, by the peer decoder and again by [`super::Raft::step`].
+///
+/// Honest nodes never get near it: one election per millisecond would take
+/// 146 million years to reach it, and an index as large would need as many
+/// log entries. Refusing such values leaves a margin of 3 · 2^62 below
+/// `u64::MAX`, so `term + 1`, `index + 1` and `offset + len` can never
+/// overflow on anything accepted, and a node never campaigns in a term its
+/// peers would refuse (see [`super::Raft`]'s handling of an exhausted term).
+pub const MAX_RAFT_NUMBER: u64 = 1 << 62;
+
 /// The Raft identity of a node: a stable slot (its place in the client's
 /// address list) and a generation that is new every time a process starts
 /// with empty state for that slot.
@@ -173,6 +185,61 @@ pub struct Message {
     pub term: u64,
     /// What the message says.
     pub body: MessageBody,
+}
+
+impl Message {
+    /// Whether every number the message carries (term, indexes, commits,
+    /// hints, snapshot offsets, entry indexes and terms) is below
+    /// [`MAX_RAFT_NUMBER`]. Node generations are identities, not counters,
+    /// and are not bounded.
+    pub fn numbers_in_bounds(&self) -> bool {
+        let ok = |n: u64| n < MAX_RAFT_NUMBER;
+        ok(self.term)
+            && match &self.body {
+                MessageBody::PreVote {
+                    last_index,
+                    last_term,
+                }
+                | MessageBody::Vote {
+                    last_index,
+                    last_term,
+                    ..
+                } => ok(*last_index) && ok(*last_term),
+                MessageBody::PreVoteResponse { .. }
+                | MessageBody::VoteResponse { .. }
+                | MessageBody::HeartbeatResponse
+                | MessageBody::TimeoutNow => true,
+                MessageBody::Append {
+                    prev_index,
+                    prev_term,
+                    entries,
+                    commit,
+                } => {
+                    ok(*prev_index)
+                        && ok(*prev_term)
+                        && ok(*commit)
+                        && entries.iter().all(|e| ok(e.index) && ok(e.term))
+                }
+                MessageBody::AppendResponse {
+                    index,
+                    hint_index,
+                    hint_term,
+                    ..
+                } => ok(*index) && ok(*hint_index) && ok(*hint_term),
+                MessageBody::Heartbeat { commit } => ok(*commit),
+                MessageBody::InstallSnapshot {
+                    meta, offset, data, ..
+                } => {
+                    ok(meta.index)
+                        && ok(meta.term)
+                        && ok(*offset)
+                        && ok(offset.saturating_add(data.len() as u64))
+                }
+                MessageBody::SnapshotResponse {
+                    index, next_offset, ..
+                } => ok(*index) && ok(*next_offset),
+            }
+    }
 }
 
 /// The kinds of Raft message.

@@ -1,0 +1,355 @@
+//! A cluster's client side fed raw bytes: see [`cluster_clients`].
+
+use std::collections::BTreeMap;
+
+use crate::auth::{ClientHandshake, ClientHandshakeStatus, HELLO_LEN, WireMode};
+use crate::cluster::{ClusterConfig, ClusterNode};
+use crate::peer::PeerTokens;
+use crate::raft::{NodeId, RaftConfig};
+use crate::server::{ConnId, ConnState};
+use crate::time::{Duration, Instant};
+use crate::wire::{AcquireRequest, ReleaseRequest, Reply, Request};
+
+use super::{Cursor, fuzz_keys};
+
+const FINGERPRINT: [u8; 32] = [0x3c; 32];
+const BOOT_US: u64 = 1_700_000_000_000_000;
+
+/// Three cluster nodes whose peer connections move bytes reliably.
+struct Cluster {
+    now: Instant,
+    nodes: Vec<ClusterNode>,
+    /// (node, peer conn) → (node, peer conn) at the other end.
+    peer_links: BTreeMap<(usize, ConnId), (usize, ConnId)>,
+    nonce: u8,
+}
+
+struct Client {
+    node: usize,
+    conn: ConnId,
+    received: Vec<u8>,
+    closed: bool,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+        let now = Instant::from_millis(1);
+        let nodes = voters
+            .iter()
+            .map(|&id| {
+                let tokens = PeerTokens::new([b"fuzz-peer-secret-0123456789"]).expect("token");
+                let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, BOOT_US);
+                config.raft = RaftConfig::fast();
+                config.limits.max_keys = 3;
+                config.limits.max_waiters_per_key = 3;
+                config.limits.max_waiters_total = 5;
+                config.max_connections = 6;
+                config.max_in_flight_per_connection = 4;
+                config.max_outbound_bytes_per_connection = 256;
+                ClusterNode::bootstrap(config, voters.clone(), 2, u64::from(id.slot) + 1, now)
+            })
+            .collect();
+        Cluster {
+            now,
+            nodes,
+            peer_links: BTreeMap::new(),
+            nonce: 0,
+        }
+    }
+
+    fn nonce(&mut self) -> [u8; 16] {
+        self.nonce = self.nonce.wrapping_add(1);
+        [self.nonce; 16]
+    }
+
+    /// Moves peer bytes and dials until nothing moves; client bytes are
+    /// collected into `clients`.
+    fn settle(&mut self, clients: &mut [Client]) {
+        for _ in 0..1_000 {
+            let mut moved = false;
+            for i in 0..self.nodes.len() {
+                let now = self.now;
+                while let Some(slot) = self.nodes[i].poll_dial(now) {
+                    moved = true;
+                    let target = usize::from(slot);
+                    let (n1, n2) = (self.nonce(), self.nonce());
+                    let a = self.nodes[i].handle_peer_connected(now, slot, n1);
+                    match self.nodes[target].handle_peer_accept(now, n2, node_source(i)) {
+                        Some(b) => {
+                            self.peer_links.insert((i, a), (target, b));
+                            self.peer_links.insert((target, b), (i, a));
+                        }
+                        None => self.nodes[i].handle_closed(now, a),
+                    }
+                }
+                while let Some(conn) = self.nodes[i].poll_wake() {
+                    let mut out = Vec::new();
+                    let state = self.nodes[i].take_transmit(conn, &mut out);
+                    self.nodes[i].handle_flushed(now, conn);
+                    if let Some(&(j, other)) = self.peer_links.get(&(i, conn)) {
+                        if !out.is_empty() {
+                            moved = true;
+                            self.nodes[j].handle_input(now, other, &out);
+                        }
+                        if state != ConnState::Open {
+                            moved = true;
+                            self.peer_links.remove(&(i, conn));
+                            self.peer_links.remove(&(j, other));
+                            self.nodes[i].handle_closed(now, conn);
+                            self.nodes[j].handle_closed(now, other);
+                        }
+                    } else if let Some(client) = clients
+                        .iter_mut()
+                        .find(|c| c.node == i && c.conn == conn && !c.closed)
+                    {
+                        client.received.extend_from_slice(&out);
+                        if state != ConnState::Open {
+                            client.closed = true;
+                            self.nodes[i].handle_closed(now, conn);
+                        }
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, by: Duration, clients: &mut [Client]) {
+        let end = self.now.saturating_add(by);
+        loop {
+            self.settle(clients);
+            let next = self
+                .nodes
+                .iter()
+                .filter_map(ClusterNode::poll_timeout)
+                .min()
+                .unwrap_or(end)
+                .max(self.now.saturating_add(Duration::from_micros(1)));
+            if next > end {
+                break;
+            }
+            self.now = next;
+            for node in &mut self.nodes {
+                node.handle_timeout(next);
+            }
+        }
+        self.now = end;
+        for node in &mut self.nodes {
+            node.handle_timeout(end);
+        }
+        self.settle(clients);
+    }
+
+    fn leader(&self) -> Option<usize> {
+        self.nodes.iter().position(ClusterNode::is_leader)
+    }
+}
+
+/// Checks that `bytes` is a cluster hello naming `slot`, optionally a result
+/// byte, and then only well-formed replies; returns the tokens granted.
+fn check_output(bytes: &[u8], slot: u8) -> Vec<u64> {
+    let mut tokens = Vec::new();
+    if bytes.len() < HELLO_LEN {
+        return tokens;
+    }
+    let mut client = ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, slot);
+    let (used, status) = client.handle_input(&bytes[..HELLO_LEN]);
+    assert_eq!(
+        (used, status),
+        (HELLO_LEN, ClientHandshakeStatus::SendProof)
+    );
+    let Some((&result, mut rest)) = bytes[HELLO_LEN..].split_first() else {
+        return tokens;
+    };
+    assert!(result <= 1, "result byte {result}");
+    assert!(result == 1 || rest.is_empty(), "bytes after a rejection");
+    while !rest.is_empty() {
+        match Reply::decode(rest) {
+            Ok(Some((reply, used))) => {
+                if let Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } = reply {
+                    tokens.push(token);
+                }
+                if let Reply::Leader { leader_slot } | Reply::Moved { leader_slot, .. } = reply {
+                    assert!(leader_slot < 3 || leader_slot == 0xff, "slot {leader_slot}");
+                }
+                rest = &rest[used..];
+            }
+            Ok(None) => panic!("a node wrote a partial frame"),
+            Err(error) => panic!("a node wrote a bad frame: {error:?}"),
+        }
+    }
+    tokens
+}
+
+/// Elects a leader among three in-memory cluster nodes, then runs a script
+/// of client connections to any of them: raw bytes, valid handshakes and
+/// requests, short reads, closes and clock jumps (the cluster counterpart
+/// of [`super::server_session`]).
+///
+/// Checks: no node panics; every node writes only a cluster hello naming
+/// itself, a result byte and well-formed replies; tokens granted anywhere
+/// are unique and every replica's counter never goes down; once every
+/// connection is closed and every lease has run out, no key is held and no
+/// waiter is left, and all replicas hold the same replicated state.
+pub fn cluster_clients(data: &[u8]) {
+    let mut cluster = Cluster::new();
+    let mut clients: Vec<Client> = Vec::new();
+    cluster.advance(Duration::from_secs(2), &mut clients);
+    if cluster.leader().is_none() {
+        // Fast-profile elections among reliable nodes end well within 2 s.
+        panic!("no leader elected before the script");
+    }
+    let mut cursor = Cursor { data };
+    let mut rid = 0u64;
+    let mut counters: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.locks().next_token())
+        .collect();
+    for _ in 0..200 {
+        let Some(op) = cursor.byte() else { break };
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let live: Vec<usize> = (0..clients.len()).filter(|&i| !clients[i].closed).collect();
+        let target = (!live.is_empty()).then(|| live[pick % live.len()]);
+        let now = cluster.now;
+        match (op % 8, target) {
+            (0, _) => {
+                let node = pick % 3;
+                let nonce = cluster.nonce();
+                if let Some(conn) =
+                    cluster.nodes[node].handle_connect(now, nonce, client_source(pick))
+                {
+                    clients.push(Client {
+                        node,
+                        conn,
+                        received: Vec::new(),
+                        closed: false,
+                    });
+                }
+            }
+            (1, Some(index)) => {
+                let len = usize::from(cursor.byte().unwrap_or(0));
+                let bytes = cursor.bytes(len).to_vec();
+                let client = &clients[index];
+                cluster.nodes[client.node].handle_input(now, client.conn, &bytes);
+            }
+            (2, Some(index)) => {
+                // The proof, once the hello is in.
+                cluster.settle(&mut clients);
+                let client = &clients[index];
+                if client.received.len() >= HELLO_LEN {
+                    let mut handshake = ClientHandshake::new(
+                        b"",
+                        FINGERPRINT,
+                        WireMode::Cluster,
+                        client.node as u8,
+                    );
+                    handshake.handle_input(&client.received[..HELLO_LEN]);
+                    if let Some(proof) = handshake.proof() {
+                        cluster.nodes[client.node].handle_input(now, client.conn, &proof);
+                    }
+                }
+            }
+            (3, Some(index)) => {
+                let kind = cursor.byte().unwrap_or(0);
+                let bits = cursor.byte().unwrap_or(1);
+                let arg = cursor.byte().unwrap_or(0);
+                rid += 1;
+                let set = kind & 1 == 1;
+                let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+                let request = if kind & 2 == 0 {
+                    Request::Acquire(AcquireRequest {
+                        rid,
+                        wait_s: arg % 4,
+                        lease_s: 1 + arg % 3,
+                        keys,
+                        set,
+                    })
+                } else {
+                    // Tokens start at BOOT_US: small offsets hit live grants.
+                    Request::Release(ReleaseRequest {
+                        rid,
+                        token: BOOT_US + u64::from(arg % 16),
+                        keys,
+                        set,
+                    })
+                };
+                let client = &clients[index];
+                cluster.nodes[client.node].handle_input(now, client.conn, &request.to_frame());
+            }
+            (4, _) => {
+                cluster.advance(Duration::from_millis(pick as u64 * 20), &mut clients);
+            }
+            (5, Some(index)) => {
+                let client = &clients[index];
+                cluster.nodes[client.node].handle_closed(now, client.conn);
+                clients[index].closed = true;
+            }
+            (6, Some(index)) => {
+                // A short write: only a prefix of what was taken goes out.
+                let client = &mut clients[index];
+                let node = &mut cluster.nodes[client.node];
+                let mut out = Vec::new();
+                node.take_transmit(client.conn, &mut out);
+                let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
+                node.handle_written(now, client.conn, written);
+                client.received.extend_from_slice(&out);
+            }
+            _ => cluster.settle(&mut clients),
+        }
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let counter = node.locks().next_token();
+            assert!(counter >= counters[i], "node {i}'s token counter went down");
+            counters[i] = counter;
+        }
+    }
+    cluster.settle(&mut clients);
+    let mut granted = Vec::new();
+    for client in &mut clients {
+        granted.extend(check_output(&client.received, client.node as u8));
+        if !client.closed {
+            client.closed = true;
+            let now = cluster.now;
+            cluster.nodes[client.node].handle_closed(now, client.conn);
+        }
+    }
+    let count = granted.len();
+    granted.sort_unstable();
+    granted.dedup();
+    assert_eq!(granted.len(), count, "a token was granted twice");
+    // Every lease runs out and is expired through the log (the leader
+    // checks every 100 ms); then every replica agrees and holds nothing.
+    let last_deadline = cluster
+        .nodes
+        .iter()
+        .flat_map(|node| node.locks().grants().map(|(_, holding)| holding.deadline))
+        .max()
+        .unwrap_or(cluster.now);
+    let wait = last_deadline.saturating_duration_since(cluster.now);
+    cluster.advance(wait.saturating_add(Duration::from_secs(1)), &mut clients);
+    let leader = cluster.leader().expect("a leader after the script");
+    let stats = cluster.nodes[leader].stats();
+    assert_eq!(stats.waiters, 0, "waiters outlived their connections");
+    let view = cluster.nodes[leader].locks().replicated_view();
+    assert!(
+        view.1.is_empty(),
+        "grants left after every lease ended: {view:?}"
+    );
+    for node in &cluster.nodes {
+        assert_eq!(node.stats().clients, 0);
+        assert_eq!(node.locks().replicated_view(), view, "replicas differ");
+    }
+}
+
+/// The address node `slot` dials from.
+fn node_source(slot: usize) -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 1, slot as u8])
+}
+
+/// The address a client connects from (a few share one, as behind a NAT).
+fn client_source(pick: usize) -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 2, (pick % 4) as u8])
+}

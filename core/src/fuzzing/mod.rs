@@ -1,0 +1,432 @@
+//! Entry points shared by the cargo-fuzz targets in `fuzz/` and the stable
+//! tests that replay their corpora, so CI exercises the same code without a
+//! nightly toolchain. Each function panics on a violated invariant.
+
+mod client_session;
+mod cluster_clients;
+mod codecs;
+mod handshake;
+mod raft_group;
+
+pub use client_session::client_session;
+pub use cluster_clients::cluster_clients;
+pub use codecs::replicated_codecs;
+pub use handshake::client_handshake;
+pub use raft_group::raft_hostile_peer;
+
+use crate::auth::{
+    ClientHandshake, ClientHandshakeStatus, HELLO_LEN, SINGLE_FINGERPRINT, WireMode,
+};
+use crate::lock::{Limits, LockConfig};
+use crate::server::{ConnId, ConnState, Server, ServerConfig};
+use crate::time::{Duration, Instant};
+use crate::wire::{
+    AcquireRequest, Decoded, Key, KeyGroup, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT,
+    ReleaseRequest, Reply, Request, RequestDecoder,
+};
+
+/// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
+/// first byte, and checks: no panic, bounded buffering, every request it
+/// yields re-encodes to bytes that decode to the same request, and the
+/// sequence decoded (requests, rejections, the error that ends it) is the
+/// same as when the whole input arrives at once.
+pub fn request_decoder(data: &[u8]) {
+    let Some((&chunk_seed, data)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(chunk_seed % 64) + 1;
+    let chunked = decode_requests(data, chunk_len);
+    let whole = decode_requests(data, data.len().max(1));
+    assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
+}
+
+/// Everything a [`RequestDecoder`] yields for `data` pushed in chunks of
+/// `chunk_len`, up to and including the first error.
+fn decode_requests(data: &[u8], chunk_len: usize) -> Vec<Result<Decoded, crate::wire::FrameError>> {
+    let mut decoder = RequestDecoder::new();
+    let mut seen = Vec::new();
+    for chunk in data.chunks(chunk_len) {
+        decoder.push(chunk);
+        loop {
+            match decoder.next() {
+                Ok(Some(decoded)) => {
+                    match &decoded {
+                        Decoded::Request(request) => {
+                            let mut bytes = Vec::new();
+                            request.encode(&mut bytes);
+                            let mut again = RequestDecoder::new();
+                            again.push(&bytes);
+                            assert_eq!(again.next(), Ok(Some(Decoded::Request(request.clone()))));
+                            assert_eq!(again.buffered(), 0);
+                        }
+                        Decoded::Rejected { code, kind, .. } => {
+                            assert!(code.allowed_for(*kind), "{code:?} may not answer {kind:?}");
+                        }
+                    }
+                    seen.push(Ok(decoded));
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    seen.push(Err(error));
+                    return seen;
+                }
+            }
+        }
+        assert!(
+            decoder.buffered() < MAX_RELEASE_SET_FRAME_LEN,
+            "decoder holds {} bytes after draining",
+            decoder.buffered()
+        );
+    }
+    seen
+}
+
+/// Decodes reply frames from `data`: never panics, and every reply it
+/// accepts encodes back to the same bytes. Then feeds `data` to a ready
+/// single-mode client [`crate::client::Session`] in chunks whose sizes
+/// come from the first byte (the session's partial-frame path), and checks
+/// that it reports exactly what it reports when the input arrives whole.
+pub fn reply_decoder(data: &[u8]) {
+    let mut rest = data;
+    while let Ok(Some((reply, used))) = Reply::decode(rest) {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        assert_eq!(bytes, &rest[..used]);
+        rest = &rest[used..];
+    }
+    let Some((&chunk_seed, frames)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(chunk_seed % 16) + 1;
+    let chunked = session_events(frames, chunk_len);
+    let whole = session_events(frames, frames.len().max(1));
+    assert_eq!(chunked, whole, "chunks of {chunk_len} end differently");
+}
+
+/// The events of a ready session fed `frames` in chunks of `chunk_len`.
+fn session_events(frames: &[u8], chunk_len: usize) -> Vec<crate::client::SessionEvent> {
+    use crate::auth::{Hello, SINGLE_SELF_SLOT};
+    use crate::client::{Session, SessionConfig};
+    let now = Instant::from_millis(1);
+    let mut session = Session::new(now, SessionConfig::single(b""));
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: SINGLE_SELF_SLOT,
+        nonce: [7; 16],
+    };
+    session.handle_input(now, &hello.encode());
+    session.handle_input(now, &[crate::auth::RESULT_ACCEPTED]);
+    assert!(session.is_ready());
+    for chunk in frames.chunks(chunk_len) {
+        session.handle_input(now, chunk);
+    }
+    let mut events = Vec::new();
+    while let Some(event) = session.poll_event() {
+        events.push(event);
+    }
+    events
+}
+
+struct Cursor<'a> {
+    data: &'a [u8],
+}
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&first, rest) = self.data.split_first()?;
+        self.data = rest;
+        Some(first)
+    }
+
+    fn bytes(&mut self, len: usize) -> &[u8] {
+        let len = len.min(self.data.len());
+        let (taken, rest) = self.data.split_at(len);
+        self.data = rest;
+        taken
+    }
+}
+
+struct FuzzConn {
+    id: ConnId,
+    /// Everything the server sent to this connection.
+    received: Vec<u8>,
+    closed: bool,
+}
+
+const FUZZ_KEYS: [&str; 4] = ["a", "b", "c", "d"];
+
+fn fuzz_keys(bits: u8) -> KeyGroup {
+    let mut keys: Vec<Key> = FUZZ_KEYS
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| bits & (1 << index) != 0)
+        .map(|(_, name)| Key::new(name.as_bytes()).expect("valid key"))
+        .collect();
+    if keys.is_empty() {
+        keys.push(Key::new(b"a").expect("valid key"));
+    }
+    KeyGroup::new(keys).expect("ascending keys")
+}
+
+/// Checks that `bytes` is a hello, optionally a result byte, and then only
+/// well-formed replies.
+fn check_server_output(bytes: &[u8]) {
+    if bytes.len() < HELLO_LEN {
+        return;
+    }
+    let mut client =
+        ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+    let (used, status) = client.handle_input(&bytes[..HELLO_LEN]);
+    assert_eq!(
+        (used, status),
+        (HELLO_LEN, ClientHandshakeStatus::SendProof)
+    );
+    let Some((&result, mut rest)) = bytes[HELLO_LEN..].split_first() else {
+        return;
+    };
+    assert!(result <= 1, "result byte {result}");
+    assert!(result == 1 || rest.is_empty(), "bytes after a rejection");
+    while !rest.is_empty() {
+        match Reply::decode(rest) {
+            Ok(Some((reply, used))) => {
+                assert!(!matches!(reply, Reply::Leader { .. } | Reply::Moved { .. }));
+                rest = &rest[used..];
+            }
+            Ok(None) => panic!("server wrote a partial frame"),
+            Err(error) => panic!("server wrote a bad frame: {error:?}"),
+        }
+    }
+}
+
+/// Runs a whole single-mode server on a script read from `data`: connects,
+/// raw bytes, valid handshakes and requests, flushes, closes and clock jumps.
+/// Checks that the server never panics, only ever writes a hello, a result
+/// byte and well-formed replies, and that once every connection is closed and
+/// every lease has run out, the table is empty (no ghost lock, no lost waiter).
+pub fn server_session(data: &[u8]) {
+    let config = ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                max_keys: 3,
+                max_waiters_per_key: 3,
+                max_waiters_total: 5,
+            },
+            ..LockConfig::default()
+        },
+        max_connections: 4,
+        max_in_flight_per_connection: 4,
+        max_outbound_bytes_per_connection: 256,
+        ..ServerConfig::default()
+    };
+    let mut now = Instant::from_millis(1);
+    let mut server = Server::new(config, 1, now);
+    let mut conns: Vec<FuzzConn> = Vec::new();
+    let mut cursor = Cursor { data };
+    let mut rid = 0u64;
+    while let Some(op) = cursor.byte() {
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let live: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].closed).collect();
+        let target = (!live.is_empty()).then(|| live[pick % live.len()]);
+        match (op % 8, target) {
+            (0, _) => {
+                let mut nonce = [0u8; 16];
+                nonce[0] = pick as u8;
+                // A few sources, so the per-source handshake cap is exercised.
+                let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
+                if let Some(id) = server.handle_connect(now, nonce, source) {
+                    conns.push(FuzzConn {
+                        id,
+                        received: Vec::new(),
+                        closed: false,
+                    });
+                }
+            }
+            (1, Some(index)) => {
+                let len = usize::from(cursor.byte().unwrap_or(0));
+                let bytes = cursor.bytes(len).to_vec();
+                server.handle_input(now, conns[index].id, &bytes);
+            }
+            (2, Some(index)) => {
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                server.take_transmit(conn.id, &mut out);
+                conn.received.extend_from_slice(&out);
+                if conn.received.len() >= HELLO_LEN {
+                    let mut client = ClientHandshake::new(
+                        b"",
+                        SINGLE_FINGERPRINT,
+                        WireMode::Single,
+                        NO_LEADER_SLOT,
+                    );
+                    client.handle_input(&conn.received[..HELLO_LEN]);
+                    if let Some(proof) = client.proof() {
+                        server.handle_input(now, conn.id, &proof);
+                    }
+                }
+            }
+            (3, Some(index)) => {
+                let kind = cursor.byte().unwrap_or(0);
+                let bits = cursor.byte().unwrap_or(1);
+                let arg = cursor.byte().unwrap_or(0);
+                rid += 1;
+                let set = kind & 1 == 1;
+                // A and R carry exactly one key; S and G any non-empty subset.
+                let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+                let request = if kind & 2 == 0 {
+                    Request::Acquire(AcquireRequest {
+                        rid,
+                        wait_s: arg % 4,
+                        lease_s: 1 + arg % 3,
+                        keys,
+                        set,
+                    })
+                } else {
+                    // Tokens start at 1 here, so small numbers hit live grants.
+                    let token = u64::from(arg % 16) + 1;
+                    Request::Release(ReleaseRequest {
+                        rid,
+                        token,
+                        keys,
+                        set,
+                    })
+                };
+                let mut bytes = Vec::new();
+                request.encode(&mut bytes);
+                server.handle_input(now, conns[index].id, &bytes);
+            }
+            (4, _) => {
+                now = now.saturating_add(Duration::from_millis(pick as u64 * 20));
+                server.handle_timeout(now);
+            }
+            (5, Some(index)) => {
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                let state = server.take_transmit(conn.id, &mut out);
+                conn.received.extend_from_slice(&out);
+                server.handle_flushed(now, conn.id);
+                if state == ConnState::CloseAfterFlush {
+                    server.handle_closed(now, conn.id);
+                    conn.closed = true;
+                }
+            }
+            (6, Some(index)) => {
+                // A short write: only a prefix of what was taken goes out.
+                let conn = &mut conns[index];
+                let mut out = Vec::new();
+                server.take_transmit(conn.id, &mut out);
+                let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
+                server.handle_written(now, conn.id, written);
+                conn.received.extend_from_slice(&out);
+            }
+            (7, Some(index)) => {
+                server.handle_closed(now, conns[index].id);
+                conns[index].closed = true;
+            }
+            _ => {}
+        }
+        while server.poll_wake().is_some() {}
+        if let Some(deadline) = server.poll_timeout() {
+            assert!(deadline.as_micros() > 0);
+        }
+    }
+    for conn in &mut conns {
+        let mut out = Vec::new();
+        server.take_transmit(conn.id, &mut out);
+        conn.received.extend_from_slice(&out);
+        check_server_output(&conn.received);
+        if !conn.closed {
+            server.handle_closed(now, conn.id);
+        }
+    }
+    assert_eq!(server.stats().connections, 0);
+    assert_eq!(
+        server.stats().lock.waiters,
+        0,
+        "waiters outlived their connections"
+    );
+    // Every lease (at most 250 s: raw bytes can carry any valid frame) runs
+    // out, then the sweep removes the keys.
+    now = now.saturating_add(Duration::from_secs(251));
+    server.handle_timeout(now);
+    now = now.saturating_add(Duration::from_secs(10));
+    server.handle_timeout(now);
+    assert_eq!(
+        server.stats().lock.keys,
+        0,
+        "keys left after every lease ended"
+    );
+}
+
+/// Feeds `data` to a [`crate::peer::PeerDecoder`] keyed with a fixed key,
+/// in chunks whose sizes come from the low bits of the first byte, and
+/// checks: no panic, bounded buffering, and every message it yields seals
+/// again to exactly the bytes it came from. With the first byte's high bit
+/// set, the tag of every whole frame in `data` is first rewritten to the
+/// valid one (so the fuzzer reaches the payload decoder past the MAC);
+/// otherwise tags are as given and almost every frame must fail.
+pub fn peer_decoder(data: &[u8]) {
+    use crate::peer::{
+        FRAME_LEN_BYTES, FRAME_TAG_LEN, MAX_FRAME_LEN, MIN_FRAME_LEN, PeerDecoder, PeerSealer,
+    };
+    const KEY: [u8; 32] = [0x5a; 32];
+    let Some((&seed, data)) = data.split_first() else {
+        return;
+    };
+    let chunk_len = usize::from(seed % 64) + 1;
+    let mut data = data.to_vec();
+    if seed & 0x80 != 0 {
+        fix_up_tags(&mut data, &KEY);
+    }
+    let mut decoder = PeerDecoder::from_key(&KEY);
+    let mut mirror = PeerSealer::from_key(&KEY);
+    let mut consumed = 0;
+    for chunk in data.chunks(chunk_len) {
+        decoder.push(chunk);
+        loop {
+            match decoder.next() {
+                Ok(Some(msg)) => {
+                    let mut bytes = Vec::new();
+                    mirror
+                        .seal(&msg, &mut bytes)
+                        .expect("a decoded message seals");
+                    assert_eq!(
+                        bytes.as_slice(),
+                        &data[consumed..consumed + bytes.len()],
+                        "a decoded frame seals back to its own bytes"
+                    );
+                    consumed += bytes.len();
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+        assert!(
+            decoder.buffered() < FRAME_LEN_BYTES + MAX_FRAME_LEN,
+            "peer decoder holds {} bytes after draining",
+            decoder.buffered()
+        );
+    }
+
+    /// Rewrites the tag of each whole frame in `data`, in order, to the one
+    /// a sealer with `key` would have written.
+    fn fix_up_tags(data: &mut [u8], key: &[u8; 32]) {
+        use hmac::{Hmac, KeyInit, Mac};
+        let mut at = 0;
+        let mut seq = 0u64;
+        while let Some(len) = data.get(at..at + FRAME_LEN_BYTES) {
+            let len = u32::from_be_bytes(len.try_into().expect("four bytes")) as usize;
+            let end = at + FRAME_LEN_BYTES + len;
+            if !(MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&len) || end > data.len() {
+                return;
+            }
+            let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key)
+                .expect("HMAC accepts keys of any length");
+            mac.update(&seq.to_be_bytes());
+            mac.update(&data[at..end - FRAME_TAG_LEN]);
+            let tag = mac.finalize().into_bytes();
+            data[end - FRAME_TAG_LEN..end].copy_from_slice(&tag[..FRAME_TAG_LEN]);
+            seq += 1;
+            at = end;
+        }
+    }
+}

@@ -1,0 +1,7 @@
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+// Both sides of the client handshake with three tokens configured and
+// both byte streams split, corrupted or replaced.
+fuzz_target!(|data: &[u8]| ticketing_core::fuzzing::client_handshake(data));
