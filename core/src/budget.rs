@@ -1,17 +1,17 @@
 //! Connection budgets and reports shared by the single-mode
 //! [`crate::server::Server`] and the [`crate::cluster::ClusterNode`]:
 //!
-//! - [`HandshakeBudget`]: unfinished handshakes have their own budget and a
+//! - `HandshakeBudget`: unfinished handshakes have their own budget and a
 //!   per-source cap. A new connection is never the one refused: when its
 //!   source is at its cap, that source's oldest unfinished handshake is
 //!   dropped; when the whole budget is full, the oldest of all is. A client
 //!   that finishes its handshake in a round trip therefore gets in however
 //!   many idle sockets an attacker keeps refilling.
-//! - [`Reports`]: failed proofs, failed peer handshakes, evictions and
+//! - `Reports`: failed proofs, failed peer handshakes, evictions and
 //!   refusals, aggregated per source per interval (one [`LogEvent::Abuse`]
 //!   per source and kind per interval, with a count), and every
 //!   connection's close reason ([`LogEvent::Closed`]); the driver logs them.
-//! - [`HeldKeys`]: keys held by grants delivered to each connection, for
+//! - `HeldKeys`: keys held by grants delivered to each connection, for
 //!   [`BudgetConfig::max_held_per_connection`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -46,7 +46,7 @@ pub struct BudgetConfig {
 
 /// The floor of the derived handshake budget.
 pub const MIN_HANDSHAKES: usize = 32;
-/// Sources tracked at once in [`Reports`]; events from further sources are
+/// Sources tracked at once in `Reports`; events from further sources are
 /// counted together (`source: None`).
 pub const MAX_REPORTED_SOURCES: usize = 1_024;
 /// Events kept for a driver that does not drain them at most; further ones
