@@ -266,7 +266,9 @@ fn hostile_message(cursor: &mut Cursor<'_>, cluster: &Cluster, at: &Attacker) ->
             // Another sender (a member or a stranger), or another
             // generation of the recipient: anything at all, any term.
             match small(cursor) % 3 {
-                0 => msg.from = members[(at.as_node + 1 + at.target) % 3],
+                // The third member: neither the one authenticated nor
+                // the recipient.
+                0 => msg.from = members[3 - at.as_node - at.target],
                 1 => msg.from = NodeId::new(7, small(cursor)),
                 _ => msg.to = NodeId::new(to.slot, to.generation + 1 + small(cursor)),
             }
