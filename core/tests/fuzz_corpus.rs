@@ -79,3 +79,29 @@ fn cluster_clients_corpus() {
         fuzzing::cluster_clients(&input);
     }
 }
+
+#[test]
+fn peer_handshake_corpus() {
+    replay("peer_handshake", fuzzing::peer_handshake);
+    for input in pseudo_random_inputs(10, 3_000, 200) {
+        fuzzing::peer_handshake(&input);
+    }
+    // Untouched handshakes, every token pairing, delivered in one go or
+    // byte by byte: each completes exactly when a token is shared.
+    for config in 0..=u8::MAX {
+        fuzzing::peer_handshake(&[config]);
+        let mut bytes = vec![config, 1, 2, 3, 4];
+        for _ in 0..60 {
+            bytes.extend_from_slice(&[0, 0, 0x10, 0]);
+        }
+        fuzzing::peer_handshake(&bytes);
+    }
+}
+
+#[test]
+fn cluster_peer_frames_corpus() {
+    replay("cluster_peer_frames", fuzzing::cluster_peer_frames);
+    for input in pseudo_random_inputs(11, 60, 300) {
+        fuzzing::cluster_peer_frames(&input);
+    }
+}

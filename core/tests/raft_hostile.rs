@@ -188,6 +188,42 @@ fn a_rejecting_append_response_with_hint_u64_max_is_refused() {
     }
 }
 
+/// Found by the `cluster_peer_frames` fuzz target: a rejection naming an
+/// index past the leader's log (in bounds) moved that follower's probe past
+/// the log, where no append can be built, so it was never sent another
+/// entry. It is refused and counted like an acknowledgement of entries the
+/// leader never had, and the follower keeps receiving entries.
+#[test]
+fn a_rejection_of_an_append_never_sent_is_refused() {
+    for seed in 0..5 {
+        let (mut net, leader, followers) = cluster(seed);
+        let term = net.raft(leader).term();
+        let last = net.raft(leader).last_index();
+        for (index, hint_index) in [(last + 44, last + 29), (last + 1, 0), (last + 1, last)] {
+            let msg = Message {
+                from: followers[0],
+                to: leader,
+                term,
+                body: MessageBody::AppendResponse {
+                    reject: true,
+                    index,
+                    hint_index,
+                    hint_term: 0,
+                },
+            };
+            assert_raft_refuses(&mut net, leader, msg);
+        }
+        assert!(net.raft(leader).is_leader());
+        let (index, _) = net.propose(leader, b"after");
+        net.run_ms(500);
+        assert!(
+            net.raft(leader).match_index(followers[0]) >= Some(index),
+            "the follower was not sent the new entry"
+        );
+        assert_cluster_recovers(&mut net, leader);
+    }
+}
+
 #[test]
 fn every_number_field_is_bounded() {
     // One message per field, that field at the bound and everything else

@@ -1,6 +1,6 @@
 //! A cluster's client side fed raw bytes: see [`cluster_clients`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, HELLO_LEN, WireMode};
 use crate::cluster::{ClusterConfig, ClusterNode};
@@ -12,33 +12,39 @@ use crate::wire::{AcquireRequest, ReleaseRequest, Reply, Request};
 
 use super::{Cursor, fuzz_keys};
 
-const FINGERPRINT: [u8; 32] = [0x3c; 32];
-const BOOT_US: u64 = 1_700_000_000_000_000;
+pub(super) const FINGERPRINT: [u8; 32] = [0x3c; 32];
+pub(super) const BOOT_US: u64 = 1_700_000_000_000_000;
+
+/// The peer token every node of [`Cluster`] proves with.
+pub(super) const PEER_TOKEN: &[u8] = b"fuzz-peer-secret-0123456789";
 
 /// Three cluster nodes whose peer connections move bytes reliably.
-struct Cluster {
-    now: Instant,
-    nodes: Vec<ClusterNode>,
+pub(super) struct Cluster {
+    pub(super) now: Instant,
+    pub(super) nodes: Vec<ClusterNode>,
     /// (node, peer conn) → (node, peer conn) at the other end.
     peer_links: BTreeMap<(usize, ConnId), (usize, ConnId)>,
+    /// Connections whose other end is the harness itself: what the node
+    /// writes there is discarded.
+    pub(super) taps: BTreeSet<(usize, ConnId)>,
     nonce: u8,
 }
 
-struct Client {
-    node: usize,
-    conn: ConnId,
-    received: Vec<u8>,
-    closed: bool,
+pub(super) struct Client {
+    pub(super) node: usize,
+    pub(super) conn: ConnId,
+    pub(super) received: Vec<u8>,
+    pub(super) closed: bool,
 }
 
 impl Cluster {
-    fn new() -> Cluster {
+    pub(super) fn new() -> Cluster {
         let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
         let now = Instant::from_millis(1);
         let nodes = voters
             .iter()
             .map(|&id| {
-                let tokens = PeerTokens::new([b"fuzz-peer-secret-0123456789"]).expect("token");
+                let tokens = PeerTokens::new([PEER_TOKEN]).expect("token");
                 let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, BOOT_US);
                 config.raft = RaftConfig::fast();
                 config.limits.max_keys = 3;
@@ -54,18 +60,19 @@ impl Cluster {
             now,
             nodes,
             peer_links: BTreeMap::new(),
+            taps: BTreeSet::new(),
             nonce: 0,
         }
     }
 
-    fn nonce(&mut self) -> [u8; 16] {
+    pub(super) fn nonce(&mut self) -> [u8; 16] {
         self.nonce = self.nonce.wrapping_add(1);
         [self.nonce; 16]
     }
 
     /// Moves peer bytes and dials until nothing moves; client bytes are
     /// collected into `clients`.
-    fn settle(&mut self, clients: &mut [Client]) {
+    pub(super) fn settle(&mut self, clients: &mut [Client]) {
         for _ in 0..1_000 {
             let mut moved = false;
             for i in 0..self.nodes.len() {
@@ -99,6 +106,11 @@ impl Cluster {
                             self.nodes[i].handle_closed(now, conn);
                             self.nodes[j].handle_closed(now, other);
                         }
+                    } else if self.taps.contains(&(i, conn)) {
+                        if state != ConnState::Open {
+                            self.taps.remove(&(i, conn));
+                            self.nodes[i].handle_closed(now, conn);
+                        }
                     } else if let Some(client) = clients
                         .iter_mut()
                         .find(|c| c.node == i && c.conn == conn && !c.closed)
@@ -117,7 +129,7 @@ impl Cluster {
         }
     }
 
-    fn advance(&mut self, by: Duration, clients: &mut [Client]) {
+    pub(super) fn advance(&mut self, by: Duration, clients: &mut [Client]) {
         let end = self.now.saturating_add(by);
         loop {
             self.settle(clients);
@@ -143,7 +155,7 @@ impl Cluster {
         self.settle(clients);
     }
 
-    fn leader(&self) -> Option<usize> {
+    pub(super) fn leader(&self) -> Option<usize> {
         self.nodes.iter().position(ClusterNode::is_leader)
     }
 }
@@ -345,11 +357,11 @@ pub fn cluster_clients(data: &[u8]) {
 }
 
 /// The address node `slot` dials from.
-fn node_source(slot: usize) -> std::net::IpAddr {
+pub(super) fn node_source(slot: usize) -> std::net::IpAddr {
     std::net::IpAddr::from([10, 0, 1, slot as u8])
 }
 
 /// The address a client connects from (a few share one, as behind a NAT).
-fn client_source(pick: usize) -> std::net::IpAddr {
+pub(super) fn client_source(pick: usize) -> std::net::IpAddr {
     std::net::IpAddr::from([10, 0, 2, (pick % 4) as u8])
 }

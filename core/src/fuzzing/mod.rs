@@ -4,14 +4,18 @@
 
 mod client_session;
 mod cluster_clients;
+mod cluster_peer_frames;
 mod codecs;
 mod handshake;
+mod peer_handshake;
 mod raft_group;
 
 pub use client_session::client_session;
 pub use cluster_clients::cluster_clients;
+pub use cluster_peer_frames::cluster_peer_frames;
 pub use codecs::replicated_codecs;
 pub use handshake::client_handshake;
+pub use peer_handshake::peer_handshake;
 pub use raft_group::raft_hostile_peer;
 
 use crate::auth::{

@@ -300,7 +300,7 @@ impl Group {
 }
 
 /// Every number field of `msg` a peer could set, for the hostile mutation.
-fn numbers_mut(msg: &mut Message) -> Vec<&mut u64> {
+pub(super) fn numbers_mut(msg: &mut Message) -> Vec<&mut u64> {
     let mut fields = vec![&mut msg.term];
     match &mut msg.body {
         MessageBody::PreVote {
@@ -345,7 +345,7 @@ fn numbers_mut(msg: &mut Message) -> Vec<&mut u64> {
 }
 
 /// A number no honest peer sends.
-fn hostile_number(cursor: &mut Cursor<'_>) -> u64 {
+pub(super) fn hostile_number(cursor: &mut Cursor<'_>) -> u64 {
     match cursor.byte().unwrap_or(0) % 5 {
         0 => u64::MAX,
         1 => MAX_RAFT_NUMBER,

@@ -1413,9 +1413,13 @@ impl Raft {
             hint_index
         };
         let last_index = self.log.last_index();
-        if !reject && index > last_index {
-            // An acknowledgement of entries this leader never had: no
-            // honest follower of this term sends one.
+        if index > last_index {
+            // An acknowledgement of entries this leader never had, or a
+            // rejection of an append it never sent (each names the append's
+            // index, within this leader's log, which never shrinks in its
+            // term): no honest follower of this term sends one. A rejection
+            // accepted here would move the probe past the log, where no
+            // append can be built and the follower would starve.
             self.refused_messages += 1;
             return;
         }
