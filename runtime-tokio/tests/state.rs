@@ -54,6 +54,14 @@ impl Server {
             assert!(Instant::now() < deadline, "server did not listen on {addr}");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The state file is durable before the listener accepts, so its
+        // folder exists by now; if not, whoever answered on `addr` is some
+        // other process that took the port first (another test run).
+        assert!(
+            state_dir.is_dir(),
+            "something else listens on {addr}: {:?}",
+            server.0.try_wait()
+        );
         server
     }
 
