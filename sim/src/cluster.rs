@@ -848,6 +848,8 @@ impl<'t> ClusterWorld<'t> {
             WALL_EPOCH_US + local,
         );
         config.raft = RaftConfig::fast();
+        config.peer_silence_timeout =
+            ticketing_core::cluster::default_peer_silence_timeout(&config.raft);
         config.limits = Limits {
             max_keys: self.config.base.max_keys,
             max_waiters_per_key: self.config.base.max_waiters_per_key,
