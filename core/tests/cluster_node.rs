@@ -1308,8 +1308,9 @@ fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
 /// Cuts the leader off for `cut`, heals, and returns how long after the
 /// heal every node followed one leader (`None`: not within `give_up`).
 fn rejoin_after_cut(net: &mut Net, cut: Duration, give_up: Duration) -> Option<Duration> {
+    // Long enough for a first election with the production timing too.
+    net.run_for(Duration::from_secs(4));
     let old = net.elect();
-    net.run_for(Duration::from_secs(1));
     net.partition(old);
     net.dials_at_cut = net.dials_connected;
     net.run_for(cut);
@@ -1419,5 +1420,21 @@ fn a_live_link_is_never_closed_by_the_silence_rule() {
             .filter(|e| matches!(e, LogEvent::Closed { .. }))
             .collect();
         assert!(closes.is_empty(), "node {i} closed {closes:?}");
+    }
+}
+
+#[test]
+fn a_healed_partition_rejoins_within_3_s_with_the_production_timing() {
+    // Silence bound 5 s, election timeout 2.4-2.5 s, heartbeat 100 ms.
+    for cut_s in [5, 30, 60] {
+        let mut net = Net::with_config(|c| {
+            c.raft = RaftConfig::default();
+            c.peer_silence_timeout = default_peer_silence_timeout(&c.raft);
+        });
+        let took = rejoin_after_cut(&mut net, Duration::from_secs(cut_s), Duration::from_secs(3));
+        eprintln!(
+            "production timing, cut {cut_s} s: every node follows the leader {took:?} after the heal"
+        );
+        assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
     }
 }
