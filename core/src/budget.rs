@@ -134,6 +134,10 @@ pub enum CloseReason {
     Shutdown,
     /// A cluster node took a new generation and redials its peers.
     Rejoin,
+    /// An established peer connection received no frame, or could not
+    /// write what was queued, for longer than the silence bound
+    /// (`ClusterConfig::peer_silence_timeout`); the slot is redialed.
+    PeerSilent,
 }
 
 impl CloseReason {
@@ -150,6 +154,7 @@ impl CloseReason {
             CloseReason::ReleaseMisses => "too many release misses in a row",
             CloseReason::Shutdown => "shutdown",
             CloseReason::Rejoin => "node rejoined as a new generation",
+            CloseReason::PeerSilent => "peer link silent past the silence bound",
         }
     }
 }

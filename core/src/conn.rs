@@ -83,6 +83,18 @@ impl Outbound {
         &self.buffer
     }
 
+    /// True when nothing is queued and everything taken was reported
+    /// written.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.buffer.is_empty() && self.taken_bytes == self.written_bytes
+    }
+
+    /// Drops what is queued and not yet taken (a connection given up on
+    /// whose bytes nobody will read).
+    pub(crate) fn discard_pending(&mut self) {
+        self.buffer.clear();
+    }
+
     /// The grant of `token` on `keys` was just queued: its frame ends at the
     /// stream's current end, and it is undelivered until that is written.
     pub(crate) fn record_grant(&mut self, token: u64, keys: KeyGroup) {

@@ -5,11 +5,13 @@
 /// The source address of every test connection.
 const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
 use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
-use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::cluster::{
+    ClusterConfig, ClusterNode, PeerLiveness, default_peer_silence_timeout,
+};
 use ticketing_core::peer::{
     PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
 };
@@ -35,6 +37,7 @@ fn config_with_clock(id: NodeId, bootstrap_wall_clock_us: u64) -> ClusterConfig 
     let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
     let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, bootstrap_wall_clock_us);
     config.raft = RaftConfig::fast();
+    config.peer_silence_timeout = default_peer_silence_timeout(&config.raft);
     config
 }
 
@@ -67,6 +70,16 @@ struct Net {
     durable: Vec<Option<u64>>,
     /// Writes asked for stay unanswered while set (a stalled disk).
     hold_reserve_writes: bool,
+    /// A node cut off from the others: dials to or from it fail.
+    cut: Option<usize>,
+    /// Connection ends whose bytes never arrive (a cut link, and after the
+    /// heal a socket whose retransmission timer backed off): only the local
+    /// end learns of a close.
+    stale: BTreeSet<(usize, ConnId)>,
+    /// Peer dials that connected.
+    dials_connected: usize,
+    /// `dials_connected` when the latest partition began.
+    dials_at_cut: usize,
 }
 
 impl Net {
@@ -108,6 +121,10 @@ impl Net {
             nonce: 0,
             durable: vec![None; 3],
             hold_reserve_writes: false,
+            cut: None,
+            stale: BTreeSet::new(),
+            dials_connected: 0,
+            dials_at_cut: 0,
         }
     }
 
@@ -147,7 +164,9 @@ impl Net {
                     };
                     moved = true;
                     let target = usize::from(slot);
-                    if self.nodes.get(target).is_some_and(Option::is_some) {
+                    let across_cut = self.cut.is_some_and(|c| c == i || c == target);
+                    if !across_cut && self.nodes.get(target).is_some_and(Option::is_some) {
+                        self.dials_connected += 1;
                         let (n1, n2) = (self.nonce(), self.nonce());
                         let a = self.node(i).handle_peer_connected(now, slot, n1);
                         let b = self
@@ -188,6 +207,16 @@ impl Net {
                 for (conn, bytes, state) in deliveries {
                     moved = true;
                     let endpoint = self.links.get(&(i, conn)).copied();
+                    if self.stale.contains(&(i, conn)) {
+                        // Bytes are lost; a close reaches only this end.
+                        if state != ConnState::Open {
+                            self.stale.remove(&(i, conn));
+                            self.links.remove(&(i, conn));
+                            let now = self.now;
+                            self.node(i).handle_closed(now, conn);
+                        }
+                        continue;
+                    }
                     match endpoint {
                         Some(Endpoint::Peer(j, other)) => {
                             if !bytes.is_empty()
@@ -297,6 +326,34 @@ impl Net {
             node.handle_timeout(end);
         }
         self.settle();
+    }
+
+    /// Cuts node `i` off: its existing peer links go stale for good (in
+    /// both directions, also after the heal) and dials across fail.
+    fn partition(&mut self, i: usize) {
+        self.cut = Some(i);
+        for (&(n, conn), endpoint) in &self.links {
+            if let Endpoint::Peer(j, other) = *endpoint
+                && (n == i || j == i)
+            {
+                self.stale.insert((n, conn));
+                self.stale.insert((j, other));
+            }
+        }
+    }
+
+    /// Ends the cut: new connections work, stale ones stay stale.
+    fn heal(&mut self) {
+        self.cut = None;
+    }
+
+    /// Whether every node follows the same leader (the leader itself too).
+    fn all_follow_the_leader(&self) -> bool {
+        let Some(leader) = self.leader() else {
+            return false;
+        };
+        let id = self.nodes[leader].as_ref().map(ClusterNode::id);
+        self.nodes.iter().flatten().all(|node| node.leader() == id)
     }
 
     fn leader(&self) -> Option<usize> {
@@ -1242,4 +1299,142 @@ fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
     let c = net.connect(new_leader);
     let third = token_of(net.request(c, acquire(3, "c", 0, 60)));
     assert!(third > second, "{third} > {second}");
+}
+
+// ----------------------------------------------------------------------
+// Silent peer links
+// ----------------------------------------------------------------------
+
+/// Cuts the leader off for `cut`, heals, and returns how long after the
+/// heal every node followed one leader (`None`: not within `give_up`).
+fn rejoin_after_cut(net: &mut Net, cut: Duration, give_up: Duration) -> Option<Duration> {
+    // Long enough for a first election with the production timing too.
+    net.run_for(Duration::from_secs(4));
+    let old = net.elect();
+    net.partition(old);
+    net.dials_at_cut = net.dials_connected;
+    net.run_for(cut);
+    assert!(
+        !net.all_follow_the_leader(),
+        "the cut-off node cannot follow the leader the others elected"
+    );
+    net.heal();
+    let healed = net.now;
+    let step = Duration::from_millis(10);
+    while net.now < healed.saturating_add(give_up) {
+        net.run_for(step);
+        if net.all_follow_the_leader() {
+            return Some(net.now.saturating_duration_since(healed));
+        }
+    }
+    None
+}
+
+#[test]
+fn a_healed_partition_of_the_leader_rejoins_within_3_s() {
+    for cut_s in [5, 30, 60] {
+        let mut net = Net::new();
+        let took = rejoin_after_cut(&mut net, Duration::from_secs(cut_s), Duration::from_secs(3));
+        eprintln!("cut {cut_s} s: every node follows the leader {took:?} after the heal");
+        assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
+        // The stale sockets were given up on, not waited for.
+        let closed_silent = (0..3).any(|i| {
+            std::iter::from_fn(|| net.node(i).poll_log()).any(|e| {
+                matches!(
+                    e,
+                    LogEvent::Closed {
+                        reason: CloseReason::PeerSilent,
+                        ..
+                    }
+                )
+            })
+        });
+        assert!(closed_silent, "cut {cut_s} s: no link closed as silent");
+    }
+}
+
+#[test]
+fn without_the_silence_rule_a_stale_link_is_never_redialed() {
+    let mut net = Net::with_config(|c| c.peer_silence_timeout = Duration::from_secs(1_000_000));
+    let took = rejoin_after_cut(&mut net, Duration::from_secs(30), Duration::from_secs(60));
+    assert_eq!(took, None, "a stale link healed without the rule");
+    assert_eq!(
+        net.dials_connected, net.dials_at_cut,
+        "nothing redialed: every slot still has its (stale) connection"
+    );
+}
+
+#[test]
+fn a_cut_link_shows_silent_then_down() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    net.run_for(Duration::from_secs(1));
+    let other = (leader + 1) % 3;
+    let slot = other as u8;
+    let now = net.now;
+    assert_eq!(
+        net.node(leader).peer_liveness(now, slot),
+        PeerLiveness::Live
+    );
+    assert_eq!(net.node(leader).live_peers(now), 2);
+    net.partition(leader);
+    // Past the live window (5 heartbeats of 50 ms), before the bound (1.2 s).
+    net.run_for(Duration::from_millis(600));
+    let now = net.now;
+    assert_eq!(
+        net.node(leader).peer_liveness(now, slot),
+        PeerLiveness::Silent
+    );
+    assert_eq!(net.node(leader).live_peers(now), 0);
+    // The connections still exist: the old status line counted them.
+    assert!(net.node(leader).stats().peers_established > 0);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    assert_eq!(
+        net.node(leader).peer_liveness(now, slot),
+        PeerLiveness::Down
+    );
+}
+
+#[test]
+fn a_live_link_is_never_closed_by_the_silence_rule() {
+    let mut net = Net::new();
+    net.elect();
+    net.run_for(Duration::from_secs(1));
+    for i in 0..3 {
+        while net.node(i).poll_log().is_some() {}
+    }
+    let dials_before = net.dials_connected;
+    // Ten minutes with no client traffic: heartbeats leader to followers,
+    // keepalives on the follower-to-follower links.
+    for _ in 0..600 {
+        net.run_for(Duration::from_secs(1));
+        let now = net.now;
+        for i in 0..3 {
+            assert_eq!(net.node(i).live_peers(now), 2, "node {i} at {now:?}");
+        }
+    }
+    assert_eq!(net.dials_connected, dials_before, "no link was redialed");
+    for i in 0..3 {
+        let closes: Vec<_> = std::iter::from_fn(|| net.node(i).poll_log())
+            .filter(|e| matches!(e, LogEvent::Closed { .. }))
+            .collect();
+        assert!(closes.is_empty(), "node {i} closed {closes:?}");
+    }
+}
+
+#[test]
+fn a_healed_partition_rejoins_within_3_s_with_the_production_timing() {
+    // Silence bound 5 s, election timeout 2.4-2.5 s, heartbeat 100 ms.
+    for cut_s in [5, 30, 60] {
+        let mut net = Net::with_config(|c| {
+            c.raft = RaftConfig::default();
+            c.peer_silence_timeout = default_peer_silence_timeout(&c.raft);
+        });
+        let took = rejoin_after_cut(&mut net, Duration::from_secs(cut_s), Duration::from_secs(3));
+        eprintln!(
+            "production timing, cut {cut_s} s: every node follows the leader {took:?} after the heal"
+        );
+        assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
+    }
 }

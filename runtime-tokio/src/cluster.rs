@@ -149,12 +149,16 @@ pub struct ClusterStatus {
     pub commit_index: u64,
     /// The core's counts.
     pub stats: ClusterStats,
+    /// Peer slots whose link the core counts as live (a frame arrived
+    /// within a few heartbeat intervals); `stats.peers_established` also
+    /// counts connections that went silent.
+    pub live_peers: usize,
 }
 
 impl ClusterStatus {
     /// One line: `slot=0 generation=1 role=leader leader=0 voter=1
     /// checking=0 term=3 commit=12 voters=0:1,1:1,2:1 learners= clients=2
-    /// peers=2 held=0 waiters=0 pending=0`.
+    /// peers=2 live=2 held=0 waiters=0 pending=0`.
     pub fn line(&self) -> String {
         let list = |ids: &[NodeId]| {
             ids.iter()
@@ -163,7 +167,7 @@ impl ClusterStatus {
                 .join(",")
         };
         format!(
-            "slot={} generation={} role={} leader={} voter={} checking={} term={} commit={} voters={} learners={} clients={} peers={} held={} waiters={} pending={}",
+            "slot={} generation={} role={} leader={} voter={} checking={} term={} commit={} voters={} learners={} clients={} peers={} live={} held={} waiters={} pending={}",
             self.id.slot,
             self.id.generation,
             if self.is_leader { "leader" } else { "follower" },
@@ -177,6 +181,7 @@ impl ClusterStatus {
             list(&self.learners),
             self.stats.clients,
             self.stats.peers_established,
+            self.live_peers,
             self.stats.held_keys,
             self.stats.waiters,
             self.stats.pending,
@@ -199,7 +204,7 @@ pub(crate) struct ClusterCore {
 }
 
 impl ClusterCore {
-    fn status(&self) -> ClusterStatus {
+    fn status(&self, now: Instant) -> ClusterStatus {
         let raft = self.node.raft();
         ClusterStatus {
             id: self.node.id(),
@@ -212,6 +217,7 @@ impl ClusterCore {
             learners: raft.config().learners.iter().copied().collect(),
             commit_index: raft.commit_index(),
             stats: self.node.stats(),
+            live_peers: self.node.live_peers(now),
         }
     }
 
@@ -379,7 +385,8 @@ impl RunningCluster {
 
     /// The node's current view.
     pub fn status(&self) -> ClusterStatus {
-        self.shared.lock().core.status()
+        let inner = self.shared.lock();
+        inner.core.status(self.shared.clock.now())
     }
 
     /// Stops accepting clients, answers what is queued (`E 3`), hands
@@ -520,15 +527,18 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
             tls: settings.client_tls.clone(),
             open: ClusterCore::open_client,
             what: "client",
+            link_timeout: None,
         },
         Listener {
             tcp: peer,
             tls: settings.peer_tls.as_ref().map(|t| Arc::clone(&t.server)),
             open: ClusterCore::open_peer,
             what: "peer",
+            link_timeout: Some(settings.node.peer_silence_timeout),
         },
     ];
     let dialer = Dialer {
+        link_timeout: settings.node.peer_silence_timeout,
         addrs: settings.peer_addrs.clone(),
         tls: settings.peer_tls.as_ref().map(|t| {
             (
@@ -560,7 +570,10 @@ async fn serve_status(shared: Arc<Shared<ClusterCore>>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((mut tcp, peer)) => {
-                let mut line = shared.lock().core.status().line();
+                let mut line = {
+                    let inner = shared.lock();
+                    inner.core.status(shared.clock.now()).line()
+                };
                 line.push('\n');
                 tokio::spawn(async move {
                     if let Err(e) = tcp.write_all(line.as_bytes()).await {

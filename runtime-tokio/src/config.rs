@@ -988,6 +988,7 @@ fn resolve_cluster(
         peer_tokens,
         0,
     );
+    node.peer_silence_timeout = ticketing_core::cluster::default_peer_silence_timeout(&raft);
     node.raft = raft;
     node.limits = server.lock.limits;
     node.wait_margin = server.lock.wait_margin;

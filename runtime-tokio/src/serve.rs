@@ -186,6 +186,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
             tls,
             open: Server::handle_connect,
             what: "client",
+            link_timeout: None,
         }],
         extra,
         None,
@@ -572,6 +573,9 @@ pub(crate) struct Listener<M> {
     pub(crate) open: OpenFn<M>,
     /// `client` or `peer`, for logs.
     pub(crate) what: &'static str,
+    /// TCP keepalive and `TCP_USER_TIMEOUT` for accepted sockets (peer
+    /// links; `None`: system defaults).
+    pub(crate) link_timeout: Option<Duration>,
 }
 
 /// Where to dial each peer slot, and how.
@@ -580,6 +584,8 @@ pub(crate) struct Dialer {
     pub(crate) addrs: Vec<SocketAddr>,
     /// TLS towards peers, with the name to verify.
     pub(crate) tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// TCP keepalive and `TCP_USER_TIMEOUT` for dialed sockets.
+    pub(crate) link_timeout: Duration,
 }
 
 /// Starts the timer and the supervisor of `shared` on the current runtime.
@@ -637,7 +643,13 @@ async fn supervise<M: Machine>(
                 if let Some(dialer) = &dialer {
                     for slot in slots {
                         let addr = dialer.addrs[usize::from(slot)];
-                        conns.spawn(run_dial(Arc::clone(&shared), slot, addr, dialer.tls.clone()));
+                        conns.spawn(run_dial(
+                            Arc::clone(&shared),
+                            slot,
+                            addr,
+                            dialer.tls.clone(),
+                            dialer.link_timeout,
+                        ));
                     }
                 }
             }
@@ -651,6 +663,7 @@ async fn supervise<M: Machine>(
                         listener.tls.clone(),
                         listener.open,
                         listener.what,
+                        listener.link_timeout,
                     ));
                 }
                 Err(e) => {
@@ -776,10 +789,14 @@ async fn run_inbound<M: Machine>(
     tls: Option<Arc<rustls::ServerConfig>>,
     open: OpenFn<M>,
     what: &'static str,
+    link_timeout: Option<Duration>,
 ) {
     // Replies are small and latency-bound; batching is done by us, not Nagle.
     if let Err(e) = tcp.set_nodelay(true) {
         debug!(%peer, "set_nodelay failed: {e}");
+    }
+    if let Some(timeout) = link_timeout {
+        set_link_timeout(&tcp, peer, timeout);
     }
     let Some(nonce) = fresh_nonce(peer) else {
         return;
@@ -806,6 +823,7 @@ async fn run_dial<M: Machine>(
     slot: u8,
     addr: SocketAddr,
     tls: Option<(TlsConnector, ServerName<'static>)>,
+    link_timeout: Duration,
 ) {
     let connected = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr)).await;
     let tcp = match connected {
@@ -824,6 +842,7 @@ async fn run_dial<M: Machine>(
     if let Err(e) = tcp.set_nodelay(true) {
         debug!(%addr, "set_nodelay failed: {e}");
     }
+    set_link_timeout(&tcp, addr, link_timeout);
     let Some(nonce) = fresh_nonce(addr) else {
         dial_failed(&shared, slot);
         return;
@@ -842,6 +861,27 @@ async fn run_dial<M: Machine>(
     };
     if let Err(e) = result {
         debug!(slot, %addr, conn = guard.conn.0, "peer connection error: {e}");
+    }
+}
+
+/// The second line of defence behind the core's silence rule: the kernel
+/// gives up on a peer socket whose sent data stays unacknowledged for
+/// `timeout` (`TCP_USER_TIMEOUT`, Linux), so a write stuck behind a
+/// backed-off retransmission fails instead of hanging, and probes an idle
+/// one (keepalive). Failures are logged and otherwise ignored: the core's
+/// rule still holds.
+fn set_link_timeout(tcp: &TcpStream, addr: SocketAddr, timeout: Duration) {
+    let socket = socket2::SockRef::from(tcp);
+    let probe = (timeout / 4).max(Duration::from_secs(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(probe)
+        .with_interval(probe);
+    if let Err(e) = socket.set_tcp_keepalive(&keepalive) {
+        debug!(%addr, "set_tcp_keepalive failed: {e}");
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(e) = socket.set_tcp_user_timeout(Some(timeout)) {
+        debug!(%addr, "set_tcp_user_timeout failed: {e}");
     }
 }
 

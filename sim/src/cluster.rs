@@ -44,6 +44,14 @@ const FINGERPRINT: [u8; 32] = [7; 32];
 const PEER_TOKEN: &[u8] = b"ticketing-sim-peer-token-0123456789";
 /// A dial over a cut link fails after this long (a SYN timeout).
 const DIAL_TIMEOUT_US: u64 = 1_000_000;
+/// Share of connection directions that stay stale when their partition
+/// heals, parts per million: TCP's retransmission timer has backed off, so
+/// what was held (and everything after it, and a close) arrives only
+/// [`STALE_US`] later.
+const STALE_PPM: u32 = 250_000;
+/// How long a stale direction keeps its bytes after the heal: beyond the
+/// liveness phase, so only nodes that give up on silent links recover.
+const STALE_US: u64 = 120_000_000;
 /// Share of node restarts given `--bootstrap` by mistake, parts per million.
 const MISTAKEN_BOOTSTRAP_PPM: u32 = 250_000;
 /// Share of swarm worlds with the outsider, parts per million.
@@ -231,6 +239,11 @@ enum Ev {
     Heal {
         id: u64,
     },
+    /// A stale direction of `pipe` finally retransmits.
+    Retransmit {
+        pipe: u64,
+        dir: u8,
+    },
     /// Everything a client process does on its own.
     Client(ClientCall),
     FaultTick,
@@ -259,6 +272,7 @@ impl Ev {
             Ev::Probe => 21,
             Ev::AdversaryArrive { .. } => 22,
             Ev::AdversaryFinish { .. } => 23,
+            Ev::Retransmit { .. } => 24,
         }
     }
 }
@@ -308,6 +322,12 @@ struct Pipe {
     /// Chunks sent over a cut link, delivered when it heals (TCP
     /// retransmits) unless the connection resets first.
     held: [Vec<Vec<u8>>; 2],
+    /// The direction stayed stale at the heal ([`STALE_PPM`]): its bytes
+    /// wait for [`Ev::Retransmit`].
+    stale: [bool; 2],
+    /// A close on a stale direction: the other end learns it only when the
+    /// direction is retransmitted.
+    fin_stale: [bool; 2],
     /// Bytes that reached a paused client's kernel, and a close after them.
     held_for_client: Vec<u8>,
     close_held: bool,
@@ -676,7 +696,10 @@ impl<'t> ClusterWorld<'t> {
         let Some(pipe) = self.pipes.get(&pipe_id) else {
             return;
         };
-        if self.is_cut(pipe, dir) || !pipe.held[usize::from(dir)].is_empty() {
+        if self.is_cut(pipe, dir)
+            || pipe.stale[usize::from(dir)]
+            || !pipe.held[usize::from(dir)].is_empty()
+        {
             // The link drops everything; TCP retransmits after it heals.
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
             pipe.held[usize::from(dir)].push(bytes);
@@ -749,6 +772,8 @@ impl<'t> ClusterWorld<'t> {
                 tcp: Tcp::new(),
                 open: [!matches!(opener, Opener::Node { .. }), false],
                 held: [Vec::new(), Vec::new()],
+                stale: [false; 2],
+                fin_stale: [false; 2],
                 held_for_client: Vec::new(),
                 close_held: false,
                 writing: [false, false],
@@ -797,6 +822,7 @@ impl<'t> ClusterWorld<'t> {
             } => self.flush(pipe, side, bytes, done, close),
             Ev::SeesClose { pipe, side } => self.sees_close(pipe, side),
             Ev::Heal { id } => self.heal(id),
+            Ev::Retransmit { pipe, dir } => self.retransmit(pipe, dir),
             Ev::Client(call) => self.client_event(call),
             Ev::FaultTick => self.fault_tick(),
             Ev::EndSafety => {
@@ -848,6 +874,8 @@ impl<'t> ClusterWorld<'t> {
             WALL_EPOCH_US + local,
         );
         config.raft = RaftConfig::fast();
+        config.peer_silence_timeout =
+            ticketing_core::cluster::default_peer_silence_timeout(&config.raft);
         config.limits = Limits {
             max_keys: self.config.base.max_keys,
             max_waiters_per_key: self.config.base.max_waiters_per_key,
@@ -1324,7 +1352,9 @@ impl<'t> ClusterWorld<'t> {
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
             pipe.tcp.reset = true;
             let other = 1 - side;
-            if pipe.open[usize::from(other)] {
+            if pipe.stale[usize::from(dir)] {
+                pipe.fin_stale[usize::from(dir)] = true;
+            } else if pipe.open[usize::from(other)] {
                 let at = pipe.tcp.last_us[usize::from(dir)].max(self.now_us) + 1;
                 pipe.tcp.allow = [usize::MAX, usize::MAX];
                 self.schedule(
@@ -1584,12 +1614,62 @@ impl<'t> ClusterWorld<'t> {
                 {
                     continue;
                 }
+                let (peer, stale) = {
+                    let pipe = &self.pipes[&pipe_id];
+                    (pipe.peer(), pipe.stale[usize::from(dir)])
+                };
+                if peer && !stale && self.fault_rng.chance(STALE_PPM) {
+                    let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+                    pipe.stale[usize::from(dir)] = true;
+                    self.rec.report.faults += 1;
+                    self.note(|| {
+                        format!("FAULT pipe {pipe_id} dir {dir} stays stale after the heal")
+                    });
+                    let at = self.now_us + STALE_US;
+                    self.schedule(at, Ev::Retransmit { pipe: pipe_id, dir });
+                    continue;
+                }
+                if self.pipes[&pipe_id].stale[usize::from(dir)] {
+                    continue;
+                }
                 let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
                 let held = std::mem::take(&mut pipe.held[usize::from(dir)]);
                 for chunk in held {
                     self.send(pipe_id, dir, chunk);
                 }
             }
+        }
+    }
+
+    /// A stale direction's retransmission gets through: its held bytes
+    /// arrive, then a close that waited behind them.
+    fn retransmit(&mut self, pipe_id: u64, dir: u8) {
+        let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
+            return;
+        };
+        pipe.stale[usize::from(dir)] = false;
+        let fin = std::mem::take(&mut pipe.fin_stale[usize::from(dir)]);
+        if fin {
+            let other = if dir == 0 { 1 } else { 0 };
+            if pipe.open[usize::from(other)] {
+                let at = self.now_us + 1;
+                self.schedule(
+                    at,
+                    Ev::SeesClose {
+                        pipe: pipe_id,
+                        side: other,
+                    },
+                );
+            }
+            return;
+        }
+        if self.is_cut(&self.pipes[&pipe_id], dir) {
+            return;
+        }
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        let held = std::mem::take(&mut pipe.held[usize::from(dir)]);
+        for chunk in held {
+            self.send(pipe_id, dir, chunk);
         }
     }
 

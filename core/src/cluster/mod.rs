@@ -13,5 +13,8 @@ pub mod node;
 pub mod state;
 
 pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};
-pub use self::node::{ClusterConfig, ClusterNode, ClusterStats};
+pub use self::node::{
+    ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, PeerLiveness,
+    default_peer_silence_timeout,
+};
 pub use self::state::{Holding, MAX_SNAPSHOT_NEXT_TOKEN, ReplicatedLocks, SnapshotError};

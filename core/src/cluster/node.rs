@@ -125,6 +125,43 @@ pub struct ClusterConfig {
     pub dial_backoff_min: Duration,
     /// Largest redial delay (the delay doubles up to it).
     pub dial_backoff_max: Duration,
+    /// An established peer connection that received no frame for this
+    /// long, or whose queued output was not written for this long, is
+    /// closed ([`CloseReason::PeerSilent`]) and its slot redialed. Every
+    /// live connection carries a frame each way at least every
+    /// [`KEEPALIVE_HEARTBEATS`] heartbeat intervals (Raft traffic or a
+    /// keepalive), so only a dead or stuck link stays silent this long.
+    /// Default: twice the largest election timeout.
+    pub peer_silence_timeout: Duration,
+}
+
+/// A peer connection on which nothing was sent for this many heartbeat
+/// intervals gets a keepalive frame, so that links no Raft message uses
+/// (follower to follower, or the second connection of a pair) are not
+/// silent while alive.
+pub const KEEPALIVE_HEARTBEATS: u32 = 2;
+
+/// A slot whose connection received a frame within this many heartbeat
+/// intervals counts as live ([`PeerLiveness::Live`]).
+pub const LIVE_HEARTBEATS: u32 = 5;
+
+/// The generation a keepalive frame is addressed to: no node has it (a
+/// node's generation is 1 or its start's wall clock), so a node that does
+/// not know keepalives drops the frame in Raft's addressee check.
+const KEEPALIVE_GENERATION: u64 = 0;
+
+/// How a peer slot's link looks to this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerLiveness {
+    /// No established connection to the slot (or it is this node's own).
+    Down,
+    /// An established connection received a frame within
+    /// [`LIVE_HEARTBEATS`] heartbeat intervals.
+    Live,
+    /// Established connections exist but none received a frame recently:
+    /// the link may be cut (it is closed once past
+    /// [`ClusterConfig::peer_silence_timeout`]).
+    Silent,
 }
 
 impl ClusterConfig {
@@ -152,13 +189,22 @@ impl ClusterConfig {
             budget: BudgetConfig::for_max_connections(10_000),
             bootstrap_wall_clock_us,
             dial_backoff_min: Duration::from_millis(100),
-            dial_backoff_max: Duration::from_millis(3_200),
+            // Bounds how long a healed partition waits for the next dial:
+            // a failed dial a second per unreachable peer costs nothing.
+            dial_backoff_max: Duration::from_millis(1_000),
+            peer_silence_timeout: default_peer_silence_timeout(&RaftConfig::default()),
         }
     }
 
     /// Checks what the node relies on.
     pub fn validate(&self) -> Result<(), &'static str> {
         self.raft.validate()?;
+        let live_window = self.live_window();
+        if self.peer_silence_timeout <= live_window {
+            return Err(
+                "peer_silence_timeout must exceed the live window of 5 heartbeat intervals",
+            );
+        }
         if self.slot_count != 3 && self.slot_count != 5 {
             return Err("a cluster has 3 or 5 slots");
         }
@@ -176,6 +222,30 @@ impl ClusterConfig {
             return Err("raft batch or snapshot chunk exceeds the peer frame limit");
         }
         Ok(())
+    }
+}
+
+/// Twice the largest election timeout of `raft`: the default
+/// [`ClusterConfig::peer_silence_timeout`] (set it again with this after
+/// changing the Raft timing).
+pub fn default_peer_silence_timeout(raft: &RaftConfig) -> Duration {
+    let max_ms = raft
+        .election_timeout_min_ms
+        .saturating_add(raft.election_timeout_jitter_ms);
+    Duration::from_millis(max_ms.saturating_mul(2))
+}
+
+impl ClusterConfig {
+    fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.raft.heartbeat_interval_ms)
+    }
+
+    fn keepalive_interval(&self) -> Duration {
+        self.heartbeat_interval() * KEEPALIVE_HEARTBEATS
+    }
+
+    fn live_window(&self) -> Duration {
+        self.heartbeat_interval() * LIVE_HEARTBEATS
     }
 }
 
@@ -264,6 +334,14 @@ struct PeerConn {
     dialed: Option<u8>,
     /// Frame keys, once established: every frame is sealed and verified.
     session: Option<Box<PeerSession>>,
+    /// When the last authenticated frame arrived (the establishment at
+    /// first).
+    last_frame_at: Instant,
+    /// When a frame was last queued on it (keepalives go out when idle).
+    last_sealed_at: Instant,
+    /// Since when output has waited to be taken or written (`None`:
+    /// everything queued was reported written).
+    output_pending_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -359,6 +437,23 @@ pub struct ClusterNode {
     /// The durable bound on tokens this node proposes; unlimited unless
     /// [`ClusterNode::with_token_reserve`] set one.
     reserve: TokenReserve,
+}
+
+/// Records since when `conn`'s output has been waiting (peer connections).
+fn note_output(now: Instant, conn: &mut Conn) {
+    let drained = conn.out.is_drained();
+    if let ConnKind::Peer(peer) = &mut conn.kind {
+        if drained {
+            peer.output_pending_since = None;
+        } else if peer.output_pending_since.is_none() {
+            peer.output_pending_since = Some(now);
+        }
+    }
+}
+
+/// A keepalive frame: addressed to a generation no node has.
+fn is_keepalive(msg: &Message) -> bool {
+    msg.to.generation == KEEPALIVE_GENERATION && msg.body == MessageBody::HeartbeatResponse
 }
 
 /// Where a bootstrap member stands in checking that the cluster is new (see
@@ -759,6 +854,9 @@ impl ClusterNode {
             established: None,
             dialed,
             session: None,
+            last_frame_at: now,
+            last_sealed_at: now,
+            output_pending_since: None,
         });
         self.new_conn(kind, &hello, deadline, source)
     }
@@ -994,6 +1092,8 @@ impl ClusterNode {
                     }
                     peer.established = Some(remote);
                     peer.session = peer.handshake.take_session().map(Box::new);
+                    peer.last_frame_at = now;
+                    peer.last_sealed_at = now;
                     // The handshake refused floors at or above 2^63.
                     if let Some(hello) = peer.handshake.peer_hello() {
                         self.peer_token_floor_max =
@@ -1036,9 +1136,13 @@ impl ClusterNode {
                 }
             }
         }
+        if !messages.is_empty() {
+            peer.last_frame_at = now;
+        }
         for msg in messages {
-            // Only the authenticated identity may speak on this connection.
-            if msg.from == remote {
+            // Only the authenticated identity may speak on this connection;
+            // a keepalive has done its job by arriving.
+            if msg.from == remote && !is_keepalive(&msg) {
                 self.step_peer_message(now, msg);
             }
         }
@@ -1178,18 +1282,18 @@ impl ClusterNode {
     /// A grant whose reply frame is written whole counts as delivered: the
     /// client may have its token, so it is never released as a ghost.
     pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
-        let _ = now;
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             conn.out.handle_written(bytes);
+            note_output(now, conn);
         }
     }
 
     /// Everything taken from `conn` so far has been written: grants in it
     /// count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let _ = now;
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             conn.out.handle_flushed();
+            note_output(now, conn);
         }
     }
 
@@ -1520,7 +1624,7 @@ impl ClusterNode {
                 break;
             }
         }
-        self.route_messages();
+        self.route_messages(now);
     }
 
     fn apply(&mut self, now: Instant, committed: Committed) {
@@ -1935,7 +2039,7 @@ impl ClusterNode {
         progressed
     }
 
-    fn route_messages(&mut self) {
+    fn route_messages(&mut self, now: Instant) {
         while let Some((to, msg)) = self.raft.poll_message() {
             // The newest established connection to the slot carries it; a
             // message without one is dropped (Raft retries).
@@ -1957,15 +2061,123 @@ impl ClusterNode {
             }
             let ConnKind::Peer(PeerConn {
                 session: Some(session),
+                last_sealed_at,
                 ..
             }) = &mut conn.kind
             else {
                 continue;
             };
             if session.sealer.seal(&msg, conn.out.buffer_mut()).is_ok() {
+                *last_sealed_at = now;
                 self.wakes.wake(*conn_id, &mut conn.out);
+                note_output(now, conn);
             }
         }
+    }
+
+    /// Queues a keepalive on every established peer connection on which
+    /// nothing was queued for [`KEEPALIVE_HEARTBEATS`] heartbeat intervals.
+    fn send_keepalives(&mut self, now: Instant) {
+        let interval = self.config.keepalive_interval();
+        let from = self.config.id;
+        for (conn_id, conn) in &mut self.conns {
+            if conn.out.is_closing() {
+                continue;
+            }
+            let ConnKind::Peer(PeerConn {
+                established: Some(remote),
+                session: Some(session),
+                last_sealed_at,
+                ..
+            }) = &mut conn.kind
+            else {
+                continue;
+            };
+            if now < last_sealed_at.saturating_add(interval) {
+                continue;
+            }
+            let keepalive = Message {
+                from,
+                to: NodeId::new(remote.slot, KEEPALIVE_GENERATION),
+                term: 0,
+                body: MessageBody::HeartbeatResponse,
+            };
+            if session
+                .sealer
+                .seal(&keepalive, conn.out.buffer_mut())
+                .is_ok()
+            {
+                *last_sealed_at = now;
+                self.wakes.wake(*conn_id, &mut conn.out);
+                note_output(now, conn);
+            }
+        }
+    }
+
+    /// Closes established peer connections silent past the bound and lets
+    /// their slots be redialed at once.
+    fn close_silent_peers(&mut self, now: Instant) {
+        let bound = self.config.peer_silence_timeout;
+        let silent: Vec<(ConnId, u8)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.out.is_closing())
+            .filter_map(|(id, c)| match &c.kind {
+                ConnKind::Peer(p) => {
+                    let remote = p.established?;
+                    let quiet = now >= p.last_frame_at.saturating_add(bound);
+                    let stuck = p
+                        .output_pending_since
+                        .is_some_and(|since| now >= since.saturating_add(bound));
+                    (quiet || stuck).then_some((*id, remote.slot))
+                }
+                ConnKind::Client(_) => None,
+            })
+            .collect();
+        for (conn_id, slot) in silent {
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                // Nobody will read these; Raft resends what matters.
+                conn.out.discard_pending();
+            }
+            self.close_conn(now, conn_id, CloseReason::PeerSilent);
+            // The transport may take long to report the close (a stuck
+            // write); the slot is dialed again without waiting for it.
+            let still_connected = self.conns.values().any(|c| {
+                !c.out.is_closing()
+                    && matches!(&c.kind, ConnKind::Peer(p)
+                        if p.established.map(|id| id.slot).or(p.dialed) == Some(slot))
+            });
+            if !still_connected && let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+                dial.connected = false;
+            }
+        }
+    }
+
+    /// Whether `slot`'s link is established and heard from recently.
+    pub fn peer_liveness(&self, now: Instant, slot: u8) -> PeerLiveness {
+        let window = self.config.live_window();
+        let mut liveness = PeerLiveness::Down;
+        for conn in self.conns.values() {
+            let ConnKind::Peer(peer) = &conn.kind else {
+                continue;
+            };
+            if conn.out.is_closing() || peer.established.map(|id| id.slot) != Some(slot) {
+                continue;
+            }
+            if now < peer.last_frame_at.saturating_add(window) {
+                return PeerLiveness::Live;
+            }
+            liveness = PeerLiveness::Silent;
+        }
+        liveness
+    }
+
+    /// Peer slots with a [`PeerLiveness::Live`] link.
+    pub fn live_peers(&self, now: Instant) -> usize {
+        (0..self.config.slot_count)
+            .filter(|slot| *slot != self.config.id.slot)
+            .filter(|slot| self.peer_liveness(now, *slot) == PeerLiveness::Live)
+            .count()
     }
 
     // ------------------------------------------------------------------
@@ -1975,6 +2187,8 @@ impl ClusterNode {
     /// Processes every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.raft.handle_timeout(now);
+        self.close_silent_peers(now);
+        self.send_keepalives(now);
         while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
             let timed_out = match self.conns.get_mut(&conn_id).map(|c| &mut c.kind) {
                 Some(ConnKind::Client(ClientConn {
@@ -2062,6 +2276,17 @@ impl ClusterNode {
         for (slot, dial) in self.dials.iter().enumerate() {
             if slot != usize::from(self.config.id.slot) && !dial.connected && !dial.dialing {
                 consider(Some(dial.next_attempt));
+            }
+        }
+        let bound = self.config.peer_silence_timeout;
+        let keepalive = self.config.keepalive_interval();
+        for conn in self.conns.values() {
+            if let (ConnKind::Peer(peer), false) = (&conn.kind, conn.out.is_closing())
+                && peer.established.is_some()
+            {
+                consider(Some(peer.last_frame_at.saturating_add(bound)));
+                consider(Some(peer.last_sealed_at.saturating_add(keepalive)));
+                consider(peer.output_pending_since.map(|t| t.saturating_add(bound)));
             }
         }
         earliest
