@@ -8,9 +8,9 @@ use crate::peer::PeerTokens;
 use crate::raft::{NodeId, RaftConfig};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
-use crate::wire::{AcquireRequest, ReleaseRequest, Reply, Request};
+use crate::wire::Reply;
 
-use super::{Cursor, fuzz_keys};
+use super::{Cursor, fuzz_request};
 
 pub(super) const FINGERPRINT: [u8; 32] = [0x3c; 32];
 pub(super) const BOOT_US: u64 = 1_700_000_000_000_000;
@@ -266,29 +266,9 @@ pub fn cluster_clients(data: &[u8]) {
                 }
             }
             (3, Some(index)) => {
-                let kind = cursor.byte().unwrap_or(0);
-                let bits = cursor.byte().unwrap_or(1);
-                let arg = cursor.byte().unwrap_or(0);
                 rid += 1;
-                let set = kind & 1 == 1;
-                let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
-                let request = if kind & 2 == 0 {
-                    Request::Acquire(AcquireRequest {
-                        rid,
-                        wait_s: arg % 4,
-                        lease_s: 1 + arg % 3,
-                        keys,
-                        set,
-                    })
-                } else {
-                    // Tokens start at BOOT_US: small offsets hit live grants.
-                    Request::Release(ReleaseRequest {
-                        rid,
-                        token: BOOT_US + u64::from(arg % 16),
-                        keys,
-                        set,
-                    })
-                };
+                // Tokens start at BOOT_US: small offsets hit live grants.
+                let request = fuzz_request(&mut cursor, rid, BOOT_US);
                 let client = &clients[index];
                 cluster.nodes[client.node].handle_input(now, client.conn, &request.to_frame());
             }

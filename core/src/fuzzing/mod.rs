@@ -172,6 +172,34 @@ fn fuzz_keys(bits: u8) -> KeyGroup {
     KeyGroup::new(keys).expect("ascending keys")
 }
 
+/// A request built from the next three input bytes: an acquire or a
+/// release, of one key (`A`/`R`) or a non-empty set (`S`/`G`), with a short
+/// wait and lease, or a token within 16 of `first_token` (so releases hit
+/// live grants).
+fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) -> Request {
+    let kind = cursor.byte().unwrap_or(0);
+    let bits = cursor.byte().unwrap_or(1);
+    let arg = cursor.byte().unwrap_or(0);
+    let set = kind & 1 == 1;
+    let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+    if kind & 2 == 0 {
+        Request::Acquire(AcquireRequest {
+            rid,
+            wait_s: arg % 4,
+            lease_s: 1 + arg % 3,
+            keys,
+            set,
+        })
+    } else {
+        Request::Release(ReleaseRequest {
+            rid,
+            token: first_token + u64::from(arg % 16),
+            keys,
+            set,
+        })
+    }
+}
+
 /// Checks that `bytes` is a hello, optionally a result byte, and then only
 /// well-formed replies.
 fn check_server_output(bytes: &[u8]) {
@@ -269,31 +297,9 @@ pub fn server_session(data: &[u8]) {
                 }
             }
             (3, Some(index)) => {
-                let kind = cursor.byte().unwrap_or(0);
-                let bits = cursor.byte().unwrap_or(1);
-                let arg = cursor.byte().unwrap_or(0);
                 rid += 1;
-                let set = kind & 1 == 1;
-                // A and R carry exactly one key; S and G any non-empty subset.
-                let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
-                let request = if kind & 2 == 0 {
-                    Request::Acquire(AcquireRequest {
-                        rid,
-                        wait_s: arg % 4,
-                        lease_s: 1 + arg % 3,
-                        keys,
-                        set,
-                    })
-                } else {
-                    // Tokens start at 1 here, so small numbers hit live grants.
-                    let token = u64::from(arg % 16) + 1;
-                    Request::Release(ReleaseRequest {
-                        rid,
-                        token,
-                        keys,
-                        set,
-                    })
-                };
+                // Tokens start at 1 here, so small numbers hit live grants.
+                let request = fuzz_request(&mut cursor, rid, 1);
                 let mut bytes = Vec::new();
                 request.encode(&mut bytes);
                 server.handle_input(now, conns[index].id, &bytes);
