@@ -72,7 +72,7 @@ impl Default for ServerConfig {
         ServerConfig {
             lock: LockConfig::default(),
             max_connections: 10_000,
-            max_in_flight_per_connection: 16_384,
+            max_in_flight_per_connection: 32_768,
             max_outbound_bytes_per_connection: 1 << 20,
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
