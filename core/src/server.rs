@@ -693,7 +693,9 @@ impl Server {
 
     /// The dialect `conn` speaks, once its handshake succeeded.
     pub fn dialect(&self, conn_id: ConnId) -> Option<Dialect> {
-        self.conns.get(&conn_id).and_then(|conn| conn.front.dialect())
+        self.conns
+            .get(&conn_id)
+            .and_then(|conn| conn.front.dialect())
     }
 
     /// Stop serving: every queued waiter gets `T`, every connection is

@@ -221,10 +221,9 @@ impl ClusterConfig {
         {
             return Err("client_addresses must name every slot, or none");
         }
-        let unfit = |a: &Box<str>| {
-            a.is_empty() || a.len() > MAX_LINE_TEXT_LEN || a.contains(['\r', '\n'])
-        };
-        if self.client_addresses.iter().any(unfit) {
+        let unfit =
+            |a: &str| a.is_empty() || a.len() > MAX_LINE_TEXT_LEN || a.contains(['\r', '\n']);
+        if self.client_addresses.iter().any(|a| unfit(a)) {
             return Err("a client address must be 1..=190 bytes without CR or LF");
         }
         if self.bootstrap_wall_clock_us >= MAX_FIRST_TOKEN {

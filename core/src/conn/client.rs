@@ -12,9 +12,7 @@
 //! the dialect's replies. The owners know nothing of dialects beyond the
 //! [`ReplyTo`] they keep with each request.
 
-use crate::auth::{
-    ClientTokens, HELLO_LEN, Hello, PROOF_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
-};
+use crate::auth::{ClientTokens, HELLO_LEN, Hello, PROOF_LEN, RESULT_ACCEPTED, RESULT_REJECTED};
 use crate::budget::CloseReason;
 use crate::line::{
     LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LineDecoded, LineDecoder, LineError, LineFrameError,
