@@ -212,7 +212,7 @@ impl Firewall {
         self.set("add", "cut_pairs", &[pair_mark(a, b).to_string()]);
     }
 
-    /// Cuts clients from the client ports of `nodes`.
+    /// Cuts clients from these client ports (both directions).
     fn cut_clients(&self, ports: &[u16]) {
         let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
         self.set("add", "cut_ports", &ports);
