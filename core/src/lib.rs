@@ -19,6 +19,7 @@ pub mod fuzzing;
 pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;
+pub mod metrics;
 pub mod peer;
 pub mod raft;
 pub mod reserve;

@@ -28,6 +28,7 @@ use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
+use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{
@@ -140,6 +141,8 @@ pub struct Server {
     /// The durable bound on tokens; unlimited unless
     /// [`Server::with_token_reserve`] set one.
     reserve: TokenReserve,
+    /// Replies sent on connections already closed.
+    closed_replies: ClosedReplies,
 }
 
 #[derive(Debug)]
@@ -171,6 +174,8 @@ struct Conn {
     close_reason: Option<CloseReason>,
     /// Releases answered `N` since the last one that released.
     release_misses_in_row: u32,
+    /// Replies sent on it, by kind.
+    replies: ReplyCounts,
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
@@ -200,6 +205,7 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 
 /// Queues `reply` on `conn` and schedules a wake if needed.
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, reply: Reply) {
+    conn.replies.count(&reply);
     reply.encode(conn.out.buffer_mut());
     wakes.wake(conn_id, &mut conn.out);
 }
@@ -227,6 +233,7 @@ impl Server {
             config,
             shutting_down: false,
             reserve: TokenReserve::unlimited(),
+            closed_replies: ClosedReplies::default(),
         }
     }
 
@@ -316,6 +323,7 @@ impl Server {
             source,
             close_reason: None,
             release_misses_in_row: 0,
+            replies: ReplyCounts::default(),
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -635,6 +643,7 @@ impl Server {
             self.sessions -= 1;
         }
         self.held.forget_conn(conn_id);
+        self.closed_replies.add(&conn.replies);
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
         self.reports.closed(conn_id, Some(conn.source), reason);
         #[cfg(feature = "planted-bugs")]
@@ -753,6 +762,23 @@ impl Server {
         self.conns
             .get(&conn_id)
             .map_or(&[], |conn| conn.out.pending())
+    }
+
+    /// A snapshot of what the server counted (see [`crate::metrics`]).
+    /// O(keys) for the held-key gauge, O(connections) for the replies.
+    pub fn metrics(&self) -> ServerMetrics {
+        let lock = self.table.stats();
+        ServerMetrics::assemble(
+            self.table.metrics().clone(),
+            self.closed_replies
+                .total(self.conns.values().map(|c| &c.replies)),
+            self.reports.totals(),
+            lock.held_keys,
+            lock.keys,
+            lock.waiters,
+            self.sessions,
+            self.handshakes.len(),
+        )
     }
 
     /// Current counts.

@@ -58,6 +58,7 @@ use crate::cluster::command::{ApplyResult, Command, MAX_FIRST_TOKEN};
 use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::Limits;
+use crate::metrics::{ClusterMetrics, ReplyCounts};
 use crate::peer::{
     MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
     PeerTokens,
@@ -437,6 +438,8 @@ pub struct ClusterNode {
     /// The durable bound on tokens this node proposes; unlimited unless
     /// [`ClusterNode::with_token_reserve`] set one.
     reserve: TokenReserve,
+    /// Replies sent to clients, by kind.
+    replies: ReplyCounts,
 }
 
 /// Records since when `conn`'s output has been waiting (peer connections).
@@ -626,6 +629,7 @@ impl ClusterNode {
             peer_token_floor_max: 0,
             config,
             reserve: TokenReserve::unlimited(),
+            replies: ReplyCounts::default(),
         }
     }
 
@@ -734,6 +738,20 @@ impl ClusterNode {
             }
         }
         stats
+    }
+
+    /// A snapshot of what the node counted (see [`crate::metrics`]).
+    pub fn metrics(&self) -> ClusterMetrics {
+        let stats = self.stats();
+        crate::metrics::cluster_metrics(
+            &self.raft,
+            &self.state,
+            self.applied_index,
+            self.replies,
+            self.reports.totals(),
+            self.checking_genesis(),
+            (stats.waiters, self.client_sessions),
+        )
     }
 
     /// Snapshots from the leader that could not be restored.
@@ -1038,6 +1056,7 @@ impl ClusterNode {
     /// Queues `reply` on a client connection.
     fn send(&mut self, conn_id: ConnId, reply: Reply) {
         if let Some(conn) = self.conns.get_mut(&conn_id) {
+            self.replies.count(&reply);
             reply.encode(conn.out.buffer_mut());
             self.wakes.wake(conn_id, &mut conn.out);
         }
