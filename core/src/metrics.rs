@@ -89,6 +89,18 @@ impl DurationHistogram {
             .collect()
     }
 
+    /// `(upper bound in seconds, observations in that bucket alone)` for
+    /// every bucket, ascending, ending with `(+Inf, slower ones)`: the
+    /// shape exposition encoders take.
+    pub fn buckets_seconds(&self) -> Vec<(f64, u64)> {
+        DURATION_BUCKETS_US
+            .iter()
+            .map(|&bound_us| bound_us as f64 / 1e6)
+            .chain([f64::INFINITY])
+            .zip(self.buckets.iter().copied())
+            .collect()
+    }
+
     /// Observations at or below `bound_us`, which must be one of
     /// [`DURATION_BUCKETS_US`] (else those of the first bucket above it).
     pub fn count_at_most_us(&self, bound_us: u64) -> u64 {
@@ -354,12 +366,28 @@ pub struct ServerMetrics {
     pub sessions: u64,
     /// Gauge: unfinished handshakes.
     pub handshakes: u64,
+    /// The server is shutting down.
+    pub shutting_down: bool,
+}
+
+impl ServerMetrics {
+    /// Whether the server should get traffic (`/readyz`): yes while it
+    /// serves, with the reason why not otherwise.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down {
+            return Err("shutting down");
+        }
+        Ok(())
+    }
 }
 
 impl ServerMetrics {
     /// Assembles a snapshot; the `B` replies the table did not decide are
     /// those of the per-connection limits.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one plain value per gauge, named at the call site"
+    )]
     pub(crate) fn assemble(
         lock: LockMetrics,
         replies: ReplyCounts,
@@ -369,6 +397,7 @@ impl ServerMetrics {
         waiters: usize,
         sessions: usize,
         handshakes: usize,
+        shutting_down: bool,
     ) -> ServerMetrics {
         let busy_per_connection = replies
             .of(ReplyKind::Busy)
@@ -383,6 +412,7 @@ impl ServerMetrics {
             waiters: waiters as u64,
             sessions: sessions as u64,
             handshakes: handshakes as u64,
+            shutting_down,
         }
     }
 }
@@ -491,10 +521,35 @@ pub struct ClusterMetrics {
     pub waiters: u64,
     /// Gauge: client connections past their handshake.
     pub sessions: u64,
+    /// The node is shutting down.
+    pub shutting_down: bool,
+}
+
+impl ClusterMetrics {
+    /// Whether the node should get client traffic (`/readyz`): a voter,
+    /// not still checking that a new cluster is new, knowing a leader, and
+    /// not shutting down; otherwise the first reason why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down {
+            Err("shutting down")
+        } else if self.checking_genesis {
+            Err("checking that the cluster is new")
+        } else if !self.is_voter {
+            Err("not a voter yet")
+        } else if !self.has_leader {
+            Err("no known leader")
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Assembles a cluster node's snapshot from its parts
 /// ([`crate::cluster::ClusterNode::metrics`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the node's private parts, passed one by one so the node file keeps one call"
+)]
 pub(crate) fn cluster_metrics(
     raft: &Raft,
     state: &ReplicatedLocks,
@@ -503,6 +558,7 @@ pub(crate) fn cluster_metrics(
     abuse: AbuseCounts,
     checking_genesis: bool,
     (waiters, sessions): (usize, usize),
+    shutting_down: bool,
 ) -> ClusterMetrics {
     let id = raft.id();
     let last_index = raft.last_index();
@@ -541,6 +597,7 @@ pub(crate) fn cluster_metrics(
         held_keys: state.held_keys() as u64,
         waiters: waiters as u64,
         sessions: sessions as u64,
+        shutting_down,
     }
 }
 
@@ -562,6 +619,11 @@ mod tests {
         let cumulative = h.cumulative_seconds();
         assert_eq!(cumulative.len(), DURATION_BUCKETS_US.len());
         assert_eq!(cumulative.last(), Some(&(250.0, 3)));
+        let buckets = h.buckets_seconds();
+        assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
+        assert_eq!(buckets[0], (0.001, 2));
+        assert_eq!(buckets[1], (0.0025, 1));
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 1)));
     }
 
     #[test]

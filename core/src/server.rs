@@ -778,6 +778,7 @@ impl Server {
             lock.waiters,
             self.sessions,
             self.handshakes.len(),
+            self.shutting_down,
         )
     }
 

@@ -257,6 +257,11 @@ pub struct ServeArgs {
     /// off, error, warn, info, debug or trace (overrides RUST_LOG).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz) on this
+    /// address, IP:PORT (off unless set; read-only, unauthenticated: bind
+    /// it to loopback or a management network).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
     /// `--max-*`: the `[limits]` table's fields.
     #[command(flatten)]
     pub limits: FileLimits,
@@ -318,6 +323,8 @@ pub struct FileConfig {
     pub insecure_no_auth: Option<bool>,
     /// See [`ServeArgs::log_level`].
     pub log_level: Option<String>,
+    /// See [`ServeArgs::admin_listen`].
+    pub admin_listen: Option<String>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`].
@@ -729,6 +736,12 @@ pub fn resolve(
 
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
+    let admin_listen = args
+        .admin_listen
+        .as_deref()
+        .or(file.admin_listen.as_deref())
+        .map(|text| parse_addr("admin_listen", text))
+        .transpose()?;
     let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
 
     let server = ServerConfig {
@@ -774,6 +787,7 @@ pub fn resolve(
         })?;
         let mut cluster = cluster;
         cluster.state = Some(state.clone());
+        cluster.admin_listen = admin_listen;
         Some(cluster)
     } else {
         check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
@@ -783,6 +797,7 @@ pub fn resolve(
     settings.server = server;
     settings.tls = tls;
     settings.state = Some(state);
+    settings.admin_listen = admin_listen;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -1559,6 +1574,32 @@ mod tests {
         let err = resolve_args(&["--listen", "localhost"]).unwrap_err();
         assert_eq!(err.field, "listen");
         assert!(err.message.contains("IP:PORT"), "{err}");
+    }
+
+    #[test]
+    fn admin_listen_is_off_unless_set_and_a_bad_one_is_named() {
+        assert_eq!(resolve_args(&[]).unwrap().settings.admin_listen, None);
+        let config = resolve_args(&["--admin-listen", "127.0.0.1:9225"]).unwrap();
+        assert_eq!(
+            config.settings.admin_listen,
+            Some("127.0.0.1:9225".parse().unwrap())
+        );
+        let file = parse_file("admin_listen = \"127.0.0.1:9226\"").unwrap();
+        let config = resolve(&file, None, &args(&[]), &Env::default()).unwrap();
+        assert_eq!(
+            config.settings.admin_listen,
+            Some("127.0.0.1:9226".parse().unwrap())
+        );
+        let err = resolve_args(&["--admin-listen", "localhost:9225"]).unwrap_err();
+        assert_eq!(err.field, "admin_listen");
+        let mut argv = cluster_args(&SLOTS3);
+        argv.extend(["--admin-listen".to_owned(), "127.0.0.1:9227".to_owned()]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = resolve_args(&argv).unwrap();
+        assert_eq!(
+            config.cluster.unwrap().admin_listen,
+            Some("127.0.0.1:9227".parse().unwrap())
+        );
     }
 
     #[test]

@@ -751,6 +751,7 @@ impl ClusterNode {
             self.reports.totals(),
             self.checking_genesis(),
             (stats.waiters, self.client_sessions),
+            self.shutting_down,
         )
     }
 
