@@ -47,6 +47,16 @@ pub const WORKER_THREADS_MAX: u64 = 256;
 /// Accepted values of `log_level`.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
+/// How log lines are written (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
 /// Inclusive upper bounds of the `[limits]` fields. They keep a typo (an
 /// extra digit or three) from turning into an unbounded memory promise.
 pub const MAX_KEYS_MAX: u64 = 100_000_000;
@@ -257,6 +267,9 @@ pub struct ServeArgs {
     /// off, error, warn, info, debug or trace (overrides RUST_LOG).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// `text` (default) or `json` (one JSON object per line).
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
     /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz) on this
     /// address, IP:PORT (off unless set; read-only, unauthenticated: bind
     /// it to loopback or a management network).
@@ -323,6 +336,8 @@ pub struct FileConfig {
     pub insecure_no_auth: Option<bool>,
     /// See [`ServeArgs::log_level`].
     pub log_level: Option<String>,
+    /// See [`ServeArgs::log_format`].
+    pub log_format: Option<String>,
     /// See [`ServeArgs::admin_listen`].
     pub admin_listen: Option<String>,
     /// See [`ServeArgs::wait_margin_ms`].
@@ -509,6 +524,8 @@ pub struct Config {
     pub settings: ServeSettings,
     /// `tracing_subscriber::EnvFilter` directives.
     pub log_filter: String,
+    /// How log lines are written.
+    pub log_format: LogFormat,
     /// Threads of the runtime; 1 runs everything on the main thread.
     pub worker_threads: usize,
     /// How clients authenticate.
@@ -736,6 +753,22 @@ pub fn resolve(
 
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
+    let log_format = match args
+        .log_format
+        .as_deref()
+        .or(file.log_format.as_deref())
+        .map(|text| text.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "log_format",
+                format!("{other:?} is not one of text, json"),
+            ));
+        }
+    };
     let admin_listen = args
         .admin_listen
         .as_deref()
@@ -806,6 +839,7 @@ pub fn resolve(
     Ok(Config {
         settings,
         log_filter,
+        log_format,
         worker_threads,
         auth,
         cluster,
@@ -1574,6 +1608,27 @@ mod tests {
         let err = resolve_args(&["--listen", "localhost"]).unwrap_err();
         assert_eq!(err.field, "listen");
         assert!(err.message.contains("IP:PORT"), "{err}");
+    }
+
+    #[test]
+    fn log_format_is_text_unless_json_and_a_bad_one_is_named() {
+        assert_eq!(resolve_args(&[]).unwrap().log_format, LogFormat::Text);
+        let config = resolve_args(&["--log-format", "json"]).unwrap();
+        assert_eq!(config.log_format, LogFormat::Json);
+        let file = parse_file("log_format = \"json\"").unwrap();
+        let config = resolve(
+            &file,
+            None,
+            &args(&["--log-format", "text"]),
+            &Env::default(),
+        );
+        assert_eq!(config.unwrap().log_format, LogFormat::Text, "the flag wins");
+        let config = resolve(&file, None, &args(&[]), &Env::default());
+        assert_eq!(config.unwrap().log_format, LogFormat::Json);
+        assert_eq!(
+            field_of(resolve_args(&["--log-format", "yaml"])),
+            "log_format"
+        );
     }
 
     #[test]
