@@ -376,7 +376,10 @@ fn a_line_client_on_the_tcp_port_contends_with_in_process_brokers() {
             assert_eq!(line.reply(), (b'R', token, b"k".to_vec()));
             token
         });
-        settle("the line waiter queued", || server.stats().lock.waiters == 1).await;
+        settle("the line waiter queued", || {
+            server.stats().lock.waiters == 1
+        })
+        .await;
         assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
         let line_token = waiter.join().unwrap();
         assert!(line_token > local_token, "one token counter for both");
