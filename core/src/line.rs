@@ -5,7 +5,7 @@
 //! shape, the handshake answer, the request decoder and the reply encoder
 //! (and, for tests, tools and the simulator, the request encoder and reply
 //! decoder). What the server does with a request is the client front end's
-//! business ([`crate::conn`]), shared by both dialects.
+//! business (`conn::client`), shared by both dialects.
 //!
 //! Requests have a fixed binary part read by count (it may contain 0x0A),
 //! then a key up to LF:

@@ -296,7 +296,7 @@ pub struct ServeArgs {
     /// This node's slot, 0-based, in the `--slot` list.
     #[arg(long, value_name = "N")]
     pub self_slot: Option<u64>,
-    /// One slot's addresses, CLIENT_ADDR,PEER_ADDR[,ADVERTISED]; give 3 or
+    /// One slot's addresses, `CLIENT_ADDR,PEER_ADDR[,ADVERTISED]`; give 3 or
     /// 5, in slot order (repeatable; replaces the config file's `slots`).
     /// ADVERTISED is the client address as line-dialect (0.3.0) clients
     /// spell it, if not CLIENT_ADDR as written.
