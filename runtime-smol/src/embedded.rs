@@ -403,7 +403,14 @@ async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
         broker.server_gone();
     }
     drop(tasks.timer);
-    drop(tasks.persister);
+    // The persister finishes a write in flight and returns, closing the
+    // state file (and its lock) before shutdown returns: a server started
+    // right after on the same state dir must find it free.
+    let persist = hub.lock().persist.clone();
+    if let (Some(persister), Some(persist)) = (tasks.persister, persist) {
+        persist.notify_one();
+        persister.await;
+    }
 }
 
 /// Writes the reserve values the core asks for, one at a time, off the
@@ -412,6 +419,9 @@ async fn run_persister(hub: Arc<Hub>, file: FloorFile, persist: Arc<Notify>) {
     let file = Arc::new(file);
     loop {
         persist.notified().await;
+        if hub.stopping.load(Ordering::Acquire) {
+            return;
+        }
         let Some(value) = hub.lock().reserve_request.take() else {
             continue;
         };
