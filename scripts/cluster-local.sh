@@ -18,6 +18,8 @@
 #        BASE              first client port (default 5225)
 #        PROFILE           default | fast (default: default)
 #        LOG_LEVEL         node --log-level (default: info)
+#        NO_CLIENT_TOKEN   1: start the cluster with no client token (loopback
+#                          no-auth; the 0.3.0 clients' nc_cluster_test needs it)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
@@ -38,9 +40,13 @@ slot_args() {
 start_node() { # SLOT [--bootstrap]
     local slot="$1"; shift
     [[ -f "$dir/identity" ]] || die "no cluster in $dir; run: $0 start"
+    # An empty client-token file (NO_CLIENT_TOKEN=1) means loopback no-auth.
+    local -a client_env=(-u TICKETING_CLIENT_TOKENS)
+    if [[ -s "$dir/client-token" ]]; then
+        client_env=("TICKETING_CLIENT_TOKENS=$(cat "$dir/client-token")")
+    fi
     # shellcheck disable=SC2046
-    TICKETING_PEER_TOKENS="$(cat "$dir/peer-token")" \
-    TICKETING_CLIENT_TOKENS="$(cat "$dir/client-token")" \
+    env "${client_env[@]}" TICKETING_PEER_TOKENS="$(cat "$dir/peer-token")" \
         "$bin" serve --cluster-identity "$(cat "$dir/identity")" --self-slot "$slot" \
         $(slot_args) --status-listen "127.0.0.1:$((base + 2000 + slot))" \
         --profile "${PROFILE:-default}" --log-level "${LOG_LEVEL:-info}" \
@@ -93,7 +99,11 @@ case "${1:-}" in
         # A new cluster is a new identity (fencing domain), always.
         "$bin" identity > "$dir/identity"
         echo "peer-$("$bin" identity)" > "$dir/peer-token"
-        echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
+        if [[ "${NO_CLIENT_TOKEN:-}" == 1 ]]; then
+            : > "$dir/client-token"
+        else
+            echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
+        fi
         for i in 0 1 2; do start_node "$i" --bootstrap; done
         echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); state in $dir" >&2
         ;;
@@ -119,8 +129,12 @@ case "${1:-}" in
         ;;
     env)
         echo "export TICKETING_IDENTITY_FINGERPRINT=$(cat "$dir/identity")"
-        echo "export TICKETING_CLIENT_TOKEN=$(cat "$dir/client-token")"
+        if [[ -s "$dir/client-token" ]]; then
+            echo "export TICKETING_CLIENT_TOKEN=$(cat "$dir/client-token")"
+        else
+            echo "unset TICKETING_CLIENT_TOKEN"
+        fi
         echo "export TICKETING_CHAOS_ADDRS=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
         ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,22p' "$0"; exit 2 ;;
 esac
