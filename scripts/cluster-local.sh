@@ -18,6 +18,7 @@
 #        BASE              first client port (default 5225)
 #        PROFILE           default | fast (default: default)
 #        LOG_LEVEL         node --log-level (default: info)
+#        TICKETING_BIN     the binary to run (default: $CARGO_TARGET_DIR/release/ticketing)
 #        NO_CLIENT_TOKEN   1: start the cluster with no client token (loopback
 #                          no-auth; the 0.3.0 clients' nc_cluster_test needs it)
 set -euo pipefail
@@ -25,7 +26,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 dir="${CLUSTER_DIR:-/tmp/ticketing-cluster}"
 base="${BASE:-5225}"
-bin="$target/release/ticketing"
+bin="${TICKETING_BIN:-$target/release/ticketing}"
 
 die() { echo "cluster-local: $*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -89,7 +90,7 @@ case "${1:-}" in
         for i in 0 1 2; do
             ! port_open $((base + i)) || die "port $((base + i)) is in use; stop it first"
         done
-        if [[ "${NO_BUILD:-}" != 1 ]]; then
+        if [[ "${NO_BUILD:-}" != 1 && -z "${TICKETING_BIN:-}" ]]; then
             echo "==> building ticketing (release)" >&2
             CARGO_TARGET_DIR="$target" cargo build --release -p ticketing-tokio --bin ticketing \
                 --manifest-path "$repo/Cargo.toml" >&2
@@ -136,5 +137,5 @@ case "${1:-}" in
         fi
         echo "export TICKETING_CHAOS_ADDRS=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
         ;;
-    *) sed -n '2,22p' "$0"; exit 2 ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
 esac
