@@ -61,12 +61,19 @@ def port_open(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-async def until(what: str, probe: Callable[[], bool], deadline_s: float = READY_S) -> None:
-    """Polls `probe` until it holds; fails with `what` at the deadline."""
+async def until(
+    what: str,
+    probe: Callable[[], bool],
+    deadline_s: float = READY_S,
+    seen: Callable[[], object] | None = None,
+) -> None:
+    """Polls `probe` until it holds; fails with `what` (and `seen()`, what
+    was observed instead) at the deadline."""
     deadline = time.monotonic() + deadline_s
     while not probe():
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
+            observed = f"; seen: {seen()}" if seen else ""
+            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}{observed}")
         await asyncio.sleep(0.02)
 
 
@@ -296,6 +303,25 @@ async def wrong_token(ctx: Context) -> None:
         assert await server.stop() == 0, server.log()
 
 
+async def graceful_shutdown(ctx: Context) -> None:
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    server = ctx.server("shutdown", ["--listen", addr])
+    server.start()
+    await server.wait_listening(port)
+    logs = Logs()
+    broker = await ready_broker([addr], logger=logs)
+    ticket = await broker.acquire("py-shutdown", 5, LEASE_S)
+    assert ticket.token > 0
+    # SIGTERM: each line connection is told `Enot_active`, then closed.
+    assert await server.stop() == 0, server.log()
+    await until(
+        "not_active on both connections",
+        lambda: logs.count("not_active") >= 2,
+        seen=lambda: logs.lines[-6:],
+    )
+
+
 class Cluster:
     def __init__(self, ctx: Context, token: str) -> None:
         self.ctx = ctx
@@ -366,7 +392,16 @@ async def cluster_failover(ctx: Context) -> None:
     cluster = Cluster(ctx, token)
     await cluster.start()
     try:
-        broker = await ready_broker(cluster.addrs, token=token)
+        logs = Logs()
+        broker = await ready_broker(cluster.addrs, token=token, logger=logs)
+        old = cluster.leader()
+        assert old is not None
+        # Every node names the leader right after the handshake (`L`).
+        await until(
+            "an L notice naming the leader",
+            lambda: logs.count(f"leader changed: {cluster.addrs[old]} ") >= 1,
+            seen=lambda: logs.lines[-6:],
+        )
         last = 0
         for _ in range(5):
             ticket = await broker.acquire("py-cluster", 5, LEASE_S)
@@ -376,8 +411,7 @@ async def cluster_failover(ctx: Context) -> None:
         held = await broker.acquire("py-cluster-held", 5, LEASE_S)
         assert held.token > last
         last = held.token
-        old = cluster.leader()
-        assert old is not None
+        assert cluster.leader() == old
         cluster.nodes[old].kill()
         started = time.monotonic()
         # The client finds the new leader by itself; its tokens keep growing.
@@ -388,6 +422,11 @@ async def cluster_failover(ctx: Context) -> None:
         assert await ticket.release() is True
         new = cluster.leader()
         assert new is not None and new != old, (old, new)
+        await until(
+            "an L notice naming the new leader",
+            lambda: logs.count(f"leader changed: {cluster.addrs[new]} ") >= 1,
+            seen=lambda: logs.lines[-6:],
+        )
         # The grant made before the failover survived it.
         await expect_error("timeout", broker.acquire("py-cluster-held", 1, LEASE_S))
         assert await held.release() is True
@@ -423,6 +462,7 @@ CHECKS: list[Callable[[Context], Awaitable[None]]] = [
     wait_zero_waits,
     lease_too_long,
     wrong_token,
+    graceful_shutdown,
     cluster_failover,
 ]
 
