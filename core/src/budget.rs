@@ -94,6 +94,10 @@ pub enum AbuseKind {
     Refused,
     /// A connection was closed after too many release misses in a row.
     ReleaseSweep,
+    /// A line-dialect release named a token above every token ever issued:
+    /// what a client of 0.1.0 or older looks like (its releases carry no
+    /// token, so key bytes are read as one). Those clients are not served.
+    TokenFromTheFuture,
 }
 
 impl AbuseKind {
@@ -106,6 +110,9 @@ impl AbuseKind {
             AbuseKind::HandshakeTimedOut => "handshakes timed out",
             AbuseKind::Refused => "connections refused (session limit or shutdown)",
             AbuseKind::ReleaseSweep => "connections closed after a run of release misses",
+            AbuseKind::TokenFromTheFuture => {
+                "line releases with a token never issued (a 0.1.0-or-older client? unsupported)"
+            }
         }
     }
 }
@@ -128,6 +135,10 @@ pub enum CloseReason {
     SessionLimit,
     /// A frame could not be parsed.
     BadFrame,
+    /// A line-dialect request's outcome became unknown (leadership lost
+    /// after proposing): the dialect has no "indeterminate" reply, so the
+    /// connection is closed and the client resends.
+    OutcomeUnknown,
     /// Too many release misses in a row.
     ReleaseMisses,
     /// Server shutdown.
@@ -151,6 +162,7 @@ impl CloseReason {
             CloseReason::HandshakeEvicted => "unfinished handshake dropped for a newer one",
             CloseReason::SessionLimit => "session limit reached",
             CloseReason::BadFrame => "unparseable frame",
+            CloseReason::OutcomeUnknown => "a line request's outcome is unknown",
             CloseReason::ReleaseMisses => "too many release misses in a row",
             CloseReason::Shutdown => "shutdown",
             CloseReason::Rejoin => "node rejoined as a new generation",

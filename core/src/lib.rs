@@ -16,6 +16,7 @@ pub mod cluster;
 mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod line;
 pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;

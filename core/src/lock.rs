@@ -33,7 +33,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_keys: 2_000_000,
-            max_waiters_per_key: 4_096,
+            max_waiters_per_key: 16_384,
             max_waiters_total: 200_000,
         }
     }

@@ -17,12 +17,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use crate::auth::{
-    ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
-    SINGLE_FINGERPRINT, ServerHandshake, WireMode,
-};
+use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
 use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
+};
+use crate::conn::client::{
+    Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
@@ -30,10 +30,7 @@ use crate::lock::{
 };
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{
-    AcquireRequest, Decoded, ErrorCode, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
-    RequestDecoder,
-};
+use crate::wire::{KeyGroup, NO_LEADER_SLOT};
 
 /// The first fencing token of a server started `since_epoch` after the
 /// Unix epoch by the wall clock, given the token reserve its previous run
@@ -75,7 +72,7 @@ impl Default for ServerConfig {
         ServerConfig {
             lock: LockConfig::default(),
             max_connections: 10_000,
-            max_in_flight_per_connection: 16_384,
+            max_in_flight_per_connection: 32_768,
             max_outbound_bytes_per_connection: 1 << 20,
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
@@ -84,20 +81,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// A connection, as named by the server. Never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u64);
-
-/// What the driver should do with a connection after taking its bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConnState {
-    /// Keep it open.
-    Open,
-    /// Write what was taken, then close the connection.
-    CloseAfterFlush,
-    /// The server no longer knows this connection.
-    Gone,
-}
+pub use crate::conn::{ConnId, ConnState, Dialect};
 
 /// Server-wide counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,21 +129,14 @@ pub struct Server {
 #[derive(Debug)]
 struct QueuedAcquire {
     conn: ConnId,
-    rid: u64,
-    set: bool,
+    reply_to: ReplyTo,
     keys: KeyGroup,
 }
 
 #[derive(Debug)]
-enum Phase {
-    Handshake(ServerHandshake),
-    Session,
-}
-
-#[derive(Debug)]
 struct Conn {
-    phase: Phase,
-    decoder: RequestDecoder,
+    /// Handshake, dialect and session decoding.
+    front: ClientFront,
     /// Reply bytes for the driver, and which grants they carry.
     out: Outbound,
     /// Queued waiters, in arrival order (waiter ids only grow), so closing a
@@ -178,14 +155,11 @@ fn send_grant(
     conn_id: ConnId,
     conn: &mut Conn,
     wakes: &mut WakeQueue,
-    reply: Reply,
+    reply_to: &ReplyTo,
+    token: u64,
     keys: KeyGroup,
 ) {
-    let token = match reply {
-        Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
-        other => unreachable!("not a grant: {other:?}"),
-    };
-    send(conn_id, conn, wakes, reply);
+    send(conn_id, conn, wakes, reply_to, Answer::Granted { token });
     conn.out.record_grant(token, keys);
 }
 
@@ -198,9 +172,12 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
         .map_or(now, |(_, deadline)| deadline)
 }
 
-/// Queues `reply` on `conn` and schedules a wake if needed.
-fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, reply: Reply) {
-    reply.encode(conn.out.buffer_mut());
+/// Queues the reply that tells `answer` on `conn` and schedules a wake.
+/// Single mode never has an outcome it cannot tell, so every answer has a
+/// reply in both dialects.
+fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
+    let delivery = to.encode(answer, &[], conn.out.buffer_mut());
+    debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
     wakes.wake(conn_id, &mut conn.out);
 }
 
@@ -307,11 +284,10 @@ impl Server {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let handshake = ServerHandshake::new(hello, SINGLE_FINGERPRINT, deadline);
+        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline);
         let mut conn = Conn {
-            out: Outbound::new(handshake.hello_bytes().to_vec()),
-            phase: Phase::Handshake(handshake),
-            decoder: RequestDecoder::new(),
+            out: Outbound::new(front.hello_bytes().to_vec()),
+            front,
             queued: BTreeSet::new(),
             source,
             close_reason: None,
@@ -332,39 +308,39 @@ impl Server {
         if conn.out.is_closing() {
             return;
         }
-        let mut rest = bytes;
-        if let Phase::Handshake(handshake) = &mut conn.phase {
-            let (used, status) = handshake.handle_input(&self.config.client_tokens, rest);
-            rest = &rest[used..];
-            match status {
-                HandshakeStatus::NeedMore => return,
-                HandshakeStatus::Accepted => {
-                    self.handshakes.finish(conn_id);
-                    if self.sessions >= self.config.max_connections {
-                        let source = conn.source;
-                        self.reports.abuse(now, Some(source), AbuseKind::Refused);
-                        self.close_conn(now, conn_id, CloseReason::SessionLimit);
-                        return;
-                    }
-                    self.sessions += 1;
-                    conn.phase = Phase::Session;
-                    conn.out.buffer_mut().push(RESULT_ACCEPTED);
-                    self.wakes.wake(conn_id, &mut conn.out);
-                }
-                HandshakeStatus::Rejected => {
-                    conn.out.buffer_mut().push(RESULT_REJECTED);
+        let input = conn.front.handle_input(
+            now,
+            &self.config.client_tokens,
+            bytes,
+            conn.out.buffer_mut(),
+        );
+        match input {
+            FrontInput::Pending => return,
+            FrontInput::Session => {}
+            FrontInput::Accepted(_) => {
+                self.handshakes.finish(conn_id);
+                if self.sessions >= self.config.max_connections {
                     let source = conn.source;
-                    self.reports
-                        .abuse(now, Some(source), AbuseKind::FailedProof);
-                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
+                    self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                    self.close_conn(now, conn_id, CloseReason::SessionLimit);
                     return;
                 }
+                self.sessions += 1;
+                conn.front.begin_session(conn.out.buffer_mut());
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            FrontInput::Rejected(_) => {
+                let source = conn.source;
+                self.reports
+                    .abuse(now, Some(source), AbuseKind::FailedProof);
+                match conn.front.auth_failed_at() {
+                    // The line dialect answers a failed handshake late.
+                    Some(at) => self.handshake_deadlines.push(at, conn_id),
+                    None => self.close_conn(now, conn_id, CloseReason::ProofRejected),
+                }
+                return;
             }
         }
-        if rest.is_empty() {
-            return;
-        }
-        conn.decoder.push(rest);
         loop {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 return;
@@ -372,21 +348,25 @@ impl Server {
             if conn.out.is_closing() {
                 break;
             }
-            match conn.decoder.next() {
+            let next = conn.front.next_request(conn.out.buffer_mut());
+            if !conn.out.pending().is_empty() {
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            match next {
                 Ok(None) => break,
-                Ok(Some(Decoded::Rejected { rid, code, .. })) => {
-                    send(conn_id, conn, &mut self.wakes, Reply::Error { rid, code });
-                }
-                Ok(Some(Decoded::Request(Request::Acquire(acquire)))) => {
-                    self.handle_acquire(now, conn_id, acquire);
-                }
-                Ok(Some(Decoded::Request(Request::Release(release)))) => {
-                    self.handle_release(now, conn_id, release);
-                }
-                Err(_frame_error) => {
-                    // The frame cannot be parsed, so there is no rid to answer:
-                    // the published clients expect the session to end.
-                    self.close_conn(now, conn_id, CloseReason::BadFrame);
+                Ok(Some(ClientRequest::Acquire {
+                    wait_s,
+                    lease_s,
+                    keys,
+                    reply_to,
+                })) => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
+                Ok(Some(ClientRequest::Release {
+                    token,
+                    keys,
+                    reply_to,
+                })) => self.handle_release(now, conn_id, token, keys, reply_to),
+                Err(reason) => {
+                    self.close_conn(now, conn_id, reason);
                     break;
                 }
             }
@@ -394,14 +374,15 @@ impl Server {
         self.drain_lock_events(now);
     }
 
-    fn handle_acquire(&mut self, now: Instant, conn_id: ConnId, acquire: AcquireRequest) {
-        let AcquireRequest {
-            rid,
-            wait_s,
-            lease_s,
-            keys,
-            set,
-        } = acquire;
+    fn handle_acquire(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        wait_s: u8,
+        lease_s: u8,
+        keys: KeyGroup,
+        reply_to: ReplyTo,
+    ) {
         let over_in_flight = self
             .conns
             .get(&conn_id)
@@ -426,8 +407,7 @@ impl Server {
                     waiter,
                     QueuedAcquire {
                         conn: conn_id,
-                        rid,
-                        set,
+                        reply_to,
                         keys,
                     },
                 );
@@ -438,32 +418,35 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        let reply = match outcome {
+        let answer = match outcome {
             AcquireOutcome::Granted { token } => {
-                let reply = if set {
-                    Reply::AcquiredSet { rid, token }
-                } else {
-                    Reply::Acquired { rid, token }
-                };
                 let expires = lease_end(&self.table, &keys, now);
                 self.held.add(conn_id, token, keys.len(), expires);
-                send_grant(conn_id, conn, &mut self.wakes, reply, keys);
+                send_grant(conn_id, conn, &mut self.wakes, &reply_to, token, keys);
                 return;
             }
-            AcquireOutcome::TimedOut => Reply::TimedOut { rid },
-            AcquireOutcome::Busy => Reply::Busy { rid },
+            AcquireOutcome::TimedOut => Answer::TimedOut,
+            AcquireOutcome::Busy => Answer::Busy,
             AcquireOutcome::Queued => unreachable!("queued acquires returned above"),
         };
-        send(conn_id, conn, &mut self.wakes, reply);
+        send(conn_id, conn, &mut self.wakes, &reply_to, answer);
     }
 
-    fn handle_release(&mut self, now: Instant, conn_id: ConnId, release: ReleaseRequest) {
-        let ReleaseRequest {
-            rid,
-            token,
-            keys,
-            set,
-        } = release;
+    fn handle_release(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        token: u64,
+        keys: KeyGroup,
+        reply_to: ReplyTo,
+    ) {
+        if matches!(reply_to, ReplyTo::Line { .. }) && token >= self.table.next_token() {
+            // Never issued: the shape of a 0.1.0 client, whose release has
+            // no token and whose key bytes are read as one.
+            let source = self.conns.get(&conn_id).map(|conn| conn.source);
+            self.reports
+                .abuse(now, source, AbuseKind::TokenFromTheFuture);
+        }
         let outcome = self.table.release(now, &keys, token);
         if outcome == ReleaseOutcome::Released {
             self.held.remove(token);
@@ -481,16 +464,12 @@ impl Server {
             }
             ReleaseOutcome::GroupMismatch => {}
         }
-        let reply = match outcome {
-            ReleaseOutcome::Released if set => Reply::ReleasedSet { rid },
-            ReleaseOutcome::Released => Reply::Released { rid },
-            ReleaseOutcome::NotFound => Reply::NotFound { rid },
-            ReleaseOutcome::GroupMismatch => Reply::Error {
-                rid,
-                code: ErrorCode::GroupMismatch,
-            },
+        let answer = match outcome {
+            ReleaseOutcome::Released => Answer::Released,
+            ReleaseOutcome::NotFound => Answer::NotFound,
+            ReleaseOutcome::GroupMismatch => Answer::GroupMismatch,
         };
-        send(conn_id, conn, &mut self.wakes, reply);
+        send(conn_id, conn, &mut self.wakes, &reply_to, answer);
         if sweeping {
             // A run of misses is what trying tokens blindly looks like;
             // fencing at the storage is the real protection, this makes a
@@ -555,20 +534,15 @@ impl Server {
                 }
                 continue;
             }
-            let rid = queued.rid;
+            let to = &queued.reply_to;
             match token {
                 Some(token) => {
-                    let reply = if queued.set {
-                        Reply::AcquiredSet { rid, token }
-                    } else {
-                        Reply::Acquired { rid, token }
-                    };
                     let expires = lease_end(&self.table, &queued.keys, now);
                     self.held
                         .add(queued.conn, token, queued.keys.len(), expires);
-                    send_grant(queued.conn, conn, &mut self.wakes, reply, queued.keys);
+                    send_grant(queued.conn, conn, &mut self.wakes, to, token, queued.keys);
                 }
-                None => send(queued.conn, conn, &mut self.wakes, Reply::TimedOut { rid }),
+                None => send(queued.conn, conn, &mut self.wakes, to, Answer::TimedOut),
             }
         }
     }
@@ -631,7 +605,7 @@ impl Server {
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
-        if matches!(conn.phase, Phase::Session) {
+        if conn.front.in_session() {
             self.sessions -= 1;
         }
         self.held.forget_conn(conn_id);
@@ -655,20 +629,20 @@ impl Server {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.table.handle_timeout(now);
         while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
-            let timed_out = match self.conns.get_mut(&conn_id) {
-                Some(Conn {
-                    phase: Phase::Handshake(handshake),
-                    ..
-                }) => handshake.handle_timeout(now),
-                _ => false,
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                continue;
             };
-            if timed_out {
-                if let Some(conn) = self.conns.get(&conn_id) {
+            match conn.front.handle_timeout(now, conn.out.buffer_mut()) {
+                FrontTimeout::Nothing => {}
+                FrontTimeout::HandshakeTimedOut => {
                     let source = conn.source;
                     self.reports
                         .abuse(now, Some(source), AbuseKind::HandshakeTimedOut);
+                    self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
                 }
-                self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
+                FrontTimeout::AuthFailedSent => {
+                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
+                }
             }
         }
         self.held.expire(now);
@@ -714,11 +688,19 @@ impl Server {
         let max_bytes = self.config.max_outbound_bytes_per_connection;
         self.conns
             .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(max_bytes))
+            .is_some_and(|conn| conn.out.wants_input(max_bytes) && conn.front.wants_input())
+    }
+
+    /// The dialect `conn` speaks, once its handshake succeeded.
+    pub fn dialect(&self, conn_id: ConnId) -> Option<Dialect> {
+        self.conns
+            .get(&conn_id)
+            .and_then(|conn| conn.front.dialect())
     }
 
     /// Stop serving: every queued waiter gets `T`, every connection is
-    /// flushed and then closed, and new connections are refused.
+    /// flushed and then closed (a line session is told `Enot_active`
+    /// first), and new connections are refused.
     pub fn begin_shutdown(&mut self, now: Instant) {
         self.handle_timeout(now);
         self.shutting_down = true;
@@ -730,6 +712,7 @@ impl Server {
         for conn_id in conn_ids {
             if let Some(conn) = self.conns.get_mut(&conn_id) {
                 conn.close_reason.get_or_insert(CloseReason::Shutdown);
+                conn.front.farewell(conn.out.buffer_mut());
                 self.wakes.close_after_flush(conn_id, &mut conn.out);
             }
         }

@@ -12,6 +12,7 @@ use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
 use ticketing_core::cluster::{
     ClusterConfig, ClusterNode, PeerLiveness, default_peer_silence_timeout,
 };
+use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
 use ticketing_core::peer::{
     PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
 };
@@ -51,6 +52,10 @@ struct TestClient {
     closed: bool,
     /// The "socket" to this client is stuck: its bytes stay in the node.
     stalled: bool,
+    /// A line-dialect client: `replies` stays empty, `lines` has its
+    /// replies as (op, token or owner, tail).
+    line: bool,
+    lines: Vec<(u8, u64, Vec<u8>)>,
 }
 
 /// Where bytes written on (node, conn) go.
@@ -268,6 +273,10 @@ impl Net {
     }
 
     fn client_receive(&mut self, c: usize, mut bytes: &[u8]) {
+        if self.clients[c].line {
+            self.line_client_receive(c, bytes);
+            return;
+        }
         if !self.clients[c].established {
             loop {
                 let client = &mut self.clients[c];
@@ -384,6 +393,81 @@ impl Net {
         }
     }
 
+    fn line_client_receive(&mut self, c: usize, bytes: &[u8]) {
+        let client = &mut self.clients[c];
+        client.buf.extend_from_slice(bytes);
+        if !client.established {
+            if client.buf.len() < 28 {
+                return;
+            }
+            // The challenge: what follows the first space, up to the LF.
+            let hello: Vec<u8> = client.buf.drain(..28).collect();
+            let mut answer = line_answer(b"", &hello[13..27]).to_vec();
+            answer.push(b'\n');
+            client.established = true;
+            let (node, conn) = (client.node, client.conn);
+            let now = self.now;
+            self.node(node).handle_input(now, conn, &answer);
+        }
+        let client = &mut self.clients[c];
+        while let Ok(Some((reply, used))) = LineReply::decode(&client.buf) {
+            let entry = match reply {
+                LineReply::Acquired { token, key, .. } => (b'A', token, key.to_vec()),
+                LineReply::TimedOut { owner, key } | LineReply::Busy { owner, key } => {
+                    (reply.op(), owner, key.to_vec())
+                }
+                LineReply::Released { token, key } | LineReply::NotFound { token, key } => {
+                    (reply.op(), token, key.to_vec())
+                }
+                LineReply::Moved { address } | LineReply::Leader { address } => {
+                    (reply.op(), 0, address.to_vec())
+                }
+                LineReply::Error { reason } => (b'E', 0, reason.to_vec()),
+            };
+            client.lines.push(entry);
+            client.buf.drain(..used);
+        }
+    }
+
+    /// A line-dialect client connected to `node` (handshake done).
+    fn connect_line(&mut self, node: usize) -> usize {
+        let c = self.open_client(node, true);
+        self.settle();
+        assert!(self.clients[c].established && !self.clients[c].closed);
+        c
+    }
+
+    fn open_client(&mut self, node: usize, line: bool) -> usize {
+        let nonce = self.nonce();
+        let now = self.now;
+        let conn = self
+            .node(node)
+            .handle_connect(now, nonce, LOOPBACK)
+            .unwrap();
+        let c = self.clients.len();
+        self.clients.push(TestClient {
+            node,
+            conn,
+            handshake: ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, node as u8),
+            established: false,
+            buf: Vec::new(),
+            replies: Vec::new(),
+            closed: false,
+            stalled: false,
+            line,
+            lines: Vec::new(),
+        });
+        self.links.insert((node, conn), Endpoint::Client(c));
+        c
+    }
+
+    /// Sends raw bytes on client `c` without moving any other byte.
+    fn send_bytes(&mut self, c: usize, bytes: &[u8]) {
+        let (node, conn) = (self.clients[c].node, self.clients[c].conn);
+        let now = self.now;
+        self.node(node).handle_input(now, conn, bytes);
+    }
+
     fn connect(&mut self, node: usize) -> usize {
         let nonce = self.nonce();
         let now = self.now;
@@ -401,6 +485,8 @@ impl Net {
             replies: Vec::new(),
             closed: false,
             stalled: false,
+            line: false,
+            lines: Vec::new(),
         });
         self.links.insert((node, conn), Endpoint::Client(c));
         self.settle();
@@ -1437,4 +1523,209 @@ fn a_healed_partition_rejoins_within_3_s_with_the_production_timing() {
         );
         assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
     }
+}
+
+// ---------------------------------------------------------------------
+// The line dialect in cluster mode
+// ---------------------------------------------------------------------
+
+const ADDRESSES: [&str; 3] = ["10.0.0.1:5225", "10.0.0.2:5225", "10.0.0.3:5225"];
+
+fn with_addresses(config: &mut ClusterConfig) {
+    config.client_addresses = ADDRESSES.iter().map(|a| Box::from(*a)).collect();
+}
+
+fn line_acquire(wait_s: u16, lease_s: u16, owner: u64, key: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_line_acquire(&mut out, wait_s, lease_s, owner, key.as_bytes());
+    out
+}
+
+fn line_release(token: u64, key: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_line_release(&mut out, token, key.as_bytes());
+    out
+}
+
+fn leader_line(slot: usize) -> (u8, u64, Vec<u8>) {
+    (b'L', 0, ADDRESSES[slot].as_bytes().to_vec())
+}
+
+fn e_line(reason: &str) -> (u8, u64, Vec<u8>) {
+    (b'E', 0, reason.as_bytes().to_vec())
+}
+
+#[test]
+fn a_line_client_is_told_the_leader_address_at_once_and_on_every_change() {
+    let mut net = Net::with_config(with_addresses);
+    // No leader yet: nothing is announced.
+    let early = net.connect_line(0);
+    assert!(net.clients[early].lines.is_empty());
+    let leader = net.elect();
+    assert_eq!(net.clients[early].lines, vec![leader_line(leader)]);
+    let follower = (leader + 1) % 3;
+    let c = net.connect_line(follower);
+    assert_eq!(net.clients[c].lines, vec![leader_line(leader)]);
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("a new leader");
+    assert_ne!(new_leader, leader);
+    // The leader change shows as L lines only (no M without a request),
+    // the last one naming the new leader.
+    let lines = &net.clients[c].lines;
+    assert!(lines.iter().all(|l| l.0 == b'L'), "{lines:?}");
+    assert_eq!(lines.last(), Some(&leader_line(new_leader)));
+}
+
+#[test]
+fn a_follower_answers_a_line_request_with_m_and_the_leader_address_and_no_effect() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let follower = (leader + 1) % 3;
+    let c = net.connect_line(follower);
+    net.clients[c].lines.clear();
+    net.send_bytes(c, &line_acquire(5, 10, 7, "k"));
+    net.run_for(Duration::from_millis(200));
+    assert_eq!(
+        net.clients[c].lines,
+        vec![(b'M', 0, ADDRESSES[leader].as_bytes().to_vec())]
+    );
+    assert_eq!(net.node(leader).locks().held_keys(), 0, "no effect");
+}
+
+#[test]
+fn without_a_leader_a_line_request_gets_no_leader() {
+    let mut net = Net::with_config(with_addresses);
+    let c = net.connect_line(1);
+    net.send_bytes(c, &line_acquire(5, 10, 7, "k"));
+    net.settle();
+    assert_eq!(net.clients[c].lines, vec![e_line("no_leader")]);
+}
+
+#[test]
+fn a_cluster_without_client_addresses_answers_no_leader_instead_of_m() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect_line((leader + 1) % 3);
+    assert!(net.clients[c].lines.is_empty(), "no address, no L");
+    net.send_bytes(c, &line_acquire(5, 10, 7, "k"));
+    net.run_for(Duration::from_millis(200));
+    assert_eq!(net.clients[c].lines, vec![e_line("no_leader")]);
+}
+
+#[test]
+fn the_leader_grants_a_line_client_after_commit_and_hands_over_to_v3() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let line = net.connect_line(leader);
+    let v3 = net.connect(leader);
+    net.clients[line].lines.clear();
+    net.send_bytes(line, &line_acquire(5, 30, 0x0A0A, "shared"));
+    net.run_for(Duration::from_millis(200));
+    let token = match &net.clients[line].lines[..] {
+        [(b'A', token, key)] if key == b"shared" => *token,
+        other => panic!("{other:?}"),
+    };
+    assert!(token >= BOOT_US);
+    net.send_only(v3, acquire(1, "shared", 10, 30));
+    net.run_for(Duration::from_millis(200));
+    assert!(net.answers(v3).is_empty(), "queued behind the line holder");
+    net.send_bytes(line, &line_release(token, "shared"));
+    net.run_for(Duration::from_millis(200));
+    assert_eq!(
+        net.clients[line].lines[1],
+        (b'R', token, b"shared".to_vec())
+    );
+    match net.answers(v3)[..] {
+        [Reply::Acquired { rid: 1, token: t }] => assert!(t > token),
+        ref other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn lost_leadership_closes_a_line_connection_whose_outcome_is_unknown() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let c1 = net.connect_line(leader);
+    let c2 = net.connect_line(leader);
+    net.send_bytes(c1, &line_acquire(0, 60, 1, "held"));
+    net.run_for(Duration::from_millis(200));
+    net.send_bytes(c2, &line_acquire(30, 60, 2, "held"));
+    net.settle();
+    for i in 0..3 {
+        if i != leader {
+            net.kill(i);
+        }
+    }
+    // Proposed, never committed: the line dialect cannot say "unknown".
+    net.send_bytes(c1, &line_acquire(0, 60, 3, "new"));
+    net.run_for(Duration::from_secs(2));
+    assert!(!net.node(leader).is_leader(), "check-quorum stepped down");
+    assert!(net.clients[c1].closed, "closed: the client resends");
+    let new_replies: Vec<_> = net.clients[c1]
+        .lines
+        .iter()
+        .filter(|l| l.0 != b'L')
+        .collect();
+    assert_eq!(
+        new_replies.len(),
+        1,
+        "only the first grant: {new_replies:?}"
+    );
+    // The queued request had no effect: told so, in the line's words.
+    assert!(
+        net.clients[c2].lines.contains(&e_line("no_leader")),
+        "{:?}",
+        net.clients[c2].lines
+    );
+}
+
+#[test]
+fn a_new_generation_answers_a_line_request_not_active() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let id = NodeId::new(victim as u8, 2);
+    let mut config = config(id);
+    with_addresses(&mut config);
+    net.nodes[victim] = Some(ClusterNode::join(config, 99, net.now));
+    let c = net.connect_line(victim);
+    net.clients[c].lines.clear();
+    net.send_bytes(c, &line_acquire(5, 10, 7, "k"));
+    net.settle();
+    assert_eq!(net.clients[c].lines, vec![e_line("not_active")]);
+}
+
+#[test]
+fn shutdown_tells_line_clients_not_active() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let holder = net.connect(leader);
+    let waiter = net.connect_line(leader);
+    token_of(net.request(holder, acquire(1, "k", 0, 60)));
+    net.clients[waiter].lines.clear();
+    net.send_bytes(waiter, &line_acquire(30, 60, 2, "k"));
+    net.run_for(Duration::from_millis(200));
+    let now = net.now;
+    net.node(leader).begin_shutdown(now);
+    net.settle();
+    let lines = &net.clients[waiter].lines;
+    assert!(
+        lines.iter().all(|l| *l == e_line("not_active")),
+        "{lines:?}"
+    );
+    assert!(!lines.is_empty());
+    assert!(net.clients[waiter].closed);
+}
+
+#[test]
+fn client_addresses_are_validated() {
+    let mut config = config(NodeId::new(0, 1));
+    config.client_addresses = vec![Box::from("a:1"), Box::from("b:1")];
+    assert!(config.validate().is_err(), "every slot or none");
+    config.client_addresses = vec![Box::from("a:1"), Box::from("b\n:1"), Box::from("c:1")];
+    assert!(config.validate().is_err(), "no LF");
+    with_addresses(&mut config);
+    assert!(config.validate().is_ok());
 }

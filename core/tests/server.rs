@@ -195,7 +195,11 @@ fn hello_is_single_mode_and_handshake_accepts_the_empty_token() {
     assert_eq!(&hello[8..10], &[0, 3]);
     assert_eq!(hello[10], 0, "mode single");
     assert_eq!(hello[11], 0xFF, "single mode has no slot");
-    assert_eq!(&hello[12..], &[0x5a; 16]);
+    // The shared hello: the nonce is also a line challenge (space first,
+    // LF last), the CSPRNG bytes between untouched.
+    assert_eq!(hello[12], b' ');
+    assert_eq!(&hello[13..27], &[0x5a; 14]);
+    assert_eq!(hello[27], b'\n');
     let conn = h.connect();
     let token = granted_token(&h.call(conn, &acquire(1, "k", 0, 30)));
     assert_eq!(token, FIRST_TOKEN);

@@ -278,9 +278,11 @@ pub struct ServeArgs {
     /// This node's slot, 0-based, in the `--slot` list.
     #[arg(long, value_name = "N")]
     pub self_slot: Option<u64>,
-    /// One slot's addresses, CLIENT_ADDR,PEER_ADDR; give 3 or 5, in slot
-    /// order (repeatable; replaces the config file's `slots`).
-    #[arg(long = "slot", value_name = "CLIENT,PEER")]
+    /// One slot's addresses, CLIENT_ADDR,PEER_ADDR[,ADVERTISED]; give 3 or
+    /// 5, in slot order (repeatable; replaces the config file's `slots`).
+    /// ADVERTISED is the client address as line-dialect (0.3.0) clients
+    /// spell it, if not CLIENT_ADDR as written.
+    #[arg(long = "slot", value_name = "CLIENT,PEER[,ADVERTISED]")]
     pub slots: Vec<String>,
     /// Peer token, at least 16 bytes (repeatable; the first is this node's
     /// own, the others are also accepted, for rotation). Prefer the config
@@ -360,6 +362,10 @@ pub struct FileSlot {
     pub client: Option<String>,
     /// Where peers connect, IP:PORT.
     pub peer: Option<String>,
+    /// The client address as line-dialect (0.3.0) clients spell it, when it
+    /// is not `client` as written (they compare leader addresses as exact
+    /// strings with their own list).
+    pub advertise: Option<String>,
 }
 
 /// The `[cluster.peer_tls]` table: TLS between peers. Relative paths are
@@ -819,6 +825,29 @@ fn parse_addr(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
     })
 }
 
+/// Checks a slot's advertised client address: what `M` and `L` lines carry
+/// to line-dialect clients, compared by them as an exact string.
+fn parse_advertised(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
+    let text = text.trim();
+    if text.is_empty() || text.len() > ticketing_core::line::MAX_LINE_TEXT_LEN {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "an advertised address has 1..={} bytes, got {}",
+                ticketing_core::line::MAX_LINE_TEXT_LEN,
+                text.len()
+            ),
+        ));
+    }
+    if text.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(ConfigError::new(
+            field,
+            format!("an advertised address has no spaces or control characters, got {text:?}"),
+        ));
+    }
+    Ok(text.into())
+}
+
 /// Parses a cluster identity: exactly 64 lowercase hex digits.
 pub fn parse_identity(text: &str) -> Result<[u8; 32], String> {
     if text.len() != 64
@@ -865,30 +894,45 @@ fn resolve_cluster(
         parse_identity(identity_text).map_err(|e| ConfigError::new("cluster.identity", e))?;
 
     // Slots: the flags replace the file's list as a whole.
+    let mut advertised: Vec<Box<str>> = Vec::new();
     let slots: Vec<(SocketAddr, SocketAddr)> = if args.slots.is_empty() {
         let list = table.slots.clone().unwrap_or_default();
         let mut out = Vec::with_capacity(list.len());
         for (index, slot) in list.iter().enumerate() {
-            let get = |name: &str, value: &Option<String>| {
+            fn get<'a>(
+                index: usize,
+                name: &str,
+                value: &'a Option<String>,
+            ) -> Result<(SocketAddr, &'a str), ConfigError> {
                 let field = format!("cluster.slots[{index}].{name}");
                 let text = value
                     .as_deref()
                     .ok_or_else(|| ConfigError::new(field.clone(), "required"))?;
-                parse_addr(&field, text)
-            };
-            out.push((get("client", &slot.client)?, get("peer", &slot.peer)?));
+                parse_addr(&field, text).map(|addr| (addr, text.trim()))
+            }
+            let (client, client_text) = get(index, "client", &slot.client)?;
+            let (peer, _) = get(index, "peer", &slot.peer)?;
+            let shown = slot.advertise.as_deref().unwrap_or(client_text);
+            advertised.push(parse_advertised(
+                &format!("cluster.slots[{index}].advertise"),
+                shown,
+            )?);
+            out.push((client, peer));
         }
         out
     } else {
         let mut out = Vec::with_capacity(args.slots.len());
         for (index, text) in args.slots.iter().enumerate() {
             let field = format!("cluster.slots[{index}]");
-            let (client, peer) = text.split_once(',').ok_or_else(|| {
-                ConfigError::new(
+            let mut parts = text.splitn(3, ',');
+            let (Some(client), Some(peer)) = (parts.next(), parts.next()) else {
+                return Err(ConfigError::new(
                     field.clone(),
-                    format!("expected CLIENT_ADDR,PEER_ADDR (--slot), got {text:?}"),
-                )
-            })?;
+                    format!("expected CLIENT_ADDR,PEER_ADDR[,ADVERTISED] (--slot), got {text:?}"),
+                ));
+            };
+            let shown = parts.next().unwrap_or(client);
+            advertised.push(parse_advertised(&format!("{field}.advertise"), shown)?);
             out.push((
                 parse_addr(&format!("{field}.client"), client)?,
                 parse_addr(&format!("{field}.peer"), peer)?,
@@ -997,6 +1041,7 @@ fn resolve_cluster(
     node.handshake_timeout = server.handshake_timeout;
     node.budget = server.budget;
     node.client_tokens = server.client_tokens.clone();
+    node.client_addresses = advertised;
     node.validate()
         .map_err(|e| ConfigError::new("cluster", e.to_owned()))?;
     let (client_listen, peer_listen) = slots[usize::from(self_slot)];

@@ -47,16 +47,17 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 
-use crate::auth::{
-    ClientTokens, HandshakeStatus, Hello, NONCE_LEN, RESULT_ACCEPTED, RESULT_REJECTED,
-    ServerHandshake, WireMode,
-};
+use crate::auth::{ClientTokens, Hello, NONCE_LEN, WireMode};
 use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::cluster::command::{ApplyResult, Command, MAX_FIRST_TOKEN};
 use crate::cluster::state::{ReplicatedLocks, SnapshotError};
-use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
+use crate::conn::client::{
+    Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
+};
+use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
 use crate::peer::{
     MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
@@ -69,10 +70,7 @@ use crate::raft::{
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
-use crate::wire::{
-    AcquireRequest, Decoded, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply,
-    Request, RequestDecoder,
-};
+use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 
 /// How soon an `Expire` that could not be proposed is retried; also the
 /// longest the leader lets an expired lease go unnoticed (page 000: checked
@@ -133,6 +131,12 @@ pub struct ClusterConfig {
     /// keepalive), so only a dead or stuck link stays silent this long.
     /// Default: twice the largest election timeout.
     pub peer_silence_timeout: Duration,
+    /// Each slot's client address as clients spell it, in slot order (empty:
+    /// none known). Line-dialect clients are routed by it (`M` and `L` carry
+    /// the address as text, compared as an exact string with the client's
+    /// own list); v3 clients route by slot and do not need it. At most
+    /// 190 bytes each, no CR or LF.
+    pub client_addresses: Vec<Box<str>>,
 }
 
 /// A peer connection on which nothing was sent for this many heartbeat
@@ -181,7 +185,7 @@ impl ClusterConfig {
             limits: Limits::default(),
             wait_margin: Duration::from_millis(100),
             max_connections: 10_000,
-            max_in_flight_per_connection: 16_384,
+            max_in_flight_per_connection: 32_768,
             max_outbound_bytes_per_connection: 16 << 20,
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
@@ -193,6 +197,7 @@ impl ClusterConfig {
             // a failed dial a second per unreachable peer costs nothing.
             dial_backoff_max: Duration::from_millis(1_000),
             peer_silence_timeout: default_peer_silence_timeout(&RaftConfig::default()),
+            client_addresses: Vec::new(),
         }
     }
 
@@ -210,6 +215,16 @@ impl ClusterConfig {
         }
         if self.id.slot >= self.slot_count {
             return Err("this node's slot is outside the cluster");
+        }
+        if !self.client_addresses.is_empty()
+            && self.client_addresses.len() != usize::from(self.slot_count)
+        {
+            return Err("client_addresses must name every slot, or none");
+        }
+        let unfit =
+            |a: &str| a.is_empty() || a.len() > MAX_LINE_TEXT_LEN || a.contains(['\r', '\n']);
+        if self.client_addresses.iter().any(|a| unfit(a)) {
+            return Err("a client address must be 1..=190 bytes without CR or LF");
         }
         if self.bootstrap_wall_clock_us >= MAX_FIRST_TOKEN {
             // Its Init command would not decode on any node.
@@ -257,7 +272,7 @@ enum PendingKind {
     /// A grant for a client waiter.
     Grant(Waiter),
     /// A client's release.
-    Release { conn: ConnId, rid: u64, set: bool },
+    Release { conn: ConnId, reply_to: ReplyTo },
     /// A lease expiry or the release of an undelivered grant; no reply.
     Internal,
 }
@@ -272,8 +287,7 @@ struct Pending {
 #[derive(Clone, Debug)]
 struct Waiter {
     conn: ConnId,
-    rid: u64,
-    set: bool,
+    reply_to: ReplyTo,
     keys: KeyGroup,
     lease_ms: u32,
     /// When it gets `T` if still queued.
@@ -301,21 +315,15 @@ struct Leadership {
     /// dirty again once the reserve grows.
     reserve_stalled: BTreeSet<Key>,
     /// Requests received before catching up, served in order after.
-    held: VecDeque<(ConnId, Request, Instant)>,
+    held: VecDeque<(ConnId, ClientRequest, Instant)>,
     /// Keys held by the grants this leader delivered, per connection.
     held_keys: HeldKeys,
 }
 
 #[derive(Debug)]
-enum ClientPhase {
-    Handshake(ServerHandshake),
-    Session,
-}
-
-#[derive(Debug)]
 struct ClientConn {
-    phase: ClientPhase,
-    decoder: RequestDecoder,
+    /// Handshake, dialect and session decoding.
+    front: ClientFront,
     /// Requests awaiting a reply.
     in_flight: usize,
     /// Sequence numbers of its queued waiters.
@@ -508,17 +516,9 @@ fn genesis_evidence(body: &MessageBody) -> GenesisEvidence {
     }
 }
 
-fn leader_reply(rid: u64, leader: Option<NodeId>) -> Reply {
-    match leader {
-        Some(leader) => Reply::Moved {
-            rid,
-            leader_slot: leader.slot,
-        },
-        None => Reply::Error {
-            rid,
-            code: ErrorCode::NoLeader,
-        },
-    }
+/// "Not the leader, no effect": `M` with the known leader, else no leader.
+fn leader_reply(leader: Option<NodeId>) -> Answer {
+    Answer::NotLeader(leader.map(|leader| leader.slot))
 }
 
 impl ClusterNode {
@@ -794,7 +794,7 @@ impl ClusterNode {
             let old_source = self.conns.get(&evicted).and_then(|c| c.source);
             self.reports
                 .abuse(now, old_source, AbuseKind::HandshakeEvicted);
-            self.close_conn(now, evicted, CloseReason::HandshakeEvicted);
+            self.close_conn(evicted, CloseReason::HandshakeEvicted);
         }
     }
 
@@ -819,11 +819,10 @@ impl ClusterNode {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let handshake = ServerHandshake::new(hello, self.config.fingerprint, deadline);
-        let hello_bytes = handshake.hello_bytes();
+        let front = ClientFront::new(hello, self.config.fingerprint, deadline);
+        let hello_bytes = front.hello_bytes();
         let kind = ConnKind::Client(ClientConn {
-            phase: ClientPhase::Handshake(handshake),
-            decoder: RequestDecoder::new(),
+            front,
             in_flight: 0,
             queued: BTreeSet::new(),
             release_misses_in_row: 0,
@@ -970,88 +969,88 @@ impl ClusterNode {
         let ConnKind::Client(client) = &mut conn.kind else {
             return;
         };
-        let mut rest = bytes;
-        if let ClientPhase::Handshake(handshake) = &mut client.phase {
-            let (used, status) = handshake.handle_input(&self.config.client_tokens, rest);
-            rest = &rest[used..];
-            match status {
-                HandshakeStatus::NeedMore => return,
-                HandshakeStatus::Accepted => {
-                    self.client_handshakes.finish(conn_id);
-                    if self.client_sessions >= self.config.max_connections {
-                        self.reports.abuse(now, conn.source, AbuseKind::Refused);
-                        self.close_conn(now, conn_id, CloseReason::SessionLimit);
-                        return;
-                    }
-                    self.client_sessions += 1;
-                    client.phase = ClientPhase::Session;
-                    conn.out.buffer_mut().push(RESULT_ACCEPTED);
-                    // Clients route by the leader notice; send it at once.
-                    Reply::Leader { leader_slot }.encode(conn.out.buffer_mut());
-                    self.wakes.wake(conn_id, &mut conn.out);
-                }
-                HandshakeStatus::Rejected => {
-                    conn.out.buffer_mut().push(RESULT_REJECTED);
-                    self.reports.abuse(now, conn.source, AbuseKind::FailedProof);
-                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
+        let input = client.front.handle_input(
+            now,
+            &self.config.client_tokens,
+            bytes,
+            conn.out.buffer_mut(),
+        );
+        match input {
+            FrontInput::Pending => return,
+            FrontInput::Session => {}
+            FrontInput::Accepted(_) => {
+                self.client_handshakes.finish(conn_id);
+                if self.client_sessions >= self.config.max_connections {
+                    self.reports.abuse(now, conn.source, AbuseKind::Refused);
+                    self.close_conn(conn_id, CloseReason::SessionLimit);
                     return;
                 }
+                self.client_sessions += 1;
+                client.front.begin_session(conn.out.buffer_mut());
+                // Clients route by the leader notice; send it at once.
+                client.front.leader_notice(
+                    leader_slot,
+                    &self.config.client_addresses,
+                    conn.out.buffer_mut(),
+                );
+                self.wakes.wake(conn_id, &mut conn.out);
             }
-        }
-        if rest.is_empty() {
-            return;
-        }
-        if let Some(Conn {
-            kind: ConnKind::Client(client),
-            ..
-        }) = self.conns.get_mut(&conn_id)
-        {
-            client.decoder.push(rest);
+            FrontInput::Rejected(_) => {
+                self.reports.abuse(now, conn.source, AbuseKind::FailedProof);
+                match client.front.auth_failed_at() {
+                    // The line dialect answers a failed handshake late.
+                    Some(at) => self.handshake_deadlines.push(at, conn_id),
+                    None => self.close_conn(conn_id, CloseReason::ProofRejected),
+                }
+                return;
+            }
         }
         loop {
             // A request may have closed the connection: read no further.
-            let open = self.conns.get_mut(&conn_id).filter(|c| !c.out.is_closing());
-            let Some(Conn {
-                kind: ConnKind::Client(client),
-                ..
-            }) = open
-            else {
+            let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| !c.out.is_closing()) else {
                 return;
             };
-            match client.decoder.next() {
+            let ConnKind::Client(client) = &mut conn.kind else {
+                return;
+            };
+            let next = client.front.next_request(conn.out.buffer_mut());
+            if !conn.out.pending().is_empty() {
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            match next {
                 Ok(None) => break,
-                Ok(Some(Decoded::Rejected { rid, code, .. })) => {
-                    self.send(conn_id, Reply::Error { rid, code });
-                }
-                Ok(Some(Decoded::Request(request))) => {
+                Ok(Some(request)) => {
                     client.in_flight += 1;
                     self.handle_request(now, conn_id, request);
                 }
-                Err(_) => {
-                    self.close_conn(now, conn_id, CloseReason::BadFrame);
+                Err(reason) => {
+                    self.close_conn(conn_id, reason);
                     break;
                 }
             }
         }
     }
 
-    /// Queues `reply` on a client connection.
-    fn send(&mut self, conn_id: ConnId, reply: Reply) {
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
-            reply.encode(conn.out.buffer_mut());
-            self.wakes.wake(conn_id, &mut conn.out);
-        }
-    }
-
     /// Sends the terminal reply of a request (one of its in-flight ones).
-    fn answer(&mut self, conn_id: ConnId, reply: Reply) {
-        if let Some(Conn {
+    /// An answer the connection's dialect cannot tell (an unknown outcome
+    /// on a line connection) closes the connection instead: its client
+    /// resends on a new one.
+    fn answer(&mut self, conn_id: ConnId, to: &ReplyTo, answer: Answer) {
+        let Some(Conn {
             kind: ConnKind::Client(client),
+            out,
             ..
         }) = self.conns.get_mut(&conn_id)
-        {
-            client.in_flight = client.in_flight.saturating_sub(1);
-            self.send(conn_id, reply);
+        else {
+            return;
+        };
+        client.in_flight = client.in_flight.saturating_sub(1);
+        if out.is_closing() {
+            return;
+        }
+        match to.encode(answer, &self.config.client_addresses, out.buffer_mut()) {
+            Delivery::Queued => self.wakes.wake(conn_id, out),
+            Delivery::Close => self.close_conn(conn_id, CloseReason::OutcomeUnknown),
         }
     }
 
@@ -1082,7 +1081,7 @@ impl ClusterNode {
                 PeerHandshakeStatus::Rejected(_) => {
                     self.reports
                         .abuse(now, source, AbuseKind::FailedPeerHandshake);
-                    self.close_conn(now, conn_id, CloseReason::PeerHandshakeFailed);
+                    self.close_conn(conn_id, CloseReason::PeerHandshakeFailed);
                     return;
                 }
                 PeerHandshakeStatus::Established(remote) => {
@@ -1149,7 +1148,7 @@ impl ClusterNode {
         if let Some(error) = failed {
             self.refused_peer_frames += 1;
             self.last_refused_peer_frame = Some((remote.slot, error));
-            self.close_conn(now, conn_id, CloseReason::BadFrame);
+            self.close_conn(conn_id, CloseReason::BadFrame);
         }
     }
 
@@ -1222,7 +1221,7 @@ impl ClusterNode {
             .map(|(id, _)| *id)
             .collect();
         for conn_id in peers {
-            self.close_conn(now, conn_id, CloseReason::Rejoin);
+            self.close_conn(conn_id, CloseReason::Rejoin);
         }
     }
 
@@ -1256,7 +1255,7 @@ impl ClusterNode {
 
     /// The node gives up on `conn`: nothing more is read, what is queued
     /// is flushed, then the driver closes it.
-    fn close_conn(&mut self, now: Instant, conn_id: ConnId, reason: CloseReason) {
+    fn close_conn(&mut self, conn_id: ConnId, reason: CloseReason) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
@@ -1274,7 +1273,6 @@ impl ClusterNode {
         for seq in queued {
             self.remove_waiter(seq);
         }
-        let _ = now;
     }
 
     /// The next `bytes` of what [`ClusterNode::take_transmit`] gave for
@@ -1304,7 +1302,7 @@ impl ClusterNode {
     /// after a backoff.
     pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
-        self.close_conn(now, conn_id, CloseReason::TransportClosed);
+        self.close_conn(conn_id, CloseReason::TransportClosed);
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
@@ -1312,7 +1310,7 @@ impl ClusterNode {
         self.reports.closed(conn_id, conn.source, reason);
         match conn.kind {
             ConnKind::Client(client) => {
-                if matches!(client.phase, ClientPhase::Session) {
+                if client.front.in_session() {
                     self.client_sessions -= 1;
                 }
                 if let Some(leadership) = self.leadership.as_mut() {
@@ -1348,53 +1346,79 @@ impl ClusterNode {
     // Requests
     // ------------------------------------------------------------------
 
-    fn not_serving_reply(&self, rid: u64) -> Option<Reply> {
+    fn not_serving_reply(&self) -> Option<Answer> {
         if self.shutting_down || !self.raft.is_voter() {
-            return Some(Reply::Error {
-                rid,
-                code: ErrorCode::NotActive,
-            });
+            return Some(Answer::NotActive);
         }
         if !self.raft.is_leader() {
-            return Some(leader_reply(rid, self.raft.leader()));
+            return Some(leader_reply(self.raft.leader()));
         }
         None
     }
 
-    fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: Request) {
-        if let Some(reply) = self.not_serving_reply(request.rid()) {
-            self.answer(conn_id, reply);
+    fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: ClientRequest) {
+        if let Some(answer) = self.not_serving_reply() {
+            self.answer(conn_id, request.reply_to(), answer);
             return;
         }
         let Some(leadership) = self.leadership.as_mut() else {
-            self.answer(conn_id, leader_reply(request.rid(), None));
+            self.answer(conn_id, request.reply_to(), leader_reply(None));
             return;
         };
         if !leadership.caught_up {
             if leadership.held.len() >= self.config.limits.max_waiters_total {
-                let reply = match &request {
-                    Request::Acquire(a) => Reply::Busy { rid: a.rid },
-                    Request::Release(r) => leader_reply(r.rid, None),
+                let answer = if request.is_acquire() {
+                    Answer::Busy
+                } else {
+                    // `B` may not answer a release.
+                    leader_reply(None)
                 };
-                self.answer(conn_id, reply);
+                self.answer(conn_id, request.reply_to(), answer);
             } else {
                 leadership.held.push_back((conn_id, request, now));
             }
             return;
         }
+        self.serve_request(now, conn_id, request, now);
+    }
+
+    fn serve_request(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        request: ClientRequest,
+        received: Instant,
+    ) {
         match request {
-            Request::Acquire(acquire) => self.handle_acquire(now, conn_id, acquire, now),
-            Request::Release(release) => self.handle_release(now, conn_id, release),
+            ClientRequest::Acquire {
+                wait_s,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_acquire(now, conn_id, (wait_s, lease_s, keys, reply_to), received),
+            ClientRequest::Release {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_release(now, conn_id, token, keys, reply_to),
         }
     }
 
-    fn handle_release(&mut self, now: Instant, conn_id: ConnId, release: ReleaseRequest) {
-        let ReleaseRequest {
-            rid,
-            token,
-            keys,
-            set,
-        } = release;
+    fn handle_release(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        token: u64,
+        keys: KeyGroup,
+        reply_to: ReplyTo,
+    ) {
+        if matches!(reply_to, ReplyTo::Line { .. }) && token >= self.state.next_token() {
+            // Never issued: the shape of a 0.1.0 client, whose release has
+            // no token and whose key bytes are read as one.
+            let source = self.conns.get(&conn_id).and_then(|conn| conn.source);
+            self.reports
+                .abuse(now, source, AbuseKind::TokenFromTheFuture);
+        }
         let command = Command::Release { keys, token };
         match self.raft.propose(now, command.to_bytes()) {
             Ok((index, term)) => {
@@ -1404,17 +1428,16 @@ impl ClusterNode {
                         term,
                         kind: PendingKind::Release {
                             conn: conn_id,
-                            rid,
-                            set,
+                            reply_to,
                         },
                     },
                 );
             }
             // `B` may not answer a release; every refusal had no effect.
             Err(ProposeError::NotLeader { leader_hint }) => {
-                self.answer(conn_id, leader_reply(rid, leader_hint));
+                self.answer(conn_id, &reply_to, leader_reply(leader_hint));
             }
-            Err(_) => self.answer(conn_id, leader_reply(rid, None)),
+            Err(_) => self.answer(conn_id, &reply_to, leader_reply(None)),
         }
     }
 
@@ -1422,16 +1445,10 @@ impl ClusterNode {
         &mut self,
         now: Instant,
         conn_id: ConnId,
-        acquire: AcquireRequest,
+        acquire: (u8, u8, KeyGroup, ReplyTo),
         received: Instant,
     ) {
-        let AcquireRequest {
-            rid,
-            wait_s,
-            lease_s,
-            keys,
-            set,
-        } = acquire;
+        let (wait_s, lease_s, keys, reply_to) = acquire;
         let limits = self.config.limits;
         let over_in_flight = match self.conns.get(&conn_id) {
             Some(Conn {
@@ -1452,7 +1469,7 @@ impl ClusterNode {
             None => false,
         };
         let Some(leadership) = self.leadership.as_ref() else {
-            self.answer(conn_id, leader_reply(rid, self.raft.leader()));
+            self.answer(conn_id, &reply_to, leader_reply(self.raft.leader()));
             return;
         };
         let free = keys.keys().iter().all(|k| {
@@ -1462,8 +1479,7 @@ impl ClusterNode {
         });
         let waiter = Waiter {
             conn: conn_id,
-            rid,
-            set,
+            reply_to,
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
             deadline: received
@@ -1472,7 +1488,7 @@ impl ClusterNode {
                 .max(received),
         };
         if over_in_flight || over_held {
-            self.answer(conn_id, Reply::Busy { rid });
+            self.answer(conn_id, &waiter.reply_to, Answer::Busy);
             return;
         }
         if free {
@@ -1480,18 +1496,18 @@ impl ClusterNode {
             let bound = self.next_grant_token_bound();
             if !self.reserve.covers(bound) {
                 self.reserve.note_exhausted(bound);
-                self.answer(conn_id, Reply::Busy { rid });
+                self.answer(conn_id, &waiter.reply_to, Answer::Busy);
                 return;
             }
             if self.state.held_keys() + new_keys > limits.max_keys {
-                self.answer(conn_id, Reply::Busy { rid });
+                self.answer(conn_id, &waiter.reply_to, Answer::Busy);
                 return;
             }
             self.propose_grant(now, waiter);
             return;
         }
         if wait_s == 0 || waiter.deadline <= now {
-            self.answer(conn_id, Reply::TimedOut { rid });
+            self.answer(conn_id, &waiter.reply_to, Answer::TimedOut);
             return;
         }
         let over_limits = leadership.waiters.len() >= limits.max_waiters_total
@@ -1499,7 +1515,7 @@ impl ClusterNode {
                 leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
             });
         if over_limits {
-            self.answer(conn_id, Reply::Busy { rid });
+            self.answer(conn_id, &waiter.reply_to, Answer::Busy);
             return;
         }
         let seq = self.next_waiter_seq;
@@ -1549,12 +1565,12 @@ impl ClusterNode {
                 );
             }
             Err(ProposeError::Backpressure) => {
-                self.answer(waiter.conn, Reply::Busy { rid: waiter.rid });
+                self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             }
             Err(ProposeError::NotLeader { leader_hint }) => {
-                self.answer(waiter.conn, leader_reply(waiter.rid, leader_hint));
+                self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader_hint));
             }
-            Err(_) => self.answer(waiter.conn, leader_reply(waiter.rid, None)),
+            Err(_) => self.answer(waiter.conn, &waiter.reply_to, leader_reply(None)),
         }
     }
 
@@ -1700,8 +1716,10 @@ impl ClusterNode {
     fn answer_unapplied(&mut self, pending: Pending) {
         let leader = self.raft.leader();
         match pending.kind {
-            PendingKind::Grant(w) => self.answer(w.conn, leader_reply(w.rid, leader)),
-            PendingKind::Release { conn, rid, .. } => self.answer(conn, leader_reply(rid, leader)),
+            PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, leader_reply(leader)),
+            PendingKind::Release { conn, reply_to } => {
+                self.answer(conn, &reply_to, leader_reply(leader));
+            }
             PendingKind::Init | PendingKind::Internal => {}
         }
     }
@@ -1721,18 +1739,14 @@ impl ClusterNode {
                 }
                 self.deliver_grant(now, waiter, result);
             }
-            PendingKind::Release { conn, rid, set } => {
+            PendingKind::Release { conn, reply_to } => {
                 self.count_release_miss(now, conn, &result);
-                let reply = match result {
-                    ApplyResult::Released if set => Reply::ReleasedSet { rid },
-                    ApplyResult::Released => Reply::Released { rid },
-                    ApplyResult::GroupMismatch => Reply::Error {
-                        rid,
-                        code: ErrorCode::GroupMismatch,
-                    },
-                    _ => Reply::NotFound { rid },
+                let answer = match result {
+                    ApplyResult::Released => Answer::Released,
+                    ApplyResult::GroupMismatch => Answer::GroupMismatch,
+                    _ => Answer::NotFound,
                 };
-                self.answer(conn, reply);
+                self.answer(conn, &reply_to, answer);
                 self.close_if_sweeping(now, conn);
             }
             PendingKind::Init | PendingKind::Internal => {}
@@ -1772,7 +1786,16 @@ impl ClusterNode {
         }
         self.reports
             .abuse(now, conn.source, AbuseKind::ReleaseSweep);
-        self.close_conn(now, conn_id, CloseReason::ReleaseMisses);
+        self.close_conn(conn_id, CloseReason::ReleaseMisses);
+    }
+
+    /// The dialect client connection `conn` speaks, once its handshake
+    /// succeeded.
+    pub fn dialect(&self, conn_id: ConnId) -> Option<Dialect> {
+        match self.conns.get(&conn_id).map(|conn| &conn.kind) {
+            Some(ConnKind::Client(client)) => client.front.dialect(),
+            _ => None,
+        }
     }
 
     /// Keys held by the grants this leader delivered to `conn` (for tests
@@ -1799,7 +1822,7 @@ impl ClusterNode {
         let ApplyResult::Granted { token } = result else {
             // Defensive (a grant never reaches a held key once caught up):
             // a definite "not acquired".
-            self.answer(waiter.conn, Reply::TimedOut { rid: waiter.rid });
+            self.answer(waiter.conn, &waiter.reply_to, Answer::TimedOut);
             return;
         };
         let open = matches!(
@@ -1822,18 +1845,7 @@ impl ClusterNode {
             );
             return;
         }
-        let reply = if waiter.set {
-            Reply::AcquiredSet {
-                rid: waiter.rid,
-                token,
-            }
-        } else {
-            Reply::Acquired {
-                rid: waiter.rid,
-                token,
-            }
-        };
-        self.answer(waiter.conn, reply);
+        self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
         if let Some(leadership) = self.leadership.as_mut() {
             let lease = Duration::from_millis(u64::from(waiter.lease_ms));
             leadership.held_keys.add(
@@ -1881,9 +1893,9 @@ impl ClusterNode {
         let pending = std::mem::take(&mut self.pending);
         for (_, p) in pending {
             match p.kind {
-                PendingKind::Grant(w) => self.answer(w.conn, Reply::Indeterminate { rid: w.rid }),
-                PendingKind::Release { conn, rid, .. } => {
-                    self.answer(conn, Reply::Indeterminate { rid });
+                PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, Answer::Indeterminate),
+                PendingKind::Release { conn, reply_to } => {
+                    self.answer(conn, &reply_to, Answer::Indeterminate);
                 }
                 PendingKind::Init | PendingKind::Internal => {}
             }
@@ -1897,10 +1909,10 @@ impl ClusterNode {
                 {
                     client.queued.clear();
                 }
-                self.answer(waiter.conn, leader_reply(waiter.rid, leader));
+                self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader));
             }
             for (conn, request, _) in leadership.held {
-                self.answer(conn, leader_reply(request.rid(), leader));
+                self.answer(conn, request.reply_to(), leader_reply(leader));
             }
         }
     }
@@ -1913,14 +1925,18 @@ impl ClusterNode {
         }
         self.announced_leader = slot;
         for (conn_id, conn) in &mut self.conns {
-            if let ConnKind::Client(ClientConn {
-                phase: ClientPhase::Session,
-                ..
-            }) = conn.kind
+            if let ConnKind::Client(client) = &conn.kind
+                && client.front.in_session()
                 && !conn.out.is_closing()
             {
-                Reply::Leader { leader_slot: slot }.encode(conn.out.buffer_mut());
-                self.wakes.wake(*conn_id, &mut conn.out);
+                let before = conn.out.pending().len();
+                let addresses = &self.config.client_addresses;
+                client
+                    .front
+                    .leader_notice(slot, addresses, conn.out.buffer_mut());
+                if conn.out.pending().len() > before {
+                    self.wakes.wake(*conn_id, &mut conn.out);
+                }
             }
         }
     }
@@ -1964,10 +1980,7 @@ impl ClusterNode {
         let held = std::mem::take(&mut leadership.held);
         for (conn, request, received) in held {
             progressed = true;
-            match request {
-                Request::Acquire(acquire) => self.handle_acquire(now, conn, acquire, received),
-                Request::Release(release) => self.handle_release(now, conn, release),
-            }
+            self.serve_request(now, conn, request, received);
         }
         progressed |= self.serve_dirty(now);
         progressed |= self.expire_due(now);
@@ -2139,7 +2152,7 @@ impl ClusterNode {
                 // Nobody will read these; Raft resends what matters.
                 conn.out.discard_pending();
             }
-            self.close_conn(now, conn_id, CloseReason::PeerSilent);
+            self.close_conn(conn_id, CloseReason::PeerSilent);
             // The transport may take long to report the close (a stuck
             // write); the slot is dialed again without waiting for it.
             let still_connected = self.conns.values().any(|c| {
@@ -2190,21 +2203,30 @@ impl ClusterNode {
         self.close_silent_peers(now);
         self.send_keepalives(now);
         while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
-            let timed_out = match self.conns.get_mut(&conn_id).map(|c| &mut c.kind) {
-                Some(ConnKind::Client(ClientConn {
-                    phase: ClientPhase::Handshake(handshake),
-                    ..
-                })) => handshake.handle_timeout(now),
-                Some(ConnKind::Peer(peer)) if peer.established.is_none() => {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                continue;
+            };
+            let timed_out = match &mut conn.kind {
+                ConnKind::Client(client) => {
+                    match client.front.handle_timeout(now, conn.out.buffer_mut()) {
+                        FrontTimeout::Nothing => false,
+                        FrontTimeout::HandshakeTimedOut => true,
+                        FrontTimeout::AuthFailedSent => {
+                            self.close_conn(conn_id, CloseReason::ProofRejected);
+                            false
+                        }
+                    }
+                }
+                ConnKind::Peer(peer) if peer.established.is_none() => {
                     peer.handshake.handle_timeout(now)
                 }
-                _ => false,
+                ConnKind::Peer(_) => false,
             };
             if timed_out {
                 let source = self.conns.get(&conn_id).and_then(|c| c.source);
                 self.reports
                     .abuse(now, source, AbuseKind::HandshakeTimedOut);
-                self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
+                self.close_conn(conn_id, CloseReason::HandshakeTimedOut);
             }
         }
         self.reports.handle_timeout(now);
@@ -2243,7 +2265,7 @@ impl ClusterNode {
             }
             leadership.wait_deadlines.pop();
             if let Some(waiter) = self.remove_waiter(seq) {
-                self.answer(waiter.conn, Reply::TimedOut { rid: waiter.rid });
+                self.answer(waiter.conn, &waiter.reply_to, Answer::TimedOut);
             }
         }
     }
@@ -2339,23 +2361,10 @@ impl ClusterNode {
             let held = std::mem::take(&mut leadership.held);
             leadership.queues.clear();
             for (_, waiter) in waiters {
-                self.answer(
-                    waiter.conn,
-                    Reply::Error {
-                        rid: waiter.rid,
-                        code: ErrorCode::NotActive,
-                    },
-                );
+                self.answer(waiter.conn, &waiter.reply_to, Answer::NotActive);
             }
             for (conn, request, _) in held {
-                let rid = request.rid();
-                self.answer(
-                    conn,
-                    Reply::Error {
-                        rid,
-                        code: ErrorCode::NotActive,
-                    },
-                );
+                self.answer(conn, request.reply_to(), Answer::NotActive);
             }
         }
         let clients: Vec<ConnId> = self
@@ -2365,7 +2374,16 @@ impl ClusterNode {
             .map(|(id, _)| *id)
             .collect();
         for conn_id in clients {
-            self.close_conn(now, conn_id, CloseReason::Shutdown);
+            if let Some(Conn {
+                kind: ConnKind::Client(client),
+                out,
+                ..
+            }) = self.conns.get_mut(&conn_id)
+                && !out.is_closing()
+            {
+                client.front.farewell(out.buffer_mut());
+            }
+            self.close_conn(conn_id, CloseReason::Shutdown);
         }
         self.pump(now);
     }

@@ -11,16 +11,38 @@
 //! grant counts as delivered only once its whole reply frame was written.
 //! What happens to a grant that never was differs (the server releases it
 //! in its lock table, a cluster leader proposes a `Release`), so
-//! [`Outbound::into_undelivered`] hands those back to the owner. The
-//! handshakes (client or peer, single or cluster mode) stay with the owners
-//! too.
+//! [`Outbound::into_undelivered`] hands those back to the owner.
+//!
+//! The client front end ([`client`]) is shared the same way: the handshake
+//! that tells wire v3 from the line dialect, the session decoder of the
+//! dialect, and the encoding of a dialect-neutral answer back into bytes.
+//! Peer handshakes stay with the cluster node.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::server::{ConnId, ConnState};
 use crate::time::Instant;
 use crate::wire::KeyGroup;
+
+pub(crate) mod client;
+
+pub use client::Dialect;
+
+/// A connection, as named by its owner (server or cluster node). Never
+/// reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// What the driver should do with a connection after taking its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    /// Keep it open.
+    Open,
+    /// Write what was taken, then close the connection.
+    CloseAfterFlush,
+    /// The owner no longer knows this connection.
+    Gone,
+}
 
 /// A grant whose reply frame has not been written whole yet. Kept until it
 /// is, so that a connection that dies first does not leave a ghost lock

@@ -1,0 +1,595 @@
+//! The client front end the single-mode server and the cluster node share:
+//! handshake → dialect → session.
+//!
+//! Every client connection is greeted with the shared hello (a v3 hello
+//! whose nonce is also a valid line challenge, [`shape_shared_nonce`]) and
+//! is told apart by its answer: 32 raw bytes that verify as a v3 proof, or
+//! 43 base64url characters and LF that verify as a line answer. From then
+//! on the connection is one [`Dialect`] for its whole life. The front end
+//! decodes that dialect's requests into dialect-neutral [`ClientRequest`]s,
+//! answers on its own what needs no lock table (bad keys, bad leases, the
+//! line release of token 0), and encodes the owner's [`Answer`]s back into
+//! the dialect's replies. The owners know nothing of dialects beyond the
+//! [`ReplyTo`] they keep with each request.
+
+use crate::auth::{ClientTokens, HELLO_LEN, Hello, PROOF_LEN, RESULT_ACCEPTED, RESULT_REJECTED};
+use crate::budget::CloseReason;
+use crate::line::{
+    LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LineDecoded, LineDecoder, LineError, LineFrameError,
+    LineReply, LineRequest, MAX_LINE_TEXT_LEN, is_base64url, line_nonce, shape_shared_nonce,
+};
+use crate::time::{Duration, Instant};
+use crate::wire::{
+    Decoded, ErrorCode, Key, KeyGroup, MAX_LEASE_S, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
+};
+
+/// How long a failed line handshake waits before its `Eauth_failed`: a
+/// line client reconnects at once on that reason, so without the delay a
+/// misconfigured one would try over a thousand times a second.
+pub(crate) const LINE_AUTH_FAILED_DELAY: Duration = Duration::from_secs(1);
+
+/// The protocol a client connection speaks, decided by its handshake
+/// answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// Wire v3 (clients 0.4.0): binary frames with request ids.
+    V3,
+    /// The line dialect (clients 0.3.0): newline-framed, replies echo the
+    /// key and owner or token.
+    Line,
+}
+
+/// Where an answer goes: what the dialect needs to build its reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ReplyTo {
+    /// A v3 request: its id, and whether it named a key set.
+    V3 {
+        /// The request id.
+        rid: u64,
+        /// `S`/`G` rather than `A`/`R`.
+        set: bool,
+    },
+    /// A line request: the owner (acquire) or token (release) and key to
+    /// echo.
+    Line {
+        /// The owner or token, echoed.
+        echo: u64,
+        /// The key, echoed.
+        key: Key,
+    },
+}
+
+/// A request, in terms both owners understand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ClientRequest {
+    /// Acquire `keys` for `lease_s`, waiting up to `wait_s` (0: one
+    /// immediate try).
+    Acquire {
+        /// The wait bound in seconds.
+        wait_s: u8,
+        /// The lease in seconds, 1..=250.
+        lease_s: u8,
+        /// The key or key set.
+        keys: KeyGroup,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
+    /// Release the grant `token` of `keys`.
+    Release {
+        /// The fencing token, non-zero.
+        token: u64,
+        /// The key or key set.
+        keys: KeyGroup,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
+}
+
+impl ClientRequest {
+    /// Where the answer goes.
+    pub(crate) fn reply_to(&self) -> &ReplyTo {
+        match self {
+            ClientRequest::Acquire { reply_to, .. } | ClientRequest::Release { reply_to, .. } => {
+                reply_to
+            }
+        }
+    }
+
+    /// Whether it is an acquire.
+    pub(crate) fn is_acquire(&self) -> bool {
+        matches!(self, ClientRequest::Acquire { .. })
+    }
+}
+
+/// The owner's verdict on a request, in no dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Acquired under `token`.
+    Granted {
+        /// The fencing token.
+        token: u64,
+    },
+    /// The wait ended; not acquired.
+    TimedOut,
+    /// A limit; nothing queued.
+    Busy,
+    /// Released.
+    Released,
+    /// Not found, or the token is not current.
+    NotFound,
+    /// The outcome is unknown (leadership lost after proposing).
+    Indeterminate,
+    /// Not the leader (`Some(slot)`: the known leader); no effect.
+    NotLeader(Option<u8>),
+    /// Not an active voter, or shutting down; no effect.
+    NotActive,
+    /// The token is current but holds another key group.
+    GroupMismatch,
+}
+
+/// What the owner must do after an answer was encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Delivery {
+    /// The reply is queued.
+    Queued,
+    /// The dialect cannot say this: close the connection (the client
+    /// resends on a new one).
+    Close,
+}
+
+impl ReplyTo {
+    /// Appends the reply that tells `answer` to `out`. `addresses` are the
+    /// slots' client addresses, for the line dialect's `M`.
+    pub(crate) fn encode(
+        &self,
+        answer: Answer,
+        addresses: &[Box<str>],
+        out: &mut Vec<u8>,
+    ) -> Delivery {
+        match self {
+            ReplyTo::V3 { rid, set } => {
+                v3_reply(*rid, *set, answer).encode(out);
+                Delivery::Queued
+            }
+            ReplyTo::Line { echo, key } => line_answer(*echo, key, answer, addresses, out),
+        }
+    }
+}
+
+fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
+    match answer {
+        Answer::Granted { token } if set => Reply::AcquiredSet { rid, token },
+        Answer::Granted { token } => Reply::Acquired { rid, token },
+        Answer::TimedOut => Reply::TimedOut { rid },
+        Answer::Busy => Reply::Busy { rid },
+        Answer::Released if set => Reply::ReleasedSet { rid },
+        Answer::Released => Reply::Released { rid },
+        Answer::NotFound => Reply::NotFound { rid },
+        Answer::Indeterminate => Reply::Indeterminate { rid },
+        Answer::NotLeader(Some(leader_slot)) => Reply::Moved { rid, leader_slot },
+        Answer::NotLeader(None) => Reply::Error {
+            rid,
+            code: ErrorCode::NoLeader,
+        },
+        Answer::NotActive => Reply::Error {
+            rid,
+            code: ErrorCode::NotActive,
+        },
+        Answer::GroupMismatch => Reply::Error {
+            rid,
+            code: ErrorCode::GroupMismatch,
+        },
+    }
+}
+
+/// The client address of `slot`, if it has one that fits a line reply.
+fn address_of(addresses: &[Box<str>], slot: u8) -> Option<&[u8]> {
+    let address = addresses.get(usize::from(slot))?;
+    (!address.is_empty() && address.len() <= MAX_LINE_TEXT_LEN).then_some(address.as_bytes())
+}
+
+fn line_answer(
+    echo: u64,
+    key: &Key,
+    answer: Answer,
+    addresses: &[Box<str>],
+    out: &mut Vec<u8>,
+) -> Delivery {
+    let key = key.as_bytes();
+    let reply = match answer {
+        Answer::Granted { token } => LineReply::Acquired {
+            token,
+            owner: echo,
+            key,
+        },
+        Answer::TimedOut => LineReply::TimedOut { owner: echo, key },
+        Answer::Busy => LineReply::Busy { owner: echo, key },
+        Answer::Released => LineReply::Released { token: echo, key },
+        // A group mismatch is a token that is not current for this key.
+        Answer::NotFound | Answer::GroupMismatch => LineReply::NotFound { token: echo, key },
+        Answer::Indeterminate => return Delivery::Close,
+        Answer::NotLeader(slot) => match slot.and_then(|slot| address_of(addresses, slot)) {
+            Some(address) => LineReply::Moved { address },
+            None => line_error(LineError::NoLeader),
+        },
+        Answer::NotActive => line_error(LineError::NotActive),
+    };
+    reply.encode(out);
+    Delivery::Queued
+}
+
+fn line_error(error: LineError) -> LineReply<'static> {
+    LineReply::Error {
+        reason: error.reason().as_bytes(),
+    }
+}
+
+/// What a handshake step came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrontInput {
+    /// Still in the handshake, or nothing to do.
+    Pending,
+    /// The handshake just succeeded in this dialect; bytes after the answer
+    /// are buffered for the session. The owner admits the session (then
+    /// [`ClientFront::begin_session`]) or closes the connection.
+    Accepted(Dialect),
+    /// The answer matched no token. V3: the rejection byte is queued, close
+    /// now. Line: close when [`ClientFront::handle_timeout`] says so (the
+    /// owner schedules [`ClientFront::auth_failed_at`]).
+    Rejected(Dialect),
+    /// A session: the bytes were buffered; pull requests with
+    /// [`ClientFront::next_request`].
+    Session,
+}
+
+/// What a deadline did to a connection's front end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrontTimeout {
+    /// Nothing due.
+    Nothing,
+    /// The handshake did not finish in time: close.
+    HandshakeTimedOut,
+    /// The delayed `Eauth_failed` of a failed line handshake was queued:
+    /// close.
+    AuthFailedSent,
+}
+
+/// Handshake answer bytes: a v3 proof, or the start of a line answer.
+#[derive(Debug)]
+struct AnswerBytes {
+    bytes: [u8; LINE_ANSWER_LEN],
+    len: usize,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Hello sent; collecting the answer.
+    Handshake(AnswerBytes),
+    /// A line answer failed; `Eauth_failed` goes out at `until`.
+    LineRejected { until: Instant },
+    /// Failed or timed out; closing.
+    Failed,
+    /// A v3 session.
+    V3(RequestDecoder),
+    /// A line session.
+    Line(LineDecoder),
+}
+
+/// One client connection's handshake and session decoding.
+#[derive(Debug)]
+pub(crate) struct ClientFront {
+    hello: Hello,
+    fingerprint: [u8; 32],
+    deadline: Instant,
+    phase: Phase,
+    /// The dialect's session started ([`ClientFront::begin_session`]).
+    in_session: bool,
+}
+
+impl ClientFront {
+    /// A front end that greets with `hello` (its nonce is shaped into the
+    /// shared hello's here) and fails an unfinished handshake at
+    /// `deadline`.
+    pub(crate) fn new(mut hello: Hello, fingerprint: [u8; 32], deadline: Instant) -> Self {
+        shape_shared_nonce(&mut hello.nonce);
+        ClientFront {
+            hello,
+            fingerprint,
+            deadline,
+            phase: Phase::Handshake(AnswerBytes {
+                bytes: [0; LINE_ANSWER_LEN],
+                len: 0,
+            }),
+            in_session: false,
+        }
+    }
+
+    /// The shared hello to send first.
+    pub(crate) fn hello_bytes(&self) -> [u8; HELLO_LEN] {
+        self.hello.encode()
+    }
+
+    /// The session's dialect, once the handshake succeeded.
+    pub(crate) fn dialect(&self) -> Option<Dialect> {
+        match self.phase {
+            Phase::V3(_) => Some(Dialect::V3),
+            Phase::Line(_) => Some(Dialect::Line),
+            _ => None,
+        }
+    }
+
+    /// True once the owner admitted the session.
+    pub(crate) fn in_session(&self) -> bool {
+        self.in_session
+    }
+
+    /// False while the connection must not be read (a failed handshake
+    /// waiting for its close).
+    pub(crate) fn wants_input(&self) -> bool {
+        !matches!(self.phase, Phase::LineRejected { .. } | Phase::Failed)
+    }
+
+    /// When a failed line handshake's `Eauth_failed` is due.
+    pub(crate) fn auth_failed_at(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::LineRejected { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// Feeds received bytes. During the handshake the answer is collected
+    /// and verified; later bytes go to the session decoder.
+    pub(crate) fn handle_input(
+        &mut self,
+        now: Instant,
+        tokens: &ClientTokens,
+        bytes: &[u8],
+        out: &mut Vec<u8>,
+    ) -> FrontInput {
+        let answer = match &mut self.phase {
+            Phase::Handshake(answer) => answer,
+            Phase::V3(decoder) => {
+                decoder.push(bytes);
+                return FrontInput::Session;
+            }
+            Phase::Line(decoder) => {
+                decoder.push(bytes);
+                return FrontInput::Session;
+            }
+            Phase::LineRejected { .. } | Phase::Failed => return FrontInput::Pending,
+        };
+        let mut rest = bytes;
+        // The first 32 bytes decide between a v3 proof and a line answer.
+        if answer.len < PROOF_LEN {
+            let take = (PROOF_LEN - answer.len).min(rest.len());
+            answer.bytes[answer.len..answer.len + take].copy_from_slice(&rest[..take]);
+            answer.len += take;
+            rest = &rest[take..];
+            if answer.len < PROOF_LEN {
+                return FrontInput::Pending;
+            }
+            let mut proof = [0u8; PROOF_LEN];
+            proof.copy_from_slice(&answer.bytes[..PROOF_LEN]);
+            if tokens.verify(&self.fingerprint, &self.hello, &proof) {
+                let mut decoder = RequestDecoder::new();
+                decoder.push(rest);
+                self.phase = Phase::V3(decoder);
+                return FrontInput::Accepted(Dialect::V3);
+            }
+            if !proof.iter().all(|&b| is_base64url(b)) {
+                out.push(RESULT_REJECTED);
+                self.phase = Phase::Failed;
+                return FrontInput::Rejected(Dialect::V3);
+            }
+        }
+        // A line answer: 11 more base64url characters, then LF.
+        let take = (LINE_ANSWER_LEN - answer.len).min(rest.len());
+        answer.bytes[answer.len..answer.len + take].copy_from_slice(&rest[..take]);
+        answer.len += take;
+        rest = &rest[take..];
+        let shape_ok = answer.bytes[PROOF_LEN..answer.len]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| {
+                if PROOF_LEN + i == LINE_ANSWER_LEN - 1 {
+                    b == b'\n'
+                } else {
+                    is_base64url(b)
+                }
+            });
+        if shape_ok && answer.len < LINE_ANSWER_LEN {
+            return FrontInput::Pending;
+        }
+        let verified = shape_ok
+            && tokens.verify_line(
+                line_nonce(&self.hello.nonce),
+                &answer.bytes[..LINE_ANSWER_LEN - 1],
+            );
+        if verified {
+            let mut decoder = LineDecoder::new();
+            decoder.push(rest);
+            self.phase = Phase::Line(decoder);
+            FrontInput::Accepted(Dialect::Line)
+        } else {
+            self.phase = Phase::LineRejected {
+                until: now.saturating_add(LINE_AUTH_FAILED_DELAY),
+            };
+            FrontInput::Rejected(Dialect::Line)
+        }
+    }
+
+    /// The owner admitted the session: queues what the dialect sends on
+    /// success (v3: the result byte; line: nothing).
+    pub(crate) fn begin_session(&mut self, out: &mut Vec<u8>) {
+        self.in_session = true;
+        if matches!(self.phase, Phase::V3(_)) {
+            out.push(RESULT_ACCEPTED);
+        }
+    }
+
+    /// Queues a leader notice for `slot` ([`NO_LEADER_SLOT`]: none known) in
+    /// a session: v3 always (`L` slot), line only with a known leader that
+    /// has an address (`L` address).
+    pub(crate) fn leader_notice(&self, slot: u8, addresses: &[Box<str>], out: &mut Vec<u8>) {
+        if !self.in_session {
+            return;
+        }
+        match self.phase {
+            Phase::V3(_) => Reply::Leader { leader_slot: slot }.encode(out),
+            Phase::Line(_) => {
+                if slot == NO_LEADER_SLOT {
+                    return;
+                }
+                if let Some(address) = address_of(addresses, slot) {
+                    LineReply::Leader { address }.encode(out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Queues the last words of a session closed by a graceful shutdown
+    /// (line: `Enot_active`, so the client reconnects at once).
+    pub(crate) fn farewell(&self, out: &mut Vec<u8>) {
+        if self.in_session && matches!(self.phase, Phase::Line(_)) {
+            line_error(LineError::NotActive).encode(out);
+        }
+    }
+
+    /// The next request of the session, answering on its own what needs no
+    /// lock table into `out`: `Ok(None)` when more bytes are needed,
+    /// `Err` when the connection must close (its last reply, if the
+    /// dialect has one, is queued).
+    pub(crate) fn next_request(
+        &mut self,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<ClientRequest>, CloseReason> {
+        match &mut self.phase {
+            Phase::V3(decoder) => next_v3(decoder, out),
+            Phase::Line(decoder) => next_line(decoder, out),
+            _ => Ok(None),
+        }
+    }
+
+    /// Processes a deadline at or before `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, out: &mut Vec<u8>) -> FrontTimeout {
+        match self.phase {
+            Phase::Handshake(_) if now >= self.deadline => {
+                self.phase = Phase::Failed;
+                FrontTimeout::HandshakeTimedOut
+            }
+            Phase::LineRejected { until } if now >= until => {
+                line_error(LineError::AuthFailed).encode(out);
+                self.phase = Phase::Failed;
+                FrontTimeout::AuthFailedSent
+            }
+            _ => FrontTimeout::Nothing,
+        }
+    }
+}
+
+fn next_v3(
+    decoder: &mut RequestDecoder,
+    out: &mut Vec<u8>,
+) -> Result<Option<ClientRequest>, CloseReason> {
+    loop {
+        match decoder.next() {
+            Ok(None) => return Ok(None),
+            Ok(Some(Decoded::Rejected { rid, code, .. })) => {
+                Reply::Error { rid, code }.encode(out);
+            }
+            Ok(Some(Decoded::Request(Request::Acquire(acquire)))) => {
+                return Ok(Some(ClientRequest::Acquire {
+                    wait_s: acquire.wait_s,
+                    lease_s: acquire.lease_s,
+                    keys: acquire.keys,
+                    reply_to: ReplyTo::V3 {
+                        rid: acquire.rid,
+                        set: acquire.set,
+                    },
+                }));
+            }
+            Ok(Some(Decoded::Request(Request::Release(release)))) => {
+                return Ok(Some(ClientRequest::Release {
+                    token: release.token,
+                    keys: release.keys,
+                    reply_to: ReplyTo::V3 {
+                        rid: release.rid,
+                        set: release.set,
+                    },
+                }));
+            }
+            // No rid to answer: the published clients expect the session
+            // to end.
+            Err(_) => return Err(CloseReason::BadFrame),
+        }
+    }
+}
+
+fn next_line(
+    decoder: &mut LineDecoder,
+    out: &mut Vec<u8>,
+) -> Result<Option<ClientRequest>, CloseReason> {
+    loop {
+        match decoder.next() {
+            Ok(None) => return Ok(None),
+            Ok(Some(LineDecoded::BadKey)) => line_error(LineError::BadKey).encode(out),
+            Ok(Some(LineDecoded::Request(LineRequest::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            }))) => {
+                if lease_s == 0 || lease_s > u16::from(MAX_LEASE_S) {
+                    // Silence would hang the call, `B` would make it retry
+                    // forever and a clamp would promise a lease not kept:
+                    // say why, then end the call with a definite "no".
+                    line_error(LineError::BadLease).encode(out);
+                    LineReply::TimedOut {
+                        owner,
+                        key: key.as_bytes(),
+                    }
+                    .encode(out);
+                    continue;
+                }
+                // Wait 0 means "without limit" to a line client; there is
+                // no infinite wait, so both it and anything longer get the
+                // longest one.
+                let wait_s = match u8::try_from(wait_s) {
+                    Ok(0) | Err(_) => LINE_MAX_WAIT_S,
+                    Ok(wait_s) => wait_s,
+                };
+                return Ok(Some(ClientRequest::Acquire {
+                    wait_s,
+                    lease_s: lease_s as u8,
+                    keys: KeyGroup::single(key.clone()),
+                    reply_to: ReplyTo::Line { echo: owner, key },
+                }));
+            }
+            Ok(Some(LineDecoded::Request(LineRequest::Release { token, key }))) => {
+                if token == 0 {
+                    LineReply::NotFound {
+                        token,
+                        key: key.as_bytes(),
+                    }
+                    .encode(out);
+                    continue;
+                }
+                return Ok(Some(ClientRequest::Release {
+                    token,
+                    keys: KeyGroup::single(key.clone()),
+                    reply_to: ReplyTo::Line { echo: token, key },
+                }));
+            }
+            Err(LineFrameError::UnknownOp(_)) => {
+                line_error(LineError::BadOp).encode(out);
+                return Err(CloseReason::BadFrame);
+            }
+            Err(LineFrameError::TooLong) => {
+                line_error(LineError::TooLong).encode(out);
+                return Err(CloseReason::BadFrame);
+            }
+        }
+    }
+}

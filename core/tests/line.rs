@@ -1,0 +1,914 @@
+//! The line dialect (clients 0.3.0) served by the single-mode server beside
+//! wire v3: the shared hello, telling the dialects apart, the line
+//! handshake, every request and reply rule. Time is injected; nothing
+//! sleeps.
+
+use ticketing_core::auth::{
+    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
+};
+use ticketing_core::budget::{AbuseKind, LogEvent};
+use ticketing_core::line::{
+    LINE_ANSWER_CHARS, LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest,
+    decode_line_request, encode_line_acquire, encode_line_release, line_answer, line_nonce,
+    shape_shared_nonce,
+};
+use ticketing_core::server::{ConnId, ConnState, Dialect, Server, ServerConfig};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
+
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
+
+/// An owned line reply, for assertions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Line {
+    A {
+        token: u64,
+        owner: u64,
+        key: Vec<u8>,
+    },
+    T {
+        owner: u64,
+        key: Vec<u8>,
+    },
+    B {
+        owner: u64,
+        key: Vec<u8>,
+    },
+    R {
+        token: u64,
+        key: Vec<u8>,
+    },
+    N {
+        token: u64,
+        key: Vec<u8>,
+    },
+    M(String),
+    L(String),
+    E(String),
+}
+
+fn owned(reply: LineReply<'_>) -> Line {
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    match reply {
+        LineReply::Acquired { token, owner, key } => Line::A {
+            token,
+            owner,
+            key: key.to_vec(),
+        },
+        LineReply::TimedOut { owner, key } => Line::T {
+            owner,
+            key: key.to_vec(),
+        },
+        LineReply::Busy { owner, key } => Line::B {
+            owner,
+            key: key.to_vec(),
+        },
+        LineReply::Released { token, key } => Line::R {
+            token,
+            key: key.to_vec(),
+        },
+        LineReply::NotFound { token, key } => Line::N {
+            token,
+            key: key.to_vec(),
+        },
+        LineReply::Moved { address } => Line::M(text(address)),
+        LineReply::Leader { address } => Line::L(text(address)),
+        LineReply::Error { reason } => Line::E(text(reason)),
+    }
+}
+
+fn decode_lines(mut bytes: &[u8]) -> Vec<Line> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let (reply, used) = LineReply::decode(bytes)
+            .expect("valid line reply")
+            .expect("complete line reply");
+        out.push(owned(reply));
+        bytes = &bytes[used..];
+    }
+    out
+}
+
+fn e(reason: &str) -> Line {
+    Line::E(reason.to_owned())
+}
+
+fn acquire_frame(wait_s: u16, lease_s: u16, owner: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_line_acquire(&mut out, wait_s, lease_s, owner, key);
+    out
+}
+
+fn release_frame(token: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_line_release(&mut out, token, key);
+    out
+}
+
+/// The answer a line client sends for `hello` (28 bytes) and `token`.
+fn answer_for(hello: &[u8], token: &[u8]) -> Vec<u8> {
+    // A line client reads to the first LF and takes what follows the first
+    // space: exactly what the published clients do with our hello.
+    let lf = hello.iter().position(|&b| b == b'\n').unwrap();
+    let space = hello[..lf].iter().position(|&b| b == b' ').unwrap();
+    assert!(space > 0);
+    let mut answer = line_answer(token, &hello[space + 1..lf]).to_vec();
+    answer.push(b'\n');
+    answer
+}
+
+struct Harness {
+    server: Server,
+    now: Instant,
+    nonce: u8,
+}
+
+impl Harness {
+    fn new(config: ServerConfig) -> Self {
+        let now = Instant::from_millis(1_000);
+        Harness {
+            server: Server::new(config, FIRST_TOKEN, now),
+            now,
+            nonce: 0,
+        }
+    }
+
+    fn default() -> Self {
+        Harness::new(ServerConfig::default())
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        self.server.handle_timeout(self.now);
+    }
+
+    fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
+        let mut out = Vec::new();
+        let state = self.server.take_transmit(conn, &mut out);
+        self.server.handle_flushed(self.now, conn);
+        (out, state)
+    }
+
+    fn open(&mut self) -> (ConnId, Vec<u8>) {
+        self.nonce = self.nonce.wrapping_add(1);
+        // 0x0A in the CSPRNG bytes must not reach the line client's view.
+        let mut nonce = [self.nonce; 16];
+        nonce[5] = b'\n';
+        let conn = self
+            .server
+            .handle_connect(self.now, nonce, LOOPBACK)
+            .unwrap();
+        let (hello, state) = self.take(conn);
+        assert_eq!(state, ConnState::Open);
+        assert_eq!(hello.len(), 28);
+        (conn, hello)
+    }
+
+    /// A line session with `token`; the handshake gets no reply at all.
+    fn line_with(&mut self, token: &[u8]) -> ConnId {
+        let (conn, hello) = self.open();
+        self.server
+            .handle_input(self.now, conn, &answer_for(&hello, token));
+        let (bytes, state) = self.take(conn);
+        assert_eq!(state, ConnState::Open);
+        assert!(bytes.is_empty(), "no result byte for a line client");
+        assert_eq!(self.server.dialect(conn), Some(Dialect::Line));
+        conn
+    }
+
+    fn line(&mut self) -> ConnId {
+        self.line_with(b"")
+    }
+
+    fn v3(&mut self) -> ConnId {
+        let (conn, hello) = self.open();
+        let mut client =
+            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+        assert_eq!(
+            client.handle_input(&hello).1,
+            ClientHandshakeStatus::SendProof
+        );
+        self.server
+            .handle_input(self.now, conn, &client.proof().unwrap());
+        let (result, _) = self.take(conn);
+        assert_eq!(
+            client.handle_input(&result).1,
+            ClientHandshakeStatus::Accepted
+        );
+        assert_eq!(self.server.dialect(conn), Some(Dialect::V3));
+        conn
+    }
+
+    fn send(&mut self, conn: ConnId, bytes: &[u8]) {
+        self.server.handle_input(self.now, conn, bytes);
+    }
+
+    fn lines(&mut self, conn: ConnId) -> Vec<Line> {
+        decode_lines(&self.take(conn).0)
+    }
+
+    fn call(&mut self, conn: ConnId, bytes: &[u8]) -> Vec<Line> {
+        self.send(conn, bytes);
+        self.lines(conn)
+    }
+
+    fn grant(&mut self, conn: ConnId, owner: u64, key: &str) -> u64 {
+        match self.call(conn, &acquire_frame(5, 30, owner, key.as_bytes()))[..] {
+            [
+                Line::A {
+                    token, owner: o, ..
+                },
+            ] if o == owner => token,
+            ref other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+}
+
+fn v3_acquire(rid: u64, key: &str, wait_s: u8) -> Vec<u8> {
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s,
+        lease_s: 30,
+        keys: KeyGroup::single(Key::new(key.as_bytes()).unwrap()),
+        set: false,
+    })
+    .to_frame()
+}
+
+fn v3_replies(mut bytes: &[u8]) -> Vec<Reply> {
+    let mut out = Vec::new();
+    while let Some((reply, used)) = Reply::decode(bytes).unwrap() {
+        out.push(reply);
+        bytes = &bytes[used..];
+    }
+    out
+}
+
+// ---------------------------------------------------------------------
+// The shared hello and the handshake
+// ---------------------------------------------------------------------
+
+#[test]
+fn the_shared_hello_is_one_line_for_a_line_client_over_many_seeds() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for seed in 0..10_000u32 {
+        let mut nonce = [0u8; 16];
+        for byte in &mut nonce {
+            // xorshift: every byte value, 0x0A included, shows up often.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+        if seed % 7 == 0 {
+            nonce = [b'\n'; 16];
+        }
+        let raw = nonce;
+        shape_shared_nonce(&mut nonce);
+        assert_eq!(nonce[0], b' ', "seed {seed}");
+        assert_eq!(nonce[15], b'\n', "seed {seed}");
+        assert!(!nonce[1..15].contains(&b'\n'), "seed {seed}: {nonce:?}");
+        for i in 1..15 {
+            if raw[i] != b'\n' {
+                assert_eq!(nonce[i], raw[i], "CSPRNG bytes kept");
+            }
+        }
+        assert_eq!(line_nonce(&nonce), &nonce[1..15]);
+    }
+    // On the wire: the first LF ends the hello, the first space is at the
+    // nonce, so a line client's challenge is bytes 1..15 of the nonce.
+    let mut h = Harness::default();
+    let (_, hello) = h.open();
+    assert_eq!(hello.iter().position(|&b| b == b'\n'), Some(27));
+    assert_eq!(hello.iter().position(|&b| b == b' '), Some(12));
+}
+
+#[test]
+fn the_line_answer_matches_both_published_vectors() {
+    assert_eq!(
+        &line_answer(b"secret", b"aB3dEf_g"),
+        b"WvDLEd0VIA9cVatiwxXYXRGMDSXw0ibHllLgAMBffdg"
+    );
+    assert_eq!(
+        &line_answer(b"", b"aB3dEf_g"),
+        b"V2o6RKSLU7HNO8I1-W-CsbAXKL3GKvBgFahf6AueTo4"
+    );
+    assert_eq!(LINE_ANSWER_CHARS, 43);
+}
+
+#[test]
+fn a_v3_proof_makes_a_v3_session_and_a_line_answer_a_line_session() {
+    let mut h = Harness::default();
+    let v3 = h.v3();
+    let line = h.line();
+    assert_eq!(h.server.dialect(v3), Some(Dialect::V3));
+    assert_eq!(h.server.dialect(line), Some(Dialect::Line));
+    assert_eq!(h.server.stats().sessions, 2);
+}
+
+#[test]
+fn answers_split_across_many_reads_are_assembled_in_both_dialects() {
+    let mut h = Harness::default();
+    // Line: the answer and a pipelined request, one byte per read.
+    let (conn, hello) = h.open();
+    let mut bytes = answer_for(&hello, b"");
+    bytes.extend(acquire_frame(1, 30, 0x0A0A_0A0A_0A0A_0A0A, b"k"));
+    for byte in &bytes {
+        h.send(conn, std::slice::from_ref(byte));
+    }
+    let lines = h.lines(conn);
+    assert!(
+        matches!(&lines[..], [Line::A { owner: 0x0A0A_0A0A_0A0A_0A0A, key, .. }] if key == b"k"),
+        "{lines:?}"
+    );
+    // V3: the proof one byte per read.
+    let (conn, hello) = h.open();
+    let mut client =
+        ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+    client.handle_input(&hello);
+    for byte in client.proof().unwrap() {
+        h.send(conn, &[byte]);
+    }
+    assert_eq!(h.take(conn).0, vec![1]);
+    assert_eq!(h.server.dialect(conn), Some(Dialect::V3));
+}
+
+#[test]
+fn garbage_answers_get_the_v3_rejection_and_close() {
+    let mut h = Harness::default();
+    let (conn, _) = h.open();
+    h.send(conn, &[0xFF; 32]);
+    let (bytes, state) = h.take(conn);
+    assert_eq!(bytes, vec![0]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+}
+
+#[test]
+fn a_failing_v3_proof_is_rejected_at_once() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let (conn, hello) = h.open();
+    let mut client = ClientHandshake::new(
+        b"wrong-token-0123456789",
+        SINGLE_FINGERPRINT,
+        WireMode::Single,
+        NO_LEADER_SLOT,
+    );
+    client.handle_input(&hello);
+    h.send(conn, &client.proof().unwrap());
+    let (bytes, state) = h.take(conn);
+    assert_eq!(bytes, vec![0]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+}
+
+#[test]
+fn a_failing_line_answer_waits_a_second_then_says_auth_failed_and_closes() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let (conn, hello) = h.open();
+    let mut bytes = answer_for(&hello, b"wrong-token-0123456789");
+    // A pipelined request behind the answer is never served.
+    bytes.extend(acquire_frame(1, 30, 7, b"k"));
+    h.send(conn, &bytes);
+    let (now_bytes, state) = h.take(conn);
+    assert!(now_bytes.is_empty(), "nothing before the delay");
+    assert_eq!(state, ConnState::Open);
+    assert!(!h.server.wants_input(conn), "nothing more is read");
+    h.advance(Duration::from_millis(999));
+    assert!(h.take(conn).0.is_empty());
+    h.advance(Duration::from_millis(1));
+    let (bytes, state) = h.take(conn);
+    assert_eq!(decode_lines(&bytes), vec![e("auth_failed")]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    assert_eq!(h.server.stats().lock.held_keys, 0);
+    let failed = std::iter::from_fn(|| h.server.poll_log()).any(|event| {
+        matches!(
+            event,
+            LogEvent::Abuse {
+                kind: AbuseKind::FailedProof,
+                ..
+            }
+        )
+    });
+    assert!(failed, "the failed proof is reported");
+}
+
+#[test]
+fn a_configured_token_admits_a_line_client_that_proves_it() {
+    let config = ServerConfig {
+        client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let conn = h.line_with(TOKEN_A.as_bytes());
+    assert!(h.grant(conn, 1, "k") >= FIRST_TOKEN);
+}
+
+#[test]
+fn a_line_answer_with_a_bad_tail_fails_as_a_line_handshake() {
+    let mut h = Harness::default();
+    let (conn, hello) = h.open();
+    let mut answer = answer_for(&hello, b"");
+    answer[43] = b'x'; // no LF where it must be
+    h.send(conn, &answer);
+    assert!(h.take(conn).0.is_empty());
+    h.advance(Duration::from_secs(1));
+    let (bytes, state) = h.take(conn);
+    assert_eq!(decode_lines(&bytes), vec![e("auth_failed")]);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+}
+
+// ---------------------------------------------------------------------
+// Codec
+// ---------------------------------------------------------------------
+
+#[test]
+fn requests_decode_by_count_even_when_binary_fields_hold_lf() {
+    let owner = u64::from_be_bytes([0x0A; 8]);
+    let frame = acquire_frame(0x0A0A, 0x000A, owner, "ключ/1".as_bytes());
+    assert_eq!(frame.len(), 1 + 12 + "ключ/1".len() + 1);
+    let (decoded, used) = decode_line_request(&frame).unwrap().unwrap();
+    assert_eq!(used, frame.len());
+    assert_eq!(
+        decoded,
+        LineDecoded::Request(LineRequest::Acquire {
+            wait_s: 0x0A0A,
+            lease_s: 10,
+            owner,
+            key: Key::new("ключ/1".as_bytes()).unwrap(),
+        })
+    );
+    let frame = release_frame(owner, b"k");
+    assert_eq!(frame.len(), 11);
+    let (decoded, _) = decode_line_request(&frame).unwrap().unwrap();
+    assert_eq!(
+        decoded,
+        LineDecoded::Request(LineRequest::Release {
+            token: owner,
+            key: Key::new(b"k").unwrap()
+        })
+    );
+    // Every prefix is incomplete, never an error.
+    for cut in 0..frame.len() {
+        assert_eq!(decode_line_request(&frame[..cut]), Ok(None), "cut {cut}");
+    }
+}
+
+#[test]
+fn replies_encode_and_decode_with_lf_inside_fixed_parts() {
+    let lf8 = u64::from_be_bytes([0x0A; 8]);
+    let replies = [
+        LineReply::Acquired {
+            token: lf8,
+            owner: lf8,
+            key: b"a/b",
+        },
+        LineReply::TimedOut {
+            owner: lf8,
+            key: b"k",
+        },
+        LineReply::Busy {
+            owner: 1,
+            key: b"k",
+        },
+        LineReply::Released {
+            token: lf8,
+            key: b"k",
+        },
+        LineReply::NotFound {
+            token: 2,
+            key: b"k",
+        },
+        LineReply::Moved {
+            address: b"127.0.0.1:5225",
+        },
+        LineReply::Leader {
+            address: b"10.0.0.2:5225",
+        },
+        LineReply::Error { reason: b"bad_key" },
+    ];
+    let mut bytes = Vec::new();
+    for reply in &replies {
+        reply.encode(&mut bytes);
+    }
+    let mut rest = &bytes[..];
+    for reply in &replies {
+        let (decoded, used) = LineReply::decode(rest).unwrap().unwrap();
+        assert_eq!(&decoded, reply);
+        rest = &rest[used..];
+    }
+    assert!(rest.is_empty());
+    assert_eq!(bytes[0], b'A');
+    assert_eq!(bytes.len(), {
+        let sizes = [1 + 16 + 3, 1 + 8 + 1, 1 + 8 + 1, 1 + 8 + 1, 1 + 8 + 1];
+        sizes.iter().map(|s| s + 1).sum::<usize>() + (1 + 14 + 1) + (1 + 13 + 1) + (1 + 7 + 1)
+    });
+}
+
+#[test]
+fn the_decoder_yields_the_same_requests_however_the_input_is_chunked() {
+    let mut stream = Vec::new();
+    stream.extend(b"\n\n");
+    stream.extend(acquire_frame(0x0A00, 30, 0x0A, b"k1"));
+    stream.push(b'\n');
+    stream.extend(release_frame(0x0A0A, b"k2"));
+    stream.extend(acquire_frame(1, 1, 1, b"bad key"));
+    stream.extend(acquire_frame(2, 2, 2, b"k3"));
+    let whole = {
+        let mut decoder = LineDecoder::new();
+        decoder.push(&stream);
+        std::iter::from_fn(|| decoder.next().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(whole.len(), 4);
+    assert_eq!(whole[2], LineDecoded::BadKey);
+    for chunk in 1..stream.len() {
+        let mut decoder = LineDecoder::new();
+        let mut got = Vec::new();
+        for piece in stream.chunks(chunk) {
+            decoder.push(piece);
+            while let Some(decoded) = decoder.next().unwrap() {
+                got.push(decoded);
+            }
+        }
+        assert_eq!(got, whole, "chunk {chunk}");
+        assert_eq!(decoder.buffered(), 0);
+    }
+}
+
+#[test]
+fn the_decoder_stops_at_an_unknown_op_and_at_an_endless_key() {
+    let mut decoder = LineDecoder::new();
+    decoder.push(b"X");
+    assert_eq!(decoder.next(), Err(LineFrameError::UnknownOp(b'X')));
+    let mut decoder = LineDecoder::new();
+    let mut frame = vec![b'R'];
+    frame.extend([0; 8]);
+    frame.extend(vec![b'k'; 1024]);
+    decoder.push(&frame);
+    assert_eq!(decoder.next(), Ok(None), "1,024 key bytes may still end");
+    decoder.push(b"k");
+    assert_eq!(decoder.next(), Err(LineFrameError::TooLong));
+    assert_eq!(decoder.buffered(), 0, "nothing kept after the error");
+}
+
+// ---------------------------------------------------------------------
+// Server rules
+// ---------------------------------------------------------------------
+
+#[test]
+fn acquire_and_release_echo_owner_token_and_key_byte_for_byte() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    let key = "заказ/42";
+    let owner = 0xDEAD_0A0A_BEEF_0A0A;
+    let token = h.grant(conn, owner, key);
+    assert_eq!(token, FIRST_TOKEN);
+    assert_eq!(
+        h.call(conn, &release_frame(token, key.as_bytes())),
+        vec![Line::R {
+            token,
+            key: key.as_bytes().to_vec()
+        }]
+    );
+    assert_eq!(
+        h.call(conn, &release_frame(token, key.as_bytes())),
+        vec![Line::N {
+            token,
+            key: key.as_bytes().to_vec()
+        }]
+    );
+}
+
+#[test]
+fn wait_zero_on_a_held_key_queues_rather_than_trying_once() {
+    let mut h = Harness::default();
+    let holder = h.line();
+    let waiter = h.line();
+    let v3 = h.v3();
+    h.grant(holder, 1, "k");
+    // On v3, wait 0 is one immediate try.
+    h.send(v3, &v3_acquire(1, "k", 0));
+    assert!(matches!(
+        v3_replies(&h.take(v3).0)[..],
+        [Reply::TimedOut { rid: 1 }]
+    ));
+    // On a line connection it is "without limit", served as 255 s.
+    assert!(h.call(waiter, &acquire_frame(0, 30, 2, b"k")).is_empty());
+    h.advance(Duration::from_secs(29));
+    assert!(h.lines(waiter).is_empty(), "still queued");
+    h.advance(Duration::from_secs(2));
+    let lines = h.lines(waiter);
+    assert!(
+        matches!(&lines[..], [Line::A { owner: 2, token, .. }] if *token > FIRST_TOKEN),
+        "the expiry hands the key over: {lines:?}"
+    );
+}
+
+#[test]
+fn line_waits_of_zero_or_over_255_s_end_with_t_at_255_s() {
+    for wait_s in [0u16, 256, 65_535] {
+        let mut h = Harness::default();
+        let holder = h.line();
+        let v3 = h.v3();
+        let waiter = h.line();
+        // The key stays held past 255 s: the holder's 250 s lease hands it
+        // to a v3 waiter queued first, which holds it 250 s more.
+        h.send(holder, &acquire_frame(1, 250, 1, b"k"));
+        h.send(v3, &v3_acquire(1, "k", 255));
+        assert!(
+            h.call(waiter, &acquire_frame(wait_s, 30, 2, b"k"))
+                .is_empty()
+        );
+        h.advance(Duration::from_secs(254));
+        assert!(h.lines(waiter).is_empty(), "wait {wait_s}: still queued");
+        h.advance(Duration::from_millis(1_100));
+        assert_eq!(
+            h.lines(waiter),
+            vec![Line::T {
+                owner: 2,
+                key: b"k".to_vec()
+            }],
+            "wait {wait_s}"
+        );
+    }
+}
+
+#[test]
+fn a_line_wait_below_255_s_is_kept() {
+    let mut h = Harness::default();
+    let v3 = h.v3();
+    let waiter = h.line();
+    h.send(v3, &v3_acquire(1, "k", 0));
+    let replies = v3_replies(&h.take(v3).0);
+    assert!(matches!(replies[..], [Reply::Acquired { rid: 1, .. }]));
+    assert!(h.call(waiter, &acquire_frame(20, 30, 5, b"k")).is_empty());
+    h.advance(Duration::from_millis(19_000));
+    assert!(h.lines(waiter).is_empty());
+    h.advance(Duration::from_secs(1));
+    assert_eq!(
+        h.lines(waiter),
+        vec![Line::T {
+            owner: 5,
+            key: b"k".to_vec()
+        }]
+    );
+}
+
+#[test]
+fn a_bad_lease_says_why_then_ends_the_call_with_t_and_grants_nothing() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    for lease_s in [0u16, 251, 300, 65_535] {
+        assert_eq!(
+            h.call(conn, &acquire_frame(5, lease_s, 3, b"k")),
+            vec![
+                e("bad_lease"),
+                Line::T {
+                    owner: 3,
+                    key: b"k".to_vec()
+                }
+            ],
+            "lease {lease_s}"
+        );
+    }
+    assert_eq!(h.server.stats().lock.held_keys, 0);
+    assert!(h.grant(conn, 4, "k") >= FIRST_TOKEN, "the key stayed free");
+}
+
+#[test]
+fn bad_keys_get_bad_key_only_and_the_session_goes_on() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    let long = vec![b'k'; 129];
+    let bad: [&[u8]; 5] = [b"", b"a b", b"a\rb", &[0xFF, 0xFE], &long];
+    for key in bad {
+        assert_eq!(
+            h.call(conn, &acquire_frame(5, 30, 3, key)),
+            vec![e("bad_key")],
+            "{key:?}"
+        );
+        assert_eq!(h.call(conn, &release_frame(9, key)), vec![e("bad_key")]);
+    }
+    assert!(h.grant(conn, 4, "k") >= FIRST_TOKEN);
+}
+
+#[test]
+fn an_unknown_op_says_bad_op_and_closes_and_keep_alives_are_ignored() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    assert!(h.call(conn, b"\n\n\n").is_empty(), "keep-alives");
+    let token = h.grant(conn, 1, "k");
+    assert_eq!(h.call(conn, b"Q"), vec![e("bad_op")]);
+    let (_, state) = h.take(conn);
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    // The grant was delivered, so the bad input loses nothing: it stays
+    // until released or expired.
+    assert_eq!(h.server.stats().lock.held_keys, 1);
+    assert!(token >= FIRST_TOKEN);
+}
+
+#[test]
+fn a_key_without_lf_past_1024_bytes_says_too_long_and_closes() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    let mut frame = release_frame(1, b"");
+    frame.pop();
+    frame.extend(vec![b'k'; 1025]);
+    assert_eq!(h.call(conn, &frame), vec![e("too_long")]);
+    assert_eq!(h.take(conn).1, ConnState::CloseAfterFlush);
+}
+
+#[test]
+fn a_release_of_token_zero_gets_n() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    h.grant(conn, 1, "k");
+    assert_eq!(
+        h.call(conn, &release_frame(0, b"k")),
+        vec![Line::N {
+            token: 0,
+            key: b"k".to_vec()
+        }]
+    );
+    assert_eq!(h.server.stats().lock.held_keys, 1);
+}
+
+#[test]
+fn a_release_with_a_token_never_issued_is_reported_as_an_old_client() {
+    let mut h = Harness::default();
+    let conn = h.line();
+    // What a 0.1.0 client sends: `R` + key, the key read as a token.
+    let mut frame = b"Rorders/1".to_vec();
+    frame.extend(b"2\n");
+    let lines = h.call(conn, &frame);
+    assert!(matches!(&lines[..], [Line::N { .. }]), "{lines:?}");
+    let reported = std::iter::from_fn(|| h.server.poll_log()).any(|event| {
+        matches!(
+            event,
+            LogEvent::Abuse {
+                kind: AbuseKind::TokenFromTheFuture,
+                ..
+            }
+        )
+    });
+    assert!(reported);
+}
+
+#[test]
+fn every_pipelined_request_gets_exactly_one_terminal_reply() {
+    let mut h = Harness::default();
+    let holder = h.line();
+    let conn = h.line();
+    h.grant(holder, 1, "busy");
+    let mut bytes = Vec::new();
+    for owner in 0..50u64 {
+        let key = format!("k{}", owner % 5);
+        bytes.extend(acquire_frame(1, 10, owner + 100, key.as_bytes()));
+    }
+    bytes.extend(acquire_frame(1, 10, 999, b"busy"));
+    h.send(conn, &bytes);
+    h.advance(Duration::from_secs(2));
+    let lines = h.lines(conn);
+    let mut by_owner = std::collections::BTreeMap::new();
+    for line in &lines {
+        let owner = match line {
+            Line::A { owner, .. } | Line::T { owner, .. } | Line::B { owner, .. } => *owner,
+            other => panic!("unexpected {other:?}"),
+        };
+        *by_owner.entry(owner).or_insert(0) += 1;
+    }
+    assert_eq!(by_owner.len(), 51);
+    assert!(by_owner.values().all(|&n| n == 1), "{by_owner:?}");
+    assert_eq!(
+        lines.iter().filter(|l| matches!(l, Line::A { .. })).count(),
+        5,
+        "one grant per free key, the rest time out behind it"
+    );
+}
+
+#[test]
+fn line_and_v3_clients_contend_on_one_key_with_one_token_counter() {
+    let mut h = Harness::default();
+    let v3 = h.v3();
+    let line = h.line();
+    h.send(v3, &v3_acquire(1, "shared", 0));
+    let t1 = match v3_replies(&h.take(v3).0)[..] {
+        [Reply::Acquired { token, .. }] => token,
+        ref other => panic!("{other:?}"),
+    };
+    assert!(
+        h.call(line, &acquire_frame(10, 30, 7, b"shared"))
+            .is_empty()
+    );
+    h.send(
+        v3,
+        &Request::Release(ticketing_core::wire::ReleaseRequest {
+            rid: 2,
+            token: t1,
+            keys: KeyGroup::single(Key::new(b"shared").unwrap()),
+            set: false,
+        })
+        .to_frame(),
+    );
+    assert!(matches!(
+        v3_replies(&h.take(v3).0)[..],
+        [Reply::Released { rid: 2 }]
+    ));
+    let t2 = match h.lines(line)[..] {
+        [
+            Line::A {
+                token, owner: 7, ..
+            },
+        ] => token,
+        ref other => panic!("{other:?}"),
+    };
+    assert!(t2 > t1, "handed over with a new, larger token");
+    // And back: a v3 waiter behind the line holder.
+    h.send(v3, &v3_acquire(3, "shared", 10));
+    assert!(h.take(v3).0.is_empty());
+    assert_eq!(
+        h.call(line, &release_frame(t2, b"shared")),
+        vec![Line::R {
+            token: t2,
+            key: b"shared".to_vec()
+        }]
+    );
+    match v3_replies(&h.take(v3).0)[..] {
+        [Reply::Acquired { rid: 3, token }] => assert!(token > t2),
+        ref other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_undelivered_line_grant_is_released_when_the_connection_dies() {
+    let mut h = Harness::default();
+    let holder = h.line();
+    let waiter = h.line();
+    let other = h.line();
+    let t = h.grant(holder, 1, "k");
+    assert!(h.call(waiter, &acquire_frame(10, 30, 2, b"k")).is_empty());
+    assert!(h.call(other, &acquire_frame(10, 30, 3, b"k")).is_empty());
+    h.send(holder, &release_frame(t, b"k"));
+    // The waiter's grant is queued but never written: its transport dies.
+    h.server.handle_closed(h.now, waiter);
+    let lines = h.lines(other);
+    assert!(
+        matches!(&lines[..], [Line::A { owner: 3, .. }]),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn shutdown_ends_line_waits_with_t_then_not_active() {
+    let mut h = Harness::default();
+    let holder = h.line();
+    let waiter = h.line();
+    h.grant(holder, 1, "k");
+    assert!(h.call(waiter, &acquire_frame(10, 30, 2, b"k")).is_empty());
+    h.server.begin_shutdown(h.now);
+    let (bytes, state) = h.take(waiter);
+    assert_eq!(
+        decode_lines(&bytes),
+        vec![
+            Line::T {
+                owner: 2,
+                key: b"k".to_vec()
+            },
+            e("not_active")
+        ]
+    );
+    assert_eq!(state, ConnState::CloseAfterFlush);
+    let (bytes, _) = h.take(holder);
+    assert_eq!(decode_lines(&bytes), vec![e("not_active")]);
+}
+
+#[test]
+fn busy_is_answered_only_at_a_configured_limit() {
+    let config = ServerConfig {
+        max_in_flight_per_connection: 2,
+        ..ServerConfig::default()
+    };
+    let mut h = Harness::new(config);
+    let holder = h.line();
+    let conn = h.line();
+    h.grant(holder, 1, "k");
+    let mut bytes = Vec::new();
+    for owner in 10..13 {
+        bytes.extend(acquire_frame(10, 30, owner, b"k"));
+    }
+    assert_eq!(
+        h.call(conn, &bytes),
+        vec![Line::B {
+            owner: 12,
+            key: b"k".to_vec()
+        }]
+    );
+}
