@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import os
 import shutil
 import signal
@@ -322,6 +324,36 @@ async def graceful_shutdown(ctx: Context) -> None:
     )
 
 
+async def old_client_release_refused(ctx: Context) -> None:
+    # A 0.1.0-or-older client releases with `R` + key (no token), so the
+    # first 8 key bytes read as a token never issued: `N`, and the server
+    # warns (rate-limited) that such clients are unsupported. Played with a
+    # raw socket: the published 0.3.0 client cannot send that shape.
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    server = ctx.server("old-client", ["--listen", addr])
+    server.start()
+    try:
+        await server.wait_listening(port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        challenge = await reader.readuntil(b"\n")
+        nonce = challenge[challenge.index(b" ") + 1 : -1]
+        answer = base64.urlsafe_b64encode(hashlib.sha256(nonce).digest()).rstrip(b"=")
+        key = b"zzzzzzzz-old-client"
+        writer.write(answer + b"\n" + b"R" + key + b"\n")
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.readuntil(b"\n"), READY_S)
+        assert reply == b"N" + key + b"\n", reply
+        writer.close()
+        await until(
+            "the unsupported-client warning in the server log",
+            lambda: "0.1.0-or-older client" in server.log(),
+            seen=server.log,
+        )
+    finally:
+        assert await server.stop() == 0, server.log()
+
+
 class Cluster:
     def __init__(self, ctx: Context, token: str) -> None:
         self.ctx = ctx
@@ -463,6 +495,7 @@ CHECKS: list[Callable[[Context], Awaitable[None]]] = [
     lease_too_long,
     wrong_token,
     graceful_shutdown,
+    old_client_release_refused,
     cluster_failover,
 ]
 
