@@ -67,6 +67,15 @@ pub const READ_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
 /// For runtimes: a write that makes no progress for this long should end the
 /// transport (then call [`Session::handle_transport_closed`]).
 pub const WRITE_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default [`SessionConfig::silence_timeout`]: above the default Raft
+/// profile's longest election timeout (2.5 s), within which a leader that
+/// lost its majority steps down and answers what it was proposing, so a
+/// leader change does not reach it.
+pub const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Shortest [`BrokerConfig::silence_timeout`] a configuration may ask for.
+pub const MIN_SILENCE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest [`BrokerConfig::silence_timeout`] a configuration may ask for.
+pub const MAX_SILENCE_TIMEOUT: Duration = Duration::from_secs(300);
 /// First reconnect delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest reconnect delay.
@@ -466,6 +475,10 @@ pub enum CloseReason {
     CancelledAfterSend,
     /// A reply frame stalled mid-way for [`READ_PROGRESS_TIMEOUT`].
     StalledReply,
+    /// A request was overdue (see [`SessionConfig::silence_timeout`]) and
+    /// no byte arrived for the silence timeout: the server or the path to
+    /// it is dead, frozen or cut off.
+    Silent,
     /// The runtime reported EOF or an IO error.
     TransportClosed,
     /// The runtime closed the session.
@@ -532,6 +545,9 @@ impl fmt::Display for CloseReason {
             }
             CloseReason::CancelledAfterSend => f.write_str("a sent request was cancelled"),
             CloseReason::StalledReply => f.write_str("a reply frame stalled"),
+            CloseReason::Silent => {
+                f.write_str("an overdue request and no bytes for the silence timeout")
+            }
             CloseReason::TransportClosed => f.write_str("connection closed"),
             CloseReason::Local => f.write_str("closed locally"),
             CloseReason::RidsExhausted => f.write_str("request ids exhausted"),
@@ -603,6 +619,14 @@ pub struct SessionConfig {
     pub max_pending_releases: usize,
     /// How long TCP, TLS and the handshake may take together.
     pub handshake_timeout: Duration,
+    /// The silence rule. A sent request is *overdue* once it has waited
+    /// longer than a live server may take to answer it: an acquire its
+    /// wait (the wait byte sent) plus this, a release this. A session with
+    /// an overdue request on which no byte at all arrived for this long is
+    /// closed ([`CloseReason::Silent`]): its requests end as after any lost
+    /// connection (possibly sent → Indeterminate) and the runtime
+    /// reconnects.
+    pub silence_timeout: Duration,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -615,6 +639,7 @@ impl fmt::Debug for SessionConfig {
             .field("cluster_size", &self.cluster_size)
             .field("max_pending_acquires", &self.max_pending_acquires)
             .field("max_pending_releases", &self.max_pending_releases)
+            .field("silence_timeout", &self.silence_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -631,6 +656,7 @@ impl SessionConfig {
             max_pending_acquires: DEFAULT_MAX_PENDING_ACQUIRES,
             max_pending_releases: DEFAULT_MAX_PENDING_RELEASES,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            silence_timeout: DEFAULT_SILENCE_TIMEOUT,
         }
     }
     /// The node at `slot` of a cluster of `cluster_size` with identity
@@ -676,6 +702,22 @@ struct Pending {
 }
 
 impl Pending {
+    /// When a live server has certainly answered this request (see
+    /// [`SessionConfig::silence_timeout`]); `None` while unsent.
+    fn overdue_at(&self, silence_timeout: Duration) -> Option<Instant> {
+        let wait = match &self.request {
+            Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
+            Request::Release(_) => Duration::ZERO,
+        };
+        Some(
+            self.sent_at?
+                .saturating_add(wait)
+                .saturating_add(silence_timeout),
+        )
+    }
+}
+
+impl Pending {
     fn is_acquire(&self) -> bool {
         matches!(self.request, Request::Acquire(_))
     }
@@ -705,6 +747,11 @@ pub struct Session {
     /// Local deadlines by rid; entries of resolved requests are dropped
     /// lazily (and the heap is rebuilt when they pile up).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When each sent request is overdue, by rid; pruned like `deadlines`.
+    overdue: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When the last byte arrived (the connection attempt's start before
+    /// any): the silence rule's clock.
+    last_input_at: Instant,
     events: VecDeque<SessionEvent>,
 }
 
@@ -734,6 +781,8 @@ impl Session {
             send_cursor: 1,
             next_rid: Some(1),
             deadlines: BinaryHeap::new(),
+            overdue: BinaryHeap::new(),
+            last_input_at: now,
             events: VecDeque::new(),
         }
     }
@@ -899,12 +948,28 @@ impl Session {
             }
             entry.request.encode(out);
             entry.sent_at = Some(now);
+            if let Some(at) = entry.overdue_at(self.config.silence_timeout) {
+                self.overdue.push(Reverse((at, rid)));
+            }
+        }
+        if self.overdue.len() > 2 * self.pending.len() + 64 {
+            let silence_timeout = self.config.silence_timeout;
+            self.overdue = self
+                .pending
+                .iter()
+                .filter_map(|(&rid, entry)| {
+                    Some(Reverse((entry.overdue_at(silence_timeout)?, rid)))
+                })
+                .collect();
         }
         out.len() - start
     }
 
     /// Bytes received from the server.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.last_input_at = self.last_input_at.max(now);
+        }
         let mut rest = bytes;
         if let Phase::Handshake(handshake) = &mut self.phase {
             // A hello, the proof's answer and the first frames may arrive in
@@ -1110,6 +1175,10 @@ impl Session {
         {
             return self.close(now, CloseReason::StalledReply);
         }
+        self.prune_overdue();
+        if self.silent_at().is_some_and(|at| now >= at) {
+            return self.close(now, CloseReason::Silent);
+        }
         while let Some(&Reverse((deadline, rid))) = self.deadlines.peek() {
             if deadline > now {
                 break;
@@ -1141,10 +1210,10 @@ impl Session {
                     .deadlines
                     .peek()
                     .map(|Reverse((deadline, _))| *deadline);
-                match (stall, request) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                [stall, request, self.silent_at()]
+                    .into_iter()
+                    .flatten()
+                    .min()
             }
         }
     }
@@ -1214,6 +1283,7 @@ impl Session {
         self.pending_acquires = 0;
         self.pending_releases = 0;
         self.deadlines = BinaryHeap::new();
+        self.overdue = BinaryHeap::new();
         self.partial = Vec::new();
         self.partial_since = None;
         self.proof = Vec::new();
@@ -1254,6 +1324,29 @@ impl Session {
             }
             self.deadlines.pop();
         }
+        self.prune_overdue();
+    }
+
+    /// The same for the overdue instants.
+    fn prune_overdue(&mut self) {
+        while let Some(&Reverse((_, rid))) = self.overdue.peek() {
+            if self.pending.contains_key(&rid) {
+                break;
+            }
+            self.overdue.pop();
+        }
+    }
+
+    /// When the silence rule closes the session if nothing arrives before:
+    /// the earliest overdue instant of a pending request, and no earlier
+    /// than the silence timeout after the last byte. May be early when the
+    /// top of the heap was resolved since the last prune.
+    fn silent_at(&self) -> Option<Instant> {
+        let Reverse((overdue_at, _)) = self.overdue.peek()?;
+        let quiet_until = self
+            .last_input_at
+            .saturating_add(self.config.silence_timeout);
+        Some((*overdue_at).max(quiet_until))
     }
 }
 
@@ -1759,6 +1852,10 @@ pub struct BrokerConfig {
     pub max_pending: usize,
     /// Allows the empty token, for IP loopback addresses only.
     pub allow_loopback_no_auth: bool,
+    /// [`SessionConfig::silence_timeout`] of every connection
+    /// ([`MIN_SILENCE_TIMEOUT`]..=[`MAX_SILENCE_TIMEOUT`], default
+    /// [`DEFAULT_SILENCE_TIMEOUT`]).
+    pub silence_timeout: Duration,
 }
 
 impl fmt::Debug for BrokerConfig {
@@ -1769,6 +1866,7 @@ impl fmt::Debug for BrokerConfig {
             .field("mode", &self.mode)
             .field("max_pending", &self.max_pending)
             .field("allow_loopback_no_auth", &self.allow_loopback_no_auth)
+            .field("silence_timeout", &self.silence_timeout)
             .finish()
     }
 }
@@ -1791,6 +1889,7 @@ impl BrokerConfig {
             mode: BrokerMode::Single,
             max_pending: DEFAULT_MAX_PENDING,
             allow_loopback_no_auth: false,
+            silence_timeout: DEFAULT_SILENCE_TIMEOUT,
         }
     }
 
@@ -1805,6 +1904,11 @@ impl BrokerConfig {
         }
         if !(1..=MAX_PENDING_LIMIT).contains(&self.max_pending) {
             return Err(ClientError::InvalidInput("max_pending must be 1..=16384"));
+        }
+        if !(MIN_SILENCE_TIMEOUT..=MAX_SILENCE_TIMEOUT).contains(&self.silence_timeout) {
+            return Err(ClientError::InvalidInput(
+                "silence_timeout must be 100 ms..=300 s",
+            ));
         }
         for addr in &self.addrs {
             validate_addr(addr)?;
@@ -1835,7 +1939,10 @@ impl BrokerConfig {
                 }
                 let endpoint = Endpoint {
                     addr: self.addrs[0].clone(),
-                    session: SessionConfig::single(token),
+                    session: SessionConfig {
+                        silence_timeout: self.silence_timeout,
+                        ..SessionConfig::single(token)
+                    },
                 };
                 Ok(vec![endpoint.clone(), endpoint])
             }
@@ -1854,7 +1961,10 @@ impl BrokerConfig {
                     .zip(0u8..)
                     .map(|(addr, slot)| Endpoint {
                         addr: addr.clone(),
-                        session: SessionConfig::cluster(token, identity_fingerprint, slot, size),
+                        session: SessionConfig {
+                            silence_timeout: self.silence_timeout,
+                            ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
+                        },
                     })
                     .collect())
             }

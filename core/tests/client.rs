@@ -495,7 +495,12 @@ fn the_wait_byte_is_what_remains_of_the_wait_at_the_send_boundary() {
 
 #[test]
 fn a_lost_reply_after_send_is_indeterminate_and_never_resent() {
-    let mut s = Scripted::single();
+    // A silence timeout beyond the 5 s transport deadline, so that the
+    // deadline is what ends the request here (the silence rule has its own
+    // tests).
+    let mut config = SessionConfig::single(b"");
+    config.silence_timeout = secs(10);
+    let mut s = Scripted::with_config(config);
     let rid = s.acquire("k", 0);
     assert_eq!(s.transmit().len(), 1);
     s.advance(ms(4_999));
@@ -1047,6 +1052,192 @@ fn a_release_attempt_lost_after_send_ends_indeterminate_after_two_seconds() {
         op.on_outcome(s.now, Outcome::NotFound),
         ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent))
     );
+}
+
+// ---------------------------------------------------------------------------
+// The silence rule
+// ---------------------------------------------------------------------------
+
+/// A release whose own deadline is far away, so that only the silence rule
+/// can end it.
+fn release_with_a_minute(s: &mut Scripted, name: &str, token: u64) -> u64 {
+    let deadline = s.now.saturating_add(secs(60));
+    s.session
+        .submit_release(s.now, key(name), token, deadline)
+        .unwrap()
+}
+
+#[test]
+fn an_overdue_release_on_a_silent_connection_closes_it_after_the_silence_timeout() {
+    assert_eq!(
+        SessionConfig::single(b"").silence_timeout,
+        secs(3),
+        "the documented default"
+    );
+    let mut s = Scripted::single();
+    // A long acquire wait rides along: it ends with the connection.
+    let waiting = s.acquire("held-elsewhere", 30);
+    let release = release_with_a_minute(&mut s, "a", 9);
+    assert_eq!(s.transmit().len(), 2);
+    // The release is overdue 3 s after it was handed out; nothing arrived
+    // since the handshake.
+    assert_eq!(
+        s.session.poll_timeout(),
+        Some(s.now.saturating_add(secs(3)))
+    );
+    s.advance(ms(2_999));
+    assert!(s.session.is_ready());
+    assert_eq!(s.events(), []);
+    s.advance(ms(1));
+    let events = s.events();
+    assert!(events.contains(&outcome(release, Outcome::Indeterminate)));
+    assert!(events.contains(&outcome(waiting, Outcome::Indeterminate)));
+    assert_eq!(
+        events.last(),
+        Some(&SessionEvent::Closed(CloseReason::Silent))
+    );
+    assert_eq!(events.len(), 3);
+    assert!(!CloseReason::Silent.is_routing() && !CloseReason::Silent.is_auth_failure());
+}
+
+#[test]
+fn an_unsent_request_is_not_overdue_and_ends_as_retry_when_silence_closes() {
+    let mut s = Scripted::single();
+    let sent = release_with_a_minute(&mut s, "a", 9);
+    s.transmit();
+    s.advance(secs(2));
+    // Submitted but never handed out: it cannot be overdue, and the close
+    // proves it had no effect.
+    let unsent = release_with_a_minute(&mut s, "b", 10);
+    s.advance(secs(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(sent, Outcome::Indeterminate),
+            outcome(unsent, Outcome::Retry),
+            SessionEvent::Closed(CloseReason::Silent),
+        ]
+    );
+}
+
+#[test]
+fn a_long_legitimate_acquire_wait_on_a_silent_connection_is_not_silence() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 30);
+    let sent = s.transmit();
+    assert!(matches!(sent.as_slice(), [Request::Acquire(req)] if req.wait_s == 30));
+    // The server may take the whole wait to answer: no silence close before
+    // it, whatever the quiet.
+    s.advance(secs(29));
+    assert!(s.session.is_ready());
+    assert_eq!(s.events(), []);
+    // The server's `T` comes a margin before the wait ends: a plain timeout,
+    // the connection goes on.
+    s.reply(Reply::TimedOut { rid });
+    assert_eq!(s.events(), [outcome(rid, Outcome::Timeout)]);
+    s.advance(secs(60));
+    assert!(s.session.is_ready());
+    assert_eq!(s.session.poll_timeout(), None);
+}
+
+/// A single-mode session with a 1 s silence timeout.
+fn quiet_second() -> SessionConfig {
+    let mut config = SessionConfig::single(b"");
+    config.silence_timeout = secs(1);
+    config
+}
+
+#[test]
+fn an_acquire_is_overdue_only_past_the_wait_it_sent_plus_the_silence_timeout() {
+    // A shorter bound shows the acquire's own overdue instant: wait 0 asks
+    // for an answer at once, so 1 s of silence after it ends it, long
+    // before its 5 s transport deadline.
+    let mut s = Scripted::with_config(quiet_second());
+    let rid = s.acquire("a", 0);
+    s.transmit();
+    s.advance(ms(999));
+    assert!(s.session.is_ready());
+    s.advance(ms(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::Silent),
+        ]
+    );
+    // Wait 2: overdue 2 s + 1 s after it was handed out.
+    let mut s = Scripted::with_config(quiet_second());
+    let p = params(secs(10), secs(10), Duration::ZERO);
+    let deadline = s.now.saturating_add(secs(2));
+    let rid = s
+        .session
+        .submit_acquire(s.now, key("b"), &p, deadline)
+        .unwrap();
+    let sent = s.transmit();
+    assert!(matches!(sent.as_slice(), [Request::Acquire(req)] if req.wait_s == 2));
+    // Its own deadline (2 s) comes first and is the existing rule.
+    s.advance(secs(2));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::DeadlineAfterSend),
+        ]
+    );
+}
+
+#[test]
+fn bytes_arriving_keep_a_connection_with_an_overdue_request_alive() {
+    let mut s = Scripted::cluster(0, 3);
+    let release = release_with_a_minute(&mut s, "a", 9);
+    s.transmit();
+    // The server is alive and talking (leader notices, replies to others):
+    // the overdue release alone does not close the connection.
+    for _ in 0..5 {
+        s.advance(secs(2));
+        s.reply(Reply::Leader { leader_slot: 0 });
+        assert!(s.session.is_ready());
+    }
+    s.events();
+    // The bound runs from the last byte.
+    assert_eq!(
+        s.session.poll_timeout(),
+        Some(s.now.saturating_add(secs(3)))
+    );
+    s.advance(ms(2_999));
+    assert!(s.session.is_ready());
+    s.advance(ms(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(release, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::Silent),
+        ]
+    );
+}
+
+#[test]
+fn the_broker_configures_the_silence_timeout_within_bounds() {
+    let config = |silence_timeout| BrokerConfig {
+        silence_timeout,
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    };
+    assert_eq!(
+        BrokerConfig::single("h:1", TOKEN_A).silence_timeout,
+        secs(3)
+    );
+    let endpoints = config(ms(750)).endpoints().unwrap();
+    assert!(
+        endpoints
+            .iter()
+            .all(|e| e.session.silence_timeout == ms(750))
+    );
+    for bad in [Duration::ZERO, ms(99), secs(301)] {
+        assert!(
+            matches!(config(bad).endpoints(), Err(ClientError::InvalidInput(_))),
+            "{bad:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -105,3 +105,19 @@ fn cluster_peer_frames_corpus() {
         fuzzing::cluster_peer_frames(&input);
     }
 }
+
+#[test]
+fn line_decoder_corpus() {
+    replay("line_decoder", fuzzing::line_decoder);
+    for input in pseudo_random_inputs(21, 2_000, 512) {
+        fuzzing::line_decoder(&input);
+    }
+}
+
+#[test]
+fn line_session_corpus() {
+    replay("line_session", fuzzing::line_session);
+    for input in pseudo_random_inputs(22, 1_000, 400) {
+        fuzzing::line_session(&input);
+    }
+}

@@ -52,7 +52,8 @@ use ticketing_core::server::ConnId;
 use ticketing_core::time::Instant;
 
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, ReleaseOutcome, Ticket, TicketSet,
+    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
+    ReleaseOutcome, Ticket, TicketSet,
 };
 
 use crate::embedded::{Hub, MemoryLink};
@@ -126,6 +127,16 @@ impl TicketBrokerBuilder {
     /// only for IP loopback addresses.
     pub fn allow_loopback_no_auth(mut self) -> Self {
         self.config.allow_loopback_no_auth = true;
+        self
+    }
+    /// The silence rule's bound, 100 ms..=300 s (default
+    /// [`DEFAULT_SILENCE_TIMEOUT`], 3 s): a connection on which a request
+    /// is overdue (an acquire past its wait plus this, a release past
+    /// this) and no byte arrived for this long is closed, its requests end
+    /// as on any lost connection (possibly sent → Indeterminate), and it
+    /// reconnects.
+    pub fn silence_timeout(mut self, silence_timeout: Duration) -> Self {
+        self.config.silence_timeout = silence_timeout;
         self
     }
     /// Validates the configuration and starts connecting in the background
@@ -813,6 +824,7 @@ impl TicketBroker {
                 mode: BrokerMode::Single,
                 max_pending: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
+                silence_timeout: DEFAULT_SILENCE_TIMEOUT,
             },
             tls: TlsMode::Off,
         }

@@ -301,6 +301,7 @@ pub(crate) fn close_expected_of_any(reason: &CloseReason) -> bool {
             | CloseReason::CancelledAfterSend
             | CloseReason::HandshakeTimeout
             | CloseReason::StalledReply
+            | CloseReason::Silent
     )
 }
 

@@ -7,6 +7,7 @@ mod cluster_clients;
 mod cluster_peer_frames;
 mod codecs;
 mod handshake;
+mod line;
 mod peer_handshake;
 mod raft_group;
 
@@ -15,6 +16,7 @@ pub use cluster_clients::cluster_clients;
 pub use cluster_peer_frames::cluster_peer_frames;
 pub use codecs::replicated_codecs;
 pub use handshake::client_handshake;
+pub use line::{line_decoder, line_session};
 pub use peer_handshake::peer_handshake;
 pub use raft_group::raft_hostile_peer;
 
@@ -213,6 +215,10 @@ fn check_server_output(bytes: &[u8]) {
         (used, status),
         (HELLO_LEN, ClientHandshakeStatus::SendProof)
     );
+    // A failed line-looking answer is told so in the line dialect, late.
+    if &bytes[HELLO_LEN..] == b"Eauth_failed\n" {
+        return;
+    }
     let Some((&result, mut rest)) = bytes[HELLO_LEN..].split_first() else {
         return;
     };
