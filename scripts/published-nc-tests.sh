@@ -9,7 +9,8 @@
 # hard-code); then each version's nc_cluster_test on a 3-node loopback
 # cluster (5225-5227; 0.4.0 with a client token and the cluster identity,
 # 0.3.0 with none, as its test has no way to pass one); then interop/: both
-# clients hammering the same keys of one server at once (free port).
+# clients hammering the same keys at once, on one server and on a 3-node
+# cluster across a leader kill (free ports).
 #
 # Usage: scripts/published-nc-tests.sh
 # Env:   TICKETING_BIN         test this binary instead of building one

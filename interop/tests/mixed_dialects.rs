@@ -1,25 +1,27 @@
 //! Both dialects on one port at once: published `ticketing` 0.4.0 brokers
 //! (wire v3) and published `ticketing` 0.3.0 brokers (line dialect) hammer
-//! the same keys of one real server. Each critical section checks that no
-//! other holder of its key is inside, and records the grant's token while
-//! it holds the key, so the record per key is in grant order: the tokens
-//! must rise strictly across both dialects, and both must have been served.
+//! the same keys of one real server (and of a 3-node cluster). Each critical
+//! section checks that no other holder of its key is inside, and records
+//! the grant's token while it holds the key, so the record per key is in
+//! grant order: the tokens must rise strictly across both dialects, and
+//! both must have been served.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ticketing_interop::Server;
+use ticketing::BrokerMode;
+use ticketing_interop::{Cluster, Server};
 
 const KEYS: usize = 4;
 const BROKERS_PER_DIALECT: usize = 2;
 const TASKS_PER_BROKER: usize = 16;
-const OPS_PER_TASK: usize = 250;
 const WAIT: Duration = Duration::from_secs(30);
 const LEASE: Duration = Duration::from_secs(30);
 const WORK_BUDGET: Duration = Duration::from_secs(1);
 const READY: Duration = Duration::from_secs(10);
 const RUN_BOUND: Duration = Duration::from_secs(120);
+const CLIENT_TOKEN: &str = "interop-client-token-0123456789";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dialect {
@@ -59,34 +61,54 @@ fn key_of(task: usize, op: usize) -> usize {
     (task * 7 + op) % KEYS
 }
 
-async fn hammer(token: Option<&str>) {
-    let server = match token {
-        Some(token) => Server::start(&["--client-token", token]),
-        None => Server::start(&[]),
-    };
-    let addr = server.addr.to_string();
-    let records: Arc<Vec<KeyRecord>> = Arc::new((0..KEYS).map(|_| KeyRecord::default()).collect());
+/// How to reach the server(s) under test.
+struct Target {
+    addrs: Vec<String>,
+    token: Option<&'static str>,
+    /// The cluster identity, for the v3 client in cluster mode.
+    cluster: Option<[u8; 32]>,
+}
 
+impl Target {
+    async fn v3_broker(&self) -> ticketing::TicketBroker {
+        let broker = match (self.token, self.cluster) {
+            (None, None) => ticketing::TicketBroker::connect_loopback(self.addrs.clone()),
+            (token, cluster) => {
+                let mut builder = ticketing::TicketBroker::builder()
+                    .addrs(self.addrs.clone())
+                    .token(token.unwrap_or(""));
+                if let Some(identity_fingerprint) = cluster {
+                    builder = builder.mode(BrokerMode::Cluster {
+                        identity_fingerprint,
+                    });
+                }
+                builder.connect().expect("v3 broker")
+            }
+        };
+        assert!(broker.wait_ready(READY).await, "v3 broker not ready");
+        broker
+    }
+
+    async fn line_broker(&self) -> ticketing03::TicketBroker {
+        let broker = ticketing03::TicketBroker::builder()
+            .addrs(self.addrs.clone())
+            .token(self.token.unwrap_or(""))
+            .connect()
+            .expect("line broker");
+        assert!(broker.wait_ready(READY).await, "line broker not ready");
+        broker
+    }
+}
+
+/// `ops_per_task` acquire+release per task on the shared keys, from both
+/// dialects at once; checks the record and returns the largest token.
+async fn hammer(target: &Target, ops_per_task: usize, label: &str) -> u64 {
+    let records: Arc<Vec<KeyRecord>> = Arc::new((0..KEYS).map(|_| KeyRecord::default()).collect());
     let mut v3_brokers = Vec::new();
     let mut line_brokers = Vec::new();
     for _ in 0..BROKERS_PER_DIALECT {
-        let v3 = match token {
-            Some(token) => ticketing::TicketBroker::builder()
-                .addrs([addr.clone()])
-                .token(token)
-                .connect()
-                .expect("v3 broker"),
-            None => ticketing::TicketBroker::connect_loopback([addr.clone()]),
-        };
-        assert!(v3.wait_ready(READY).await, "v3 broker not ready");
-        v3_brokers.push(v3);
-        let line = ticketing03::TicketBroker::builder()
-            .addrs([addr.clone()])
-            .token(token.unwrap_or(""))
-            .connect()
-            .expect("line broker");
-        assert!(line.wait_ready(READY).await, "line broker not ready");
-        line_brokers.push(line);
+        v3_brokers.push(target.v3_broker().await);
+        line_brokers.push(target.line_broker().await);
     }
 
     let started = Instant::now();
@@ -97,7 +119,7 @@ async fn hammer(token: Option<&str>) {
             let (broker, records, task) = (broker.clone(), Arc::clone(&records), task_id);
             task_id += 1;
             tasks.spawn(async move {
-                for op in 0..OPS_PER_TASK {
+                for op in 0..ops_per_task {
                     let key = key_of(task, op);
                     let name = key_name(key);
                     let ticket = broker
@@ -118,7 +140,7 @@ async fn hammer(token: Option<&str>) {
             let (broker, records, task) = (broker.clone(), Arc::clone(&records), task_id);
             task_id += 1;
             tasks.spawn(async move {
-                for op in 0..OPS_PER_TASK {
+                for op in 0..ops_per_task {
                     let key = key_of(task, op);
                     let name = key_name(key);
                     let ticket = broker
@@ -167,19 +189,14 @@ async fn hammer(token: Option<&str>) {
         per_dialect[1] += line;
         all_tokens.extend(grants.iter().map(|g| g.0));
     }
-    let ops = BROKERS_PER_DIALECT * TASKS_PER_BROKER * OPS_PER_TASK;
+    let ops = BROKERS_PER_DIALECT * TASKS_PER_BROKER * ops_per_task;
     assert_eq!(per_dialect, [ops, ops], "grants per dialect (v3, line)");
     // One token counter for both dialects and all keys.
     all_tokens.sort_unstable();
     all_tokens.dedup();
     assert_eq!(all_tokens.len(), 2 * ops, "a token was granted twice");
     println!(
-        "mixed dialects{}: {} v3 + {} line acquire+release on {KEYS} keys in {:.0} ms = {:.0} ops/s",
-        if token.is_some() {
-            " (client token)"
-        } else {
-            ""
-        },
+        "mixed dialects{label}: {} v3 + {} line acquire+release on {KEYS} keys in {:.0} ms = {:.0} ops/s",
         per_dialect[0],
         per_dialect[1],
         elapsed.as_secs_f64() * 1e3,
@@ -189,24 +206,97 @@ async fn hammer(token: Option<&str>) {
     for broker in &v3_brokers {
         broker.close().await;
     }
-    drop(line_brokers);
-    server.stop();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v3_and_line_clients_share_keys_and_one_token_counter() {
-    bounded(hammer(None)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v3_and_line_clients_share_keys_with_a_client_token() {
-    bounded(hammer(Some("interop-client-token-0123456789"))).await;
+    all_tokens.last().copied().unwrap_or(0)
 }
 
 /// A request the server never answers hangs both clients for ever: fail
 /// instead.
-async fn bounded(run: impl Future<Output = ()>) {
+async fn bounded<T>(run: impl Future<Output = T>) -> T {
     tokio::time::timeout(RUN_BOUND, run)
         .await
-        .expect("the mixed run did not finish in time");
+        .expect("the mixed run did not finish in time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_and_line_clients_share_keys_and_one_token_counter() {
+    let server = Server::start(&[]);
+    let target = Target {
+        addrs: vec![server.addr.to_string()],
+        token: None,
+        cluster: None,
+    };
+    bounded(hammer(&target, 250, "")).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_and_line_clients_share_keys_with_a_client_token() {
+    let server = Server::start(&["--client-token", CLIENT_TOKEN]);
+    let target = Target {
+        addrs: vec![server.addr.to_string()],
+        token: Some(CLIENT_TOKEN),
+        cluster: None,
+    };
+    bounded(hammer(&target, 250, " (client token)")).await;
+    server.stop();
+}
+
+/// On a 3-node cluster: the same mixed run, then the leader is killed and
+/// both dialects go on, in turn on one key, with tokens still rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_and_line_clients_share_a_cluster_across_a_failover() {
+    let mut cluster = Cluster::start(CLIENT_TOKEN);
+    let target = Target {
+        addrs: cluster.addrs(),
+        token: Some(CLIENT_TOKEN),
+        cluster: Some(cluster.identity),
+    };
+    let mut last = bounded(hammer(&target, 100, " (3-node cluster)")).await;
+
+    let v3 = target.v3_broker().await;
+    let line = target.line_broker().await;
+    let old = cluster.wait_for_leader(None);
+    cluster.kill(old);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    for round in 0..10 {
+        let token = if round % 2 == 0 {
+            // The v3 client reports an acquire cut by the failover as
+            // an error (Indeterminate, NotConnected…): try again.
+            loop {
+                match v3.acquire("mixed-failover", WAIT, LEASE, WORK_BUDGET).await {
+                    Ok(ticket) => {
+                        let token = ticket.token();
+                        let outcome = ticket.release().await.expect("v3 release");
+                        assert_eq!(outcome, ticketing::ReleaseOutcome::Released);
+                        break token;
+                    }
+                    Err(error) => {
+                        assert!(Instant::now() < deadline, "v3 acquire: {error}");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        } else {
+            // The line client retries a cut acquire itself.
+            let ticket = bounded(line.acquire("mixed-failover", WAIT, LEASE))
+                .await
+                .expect("line acquire across the failover");
+            let token = ticket.token();
+            assert!(ticket.release().await.expect("line release"));
+            token
+        };
+        assert!(
+            token > last,
+            "round {round}: token {token} after {last} across the failover"
+        );
+        last = token;
+    }
+    let new = cluster.wait_for_leader(Some(old));
+    println!(
+        "mixed dialects (3-node cluster): leader {old} killed, leader {new} served 10 alternating grants in {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    v3.close().await;
+    cluster.stop();
 }
