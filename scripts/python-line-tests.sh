@@ -31,6 +31,8 @@ fi
 [[ -x "$bin" ]] || die "no binary at $bin"
 
 echo "==> the published Python client ticketing==$VERSION in $venv"
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "ticketing==$VERSION needs Python 3.11 or newer; $python is $("$python" --version 2>&1)"
 if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv" || die "could not create a venv with $python (python3-venv missing?)"
 fi
