@@ -300,3 +300,45 @@ async fn v3_and_line_clients_share_a_cluster_across_a_failover() {
     v3.close().await;
     cluster.stop();
 }
+
+/// What the Rust line client makes of a lease over 250 s: the server answers
+/// `Ebad_lease` then `T`, so the call fails at once with `Timeout` (well
+/// inside its wait) and nothing is held: v3 takes the key straight away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_lease_over_250_s_fails_at_once_and_holds_nothing() {
+    let server = Server::start(&[]);
+    let target = Target {
+        addrs: vec![server.addr.to_string()],
+        token: None,
+        cluster: None,
+    };
+    let line = target.line_broker().await;
+    let started = Instant::now();
+    let refused = bounded(line.acquire("long-lease", WAIT, Duration::from_secs(300))).await;
+    assert!(
+        matches!(refused, Err(ticketing03::TicketError::Timeout)),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let longest = bounded(line.acquire("long-lease", WAIT, Duration::from_secs(250)))
+        .await
+        .expect("a 250 s lease is granted");
+    let longest_token = longest.token();
+    assert!(longest.release().await.expect("line release"));
+    let v3 = target.v3_broker().await;
+    let ticket = v3
+        .acquire("long-lease", Duration::ZERO, LEASE, WORK_BUDGET)
+        .await
+        .expect("the key is free");
+    assert!(ticket.token() > longest_token);
+    assert_eq!(
+        ticket.release().await.expect("v3 release"),
+        ticketing::ReleaseOutcome::Released
+    );
+    v3.close().await;
+    server.stop();
+}
