@@ -11,7 +11,8 @@
 #   scripts/cluster-local.sh env            exports for clients
 #
 # Slot i: clients on 127.0.0.1:$((BASE+i)), peers on $((BASE+1000+i)),
-# status on $((BASE+2000+i)). State (identity, tokens, pids, logs) lives in
+# status on $((BASE+2000+i)), admin HTTP (/metrics, /livez, /readyz) on
+# $((BASE+4000+i)). State (identity, tokens, pids, logs) lives in
 # $CLUSTER_DIR.
 # Env:   CARGO_TARGET_DIR  target dir (default: <repo>/target)
 #        CLUSTER_DIR       state dir (default: /tmp/ticketing-cluster)
@@ -50,6 +51,7 @@ start_node() { # SLOT [--bootstrap]
     env "${client_env[@]}" TICKETING_PEER_TOKENS="$(cat "$dir/peer-token")" \
         "$bin" serve --cluster-identity "$(cat "$dir/identity")" --self-slot "$slot" \
         $(slot_args) --status-listen "127.0.0.1:$((base + 2000 + slot))" \
+        --admin-listen "127.0.0.1:$((base + 4000 + slot))" \
         --profile "${PROFILE:-default}" --log-level "${LOG_LEVEL:-info}" \
         --state-dir "$dir/state" "$@" \
         >> "$dir/node$slot.log" 2>&1 &
@@ -106,7 +108,7 @@ case "${1:-}" in
             echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
         fi
         for i in 0 1 2; do start_node "$i" --bootstrap; done
-        echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); state in $dir" >&2
+        echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); admin: http://127.0.0.1:$((base + 4000))-$((base + 4002))/metrics; state in $dir" >&2
         ;;
     status) status ;;
     kill) kill_node "${2:?slot}" ;;

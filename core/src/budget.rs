@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 
+use crate::metrics::AbuseCounts;
 use crate::server::ConnId;
 use crate::time::{Duration, Instant};
 
@@ -101,6 +102,18 @@ pub enum AbuseKind {
 }
 
 impl AbuseKind {
+    /// Every kind, in declaration order (the order of
+    /// [`crate::metrics::AbuseCounts`]).
+    pub const ALL: [AbuseKind; 7] = [
+        AbuseKind::FailedProof,
+        AbuseKind::FailedPeerHandshake,
+        AbuseKind::HandshakeEvicted,
+        AbuseKind::HandshakeTimedOut,
+        AbuseKind::Refused,
+        AbuseKind::ReleaseSweep,
+        AbuseKind::TokenFromTheFuture,
+    ];
+
     /// A short description for logs.
     pub fn describe(self) -> &'static str {
         match self {
@@ -275,6 +288,8 @@ pub(crate) struct Reports {
     window_ends: VecDeque<(Instant, ReportKey)>,
     events: VecDeque<LogEvent>,
     dropped_events: u64,
+    /// Every event, also those the log aggregates (for metrics).
+    totals: AbuseCounts,
     /// The latest `now` seen; keeps `window_ends` sorted if a driver's
     /// clock readings arrive out of order.
     last_now: Instant,
@@ -288,12 +303,14 @@ impl Reports {
             window_ends: VecDeque::new(),
             events: VecDeque::new(),
             dropped_events: 0,
+            totals: AbuseCounts::default(),
             last_now: Instant::ZERO,
         }
     }
 
     /// One event of `kind` from `source` at `now`.
     pub(crate) fn abuse(&mut self, now: Instant, source: Option<IpAddr>, kind: AbuseKind) {
+        self.totals.count(kind);
         self.handle_timeout(now);
         let now = self.last_now;
         let mut key = (source, kind);
@@ -314,6 +331,11 @@ impl Reports {
                     .push_back((now.saturating_add(self.interval), key));
             }
         }
+    }
+
+    /// Every abuse event so far, by kind.
+    pub(crate) fn totals(&self) -> AbuseCounts {
+        self.totals
     }
 
     /// `conn` from `source` was closed for `reason`.

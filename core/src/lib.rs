@@ -20,6 +20,7 @@ pub mod line;
 pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;
+pub mod metrics;
 pub mod peer;
 pub mod raft;
 pub mod reserve;

@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
+use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
 
@@ -154,6 +155,9 @@ struct KeyEntry {
     /// Number of keys in the holder's grant, so a release can tell whether it
     /// names exactly the granted group without a per-grant index.
     group_len: u8,
+    /// The lease of the holder's grant in seconds, so the grant time is
+    /// known for the hold-time histogram (it fits in the entry's padding).
+    lease_s: u8,
 }
 
 impl KeyEntry {
@@ -164,7 +168,14 @@ impl KeyEntry {
             lease_deadline_us: 0,
             queue: None,
             group_len: 0,
+            lease_s: 0,
         }
+    }
+
+    /// When the holder's grant was made (microseconds).
+    fn granted_at_us(&self) -> u64 {
+        self.lease_deadline_us
+            .saturating_sub(u64::from(self.lease_s) * MICROS_PER_SECOND)
     }
 
     /// Whether a holder's lease is still running at `at_us`.
@@ -191,6 +202,8 @@ struct Waiter {
     /// the margin.
     wait_deadline_us: u64,
     lease_s: u8,
+    /// When the acquire arrived (microseconds), for the wait histogram.
+    queued_at_us: u64,
 }
 
 /// A lease deadline of a key that has waiters. Stale once the key's token
@@ -241,6 +254,14 @@ pub struct LockTable {
     /// limit; retried when it is raised. Ordered, so a run stays a pure
     /// function of its inputs.
     stalled: BTreeSet<Box<[u8]>>,
+    /// What the table counted.
+    metrics: LockMetrics,
+    /// Key sets whose lease ran out and of which some keys were noticed
+    /// expired, by token: how many keys are still to be noticed. A set's
+    /// expiry is counted once, on the first key noticed; each key leaves
+    /// the table or gets a new token eventually (the sweep), so entries
+    /// do not outlive their keys.
+    expiring_sets: HashMap<u64, u8>,
 }
 
 impl LockTable {
@@ -265,6 +286,8 @@ impl LockTable {
             events: VecDeque::new(),
             token_limit: u64::MAX,
             stalled: BTreeSet::new(),
+            metrics: LockMetrics::default(),
+            expiring_sets: HashMap::new(),
         }
     }
 
@@ -337,7 +360,12 @@ impl LockTable {
         let over_key_limit = self.keys.len() + new_keys > limits.max_keys;
 
         if all_free {
-            if over_key_limit || self.next_token > self.token_limit {
+            if over_key_limit {
+                self.metrics.busy.max_keys += 1;
+                return AcquireOutcome::Busy;
+            }
+            if self.next_token > self.token_limit {
+                self.metrics.busy.token_reserve += 1;
                 return AcquireOutcome::Busy;
             }
             let token = self.issue_token();
@@ -349,16 +377,32 @@ impl LockTable {
                     .keys
                     .entry(key.into_boxed_bytes())
                     .or_insert_with(KeyEntry::unheld);
+                if entry.token != 0 {
+                    note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+                }
                 entry.token = token;
                 entry.lease_deadline_us = lease_deadline_us;
                 entry.group_len = group_len;
+                entry.lease_s = lease_s;
             }
+            self.metrics.grants_immediate += 1;
+            self.metrics.wait.observe_us(0);
             return AcquireOutcome::Granted { token };
         }
         if wait_s == 0 {
+            self.metrics.timeouts_wait_zero += 1;
             return AcquireOutcome::TimedOut;
         }
-        if over_key_limit || some_queue_full || self.waiters.len() >= limits.max_waiters_total {
+        if over_key_limit {
+            self.metrics.busy.max_keys += 1;
+            return AcquireOutcome::Busy;
+        }
+        if some_queue_full {
+            self.metrics.busy.max_waiters_per_key += 1;
+            return AcquireOutcome::Busy;
+        }
+        if self.waiters.len() >= limits.max_waiters_total {
+            self.metrics.busy.max_waiters_total += 1;
             return AcquireOutcome::Busy;
         }
 
@@ -380,6 +424,7 @@ impl LockTable {
             if entry.token != 0 && !entry.is_held_at(now_us) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
+                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
                 entry.token = 0;
             }
             let queue = entry.queue.get_or_insert_with(Box::default);
@@ -413,6 +458,7 @@ impl LockTable {
                 keys,
                 wait_deadline_us,
                 lease_s,
+                queued_at_us: now_us,
             },
         );
         AcquireOutcome::Queued
@@ -438,10 +484,14 @@ impl LockTable {
                 && entry.token == token
             {
                 matched += 1;
-                grant = Some((entry.group_len, entry.lease_deadline_us));
+                grant = Some((
+                    entry.group_len,
+                    entry.lease_deadline_us,
+                    entry.granted_at_us(),
+                ));
             }
         }
-        let Some((group_len, lease_deadline_us)) = grant else {
+        let Some((group_len, lease_deadline_us, granted_at_us)) = grant else {
             return ReleaseOutcome::NotFound;
         };
         // Tokens are unique per grant, so `matched` named keys carrying it
@@ -469,9 +519,15 @@ impl LockTable {
                 }
             }
         }
+        self.metrics.releases += 1;
+        self.metrics
+            .hold
+            .observe_us(now_us.saturating_sub(granted_at_us));
         if some_waiters {
             for key in keys.keys() {
-                self.grant_front(key.as_bytes(), now_us, now_us);
+                if self.grant_front(key.as_bytes(), now_us, now_us) {
+                    self.metrics.handovers_on_release += 1;
+                }
             }
         }
         ReleaseOutcome::Released
@@ -503,6 +559,7 @@ impl LockTable {
             };
             self.events
                 .push_back(LockEvent::TimedOut { waiter: waiter.id });
+            self.metrics.timeouts_shutdown += 1;
             for key in waiter.keys.iter() {
                 if let Some(entry) = self.keys.get_mut(&**key) {
                     entry.queue = None;
@@ -542,6 +599,11 @@ impl LockTable {
     /// The next event for a queued waiter, if any.
     pub fn poll_event(&mut self) -> Option<LockEvent> {
         self.events.pop_front()
+    }
+
+    /// What the table counted so far (see [`LockMetrics`]).
+    pub fn metrics(&self) -> &LockMetrics {
+        &self.metrics
     }
 
     /// Current counts. `held_keys` is counted against the latest `now` the
@@ -630,10 +692,20 @@ impl LockTable {
                     let Some(Reverse(lease)) = self.lease_deadlines.pop() else {
                         unreachable!("peeked above");
                     };
+                    let mut expired = None;
                     if let Some(entry) = self.keys.get_mut(&lease.key) {
+                        expired = Some((entry.token, entry.group_len, entry.lease_s));
                         entry.token = 0;
                     }
-                    self.grant_front(&lease.key, lease.deadline_us, now_us);
+                    let handed_over = self.grant_front(&lease.key, lease.deadline_us, now_us);
+                    if let Some(expired) = expired {
+                        count_expiry(
+                            &mut self.metrics,
+                            &mut self.expiring_sets,
+                            expired,
+                            handed_over,
+                        );
+                    }
                 }
             }
         }
@@ -641,8 +713,15 @@ impl LockTable {
 
     /// Removes expired keys that nobody waits for, as of `at_us`.
     fn sweep(&mut self, at_us: u64) {
-        self.keys
-            .retain(|_, entry| entry.queue.is_some() || entry.is_held_at(at_us));
+        let metrics = &mut self.metrics;
+        let expiring_sets = &mut self.expiring_sets;
+        self.keys.retain(|_, entry| {
+            let keep = entry.queue.is_some() || entry.is_held_at(at_us);
+            if !keep && entry.token != 0 {
+                note_expiry(metrics, expiring_sets, entry, false);
+            }
+            keep
+        });
     }
 
     /// Pops heap entries that no longer stand for a live deadline, so that
@@ -717,6 +796,7 @@ impl LockTable {
         if timed_out {
             self.events
                 .push_back(LockEvent::TimedOut { waiter: waiter.id });
+            self.metrics.timeouts_wait_ended += 1;
         }
         // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
         let mut was_front: u32 = 0;
@@ -755,23 +835,24 @@ impl LockTable {
     /// that waiter is at the front of every one of its keys and none of them
     /// has a running lease. Only the front is looked at ("wake only the next
     /// waiter"); a set blocked elsewhere is retried when that key frees.
-    fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) {
+    /// Returns whether it granted.
+    fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) -> bool {
         #[cfg(feature = "planted-bugs")]
         if planted::active(planted::PlantedBug::SkipWaiter) {
             self.plant_skip_waiter(key);
         }
         let Some(entry) = self.keys.get(key) else {
-            return;
+            return false;
         };
         if entry.is_held_at(at_us) {
-            return;
+            return false;
         }
         let Some(seq) = entry.queue_front() else {
-            return;
+            return false;
         };
         let Some(waiter) = self.waiters.get(&seq) else {
             debug_assert!(false, "queued seq without a waiter");
-            return;
+            return false;
         };
         let grantable = waiter.keys.iter().all(|key| {
             self.keys
@@ -779,16 +860,16 @@ impl LockTable {
                 .is_some_and(|entry| entry.queue_front() == Some(seq) && !entry.is_held_at(at_us))
         });
         if !grantable {
-            return;
+            return false;
         }
         if self.next_token > self.token_limit {
             // Not durable yet: the waiter keeps its place until the limit
             // is raised or its wait ends.
             self.stalled.insert(key.into());
-            return;
+            return false;
         }
         let Some(waiter) = self.waiters.remove(&seq) else {
-            return;
+            return false;
         };
         self.waiter_seqs.remove(&waiter.id);
         let token = self.issue_token();
@@ -800,9 +881,15 @@ impl LockTable {
             let Some(entry) = self.keys.get_mut(&*key) else {
                 continue;
             };
+            if entry.token != 0 {
+                // A lease that ended at this very instant, not yet handled
+                // on this key: it ends here, handed to this waiter.
+                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, true);
+            }
             entry.token = token;
             entry.lease_deadline_us = lease_deadline_us;
             entry.group_len = group_len;
+            entry.lease_s = waiter.lease_s;
             if let Some(queue) = entry.queue.as_mut() {
                 queue.pop_front();
                 self.queued_pairs -= 1;
@@ -821,6 +908,11 @@ impl LockTable {
             waiter: waiter.id,
             token,
         });
+        self.metrics.grants_after_wait += 1;
+        self.metrics
+            .wait
+            .observe_us(now_us.saturating_sub(waiter.queued_at_us));
+        true
     }
 
     /// Planted bug: the second waiter of `key`, if it waits for this key
@@ -902,6 +994,52 @@ pub mod planted {
     pub fn active(bug: PlantedBug) -> bool {
         ACTIVE.with(|active| active.get() == Some(bug))
     }
+}
+
+/// Counts the end of the lease on `entry` (noticed now; `handed_over`: its
+/// key went straight to a waiter).
+fn note_expiry(
+    metrics: &mut LockMetrics,
+    expiring_sets: &mut HashMap<u64, u8>,
+    entry: &KeyEntry,
+    handed_over: bool,
+) {
+    count_expiry(
+        metrics,
+        expiring_sets,
+        (entry.token, entry.group_len, entry.lease_s),
+        handed_over,
+    );
+}
+
+/// Counts the expiry of grant `token` (of `group_len` keys, lease
+/// `lease_s`) as noticed on one of its keys: once per grant, on the first
+/// key noticed.
+fn count_expiry(
+    metrics: &mut LockMetrics,
+    expiring_sets: &mut HashMap<u64, u8>,
+    (token, group_len, lease_s): (u64, u8, u8),
+    handed_over: bool,
+) {
+    if group_len > 1 {
+        if let Some(left) = expiring_sets.get_mut(&token) {
+            *left -= 1;
+            if *left == 0 {
+                expiring_sets.remove(&token);
+            }
+            return;
+        }
+        expiring_sets.insert(token, group_len - 1);
+    }
+    if handed_over {
+        metrics.expiries_handed_over += 1;
+    } else {
+        metrics.expiries_not_handed_over += 1;
+    }
+    // A lease runs from its grant to its deadline: exactly `lease_s`.
+    metrics
+        .hold
+        .observe_us(u64::from(lease_s) * MICROS_PER_SECOND);
 }
 
 fn lease_deadline(now_us: u64, lease_s: u8) -> u64 {

@@ -28,6 +28,7 @@ use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
+use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{KeyGroup, NO_LEADER_SLOT};
@@ -124,6 +125,8 @@ pub struct Server {
     /// The durable bound on tokens; unlimited unless
     /// [`Server::with_token_reserve`] set one.
     reserve: TokenReserve,
+    /// Replies sent on connections already closed.
+    closed_replies: ClosedReplies,
 }
 
 #[derive(Debug)]
@@ -148,6 +151,8 @@ struct Conn {
     close_reason: Option<CloseReason>,
     /// Releases answered `N` since the last one that released.
     release_misses_in_row: u32,
+    /// Replies sent on it, by kind.
+    replies: ReplyCounts,
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
@@ -176,6 +181,7 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 /// Single mode never has an outcome it cannot tell, so every answer has a
 /// reply in both dialects.
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
+    conn.replies.count(&to.counted_as(answer));
     let delivery = to.encode(answer, &[], conn.out.buffer_mut());
     debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
     wakes.wake(conn_id, &mut conn.out);
@@ -204,6 +210,7 @@ impl Server {
             config,
             shutting_down: false,
             reserve: TokenReserve::unlimited(),
+            closed_replies: ClosedReplies::default(),
         }
     }
 
@@ -292,6 +299,7 @@ impl Server {
             source,
             close_reason: None,
             release_misses_in_row: 0,
+            replies: ReplyCounts::default(),
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -348,7 +356,9 @@ impl Server {
             if conn.out.is_closing() {
                 break;
             }
-            let next = conn.front.next_request(conn.out.buffer_mut());
+            let next = conn
+                .front
+                .next_request(conn.out.buffer_mut(), &mut conn.replies);
             if !conn.out.pending().is_empty() {
                 self.wakes.wake(conn_id, &mut conn.out);
             }
@@ -609,6 +619,7 @@ impl Server {
             self.sessions -= 1;
         }
         self.held.forget_conn(conn_id);
+        self.closed_replies.add(&conn.replies);
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
         self.reports.closed(conn_id, Some(conn.source), reason);
         #[cfg(feature = "planted-bugs")]
@@ -736,6 +747,24 @@ impl Server {
         self.conns
             .get(&conn_id)
             .map_or(&[], |conn| conn.out.pending())
+    }
+
+    /// A snapshot of what the server counted (see [`crate::metrics`]).
+    /// O(keys) for the held-key gauge, O(connections) for the replies.
+    pub fn metrics(&self) -> ServerMetrics {
+        let lock = self.table.stats();
+        ServerMetrics::assemble(
+            self.table.metrics().clone(),
+            self.closed_replies
+                .total(self.conns.values().map(|c| &c.replies)),
+            self.reports.totals(),
+            lock.held_keys,
+            lock.keys,
+            lock.waiters,
+            self.sessions,
+            self.handshakes.len(),
+            self.shutting_down,
+        )
     }
 
     /// Current counts.

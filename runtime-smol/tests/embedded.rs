@@ -288,3 +288,108 @@ fn with_a_state_dir_tokens_start_above_the_stored_reserve() {
         assert!(message.contains("embedded.floor: not a"), "{message}");
     });
 }
+
+/// A line-dialect (0.3.0) client on a blocking socket: handshake, then
+/// whole reply lines.
+struct LineClient {
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl LineClient {
+    fn connect(addr: &str) -> LineClient {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        let mut buf = Vec::new();
+        while !buf.contains(&b'\n') {
+            let mut chunk = [0u8; 64];
+            let n = stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed before the challenge");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let lf = buf.iter().position(|&b| b == b'\n').unwrap();
+        let space = buf.iter().position(|&b| b == b' ').unwrap();
+        let mut answer = ticketing_core::line::line_answer(b"", &buf[space + 1..lf]).to_vec();
+        answer.push(b'\n');
+        stream.write_all(&answer).unwrap();
+        buf.drain(..=lf);
+        LineClient { stream, buf }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// The next reply as (op, first number, tail).
+    fn reply(&mut self) -> (u8, u64, Vec<u8>) {
+        use std::io::Read;
+        use ticketing_core::line::LineReply;
+        loop {
+            if let Some((reply, used)) = LineReply::decode(&self.buf).unwrap() {
+                let entry = match reply {
+                    LineReply::Acquired { token, key, .. } => (b'A', token, key.to_vec()),
+                    LineReply::TimedOut { owner, key } | LineReply::Busy { owner, key } => {
+                        (reply.op(), owner, key.to_vec())
+                    }
+                    LineReply::Released { token, key } | LineReply::NotFound { token, key } => {
+                        (reply.op(), token, key.to_vec())
+                    }
+                    LineReply::Moved { address }
+                    | LineReply::Leader { address }
+                    | LineReply::Error { reason: address } => (reply.op(), 0, address.to_vec()),
+                };
+                self.buf.drain(..used);
+                return entry;
+            }
+            let mut chunk = [0u8; 256];
+            let n = self.stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed while a reply was awaited");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+#[test]
+fn a_line_client_on_the_tcp_port_contends_with_in_process_brokers() {
+    use ticketing_core::line::{encode_line_acquire, encode_line_release};
+    let server = EmbeddedServer::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let local = server.broker();
+    smol::block_on(async {
+        let held = local.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+        let local_token = held.token();
+        let waiter = std::thread::spawn(move || {
+            let mut line = LineClient::connect(&addr);
+            let mut frame = Vec::new();
+            encode_line_acquire(&mut frame, 5, 30, 0x0A0A, b"k");
+            line.send(&frame);
+            let (op, token, key) = line.reply();
+            assert_eq!((op, key.as_slice()), (b'A', &b"k"[..]), "a grant");
+            let mut frame = Vec::new();
+            encode_line_release(&mut frame, token, b"k");
+            line.send(&frame);
+            assert_eq!(line.reply(), (b'R', token, b"k".to_vec()));
+            token
+        });
+        settle("the line waiter queued", || {
+            server.stats().lock.waiters == 1
+        })
+        .await;
+        assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+        let line_token = waiter.join().unwrap();
+        assert!(line_token > local_token, "one token counter for both");
+        let again = local
+            .acquire("k", Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert!(again.token() > line_token);
+        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+        local.close().await;
+        server.shutdown().await;
+    });
+}

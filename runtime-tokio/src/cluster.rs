@@ -49,6 +49,7 @@ use ticketing_core::raft::NodeId;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::Instant;
 
+use crate::admin;
 use crate::serve::{
     Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
     log_token_alert, open_floor, run_persister, start,
@@ -100,6 +101,9 @@ pub struct ClusterSettings {
     /// ([`crate::state`]); `None`: no file (tests). The `ticketing` binary
     /// always sets one.
     pub state: Option<StateSettings>,
+    /// Where to serve the admin HTTP endpoints ([`crate::admin`]), if
+    /// anywhere.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl ClusterSettings {
@@ -121,6 +125,7 @@ impl ClusterSettings {
             status_listen: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             state: None,
+            admin_listen: None,
         }
     }
 }
@@ -363,6 +368,7 @@ pub struct RunningCluster {
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     status_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
     shared: Arc<Shared<ClusterCore>>,
     supervisor: Option<JoinHandle<()>>,
 }
@@ -381,6 +387,11 @@ impl RunningCluster {
     /// The status address actually bound, if configured.
     pub fn status_addr(&self) -> Option<SocketAddr> {
         self.status_addr
+    }
+
+    /// The admin address actually bound, if configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// The node's current view.
@@ -471,6 +482,8 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     let client_addr = client.local_addr()?;
     let peer_addr = peer.local_addr()?;
     let status_addr = status.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin = admin::bind(settings.admin_listen).await?;
+    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
 
     let mut seed = [0u8; 8];
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
@@ -521,6 +534,12 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     if let Some(status) = status {
         extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
     }
+    if let Some(admin) = admin {
+        let core = Arc::clone(&shared);
+        let snapshot: admin::Snapshot =
+            Arc::new(move || admin::NodeMetrics::Cluster(core.lock().core.node.metrics()));
+        extra.push(tokio::spawn(admin::serve_admin(admin, snapshot)));
+    }
     let listeners = vec![
         Listener {
             tcp: client,
@@ -560,6 +579,7 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         client_addr,
         peer_addr,
         status_addr,
+        admin_addr,
         shared,
         supervisor: Some(supervisor),
     })

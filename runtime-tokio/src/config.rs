@@ -47,6 +47,16 @@ pub const WORKER_THREADS_MAX: u64 = 256;
 /// Accepted values of `log_level`.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
+/// How log lines are written (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
 /// Inclusive upper bounds of the `[limits]` fields. They keep a typo (an
 /// extra digit or three) from turning into an unbounded memory promise.
 pub const MAX_KEYS_MAX: u64 = 100_000_000;
@@ -257,6 +267,14 @@ pub struct ServeArgs {
     /// off, error, warn, info, debug or trace (overrides RUST_LOG).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// `text` (default) or `json` (one JSON object per line).
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz) on this
+    /// address, IP:PORT (off unless set; read-only, unauthenticated: bind
+    /// it to loopback or a management network).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
     /// `--max-*`: the `[limits]` table's fields.
     #[command(flatten)]
     pub limits: FileLimits,
@@ -320,6 +338,10 @@ pub struct FileConfig {
     pub insecure_no_auth: Option<bool>,
     /// See [`ServeArgs::log_level`].
     pub log_level: Option<String>,
+    /// See [`ServeArgs::log_format`].
+    pub log_format: Option<String>,
+    /// See [`ServeArgs::admin_listen`].
+    pub admin_listen: Option<String>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`].
@@ -508,6 +530,8 @@ pub struct Config {
     pub settings: ServeSettings,
     /// `tracing_subscriber::EnvFilter` directives.
     pub log_filter: String,
+    /// How log lines are written.
+    pub log_format: LogFormat,
     /// Threads of the runtime; 1 runs everything on the main thread.
     pub worker_threads: usize,
     /// How clients authenticate.
@@ -735,6 +759,28 @@ pub fn resolve(
 
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
+    let log_format = match args
+        .log_format
+        .as_deref()
+        .or(file.log_format.as_deref())
+        .map(|text| text.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "log_format",
+                format!("{other:?} is not one of text, json"),
+            ));
+        }
+    };
+    let admin_listen = args
+        .admin_listen
+        .as_deref()
+        .or(file.admin_listen.as_deref())
+        .map(|text| parse_addr("admin_listen", text))
+        .transpose()?;
     let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
 
     let server = ServerConfig {
@@ -780,6 +826,7 @@ pub fn resolve(
         })?;
         let mut cluster = cluster;
         cluster.state = Some(state.clone());
+        cluster.admin_listen = admin_listen;
         Some(cluster)
     } else {
         check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
@@ -789,6 +836,7 @@ pub fn resolve(
     settings.server = server;
     settings.tls = tls;
     settings.state = Some(state);
+    settings.admin_listen = admin_listen;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -797,6 +845,7 @@ pub fn resolve(
     Ok(Config {
         settings,
         log_filter,
+        log_format,
         worker_threads,
         auth,
         cluster,
@@ -1604,6 +1653,53 @@ mod tests {
         let err = resolve_args(&["--listen", "localhost"]).unwrap_err();
         assert_eq!(err.field, "listen");
         assert!(err.message.contains("IP:PORT"), "{err}");
+    }
+
+    #[test]
+    fn log_format_is_text_unless_json_and_a_bad_one_is_named() {
+        assert_eq!(resolve_args(&[]).unwrap().log_format, LogFormat::Text);
+        let config = resolve_args(&["--log-format", "json"]).unwrap();
+        assert_eq!(config.log_format, LogFormat::Json);
+        let file = parse_file("log_format = \"json\"").unwrap();
+        let config = resolve(
+            &file,
+            None,
+            &args(&["--log-format", "text"]),
+            &Env::default(),
+        );
+        assert_eq!(config.unwrap().log_format, LogFormat::Text, "the flag wins");
+        let config = resolve(&file, None, &args(&[]), &Env::default());
+        assert_eq!(config.unwrap().log_format, LogFormat::Json);
+        assert_eq!(
+            field_of(resolve_args(&["--log-format", "yaml"])),
+            "log_format"
+        );
+    }
+
+    #[test]
+    fn admin_listen_is_off_unless_set_and_a_bad_one_is_named() {
+        assert_eq!(resolve_args(&[]).unwrap().settings.admin_listen, None);
+        let config = resolve_args(&["--admin-listen", "127.0.0.1:9225"]).unwrap();
+        assert_eq!(
+            config.settings.admin_listen,
+            Some("127.0.0.1:9225".parse().unwrap())
+        );
+        let file = parse_file("admin_listen = \"127.0.0.1:9226\"").unwrap();
+        let config = resolve(&file, None, &args(&[]), &Env::default()).unwrap();
+        assert_eq!(
+            config.settings.admin_listen,
+            Some("127.0.0.1:9226".parse().unwrap())
+        );
+        let err = resolve_args(&["--admin-listen", "localhost:9225"]).unwrap_err();
+        assert_eq!(err.field, "admin_listen");
+        let mut argv = cluster_args(&SLOTS3);
+        argv.extend(["--admin-listen".to_owned(), "127.0.0.1:9227".to_owned()]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = resolve_args(&argv).unwrap();
+        assert_eq!(
+            config.cluster.unwrap().admin_listen,
+            Some("127.0.0.1:9227".parse().unwrap())
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! ([`config`]), the driver that connects the sans-IO core's
 //! [`Server`](ticketing_core::server::Server) to sockets, clocks and timers
 //! ([`serve`]), the state file that keeps fencing tokens rising across
-//! restarts ([`state`]), and TLS setup ([`tls`]).
+//! restarts ([`state`]), TLS setup ([`tls`]) and the admin HTTP listener
+//! ([`admin`]: metrics and health).
 //!
 //! The driver stays thin: every decision about locks, leases, tokens and
 //! protocol bytes is the core's. [`serve::spawn_server`] is also the
@@ -10,6 +11,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod client;
 pub mod cluster;
 pub mod config;

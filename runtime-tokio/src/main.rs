@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ticketing_tokio::config::{self, AuthMode, Cli, Command, Env, ServeArgs};
+use ticketing_tokio::config::{self, AuthMode, Cli, Command, Env, LogFormat, ServeArgs};
 use ticketing_tokio::{StateError, spawn_server};
 use tracing::{error, info};
 
@@ -42,11 +42,14 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log_filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One object per line: timestamp, level, target, fields.
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
     fail_stop_on_panic();
 
     // One thread by default: the core is one serial state machine, and a

@@ -37,6 +37,7 @@ use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::{Instant, StdOrigin};
 
+use crate::admin;
 use crate::state::{self, FloorFile, StateSettings};
 
 /// First size of a connection's read buffer; most connections never need
@@ -73,6 +74,9 @@ pub struct ServeSettings {
     /// no file, tokens start from the clock alone (tests); the `ticketing`
     /// binary always sets one.
     pub state: Option<StateSettings>,
+    /// Where to serve the admin HTTP endpoints ([`crate::admin`]), if
+    /// anywhere; port 0 picks a free port ([`RunningServer::admin_addr`]).
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl ServeSettings {
@@ -84,6 +88,7 @@ impl ServeSettings {
             tls: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             state: None,
+            admin_listen: None,
         }
     }
 }
@@ -93,6 +98,7 @@ impl ServeSettings {
 #[derive(Debug)]
 pub struct RunningServer {
     local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     shared: Arc<Shared<Server>>,
     supervisor: Option<JoinHandle<()>>,
 }
@@ -101,6 +107,11 @@ impl RunningServer {
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin address actually bound, if configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// The core's current counts.
@@ -137,6 +148,8 @@ impl Drop for RunningServer {
 pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> {
     let listener = TcpListener::bind(settings.listen).await?;
     let local_addr = listener.local_addr()?;
+    let admin = admin::bind(settings.admin_listen).await?;
+    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
     let clock = Clock::start();
     // Named after the configured address, or the bound one for port 0
     // (which no two live servers share).
@@ -176,9 +189,15 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         ),
     };
     let shared = Shared::new(server, clock);
-    let extra = persister
+    let mut extra = persister
         .map(|file| vec![tokio::spawn(run_persister(Arc::clone(&shared), file))])
         .unwrap_or_default();
+    if let Some(admin) = admin {
+        let core = Arc::clone(&shared);
+        let snapshot: admin::Snapshot =
+            Arc::new(move || admin::NodeMetrics::Single(core.lock().core.metrics()));
+        extra.push(tokio::spawn(admin::serve_admin(admin, snapshot)));
+    }
     let supervisor = start(
         &shared,
         vec![Listener {
@@ -194,6 +213,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     );
     Ok(RunningServer {
         local_addr,
+        admin_addr,
         shared,
         supervisor: Some(supervisor),
     })

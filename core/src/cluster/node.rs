@@ -59,6 +59,7 @@ use crate::conn::client::{
 use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
+use crate::metrics::{ClusterMetrics, ReplyCounts};
 use crate::peer::{
     MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
     PeerTokens,
@@ -445,6 +446,8 @@ pub struct ClusterNode {
     /// The durable bound on tokens this node proposes; unlimited unless
     /// [`ClusterNode::with_token_reserve`] set one.
     reserve: TokenReserve,
+    /// Replies sent to clients, by kind.
+    replies: ReplyCounts,
 }
 
 /// Records since when `conn`'s output has been waiting (peer connections).
@@ -626,6 +629,7 @@ impl ClusterNode {
             peer_token_floor_max: 0,
             config,
             reserve: TokenReserve::unlimited(),
+            replies: ReplyCounts::default(),
         }
     }
 
@@ -734,6 +738,21 @@ impl ClusterNode {
             }
         }
         stats
+    }
+
+    /// A snapshot of what the node counted (see [`crate::metrics`]).
+    pub fn metrics(&self) -> ClusterMetrics {
+        let stats = self.stats();
+        crate::metrics::cluster_metrics(
+            &self.raft,
+            &self.state,
+            self.applied_index,
+            self.replies,
+            self.reports.totals(),
+            self.checking_genesis(),
+            (stats.waiters, self.client_sessions),
+            self.shutting_down,
+        )
     }
 
     /// Snapshots from the leader that could not be restored.
@@ -1013,7 +1032,9 @@ impl ClusterNode {
             let ConnKind::Client(client) = &mut conn.kind else {
                 return;
             };
-            let next = client.front.next_request(conn.out.buffer_mut());
+            let next = client
+                .front
+                .next_request(conn.out.buffer_mut(), &mut self.replies);
             if !conn.out.pending().is_empty() {
                 self.wakes.wake(conn_id, &mut conn.out);
             }
@@ -1048,6 +1069,7 @@ impl ClusterNode {
         if out.is_closing() {
             return;
         }
+        self.replies.count(&to.counted_as(answer));
         match to.encode(answer, &self.config.client_addresses, out.buffer_mut()) {
             Delivery::Queued => self.wakes.wake(conn_id, out),
             Delivery::Close => self.close_conn(conn_id, CloseReason::OutcomeUnknown),

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::{ApplyResult, Command};
+use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::{Key, KeyGroup};
 
@@ -42,6 +43,9 @@ pub struct Holding {
     /// install time) plus the (remaining) lease — never earlier than the
     /// node learned of the grant, so a new leader never shortens a lease.
     pub deadline: Instant,
+    /// When this node applied the grant (or installed the snapshot that
+    /// carried it), on its clock: the start of the hold-time observation.
+    pub granted_at: Instant,
 }
 
 /// A snapshot that cannot be restored.
@@ -93,6 +97,9 @@ pub struct ReplicatedLocks {
     /// Lease deadlines by token; entries of released or re-armed grants are
     /// skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// What this node counted applying commands; local, like deadlines
+    /// (kept across a snapshot install).
+    metrics: ReplicatedLockMetrics,
 }
 
 impl ReplicatedLocks {
@@ -112,14 +119,15 @@ impl ReplicatedLocks {
                 ApplyResult::Noop
             }
             Command::Grant { keys, lease_ms } => self.apply_grant(keys, *lease_ms, applied_at),
-            Command::Release { keys, token } => self.apply_release(keys, *token),
+            Command::Release { keys, token } => self.apply_release(keys, *token, applied_at),
             Command::Expire { keys, token } => {
                 let existed = self
                     .grants
                     .get(token)
                     .is_some_and(|holding| &holding.keys == keys);
                 if existed {
-                    self.remove_grant(*token);
+                    self.remove_grant(*token, applied_at);
+                    self.metrics.expiries += 1;
                 }
                 ApplyResult::Expired { existed }
             }
@@ -156,16 +164,19 @@ impl ReplicatedLocks {
                 keys: keys.clone(),
                 lease_ms,
                 deadline,
+                granted_at: applied_at,
             },
         );
         self.push_deadline(deadline, token);
+        self.metrics.grants += 1;
         ApplyResult::Granted { token }
     }
 
-    fn apply_release(&mut self, keys: &KeyGroup, token: u64) -> ApplyResult {
+    fn apply_release(&mut self, keys: &KeyGroup, token: u64, applied_at: Instant) -> ApplyResult {
         match self.grants.get(&token) {
             Some(holding) if &holding.keys == keys => {
-                self.remove_grant(token);
+                self.remove_grant(token, applied_at);
+                self.metrics.releases += 1;
                 ApplyResult::Released
             }
             Some(holding) => {
@@ -183,8 +194,11 @@ impl ReplicatedLocks {
         }
     }
 
-    fn remove_grant(&mut self, token: u64) {
+    /// Removes grant `token` (released or expired at `at`).
+    fn remove_grant(&mut self, token: u64, at: Instant) {
         if let Some(holding) = self.grants.remove(&token) {
+            let held = at.saturating_duration_since(holding.granted_at);
+            self.metrics.hold.observe_us(duration_micros(held));
             for key in holding.keys.keys() {
                 self.keys.remove(key);
             }
@@ -257,6 +271,11 @@ impl ReplicatedLocks {
             let deadline = holding.deadline;
             self.push_deadline(deadline, token);
         }
+    }
+
+    /// What this node counted applying commands.
+    pub fn metrics(&self) -> &ReplicatedLockMetrics {
+        &self.metrics
     }
 
     /// Whether [`Command::Init`] has been applied.
@@ -349,7 +368,10 @@ impl ReplicatedLocks {
                 snapshot: restored.next_token,
             });
         }
+        let mut metrics = std::mem::take(&mut self.metrics);
+        metrics.snapshots_installed += 1;
         *self = restored;
+        self.metrics = metrics;
         Ok(())
     }
 
@@ -395,6 +417,7 @@ impl ReplicatedLocks {
                     keys,
                     lease_ms,
                     deadline,
+                    granted_at: now,
                 },
             );
         }

@@ -18,6 +18,7 @@ use crate::line::{
     LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LineDecoded, LineDecoder, LineError, LineFrameError,
     LineReply, LineRequest, MAX_LINE_TEXT_LEN, is_base64url, line_nonce, shape_shared_nonce,
 };
+use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     Decoded, ErrorCode, Key, KeyGroup, MAX_LEASE_S, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
@@ -153,6 +154,17 @@ impl ReplyTo {
                 Delivery::Queued
             }
             ReplyTo::Line { echo, key } => line_answer(*echo, key, answer, addresses, out),
+        }
+    }
+}
+
+impl ReplyTo {
+    /// What `answer` is counted as in the metrics: its v3 reply, whatever
+    /// the dialect, so both dialects count in one set of series.
+    pub(crate) fn counted_as(&self, answer: Answer) -> Reply {
+        match self {
+            ReplyTo::V3 { rid, set } => v3_reply(*rid, *set, answer),
+            ReplyTo::Line { .. } => v3_reply(1, false, answer),
         }
     }
 }
@@ -461,13 +473,15 @@ impl ClientFront {
     /// lock table into `out`: `Ok(None)` when more bytes are needed,
     /// `Err` when the connection must close (its last reply, if the
     /// dialect has one, is queued).
+    /// Replies it sends itself are counted in `counts`.
     pub(crate) fn next_request(
         &mut self,
         out: &mut Vec<u8>,
+        counts: &mut ReplyCounts,
     ) -> Result<Option<ClientRequest>, CloseReason> {
         match &mut self.phase {
-            Phase::V3(decoder) => next_v3(decoder, out),
-            Phase::Line(decoder) => next_line(decoder, out),
+            Phase::V3(decoder) => next_v3(decoder, out, counts),
+            Phase::Line(decoder) => next_line(decoder, out, counts),
             _ => Ok(None),
         }
     }
@@ -492,12 +506,15 @@ impl ClientFront {
 fn next_v3(
     decoder: &mut RequestDecoder,
     out: &mut Vec<u8>,
+    counts: &mut ReplyCounts,
 ) -> Result<Option<ClientRequest>, CloseReason> {
     loop {
         match decoder.next() {
             Ok(None) => return Ok(None),
             Ok(Some(Decoded::Rejected { rid, code, .. })) => {
-                Reply::Error { rid, code }.encode(out);
+                let reply = Reply::Error { rid, code };
+                counts.count(&reply);
+                reply.encode(out);
             }
             Ok(Some(Decoded::Request(Request::Acquire(acquire)))) => {
                 return Ok(Some(ClientRequest::Acquire {
@@ -530,11 +547,22 @@ fn next_v3(
 fn next_line(
     decoder: &mut LineDecoder,
     out: &mut Vec<u8>,
+    counts: &mut ReplyCounts,
 ) -> Result<Option<ClientRequest>, CloseReason> {
+    // Counted as the v3 reply that says the same, like every answer.
+    let count = |counts: &mut ReplyCounts, answer: Answer| {
+        counts.count(&v3_reply(1, false, answer));
+    };
+    let count_error = |counts: &mut ReplyCounts, code: ErrorCode| {
+        counts.count(&Reply::Error { rid: 1, code });
+    };
     loop {
         match decoder.next() {
             Ok(None) => return Ok(None),
-            Ok(Some(LineDecoded::BadKey)) => line_error(LineError::BadKey).encode(out),
+            Ok(Some(LineDecoded::BadKey)) => {
+                count_error(counts, ErrorCode::BadKey);
+                line_error(LineError::BadKey).encode(out);
+            }
             Ok(Some(LineDecoded::Request(LineRequest::Acquire {
                 wait_s,
                 lease_s,
@@ -545,6 +573,8 @@ fn next_line(
                     // Silence would hang the call, `B` would make it retry
                     // forever and a clamp would promise a lease not kept:
                     // say why, then end the call with a definite "no".
+                    count_error(counts, ErrorCode::BadLease);
+                    count(counts, Answer::TimedOut);
                     line_error(LineError::BadLease).encode(out);
                     LineReply::TimedOut {
                         owner,
@@ -569,6 +599,7 @@ fn next_line(
             }
             Ok(Some(LineDecoded::Request(LineRequest::Release { token, key }))) => {
                 if token == 0 {
+                    count(counts, Answer::NotFound);
                     LineReply::NotFound {
                         token,
                         key: key.as_bytes(),

@@ -151,6 +151,7 @@ pub use self::types::{
     ConfChange, Configuration, Entry, EntryKind, MAX_RAFT_NUMBER, Message, MessageBody, NodeId,
     SnapshotMeta,
 };
+use crate::metrics::RaftCounters;
 use crate::time::{Duration, Instant};
 
 /// Timing and limits of one Raft node.
@@ -443,6 +444,10 @@ pub struct Raft {
     refused_messages: u64,
     /// The latest `now` seen on any input.
     now: Instant,
+    /// Counts for operators.
+    counters: RaftCounters,
+    /// The last leader this node knew (for counting leader changes).
+    last_known_leader: Option<NodeId>,
 }
 
 impl Raft {
@@ -510,6 +515,8 @@ impl Raft {
             dropped_messages: 0,
             refused_messages: 0,
             now,
+            counters: RaftCounters::default(),
+            last_known_leader: None,
         };
         raft.reset_election_deadline(now);
         raft
@@ -616,6 +623,11 @@ impl Raft {
     /// [`MAX_RAFT_NUMBER`], or an acknowledgement beyond the leader's log.
     pub fn refused_messages(&self) -> u64 {
         self.refused_messages
+    }
+
+    /// Counts for operators: leader changes, snapshots sent and received.
+    pub fn counters(&self) -> RaftCounters {
+        self.counters
     }
 
     /// Leader: the highest index `peer` is known to hold.
@@ -1205,6 +1217,10 @@ impl Raft {
     fn set_leader(&mut self, leader: Option<NodeId>) {
         if self.leader != leader {
             self.leader = leader;
+            if leader.is_some() && leader != self.last_known_leader {
+                self.last_known_leader = leader;
+                self.counters.leader_changes += 1;
+            }
             self.push_event(Event::LeaderChanged {
                 leader,
                 term: self.term,
@@ -1347,6 +1363,7 @@ impl Raft {
         let pr = self.progress.get_mut(&to).expect("progress");
         pr.state = ProgressState::Snapshot { index, offset: 0 };
         pr.inflight.clear();
+        self.counters.snapshots_sent += 1;
         self.send_snapshot_chunk(to);
     }
 
@@ -1740,6 +1757,7 @@ impl Raft {
             return;
         }
         self.log.restore(meta.index, meta.term);
+        self.counters.snapshots_received += 1;
         self.base_config = meta.config.clone();
         self.snapshot = Some(snapshot.clone());
         self.snapshot_to_apply = Some(snapshot);

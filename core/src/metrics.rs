@@ -1,0 +1,647 @@
+//! What the core counts for operators: plain counters, gauges and
+//! fixed-bucket histograms, in base units (seconds, whole events).
+//!
+//! No IO and no clock: every observation is made by the state machine that
+//! decided the event, from the `now` its caller passed, so the figures are
+//! as deterministic as the decisions and can be tested with injected time.
+//! The driver only reads a snapshot ([`crate::server::Server::metrics`],
+//! [`crate::cluster::ClusterNode::metrics`]) and renders it; it counts
+//! nothing itself.
+//!
+//! Counts are per process (they start at zero on every start) and only
+//! grow, except the gauges. Nothing is kept per key, so a snapshot costs
+//! the same with a million keys as with one (except the held-key gauge of
+//! single mode, a scan of the table).
+
+use crate::budget::AbuseKind;
+use crate::cluster::ReplicatedLocks;
+use crate::raft::Raft;
+use crate::wire::{ErrorCode, Reply};
+
+/// Upper bounds of the duration histograms' buckets, in microseconds: from
+/// a millisecond to the longest lease or wait (250 s, 255 s); slower
+/// observations land in the implicit `+Inf` bucket.
+pub const DURATION_BUCKETS_US: [u64; 16] = [
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    250_000_000,
+];
+
+/// A histogram of durations over [`DURATION_BUCKETS_US`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DurationHistogram {
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    buckets: [u64; DURATION_BUCKETS_US.len() + 1],
+    /// Sum of all observations, microseconds (saturating).
+    sum_us: u64,
+    /// Number of observations.
+    count: u64,
+}
+
+impl DurationHistogram {
+    /// Records one duration of `us` microseconds.
+    pub fn observe_us(&mut self, us: u64) {
+        let bucket = DURATION_BUCKETS_US.partition_point(|&bound| bound < us);
+        self.buckets[bucket] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.count += 1;
+    }
+
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sum of the observations in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_us as f64 / 1e6
+    }
+
+    /// Sum of the observations in microseconds (saturating).
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us
+    }
+
+    /// `(upper bound in seconds, observations at or below it)` for every
+    /// finite bucket, ascending; the `+Inf` bucket is [`Self::count`].
+    pub fn cumulative_seconds(&self) -> Vec<(f64, u64)> {
+        let mut total = 0;
+        DURATION_BUCKETS_US
+            .iter()
+            .zip(self.buckets.iter())
+            .map(|(&bound_us, &n)| {
+                total += n;
+                (bound_us as f64 / 1e6, total)
+            })
+            .collect()
+    }
+
+    /// `(upper bound in seconds, observations in that bucket alone)` for
+    /// every bucket, ascending, ending with `(+Inf, slower ones)`: the
+    /// shape exposition encoders take.
+    pub fn buckets_seconds(&self) -> Vec<(f64, u64)> {
+        DURATION_BUCKETS_US
+            .iter()
+            .map(|&bound_us| bound_us as f64 / 1e6)
+            .chain([f64::INFINITY])
+            .zip(self.buckets.iter().copied())
+            .collect()
+    }
+
+    /// Observations at or below `bound_us`, which must be one of
+    /// [`DURATION_BUCKETS_US`] (else those of the first bucket above it).
+    pub fn count_at_most_us(&self, bound_us: u64) -> u64 {
+        let last = DURATION_BUCKETS_US.partition_point(|&bound| bound < bound_us);
+        self.buckets[..=last.min(DURATION_BUCKETS_US.len())]
+            .iter()
+            .sum()
+    }
+}
+
+/// Acquires answered `B` by the lock table, by the limit that was reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BusyByLimit {
+    /// `max_keys`: the table has no room for another key.
+    pub max_keys: u64,
+    /// `max_waiters_per_key`: a requested key's queue is full.
+    pub max_waiters_per_key: u64,
+    /// `max_waiters_total`: the table holds as many waiters as allowed.
+    pub max_waiters_total: u64,
+    /// The token reserve: the next token is not durable yet.
+    pub token_reserve: u64,
+}
+
+/// What the single-mode lock table counted ([`crate::lock::LockTable`]).
+///
+/// A key set counts once per grant, release or expiry, like one key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockMetrics {
+    /// Acquires granted on arrival.
+    pub grants_immediate: u64,
+    /// Queued acquires granted later (after a release, an expiry, a
+    /// cancelled or timed-out waiter ahead, or a raised token limit).
+    pub grants_after_wait: u64,
+    /// Releases that released a current grant.
+    pub releases: u64,
+    /// Waiters granted because of a release (one release of a key set can
+    /// hand over to several).
+    pub handovers_on_release: u64,
+    /// Leases that ran out and whose key went to a waiter at once.
+    pub expiries_handed_over: u64,
+    /// Leases that ran out with nobody to hand over to. Keys nobody waits
+    /// for expire lazily: counted when the table notices (the next acquire
+    /// of the key, or the sweep every 5 s).
+    pub expiries_not_handed_over: u64,
+    /// Acquires with wait 0 on a held key (`T` at once).
+    pub timeouts_wait_zero: u64,
+    /// Queued acquires whose wait ran out (`T`).
+    pub timeouts_wait_ended: u64,
+    /// Queued acquires ended by shutdown (`T`).
+    pub timeouts_shutdown: u64,
+    /// Acquires answered `B` by the table, by limit.
+    pub busy: BusyByLimit,
+    /// Time from an acquire's arrival to its grant; an immediate grant
+    /// observes 0. One observation per grant.
+    pub wait: DurationHistogram,
+    /// Time from a grant to its release or the end of its lease. One
+    /// observation per release or expiry.
+    pub hold: DurationHistogram,
+}
+
+impl LockMetrics {
+    /// Every grant.
+    pub fn grants(&self) -> u64 {
+        self.grants_immediate + self.grants_after_wait
+    }
+
+    /// Every lease expiry.
+    pub fn expiries(&self) -> u64 {
+        self.expiries_handed_over + self.expiries_not_handed_over
+    }
+
+    /// Every `B` the table answered.
+    pub fn busy_total(&self) -> u64 {
+        let b = &self.busy;
+        b.max_keys + b.max_waiters_per_key + b.max_waiters_total + b.token_reserve
+    }
+}
+
+/// The kinds of reply a server sends, by their wire letter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReplyKind {
+    /// `A`: granted.
+    Acquired,
+    /// `S`: a key set granted.
+    AcquiredSet,
+    /// `R`: released.
+    Released,
+    /// `G`: a key set released.
+    ReleasedSet,
+    /// `N`: the token is not current.
+    NotFound,
+    /// `T`: the wait ended without the lock.
+    TimedOut,
+    /// `B`: a limit was reached.
+    Busy,
+    /// `I`: the outcome is unknown (cluster).
+    Indeterminate,
+    /// `M`: ask the leader (cluster).
+    Moved,
+    /// `E`: an error (see [`ReplyCounts::errors`] for codes).
+    Error,
+}
+
+impl ReplyKind {
+    /// Every kind, in exposition order.
+    pub const ALL: [ReplyKind; 10] = [
+        ReplyKind::Acquired,
+        ReplyKind::AcquiredSet,
+        ReplyKind::Released,
+        ReplyKind::ReleasedSet,
+        ReplyKind::NotFound,
+        ReplyKind::TimedOut,
+        ReplyKind::Busy,
+        ReplyKind::Indeterminate,
+        ReplyKind::Moved,
+        ReplyKind::Error,
+    ];
+
+    /// The reply's letter on the wire.
+    pub fn letter(self) -> &'static str {
+        match self {
+            ReplyKind::Acquired => "A",
+            ReplyKind::AcquiredSet => "S",
+            ReplyKind::Released => "R",
+            ReplyKind::ReleasedSet => "G",
+            ReplyKind::NotFound => "N",
+            ReplyKind::TimedOut => "T",
+            ReplyKind::Busy => "B",
+            ReplyKind::Indeterminate => "I",
+            ReplyKind::Moved => "M",
+            ReplyKind::Error => "E",
+        }
+    }
+
+    /// The kind of `reply`; `None` for messages that answer no request
+    /// (the leader notice).
+    pub fn of(reply: &Reply) -> Option<ReplyKind> {
+        Some(match reply {
+            Reply::Acquired { .. } => ReplyKind::Acquired,
+            Reply::AcquiredSet { .. } => ReplyKind::AcquiredSet,
+            Reply::Released { .. } => ReplyKind::Released,
+            Reply::ReleasedSet { .. } => ReplyKind::ReleasedSet,
+            Reply::NotFound { .. } => ReplyKind::NotFound,
+            Reply::TimedOut { .. } => ReplyKind::TimedOut,
+            Reply::Busy { .. } => ReplyKind::Busy,
+            Reply::Indeterminate { .. } => ReplyKind::Indeterminate,
+            Reply::Moved { .. } => ReplyKind::Moved,
+            Reply::Error { .. } => ReplyKind::Error,
+            Reply::Leader { .. } => return None,
+        })
+    }
+}
+
+/// Error codes in exposition order (`E` replies by code).
+pub const ERROR_CODES: [ErrorCode; 7] = [
+    ErrorCode::BadKey,
+    ErrorCode::BadLease,
+    ErrorCode::NotActive,
+    ErrorCode::NoLeader,
+    ErrorCode::BadKeySet,
+    ErrorCode::GroupMismatch,
+    ErrorCode::BadToken,
+];
+
+/// Replies sent, by kind and (for `E`) by code. Counted where the reply is
+/// queued for its connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyCounts {
+    by_kind: [u64; ReplyKind::ALL.len()],
+    /// `E` replies by code, indexed by the code's position in
+    /// [`ERROR_CODES`].
+    errors: [u64; ERROR_CODES.len()],
+}
+
+impl ReplyCounts {
+    /// Counts one reply.
+    pub fn count(&mut self, reply: &Reply) {
+        let Some(kind) = ReplyKind::of(reply) else {
+            return;
+        };
+        self.by_kind[kind as usize] += 1;
+        if let Reply::Error { code, .. } = reply
+            && let Some(i) = ERROR_CODES.iter().position(|c| c == code)
+        {
+            self.errors[i] += 1;
+        }
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ReplyCounts) {
+        for (a, b) in self.by_kind.iter_mut().zip(other.by_kind) {
+            *a += b;
+        }
+        for (a, b) in self.errors.iter_mut().zip(other.errors) {
+            *a += b;
+        }
+    }
+
+    /// Replies of `kind` sent.
+    pub fn of(&self, kind: ReplyKind) -> u64 {
+        self.by_kind[kind as usize]
+    }
+
+    /// `E` replies with `code` sent.
+    pub fn errors(&self, code: ErrorCode) -> u64 {
+        ERROR_CODES
+            .iter()
+            .position(|&c| c == code)
+            .map_or(0, |i| self.errors[i])
+    }
+}
+
+/// Abusive or refused connections, by kind, as reported to the log (every
+/// event, also those the log aggregates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AbuseCounts {
+    counts: [u64; AbuseKind::ALL.len()],
+}
+
+impl AbuseCounts {
+    /// Counts one event.
+    pub fn count(&mut self, kind: AbuseKind) {
+        self.counts[kind as usize] += 1;
+    }
+
+    /// Events of `kind`.
+    pub fn of(&self, kind: AbuseKind) -> u64 {
+        self.counts[kind as usize]
+    }
+
+    /// Failed handshakes of every kind: client proofs rejected, peer
+    /// handshakes failed, unfinished handshakes timed out or evicted.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.of(AbuseKind::FailedProof)
+            + self.of(AbuseKind::FailedPeerHandshake)
+            + self.of(AbuseKind::HandshakeTimedOut)
+            + self.of(AbuseKind::HandshakeEvicted)
+    }
+}
+
+/// A snapshot of a single-mode server's counts
+/// ([`crate::server::Server::metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerMetrics {
+    /// What the lock table counted.
+    pub lock: LockMetrics,
+    /// Replies sent, by kind.
+    pub replies: ReplyCounts,
+    /// Acquires answered `B` for a per-connection limit
+    /// (`max_in_flight_per_connection`, `max_held_per_connection`): every
+    /// `B` the table did not decide.
+    pub busy_per_connection: u64,
+    /// Abusive or refused connections.
+    pub abuse: AbuseCounts,
+    /// Gauge: keys whose holder's lease is running.
+    pub held_keys: u64,
+    /// Gauge: keys in the table (held, expired but not yet swept, or with
+    /// waiters).
+    pub keys: u64,
+    /// Gauge: queued acquires.
+    pub waiters: u64,
+    /// Gauge: connections past their handshake.
+    pub sessions: u64,
+    /// Gauge: unfinished handshakes.
+    pub handshakes: u64,
+    /// The server is shutting down.
+    pub shutting_down: bool,
+}
+
+impl ServerMetrics {
+    /// Whether the server should get traffic (`/readyz`): yes while it
+    /// serves, with the reason why not otherwise.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down {
+            return Err("shutting down");
+        }
+        Ok(())
+    }
+}
+
+impl ServerMetrics {
+    /// Assembles a snapshot; the `B` replies the table did not decide are
+    /// those of the per-connection limits.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one plain value per gauge, named at the call site"
+    )]
+    pub(crate) fn assemble(
+        lock: LockMetrics,
+        replies: ReplyCounts,
+        abuse: AbuseCounts,
+        held_keys: usize,
+        keys: usize,
+        waiters: usize,
+        sessions: usize,
+        handshakes: usize,
+        shutting_down: bool,
+    ) -> ServerMetrics {
+        let busy_per_connection = replies
+            .of(ReplyKind::Busy)
+            .saturating_sub(lock.busy_total());
+        ServerMetrics {
+            lock,
+            replies,
+            busy_per_connection,
+            abuse,
+            held_keys: held_keys as u64,
+            keys: keys as u64,
+            waiters: waiters as u64,
+            sessions: sessions as u64,
+            handshakes: handshakes as u64,
+            shutting_down,
+        }
+    }
+}
+
+/// The replies of the connections a server still has and of those it
+/// closed, so a closed connection's counts are not lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClosedReplies(ReplyCounts);
+
+impl ClosedReplies {
+    /// A connection with `replies` closed.
+    pub(crate) fn add(&mut self, replies: &ReplyCounts) {
+        self.0.add(replies);
+    }
+
+    /// These plus the replies of the live connections.
+    pub(crate) fn total<'a>(&self, live: impl Iterator<Item = &'a ReplyCounts>) -> ReplyCounts {
+        let mut total = self.0;
+        for replies in live {
+            total.add(replies);
+        }
+        total
+    }
+}
+
+/// What the replicated lock state counted
+/// ([`crate::cluster::ReplicatedLocks`]): applied commands, the same on
+/// every node that applied them (followers included).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicatedLockMetrics {
+    /// Grants applied.
+    pub grants: u64,
+    /// Releases applied that released a current grant.
+    pub releases: u64,
+    /// Lease expiries applied that removed a current grant.
+    pub expiries: u64,
+    /// Snapshots installed into the lock state.
+    pub snapshots_installed: u64,
+    /// Time from a grant's apply to its release's or expiry's apply, on
+    /// this node's clock (grants restored from a snapshot count from the
+    /// install).
+    pub hold: DurationHistogram,
+}
+
+/// Raft's own counts ([`crate::raft::Raft::counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftCounters {
+    /// Times this node learned of a leader other than the last one it
+    /// knew (the first leader counts).
+    pub leader_changes: u64,
+    /// Snapshot transfers this node started as leader.
+    pub snapshots_sent: u64,
+    /// Snapshots this node received whole and installed.
+    pub snapshots_received: u64,
+}
+
+/// Replication of one peer, as the leader sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerReplication {
+    /// The peer's slot.
+    pub slot: u8,
+    /// The peer's generation.
+    pub generation: u64,
+    /// Entries the peer is known to lack: the leader's last index minus
+    /// the peer's match index.
+    pub lag_entries: u64,
+}
+
+/// A snapshot of a cluster node's counts
+/// ([`crate::cluster::ClusterNode::metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterMetrics {
+    /// This node's slot.
+    pub slot: u8,
+    /// This node's generation.
+    pub generation: u64,
+    /// Gauge: this node leads.
+    pub is_leader: bool,
+    /// Gauge: this node knows a leader (itself or another).
+    pub has_leader: bool,
+    /// Gauge: this node is a voter of the current configuration.
+    pub is_voter: bool,
+    /// Gauge: a bootstrap member still checking that its cluster is new.
+    pub checking_genesis: bool,
+    /// Gauge: the current Raft term.
+    pub term: u64,
+    /// Gauge: the highest index known committed.
+    pub commit_index: u64,
+    /// Gauge: the highest index applied to the lock state.
+    pub applied_index: u64,
+    /// Gauge: the last index in this node's log.
+    pub last_index: u64,
+    /// Raft's counters.
+    pub raft: RaftCounters,
+    /// Leader only: every other member's replication, by slot.
+    pub peers: Vec<PeerReplication>,
+    /// What the replicated lock state counted.
+    pub locks: ReplicatedLockMetrics,
+    /// Replies sent, by kind.
+    pub replies: ReplyCounts,
+    /// Abusive or refused connections.
+    pub abuse: AbuseCounts,
+    /// Gauge: keys held in the applied state.
+    pub held_keys: u64,
+    /// Gauge: queued acquires (leader only).
+    pub waiters: u64,
+    /// Gauge: client connections past their handshake.
+    pub sessions: u64,
+    /// The node is shutting down.
+    pub shutting_down: bool,
+}
+
+impl ClusterMetrics {
+    /// Whether the node should get client traffic (`/readyz`): a voter,
+    /// not still checking that a new cluster is new, knowing a leader, and
+    /// not shutting down; otherwise the first reason why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down {
+            Err("shutting down")
+        } else if self.checking_genesis {
+            Err("checking that the cluster is new")
+        } else if !self.is_voter {
+            Err("not a voter yet")
+        } else if !self.has_leader {
+            Err("no known leader")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Assembles a cluster node's snapshot from its parts
+/// ([`crate::cluster::ClusterNode::metrics`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the node's private parts, passed one by one so the node file keeps one call"
+)]
+pub(crate) fn cluster_metrics(
+    raft: &Raft,
+    state: &ReplicatedLocks,
+    applied_index: u64,
+    replies: ReplyCounts,
+    abuse: AbuseCounts,
+    checking_genesis: bool,
+    (waiters, sessions): (usize, usize),
+    shutting_down: bool,
+) -> ClusterMetrics {
+    let id = raft.id();
+    let last_index = raft.last_index();
+    let peers = if raft.is_leader() {
+        raft.config()
+            .members()
+            .filter(|&member| member != id)
+            .filter_map(|member| {
+                let matched = raft.match_index(member)?;
+                Some(PeerReplication {
+                    slot: member.slot,
+                    generation: member.generation,
+                    lag_entries: last_index.saturating_sub(matched),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    ClusterMetrics {
+        slot: id.slot,
+        generation: id.generation,
+        is_leader: raft.is_leader(),
+        has_leader: raft.leader().is_some(),
+        is_voter: raft.is_voter(),
+        checking_genesis,
+        term: raft.term(),
+        commit_index: raft.commit_index(),
+        applied_index,
+        last_index,
+        raft: raft.counters(),
+        peers,
+        locks: state.metrics().clone(),
+        replies,
+        abuse,
+        held_keys: state.held_keys() as u64,
+        waiters: waiters as u64,
+        sessions: sessions as u64,
+        shutting_down,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_upper_inclusive() {
+        let mut h = DurationHistogram::default();
+        h.observe_us(0);
+        h.observe_us(1_000);
+        h.observe_us(1_001);
+        h.observe_us(300_000_000);
+        assert_eq!(h.count(), 4);
+        assert_eq!(h.sum_us(), 300_002_001);
+        assert_eq!(h.count_at_most_us(1_000), 2);
+        assert_eq!(h.count_at_most_us(2_500), 3);
+        let cumulative = h.cumulative_seconds();
+        assert_eq!(cumulative.len(), DURATION_BUCKETS_US.len());
+        assert_eq!(cumulative.last(), Some(&(250.0, 3)));
+        let buckets = h.buckets_seconds();
+        assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
+        assert_eq!(buckets[0], (0.001, 2));
+        assert_eq!(buckets[1], (0.0025, 1));
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 1)));
+    }
+
+    #[test]
+    fn replies_count_by_kind_and_error_code() {
+        let mut counts = ReplyCounts::default();
+        counts.count(&Reply::Busy { rid: 1 });
+        counts.count(&Reply::NotFound { rid: 2 });
+        counts.count(&Reply::Error {
+            rid: 3,
+            code: ErrorCode::GroupMismatch,
+        });
+        counts.count(&Reply::Leader { leader_slot: 1 });
+        assert_eq!(counts.of(ReplyKind::Busy), 1);
+        assert_eq!(counts.of(ReplyKind::NotFound), 1);
+        assert_eq!(counts.of(ReplyKind::Error), 1);
+        assert_eq!(counts.errors(ErrorCode::GroupMismatch), 1);
+        assert_eq!(counts.errors(ErrorCode::BadKey), 0);
+        let total: u64 = ReplyKind::ALL.iter().map(|&k| counts.of(k)).sum();
+        assert_eq!(total, 3, "the leader notice answers no request");
+    }
+}

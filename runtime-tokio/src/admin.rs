@@ -1,0 +1,451 @@
+//! The admin HTTP listener (`admin_listen`): `GET /metrics` (OpenMetrics
+//! text), `GET /livez` and `GET /readyz`.
+//!
+//! It only serves what the core counted and decided: each request takes one
+//! snapshot ([`ticketing_core::server::Server::metrics`] or
+//! [`ticketing_core::cluster::ClusterNode::metrics`]) under the core's
+//! mutex and renders it outside it; readiness is the core's
+//! `readiness()`. Nothing is counted here. No series is per key, so a
+//! scrape costs the same with a million keys as with one (but for the
+//! single-mode held-key gauge, a scan of the table).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use ticketing_core::budget::AbuseKind;
+use ticketing_core::metrics::{
+    ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind, ServerMetrics,
+};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// One snapshot of what a node's core counted.
+#[derive(Clone, Debug)]
+pub enum NodeMetrics {
+    /// A single-mode server.
+    Single(ServerMetrics),
+    /// A cluster node.
+    Cluster(ClusterMetrics),
+}
+
+impl NodeMetrics {
+    /// The core's readiness verdict.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        match self {
+            NodeMetrics::Single(m) => m.readiness(),
+            NodeMetrics::Cluster(m) => m.readiness(),
+        }
+    }
+}
+
+/// Takes a snapshot from the running core.
+pub(crate) type Snapshot = Arc<dyn Fn() -> NodeMetrics + Send + Sync>;
+
+/// The content type of the OpenMetrics text exposition.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves the admin endpoints on `listener` until the task is aborted.
+pub(crate) async fn serve_admin(listener: TcpListener, snapshot: Snapshot) {
+    let addr = listener.local_addr().ok();
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .with_state(snapshot);
+    info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz");
+    if let Err(e) = axum::serve(listener, app).await {
+        warn!("admin listener stopped: {e}");
+    }
+}
+
+/// Binds the admin address, if one is configured.
+pub(crate) async fn bind(addr: Option<SocketAddr>) -> std::io::Result<Option<TcpListener>> {
+    match addr {
+        Some(addr) => Ok(Some(TcpListener::bind(addr).await?)),
+        None => Ok(None),
+    }
+}
+
+async fn metrics(State(snapshot): State<Snapshot>) -> Response {
+    // The core's mutex is held for the copy only, never across an await.
+    let metrics = snapshot();
+    match render(&metrics) {
+        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
+        Err(fmt::Error) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
+    }
+}
+
+async fn livez() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(snapshot): State<Snapshot>) -> Response {
+    match snapshot().readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// Renders `metrics` as OpenMetrics text (`ticketing_` prefix, base units,
+/// ending with `# EOF`).
+pub fn render(metrics: &NodeMetrics) -> Result<String, fmt::Error> {
+    let mut registry = Registry::with_prefix("ticketing");
+    registry.register_collector(Box::new(Collected(metrics.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+/// The snapshot as a prometheus-client collector.
+#[derive(Debug)]
+struct Collected(NodeMetrics);
+
+impl prometheus_client::collector::Collector for Collected {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let e = &mut encoder;
+        match &self.0 {
+            NodeMetrics::Single(m) => encode_single(e, m),
+            NodeMetrics::Cluster(m) => encode_cluster(e, m),
+        }
+    }
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    metric.encode_counter::<NoLabelSet, u64, f64>(&value, None)
+}
+
+fn counters(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (label_value, value) in values {
+        let labels = [(label, *label_value)];
+        metric
+            .encode_family(&labels)?
+            .encode_counter::<NoLabelSet, u64, f64>(value, None)?;
+    }
+    Ok(())
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    metric.encode_gauge(&value)
+}
+
+fn flag(e: &mut DescriptorEncoder, name: &str, help: &str, value: bool) -> fmt::Result {
+    gauge(e, name, help, u64::from(value))
+}
+
+fn histogram(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &DurationHistogram,
+) -> fmt::Result {
+    let unit = Unit::Seconds;
+    let mut metric = e.encode_descriptor(name, help, Some(&unit), MetricType::Histogram)?;
+    metric.encode_histogram::<NoLabelSet>(h.sum_seconds(), h.count(), &h.buckets_seconds(), None)
+}
+
+fn replies(e: &mut DescriptorEncoder, r: &ReplyCounts) -> fmt::Result {
+    let by_kind: Vec<(&str, u64)> = ReplyKind::ALL
+        .iter()
+        .map(|&kind| (kind.letter(), r.of(kind)))
+        .collect();
+    counters(
+        e,
+        "replies",
+        "Replies sent to clients, by kind (the reply's letter on the wire).",
+        "kind",
+        &by_kind,
+    )?;
+    let codes: Vec<String> = ERROR_CODES.iter().map(|&c| (c as u8).to_string()).collect();
+    let by_code: Vec<(&str, u64)> = ERROR_CODES
+        .iter()
+        .zip(&codes)
+        .map(|(&code, text)| (text.as_str(), r.errors(code)))
+        .collect();
+    counters(
+        e,
+        "error_replies",
+        "E replies sent to clients, by error code.",
+        "code",
+        &by_code,
+    )
+}
+
+fn abuse(e: &mut DescriptorEncoder, m: &ticketing_core::metrics::AbuseCounts) -> fmt::Result {
+    counters(
+        e,
+        "failed_handshakes",
+        "Handshakes that failed: a client proof rejected, a peer handshake failed, \
+         an unfinished handshake timed out or dropped for a newer one.",
+        "reason",
+        &[
+            ("client_proof", m.of(AbuseKind::FailedProof)),
+            ("peer", m.of(AbuseKind::FailedPeerHandshake)),
+            ("timed_out", m.of(AbuseKind::HandshakeTimedOut)),
+            ("evicted", m.of(AbuseKind::HandshakeEvicted)),
+        ],
+    )?;
+    counter(
+        e,
+        "refused_connections",
+        "Connections refused because every session slot was taken or the node was shutting down.",
+        m.of(AbuseKind::Refused),
+    )?;
+    counter(
+        e,
+        "release_miss_closes",
+        "Connections closed after a run of releases answered N.",
+        m.of(AbuseKind::ReleaseSweep),
+    )?;
+    counter(
+        e,
+        "unissued_token_releases",
+        "Line-dialect releases naming a token above every token issued: the sign of an \
+         unsupported 0.1.0-or-older client.",
+        m.of(AbuseKind::TokenFromTheFuture),
+    )
+}
+
+fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
+    let l = &m.lock;
+    counters(
+        e,
+        "grants",
+        "Acquires granted: at once (wait=none) or after queueing (wait=queued).",
+        "wait",
+        &[
+            ("none", l.grants_immediate),
+            ("queued", l.grants_after_wait),
+        ],
+    )?;
+    counter(
+        e,
+        "releases",
+        "Releases that released a current grant.",
+        l.releases,
+    )?;
+    counter(
+        e,
+        "release_handovers",
+        "Waiters granted because of a release.",
+        l.handovers_on_release,
+    )?;
+    counters(
+        e,
+        "lease_expiries",
+        "Leases that ran out, by whether the key went to a waiter at once. Keys nobody \
+         waits for are counted when noticed (next acquire, or the 5 s sweep).",
+        "handed_over",
+        &[
+            ("true", l.expiries_handed_over),
+            ("false", l.expiries_not_handed_over),
+        ],
+    )?;
+    counters(
+        e,
+        "timeouts",
+        "Acquires answered T, by why: wait 0 on a held key, the wait ran out, shutdown.",
+        "reason",
+        &[
+            ("wait_zero", l.timeouts_wait_zero),
+            ("wait_ended", l.timeouts_wait_ended),
+            ("shutdown", l.timeouts_shutdown),
+        ],
+    )?;
+    counters(
+        e,
+        "busy",
+        "Acquires answered B, by the limit that was reached.",
+        "limit",
+        &[
+            ("max_keys", l.busy.max_keys),
+            ("max_waiters_per_key", l.busy.max_waiters_per_key),
+            ("max_waiters_total", l.busy.max_waiters_total),
+            ("token_reserve", l.busy.token_reserve),
+            ("per_connection", m.busy_per_connection),
+        ],
+    )?;
+    replies(e, &m.replies)?;
+    abuse(e, &m.abuse)?;
+    gauge(
+        e,
+        "held_keys",
+        "Keys whose holder's lease is running.",
+        m.held_keys,
+    )?;
+    gauge(
+        e,
+        "table_keys",
+        "Keys in the lock table: held, expired but not yet swept, or with waiters.",
+        m.keys,
+    )?;
+    gauge(e, "waiters", "Queued acquires.", m.waiters)?;
+    connections(e, m.sessions, m.handshakes)?;
+    histogram(
+        e,
+        "lock_wait",
+        "Time from an acquire's arrival to its grant (0 for an immediate grant).",
+        &l.wait,
+    )?;
+    histogram(
+        e,
+        "lock_hold",
+        "Time from a grant to its release or the end of its lease.",
+        &l.hold,
+    )
+}
+
+fn connections(e: &mut DescriptorEncoder, sessions: u64, handshakes: u64) -> fmt::Result {
+    let mut metric = e.encode_descriptor(
+        "connections",
+        "Open client connections, by state.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (state, value) in [("session", sessions), ("handshake", handshakes)] {
+        let labels = [("state", state)];
+        metric.encode_family(&labels)?.encode_gauge(&value)?;
+    }
+    Ok(())
+}
+
+fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
+    flag(e, "is_leader", "1 if this node leads.", m.is_leader)?;
+    flag(
+        e,
+        "has_leader",
+        "1 if this node knows a leader (itself or another).",
+        m.has_leader,
+    )?;
+    flag(
+        e,
+        "is_voter",
+        "1 if this node is a voter of its configuration.",
+        m.is_voter,
+    )?;
+    flag(
+        e,
+        "checking_genesis",
+        "1 while a bootstrap member checks that its cluster is new.",
+        m.checking_genesis,
+    )?;
+    gauge(e, "raft_term", "The current Raft term.", m.term)?;
+    gauge(
+        e,
+        "raft_commit_index",
+        "The highest log index known committed.",
+        m.commit_index,
+    )?;
+    gauge(
+        e,
+        "raft_applied_index",
+        "The highest log index applied to the lock state.",
+        m.applied_index,
+    )?;
+    gauge(
+        e,
+        "raft_last_index",
+        "The last index in this node's log.",
+        m.last_index,
+    )?;
+    gauge(
+        e,
+        "node_generation",
+        "This node's generation (new on every start).",
+        m.generation,
+    )?;
+    counter(
+        e,
+        "leader_changes",
+        "Times this node learned of a new leader.",
+        m.raft.leader_changes,
+    )?;
+    counter(
+        e,
+        "snapshots_sent",
+        "Snapshot transfers started to followers.",
+        m.raft.snapshots_sent,
+    )?;
+    counter(
+        e,
+        "snapshots_received",
+        "Snapshots received from a leader and installed.",
+        m.raft.snapshots_received,
+    )?;
+    {
+        let mut metric = e.encode_descriptor(
+            "peer_replication_lag_entries",
+            "Leader only: log entries each peer slot is known to lack.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for peer in &m.peers {
+            let slot = peer.slot.to_string();
+            let labels = [("slot", slot.as_str())];
+            metric
+                .encode_family(&labels)?
+                .encode_gauge(&peer.lag_entries)?;
+        }
+    }
+    counter(
+        e,
+        "grants",
+        "Grants applied to the replicated lock state.",
+        m.locks.grants,
+    )?;
+    counter(
+        e,
+        "releases",
+        "Releases applied that released a current grant.",
+        m.locks.releases,
+    )?;
+    counter(
+        e,
+        "lease_expiries",
+        "Lease expiries applied that removed a current grant.",
+        m.locks.expiries,
+    )?;
+    replies(e, &m.replies)?;
+    abuse(e, &m.abuse)?;
+    gauge(
+        e,
+        "held_keys",
+        "Keys held in the applied state.",
+        m.held_keys,
+    )?;
+    gauge(e, "waiters", "Queued acquires (leader only).", m.waiters)?;
+    gauge(
+        e,
+        "client_sessions",
+        "Client connections past their handshake.",
+        m.sessions,
+    )?;
+    histogram(
+        e,
+        "lock_hold",
+        "Time from a grant's apply to its release's or expiry's apply, on this node's clock.",
+        &m.locks.hold,
+    )
+}

@@ -1,0 +1,632 @@
+//! The admin HTTP listener of real `ticketing serve` processes: `/metrics`
+//! parsed by a strict OpenMetrics text parser (below) after lock traffic,
+//! with the counts asserted; `/livez`; `/readyz` in single mode and on a
+//! cluster, where it turns 200 only once the node knows a leader.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::cluster::{CLIENT_TOKEN, Cluster, IDENTITY, PEER_TOKEN, Setup, poll};
+use common::ports::free_port;
+use common::raw::{Raw, acquire, release};
+use common::scratch::{Scratch, scratch_dir};
+use ticketing_core::auth::{
+    ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
+};
+use ticketing_core::wire::Reply;
+use tokio::io::AsyncWriteExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
+
+/// A strict parser of the OpenMetrics text format, for what our exposition
+/// uses (counters, gauges, histograms, units): every sample belongs to a
+/// family declared by `# TYPE` (and `# HELP`) before it, with a suffix its
+/// type allows; labels are well formed and unique per sample; values are
+/// numbers; counters are not negative; histogram buckets are ascending and
+/// cumulative and end with `+Inf` equal to `_count`; the text ends with
+/// exactly one `# EOF`. Anything else is an error.
+mod openmetrics {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    pub type Labels = BTreeMap<String, String>;
+
+    #[derive(Debug, Default)]
+    pub struct Family {
+        pub kind: String,
+        pub unit: Option<String>,
+        pub help: Option<String>,
+        /// (sample name, labels, value), in order.
+        pub samples: Vec<(String, Labels, f64)>,
+    }
+
+    #[derive(Debug)]
+    pub struct Exposition {
+        pub families: BTreeMap<String, Family>,
+    }
+
+    fn is_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+
+    fn parse_labels(text: &str) -> Result<(Labels, &str), String> {
+        let mut labels = Labels::new();
+        let mut rest = text;
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                return Ok((labels, after));
+            }
+            let eq = rest.find('=').ok_or("label without =")?;
+            let name = &rest[..eq];
+            if !is_name(name) {
+                return Err(format!("bad label name {name:?}"));
+            }
+            rest = rest[eq + 1..]
+                .strip_prefix('"')
+                .ok_or("label value not quoted")?;
+            let mut value = String::new();
+            let mut chars = rest.char_indices();
+            let end = loop {
+                match chars.next().ok_or("unterminated label value")? {
+                    (i, '"') => break i,
+                    (_, '\\') => match chars.next().ok_or("dangling escape")?.1 {
+                        'n' => value.push('\n'),
+                        '"' => value.push('"'),
+                        '\\' => value.push('\\'),
+                        c => return Err(format!("bad escape \\{c}")),
+                    },
+                    (_, c) => value.push(c),
+                }
+            };
+            if labels.insert(name.to_owned(), value).is_some() {
+                return Err(format!("label {name} twice"));
+            }
+            rest = &rest[end + 1..];
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+        }
+    }
+
+    fn parse_value(text: &str) -> Result<f64, String> {
+        match text {
+            "+Inf" => Ok(f64::INFINITY),
+            "-Inf" => Ok(f64::NEG_INFINITY),
+            "NaN" => Ok(f64::NAN),
+            _ => text.parse().map_err(|_| format!("bad value {text:?}")),
+        }
+    }
+
+    /// The family a sample named `name` belongs to, given the declared
+    /// families and their types.
+    fn family_of(
+        name: &str,
+        families: &BTreeMap<String, Family>,
+    ) -> Result<(String, &'static str), String> {
+        for (family, f) in families {
+            let Some(suffix) = name.strip_prefix(family.as_str()) else {
+                continue;
+            };
+            let allowed: &[&str] = match f.kind.as_str() {
+                "counter" => &["_total", "_created"],
+                "gauge" => &[""],
+                "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                other => return Err(format!("unsupported type {other}")),
+            };
+            if allowed.contains(&suffix) {
+                return Ok((family.clone(), suffix_static(suffix)));
+            }
+        }
+        Err(format!("sample {name} belongs to no declared family"))
+    }
+
+    fn suffix_static(suffix: &str) -> &'static str {
+        match suffix {
+            "_total" => "_total",
+            "_created" => "_created",
+            "_bucket" => "_bucket",
+            "_sum" => "_sum",
+            "_count" => "_count",
+            _ => "",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Exposition, String> {
+        let body = text
+            .strip_suffix("# EOF\n")
+            .ok_or("does not end with # EOF")?;
+        let mut families: BTreeMap<String, Family> = BTreeMap::new();
+        let mut current: Option<String> = None;
+        let mut closed: BTreeSet<String> = BTreeSet::new();
+        for line in body.lines() {
+            if line.is_empty() {
+                return Err("empty line".into());
+            }
+            if let Some(meta) = line.strip_prefix("# ") {
+                if meta == "EOF" {
+                    return Err("# EOF before the end".into());
+                }
+                let mut parts = meta.splitn(3, ' ');
+                let (what, name, rest) = (
+                    parts.next().unwrap_or(""),
+                    parts.next().ok_or("metadata without a name")?,
+                    parts.next().unwrap_or(""),
+                );
+                if !is_name(name) {
+                    return Err(format!("bad family name {name:?}"));
+                }
+                if current.as_deref() != Some(name) {
+                    if families.contains_key(name) {
+                        return Err(format!("family {name} declared twice"));
+                    }
+                    if let Some(previous) = current.take() {
+                        closed.insert(previous);
+                    }
+                    families.insert(name.to_owned(), Family::default());
+                    current = Some(name.to_owned());
+                }
+                let family = families.get_mut(name).unwrap();
+                match what {
+                    "TYPE" => family.kind = rest.to_owned(),
+                    "HELP" => family.help = Some(rest.to_owned()),
+                    "UNIT" => {
+                        if !name.ends_with(&format!("_{rest}")) {
+                            return Err(format!("{name} does not end with its unit {rest}"));
+                        }
+                        family.unit = Some(rest.to_owned());
+                    }
+                    other => return Err(format!("unknown metadata {other}")),
+                }
+                continue;
+            }
+            if line.starts_with('#') {
+                return Err(format!("bad comment {line:?}"));
+            }
+            let name_end = line.find(['{', ' ']).ok_or("sample without a value")?;
+            let name = &line[..name_end];
+            let (labels, rest) = if line[name_end..].starts_with('{') {
+                parse_labels(&line[name_end + 1..])?
+            } else {
+                (Labels::new(), &line[name_end..])
+            };
+            let value_text = rest.strip_prefix(' ').ok_or("no space before the value")?;
+            if value_text.contains(' ') {
+                return Err(format!("timestamps or exemplars not expected: {line:?}"));
+            }
+            let value = parse_value(value_text)?;
+            let (family, suffix) = family_of(name, &families)?;
+            if current.as_deref() != Some(family.as_str()) || closed.contains(&family) {
+                return Err(format!("sample {name} outside its family's block"));
+            }
+            let f = families.get_mut(&family).unwrap();
+            if f.kind.is_empty() {
+                return Err(format!("{family} has no # TYPE"));
+            }
+            if f.kind == "counter" && (value.is_nan() || value < 0.0) {
+                return Err(format!("counter {name} is {value}"));
+            }
+            if suffix == "_bucket" && !labels.contains_key("le") {
+                return Err(format!("{name} without le"));
+            }
+            if f.samples.iter().any(|(n, l, _)| n == name && *l == labels) {
+                return Err(format!("{name}{labels:?} twice"));
+            }
+            f.samples.push((name.to_owned(), labels, value));
+        }
+        for (name, f) in &families {
+            if f.help.is_none() {
+                return Err(format!("{name} has no # HELP"));
+            }
+            if f.kind == "histogram" {
+                check_histogram(name, f)?;
+            }
+        }
+        Ok(Exposition { families })
+    }
+
+    fn check_histogram(name: &str, f: &Family) -> Result<(), String> {
+        let buckets: Vec<(f64, f64)> = f
+            .samples
+            .iter()
+            .filter(|(n, _, _)| n.ends_with("_bucket"))
+            .map(|(_, l, v)| Ok((super::openmetrics::parse_value(&l["le"])?, *v)))
+            .collect::<Result<_, String>>()?;
+        let count = f
+            .samples
+            .iter()
+            .find(|(n, _, _)| *n == format!("{name}_count"))
+            .ok_or(format!("{name} has no _count"))?
+            .2;
+        if !f
+            .samples
+            .iter()
+            .any(|(n, _, _)| *n == format!("{name}_sum"))
+        {
+            return Err(format!("{name} has no _sum"));
+        }
+        for pair in buckets.windows(2) {
+            if pair[0].0 >= pair[1].0 || pair[0].1 > pair[1].1 {
+                return Err(format!("{name} buckets not ascending and cumulative"));
+            }
+        }
+        match buckets.last() {
+            Some(&(le, n)) if le == f64::INFINITY && n == count => Ok(()),
+            _ => Err(format!("{name}: the last bucket is not +Inf = _count")),
+        }
+    }
+
+    impl Exposition {
+        /// The value of sample `name` with exactly `labels`.
+        pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+            let want: Labels = labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            self.families
+                .values()
+                .flat_map(|f| f.samples.iter())
+                .find(|(n, l, _)| n == name && *l == want)
+                .map(|(_, _, v)| *v)
+        }
+
+        /// Every label set of sample `name`.
+        pub fn series(&self, name: &str) -> usize {
+            self.families
+                .values()
+                .flat_map(|f| f.samples.iter())
+                .filter(|(n, _, _)| n == name)
+                .count()
+        }
+    }
+}
+
+/// `GET path` over HTTP/1.1: (status code, content type, body).
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
+    let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Some((status, content_type, body))
+}
+
+fn dechunk(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size + 2..)?;
+    }
+}
+
+fn scrape(addr: SocketAddr) -> openmetrics::Exposition {
+    let (status, content_type, body) = http_get(addr, "/metrics").expect("/metrics answers");
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    openmetrics::parse(&body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{body}"))
+}
+
+/// A single-mode `ticketing serve` with the admin listener.
+struct Single {
+    child: Child,
+    client: SocketAddr,
+    admin: SocketAddr,
+    _state: Scratch,
+}
+
+impl Single {
+    fn start() -> Single {
+        let (client, admin) = (free_port(), free_port());
+        let state = scratch_dir("admin-single");
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &client.to_string()])
+            .args(["--admin-listen", &admin.to_string()])
+            .args(["--state-dir", &state.arg(), "--log-level", "warn"])
+            .env_remove("TICKETING_CLIENT_TOKENS")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ticketing serve");
+        Single {
+            child,
+            client,
+            admin,
+            _state: state,
+        }
+    }
+}
+
+impl Drop for Single {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Connects to `addr` and completes a no-auth handshake.
+async fn raw_connect(addr: SocketAddr) -> Raw {
+    let stream = poll("the client port", || {
+        std::net::TcpStream::connect(addr).ok()
+    })
+    .await;
+    stream.set_nonblocking(true).unwrap();
+    let mut raw = Raw {
+        stream: tokio::net::TcpStream::from_std(stream).unwrap(),
+        buf: Vec::new(),
+    };
+    let mut handshake =
+        ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
+    loop {
+        let (used, status) = handshake.handle_input(&raw.buf);
+        raw.buf.drain(..used);
+        match status {
+            ClientHandshakeStatus::NeedMore => raw.fill().await,
+            ClientHandshakeStatus::SendProof => {
+                let proof = handshake.proof().unwrap();
+                raw.stream.write_all(&proof).await.unwrap();
+            }
+            ClientHandshakeStatus::Accepted => return raw,
+            other => panic!("handshake ended {other:?}"),
+        }
+    }
+}
+
+fn token_of(reply: Reply) -> u64 {
+    match reply {
+        Reply::Acquired { token, .. } => token,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn single_mode_metrics_count_the_lock_traffic() {
+    let server = Single::start();
+    let a = raw_connect(server.client).await;
+    let mut a = a;
+    let mut b = raw_connect(server.client).await;
+
+    // Before any traffic: a valid exposition with zero counts.
+    let before = scrape(server.admin);
+    assert_eq!(
+        before.value("ticketing_grants_total", &[("wait", "none")]),
+        Some(0.0)
+    );
+
+    // Three immediate grants, one hand-over on release, a T, an N.
+    let mut tokens = Vec::new();
+    for (rid, key) in [(1, "k1"), (2, "k2"), (3, "k3")] {
+        a.send(&acquire(rid, key, 5, 30)).await;
+        tokens.push(token_of(a.reply().await));
+    }
+    b.send(&acquire(10, "k1", 5, 30)).await;
+    b.send(&acquire(11, "k2", 0, 30)).await;
+    assert_eq!(b.reply().await, Reply::TimedOut { rid: 11 });
+    // b's acquire of k1 is queued behind a's grant.
+    let queued = poll("a queued waiter", || {
+        let m = scrape(server.admin);
+        (m.value("ticketing_waiters", &[]) == Some(1.0)).then_some(())
+    });
+    queued.await;
+    a.send(&release(4, "k1", tokens[0])).await;
+    assert_eq!(a.reply().await, Reply::Released { rid: 4 });
+    token_of(b.reply().await);
+    a.send(&release(5, "k1", tokens[0])).await;
+    assert_eq!(a.reply().await, Reply::NotFound { rid: 5 });
+
+    let m = scrape(server.admin);
+    let v = |name: &str, labels: &[(&str, &str)]| {
+        m.value(name, labels)
+            .unwrap_or_else(|| panic!("no {name}{labels:?}"))
+    };
+    assert_eq!(v("ticketing_grants_total", &[("wait", "none")]), 3.0);
+    assert_eq!(v("ticketing_grants_total", &[("wait", "queued")]), 1.0);
+    assert_eq!(v("ticketing_releases_total", &[]), 1.0);
+    assert_eq!(v("ticketing_release_handovers_total", &[]), 1.0);
+    assert_eq!(
+        v(
+            "ticketing_lease_expiries_total",
+            &[("handed_over", "false")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        v("ticketing_timeouts_total", &[("reason", "wait_zero")]),
+        1.0
+    );
+    assert_eq!(v("ticketing_replies_total", &[("kind", "A")]), 4.0);
+    assert_eq!(v("ticketing_replies_total", &[("kind", "T")]), 1.0);
+    assert_eq!(v("ticketing_replies_total", &[("kind", "N")]), 1.0);
+    assert_eq!(v("ticketing_replies_total", &[("kind", "R")]), 1.0);
+    assert_eq!(v("ticketing_replies_total", &[("kind", "B")]), 0.0);
+    assert_eq!(v("ticketing_error_replies_total", &[("code", "6")]), 0.0);
+    assert_eq!(v("ticketing_held_keys", &[]), 3.0);
+    assert_eq!(v("ticketing_waiters", &[]), 0.0);
+    assert_eq!(v("ticketing_connections", &[("state", "session")]), 2.0);
+    // Histograms in seconds: one wait per grant, one hold per release.
+    let wait = &m.families["ticketing_lock_wait_seconds"];
+    assert_eq!(wait.kind, "histogram");
+    assert_eq!(wait.unit.as_deref(), Some("seconds"));
+    assert_eq!(v("ticketing_lock_wait_seconds_count", &[]), 4.0);
+    assert_eq!(v("ticketing_lock_hold_seconds_count", &[]), 1.0);
+    // No per-key series: the keys appear nowhere.
+    assert!(m.families.values().all(|f| {
+        f.samples
+            .iter()
+            .all(|(_, labels, _)| labels.values().all(|v| !v.starts_with('k')))
+    }));
+    assert_eq!(m.series("ticketing_held_keys"), 1);
+
+    let (status, _, body) = http_get(server.admin, "/livez").unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, _, _) = http_get(server.admin, "/readyz").unwrap();
+    assert_eq!(status, 200, "a listening single server is ready");
+    let (status, _, _) = http_get(server.admin, "/nothing").unwrap();
+    assert_eq!(status, 404);
+}
+
+/// Config files for a 3-node cluster whose every node has an admin port.
+fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<PathBuf> {
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let slots: Vec<String> = cluster
+        .slots
+        .iter()
+        .map(|s| format!("{{ client = \"{}\", peer = \"{}\" }}", s.client, s.peer))
+        .collect();
+    (0..cluster.slots.len())
+        .map(|slot| {
+            let path = dir.0.join(format!("node{slot}.toml"));
+            let text = format!(
+                "client_tokens = [\"{CLIENT_TOKEN}\"]\n\
+                 admin_listen = \"{}\"\n\
+                 log_level = \"warn\"\n\
+                 [cluster]\n\
+                 identity = \"{IDENTITY}\"\n\
+                 self_slot = {slot}\n\
+                 profile = \"fast\"\n\
+                 peer_tokens = [\"{PEER_TOKEN}\"]\n\
+                 status_listen = \"{}\"\n\
+                 slots = [{}]\n",
+                admin[slot],
+                cluster.slots[slot].status,
+                slots.join(", ")
+            );
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn cluster_readyz_turns_200_once_there_is_a_leader_and_metrics_parse() {
+    let mut cluster = Cluster::new(3);
+    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let config_dir = scratch_dir("admin-cluster-config");
+    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+
+    // One bootstrap member alone cannot learn of a leader: not ready.
+    cluster.spawn(0, true);
+    let (status, _, body) =
+        poll("/readyz of the lone node", || http_get(admin[0], "/readyz")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: "), "{body}");
+    let m = scrape(admin[0]);
+    assert_eq!(m.value("ticketing_has_leader", &[]), Some(0.0));
+    assert_eq!(m.value("ticketing_is_leader", &[]), Some(0.0));
+    assert_eq!(cluster.status(0).map(|s| s.knows_leader), Some(false));
+
+    cluster.spawn(1, true);
+    cluster.spawn(2, true);
+    for &addr in &admin {
+        poll("/readyz 200", || {
+            http_get(addr, "/readyz").and_then(|(status, _, _)| (status == 200).then_some(()))
+        })
+        .await;
+        let m = scrape(addr);
+        assert_eq!(m.value("ticketing_has_leader", &[]), Some(1.0));
+        assert_eq!(m.value("ticketing_is_voter", &[]), Some(1.0));
+        assert!(m.value("ticketing_leader_changes_total", &[]).unwrap() >= 1.0);
+    }
+    let leader = cluster.leader().await;
+
+    // A grant through the leader is counted where it was applied.
+    let broker = common::cluster::published(&cluster);
+    let _ticket = common::cluster::acquire_published(&broker, "orders/42").await;
+    let m = poll("the applied grant", || {
+        let m = scrape(admin[leader]);
+        (m.value("ticketing_grants_total", &[]) >= Some(1.0)).then_some(m)
+    })
+    .await;
+    assert_eq!(m.value("ticketing_is_leader", &[]), Some(1.0));
+    assert!(
+        m.value("ticketing_replies_total", &[("kind", "A")])
+            .unwrap()
+            >= 1.0
+    );
+    assert!(m.value("ticketing_raft_commit_index", &[]).unwrap() >= 1.0);
+    // The leader reports each peer's lag, and only the peers'.
+    assert_eq!(m.series("ticketing_peer_replication_lag_entries"), 2);
+    let leaders: f64 = (0..3)
+        .map(|slot| {
+            scrape(admin[slot])
+                .value("ticketing_is_leader", &[])
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(leaders, 1.0);
+}
+
+/// The parser above is strict: what it refuses, so that the scrapes it
+/// accepts mean something.
+#[test]
+fn the_exposition_parser_refuses_invalid_text() {
+    let good = "# HELP x_seconds h\n# TYPE x_seconds histogram\n# UNIT x_seconds seconds\n\
+                x_seconds_sum 1.5\nx_seconds_count 2\n\
+                x_seconds_bucket{le=\"1.0\"} 1\nx_seconds_bucket{le=\"+Inf\"} 2\n\
+                # HELP c h\n# TYPE c counter\nc_total{a=\"1\"} 3\n# EOF\n";
+    let parsed = openmetrics::parse(good).unwrap();
+    assert_eq!(parsed.value("c_total", &[("a", "1")]), Some(3.0));
+    let bad = [
+        ("no EOF", good.trim_end_matches("# EOF\n").to_owned()),
+        ("counter without _total", good.replace("c_total{", "c{")),
+        ("no TYPE", good.replace("# TYPE c counter\n", "")),
+        ("no HELP", good.replace("# HELP c h\n", "")),
+        (
+            "+Inf bucket differs from count",
+            good.replace("x_seconds_count 2", "x_seconds_count 3"),
+        ),
+        (
+            "buckets not cumulative",
+            good.replace("{le=\"1.0\"} 1", "{le=\"1.0\"} 5"),
+        ),
+        ("negative counter", good.replace("} 3\n", "} -3\n")),
+        ("bad value", good.replace("} 3\n", "} three\n")),
+        ("unquoted label", good.replace("a=\"1\"", "a=1")),
+        (
+            "unit not in the name",
+            good.replace("# UNIT x_seconds seconds", "# UNIT x_seconds bytes"),
+        ),
+        (
+            "duplicate sample",
+            good.replace("# EOF", "c_total{a=\"1\"} 4\n# EOF"),
+        ),
+    ];
+    for (what, text) in bad {
+        assert!(openmetrics::parse(&text).is_err(), "accepted: {what}");
+    }
+}
