@@ -139,5 +139,5 @@ case "${1:-}" in
         fi
         echo "export TICKETING_CHAOS_ADDRS=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
         ;;
-    *) sed -n '2,23p' "$0"; exit 2 ;;
+    *) sed -n '2,24p' "$0"; exit 2 ;;
 esac
