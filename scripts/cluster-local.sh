@@ -19,12 +19,15 @@
 #        BASE              first client port (default 5225)
 #        PROFILE           default | fast (default: default)
 #        LOG_LEVEL         node --log-level (default: info)
+#        TICKETING_BIN     the binary to run (default: $CARGO_TARGET_DIR/release/ticketing)
+#        NO_CLIENT_TOKEN   1: start the cluster with no client token (loopback
+#                          no-auth; the 0.3.0 clients' nc_cluster_test needs it)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 dir="${CLUSTER_DIR:-/tmp/ticketing-cluster}"
 base="${BASE:-5225}"
-bin="$target/release/ticketing"
+bin="${TICKETING_BIN:-$target/release/ticketing}"
 
 die() { echo "cluster-local: $*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -39,9 +42,13 @@ slot_args() {
 start_node() { # SLOT [--bootstrap]
     local slot="$1"; shift
     [[ -f "$dir/identity" ]] || die "no cluster in $dir; run: $0 start"
+    # An empty client-token file (NO_CLIENT_TOKEN=1) means loopback no-auth.
+    local -a client_env=(-u TICKETING_CLIENT_TOKENS)
+    if [[ -s "$dir/client-token" ]]; then
+        client_env=("TICKETING_CLIENT_TOKENS=$(cat "$dir/client-token")")
+    fi
     # shellcheck disable=SC2046
-    TICKETING_PEER_TOKENS="$(cat "$dir/peer-token")" \
-    TICKETING_CLIENT_TOKENS="$(cat "$dir/client-token")" \
+    env "${client_env[@]}" TICKETING_PEER_TOKENS="$(cat "$dir/peer-token")" \
         "$bin" serve --cluster-identity "$(cat "$dir/identity")" --self-slot "$slot" \
         $(slot_args) --status-listen "127.0.0.1:$((base + 2000 + slot))" \
         --admin-listen "127.0.0.1:$((base + 4000 + slot))" \
@@ -85,7 +92,7 @@ case "${1:-}" in
         for i in 0 1 2; do
             ! port_open $((base + i)) || die "port $((base + i)) is in use; stop it first"
         done
-        if [[ "${NO_BUILD:-}" != 1 ]]; then
+        if [[ "${NO_BUILD:-}" != 1 && -z "${TICKETING_BIN:-}" ]]; then
             echo "==> building ticketing (release)" >&2
             CARGO_TARGET_DIR="$target" cargo build --release -p ticketing-tokio --bin ticketing \
                 --manifest-path "$repo/Cargo.toml" >&2
@@ -95,7 +102,11 @@ case "${1:-}" in
         # A new cluster is a new identity (fencing domain), always.
         "$bin" identity > "$dir/identity"
         echo "peer-$("$bin" identity)" > "$dir/peer-token"
-        echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
+        if [[ "${NO_CLIENT_TOKEN:-}" == 1 ]]; then
+            : > "$dir/client-token"
+        else
+            echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
+        fi
         for i in 0 1 2; do start_node "$i" --bootstrap; done
         echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); admin: http://127.0.0.1:$((base + 4000))-$((base + 4002))/metrics; state in $dir" >&2
         ;;
@@ -121,8 +132,12 @@ case "${1:-}" in
         ;;
     env)
         echo "export TICKETING_IDENTITY_FINGERPRINT=$(cat "$dir/identity")"
-        echo "export TICKETING_CLIENT_TOKEN=$(cat "$dir/client-token")"
+        if [[ -s "$dir/client-token" ]]; then
+            echo "export TICKETING_CLIENT_TOKEN=$(cat "$dir/client-token")"
+        else
+            echo "unset TICKETING_CLIENT_TOKEN"
+        fi
         echo "export TICKETING_CHAOS_ADDRS=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
         ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,24p' "$0"; exit 2 ;;
 esac

@@ -2,8 +2,10 @@
 //! `ticketing serve` process: 64 tasks share 32 keys × 1,250 acquire+release
 //! = 40,000 operations (wait and lease 30 s, work budget 1 s), each critical
 //! section checked for overlap and counted. The same rounds run with the
-//! published 0.4.0 client and with ours, alternately, against one server, so
-//! the two compare within one run. Prints per round ops/s, acquire+release
+//! published 0.4.0 client and with ours (both wire v3), and with a minimal
+//! client of the line dialect the published 0.3.0 clients speak
+//! (`support/line_client.rs`, two connections like theirs), in turn against
+//! one server, so the dialects compare within one run. Prints per round ops/s, acquire+release
 //! latency and the CPU time the client and the server spent per operation
 //! (from /proc), then the medians and the ceiling those CPU costs put on
 //! this machine (cores / (client + server CPU per op)).
@@ -22,6 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+
+#[path = "support/line_client.rs"]
+mod line_client;
 
 const TASKS: usize = 64;
 const KEYS: usize = 32;
@@ -146,6 +151,31 @@ macro_rules! impl_client {
 
 impl_client!(ticketing, "published 0.4.0 client");
 impl_client!(ticketing_tokio, "our client");
+
+/// Whole seconds, as the line dialect carries them.
+const LINE_WAIT_S: u16 = WAIT.as_secs() as u16;
+const LINE_LEASE_S: u16 = LEASE.as_secs() as u16;
+
+impl Client for line_client::LineBroker {
+    fn name() -> &'static str {
+        "line-dialect client"
+    }
+    async fn op(&self, key: String, section: impl Future<Output = ()> + Send) {
+        use line_client::Acquired;
+        let token = loop {
+            match self.acquire(&key, LINE_WAIT_S, LINE_LEASE_S).await {
+                Acquired::Token(token) => break token,
+                Acquired::Busy => tokio::time::sleep(Duration::from_millis(1)).await,
+                Acquired::TimedOut => panic!("acquire {key}: timed out"),
+            }
+        };
+        section.await;
+        assert!(
+            self.release(&key, token).await,
+            "release {key}: not current"
+        );
+    }
+}
 
 /// The 40,000 operations in a fixed shuffled order (xorshift, fixed seed), so
 /// rounds and runs compare like with like.
@@ -289,6 +319,16 @@ fn summarize(name: &str, rounds: &[Figures], cores: usize) {
 }
 
 fn main() {
+    // The bench's line client must answer the challenge as PROTOCOL-LINE.md
+    // §2 says (its two vectors), or its round measures nothing.
+    assert_eq!(
+        line_client::line_answer("secret", b"aB3dEf_g"),
+        "WvDLEd0VIA9cVatiwxXYXRGMDSXw0ibHllLgAMBffdg"
+    );
+    assert_eq!(
+        line_client::line_answer("", b"aB3dEf_g"),
+        "V2o6RKSLU7HNO8I1-W-CsbAXKL3GKvBgFahf6AueTo4"
+    );
     let rounds = env_or("TICKETING_BENCH_ROUNDS", 3).max(1);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
@@ -298,23 +338,26 @@ fn main() {
     let runtime = builder.build().expect("tokio runtime");
     let (server, addr) = start_server();
     let server_pid = server.0.id().to_string();
-    let (published, ours) = runtime.block_on(async {
+    let (published, ours, line) = runtime.block_on(async {
         let published_broker = ticketing::TicketBroker::connect_loopback([addr.to_string()]);
         assert!(published_broker.wait_ready(Duration::from_secs(5)).await);
         let our_broker = ticketing_tokio::TicketBroker::connect_loopback([addr.to_string()]);
         assert!(our_broker.wait_ready(Duration::from_secs(5)).await);
-        let (mut published, mut ours) = (Vec::new(), Vec::new());
-        // Alternate, so a noisy neighbour hits both clients alike.
+        let line_broker = line_client::LineBroker::connect(&addr.to_string(), "", 2).await;
+        let (mut published, mut ours, mut line) = (Vec::new(), Vec::new(), Vec::new());
+        // Take turns, so a noisy neighbour hits every client alike.
         for r in 0..rounds {
             published.push(measured_round(&published_broker, &server_pid, r).await);
             ours.push(measured_round(&our_broker, &server_pid, r).await);
+            line.push(measured_round(&line_broker, &server_pid, r).await);
         }
         published_broker.close().await;
         our_broker.close().await;
-        (published, ours)
+        (published, ours, line)
     });
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     summarize(ticketing::TicketBroker::name(), &published, cores);
     summarize(ticketing_tokio::TicketBroker::name(), &ours, cores);
+    summarize(line_client::LineBroker::name(), &line, cores);
     println!("published figure for this workload: 143,062 ops/s on a 10-core Apple M4");
 }
