@@ -55,6 +55,8 @@ fn main() {
     let now = Instant::from_micros(1_000_000);
     let mut config = ServerConfig::default();
     config.lock.limits.max_keys = config.lock.limits.max_keys.max(keys);
+    // One connection holds every key.
+    config.budget.max_held_per_connection = config.budget.max_held_per_connection.max(keys);
     let mut server = Server::new(config, 1, now);
 
     // One authenticated connection (no tokens: the empty token).
