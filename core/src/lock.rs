@@ -256,6 +256,9 @@ pub struct LockTable {
     stalled: BTreeSet<Box<[u8]>>,
     /// What the table counted.
     metrics: LockMetrics,
+    /// Keys with a holder (`token != 0`), including leases that ended but
+    /// were not noticed yet: an O(1) gauge for metrics.
+    holder_keys: usize,
     /// Key sets whose lease ran out and of which some keys were noticed
     /// expired, by token: how many keys are still to be noticed. A set's
     /// expiry is counted once, on the first key noticed; each key leaves
@@ -287,6 +290,7 @@ impl LockTable {
             token_limit: u64::MAX,
             stalled: BTreeSet::new(),
             metrics: LockMetrics::default(),
+            holder_keys: 0,
             expiring_sets: HashMap::new(),
         }
     }
@@ -379,6 +383,8 @@ impl LockTable {
                     .or_insert_with(KeyEntry::unheld);
                 if entry.token != 0 {
                     note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+                } else {
+                    self.holder_keys += 1;
                 }
                 entry.token = token;
                 entry.lease_deadline_us = lease_deadline_us;
@@ -426,6 +432,7 @@ impl LockTable {
                 // holder that no lease deadline will ever clear.
                 note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
                 entry.token = 0;
+                self.holder_keys -= 1;
             }
             let queue = entry.queue.get_or_insert_with(Box::default);
             if queue.is_empty() && entry.token != 0 {
@@ -511,6 +518,8 @@ impl LockTable {
         for key in keys.keys() {
             let bytes = key.as_bytes();
             if let Some(entry) = self.keys.get_mut(bytes) {
+                // Every named key carries the released token.
+                self.holder_keys -= 1;
                 if entry.queue.is_some() {
                     entry.token = 0;
                     some_waiters = true;
@@ -606,9 +615,36 @@ impl LockTable {
         &self.metrics
     }
 
+    /// Keys in the table (held, expired but not yet swept, or with waiters).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Queued waiters.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Keys with a holder, counting leases that ended but were not noticed
+    /// yet (lazy expiry: at most a sweep interval late). O(1), unlike
+    /// [`LockTable::stats`]'s exact `held_keys`.
+    pub fn holder_keys(&self) -> usize {
+        debug_assert_eq!(
+            self.holder_keys,
+            self.keys.values().filter(|entry| entry.token != 0).count(),
+            "holder-key gauge out of step with the table"
+        );
+        self.holder_keys
+    }
+
     /// Current counts. `held_keys` is counted against the latest `now` the
     /// table has seen, by a scan: O(keys), meant for metrics and tests.
     pub fn stats(&self) -> LockStats {
+        debug_assert_eq!(
+            self.holder_keys,
+            self.keys.values().filter(|entry| entry.token != 0).count(),
+            "holder-key gauge out of step with the table"
+        );
         LockStats {
             keys: self.keys.len(),
             held_keys: self
@@ -693,9 +729,12 @@ impl LockTable {
                         unreachable!("peeked above");
                     };
                     let mut expired = None;
-                    if let Some(entry) = self.keys.get_mut(&lease.key) {
+                    if let Some(entry) = self.keys.get_mut(&lease.key)
+                        && entry.token != 0
+                    {
                         expired = Some((entry.token, entry.group_len, entry.lease_s));
                         entry.token = 0;
+                        self.holder_keys -= 1;
                     }
                     let handed_over = self.grant_front(&lease.key, lease.deadline_us, now_us);
                     if let Some(expired) = expired {
@@ -715,10 +754,12 @@ impl LockTable {
     fn sweep(&mut self, at_us: u64) {
         let metrics = &mut self.metrics;
         let expiring_sets = &mut self.expiring_sets;
+        let holder_keys = &mut self.holder_keys;
         self.keys.retain(|_, entry| {
             let keep = entry.queue.is_some() || entry.is_held_at(at_us);
             if !keep && entry.token != 0 {
                 note_expiry(metrics, expiring_sets, entry, false);
+                *holder_keys -= 1;
             }
             keep
         });
@@ -885,6 +926,8 @@ impl LockTable {
                 // A lease that ended at this very instant, not yet handled
                 // on this key: it ends here, handed to this waiter.
                 note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, true);
+            } else {
+                self.holder_keys += 1;
             }
             entry.token = token;
             entry.lease_deadline_us = lease_deadline_us;

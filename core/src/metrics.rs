@@ -9,12 +9,12 @@
 //! nothing itself.
 //!
 //! Counts are per process (they start at zero on every start) and only
-//! grow, except the gauges. Nothing is kept per key, so a snapshot costs
-//! the same with a million keys as with one (except the held-key gauge of
-//! single mode, a scan of the table).
+//! grow, except the gauges. Nothing is kept per key and no gauge scans the
+//! table, so a snapshot costs the same with a million keys as with one.
 
 use crate::budget::AbuseKind;
 use crate::cluster::ReplicatedLocks;
+use crate::lock::LockTable;
 use crate::raft::Raft;
 use crate::wire::{ErrorCode, Reply};
 
@@ -355,7 +355,10 @@ pub struct ServerMetrics {
     pub busy_per_connection: u64,
     /// Abusive or refused connections.
     pub abuse: AbuseCounts,
-    /// Gauge: keys whose holder's lease is running.
+    /// Gauge: keys with a holder. A lease that ended on a key nobody waits
+    /// for counts until the table notices (the next acquire of the key, or
+    /// the sweep every 5 s), like [`LockMetrics::expiries_not_handed_over`]:
+    /// an exact count would scan the table at every scrape.
     pub held_keys: u64,
     /// Gauge: keys in the table (held, expired but not yet swept, or with
     /// waiters).
@@ -384,32 +387,25 @@ impl ServerMetrics {
 impl ServerMetrics {
     /// Assembles a snapshot; the `B` replies the table did not decide are
     /// those of the per-connection limits.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one plain value per gauge, named at the call site"
-    )]
     pub(crate) fn assemble(
-        lock: LockMetrics,
+        table: &LockTable,
         replies: ReplyCounts,
         abuse: AbuseCounts,
-        held_keys: usize,
-        keys: usize,
-        waiters: usize,
         sessions: usize,
         handshakes: usize,
         shutting_down: bool,
     ) -> ServerMetrics {
         let busy_per_connection = replies
             .of(ReplyKind::Busy)
-            .saturating_sub(lock.busy_total());
+            .saturating_sub(table.metrics().busy_total());
         ServerMetrics {
-            lock,
+            lock: table.metrics().clone(),
             replies,
             busy_per_connection,
             abuse,
-            held_keys: held_keys as u64,
-            keys: keys as u64,
-            waiters: waiters as u64,
+            held_keys: table.holder_keys() as u64,
+            keys: table.key_count() as u64,
+            waiters: table.waiter_count() as u64,
             sessions: sessions as u64,
             handshakes: handshakes as u64,
             shutting_down,

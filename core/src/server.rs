@@ -750,17 +750,13 @@ impl Server {
     }
 
     /// A snapshot of what the server counted (see [`crate::metrics`]).
-    /// O(keys) for the held-key gauge, O(connections) for the replies.
+    /// O(connections) (their reply counts), independent of the keys.
     pub fn metrics(&self) -> ServerMetrics {
-        let lock = self.table.stats();
         ServerMetrics::assemble(
-            self.table.metrics().clone(),
+            &self.table,
             self.closed_replies
                 .total(self.conns.values().map(|c| &c.replies)),
             self.reports.totals(),
-            lock.held_keys,
-            lock.keys,
-            lock.waiters,
             self.sessions,
             self.handshakes.len(),
             self.shutting_down,

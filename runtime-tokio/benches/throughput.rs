@@ -10,6 +10,13 @@
 //! (from /proc), then the medians and the ceiling those CPU costs put on
 //! this machine (cores / (client + server CPU per op)).
 //!
+//! Metrics on vs off, in the same run: a second server with the admin
+//! listener on (`--admin-listen`) is scraped (`GET /metrics`) every 100 ms,
+//! ten times a usual scrape rate, while our client's rounds also run
+//! against it; its server CPU per operation includes serving the scrapes.
+//! The core counts in both servers (counting cannot be switched off); the
+//! difference is what exposing the counts costs.
+//!
 //! `cargo bench -p ticketing-tokio --bench throughput`. Settings (env):
 //! `TICKETING_BENCH_ROUNDS` (default 3), `TICKETING_BENCH_CLIENT_THREADS`
 //! worker threads of the client runtime (default: tokio's, one per core),
@@ -59,15 +66,18 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn start_server() -> (ServerProcess, SocketAddr) {
+fn start_server(admin: Option<SocketAddr>) -> (ServerProcess, SocketAddr) {
     // Ask the OS for a free port, then hand it to the server.
     let addr = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port");
     // Its own state directory, as in production (the token floor's file),
     // on the machine's disk rather than the service's default folder.
-    let state_dir =
-        std::env::temp_dir().join(format!("ticketing-bench-state-{}", std::process::id()));
+    let state_dir = std::env::temp_dir().join(format!(
+        "ticketing-bench-state-{}-{}",
+        std::process::id(),
+        admin.is_some()
+    ));
     let mut command = Command::new(env!("CARGO_BIN_EXE_ticketing"));
     command.args([
         "serve",
@@ -77,6 +87,9 @@ fn start_server() -> (ServerProcess, SocketAddr) {
         "warn",
     ]);
     command.arg("--state-dir").arg(&state_dir);
+    if let Some(admin) = admin {
+        command.args(["--admin-listen", &admin.to_string()]);
+    }
     if let Ok(threads) = std::env::var("TICKETING_BENCH_SERVER_THREADS") {
         command.args(["--worker-threads", &threads]);
     }
@@ -318,6 +331,35 @@ fn summarize(name: &str, rounds: &[Figures], cores: usize) {
     println!();
 }
 
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+}
+
+/// Scrapes `GET /metrics` every 100 ms until `stop`; returns the scrapes
+/// that answered 200 and the slowest one.
+fn scrape_loop(admin: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Duration) {
+    use std::io::{Read, Write};
+    let (mut scrapes, mut slowest) = (0, Duration::ZERO);
+    while !stop.load(Ordering::Acquire) {
+        let started = Instant::now();
+        if let Ok(mut tcp) = TcpStream::connect(admin) {
+            let _ = write!(
+                tcp,
+                "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+            );
+            let mut response = String::new();
+            if tcp.read_to_string(&mut response).is_ok() && response.starts_with("HTTP/1.1 200") {
+                scrapes += 1;
+                slowest = slowest.max(started.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (scrapes, slowest)
+}
+
 fn main() {
     // The bench's line client must answer the challenge as PROTOCOL-LINE.md
     // §2 says (its two vectors), or its round measures nothing.
@@ -336,28 +378,59 @@ fn main() {
         builder.worker_threads(threads.parse().expect("TICKETING_BENCH_CLIENT_THREADS"));
     }
     let runtime = builder.build().expect("tokio runtime");
-    let (server, addr) = start_server();
+    let (server, addr) = start_server(None);
     let server_pid = server.0.id().to_string();
-    let (published, ours, line) = runtime.block_on(async {
+    let admin = free_port();
+    let (metrics_server, metrics_addr) = start_server(Some(admin));
+    let metrics_pid = metrics_server.0.id().to_string();
+    let stop_scraping = Arc::new(AtomicBool::new(false));
+    let scraper = {
+        let stop = Arc::clone(&stop_scraping);
+        std::thread::spawn(move || scrape_loop(admin, stop))
+    };
+    let (published, ours, line, ours_metrics) = runtime.block_on(async {
         let published_broker = ticketing::TicketBroker::connect_loopback([addr.to_string()]);
         assert!(published_broker.wait_ready(Duration::from_secs(5)).await);
         let our_broker = ticketing_tokio::TicketBroker::connect_loopback([addr.to_string()]);
         assert!(our_broker.wait_ready(Duration::from_secs(5)).await);
         let line_broker = line_client::LineBroker::connect(&addr.to_string(), "", 2).await;
-        let (mut published, mut ours, mut line) = (Vec::new(), Vec::new(), Vec::new());
-        // Take turns, so a noisy neighbour hits every client alike.
+        let metrics_broker =
+            ticketing_tokio::TicketBroker::connect_loopback([metrics_addr.to_string()]);
+        assert!(metrics_broker.wait_ready(Duration::from_secs(5)).await);
+        let (mut published, mut ours, mut line, mut ours_metrics) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Take turns, so a noisy neighbour hits every variant alike.
         for r in 0..rounds {
             published.push(measured_round(&published_broker, &server_pid, r).await);
             ours.push(measured_round(&our_broker, &server_pid, r).await);
             line.push(measured_round(&line_broker, &server_pid, r).await);
+            print!("(metrics on, scraped every 100 ms) ");
+            ours_metrics.push(measured_round(&metrics_broker, &metrics_pid, r).await);
         }
         published_broker.close().await;
         our_broker.close().await;
-        (published, ours, line)
+        metrics_broker.close().await;
+        (published, ours, line, ours_metrics)
     });
+    stop_scraping.store(true, Ordering::Release);
+    let (scrapes, slowest) = scraper.join().expect("scraper");
+    drop(metrics_server);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     summarize(ticketing::TicketBroker::name(), &published, cores);
-    summarize(ticketing_tokio::TicketBroker::name(), &ours, cores);
+    summarize(
+        &format!("{}, metrics off", ticketing_tokio::TicketBroker::name()),
+        &ours,
+        cores,
+    );
     summarize(line_client::LineBroker::name(), &line, cores);
+    summarize(
+        &format!(
+            "{}, metrics on ({scrapes} scrapes, slowest {:.1} ms)",
+            ticketing_tokio::TicketBroker::name(),
+            slowest.as_secs_f64() * 1e3
+        ),
+        &ours_metrics,
+        cores,
+    );
     println!("published figure for this workload: 143,062 ops/s on a 10-core Apple M4");
 }

@@ -5,9 +5,9 @@
 //! snapshot ([`ticketing_core::server::Server::metrics`] or
 //! [`ticketing_core::cluster::ClusterNode::metrics`]) under the core's
 //! mutex and renders it outside it; readiness is the core's
-//! `readiness()`. Nothing is counted here. No series is per key, so a
-//! scrape costs the same with a million keys as with one (but for the
-//! single-mode held-key gauge, a scan of the table).
+//! `readiness()`. Nothing is counted here. No series is per key and no
+//! gauge scans the table, so a scrape costs the same with a million keys
+//! as with one.
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -53,6 +53,10 @@ const WRITE_BUF_KEEP_BYTES: usize = 1 << 20;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// How long an outbound peer dial may take before it counts as failed.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pending connections the client listener queues: what
+/// `tokio::net::TcpListener::bind` uses (mio, like std: 128).
+const LISTEN_BACKLOG: u32 = 128;
+
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -142,12 +146,21 @@ impl Drop for RunningServer {
 
 /// Binds `settings.listen` and starts serving on the current tokio runtime.
 /// With a state directory the first token reserve is made durable before
-/// the first connection is accepted; a state directory or file that cannot
+/// the port listens (connections are refused until then); a state directory or file that cannot
 /// be used is an error carrying a [`crate::StateError`]
 /// ([`crate::StateError::find`]).
 pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> {
-    let listener = TcpListener::bind(settings.listen).await?;
-    let local_addr = listener.local_addr()?;
+    // Bound now (a port-0 address names the state file), listening only
+    // once the token floor is durable: until then a connection is refused
+    // rather than left waiting in the backlog of a server not yet serving.
+    let socket = if settings.listen.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(settings.listen)?;
+    let local_addr = socket.local_addr()?;
     let admin = admin::bind(settings.admin_listen).await?;
     let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
     let clock = Clock::start();
@@ -162,6 +175,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         Some(state) => Some(open_floor(state, &state::single_file_name(name_addr), &clock).await?),
         None => None,
     };
+    let listener = socket.listen(LISTEN_BACKLOG)?;
     let tls = settings.tls.clone();
     let auth = if settings.server.client_tokens.is_no_auth() {
         "none (empty token only)"

@@ -1,7 +1,8 @@
 //! The admin HTTP listener of real `ticketing serve` processes: `/metrics`
 //! parsed by a strict OpenMetrics text parser (below) after lock traffic,
 //! with the counts asserted; `/livez`; `/readyz` in single mode and on a
-//! cluster, where it turns 200 only once the node knows a leader.
+//! cluster, where it turns 200 only once the node knows a leader and drops
+//! to 503 on a node cut off from its majority.
 
 mod common;
 
@@ -533,7 +534,7 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
 }
 
 #[tokio::test]
-async fn cluster_readyz_turns_200_once_there_is_a_leader_and_metrics_parse() {
+async fn cluster_readyz_follows_the_leader_and_metrics_parse() {
     let mut cluster = Cluster::new(3);
     let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
     let config_dir = scratch_dir("admin-cluster-config");
@@ -589,6 +590,21 @@ async fn cluster_readyz_turns_200_once_there_is_a_leader_and_metrics_parse() {
         })
         .sum();
     assert_eq!(leaders, 1.0);
+
+    // Cut off from its majority (the two others killed), a node no longer
+    // knows a leader and is not ready, whether it led or followed.
+    let survivor = (leader + 1) % 3;
+    for slot in (0..3).filter(|&s| s != survivor) {
+        cluster.kill(slot);
+    }
+    let body = poll("/readyz 503 on the node cut off", || {
+        http_get(admin[survivor], "/readyz")
+            .and_then(|(status, _, body)| (status == 503).then_some(body))
+    })
+    .await;
+    assert_eq!(body, "not ready: no known leader\n");
+    let m = scrape(admin[survivor]);
+    assert_eq!(m.value("ticketing_has_leader", &[]), Some(0.0));
 }
 
 /// The parser above is strict: what it refuses, so that the scrapes it
