@@ -367,6 +367,9 @@ pub struct ServerMetrics {
     pub waiters: u64,
     /// Gauge: connections past their handshake.
     pub sessions: u64,
+    /// Gauge: of those, the ones speaking the line dialect (the rest speak
+    /// v3).
+    pub line_sessions: u64,
     /// Gauge: unfinished handshakes.
     pub handshakes: u64,
     /// The server is shutting down.
@@ -391,7 +394,7 @@ impl ServerMetrics {
         table: &LockTable,
         replies: ReplyCounts,
         abuse: AbuseCounts,
-        sessions: usize,
+        (sessions, line_sessions): (usize, usize),
         handshakes: usize,
         shutting_down: bool,
     ) -> ServerMetrics {
@@ -407,6 +410,7 @@ impl ServerMetrics {
             keys: table.key_count() as u64,
             waiters: table.waiter_count() as u64,
             sessions: sessions as u64,
+            line_sessions: line_sessions as u64,
             handshakes: handshakes as u64,
             shutting_down,
         }
@@ -517,6 +521,8 @@ pub struct ClusterMetrics {
     pub waiters: u64,
     /// Gauge: client connections past their handshake.
     pub sessions: u64,
+    /// Gauge: of those, the ones speaking the line dialect.
+    pub line_sessions: u64,
     /// The node is shutting down.
     pub shutting_down: bool,
 }
@@ -553,7 +559,7 @@ pub(crate) fn cluster_metrics(
     replies: ReplyCounts,
     abuse: AbuseCounts,
     checking_genesis: bool,
-    (waiters, sessions): (usize, usize),
+    (waiters, sessions, line_sessions): (usize, usize, usize),
     shutting_down: bool,
 ) -> ClusterMetrics {
     let id = raft.id();
@@ -593,6 +599,7 @@ pub(crate) fn cluster_metrics(
         held_keys: state.held_keys() as u64,
         waiters: waiters as u64,
         sessions: sessions as u64,
+        line_sessions: line_sessions as u64,
         shutting_down,
     }
 }

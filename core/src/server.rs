@@ -117,6 +117,8 @@ pub struct Server {
     handshakes: HandshakeBudget,
     /// Connections past their handshake.
     sessions: usize,
+    /// Of those, the ones that speak the line dialect.
+    line_sessions: usize,
     /// Keys held by each connection's delivered grants.
     held: HeldKeys,
     /// What the driver should log.
@@ -205,6 +207,7 @@ impl Server {
                 config.budget.max_handshakes_per_source,
             ),
             sessions: 0,
+            line_sessions: 0,
             held: HeldKeys::default(),
             reports: Reports::new(config.budget.report_interval),
             config,
@@ -325,7 +328,7 @@ impl Server {
         match input {
             FrontInput::Pending => return,
             FrontInput::Session => {}
-            FrontInput::Accepted(_) => {
+            FrontInput::Accepted(dialect) => {
                 self.handshakes.finish(conn_id);
                 if self.sessions >= self.config.max_connections {
                     let source = conn.source;
@@ -334,6 +337,9 @@ impl Server {
                     return;
                 }
                 self.sessions += 1;
+                if dialect == Dialect::Line {
+                    self.line_sessions += 1;
+                }
                 conn.front.begin_session(conn.out.buffer_mut());
                 self.wakes.wake(conn_id, &mut conn.out);
             }
@@ -617,6 +623,9 @@ impl Server {
         };
         if conn.front.in_session() {
             self.sessions -= 1;
+            if conn.front.dialect() == Some(Dialect::Line) {
+                self.line_sessions -= 1;
+            }
         }
         self.held.forget_conn(conn_id);
         self.closed_replies.add(&conn.replies);
@@ -757,7 +766,7 @@ impl Server {
             self.closed_replies
                 .total(self.conns.values().map(|c| &c.replies)),
             self.reports.totals(),
-            self.sessions,
+            (self.sessions, self.line_sessions),
             self.handshakes.len(),
             self.shutting_down,
         )

@@ -306,6 +306,11 @@ fn a_v3_proof_makes_a_v3_session_and_a_line_answer_a_line_session() {
     assert_eq!(h.server.dialect(v3), Some(Dialect::V3));
     assert_eq!(h.server.dialect(line), Some(Dialect::Line));
     assert_eq!(h.server.stats().sessions, 2);
+    let metrics = h.server.metrics();
+    assert_eq!((metrics.sessions, metrics.line_sessions), (2, 1));
+    h.server.handle_closed(h.now, line);
+    let metrics = h.server.metrics();
+    assert_eq!((metrics.sessions, metrics.line_sessions), (1, 0));
 }
 
 #[test]

@@ -302,7 +302,7 @@ fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
         m.keys,
     )?;
     gauge(e, "waiters", "Queued acquires.", m.waiters)?;
-    connections(e, m.sessions, m.handshakes)?;
+    connections(e, m.sessions, m.line_sessions, m.handshakes)?;
     histogram(
         e,
         "lock_wait",
@@ -317,15 +317,25 @@ fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
     )
 }
 
-fn connections(e: &mut DescriptorEncoder, sessions: u64, handshakes: u64) -> fmt::Result {
+fn connections(
+    e: &mut DescriptorEncoder,
+    sessions: u64,
+    line_sessions: u64,
+    handshakes: u64,
+) -> fmt::Result {
     let mut metric = e.encode_descriptor(
         "connections",
-        "Open client connections, by state.",
+        "Open client connections, by state and (sessions) dialect.",
         None,
         MetricType::Gauge,
     )?;
-    for (state, value) in [("session", sessions), ("handshake", handshakes)] {
-        let labels = [("state", state)];
+    let v3_sessions = sessions.saturating_sub(line_sessions);
+    for (state, dialect, value) in [
+        ("session", "v3", v3_sessions),
+        ("session", "line", line_sessions),
+        ("handshake", "unknown", handshakes),
+    ] {
+        let labels = [("state", state), ("dialect", dialect)];
         metric.encode_family(&labels)?.encode_gauge(&value)?;
     }
     Ok(())

@@ -478,7 +478,20 @@ async fn single_mode_metrics_count_the_lock_traffic() {
     assert_eq!(v("ticketing_error_replies_total", &[("code", "6")]), 0.0);
     assert_eq!(v("ticketing_held_keys", &[]), 3.0);
     assert_eq!(v("ticketing_waiters", &[]), 0.0);
-    assert_eq!(v("ticketing_connections", &[("state", "session")]), 2.0);
+    assert_eq!(
+        v(
+            "ticketing_connections",
+            &[("state", "session"), ("dialect", "v3")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        v(
+            "ticketing_connections",
+            &[("state", "session"), ("dialect", "line")]
+        ),
+        0.0
+    );
     // Histograms in seconds: one wait per grant, one hold per release.
     let wait = &m.families["ticketing_lock_wait_seconds"];
     assert_eq!(wait.kind, "histogram");

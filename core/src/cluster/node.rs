@@ -425,6 +425,8 @@ pub struct ClusterNode {
     peer_handshakes: HandshakeBudget,
     /// Client connections past their handshake.
     client_sessions: usize,
+    /// Of those, the ones that speak the line dialect.
+    line_sessions: usize,
     /// Peer connections that this node dialed or that authenticated.
     known_peer_conns: usize,
     /// What the driver should log.
@@ -618,6 +620,7 @@ impl ClusterNode {
                 config.budget.max_peer_handshakes_per_source,
             ),
             client_sessions: 0,
+            line_sessions: 0,
             known_peer_conns: 0,
             reports: Reports::new(config.budget.report_interval),
             dials,
@@ -750,7 +753,7 @@ impl ClusterNode {
             self.replies,
             self.reports.totals(),
             self.checking_genesis(),
-            (stats.waiters, self.client_sessions),
+            (stats.waiters, self.client_sessions, self.line_sessions),
             self.shutting_down,
         )
     }
@@ -997,7 +1000,7 @@ impl ClusterNode {
         match input {
             FrontInput::Pending => return,
             FrontInput::Session => {}
-            FrontInput::Accepted(_) => {
+            FrontInput::Accepted(dialect) => {
                 self.client_handshakes.finish(conn_id);
                 if self.client_sessions >= self.config.max_connections {
                     self.reports.abuse(now, conn.source, AbuseKind::Refused);
@@ -1005,6 +1008,9 @@ impl ClusterNode {
                     return;
                 }
                 self.client_sessions += 1;
+                if dialect == Dialect::Line {
+                    self.line_sessions += 1;
+                }
                 client.front.begin_session(conn.out.buffer_mut());
                 // Clients route by the leader notice; send it at once.
                 client.front.leader_notice(
@@ -1334,6 +1340,9 @@ impl ClusterNode {
             ConnKind::Client(client) => {
                 if client.front.in_session() {
                     self.client_sessions -= 1;
+                    if client.front.dialect() == Some(Dialect::Line) {
+                        self.line_sessions -= 1;
+                    }
                 }
                 if let Some(leadership) = self.leadership.as_mut() {
                     leadership.held_keys.forget_conn(conn_id);
