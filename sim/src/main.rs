@@ -144,6 +144,7 @@ fn main() -> ExitCode {
     }
     let started = Instant::now();
     let mut totals = RunReport::default();
+    let mut line_worlds = 0u64;
     let mut failing = Vec::new();
     let mut count = 0u64;
     for seed in args.seeds.clone() {
@@ -185,6 +186,11 @@ fn main() -> ExitCode {
         totals.fenced_writes += report.fenced_writes;
         totals.lin_keys_checked += report.lin_keys_checked;
         totals.lin_inconclusive += report.lin_inconclusive;
+        totals.line_grants += report.line_grants;
+        totals.line_resends += report.line_resends;
+        if report.line_clients > 0 {
+            line_worlds += 1;
+        }
         if !report.violations.is_empty() {
             if !args.quiet || failing.len() < 20 {
                 for violation in &report.violations {
@@ -219,6 +225,10 @@ fn main() -> ExitCode {
         totals.lin_keys_checked,
         totals.lin_inconclusive,
         failing.len()
+    );
+    println!(
+        "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close",
+        totals.line_grants, totals.line_resends
     );
     println!(
         "{:.1} s, {:.0} seeds/s, {:.0} events/s",

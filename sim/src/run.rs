@@ -85,6 +85,13 @@ pub struct RunReport {
     pub lin_inconclusive: u64,
     /// True time at the end.
     pub end_us: u64,
+    /// Line clients (published 0.3.0 model) in the world.
+    pub line_clients: u64,
+    /// Line requests resent after their connection closed while they were
+    /// outstanding.
+    pub line_resends: u64,
+    /// Grants line clients received.
+    pub line_grants: u64,
 }
 
 /// Where a run is: faults and new work (safety), then none while
