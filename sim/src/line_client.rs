@@ -502,6 +502,15 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
         };
         self.note(|| format!("client {client} op {id}: line {reply:?}"));
         match reply {
+            LineReply::Acquired { token, .. } if call.lease_s == 0 || call.lease_s > 250 => {
+                let lease_s = call.lease_s;
+                self.violation(
+                    Checker::Client,
+                    format!(
+                        "client {client} op {id}: lease {lease_s} s granted ({token}), not refused"
+                    ),
+                );
+            }
             LineReply::Acquired { token, .. } => {
                 let (_, sent_local) = call.sent.expect("answered on its connection");
                 let lease_s = call.lease_s;
@@ -550,7 +559,9 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
     /// `M`, `Eno_leader`, `Enot_active`: no effect; close and reconnect at
     /// once (to `leader` if named).
     fn line_redirect(&mut self, client: usize, conn: u64, leader: Option<u8>) -> bool {
-        let proc = &mut self.parts().clients[client];
+        let parts = self.parts();
+        parts.rec.report.line_redirects += 1;
+        let proc = &mut parts.clients[client];
         if let Some(line) = proc.line.as_mut() {
             line.leader = leader;
         }

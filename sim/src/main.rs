@@ -188,6 +188,7 @@ fn main() -> ExitCode {
         totals.lin_inconclusive += report.lin_inconclusive;
         totals.line_grants += report.line_grants;
         totals.line_resends += report.line_resends;
+        totals.line_redirects += report.line_redirects;
         if report.line_clients > 0 {
             line_worlds += 1;
         }
@@ -227,8 +228,8 @@ fn main() -> ExitCode {
         failing.len()
     );
     println!(
-        "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close",
-        totals.line_grants, totals.line_resends
+        "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
+        totals.line_grants, totals.line_resends, totals.line_redirects
     );
     println!(
         "{:.1} s, {:.0} seeds/s, {:.0} events/s",

@@ -92,6 +92,9 @@ pub struct RunReport {
     pub line_resends: u64,
     /// Grants line clients received.
     pub line_grants: u64,
+    /// Line connections closed by the client for `M`, `Eno_leader` or
+    /// `Enot_active` (reconnect, resend).
+    pub line_redirects: u64,
 }
 
 /// Where a run is: faults and new work (safety), then none while
