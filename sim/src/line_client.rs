@@ -390,7 +390,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
 
     /// One reply on `conn`; false if the connection was closed for it.
     fn line_reply(&mut self, client: usize, conn: u64, reply: LineReply<'_>) -> bool {
-        let text = format!("{reply:?}");
+        let text = show(&reply);
         self.note(|| format!("client {client} line {conn}: {text}"));
         let (acquire, key, echo) = match reply {
             LineReply::Acquired { owner, key, .. }
@@ -500,7 +500,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
         let Some(OpState::Line(call)) = self.parts().clients[client].ops.remove(&id) else {
             return;
         };
-        self.note(|| format!("client {client} op {id}: line {reply:?}"));
+        self.note(|| format!("client {client} op {id}: line {}", show(&reply)));
         match reply {
             LineReply::Acquired { token, .. } if call.lease_s == 0 || call.lease_s > 250 => {
                 let lease_s = call.lease_s;
@@ -603,6 +603,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
         line.failures = line.failures.saturating_add(1);
         let failures = line.failures;
         let mut resends = 0;
+        let mut resent = Vec::new();
         for call in proc.ops.values_mut() {
             let OpState::Line(call) = call else {
                 continue;
@@ -612,6 +613,11 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
             }
             call.sent = None;
             resends += 1;
+            resent.push(if call.acquire {
+                format!(" owner {:#x}", call.echo)
+            } else {
+                format!(" token {}", call.echo)
+            });
             if call.acquire {
                 // The attempt stays open (indeterminate); the resend is a
                 // new one.
@@ -629,7 +635,12 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
         }
         let pending = proc.ops.values().any(|op| matches!(op, OpState::Line(_)));
         parts.rec.report.line_resends += resends;
-        self.note(|| format!("client {client} line {conn} closed; {resends} to resend"));
+        self.note(|| {
+            format!(
+                "client {client} line {conn} closed; {resends} to resend:{}",
+                resent.concat()
+            )
+        });
         if !pending {
             return;
         }
@@ -657,3 +668,20 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
 }
 
 impl<'t, W: ClientWorld<'t> + ?Sized> LineClientWorld<'t> for W {}
+
+/// A line reply as a trace shows it: op, numbers, text as text.
+fn show(reply: &LineReply<'_>) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    match *reply {
+        LineReply::Acquired { token, owner, key } => {
+            format!("A token {token} owner {owner:#x} {}", text(key))
+        }
+        LineReply::TimedOut { owner, key } => format!("T owner {owner:#x} {}", text(key)),
+        LineReply::Busy { owner, key } => format!("B owner {owner:#x} {}", text(key)),
+        LineReply::Released { token, key } => format!("R token {token} {}", text(key)),
+        LineReply::NotFound { token, key } => format!("N token {token} {}", text(key)),
+        LineReply::Moved { address } => format!("M {}", text(address)),
+        LineReply::Leader { address } => format!("L {}", text(address)),
+        LineReply::Error { reason } => format!("E{}", text(reason)),
+    }
+}

@@ -101,6 +101,61 @@ fn a_line_client_resends_after_a_server_crash() {
     assert!(line_grants > 100, "only {line_grants} line grants");
 }
 
+/// In a trace: a server crash, then a line connection closing with an
+/// acquire to resend, then that very owner answered (`A` or `T`) on a
+/// later connection of the same client.
+fn resend_after_crash_in(trace: &str) -> Option<String> {
+    let lines: Vec<&str> = trace.lines().collect();
+    let crash = lines
+        .iter()
+        .position(|line| line.contains("server epoch") && line.contains("crashes"))?;
+    for (at, line) in lines.iter().enumerate().skip(crash) {
+        let Some((head, owner)) = line.split_once("to resend: owner ") else {
+            continue;
+        };
+        let owner = owner.split_whitespace().next()?;
+        // "client 5 line 11 closed; …"
+        let mut words = head.split_whitespace().skip_while(|word| *word != "client");
+        let client = words.nth(1)?;
+        let conn = words.nth(1)?;
+        let answered = lines[at..].iter().find(|later| {
+            later.contains(&format!("client {client} line "))
+                && !later.contains(&format!("line {conn}:"))
+                && (later.contains(": A token") || later.contains(": T owner"))
+                && later.contains(&format!("owner {owner} "))
+        });
+        if let Some(answered) = answered {
+            return Some(format!("{line}\n{answered}"));
+        }
+    }
+    None
+}
+
+/// A traced world shows the resend itself: after a server crash, a line
+/// client resends an acquire (same owner) on a new connection and gets its
+/// answer there.
+#[test]
+fn a_resent_acquire_is_answered_on_the_new_connection() {
+    let found = (0..40).find_map(|seed| {
+        let config = SimConfig {
+            clients: 1,
+            line_clients: 2,
+            faults: FaultConfig {
+                tick_mean_us: 400_000,
+                server_restart_ppm: 300_000,
+                ..FaultConfig::none()
+            },
+            ..SimConfig::swarm(seed)
+        };
+        let mut out = Vec::new();
+        let report = World::new(seed, config).with_trace(&mut out).run();
+        assert_clean(&report, "");
+        resend_after_crash_in(&String::from_utf8_lossy(&out))
+    });
+    let shown = found.expect("no resend after a server crash answered in 40 seeds");
+    assert!(shown.contains("to resend: owner 0x"), "{shown}");
+}
+
 /// Worlds without line clients are untouched by them: no line grant, no
 /// resend, and the default configuration does include one.
 #[test]
