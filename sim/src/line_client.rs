@@ -108,6 +108,9 @@ pub(crate) struct LineCall {
     begun_local_us: u64,
     /// An earlier release attempt may have taken effect.
     any_indeterminate: bool,
+    /// `Ebad_lease` came for this attempt (a bad lease must get it
+    /// before its `T`).
+    saw_bad_lease: bool,
 }
 
 /// The line client code both worlds run (a blanket extension of
@@ -198,6 +201,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 sent: None,
                 begun_local_us: local,
                 any_indeterminate: false,
+                saw_bad_lease: false,
             }),
         );
         self.note(|| {
@@ -234,6 +238,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 sent: None,
                 begun_local_us: local,
                 any_indeterminate: false,
+                saw_bad_lease: false,
             }),
         );
         let token = grant.token;
@@ -422,11 +427,19 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 return match reason {
                     b"no_leader" | b"not_active" => self.line_redirect(client, conn, None),
                     b"bad_lease" => {
-                        let expected = self.parts().clients[client].ops.values().any(|op| {
-                            matches!(op, OpState::Line(call) if call.acquire
+                        let mut expected = false;
+                        for op in self.parts().clients[client].ops.values_mut() {
+                            if let OpState::Line(call) = op
+                                && call.acquire
                                 && call.sent.is_some_and(|(c, _)| c == conn)
-                                && (call.lease_s == 0 || call.lease_s > 250))
-                        });
+                                && (call.lease_s == 0 || call.lease_s > 250)
+                                && !call.saw_bad_lease
+                            {
+                                call.saw_bad_lease = true;
+                                expected = true;
+                                break;
+                            }
+                        }
                         if !expected {
                             self.violation(
                                 Checker::Client,
@@ -492,6 +505,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 || local < call.begun_local_us + u64::from(call.wait_s) * 1_000_000;
             if within {
                 call.sent = None;
+                call.saw_bad_lease = false;
                 let at = now_us + 20_000 + self.parts().work.below(100_000);
                 self.schedule_client(at, client, inc, ClientEv::OpRetry(id));
                 return;
@@ -535,6 +549,15 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 self.start_holding(client, id, grant, plan, lease_s as u8);
             }
             LineReply::TimedOut { .. } | LineReply::Busy { .. } => {
+                if (call.lease_s == 0 || call.lease_s > 250) && !call.saw_bad_lease {
+                    let lease_s = call.lease_s;
+                    self.violation(
+                        Checker::Client,
+                        format!(
+                            "client {client} op {id}: lease {lease_s} s ended without Ebad_lease"
+                        ),
+                    );
+                }
                 self.parts().history.forget(&call.hist);
             }
             LineReply::Released { token, .. } => {
@@ -570,6 +593,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 && call.sent.is_some_and(|(c, _)| c == conn)
             {
                 call.sent = None;
+                call.saw_bad_lease = false;
             }
         }
         self.line_drop_conn(client, conn, true);
@@ -612,6 +636,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                 continue;
             }
             call.sent = None;
+            call.saw_bad_lease = false;
             resends += 1;
             resent.push(if call.acquire {
                 format!(" owner {:#x}", call.echo)
