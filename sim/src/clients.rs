@@ -27,6 +27,7 @@ use ticketing_core::time::{Duration, Instant};
 use crate::checks::{HistRefs, History, Window, Windows, key_indices};
 use crate::clock::{Clock, act_before_local_us, duration_us, instant, lease_min_us};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
+use crate::line_client::{LineCall, LineClientWorld, LineLink};
 use crate::linear::LinOp;
 use crate::rng::Rng;
 use crate::run::{Checker, Recorder};
@@ -39,9 +40,9 @@ pub(crate) const RECENT_INDETERMINATE_MAX: usize = 64;
 /// whether it releases at the end (or lets the lease run out).
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
-    writes: u8,
-    write_gap_us: u64,
-    release: bool,
+    pub(crate) writes: u8,
+    pub(crate) write_gap_us: u64,
+    pub(crate) release: bool,
 }
 
 /// One logical operation of a client.
@@ -75,6 +76,8 @@ pub(crate) enum OpState {
         any_indeterminate: bool,
         hist: HistRefs,
     },
+    /// A line client's call (acquire or release), see `line_client.rs`.
+    Line(LineCall),
 }
 
 /// A client process.
@@ -90,6 +93,8 @@ pub(crate) struct ClientProc {
     /// last, to attach a later `Compensate` to.
     pub(crate) recent_indeterminate: Vec<(KeySet, HistRefs)>,
     pub(crate) link: Sessions,
+    /// A line client (published 0.3.0 model) instead of v3 sessions.
+    pub(crate) line: Option<LineLink>,
 }
 
 impl ClientProc {
@@ -103,6 +108,15 @@ impl ClientProc {
             acquires_started: 0,
             recent_indeterminate: Vec::new(),
             link,
+            line: None,
+        }
+    }
+
+    /// A line client whose owners start from `owner_base`.
+    pub(crate) fn line(clock: Clock, owner_base: u64, link: Sessions) -> Self {
+        ClientProc {
+            line: Some(LineLink::new(owner_base)),
+            ..ClientProc::new(clock, link)
         }
     }
 }
@@ -381,6 +395,12 @@ pub(crate) trait ClientWorld<'t> {
     /// The slot of the session connection `conn` belongs to (while the
     /// world still knows the connection).
     fn slot_of(&self, conn: u64) -> Option<u8>;
+    /// Opens a line connection from `client` to `slot`: its id.
+    fn open_line_conn(&mut self, client: usize, slot: u8) -> Option<u64>;
+    /// Slots a line client may dial.
+    fn line_slots(&self) -> u8;
+    /// The slot whose client address is `address` (`M`/`L`).
+    fn line_address_slot(&self, address: &[u8]) -> Option<u8>;
 
     /// A trace note; `text` only runs when tracing.
     fn note(&mut self, text: impl FnOnce() -> String) {
@@ -402,6 +422,9 @@ pub(crate) trait ClientWorld<'t> {
     /// Starts the next acquire of `client` (if it may) and schedules the
     /// one after.
     fn client_start_op(&mut self, client: usize) {
+        if self.parts().clients[client].line.is_some() {
+            return self.line_start_op(client);
+        }
         let parts = self.parts();
         if !parts.safety {
             return;
@@ -541,6 +564,7 @@ pub(crate) trait ClientWorld<'t> {
                 let step = op.on_error(instant(local), error);
                 return self.release_step(client, id, step);
             }
+            (Some(OpState::Line(_)), _) => return self.line_retry(client, id),
             _ => return,
         }
         self.client_pump(client, slot);
@@ -886,7 +910,9 @@ pub(crate) trait ClientWorld<'t> {
         let clock = parts.clients[client].clock;
         let end_us = parts.now_us.min(clock.true_at(act_before_local_us));
         self.record_window(&grant, holding, start_us, end_us, era);
-        if plan.release {
+        if plan.release && self.parts().clients[client].line.is_some() {
+            self.line_start_release(client, grant);
+        } else if plan.release {
             let local = self.local_now(client);
             let op = ReleaseOperation::new(instant(local), grant.keys, grant.token);
             self.start_release(client, op);
@@ -920,6 +946,9 @@ pub(crate) trait ClientWorld<'t> {
         proc.crashed = true;
         proc.paused_until_us = 0;
         proc.recent_indeterminate.clear();
+        if let Some(line) = proc.line.as_mut() {
+            line.reset();
+        }
         let ops = std::mem::take(&mut proc.ops);
         for op in ops.into_values() {
             if let OpState::Holding {
@@ -1114,6 +1143,9 @@ pub(crate) trait ClientWorld<'t> {
     /// Bytes from connection `conn` reach `client`'s session on `slot`
     /// (if that is still its connection).
     fn client_input(&mut self, client: usize, slot: u8, conn: u64, bytes: &[u8]) {
+        if self.parts().clients[client].line.is_some() {
+            return self.line_input(client, conn, bytes);
+        }
         let local = self.local_now(client);
         if let Some((session, current)) =
             self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()
@@ -1127,6 +1159,9 @@ pub(crate) trait ClientWorld<'t> {
     /// `client` learns that connection `conn` of its session on `slot` is
     /// gone.
     fn transport_closed(&mut self, client: usize, slot: u8, conn: u64) {
+        if self.parts().clients[client].line.is_some() {
+            return self.line_closed(client, conn, false);
+        }
         let local = self.local_now(client);
         if let Some((session, open)) =
             self.parts().clients[client].link.sessions[usize::from(slot)].as_mut()

@@ -35,6 +35,7 @@ use crate::clients::{
 };
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
+use crate::line_client::LineClientWorld;
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
@@ -488,12 +489,20 @@ impl<'t> ClusterWorld<'t> {
                 shadow: vec![None; ALL_KEYS.len()],
             })
             .collect();
-        let clients = (0..config.base.clients)
+        let mut clients: Vec<ClientProc> = (0..config.base.clients)
             .map(|_| {
                 let sessions = Sessions::routed(usize::from(n));
                 ClientProc::new(Clock::draw(&mut clocks, drift), sessions)
             })
             .collect();
+        // Drawn after the v3 clients', so worlds without line clients are
+        // what they were.
+        for _ in 0..config.base.line_clients {
+            let clock = Clock::draw(&mut clocks, drift);
+            let owner_base = clocks.next_u64();
+            let sessions = Sessions::routed(usize::from(n));
+            clients.push(ClientProc::line(clock, owner_base, sessions));
+        }
         let keys = ALL_KEYS.len();
         ClusterWorld {
             n,
@@ -541,6 +550,7 @@ impl<'t> ClusterWorld<'t> {
 
     /// Runs to the end and checks everything.
     pub fn run(mut self) -> RunReport {
+        self.rec.report.line_clients = self.config.base.line_clients as u64;
         for slot in 0..self.n {
             self.node_start(slot, true);
         }
@@ -883,6 +893,7 @@ impl<'t> ClusterWorld<'t> {
         };
         config.max_connections = 64;
         config.max_in_flight_per_connection = 64;
+        config.client_addresses = (0..self.n).map(line_address).collect();
         config
     }
 
@@ -2317,7 +2328,11 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
     }
 
     fn connect(&mut self, client: usize, slot: u8) {
-        self.client_connect(client, slot);
+        if self.clients[client].line.is_some() {
+            self.line_connect(client, slot);
+        } else {
+            self.client_connect(client, slot);
+        }
     }
 
     fn restart(&mut self, client: usize) {
@@ -2382,6 +2397,32 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
     fn slot_of(&self, pipe: u64) -> Option<u8> {
         self.pipes.get(&pipe).map(|pipe| pipe.b_slot)
     }
+
+    fn open_line_conn(&mut self, client: usize, slot: u8) -> Option<u64> {
+        let inc = self.clients[client].inc;
+        let pipe = self.new_pipe(Opener::Client { client, inc }, slot);
+        let addresses = (0..self.n).map(|slot| line_address(slot).into()).collect();
+        if let Some(sim_pipe) = self.pipes.get_mut(&pipe) {
+            sim_pipe.oracle = StreamOracle::line(addresses);
+        }
+        let at = self.now_us + self.net_delay();
+        self.schedule(at, Ev::ClientConnectArrive { pipe });
+        Some(pipe)
+    }
+
+    fn line_slots(&self) -> u8 {
+        self.n
+    }
+
+    fn line_address_slot(&self, address: &[u8]) -> Option<u8> {
+        (0..self.n).find(|&slot| line_address(slot).as_bytes() == address)
+    }
+}
+
+/// The client address node `slot` is configured with, as line clients
+/// spell it (`M` and `L` name it).
+fn line_address(slot: u8) -> Box<str> {
+    format!("node{slot}.sim:7000").into()
 }
 
 struct TraceEv<'a>(&'a Ev);

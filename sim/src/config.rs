@@ -78,8 +78,11 @@ impl FaultConfig {
 /// Everything that shapes a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
-    /// Client processes.
+    /// Client processes speaking wire v3 (the core client `Session`).
     pub clients: usize,
+    /// Client processes speaking the line dialect (a model of the published
+    /// 0.3.0 clients), besides `clients`, on the same keys.
+    pub line_clients: usize,
     /// Logical operations (acquires) one client incarnation starts at most;
     /// keeps per-key histories small enough for the linearizability search.
     pub max_acquires_per_client: usize,
@@ -130,6 +133,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             clients: 4,
+            line_clients: 1,
             max_acquires_per_client: 12,
             max_concurrent_per_client: 2,
             safety_us: 30_000_000,
@@ -208,6 +212,8 @@ impl SimConfig {
         // step of 4 runs the reserve out all the time (`B`, waiters held
         // back); the default step never does within a run.
         config.token_reserve_step = [0, 4, 64, 1_000_000][rng.index(4)];
+        // Line clients in three worlds of four (drawn last, as above).
+        config.line_clients = [0, 1, 1, 2][rng.index(4)];
         config
     }
 

@@ -32,6 +32,7 @@ mod clock;
 pub mod cluster;
 pub mod config;
 pub mod fuzzing;
+mod line_client;
 pub mod linear;
 mod lock_model;
 mod net;

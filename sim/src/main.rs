@@ -34,6 +34,10 @@ struct Args {
     full_liveness: bool,
     #[cfg_attr(not(feature = "planted-bugs"), allow(dead_code))]
     planted: Option<String>,
+    /// Line clients per world instead of the swarm's draw.
+    line_clients: Option<usize>,
+    /// v3 clients per world instead of the swarm's draw.
+    v3_clients: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -48,6 +52,8 @@ fn parse() -> Result<Args, String> {
         cluster: None,
         full_liveness: false,
         planted: None,
+        line_clients: None,
+        v3_clients: None,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -68,6 +74,14 @@ fn parse() -> Result<Args, String> {
                 args.seeds = value..value + 1;
             }
             "--trace" => args.trace = true,
+            "--line-clients" => {
+                let value = iter.next().ok_or("--line-clients needs N")?;
+                args.line_clients = Some(value.parse().map_err(|_| "bad --line-clients")?);
+            }
+            "--v3-clients" => {
+                let value = iter.next().ok_or("--v3-clients needs N")?;
+                args.v3_clients = Some(value.parse().map_err(|_| "bad --v3-clients")?);
+            }
             "--hashes" => args.hashes = true,
             "--stress" => args.stress = true,
             "--partial-writes" => {
@@ -94,7 +108,7 @@ fn parse() -> Result<Args, String> {
             }
             "--planted" => args.planted = Some(iter.next().ok_or("--planted needs a name")?),
             "--help" | "-h" => {
-                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--cluster 3|5 [--full-liveness]] [--bytes FUZZ_INPUT [--trace]] [--planted NAME]".into());
+                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--cluster 3|5 [--full-liveness]] [--bytes FUZZ_INPUT [--trace]] [--planted NAME] [--line-clients N] [--v3-clients N]".into());
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -144,6 +158,7 @@ fn main() -> ExitCode {
     }
     let started = Instant::now();
     let mut totals = RunReport::default();
+    let mut line_worlds = 0u64;
     let mut failing = Vec::new();
     let mut count = 0u64;
     for seed in args.seeds.clone() {
@@ -152,6 +167,15 @@ fn main() -> ExitCode {
             config = config.stress();
         }
         config.faults.partial_write_ppm = args.partial_writes_ppm.unwrap_or(0);
+        let clients = |config: &mut SimConfig| {
+            if let Some(line) = args.line_clients {
+                config.line_clients = line;
+            }
+            if let Some(v3) = args.v3_clients {
+                config.clients = v3;
+            }
+        };
+        clients(&mut config);
         let report = if let Some(nodes) = args.cluster {
             let mut cluster = ClusterSimConfig::swarm(seed, nodes);
             if let Some(ppm) = args.partial_writes_ppm {
@@ -161,6 +185,7 @@ fn main() -> ExitCode {
             if args.stress {
                 cluster.base = cluster.base.stress();
             }
+            clients(&mut cluster.base);
             if args.trace {
                 let stdout = std::io::stdout();
                 let mut lock = stdout.lock();
@@ -185,6 +210,12 @@ fn main() -> ExitCode {
         totals.fenced_writes += report.fenced_writes;
         totals.lin_keys_checked += report.lin_keys_checked;
         totals.lin_inconclusive += report.lin_inconclusive;
+        totals.line_grants += report.line_grants;
+        totals.line_resends += report.line_resends;
+        totals.line_redirects += report.line_redirects;
+        if report.line_clients > 0 {
+            line_worlds += 1;
+        }
         if !report.violations.is_empty() {
             if !args.quiet || failing.len() < 20 {
                 for violation in &report.violations {
@@ -219,6 +250,10 @@ fn main() -> ExitCode {
         totals.lin_keys_checked,
         totals.lin_inconclusive,
         failing.len()
+    );
+    println!(
+        "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
+        totals.line_grants, totals.line_resends, totals.line_redirects
     );
     println!(
         "{:.1} s, {:.0} seeds/s, {:.0} events/s",

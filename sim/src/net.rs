@@ -9,7 +9,12 @@
 //! which world's code made the draw.
 
 use ticketing_core::auth::{HELLO_LEN, PROOF_LEN};
-use ticketing_core::wire::{Decoded, Reply, ReplyError, Request, RequestDecoder};
+use ticketing_core::line::{
+    LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LineDecoded, LineDecoder, LineReply, LineRequest,
+};
+use ticketing_core::wire::{
+    AcquireRequest, Decoded, ErrorCode, KeyGroup, ReleaseRequest, Reply, Request, RequestDecoder,
+};
 
 use crate::config::SimConfig;
 use crate::rng::Rng;
@@ -173,6 +178,12 @@ pub(crate) fn nonce(net: &mut Rng, words: usize) -> [u8; 16] {
 /// client's stream (after its proof) and the replies in the server's (after
 /// its hello and result byte), with the server-stream offsets the server
 /// itself counts when it decides which grants were written whole.
+///
+/// A line connection ([`StreamOracle::line`]) is read in the line dialect
+/// and translated into v3 terms, so both worlds check both dialects with
+/// one set of checkers: each line request gets a made-up request id, and a
+/// reply is matched to the request it echoes (op family, key, owner or
+/// token; `M` and `E` answer the oldest request in flight).
 pub(crate) struct StreamOracle {
     /// Proof bytes still to skip, then requests.
     c2s_skip: usize,
@@ -185,7 +196,24 @@ pub(crate) struct StreamOracle {
     pub(crate) observed_total: u64,
     /// Bytes of that stream reported written so far.
     pub(crate) written_total: u64,
+    /// The line dialect's state, on a line connection.
+    line: Option<LineOracle>,
 }
+
+/// What the oracle keeps of a line connection.
+struct LineOracle {
+    decoder: LineDecoder,
+    /// Line requests not answered yet: made-up rid, acquire or release,
+    /// key, owner or token.
+    in_flight: Vec<(u64, bool, Vec<u8>, u64)>,
+    next_rid: u64,
+    /// The slots' client addresses (cluster worlds), to read `M`/`L`.
+    addresses: Vec<String>,
+}
+
+/// The rid a line reply gets when it echoes no request in flight (the
+/// checkers report it).
+pub(crate) const UNMATCHED_LINE_RID: u64 = u64::MAX;
 
 impl StreamOracle {
     pub(crate) fn new() -> Self {
@@ -196,6 +224,23 @@ impl StreamOracle {
             reply_buf: Vec::new(),
             observed_total: 0,
             written_total: 0,
+            line: None,
+        }
+    }
+
+    /// The oracle of a line connection: after the shared hello there is no
+    /// result byte, and the client's answer is 44 bytes.
+    pub(crate) fn line(addresses: Vec<String>) -> Self {
+        StreamOracle {
+            c2s_skip: LINE_ANSWER_LEN,
+            s2c_skip: HELLO_LEN,
+            line: Some(LineOracle {
+                decoder: LineDecoder::new(),
+                in_flight: Vec::new(),
+                next_rid: 1,
+                addresses,
+            }),
+            ..StreamOracle::new()
         }
     }
 
@@ -203,8 +248,17 @@ impl StreamOracle {
     pub(crate) fn requests(&mut self, bytes: &[u8]) -> Vec<Request> {
         let skip = self.c2s_skip.min(bytes.len());
         self.c2s_skip -= skip;
-        self.decoder.push(&bytes[skip..]);
         let mut arrived = Vec::new();
+        if let Some(line) = self.line.as_mut() {
+            line.decoder.push(&bytes[skip..]);
+            while let Ok(Some(decoded)) = line.decoder.next() {
+                if let LineDecoded::Request(request) = decoded {
+                    arrived.push(line.translate(request));
+                }
+            }
+            return arrived;
+        }
+        self.decoder.push(&bytes[skip..]);
         while let Ok(Some(decoded)) = self.decoder.next() {
             if let Decoded::Request(request) = decoded {
                 arrived.push(request);
@@ -216,7 +270,7 @@ impl StreamOracle {
     /// The replies `new` (the next of the server's stream) completes, each
     /// with the stream offset just past its frame; and a bad frame, if one
     /// came (the buffer is dropped then, and the replies before it kept).
-    pub(crate) fn replies(&mut self, new: &[u8]) -> (Vec<(Reply, u64)>, Option<ReplyError>) {
+    pub(crate) fn replies(&mut self, new: &[u8]) -> (Vec<(Reply, u64)>, Option<String>) {
         self.observed_total += new.len() as u64;
         let skip = self.s2c_skip.min(new.len());
         self.s2c_skip -= skip;
@@ -224,12 +278,20 @@ impl StreamOracle {
         let mut used_total = 0;
         let mut replies = Vec::new();
         loop {
-            match Reply::decode(&self.reply_buf[used_total..]) {
+            let decoded = match self.line.as_mut() {
+                Some(line) => line.decode(&self.reply_buf[used_total..]),
+                None => Reply::decode(&self.reply_buf[used_total..])
+                    .map(|decoded| decoded.map(|(reply, used)| (Some(reply), used)))
+                    .map_err(|error| format!("{error:?}")),
+            };
+            match decoded {
                 Ok(Some((reply, used))) => {
                     used_total += used;
                     // The buffer's end is the stream's observed end.
                     let unparsed = (self.reply_buf.len() - used_total) as u64;
-                    replies.push((reply, self.observed_total - unparsed));
+                    if let Some(reply) = reply {
+                        replies.push((reply, self.observed_total - unparsed));
+                    }
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -240,5 +302,114 @@ impl StreamOracle {
         }
         self.reply_buf.drain(..used_total);
         (replies, None)
+    }
+}
+
+impl LineOracle {
+    /// A line request in v3 terms, under a made-up rid; the wait as the
+    /// server serves it (0 and over 255: 255 s).
+    fn translate(&mut self, request: LineRequest) -> Request {
+        let rid = self.next_rid;
+        self.next_rid += 1;
+        match request {
+            LineRequest::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => {
+                self.in_flight
+                    .push((rid, true, key.as_bytes().to_vec(), owner));
+                let wait_s = match u8::try_from(wait_s) {
+                    Ok(0) | Err(_) => LINE_MAX_WAIT_S,
+                    Ok(wait_s) => wait_s,
+                };
+                Request::Acquire(AcquireRequest {
+                    rid,
+                    wait_s,
+                    lease_s: u8::try_from(lease_s).unwrap_or(u8::MAX),
+                    keys: KeyGroup::single(key),
+                    set: false,
+                })
+            }
+            LineRequest::Release { token, key } => {
+                self.in_flight
+                    .push((rid, false, key.as_bytes().to_vec(), token));
+                Request::Release(ReleaseRequest {
+                    rid,
+                    token,
+                    keys: KeyGroup::single(key),
+                    set: false,
+                })
+            }
+        }
+    }
+
+    /// Takes the request in flight a reply answers: by family, key and
+    /// echo; `None` for the oldest.
+    fn answered(&mut self, by: Option<(bool, &[u8], u64)>) -> u64 {
+        let position = match by {
+            Some((acquire, key, echo)) => self
+                .in_flight
+                .iter()
+                .position(|(_, a, k, e)| *a == acquire && k.as_slice() == key && *e == echo),
+            None => (!self.in_flight.is_empty()).then_some(0),
+        };
+        position.map_or(UNMATCHED_LINE_RID, |at| self.in_flight.remove(at).0)
+    }
+
+    fn slot_of(&self, address: &[u8]) -> u8 {
+        self.addresses
+            .iter()
+            .position(|known| known.as_bytes() == address)
+            .map_or(u8::MAX, |slot| slot as u8)
+    }
+
+    /// One line reply in v3 terms (`None`: the `E` line of the lease rule,
+    /// which only precedes the request's `T`), and the bytes it used.
+    fn decode(&mut self, buf: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
+        let Some((reply, used)) = LineReply::decode(buf).map_err(|error| error.to_string())? else {
+            return Ok(None);
+        };
+        let reply = match reply {
+            LineReply::Acquired { token, owner, key } => Some(Reply::Acquired {
+                rid: self.answered(Some((true, key, owner))),
+                token,
+            }),
+            LineReply::TimedOut { owner, key } => Some(Reply::TimedOut {
+                rid: self.answered(Some((true, key, owner))),
+            }),
+            LineReply::Busy { owner, key } => Some(Reply::Busy {
+                rid: self.answered(Some((true, key, owner))),
+            }),
+            LineReply::Released { token, key } => Some(Reply::Released {
+                rid: self.answered(Some((false, key, token))),
+            }),
+            LineReply::NotFound { token, key } => Some(Reply::NotFound {
+                rid: self.answered(Some((false, key, token))),
+            }),
+            LineReply::Moved { address } => Some(Reply::Moved {
+                leader_slot: self.slot_of(address),
+                rid: self.answered(None),
+            }),
+            LineReply::Leader { address } => Some(Reply::Leader {
+                leader_slot: self.slot_of(address),
+            }),
+            LineReply::Error { reason } => match reason {
+                b"bad_lease" => None,
+                b"no_leader" => Some(Reply::Error {
+                    rid: self.answered(None),
+                    code: ErrorCode::NoLeader,
+                }),
+                b"not_active" => Some(Reply::Error {
+                    rid: self.answered(None),
+                    code: ErrorCode::NotActive,
+                }),
+                other => {
+                    return Err(format!("line error E{}", String::from_utf8_lossy(other)));
+                }
+            },
+        };
+        Ok(Some((reply, used)))
     }
 }

@@ -85,6 +85,16 @@ pub struct RunReport {
     pub lin_inconclusive: u64,
     /// True time at the end.
     pub end_us: u64,
+    /// Line clients (published 0.3.0 model) in the world.
+    pub line_clients: u64,
+    /// Line requests resent after their connection closed while they were
+    /// outstanding.
+    pub line_resends: u64,
+    /// Grants line clients received.
+    pub line_grants: u64,
+    /// Line connections closed by the client for `M`, `Eno_leader` or
+    /// `Enot_active` (reconnect, resend).
+    pub line_redirects: u64,
 }
 
 /// Where a run is: faults and new work (safety), then none while

@@ -24,6 +24,7 @@ use crate::clients::{
 };
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
+use crate::line_client::LineClientWorld;
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
@@ -216,9 +217,16 @@ impl<'t> World<'t> {
         let [net, mut clocks, work, fault_rng] = rngs;
         let drift = config.drift_ppm_max;
         let server_clock = Clock::draw(&mut clocks, drift);
-        let clients = (0..config.clients)
+        let mut clients: Vec<ClientProc> = (0..config.clients)
             .map(|_| ClientProc::new(Clock::draw(&mut clocks, drift), Sessions::single()))
             .collect();
+        // Drawn after the v3 clients', so worlds without line clients are
+        // what they were.
+        for _ in 0..config.line_clients {
+            let clock = Clock::draw(&mut clocks, drift);
+            let owner_base = clocks.next_u64();
+            clients.push(ClientProc::line(clock, owner_base, Sessions::single()));
+        }
         let keys = ALL_KEYS.len();
         World {
             now_us: 0,
@@ -264,6 +272,7 @@ impl<'t> World<'t> {
 
     /// Runs to the end and checks everything.
     pub fn run(mut self) -> RunReport {
+        self.rec.report.line_clients = self.config.line_clients as u64;
         self.schedule(0, Ev::ServerStart);
         for client in 0..self.clients.len() {
             let at = self.work.below(200_000);
@@ -1081,7 +1090,13 @@ impl<'t> World<'t> {
         self.next_conn += 1;
         let session = Session::new(instant(local), SessionConfig::single(b""));
         proc.link.sessions[0] = Some((session, conn_id));
-        let inc = proc.inc;
+        self.open_conn(client, conn_id, StreamOracle::new());
+        self.client_pump(client, 0);
+    }
+
+    /// A new connection from `client` to the server, read by `oracle`.
+    fn open_conn(&mut self, client: usize, conn_id: u64, oracle: StreamOracle) {
+        let inc = self.clients[client].inc;
         self.conns.insert(
             conn_id,
             SimConn {
@@ -1096,7 +1111,7 @@ impl<'t> World<'t> {
                 writing: false,
                 held_for_client: Vec::new(),
                 close_held: false,
-                oracle: StreamOracle::new(),
+                oracle,
                 takes: 0,
                 observed: 0,
                 untaken_grants: Vec::new(),
@@ -1107,7 +1122,6 @@ impl<'t> World<'t> {
         self.note(|| format!("client {client} connects as conn {conn_id}"));
         let at = self.now_us + self.net_delay();
         self.schedule(at, Ev::ConnectArrive { conn: conn_id });
-        self.client_pump(client, 0);
     }
 
     fn deliver_to_client(&mut self, conn_id: u64, bytes: Vec<u8>) {
@@ -1364,8 +1378,12 @@ impl<'t> ClientWorld<'t> for World<'t> {
         self.client_resume(client);
     }
 
-    fn connect(&mut self, client: usize, _slot: u8) {
-        self.client_connect(client);
+    fn connect(&mut self, client: usize, slot: u8) {
+        if self.clients[client].line.is_some() {
+            self.line_connect(client, slot);
+        } else {
+            self.client_connect(client);
+        }
     }
 
     fn restart(&mut self, client: usize) {
@@ -1433,6 +1451,21 @@ impl<'t> ClientWorld<'t> for World<'t> {
 
     fn slot_of(&self, _conn: u64) -> Option<u8> {
         Some(0)
+    }
+
+    fn open_line_conn(&mut self, client: usize, _slot: u8) -> Option<u64> {
+        let conn_id = self.next_conn;
+        self.next_conn += 1;
+        self.open_conn(client, conn_id, StreamOracle::line(Vec::new()));
+        Some(conn_id)
+    }
+
+    fn line_slots(&self) -> u8 {
+        1
+    }
+
+    fn line_address_slot(&self, _address: &[u8]) -> Option<u8> {
+        None
     }
 }
 

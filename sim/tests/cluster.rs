@@ -153,6 +153,8 @@ fn regression_cluster_grant_in_a_partly_written_take_stays_held() {
     for seed in [133, 1133] {
         let mut config = ClusterSimConfig::swarm(seed, 3);
         config.base.faults.partial_write_ppm = 1_000_000;
+        // The worlds of the finding, as they were: before line clients.
+        config.base.line_clients = 0;
         let report = ClusterWorld::new(seed, config).run();
         assert_clean(&report, 3);
     }
@@ -164,7 +166,10 @@ fn regression_cluster_grant_in_a_partly_written_take_stays_held() {
 /// once could leave 3 voters and two learners for good.
 #[test]
 fn regression_two_replacements_complete_in_a_five_node_cluster() {
-    let report = run_cluster_seed(426, 5);
+    // The world of the finding, as it was: before line clients.
+    let mut config = ClusterSimConfig::swarm(426, 5);
+    config.base.line_clients = 0;
+    let report = ClusterWorld::new(426, config).run();
     assert_clean(&report, 5);
 }
 
