@@ -1729,3 +1729,39 @@ fn client_addresses_are_validated() {
     with_addresses(&mut config);
     assert!(config.validate().is_ok());
 }
+
+#[test]
+fn line_sessions_survive_a_rejoin_and_are_counted_down_once() {
+    let mut net = Net::with_config(with_addresses);
+    let leader = net.elect();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+    let mut config = config(NodeId::new(victim as u8, 1));
+    with_addresses(&mut config);
+    net.nodes[victim] = Some(ClusterNode::bootstrap(
+        config,
+        voters,
+        REJOIN_GENERATION,
+        42,
+        net.now,
+    ));
+    let line = net.connect_line(victim);
+    let v3 = net.connect(victim);
+    assert_eq!(net.node(victim).metrics().line_sessions, 1);
+    // The leader's heartbeats show a running cluster: a new generation.
+    net.run_for(Duration::from_millis(500));
+    assert_eq!(
+        net.node(victim).id(),
+        NodeId::new(victim as u8, REJOIN_GENERATION)
+    );
+    let metrics = net.node(victim).metrics();
+    assert_eq!((metrics.sessions, metrics.line_sessions), (2, 1));
+    let now = net.now;
+    for c in [line, v3] {
+        let conn = net.clients[c].conn;
+        net.node(victim).handle_closed(now, conn);
+    }
+    let metrics = net.node(victim).metrics();
+    assert_eq!((metrics.sessions, metrics.line_sessions), (0, 0));
+}

@@ -1235,6 +1235,8 @@ impl ClusterNode {
         fresh.peer_handshakes =
             std::mem::replace(&mut self.peer_handshakes, HandshakeBudget::new(0, 0));
         fresh.client_sessions = self.client_sessions;
+        fresh.line_sessions = self.line_sessions;
+        fresh.replies = self.replies;
         fresh.known_peer_conns = self.known_peer_conns;
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.dials = std::mem::take(&mut self.dials);
