@@ -101,26 +101,33 @@ async fn requests_on_a_frozen_server_end_by_the_silence_rule_and_the_broker_heal
     assert!(took >= SILENCE, "ended before the bound: {took:?}");
     assert!(took < SILENCE + SLACK, "took {took:?}");
 
-    // The release: every attempt is possibly sent and unanswered, so it
-    // ends Indeterminate, at the latest when its 5 s window closes; it
-    // never hangs.
+    // The release never hangs. Whether an attempt went out depends on the
+    // race between the silence close and the reconnect (the frozen kernel
+    // accepts the new connection, but its handshake never completes): an
+    // attempt on the old connection is possibly sent (`Indeterminate`),
+    // one that found no session was never sent (`NotConnected`). Either
+    // way it ends within its 5 s window.
     let started = Instant::now();
     let result = held.release().await;
     let took = started.elapsed();
     assert!(
-        matches!(result, Err(TicketError::Indeterminate)),
+        matches!(
+            result,
+            Err(TicketError::Indeterminate | TicketError::NotConnected)
+        ),
         "{result:?}"
     );
     assert!(took < Duration::from_secs(5) + SLACK, "took {took:?}");
 
-    // Running again, the server answers what its kernel buffered (the
-    // release took effect after all) and the broker reconnects by itself.
+    // Running again, the broker reconnects by itself and grants again, with
+    // a larger token (a key nobody held: "held" may still be leased if the
+    // release never went out).
     serve.signal("-CONT");
     assert!(broker.wait_ready(Duration::from_secs(10)).await);
     let deadline = Instant::now() + Duration::from_secs(10);
     let again = loop {
         match broker
-            .acquire("held", Duration::from_secs(2), LEASE, BUDGET)
+            .acquire("after", Duration::from_secs(2), LEASE, BUDGET)
             .await
         {
             Ok(ticket) => break ticket,
