@@ -456,9 +456,7 @@ impl Server {
         keys: KeyGroup,
         reply_to: ReplyTo,
     ) {
-        if matches!(reply_to, ReplyTo::Line { .. }) && token >= self.table.next_token() {
-            // Never issued: the shape of a 0.1.0 client, whose release has
-            // no token and whose key bytes are read as one.
+        if reply_to.is_unissued_line_release(token, self.table.next_token()) {
             let source = self.conns.get(&conn_id).map(|conn| conn.source);
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);

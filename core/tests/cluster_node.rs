@@ -469,26 +469,7 @@ impl Net {
     }
 
     fn connect(&mut self, node: usize) -> usize {
-        let nonce = self.nonce();
-        let now = self.now;
-        let conn = self
-            .node(node)
-            .handle_connect(now, nonce, LOOPBACK)
-            .unwrap();
-        let c = self.clients.len();
-        self.clients.push(TestClient {
-            node,
-            conn,
-            handshake: ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, node as u8),
-            established: false,
-            buf: Vec::new(),
-            replies: Vec::new(),
-            closed: false,
-            stalled: false,
-            line: false,
-            lines: Vec::new(),
-        });
-        self.links.insert((node, conn), Endpoint::Client(c));
+        let c = self.open_client(node, false);
         self.settle();
         assert!(self.clients[c].established);
         c
@@ -496,9 +477,7 @@ impl Net {
 
     /// Sends `request` without moving any other byte.
     fn send_only(&mut self, c: usize, request: Request) {
-        let (node, conn) = (self.clients[c].node, self.clients[c].conn);
-        let now = self.now;
-        self.node(node).handle_input(now, conn, &request.to_frame());
+        self.send_bytes(c, &request.to_frame());
     }
 
     fn request(&mut self, c: usize, request: Request) -> Reply {

@@ -1445,9 +1445,7 @@ impl ClusterNode {
         keys: KeyGroup,
         reply_to: ReplyTo,
     ) {
-        if matches!(reply_to, ReplyTo::Line { .. }) && token >= self.state.next_token() {
-            // Never issued: the shape of a 0.1.0 client, whose release has
-            // no token and whose key bytes are read as one.
+        if reply_to.is_unissued_line_release(token, self.state.next_token()) {
             let source = self.conns.get(&conn_id).and_then(|conn| conn.source);
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);

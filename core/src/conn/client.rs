@@ -159,6 +159,15 @@ impl ReplyTo {
 }
 
 impl ReplyTo {
+    /// Whether a release of `token` answered here names a token never
+    /// issued (`next_token` is the next one the owner would issue) on a
+    /// line connection: the shape of a 0.1.0-or-older client, whose release
+    /// has no token and whose key bytes are read as one. Such clients are
+    /// not served; the owner reports it.
+    pub(crate) fn is_unissued_line_release(&self, token: u64, next_token: u64) -> bool {
+        matches!(self, ReplyTo::Line { .. }) && token >= next_token
+    }
+
     /// What `answer` is counted as in the metrics: its v3 reply, whatever
     /// the dialect, so both dialects count in one set of series.
     pub(crate) fn counted_as(&self, answer: Answer) -> Reply {
