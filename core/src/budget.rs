@@ -14,9 +14,11 @@
 //! - `HeldKeys`: keys held by grants delivered to each connection, for
 //!   [`BudgetConfig::max_held_per_connection`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 
+use crate::hash::IdMap;
 use crate::metrics::AbuseCounts;
 use crate::server::ConnId;
 use crate::time::{Duration, Instant};
@@ -422,17 +424,32 @@ impl Reports {
 #[derive(Debug)]
 struct HeldGrant {
     conn: ConnId,
-    keys: usize,
     expires: Instant,
+    /// A grant covers one key group (at most 16 keys); `u32` keeps the
+    /// entry at 24 bytes.
+    keys: u32,
 }
+
+/// Stale expiry-heap entries (of grants released before their lease ended)
+/// allowed beyond twice the live grants before the heap is rebuilt.
+const EXPIRY_HEAP_SLACK: usize = 64;
 
 /// Keys held by the grants delivered to each connection, until released
 /// (by anyone) or expired.
+///
+/// Layout, kept small because a busy server holds one grant per held key
+/// set: a map from token to grant (24-byte entries), a key count per
+/// connection, and a min-heap of (lease end, token) that may hold entries of
+/// grants already released; those are skipped when they come to the top,
+/// and the heap is rebuilt once they outnumber the live grants. A closed
+/// connection's grants are not looked up at once: connection ids are never
+/// reused, so they count against nobody, and they leave the map when
+/// released or when their lease ends, like any other.
 #[derive(Debug, Default)]
 pub(crate) struct HeldKeys {
-    grants: HashMap<u64, HeldGrant>,
-    per_conn: HashMap<ConnId, (usize, BTreeSet<u64>)>,
-    by_expiry: BTreeSet<(Instant, u64)>,
+    grants: IdMap<u64, HeldGrant>,
+    per_conn: IdMap<ConnId, usize>,
+    by_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
 }
 
 impl HeldKeys {
@@ -440,18 +457,25 @@ impl HeldKeys {
     /// at `expires`.
     pub(crate) fn add(&mut self, conn: ConnId, token: u64, keys: usize, expires: Instant) {
         self.remove(token);
+        let keys = u32::try_from(keys).unwrap_or(u32::MAX);
         self.grants.insert(
             token,
             HeldGrant {
                 conn,
-                keys,
                 expires,
+                keys,
             },
         );
-        let entry = self.per_conn.entry(conn).or_default();
-        entry.0 += keys;
-        entry.1.insert(token);
-        self.by_expiry.insert((expires, token));
+        *self.per_conn.entry(conn).or_default() += keys as usize;
+        if self.by_expiry.len() > 2 * self.grants.len() + EXPIRY_HEAP_SLACK {
+            self.by_expiry = self
+                .grants
+                .iter()
+                .map(|(&token, grant)| Reverse((grant.expires, token)))
+                .collect();
+        } else {
+            self.by_expiry.push(Reverse((expires, token)));
+        }
     }
 
     /// The grant of `token` was released or expired.
@@ -459,11 +483,10 @@ impl HeldKeys {
         let Some(grant) = self.grants.remove(&token) else {
             return;
         };
-        self.by_expiry.remove(&(grant.expires, token));
-        if let Some(entry) = self.per_conn.get_mut(&grant.conn) {
-            entry.0 -= grant.keys;
-            entry.1.remove(&token);
-            if entry.1.is_empty() {
+        // Its expiry-heap entry stays behind, stale (see the type's docs).
+        if let Some(held) = self.per_conn.get_mut(&grant.conn) {
+            *held -= grant.keys as usize;
+            if *held == 0 {
                 self.per_conn.remove(&grant.conn);
             }
         }
@@ -471,28 +494,32 @@ impl HeldKeys {
 
     /// Forgets grants whose lease ended by `now`.
     pub(crate) fn expire(&mut self, now: Instant) {
-        while let Some(&(expires, token)) = self.by_expiry.first() {
+        while let Some(&Reverse((expires, token))) = self.by_expiry.peek() {
             if expires > now {
                 break;
             }
-            self.remove(token);
+            self.by_expiry.pop();
+            // Stale unless the token's grant is still there with this lease
+            // end (a token is granted once; `add` of the same token again
+            // pushes its new lease end).
+            if self
+                .grants
+                .get(&token)
+                .is_some_and(|grant| grant.expires == expires)
+            {
+                self.remove(token);
+            }
         }
     }
 
-    /// `conn` is gone: its grants no longer count against anybody.
+    /// `conn` is gone for good: its grants no longer count against anybody.
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
-        if let Some((_, tokens)) = self.per_conn.remove(&conn) {
-            for token in tokens {
-                if let Some(grant) = self.grants.remove(&token) {
-                    self.by_expiry.remove(&(grant.expires, token));
-                }
-            }
-        }
+        self.per_conn.remove(&conn);
     }
 
     /// Keys held by `conn`'s delivered grants (after [`HeldKeys::expire`]).
     pub(crate) fn held(&self, conn: ConnId) -> usize {
-        self.per_conn.get(&conn).map_or(0, |entry| entry.0)
+        self.per_conn.get(&conn).copied().unwrap_or(0)
     }
 }
 
@@ -611,6 +638,33 @@ mod tests {
         held.add(ConnId(2), 13, 2, t(20));
         held.forget_conn(ConnId(2));
         assert_eq!(held.held(ConnId(2)), 0);
+        // The closed connection's grant leaves when its lease ends, and
+        // releasing it then or before touches nobody's count.
+        held.add(ConnId(3), 14, 1, t(30));
+        held.remove(13);
+        assert_eq!(held.held(ConnId(3)), 1);
+        held.expire(t(30));
+        assert_eq!(held.held(ConnId(3)), 0);
+        assert!(held.grants.is_empty());
+        assert!(held.by_expiry.is_empty());
+    }
+
+    #[test]
+    fn held_keys_expiry_heap_stays_bounded_by_live_grants() {
+        let mut held = HeldKeys::default();
+        let far = Instant::from_micros(1_000_000_000);
+        // Grants released long before their lease ends leave stale heap
+        // entries; the heap never grows past twice the live ones plus slack.
+        for token in 1..10_000u64 {
+            held.add(ConnId(1), token, 1, far);
+            if token % 100 != 0 {
+                held.remove(token);
+            }
+            assert!(held.by_expiry.len() <= 2 * held.grants.len() + EXPIRY_HEAP_SLACK + 3);
+        }
+        assert_eq!(held.held(ConnId(1)), 99);
+        held.expire(far);
+        assert_eq!(held.held(ConnId(1)), 0);
         assert!(held.by_expiry.is_empty());
     }
 }

@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
+use crate::hash::IdMap;
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
@@ -230,7 +231,7 @@ pub struct LockTable {
     next_token: u64,
     keys: HashMap<Box<[u8]>, KeyEntry>,
     /// Queued waiters by arrival sequence number.
-    waiters: HashMap<u64, Waiter>,
+    waiters: IdMap<u64, Waiter>,
     /// Caller ids of queued waiters, for `cancel`.
     waiter_seqs: HashMap<WaiterId, u64>,
     /// The global arrival order that keeps key-set waits deadlock-free.
@@ -264,7 +265,7 @@ pub struct LockTable {
     /// expiry is counted once, on the first key noticed; each key leaves
     /// the table or gets a new token eventually (the sweep), so entries
     /// do not outlive their keys.
-    expiring_sets: HashMap<u64, u8>,
+    expiring_sets: IdMap<u64, u8>,
 }
 
 impl LockTable {
@@ -276,7 +277,7 @@ impl LockTable {
             config,
             next_token: first_token.max(1),
             keys: HashMap::new(),
-            waiters: HashMap::new(),
+            waiters: IdMap::default(),
             waiter_seqs: HashMap::new(),
             next_seq: 0,
             queued_pairs: 0,
@@ -291,7 +292,7 @@ impl LockTable {
             stalled: BTreeSet::new(),
             metrics: LockMetrics::default(),
             holder_keys: 0,
-            expiring_sets: HashMap::new(),
+            expiring_sets: IdMap::default(),
         }
     }
 
@@ -1043,7 +1044,7 @@ pub mod planted {
 /// key went straight to a waiter).
 fn note_expiry(
     metrics: &mut LockMetrics,
-    expiring_sets: &mut HashMap<u64, u8>,
+    expiring_sets: &mut IdMap<u64, u8>,
     entry: &KeyEntry,
     handed_over: bool,
 ) {
@@ -1060,7 +1061,7 @@ fn note_expiry(
 /// key noticed.
 fn count_expiry(
     metrics: &mut LockMetrics,
-    expiring_sets: &mut HashMap<u64, u8>,
+    expiring_sets: &mut IdMap<u64, u8>,
     (token, group_len, lease_s): (u64, u8, u8),
     handed_over: bool,
 ) {

@@ -14,7 +14,7 @@
 //!   and [`Server::poll_alert`] (log at `error`);
 //! - time: [`Server::poll_timeout`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
@@ -25,6 +25,7 @@ use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
+use crate::hash::IdMap;
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
@@ -104,10 +105,10 @@ pub struct ServerStats {
 pub struct Server {
     config: ServerConfig,
     table: LockTable,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     next_conn_id: u64,
     /// Queued acquires, by the waiter id the table knows them by.
-    waiters: HashMap<WaiterId, QueuedAcquire>,
+    waiters: IdMap<WaiterId, QueuedAcquire>,
     next_waiter_id: u64,
     wakes: WakeQueue,
     /// Handshake deadlines; entries of connections that finished or closed
@@ -196,9 +197,9 @@ impl Server {
         let table = LockTable::new(config.lock, first_token, now);
         Server {
             table,
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             next_conn_id: 1,
-            waiters: HashMap::new(),
+            waiters: IdMap::default(),
             next_waiter_id: 1,
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
