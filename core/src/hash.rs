@@ -1,5 +1,6 @@
 //! A cheap hasher for the maps keyed by ids the core hands out itself:
-//! connection ids, waiter ids and sequence numbers, fencing tokens. Nobody
+//! connection ids, waiter ids and sequence numbers, fencing tokens (the
+//! drivers use it for their maps by [`crate::server::ConnId`] too). Nobody
 //! outside picks those values, so nobody can aim them at one bucket; the
 //! maps keyed by what clients send (key bytes, source addresses) keep std's
 //! keyed SipHash.
@@ -13,7 +14,7 @@ const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Multiplicative hashing: sequential ids spread over both the low bits
 /// (the bucket) and the top bits (hashbrown's tag byte).
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -32,7 +33,7 @@ impl Hasher for IdHasher {
 }
 
 /// A `HashMap` keyed by core-assigned ids.
-pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,7 @@ pub mod cluster;
 mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
-mod hash;
+pub mod hash;
 pub mod inspect;
 pub mod line;
 pub mod lock;

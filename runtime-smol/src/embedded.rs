@@ -20,7 +20,6 @@
 //! One timer task sleeps until [`Server::poll_timeout`]; an input that moves
 //! the deadline earlier notifies it.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -38,6 +37,7 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::auth::{ClientTokens, NONCE_LEN};
 use ticketing_core::client::Session;
+use ticketing_core::hash::IdMap;
 use ticketing_core::reserve::{DEFAULT_RESERVE_STEP, TokenAlert, TokenReserve};
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
@@ -200,7 +200,7 @@ impl EmbeddedServerBuilder {
         let hub = Arc::new(Hub {
             inner: Mutex::new(HubInner {
                 server,
-                peers: HashMap::new(),
+                peers: IdMap::default(),
                 timer_target_micros: u64::MAX,
                 scratch: Vec::new(),
                 clock,
@@ -479,7 +479,7 @@ pub(crate) struct Hub {
 
 struct HubInner {
     server: Server,
-    peers: HashMap<ConnId, Peer>,
+    peers: IdMap<ConnId, Peer>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     timer_target_micros: u64,
     /// Request bytes of memory peers on their way in; kept for its capacity.

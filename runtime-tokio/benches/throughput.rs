@@ -22,7 +22,28 @@
 //! worker threads of the client runtime (default: tokio's, one per core),
 //! `TICKETING_BENCH_SERVER_THREADS` (the server's `--worker-threads`,
 //! default: its own default).
+//! `TICKETING_BENCH_SERVER_BIN` runs another `ticketing` binary as the
+//! server (a build of an earlier commit, to compare two servers under the
+//! same load: run the bench once with each, alternating).
 //! The server runs as its own process, as in production.
+//!
+//! TLS on, in the same run: a third server with a throwaway certificate
+//! (rcgen) serves our client's rounds over TLS.
+//!
+//! Uncontended latency, after every round: one task doing acquire+release
+//! on a key nobody else uses (our client, the published 0.4.0 client, the
+//! line-dialect client), next to the round trip of a tiny TCP echo (16
+//! bytes, tokio on both sides, like client and server) measured right
+//! before it; the ratio of the acquire+release p50 to two echo round trips
+//! is what issue 13 bounds (goal <= 1.3). Then the same loop from a
+//! blocking socket in the line dialect against a blocking echo: no client
+//! runtime on either side, so its ratio is the server's own share of the
+//! latency, apart from whatever the clients add.
+//!
+//! The summary gives each figure with its ratio to its goal (issue 13: server
+//! CPU per acquire+release <= 2.0 µs with our client, <= 3.0 µs with the
+//! published 0.4.0 client; issue 11: the line dialect no dearer than v3;
+//! issue 12: metrics on within 5 % of off).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -35,12 +56,26 @@ use hdrhistogram::Histogram;
 #[path = "support/line_client.rs"]
 mod line_client;
 
+#[allow(dead_code, reason = "shared with the tests, which use all of it")]
+#[path = "../tests/common/certs.rs"]
+mod certs;
+
 const TASKS: usize = 64;
 const KEYS: usize = 32;
 const OPS_PER_KEY: usize = 1_250;
 const WAIT: Duration = Duration::from_secs(30);
 const LEASE: Duration = Duration::from_secs(30);
 const WORK_BUDGET: Duration = Duration::from_secs(1);
+/// Round trips of the echo, and acquire+release of the uncontended task,
+/// per round.
+const SOLO_OPS: usize = 2_000;
+/// Issue 13's goals: server CPU µs per acquire+release with our client and
+/// with the published 0.4.0 client; uncontended p50 over two round trips.
+const GOAL_OURS_SERVER_CPU_US: f64 = 2.0;
+const GOAL_PUBLISHED_SERVER_CPU_US: f64 = 3.0;
+const GOAL_SOLO_RATIO: f64 = 1.3;
+/// Issue 12's bound on what metrics cost: on within 5 % of off.
+const GOAL_METRICS_RATIO: f64 = 1.05;
 
 struct KeyState {
     in_section: AtomicBool,
@@ -66,7 +101,17 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn start_server(admin: Option<SocketAddr>) -> (ServerProcess, SocketAddr) {
+/// TLS files for [`start_server`]: certificate and key.
+struct TlsFiles {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+fn start_server(
+    tag: &str,
+    admin: Option<SocketAddr>,
+    tls: Option<&TlsFiles>,
+) -> (ServerProcess, SocketAddr) {
     // Ask the OS for a free port, then hand it to the server.
     let addr = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -74,11 +119,12 @@ fn start_server(admin: Option<SocketAddr>) -> (ServerProcess, SocketAddr) {
     // Its own state directory, as in production (the token floor's file),
     // on the machine's disk rather than the service's default folder.
     let state_dir = std::env::temp_dir().join(format!(
-        "ticketing-bench-state-{}-{}",
-        std::process::id(),
-        admin.is_some()
+        "ticketing-bench-state-{}-{tag}",
+        std::process::id()
     ));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketing"));
+    let binary = std::env::var_os("TICKETING_BENCH_SERVER_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_ticketing").into());
+    let mut command = Command::new(binary);
     command.args([
         "serve",
         "--listen",
@@ -89,6 +135,10 @@ fn start_server(admin: Option<SocketAddr>) -> (ServerProcess, SocketAddr) {
     command.arg("--state-dir").arg(&state_dir);
     if let Some(admin) = admin {
         command.args(["--admin-listen", &admin.to_string()]);
+    }
+    if let Some(tls) = tls {
+        command.arg("--tls-cert").arg(&tls.cert);
+        command.arg("--tls-key").arg(&tls.key);
     }
     if let Ok(threads) = std::env::var("TICKETING_BENCH_SERVER_THREADS") {
         command.args(["--worker-threads", &threads]);
@@ -307,7 +357,7 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 
 /// Prints the medians of one client's rounds and the throughput its CPU
 /// costs allow on `cores` cores.
-fn summarize(name: &str, rounds: &[Figures], cores: usize) {
+fn summarize(name: &str, rounds: &[Figures], cores: usize) -> Option<f64> {
     let ops = median(rounds.iter().map(|f| f.ops_per_s).collect()).unwrap_or(0.0);
     let client = median(
         rounds
@@ -329,6 +379,216 @@ fn summarize(name: &str, rounds: &[Figures], cores: usize) {
         );
     }
     println!();
+    server
+}
+
+/// Starts a tiny TCP echo server (tokio, one thread, like the server) and
+/// returns its address.
+fn start_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("echo listener");
+    let addr = listener.local_addr().expect("echo address");
+    listener.set_nonblocking(true).expect("echo non-blocking");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("echo runtime");
+        runtime.block_on(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::from_std(listener).expect("echo listener");
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tcp.set_nodelay(true).expect("nodelay");
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = tcp.read(&mut buf).await {
+                        if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+/// [`SOLO_OPS`] round trips of 16 bytes through the echo.
+async fn echo_round_trips(addr: SocketAddr) -> Histogram<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("echo connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    let mut buf = [0u8; 16];
+    for i in 0..SOLO_OPS {
+        let started = Instant::now();
+        tcp.write_all(&[i as u8; 16]).await.expect("echo write");
+        tcp.read_exact(&mut buf).await.expect("echo read");
+        let _ = hist.record(started.elapsed().as_nanos() as u64);
+    }
+    hist
+}
+
+/// A blocking TCP echo (a thread per connection): the floor under
+/// [`blocking_line_solo`], with no async runtime on either side.
+fn start_blocking_echo() -> SocketAddr {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("echo listener");
+    let addr = listener.local_addr().expect("echo address");
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            tcp.set_nodelay(true).expect("nodelay");
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = tcp.read(&mut buf) {
+                    if n == 0 || tcp.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// [`SOLO_OPS`] blocking round trips of 16 bytes through `addr`'s echo.
+fn blocking_echo_round_trips(addr: SocketAddr) -> Histogram<u64> {
+    use std::io::{Read, Write};
+    let mut tcp = TcpStream::connect(addr).expect("echo connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    let mut buf = [0u8; 16];
+    for i in 0..SOLO_OPS {
+        let started = Instant::now();
+        tcp.write_all(&[i as u8; 16]).expect("echo write");
+        tcp.read_exact(&mut buf).expect("echo read");
+        let _ = hist.record(started.elapsed().as_nanos() as u64);
+    }
+    hist
+}
+
+/// [`SOLO_OPS`] acquire+release in the line dialect from a blocking socket,
+/// one request in flight: no client runtime, no task hops, so what it adds
+/// over two blocking echo round trips is the server's own latency.
+fn blocking_line_solo(addr: SocketAddr) -> Histogram<u64> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    const KEY: &[u8] = b"bench-solo-raw";
+    let tcp = TcpStream::connect(addr).expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut reader = BufReader::new(tcp.try_clone().expect("clone socket"));
+    let mut writer = tcp;
+    let mut challenge = Vec::new();
+    reader
+        .read_until(b'\n', &mut challenge)
+        .expect("read challenge");
+    let space = challenge
+        .iter()
+        .position(|&b| b == b' ')
+        .expect("a space in the challenge line");
+    let nonce = &challenge[space + 1..challenge.len() - 1];
+    let mut answer = line_client::line_answer("", nonce).into_bytes();
+    answer.push(b'\n');
+    writer.write_all(&answer).expect("send answer");
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    let mut reply = vec![0u8; 1 + 16 + KEY.len() + 1];
+    for owner in 0..SOLO_OPS as u64 {
+        let started = Instant::now();
+        let mut frame = vec![b'A'];
+        frame.extend_from_slice(&LINE_WAIT_S.to_be_bytes());
+        frame.extend_from_slice(&LINE_LEASE_S.to_be_bytes());
+        frame.extend_from_slice(&owner.to_be_bytes());
+        frame.extend_from_slice(KEY);
+        frame.push(b'\n');
+        writer.write_all(&frame).expect("send acquire");
+        reader.read_exact(&mut reply).expect("read grant");
+        assert_eq!(reply[0], b'A', "uncontended acquire not granted");
+        let token = &reply[1..9];
+        let mut frame = vec![b'R'];
+        frame.extend_from_slice(token);
+        frame.extend_from_slice(KEY);
+        frame.push(b'\n');
+        writer.write_all(&frame).expect("send release");
+        reader
+            .read_exact(&mut reply[..1 + 8 + KEY.len() + 1])
+            .expect("read release reply");
+        assert_eq!(reply[0], b'R', "release not current");
+        let _ = hist.record(started.elapsed().as_nanos() as u64);
+    }
+    hist
+}
+
+/// [`SOLO_OPS`] acquire+release by one task on a key nobody else uses.
+async fn solo<C: Client>(broker: &C) -> Histogram<u64> {
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    for _ in 0..SOLO_OPS {
+        let started = Instant::now();
+        broker.op("bench-solo".to_owned(), async {}).await;
+        let _ = hist.record(started.elapsed().as_nanos() as u64);
+    }
+    hist
+}
+
+/// Uncontended p50 and p99 (µs) of one client in one round.
+struct Solo {
+    p50_us: f64,
+    p99_us: f64,
+    /// The echo's round trip p50 (µs) measured just before.
+    echo_us: f64,
+}
+
+fn quantile_us(hist: &Histogram<u64>, q: f64) -> f64 {
+    hist.value_at_quantile(q) as f64 / 1_000.0
+}
+
+/// Runs one client's uncontended loop and prints it beside the echo's
+/// round trip `echo_us` (p50).
+async fn measured_solo<C: Client>(broker: &C, echo_us: f64) -> Solo {
+    let hist = solo(broker).await;
+    let solo = Solo {
+        p50_us: quantile_us(&hist, 0.5),
+        p99_us: quantile_us(&hist, 0.99),
+        echo_us,
+    };
+    println!(
+        "  uncontended, {}: acquire+release µs p50 {:.1} p99 {:.1} = {:.2} x two echo round trips (goal <= {GOAL_SOLO_RATIO})",
+        C::name(),
+        solo.p50_us,
+        solo.p99_us,
+        solo.p50_us / (2.0 * echo_us),
+    );
+    solo
+}
+
+/// Prints the medians of one client's uncontended rounds, and the median
+/// of each round's p50 over two of that round's echo round trips.
+fn summarize_solo(name: &str, rounds: &[Solo]) {
+    let p50 = median(rounds.iter().map(|s| s.p50_us).collect()).unwrap_or(0.0);
+    let p99 = median(rounds.iter().map(|s| s.p99_us).collect()).unwrap_or(0.0);
+    let echo_us = median(rounds.iter().map(|s| s.echo_us).collect()).unwrap_or(0.0);
+    let ratio = median(
+        rounds
+            .iter()
+            .map(|s| s.p50_us / (2.0 * s.echo_us))
+            .collect(),
+    )
+    .unwrap_or(0.0);
+    println!(
+        "uncontended, {name}: median p50 {p50:.1} µs p99 {p99:.1} µs (echo round trip {echo_us:.1} µs); p50 = {ratio:.2} x two echo round trips, {:.2} x the goal of {GOAL_SOLO_RATIO}",
+        ratio / GOAL_SOLO_RATIO
+    );
+}
+
+/// Prints `value` against a goal it should stay at or under.
+fn against_goal(what: &str, value: Option<f64>, goal: f64, unit: &str) {
+    if let Some(value) = value {
+        println!(
+            "goal: {what} {value:.2}{unit} vs <= {goal}{unit}: {:.2} x the goal ({})",
+            value / goal,
+            if value <= goal { "met" } else { "not met" }
+        );
+    }
 }
 
 fn free_port() -> SocketAddr {
@@ -378,17 +638,22 @@ fn main() {
         builder.worker_threads(threads.parse().expect("TICKETING_BENCH_CLIENT_THREADS"));
     }
     let runtime = builder.build().expect("tokio runtime");
-    let (server, addr) = start_server(None);
+    let (server, addr) = start_server("plain", None, None);
     let server_pid = server.0.id().to_string();
     let admin = free_port();
-    let (metrics_server, metrics_addr) = start_server(Some(admin));
+    let (metrics_server, metrics_addr) = start_server("metrics", Some(admin), None);
     let metrics_pid = metrics_server.0.id().to_string();
+    let (cert_dir, _ca, cert, key) = certs::make_certs("bench-tls");
+    let (tls_server, tls_addr) = start_server("tls", None, Some(&TlsFiles { cert, key }));
+    let tls_pid = tls_server.0.id().to_string();
+    let echo = start_echo();
+    let blocking_echo = start_blocking_echo();
     let stop_scraping = Arc::new(AtomicBool::new(false));
     let scraper = {
         let stop = Arc::clone(&stop_scraping);
         std::thread::spawn(move || scrape_loop(admin, stop))
     };
-    let (published, ours, line, ours_metrics) = runtime.block_on(async {
+    let (published, ours, line, ours_metrics, ours_tls, solos) = runtime.block_on(async {
         let published_broker = ticketing::TicketBroker::connect_loopback([addr.to_string()]);
         assert!(published_broker.wait_ready(Duration::from_secs(5)).await);
         let our_broker = ticketing_tokio::TicketBroker::connect_loopback([addr.to_string()]);
@@ -397,8 +662,17 @@ fn main() {
         let metrics_broker =
             ticketing_tokio::TicketBroker::connect_loopback([metrics_addr.to_string()]);
         assert!(metrics_broker.wait_ready(Duration::from_secs(5)).await);
-        let (mut published, mut ours, mut line, mut ours_metrics) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let tls_broker = ticketing_tokio::TicketBroker::builder()
+            .addrs([tls_addr.to_string()])
+            .allow_loopback_no_auth()
+            .tls(ticketing_tokio::TlsMode::InsecureSkipVerify)
+            .connect()
+            .expect("TLS broker");
+        assert!(tls_broker.wait_ready(Duration::from_secs(5)).await);
+        let (mut published, mut ours, mut line, mut ours_metrics, mut ours_tls) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // (ours, published, line, blocking line socket) per round.
+        let mut solos = Vec::new();
         // Take turns, so a noisy neighbour hits every variant alike.
         for r in 0..rounds {
             published.push(measured_round(&published_broker, &server_pid, r).await);
@@ -406,24 +680,53 @@ fn main() {
             line.push(measured_round(&line_broker, &server_pid, r).await);
             print!("(metrics on, scraped every 100 ms) ");
             ours_metrics.push(measured_round(&metrics_broker, &metrics_pid, r).await);
+            print!("(TLS on) ");
+            ours_tls.push(measured_round(&tls_broker, &tls_pid, r).await);
+            let echo_us = quantile_us(&echo_round_trips(echo).await, 0.5);
+            println!("round {r}, uncontended: TCP echo round trip p50 {echo_us:.1} µs");
+            let solo_ours = measured_solo(&our_broker, echo_us).await;
+            let solo_published = measured_solo(&published_broker, echo_us).await;
+            let solo_line = measured_solo(&line_broker, echo_us).await;
+            let (raw_echo_us, raw) = tokio::task::spawn_blocking(move || {
+                let echo_us = quantile_us(&blocking_echo_round_trips(blocking_echo), 0.5);
+                (echo_us, blocking_line_solo(addr))
+            })
+            .await
+            .expect("blocking client");
+            let solo_raw = Solo {
+                p50_us: quantile_us(&raw, 0.5),
+                p99_us: quantile_us(&raw, 0.99),
+                echo_us: raw_echo_us,
+            };
+            println!(
+                "  uncontended, blocking line-dialect socket: acquire+release µs p50 {:.1} p99 {:.1} = {:.2} x two round trips of a blocking echo ({raw_echo_us:.1} µs), {:.2} x two of the tokio echo",
+                solo_raw.p50_us,
+                solo_raw.p99_us,
+                solo_raw.p50_us / (2.0 * raw_echo_us),
+                solo_raw.p50_us / (2.0 * echo_us)
+            );
+            solos.push((solo_ours, solo_published, solo_line, solo_raw));
         }
         published_broker.close().await;
         our_broker.close().await;
         metrics_broker.close().await;
-        (published, ours, line, ours_metrics)
+        tls_broker.close().await;
+        (published, ours, line, ours_metrics, ours_tls, solos)
     });
     stop_scraping.store(true, Ordering::Release);
     let (scrapes, slowest) = scraper.join().expect("scraper");
     drop(metrics_server);
+    drop(tls_server);
+    let _ = std::fs::remove_dir_all(&cert_dir);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    summarize(ticketing::TicketBroker::name(), &published, cores);
-    summarize(
+    let published_cpu = summarize(ticketing::TicketBroker::name(), &published, cores);
+    let ours_cpu = summarize(
         &format!("{}, metrics off", ticketing_tokio::TicketBroker::name()),
         &ours,
         cores,
     );
-    summarize(line_client::LineBroker::name(), &line, cores);
-    summarize(
+    let line_cpu = summarize(line_client::LineBroker::name(), &line, cores);
+    let metrics_cpu = summarize(
         &format!(
             "{}, metrics on ({scrapes} scrapes, slowest {:.1} ms)",
             ticketing_tokio::TicketBroker::name(),
@@ -432,5 +735,62 @@ fn main() {
         &ours_metrics,
         cores,
     );
+    let tls_cpu = summarize(
+        &format!("{}, TLS on", ticketing_tokio::TicketBroker::name()),
+        &ours_tls,
+        cores,
+    );
+    let (mut solo_ours, mut solo_published, mut solo_line, mut solo_raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (ours, published, line, raw) in solos {
+        solo_ours.push(ours);
+        solo_published.push(published);
+        solo_line.push(line);
+        solo_raw.push(raw);
+    }
+    summarize_solo(ticketing_tokio::TicketBroker::name(), &solo_ours);
+    summarize_solo(ticketing::TicketBroker::name(), &solo_published);
+    summarize_solo(line_client::LineBroker::name(), &solo_line);
+    summarize_solo(
+        "blocking line-dialect socket, against a blocking echo (no client runtime: the server's share)",
+        &solo_raw,
+    );
+    against_goal(
+        "server CPU per acquire+release, our client,",
+        ours_cpu,
+        GOAL_OURS_SERVER_CPU_US,
+        " µs",
+    );
+    against_goal(
+        "server CPU per acquire+release, published 0.4.0 client,",
+        published_cpu,
+        GOAL_PUBLISHED_SERVER_CPU_US,
+        " µs",
+    );
+    let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+    against_goal(
+        "server CPU, line dialect / v3 (published 0.4.0 client),",
+        ratio(line_cpu, published_cpu),
+        1.0,
+        "",
+    );
+    against_goal(
+        "server CPU, line dialect / v3 (our client),",
+        ratio(line_cpu, ours_cpu),
+        1.0,
+        "",
+    );
+    against_goal(
+        "server CPU, metrics on / off (our client),",
+        ratio(metrics_cpu, ours_cpu),
+        GOAL_METRICS_RATIO,
+        "",
+    );
+    if let (Some(tls), Some(plain)) = (tls_cpu, ours_cpu) {
+        println!(
+            "TLS on: server CPU {tls:.1} µs per acquire+release = {:.2} x TLS off (no goal)",
+            tls / plain
+        );
+    }
     println!("published figure for this workload: 143,062 ops/s on a 10-core Apple M4");
 }

@@ -16,7 +16,6 @@
 //! by the cluster driver's wrapper of `ClusterNode`. The cluster adds a
 //! second listener (peers) and outbound peer dials.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +32,7 @@ use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::budget::LogEvent;
+use ticketing_core::hash::IdMap;
 use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::{Instant, StdOrigin};
@@ -486,7 +486,7 @@ impl<M: Machine> Shared<M> {
         Arc::new(Shared {
             inner: Mutex::new(Inner {
                 core,
-                wakers: HashMap::new(),
+                wakers: IdMap::default(),
                 timer_target_micros: u64::MAX,
                 dials: Vec::new(),
                 reserve_request: None,
@@ -512,7 +512,7 @@ impl<M: Machine> Shared<M> {
 pub(crate) struct Inner<M> {
     pub(crate) core: M,
     /// The task to notify for each open connection.
-    wakers: HashMap<ConnId, Arc<Notify>>,
+    wakers: IdMap<ConnId, Arc<Notify>>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     timer_target_micros: u64,
     /// Slots the core asked to dial, not yet picked up by the supervisor.
