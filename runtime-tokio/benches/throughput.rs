@@ -40,6 +40,12 @@
 //! runtime on either side, so its ratio is the server's own share of the
 //! latency, apart from whatever the clients add.
 //!
+//! The core alone, first: a `Server` in process (no sockets, no runtime)
+//! fed 32 uncontended acquires per input then their 32 releases, in v3 and
+//! in the line dialect: CPU µs per acquire+release of the decisions and
+//! the codecs, the part of the server's cost that does not depend on the
+//! kernel.
+//!
 //! The summary gives each figure with its ratio to its goal (issue 13: server
 //! CPU per acquire+release <= 2.0 µs with our client, <= 3.0 µs with the
 //! published 0.4.0 client; issue 11: the line dialect no dearer than v3;
@@ -382,6 +388,150 @@ fn summarize(name: &str, rounds: &[Figures], cores: usize) -> Option<f64> {
     server
 }
 
+/// Batches of the in-process core measurement: each acquires [`KEYS`]
+/// keys in one input and releases them in the next; enough that procfs's
+/// 10 ms CPU ticks are a few percent of the total.
+const CORE_BATCHES: usize = 20_000;
+
+/// A [`ticketing_core::server::Server`] and one connection past its
+/// handshake, in process.
+struct CoreConn {
+    server: ticketing_core::server::Server,
+    conn: ticketing_core::server::ConnId,
+    now: ticketing_core::time::Instant,
+    out: Vec<u8>,
+}
+
+impl CoreConn {
+    fn open(line: bool) -> CoreConn {
+        use ticketing_core::auth::{
+            ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
+        };
+        use ticketing_core::server::{Server, ServerConfig};
+        let now = ticketing_core::time::Instant::from_micros(1_000_000);
+        let mut server = Server::new(ServerConfig::default(), 1, now);
+        let conn = server
+            .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
+            .expect("connection");
+        let mut out = Vec::new();
+        server.take_transmit(conn, &mut out);
+        if line {
+            let newline = out
+                .iter()
+                .position(|&b| b == b'\n')
+                .expect("challenge line");
+            let space = out[..newline]
+                .iter()
+                .position(|&b| b == b' ')
+                .filter(|&at| at > 0)
+                .expect("a space in the challenge line");
+            let mut answer = line_client::line_answer("", &out[space + 1..newline]).into_bytes();
+            answer.push(b'\n');
+            server.handle_input(now, conn, &answer);
+        } else {
+            let mut handshake =
+                ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
+            let (_, status) = handshake.handle_input(&out);
+            assert_eq!(status, ClientHandshakeStatus::SendProof);
+            server.handle_input(now, conn, &handshake.proof().expect("proof"));
+        }
+        out.clear();
+        server.take_transmit(conn, &mut out);
+        server.handle_flushed(now, conn);
+        out.clear();
+        CoreConn {
+            server,
+            conn,
+            now,
+            out,
+        }
+    }
+
+    /// Feeds `frames`, takes the replies into `self.out`.
+    fn exchange(&mut self, frames: &[u8]) {
+        self.out.clear();
+        self.server.handle_input(self.now, self.conn, frames);
+        self.server.take_transmit(self.conn, &mut self.out);
+        self.server.handle_flushed(self.now, self.conn);
+    }
+}
+
+/// The core alone, in process (no sockets, no runtime): CPU µs per
+/// acquire+release of [`KEYS`] uncontended keys per input, in wire v3 and
+/// in the line dialect. What the server spends beyond this is the driver,
+/// the runtime and the kernel.
+fn core_cpu_per_op(line: bool) -> f64 {
+    use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Request};
+    let mut core = CoreConn::open(line);
+    let keys: Vec<String> = (0..KEYS).map(|key| format!("bench-{key}")).collect();
+    let mut frames = Vec::new();
+    let mut tokens = vec![0u64; KEYS];
+    let mut rid = 0u64;
+    let word = |bytes: &[u8]| u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let started = cpu_time("thread-self");
+    for _ in 0..CORE_BATCHES {
+        frames.clear();
+        for key in &keys {
+            rid += 1;
+            if line {
+                frames.push(b'A');
+                frames.extend_from_slice(&LINE_WAIT_S.to_be_bytes());
+                frames.extend_from_slice(&LINE_LEASE_S.to_be_bytes());
+                frames.extend_from_slice(&rid.to_be_bytes());
+                frames.extend_from_slice(key.as_bytes());
+                frames.push(b'\n');
+            } else {
+                Request::Acquire(AcquireRequest {
+                    rid,
+                    wait_s: WAIT.as_secs() as u8,
+                    lease_s: LEASE.as_secs() as u8,
+                    keys: KeyGroup::single(Key::new(key.as_bytes()).expect("key")),
+                    set: false,
+                })
+                .encode(&mut frames);
+            }
+        }
+        core.exchange(&frames);
+        // Every reply a grant, in order: `A` + token first in both dialects
+        // (v3: op, body length, rid, token; line: op, token, owner, key).
+        let mut at = 0;
+        for (key, token) in keys.iter().zip(tokens.iter_mut()) {
+            assert_eq!(core.out[at], b'A', "in-process acquire not granted");
+            if line {
+                *token = word(&core.out[at + 1..]);
+                at += 1 + 16 + key.len() + 1;
+            } else {
+                *token = word(&core.out[at + 11..]);
+                at += 3 + 8 + 8;
+            }
+        }
+        frames.clear();
+        for (key, &token) in keys.iter().zip(&tokens) {
+            rid += 1;
+            if line {
+                frames.push(b'R');
+                frames.extend_from_slice(&token.to_be_bytes());
+                frames.extend_from_slice(key.as_bytes());
+                frames.push(b'\n');
+            } else {
+                Request::Release(ReleaseRequest {
+                    rid,
+                    token,
+                    keys: KeyGroup::single(Key::new(key.as_bytes()).expect("key")),
+                    set: false,
+                })
+                .encode(&mut frames);
+            }
+        }
+        core.exchange(&frames);
+        assert_eq!(core.out[0], b'R', "in-process release not current");
+    }
+    let cpu = cpu_time("thread-self")
+        .zip(started)
+        .map_or(Duration::ZERO, |(end, start)| end - start);
+    cpu.as_secs_f64() * 1e6 / (CORE_BATCHES * KEYS) as f64
+}
+
 /// Starts a tiny TCP echo server (tokio, one thread, like the server) and
 /// returns its address.
 fn start_echo() -> SocketAddr {
@@ -632,6 +782,18 @@ fn main() {
         "V2o6RKSLU7HNO8I1-W-CsbAXKL3GKvBgFahf6AueTo4"
     );
     let rounds = env_or("TICKETING_BENCH_ROUNDS", 3).max(1);
+    let (mut core_v3, mut core_line) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        core_v3.push(core_cpu_per_op(false));
+        core_line.push(core_cpu_per_op(true));
+    }
+    let core_v3 = median(core_v3).unwrap_or(0.0);
+    let core_line = median(core_line).unwrap_or(0.0);
+    println!(
+        "core alone, in process ({KEYS} uncontended keys per input, {CORE_BATCHES} inputs, median of {rounds}): \
+         CPU µs per acquire+release v3 {core_v3:.2}, line dialect {core_line:.2} (line / v3 {:.2})",
+        core_line / core_v3
+    );
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Ok(threads) = std::env::var("TICKETING_BENCH_CLIENT_THREADS") {
