@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::auth::{ClientTokens, MIN_TOKEN_LEN};
 use ticketing_core::budget::BudgetConfig;
 use ticketing_core::lock::{Limits, LockConfig};
@@ -40,6 +41,8 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const WAIT_MARGIN_MS_MAX: u64 = 900;
 /// Environment variable with comma-separated client tokens.
 pub const ENV_CLIENT_TOKENS: &str = "TICKETING_CLIENT_TOKENS";
+/// Environment variable with comma-separated admin tokens.
+pub const ENV_ADMIN_TOKENS: &str = "TICKETING_ADMIN_TOKENS";
 /// Environment variable with comma-separated peer tokens (cluster mode).
 pub const ENV_PEER_TOKENS: &str = "TICKETING_PEER_TOKENS";
 /// Largest accepted `worker_threads`.
@@ -270,11 +273,21 @@ pub struct ServeArgs {
     /// `text` (default) or `json` (one JSON object per line).
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
-    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz) on this
-    /// address, IP:PORT (off unless set; read-only, unauthenticated: bind
-    /// it to loopback or a management network).
+    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz, and the
+    /// /v1/locks API) on this address, IP:PORT (off unless set). A
+    /// non-loopback address needs an admin token (or
+    /// --insecure-admin-no-auth).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// File of admin tokens, one per line, each at least 16 bytes (blank
+    /// lines and lines starting with # are skipped). Admin tokens are
+    /// never taken on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Allow a non-loopback admin listener with no admin token: it then
+    /// serves /metrics, /livez and /readyz, and refuses the lock API.
+    #[arg(long)]
+    pub insecure_admin_no_auth: bool,
     /// `--max-*`: the `[limits]` table's fields.
     #[command(flatten)]
     pub limits: FileLimits,
@@ -342,6 +355,12 @@ pub struct FileConfig {
     pub log_format: Option<String>,
     /// See [`ServeArgs::admin_listen`].
     pub admin_listen: Option<String>,
+    /// Accepted admin tokens, each at least 16 bytes.
+    pub admin_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::admin_token_file`]; relative to the config file.
+    pub admin_token_file: Option<PathBuf>,
+    /// See [`ServeArgs::insecure_admin_no_auth`].
+    pub insecure_admin_no_auth: Option<bool>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`].
@@ -473,6 +492,8 @@ pub struct FileLimits {
 pub struct Env {
     /// `TICKETING_CLIENT_TOKENS`.
     pub client_tokens: Option<String>,
+    /// `TICKETING_ADMIN_TOKENS`.
+    pub admin_tokens: Option<String>,
     /// `RUST_LOG`.
     pub rust_log: Option<String>,
     /// `TICKETING_PEER_TOKENS`.
@@ -492,6 +513,7 @@ impl Env {
     pub fn from_process() -> Self {
         Env {
             client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
+            admin_tokens: std::env::var(ENV_ADMIN_TOKENS).ok(),
             rust_log: std::env::var("RUST_LOG").ok(),
             peer_tokens: std::env::var(ENV_PEER_TOKENS).ok(),
             state_directory: std::env::var("STATE_DIRECTORY").ok(),
@@ -781,6 +803,12 @@ pub fn resolve(
         .or(file.admin_listen.as_deref())
         .map(|text| parse_addr("admin_listen", text))
         .transpose()?;
+    let admin_tokens = resolve_admin_tokens(file, file_dir, args, env)?;
+    let insecure_admin_no_auth =
+        args.insecure_admin_no_auth || file.insecure_admin_no_auth.unwrap_or(false);
+    if let Some(admin) = admin_listen {
+        check_admin_listen_auth(admin, !admin_tokens.is_empty(), insecure_admin_no_auth)?;
+    }
     let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
 
     let server = ServerConfig {
@@ -837,6 +865,7 @@ pub fn resolve(
     settings.tls = tls;
     settings.state = Some(state);
     settings.admin_listen = admin_listen;
+    settings.admin_tokens = admin_tokens;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -1203,6 +1232,81 @@ pub fn check_listen_auth(
             "{listen} is not a loopback address and no client token is configured; \
              set client_tokens (or --client-token / {ENV_CLIENT_TOKENS}), \
              or insecure_no_auth = true (--insecure-no-auth) to serve without authentication"
+        ),
+    ))
+}
+
+/// The admin tokens: from `--admin-token-file`, else
+/// `TICKETING_ADMIN_TOKENS`, else the config file's `admin_token_file`,
+/// else its `admin_tokens` list.
+fn resolve_admin_tokens(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<AdminTokens, ConfigError> {
+    let token_file = match (&args.admin_token_file, &file.admin_token_file) {
+        (Some(path), _) => Some(("--admin-token-file", path.clone())),
+        (None, Some(path)) => Some(("admin_token_file", in_file_dir(file_dir, path))),
+        (None, None) => None,
+    };
+    let from_token_file = match token_file {
+        Some((field, path)) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError::new(field, format!("cannot read {}: {e}", path.display()))
+            })?;
+            let tokens: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned)
+                .collect();
+            if tokens.is_empty() {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{} holds no token", path.display()),
+                ));
+            }
+            Some(PickedTokens {
+                values: tokens,
+                source: field,
+            })
+        }
+        None => None,
+    };
+    let tokens = match from_token_file {
+        Some(tokens) => tokens,
+        None => pick_tokens(
+            &[],
+            "--admin-token-file",
+            env.admin_tokens.as_deref(),
+            ENV_ADMIN_TOKENS,
+            file.admin_tokens.as_deref(),
+        ),
+    };
+    AdminTokens::new(&tokens.values).map_err(|e| tokens.too_short("admin_tokens", e.index))
+}
+
+/// Our rule for the admin listener, as for the client port: with no admin
+/// token the lock API can only be used from the loopback, so a
+/// non-loopback admin listener without one is refused unless the operator
+/// says explicitly that it is meant (it then serves metrics and health
+/// only).
+pub fn check_admin_listen_auth(
+    admin_listen: SocketAddr,
+    has_tokens: bool,
+    insecure_admin_no_auth: bool,
+) -> Result<(), ConfigError> {
+    if has_tokens || insecure_admin_no_auth || admin_listen.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "admin_listen",
+        format!(
+            "{admin_listen} is not a loopback address and no admin token is configured; \
+             set admin_tokens (or --admin-token-file / {ENV_ADMIN_TOKENS}), \
+             or insecure_admin_no_auth = true (--insecure-admin-no-auth) to serve \
+             metrics and health only"
         ),
     ))
 }
