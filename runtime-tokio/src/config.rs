@@ -112,6 +112,88 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print a fresh random cluster identity (64 lowercase hex digits).
     Identity,
+    /// Inspect and force-release locks through a node's admin listener.
+    #[command(subcommand)]
+    Locks(LocksCommand),
+    /// Readiness and counts of each node, from its admin listener.
+    Status(AdminArgs),
+}
+
+/// Environment variable naming the admin listener for the CLI
+/// (`--admin`).
+pub const ENV_ADMIN: &str = "TICKETING_ADMIN";
+/// Environment variable with the admin token the CLI presents.
+pub const ENV_ADMIN_TOKEN: &str = "TICKETING_ADMIN_TOKEN";
+
+/// Where and how the CLI reaches an admin listener.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// The admin listener, IP:PORT (repeatable for `status`; default
+    /// $TICKETING_ADMIN, else 127.0.0.1:9225).
+    #[arg(long = "admin", value_name = "ADDR")]
+    pub admins: Vec<String>,
+    /// File holding the admin token (its first non-blank line); default
+    /// $TICKETING_ADMIN_TOKEN. Needed for a release, and for inspection
+    /// through a non-loopback listener.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Print the server's JSON answer as is instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ticketing locks …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum LocksCommand {
+    /// List held or waited-on keys, ascending.
+    Ls {
+        /// Only keys starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many keys (the server caps it at 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Show a key's holder and every waiter in queue order.
+    Show {
+        /// The key.
+        key: String,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Force-release a key: its holder's token is fenced (its release gets
+    /// N) and the front waiter is granted under a larger token.
+    Release {
+        /// The key (any key of a set releases the whole set).
+        key: String,
+        /// Release only if this token still holds the key.
+        #[arg(long)]
+        token: Option<u64>,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Exit codes of `ticketing locks` and `ticketing status`.
+pub mod admin_exit {
+    /// The answer is "no": the key is not there (404), held by another
+    /// token (409), or (`status`) a node is not ready.
+    pub const NO: u8 = 1;
+    /// Bad command line or arguments.
+    pub const USAGE: u8 = 2;
+    /// The admin listener cannot be reached, or it is unavailable (503).
+    pub const UNAVAILABLE: u8 = 69;
+    /// An answer that makes no sense.
+    pub const SOFTWARE: u8 = 70;
+    /// The outcome is unknown (504): inspect the key.
+    pub const INDETERMINATE: u8 = 74;
+    /// No admin token (401) or a wrong one (403).
+    pub const AUTH: u8 = 77;
 }
 
 /// Exit codes of `ticketing lock`, besides the command's own status.
