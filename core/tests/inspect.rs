@@ -282,9 +282,21 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
         11,
         "the limit is clamped, not refused"
     );
-    assert!(MAX_LISTING_LIMIT >= 11);
     assert_eq!(everything.locks[10].key, key("other/1"));
     assert!(h.server.locks(h.now, b"nothing/", 10).locks.is_empty());
+
+    // Past MAX_LISTING_LIMIT matches a listing stops at the limit.
+    for n in 0..=MAX_LISTING_LIMIT {
+        h.send(
+            conn,
+            acquire(1_000 + n as u64, &[&format!("many/{n:05}")], 0, 30),
+        );
+    }
+    assert_eq!(h.replies(conn).len(), MAX_LISTING_LIMIT + 1);
+    let clamped = h.server.locks(h.now, b"many/", usize::MAX);
+    assert_eq!(clamped.locks.len(), MAX_LISTING_LIMIT);
+    assert!(clamped.truncated);
+    assert_eq!(clamped.locks[0].key, key("many/00000"));
 }
 
 #[test]

@@ -1775,6 +1775,88 @@ mod tests {
     }
 
     #[test]
+    fn admin_tokens_come_from_the_token_file_else_the_env_else_the_file_list() {
+        let none = resolve_args(&[]).unwrap();
+        assert!(none.settings.admin_tokens.is_empty());
+        let file =
+            parse_file("admin_tokens = [\"file-admin-token-0123\", \"file-admin-token-4567\"]")
+                .unwrap();
+        let listed = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        assert!(
+            listed
+                .settings
+                .admin_tokens
+                .accepts(b"file-admin-token-4567")
+        );
+        let env = Env {
+            admin_tokens: Some("env-admin-token-0123456".to_owned()),
+            ..Env::default()
+        };
+        let from_env = resolve(&file, None, &ServeArgs::default(), &env).unwrap();
+        assert!(
+            from_env
+                .settings
+                .admin_tokens
+                .accepts(b"env-admin-token-0123456")
+        );
+        assert!(
+            !from_env
+                .settings
+                .admin_tokens
+                .accepts(b"file-admin-token-0123")
+        );
+
+        let dir =
+            std::env::temp_dir().join(format!("ticketing-admin-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens");
+        std::fs::write(&path, "# admin\n\nflag-admin-token-0123456\n").unwrap();
+        let flagged = args(&["--admin-token-file", path.to_str().unwrap()]);
+        let from_flag = resolve(&file, None, &flagged, &env).unwrap();
+        assert!(
+            from_flag
+                .settings
+                .admin_tokens
+                .accepts(b"flag-admin-token-0123456")
+        );
+        assert!(!from_flag.settings.admin_tokens.accepts(b"# admin"));
+        std::fs::write(&path, "flag-admin-token-0123456\nshort\n").unwrap();
+        let err = resolve(&file, None, &flagged, &env).unwrap_err();
+        assert_eq!(err.field, "admin_tokens[1]");
+        assert!(!err.message.contains("short"), "never echo a token: {err}");
+        std::fs::write(&path, "# nothing\n").unwrap();
+        assert_eq!(
+            resolve(&file, None, &flagged, &env).unwrap_err().field,
+            "--admin-token-file"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let short = parse_file("admin_tokens = [\"tiny\"]").unwrap();
+        let err = resolve(&short, None, &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "admin_tokens[0]");
+    }
+
+    #[test]
+    fn a_non_loopback_admin_listener_needs_an_admin_token_or_the_insecure_flag() {
+        let err = resolve_args(&["--admin-listen", "0.0.0.0:9225"]).unwrap_err();
+        assert_eq!(err.field, "admin_listen");
+        assert!(err.message.contains("insecure_admin_no_auth"), "{err}");
+        assert!(resolve_args(&["--admin-listen", "127.0.0.1:9225"]).is_ok());
+        assert!(resolve_args(&["--admin-listen", "[::1]:9225"]).is_ok());
+        assert!(
+            resolve_args(&["--admin-listen", "0.0.0.0:9225", "--insecure-admin-no-auth"]).is_ok()
+        );
+        let file = parse_file(
+            "admin_listen = \"0.0.0.0:9225\"\nadmin_tokens = [\"file-admin-token-0123\"]",
+        )
+        .unwrap();
+        assert!(resolve(&file, None, &ServeArgs::default(), &Env::default()).is_ok());
+        let file =
+            parse_file("admin_listen = \"0.0.0.0:9225\"\ninsecure_admin_no_auth = true").unwrap();
+        assert!(resolve(&file, None, &ServeArgs::default(), &Env::default()).is_ok());
+    }
+
+    #[test]
     fn no_arguments_mean_loopback_5225_without_auth() {
         let config = resolve_args(&[]).unwrap();
         assert_eq!(config.settings.listen, DEFAULT_LISTEN.parse().unwrap());
