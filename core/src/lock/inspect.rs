@@ -7,7 +7,8 @@
 //! the `limit` smallest matching keys in a bounded heap. Costs: one key
 //! O(queue length), plus O(keys) when its holder is a set; a listing
 //! O(keys × log limit) plus one more O(keys) walk when a listed holder is
-//! a set. Both are operator actions, never on the lock path.
+//! a set (about 45–95 ms of CPU per million keys, docs/admin-api.md). Both
+//! are operator actions, never on the lock path.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -111,6 +112,11 @@ impl LockTable {
                 continue;
             }
             matched += 1;
+            // Once full, only a key below the largest kept gets in: in hash
+            // order that is rare, so most keys cost one comparison.
+            if smallest.len() >= limit && smallest.peek().is_none_or(|&largest| &**key >= largest) {
+                continue;
+            }
             smallest.push(key);
             if smallest.len() > limit {
                 smallest.pop();
