@@ -187,7 +187,7 @@ impl CloseReason {
 }
 
 /// Something the driver should log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogEvent {
     /// `count` events of `kind` from `source` (`None`: sources beyond
     /// [`MAX_REPORTED_SOURCES`], counted together). The first event of a
@@ -209,6 +209,16 @@ pub enum LogEvent {
         source: Option<IpAddr>,
         /// Why.
         reason: CloseReason,
+    },
+    /// An operator force-released a grant: `revoked` no longer holds
+    /// `keys` (log at `warn`: its holder's later writes are fenced).
+    ForceReleased {
+        /// Every key of the revoked grant.
+        keys: Vec<crate::wire::Key>,
+        /// The revoked token.
+        revoked: u64,
+        /// The token of the grant the hand-over made, if any.
+        handed_to: Option<u64>,
     },
 }
 
@@ -346,6 +356,20 @@ impl Reports {
             conn,
             source,
             reason,
+        });
+    }
+
+    /// An operator force-released grant `revoked` on `keys`.
+    pub(crate) fn force_released(
+        &mut self,
+        keys: Vec<crate::wire::Key>,
+        revoked: u64,
+        handed_to: Option<u64>,
+    ) {
+        self.push(LogEvent::ForceReleased {
+            keys,
+            revoked,
+            handed_to,
         });
     }
 
@@ -515,6 +539,11 @@ impl HeldKeys {
     /// `conn` is gone for good: its grants no longer count against anybody.
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
         self.per_conn.remove(&conn);
+    }
+
+    /// The connection grant `token` was delivered to, while it is held.
+    pub(crate) fn conn_of(&self, token: u64) -> Option<ConnId> {
+        self.grants.get(&token).map(|grant| grant.conn)
     }
 
     /// Keys held by `conn`'s delivered grants (after [`HeldKeys::expire`]).

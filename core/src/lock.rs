@@ -19,6 +19,9 @@ use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
 
+mod inspect;
+pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+
 /// Capacity limits. Over any of them an acquire is answered `B` at once and
 /// nothing is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1023,6 +1026,9 @@ pub mod planted {
         /// (`crate::peer::PeerDecoder`): a frame forged by someone without
         /// the peer token reaches Raft.
         SkipPeerFrameMac,
+        /// An operator's force-release answers "released" but leaves the
+        /// grant in place (the old holder's release still succeeds).
+        ForceReleaseKeepsGrant,
     }
 
     thread_local! {

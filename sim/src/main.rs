@@ -127,6 +127,7 @@ fn plant(name: &Option<String>) -> Result<(), String> {
         Some("forget-ghost-grant") => Some(PlantedBug::ForgetGhostGrant),
         Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
         Some("skip-peer-frame-mac") => Some(PlantedBug::SkipPeerFrameMac),
+        Some("force-release-keeps-grant") => Some(PlantedBug::ForceReleaseKeepsGrant),
         Some(other) => return Err(format!("unknown planted bug {other}")),
     };
     planted::set(bug);
@@ -208,6 +209,8 @@ fn main() -> ExitCode {
         totals.grants += report.grants;
         totals.faults += report.faults;
         totals.fenced_writes += report.fenced_writes;
+        totals.force_releases += report.force_releases;
+        totals.force_releases_refused += report.force_releases_refused;
         totals.lin_keys_checked += report.lin_keys_checked;
         totals.lin_inconclusive += report.lin_inconclusive;
         totals.line_grants += report.line_grants;
@@ -250,6 +253,10 @@ fn main() -> ExitCode {
         totals.lin_keys_checked,
         totals.lin_inconclusive,
         failing.len()
+    );
+    println!(
+        "{} operator force-releases ({} more refused for a stale token)",
+        totals.force_releases, totals.force_releases_refused
     );
     println!(
         "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
