@@ -22,10 +22,17 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         eprintln!("ticketing bench: --clients, --keys and --ops must be positive");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("ticketing bench: cannot start: {e}");
@@ -62,14 +69,24 @@ async fn bench(args: &BenchArgs) -> ExitCode {
         );
         return ExitCode::from(1);
     }
+    let server_pids = if args.server_pids.is_empty() {
+        cpu::listening_pids(&args.addrs)
+    } else {
+        args.server_pids.clone()
+    };
+    // Built once: the load generator's own allocations are not the client's.
+    let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench-{i}")).collect();
     let claimed = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
+    let client_cpu_before = cpu::process_cpu(std::process::id());
+    let server_cpu_before = cpu::total_cpu(&server_pids);
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.clients);
     for client in 0..args.clients {
         tasks.push(tokio::spawn(worker(
             broker.clone(),
             args.clone(),
+            Arc::clone(&keys),
             client,
             Arc::clone(&claimed),
             Arc::clone(&done),
@@ -92,6 +109,12 @@ async fn bench(args: &BenchArgs) -> ExitCode {
         }
     }
     let elapsed = started.elapsed();
+    let client_cpu = cpu::process_cpu(std::process::id())
+        .zip(client_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let server_cpu = cpu::total_cpu(&server_pids)
+        .zip(server_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     if let Some(progress) = progress {
         progress.abort();
         eprint!("\r\x1b[K");
@@ -113,6 +136,38 @@ async fn bench(args: &BenchArgs) -> ExitCode {
         micros(histogram.value_at_quantile(0.999)),
         micros(histogram.max()),
     );
+    let runtime = if args.threads == 1 {
+        "current-thread runtime".to_owned()
+    } else {
+        format!("multi-thread runtime, {} workers", args.threads)
+    };
+    let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / ok.max(1) as f64;
+    let client_us = client_cpu.map(per_op);
+    match client_us {
+        Some(us) => println!("client CPU: {us:.2} µs per acquire+release ({runtime})"),
+        None => println!("client CPU: unknown (no /proc) ({runtime})"),
+    }
+    let server_us = server_cpu.map(per_op);
+    match server_us {
+        Some(us) => println!(
+            "server CPU: {us:.2} µs per acquire+release (pid {})",
+            server_pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => println!("server CPU: unknown (give --server-pid)"),
+    }
+    if let (Some(client_us), Some(server_us)) = (client_us, server_us) {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        // Client and server share these cores: each pair costs both.
+        let ceiling = cores as f64 * 1e6 / (client_us + server_us).max(1e-9);
+        println!(
+            "client+server CPU ceiling on {cores} cores: {ceiling:.0} ops/s; measured {:.2} of it",
+            rate / ceiling
+        );
+    }
     if errors.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -142,6 +197,7 @@ fn micros(value: u64) -> String {
 async fn worker(
     broker: TicketBroker,
     args: BenchArgs,
+    keys: Arc<[String]>,
     client: usize,
     claimed: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
@@ -156,10 +212,10 @@ async fn worker(
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        let key = format!("bench-{}", state % args.keys as u64);
+        let key = &keys[(state % keys.len() as u64) as usize];
         let started = Instant::now();
         let result = match broker
-            .acquire(&key, args.wait, args.lease, args.budget)
+            .acquire(key, args.wait, args.lease, args.budget)
             .await
         {
             Ok(ticket) => ticket.release().await.and_then(|outcome| match outcome {
@@ -193,5 +249,118 @@ async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
         let mut stderr = std::io::stderr().lock();
         let _ = write!(stderr, "\r\x1b[K{count}/{ops} pairs, {rate:.0} ops/s");
         let _ = stderr.flush();
+    }
+}
+
+mod cpu {
+    //! CPU time of processes from `/proc` (Linux; `None` elsewhere).
+
+    use std::time::Duration;
+
+    /// `/proc` reports CPU times in clock ticks of `USER_HZ`, 100 on Linux.
+    const TICKS_PER_SECOND: u64 = 100;
+
+    /// User plus system time of process `pid`, all its threads (also ended
+    /// ones).
+    pub fn process_cpu(pid: u32) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name may hold spaces and parentheses; the fields
+        // after its last ')' start at field 3 (state); utime and stime are
+        // fields 14 and 15.
+        let (_, rest) = stat.rsplit_once(')')?;
+        let mut fields = rest.split_ascii_whitespace().skip(11);
+        let user: u64 = fields.next()?.parse().ok()?;
+        let system: u64 = fields.next()?.parse().ok()?;
+        let ticks = user.checked_add(system)?;
+        Some(Duration::from_millis(
+            ticks.checked_mul(1000 / TICKS_PER_SECOND)?,
+        ))
+    }
+
+    /// The summed CPU time of `pids`; `None` if there are none or one is
+    /// unreadable.
+    pub fn total_cpu(pids: &[u32]) -> Option<Duration> {
+        if pids.is_empty() {
+            return None;
+        }
+        pids.iter()
+            .map(|&pid| process_cpu(pid))
+            .sum::<Option<Duration>>()
+    }
+
+    /// The processes listening on the ports of the loopback addresses among
+    /// `addrs` (a server on this machine), as far as `/proc` shows them.
+    pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
+        let ports: Vec<u16> = addrs
+            .iter()
+            .filter_map(|addr| loopback_port(addr))
+            .collect();
+        if ports.is_empty() {
+            return Vec::new();
+        }
+        let mut inodes = Vec::new();
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(table) else {
+                continue;
+            };
+            for line in text.lines().skip(1) {
+                let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+                // local_address is field 1 ("ADDR:PORT" in hex), st field 3
+                // (0A = LISTEN), inode field 9.
+                let (Some(local), Some(&"0A"), Some(inode)) =
+                    (fields.get(1), fields.get(3), fields.get(9))
+                else {
+                    continue;
+                };
+                let port = local
+                    .rsplit_once(':')
+                    .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+                if port.is_some_and(|port| ports.contains(&port)) {
+                    inodes.push(format!("socket:[{inode}]"));
+                }
+            }
+        }
+        let mut pids = Vec::new();
+        if inodes.is_empty() {
+            return pids;
+        }
+        let Ok(processes) = std::fs::read_dir("/proc") else {
+            return pids;
+        };
+        for process in processes.flatten() {
+            let Some(pid) = process
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(fds) = std::fs::read_dir(process.path().join("fd")) else {
+                continue;
+            };
+            let listens = fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|target| {
+                    inodes
+                        .iter()
+                        .any(|inode| target.as_os_str() == inode.as_str())
+                })
+            });
+            if listens && pid != std::process::id() {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// The port of `host:port` when the host is an IP loopback address or
+    /// `localhost`.
+    fn loopback_port(addr: &str) -> Option<u16> {
+        let (host, port) = addr.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        loopback.then(|| port.parse().ok()).flatten()
     }
 }
