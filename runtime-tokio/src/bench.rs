@@ -42,9 +42,37 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     runtime.block_on(bench(args))
 }
 
+/// Latencies a task collects before adding them to the shared histogram.
+const LATENCY_BATCH: usize = 256;
+
+/// What the tasks share: one latency histogram (one per task would be
+/// hundreds of KiB each, and recording into 64 of them misses the cache on
+/// every pair, a cost the client's CPU figure would carry), and the errors
+/// counted by text.
+#[derive(Default)]
 struct Totals {
-    histogram: Histogram<u64>,
-    errors: Vec<String>,
+    histogram: Option<Histogram<u64>>,
+    errors: std::collections::BTreeMap<String, u64>,
+}
+
+impl Totals {
+    fn record(&mut self, latencies_us: &[u64]) {
+        let histogram = self.histogram.get_or_insert_with(new_histogram);
+        for &us in latencies_us {
+            histogram.saturating_record(us.clamp(1, LATENCY_MAX_MICROS));
+        }
+    }
+    fn error(&mut self, error: String) {
+        *self.errors.entry(error).or_insert(0) += 1;
+    }
+}
+
+type SharedTotals = Arc<std::sync::Mutex<Totals>>;
+
+fn lock(totals: &SharedTotals) -> std::sync::MutexGuard<'_, Totals> {
+    totals
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn bench(args: &BenchArgs) -> ExitCode {
@@ -76,6 +104,7 @@ async fn bench(args: &BenchArgs) -> ExitCode {
     };
     // Built once: the load generator's own allocations are not the client's.
     let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench-{i}")).collect();
+    let totals = SharedTotals::default();
     let claimed = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let client_cpu_before = cpu::process_cpu(std::process::id());
@@ -88,6 +117,7 @@ async fn bench(args: &BenchArgs) -> ExitCode {
             args.clone(),
             Arc::clone(&keys),
             client,
+            Arc::clone(&totals),
             Arc::clone(&claimed),
             Arc::clone(&done),
         )));
@@ -95,17 +125,9 @@ async fn bench(args: &BenchArgs) -> ExitCode {
     let progress = std::io::stderr()
         .is_terminal()
         .then(|| tokio::spawn(show_progress(Arc::clone(&done), args.ops, started)));
-    let mut histogram = new_histogram();
-    let mut errors: Vec<String> = Vec::new();
     for task in tasks {
-        match task.await {
-            Ok(totals) => {
-                histogram
-                    .add(&totals.histogram)
-                    .expect("histograms share bounds");
-                errors.extend(totals.errors);
-            }
-            Err(e) => errors.push(format!("task failed: {e}")),
+        if let Err(e) = task.await {
+            lock(&totals).error(format!("task failed: {e}"));
         }
     }
     let elapsed = started.elapsed();
@@ -121,6 +143,8 @@ async fn bench(args: &BenchArgs) -> ExitCode {
     }
     broker.close().await;
 
+    let Totals { histogram, errors } = std::mem::take(&mut *lock(&totals));
+    let histogram = histogram.unwrap_or_else(new_histogram);
     let ok = histogram.len();
     let rate = ok as f64 / elapsed.as_secs_f64();
     println!(
@@ -171,11 +195,7 @@ async fn bench(args: &BenchArgs) -> ExitCode {
     if errors.is_empty() {
         ExitCode::SUCCESS
     } else {
-        let mut counts = std::collections::BTreeMap::new();
-        for error in &errors {
-            *counts.entry(error.as_str()).or_insert(0u64) += 1;
-        }
-        for (error, count) in counts {
+        for (error, count) in errors {
             println!("errors: {count} × {error}");
         }
         ExitCode::from(1)
@@ -199,13 +219,11 @@ async fn worker(
     args: BenchArgs,
     keys: Arc<[String]>,
     client: usize,
+    totals: SharedTotals,
     claimed: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
-) -> Totals {
-    let mut totals = Totals {
-        histogram: new_histogram(),
-        errors: Vec::new(),
-    };
+) {
+    let mut latencies_us = Vec::with_capacity(LATENCY_BATCH);
     // xorshift64 seeded per client: a spread of keys with no shared RNG.
     let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (client as u64 + 1).wrapping_mul(0x2545_f491);
     while claimed.fetch_add(1, Ordering::Relaxed) < args.ops {
@@ -228,16 +246,17 @@ async fn worker(
         };
         match result {
             Ok(()) => {
-                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                totals
-                    .histogram
-                    .saturating_record(micros.clamp(1, LATENCY_MAX_MICROS));
+                latencies_us.push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+                if latencies_us.len() == LATENCY_BATCH {
+                    lock(&totals).record(&latencies_us);
+                    latencies_us.clear();
+                }
             }
-            Err(e) => totals.errors.push(e.to_string()),
+            Err(e) => lock(&totals).error(e.to_string()),
         }
         done.fetch_add(1, Ordering::Relaxed);
     }
-    totals
+    lock(&totals).record(&latencies_us);
 }
 
 async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
