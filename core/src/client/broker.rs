@@ -126,9 +126,10 @@ impl<W: OutcomeSender> BrokerState<W> {
         if acquire && self.acquires_in_flight >= self.max_pending {
             return Err(ClientError::ClientCapacity);
         }
+        let sessions = &self.sessions;
         let index = self
             .router
-            .pick()
+            .pick_coalescing(|index| sessions[index].as_ref().map_or(0, Session::unsent_len))
             .ok_or_else(|| self.router.no_connection_error())?;
         let session = self.sessions[index]
             .as_mut()
