@@ -8,7 +8,9 @@
 //!   ([`Session::poll_transmit`]), matches replies with every session-fatal
 //!   check, and turns lost replies into [`Outcome::Indeterminate`] or
 //!   [`Outcome::Retry`] depending on whether the bytes may have left.
-//! - [`Router`]: picks a ready connection, leader first, then round-robin.
+//! - [`Router`]: picks a ready connection, leader first, then round-robin
+//!   ([`Router::pick`]) or in runs that share writes
+//!   ([`Router::pick_coalescing`], what the broker uses).
 //! - [`AcquireOperation`] / [`ReleaseOperation`]: one logical acquire or
 //!   release across attempts (retry only what certainly had no effect,
 //!   conservative validity, the absolute 5 s release window).
@@ -1443,8 +1445,9 @@ impl Backoff {
 // ---------------------------------------------------------------------------
 
 /// Picks the connection for each request: the remembered leader if it is
-/// ready, else round-robin over ready connections. Connection `i` of a
-/// cluster is slot `i`.
+/// ready, else round-robin over ready connections ([`Router::pick`]) or in
+/// runs ([`Router::pick_coalescing`]). Connection `i` of a cluster is slot
+/// `i`.
 #[derive(Clone, Debug)]
 pub struct Router {
     ready: Vec<bool>,

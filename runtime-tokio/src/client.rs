@@ -12,8 +12,10 @@
 //! map, release queue) behind a `std::sync::Mutex` that is never held
 //! across an `.await`. Each endpoint has one task that connects, then runs a
 //! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
-//! endpoint wakes the driver after a submit. A release worker drains the
-//! release queue (dropped tickets, compensations).
+//! endpoint wakes the driver after a submit, and the driver yields once
+//! before taking the session's bytes, so the requests of every task ready
+//! in that round leave in one write. A release worker drains the release
+//! queue (dropped tickets, compensations).
 //!
 //! # Quick start
 //!
