@@ -8,7 +8,9 @@
 //!   ([`Session::poll_transmit`]), matches replies with every session-fatal
 //!   check, and turns lost replies into [`Outcome::Indeterminate`] or
 //!   [`Outcome::Retry`] depending on whether the bytes may have left.
-//! - [`Router`]: picks a ready connection, leader first, then round-robin.
+//! - [`Router`]: picks a ready connection, leader first, then round-robin
+//!   ([`Router::pick`]) or in runs that share writes
+//!   ([`Router::pick_coalescing`], what the broker uses).
 //! - [`AcquireOperation`] / [`ReleaseOperation`]: one logical acquire or
 //!   release across attempts (retry only what certainly had no effect,
 //!   conservative validity, the absolute 5 s release window).
@@ -104,6 +106,13 @@ pub const RELEASE_QUEUE_CAPACITY: usize = 512;
 /// this many bytes in one call, so requests not yet handed out stay
 /// cancellable and retryable while the socket is slow.
 pub const TRANSMIT_BATCH_BYTES: usize = 64 * 1024;
+/// [`Router::pick_coalescing`] keeps sending to one connection for at most
+/// this many requests in a row, then moves to the next ready one.
+pub const ROUTE_RUN_REQUESTS: usize = 1024;
+/// [`Router::pick_coalescing`] moves on from a connection on which this
+/// many requests wait for a write, so one whose writes stall cannot draw
+/// every request to itself.
+pub const COALESCE_MAX_UNSENT: usize = 256;
 
 /// The longest reply frame (`A`/`S`: rid and token).
 const MAX_REPLY_FRAME_LEN: usize = FRAME_HEADER_LEN + 16;
@@ -742,6 +751,8 @@ pub struct Session {
     pending: BTreeMap<u64, Pending>,
     pending_acquires: usize,
     pending_releases: usize,
+    /// Requests in `pending` not yet handed out.
+    unsent: usize,
     send_cursor: u64,
     next_rid: Option<u64>,
     /// Local deadlines by rid; entries of resolved requests are dropped
@@ -778,6 +789,7 @@ impl Session {
             pending: BTreeMap::new(),
             pending_acquires: 0,
             pending_releases: 0,
+            unsent: 0,
             send_cursor: 1,
             next_rid: Some(1),
             deadlines: BinaryHeap::new(),
@@ -811,6 +823,11 @@ impl Session {
     /// Requests awaiting a reply (sent or not).
     pub fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+    /// Requests submitted and not yet handed out by
+    /// [`Session::poll_transmit`]: they leave in the next write.
+    pub fn unsent_len(&self) -> usize {
+        self.unsent
     }
 
     /// Queues an acquire of `keys` with `params`, giving up at `deadline`
@@ -890,6 +907,7 @@ impl Session {
         } else {
             self.pending_releases += 1;
         }
+        self.unsent += 1;
         self.pending.insert(
             rid,
             Pending {
@@ -948,6 +966,7 @@ impl Session {
             }
             entry.request.encode(out);
             entry.sent_at = Some(now);
+            self.unsent -= 1;
             if let Some(at) = entry.overdue_at(self.config.silence_timeout) {
                 self.overdue.push(Reverse((at, rid)));
             }
@@ -1282,6 +1301,7 @@ impl Session {
         }
         self.pending_acquires = 0;
         self.pending_releases = 0;
+        self.unsent = 0;
         self.deadlines = BinaryHeap::new();
         self.overdue = BinaryHeap::new();
         self.partial = Vec::new();
@@ -1297,6 +1317,9 @@ impl Session {
             self.pending_acquires -= 1;
         } else {
             self.pending_releases -= 1;
+        }
+        if entry.sent_at.is_none() {
+            self.unsent -= 1;
         }
         Some(entry)
     }
@@ -1422,13 +1445,18 @@ impl Backoff {
 // ---------------------------------------------------------------------------
 
 /// Picks the connection for each request: the remembered leader if it is
-/// ready, else round-robin over ready connections. Connection `i` of a
-/// cluster is slot `i`.
+/// ready, else round-robin over ready connections ([`Router::pick`]) or in
+/// runs ([`Router::pick_coalescing`]). Connection `i` of a cluster is slot
+/// `i`.
 #[derive(Clone, Debug)]
 pub struct Router {
     ready: Vec<bool>,
     leader: Option<usize>,
     next_rr: usize,
+    /// The connection of the current run of [`Router::pick_coalescing`]
+    /// and how many requests it has taken.
+    run: Option<usize>,
+    run_len: usize,
     auth_failed: bool,
 }
 
@@ -1439,6 +1467,8 @@ impl Router {
             ready: vec![false; connections],
             leader: None,
             next_rr: 0,
+            run: None,
+            run_len: 0,
             auth_failed: false,
         }
     }
@@ -1510,6 +1540,43 @@ impl Router {
         if self.leader == Some(index) {
             self.leader = None;
         }
+    }
+    /// The connection for the next request when requests share writes:
+    /// the remembered leader if it is ready; else the connection the last
+    /// requests went to, for up to [`ROUTE_RUN_REQUESTS`] requests in a
+    /// row and while fewer than [`COALESCE_MAX_UNSENT`] of them wait for
+    /// its next write (`unsent(index)` = [`Session::unsent_len`]); else the
+    /// next ready one after it. The requests of one wake-up then leave in
+    /// one write and their replies come back in one read, instead of one by
+    /// one over every connection, and every ready connection still carries
+    /// requests in turn (none idles until it is needed and found dead).
+    pub fn pick_coalescing(&mut self, unsent: impl Fn(usize) -> usize) -> Option<usize> {
+        if let Some(leader) = self.leader.filter(|&leader| self.is_ready(leader)) {
+            return Some(leader);
+        }
+        if let Some(current) = self.run.filter(|&current| {
+            self.is_ready(current)
+                && self.run_len < ROUTE_RUN_REQUESTS
+                && unsent(current) < COALESCE_MAX_UNSENT
+        }) {
+            self.run_len += 1;
+            return Some(current);
+        }
+        // The next ready connection after the run's, the run's own only if
+        // it is the only one ready.
+        let count = self.ready.len();
+        let after = match self.run {
+            Some(current) => current + 1,
+            None => {
+                self.next_rr = self.next_rr.wrapping_add(1);
+                self.next_rr
+            }
+        };
+        self.run = (0..count)
+            .map(|offset| (after + offset) % count)
+            .find(|&index| self.ready[index]);
+        self.run_len = 1;
+        self.run
     }
     /// The connection for the next request, `None` if none is ready.
     pub fn pick(&mut self) -> Option<usize> {

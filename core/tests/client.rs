@@ -10,9 +10,9 @@ const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCA
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
-    CancelOutcome, ClientError, CloseReason, Compensation, Grant, KeySet, Outcome, OutcomeSender,
-    ProtocolError, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session,
-    SessionConfig, SessionEvent, lease_covers,
+    COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, Grant, KeySet,
+    Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS, ReleaseOperation, ReleaseOutcome,
+    ReleaseQueue, ReleaseStep, Router, Session, SessionConfig, SessionEvent, lease_covers,
 };
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
@@ -1676,6 +1676,70 @@ fn routing_prefers_the_leader_then_round_robins_over_ready_connections() {
     assert_eq!(router.leader(), None);
     assert_eq!(router.pick(), Some(0));
     assert!(!router.auth_failed());
+}
+
+#[test]
+fn coalescing_routing_keeps_runs_on_one_connection_then_moves_to_the_next_ready_one() {
+    let mut router = Router::new(3);
+    let none_unsent = |_: usize| 0;
+    assert_eq!(router.pick_coalescing(none_unsent), None);
+    router.set_ready(0, true);
+    router.set_ready(2, true);
+    // A run of requests stays on one connection, then moves round-robin to
+    // the next ready one, so every ready connection carries requests.
+    let first = router.pick_coalescing(none_unsent).unwrap();
+    for _ in 1..ROUTE_RUN_REQUESTS {
+        assert_eq!(router.pick_coalescing(none_unsent), Some(first));
+    }
+    let second = router.pick_coalescing(none_unsent).unwrap();
+    assert_ne!(second, first);
+    assert!([0, 2].contains(&first) && [0, 2].contains(&second));
+    // A run ends as soon as its connection has too many requests waiting
+    // for a write (its writes stall) …
+    let stalled = |index: usize| {
+        if index == second {
+            COALESCE_MAX_UNSENT
+        } else {
+            0
+        }
+    };
+    assert_eq!(router.pick_coalescing(stalled), Some(first));
+    // … or goes down.
+    router.set_ready(first, false);
+    assert_eq!(router.pick_coalescing(none_unsent), Some(second));
+    router.set_ready(first, true);
+    // The leader comes first, whatever the run.
+    assert!(router.set_leader_hint(Some(1)));
+    router.set_ready(1, true);
+    assert_eq!(router.pick_coalescing(none_unsent), Some(1));
+    assert_eq!(router.pick_coalescing(|_| COALESCE_MAX_UNSENT), Some(1));
+}
+
+#[test]
+fn a_session_counts_the_requests_waiting_for_the_next_write() {
+    let mut s = Scripted::single();
+    assert_eq!(s.session.unsent_len(), 0);
+    let first = s.acquire("a", 5);
+    s.release("b", 77);
+    assert_eq!(s.session.unsent_len(), 2);
+    assert_eq!(s.transmit().len(), 2);
+    assert_eq!(s.session.unsent_len(), 0);
+    let cancelled = s.acquire("c", 5);
+    s.acquire("d", 1);
+    assert_eq!(s.session.unsent_len(), 2);
+    assert_eq!(s.session.cancel(s.now, cancelled), CancelOutcome::Unsent);
+    assert_eq!(s.session.unsent_len(), 1);
+    // An unsent request past its deadline leaves the count too.
+    s.advance(secs(1));
+    assert_eq!(s.session.unsent_len(), 0);
+    s.acquire("e", 5);
+    assert_eq!(s.session.unsent_len(), 1);
+    assert_eq!(s.session.cancel(s.now, first), CancelOutcome::PossiblySent);
+    assert_eq!(
+        s.session.unsent_len(),
+        0,
+        "a closed session has nothing to send"
+    );
 }
 
 #[test]

@@ -717,10 +717,12 @@ async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
                 out.clear();
                 continue;
             }
-            future::or(
-                sleep_until_opt(inner.clock, deadline),
-                inner.wakes[index].notified(),
-            )
+            future::or(sleep_until_opt(inner.clock, deadline), async {
+                inner.wakes[index].notified().await;
+                // Let the other tasks that are ready now submit first, so
+                // that their requests leave in this write.
+                future::yield_now().await;
+            })
             .await;
         }
     };

@@ -12,8 +12,10 @@
 //! map, release queue) behind a `std::sync::Mutex` that is never held
 //! across an `.await`. Each endpoint has one task that connects, then runs a
 //! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
-//! endpoint wakes the driver after a submit. A release worker drains the
-//! release queue (dropped tickets, compensations).
+//! endpoint wakes the driver after a submit, and the driver yields once
+//! before taking the session's bytes, so the requests of every task ready
+//! in that round leave in one write. A release worker drains the release
+//! queue (dropped tickets, compensations).
 //!
 //! # Quick start
 //!
@@ -588,6 +590,14 @@ async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
     };
     let write = async {
         let mut out = Vec::new();
+        // One timer for the session's deadlines, moved only when a deadline
+        // comes earlier than the one it is set for: firing early is harmless
+        // (the session then has nothing to do and names its next deadline),
+        // and re-arming on every change of the earliest request deadline
+        // would cost a timer-wheel update per batch.
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
         loop {
             let now = inner.now();
             let deadline = {
@@ -616,15 +626,21 @@ async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
                 }
                 continue;
             }
-            let sleep = async {
-                match deadline {
-                    Some(at) => inner.sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            if let Some(at) = deadline
+                && armed.is_none_or(|armed| at < armed)
+            {
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::from_std(inner.to_std(at)));
+                armed = Some(at);
+            }
             tokio::select! {
-                _ = sleep => {}
-                _ = inner.wakes[index].notified() => {}
+                () = &mut timer, if armed.is_some() => armed = None,
+                () = inner.wakes[index].notified() => {
+                    // Let the other tasks that are ready now submit first,
+                    // so that their requests leave in this write.
+                    tokio::task::yield_now().await;
+                }
             }
         }
     };

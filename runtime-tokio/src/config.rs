@@ -300,6 +300,15 @@ pub struct BenchArgs {
     /// Use TLS, verifying the server against this PEM CA file.
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+    /// Client runtime threads: 1 = a current-thread tokio runtime, more = a
+    /// multi-thread runtime with this many workers.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+    /// The server's process id, for its CPU time per operation (repeatable:
+    /// a cluster's nodes are summed). Default: the processes listening on
+    /// the loopback addresses given, when /proc shows them.
+    #[arg(long = "server-pid", value_name = "PID")]
+    pub server_pids: Vec<u32>,
 }
 
 /// Environment variable with the client token of `lock` and `bench`.

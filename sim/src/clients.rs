@@ -171,8 +171,13 @@ impl Sessions {
                 None => Err(ClientError::NotConnected),
             };
         };
-        // Leader first, then round-robin over ready sessions.
-        let picked = router.pick();
+        // Leader first, then runs over ready sessions (the runtimes' rule).
+        let sessions = &self.sessions;
+        let picked = router.pick_coalescing(|index| {
+            sessions[index]
+                .as_ref()
+                .map_or(0, |(session, _)| session.unsent_len())
+        });
         let error = router.no_connection_error();
         picked
             .and_then(|index| {

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::{
     AcquireOperation, AcquireParams, AcquireStep, ClientError, CloseReason, Grant, KeySet, Outcome,
@@ -49,6 +50,31 @@ pub enum BrokerNotice<'a> {
     },
 }
 
+/// Hashes the `(endpoint, rid)` keys of the pending map with one multiply
+/// per word (the Fx hash). The keys are our own: rids count up from 1 on
+/// each session and a peer cannot choose them (a reply naming another rid
+/// only misses), so there is nothing to flood and SipHash's cost, paid
+/// twice per request, buys nothing.
+#[derive(Clone, Copy, Default)]
+struct RidHasher(u64);
+
+impl Hasher for RidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+}
+
 /// A request awaiting its outcome: who receives it, and whether it counts
 /// against `max_pending`.
 struct Waiter<W> {
@@ -67,7 +93,7 @@ pub struct BrokerState<W> {
     /// Background releases (dropped tickets, compensations).
     pub releases: ReleaseQueue,
     /// Outcome senders by (endpoint, rid).
-    pending: HashMap<(usize, u64), Waiter<W>>,
+    pending: HashMap<(usize, u64), Waiter<W>, BuildHasherDefault<RidHasher>>,
     acquires_in_flight: usize,
     max_pending: usize,
 }
@@ -80,7 +106,7 @@ impl<W: OutcomeSender> BrokerState<W> {
             sessions: (0..endpoints).map(|_| None).collect(),
             router: Router::new(endpoints),
             releases: ReleaseQueue::default(),
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             acquires_in_flight: 0,
             max_pending,
         }
@@ -100,9 +126,10 @@ impl<W: OutcomeSender> BrokerState<W> {
         if acquire && self.acquires_in_flight >= self.max_pending {
             return Err(ClientError::ClientCapacity);
         }
+        let sessions = &self.sessions;
         let index = self
             .router
-            .pick()
+            .pick_coalescing(|index| sessions[index].as_ref().map_or(0, Session::unsent_len))
             .ok_or_else(|| self.router.no_connection_error())?;
         let session = self.sessions[index]
             .as_mut()

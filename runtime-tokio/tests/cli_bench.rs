@@ -1,0 +1,107 @@
+//! `ticketing bench`: the built binary against the in-process server, which
+//! listens in this test's own process (so that is the server pid the bench
+//! finds in /proc).
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::loopback_server;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
+
+async fn bench(args: &[&str]) -> Output {
+    let run = tokio::process::Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("ticketing bench hung")
+        .expect("cannot run ticketing")
+}
+
+/// The number in `line` just before `unit`, e.g. `µs per acquire+release`.
+fn figure_before(line: &str, unit: &str) -> f64 {
+    let (head, _) = line
+        .split_once(unit)
+        .unwrap_or_else(|| panic!("{unit:?} not in {line:?}"));
+    let number = head.split_whitespace().last().expect("a figure");
+    number
+        .parse()
+        .unwrap_or_else(|_| panic!("{number:?} in {line:?}"))
+}
+
+fn line_with<'a>(stdout: &'a str, start: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|line| line.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?} in:\n{stdout}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prints_rate_latency_client_and_server_cpu_and_the_ceiling() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let output = bench(&[
+        "--addr",
+        &addr,
+        "--clients",
+        "4",
+        "--keys",
+        "2",
+        "--ops",
+        "300",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{:?}", output.stderr);
+    let rate = line_with(&stdout, "300 acquire+release pairs in ");
+    assert!(figure_before(rate, "ops/s") > 0.0, "{rate}");
+    assert!(line_with(&stdout, "latency (acquire+release): p50 ").contains(" p99 "));
+    let client = line_with(&stdout, "client CPU: ");
+    assert!(client.ends_with("(current-thread runtime)"), "{client}");
+    assert!(figure_before(client, "µs per acquire+release") >= 0.0);
+    // The listener of a loopback address is found in /proc: this process.
+    let server_cpu = line_with(&stdout, "server CPU: ");
+    assert!(
+        server_cpu.ends_with(&format!("(pid {})", std::process::id())),
+        "{server_cpu}"
+    );
+    let ceiling = line_with(&stdout, "client+server CPU ceiling on ");
+    assert!(ceiling.contains("ops/s; measured "), "{ceiling}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_on_a_multi_thread_runtime_and_takes_the_server_pid_given() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let pid = std::process::id().to_string();
+    let output = bench(&[
+        "--addr",
+        &addr,
+        "--clients",
+        "3",
+        "--ops",
+        "100",
+        "--threads",
+        "2",
+        "--server-pid",
+        &pid,
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        line_with(&stdout, "client CPU: ").ends_with("(multi-thread runtime, 2 workers)"),
+        "{stdout}"
+    );
+    assert!(line_with(&stdout, "server CPU: ").ends_with(&format!("(pid {pid})")));
+    // A bad thread count is a command-line error.
+    let output = bench(&["--addr", &addr, "--threads", "0"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    server.shutdown().await;
+}
