@@ -490,6 +490,12 @@ impl HeldKeys {
         }
     }
 
+    /// The connection the grant of `token` was delivered to, while it
+    /// counts.
+    pub(crate) fn conn_of(&self, token: u64) -> Option<ConnId> {
+        self.grants.get(&token).map(|grant| grant.conn)
+    }
+
     /// Keys held by `conn`'s delivered grants (after [`HeldKeys::expire`]).
     pub(crate) fn held(&self, conn: ConnId) -> usize {
         self.per_conn.get(&conn).map_or(0, |entry| entry.0)

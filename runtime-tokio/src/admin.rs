@@ -30,6 +30,10 @@ use tracing::{info, warn};
 
 /// One snapshot of what a node's core counted.
 #[derive(Clone, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one snapshot per scrape, taken and rendered once"
+)]
 pub enum NodeMetrics {
     /// A single-mode server.
     Single(ServerMetrics),
@@ -433,9 +437,45 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
     )?;
     counter(
         e,
-        "lease_expiries",
-        "Lease expiries applied that removed a current grant.",
+        "lease_expiries_applied",
+        "Lease expiries applied that removed a current grant (every node).",
         m.locks.expiries,
+    )?;
+    counters(
+        e,
+        "lease_expiries",
+        "Leader: applied lease expiries, by whether a waiter was queued for the keys.",
+        "handed_over",
+        &[
+            ("true", m.expiries_handed_over),
+            ("false", m.expiries_not_handed_over),
+        ],
+    )?;
+    counter(
+        e,
+        "release_handovers",
+        "Leader: applied releases whose keys had a waiter queued.",
+        m.release_handovers,
+    )?;
+    counter(
+        e,
+        "force_releases",
+        "Operator force-releases applied that revoked a grant.",
+        m.locks.force_releases,
+    )?;
+    counters(
+        e,
+        "busy",
+        "Leader: acquires answered B, by the limit that was reached.",
+        "limit",
+        &[
+            ("max_keys", m.busy.max_keys),
+            ("max_waiters_per_key", m.busy.max_waiters_per_key),
+            ("max_waiters_total", m.busy.max_waiters_total),
+            ("token_reserve", m.busy.token_reserve),
+            ("per_connection", m.busy_per_connection),
+            ("raft_backpressure", m.busy_backpressure),
+        ],
     )?;
     replies(e, &m.replies)?;
     abuse(e, &m.abuse)?;
@@ -457,5 +497,17 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "lock_hold",
         "Time from a grant's apply to its release's or expiry's apply, on this node's clock.",
         &m.locks.hold,
+    )?;
+    histogram(
+        e,
+        "lock_wait",
+        "Leader: time from an acquire's arrival to its grant's reply.",
+        &m.wait,
+    )?;
+    histogram(
+        e,
+        "raft_commit_latency",
+        "Leader: time from proposing a command to applying it (committed by a majority).",
+        &m.commit_latency,
     )
 }

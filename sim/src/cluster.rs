@@ -1802,7 +1802,7 @@ impl<'t> ClusterWorld<'t> {
                     ));
                 }
             }
-            let view = node.locks().replicated_view();
+            let view = node.lock_state().replicated_view();
             let applied = raft.applied_index();
             let h = hash_of(&view);
             if *self.states.entry(applied).or_insert(h) != h {
@@ -1834,7 +1834,7 @@ impl<'t> ClusterWorld<'t> {
         };
         let mut fresh = Vec::new();
         let mut holders = vec![None; ALL_KEYS.len()];
-        for (token, holding) in node.locks().grants() {
+        for (token, holding) in node.lock_state().grants() {
             let keys: Vec<usize> = holding
                 .keys
                 .keys()
