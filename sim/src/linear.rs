@@ -60,6 +60,18 @@ pub enum LinOp {
         /// The jump.
         by_us: u64,
     },
+    /// An operator's force-release of `token` answered "released": frees
+    /// the key if `token` holds it, or if the holder is one whose token no
+    /// client learned (the operator read it from the server's state).
+    ForceReleased {
+        /// The token named (and revoked).
+        token: u64,
+    },
+    /// An operator's force-release of `token` without a definite answer.
+    ForceReleaseIndeterminate {
+        /// The token named.
+        token: u64,
+    },
 }
 
 /// One operation with its real-time interval (true microseconds).
@@ -303,6 +315,24 @@ fn apply(state: State, entry: &LinEntry) -> Vec<State> {
             };
             if let Some(p) = at(point) {
                 out.push(State { at_us: p, ..state });
+            }
+        }
+        LinOp::ForceReleased { token } | LinOp::ForceReleaseIndeterminate { token } => {
+            let named = match state.holder {
+                Holder::Known { token: t, .. } => t == token,
+                Holder::Unknown { .. } => true,
+                Holder::Free => false,
+            };
+            let definite = matches!(entry.op, LinOp::ForceReleased { .. });
+            if !definite {
+                out.push(state);
+            }
+            if named && let Some(p) = at(earliest) {
+                out.push(State {
+                    holder: Holder::Free,
+                    at_us: p,
+                    ..state
+                });
             }
         }
         LinOp::ReleaseIndeterminate { token } => {

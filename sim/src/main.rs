@@ -213,6 +213,10 @@ fn main() -> ExitCode {
         totals.line_grants += report.line_grants;
         totals.line_resends += report.line_resends;
         totals.line_redirects += report.line_redirects;
+        totals.force_releases += report.force_releases;
+        for (total, n) in totals.force_outcomes.iter_mut().zip(report.force_outcomes) {
+            *total += n;
+        }
         if report.line_clients > 0 {
             line_worlds += 1;
         }
@@ -255,6 +259,13 @@ fn main() -> ExitCode {
         "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
         totals.line_grants, totals.line_resends, totals.line_redirects
     );
+    if totals.force_releases > 0 {
+        let [released, indeterminate, unchanged, refused] = totals.force_outcomes;
+        println!(
+            "force-releases: {} ordered, {released} released, {indeterminate} indeterminate, {unchanged} token mismatch or not held, {refused} refused",
+            totals.force_releases
+        );
+    }
     println!(
         "{:.1} s, {:.0} seeds/s, {:.0} events/s",
         elapsed,
