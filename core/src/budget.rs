@@ -185,7 +185,7 @@ impl CloseReason {
 }
 
 /// Something the driver should log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogEvent {
     /// `count` events of `kind` from `source` (`None`: sources beyond
     /// [`MAX_REPORTED_SOURCES`], counted together). The first event of a
@@ -207,6 +207,16 @@ pub enum LogEvent {
         source: Option<IpAddr>,
         /// Why.
         reason: CloseReason,
+    },
+    /// An operator force-released a grant: `revoked` no longer holds
+    /// `keys` (log at `warn`: its holder's later writes are fenced).
+    ForceReleased {
+        /// Every key of the revoked grant.
+        keys: Vec<crate::wire::Key>,
+        /// The revoked token.
+        revoked: u64,
+        /// The token of the grant the hand-over made, if any.
+        handed_to: Option<u64>,
     },
 }
 
@@ -344,6 +354,20 @@ impl Reports {
             conn,
             source,
             reason,
+        });
+    }
+
+    /// An operator force-released grant `revoked` on `keys`.
+    pub(crate) fn force_released(
+        &mut self,
+        keys: Vec<crate::wire::Key>,
+        revoked: u64,
+        handed_to: Option<u64>,
+    ) {
+        self.push(LogEvent::ForceReleased {
+            keys,
+            revoked,
+            handed_to,
         });
     }
 
@@ -490,8 +514,7 @@ impl HeldKeys {
         }
     }
 
-    /// The connection the grant of `token` was delivered to, while it
-    /// counts.
+    /// The connection grant `token` was delivered to, while it is held.
     pub(crate) fn conn_of(&self, token: u64) -> Option<ConnId> {
         self.grants.get(&token).map(|grant| grant.conn)
     }

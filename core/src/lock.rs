@@ -18,6 +18,9 @@ use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::KeyGroup;
 
+mod inspect;
+pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+
 /// Capacity limits. Over any of them an acquire is answered `B` at once and
 /// nothing is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -139,6 +139,10 @@ pub struct LockMetrics {
     /// Waiters granted because of a release (one release of a key set can
     /// hand over to several).
     pub handovers_on_release: u64,
+    /// Releases ordered by an operator (`POST /v1/locks/{key}/release`);
+    /// each is also counted in `releases` (and its hand-overs in
+    /// `handovers_on_release`), since it is exactly a release.
+    pub force_releases: u64,
     /// Leases that ran out and whose key went to a waiter at once.
     pub expiries_handed_over: u64,
     /// Leases that ran out with nobody to hand over to. Keys nobody waits

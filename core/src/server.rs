@@ -33,6 +33,9 @@ use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{KeyGroup, NO_LEADER_SLOT};
 
+mod inspect;
+pub use inspect::MAX_QUEUED_ADMIN_REPLIES;
+
 /// The first fencing token of a server started `since_epoch` after the
 /// Unix epoch by the wall clock, given the token reserve its previous run
 /// stored (`None`: no state file, or a first start): the wall-clock
@@ -129,6 +132,8 @@ pub struct Server {
     reserve: TokenReserve,
     /// Replies sent on connections already closed.
     closed_replies: ClosedReplies,
+    /// Answers to force-releases, for the driver.
+    admin_replies: inspect::AdminReplies,
 }
 
 #[derive(Debug)]
@@ -214,6 +219,7 @@ impl Server {
             shutting_down: false,
             reserve: TokenReserve::unlimited(),
             closed_replies: ClosedReplies::default(),
+            admin_replies: inspect::AdminReplies::default(),
         }
     }
 

@@ -171,7 +171,7 @@ impl Harness {
                     kind,
                     count,
                 } => Some((source, kind, count)),
-                LogEvent::Closed { .. } => None,
+                LogEvent::Closed { .. } | LogEvent::ForceReleased { .. } => None,
             })
             .collect()
     }
@@ -401,7 +401,7 @@ fn every_close_reports_its_reason() {
                 source,
                 reason,
             } => Some((conn, source, reason)),
-            LogEvent::Abuse { .. } => None,
+            LogEvent::Abuse { .. } | LogEvent::ForceReleased { .. } => None,
         })
         .collect();
     assert_eq!(

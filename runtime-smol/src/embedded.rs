@@ -38,11 +38,15 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::auth::{ClientTokens, NONCE_LEN};
 use ticketing_core::client::Session;
+use ticketing_core::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
+};
 use ticketing_core::reserve::{DEFAULT_RESERVE_STEP, TokenAlert, TokenReserve};
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
+use ticketing_core::wire::Key;
 
-use crate::client::{self, TicketBroker};
+use crate::client::{self, TicketBroker, TicketError};
 use crate::state::FloorFile;
 use crate::sync::{Clock, Notify, sleep_until_opt};
 
@@ -214,6 +218,7 @@ impl EmbeddedServerBuilder {
             tls: self.tls.map(TlsAcceptor::from),
             in_process_token: self.tokens.into_iter().next().unwrap_or_default(),
             next_owner: AtomicU64::new(1),
+            next_admin_id: AtomicU64::new(1),
             brokers: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
         });
@@ -337,6 +342,56 @@ impl EmbeddedServer {
         self.hub.lock().server.poll_alert()
     }
 
+    /// The keys starting with `prefix` that are held or waited on now, in
+    /// ascending order, at most `limit` (capped at
+    /// [`ticketing_core::inspect::MAX_LISTING_LIMIT`]): holders with their
+    /// whole group, ages and connections, waiters in queue order. Walks the
+    /// whole table (O(keys)); an operator's tool, not for the lock path.
+    pub fn locks(&self, prefix: &str, limit: usize) -> LockListing {
+        let inner = self.hub.lock();
+        inner
+            .server
+            .locks(self.hub.clock.now(), prefix.as_bytes(), limit)
+    }
+
+    /// `key` as an operator sees it now; `None` when it is neither held nor
+    /// waited on. [`TicketError::InvalidInput`] for a key that is not one.
+    pub fn lock(&self, key: &str) -> Result<Option<LockView>, TicketError> {
+        let key = parse_key(key)?;
+        let inner = self.hub.lock();
+        Ok(inner.server.lock(self.hub.clock.now(), &key))
+    }
+
+    /// Force-releases `key` (only while `token` holds it, when given):
+    /// exactly a release by its holder, so the key goes to its front
+    /// waiter under a new, larger token and the old holder's release gets
+    /// [`ReleaseOutcome::AlreadyGoneOrNotCurrent`](crate::ReleaseOutcome::AlreadyGoneOrNotCurrent); a
+    /// set is released whole. [`TicketError::InvalidInput`] for a key that
+    /// is not one.
+    pub fn force_release(
+        &self,
+        key: &str,
+        token: Option<u64>,
+    ) -> Result<ForceReleaseOutcome, TicketError> {
+        let key = parse_key(key)?;
+        let mut inner = self.hub.lock();
+        let now = self.hub.clock.now();
+        let id = AdminRequestId(self.hub.next_admin_id.fetch_add(1, Ordering::Relaxed));
+        inner
+            .server
+            .handle_force_release(now, id, ForceRelease { key, token });
+        // Single mode answers at once, under this same lock.
+        let mut outcome = ForceReleaseOutcome::Indeterminate;
+        while let Some((answered, answer)) = inner.server.poll_admin_reply() {
+            if answered == id {
+                outcome = answer;
+            }
+        }
+        // Hands the grant of a hand-over to its waiter's link.
+        inner.dispatch(&self.hub.timer, None, None);
+        Ok(outcome)
+    }
+
     /// Stops accepting; every queued acquire is answered `T` (Timeout),
     /// every connection, in-process or not, gets its replies and is closed
     /// (those that do not take them within the shutdown grace are dropped);
@@ -443,6 +498,11 @@ fn first_token() -> u64 {
     server::first_token(wall_clock(), None)
 }
 
+fn parse_key(key: &str) -> Result<Key, TicketError> {
+    Key::new(key.as_bytes())
+        .map_err(|_| TicketError::InvalidInput("a key is 1..=128 bytes without space, CR or LF"))
+}
+
 fn wall_clock() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -472,6 +532,8 @@ pub(crate) struct Hub {
     tls: Option<TlsAcceptor>,
     in_process_token: String,
     next_owner: AtomicU64,
+    /// Ids of force-releases ([`EmbeddedServer::force_release`]).
+    next_admin_id: AtomicU64,
     /// In-process brokers, told when the server is gone.
     brokers: Mutex<Vec<client::Weak>>,
     stopping: AtomicBool,

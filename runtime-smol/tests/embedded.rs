@@ -393,3 +393,65 @@ fn a_line_client_on_the_tcp_port_contends_with_in_process_brokers() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn inspection_and_force_release_through_the_embedded_api() {
+    use ticketing_core::inspect::ForceReleaseOutcome;
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let holder = server.broker();
+        let waiter = server.broker();
+        let held = holder.acquire("jobs/1", WAIT, LEASE, BUDGET).await.unwrap();
+        // The broker comes back with its ticket: dropping it would close
+        // the ticket's link.
+        let queued = smol::spawn(async move {
+            let ticket = waiter
+                .acquire("jobs/1", Duration::from_secs(30), LEASE, BUDGET)
+                .await;
+            (waiter, ticket)
+        });
+        settle("the waiter queued", || server.stats().lock.waiters == 1).await;
+
+        let view = server.lock("jobs/1").unwrap().expect("held");
+        let holder_view = view.holder.as_ref().unwrap();
+        assert_eq!(holder_view.token, held.token());
+        assert!(holder_view.lease_remaining_ms <= 30_000);
+        assert!(holder_view.conn.is_some(), "the in-process link");
+        assert_eq!(view.waiters_total, 1);
+        assert_eq!(server.lock("jobs/2").unwrap(), None);
+        assert!(server.lock("bad key").is_err(), "a space is not allowed");
+        let listing = server.locks("jobs/", 10);
+        assert_eq!(listing.locks.len(), 1);
+        assert_eq!(listing.locks[0].key.as_str(), "jobs/1");
+
+        assert_eq!(
+            server
+                .force_release("jobs/1", Some(held.token() + 1))
+                .unwrap(),
+            ForceReleaseOutcome::TokenMismatch { held: held.token() }
+        );
+        let outcome = server.force_release("jobs/1", None).unwrap();
+        let (_waiter, next) = queued.await;
+        let next = next.unwrap();
+        assert!(next.token() > held.token());
+        assert_eq!(
+            outcome,
+            ForceReleaseOutcome::Released {
+                revoked: held.token(),
+                keys: vec![ticketing_core::wire::Key::new(b"jobs/1").unwrap()],
+                handed_to: Some(next.token()),
+            }
+        );
+        // The old holder is fenced: its release finds its token gone.
+        assert_eq!(
+            held.release().await.unwrap(),
+            ReleaseOutcome::AlreadyGoneOrNotCurrent
+        );
+        assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            server.force_release("jobs/1", None).unwrap(),
+            ForceReleaseOutcome::NotHeld
+        );
+        server.shutdown().await;
+    });
+}

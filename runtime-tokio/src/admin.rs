@@ -1,5 +1,6 @@
 //! The admin HTTP listener (`admin_listen`): `GET /metrics` (OpenMetrics
-//! text), `GET /livez` and `GET /readyz`.
+//! text), `GET /livez` and `GET /readyz`, and the lock API (`/v1/locks…`,
+//! see the `api` submodule and `docs/admin-api.md`).
 //!
 //! It only serves what the core counted and decided: each request takes one
 //! snapshot ([`ticketing_core::server::Server::metrics`] or
@@ -28,6 +29,12 @@ use ticketing_core::metrics::{
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+mod api;
+pub use api::{
+    ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, MAX_PENDING_ADMIN_REQUESTS, rfc3339,
+};
+pub(crate) use api::{AdminApp, AppState, DrivenNode, PendingAdmin};
+
 /// One snapshot of what a node's core counted.
 #[derive(Clone, Debug)]
 #[expect(
@@ -51,23 +58,28 @@ impl NodeMetrics {
     }
 }
 
-/// Takes a snapshot from the running core.
-pub(crate) type Snapshot = Arc<dyn Fn() -> NodeMetrics + Send + Sync>;
-
 /// The content type of the OpenMetrics text exposition.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves the admin endpoints on `listener` until the task is aborted.
-pub(crate) async fn serve_admin(listener: TcpListener, snapshot: Snapshot) {
+/// Serves every admin endpoint `app.node` offers on `listener` until the
+/// task is aborted.
+pub(crate) async fn serve_admin_api(listener: TcpListener, app: AdminApp) {
     let addr = listener.local_addr().ok();
-    let app = Router::new()
+    let serves_locks = app.node.serves_locks();
+    let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .with_state(snapshot);
-    info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz");
-    if let Err(e) = axum::serve(listener, app).await {
+        .route("/v1/locks", get(api::list))
+        .route("/v1/locks/{*key}", get(api::show).post(api::release))
+        .with_state(Arc::new(app));
+    if serves_locks {
+        info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
+    } else {
+        info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz");
+    }
+    if let Err(e) = axum::serve(listener, router).await {
         warn!("admin listener stopped: {e}");
     }
 }
@@ -80,9 +92,9 @@ pub(crate) async fn bind(addr: Option<SocketAddr>) -> std::io::Result<Option<Tcp
     }
 }
 
-async fn metrics(State(snapshot): State<Snapshot>) -> Response {
+async fn metrics(State(app): State<AppState>) -> Response {
     // The core's mutex is held for the copy only, never across an await.
-    let metrics = snapshot();
+    let metrics = app.node.metrics();
     match render(&metrics) {
         Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
         Err(fmt::Error) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
@@ -93,8 +105,8 @@ async fn livez() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(snapshot): State<Snapshot>) -> Response {
-    match snapshot().readiness() {
+async fn readyz(State(app): State<AppState>) -> Response {
+    match app.node.metrics().readiness() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()).into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -255,6 +267,12 @@ fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
         "release_handovers",
         "Waiters granted because of a release.",
         l.handovers_on_release,
+    )?;
+    counter(
+        e,
+        "force_releases",
+        "Releases ordered by an operator over the admin API (also counted in releases).",
+        l.force_releases,
     )?;
     counters(
         e,

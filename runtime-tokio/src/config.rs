@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::auth::{ClientTokens, MIN_TOKEN_LEN};
 use ticketing_core::budget::BudgetConfig;
 use ticketing_core::lock::{Limits, LockConfig};
@@ -40,6 +41,8 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const WAIT_MARGIN_MS_MAX: u64 = 900;
 /// Environment variable with comma-separated client tokens.
 pub const ENV_CLIENT_TOKENS: &str = "TICKETING_CLIENT_TOKENS";
+/// Environment variable with comma-separated admin tokens.
+pub const ENV_ADMIN_TOKENS: &str = "TICKETING_ADMIN_TOKENS";
 /// Environment variable with comma-separated peer tokens (cluster mode).
 pub const ENV_PEER_TOKENS: &str = "TICKETING_PEER_TOKENS";
 /// Largest accepted `worker_threads`.
@@ -109,6 +112,88 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print a fresh random cluster identity (64 lowercase hex digits).
     Identity,
+    /// Inspect and force-release locks through a node's admin listener.
+    #[command(subcommand)]
+    Locks(LocksCommand),
+    /// Readiness and counts of each node, from its admin listener.
+    Status(AdminArgs),
+}
+
+/// Environment variable naming the admin listener for the CLI
+/// (`--admin`).
+pub const ENV_ADMIN: &str = "TICKETING_ADMIN";
+/// Environment variable with the admin token the CLI presents.
+pub const ENV_ADMIN_TOKEN: &str = "TICKETING_ADMIN_TOKEN";
+
+/// Where and how the CLI reaches an admin listener.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// The admin listener, IP:PORT (repeatable for `status`; default
+    /// $TICKETING_ADMIN, else 127.0.0.1:9225).
+    #[arg(long = "admin", value_name = "ADDR")]
+    pub admins: Vec<String>,
+    /// File holding the admin token (its first non-blank line); default
+    /// $TICKETING_ADMIN_TOKEN. Needed for a release, and for inspection
+    /// through a non-loopback listener.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Print the server's JSON answer as is instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ticketing locks …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum LocksCommand {
+    /// List held or waited-on keys, ascending.
+    Ls {
+        /// Only keys starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many keys (the server caps it at 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Show a key's holder and every waiter in queue order.
+    Show {
+        /// The key.
+        key: String,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Force-release a key: its holder's token is fenced (its release gets
+    /// N) and the front waiter is granted under a larger token.
+    Release {
+        /// The key (any key of a set releases the whole set).
+        key: String,
+        /// Release only if this token still holds the key.
+        #[arg(long)]
+        token: Option<u64>,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Exit codes of `ticketing locks` and `ticketing status`.
+pub mod admin_exit {
+    /// The answer is "no": the key is not there (404), held by another
+    /// token (409), or (`status`) a node is not ready.
+    pub const NO: u8 = 1;
+    /// Bad command line or arguments.
+    pub const USAGE: u8 = 2;
+    /// The admin listener cannot be reached, or it is unavailable (503).
+    pub const UNAVAILABLE: u8 = 69;
+    /// An answer that makes no sense.
+    pub const SOFTWARE: u8 = 70;
+    /// The outcome is unknown (504): inspect the key.
+    pub const INDETERMINATE: u8 = 74;
+    /// No admin token (401) or a wrong one (403).
+    pub const AUTH: u8 = 77;
 }
 
 /// Exit codes of `ticketing lock`, besides the command's own status.
@@ -270,11 +355,21 @@ pub struct ServeArgs {
     /// `text` (default) or `json` (one JSON object per line).
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
-    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz) on this
-    /// address, IP:PORT (off unless set; read-only, unauthenticated: bind
-    /// it to loopback or a management network).
+    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz, and the
+    /// /v1/locks API) on this address, IP:PORT (off unless set). A
+    /// non-loopback address needs an admin token (or
+    /// --insecure-admin-no-auth).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// File of admin tokens, one per line, each at least 16 bytes (blank
+    /// lines and lines starting with # are skipped). Admin tokens are
+    /// never taken on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Allow a non-loopback admin listener with no admin token: it then
+    /// serves /metrics, /livez and /readyz, and refuses the lock API.
+    #[arg(long)]
+    pub insecure_admin_no_auth: bool,
     /// `--max-*`: the `[limits]` table's fields.
     #[command(flatten)]
     pub limits: FileLimits,
@@ -348,6 +443,12 @@ pub struct FileConfig {
     pub log_format: Option<String>,
     /// See [`ServeArgs::admin_listen`].
     pub admin_listen: Option<String>,
+    /// Accepted admin tokens, each at least 16 bytes.
+    pub admin_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::admin_token_file`]; relative to the config file.
+    pub admin_token_file: Option<PathBuf>,
+    /// See [`ServeArgs::insecure_admin_no_auth`].
+    pub insecure_admin_no_auth: Option<bool>,
     /// See [`ServeArgs::wait_margin_ms`].
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`].
@@ -482,6 +583,8 @@ pub struct FileLimits {
 pub struct Env {
     /// `TICKETING_CLIENT_TOKENS`.
     pub client_tokens: Option<String>,
+    /// `TICKETING_ADMIN_TOKENS`.
+    pub admin_tokens: Option<String>,
     /// `RUST_LOG`.
     pub rust_log: Option<String>,
     /// `TICKETING_PEER_TOKENS`.
@@ -501,6 +604,7 @@ impl Env {
     pub fn from_process() -> Self {
         Env {
             client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
+            admin_tokens: std::env::var(ENV_ADMIN_TOKENS).ok(),
             rust_log: std::env::var("RUST_LOG").ok(),
             peer_tokens: std::env::var(ENV_PEER_TOKENS).ok(),
             state_directory: std::env::var("STATE_DIRECTORY").ok(),
@@ -790,6 +894,12 @@ pub fn resolve(
         .or(file.admin_listen.as_deref())
         .map(|text| parse_addr("admin_listen", text))
         .transpose()?;
+    let admin_tokens = resolve_admin_tokens(file, file_dir, args, env)?;
+    let insecure_admin_no_auth =
+        args.insecure_admin_no_auth || file.insecure_admin_no_auth.unwrap_or(false);
+    if let Some(admin) = admin_listen {
+        check_admin_listen_auth(admin, !admin_tokens.is_empty(), insecure_admin_no_auth)?;
+    }
     let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
 
     let server = ServerConfig {
@@ -836,6 +946,7 @@ pub fn resolve(
         let mut cluster = cluster;
         cluster.state = Some(state.clone());
         cluster.admin_listen = admin_listen;
+        cluster.admin_tokens = admin_tokens.clone();
         Some(cluster)
     } else {
         check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
@@ -846,6 +957,7 @@ pub fn resolve(
     settings.tls = tls;
     settings.state = Some(state);
     settings.admin_listen = admin_listen;
+    settings.admin_tokens = admin_tokens;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -1277,6 +1389,81 @@ pub fn check_listen_auth(
             "{listen} is not a loopback address and no client token is configured; \
              set client_tokens (or --client-token / {ENV_CLIENT_TOKENS}), \
              or insecure_no_auth = true (--insecure-no-auth) to serve without authentication"
+        ),
+    ))
+}
+
+/// The admin tokens: from `--admin-token-file`, else
+/// `TICKETING_ADMIN_TOKENS`, else the config file's `admin_token_file`,
+/// else its `admin_tokens` list.
+fn resolve_admin_tokens(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<AdminTokens, ConfigError> {
+    let token_file = match (&args.admin_token_file, &file.admin_token_file) {
+        (Some(path), _) => Some(("--admin-token-file", path.clone())),
+        (None, Some(path)) => Some(("admin_token_file", in_file_dir(file_dir, path))),
+        (None, None) => None,
+    };
+    let from_token_file = match token_file {
+        Some((field, path)) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError::new(field, format!("cannot read {}: {e}", path.display()))
+            })?;
+            let tokens: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned)
+                .collect();
+            if tokens.is_empty() {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{} holds no token", path.display()),
+                ));
+            }
+            Some(PickedTokens {
+                values: tokens,
+                source: field,
+            })
+        }
+        None => None,
+    };
+    let tokens = match from_token_file {
+        Some(tokens) => tokens,
+        None => pick_tokens(
+            &[],
+            "--admin-token-file",
+            env.admin_tokens.as_deref(),
+            ENV_ADMIN_TOKENS,
+            file.admin_tokens.as_deref(),
+        ),
+    };
+    AdminTokens::new(&tokens.values).map_err(|e| tokens.too_short("admin_tokens", e.index))
+}
+
+/// Our rule for the admin listener, as for the client port: with no admin
+/// token the lock API can only be used from the loopback, so a
+/// non-loopback admin listener without one is refused unless the operator
+/// says explicitly that it is meant (it then serves metrics and health
+/// only).
+pub fn check_admin_listen_auth(
+    admin_listen: SocketAddr,
+    has_tokens: bool,
+    insecure_admin_no_auth: bool,
+) -> Result<(), ConfigError> {
+    if has_tokens || insecure_admin_no_auth || admin_listen.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "admin_listen",
+        format!(
+            "{admin_listen} is not a loopback address and no admin token is configured; \
+             set admin_tokens (or --admin-token-file / {ENV_ADMIN_TOKENS}), \
+             or insecure_admin_no_auth = true (--insecure-admin-no-auth) to serve \
+             metrics and health only"
         ),
     ))
 }
@@ -1739,6 +1926,88 @@ mod tests {
 
     fn field_of(result: Result<Config, ConfigError>) -> String {
         result.expect_err("config must be refused").field
+    }
+
+    #[test]
+    fn admin_tokens_come_from_the_token_file_else_the_env_else_the_file_list() {
+        let none = resolve_args(&[]).unwrap();
+        assert!(none.settings.admin_tokens.is_empty());
+        let file =
+            parse_file("admin_tokens = [\"file-admin-token-0123\", \"file-admin-token-4567\"]")
+                .unwrap();
+        let listed = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
+        assert!(
+            listed
+                .settings
+                .admin_tokens
+                .accepts(b"file-admin-token-4567")
+        );
+        let env = Env {
+            admin_tokens: Some("env-admin-token-0123456".to_owned()),
+            ..Env::default()
+        };
+        let from_env = resolve(&file, None, &ServeArgs::default(), &env).unwrap();
+        assert!(
+            from_env
+                .settings
+                .admin_tokens
+                .accepts(b"env-admin-token-0123456")
+        );
+        assert!(
+            !from_env
+                .settings
+                .admin_tokens
+                .accepts(b"file-admin-token-0123")
+        );
+
+        let dir =
+            std::env::temp_dir().join(format!("ticketing-admin-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens");
+        std::fs::write(&path, "# admin\n\nflag-admin-token-0123456\n").unwrap();
+        let flagged = args(&["--admin-token-file", path.to_str().unwrap()]);
+        let from_flag = resolve(&file, None, &flagged, &env).unwrap();
+        assert!(
+            from_flag
+                .settings
+                .admin_tokens
+                .accepts(b"flag-admin-token-0123456")
+        );
+        assert!(!from_flag.settings.admin_tokens.accepts(b"# admin"));
+        std::fs::write(&path, "flag-admin-token-0123456\nshort\n").unwrap();
+        let err = resolve(&file, None, &flagged, &env).unwrap_err();
+        assert_eq!(err.field, "admin_tokens[1]");
+        assert!(!err.message.contains("short"), "never echo a token: {err}");
+        std::fs::write(&path, "# nothing\n").unwrap();
+        assert_eq!(
+            resolve(&file, None, &flagged, &env).unwrap_err().field,
+            "--admin-token-file"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let short = parse_file("admin_tokens = [\"tiny\"]").unwrap();
+        let err = resolve(&short, None, &ServeArgs::default(), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "admin_tokens[0]");
+    }
+
+    #[test]
+    fn a_non_loopback_admin_listener_needs_an_admin_token_or_the_insecure_flag() {
+        let err = resolve_args(&["--admin-listen", "0.0.0.0:9225"]).unwrap_err();
+        assert_eq!(err.field, "admin_listen");
+        assert!(err.message.contains("insecure_admin_no_auth"), "{err}");
+        assert!(resolve_args(&["--admin-listen", "127.0.0.1:9225"]).is_ok());
+        assert!(resolve_args(&["--admin-listen", "[::1]:9225"]).is_ok());
+        assert!(
+            resolve_args(&["--admin-listen", "0.0.0.0:9225", "--insecure-admin-no-auth"]).is_ok()
+        );
+        let file = parse_file(
+            "admin_listen = \"0.0.0.0:9225\"\nadmin_tokens = [\"file-admin-token-0123\"]",
+        )
+        .unwrap();
+        assert!(resolve(&file, None, &ServeArgs::default(), &Env::default()).is_ok());
+        let file =
+            parse_file("admin_listen = \"0.0.0.0:9225\"\ninsecure_admin_no_auth = true").unwrap();
+        assert!(resolve(&file, None, &ServeArgs::default(), &Env::default()).is_ok());
     }
 
     #[test]

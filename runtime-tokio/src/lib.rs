@@ -3,7 +3,8 @@
 //! [`Server`](ticketing_core::server::Server) to sockets, clocks and timers
 //! ([`serve`]), the state file that keeps fencing tokens rising across
 //! restarts ([`state`]), TLS setup ([`tls`]) and the admin HTTP listener
-//! ([`admin`]: metrics and health).
+//! ([`admin`]: metrics, health and the lock API) and its CLI client
+//! ([`admin_client`]).
 //!
 //! The driver stays thin: every decision about locks, leases, tokens and
 //! protocol bytes is the core's. [`serve::spawn_server`] is also the
@@ -12,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod admin_client;
 pub mod client;
 pub mod cluster;
 pub mod config;

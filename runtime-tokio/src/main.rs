@@ -1,8 +1,10 @@
-//! `ticketing`: the Ticketing daemon, `ticketing lock` and `ticketing bench`.
+//! `ticketing`: the Ticketing daemon, `ticketing lock`, `ticketing bench`,
+//! and the admin commands `ticketing locks` and `ticketing status`.
 //!
 //! `serve` exit codes: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when the
 //! server cannot start (for example the address is in use), 2 for a bad
-//! command line or config, or an unusable state directory. `lock` exit codes: see [`config::lock_exit`].
+//! command line or config, or an unusable state directory. `lock` exit codes: see [`config::lock_exit`];
+//! `locks` and `status`: [`config::admin_exit`].
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -19,8 +21,12 @@ fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args),
         Command::Bench(args) => bench::run(&args),
         Command::Identity => identity(),
+        Command::Locks(command) => cli_admin::locks(command),
+        Command::Status(args) => cli_admin::status(args),
     }
 }
+
+mod cli_admin;
 
 /// `ticketing identity`: 32 fresh CSPRNG bytes as 64 lowercase hex digits.
 fn identity() -> ExitCode {

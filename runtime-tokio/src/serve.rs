@@ -31,11 +31,16 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tracing::{debug, error, info, warn};
 
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::budget::LogEvent;
+use ticketing_core::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+};
 use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::{Instant, StdOrigin};
+use ticketing_core::wire::Key;
 
 use crate::admin;
 use crate::state::{self, FloorFile, StateSettings};
@@ -81,6 +86,10 @@ pub struct ServeSettings {
     /// Where to serve the admin HTTP endpoints ([`crate::admin`]), if
     /// anywhere; port 0 picks a free port ([`RunningServer::admin_addr`]).
     pub admin_listen: Option<SocketAddr>,
+    /// Tokens accepted by the admin lock API (see
+    /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
+    /// listener only, and no force-release.
+    pub admin_tokens: AdminTokens,
 }
 
 impl ServeSettings {
@@ -93,6 +102,7 @@ impl ServeSettings {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             state: None,
             admin_listen: None,
+            admin_tokens: AdminTokens::default(),
         }
     }
 }
@@ -207,10 +217,19 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         .map(|file| vec![tokio::spawn(run_persister(Arc::clone(&shared), file))])
         .unwrap_or_default();
     if let Some(admin) = admin {
-        let core = Arc::clone(&shared);
-        let snapshot: admin::Snapshot =
-            Arc::new(move || admin::NodeMetrics::Single(core.lock().core.metrics()));
-        extra.push(tokio::spawn(admin::serve_admin(admin, snapshot)));
+        let loopback = admin
+            .local_addr()
+            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
+        let app = admin::AdminApp {
+            node: Arc::new(admin::DrivenNode {
+                shared: Arc::clone(&shared),
+                metrics: |server: &Server| admin::NodeMetrics::Single(server.metrics()),
+                serves_locks: true,
+            }),
+            loopback,
+            tokens: settings.admin_tokens.clone(),
+        };
+        extra.push(tokio::spawn(admin::serve_admin_api(admin, app)));
     }
     let supervisor = start(
         &shared,
@@ -346,6 +365,30 @@ pub(crate) trait Machine: Send + 'static {
     fn handle_reserve_persisted(&mut self, _now: Instant, _value: u64) {}
     /// The write asked for by [`Machine::poll_reserve`] failed.
     fn handle_reserve_failed(&mut self, _now: Instant) {}
+    /// Inspection of one key (see [`ticketing_core::inspect`]); a core
+    /// without inspection sees nothing.
+    fn inspect_lock(&self, _now: Instant, _key: &Key) -> Option<LockView> {
+        None
+    }
+    /// Inspection by prefix.
+    fn inspect_locks(&self, _now: Instant, _prefix: &[u8], _limit: usize) -> LockListing {
+        LockListing {
+            locks: Vec::new(),
+            truncated: false,
+        }
+    }
+    /// An operator's force-release; its answer comes from
+    /// [`Machine::poll_admin_reply`] under `id`.
+    fn handle_force_release(&mut self, _now: Instant, _id: AdminRequestId, _req: ForceRelease) {}
+    /// The next answer to a force-release.
+    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        None
+    }
+    /// Where to send an operator instead (a cluster node that is not the
+    /// leader); `None`: this core serves inspection and force-release.
+    fn not_leader(&self) -> Option<NotLeader> {
+        None
+    }
 }
 
 impl Machine for Server {
@@ -396,6 +439,18 @@ impl Machine for Server {
     fn handle_reserve_failed(&mut self, now: Instant) {
         Server::handle_reserve_failed(self, now);
     }
+    fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
+        Server::lock(self, now, key)
+    }
+    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
+        Server::locks(self, now, prefix, limit)
+    }
+    fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        Server::handle_force_release(self, now, id, req);
+    }
+    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        Server::poll_admin_reply(self)
+    }
 }
 
 /// Logs what the core reported: abuse at `warn`, close reasons at `debug`.
@@ -409,6 +464,25 @@ pub(crate) fn log_event(event: LogEvent) {
             Some(source) => warn!(%source, count, "{}", kind.describe()),
             None => warn!(source = "other sources", count, "{}", kind.describe()),
         },
+        LogEvent::ForceReleased {
+            keys,
+            revoked,
+            handed_to,
+        } => {
+            let keys: Vec<&str> = keys.iter().map(Key::as_str).collect();
+            match handed_to {
+                Some(token) => warn!(
+                    ?keys,
+                    revoked,
+                    handed_to = token,
+                    "force-released by an operator: the revoked token is fenced"
+                ),
+                None => warn!(
+                    ?keys,
+                    revoked, "force-released by an operator: the revoked token is fenced"
+                ),
+            }
+        }
         LogEvent::Closed {
             conn,
             source,
@@ -490,6 +564,7 @@ impl<M: Machine> Shared<M> {
                 timer_target_micros: u64::MAX,
                 dials: Vec::new(),
                 reserve_request: None,
+                admin: admin::PendingAdmin::default(),
             }),
             clock,
             timer: Notify::new(),
@@ -520,6 +595,8 @@ pub(crate) struct Inner<M> {
     /// A reserve write the core asked for, not yet picked up by the
     /// persister (the core asks for one at a time).
     reserve_request: Option<u64>,
+    /// Force-releases waiting for the core's answer.
+    pub(crate) admin: admin::PendingAdmin,
 }
 
 impl<M: Machine> Inner<M> {
@@ -527,7 +604,7 @@ impl<M: Machine> Inner<M> {
     /// connection but `me` and says whether `me` was woken. Then collects
     /// dials, tells the timer if the input made the next deadline earlier,
     /// and (during shutdown) the supervisor.
-    fn dispatch(&mut self, shared: &Shared<M>, me: Option<ConnId>) -> bool {
+    pub(crate) fn dispatch(&mut self, shared: &Shared<M>, me: Option<ConnId>) -> bool {
         let mut mine = false;
         while let Some(conn) = self.core.poll_wake() {
             if Some(conn) == me {
@@ -549,6 +626,9 @@ impl<M: Machine> Inner<M> {
         if let Some(value) = self.core.poll_reserve(now) {
             self.reserve_request = Some(value);
             shared.persist.notify_one();
+        }
+        while let Some((id, outcome)) = self.core.poll_admin_reply() {
+            self.admin.answer(id, outcome);
         }
         self.core.observe();
         let deadline = self

@@ -289,11 +289,23 @@ mod openmetrics {
 
 /// `GET path` over HTTP/1.1: (status code, content type, body).
 fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// `method path` over HTTP/1.1, with `Authorization: <authorization>` when
+/// given: (status code, content type, body).
+fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+) -> Option<(u16, String, String)> {
     let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = authorization.map_or(String::new(), |value| format!("Authorization: {value}\r\n"));
     write!(
         tcp,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
@@ -352,13 +364,19 @@ struct Single {
 
 impl Single {
     fn start() -> Single {
+        Single::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Single {
         let (client, admin) = (free_port(), free_port());
         let state = scratch_dir("admin-single");
         let child = Command::new(BIN)
             .args(["serve", "--listen", &client.to_string()])
             .args(["--admin-listen", &admin.to_string()])
+            .args(extra)
             .args(["--state-dir", &state.arg(), "--log-level", "warn"])
             .env_remove("TICKETING_CLIENT_TOKENS")
+            .env_remove("TICKETING_ADMIN_TOKENS")
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -658,4 +676,275 @@ fn the_exposition_parser_refuses_invalid_text() {
     for (what, text) in bad {
         assert!(openmetrics::parse(&text).is_err(), "accepted: {what}");
     }
+}
+
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+
+/// A single server whose admin listener accepts [`ADMIN_TOKEN`] (given in
+/// a token file, as operators do), and the file.
+fn single_with_admin_token() -> (Single, Scratch, PathBuf) {
+    let dir = scratch_dir("admin-token");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let file = dir.0.join("admin-tokens");
+    std::fs::write(&file, format!("# rotated monthly\n{ADMIN_TOKEN}\n")).unwrap();
+    let server = Single::start_with(&["--admin-token-file", file.to_str().unwrap()]);
+    (server, dir, file)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// Waits until the admin API shows `waiters` waiters on `key`.
+async fn until_waiters(admin: SocketAddr, key: &str, waiters: u64) -> serde_json::Value {
+    poll("the waiters to queue", || {
+        let (status, _, body) = http_get(admin, &format!("/v1/locks/{key}"))?;
+        let view = (status == 200).then(|| json(&body))?;
+        (view["waiters_total"] == waiters).then_some(view)
+    })
+    .await
+}
+
+/// `ticketing ARGS…` with a clean environment: (exit code, stdout, stderr).
+fn ticketing(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .env_remove("TICKETING_ADMIN")
+        .env_remove("TICKETING_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ticketing");
+    (
+        output.status.code(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn force_release_over_http_needs_the_admin_token_and_fences_the_holder() {
+    let (server, _dir, _file) = single_with_admin_token();
+    let mut holder = raw_connect(server.client).await;
+    let mut waiter = raw_connect(server.client).await;
+    holder.send(&acquire(1, "orders/42", 0, 60)).await;
+    let token = token_of(holder.reply().await);
+    waiter.send(&acquire(2, "orders/42", 30, 30)).await;
+    until_waiters(server.admin, "orders%2F42", 1).await;
+
+    let path = "/v1/locks/orders%2F42/release";
+    let (status, content_type, body) = http_request(server.admin, "POST", path, None).unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(content_type, "application/json");
+    assert_eq!(json(&body)["error"], "unauthorized");
+    let (status, _, body) =
+        http_request(server.admin, "POST", path, Some("Basic YWRtaW46eA==")).unwrap();
+    assert_eq!(status, 401, "a malformed credential: {body}");
+    let wrong = "Bearer not-the-admin-token-0123456789";
+    let (status, _, body) = http_request(server.admin, "POST", path, Some(wrong)).unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(json(&body)["error"], "forbidden");
+    // Refused requests changed nothing.
+    let view = until_waiters(server.admin, "orders%2F42", 1).await;
+    assert_eq!(view["holder"]["token"], token);
+
+    let right = format!("Bearer {ADMIN_TOKEN}");
+    let mismatch = format!("{path}?token={}", token + 1);
+    let (status, _, body) = http_request(server.admin, "POST", &mismatch, Some(&right)).unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(json(&body)["held"], token);
+
+    let with_token = format!("{path}?token={token}");
+    let (status, _, body) = http_request(server.admin, "POST", &with_token, Some(&right)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let answer = json(&body);
+    assert_eq!(answer["revoked"], token);
+    assert_eq!(answer["keys"], serde_json::json!(["orders/42"]));
+    assert_eq!(answer["keys_encoding"], "utf8");
+
+    // The front waiter is granted under a larger token; the old holder's
+    // release is `N`.
+    let new_token = token_of(waiter.reply().await);
+    assert!(new_token > token, "{new_token} must exceed {token}");
+    assert_eq!(answer["handed_to"], new_token);
+    holder.send(&release(3, "orders/42", token)).await;
+    assert_eq!(holder.reply().await, Reply::NotFound { rid: 3 });
+    let (status, _, body) = http_get(server.admin, "/v1/locks/orders%2F42").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(json(&body)["holder"]["token"], new_token);
+
+    // A second force-release of the old token finds it gone.
+    let (status, _, body) = http_request(server.admin, "POST", &with_token, Some(&right)).unwrap();
+    assert_eq!(status, 409, "{body}");
+    waiter.send(&release(4, "orders/42", new_token)).await;
+    assert_eq!(waiter.reply().await, Reply::Released { rid: 4 });
+    let (status, _, body) = http_request(server.admin, "POST", path, Some(&right)).unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(json(&body)["error"], "not_held");
+
+    let m = scrape(server.admin);
+    assert_eq!(m.value("ticketing_force_releases_total", &[]), Some(1.0));
+}
+
+#[tokio::test]
+async fn locks_show_lists_the_holder_and_three_waiters_in_queue_order() {
+    let server = Single::start();
+    let mut holder = raw_connect(server.client).await;
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(raw_connect(server.client).await);
+    }
+    holder.send(&acquire(1, "jobs/7", 0, 60)).await;
+    let token = token_of(holder.reply().await);
+    // Queued in another order than they connected (ids follow connects):
+    // the third connection first, then the first, then the second.
+    for (queued, index) in [2usize, 0, 1].into_iter().enumerate() {
+        waiters[index].send(&acquire(1, "jobs/7", 60, 30)).await;
+        until_waiters(server.admin, "jobs%2F7", queued as u64 + 1).await;
+    }
+    let admin = server.admin.to_string();
+
+    let (code, stdout, stderr) =
+        ticketing(&["locks", "show", "jobs/7", "--admin", &admin, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let view = json(&stdout);
+    assert_eq!(view["key"], "jobs/7");
+    assert_eq!(view["holder"]["token"], token);
+    assert_eq!(view["holder"]["conn"]["source"], "127.0.0.1");
+    assert_eq!(view["holder"]["conn"]["dialect"], "v3");
+    assert!(
+        view["holder"]["granted_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+    assert_eq!(view["waiters_total"], 3);
+    let listed = view["waiters"].as_array().unwrap();
+    let ids: Vec<u64> = listed
+        .iter()
+        .map(|w| w["conn"]["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    // Queue order: the last to connect (largest id), then the first, then
+    // the second.
+    assert!(ids[0] > ids[2] && ids[2] > ids[1], "queue order {ids:?}");
+    let positions: Vec<u64> = listed
+        .iter()
+        .map(|w| w["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(positions, vec![1, 2, 3]);
+    let waited: Vec<u64> = listed
+        .iter()
+        .map(|w| w["waited_ms"].as_u64().unwrap())
+        .collect();
+    assert!(
+        waited[0] >= waited[1] && waited[1] >= waited[2],
+        "{waited:?}"
+    );
+
+    // The table names the same connections, in the same order.
+    let (code, table, stderr) = ticketing(&["locks", "show", "jobs/7", "--admin", &admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(table.contains(&format!("token {token}")), "{table}");
+    let rows: Vec<&str> = table
+        .lines()
+        .skip_while(|line| !line.starts_with('#'))
+        .skip(1)
+        .collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    for (row, (position, id)) in rows.iter().zip([(1, ids[0]), (2, ids[1]), (3, ids[2])]) {
+        assert!(row.starts_with(&position.to_string()), "{row}");
+        assert!(row.contains(&format!("conn {id} 127.0.0.1 v3")), "{row}");
+    }
+
+    let (code, listing, _) = ticketing(&["locks", "ls", "--prefix", "jobs/", "--admin", &admin]);
+    assert_eq!(code, Some(0));
+    assert!(
+        listing.lines().nth(1).unwrap().starts_with("jobs/7"),
+        "{listing}"
+    );
+
+    let (code, _, stderr) = ticketing(&["locks", "show", "jobs/8", "--admin", &admin]);
+    assert_eq!(code, Some(1), "404 exits 1: {stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+}
+
+#[tokio::test]
+async fn locks_release_fences_the_holder_and_needs_the_admin_token() {
+    let (server, _dir, token_file) = single_with_admin_token();
+    let mut holder = raw_connect(server.client).await;
+    let mut waiter = raw_connect(server.client).await;
+    holder.send(&acquire(1, "db", 0, 60)).await;
+    let token = token_of(holder.reply().await);
+    waiter.send(&acquire(2, "db", 30, 30)).await;
+    until_waiters(server.admin, "db", 1).await;
+    let admin = server.admin.to_string();
+    let token_file = token_file.to_str().unwrap();
+
+    let (code, _, stderr) = ticketing(&["locks", "release", "db", "--admin", &admin]);
+    assert_eq!(code, Some(77), "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    let wrong = scratch_dir("admin-wrong-token");
+    std::fs::create_dir_all(&wrong.0).unwrap();
+    let wrong_file = wrong.0.join("token");
+    std::fs::write(&wrong_file, "not-the-admin-token-0123456789\n").unwrap();
+    let wrong_file = wrong_file.to_str().unwrap();
+    let (code, _, stderr) = ticketing(&[
+        "locks",
+        "release",
+        "db",
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        wrong_file,
+    ]);
+    assert_eq!(code, Some(77), "{stderr}");
+    assert!(stderr.contains("403"), "{stderr}");
+    let stale = (token + 1).to_string();
+    let (code, _, stderr) = ticketing(&[
+        "locks",
+        "release",
+        "db",
+        "--token",
+        &stale,
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        token_file,
+    ]);
+    assert_eq!(code, Some(1), "409 exits 1: {stderr}");
+    assert!(stderr.contains("409"), "{stderr}");
+
+    let (code, stdout, stderr) = ticketing(&[
+        "locks",
+        "release",
+        "db",
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        token_file,
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let answer = json(&stdout);
+    assert_eq!(answer["revoked"], token);
+    let new_token = token_of(waiter.reply().await);
+    assert!(new_token > token);
+    assert_eq!(answer["handed_to"], new_token);
+    holder.send(&release(3, "db", token)).await;
+    assert_eq!(holder.reply().await, Reply::NotFound { rid: 3 });
+
+    let (code, _, stderr) = ticketing(&["status", "--admin", &admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stdout, _) = ticketing(&["status", "--admin", &admin, "--json"]);
+    assert_eq!(code, Some(0));
+    let status = json(&stdout);
+    assert_eq!(status[0]["ready"], true);
+    assert_eq!(status[0]["held_keys"], 1);
+    assert_eq!(status[0]["sessions"], 2);
+
+    // Nothing listens on a fresh port: a clear error, exit 69.
+    let nobody = free_port().to_string();
+    let (code, _, stderr) = ticketing(&["locks", "ls", "--admin", &nobody]);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
 }

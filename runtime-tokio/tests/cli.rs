@@ -124,3 +124,64 @@ async fn serves_and_exits_0_on_sigterm() {
     );
     broker.close().await;
 }
+
+#[test]
+fn a_non_loopback_admin_listener_without_an_admin_token_is_refused_unless_insecure() {
+    let admin = common::ports::free_port();
+    let open = format!("0.0.0.0:{}", admin.port());
+    let stderr = serve_expecting_config_error(&["--admin-listen", &open]);
+    assert!(stderr.contains("admin_listen"), "{stderr}");
+    assert!(stderr.contains("--insecure-admin-no-auth"), "{stderr}");
+
+    let stderr = serve_expecting_config_error(&["--admin-token-file", "/nonexistent/tokens"]);
+    assert!(stderr.contains("--admin-token-file"), "{stderr}");
+
+    // With the explicit flag it serves: health, but the lock API only with
+    // a token (of which there is none).
+    let state = common::scratch::scratch_dir("cli-admin-insecure");
+    let client = common::ports::free_port();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &client.to_string()])
+        .args(["--admin-listen", &open, "--insecure-admin-no-auth"])
+        .args(["--state-dir", &state.arg(), "--log-level", "warn"])
+        .env_remove("TICKETING_CLIENT_TOKENS")
+        .env_remove("TICKETING_ADMIN_TOKENS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], admin.port()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let livez = loop {
+        if let Some(answer) = http_status(loopback, "/livez") {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the insecure admin listener never answered"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(livez, 200);
+    assert_eq!(http_status(loopback, "/v1/locks"), Some(401));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The status code of `GET path` on `addr`, if it answers.
+fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}

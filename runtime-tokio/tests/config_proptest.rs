@@ -188,11 +188,13 @@ proptest! {
         text in file_text(),
         argv in argv(),
         client_tokens in proptest::option::of(text()),
+        admin_tokens in proptest::option::of(text()),
         peer_tokens in proptest::option::of(text()),
         rust_log in proptest::option::of(text()),
     ) {
         let env = Env {
             client_tokens,
+            admin_tokens,
             rust_log,
             peer_tokens,
             // Resolving only names the folder; nothing here touches it.

@@ -773,11 +773,13 @@ impl ClusterNode {
             .map(|a| &**a)
     }
 
-    /// Why this node does not answer inspection: it is not the leader, or
-    /// it leads but has not applied its own term's no-op yet (its view may
-    /// miss grants its predecessor committed; it answers like a node with
-    /// no known leader until then).
-    fn not_inspectable(&self) -> Option<NotLeader> {
+    /// Why this node does not answer inspection or order force-releases
+    /// itself (`None`: it does): it is not the leader (the answer names the
+    /// leader's slot and admin address when known, so the admin layer can
+    /// redirect), or it leads but has not applied its own term's no-op yet
+    /// (its view may miss grants its predecessor committed; it answers like
+    /// a node with no known leader until then).
+    pub fn not_leader(&self) -> Option<NotLeader> {
         match &self.leadership {
             Some(leadership) if leadership.caught_up && self.raft.is_leader() => None,
             Some(_) => Some(NotLeader {
@@ -824,7 +826,7 @@ impl ClusterNode {
     /// queue in FIFO order. `Ok(None)` when nobody holds or waits for it;
     /// `Err` on a node that is not a caught-up leader.
     pub fn lock(&self, now: Instant, key: &Key) -> Result<Option<LockView>, NotLeader> {
-        if let Some(not_leader) = self.not_inspectable() {
+        if let Some(not_leader) = self.not_leader() {
             return Err(not_leader);
         }
         Ok(self.lock_view(now, key))
@@ -878,7 +880,7 @@ impl ClusterNode {
         prefix: &[u8],
         limit: usize,
     ) -> Result<LockListing, NotLeader> {
-        if let Some(not_leader) = self.not_inspectable() {
+        if let Some(not_leader) = self.not_leader() {
             return Err(not_leader);
         }
         let limit = limit.min(MAX_LISTING_LIMIT);
@@ -2058,6 +2060,13 @@ impl ClusterNode {
                     }
                 }
 
+                if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys)
+                {
+                    // Every node that applies it says so: the revoked
+                    // holder's later writes are fenced.
+                    self.reports
+                        .force_released(keys.keys().to_vec(), revoked, None);
+                }
                 let pending = match self.pending.remove(&entry.index) {
                     Some(p) if p.term == entry.term => {
                         let latency = now.saturating_duration_since(p.proposed_at);

@@ -1,0 +1,508 @@
+//! Lock inspection and the operator's force-release on the single-mode
+//! server, with injected time (`ticketing_core::inspect`), and the admin
+//! API's access rule (`ticketing_core::admin`).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
+use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
+use ticketing_core::budget::LogEvent;
+use ticketing_core::inspect::{
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockView, MAX_LISTING_LIMIT,
+};
+use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
+use ticketing_core::time::Instant;
+use ticketing_core::wire::{
+    AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+};
+
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+
+fn source(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+}
+
+fn key(name: &str) -> Key {
+    Key::new(name.as_bytes()).unwrap()
+}
+
+fn keys(names: &[&str]) -> KeyGroup {
+    KeyGroup::new(names.iter().map(|name| key(name)).collect()).unwrap()
+}
+
+fn acquire(rid: u64, names: &[&str], wait_s: u8, lease_s: u8) -> Request {
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s,
+        lease_s,
+        keys: keys(names),
+        set: names.len() > 1,
+    })
+}
+
+fn release(rid: u64, names: &[&str], token: u64) -> Request {
+    Request::Release(ReleaseRequest {
+        rid,
+        token,
+        keys: keys(names),
+        set: names.len() > 1,
+    })
+}
+
+struct Harness {
+    server: Server,
+    now: Instant,
+    next_admin_id: u64,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let now = Instant::from_millis(1_000);
+        Harness {
+            server: Server::new(ServerConfig::default(), FIRST_TOKEN, now),
+            now,
+            next_admin_id: 0,
+        }
+    }
+
+    fn advance_ms(&mut self, ms: u64) {
+        self.now = Instant::from_micros(self.now.as_micros() + ms * 1_000);
+        self.server.handle_timeout(self.now);
+    }
+
+    fn take(&mut self, conn: ConnId) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.server.take_transmit(conn, &mut out);
+        self.server.handle_flushed(self.now, conn);
+        out
+    }
+
+    fn connect_from(&mut self, from: IpAddr) -> ConnId {
+        let conn = self.server.handle_connect(self.now, [7; 16], from).unwrap();
+        let hello = self.take(conn);
+        let mut client =
+            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+        client.handle_input(&hello);
+        self.server
+            .handle_input(self.now, conn, &client.proof().unwrap());
+        let result = self.take(conn);
+        assert_eq!(
+            client.handle_input(&result).1,
+            ClientHandshakeStatus::Accepted
+        );
+        conn
+    }
+
+    fn send(&mut self, conn: ConnId, request: Request) {
+        let mut bytes = Vec::new();
+        request.encode(&mut bytes);
+        self.server.handle_input(self.now, conn, &bytes);
+    }
+
+    fn replies(&mut self, conn: ConnId) -> Vec<Reply> {
+        let bytes = self.take(conn);
+        let mut rest = &bytes[..];
+        let mut replies = Vec::new();
+        while !rest.is_empty() {
+            let (reply, used) = Reply::decode(rest).unwrap().unwrap();
+            replies.push(reply);
+            rest = &rest[used..];
+        }
+        replies
+    }
+
+    fn token(&mut self, conn: ConnId) -> u64 {
+        match self.replies(conn).as_slice() {
+            [Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. }] => *token,
+            other => panic!("expected one grant, got {other:?}"),
+        }
+    }
+
+    /// A connection from `from` that holds `names` (lease `lease_s`).
+    fn holder(&mut self, from: IpAddr, names: &[&str], lease_s: u8) -> (ConnId, u64) {
+        let conn = self.connect_from(from);
+        self.send(conn, acquire(1, names, 0, lease_s));
+        let token = self.token(conn);
+        (conn, token)
+    }
+
+    /// A connection from `from` queued on `names` (wait `wait_s`).
+    fn waiter(&mut self, from: IpAddr, names: &[&str], wait_s: u8) -> ConnId {
+        let conn = self.connect_from(from);
+        self.send(conn, acquire(1, names, wait_s, 30));
+        assert_eq!(self.replies(conn), vec![], "queued, no reply yet");
+        conn
+    }
+
+    fn force_release(&mut self, name: &str, token: Option<u64>) -> ForceReleaseOutcome {
+        self.next_admin_id += 1;
+        let id = AdminRequestId(self.next_admin_id);
+        let req = ForceRelease {
+            key: key(name),
+            token,
+        };
+        self.server.handle_force_release(self.now, id, req);
+        let (answered, outcome) = self.server.poll_admin_reply().expect("answered at once");
+        assert_eq!(answered, id);
+        assert_eq!(self.server.poll_admin_reply(), None);
+        outcome
+    }
+
+    fn show(&self, name: &str) -> LockView {
+        self.server.lock(self.now, &key(name)).expect("visible")
+    }
+}
+
+fn v3(conn: ConnId, from: IpAddr) -> Option<ConnView> {
+    Some(ConnView {
+        conn,
+        source: from,
+        dialect: Dialect::V3,
+    })
+}
+
+#[test]
+fn inspection_lists_the_holder_and_waiters_in_fifo_order_with_ages_after_a_clock_jump() {
+    let mut h = Harness::new();
+    let (holder, token) = h.holder(source(1), &["orders/42"], 30);
+    h.advance_ms(1_000);
+    let first = h.waiter(source(2), &["orders/42"], 20);
+    h.advance_ms(2_000);
+    let second = h.waiter(source(3), &["orders/42"], 10);
+    h.advance_ms(500);
+    let third = h.waiter(source(4), &["orders/42"], 60);
+    // Jump the clock without feeding the server anything: ages are
+    // computed at the `now` the inspection is asked for.
+    h.now = Instant::from_micros(h.now.as_micros() + 4_000_000);
+
+    let view = h.show("orders/42");
+    assert_eq!(view.key, key("orders/42"));
+    let held = view.holder.as_ref().unwrap();
+    assert_eq!(held.token, token);
+    assert_eq!(held.keys, vec![key("orders/42")]);
+    assert_eq!(held.held_ms, 7_500);
+    assert_eq!(held.lease_remaining_ms, 22_500);
+    assert_eq!(held.conn, v3(holder, source(1)));
+
+    assert_eq!(view.waiters_total, 3);
+    let order: Vec<_> = view.waiters.iter().map(|w| w.conn.clone()).collect();
+    assert_eq!(
+        order,
+        vec![
+            v3(first, source(2)),
+            v3(second, source(3)),
+            v3(third, source(4))
+        ]
+    );
+    let ages: Vec<(u64, u64)> = view
+        .waiters
+        .iter()
+        .map(|w| (w.waited_ms, w.wait_remaining_ms))
+        .collect();
+    // Each wait ends `wait_s` minus the 100 ms margin after it was queued.
+    assert_eq!(ages, vec![(6_500, 13_400), (4_500, 5_400), (4_000, 55_900)]);
+    assert!(
+        view.waiters
+            .iter()
+            .all(|w| w.keys == vec![key("orders/42")])
+    );
+
+    // A key nobody holds or waits on is not there; nor is one whose lease
+    // ran out (even before the table noticed).
+    assert_eq!(h.server.lock(h.now, &key("orders/43")), None);
+    let (_, _) = h.holder(source(5), &["short"], 1);
+    let later = Instant::from_micros(h.now.as_micros() + 1_000_000);
+    assert_eq!(h.server.lock(later, &key("short")), None);
+}
+
+#[test]
+fn a_set_shows_its_whole_group_on_every_key_and_in_a_listing() {
+    let mut h = Harness::new();
+    let (holder, token) = h.holder(source(1), &["a", "b", "c"], 20);
+    let waiter = h.waiter(source(2), &["b", "d"], 10);
+    for name in ["a", "b", "c"] {
+        let view = h.show(name);
+        let held = view.holder.unwrap();
+        assert_eq!(held.token, token);
+        assert_eq!(held.keys, vec![key("a"), key("b"), key("c")], "on {name}");
+        assert_eq!(held.conn, v3(holder, source(1)));
+    }
+    let b = h.show("b");
+    assert_eq!(b.waiters.len(), 1);
+    assert_eq!(b.waiters[0].keys, vec![key("b"), key("d")]);
+    assert_eq!(b.waiters[0].conn, v3(waiter, source(2)));
+    // "d" is free but waited on by the set waiter, which is blocked on "b".
+    let d = h.show("d");
+    assert_eq!(d.holder, None);
+    assert_eq!(d.waiters[0].keys, vec![key("b"), key("d")]);
+
+    let listing = h.server.locks(h.now, b"", 10);
+    let listed: Vec<&Key> = listing.locks.iter().map(|l| &l.key).collect();
+    assert_eq!(listed, vec![&key("a"), &key("b"), &key("c"), &key("d")]);
+    for view in &listing.locks[..3] {
+        assert_eq!(
+            view.holder.as_ref().unwrap().keys,
+            vec![key("a"), key("b"), key("c")]
+        );
+    }
+}
+
+#[test]
+fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
+    let mut h = Harness::new();
+    let conn = h.connect_from(source(1));
+    // Acquired out of order, so hash order cannot pass for sorted order.
+    for (rid, n) in [7u64, 3, 9, 1, 5, 2, 8, 4, 6, 0].into_iter().enumerate() {
+        h.send(
+            conn,
+            acquire(rid as u64 + 1, &[&format!("jobs/{n}")], 0, 30),
+        );
+    }
+    h.send(conn, acquire(100, &["other/1"], 0, 30));
+    assert_eq!(h.replies(conn).len(), 11);
+
+    let all = h.server.locks(h.now, b"jobs/", 100);
+    let names: Vec<&str> = all.locks.iter().map(|l| l.key.as_str()).collect();
+    let expected: Vec<String> = (0..10).map(|n| format!("jobs/{n}")).collect();
+    assert_eq!(names, expected);
+    assert!(!all.truncated);
+
+    let first_three = h.server.locks(h.now, b"jobs/", 3);
+    let names: Vec<&str> = first_three.locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(names, vec!["jobs/0", "jobs/1", "jobs/2"]);
+    assert!(first_three.truncated);
+
+    let exact = h.server.locks(h.now, b"jobs/", 10);
+    assert_eq!(exact.locks.len(), 10);
+    assert!(!exact.truncated, "exactly the limit matched");
+
+    let everything = h.server.locks(h.now, b"", usize::MAX);
+    assert_eq!(
+        everything.locks.len(),
+        11,
+        "the limit is clamped, not refused"
+    );
+    assert_eq!(everything.locks[10].key, key("other/1"));
+    assert!(h.server.locks(h.now, b"nothing/", 10).locks.is_empty());
+
+    // Past MAX_LISTING_LIMIT matches a listing stops at the limit.
+    for n in 0..=MAX_LISTING_LIMIT {
+        h.send(
+            conn,
+            acquire(1_000 + n as u64, &[&format!("many/{n:05}")], 0, 30),
+        );
+    }
+    assert_eq!(h.replies(conn).len(), MAX_LISTING_LIMIT + 1);
+    let clamped = h.server.locks(h.now, b"many/", usize::MAX);
+    assert_eq!(clamped.locks.len(), MAX_LISTING_LIMIT);
+    assert!(clamped.truncated);
+    assert_eq!(clamped.locks[0].key, key("many/00000"));
+}
+
+#[test]
+fn force_release_of_a_held_key_with_waiters_hands_over_with_a_larger_token_and_fences_the_old_one()
+{
+    let mut h = Harness::new();
+    let (holder, token) = h.holder(source(1), &["orders/42"], 30);
+    let front = h.waiter(source(2), &["orders/42"], 20);
+    let behind = h.waiter(source(3), &["orders/42"], 20);
+    h.advance_ms(250);
+
+    let outcome = h.force_release("orders/42", None);
+    let ForceReleaseOutcome::Released {
+        revoked,
+        keys: released,
+        handed_to,
+    } = outcome
+    else {
+        panic!("expected a release, got {outcome:?}");
+    };
+    assert_eq!(revoked, token);
+    assert_eq!(released, vec![key("orders/42")]);
+    let new_token = h.token(front);
+    assert_eq!(handed_to, Some(new_token));
+    assert!(new_token > token, "{new_token} must exceed {token}");
+    assert_eq!(h.replies(behind), vec![], "the second waiter still waits");
+    let view = h.show("orders/42");
+    assert_eq!(view.holder.unwrap().conn, v3(front, source(2)));
+    assert_eq!(view.waiters_total, 1);
+
+    // The old holder's release is `N`, and changes nothing.
+    h.send(holder, release(2, &["orders/42"], token));
+    assert_eq!(h.replies(holder), vec![Reply::NotFound { rid: 2 }]);
+    assert_eq!(h.show("orders/42").holder.unwrap().token, new_token);
+
+    // The new holder releases normally; the next waiter gets a larger token.
+    h.send(front, release(2, &["orders/42"], new_token));
+    assert_eq!(h.replies(front), vec![Reply::Released { rid: 2 }]);
+    assert!(h.token(behind) > new_token);
+}
+
+#[test]
+fn force_release_with_the_right_token_releases_and_with_another_is_a_mismatch() {
+    let mut h = Harness::new();
+    let (_, token) = h.holder(source(1), &["k"], 30);
+    assert_eq!(
+        h.force_release("k", Some(token + 1)),
+        ForceReleaseOutcome::TokenMismatch { held: token }
+    );
+    assert_eq!(h.show("k").holder.unwrap().token, token, "nothing changed");
+    assert_eq!(h.server.metrics().lock.force_releases, 0);
+    assert_eq!(
+        h.force_release("k", Some(token)),
+        ForceReleaseOutcome::Released {
+            revoked: token,
+            keys: vec![key("k")],
+            handed_to: None,
+        }
+    );
+    assert_eq!(h.server.lock(h.now, &key("k")), None, "the key is free");
+    assert_eq!(h.force_release("k", None), ForceReleaseOutcome::NotHeld);
+    assert_eq!(
+        h.force_release("never", Some(1)),
+        ForceReleaseOutcome::NotHeld
+    );
+}
+
+#[test]
+fn force_release_of_a_set_releases_it_whole() {
+    let mut h = Harness::new();
+    let (holder, token) = h.holder(source(1), &["x", "y"], 30);
+    let waiter = h.waiter(source(2), &["y"], 10);
+    let outcome = h.force_release("x", None);
+    let new_token = h.token(waiter);
+    assert_eq!(
+        outcome,
+        ForceReleaseOutcome::Released {
+            revoked: token,
+            keys: vec![key("x"), key("y")],
+            handed_to: None,
+        },
+        "x itself went free; y went to its waiter"
+    );
+    assert!(new_token > token);
+    assert_eq!(h.server.lock(h.now, &key("x")), None);
+    assert_eq!(h.show("y").holder.unwrap().token, new_token);
+    h.send(holder, release(2, &["x", "y"], token));
+    assert_eq!(h.replies(holder), vec![Reply::NotFound { rid: 2 }]);
+}
+
+#[test]
+fn force_release_is_counted_and_reported_as_a_log_event() {
+    let mut h = Harness::new();
+    let (_, token) = h.holder(source(1), &["k"], 30);
+    let waiter = h.waiter(source(2), &["k"], 10);
+    while h.server.poll_log().is_some() {}
+    let before = h.server.metrics().lock;
+    h.force_release("k", None);
+    let new_token = h.token(waiter);
+    let after = h.server.metrics().lock;
+    assert_eq!(after.force_releases, before.force_releases + 1);
+    assert_eq!(after.releases, before.releases + 1, "it is a release");
+    assert_eq!(after.handovers_on_release, before.handovers_on_release + 1);
+    let logs: Vec<LogEvent> = std::iter::from_fn(|| h.server.poll_log()).collect();
+    assert_eq!(
+        logs,
+        vec![LogEvent::ForceReleased {
+            keys: vec![key("k")],
+            revoked: token,
+            handed_to: Some(new_token),
+        }]
+    );
+    // Refusals are neither counted nor logged.
+    h.force_release("k", Some(token));
+    h.force_release("free", None);
+    assert_eq!(h.server.metrics().lock.force_releases, after.force_releases);
+    assert_eq!(h.server.poll_log(), None);
+}
+
+#[test]
+fn the_access_rule_table() {
+    use AdminAccess::{Allow, Forbidden, Unauthorized};
+    let right = "admin-token-0123456789";
+    let tokens = AdminTokens::new(["other-admin-token-xyz", right]).unwrap();
+    let right_header = format!("Bearer {right}");
+    let cases: [(&str, Option<&[u8]>); 6] = [
+        ("none", None),
+        ("malformed: no scheme", Some(right.as_bytes())),
+        ("malformed: basic", Some(b"Basic YWRtaW46eA==")),
+        ("malformed: empty bearer", Some(b"Bearer ")),
+        ("wrong", Some(b"Bearer not-the-admin-token-at-all")),
+        ("right", Some(right_header.as_bytes())),
+    ];
+    // (loopback, endpoint) → the expected verdict of each case above.
+    let table = [
+        (true, AdminEndpoint::Read, [Allow; 6]),
+        (
+            false,
+            AdminEndpoint::Read,
+            [
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Forbidden,
+                Allow,
+            ],
+        ),
+        (
+            true,
+            AdminEndpoint::Write,
+            [
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Forbidden,
+                Allow,
+            ],
+        ),
+        (
+            false,
+            AdminEndpoint::Write,
+            [
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Forbidden,
+                Allow,
+            ],
+        ),
+        (true, AdminEndpoint::Health, [Allow; 6]),
+        (false, AdminEndpoint::Health, [Allow; 6]),
+    ];
+    for (loopback, endpoint, expected) in table {
+        for ((name, header), want) in cases.iter().zip(expected) {
+            assert_eq!(
+                admin_access(loopback, &tokens, *header, endpoint),
+                want,
+                "loopback={loopback} {endpoint:?} token {name}"
+            );
+        }
+    }
+    // The scheme is case-insensitive; without configured tokens no token
+    // is right.
+    let lower = format!("bearer {right}");
+    assert_eq!(
+        admin_access(false, &tokens, Some(lower.as_bytes()), AdminEndpoint::Write),
+        Allow
+    );
+    let none = AdminTokens::default();
+    assert_eq!(
+        admin_access(
+            true,
+            &none,
+            Some(right_header.as_bytes()),
+            AdminEndpoint::Write
+        ),
+        Forbidden
+    );
+}
+
+#[test]
+fn admin_tokens_shorter_than_sixteen_bytes_are_refused_by_position() {
+    let err = AdminTokens::new(["long-enough-admin-token", "short"]).unwrap_err();
+    assert_eq!((err.index, err.len), (1, 5));
+    assert!(AdminTokens::new(["exactly-16-bytes"]).is_ok());
+}

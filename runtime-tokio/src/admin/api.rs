@@ -1,0 +1,602 @@
+//! The lock API of the admin listener: `GET /v1/locks?prefix=P&limit=N`,
+//! `GET /v1/locks/{key}`, `POST /v1/locks/{key}/release[?token=T]`.
+//!
+//! Thin by design: each handler asks the core's access rule
+//! ([`ticketing_core::admin::admin_access`]) whether to serve, makes one
+//! call into the core through [`AdminNode`] (under the core's mutex, never
+//! across an await), and renders the answer as JSON. A force-release gets
+//! an [`AdminRequestId`] and waits on a oneshot that the drive loop
+//! completes when the core answers ([`PendingAdmin`]); at most
+//! [`MAX_PENDING_ADMIN_REQUESTS`] wait at once.
+//!
+//! Keys are bytes on the wire of this API: the path and the `prefix` are
+//! percent-decoded (a `/` inside a key may be sent as is or as `%2F`). In
+//! answers a key is a JSON string when it is UTF-8 (`"key_encoding":
+//! "utf8"`) and lowercase hex otherwise (`"hex"`). See `docs/admin-api.md`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use percent_encoding::percent_decode_str;
+use serde_json::{Value, json};
+use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
+use ticketing_core::inspect::{
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
+    MAX_LISTING_LIMIT, NotLeader,
+};
+use ticketing_core::server::Dialect;
+use ticketing_core::wire::Key;
+use tokio::sync::oneshot;
+
+use super::NodeMetrics;
+use crate::serve::{Machine, Shared};
+
+/// Most force-releases waiting for the core's answer at once; one more is
+/// answered 503.
+pub const MAX_PENDING_ADMIN_REQUESTS: usize = 64;
+/// A listing's size when the request names no `limit`.
+pub const DEFAULT_LISTING_LIMIT: usize = 100;
+/// How long a force-release waits for the core's answer (a cluster node
+/// answers once its command is applied) before the request gets 504.
+pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the admin handlers need from a node.
+pub trait AdminNode: Send + Sync + 'static {
+    /// A snapshot of what the core counted.
+    fn metrics(&self) -> NodeMetrics;
+    /// Whether the node serves the `/v1/locks` API at all.
+    fn serves_locks(&self) -> bool;
+    /// One key as the core sees it now.
+    fn lock(&self, key: &Key) -> Option<LockView>;
+    /// Keys by prefix as the core sees them now.
+    fn locks(&self, prefix: &[u8], limit: usize) -> LockListing;
+    /// Orders a force-release; the receiver gets the core's answer. `None`
+    /// when [`MAX_PENDING_ADMIN_REQUESTS`] are already waiting.
+    fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>>;
+    /// Where the core sends an operator instead (a cluster node that is
+    /// not the leader); `None`: this node serves the lock API itself.
+    fn not_leader(&self) -> Option<NotLeader> {
+        None
+    }
+}
+
+/// Force-releases waiting for the core's answer, by the id the core was
+/// given (kept in the driver's shared state, completed by the drive loop).
+#[derive(Debug, Default)]
+pub(crate) struct PendingAdmin {
+    next_id: u64,
+    waiting: HashMap<AdminRequestId, oneshot::Sender<ForceReleaseOutcome>>,
+}
+
+impl PendingAdmin {
+    /// A fresh id and the receiver of its answer; `None` when full.
+    fn register(&mut self) -> Option<(AdminRequestId, oneshot::Receiver<ForceReleaseOutcome>)> {
+        if self.waiting.len() >= MAX_PENDING_ADMIN_REQUESTS {
+            // Callers that gave up (timed out, disconnected) free their slot.
+            self.waiting.retain(|_, sender| !sender.is_closed());
+            if self.waiting.len() >= MAX_PENDING_ADMIN_REQUESTS {
+                return None;
+            }
+        }
+        self.next_id += 1;
+        let id = AdminRequestId(self.next_id);
+        let (sender, receiver) = oneshot::channel();
+        self.waiting.insert(id, sender);
+        Some((id, receiver))
+    }
+
+    /// The core answered `id`.
+    pub(crate) fn answer(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
+        if let Some(sender) = self.waiting.remove(&id) {
+            // A caller that gave up no longer listens; nothing to do.
+            let _ = sender.send(outcome);
+        }
+    }
+}
+
+/// A driven core ([`crate::serve`]'s shared state) as an [`AdminNode`].
+pub(crate) struct DrivenNode<M> {
+    pub(crate) shared: Arc<Shared<M>>,
+    pub(crate) metrics: fn(&M) -> NodeMetrics,
+    pub(crate) serves_locks: bool,
+}
+
+impl<M: Machine> AdminNode for DrivenNode<M> {
+    fn metrics(&self) -> NodeMetrics {
+        (self.metrics)(&self.shared.lock().core)
+    }
+    fn serves_locks(&self) -> bool {
+        self.serves_locks
+    }
+    fn lock(&self, key: &Key) -> Option<LockView> {
+        let inner = self.shared.lock();
+        inner.core.inspect_lock(self.shared.clock.now(), key)
+    }
+    fn locks(&self, prefix: &[u8], limit: usize) -> LockListing {
+        let inner = self.shared.lock();
+        inner
+            .core
+            .inspect_locks(self.shared.clock.now(), prefix, limit)
+    }
+    fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>> {
+        let mut inner = self.shared.lock();
+        let (id, receiver) = inner.admin.register()?;
+        let now = self.shared.clock.now();
+        inner.core.handle_force_release(now, id, req);
+        // Forwards the answer (single mode: at once) and wakes the
+        // connection of a waiter the key was handed to.
+        inner.dispatch(&self.shared, None);
+        Some(receiver)
+    }
+    fn not_leader(&self) -> Option<NotLeader> {
+        self.shared.lock().core.not_leader()
+    }
+}
+
+/// Everything a handler needs.
+pub(crate) struct AdminApp {
+    pub(crate) node: Arc<dyn AdminNode>,
+    /// The listener is bound to a loopback address.
+    pub(crate) loopback: bool,
+    pub(crate) tokens: AdminTokens,
+}
+
+pub(crate) type AppState = Arc<AdminApp>;
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = json!({ "error": code, "message": message });
+    let mut response = (status, json_text(&body)).into_response();
+    set_json(&mut response);
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
+}
+
+fn json_text(value: &Value) -> String {
+    let mut text = value.to_string();
+    text.push('\n');
+    text
+}
+
+fn set_json(response: &mut Response) {
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+}
+
+fn ok_json(status: StatusCode, value: &Value) -> Response {
+    let mut response = (status, json_text(value)).into_response();
+    set_json(&mut response);
+    response
+}
+
+/// The access rule's answer as a response, or `None` to serve.
+fn refuse(app: &AdminApp, headers: &HeaderMap, endpoint: AdminEndpoint) -> Option<Response> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(header::HeaderValue::as_bytes);
+    match admin_access(app.loopback, &app.tokens, authorization, endpoint) {
+        AdminAccess::Allow => None,
+        AdminAccess::Unauthorized => Some(error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "an admin token is needed: Authorization: Bearer <token>",
+        )),
+        AdminAccess::Forbidden => Some(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the token is not an admin token",
+        )),
+    }
+}
+
+/// The query parameter `name`, percent-decoded to bytes (`+` is a space).
+fn query_param(uri: &Uri, name: &str) -> Option<Vec<u8>> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| percent_decode_str(&value.replace('+', " ")).collect())
+    })
+}
+
+/// A request that cannot be served as written (400), as a small value.
+struct BadRequest {
+    code: &'static str,
+    message: String,
+}
+
+impl BadRequest {
+    fn into_response(self) -> Response {
+        error(StatusCode::BAD_REQUEST, self.code, &self.message)
+    }
+}
+
+fn parse_number(uri: &Uri, name: &str) -> Result<Option<u64>, BadRequest> {
+    match query_param(uri, name) {
+        None => Ok(None),
+        Some(bytes) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| BadRequest {
+                code: "bad_request",
+                message: format!("{name} must be a non-negative integer"),
+            }),
+    }
+}
+
+fn parse_key(raw: &str) -> Result<Key, BadRequest> {
+    let bytes: Vec<u8> = percent_decode_str(raw).collect();
+    Key::new(&bytes).map_err(|_| BadRequest {
+        code: "bad_key",
+        message: "a key is 1..=128 bytes of UTF-8 without space, CR or LF".to_owned(),
+    })
+}
+
+/// The part of the path after `/v1/locks/`, still percent-encoded.
+fn key_path(uri: &Uri) -> &str {
+    uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
+}
+
+pub(crate) async fn list(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if !app.node.serves_locks() {
+        return not_served();
+    }
+    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
+        return refused;
+    }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
+    let prefix = query_param(&uri, "prefix").unwrap_or_default();
+    let limit = match parse_number(&uri, "limit") {
+        Ok(limit) => limit.map_or(DEFAULT_LISTING_LIMIT, |n| {
+            usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(MAX_LISTING_LIMIT)
+        }),
+        Err(bad) => return bad.into_response(),
+    };
+    let listing = app.node.locks(&prefix, limit);
+    let now = SystemTime::now();
+    let locks: Vec<Value> = listing
+        .locks
+        .iter()
+        .map(|view| lock_json(view, now))
+        .collect();
+    ok_json(
+        StatusCode::OK,
+        &json!({ "locks": locks, "truncated": listing.truncated }),
+    )
+}
+
+pub(crate) async fn show(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if !app.node.serves_locks() {
+        return not_served();
+    }
+    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
+        return refused;
+    }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
+    let key = match parse_key(key_path(&uri)) {
+        Ok(key) => key,
+        Err(bad) => return bad.into_response(),
+    };
+    match app.node.lock(&key) {
+        Some(view) => ok_json(StatusCode::OK, &lock_json(&view, SystemTime::now())),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the key is neither held nor waited on",
+        ),
+    }
+}
+
+pub(crate) async fn release(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if !app.node.serves_locks() {
+        return not_served();
+    }
+    let Some(raw_key) = key_path(&uri).strip_suffix("/release") else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_route",
+            "POST /v1/locks/{key}/release is the only write",
+        );
+    };
+    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Write) {
+        return refused;
+    }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
+    let key = match parse_key(raw_key) {
+        Ok(key) => key,
+        Err(bad) => return bad.into_response(),
+    };
+    let token = match parse_number(&uri, "token") {
+        Ok(token) => token,
+        Err(bad) => return bad.into_response(),
+    };
+    let Some(answer) = app.node.force_release(ForceRelease { key, token }) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "too many force-releases in flight; retry",
+        );
+    };
+    let outcome = match tokio::time::timeout(ADMIN_REPLY_TIMEOUT, answer).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) | Err(_) => {
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "indeterminate",
+                "no answer from the core in time; inspect the key",
+            );
+        }
+    };
+    if let ForceReleaseOutcome::NotLeader { leader_slot } = outcome {
+        // Leadership moved between the check and the order: send the
+        // operator on with what the core knows now.
+        let not_leader = app.node.not_leader().unwrap_or(NotLeader {
+            leader_slot,
+            leader_admin: None,
+        });
+        return to_the_leader(&not_leader, &uri);
+    }
+    outcome_response(&outcome)
+}
+
+/// A cluster node that is not the leader: `307 Temporary Redirect` to the
+/// same path and query on the leader's admin address (a POST stays a
+/// POST), with the same facts as JSON; `503` when no leader, or no admin
+/// address for it, is known.
+fn to_the_leader(not_leader: &NotLeader, uri: &Uri) -> Response {
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
+    match (&not_leader.leader_admin, not_leader.leader_slot) {
+        (Some(admin), slot) => {
+            let location = format!("http://{admin}{path}");
+            let body = json!({
+                "error": "not_leader",
+                "message": "this node is not the leader; ask the leader's admin address",
+                "leader_slot": slot,
+                "leader_admin": admin.as_ref(),
+                "location": location,
+            });
+            let mut response = ok_json(StatusCode::TEMPORARY_REDIRECT, &body);
+            if let Ok(value) = header::HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            response
+        }
+        (None, Some(slot)) => ok_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "not_leader",
+                "message": "this node is not the leader, and no admin address is configured \
+                            for the leader's slot (slots[].admin)",
+                "leader_slot": slot,
+            }),
+        ),
+        (None, None) => ok_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "no_leader",
+                "message": "no leader is known (an election, or this node is cut off); retry",
+                "leader_slot": Value::Null,
+            }),
+        ),
+    }
+}
+
+fn outcome_response(outcome: &ForceReleaseOutcome) -> Response {
+    match outcome {
+        ForceReleaseOutcome::Released {
+            revoked,
+            keys,
+            handed_to,
+        } => {
+            let (keys, encoding) = keys_json(keys);
+            ok_json(
+                StatusCode::OK,
+                &json!({
+                    "revoked": revoked,
+                    "keys": keys,
+                    "keys_encoding": encoding,
+                    "handed_to": handed_to,
+                }),
+            )
+        }
+        ForceReleaseOutcome::NotHeld => {
+            error(StatusCode::NOT_FOUND, "not_held", "nobody holds the key")
+        }
+        ForceReleaseOutcome::TokenMismatch { held } => {
+            let body = json!({
+                "error": "token_mismatch",
+                "message": "the key is held by another token",
+                "held": held,
+            });
+            ok_json(StatusCode::CONFLICT, &body)
+        }
+        ForceReleaseOutcome::NotLeader { leader_slot } => {
+            let body = json!({
+                "error": "not_leader",
+                "message": "this node is not the leader; ask the leader",
+                "leader_slot": leader_slot,
+            });
+            ok_json(StatusCode::SERVICE_UNAVAILABLE, &body)
+        }
+        ForceReleaseOutcome::Busy => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "the node cannot take more work now (nothing was done); retry",
+        ),
+        ForceReleaseOutcome::Indeterminate => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "indeterminate",
+            "the outcome is unknown (leadership changed); inspect the key",
+        ),
+    }
+}
+
+fn not_served() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_served",
+        "this node does not serve the lock API",
+    )
+}
+
+/// A key as JSON: the string if it is UTF-8, lowercase hex otherwise.
+fn key_text(bytes: &[u8]) -> (String, bool) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_owned(), true),
+        Err(_) => (bytes.iter().map(|b| format!("{b:02x}")).collect(), false),
+    }
+}
+
+fn encoding(utf8: bool) -> &'static str {
+    if utf8 { "utf8" } else { "hex" }
+}
+
+fn keys_json(keys: &[Key]) -> (Vec<String>, &'static str) {
+    let rendered: Vec<(String, bool)> = keys.iter().map(|k| key_text(k.as_bytes())).collect();
+    if rendered.iter().all(|(_, utf8)| *utf8) {
+        (rendered.into_iter().map(|(text, _)| text).collect(), "utf8")
+    } else {
+        // One encoding for the whole list, so a reader never guesses.
+        let hex = keys
+            .iter()
+            .map(|k| k.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
+            .collect();
+        (hex, "hex")
+    }
+}
+
+fn conn_json(conn: Option<&ConnView>) -> Value {
+    match conn {
+        None => Value::Null,
+        Some(conn) => json!({
+            "id": conn.conn.0,
+            "source": conn.source.to_string(),
+            "dialect": match conn.dialect {
+                Dialect::V3 => "v3",
+                Dialect::Line => "line",
+            },
+        }),
+    }
+}
+
+fn lock_json(view: &LockView, now: SystemTime) -> Value {
+    let (key, utf8) = key_text(view.key.as_bytes());
+    let holder = view.holder.as_ref().map(|holder| {
+        let (keys, keys_encoding) = keys_json(&holder.keys);
+        let granted_at = now
+            .checked_sub(Duration::from_millis(holder.held_ms))
+            .unwrap_or(UNIX_EPOCH);
+        json!({
+            "token": holder.token,
+            "keys": keys,
+            "keys_encoding": keys_encoding,
+            "held_ms": holder.held_ms,
+            "lease_remaining_ms": holder.lease_remaining_ms,
+            "granted_at": rfc3339(granted_at),
+            "conn": conn_json(holder.conn.as_ref()),
+        })
+    });
+    let waiters: Vec<Value> = view
+        .waiters
+        .iter()
+        .enumerate()
+        .map(|(index, waiter)| {
+            let (keys, keys_encoding) = keys_json(&waiter.keys);
+            json!({
+                "position": index + 1,
+                "keys": keys,
+                "keys_encoding": keys_encoding,
+                "waited_ms": waiter.waited_ms,
+                "wait_remaining_ms": waiter.wait_remaining_ms,
+                "conn": conn_json(waiter.conn.as_ref()),
+            })
+        })
+        .collect();
+    json!({
+        "key": key,
+        "key_encoding": encoding(utf8),
+        "holder": holder,
+        "waiters": waiters,
+        "waiters_total": view.waiters_total,
+    })
+}
+
+/// `at` as RFC 3339 in UTC with milliseconds (`2026-12-01T15:04:05.123Z`).
+pub fn rfc3339(at: SystemTime) -> String {
+    let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a (year, month, day) of the proleptic
+/// Gregorian calendar (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_renders_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let leap_day = UNIX_EPOCH + Duration::from_millis(951_782_400_123);
+        assert_eq!(rfc3339(leap_day), "2000-02-29T00:00:00.123Z");
+        let later = UNIX_EPOCH + Duration::from_secs(1_796_137_445);
+        assert_eq!(rfc3339(later), "2026-12-01T15:04:05.000Z");
+    }
+
+    #[test]
+    fn keys_render_as_text_or_hex() {
+        assert_eq!(key_text(b"orders/42"), ("orders/42".to_owned(), true));
+        assert_eq!(key_text(&[0xff, 0x00]), ("ff00".to_owned(), false));
+    }
+}
