@@ -1087,6 +1087,11 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
     let next = waiter.await.unwrap().expect("the waiter is granted");
     assert!(next.token() > token, "{} must exceed {token}", next.token());
     assert_eq!(
+        answer["handed_to"],
+        next.token(),
+        "answered after the hand-over"
+    );
+    assert_eq!(
         ticket.release().await.unwrap(),
         ReleaseOutcome::AlreadyGoneOrNotCurrent,
         "the old holder is fenced"

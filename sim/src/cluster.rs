@@ -1187,7 +1187,15 @@ impl<'t> ClusterWorld<'t> {
             };
             self.rec.report.force_outcomes[bucket] += 1;
             match outcome {
-                ForceReleaseOutcome::Released { revoked, .. } => {
+                ForceReleaseOutcome::Released {
+                    revoked, handed_to, ..
+                } => {
+                    if handed_to.is_some_and(|next| next <= revoked) {
+                        self.violation(
+                            Checker::Tokens,
+                            format!("force-release of {revoked} handed over to {handed_to:?}"),
+                        );
+                    }
                     if revoked != token {
                         self.violation(
                             Checker::Replies,

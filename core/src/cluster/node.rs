@@ -299,8 +299,8 @@ enum PendingKind {
     ForceRelease {
         /// The driver's name for the request.
         id: AdminRequestId,
-        /// Every key of the grant holding the named key when proposed
-        /// (what the answer reports if that grant is the one revoked).
+        /// Every key of the grant holding the named key when proposed;
+        /// replaced at apply by the keys of the grant actually revoked.
         keys: Vec<Key>,
     },
 }
@@ -483,8 +483,24 @@ pub struct ClusterNode {
     replies: ReplyCounts,
     /// Answers to force-releases, for the driver (bounded).
     admin_replies: VecDeque<(AdminRequestId, ForceReleaseOutcome)>,
+    /// Force-releases applied in this pump whose keys may go to a waiter:
+    /// answered once it is known whether a hand-over Grant was proposed
+    /// (at the latest when the pump ends).
+    handover_wanted: Vec<Handover>,
+    /// Force-releases answered when the hand-over Grant at this index
+    /// applies (one per pending Grant at most).
+    handovers: BTreeMap<u64, Handover>,
     /// What this node counted beyond Raft and the applied state.
     counts: NodeCounts,
+}
+
+/// A force-release that revoked `revoked` on `keys`, waiting to name the
+/// token its hand-over got.
+#[derive(Debug)]
+struct Handover {
+    id: AdminRequestId,
+    revoked: u64,
+    keys: Vec<Key>,
 }
 
 /// Most answers to force-releases queued for the driver; it drains them
@@ -699,6 +715,8 @@ impl ClusterNode {
             reserve: TokenReserve::unlimited(),
             replies: ReplyCounts::default(),
             admin_replies: VecDeque::new(),
+            handover_wanted: Vec::new(),
+            handovers: BTreeMap::new(),
             counts: NodeCounts::default(),
         }
     }
@@ -1876,8 +1894,9 @@ impl ClusterNode {
         }
     }
 
-    /// Proposes a Grant for `waiter` (keys free and unreserved).
-    fn propose_grant(&mut self, now: Instant, waiter: Waiter) {
+    /// Proposes a Grant for `waiter` (keys free and unreserved); the
+    /// entry's index if it was proposed.
+    fn propose_grant(&mut self, now: Instant, waiter: Waiter) -> Option<u64> {
         let command = Command::Grant {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
@@ -1897,6 +1916,7 @@ impl ClusterNode {
                         kind: PendingKind::Grant(waiter),
                     },
                 );
+                return Some(index);
             }
             Err(ProposeError::Backpressure) => {
                 self.counts.busy_backpressure += 1;
@@ -1907,6 +1927,21 @@ impl ClusterNode {
             }
             Err(_) => self.answer(waiter.conn, &waiter.reply_to, leader_reply(None)),
         }
+        None
+    }
+
+    /// A force-release's answer without a hand-over token: nobody took
+    /// its keys in this pump, or the hand-over's outcome will not be seen.
+    fn answer_handover(&mut self, handover: Handover, handed_to: Option<u64>) {
+        let Handover { id, revoked, keys } = handover;
+        self.admin_reply(
+            id,
+            ForceReleaseOutcome::Released {
+                revoked,
+                keys,
+                handed_to,
+            },
+        );
     }
 
     /// Proposes a command nobody waits for (expiry, ghost release).
@@ -1975,6 +2010,11 @@ impl ClusterNode {
             if !progressed {
                 break;
             }
+        }
+        // Force-releases whose keys nobody took now: answered without a
+        // hand-over.
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
         }
         self.route_messages(now);
     }
@@ -2067,7 +2107,7 @@ impl ClusterNode {
                     self.reports
                         .force_released(keys.keys().to_vec(), revoked, None);
                 }
-                let pending = match self.pending.remove(&entry.index) {
+                let mut pending = match self.pending.remove(&entry.index) {
                     Some(p) if p.term == entry.term => {
                         let latency = now.saturating_duration_since(p.proposed_at);
                         self.counts
@@ -2077,12 +2117,24 @@ impl ClusterNode {
                     }
                     Some(p) => {
                         // Overwritten: that proposal never takes effect.
-                        self.answer_unapplied(p);
+                        self.answer_unapplied(entry.index, p);
                         None
                     }
                     None => None,
                 };
-                self.after_apply(now, pending, result);
+                if let (
+                    Some(Pending {
+                        kind: PendingKind::ForceRelease { keys, .. },
+                        ..
+                    }),
+                    Some(forced),
+                ) = (pending.as_mut(), &forced_keys)
+                {
+                    // The grant revoked at apply, whatever held when it
+                    // was proposed.
+                    *keys = forced.keys().to_vec();
+                }
+                self.after_apply(now, entry.index, pending, result);
                 if let Some(leadership) = self.leadership.as_mut()
                     && !leadership.caught_up
                     && self.applied_index >= leadership.first_index
@@ -2094,7 +2146,11 @@ impl ClusterNode {
     }
 
     /// A proposal whose entry was replaced by another leader's: no effect.
-    fn answer_unapplied(&mut self, pending: Pending) {
+    fn answer_unapplied(&mut self, index: u64, pending: Pending) {
+        if let Some(handover) = self.handovers.remove(&index) {
+            // The force-release itself was applied; its hand-over was not.
+            self.answer_handover(handover, None);
+        }
         let leader = self.raft.leader();
         match pending.kind {
             PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, leader_reply(leader)),
@@ -2110,7 +2166,13 @@ impl ClusterNode {
         }
     }
 
-    fn after_apply(&mut self, now: Instant, pending: Option<Pending>, result: ApplyResult) {
+    fn after_apply(
+        &mut self,
+        now: Instant,
+        index: u64,
+        pending: Option<Pending>,
+        result: ApplyResult,
+    ) {
         // Whatever was applied, held keys may have been freed.
         let Some(pending) = pending else {
             return;
@@ -2124,6 +2186,13 @@ impl ClusterNode {
                     }
                 }
                 self.deliver_grant(now, waiter, result);
+                if let Some(handover) = self.handovers.remove(&index) {
+                    let token = match result {
+                        ApplyResult::Granted { token } => Some(token),
+                        _ => None,
+                    };
+                    self.answer_handover(handover, token);
+                }
             }
             PendingKind::Release { conn, reply_to } => {
                 self.count_release_miss(now, conn, &result);
@@ -2137,14 +2206,18 @@ impl ClusterNode {
             }
             PendingKind::ForceRelease { id, keys } => {
                 let outcome = match result {
-                    ApplyResult::ForceReleased { revoked } => ForceReleaseOutcome::Released {
-                        revoked,
-                        keys,
+                    ApplyResult::ForceReleased { revoked } => {
                         // The hand-over is a Grant proposed after this
-                        // apply; its token is known only once it applies
-                        // (the waiter's reply, or an inspection, shows it).
-                        handed_to: None,
-                    },
+                        // apply: the answer waits to name its token (or
+                        // goes out when the pump ends without one).
+                        let handover = Handover { id, revoked, keys };
+                        if self.leadership.is_some() {
+                            self.handover_wanted.push(handover);
+                        } else {
+                            self.answer_handover(handover, None);
+                        }
+                        return;
+                    }
                     ApplyResult::ForceTokenMismatch { held } => {
                         ForceReleaseOutcome::TokenMismatch { held }
                     }
@@ -2305,6 +2378,14 @@ impl ClusterNode {
     /// Leadership lost: proposed requests get `I` (they may still commit),
     /// queued and held ones `M`/`E 4` (they had no effect).
     fn step_down(&mut self) {
+        // Applied force-releases whose hand-over will not be seen.
+        let handovers = std::mem::take(&mut self.handovers);
+        for handover in handovers.into_values() {
+            self.answer_handover(handover, None);
+        }
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
+        }
         let leader = self.raft.leader();
         let pending = std::mem::take(&mut self.pending);
         for (_, p) in pending {
@@ -2445,7 +2526,17 @@ impl ClusterNode {
             }
             if let Some(waiter) = self.remove_waiter(seq) {
                 progressed = true;
-                self.propose_grant(now, waiter);
+                let keys = (!self.handover_wanted.is_empty()).then(|| waiter.keys.clone());
+                let index = self.propose_grant(now, waiter);
+                if let (Some(index), Some(keys)) = (index, keys) {
+                    // A hand-over of a force-released grant's keys: its
+                    // answer names this Grant's token once applied.
+                    let freed = |h: &Handover| keys.keys().iter().any(|k| h.keys.contains(k));
+                    if let Some(pos) = self.handover_wanted.iter().position(freed) {
+                        let handover = self.handover_wanted.swap_remove(pos);
+                        self.handovers.insert(index, handover);
+                    }
+                }
             }
         }
     }
