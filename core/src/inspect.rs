@@ -22,6 +22,11 @@ pub const MAX_LISTING_LIMIT: usize = 1_000;
 /// ([`LockView::waiters_total`]).
 pub const MAX_LISTED_WAITERS: usize = 1_000;
 
+/// Most waiters each lock of a [`LockListing`] lists (the front of its
+/// queue; the rest are counted), so a listing stays small however long
+/// the queues are: ask for one key to see more.
+pub const MAX_WAITERS_PER_LISTED_LOCK: usize = 10;
+
 /// The client connection a grant or a wait belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnView {

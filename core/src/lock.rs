@@ -1025,6 +1025,9 @@ pub mod planted {
         /// (`crate::peer::PeerDecoder`): a frame forged by someone without
         /// the peer token reaches Raft.
         SkipPeerFrameMac,
+        /// An operator's force-release answers "released" but leaves the
+        /// grant in place (the old holder's release still succeeds).
+        ForceReleaseKeepsGrant,
     }
 
     thread_local! {

@@ -9,6 +9,7 @@ use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGER
 use ticketing_core::budget::LogEvent;
 use ticketing_core::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockView, MAX_LISTING_LIMIT,
+    MAX_WAITERS_PER_LISTED_LOCK,
 };
 use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
 use ticketing_core::time::Instant;
@@ -336,6 +337,31 @@ fn force_release_of_a_held_key_with_waiters_hands_over_with_a_larger_token_and_f
     h.send(front, release(2, &["orders/42"], new_token));
     assert_eq!(h.replies(front), vec![Reply::Released { rid: 2 }]);
     assert!(h.token(behind) > new_token);
+}
+
+#[test]
+fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
+    let mut h = Harness::new();
+    let (_, _) = h.holder(source(1), &["busy"], 30);
+    let mut queued = Vec::new();
+    for n in 0..MAX_WAITERS_PER_LISTED_LOCK + 5 {
+        queued.push(h.waiter(source(2), &["busy"], 20));
+        h.advance_ms(n as u64 + 1);
+    }
+    let listing = h.server.locks(h.now, b"", 10);
+    let lock = &listing.locks[0];
+    assert_eq!(lock.waiters_total, MAX_WAITERS_PER_LISTED_LOCK + 5);
+    let front: Vec<_> = lock.waiters.iter().map(|w| w.conn.clone()).collect();
+    let expected: Vec<_> = queued[..MAX_WAITERS_PER_LISTED_LOCK]
+        .iter()
+        .map(|&conn| v3(conn, source(2)))
+        .collect();
+    assert_eq!(front, expected);
+    // One key shows them all.
+    assert_eq!(
+        h.show("busy").waiters.len(),
+        MAX_WAITERS_PER_LISTED_LOCK + 5
+    );
 }
 
 #[test]

@@ -85,6 +85,18 @@ impl History {
         }
     }
 
+    /// Puts an instantaneous world event (a force-release) into the
+    /// history of each of `keys` (indices).
+    pub(crate) fn mark(&mut self, now_us: u64, keys: &[usize], op: LinOp) {
+        for &key in keys {
+            self.keys[key].push(LinEntry {
+                invoke_us: now_us,
+                respond_us: now_us,
+                op,
+            });
+        }
+    }
+
     /// Puts an instantaneous world event (a restart, a lease cut) into
     /// every key's history.
     pub(crate) fn mark_all(&mut self, now_us: u64, op: LinOp) {

@@ -1069,7 +1069,7 @@ impl<'t> ClusterWorld<'t> {
         let id = self.next_admin_id;
         self.next_admin_id += 1;
         self.rec.report.faults += 1;
-        self.rec.report.force_releases += 1;
+        self.rec.report.cluster_force_releases += 1;
         self.note(|| {
             format!(
                 "FAULT operator force-releases {} token {token} on leader {slot} (request {id}{})",

@@ -48,6 +48,10 @@ pub struct FaultConfig {
     /// A write pauses between its validity check and the write itself
     /// (the GC pause that makes a holder outlive its lease).
     pub pause_before_write_ppm: u32,
+    /// An operator force-releases a held key (`ticketing locks release`):
+    /// with the holder's token in most cases, else with a stale one (which
+    /// must change nothing).
+    pub force_release_ppm: u32,
     /// With a token floor (`SimConfig::token_reserve_step` > 0): at a
     /// server restart the wall clock is stepped back by up to this, in
     /// half of the restarts (NTP at boot, a wrong RTC).
@@ -70,6 +74,7 @@ impl FaultConfig {
             server_write_stall_ppm: 0,
             partial_write_ppm: 0,
             pause_before_write_ppm: 0,
+            force_release_ppm: 0,
             restart_clock_back_max_us: 0,
         }
     }
@@ -161,6 +166,7 @@ impl Default for SimConfig {
                 server_write_stall_ppm: 30_000,
                 partial_write_ppm: 100_000,
                 pause_before_write_ppm: 100_000,
+                force_release_ppm: 30_000,
                 restart_clock_back_max_us: 3_600_000_000,
             },
             checkers_off: Vec::new(),
@@ -214,6 +220,10 @@ impl SimConfig {
         config.token_reserve_step = [0, 4, 64, 1_000_000][rng.index(4)];
         // Line clients in three worlds of four (drawn last, as above).
         config.line_clients = [0, 1, 1, 2][rng.index(4)];
+        // Operator force-releases off in a third of the worlds (drawn last).
+        if rng.chance(330_000) {
+            config.faults.force_release_ppm = 0;
+        }
         config
     }
 

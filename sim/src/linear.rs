@@ -14,7 +14,10 @@
 //!   out; `R` frees the key;
 //! - an Indeterminate request may have had no effect, or its effect at any
 //!   point after its invocation (also after the client gave up);
-//! - a server restart (fixed point) forgets the holder but not the tokens.
+//! - a server restart (fixed point) forgets the holder but not the tokens;
+//! - an operator's force-release of `t` (fixed point) frees a key held by
+//!   `t` (or by a holder whose token the clients never learned); it is not
+//!   legal while the key is free or held by another known token.
 //!
 //! `T` and `B` replies constrain nothing here (the FIFO checker covers who
 //! may be granted) and are left out.
@@ -60,14 +63,17 @@ pub enum LinOp {
         /// The jump.
         by_us: u64,
     },
-    /// An operator's force-release of `token` answered "released": frees
-    /// the key if `token` holds it, or if the holder is one whose token no
-    /// client learned (the operator read it from the server's state).
+    /// An operator force-released the grant of `token`: the key is free,
+    /// and a later release of `token` must get `N`. Legal if `token` holds
+    /// the key, or if the holder is one whose token no client learned (the
+    /// operator read it from the server's state).
     ForceReleased {
-        /// The token named (and revoked).
+        /// The revoked token.
         token: u64,
     },
-    /// An operator's force-release of `token` without a definite answer.
+    /// An operator's force-release of `token` without a definite answer
+    /// (cluster: leadership was lost before it was seen applied): it may
+    /// have freed the key at any point after its invocation, or not at all.
     ForceReleaseIndeterminate {
         /// The token named.
         token: u64,
@@ -362,6 +368,39 @@ mod tests {
     }
 
     const LEASE: u64 = 1_000;
+
+    #[test]
+    fn a_force_release_frees_the_key_and_fences_the_old_token() {
+        let granted = |token| LinOp::Granted {
+            token,
+            lease_min_us: 10_000_000,
+        };
+        // Revoked at 20: the next grant may come before the lease ends, and
+        // the old holder's release is `N`.
+        let fenced = [
+            entry(0, 10, granted(5)),
+            entry(20, 20, LinOp::ForceReleased { token: 5 }),
+            entry(30, 40, granted(6)),
+            entry(50, 60, LinOp::NotFound { token: 5 }),
+        ];
+        assert_eq!(check(&fenced), LinResult::Ok);
+        // Its release cannot succeed after the revocation.
+        let released = [
+            entry(0, 10, granted(5)),
+            entry(20, 20, LinOp::ForceReleased { token: 5 }),
+            entry(50, 60, LinOp::Released { token: 5 }),
+        ];
+        assert_eq!(check(&released), LinResult::Violation);
+        // Nor can a key be force-released from a token that does not hold it.
+        let wrong = [
+            entry(0, 10, granted(5)),
+            entry(20, 20, LinOp::ForceReleased { token: 4 }),
+        ];
+        assert_eq!(check(&wrong), LinResult::Violation);
+        // Without the force-release the second grant overlaps the lease.
+        let overlap = [entry(0, 10, granted(5)), entry(30, 40, granted(6))];
+        assert_eq!(check(&overlap), LinResult::Violation);
+    }
 
     #[test]
     fn sequential_grants_and_releases_are_linearizable() {

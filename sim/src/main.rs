@@ -127,6 +127,7 @@ fn plant(name: &Option<String>) -> Result<(), String> {
         Some("forget-ghost-grant") => Some(PlantedBug::ForgetGhostGrant),
         Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
         Some("skip-peer-frame-mac") => Some(PlantedBug::SkipPeerFrameMac),
+        Some("force-release-keeps-grant") => Some(PlantedBug::ForceReleaseKeepsGrant),
         Some(other) => return Err(format!("unknown planted bug {other}")),
     };
     planted::set(bug);
@@ -208,12 +209,14 @@ fn main() -> ExitCode {
         totals.grants += report.grants;
         totals.faults += report.faults;
         totals.fenced_writes += report.fenced_writes;
+        totals.force_releases += report.force_releases;
+        totals.force_releases_refused += report.force_releases_refused;
         totals.lin_keys_checked += report.lin_keys_checked;
         totals.lin_inconclusive += report.lin_inconclusive;
         totals.line_grants += report.line_grants;
         totals.line_resends += report.line_resends;
         totals.line_redirects += report.line_redirects;
-        totals.force_releases += report.force_releases;
+        totals.cluster_force_releases += report.cluster_force_releases;
         for (total, n) in totals.force_outcomes.iter_mut().zip(report.force_outcomes) {
             *total += n;
         }
@@ -255,15 +258,21 @@ fn main() -> ExitCode {
         totals.lin_inconclusive,
         failing.len()
     );
+    if args.cluster.is_none() {
+        println!(
+            "{} operator force-releases ({} more refused for a stale token)",
+            totals.force_releases, totals.force_releases_refused
+        );
+    }
     println!(
         "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
         totals.line_grants, totals.line_resends, totals.line_redirects
     );
-    if totals.force_releases > 0 {
+    if totals.cluster_force_releases > 0 {
         let [released, indeterminate, unchanged, refused] = totals.force_outcomes;
         println!(
-            "force-releases: {} ordered, {released} released, {indeterminate} indeterminate, {unchanged} token mismatch or not held, {refused} refused",
-            totals.force_releases
+            "cluster force-releases: {} ordered, {released} released, {indeterminate} indeterminate, {unchanged} token mismatch or not held, {refused} refused",
+            totals.cluster_force_releases
         );
     }
     println!(

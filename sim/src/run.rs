@@ -75,6 +75,10 @@ pub struct RunReport {
     pub faults: u64,
     /// Fenced (rejected) stale writes: expected after pauses.
     pub fenced_writes: u64,
+    /// Operator force-releases that revoked a grant (single world).
+    pub force_releases: u64,
+    /// Operator force-releases with a stale token (refused, no effect).
+    pub force_releases_refused: u64,
     /// Violations, in order of detection (the run stops at the first few).
     pub violations: Vec<Violation>,
     /// Hash of the event trace: equal for equal runs.
@@ -96,7 +100,7 @@ pub struct RunReport {
     /// `Enot_active` (reconnect, resend).
     pub line_redirects: u64,
     /// Operator force-releases ordered (cluster worlds).
-    pub force_releases: u64,
+    pub cluster_force_releases: u64,
     /// Of those, answered "released" / "indeterminate" / "token mismatch or
     /// not held" / refused (not the leader any more, busy).
     pub force_outcomes: [u64; 4],

@@ -131,7 +131,7 @@ fn force_released_worlds_hold_every_invariant() {
         config.faults.force_release_ppm = 150_000;
         let report = ClusterWorld::new(seed, config).run();
         assert_clean(&report, 3);
-        ordered += report.force_releases;
+        ordered += report.cluster_force_releases;
         for (total, n) in outcomes.iter_mut().zip(report.force_outcomes) {
             *total += n;
         }

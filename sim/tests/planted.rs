@@ -38,6 +38,11 @@ fn caught(bug: PlantedBug, checker: Checker) -> u64 {
 }
 
 #[test]
+fn linearizability_checker_catches_a_force_release_that_keeps_the_grant() {
+    caught(PlantedBug::ForceReleaseKeepsGrant, Checker::Linearizability);
+}
+
+#[test]
 fn server_state_checker_catches_a_double_grant() {
     caught(PlantedBug::GrantTwice, Checker::ServerState);
 }

@@ -21,6 +21,8 @@ fn six_hundred_seeds_hold_every_invariant() {
     let mut faults = 0;
     let mut grants = 0;
     let mut lin_keys = 0;
+    let mut force_releases = 0;
+    let mut force_releases_refused = 0;
     for seed in 0..600 {
         let report = run_seed(seed);
         assert_clean(&report);
@@ -33,12 +35,20 @@ fn six_hundred_seeds_hold_every_invariant() {
         faults += report.faults;
         grants += report.grants;
         lin_keys += report.lin_keys_checked;
+        force_releases += report.force_releases;
+        force_releases_refused += report.force_releases_refused;
     }
-    // The sweep must actually exercise something.
+    // The sweep must actually exercise something, operator force-releases
+    // (accepted as the end of their grant) and stale ones included.
     assert!(events > 100_000, "only {events} events");
     assert!(faults > 1_000, "only {faults} faults");
     assert!(grants > 3_000, "only {grants} grants");
     assert!(lin_keys > 1_000, "only {lin_keys} key histories checked");
+    assert!(force_releases > 50, "only {force_releases} force-releases");
+    assert!(
+        force_releases_refused > 10,
+        "only {force_releases_refused} stale force-releases"
+    );
 }
 
 /// Busier worlds (`--stress`), including seed 10589, which caught the

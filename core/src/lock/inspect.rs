@@ -7,12 +7,15 @@
 //! the `limit` smallest matching keys in a bounded heap. Costs: one key
 //! O(queue length), plus O(keys) when its holder is a set; a listing
 //! O(keys × log limit) plus one more O(keys) walk when a listed holder is
-//! a set. Both are operator actions, never on the lock path.
+//! a set (about 45–95 ms of CPU per million keys, docs/admin-api.md). Both
+//! are operator actions, never on the lock path.
 
 use std::collections::{BinaryHeap, HashMap};
 
 use super::{KeyEntry, LockTable, WaiterId};
-use crate::inspect::{ForceReleaseOutcome, MAX_LISTED_WAITERS, MAX_LISTING_LIMIT};
+use crate::inspect::{
+    ForceReleaseOutcome, MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK,
+};
 use crate::time::Instant;
 use crate::wire::{Key, KeyGroup};
 
@@ -24,7 +27,8 @@ pub struct KeyInspection {
     pub key: Key,
     /// The running grant on it, if any.
     pub holder: Option<HolderInspection>,
-    /// Its waiters in queue order, at most [`MAX_LISTED_WAITERS`].
+    /// Its waiters in queue order, the front ones only (see
+    /// [`LockTable::inspect_key`] and [`LockTable::inspect_prefix`]).
     pub waiters: Vec<WaiterInspection>,
     /// Waiters queued on it in all.
     pub waiters_total: usize,
@@ -89,12 +93,14 @@ impl LockTable {
         } else {
             vec![key.into()]
         };
-        self.inspection(now_us, key, entry, group)
+        self.inspection(now_us, key, entry, group, MAX_LISTED_WAITERS)
     }
 
     /// The keys starting with `prefix` that are held or waited on at
     /// `now`, ascending, at most `limit` (clamped to
-    /// [`MAX_LISTING_LIMIT`]); true when more matched.
+    /// [`MAX_LISTING_LIMIT`]), each with at most
+    /// [`MAX_WAITERS_PER_LISTED_LOCK`] waiters listed; true when more keys
+    /// matched.
     pub fn inspect_prefix(
         &self,
         now: Instant,
@@ -111,6 +117,11 @@ impl LockTable {
                 continue;
             }
             matched += 1;
+            // Once full, only a key below the largest kept gets in: in hash
+            // order that is rare, so most keys cost one comparison.
+            if smallest.len() >= limit && smallest.peek().is_none_or(|&largest| &**key >= largest) {
+                continue;
+            }
             smallest.push(key);
             if smallest.len() > limit {
                 smallest.pop();
@@ -145,7 +156,7 @@ impl LockTable {
                     Some(members) if entry.is_held_at(now_us) => members.clone(),
                     _ => vec![(*key).into()],
                 };
-                self.inspection(now_us, key, entry, group)
+                self.inspection(now_us, key, entry, group, MAX_WAITERS_PER_LISTED_LOCK)
             })
             .collect();
         (listed, matched > keys.len())
@@ -172,6 +183,7 @@ impl LockTable {
         key: &[u8],
         entry: &KeyEntry,
         group: Vec<Box<[u8]>>,
+        max_waiters: usize,
     ) -> Option<KeyInspection> {
         let holder = entry.is_held_at(now_us).then(|| HolderInspection {
             token: entry.token,
@@ -183,7 +195,7 @@ impl LockTable {
         let waiters = queue
             .into_iter()
             .flatten()
-            .take(MAX_LISTED_WAITERS)
+            .take(max_waiters)
             .filter_map(|seq| self.waiters.get(seq))
             .map(|waiter| WaiterInspection {
                 waiter: waiter.id,
@@ -238,6 +250,14 @@ impl LockTable {
             debug_assert!(false, "a grant's keys form a valid group");
             return ForceReleaseOutcome::NotHeld;
         };
+        #[cfg(feature = "planted-bugs")]
+        if super::planted::active(super::planted::PlantedBug::ForceReleaseKeepsGrant) {
+            return ForceReleaseOutcome::Released {
+                revoked: held,
+                keys,
+                handed_to: None,
+            };
+        }
         let released = self.release_at(now_us, &group, held);
         debug_assert_eq!(released, super::ReleaseOutcome::Released);
         self.metrics.force_releases += 1;
