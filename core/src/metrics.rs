@@ -453,7 +453,8 @@ pub struct ReplicatedLockMetrics {
     pub releases: u64,
     /// Lease expiries applied that removed a current grant.
     pub expiries: u64,
-    /// Force-releases applied that removed a current grant.
+    /// Force-releases applied that removed a current grant (also counted
+    /// in [`Self::releases`], as in single mode).
     pub force_releases: u64,
     /// Snapshots installed into the lock state.
     pub snapshots_installed: u64,

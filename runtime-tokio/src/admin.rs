@@ -450,7 +450,7 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
     counter(
         e,
         "releases",
-        "Releases applied that released a current grant.",
+        "Releases applied that released a current grant (force-releases included).",
         m.locks.releases,
     )?;
     counter(
@@ -472,13 +472,13 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
     counter(
         e,
         "release_handovers",
-        "Leader: applied releases whose keys had a waiter queued.",
+        "Leader: applied releases (force-releases included) whose keys had a waiter queued.",
         m.release_handovers,
     )?;
     counter(
         e,
         "force_releases",
-        "Operator force-releases applied that revoked a grant.",
+        "Operator force-releases applied that revoked a grant (also counted in releases).",
         m.locks.force_releases,
     )?;
     counters(

@@ -1077,6 +1077,18 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
     // The redirect did nothing: still held, still waited for.
     let view = until_waiters(admin[leader], "orders%2F42", 1).await;
     assert_eq!(view["holder"]["token"], token);
+    // The CLI pointed at a follower follows the redirect to the leader.
+    let follower_admin = admin[follower].to_string();
+    let (code, stdout, stderr) = ticketing(&[
+        "locks",
+        "show",
+        "orders/42",
+        "--admin",
+        &follower_admin,
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(json(&stdout)["holder"]["token"], token);
 
     // On the leader: answered once the command is applied.
     let (status, _, body) = http_location(admin[leader], "POST", &release, Some(&bearer)).unwrap();

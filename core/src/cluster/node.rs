@@ -2077,7 +2077,10 @@ impl ClusterNode {
                             (Some(Command::Expire { .. }), false) => {
                                 self.counts.expiries_not_handed_over += 1;
                             }
-                            (Some(Command::Release { .. }), true) => {
+                            (
+                                Some(Command::Release { .. } | Command::ForceRelease { .. }),
+                                true,
+                            ) => {
                                 self.counts.release_handovers += 1;
                             }
                             _ => {}

@@ -151,6 +151,9 @@ impl ReplicatedLocks {
         }
         // The whole grant goes, as its holder's release would take it.
         self.remove_grant(held, applied_at);
+        // A release like the holder's own (as in single mode), and counted
+        // apart as well.
+        self.metrics.releases += 1;
         self.metrics.force_releases += 1;
         ApplyResult::ForceReleased { revoked: held }
     }
