@@ -2172,3 +2172,24 @@ fn cluster_metrics_move_exactly_as_the_events_they_count() {
     );
     assert!(m.generation == 1 && m.is_leader);
 }
+
+#[test]
+fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
+    use ticketing_core::inspect::MAX_WAITERS_PER_LISTED_LOCK;
+    let mut net = Net::new();
+    let leader = net.elect();
+    let holder = net.connect(leader);
+    let waiters = net.connect(leader);
+    token_of(net.request(holder, acquire(1, "q", 0, 60)));
+    let queued = MAX_WAITERS_PER_LISTED_LOCK as u64 + 2;
+    for rid in 1..=queued {
+        net.send_only(waiters, acquire(rid, "q", 30, 60));
+    }
+    net.run_for(Duration::from_millis(100));
+    let now = net.now;
+    let listing = net.node(leader).locks(now, b"q", 10).unwrap();
+    assert_eq!(listing.locks[0].waiters.len(), MAX_WAITERS_PER_LISTED_LOCK);
+    assert_eq!(listing.locks[0].waiters_total as u64, queued);
+    let view = net.node(leader).lock(now, &key("q")).unwrap().unwrap();
+    assert_eq!(view.waiters.len() as u64, queued);
+}

@@ -59,7 +59,7 @@ use crate::conn::client::{
 use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
-    MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, NotLeader, WaiterView,
+    MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
 };
 use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
@@ -847,10 +847,11 @@ impl ClusterNode {
         if let Some(not_leader) = self.not_leader() {
             return Err(not_leader);
         }
-        Ok(self.lock_view(now, key))
+        Ok(self.lock_view(now, key, MAX_LISTED_WAITERS))
     }
 
-    fn lock_view(&self, now: Instant, key: &Key) -> Option<LockView> {
+    /// `key` with at most `max_waiters` of its waiters listed.
+    fn lock_view(&self, now: Instant, key: &Key, max_waiters: usize) -> Option<LockView> {
         let leadership = self.leadership.as_ref()?;
         let ms = |d: Duration| crate::time::duration_micros(d) / 1_000;
         let holder = self.state.holder(key).map(|(token, holding)| HolderView {
@@ -868,7 +869,7 @@ impl ClusterNode {
             .into_iter()
             .flatten()
             .filter_map(|seq| leadership.waiters.get(seq))
-            .take(MAX_LISTED_WAITERS)
+            .take(max_waiters)
             .map(|waiter| WaiterView {
                 keys: waiter.keys.keys().to_vec(),
                 waited_ms: ms(now.saturating_duration_since(waiter.received)),
@@ -889,7 +890,9 @@ impl ClusterNode {
 
     /// Every key starting with `prefix` that is held or waited for, in
     /// ascending key order, at most `limit` (capped at
-    /// [`MAX_LISTING_LIMIT`]) of them; see [`ClusterNode::lock`]. Costs the
+    /// [`MAX_LISTING_LIMIT`]) of them, each with the front
+    /// [`MAX_WAITERS_PER_LISTED_LOCK`] of its waiters; see
+    /// [`ClusterNode::lock`]. Costs the
     /// listed held keys plus one pass over the keys with waiters (bounded
     /// by the waiter limit).
     pub fn locks(
@@ -925,7 +928,7 @@ impl ClusterNode {
         let locks = keys
             .into_iter()
             .take(limit)
-            .filter_map(|key| self.lock_view(now, key))
+            .filter_map(|key| self.lock_view(now, key, MAX_WAITERS_PER_LISTED_LOCK))
             .collect();
         Ok(LockListing { locks, truncated })
     }
