@@ -978,6 +978,10 @@ fn the_leader_caps_keys_held_per_client_connection() {
         net.request(d, acquire(9, "z", 0, 1)),
         Reply::Acquired { rid: 9, .. }
     ));
+    // Both `B`s counted under the per-connection limit, and only there.
+    let m = net.node(leader).metrics();
+    assert_eq!(m.busy_per_connection, 2);
+    assert_eq!(m.busy, ticketing_core::metrics::BusyByLimit::default());
 }
 
 #[test]
@@ -1160,6 +1164,8 @@ fn a_leader_proposes_no_grant_above_its_durable_reserve() {
     );
     assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     assert_eq!(net.node(leader).stats().reserve.exhausted, 1);
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.token_reserve, m.busy_per_connection), (1, 0));
     net.hold_reserve_writes = false;
     net.run_for(Duration::from_millis(10));
     let durable = net.durable[leader].expect("the leader stored a reserve");
@@ -2192,4 +2198,37 @@ fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
     assert_eq!(listing.locks[0].waiters_total as u64, queued);
     let view = net.node(leader).lock(now, &key("q")).unwrap().unwrap();
     assert_eq!(view.waiters.len() as u64, queued);
+}
+
+#[test]
+fn busy_is_counted_by_the_limit_that_answered_it() {
+    let mut net = Net::with_config(|config| {
+        config.limits.max_keys = 2;
+        config.limits.max_waiters_total = 1;
+    });
+    let leader = net.elect();
+    let c = net.connect(leader);
+    token_of(net.request(c, acquire(1, "a", 0, 60)));
+    token_of(net.request(c, acquire(2, "b", 0, 60)));
+    // A third key does not fit the table.
+    assert_eq!(
+        net.request(c, acquire(3, "c", 0, 60)),
+        Reply::Busy { rid: 3 }
+    );
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 0));
+    // One waiter fits, the second does not.
+    net.send_only(c, acquire(4, "a", 30, 60));
+    net.run_for(Duration::from_millis(50));
+    assert_eq!(
+        net.request(c, acquire(5, "b", 30, 60)),
+        Reply::Busy { rid: 5 }
+    );
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 1));
+    assert_eq!(
+        m.busy.max_waiters_per_key + m.busy.token_reserve + m.busy_per_connection,
+        0
+    );
+    assert_eq!(m.busy_backpressure, 0);
 }
