@@ -258,8 +258,12 @@ impl LockTable {
                 handed_to: None,
             };
         }
-        let released = self.release_at(now_us, &group, held);
-        debug_assert_eq!(released, super::ReleaseOutcome::Released);
+        if self.release_at(now_us, &group, held) != super::ReleaseOutcome::Released {
+            // Every key carrying a running grant's token is found above, so
+            // this cannot happen; if it did, nothing changed.
+            debug_assert!(false, "a running grant's own group did not release");
+            return ForceReleaseOutcome::NotHeld;
+        }
         self.metrics.force_releases += 1;
         let handed_to = self
             .keys
