@@ -12,8 +12,9 @@
 #
 # Slot i: clients on 127.0.0.1:$((BASE+i)), peers on $((BASE+1000+i)),
 # status on $((BASE+2000+i)), admin HTTP (/metrics, /livez, /readyz) on
-# $((BASE+4000+i)). State (identity, tokens, pids, logs) lives in
-# $CLUSTER_DIR.
+# $((BASE+4000+i)); every node is told every slot's (--slot-admin), so a
+# follower's /v1 endpoints redirect to the leader's. State (identity,
+# tokens, pids, logs) lives in $CLUSTER_DIR.
 # Env:   CARGO_TARGET_DIR  target dir (default: <repo>/target)
 #        CLUSTER_DIR       state dir (default: /tmp/ticketing-cluster)
 #        BASE              first client port (default 5225)
@@ -36,6 +37,10 @@ slot_args() {
     local i
     for i in 0 1 2; do
         printf -- '--slot 127.0.0.1:%d,127.0.0.1:%d ' $((base + i)) $((base + 1000 + i))
+    done
+    # Every node knows every admin address: a follower redirects there.
+    for i in 0 1 2; do
+        printf -- '--slot-admin 127.0.0.1:%d ' $((base + 4000 + i))
     done
 }
 

@@ -132,7 +132,23 @@ pub enum ForceReleaseOutcome {
         /// The leader's slot, if one is known.
         leader_slot: Option<u8>,
     },
+    /// Nothing was done: the node cannot take more work now (cluster
+    /// mode: Raft holds as many uncommitted entries as allowed). Retry.
+    Busy,
     /// The outcome is unknown (cluster mode: the command was proposed but
     /// leadership was lost before it was seen applied). Inspect the key.
     Indeterminate,
+}
+
+/// A cluster node that is not the leader (or a leader still catching up
+/// with its predecessor's log) answers inspection with this instead: only
+/// the leader knows the waiters, and only a caught-up one is sure of the
+/// holders. The admin layer redirects to the leader's admin address, or
+/// answers "unavailable" when none is known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotLeader {
+    /// The leader's slot, if one is known (and is not this node).
+    pub leader_slot: Option<u8>,
+    /// The leader's admin address (`host:port`), if configured.
+    pub leader_admin: Option<Box<str>>,
 }

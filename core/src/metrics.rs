@@ -453,6 +453,9 @@ pub struct ReplicatedLockMetrics {
     pub releases: u64,
     /// Lease expiries applied that removed a current grant.
     pub expiries: u64,
+    /// Force-releases applied that removed a current grant (also counted
+    /// in [`Self::releases`], as in single mode).
+    pub force_releases: u64,
     /// Snapshots installed into the lock state.
     pub snapshots_installed: u64,
     /// Time from a grant's apply to its release's or expiry's apply, on
@@ -529,6 +532,30 @@ pub struct ClusterMetrics {
     pub line_sessions: u64,
     /// The node is shutting down.
     pub shutting_down: bool,
+    /// Leader: time from proposing a command to applying it (its commit
+    /// by a majority in between), one observation per proposal this node
+    /// made and saw applied in the term it proposed it.
+    pub commit_latency: DurationHistogram,
+    /// Leader: time from an acquire's arrival to its grant's reply (0 when
+    /// the key was free, apart from the commit).
+    pub wait: DurationHistogram,
+    /// Leader: applied lease expiries whose keys had a waiter queued, who
+    /// got them next.
+    pub expiries_handed_over: u64,
+    /// Leader: applied lease expiries with nobody queued on their keys.
+    pub expiries_not_handed_over: u64,
+    /// Leader: applied releases whose keys had a waiter queued.
+    pub release_handovers: u64,
+    /// Leader: acquires answered `B`, by the limit reached.
+    pub busy: BusyByLimit,
+    /// Leader: acquires answered `B` for a per-connection limit.
+    pub busy_per_connection: u64,
+    /// Leader: acquires answered `B` because Raft refused the proposal
+    /// (too many uncommitted entries).
+    pub busy_backpressure: u64,
+    /// Force-release answers dropped because the driver did not drain
+    /// them (0 unless the driver is broken).
+    pub dropped_admin_replies: u64,
 }
 
 impl ClusterMetrics {
@@ -605,6 +632,7 @@ pub(crate) fn cluster_metrics(
         sessions: sessions as u64,
         line_sessions: line_sessions as u64,
         shutting_down,
+        ..ClusterMetrics::default()
     }
 }
 

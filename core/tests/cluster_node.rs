@@ -556,7 +556,7 @@ fn a_grant_is_replied_only_after_commit_and_apply() {
     let mut out = Vec::new();
     net.node(leader).take_transmit(conn, &mut out);
     assert!(out.is_empty(), "replied before commit: {out:?}");
-    assert_eq!(net.node(leader).locks().held_keys(), 0);
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     net.run_for(Duration::from_millis(100));
     let token = token_of(net.answers(c)[0]);
     assert!(
@@ -564,7 +564,7 @@ fn a_grant_is_replied_only_after_commit_and_apply() {
         "the counter starts at the bootstrap clock"
     );
     for node in net.nodes.iter().flatten() {
-        let (held, _) = node.locks().holder(&Key::new(b"k").unwrap()).unwrap();
+        let (held, _) = node.lock_state().holder(&Key::new(b"k").unwrap()).unwrap();
         assert_eq!(held, token, "every replica applied the grant");
     }
 }
@@ -588,7 +588,7 @@ fn a_follower_answers_moved_with_the_leader_slot() {
             leader_slot: leader as u8
         }
     );
-    assert_eq!(net.node(leader).locks().held_keys(), 0, "no effect");
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0, "no effect");
 }
 
 #[test]
@@ -629,7 +629,7 @@ fn leases_expire_through_a_committed_expire_and_the_waiter_gets_the_key() {
     let second = token_of(net.answers(c2)[0]);
     assert!(second > first);
     for node in net.nodes.iter().flatten() {
-        let (held, _) = node.locks().holder(&Key::new(b"k").unwrap()).unwrap();
+        let (held, _) = node.lock_state().holder(&Key::new(b"k").unwrap()).unwrap();
         assert_eq!(held, second);
     }
     // The stale holder's release is refused; the current one succeeds.
@@ -641,7 +641,7 @@ fn leases_expire_through_a_committed_expire_and_the_waiter_gets_the_key() {
         net.request(c2, release(2, "k", second)),
         Reply::Released { rid: 2 }
     );
-    assert_eq!(net.node(leader).locks().held_keys(), 0);
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
 }
 
 #[test]
@@ -679,9 +679,9 @@ fn a_grant_for_a_closed_connection_is_released_at_once() {
     net.node(leader).handle_closed(now, conn);
     net.run_for(Duration::from_millis(200));
     for node in net.nodes.iter().flatten() {
-        assert_eq!(node.locks().held_keys(), 0, "ghost lock released");
+        assert_eq!(node.lock_state().held_keys(), 0, "ghost lock released");
     }
-    assert!(net.node(leader).locks().next_token() > BOOT_US);
+    assert!(net.node(leader).lock_state().next_token() > BOOT_US);
 }
 
 #[test]
@@ -978,6 +978,10 @@ fn the_leader_caps_keys_held_per_client_connection() {
         net.request(d, acquire(9, "z", 0, 1)),
         Reply::Acquired { rid: 9, .. }
     ));
+    // Both `B`s counted under the per-connection limit, and only there.
+    let m = net.node(leader).metrics();
+    assert_eq!(m.busy_per_connection, 2);
+    assert_eq!(m.busy, ticketing_core::metrics::BusyByLimit::default());
 }
 
 #[test]
@@ -1158,8 +1162,10 @@ fn a_leader_proposes_no_grant_above_its_durable_reserve() {
         net.request(c, acquire(1, "k", 0, 10)),
         Reply::Busy { rid: 1 }
     );
-    assert_eq!(net.node(leader).locks().held_keys(), 0);
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     assert_eq!(net.node(leader).stats().reserve.exhausted, 1);
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.token_reserve, m.busy_per_connection), (1, 0));
     net.hold_reserve_writes = false;
     net.run_for(Duration::from_millis(10));
     let durable = net.durable[leader].expect("the leader stored a reserve");
@@ -1170,7 +1176,7 @@ fn a_leader_proposes_no_grant_above_its_durable_reserve() {
     for (i, node) in net.nodes.iter().enumerate() {
         let node = node.as_ref().unwrap();
         let stored = net.durable[i].expect("every node stored a reserve");
-        assert!(stored >= node.locks().next_token(), "node {i}");
+        assert!(stored >= node.lock_state().next_token(), "node {i}");
     }
 }
 
@@ -1569,7 +1575,7 @@ fn a_follower_answers_a_line_request_with_m_and_the_leader_address_and_no_effect
         net.clients[c].lines,
         vec![(b'M', 0, ADDRESSES[leader].as_bytes().to_vec())]
     );
-    assert_eq!(net.node(leader).locks().held_keys(), 0, "no effect");
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0, "no effect");
 }
 
 #[test]
@@ -1743,4 +1749,486 @@ fn line_sessions_survive_a_rejoin_and_are_counted_down_once() {
     }
     let metrics = net.node(victim).metrics();
     assert_eq!((metrics.sessions, metrics.line_sessions), (0, 0));
+}
+
+// ----------------------------------------------------------------------
+// Operations: force-release, inspection, metrics (issue 12)
+// ----------------------------------------------------------------------
+
+use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, NotLeader};
+
+const ADMIN: [&str; 3] = ["10.0.0.1:9225", "10.0.0.2:9225", "10.0.0.3:9225"];
+
+fn with_admin_addresses(config: &mut ClusterConfig) {
+    config.admin_addresses = ADMIN.iter().map(|a| Box::from(*a)).collect();
+}
+
+fn key(k: &str) -> Key {
+    Key::new(k.as_bytes()).unwrap()
+}
+
+fn force(k: &str, token: Option<u64>) -> ForceRelease {
+    ForceRelease { key: key(k), token }
+}
+
+impl Net {
+    fn admin_replies(&mut self, i: usize) -> Vec<(AdminRequestId, ForceReleaseOutcome)> {
+        std::iter::from_fn(|| self.node(i).poll_admin_reply()).collect()
+    }
+
+    fn force_release(&mut self, i: usize, id: u64, req: ForceRelease) {
+        let now = self.now;
+        self.node(i)
+            .handle_force_release(now, AdminRequestId(id), req);
+    }
+
+    fn holder_token(&mut self, i: usize, k: &str) -> Option<u64> {
+        self.node(i).lock_state().holder(&key(k)).map(|(t, _)| t)
+    }
+}
+
+#[test]
+fn a_force_release_is_answered_after_commit_and_hands_over_with_a_larger_token() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.run_for(Duration::from_millis(100));
+    assert!(net.answers(c2).is_empty(), "queued");
+
+    net.force_release(leader, 7, force("k", None));
+    // Proposed only: no answer, no effect on any replica yet.
+    assert!(net.admin_replies(leader).is_empty());
+    for i in 0..3 {
+        assert_eq!(net.holder_token(i, "k"), Some(first));
+    }
+    net.run_for(Duration::from_millis(100));
+    let second = token_of(net.answers(c2)[0]);
+    assert!(second > first, "{second} > {first}");
+    // Answered once the hand-over's Grant applied too, naming its token.
+    assert_eq!(
+        net.admin_replies(leader),
+        vec![(
+            AdminRequestId(7),
+            ForceReleaseOutcome::Released {
+                revoked: first,
+                keys: vec![key("k")],
+                handed_to: Some(second),
+            }
+        )]
+    );
+    for i in 0..3 {
+        assert_eq!(net.holder_token(i, "k"), Some(second), "node {i}");
+        assert_eq!(net.node(i).metrics().locks.force_releases, 1, "node {i}");
+        assert_eq!(net.node(i).metrics().locks.releases, 1, "node {i}");
+    }
+    // The leader handed the keys over, as a release would have.
+    assert_eq!(net.node(leader).metrics().release_handovers, 1);
+    // The old holder is fenced: its release gets N, the new one's R.
+    assert_eq!(
+        net.request(c1, release(2, "k", first)),
+        Reply::NotFound { rid: 2 }
+    );
+    assert_eq!(
+        net.request(c2, release(2, "k", second)),
+        Reply::Released { rid: 2 }
+    );
+}
+
+#[test]
+fn a_force_release_with_the_followers_cut_off_has_no_effect_and_ends_indeterminate() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.partition(leader);
+    net.force_release(leader, 1, force("k", Some(first)));
+    // Less than an election timeout: the leader still leads, nothing
+    // committed, nothing changed anywhere.
+    net.run_for(Duration::from_millis(150));
+    assert!(net.node(leader).is_leader());
+    assert!(net.admin_replies(leader).is_empty());
+    for i in 0..3 {
+        assert_eq!(net.holder_token(i, "k"), Some(first), "node {i}");
+    }
+    // Check-quorum deposes it before the entry was seen applied.
+    net.run_for(Duration::from_secs(2));
+    assert!(!net.node(leader).is_leader());
+    assert_eq!(
+        net.admin_replies(leader),
+        vec![(AdminRequestId(1), ForceReleaseOutcome::Indeterminate)]
+    );
+    // The log decides: the majority never had the entry, so the grant holds.
+    let new_leader = net.leader().expect("the majority elected a leader");
+    assert_ne!(new_leader, leader);
+    assert_eq!(net.holder_token(new_leader, "k"), Some(first));
+    net.heal();
+    net.run_for(Duration::from_secs(3));
+    assert!(net.all_follow_the_leader());
+    for i in 0..3 {
+        assert_eq!(net.holder_token(i, "k"), Some(first), "node {i}");
+        assert_eq!(net.node(i).metrics().locks.force_releases, 0);
+    }
+}
+
+#[test]
+fn a_committed_force_release_survives_a_leader_change() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.force_release(leader, 3, force("k", None));
+    net.run_for(Duration::from_millis(100));
+    assert!(matches!(
+        net.admin_replies(leader)[..],
+        [(AdminRequestId(3), ForceReleaseOutcome::Released { revoked, .. })] if revoked == first
+    ));
+    net.kill(leader);
+    net.run_for(Duration::from_secs(3));
+    let new_leader = net.leader().expect("a new leader");
+    assert_eq!(net.holder_token(new_leader, "k"), None, "applied there too");
+    let c2 = net.connect(new_leader);
+    assert_eq!(
+        net.request(c2, release(1, "k", first)),
+        Reply::NotFound { rid: 1 }
+    );
+    let second = token_of(net.request(c2, acquire(2, "k", 0, 60)));
+    assert!(second > first);
+}
+
+#[test]
+fn a_force_release_names_the_holder_on_a_token_mismatch_and_reports_a_free_key() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.force_release(leader, 1, force("k", Some(first - 1)));
+    net.force_release(leader, 2, force("free", None));
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(
+        net.admin_replies(leader),
+        vec![
+            (
+                AdminRequestId(1),
+                ForceReleaseOutcome::TokenMismatch { held: first }
+            ),
+            (AdminRequestId(2), ForceReleaseOutcome::NotHeld),
+        ]
+    );
+    assert_eq!(
+        net.holder_token(leader, "k"),
+        Some(first),
+        "nothing changed"
+    );
+    assert_eq!(
+        net.request(c1, release(2, "k", first)),
+        Reply::Released { rid: 2 }
+    );
+}
+
+#[test]
+fn a_force_release_of_a_set_member_releases_the_whole_set() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let set = KeyGroup::new(vec![key("a"), key("b")]).unwrap();
+    let token = token_of(net.request(
+        c1,
+        Request::Acquire(AcquireRequest {
+            rid: 1,
+            wait_s: 0,
+            lease_s: 60,
+            keys: set,
+            set: true,
+        }),
+    ));
+    net.force_release(leader, 1, force("b", Some(token)));
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(
+        net.admin_replies(leader),
+        vec![(
+            AdminRequestId(1),
+            ForceReleaseOutcome::Released {
+                revoked: token,
+                keys: vec![key("a"), key("b")],
+                handed_to: None,
+            }
+        )]
+    );
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
+}
+
+#[test]
+fn a_follower_answers_force_release_and_inspection_with_the_leader() {
+    let mut net = Net::with_config(with_admin_addresses);
+    let leader = net.elect();
+    let follower = (leader + 1) % 3;
+    let c = net.connect(leader);
+    let token = token_of(net.request(c, acquire(1, "k", 0, 60)));
+    net.force_release(follower, 9, force("k", None));
+    assert_eq!(
+        net.admin_replies(follower),
+        vec![(
+            AdminRequestId(9),
+            ForceReleaseOutcome::NotLeader {
+                leader_slot: Some(leader as u8)
+            }
+        )],
+        "at once, without proposing"
+    );
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(net.holder_token(leader, "k"), Some(token));
+    let expected = NotLeader {
+        leader_slot: Some(leader as u8),
+        leader_admin: Some(Box::from(ADMIN[leader])),
+    };
+    let now = net.now;
+    assert_eq!(
+        net.node(follower).lock(now, &key("k")),
+        Err(expected.clone())
+    );
+    assert_eq!(net.node(follower).locks(now, b"", 10), Err(expected));
+    assert_eq!(
+        net.node(follower).admin_address(leader as u8),
+        Some(ADMIN[leader])
+    );
+    // With no leader known there is nobody to point at.
+    for i in 0..3 {
+        if i != follower {
+            net.kill(i);
+        }
+    }
+    net.run_for(Duration::from_secs(2));
+    let now = net.now;
+    assert_eq!(
+        net.node(follower).lock(now, &key("k")),
+        Err(NotLeader {
+            leader_slot: None,
+            leader_admin: None
+        })
+    );
+    net.force_release(follower, 10, force("k", None));
+    assert_eq!(
+        net.admin_replies(follower),
+        vec![(
+            AdminRequestId(10),
+            ForceReleaseOutcome::NotLeader { leader_slot: None }
+        )]
+    );
+}
+
+#[test]
+fn admin_addresses_are_validated() {
+    let mut config = config(NodeId::new(0, 1));
+    config.admin_addresses = vec![Box::from("a:1")];
+    assert_eq!(
+        config.validate(),
+        Err("admin_addresses must name every slot, or none")
+    );
+    config.admin_addresses = vec![Box::from("a:1"), Box::from(""), Box::from("c:1")];
+    assert!(config.validate().is_err());
+    config.admin_addresses = ADMIN.iter().map(|a| Box::from(*a)).collect();
+    assert_eq!(config.validate(), Ok(()));
+}
+
+#[test]
+fn inspection_on_the_leader_lists_the_holder_and_waiters_in_fifo_order_with_ages() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let c3 = net.connect(leader);
+    let sent_at = net.now;
+    let token = token_of(net.request(c1, acquire(1, "orders/42", 0, 30)));
+    let replied_by = net.now;
+    net.send_only(c2, acquire(1, "orders/42", 20, 30));
+    let c2_at = net.now;
+    net.run_for(Duration::from_millis(500));
+    net.send_only(c3, acquire(1, "orders/42", 10, 30));
+    let c3_at = net.now;
+    net.run_for(Duration::from_millis(100));
+    // Jump the clock: ages and remaining times are computed at `now`.
+    let now = net.now.saturating_add(Duration::from_secs(4));
+    let view = net
+        .node(leader)
+        .lock(now, &key("orders/42"))
+        .unwrap()
+        .expect("held");
+    let holder = view.holder.expect("a holder");
+    assert_eq!(holder.token, token);
+    assert_eq!(holder.keys, vec![key("orders/42")]);
+    let ms = |from: Instant| (now.saturating_duration_since(from).as_micros() / 1_000) as u64;
+    // The leader's clock started the hold when it applied the grant:
+    // after the acquire was sent, before the client had its reply.
+    assert!(holder.held_ms <= ms(sent_at) && holder.held_ms >= ms(replied_by));
+    assert_eq!(holder.held_ms + holder.lease_remaining_ms, 30_000);
+    let conn = holder
+        .conn
+        .expect("granted by this leader to a live connection");
+    assert_eq!(conn.conn, net.clients[c1].conn);
+    assert_eq!(conn.source, LOOPBACK);
+    assert_eq!(view.waiters_total, 2);
+    let ages: Vec<u64> = view.waiters.iter().map(|w| w.waited_ms).collect();
+    assert_eq!(ages, vec![ms(c2_at), ms(c3_at)], "FIFO, oldest first");
+    assert_eq!(
+        view.waiters[0].conn.as_ref().map(|c| c.conn),
+        Some(net.clients[c2].conn)
+    );
+    // `T` comes a margin (100 ms) before the wait runs out.
+    assert_eq!(
+        view.waiters[0].waited_ms + view.waiters[0].wait_remaining_ms,
+        19_900
+    );
+    assert_eq!(
+        view.waiters[1].waited_ms + view.waiters[1].wait_remaining_ms,
+        9_900
+    );
+    // Listing by prefix, ascending, truncated at the limit.
+    let c4 = net.connect(leader);
+    token_of(net.request(c4, acquire(1, "orders/7", 0, 30)));
+    token_of(net.request(c4, acquire(2, "other", 0, 30)));
+    let now = net.now;
+    let listing = net.node(leader).locks(now, b"orders/", 10).unwrap();
+    let listed: Vec<&str> = listing.locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(listed, vec!["orders/42", "orders/7"]);
+    assert!(!listing.truncated);
+    let first = net.node(leader).locks(now, b"", 1).unwrap();
+    assert_eq!(first.locks.len(), 1);
+    assert_eq!(first.locks[0].key.as_str(), "orders/42");
+    assert!(first.truncated);
+    assert_eq!(net.node(leader).lock(now, &key("free")), Ok(None));
+}
+
+#[test]
+fn cluster_metrics_move_exactly_as_the_events_they_count() {
+    let mut net = Net::with_config(|config| config.limits.max_waiters_per_key = 1);
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let c3 = net.connect(leader);
+    let before = net.node(leader).metrics();
+    assert_eq!(before.wait.count(), 0);
+
+    // A grant: one wait observation and one commit latency more.
+    let t1 = token_of(net.request(c1, acquire(1, "k", 0, 1)));
+    let m = net.node(leader).metrics();
+    assert_eq!(m.wait.count(), 1);
+    let latency_after_grant = m.commit_latency.count();
+    assert_eq!(
+        latency_after_grant,
+        before.commit_latency.count() + 1,
+        "the Grant"
+    );
+    // A queued waiter, and a second one over the per-key limit: B.
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.run_for(Duration::from_millis(50));
+    assert_eq!(
+        net.request(c3, acquire(1, "k", 10, 60)),
+        Reply::Busy { rid: 1 }
+    );
+    let m = net.node(leader).metrics();
+    assert_eq!(m.busy.max_waiters_per_key, 1);
+    assert_eq!(
+        m.busy.max_waiters_total + m.busy.max_keys + m.busy_per_connection,
+        0
+    );
+    // The lease runs out with a waiter: handed over.
+    net.run_for(Duration::from_millis(1_100));
+    let t2 = token_of(net.answers(c2)[0]);
+    assert!(t2 > t1);
+    let m = net.node(leader).metrics();
+    assert_eq!((m.expiries_handed_over, m.expiries_not_handed_over), (1, 0));
+    assert_eq!(m.wait.count(), 2);
+    // A release with nobody waiting: no hand-over.
+    assert_eq!(
+        net.request(c2, release(2, "k", t2)),
+        Reply::Released { rid: 2 }
+    );
+    assert_eq!(net.node(leader).metrics().release_handovers, 0);
+    // A release with a waiter: one hand-over.
+    let t3 = token_of(net.request(c1, acquire(2, "k", 0, 60)));
+    net.send_only(c3, acquire(2, "k", 10, 60));
+    net.run_for(Duration::from_millis(50));
+    assert_eq!(
+        net.request(c1, release(3, "k", t3)),
+        Reply::Released { rid: 3 }
+    );
+    let t4 = token_of(net.answers(c3)[1]);
+    let m = net.node(leader).metrics();
+    assert_eq!(m.release_handovers, 1);
+    assert_eq!(m.wait.count(), 4);
+    // A lease running out with nobody waiting.
+    assert_eq!(
+        net.request(c3, release(3, "k", t4)),
+        Reply::Released { rid: 3 }
+    );
+    token_of(net.request(c1, acquire(4, "short", 0, 1)));
+    net.run_for(Duration::from_millis(1_200));
+    let m = net.node(leader).metrics();
+    assert_eq!((m.expiries_handed_over, m.expiries_not_handed_over), (1, 1));
+    assert_eq!(m.locks.expiries, 2);
+    // Followers count applied commands, not the leader's hand-overs.
+    let follower = net.node((leader + 1) % 3).metrics();
+    assert_eq!(follower.locks.expiries, 2);
+    assert_eq!(
+        follower.expiries_handed_over + follower.expiries_not_handed_over,
+        0
+    );
+    assert!(m.generation == 1 && m.is_leader);
+}
+
+#[test]
+fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
+    use ticketing_core::inspect::MAX_WAITERS_PER_LISTED_LOCK;
+    let mut net = Net::new();
+    let leader = net.elect();
+    let holder = net.connect(leader);
+    let waiters = net.connect(leader);
+    token_of(net.request(holder, acquire(1, "q", 0, 60)));
+    let queued = MAX_WAITERS_PER_LISTED_LOCK as u64 + 2;
+    for rid in 1..=queued {
+        net.send_only(waiters, acquire(rid, "q", 30, 60));
+    }
+    net.run_for(Duration::from_millis(100));
+    let now = net.now;
+    let listing = net.node(leader).locks(now, b"q", 10).unwrap();
+    assert_eq!(listing.locks[0].waiters.len(), MAX_WAITERS_PER_LISTED_LOCK);
+    assert_eq!(listing.locks[0].waiters_total as u64, queued);
+    let view = net.node(leader).lock(now, &key("q")).unwrap().unwrap();
+    assert_eq!(view.waiters.len() as u64, queued);
+}
+
+#[test]
+fn busy_is_counted_by_the_limit_that_answered_it() {
+    let mut net = Net::with_config(|config| {
+        config.limits.max_keys = 2;
+        config.limits.max_waiters_total = 1;
+    });
+    let leader = net.elect();
+    let c = net.connect(leader);
+    token_of(net.request(c, acquire(1, "a", 0, 60)));
+    token_of(net.request(c, acquire(2, "b", 0, 60)));
+    // A third key does not fit the table.
+    assert_eq!(
+        net.request(c, acquire(3, "c", 0, 60)),
+        Reply::Busy { rid: 3 }
+    );
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 0));
+    // One waiter fits, the second does not.
+    net.send_only(c, acquire(4, "a", 30, 60));
+    net.run_for(Duration::from_millis(50));
+    assert_eq!(
+        net.request(c, acquire(5, "b", 30, 60)),
+        Reply::Busy { rid: 5 }
+    );
+    let m = net.node(leader).metrics();
+    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 1));
+    assert_eq!(
+        m.busy.max_waiters_per_key + m.busy.token_reserve + m.busy_per_connection,
+        0
+    );
+    assert_eq!(m.busy_backpressure, 0);
 }

@@ -249,6 +249,118 @@ fn undecodable_entries_apply_as_noop() {
     assert_eq!(state.held_keys(), 0);
 }
 
+#[test]
+fn force_release_removes_the_whole_grant_or_names_who_holds() {
+    let mut state = initialised(100);
+    let key = |k: &str| Key::new(k.as_bytes()).unwrap();
+    assert_eq!(
+        state.apply(
+            &Command::ForceRelease {
+                key: key("a"),
+                token: None
+            },
+            ms(1)
+        ),
+        ApplyResult::ForceNotHeld
+    );
+    assert_eq!(
+        state.apply(&grant(&["a", "b"]), ms(1)),
+        ApplyResult::Granted { token: 100 }
+    );
+    assert_eq!(
+        state.apply(
+            &Command::ForceRelease {
+                key: key("b"),
+                token: Some(99)
+            },
+            ms(2)
+        ),
+        ApplyResult::ForceTokenMismatch { held: 100 }
+    );
+    assert_eq!(state.held_keys(), 2, "a mismatch changes nothing");
+    assert_eq!(
+        state.apply(
+            &Command::ForceRelease {
+                key: key("b"),
+                token: Some(100)
+            },
+            ms(3)
+        ),
+        ApplyResult::ForceReleased { revoked: 100 }
+    );
+    assert_eq!(state.held_keys(), 0, "the set went whole");
+    assert_eq!(state.metrics().force_releases, 1);
+    assert_eq!(state.metrics().releases, 1, "a release, as in single mode");
+    // The old holder's own release is fenced; the next grant is larger.
+    assert_eq!(
+        state.apply(
+            &Command::Release {
+                keys: group(&["a", "b"]),
+                token: 100
+            },
+            ms(4)
+        ),
+        ApplyResult::NotFound
+    );
+    assert_eq!(
+        state.apply(&grant(&["a"]), ms(5)),
+        ApplyResult::Granted { token: 101 }
+    );
+    assert_eq!(
+        state.apply(
+            &Command::ForceRelease {
+                key: key("a"),
+                token: None
+            },
+            ms(6)
+        ),
+        ApplyResult::ForceReleased { revoked: 101 }
+    );
+}
+
+#[test]
+fn force_release_encoding_has_one_form_per_value() {
+    let key = Key::new(b"orders/42").unwrap();
+    for token in [None, Some(0), Some(7), Some(u64::MAX)] {
+        let command = Command::ForceRelease {
+            key: key.clone(),
+            token,
+        };
+        let bytes = command.to_bytes();
+        assert_eq!(bytes[0], 0x05);
+        assert_eq!(Command::decode(&bytes), Some(command));
+    }
+    let mut no_flag_with_token = Command::ForceRelease {
+        key: key.clone(),
+        token: None,
+    }
+    .to_bytes();
+    no_flag_with_token[9] = 1;
+    assert_eq!(
+        Command::decode(&no_flag_with_token),
+        None,
+        "a token without its flag"
+    );
+    let mut bad_flag = Command::ForceRelease {
+        key: key.clone(),
+        token: Some(1),
+    }
+    .to_bytes();
+    bad_flag[1] = 2;
+    assert_eq!(Command::decode(&bad_flag), None);
+    let mut bad_key = Command::ForceRelease { key, token: None }.to_bytes();
+    bad_key[11] = b' ';
+    assert_eq!(Command::decode(&bad_key), None, "a key with a space");
+    let mut trailing = Command::ForceRelease {
+        key: Key::new(b"a").unwrap(),
+        token: None,
+    }
+    .to_bytes();
+    trailing.push(0);
+    assert_eq!(Command::decode(&trailing), None);
+    assert_eq!(Command::decode(&[0x05, 0]), None, "truncated");
+}
+
 fn arb_group() -> impl Strategy<Value = KeyGroup> {
     proptest::collection::btree_set("[a-e]{1,2}", 1..=3).prop_map(|keys| {
         KeyGroup::new(
@@ -266,6 +378,12 @@ fn arb_command() -> impl Strategy<Value = Command> {
         (arb_group(), 1u32..250_000).prop_map(|(keys, lease_ms)| Command::Grant { keys, lease_ms }),
         (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Release { keys, token }),
         (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Expire { keys, token }),
+        ("[a-e]{1,2}", proptest::option::of(95u64..130)).prop_map(|(key, token)| {
+            Command::ForceRelease {
+                key: Key::new(key.as_bytes()).unwrap(),
+                token,
+            }
+        }),
     ]
 }
 

@@ -22,7 +22,6 @@ use axum::routing::get;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use ticketing_core::admin::AdminTokens;
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::metrics::{
     ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind, ServerMetrics,
@@ -38,6 +37,10 @@ pub(crate) use api::{AdminApp, AppState, DrivenNode, PendingAdmin};
 
 /// One snapshot of what a node's core counted.
 #[derive(Clone, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one snapshot per scrape, taken and rendered once"
+)]
 pub enum NodeMetrics {
     /// A single-mode server.
     Single(ServerMetrics),
@@ -55,23 +58,9 @@ impl NodeMetrics {
     }
 }
 
-/// Takes a snapshot from the running core.
-pub(crate) type Snapshot = Arc<dyn Fn() -> NodeMetrics + Send + Sync>;
-
 /// The content type of the OpenMetrics text exposition.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Serves the metrics and health endpoints only (no lock API) on
-/// `listener` until the task is aborted.
-pub(crate) async fn serve_admin(listener: TcpListener, snapshot: Snapshot) {
-    let app = AdminApp {
-        node: Arc::new(api::MetricsOnly(snapshot)),
-        loopback: true,
-        tokens: AdminTokens::default(),
-    };
-    serve_admin_api(listener, app).await;
-}
 
 /// Serves every admin endpoint `app.node` offers on `listener` until the
 /// task is aborted.
@@ -461,14 +450,50 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
     counter(
         e,
         "releases",
-        "Releases applied that released a current grant.",
+        "Releases applied that released a current grant (force-releases included).",
         m.locks.releases,
     )?;
     counter(
         e,
-        "lease_expiries",
-        "Lease expiries applied that removed a current grant.",
+        "lease_expiries_applied",
+        "Lease expiries applied that removed a current grant (every node).",
         m.locks.expiries,
+    )?;
+    counters(
+        e,
+        "lease_expiries",
+        "Leader: applied lease expiries, by whether a waiter was queued for the keys.",
+        "handed_over",
+        &[
+            ("true", m.expiries_handed_over),
+            ("false", m.expiries_not_handed_over),
+        ],
+    )?;
+    counter(
+        e,
+        "release_handovers",
+        "Leader: applied releases (force-releases included) whose keys had a waiter queued.",
+        m.release_handovers,
+    )?;
+    counter(
+        e,
+        "force_releases",
+        "Operator force-releases applied that revoked a grant (also counted in releases).",
+        m.locks.force_releases,
+    )?;
+    counters(
+        e,
+        "busy",
+        "Leader: acquires answered B, by the limit that was reached.",
+        "limit",
+        &[
+            ("max_keys", m.busy.max_keys),
+            ("max_waiters_per_key", m.busy.max_waiters_per_key),
+            ("max_waiters_total", m.busy.max_waiters_total),
+            ("token_reserve", m.busy.token_reserve),
+            ("per_connection", m.busy_per_connection),
+            ("raft_backpressure", m.busy_backpressure),
+        ],
     )?;
     replies(e, &m.replies)?;
     abuse(e, &m.abuse)?;
@@ -490,5 +515,17 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "lock_hold",
         "Time from a grant's apply to its release's or expiry's apply, on this node's clock.",
         &m.locks.hold,
+    )?;
+    histogram(
+        e,
+        "lock_wait",
+        "Leader: time from an acquire's arrival to its grant's reply.",
+        &m.wait,
+    )?;
+    histogram(
+        e,
+        "raft_commit_latency",
+        "Leader: time from proposing a command to applying it (committed by a majority).",
+        &m.commit_latency,
     )
 }

@@ -105,6 +105,23 @@ async fn call(
     path: &str,
     token: Option<&str>,
 ) -> Result<AdminAnswer, Failure> {
+    let answer = call_once(addr, method, path, token).await?;
+    // A cluster follower names the leader's admin address: ask there, once
+    // (the same request; a second redirect is reported as it is).
+    if answer.status == 307
+        && let Some(leader) = redirect_target(&answer).await
+    {
+        return call_once(leader, method, path, token).await;
+    }
+    Ok(answer)
+}
+
+async fn call_once(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<AdminAnswer, Failure> {
     admin_client::request(addr, method, path, token)
         .await
         .map_err(|e| {
@@ -113,6 +130,13 @@ async fn call(
                 format!("admin listener {addr}: {e}"),
             )
         })
+}
+
+/// The leader's admin address a `307` names (`leader_admin`, `HOST:PORT`).
+async fn redirect_target(answer: &AdminAnswer) -> Option<SocketAddr> {
+    let body: Value = serde_json::from_str(&answer.body).ok()?;
+    let leader = body.get("leader_admin")?.as_str()?;
+    tokio::net::lookup_host(leader).await.ok()?.next()
 }
 
 /// A JSON answer, or the failure its status code means.

@@ -49,6 +49,12 @@ use ticketing_core::raft::NodeId;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::Instant;
 
+use ticketing_core::admin::AdminTokens;
+use ticketing_core::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+};
+use ticketing_core::wire::Key;
+
 use crate::admin;
 use crate::serve::{
     Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
@@ -104,6 +110,10 @@ pub struct ClusterSettings {
     /// Where to serve the admin HTTP endpoints ([`crate::admin`]), if
     /// anywhere.
     pub admin_listen: Option<SocketAddr>,
+    /// Tokens accepted by the admin lock API (see
+    /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
+    /// listener only, and no force-release.
+    pub admin_tokens: AdminTokens,
 }
 
 impl ClusterSettings {
@@ -126,6 +136,7 @@ impl ClusterSettings {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             state: None,
             admin_listen: None,
+            admin_tokens: AdminTokens::default(),
         }
     }
 }
@@ -298,6 +309,26 @@ impl Machine for ClusterCore {
     }
     fn handle_reserve_failed(&mut self, now: Instant) {
         self.node.handle_reserve_failed(now);
+    }
+    fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
+        // A node that is not the leader is asked through `not_leader`
+        // first; here it sees nothing.
+        self.node.lock(now, key).ok().flatten()
+    }
+    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
+        self.node.locks(now, prefix, limit).unwrap_or(LockListing {
+            locks: Vec::new(),
+            truncated: false,
+        })
+    }
+    fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        self.node.handle_force_release(now, id, req);
+    }
+    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.node.poll_admin_reply()
+    }
+    fn not_leader(&self) -> Option<NotLeader> {
+        self.node.not_leader()
     }
     fn observe(&mut self) {
         while let Some(event) = self.node.poll_log() {
@@ -535,10 +566,19 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
     }
     if let Some(admin) = admin {
-        let core = Arc::clone(&shared);
-        let snapshot: admin::Snapshot =
-            Arc::new(move || admin::NodeMetrics::Cluster(core.lock().core.node.metrics()));
-        extra.push(tokio::spawn(admin::serve_admin(admin, snapshot)));
+        let loopback = admin
+            .local_addr()
+            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
+        let app = admin::AdminApp {
+            node: Arc::new(admin::DrivenNode {
+                shared: Arc::clone(&shared),
+                metrics: |core: &ClusterCore| admin::NodeMetrics::Cluster(core.node.metrics()),
+                serves_locks: true,
+            }),
+            loopback,
+            tokens: settings.admin_tokens.clone(),
+        };
+        extra.push(tokio::spawn(admin::serve_admin_api(admin, app)));
     }
     let listeners = vec![
         Listener {

@@ -406,6 +406,12 @@ pub struct ServeArgs {
     /// spell it, if not CLIENT_ADDR as written.
     #[arg(long = "slot", value_name = "CLIENT,PEER[,ADVERTISED]")]
     pub slots: Vec<String>,
+    /// One slot's admin listener address as operators reach it
+    /// (`HOST:PORT`); give one per slot, in slot order, or none (repeatable;
+    /// replaces the config file's `slots[].admin`). A follower's admin
+    /// endpoints redirect there to the leader's.
+    #[arg(long = "slot-admin", value_name = "HOST:PORT")]
+    pub slot_admins: Vec<String>,
     /// Peer token, at least 16 bytes (repeatable; the first is this node's
     /// own, the others are also accepted, for rotation). Prefer the config
     /// file or TICKETING_PEER_TOKENS.
@@ -498,6 +504,9 @@ pub struct FileSlot {
     /// is not `client` as written (they compare leader addresses as exact
     /// strings with their own list).
     pub advertise: Option<String>,
+    /// The slot's admin listener as operators reach it, `HOST:PORT` (every
+    /// slot or none): a follower's admin endpoints redirect there.
+    pub admin: Option<String>,
 }
 
 /// The `[cluster.peer_tls]` table: TLS between peers. Relative paths are
@@ -946,6 +955,7 @@ pub fn resolve(
         let mut cluster = cluster;
         cluster.state = Some(state.clone());
         cluster.admin_listen = admin_listen;
+        cluster.admin_tokens = admin_tokens.clone();
         Some(cluster)
     } else {
         check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
@@ -1015,6 +1025,70 @@ fn parse_advertised(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
         ));
     }
     Ok(text.into())
+}
+
+/// Each slot's admin address, from `--slot-admin` (which replaces the
+/// file's) or `slots[].admin`: every slot or none.
+fn slot_admins(
+    args: &ServeArgs,
+    file_slots: Option<&[FileSlot]>,
+    slot_count: usize,
+) -> Result<Vec<Box<str>>, ConfigError> {
+    let (given, flag): (Vec<Option<&str>>, bool) = if args.slot_admins.is_empty() {
+        let list = file_slots.unwrap_or_default();
+        (
+            list.iter().map(|slot| slot.admin.as_deref()).collect(),
+            false,
+        )
+    } else {
+        (
+            args.slot_admins.iter().map(|a| Some(a.as_str())).collect(),
+            true,
+        )
+    };
+    let field = |index: usize| {
+        if flag {
+            format!("--slot-admin[{index}]")
+        } else {
+            format!("cluster.slots[{index}].admin")
+        }
+    };
+    if given.iter().all(Option::is_none) {
+        return Ok(Vec::new());
+    }
+    if flag && given.len() != slot_count {
+        return Err(ConfigError::new(
+            "--slot-admin",
+            format!("give one per slot ({slot_count}), got {}", given.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(given.len());
+    for (index, text) in given.iter().enumerate() {
+        let Some(text) = text else {
+            return Err(ConfigError::new(
+                field(index),
+                "required: set admin on every slot, or on none",
+            ));
+        };
+        out.push(parse_admin_address(&field(index), text)?);
+    }
+    Ok(out)
+}
+
+/// Checks an admin address as operators reach it: `HOST:PORT` with a
+/// numeric port, a non-empty host, no spaces or control characters.
+fn parse_admin_address(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
+    let text = parse_advertised(field, text)?;
+    let port_ok = text
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !port_ok {
+        return Err(ConfigError::new(
+            field,
+            format!("expected HOST:PORT, got {text:?}"),
+        ));
+    }
+    Ok(text)
 }
 
 /// Parses a cluster identity: exactly 64 lowercase hex digits.
@@ -1211,6 +1285,7 @@ fn resolve_cluster(
     node.budget = server.budget;
     node.client_tokens = server.client_tokens.clone();
     node.client_addresses = advertised;
+    node.admin_addresses = slot_admins(args, table.slots.as_deref(), slots.len())?;
     node.validate()
         .map_err(|e| ConfigError::new("cluster", e.to_owned()))?;
     let (client_listen, peer_listen) = slots[usize::from(self_slot)];
@@ -1657,6 +1732,85 @@ mod tests {
             ])),
             "cluster.slots[0]"
         );
+    }
+
+    #[test]
+    fn slot_admin_addresses_come_from_the_flags_or_the_file_and_a_bad_one_is_named() {
+        let mut argv = cluster_args(&SLOTS3);
+        for port in [9225, 9226, 9227] {
+            argv.extend([
+                "--slot-admin".to_owned(),
+                format!("node{port}.example:{port}"),
+            ]);
+        }
+        let argv_ref: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let node = resolve_args(&argv_ref).unwrap().cluster.unwrap().node;
+        let expected: Vec<Box<str>> = [
+            "node9225.example:9225",
+            "node9226.example:9226",
+            "node9227.example:9227",
+        ]
+        .into_iter()
+        .map(Box::from)
+        .collect();
+        assert_eq!(node.admin_addresses, expected);
+        // None given: none known.
+        let argv_ref: Vec<String> = cluster_args(&SLOTS3);
+        let argv_ref: Vec<&str> = argv_ref.iter().map(String::as_str).collect();
+        assert!(
+            resolve_args(&argv_ref)
+                .unwrap()
+                .cluster
+                .unwrap()
+                .node
+                .admin_addresses
+                .is_empty()
+        );
+        // Too few flags, and a port that is not one.
+        let mut short = cluster_args(&SLOTS3);
+        short.extend(["--slot-admin".to_owned(), "a:1".to_owned()]);
+        assert_eq!(cluster_field(&short), "--slot-admin");
+        let mut bad = cluster_args(&SLOTS3);
+        for admin in ["a:1", "b:x", "c:3"] {
+            bad.extend(["--slot-admin".to_owned(), admin.to_owned()]);
+        }
+        assert_eq!(cluster_field(&bad), "--slot-admin[1]");
+        // The file: every slot or none, and the field is named.
+        let file = |admins: [&str; 3]| {
+            parse_file(&format!(
+                r#"
+                client_tokens = ["client-token-0123456789"]
+                [cluster]
+                identity = "{IDENTITY}"
+                self_slot = 0
+                peer_tokens = ["peer-token-0123456789"]
+                slots = [
+                  {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" {} }},
+                  {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" {} }},
+                  {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" {} }},
+                ]
+                "#,
+                admins[0], admins[1], admins[2]
+            ))
+            .unwrap()
+        };
+        let all = file([
+            r#", admin = "10.0.0.1:9225""#,
+            r#", admin = "10.0.0.2:9225""#,
+            r#", admin = "10.0.0.3:9225""#,
+        ]);
+        let config = resolve(&all, None, &args(&[]), &Env::default()).unwrap();
+        assert_eq!(
+            config.cluster.unwrap().node.admin_addresses[2].as_ref(),
+            "10.0.0.3:9225"
+        );
+        let missing = file([
+            r#", admin = "10.0.0.1:9225""#,
+            "",
+            r#", admin = "10.0.0.3:9225""#,
+        ]);
+        let err = resolve(&missing, None, &args(&[]), &Env::default()).unwrap_err();
+        assert_eq!(err.field, "cluster.slots[1].admin");
     }
 
     #[test]

@@ -35,7 +35,7 @@ use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::budget::LogEvent;
 use ticketing_core::hash::IdMap;
 use ticketing_core::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
 };
 use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
@@ -382,6 +382,11 @@ pub(crate) trait Machine: Send + 'static {
     fn handle_force_release(&mut self, _now: Instant, _id: AdminRequestId, _req: ForceRelease) {}
     /// The next answer to a force-release.
     fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        None
+    }
+    /// Where to send an operator instead (a cluster node that is not the
+    /// leader); `None`: this core serves inspection and force-release.
+    fn not_leader(&self) -> Option<NotLeader> {
         None
     }
 }

@@ -20,6 +20,7 @@ use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
 };
 use ticketing_core::wire::Reply;
+use ticketing_tokio::client::ReleaseOutcome;
 use tokio::io::AsyncWriteExt;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
@@ -532,13 +533,20 @@ async fn single_mode_metrics_count_the_lock_traffic() {
     assert_eq!(status, 404);
 }
 
-/// Config files for a 3-node cluster whose every node has an admin port.
+/// Config files for a 3-node cluster whose every node has an admin port,
+/// knows every slot's (`slots[].admin`) and accepts [`ADMIN_TOKEN`].
 fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<PathBuf> {
     std::fs::create_dir_all(&dir.0).unwrap();
     let slots: Vec<String> = cluster
         .slots
         .iter()
-        .map(|s| format!("{{ client = \"{}\", peer = \"{}\" }}", s.client, s.peer))
+        .zip(admin)
+        .map(|(s, admin)| {
+            format!(
+                "{{ client = \"{}\", peer = \"{}\", admin = \"{admin}\" }}",
+                s.client, s.peer
+            )
+        })
         .collect();
     (0..cluster.slots.len())
         .map(|slot| {
@@ -546,6 +554,7 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
             let text = format!(
                 "client_tokens = [\"{CLIENT_TOKEN}\"]\n\
                  admin_listen = \"{}\"\n\
+                 admin_tokens = [\"{ADMIN_TOKEN}\"]\n\
                  log_level = \"warn\"\n\
                  [cluster]\n\
                  identity = \"{IDENTITY}\"\n\
@@ -947,4 +956,178 @@ async fn locks_release_fences_the_holder_and_needs_the_admin_token() {
     let (code, _, stderr) = ticketing(&["locks", "ls", "--admin", &nobody]);
     assert_eq!(code, Some(69), "{stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");
+}
+
+/// `method path` with a response header too: (status, `Location`, body).
+fn http_location(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+) -> Option<(u16, Option<String>, String)> {
+    let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = authorization.map_or(String::new(), |value| format!("Authorization: {value}\r\n"));
+    write!(
+        tcp,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let location = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("location")
+            .then(|| value.trim().to_owned())
+    });
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Some((status, location, body))
+}
+
+/// A 3-node cluster: inspection and force-release on the leader's admin
+/// listener (the command is applied before the answer: the waiter is
+/// granted under a larger token, the old holder's release is `N`), and a
+/// follower's `/v1` endpoints redirect to the leader's admin address.
+#[tokio::test]
+async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_followers() {
+    let mut cluster = Cluster::new(3);
+    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let config_dir = scratch_dir("admin-cluster-release");
+    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    for slot in 0..3 {
+        cluster.spawn(slot, true);
+    }
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    let broker = common::cluster::ours(&cluster);
+    let lease = Duration::from_secs(60);
+    // The client may still be finding the leader: a few attempts.
+    let mut attempts = 0;
+    let ticket = loop {
+        attempts += 1;
+        match broker
+            .acquire(
+                "orders/42",
+                Duration::from_secs(5),
+                lease,
+                Duration::from_secs(10),
+            )
+            .await
+        {
+            Ok(ticket) => break ticket,
+            Err(e) => assert!(attempts < 5, "no first grant: {e:?}"),
+        }
+    };
+    let token = ticket.token();
+    let waiter = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .acquire(
+                    "orders/42",
+                    Duration::from_secs(30),
+                    lease,
+                    Duration::from_secs(40),
+                )
+                .await
+        })
+    };
+    let view = until_waiters(admin[leader], "orders%2F42", 1).await;
+    assert_eq!(view["holder"]["token"], token);
+    assert!(view["holder"]["lease_remaining_ms"].as_u64().unwrap() <= 60_000);
+    assert_eq!(view["waiters"][0]["position"], 1);
+
+    // A follower points at the leader's admin address, GET and POST alike
+    // (the POST still needs the admin token first).
+    let path = "/v1/locks/orders%2F42";
+    let (status, location, body) = http_location(admin[follower], "GET", path, None).unwrap();
+    assert_eq!(status, 307, "{body}");
+    assert_eq!(
+        location.as_deref(),
+        Some(format!("http://{}{path}", admin[leader]).as_str())
+    );
+    let answer = json(&body);
+    assert_eq!(answer["error"], "not_leader");
+    assert_eq!(answer["leader_slot"], leader);
+    assert_eq!(answer["leader_admin"], admin[leader].to_string());
+    let (status, location, _) =
+        http_location(admin[follower], "GET", "/v1/locks?prefix=orders", None).unwrap();
+    assert_eq!(status, 307);
+    assert_eq!(
+        location,
+        Some(format!("http://{}/v1/locks?prefix=orders", admin[leader]))
+    );
+    let release = format!("{path}/release?token={token}");
+    let (status, _, _) = http_location(admin[follower], "POST", &release, None).unwrap();
+    assert_eq!(status, 401, "no token: refused before anything else");
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let (status, location, body) =
+        http_location(admin[follower], "POST", &release, Some(&bearer)).unwrap();
+    assert_eq!(status, 307, "{body}");
+    assert_eq!(location, Some(format!("http://{}{release}", admin[leader])));
+    // The redirect did nothing: still held, still waited for.
+    let view = until_waiters(admin[leader], "orders%2F42", 1).await;
+    assert_eq!(view["holder"]["token"], token);
+    // The CLI pointed at a follower follows the redirect to the leader.
+    let follower_admin = admin[follower].to_string();
+    let (code, stdout, stderr) = ticketing(&[
+        "locks",
+        "show",
+        "orders/42",
+        "--admin",
+        &follower_admin,
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(json(&stdout)["holder"]["token"], token);
+
+    // On the leader: answered once the command is applied.
+    let (status, _, body) = http_location(admin[leader], "POST", &release, Some(&bearer)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let answer = json(&body);
+    assert_eq!(answer["revoked"], token);
+    assert_eq!(answer["keys"], serde_json::json!(["orders/42"]));
+    let next = waiter.await.unwrap().expect("the waiter is granted");
+    assert!(next.token() > token, "{} must exceed {token}", next.token());
+    assert_eq!(
+        answer["handed_to"],
+        next.token(),
+        "answered after the hand-over"
+    );
+    assert_eq!(
+        ticket.release().await.unwrap(),
+        ReleaseOutcome::AlreadyGoneOrNotCurrent,
+        "the old holder is fenced"
+    );
+    let (status, _, body) = http_get(admin[leader], path).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(json(&body)["holder"]["token"], next.token());
+    // Every node applied it and counts it.
+    for &addr in &admin {
+        poll("the applied force-release", || {
+            (scrape(addr).value("ticketing_force_releases_total", &[]) == Some(1.0)).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // Without a known leader a follower cannot point anywhere: 503.
+    for slot in (0..3).filter(|&s| s != follower) {
+        cluster.kill(slot);
+    }
+    let body = poll("503 without a leader", || {
+        http_location(admin[follower], "GET", path, None)
+            .and_then(|(status, _, body)| (status == 503).then_some(body))
+    })
+    .await;
+    assert_eq!(json(&body)["error"], "no_leader");
 }

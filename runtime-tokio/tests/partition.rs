@@ -244,6 +244,8 @@ struct Slot {
     client: SocketAddr,
     peer: SocketAddr,
     status: SocketAddr,
+    /// The admin HTTP listener (`/readyz`).
+    admin: SocketAddr,
 }
 
 /// One node's status line, the fields this test reads.
@@ -279,6 +281,7 @@ impl Nodes {
                 client: free_port(),
                 peer: free_port(),
                 status: free_port(),
+                admin: free_port(),
             })
             .collect();
         let dir = std::env::temp_dir().join(format!(
@@ -323,6 +326,7 @@ impl Nodes {
             .args(["--self-slot", &slot.to_string()])
             .args(["--peer-token", PEER_TOKEN, "--client-token", CLIENT_TOKEN])
             .args(["--status-listen", &self.slots[slot].status.to_string()])
+            .args(["--admin-listen", &self.slots[slot].admin.to_string()])
             .args(["--log-level", "warn", "--bootstrap"])
             .arg("--state-dir")
             .arg(&state);
@@ -388,6 +392,25 @@ impl Nodes {
             }
         }
         seen_role.then_some(status)
+    }
+
+    /// The status code and body of `GET /readyz` on `slot`'s admin
+    /// listener, or `None` if it does not answer.
+    fn readyz(&self, slot: usize) -> Option<(u16, String)> {
+        use std::io::Write;
+        let addr = self.slots[slot].admin;
+        let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+        tcp.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(
+            tcp,
+            "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        tcp.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
     }
 
     /// The leader every node follows, in one term, with every peer live at
@@ -707,6 +730,47 @@ async fn three_nodes_survive_and_heal_real_partitions() {
     assert_safe(&grants);
     eprintln!("three nodes: {} grants checked", grants.len());
     broker.close().await;
+}
+
+/// `/readyz` follows the partition: 200 on every node of a whole cluster,
+/// 503 ("no known leader") on a node cut off from its majority, leader or
+/// follower, while the majority's nodes turn (or stay) 200 under the
+/// leader they elect; 200 everywhere again after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_drops_to_503_on_a_node_cut_off_from_its_majority() {
+    if !environment_ready("readyz_drops_to_503_on_a_node_cut_off_from_its_majority") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let (firewall, nodes, leader) = whole_cluster(&[64021, 64022, 64023], "fast").await;
+    let ready = |slot: usize| nodes.readyz(slot).is_some_and(|(status, _)| status == 200);
+    poll_within(SETTLE, || (0..3).all(ready).then_some(()))
+        .await
+        .expect("a whole cluster is ready on every node");
+
+    for (what, cut) in [("the leader", leader), ("a follower", (leader + 1) % 3)] {
+        let others: Vec<usize> = (0..3).filter(|&n| n != cut).collect();
+        firewall.cut_nodes(3, &[cut]);
+        let body = poll_within(NEW_LEADER_BOUND, || {
+            nodes
+                .readyz(cut)
+                .and_then(|(status, body)| (status == 503).then_some(body))
+        })
+        .await
+        .unwrap_or_else(|| panic!("{what} cut off stays ready: {:?}", nodes.readyz(cut)));
+        assert_eq!(body, "not ready: no known leader\n", "{what}");
+        poll_within(NEW_LEADER_BOUND, || {
+            others.iter().all(|&n| ready(n)).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("the majority without {what} is not ready"));
+        // Still cut: the isolated node stays out.
+        assert_eq!(nodes.readyz(cut).map(|(status, _)| status), Some(503));
+        heal_and_measure(&nodes, &firewall, &format!("{what} cut off")).await;
+        poll_within(HEAL_BOUND, || (0..3).all(ready).then_some(()))
+            .await
+            .unwrap_or_else(|| panic!("not every node ready after healing {what}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

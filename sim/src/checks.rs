@@ -67,7 +67,9 @@ impl History {
             let entry = &mut self.keys[key][index];
             entry.op = map(entry.op);
             entry.respond_us = match entry.op {
-                LinOp::AcquireIndeterminate { .. } | LinOp::ReleaseIndeterminate { .. } => u64::MAX,
+                LinOp::AcquireIndeterminate { .. }
+                | LinOp::ReleaseIndeterminate { .. }
+                | LinOp::ForceReleaseIndeterminate { .. } => u64::MAX,
                 _ => now_us,
             };
         }

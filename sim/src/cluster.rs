@@ -19,18 +19,20 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
+use ticketing_core::client::KeySet;
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
 use ticketing_core::lock::Limits;
 use ticketing_core::peer::{PEER_HELLO_LEN, PeerTokens};
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::server::{ConnId, ConnState};
-use ticketing_core::wire::{ErrorCode, Reply, Request};
+use ticketing_core::wire::{ErrorCode, Key, Reply, Request};
 
 use crate::adversary::{Adversary, AdversaryRates};
 use crate::checks::{History, Windows, key_index};
 use crate::clients::{
-    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
+    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, OpState, Parts, ReleaseFailure, Sessions,
     close_expected_of_any,
 };
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
@@ -57,6 +59,14 @@ const STALE_US: u64 = 120_000_000;
 const MISTAKEN_BOOTSTRAP_PPM: u32 = 250_000;
 /// Share of swarm worlds with the outsider, parts per million.
 const ADVERSARY_SEEDS_PPM: u32 = 300_000;
+/// Share of swarm worlds with operator force-releases, parts per million.
+const FORCE_RELEASE_SEEDS_PPM: u32 = 500_000;
+/// A force-release's era: its grant's validity window and fenced writes are
+/// judged on their own (the holder may act on a grant an operator revoked;
+/// its writes are fenced, which is the point).
+fn force_released_era(token: u64) -> u64 {
+    u64::MAX - token
+}
 /// Most connections the outsider holds open at once (each pair is a relay);
 /// well below a node's peer connection limit.
 const ADVERSARY_CONNS_MAX: usize = 4;
@@ -84,6 +94,12 @@ pub struct ClusterFaults {
     /// The outsider without the peer token (`crate::adversary`); off
     /// when both rates are 0.
     pub adversary: AdversaryRates,
+    /// An operator force-releases a key the leader's applied state shows
+    /// held, naming its token or (a quarter of the time) a stale one, and
+    /// in a third of them the leader is isolated at once, so the command
+    /// may commit under a leader change or end indeterminate. Drawn from
+    /// its own stream: worlds without it are what they were.
+    pub force_release_ppm: u32,
 }
 
 /// A bug planted in the simulated *driver* (the core has no cluster
@@ -98,6 +114,11 @@ pub enum ClusterPlant {
     /// The driver never reports a write flushed: every grant counts as
     /// undelivered and is released when its connection closes.
     NeverReportFlushed,
+    /// Operator force-releases happen but the checkers are not told (no
+    /// history entry, no exemption for the revoked grant): shows that they
+    /// see a force-release as a real change of holder, accepted only
+    /// because it was ordered.
+    SilentForceRelease,
 }
 
 /// What a cluster run simulates.
@@ -138,6 +159,7 @@ impl ClusterSimConfig {
             node_clock_jump_ppm: 30_000,
             partition_max_us: rng.range(300_000, 5_000_000),
             adversary: AdversaryRates::default(),
+            force_release_ppm: 0,
         };
         for rate in [
             &mut faults.partition_ppm,
@@ -159,6 +181,10 @@ impl ClusterSimConfig {
                 inject_ppm: adversary_rng.range(500, 5_000) as u32,
             };
         }
+        let mut force_rng = Rng::new(seed, 93);
+        if force_rng.chance(FORCE_RELEASE_SEEDS_PPM) {
+            faults.force_release_ppm = force_rng.range(20_000, 120_000) as u32;
+        }
         ClusterSimConfig {
             nodes,
             base,
@@ -179,6 +205,7 @@ impl ClusterSimConfig {
             node_clock_jump_ppm: 0,
             partition_max_us: 0,
             adversary: AdversaryRates::default(),
+            force_release_ppm: 0,
         };
         self
     }
@@ -446,7 +473,24 @@ pub struct ClusterWorld<'t> {
     windows: Windows,
     history: History,
     adversary: Adversary,
+    /// Draws of the operator's force-releases (their own stream).
+    force_rng: Rng,
+    /// Tokens an operator ordered force-released (any attempt): a key may
+    /// change holder once its holder's token was named.
+    force_requested: HashSet<u64>,
+    /// Force-releases awaiting their answer, by request id.
+    admin_pending: BTreeMap<u64, AdminOp>,
+    next_admin_id: u64,
     rec: Recorder<'t>,
+}
+
+/// A force-release sent to a node, and where its history entries stand.
+#[derive(Debug)]
+struct AdminOp {
+    slot: u8,
+    inc: u64,
+    token: u64,
+    hist: crate::checks::HistRefs,
 }
 
 fn hash_of<T: Hash>(value: &T) -> u64 {
@@ -537,6 +581,10 @@ impl<'t> ClusterWorld<'t> {
             windows: Windows::new(),
             history: History::new(),
             adversary: Adversary::new(config.faults.adversary.clone(), Rng::new(seed, 95)),
+            force_rng: Rng::new(seed, 94),
+            force_requested: HashSet::new(),
+            admin_pending: BTreeMap::new(),
+            next_admin_id: 1,
             rec: Recorder::new(seed, config.base.checkers_off.clone()),
             config,
         }
@@ -971,13 +1019,214 @@ impl<'t> ClusterWorld<'t> {
         self.schedule(at, Ev::NodeRestart { slot });
     }
 
+    /// The operator orders a force-release on the leader: of a key its
+    /// applied state shows held, naming the holder's token, or (a quarter
+    /// of the time) a stale token, which must change nothing; in a third of
+    /// them the leader is isolated right after, so the command may commit
+    /// across a leader change or end indeterminate. The history gets the
+    /// operator's release of that token on every key of the grant.
+    fn fault_force_release(&mut self) {
+        let Some(slot) = self
+            .nodes
+            .iter()
+            .filter_map(|proc| proc.node.as_ref())
+            .find(|node| node.is_leader())
+            .map(|node| node.id().slot)
+        else {
+            return;
+        };
+        let s = usize::from(slot);
+        let Some(node) = self.nodes[s].node.as_ref() else {
+            return;
+        };
+        let held: Vec<(u64, Vec<usize>)> = node
+            .lock_state()
+            .grants()
+            .map(|(token, holding)| {
+                let keys = holding
+                    .keys
+                    .keys()
+                    .iter()
+                    .map(|key| key_index(key.as_bytes()))
+                    .collect();
+                (token, keys)
+            })
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let (holder, keys) = held[self.force_rng.index(held.len())].clone();
+        let key = keys[self.force_rng.index(keys.len())];
+        let stale = self.force_rng.chance(250_000);
+        // A stale token: one issued before the holder's, which no longer
+        // holds this key (tokens only grow).
+        let token = if stale {
+            holder.saturating_sub(1 + self.force_rng.below(3))
+        } else {
+            holder
+        };
+        let isolate = self.force_rng.chance(330_000);
+        let id = self.next_admin_id;
+        self.next_admin_id += 1;
+        self.rec.report.faults += 1;
+        self.rec.report.cluster_force_releases += 1;
+        self.note(|| {
+            format!(
+                "FAULT operator force-releases {} token {token} on leader {slot} (request {id}{})",
+                ALL_KEYS[key],
+                if isolate { ", then isolates it" } else { "" }
+            )
+        });
+        // The operator's release of `token` on every key it may free.
+        let names: Vec<&str> = if stale {
+            vec![ALL_KEYS[key]]
+        } else {
+            keys.iter().map(|&k| ALL_KEYS[k]).collect()
+        };
+        let key_set = KeySet::new(&names).expect("sim keys are valid");
+        let silent = self.config.plant == Some(ClusterPlant::SilentForceRelease);
+        let hist = if silent {
+            Vec::new()
+        } else {
+            self.history.open(
+                self.now_us,
+                &key_set,
+                LinOp::ForceReleaseIndeterminate { token },
+            )
+        };
+        if !stale && !silent {
+            // A stale token holds nothing this command can free.
+            self.force_requested.insert(token);
+            self.exempt_force_released(token);
+        }
+        let inc = self.nodes[s].inc;
+        self.admin_pending.insert(
+            id,
+            AdminOp {
+                slot,
+                inc,
+                token,
+                hist,
+            },
+        );
+        let now = self.node_now(slot);
+        let request = ForceRelease {
+            key: Key::new(ALL_KEYS[key].as_bytes()).expect("sim keys are valid"),
+            token: Some(token),
+        };
+        if let Some(node) = self.nodes[s].node.as_mut() {
+            node.handle_force_release(now, AdminRequestId(id), request);
+        }
+        self.node_step(slot, None);
+        if isolate {
+            let links = (0..self.n)
+                .filter(|&other| other != slot)
+                .flat_map(|other| [(slot, other), (other, slot)])
+                .collect();
+            self.partition(
+                links,
+                format!("leader {slot} isolated after a force-release"),
+            );
+        }
+    }
+
+    /// Grant `token` may end without its holder knowing: its validity
+    /// window and its fenced writes are judged in an era of their own.
+    fn exempt_force_released(&mut self, token: u64) {
+        let era = force_released_era(token);
+        if let Some(info) = self.grants.get_mut(&token) {
+            info.era = era;
+        }
+        for proc in &mut self.clients {
+            for op in proc.ops.values_mut() {
+                if let OpState::Holding { grant, era: e, .. } = op
+                    && grant.token == token
+                {
+                    *e = era;
+                }
+            }
+        }
+    }
+
+    /// The answers to force-releases a node has: each resolves the
+    /// operator's history entries as the answer says.
+    fn drain_admin_replies(&mut self, slot: u8) {
+        let s = usize::from(slot);
+        let inc = self.nodes[s].inc;
+        let mut answers = Vec::new();
+        if let Some(node) = self.nodes[s].node.as_mut() {
+            while let Some(answer) = node.poll_admin_reply() {
+                answers.push(answer);
+            }
+        }
+        for (AdminRequestId(id), outcome) in answers {
+            let Some(op) = self.admin_pending.remove(&id) else {
+                self.violation(
+                    Checker::Replies,
+                    format!("node {slot} answered force-release {id} twice or unasked"),
+                );
+                continue;
+            };
+            if (op.slot, op.inc) != (slot, inc) {
+                self.violation(
+                    Checker::Replies,
+                    format!(
+                        "node {slot} answered force-release {id} sent to node {}",
+                        op.slot
+                    ),
+                );
+                continue;
+            }
+            self.note(|| format!("node {slot} answers force-release {id}: {outcome:?}"));
+            let token = op.token;
+            let bucket = match outcome {
+                ForceReleaseOutcome::Released { .. } => 0,
+                ForceReleaseOutcome::Indeterminate => 1,
+                ForceReleaseOutcome::NotHeld | ForceReleaseOutcome::TokenMismatch { .. } => 2,
+                ForceReleaseOutcome::NotLeader { .. } | ForceReleaseOutcome::Busy => 3,
+            };
+            self.rec.report.force_outcomes[bucket] += 1;
+            match outcome {
+                ForceReleaseOutcome::Released {
+                    revoked, handed_to, ..
+                } => {
+                    if handed_to.is_some_and(|next| next <= revoked) {
+                        self.violation(
+                            Checker::Tokens,
+                            format!("force-release of {revoked} handed over to {handed_to:?}"),
+                        );
+                    }
+                    if revoked != token {
+                        self.violation(
+                            Checker::Replies,
+                            format!("force-release of token {token} revoked {revoked}"),
+                        );
+                    }
+                    self.history
+                        .resolve(self.now_us, &op.hist, |_| LinOp::ForceReleased { token });
+                }
+                ForceReleaseOutcome::NotHeld | ForceReleaseOutcome::TokenMismatch { .. } => {
+                    self.history
+                        .resolve(self.now_us, &op.hist, |_| LinOp::NotFound { token });
+                }
+                // It may still take effect: the entry stays open.
+                ForceReleaseOutcome::Indeterminate => {}
+                // Refused before proposing: no effect.
+                ForceReleaseOutcome::NotLeader { .. } | ForceReleaseOutcome::Busy => {
+                    self.history.forget(&op.hist);
+                }
+            }
+        }
+    }
+
     fn node_alive(&self, slot: u8, inc: u64) -> bool {
         let proc = &self.nodes[usize::from(slot)];
         proc.inc == inc && proc.node.is_some()
     }
 
-    /// After any node input: dials, transmits, timer.
+    /// After any node input: admin answers, dials, transmits, timer.
     fn node_step(&mut self, slot: u8, retake: Option<ConnId>) {
+        self.drain_admin_replies(slot);
         let s = usize::from(slot);
         let now = self.node_now(slot);
         let inc = self.nodes[s].inc;
@@ -1802,7 +2051,7 @@ impl<'t> ClusterWorld<'t> {
                     ));
                 }
             }
-            let view = node.locks().replicated_view();
+            let view = node.lock_state().replicated_view();
             let applied = raft.applied_index();
             let h = hash_of(&view);
             if *self.states.entry(applied).or_insert(h) != h {
@@ -1834,7 +2083,7 @@ impl<'t> ClusterWorld<'t> {
         };
         let mut fresh = Vec::new();
         let mut holders = vec![None; ALL_KEYS.len()];
-        for (token, holding) in node.locks().grants() {
+        for (token, holding) in node.lock_state().grants() {
             let keys: Vec<usize> = holding
                 .keys
                 .keys()
@@ -1898,6 +2147,7 @@ impl<'t> ClusterWorld<'t> {
                 });
                 let free = lease_over
                     || self.release_requested.contains(&old)
+                    || self.force_requested.contains(&old)
                     || self.ghosts.contains(&old)
                     || !self.replied.contains(&old);
                 if !free {
@@ -2076,6 +2326,10 @@ impl<'t> ClusterWorld<'t> {
             {
                 self.adversary_relay();
             }
+        }
+        let force_ppm = self.config.faults.force_release_ppm;
+        if force_ppm > 0 && self.force_rng.chance(force_ppm) {
+            self.fault_force_release();
         }
         let faults = self.config.base.faults.clone();
         let cluster = self.config.faults.clone();

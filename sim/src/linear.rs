@@ -63,10 +63,19 @@ pub enum LinOp {
         /// The jump.
         by_us: u64,
     },
-    /// An operator force-released the grant of `token` (a fixed point):
-    /// the key is free, and a later release of `token` must get `N`.
+    /// An operator force-released the grant of `token`: the key is free,
+    /// and a later release of `token` must get `N`. Legal if `token` holds
+    /// the key, or if the holder is one whose token no client learned (the
+    /// operator read it from the server's state).
     ForceReleased {
         /// The revoked token.
+        token: u64,
+    },
+    /// An operator's force-release of `token` without a definite answer
+    /// (cluster: leadership was lost before it was seen applied): it may
+    /// have freed the key at any point after its invocation, or not at all.
+    ForceReleaseIndeterminate {
+        /// The token named.
         token: u64,
     },
 }
@@ -261,20 +270,6 @@ fn apply(state: State, entry: &LinEntry) -> Vec<State> {
                 });
             }
         }
-        LinOp::ForceReleased { token } => {
-            let revoked = match state.holder {
-                Holder::Known { token: t, .. } => t == token,
-                Holder::Unknown { .. } => true,
-                Holder::Free => false,
-            };
-            if revoked && let Some(p) = at(earliest) {
-                out.push(State {
-                    holder: Holder::Free,
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
         LinOp::Granted {
             token,
             lease_min_us,
@@ -326,6 +321,24 @@ fn apply(state: State, entry: &LinEntry) -> Vec<State> {
             };
             if let Some(p) = at(point) {
                 out.push(State { at_us: p, ..state });
+            }
+        }
+        LinOp::ForceReleased { token } | LinOp::ForceReleaseIndeterminate { token } => {
+            let named = match state.holder {
+                Holder::Known { token: t, .. } => t == token,
+                Holder::Unknown { .. } => true,
+                Holder::Free => false,
+            };
+            let definite = matches!(entry.op, LinOp::ForceReleased { .. });
+            if !definite {
+                out.push(state);
+            }
+            if named && let Some(p) = at(earliest) {
+                out.push(State {
+                    holder: Holder::Free,
+                    at_us: p,
+                    ..state
+                });
             }
         }
         LinOp::ReleaseIndeterminate { token } => {

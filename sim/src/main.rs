@@ -216,6 +216,10 @@ fn main() -> ExitCode {
         totals.line_grants += report.line_grants;
         totals.line_resends += report.line_resends;
         totals.line_redirects += report.line_redirects;
+        totals.cluster_force_releases += report.cluster_force_releases;
+        for (total, n) in totals.force_outcomes.iter_mut().zip(report.force_outcomes) {
+            *total += n;
+        }
         if report.line_clients > 0 {
             line_worlds += 1;
         }
@@ -254,14 +258,23 @@ fn main() -> ExitCode {
         totals.lin_inconclusive,
         failing.len()
     );
-    println!(
-        "{} operator force-releases ({} more refused for a stale token)",
-        totals.force_releases, totals.force_releases_refused
-    );
+    if args.cluster.is_none() {
+        println!(
+            "{} operator force-releases ({} more refused for a stale token)",
+            totals.force_releases, totals.force_releases_refused
+        );
+    }
     println!(
         "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
         totals.line_grants, totals.line_resends, totals.line_redirects
     );
+    if totals.cluster_force_releases > 0 {
+        let [released, indeterminate, unchanged, refused] = totals.force_outcomes;
+        println!(
+            "cluster force-releases: {} ordered, {released} released, {indeterminate} indeterminate, {unchanged} token mismatch or not held, {refused} refused",
+            totals.cluster_force_releases
+        );
+    }
     println!(
         "{:.1} s, {:.0} seeds/s, {:.0} events/s",
         elapsed,

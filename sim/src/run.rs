@@ -99,6 +99,11 @@ pub struct RunReport {
     /// Line connections closed by the client for `M`, `Eno_leader` or
     /// `Enot_active` (reconnect, resend).
     pub line_redirects: u64,
+    /// Operator force-releases ordered (cluster worlds).
+    pub cluster_force_releases: u64,
+    /// Of those, answered "released" / "indeterminate" / "token mismatch or
+    /// not held" / refused (not the leader any more, busy).
+    pub force_outcomes: [u64; 4],
 }
 
 /// Where a run is: faults and new work (safety), then none while

@@ -119,6 +119,62 @@ fn partly_written_takes_are_safe() {
     }
 }
 
+/// Worlds where an operator force-releases held keys (stale tokens and
+/// leader isolations included) hold every invariant, and every outcome
+/// occurs: released, indeterminate, and a mismatch that changed nothing.
+#[test]
+fn force_released_worlds_hold_every_invariant() {
+    let mut outcomes = [0; 4];
+    let mut ordered = 0;
+    for seed in 0..120 {
+        let mut config = ClusterSimConfig::swarm(seed, 3);
+        config.faults.force_release_ppm = 150_000;
+        let report = ClusterWorld::new(seed, config).run();
+        assert_clean(&report, 3);
+        ordered += report.cluster_force_releases;
+        for (total, n) in outcomes.iter_mut().zip(report.force_outcomes) {
+            *total += n;
+        }
+    }
+    let [released, indeterminate, unchanged, _refused] = outcomes;
+    assert!(ordered > 100, "only {ordered} force-releases");
+    assert!(released > 30, "{outcomes:?}");
+    assert!(indeterminate > 5, "{outcomes:?}");
+    assert!(unchanged > 5, "{outcomes:?}");
+}
+
+/// The first seed below `limit` on which `checker` alone reports force-
+/// releases the checkers were not told of.
+fn caught_silent_force_release(checker: Checker) -> u64 {
+    for seed in 0..200 {
+        let mut config = ClusterSimConfig::swarm(seed, 3);
+        config.plant = Some(ClusterPlant::SilentForceRelease);
+        config.faults.force_release_ppm = 300_000;
+        config.base = config.base.only(checker);
+        let report = ClusterWorld::new(seed, config).run();
+        if let Some(violation) = report.violations.first() {
+            assert_eq!(violation.checker, checker, "other checkers are off");
+            return seed;
+        }
+    }
+    panic!("{checker:?} never caught an unannounced force-release");
+}
+
+#[test]
+fn server_state_checker_catches_an_unannounced_force_release() {
+    caught_silent_force_release(Checker::ServerState);
+}
+
+#[test]
+fn linearizability_checker_catches_an_unannounced_force_release() {
+    caught_silent_force_release(Checker::Linearizability);
+}
+
+#[test]
+fn fencing_checker_catches_an_unannounced_force_release() {
+    caught_silent_force_release(Checker::Fencing);
+}
+
 #[test]
 fn raft_checker_catches_an_amnesiac_restart() {
     caught(ClusterPlant::AmnesiacRestart, Checker::Raft, 3, 200);

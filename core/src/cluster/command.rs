@@ -14,9 +14,10 @@
 //! | `0x02` | [`Command::Grant`] | lease_ms u32 · keys |
 //! | `0x03` | [`Command::Release`] | token u64 · keys |
 //! | `0x04` | [`Command::Expire`] | token u64 · keys |
+//! | `0x05` | [`Command::ForceRelease`] | has_token u8 (0/1) · token u64 (0 unless has_token) · len u8 · key |
 
 use crate::cluster::bytes::{Reader, put_key_group};
-use crate::wire::KeyGroup;
+use crate::wire::{Key, KeyGroup};
 
 /// A [`Command::Init`] must start the token counter below this (2^62);
 /// one starting higher does not decode. The first token is the bootstrap
@@ -35,6 +36,8 @@ const TAG_GRANT: u8 = 0x02;
 const TAG_RELEASE: u8 = 0x03;
 /// Tag of [`Command::Expire`].
 const TAG_EXPIRE: u8 = 0x04;
+/// Tag of [`Command::ForceRelease`].
+const TAG_FORCE_RELEASE: u8 = 0x05;
 
 /// A lock-state change, replicated through Raft (page 001).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -74,6 +77,17 @@ pub enum Command {
         /// The grant's token.
         token: u64,
     },
+    /// An operator's force-release (`POST /v1/locks/{key}/release`):
+    /// removes the whole grant holding `key`, exactly as its holder's
+    /// release would, if `token` is `None` or is the token holding it.
+    /// What it revokes is decided at apply from the replicated state, so
+    /// every node revokes the same grant.
+    ForceRelease {
+        /// Any key of the grant.
+        key: Key,
+        /// Release only if this token still holds the key.
+        token: Option<u64>,
+    },
 }
 
 /// What applying one command did (the state machine's answer to the
@@ -100,6 +114,20 @@ pub enum ApplyResult {
     Expired {
         /// A grant with the token was removed.
         existed: bool,
+    },
+    /// A [`Command::ForceRelease`] removed the grant `revoked` (every key
+    /// of it).
+    ForceReleased {
+        /// The token that no longer holds.
+        revoked: u64,
+    },
+    /// A [`Command::ForceRelease`] found the key free. Nothing changed.
+    ForceNotHeld,
+    /// A [`Command::ForceRelease`] named a token that does not hold the
+    /// key; `held` does. Nothing changed.
+    ForceTokenMismatch {
+        /// The token holding the key.
+        held: u64,
     },
     /// Nothing happened (no-op entries, a repeated [`Command::Init`], bytes
     /// that do not decode).
@@ -129,6 +157,15 @@ impl Command {
                 out.extend_from_slice(&token.to_be_bytes());
                 put_key_group(out, keys);
             }
+            Command::ForceRelease { key, token } => {
+                out.push(TAG_FORCE_RELEASE);
+                out.push(u8::from(token.is_some()));
+                out.extend_from_slice(&token.unwrap_or(0).to_be_bytes());
+                let bytes = key.as_bytes();
+                // A valid key is at most 128 bytes.
+                out.push(u8::try_from(bytes.len()).unwrap_or(u8::MAX));
+                out.extend_from_slice(bytes);
+            }
         }
     }
 
@@ -140,8 +177,9 @@ impl Command {
     }
 
     /// Decodes exactly one command filling all of `bytes`; `None` for
-    /// anything else (unknown tag, bad key group, trailing bytes, a first
-    /// token at or above [`MAX_FIRST_TOKEN`]).
+    /// anything else (unknown tag, bad key group or key, trailing bytes, a
+    /// first token at or above [`MAX_FIRST_TOKEN`], a force-release flag
+    /// other than 0/1 or a token without its flag).
     pub fn decode(bytes: &[u8]) -> Option<Command> {
         let mut r = Reader::new(bytes);
         let command = match r.u8()? {
@@ -171,6 +209,20 @@ impl Command {
                 Command::Expire {
                     keys: r.key_group()?,
                     token,
+                }
+            }
+            TAG_FORCE_RELEASE => {
+                let has_token = r.bool()?;
+                let token = r.u64()?;
+                if !has_token && token != 0 {
+                    // One encoding per value.
+                    return None;
+                }
+                let len = usize::from(r.u8()?);
+                let key = Key::new(r.bytes(len)?).ok()?;
+                Command::ForceRelease {
+                    key,
+                    token: has_token.then_some(token),
                 }
             }
             _ => return None,

@@ -1,6 +1,6 @@
 //! Cluster mode: the replicated lock state and the commands that change it.
 //!
-//! - [`command`]: `Init`/`Grant`/`Release`/`Expire` and their byte encoding
+//! - [`command`]: `Init`/`Grant`/`Release`/`Expire`/`ForceRelease` and their byte encoding
 //!   (the payload of Raft command entries), and [`ApplyResult`].
 //! - [`state`]: [`ReplicatedLocks`], the state machine every node applies
 //!   committed commands to, with its snapshot encoding.

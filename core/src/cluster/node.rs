@@ -57,6 +57,10 @@ use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
 use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::inspect::{
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
+    MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
+};
 use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
 use crate::metrics::{ClusterMetrics, ReplyCounts};
@@ -138,6 +142,11 @@ pub struct ClusterConfig {
     /// own list); v3 clients route by slot and do not need it. At most
     /// 190 bytes each, no CR or LF.
     pub client_addresses: Vec<Box<str>>,
+    /// Each slot's admin listener address (`host:port`), in slot order
+    /// (empty: none known). A follower names the leader's with
+    /// [`NotLeader`] so that the admin HTTP layer can redirect an operator
+    /// there. At most 190 bytes each, no CR or LF.
+    pub admin_addresses: Vec<Box<str>>,
 }
 
 /// A peer connection on which nothing was sent for this many heartbeat
@@ -199,6 +208,7 @@ impl ClusterConfig {
             dial_backoff_max: Duration::from_millis(1_000),
             peer_silence_timeout: default_peer_silence_timeout(&RaftConfig::default()),
             client_addresses: Vec::new(),
+            admin_addresses: Vec::new(),
         }
     }
 
@@ -226,6 +236,14 @@ impl ClusterConfig {
             |a: &str| a.is_empty() || a.len() > MAX_LINE_TEXT_LEN || a.contains(['\r', '\n']);
         if self.client_addresses.iter().any(|a| unfit(a)) {
             return Err("a client address must be 1..=190 bytes without CR or LF");
+        }
+        if !self.admin_addresses.is_empty()
+            && self.admin_addresses.len() != usize::from(self.slot_count)
+        {
+            return Err("admin_addresses must name every slot, or none");
+        }
+        if self.admin_addresses.iter().any(|a| unfit(a)) {
+            return Err("an admin address must be 1..=190 bytes without CR or LF");
         }
         if self.bootstrap_wall_clock_us >= MAX_FIRST_TOKEN {
             // Its Init command would not decode on any node.
@@ -276,12 +294,23 @@ enum PendingKind {
     Release { conn: ConnId, reply_to: ReplyTo },
     /// A lease expiry or the release of an undelivered grant; no reply.
     Internal,
+    /// An operator's force-release, answered through
+    /// [`ClusterNode::poll_admin_reply`] once applied.
+    ForceRelease {
+        /// The driver's name for the request.
+        id: AdminRequestId,
+        /// Every key of the grant holding the named key when proposed;
+        /// replaced at apply by the keys of the grant actually revoked.
+        keys: Vec<Key>,
+    },
 }
 
 #[derive(Debug)]
 struct Pending {
     term: u64,
     kind: PendingKind,
+    /// When it was proposed (commit latency is observed at apply).
+    proposed_at: Instant,
 }
 
 /// A queued or proposed acquire.
@@ -293,6 +322,8 @@ struct Waiter {
     lease_ms: u32,
     /// When it gets `T` if still queued.
     deadline: Instant,
+    /// When the acquire arrived (the wait-time observation starts here).
+    received: Instant,
 }
 
 /// Leader-only state, dropped on stepping down.
@@ -450,6 +481,56 @@ pub struct ClusterNode {
     reserve: TokenReserve,
     /// Replies sent to clients, by kind.
     replies: ReplyCounts,
+    /// Answers to force-releases, for the driver (bounded).
+    admin_replies: VecDeque<(AdminRequestId, ForceReleaseOutcome)>,
+    /// Force-releases applied in this pump whose keys may go to a waiter:
+    /// answered once it is known whether a hand-over Grant was proposed
+    /// (at the latest when the pump ends).
+    handover_wanted: Vec<Handover>,
+    /// Force-releases answered when the hand-over Grant at this index
+    /// applies (one per pending Grant at most).
+    handovers: BTreeMap<u64, Handover>,
+    /// What this node counted beyond Raft and the applied state.
+    counts: NodeCounts,
+}
+
+/// A force-release that revoked `revoked` on `keys`, waiting to name the
+/// token its hand-over got.
+#[derive(Debug)]
+struct Handover {
+    id: AdminRequestId,
+    revoked: u64,
+    keys: Vec<Key>,
+}
+
+/// Most answers to force-releases queued for the driver; it drains them
+/// after every input, so the bound is only reached by a driver that does
+/// not (answers beyond it are dropped and counted).
+pub const MAX_ADMIN_REPLIES: usize = 1_024;
+
+/// What a node counts beyond Raft's counters and the applied state.
+#[derive(Clone, Debug, Default)]
+struct NodeCounts {
+    /// Leader: proposal → applied, for proposals this leader made.
+    commit_latency: crate::metrics::DurationHistogram,
+    /// Leader: acquire arrival → grant delivered.
+    wait: crate::metrics::DurationHistogram,
+    /// Leader: applied expiries whose keys had a waiter queued.
+    expiries_handed_over: u64,
+    /// Leader: applied expiries with nobody queued on their keys.
+    expiries_not_handed_over: u64,
+    /// Leader: applied releases whose keys had a waiter queued.
+    release_handovers: u64,
+    /// Acquires answered `B`, by the limit.
+    busy: crate::metrics::BusyByLimit,
+    /// Acquires answered `B` for a per-connection limit.
+    busy_per_connection: u64,
+    /// Acquires answered `B` because Raft refused a proposal (too many
+    /// uncommitted entries).
+    busy_backpressure: u64,
+    /// Force-release answers dropped because the driver did not drain
+    /// them.
+    dropped_admin_replies: u64,
 }
 
 /// Records since when `conn`'s output has been waiting (peer connections).
@@ -633,6 +714,10 @@ impl ClusterNode {
             config,
             reserve: TokenReserve::unlimited(),
             replies: ReplyCounts::default(),
+            admin_replies: VecDeque::new(),
+            handover_wanted: Vec::new(),
+            handovers: BTreeMap::new(),
+            counts: NodeCounts::default(),
         }
     }
 
@@ -694,6 +779,219 @@ impl ClusterNode {
     }
 
     // ------------------------------------------------------------------
+    // Operations: inspection and force-release
+    // ------------------------------------------------------------------
+
+    /// The admin address configured for `slot`
+    /// ([`ClusterConfig::admin_addresses`]).
+    pub fn admin_address(&self, slot: u8) -> Option<&str> {
+        self.config
+            .admin_addresses
+            .get(usize::from(slot))
+            .map(|a| &**a)
+    }
+
+    /// Why this node does not answer inspection or order force-releases
+    /// itself (`None`: it does): it is not the leader (the answer names the
+    /// leader's slot and admin address when known, so the admin layer can
+    /// redirect), or it leads but has not applied its own term's no-op yet
+    /// (its view may miss grants its predecessor committed; it answers like
+    /// a node with no known leader until then).
+    pub fn not_leader(&self) -> Option<NotLeader> {
+        match &self.leadership {
+            Some(leadership) if leadership.caught_up && self.raft.is_leader() => None,
+            Some(_) => Some(NotLeader {
+                leader_slot: None,
+                leader_admin: None,
+            }),
+            None => {
+                let leader_slot = self
+                    .raft
+                    .leader()
+                    .map(|l| l.slot)
+                    .filter(|&slot| slot != self.config.id.slot);
+                Some(NotLeader {
+                    leader_slot,
+                    leader_admin: leader_slot
+                        .and_then(|slot| self.admin_address(slot))
+                        .map(Box::from),
+                })
+            }
+        }
+    }
+
+    /// `conn` as an operator sees it, while it is an open client
+    /// connection.
+    fn conn_view(&self, conn_id: ConnId) -> Option<ConnView> {
+        let conn = self.conns.get(&conn_id)?;
+        let ConnKind::Client(client) = &conn.kind else {
+            return None;
+        };
+        if conn.out.is_closing() {
+            return None;
+        }
+        Some(ConnView {
+            conn: conn_id,
+            source: conn.source?,
+            dialect: client.front.dialect()?,
+        })
+    }
+
+    /// `key` as the leader sees it at `now`: the holder from the applied
+    /// state (ages on this node's clock, which started the lease when it
+    /// applied the grant; the connection when this leader delivered the
+    /// grant to one it still has), and the waiters of its leader-local
+    /// queue in FIFO order. `Ok(None)` when nobody holds or waits for it;
+    /// `Err` on a node that is not a caught-up leader.
+    pub fn lock(&self, now: Instant, key: &Key) -> Result<Option<LockView>, NotLeader> {
+        if let Some(not_leader) = self.not_leader() {
+            return Err(not_leader);
+        }
+        Ok(self.lock_view(now, key, MAX_LISTED_WAITERS))
+    }
+
+    /// `key` with at most `max_waiters` of its waiters listed.
+    fn lock_view(&self, now: Instant, key: &Key, max_waiters: usize) -> Option<LockView> {
+        let leadership = self.leadership.as_ref()?;
+        let ms = |d: Duration| crate::time::duration_micros(d) / 1_000;
+        let holder = self.state.holder(key).map(|(token, holding)| HolderView {
+            token,
+            keys: holding.keys.keys().to_vec(),
+            held_ms: ms(now.saturating_duration_since(holding.granted_at)),
+            lease_remaining_ms: ms(holding.deadline.saturating_duration_since(now)),
+            conn: leadership
+                .held_keys
+                .conn_of(token)
+                .and_then(|conn| self.conn_view(conn)),
+        });
+        let queue = leadership.queues.get(key);
+        let waiters: Vec<WaiterView> = queue
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| leadership.waiters.get(seq))
+            .take(max_waiters)
+            .map(|waiter| WaiterView {
+                keys: waiter.keys.keys().to_vec(),
+                waited_ms: ms(now.saturating_duration_since(waiter.received)),
+                wait_remaining_ms: ms(waiter.deadline.saturating_duration_since(now)),
+                conn: self.conn_view(waiter.conn),
+            })
+            .collect();
+        if holder.is_none() && waiters.is_empty() {
+            return None;
+        }
+        Some(LockView {
+            key: key.clone(),
+            holder,
+            waiters,
+            waiters_total: queue.map_or(0, VecDeque::len),
+        })
+    }
+
+    /// Every key starting with `prefix` that is held or waited for, in
+    /// ascending key order, at most `limit` (capped at
+    /// [`MAX_LISTING_LIMIT`]) of them, each with the front
+    /// [`MAX_WAITERS_PER_LISTED_LOCK`] of its waiters; see
+    /// [`ClusterNode::lock`]. Costs the
+    /// listed held keys plus one pass over the keys with waiters (bounded
+    /// by the waiter limit).
+    pub fn locks(
+        &self,
+        now: Instant,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<LockListing, NotLeader> {
+        if let Some(not_leader) = self.not_leader() {
+            return Err(not_leader);
+        }
+        let limit = limit.min(MAX_LISTING_LIMIT);
+        let Some(leadership) = self.leadership.as_ref() else {
+            return Ok(LockListing {
+                locks: Vec::new(),
+                truncated: false,
+            });
+        };
+        // One more than the limit tells whether the listing is truncated.
+        let mut keys: BTreeSet<&Key> = self
+            .state
+            .held_keys_with_prefix(prefix)
+            .take(limit.saturating_add(1))
+            .collect();
+        keys.extend(
+            leadership
+                .queues
+                .iter()
+                .filter(|(key, queue)| !queue.is_empty() && key.as_bytes().starts_with(prefix))
+                .map(|(key, _)| key),
+        );
+        let truncated = keys.len() > limit;
+        let locks = keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|key| self.lock_view(now, key, MAX_WAITERS_PER_LISTED_LOCK))
+            .collect();
+        Ok(LockListing { locks, truncated })
+    }
+
+    /// An operator's force-release, named `id` by the driver. Only a leader
+    /// orders it: it proposes [`Command::ForceRelease`], and the answer
+    /// ([`ClusterNode::poll_admin_reply`]) comes once the entry is applied,
+    /// so nothing takes effect before a majority has it. At apply the
+    /// grant holding the key is removed whole, exactly as its holder's
+    /// release would remove it, and its keys go to their front waiters
+    /// under new, larger tokens; the old holder's later release gets `N`.
+    /// A non-leader answers [`ForceReleaseOutcome::NotLeader`] at once; a
+    /// leader that loses its leadership before it saw the entry applied
+    /// answers [`ForceReleaseOutcome::Indeterminate`].
+    pub fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        self.handle_timeout(now);
+        if self.shutting_down || self.leadership.is_none() || !self.raft.is_leader() {
+            let leader_slot = self
+                .raft
+                .leader()
+                .map(|l| l.slot)
+                .filter(|&slot| slot != self.config.id.slot);
+            self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            return;
+        }
+        let keys = self
+            .state
+            .holder(&req.key)
+            .map_or_else(|| vec![req.key.clone()], |(_, h)| h.keys.keys().to_vec());
+        let command = Command::ForceRelease {
+            key: req.key,
+            token: req.token,
+        };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::ForceRelease { id, keys },
+                    },
+                );
+            }
+            Err(ProposeError::Backpressure) => {
+                self.admin_reply(id, ForceReleaseOutcome::Busy);
+            }
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                let leader_slot = leader_hint.map(|l| l.slot);
+                self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            }
+            Err(_) => self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot: None }),
+        }
+        self.pump(now);
+    }
+
+    /// The next answer to a force-release. Drain after every input, like
+    /// the wakes.
+    pub fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.admin_replies.pop_front()
+    }
+
+    // ------------------------------------------------------------------
     // Queries
     // ------------------------------------------------------------------
 
@@ -718,7 +1016,7 @@ impl ClusterNode {
     }
 
     /// The applied lock state, read-only (for checkers and metrics).
-    pub fn locks(&self) -> &ReplicatedLocks {
+    pub fn lock_state(&self) -> &ReplicatedLocks {
         &self.state
     }
 
@@ -746,16 +1044,28 @@ impl ClusterNode {
     /// A snapshot of what the node counted (see [`crate::metrics`]).
     pub fn metrics(&self) -> ClusterMetrics {
         let stats = self.stats();
-        crate::metrics::cluster_metrics(
-            &self.raft,
-            &self.state,
-            self.applied_index,
-            self.replies,
-            self.reports.totals(),
-            self.checking_genesis(),
-            (stats.waiters, self.client_sessions, self.line_sessions),
-            self.shutting_down,
-        )
+        let counts = &self.counts;
+        ClusterMetrics {
+            commit_latency: counts.commit_latency.clone(),
+            wait: counts.wait.clone(),
+            expiries_handed_over: counts.expiries_handed_over,
+            expiries_not_handed_over: counts.expiries_not_handed_over,
+            release_handovers: counts.release_handovers,
+            busy: counts.busy,
+            busy_per_connection: counts.busy_per_connection,
+            busy_backpressure: counts.busy_backpressure,
+            dropped_admin_replies: counts.dropped_admin_replies,
+            ..crate::metrics::cluster_metrics(
+                &self.raft,
+                &self.state,
+                self.applied_index,
+                self.replies,
+                self.reports.totals(),
+                self.checking_genesis(),
+                (stats.waiters, self.client_sessions, self.line_sessions),
+                self.shutting_down,
+            )
+        }
     }
 
     /// Snapshots from the leader that could not be restored.
@@ -1237,6 +1547,8 @@ impl ClusterNode {
         fresh.client_sessions = self.client_sessions;
         fresh.line_sessions = self.line_sessions;
         fresh.replies = self.replies;
+        fresh.counts = std::mem::take(&mut self.counts);
+        fresh.admin_replies = std::mem::take(&mut self.admin_replies);
         fresh.known_peer_conns = self.known_peer_conns;
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.dials = std::mem::take(&mut self.dials);
@@ -1401,6 +1713,7 @@ impl ClusterNode {
         if !leadership.caught_up {
             if leadership.held.len() >= self.config.limits.max_waiters_total {
                 let answer = if request.is_acquire() {
+                    self.counts.busy.max_waiters_total += 1;
                     Answer::Busy
                 } else {
                     // `B` may not answer a release.
@@ -1457,6 +1770,7 @@ impl ClusterNode {
                     index,
                     Pending {
                         term,
+                        proposed_at: now,
                         kind: PendingKind::Release {
                             conn: conn_id,
                             reply_to,
@@ -1517,8 +1831,10 @@ impl ClusterNode {
                 .saturating_add(Duration::from_secs(u64::from(wait_s)))
                 .saturating_sub(self.config.wait_margin)
                 .max(received),
+            received,
         };
         if over_in_flight || over_held {
+            self.counts.busy_per_connection += 1;
             self.answer(conn_id, &waiter.reply_to, Answer::Busy);
             return;
         }
@@ -1527,10 +1843,12 @@ impl ClusterNode {
             let bound = self.next_grant_token_bound();
             if !self.reserve.covers(bound) {
                 self.reserve.note_exhausted(bound);
+                self.counts.busy.token_reserve += 1;
                 self.answer(conn_id, &waiter.reply_to, Answer::Busy);
                 return;
             }
             if self.state.held_keys() + new_keys > limits.max_keys {
+                self.counts.busy.max_keys += 1;
                 self.answer(conn_id, &waiter.reply_to, Answer::Busy);
                 return;
             }
@@ -1541,11 +1859,16 @@ impl ClusterNode {
             self.answer(conn_id, &waiter.reply_to, Answer::TimedOut);
             return;
         }
-        let over_limits = leadership.waiters.len() >= limits.max_waiters_total
-            || waiter.keys.keys().iter().any(|k| {
-                leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
-            });
-        if over_limits {
+        let over_total = leadership.waiters.len() >= limits.max_waiters_total;
+        let over_per_key = waiter.keys.keys().iter().any(|k| {
+            leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
+        });
+        if over_total || over_per_key {
+            if over_total {
+                self.counts.busy.max_waiters_total += 1;
+            } else {
+                self.counts.busy.max_waiters_per_key += 1;
+            }
             self.answer(conn_id, &waiter.reply_to, Answer::Busy);
             return;
         }
@@ -1574,8 +1897,9 @@ impl ClusterNode {
         }
     }
 
-    /// Proposes a Grant for `waiter` (keys free and unreserved).
-    fn propose_grant(&mut self, now: Instant, waiter: Waiter) {
+    /// Proposes a Grant for `waiter` (keys free and unreserved); the
+    /// entry's index if it was proposed.
+    fn propose_grant(&mut self, now: Instant, waiter: Waiter) -> Option<u64> {
         let command = Command::Grant {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
@@ -1591,11 +1915,14 @@ impl ClusterNode {
                     index,
                     Pending {
                         term,
+                        proposed_at: now,
                         kind: PendingKind::Grant(waiter),
                     },
                 );
+                return Some(index);
             }
             Err(ProposeError::Backpressure) => {
+                self.counts.busy_backpressure += 1;
                 self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             }
             Err(ProposeError::NotLeader { leader_hint }) => {
@@ -1603,6 +1930,21 @@ impl ClusterNode {
             }
             Err(_) => self.answer(waiter.conn, &waiter.reply_to, leader_reply(None)),
         }
+        None
+    }
+
+    /// A force-release's answer without a hand-over token: nobody took
+    /// its keys in this pump, or the hand-over's outcome will not be seen.
+    fn answer_handover(&mut self, handover: Handover, handed_to: Option<u64>) {
+        let Handover { id, revoked, keys } = handover;
+        self.admin_reply(
+            id,
+            ForceReleaseOutcome::Released {
+                revoked,
+                keys,
+                handed_to,
+            },
+        );
     }
 
     /// Proposes a command nobody waits for (expiry, ghost release).
@@ -1616,6 +1958,7 @@ impl ClusterNode {
                     index,
                     Pending {
                         term,
+                        proposed_at: now,
                         kind: PendingKind::Internal,
                     },
                 );
@@ -1671,6 +2014,11 @@ impl ClusterNode {
                 break;
             }
         }
+        // Force-releases whose keys nobody took now: answered without a
+        // hand-over.
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
+        }
         self.route_messages(now);
     }
 
@@ -1696,21 +2044,52 @@ impl ClusterNode {
                     EntryKind::Command(bytes) => Command::decode(bytes),
                     _ => None,
                 };
+                // The keys of a force-released grant, read before it goes.
+                let forced_keys = match &command {
+                    Some(Command::ForceRelease { key, .. }) => self
+                        .state
+                        .holder(key)
+                        .map(|(_, holding)| holding.keys.clone()),
+                    _ => None,
+                };
                 let result = match &command {
                     Some(command) => self.state.apply(command, now),
                     None => ApplyResult::Noop,
                 };
                 if let Some(leadership) = self.leadership.as_mut() {
-                    match (&command, result) {
+                    let freed = match (&command, result) {
                         (Some(Command::Release { keys, .. }), ApplyResult::Released)
                         | (
                             Some(Command::Expire { keys, .. }),
                             ApplyResult::Expired { existed: true },
-                        ) => {
-                            // Freed keys go to their queue heads.
-                            leadership.dirty.extend(keys.keys().iter().cloned());
+                        ) => Some(keys),
+                        (Some(Command::ForceRelease { .. }), ApplyResult::ForceReleased { .. }) => {
+                            forced_keys.as_ref()
                         }
-                        _ => {}
+                        _ => None,
+                    };
+                    if let Some(keys) = freed {
+                        let waited_for = keys
+                            .keys()
+                            .iter()
+                            .any(|k| leadership.queues.get(k).is_some_and(|q| !q.is_empty()));
+                        match (&command, waited_for) {
+                            (Some(Command::Expire { .. }), true) => {
+                                self.counts.expiries_handed_over += 1;
+                            }
+                            (Some(Command::Expire { .. }), false) => {
+                                self.counts.expiries_not_handed_over += 1;
+                            }
+                            (
+                                Some(Command::Release { .. } | Command::ForceRelease { .. }),
+                                true,
+                            ) => {
+                                self.counts.release_handovers += 1;
+                            }
+                            _ => {}
+                        }
+                        // Freed keys go to their queue heads.
+                        leadership.dirty.extend(keys.keys().iter().cloned());
                     }
                     if let Some(Command::Expire { token, .. }) = &command {
                         leadership.expiring.remove(token);
@@ -1720,19 +2099,48 @@ impl ClusterNode {
                         | (Some(Command::Expire { token, .. }), _) => {
                             leadership.held_keys.remove(*token);
                         }
+                        (_, ApplyResult::ForceReleased { revoked }) => {
+                            leadership.held_keys.remove(revoked);
+                        }
                         _ => {}
                     }
                 }
-                let pending = match self.pending.remove(&entry.index) {
-                    Some(p) if p.term == entry.term => Some(p),
+
+                if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys)
+                {
+                    // Every node that applies it says so: the revoked
+                    // holder's later writes are fenced.
+                    self.reports
+                        .force_released(keys.keys().to_vec(), revoked, None);
+                }
+                let mut pending = match self.pending.remove(&entry.index) {
+                    Some(p) if p.term == entry.term => {
+                        let latency = now.saturating_duration_since(p.proposed_at);
+                        self.counts
+                            .commit_latency
+                            .observe_us(crate::time::duration_micros(latency));
+                        Some(p)
+                    }
                     Some(p) => {
                         // Overwritten: that proposal never takes effect.
-                        self.answer_unapplied(p);
+                        self.answer_unapplied(entry.index, p);
                         None
                     }
                     None => None,
                 };
-                self.after_apply(now, pending, result);
+                if let (
+                    Some(Pending {
+                        kind: PendingKind::ForceRelease { keys, .. },
+                        ..
+                    }),
+                    Some(forced),
+                ) = (pending.as_mut(), &forced_keys)
+                {
+                    // The grant revoked at apply, whatever held when it
+                    // was proposed.
+                    *keys = forced.keys().to_vec();
+                }
+                self.after_apply(now, entry.index, pending, result);
                 if let Some(leadership) = self.leadership.as_mut()
                     && !leadership.caught_up
                     && self.applied_index >= leadership.first_index
@@ -1744,18 +2152,33 @@ impl ClusterNode {
     }
 
     /// A proposal whose entry was replaced by another leader's: no effect.
-    fn answer_unapplied(&mut self, pending: Pending) {
+    fn answer_unapplied(&mut self, index: u64, pending: Pending) {
+        if let Some(handover) = self.handovers.remove(&index) {
+            // The force-release itself was applied; its hand-over was not.
+            self.answer_handover(handover, None);
+        }
         let leader = self.raft.leader();
         match pending.kind {
             PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, leader_reply(leader)),
             PendingKind::Release { conn, reply_to } => {
                 self.answer(conn, &reply_to, leader_reply(leader));
             }
+            PendingKind::ForceRelease { id, .. } => {
+                // Another leader's entry took its place: no effect.
+                let leader_slot = leader.map(|l| l.slot);
+                self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            }
             PendingKind::Init | PendingKind::Internal => {}
         }
     }
 
-    fn after_apply(&mut self, now: Instant, pending: Option<Pending>, result: ApplyResult) {
+    fn after_apply(
+        &mut self,
+        now: Instant,
+        index: u64,
+        pending: Option<Pending>,
+        result: ApplyResult,
+    ) {
         // Whatever was applied, held keys may have been freed.
         let Some(pending) = pending else {
             return;
@@ -1769,6 +2192,13 @@ impl ClusterNode {
                     }
                 }
                 self.deliver_grant(now, waiter, result);
+                if let Some(handover) = self.handovers.remove(&index) {
+                    let token = match result {
+                        ApplyResult::Granted { token } => Some(token),
+                        _ => None,
+                    };
+                    self.answer_handover(handover, token);
+                }
             }
             PendingKind::Release { conn, reply_to } => {
                 self.count_release_miss(now, conn, &result);
@@ -1780,7 +2210,37 @@ impl ClusterNode {
                 self.answer(conn, &reply_to, answer);
                 self.close_if_sweeping(now, conn);
             }
+            PendingKind::ForceRelease { id, keys } => {
+                let outcome = match result {
+                    ApplyResult::ForceReleased { revoked } => {
+                        // The hand-over is a Grant proposed after this
+                        // apply: the answer waits to name its token (or
+                        // goes out when the pump ends without one).
+                        let handover = Handover { id, revoked, keys };
+                        if self.leadership.is_some() {
+                            self.handover_wanted.push(handover);
+                        } else {
+                            self.answer_handover(handover, None);
+                        }
+                        return;
+                    }
+                    ApplyResult::ForceTokenMismatch { held } => {
+                        ForceReleaseOutcome::TokenMismatch { held }
+                    }
+                    _ => ForceReleaseOutcome::NotHeld,
+                };
+                self.admin_reply(id, outcome);
+            }
             PendingKind::Init | PendingKind::Internal => {}
+        }
+    }
+
+    /// Queues the answer to force-release `id` for the driver.
+    fn admin_reply(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
+        if self.admin_replies.len() >= MAX_ADMIN_REPLIES {
+            self.counts.dropped_admin_replies += 1;
+        } else {
+            self.admin_replies.push_back((id, outcome));
         }
     }
 
@@ -1877,6 +2337,10 @@ impl ClusterNode {
             return;
         }
         self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
+        let waited = now.saturating_duration_since(waiter.received);
+        self.counts
+            .wait
+            .observe_us(crate::time::duration_micros(waited));
         if let Some(leadership) = self.leadership.as_mut() {
             let lease = Duration::from_millis(u64::from(waiter.lease_ms));
             leadership.held_keys.add(
@@ -1920,6 +2384,14 @@ impl ClusterNode {
     /// Leadership lost: proposed requests get `I` (they may still commit),
     /// queued and held ones `M`/`E 4` (they had no effect).
     fn step_down(&mut self) {
+        // Applied force-releases whose hand-over will not be seen.
+        let handovers = std::mem::take(&mut self.handovers);
+        for handover in handovers.into_values() {
+            self.answer_handover(handover, None);
+        }
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
+        }
         let leader = self.raft.leader();
         let pending = std::mem::take(&mut self.pending);
         for (_, p) in pending {
@@ -1927,6 +2399,10 @@ impl ClusterNode {
                 PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, Answer::Indeterminate),
                 PendingKind::Release { conn, reply_to } => {
                     self.answer(conn, &reply_to, Answer::Indeterminate);
+                }
+                // It may still commit under the next leader.
+                PendingKind::ForceRelease { id, .. } => {
+                    self.admin_reply(id, ForceReleaseOutcome::Indeterminate);
                 }
                 PendingKind::Init | PendingKind::Internal => {}
             }
@@ -1996,6 +2472,7 @@ impl ClusterNode {
                     index,
                     Pending {
                         term,
+                        proposed_at: now,
                         kind: PendingKind::Init,
                     },
                 );
@@ -2055,7 +2532,17 @@ impl ClusterNode {
             }
             if let Some(waiter) = self.remove_waiter(seq) {
                 progressed = true;
-                self.propose_grant(now, waiter);
+                let keys = (!self.handover_wanted.is_empty()).then(|| waiter.keys.clone());
+                let index = self.propose_grant(now, waiter);
+                if let (Some(index), Some(keys)) = (index, keys) {
+                    // A hand-over of a force-released grant's keys: its
+                    // answer names this Grant's token once applied.
+                    let freed = |h: &Handover| keys.keys().iter().any(|k| h.keys.contains(k));
+                    if let Some(pos) = self.handover_wanted.iter().position(freed) {
+                        let handover = self.handover_wanted.swap_remove(pos);
+                        self.handovers.insert(index, handover);
+                    }
+                }
             }
         }
     }

@@ -131,7 +131,31 @@ impl ReplicatedLocks {
                 }
                 ApplyResult::Expired { existed }
             }
+            Command::ForceRelease { key, token } => {
+                self.apply_force_release(key, *token, applied_at)
+            }
         }
+    }
+
+    fn apply_force_release(
+        &mut self,
+        key: &Key,
+        token: Option<u64>,
+        applied_at: Instant,
+    ) -> ApplyResult {
+        let Some(&held) = self.keys.get(key) else {
+            return ApplyResult::ForceNotHeld;
+        };
+        if token.is_some_and(|t| t != held) {
+            return ApplyResult::ForceTokenMismatch { held };
+        }
+        // The whole grant goes, as its holder's release would take it.
+        self.remove_grant(held, applied_at);
+        // A release like the holder's own (as in single mode), and counted
+        // apart as well.
+        self.metrics.releases += 1;
+        self.metrics.force_releases += 1;
+        ApplyResult::ForceReleased { revoked: held }
     }
 
     /// Decodes and applies an entry's payload; bytes that do not decode are
@@ -307,6 +331,28 @@ impl ReplicatedLocks {
     /// Current grants, ascending by token.
     pub fn grants(&self) -> impl Iterator<Item = (u64, &Holding)> {
         self.grants.iter().map(|(t, h)| (*t, h))
+    }
+
+    /// Held keys starting with `prefix`, ascending (every held key for an
+    /// empty prefix; none for a prefix no key can start with).
+    pub fn held_keys_with_prefix<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
+        if prefix.is_empty() {
+            return Box::new(self.keys.keys());
+        }
+        // A valid prefix is itself a valid key and the least key starting
+        // with it; an invalid one (too long, a space) starts no key.
+        let Ok(start) = Key::new(prefix) else {
+            return Box::new(std::iter::empty());
+        };
+        Box::new(
+            self.keys
+                .range(start..)
+                .map(|(key, _)| key)
+                .take_while(move |key| key.as_bytes().starts_with(prefix)),
+        )
     }
 
     /// Number of held keys.

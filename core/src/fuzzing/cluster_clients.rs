@@ -219,7 +219,7 @@ pub fn cluster_clients(data: &[u8]) {
     let mut counters: Vec<u64> = cluster
         .nodes
         .iter()
-        .map(|n| n.locks().next_token())
+        .map(|n| n.lock_state().next_token())
         .collect();
     for _ in 0..200 {
         let Some(op) = cursor.byte() else { break };
@@ -293,7 +293,7 @@ pub fn cluster_clients(data: &[u8]) {
             _ => cluster.settle(&mut clients),
         }
         for (i, node) in cluster.nodes.iter().enumerate() {
-            let counter = node.locks().next_token();
+            let counter = node.lock_state().next_token();
             assert!(counter >= counters[i], "node {i}'s token counter went down");
             counters[i] = counter;
         }
@@ -317,7 +317,11 @@ pub fn cluster_clients(data: &[u8]) {
     let last_deadline = cluster
         .nodes
         .iter()
-        .flat_map(|node| node.locks().grants().map(|(_, holding)| holding.deadline))
+        .flat_map(|node| {
+            node.lock_state()
+                .grants()
+                .map(|(_, holding)| holding.deadline)
+        })
         .max()
         .unwrap_or(cluster.now);
     let wait = last_deadline.saturating_duration_since(cluster.now);
@@ -325,14 +329,14 @@ pub fn cluster_clients(data: &[u8]) {
     let leader = cluster.leader().expect("a leader after the script");
     let stats = cluster.nodes[leader].stats();
     assert_eq!(stats.waiters, 0, "waiters outlived their connections");
-    let view = cluster.nodes[leader].locks().replicated_view();
+    let view = cluster.nodes[leader].lock_state().replicated_view();
     assert!(
         view.1.is_empty(),
         "grants left after every lease ended: {view:?}"
     );
     for node in &cluster.nodes {
         assert_eq!(node.stats().clients, 0);
-        assert_eq!(node.locks().replicated_view(), view, "replicas differ");
+        assert_eq!(node.lock_state().replicated_view(), view, "replicas differ");
     }
 }
 

@@ -75,7 +75,7 @@ impl Watch {
                 }
             }
             self.commits[i] = commit;
-            let counter = node.locks().next_token();
+            let counter = node.lock_state().next_token();
             assert!(
                 counter >= self.counters[i],
                 "node {i}'s token counter went down"

@@ -6,15 +6,16 @@ use crate::time::{Duration, Instant};
 
 use super::{Cursor, fuzz_keys};
 
-/// A command built from the fuzzer's bytes (always encodable).
-fn command(cursor: &mut Cursor<'_>) -> Option<Command> {
+/// A command built from the fuzzer's bytes (always encodable); `last_token`
+/// is the newest token issued, which some force-releases name.
+fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
     let kind = cursor.byte()?;
     let keys = fuzz_keys(cursor.byte().unwrap_or(1));
     let mut word = [0u8; 8];
     let taken = cursor.bytes(8);
     word[8 - taken.len()..].copy_from_slice(taken);
     let number = u64::from_be_bytes(word);
-    Some(match kind % 4 {
+    Some(match kind % 5 {
         0 => Command::Init {
             first_token: number % MAX_FIRST_TOKEN,
         },
@@ -26,10 +27,21 @@ fn command(cursor: &mut Cursor<'_>) -> Option<Command> {
             keys,
             token: number,
         },
-        _ => Command::Expire {
+        3 => Command::Expire {
             keys,
             token: number,
         },
+        // Any key of the group; with a token when the kind byte says so,
+        // near the grants made so far so that some match.
+        _ => {
+            let key = keys.keys()[usize::from(kind) % keys.len()].clone();
+            let token = match (kind & 0x80 != 0, kind & 0x40 != 0) {
+                (false, _) => None,
+                (true, true) => Some(last_token.saturating_sub(number % 3)),
+                (true, false) => Some(number),
+            };
+            Command::ForceRelease { key, token }
+        }
     })
 }
 
@@ -66,7 +78,7 @@ pub fn replicated_codecs(data: &[u8]) {
     let mut cursor = Cursor { data: script };
     let mut state = ReplicatedLocks::new();
     let mut at = now;
-    while let Some(command) = command(&mut cursor) {
+    while let Some(command) = command(&mut cursor, state.next_token().saturating_sub(1)) {
         let bytes = command.to_bytes();
         assert_eq!(Command::decode(&bytes), Some(command.clone()));
         let before = state.next_token();
@@ -81,6 +93,23 @@ pub fn replicated_codecs(data: &[u8]) {
                 token >= before && token < after,
                 "token {token} outside the counter"
             );
+        }
+        if let Command::ForceRelease { key, token } = &command {
+            // A force-release leaves its key free, or names the token that
+            // still holds it and changes nothing.
+            match result {
+                ApplyResult::ForceReleased { revoked } => {
+                    assert!(!state.is_held(key));
+                    assert!(state.grant(revoked).is_none());
+                    assert!(token.is_none_or(|t| t == revoked));
+                }
+                ApplyResult::ForceNotHeld => assert!(!state.is_held(key)),
+                ApplyResult::ForceTokenMismatch { held } => {
+                    assert_eq!(state.holder(key).map(|(t, _)| t), Some(held));
+                    assert_ne!(*token, Some(held));
+                }
+                other => panic!("a force-release applied as {other:?}"),
+            }
         }
         at = at.saturating_add(Duration::from_millis(u64::from(cursor.byte().unwrap_or(0))));
         // Leases that ran out leave through a committed Expire, as the

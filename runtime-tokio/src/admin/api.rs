@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
 use ticketing_core::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
-    MAX_LISTING_LIMIT,
+    MAX_LISTING_LIMIT, NotLeader,
 };
 use ticketing_core::server::Dialect;
 use ticketing_core::wire::Key;
@@ -56,6 +56,11 @@ pub trait AdminNode: Send + Sync + 'static {
     /// Orders a force-release; the receiver gets the core's answer. `None`
     /// when [`MAX_PENDING_ADMIN_REQUESTS`] are already waiting.
     fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>>;
+    /// Where the core sends an operator instead (a cluster node that is
+    /// not the leader); `None`: this node serves the lock API itself.
+    fn not_leader(&self) -> Option<NotLeader> {
+        None
+    }
 }
 
 /// Force-releases waiting for the core's answer, by the id the core was
@@ -126,29 +131,8 @@ impl<M: Machine> AdminNode for DrivenNode<M> {
         inner.dispatch(&self.shared, None);
         Some(receiver)
     }
-}
-
-/// A node that serves metrics only (no lock API).
-pub(crate) struct MetricsOnly(pub(crate) super::Snapshot);
-
-impl AdminNode for MetricsOnly {
-    fn metrics(&self) -> NodeMetrics {
-        (self.0)()
-    }
-    fn serves_locks(&self) -> bool {
-        false
-    }
-    fn lock(&self, _key: &Key) -> Option<LockView> {
-        None
-    }
-    fn locks(&self, _prefix: &[u8], _limit: usize) -> LockListing {
-        LockListing {
-            locks: Vec::new(),
-            truncated: false,
-        }
-    }
-    fn force_release(&self, _req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>> {
-        None
+    fn not_leader(&self) -> Option<NotLeader> {
+        self.shared.lock().core.not_leader()
     }
 }
 
@@ -272,6 +256,9 @@ pub(crate) async fn list(
     if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
         return refused;
     }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
     let prefix = query_param(&uri, "prefix").unwrap_or_default();
     let limit = match parse_number(&uri, "limit") {
         Ok(limit) => limit.map_or(DEFAULT_LISTING_LIMIT, |n| {
@@ -305,6 +292,9 @@ pub(crate) async fn show(
     if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
         return refused;
     }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
     let key = match parse_key(key_path(&uri)) {
         Ok(key) => key,
         Err(bad) => return bad.into_response(),
@@ -337,6 +327,9 @@ pub(crate) async fn release(
     if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Write) {
         return refused;
     }
+    if let Some(not_leader) = app.node.not_leader() {
+        return to_the_leader(&not_leader, &uri);
+    }
     let key = match parse_key(raw_key) {
         Ok(key) => key,
         Err(bad) => return bad.into_response(),
@@ -362,7 +355,60 @@ pub(crate) async fn release(
             );
         }
     };
+    if let ForceReleaseOutcome::NotLeader { leader_slot } = outcome {
+        // Leadership moved between the check and the order: send the
+        // operator on with what the core knows now.
+        let not_leader = app.node.not_leader().unwrap_or(NotLeader {
+            leader_slot,
+            leader_admin: None,
+        });
+        return to_the_leader(&not_leader, &uri);
+    }
     outcome_response(&outcome)
+}
+
+/// A cluster node that is not the leader: `307 Temporary Redirect` to the
+/// same path and query on the leader's admin address (a POST stays a
+/// POST), with the same facts as JSON; `503` when no leader, or no admin
+/// address for it, is known.
+fn to_the_leader(not_leader: &NotLeader, uri: &Uri) -> Response {
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
+    match (&not_leader.leader_admin, not_leader.leader_slot) {
+        (Some(admin), slot) => {
+            let location = format!("http://{admin}{path}");
+            let body = json!({
+                "error": "not_leader",
+                "message": "this node is not the leader; ask the leader's admin address",
+                "leader_slot": slot,
+                "leader_admin": admin.as_ref(),
+                "location": location,
+            });
+            let mut response = ok_json(StatusCode::TEMPORARY_REDIRECT, &body);
+            if let Ok(value) = header::HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            response
+        }
+        (None, Some(slot)) => ok_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "not_leader",
+                "message": "this node is not the leader, and no admin address is configured \
+                            for the leader's slot (slots[].admin)",
+                "leader_slot": slot,
+            }),
+        ),
+        (None, None) => ok_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "no_leader",
+                "message": "no leader is known (an election, or this node is cut off); retry",
+                "leader_slot": Value::Null,
+            }),
+        ),
+    }
 }
 
 fn outcome_response(outcome: &ForceReleaseOutcome) -> Response {
@@ -402,6 +448,11 @@ fn outcome_response(outcome: &ForceReleaseOutcome) -> Response {
             });
             ok_json(StatusCode::SERVICE_UNAVAILABLE, &body)
         }
+        ForceReleaseOutcome::Busy => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "the node cannot take more work now (nothing was done); retry",
+        ),
         ForceReleaseOutcome::Indeterminate => error(
             StatusCode::GATEWAY_TIMEOUT,
             "indeterminate",
