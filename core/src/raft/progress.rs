@@ -95,6 +95,29 @@ impl Progress {
         updated
     }
 
+    /// An accepted append up to `index`: updates the match, and moves to
+    /// pipelining once the logs are known to match. Returns whether
+    /// `match_index` grew.
+    pub(crate) fn acknowledge(&mut self, index: u64) -> bool {
+        let updated = self.maybe_update(index);
+        match self.state {
+            ProgressState::Probe => {
+                // The answer to our probe (or anything newer) tells us
+                // where the logs match: start pipelining from there.
+                self.probe_sent = false;
+                if updated || index.saturating_add(1) == self.next_index {
+                    self.become_replicate();
+                }
+            }
+            ProgressState::Snapshot { index: snap, .. } if self.match_index >= snap => {
+                self.become_probe();
+                self.become_replicate();
+            }
+            _ => {}
+        }
+        updated
+    }
+
     /// A rejection of `rejected` (a `prev_index` we sent). `next_probe` is
     /// where the follower's hint says the logs may match. Returns false for
     /// a stale rejection (an answer to an append already superseded).

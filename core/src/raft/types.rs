@@ -3,6 +3,7 @@
 //! these for the wire.
 
 use std::collections::BTreeSet;
+use std::fmt;
 
 /// Every term, log index, commit index, hint and snapshot offset a peer
 /// sends must be below this bound (2^62); a message carrying one at or above
@@ -327,4 +328,149 @@ pub enum MessageBody {
     },
     /// Leadership transfer: "campaign now, skipping pre-vote and lease".
     TimeoutNow,
+}
+
+// --------------------------------------------------------------------------
+// Compact text forms (for logs and test transcripts), after etcd-io/raft's
+// `DescribeMessage`.
+// --------------------------------------------------------------------------
+
+/// `slot.generation`, e.g. `3.2`.
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.slot, self.generation)
+    }
+}
+
+/// `v[1.1 2.1] l[3.2]`: voters, then learners.
+impl fmt::Display for Configuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |f: &mut fmt::Formatter<'_>, ids: &BTreeSet<NodeId>| {
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(" ")?;
+                }
+                write!(f, "{id}")?;
+            }
+            Ok(())
+        };
+        f.write_str("v[")?;
+        list(f, &self.voters)?;
+        f.write_str("] l[")?;
+        list(f, &self.learners)?;
+        f.write_str("]")
+    }
+}
+
+/// `index/term`, then the kind unless it is a command: `6/3`,
+/// `6/3 noop`, `6/3 conf v[1.1 2.1] l[3.2]`. Command payloads are the
+/// application's business and are left out.
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.term)?;
+        match &self.kind {
+            EntryKind::Command(_) => Ok(()),
+            EntryKind::Noop => f.write_str(" noop"),
+            EntryKind::Config(config) => write!(f, " conf {config}"),
+        }
+    }
+}
+
+/// `from->to Kind tTERM details`, one line. `a/b` is always an index and
+/// its term, `cN` a commit index, `@N` a snapshot byte offset:
+///
+/// | body | form |
+/// |---|---|
+/// | `PreVote`, `Vote` | `1.1->2.1 Vote t3 5/2` (the sender's last entry; `transfer` when sent on the leader's behalf) |
+/// | `PreVoteResponse`, `VoteResponse` | `2.1->1.1 VoteResp t3 ok` (or `reject`) |
+/// | `Append` | `1.1->2.1 Append t3 5/2 c5 [6/3, 7/3 noop]` (the entry before, the commit index, the entries) |
+/// | `AppendResponse` | `2.1->1.1 AppendResp t3 ok 7`, `2.1->1.1 AppendResp t3 reject 7 hint 5/2` |
+/// | `Heartbeat` | `1.1->2.1 Heartbeat t3 c5` |
+/// | `HeartbeatResponse` | `2.1->1.1 HeartbeatResp t3` |
+/// | `InstallSnapshot` | `1.1->2.1 Snapshot t3 10/2 @0 1024B done` (`done` on the last chunk) |
+/// | `SnapshotResponse` | `2.1->1.1 SnapshotResp t3 10 @1024`, `2.1->1.1 SnapshotResp t3 10 done` |
+/// | `TimeoutNow` | `1.1->2.1 TimeoutNow t3` |
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}->{} ", self.from, self.to)?;
+        let t = self.term;
+        let ok = |reject: bool| if reject { "reject" } else { "ok" };
+        match &self.body {
+            MessageBody::PreVote {
+                last_index,
+                last_term,
+            } => write!(f, "PreVote t{t} {last_index}/{last_term}"),
+            MessageBody::PreVoteResponse { reject } => {
+                write!(f, "PreVoteResp t{t} {}", ok(*reject))
+            }
+            MessageBody::Vote {
+                last_index,
+                last_term,
+                transfer,
+            } => {
+                write!(f, "Vote t{t} {last_index}/{last_term}")?;
+                if *transfer {
+                    f.write_str(" transfer")?;
+                }
+                Ok(())
+            }
+            MessageBody::VoteResponse { reject } => write!(f, "VoteResp t{t} {}", ok(*reject)),
+            MessageBody::Append {
+                prev_index,
+                prev_term,
+                entries,
+                commit,
+            } => {
+                write!(f, "Append t{t} {prev_index}/{prev_term} c{commit} [")?;
+                for (i, entry) in entries.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{entry}")?;
+                }
+                f.write_str("]")
+            }
+            MessageBody::AppendResponse {
+                reject: false,
+                index,
+                ..
+            } => write!(f, "AppendResp t{t} ok {index}"),
+            MessageBody::AppendResponse {
+                reject: true,
+                index,
+                hint_index,
+                hint_term,
+            } => write!(
+                f,
+                "AppendResp t{t} reject {index} hint {hint_index}/{hint_term}"
+            ),
+            MessageBody::Heartbeat { commit } => write!(f, "Heartbeat t{t} c{commit}"),
+            MessageBody::HeartbeatResponse => write!(f, "HeartbeatResp t{t}"),
+            MessageBody::InstallSnapshot {
+                meta,
+                offset,
+                data,
+                done,
+            } => {
+                let (index, term, len) = (meta.index, meta.term, data.len());
+                write!(f, "Snapshot t{t} {index}/{term} @{offset} {len}B")?;
+                if *done {
+                    f.write_str(" done")?;
+                }
+                Ok(())
+            }
+            MessageBody::SnapshotResponse {
+                index,
+                next_offset,
+                done,
+            } => {
+                if *done {
+                    write!(f, "SnapshotResp t{t} {index} done")
+                } else {
+                    write!(f, "SnapshotResp t{t} {index} @{next_offset}")
+                }
+            }
+            MessageBody::TimeoutNow => write!(f, "TimeoutNow t{t}"),
+        }
+    }
 }
