@@ -14,7 +14,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::auth::{MIN_TOKEN_LEN, TokenTooShort};
+use crate::auth::{TokenTooShort, each_long_enough};
 
 /// What kind of admin endpoint a request is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,23 +57,13 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 
 impl AdminTokens {
     /// Accepts any of `tokens`; each must be at least 16 bytes
-    /// ([`MIN_TOKEN_LEN`]). An empty list accepts no token at all.
+    /// ([`crate::auth::MIN_TOKEN_LEN`]). An empty list accepts no token at all.
     pub fn new<I, T>(tokens: I) -> Result<Self, TokenTooShort>
     where
         I: IntoIterator<Item = T>,
         T: AsRef<[u8]>,
     {
-        let mut digests = Vec::new();
-        for (index, token) in tokens.into_iter().enumerate() {
-            let token = token.as_ref();
-            if token.len() < MIN_TOKEN_LEN {
-                return Err(TokenTooShort {
-                    index,
-                    len: token.len(),
-                });
-            }
-            digests.push(digest(token));
-        }
+        let digests = each_long_enough(tokens, digest)?;
         Ok(AdminTokens { digests })
     }
 

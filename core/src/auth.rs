@@ -199,6 +199,31 @@ impl core::fmt::Debug for ClientTokens {
     }
 }
 
+/// Maps every token through `keep`, refusing the first one shorter than
+/// [`MIN_TOKEN_LEN`] by its position (client and admin tokens share the
+/// rule).
+pub(crate) fn each_long_enough<I, T, K>(
+    tokens: I,
+    keep: impl Fn(&[u8]) -> K,
+) -> Result<Vec<K>, TokenTooShort>
+where
+    I: IntoIterator<Item = T>,
+    T: AsRef<[u8]>,
+{
+    let mut kept = Vec::new();
+    for (index, token) in tokens.into_iter().enumerate() {
+        let token = token.as_ref();
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(TokenTooShort {
+                index,
+                len: token.len(),
+            });
+        }
+        kept.push(keep(token));
+    }
+    Ok(kept)
+}
+
 impl ClientTokens {
     /// Loopback no-auth mode: only the empty token is accepted.
     pub fn no_auth() -> Self {
@@ -213,18 +238,8 @@ impl ClientTokens {
         I: IntoIterator<Item = T>,
         T: AsRef<[u8]>,
     {
-        let mut accepted = Vec::new();
-        for (index, token) in tokens.into_iter().enumerate() {
-            let token = token.as_ref();
-            if token.len() < MIN_TOKEN_LEN {
-                return Err(TokenTooShort {
-                    index,
-                    len: token.len(),
-                });
-            }
-            accepted.push(Box::from(token));
-        }
-        Ok(ClientTokens { tokens: accepted })
+        let tokens = each_long_enough(tokens, |token| Box::from(token))?;
+        Ok(ClientTokens { tokens })
     }
     /// True when no token is configured (no-auth mode).
     pub fn is_no_auth(&self) -> bool {
