@@ -24,7 +24,6 @@ pub mod lock;
 #[doc(hidden)]
 pub mod lock_model;
 pub mod metrics;
-pub mod peer;
 pub mod raft;
 pub mod reserve;
 pub mod server;

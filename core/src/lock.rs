@@ -1023,7 +1023,7 @@ pub mod planted {
         /// A queued waiter whose wait ends gets no reply at all.
         LoseWaiter,
         /// Peer frames are decoded without checking their tag
-        /// (`crate::peer::PeerDecoder`): a frame forged by someone without
+        /// (`crate::cluster::peer::PeerDecoder`): a frame forged by someone without
         /// the peer token reaches Raft.
         SkipPeerFrameMac,
         /// An operator's force-release answers "released" but leaves the

@@ -9,13 +9,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
 use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
+use ticketing_core::cluster::peer::{
+    PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
+};
 use ticketing_core::cluster::{
     ClusterConfig, ClusterNode, PeerLiveness, default_peer_silence_timeout,
 };
 use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
-use ticketing_core::peer::{
-    PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
-};
 use ticketing_core::raft::{NodeId, RaftConfig};
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
@@ -1296,7 +1296,7 @@ impl Net {
 /// new leader and grants with a larger token.
 #[test]
 fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
-    use ticketing_core::peer::PeerError;
+    use ticketing_core::cluster::peer::PeerError;
     use ticketing_core::raft::{Message, MessageBody};
 
     let mut net = Net::new();

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use hmac::{Hmac, KeyInit, Mac};
 use proptest::prelude::*;
 use sha2::Sha256;
-use ticketing_core::peer::{
+use ticketing_core::cluster::peer::{
     FRAME_LEN_BYTES, FRAME_TAG_LEN, MAX_FRAME_LEN, PEER_HELLO_LEN, PeerDecoder, PeerError,
     PeerHandshake, PeerHandshakeStatus, PeerHello, PeerIdentity, PeerReject, PeerRole, PeerSealer,
     PeerSession, PeerTokenError, PeerTokens, TOKEN_FLOOR_LIMIT, peer_proof, peer_session_keys,

@@ -7,7 +7,7 @@
 mod raft_harness;
 
 use raft_harness::Net;
-use ticketing_core::peer::{PeerDecoder, PeerError, PeerSealer};
+use ticketing_core::cluster::peer::{PeerDecoder, PeerError, PeerSealer};
 use ticketing_core::raft::{MAX_RAFT_NUMBER, Message, MessageBody, NodeId, RaftConfig};
 
 /// A cluster with a leader whose no-op is committed, and its followers.

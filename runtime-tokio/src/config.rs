@@ -21,7 +21,7 @@ use ticketing_core::server::ServerConfig;
 
 use rustls::pki_types::ServerName;
 use ticketing_core::cluster::node::ClusterConfig;
-use ticketing_core::peer::{PeerTokenError, PeerTokens};
+use ticketing_core::cluster::peer::{PeerTokenError, PeerTokens};
 use ticketing_core::raft::{NodeId, RaftConfig};
 
 use crate::cluster::{ClusterSettings, PeerTls};

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::{BUDGET, CHANGE_DEADLINE, Cluster, LEASE, ours, poll};
-use ticketing_core::peer::{PEER_HELLO_LEN, PeerHello, PeerRole, PeerSealer};
+use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerHello, PeerRole, PeerSealer};
 use ticketing_core::raft::{Configuration, Message, MessageBody, NodeId, SnapshotMeta};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use ticketing_core::cluster::{Command, ReplicatedLocks};
-use ticketing_core::peer::{
+use ticketing_core::cluster::peer::{
     FRAME_LEN_BYTES, MAX_FRAME_LEN, PEER_HELLO_LEN, PeerHello, PeerRole, PeerSealer,
 };
+use ticketing_core::cluster::{Command, ReplicatedLocks};
 use ticketing_core::raft::{Configuration, Message, MessageBody, NodeId, SnapshotMeta};
 use ticketing_core::time::Instant;
 

@@ -10,6 +10,7 @@
 pub(crate) mod bytes;
 pub mod command;
 pub mod node;
+pub mod peer;
 pub mod state;
 
 pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};

@@ -52,6 +52,10 @@ use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::cluster::command::{ApplyResult, Command, MAX_FIRST_TOKEN};
+use crate::cluster::peer::{
+    MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
+    PeerTokens,
+};
 use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
@@ -64,10 +68,6 @@ use crate::inspect::{
 use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
 use crate::metrics::{ClusterMetrics, ReplyCounts};
-use crate::peer::{
-    MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
-    PeerTokens,
-};
 use crate::raft::{
     Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
     RaftConfig,

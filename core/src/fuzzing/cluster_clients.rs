@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, HELLO_LEN, WireMode};
+use crate::cluster::peer::PeerTokens;
 use crate::cluster::{ClusterConfig, ClusterNode};
-use crate::peer::PeerTokens;
 use crate::raft::{NodeId, RaftConfig};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::auth::{ClientHandshake, HELLO_LEN, WireMode};
-use crate::peer::{PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens};
+use crate::cluster::peer::{
+    PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens,
+};
 use crate::raft::{Entry, EntryKind, Message, MessageBody, NodeId, SnapshotMeta};
 use crate::server::ConnId;
 use crate::time::Duration;

@@ -373,7 +373,7 @@ pub fn server_session(data: &[u8]) {
     );
 }
 
-/// Feeds `data` to a [`crate::peer::PeerDecoder`] keyed with a fixed key,
+/// Feeds `data` to a [`crate::cluster::peer::PeerDecoder`] keyed with a fixed key,
 /// in chunks whose sizes come from the low bits of the first byte, and
 /// checks: no panic, bounded buffering, and every message it yields seals
 /// again to exactly the bytes it came from. With the first byte's high bit
@@ -381,7 +381,7 @@ pub fn server_session(data: &[u8]) {
 /// valid one (so the fuzzer reaches the payload decoder past the MAC);
 /// otherwise tags are as given and almost every frame must fail.
 pub fn peer_decoder(data: &[u8]) {
-    use crate::peer::{
+    use crate::cluster::peer::{
         FRAME_LEN_BYTES, FRAME_TAG_LEN, MAX_FRAME_LEN, MIN_FRAME_LEN, PeerDecoder, PeerSealer,
     };
     const KEY: [u8; 32] = [0x5a; 32];

@@ -2,7 +2,7 @@
 //! [`peer_handshake`].
 
 use crate::auth::PROOF_LEN;
-use crate::peer::{
+use crate::cluster::peer::{
     PEER_HELLO_LEN, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerReject, PeerRole,
     PeerSession, PeerTokens, peer_proof,
 };
@@ -343,7 +343,10 @@ pub fn peer_handshake(data: &[u8]) {
     assert_eq!(hello.token_floor, floors.0);
     assert_eq!(hello.role, PeerRole::Dialer);
     let hello = dialer.handshake.peer_hello().expect("established");
-    assert_eq!(hello.token_floor, crate::peer::TOKEN_FLOOR_LIMIT - 1);
+    assert_eq!(
+        hello.token_floor,
+        crate::cluster::peer::TOKEN_FLOOR_LIMIT - 1
+    );
     let mut dialer_session = dialer.handshake.take_session().expect("a session");
     let mut acceptor_session = acceptor.handshake.take_session().expect("a session");
     assert!(dialer.handshake.take_session().is_none(), "given out twice");
@@ -364,7 +367,7 @@ pub fn peer_handshake(data: &[u8]) {
     // The third party: an unrelated connection between the same nodes.
     let mut to_stranger = PeerSession {
         sealer: dialer_session.sealer.clone(),
-        decoder: crate::peer::PeerDecoder::from_key(&[0; 32]),
+        decoder: crate::cluster::peer::PeerDecoder::from_key(&[0; 32]),
     };
     assert!(!round_trip(
         &mut to_stranger,
@@ -373,7 +376,7 @@ pub fn peer_handshake(data: &[u8]) {
     ));
     let mut from_acceptor = PeerSession {
         sealer: acceptor_session.sealer.clone(),
-        decoder: crate::peer::PeerDecoder::from_key(&[0; 32]),
+        decoder: crate::cluster::peer::PeerDecoder::from_key(&[0; 32]),
     };
     assert!(!round_trip(
         &mut from_acceptor,

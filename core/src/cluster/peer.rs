@@ -60,8 +60,8 @@
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+use super::bytes::Reader;
 use crate::auth::{MIN_TOKEN_LEN, NONCE_LEN, PROOF_LEN};
-use crate::cluster::bytes::Reader;
 use crate::raft::{Configuration, Entry, EntryKind, Message, MessageBody, NodeId, SnapshotMeta};
 use crate::time::Instant;
 
