@@ -22,6 +22,7 @@ use axum::routing::get;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::metrics::{
     ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind, ServerMetrics,
@@ -64,9 +65,18 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 
 /// Serves every admin endpoint `app.node` offers on `listener` until the
 /// task is aborted.
-pub(crate) async fn serve_admin_api(listener: TcpListener, app: AdminApp) {
+pub(crate) async fn serve_admin_api(
+    listener: TcpListener,
+    node: Arc<dyn AdminNode>,
+    tokens: AdminTokens,
+) {
     let addr = listener.local_addr().ok();
-    let serves_locks = app.node.serves_locks();
+    let loopback = addr.is_some_and(|addr| addr.ip().to_canonical().is_loopback());
+    let app = AdminApp {
+        node,
+        loopback,
+        tokens,
+    };
     let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
@@ -74,11 +84,7 @@ pub(crate) async fn serve_admin_api(listener: TcpListener, app: AdminApp) {
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{*key}", get(api::show).post(api::release))
         .with_state(Arc::new(app));
-    if serves_locks {
-        info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
-    } else {
-        info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz");
-    }
+    info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
     if let Err(e) = axum::serve(listener, router).await {
         warn!("admin listener stopped: {e}");
     }

@@ -566,19 +566,12 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
     }
     if let Some(admin) = admin {
-        let loopback = admin
-            .local_addr()
-            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
-        let app = admin::AdminApp {
-            node: Arc::new(admin::DrivenNode {
-                shared: Arc::clone(&shared),
-                metrics: |core: &ClusterCore| admin::NodeMetrics::Cluster(core.node.metrics()),
-                serves_locks: true,
-            }),
-            loopback,
-            tokens: settings.admin_tokens.clone(),
-        };
-        extra.push(tokio::spawn(admin::serve_admin_api(admin, app)));
+        let node = Arc::new(admin::DrivenNode {
+            shared: Arc::clone(&shared),
+            metrics: |core: &ClusterCore| admin::NodeMetrics::Cluster(core.node.metrics()),
+        });
+        let tokens = settings.admin_tokens.clone();
+        extra.push(tokio::spawn(admin::serve_admin_api(admin, node, tokens)));
     }
     let listeners = vec![
         Listener {

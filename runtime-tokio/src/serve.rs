@@ -217,19 +217,12 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         .map(|file| vec![tokio::spawn(run_persister(Arc::clone(&shared), file))])
         .unwrap_or_default();
     if let Some(admin) = admin {
-        let loopback = admin
-            .local_addr()
-            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
-        let app = admin::AdminApp {
-            node: Arc::new(admin::DrivenNode {
-                shared: Arc::clone(&shared),
-                metrics: |server: &Server| admin::NodeMetrics::Single(server.metrics()),
-                serves_locks: true,
-            }),
-            loopback,
-            tokens: settings.admin_tokens.clone(),
-        };
-        extra.push(tokio::spawn(admin::serve_admin_api(admin, app)));
+        let node = Arc::new(admin::DrivenNode {
+            shared: Arc::clone(&shared),
+            metrics: |server: &Server| admin::NodeMetrics::Single(server.metrics()),
+        });
+        let tokens = settings.admin_tokens.clone();
+        extra.push(tokio::spawn(admin::serve_admin_api(admin, node, tokens)));
     }
     let supervisor = start(
         &shared,

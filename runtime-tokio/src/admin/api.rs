@@ -47,8 +47,6 @@ pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 pub trait AdminNode: Send + Sync + 'static {
     /// A snapshot of what the core counted.
     fn metrics(&self) -> NodeMetrics;
-    /// Whether the node serves the `/v1/locks` API at all.
-    fn serves_locks(&self) -> bool;
     /// One key as the core sees it now.
     fn lock(&self, key: &Key) -> Option<LockView>;
     /// Keys by prefix as the core sees them now.
@@ -101,15 +99,11 @@ impl PendingAdmin {
 pub(crate) struct DrivenNode<M> {
     pub(crate) shared: Arc<Shared<M>>,
     pub(crate) metrics: fn(&M) -> NodeMetrics,
-    pub(crate) serves_locks: bool,
 }
 
 impl<M: Machine> AdminNode for DrivenNode<M> {
     fn metrics(&self) -> NodeMetrics {
         (self.metrics)(&self.shared.lock().core)
-    }
-    fn serves_locks(&self) -> bool {
-        self.serves_locks
     }
     fn lock(&self, key: &Key) -> Option<LockView> {
         let inner = self.shared.lock();
@@ -245,19 +239,29 @@ fn key_path(uri: &Uri) -> &str {
     uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
 }
 
+/// What every lock API request passes first: the access rule, then (on a
+/// node that is not the leader) the redirect to the leader. `Some` is the
+/// answer instead of serving it.
+fn turned_away(
+    app: &AppState,
+    headers: &HeaderMap,
+    endpoint: AdminEndpoint,
+    uri: &Uri,
+) -> Option<Response> {
+    refuse(app, headers, endpoint).or_else(|| {
+        app.node
+            .not_leader()
+            .map(|not_leader| to_the_leader(&not_leader, uri))
+    })
+}
+
 pub(crate) async fn list(
     axum::extract::State(app): axum::extract::State<AppState>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if !app.node.serves_locks() {
-        return not_served();
-    }
-    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
+    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Read, &uri) {
         return refused;
-    }
-    if let Some(not_leader) = app.node.not_leader() {
-        return to_the_leader(&not_leader, &uri);
     }
     let prefix = query_param(&uri, "prefix").unwrap_or_default();
     let limit = match parse_number(&uri, "limit") {
@@ -286,14 +290,8 @@ pub(crate) async fn show(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if !app.node.serves_locks() {
-        return not_served();
-    }
-    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Read) {
+    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Read, &uri) {
         return refused;
-    }
-    if let Some(not_leader) = app.node.not_leader() {
-        return to_the_leader(&not_leader, &uri);
     }
     let key = match parse_key(key_path(&uri)) {
         Ok(key) => key,
@@ -314,9 +312,6 @@ pub(crate) async fn release(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if !app.node.serves_locks() {
-        return not_served();
-    }
     let Some(raw_key) = key_path(&uri).strip_suffix("/release") else {
         return error(
             StatusCode::NOT_FOUND,
@@ -324,11 +319,8 @@ pub(crate) async fn release(
             "POST /v1/locks/{key}/release is the only write",
         );
     };
-    if let Some(refused) = refuse(&app, &headers, AdminEndpoint::Write) {
+    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Write, &uri) {
         return refused;
-    }
-    if let Some(not_leader) = app.node.not_leader() {
-        return to_the_leader(&not_leader, &uri);
     }
     let key = match parse_key(raw_key) {
         Ok(key) => key,
@@ -459,14 +451,6 @@ fn outcome_response(outcome: &ForceReleaseOutcome) -> Response {
             "the outcome is unknown (leadership changed); inspect the key",
         ),
     }
-}
-
-fn not_served() -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "not_served",
-        "this node does not serve the lock API",
-    )
 }
 
 /// A key as JSON: the string if it is UTF-8, lowercase hex otherwise.
