@@ -26,6 +26,7 @@ pub mod lock_model;
 pub mod metrics;
 pub mod raft;
 pub mod reserve;
+pub mod rng;
 pub mod server;
 pub mod time;
 pub mod wire;

@@ -1,14 +1,7 @@
 //! Seeded randomness: splitmix64 to derive streams, xoshiro256** to draw,
 //! or — for coverage-guided fuzzing — the fuzzer's own bytes.
 
-/// One step of splitmix64: a good mixer for deriving independent seeds.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use ticketing_core::rng::splitmix64;
 
 /// A stream of random numbers: xoshiro256** from a seed, or bytes chosen by
 /// a fuzzer (each draw eats up to 8 bytes; once they run out it falls back to

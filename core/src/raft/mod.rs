@@ -176,6 +176,7 @@ pub use self::types::{
     SnapshotMeta,
 };
 use crate::metrics::RaftCounters;
+use crate::rng::SplitMix64;
 use crate::time::Instant;
 
 /// The role a node plays in its current term.
@@ -282,28 +283,6 @@ pub enum CompactError {
     NothingToCompact,
 }
 
-/// A small deterministic PRNG (SplitMix64) for election jitter.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        if bound == 0 {
-            0
-        } else {
-            self.next_u64() % bound
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Snapshot {
     meta: SnapshotMeta,
@@ -347,6 +326,7 @@ enum RoleState {
 struct Shared {
     id: NodeId,
     cfg: RaftConfig,
+    /// Election jitter (see [`crate::rng`]).
     rng: SplitMix64,
 
     term: u64,
@@ -427,7 +407,7 @@ impl Raft {
         let mut shared = Shared {
             id,
             cfg,
-            rng: SplitMix64(seed ^ (u64::from(id.slot) << 56) ^ id.generation),
+            rng: SplitMix64::new(seed ^ (u64::from(id.slot) << 56) ^ id.generation),
             term: 0,
             vote: None,
             leader: None,
