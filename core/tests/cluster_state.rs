@@ -1,5 +1,5 @@
-//! The replicated lock state (page 001): commands, their encoding, apply
-//! results, determinism and snapshots.
+//! The replicated lock state (docs/cluster.md, "Replicated commands"):
+//! commands, their encoding, apply results, determinism and snapshots.
 
 use proptest::prelude::*;
 use ticketing_core::cluster::{ApplyResult, Command, ReplicatedLocks, SnapshotError};

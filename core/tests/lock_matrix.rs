@@ -1,6 +1,6 @@
 //! The lock table against the request × key-state matrix (PROTOCOL.md §3,
-//! seeds/ENGLISH.md page 000), one test per row, plus a property test against
-//! a naive reference model. Time is injected and jumped; nothing sleeps.
+//! docs/architecture.md, "Request × key state"), one test per case, plus a
+//! property test against a naive reference model. Time is injected and jumped; nothing sleeps.
 
 use proptest::prelude::*;
 use ticketing_core::lock::{

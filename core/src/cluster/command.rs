@@ -39,7 +39,8 @@ const TAG_EXPIRE: u8 = 0x04;
 /// Tag of [`Command::ForceRelease`].
 const TAG_FORCE_RELEASE: u8 = 0x05;
 
-/// A lock-state change, replicated through Raft (page 001).
+/// A lock-state change, replicated through Raft (docs/cluster.md,
+/// "Replicated commands").
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Command {
     /// Starts the fencing domain's token counter. The first leader proposes
@@ -90,8 +91,8 @@ pub enum Command {
     },
 }
 
-/// What applying one command did (the state machine's answer to the
-/// leader, page 001).
+/// What applying one command did: the state machine's answer to the leader
+/// (docs/cluster.md, "Replicated commands", the apply column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApplyResult {
     /// Acquired under this fencing token.
