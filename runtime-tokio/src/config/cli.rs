@@ -1,0 +1,381 @@
+//! The `ticketing` command line: subcommands and their flags (clap).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::defaults::DEFAULT_LISTEN;
+use super::file::FileLimits;
+
+/// The `ticketing` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ticketing",
+    version,
+    about = "Ticketing distributed lock service"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `ticketing` subcommands.
+// Parsed once per process: the size difference between variants is moot.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a server (with no options: single mode on 127.0.0.1:5225, no
+    /// auth); a cluster node with --cluster or a `[cluster]` table.
+    Serve(ServeArgs),
+    /// Run a command while holding a lock.
+    #[command(after_help = LOCK_AFTER_HELP)]
+    Lock(LockArgs),
+    /// Load-generate against a server with the built-in client.
+    Bench(BenchArgs),
+    /// Print a fresh random cluster identity (64 lowercase hex digits).
+    Identity,
+    /// Inspect and force-release locks through a node's admin listener.
+    #[command(subcommand)]
+    Locks(LocksCommand),
+    /// Readiness and counts of each node, from its admin listener.
+    Status(AdminArgs),
+}
+
+/// Environment variable naming the admin listener for the CLI
+/// (`--admin`).
+pub const ENV_ADMIN: &str = "TICKETING_ADMIN";
+/// Environment variable with the admin token the CLI presents.
+pub const ENV_ADMIN_TOKEN: &str = "TICKETING_ADMIN_TOKEN";
+
+/// Where and how the CLI reaches an admin listener.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// The admin listener, IP:PORT (repeatable for `status`; default
+    /// $TICKETING_ADMIN, else 127.0.0.1:9225).
+    #[arg(long = "admin", value_name = "ADDR")]
+    pub admins: Vec<String>,
+    /// File holding the admin token (its first non-blank line); default
+    /// $TICKETING_ADMIN_TOKEN. Needed for a release, and for inspection
+    /// through a non-loopback listener.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Print the server's JSON answer as is instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ticketing locks …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum LocksCommand {
+    /// List held or waited-on keys, ascending.
+    Ls {
+        /// Only keys starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many keys (the server caps it at 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Show a key's holder and every waiter in queue order.
+    Show {
+        /// The key.
+        key: String,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Force-release a key: its holder's token is fenced (its release gets
+    /// N) and the front waiter is granted under a larger token.
+    Release {
+        /// The key (any key of a set releases the whole set).
+        key: String,
+        /// Release only if this token still holds the key.
+        #[arg(long)]
+        token: Option<u64>,
+        /// Admin listener options.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Exit codes of `ticketing locks` and `ticketing status`.
+pub mod admin_exit {
+    /// The answer is "no": the key is not there (404), held by another
+    /// token (409), or (`status`) a node is not ready.
+    pub const NO: u8 = 1;
+    /// Bad command line or arguments.
+    pub const USAGE: u8 = 2;
+    /// The admin listener cannot be reached, or it is unavailable (503).
+    pub const UNAVAILABLE: u8 = 69;
+    /// An answer that makes no sense.
+    pub const SOFTWARE: u8 = 70;
+    /// The outcome is unknown (504): inspect the key.
+    pub const INDETERMINATE: u8 = 74;
+    /// No admin token (401) or a wrong one (403).
+    pub const AUTH: u8 = 77;
+}
+
+/// Exit codes of `ticketing lock`, besides the command's own status.
+pub mod lock_exit {
+    /// Bad command line or arguments.
+    pub const USAGE: u8 = 2;
+    /// No connection to the server could be made.
+    pub const UNAVAILABLE: u8 = 69;
+    /// Internal or protocol error.
+    pub const SOFTWARE: u8 = 70;
+    /// The server was busy: nothing was queued.
+    pub const BUSY: u8 = 73;
+    /// The acquire may or may not have taken effect; the command was not run.
+    pub const INDETERMINATE: u8 = 74;
+    /// The wait ended without the lock.
+    pub const TIMEOUT: u8 = 75;
+    /// The server rejected the client token.
+    pub const AUTH: u8 = 77;
+    /// The command could not be started.
+    pub const CANNOT_RUN: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const LOCK_AFTER_HELP: &str = "\
+The command runs with TICKETING_KEY (the key) and TICKETING_TOKEN (the fencing
+token: strictly increasing; reject writes carrying a token not above the last
+one seen) in its environment. The lock is released when it exits. The lease is
+not renewed: choose --lease above the command's worst-case run time.
+
+Exit status: the command's own (128+N if killed by signal N), or
+   2  bad usage          69  cannot connect       70  internal/protocol error
+  73  server busy        74  indeterminate        75  timed out waiting
+  77  auth rejected     126  command not runnable 127  command not found";
+
+/// Options of `ticketing lock`.
+#[derive(Debug, Clone, Args)]
+pub struct LockArgs {
+    /// The key to lock (1-128 bytes, no space, CR or LF).
+    #[arg(value_name = "KEY")]
+    pub key: String,
+    /// Server address HOST:PORT.
+    #[arg(long = "addr", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub addrs: Vec<String>,
+    /// Client token (at least 16 bytes); default $TICKETING_CLIENT_TOKEN, or
+    /// none for a loopback server without authentication.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Cluster identity (64 lowercase hex digits, see `ticketing identity`):
+    /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
+    #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
+    pub cluster_identity: Option<[u8; 32]>,
+    /// How long to wait for the lock (0 = one immediate try), at most 255s.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Lease: the server frees the key after this even if we do not, 1s..=250s.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Lease that must remain when the command starts.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// Use TLS, verifying the server against this PEM CA file.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_system_roots")]
+    pub tls_ca: Option<PathBuf>,
+    /// Use TLS, verifying the server against the system trust store.
+    #[arg(long)]
+    pub tls_system_roots: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Options of `ticketing bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Server address HOST:PORT.
+    #[arg(long = "addr", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub addrs: Vec<String>,
+    /// Client token; default $TICKETING_CLIENT_TOKEN.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Cluster identity (64 lowercase hex digits, see `ticketing identity`):
+    /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
+    #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
+    pub cluster_identity: Option<[u8; 32]>,
+    /// Concurrent tasks, each doing acquire+release in a loop.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub clients: usize,
+    /// Distinct keys the tasks contend on.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub keys: usize,
+    /// Acquire+release pairs in total.
+    #[arg(long, value_name = "N", default_value_t = 40_000)]
+    pub ops: u64,
+    /// Wait of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Lease of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Minimum work budget of each acquire.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// Use TLS, verifying the server against this PEM CA file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client runtime threads: 1 = a current-thread tokio runtime, more = a
+    /// multi-thread runtime with this many workers.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+    /// The server's process id, for its CPU time per operation (repeatable:
+    /// a cluster's nodes are summed). Default: the processes listening on
+    /// the loopback addresses given, when /proc shows them.
+    #[arg(long = "server-pid", value_name = "PID")]
+    pub server_pids: Vec<u32>,
+}
+
+/// Environment variable with the client token of `lock` and `bench`.
+pub const ENV_CLIENT_TOKEN: &str = "TICKETING_CLIENT_TOKEN";
+
+/// Parses `500ms`, `5s`, `2m` (a whole number and a unit), or `0`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number with a unit: 500ms, 5s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => value
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{text:?}: too long")),
+        "" if value == 0 => Ok(Duration::ZERO),
+        _ => Err(format!("{text:?}: the unit must be ms, s or m")),
+    }
+}
+
+/// Options of `ticketing serve`. Each overrides the config file.
+#[derive(Debug, Default, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, IP:PORT.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Accepted client token, at least 16 bytes (repeatable). Visible to
+    /// other local users in the process list: prefer the config file or
+    /// TICKETING_CLIENT_TOKENS.
+    #[arg(long = "client-token", value_name = "TOKEN")]
+    pub client_tokens: Vec<String>,
+    /// PEM certificate chain; enables TLS (needs --tls-key).
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (needs --tls-cert).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback listen address with no client token.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// off, error, warn, info, debug or trace (overrides RUST_LOG).
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// `text` (default) or `json` (one JSON object per line).
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Serve the admin HTTP endpoints (/metrics, /livez, /readyz, and the
+    /// /v1/locks API) on this address, IP:PORT (off unless set). A
+    /// non-loopback address needs an admin token (or
+    /// --insecure-admin-no-auth).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// File of admin tokens, one per line, each at least 16 bytes (blank
+    /// lines and lines starting with # are skipped). Admin tokens are
+    /// never taken on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Allow a non-loopback admin listener with no admin token: it then
+    /// serves /metrics, /livez and /readyz, and refuses the lock API.
+    #[arg(long)]
+    pub insecure_admin_no_auth: bool,
+    /// `--max-*`: the `[limits]` table's fields.
+    #[command(flatten)]
+    pub limits: FileLimits,
+    /// How long before a waiter's deadline it is answered `T`, 0..=900.
+    #[arg(long, value_name = "MS")]
+    pub wait_margin_ms: Option<u64>,
+    /// Threads that run connections, 1..=256 (default 1: the lock table
+    /// is one serial state machine; more threads can only spread syscalls
+    /// and TLS work).
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<u64>,
+    /// Run as a cluster node (implied by any other cluster option or a
+    /// `[cluster]` table in the config file).
+    #[arg(long)]
+    pub cluster: bool,
+    /// Cluster identity: 64 lowercase hex digits (`ticketing identity`).
+    #[arg(long, value_name = "HEX")]
+    pub cluster_identity: Option<String>,
+    /// This node's slot, 0-based, in the `--slot` list.
+    #[arg(long, value_name = "N")]
+    pub self_slot: Option<u64>,
+    /// One slot's addresses, `CLIENT_ADDR,PEER_ADDR[,ADVERTISED]`; give 3 or
+    /// 5, in slot order (repeatable; replaces the config file's `slots`).
+    /// ADVERTISED is the client address as line-dialect (0.3.0) clients
+    /// spell it, if not CLIENT_ADDR as written.
+    #[arg(long = "slot", value_name = "CLIENT,PEER[,ADVERTISED]")]
+    pub slots: Vec<String>,
+    /// One slot's admin listener address as operators reach it
+    /// (`HOST:PORT`); give one per slot, in slot order, or none (repeatable;
+    /// replaces the config file's `slots[].admin`). A follower's admin
+    /// endpoints redirect there to the leader's.
+    #[arg(long = "slot-admin", value_name = "HOST:PORT")]
+    pub slot_admins: Vec<String>,
+    /// Peer token, at least 16 bytes (repeatable; the first is this node's
+    /// own, the others are also accepted, for rotation). Prefer the config
+    /// file or TICKETING_PEER_TOKENS.
+    #[arg(long = "peer-token", value_name = "TOKEN")]
+    pub peer_tokens: Vec<String>,
+    /// Raft timing: `default` (failover 2.3-2.5 s) or `fast` (under 0.65 s,
+    /// for LANs and tests).
+    #[arg(long, value_name = "PROFILE")]
+    pub profile: Option<String>,
+    /// Serve a one-line status on this address (plain TCP, read-only).
+    #[arg(long, value_name = "ADDR")]
+    pub status_listen: Option<String>,
+    /// First start of a brand-new cluster: every slot is started once with
+    /// this flag. Never pass it when restarting a node: a restarted node
+    /// joins by itself.
+    #[arg(long)]
+    pub bootstrap: bool,
+    /// Folder of the token-floor state file, created if missing (default:
+    /// $STATE_DIRECTORY, else /var/lib/ticketing as root, else
+    /// $XDG_STATE_HOME/ticketing or ~/.local/state/ticketing).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Parses a cluster identity: exactly 64 lowercase hex digits.
+pub fn parse_identity(text: &str) -> Result<[u8; 32], String> {
+    if text.len() != 64
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(format!(
+            "expected 64 lowercase hex digits (see `ticketing identity`), got {} characters",
+            text.len()
+        ));
+    }
+    let mut out = [0u8; 32];
+    for (index, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16)
+            .map_err(|_| "not hexadecimal".to_owned())?;
+    }
+    Ok(out)
+}

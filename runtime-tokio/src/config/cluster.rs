@@ -1,0 +1,298 @@
+//! The `[cluster]` half of [`resolve`](super::resolve): identity, slots,
+//! this node's slot, peer tokens, the timing profile and peer TLS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use ticketing_core::cluster::node::ClusterConfig;
+use ticketing_core::cluster::peer::{PeerTokenError, PeerTokens};
+use ticketing_core::raft::{NodeId, RaftConfig};
+use ticketing_core::server::ServerConfig;
+
+use super::auth::pick_tokens;
+use super::cli::{ServeArgs, parse_identity};
+use super::defaults::ENV_PEER_TOKENS;
+use super::env::Env;
+use super::error::{ConfigError, parse_addr};
+use super::file::{FileConfig, FileSlot};
+use super::tls_files::resolve_peer_tls;
+use crate::cluster::ClusterSettings;
+
+/// Checks a slot's advertised client address: what `M` and `L` lines carry
+/// to line-dialect clients, compared by them as an exact string.
+fn parse_advertised(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
+    let text = text.trim();
+    if text.is_empty() || text.len() > ticketing_core::line::MAX_LINE_TEXT_LEN {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "an advertised address has 1..={} bytes, got {}",
+                ticketing_core::line::MAX_LINE_TEXT_LEN,
+                text.len()
+            ),
+        ));
+    }
+    if text.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(ConfigError::new(
+            field,
+            format!("an advertised address has no spaces or control characters, got {text:?}"),
+        ));
+    }
+    Ok(text.into())
+}
+
+/// Each slot's admin address, from `--slot-admin` (which replaces the
+/// file's) or `slots[].admin`: every slot or none.
+fn slot_admins(
+    args: &ServeArgs,
+    file_slots: Option<&[FileSlot]>,
+    slot_count: usize,
+) -> Result<Vec<Box<str>>, ConfigError> {
+    let (given, flag): (Vec<Option<&str>>, bool) = if args.slot_admins.is_empty() {
+        let list = file_slots.unwrap_or_default();
+        (
+            list.iter().map(|slot| slot.admin.as_deref()).collect(),
+            false,
+        )
+    } else {
+        (
+            args.slot_admins.iter().map(|a| Some(a.as_str())).collect(),
+            true,
+        )
+    };
+    let field = |index: usize| {
+        if flag {
+            format!("--slot-admin[{index}]")
+        } else {
+            format!("cluster.slots[{index}].admin")
+        }
+    };
+    if given.iter().all(Option::is_none) {
+        return Ok(Vec::new());
+    }
+    if flag && given.len() != slot_count {
+        return Err(ConfigError::new(
+            "--slot-admin",
+            format!("give one per slot ({slot_count}), got {}", given.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(given.len());
+    for (index, text) in given.iter().enumerate() {
+        let Some(text) = text else {
+            return Err(ConfigError::new(
+                field(index),
+                "required: set admin on every slot, or on none",
+            ));
+        };
+        out.push(parse_admin_address(&field(index), text)?);
+    }
+    Ok(out)
+}
+
+/// Checks an admin address as operators reach it: `HOST:PORT` with a
+/// numeric port, a non-empty host, no spaces or control characters.
+fn parse_admin_address(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
+    let text = parse_advertised(field, text)?;
+    let port_ok = text
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !port_ok {
+        return Err(ConfigError::new(
+            field,
+            format!("expected HOST:PORT, got {text:?}"),
+        ));
+    }
+    Ok(text)
+}
+
+/// The cluster half of [`resolve`]; `server` carries the limits, margin
+/// and client tokens already validated.
+pub(super) fn resolve_cluster(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+    server: &ServerConfig,
+    client_tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<ClusterSettings, ConfigError> {
+    let table = file.cluster.clone().unwrap_or_default();
+
+    let identity_text = args
+        .cluster_identity
+        .as_deref()
+        .or(table.identity.as_deref())
+        .ok_or_else(|| {
+            ConfigError::new(
+                "cluster.identity",
+                "required in cluster mode (--cluster-identity; make one with `ticketing identity`)",
+            )
+        })?;
+    let fingerprint =
+        parse_identity(identity_text).map_err(|e| ConfigError::new("cluster.identity", e))?;
+
+    // Slots: the flags replace the file's list as a whole.
+    let mut advertised: Vec<Box<str>> = Vec::new();
+    let slots: Vec<(SocketAddr, SocketAddr)> = if args.slots.is_empty() {
+        let list = table.slots.clone().unwrap_or_default();
+        let mut out = Vec::with_capacity(list.len());
+        for (index, slot) in list.iter().enumerate() {
+            fn get<'a>(
+                index: usize,
+                name: &str,
+                value: &'a Option<String>,
+            ) -> Result<(SocketAddr, &'a str), ConfigError> {
+                let field = format!("cluster.slots[{index}].{name}");
+                let text = value
+                    .as_deref()
+                    .ok_or_else(|| ConfigError::new(field.clone(), "required"))?;
+                parse_addr(&field, text).map(|addr| (addr, text.trim()))
+            }
+            let (client, client_text) = get(index, "client", &slot.client)?;
+            let (peer, _) = get(index, "peer", &slot.peer)?;
+            let shown = slot.advertise.as_deref().unwrap_or(client_text);
+            advertised.push(parse_advertised(
+                &format!("cluster.slots[{index}].advertise"),
+                shown,
+            )?);
+            out.push((client, peer));
+        }
+        out
+    } else {
+        let mut out = Vec::with_capacity(args.slots.len());
+        for (index, text) in args.slots.iter().enumerate() {
+            let field = format!("cluster.slots[{index}]");
+            let mut parts = text.splitn(3, ',');
+            let (Some(client), Some(peer)) = (parts.next(), parts.next()) else {
+                return Err(ConfigError::new(
+                    field.clone(),
+                    format!("expected CLIENT_ADDR,PEER_ADDR[,ADVERTISED] (--slot), got {text:?}"),
+                ));
+            };
+            let shown = parts.next().unwrap_or(client);
+            advertised.push(parse_advertised(&format!("{field}.advertise"), shown)?);
+            out.push((
+                parse_addr(&format!("{field}.client"), client)?,
+                parse_addr(&format!("{field}.peer"), peer)?,
+            ));
+        }
+        out
+    };
+    if slots.len() != 3 && slots.len() != 5 {
+        let why = if slots.len().is_multiple_of(2) {
+            "; an even count adds cost but no fault tolerance"
+        } else {
+            ""
+        };
+        return Err(ConfigError::new(
+            "cluster.slots",
+            format!(
+                "{} slots given, a cluster has exactly 3 or 5{why}",
+                slots.len()
+            ),
+        ));
+    }
+    let mut seen: Vec<(SocketAddr, String)> = Vec::new();
+    for (index, (client, peer)) in slots.iter().enumerate() {
+        for (addr, name) in [(client, "client"), (peer, "peer")] {
+            let field = format!("cluster.slots[{index}].{name}");
+            if let Some((_, other)) = seen.iter().find(|(a, _)| a == addr) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{addr} is also {other}; every address must be distinct"),
+                ));
+            }
+            seen.push((*addr, field));
+        }
+    }
+
+    let self_slot = args.self_slot.or(table.self_slot).ok_or_else(|| {
+        ConfigError::new(
+            "cluster.self_slot",
+            "required in cluster mode (--self-slot)",
+        )
+    })?;
+    if self_slot >= slots.len() as u64 {
+        return Err(ConfigError::new(
+            "cluster.self_slot",
+            format!(
+                "{self_slot} is out of range, allowed 0..={}",
+                slots.len() - 1
+            ),
+        ));
+    }
+    let self_slot = self_slot as u8;
+
+    let tokens = pick_tokens(
+        &args.peer_tokens,
+        "--peer-token",
+        env.peer_tokens.as_deref(),
+        ENV_PEER_TOKENS,
+        table.peer_tokens.as_deref(),
+    );
+    let peer_tokens =
+        PeerTokens::new(tokens.values.iter().map(String::as_bytes)).map_err(|e| match e {
+            PeerTokenError::Empty => ConfigError::new(
+                "cluster.peer_tokens",
+                format!("at least one peer token is required (--peer-token, {ENV_PEER_TOKENS})"),
+            ),
+            PeerTokenError::TooShort(index) => tokens.too_short("cluster.peer_tokens", index),
+        })?;
+
+    let profile = args
+        .profile
+        .as_deref()
+        .or(table.profile.as_deref())
+        .unwrap_or("default");
+    let raft = match profile {
+        "default" => RaftConfig::default(),
+        "fast" => RaftConfig::fast(),
+        other => {
+            return Err(ConfigError::new(
+                "cluster.profile",
+                format!("{other:?} is not one of default, fast"),
+            ));
+        }
+    };
+    let status_listen = args
+        .status_listen
+        .as_deref()
+        .or(table.status_listen.as_deref())
+        .map(|text| parse_addr("cluster.status_listen", text))
+        .transpose()?;
+    let peer_tls = resolve_peer_tls(table.peer_tls.as_ref(), file_dir)?;
+
+    // The generation is chosen at start (spawn_cluster); 0 until then.
+    let mut node = ClusterConfig::new(
+        fingerprint,
+        NodeId::new(self_slot, 0),
+        slots.len() as u8,
+        peer_tokens,
+        0,
+    );
+    node.peer_silence_timeout = ticketing_core::cluster::default_peer_silence_timeout(&raft);
+    node.raft = raft;
+    node.limits = server.lock.limits;
+    node.wait_margin = server.lock.wait_margin;
+    node.max_connections = server.max_connections;
+    node.max_in_flight_per_connection = server.max_in_flight_per_connection;
+    node.handshake_timeout = server.handshake_timeout;
+    node.budget = server.budget;
+    node.client_tokens = server.client_tokens.clone();
+    node.client_addresses = advertised;
+    node.admin_addresses = slot_admins(args, table.slots.as_deref(), slots.len())?;
+    node.validate()
+        .map_err(|e| ConfigError::new("cluster", e.to_owned()))?;
+    let (client_listen, peer_listen) = slots[usize::from(self_slot)];
+    let mut settings = ClusterSettings::new(
+        client_listen,
+        peer_listen,
+        slots.iter().map(|(_, peer)| *peer).collect(),
+        node,
+    );
+    settings.bootstrap = args.bootstrap;
+    settings.client_tls = client_tls;
+    settings.peer_tls = peer_tls;
+    settings.status_listen = status_listen;
+    Ok(settings)
+}

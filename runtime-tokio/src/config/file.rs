@@ -1,0 +1,186 @@
+//! The config file as written: every table and field optional, unknown
+//! fields refused.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Deserialize;
+
+use super::error::ConfigError;
+
+/// The config file, as written. Every field is optional.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// See [`ServeArgs::listen`](super::ServeArgs::listen).
+    pub listen: Option<String>,
+    /// See [`ServeArgs::client_tokens`](super::ServeArgs::client_tokens).
+    pub client_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::insecure_no_auth`](super::ServeArgs::insecure_no_auth).
+    pub insecure_no_auth: Option<bool>,
+    /// See [`ServeArgs::log_level`](super::ServeArgs::log_level).
+    pub log_level: Option<String>,
+    /// See [`ServeArgs::log_format`](super::ServeArgs::log_format).
+    pub log_format: Option<String>,
+    /// See [`ServeArgs::admin_listen`](super::ServeArgs::admin_listen).
+    pub admin_listen: Option<String>,
+    /// Accepted admin tokens, each at least 16 bytes.
+    pub admin_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::admin_token_file`](super::ServeArgs::admin_token_file); relative to the config file.
+    pub admin_token_file: Option<PathBuf>,
+    /// See [`ServeArgs::insecure_admin_no_auth`](super::ServeArgs::insecure_admin_no_auth).
+    pub insecure_admin_no_auth: Option<bool>,
+    /// See [`ServeArgs::wait_margin_ms`](super::ServeArgs::wait_margin_ms).
+    pub wait_margin_ms: Option<u64>,
+    /// See [`ServeArgs::worker_threads`](super::ServeArgs::worker_threads).
+    pub worker_threads: Option<u64>,
+    /// See [`ServeArgs::state_dir`](super::ServeArgs::state_dir); relative to the config file.
+    pub state_dir: Option<PathBuf>,
+    /// `[tls]` table.
+    pub tls: Option<FileTls>,
+    /// `[limits]` table.
+    pub limits: Option<FileLimits>,
+    /// `[cluster]` table: run as a cluster node.
+    pub cluster: Option<FileCluster>,
+}
+
+/// The `[cluster]` table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCluster {
+    /// See [`ServeArgs::cluster_identity`](super::ServeArgs::cluster_identity).
+    pub identity: Option<String>,
+    /// See [`ServeArgs::self_slot`](super::ServeArgs::self_slot).
+    pub self_slot: Option<u64>,
+    /// `[[cluster.slots]]`: 3 or 5, in slot order.
+    pub slots: Option<Vec<FileSlot>>,
+    /// See [`ServeArgs::peer_tokens`](super::ServeArgs::peer_tokens).
+    pub peer_tokens: Option<Vec<String>>,
+    /// See [`ServeArgs::profile`](super::ServeArgs::profile).
+    pub profile: Option<String>,
+    /// See [`ServeArgs::status_listen`](super::ServeArgs::status_listen).
+    pub status_listen: Option<String>,
+    /// `[cluster.peer_tls]` table.
+    pub peer_tls: Option<FilePeerTls>,
+}
+
+/// One `[[cluster.slots]]` entry.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSlot {
+    /// Where clients connect, IP:PORT.
+    pub client: Option<String>,
+    /// Where peers connect, IP:PORT.
+    pub peer: Option<String>,
+    /// The client address as line-dialect (0.3.0) clients spell it, when it
+    /// is not `client` as written (they compare leader addresses as exact
+    /// strings with their own list).
+    pub advertise: Option<String>,
+    /// The slot's admin listener as operators reach it, `HOST:PORT` (every
+    /// slot or none): a follower's admin endpoints redirect there.
+    pub admin: Option<String>,
+}
+
+/// The `[cluster.peer_tls]` table: TLS between peers. Relative paths are
+/// relative to the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePeerTls {
+    /// PEM certificate chain presented on the peer address.
+    pub cert: Option<PathBuf>,
+    /// Its PEM private key.
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates that dialed peers are verified against.
+    pub ca: Option<PathBuf>,
+    /// The DNS name every peer certificate carries.
+    pub server_name: Option<String>,
+}
+
+/// The `[tls]` table. Relative paths are relative to the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTls {
+    /// PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+}
+
+/// The `[limits]` table, and the `--max-*` flags of the same names
+/// ([`ServeArgs::limits`](super::ServeArgs::limits)). Each is checked against 1 and its `*_MAX`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    /// Keys in the lock table at most.
+    #[arg(long, value_name = "N")]
+    pub max_keys: Option<u64>,
+    /// Waiters queued on one key at most.
+    #[arg(long, value_name = "N")]
+    pub max_waiters_per_key: Option<u64>,
+    /// Waiters queued in total at most.
+    #[arg(long, value_name = "N")]
+    pub max_waiters_total: Option<u64>,
+    /// Client connections past their handshake at most (unfinished
+    /// handshakes have their own budget, --max-handshakes).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u64>,
+    /// Acquires waiting for a held key on one connection at most (cluster
+    /// mode: requests awaiting their reply); one over it is answered B.
+    #[arg(long, value_name = "N")]
+    pub max_in_flight_per_connection: Option<u64>,
+    /// Unfinished client handshakes at most; a new connection over it
+    /// drops the oldest unfinished one (default: max_connections / 8, at
+    /// least 32).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes: Option<u64>,
+    /// Unfinished client handshakes from one source address at most; a new
+    /// one over it drops that source's oldest (default: max_handshakes / 2).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes_per_source: Option<u64>,
+    /// Unfinished accepted peer handshakes at most (cluster; default 8).
+    #[arg(long, value_name = "N")]
+    pub max_peer_handshakes: Option<u64>,
+    /// Unfinished accepted peer handshakes from one source at most
+    /// (cluster; default 4).
+    #[arg(long, value_name = "N")]
+    pub max_peer_handshakes_per_source: Option<u64>,
+    /// Keys held at once by the grants delivered to one connection (a set
+    /// counts its keys); an acquire over it is answered B (default 16384).
+    #[arg(long, value_name = "N")]
+    pub max_held_per_connection: Option<u64>,
+    /// A connection whose releases get this many N replies in a row is
+    /// closed and logged (a blind token sweep); 0 turns it off (default 64).
+    #[arg(long, value_name = "N")]
+    pub max_release_misses_in_row: Option<u64>,
+    /// An unfinished handshake (client or peer) is closed after this many
+    /// milliseconds, 100..=60000 (default 3000).
+    #[arg(long, value_name = "MS")]
+    pub handshake_timeout_ms: Option<u64>,
+}
+
+/// Parses config file text. Unknown fields are errors.
+pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        // toml's own Display spans several lines (with a source snippet); keep
+        // the message on one line and point at the line instead.
+        let location = match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!(" at line {line}")
+            }
+            None => String::new(),
+        };
+        ConfigError::new(
+            "--config",
+            format!("invalid TOML{location}: {}", e.message().trim()),
+        )
+    })
+}
+
+/// A path from the config file: relative ones are relative to its folder.
+pub(super) fn in_file_dir(file_dir: Option<&Path>, path: &Path) -> PathBuf {
+    match file_dir {
+        Some(dir) => dir.join(path),
+        None => path.to_owned(),
+    }
+}

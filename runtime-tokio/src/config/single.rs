@@ -1,0 +1,412 @@
+//! Merging flags, environment and file into one [`Config`]: the single-mode
+//! settings every node needs, then the cluster half when asked for.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ticketing_core::auth::ClientTokens;
+use ticketing_core::budget::BudgetConfig;
+use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::server::ServerConfig;
+
+use super::auth::{check_admin_listen_auth, check_listen_auth, pick_tokens, resolve_admin_tokens};
+use super::cli::ServeArgs;
+use super::cluster::resolve_cluster;
+use super::defaults::*;
+use super::env::Env;
+use super::error::{ConfigError, check_range, parse_addr};
+use super::file::{FileConfig, FileLimits, in_file_dir, parse_file};
+use super::tls_files::resolve_tls;
+use crate::cluster::ClusterSettings;
+use crate::serve::ServeSettings;
+use crate::state::StateSettings;
+
+/// How log lines are written (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// How clients authenticate, for the startup log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Client tokens are configured; this many.
+    Tokens(usize),
+    /// No token: only the empty token is accepted.
+    None,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What the server runs with.
+    pub settings: ServeSettings,
+    /// `tracing_subscriber::EnvFilter` directives.
+    pub log_filter: String,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+    /// Threads of the runtime; 1 runs everything on the main thread.
+    pub worker_threads: usize,
+    /// How clients authenticate.
+    pub auth: AuthMode,
+    /// Cluster mode: what the node runs with (`settings` then only carries
+    /// the client listen address and the shared options, already copied
+    /// into this).
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// Reads the config file named by `args` (if any) and validates everything.
+pub fn load(args: &ServeArgs, env: &Env) -> Result<Config, ConfigError> {
+    let (file, file_dir) = match &args.config {
+        None => (FileConfig::default(), None),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
+            })?;
+            let file = parse_file(&text).map_err(|e| ConfigError {
+                field: e.field,
+                message: format!("{} (in {})", e.message, path.display()),
+            })?;
+            (file, path.parent().map(Path::to_owned))
+        }
+    };
+    resolve(&file, file_dir.as_deref(), args, env)
+}
+
+/// Merges file, environment and flags and validates the result. `file_dir`
+/// is the config file's folder, against which its relative TLS paths are
+/// resolved.
+pub fn resolve(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<Config, ConfigError> {
+    let listen_text = args
+        .listen
+        .as_deref()
+        .or(file.listen.as_deref())
+        .unwrap_or(DEFAULT_LISTEN);
+    let listen: SocketAddr = listen_text.parse().map_err(|_| {
+        ConfigError::new(
+            "listen",
+            format!("expected IP:PORT such as {DEFAULT_LISTEN} or [::1]:5225, got {listen_text:?}"),
+        )
+    })?;
+
+    let tokens = pick_tokens(
+        &args.client_tokens,
+        "--client-token",
+        env.client_tokens.as_deref(),
+        ENV_CLIENT_TOKENS,
+        file.client_tokens.as_deref(),
+    );
+    let client_tokens = if tokens.values.is_empty() {
+        ClientTokens::no_auth()
+    } else {
+        ClientTokens::new(&tokens.values).map_err(|e| tokens.too_short("client_tokens", e.index))?
+    };
+    let insecure_no_auth = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
+
+    let limits_file = file.limits.clone().unwrap_or_default();
+    let defaults = ServerConfig::default();
+    // The flag, else the `[limits]` field, else the default; in 1..=max.
+    let limit = |name: &str, pick: fn(&FileLimits) -> Option<u64>, default: usize, max: u64| {
+        let value = pick(&args.limits)
+            .or(pick(&limits_file))
+            .unwrap_or(default as u64);
+        check_range(&format!("limits.{name}"), value, 1, max)
+    };
+    let max_keys = limit(
+        "max_keys",
+        |l| l.max_keys,
+        defaults.lock.limits.max_keys,
+        MAX_KEYS_MAX,
+    )?;
+    let max_waiters_per_key = limit(
+        "max_waiters_per_key",
+        |l| l.max_waiters_per_key,
+        defaults.lock.limits.max_waiters_per_key,
+        MAX_WAITERS_PER_KEY_MAX,
+    )?;
+    let max_waiters_total = limit(
+        "max_waiters_total",
+        |l| l.max_waiters_total,
+        defaults.lock.limits.max_waiters_total,
+        MAX_WAITERS_TOTAL_MAX,
+    )?;
+    let max_connections = limit(
+        "max_connections",
+        |l| l.max_connections,
+        defaults.max_connections,
+        MAX_CONNECTIONS_MAX,
+    )?;
+    let max_in_flight_per_connection = limit(
+        "max_in_flight_per_connection",
+        |l| l.max_in_flight_per_connection,
+        defaults.max_in_flight_per_connection,
+        MAX_IN_FLIGHT_PER_CONNECTION_MAX,
+    )?;
+    let budget_defaults = BudgetConfig::for_max_connections(max_connections);
+    let max_handshakes = limit(
+        "max_handshakes",
+        |l| l.max_handshakes,
+        budget_defaults.max_handshakes,
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_handshakes_per_source = limit(
+        "max_handshakes_per_source",
+        |l| l.max_handshakes_per_source,
+        (max_handshakes / 2).max(1),
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes = limit(
+        "max_peer_handshakes",
+        |l| l.max_peer_handshakes,
+        budget_defaults.max_peer_handshakes,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes_per_source = limit(
+        "max_peer_handshakes_per_source",
+        |l| l.max_peer_handshakes_per_source,
+        budget_defaults.max_peer_handshakes_per_source,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_held_per_connection = limit(
+        "max_held_per_connection",
+        |l| l.max_held_per_connection,
+        budget_defaults.max_held_per_connection,
+        MAX_HELD_PER_CONNECTION_MAX,
+    )?;
+    let max_release_misses_in_row = check_range(
+        "limits.max_release_misses_in_row",
+        args.limits
+            .max_release_misses_in_row
+            .or(limits_file.max_release_misses_in_row)
+            .unwrap_or(u64::from(budget_defaults.max_release_misses_in_row)),
+        0,
+        MAX_RELEASE_MISSES_IN_ROW_MAX,
+    )?;
+    let default_handshake_ms =
+        u64::try_from(defaults.handshake_timeout.as_millis()).unwrap_or(u64::MAX);
+    let handshake_timeout_ms = check_range(
+        "limits.handshake_timeout_ms",
+        args.limits
+            .handshake_timeout_ms
+            .or(limits_file.handshake_timeout_ms)
+            .unwrap_or(default_handshake_ms),
+        HANDSHAKE_TIMEOUT_MS_MIN,
+        HANDSHAKE_TIMEOUT_MS_MAX,
+    )?;
+    let budget = BudgetConfig {
+        max_handshakes,
+        max_handshakes_per_source,
+        max_peer_handshakes,
+        max_peer_handshakes_per_source,
+        max_held_per_connection,
+        max_release_misses_in_row: u32::try_from(max_release_misses_in_row).unwrap_or(u32::MAX),
+        ..budget_defaults
+    };
+    let default_margin_ms = u64::try_from(defaults.lock.wait_margin.as_millis()).unwrap_or(0);
+    let wait_margin_ms = check_range(
+        "wait_margin_ms",
+        args.wait_margin_ms
+            .or(file.wait_margin_ms)
+            .unwrap_or(default_margin_ms),
+        0,
+        WAIT_MARGIN_MS_MAX,
+    )?;
+
+    let worker_threads = check_range(
+        "worker_threads",
+        args.worker_threads.or(file.worker_threads).unwrap_or(1),
+        1,
+        WORKER_THREADS_MAX,
+    )?;
+
+    let tls = resolve_tls(file, file_dir, args)?;
+    let log_filter = resolve_log_filter(file, args, env)?;
+    let log_format = match args
+        .log_format
+        .as_deref()
+        .or(file.log_format.as_deref())
+        .map(|text| text.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "log_format",
+                format!("{other:?} is not one of text, json"),
+            ));
+        }
+    };
+    let admin_listen = args
+        .admin_listen
+        .as_deref()
+        .or(file.admin_listen.as_deref())
+        .map(|text| parse_addr("admin_listen", text))
+        .transpose()?;
+    let admin_tokens = resolve_admin_tokens(file, file_dir, args, env)?;
+    let insecure_admin_no_auth =
+        args.insecure_admin_no_auth || file.insecure_admin_no_auth.unwrap_or(false);
+    if let Some(admin) = admin_listen {
+        check_admin_listen_auth(admin, !admin_tokens.is_empty(), insecure_admin_no_auth)?;
+    }
+    let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
+
+    let server = ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                max_keys,
+                max_waiters_per_key,
+                max_waiters_total,
+            },
+            wait_margin: Duration::from_millis(wait_margin_ms as u64),
+            ..defaults.lock
+        },
+        max_connections,
+        max_in_flight_per_connection,
+        handshake_timeout: Duration::from_millis(handshake_timeout_ms as u64),
+        client_tokens,
+        budget,
+        ..defaults
+    };
+    let cluster = if cluster_mode(file, args) {
+        let cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
+        if let Some(text) = args.listen.as_deref().or(file.listen.as_deref())
+            && listen != cluster.client_listen
+        {
+            return Err(ConfigError::new(
+                "listen",
+                format!(
+                    "{text} differs from this slot's client address {}; in cluster mode leave listen unset",
+                    cluster.client_listen
+                ),
+            ));
+        }
+        check_listen_auth(
+            cluster.client_listen,
+            !tokens.values.is_empty(),
+            insecure_no_auth,
+        )
+        .map_err(|e| {
+            ConfigError::new(
+                format!("cluster.slots[{}].client", cluster.node.id.slot),
+                e.message,
+            )
+        })?;
+        let mut cluster = cluster;
+        cluster.state = Some(state.clone());
+        cluster.admin_listen = admin_listen;
+        cluster.admin_tokens = admin_tokens.clone();
+        Some(cluster)
+    } else {
+        check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
+        None
+    };
+    let mut settings = ServeSettings::new(cluster.as_ref().map_or(listen, |c| c.client_listen));
+    settings.server = server;
+    settings.tls = tls;
+    settings.state = Some(state);
+    settings.admin_listen = admin_listen;
+    settings.admin_tokens = admin_tokens;
+    let auth = if tokens.values.is_empty() {
+        AuthMode::None
+    } else {
+        AuthMode::Tokens(tokens.values.len())
+    };
+    Ok(Config {
+        settings,
+        log_filter,
+        log_format,
+        worker_threads,
+        auth,
+        cluster,
+    })
+}
+
+/// Whether any cluster option is set.
+fn cluster_mode(file: &FileConfig, args: &ServeArgs) -> bool {
+    file.cluster.is_some()
+        || args.cluster
+        || args.cluster_identity.is_some()
+        || args.self_slot.is_some()
+        || !args.slots.is_empty()
+        || !args.peer_tokens.is_empty()
+        || args.profile.is_some()
+        || args.status_listen.is_some()
+        || args.bootstrap
+}
+
+/// The state directory: the flag, else `state_dir` in the file (relative
+/// to its folder), else the default for how the process runs: systemd's
+/// `StateDirectory=` (`$STATE_DIRECTORY`, its first entry), else
+/// `/var/lib/ticketing` as root, else `$XDG_STATE_HOME/ticketing`, else
+/// `~/.local/state/ticketing`, else `/var/lib/ticketing`. Nothing is
+/// touched here; the server creates and checks it at start.
+pub fn resolve_state_dir(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> PathBuf {
+    if let Some(dir) = &args.state_dir {
+        return dir.clone();
+    }
+    if let Some(dir) = &file.state_dir {
+        return in_file_dir(file_dir, dir);
+    }
+    let non_empty = |value: &Option<String>| value.clone().filter(|v| !v.is_empty());
+    if let Some(dirs) = non_empty(&env.state_directory)
+        && let Some(first) = dirs.split(':').find(|d| !d.is_empty())
+    {
+        return PathBuf::from(first);
+    }
+    if env.is_root {
+        return PathBuf::from(DEFAULT_ROOT_STATE_DIR);
+    }
+    if let Some(xdg) = non_empty(&env.xdg_state_home) {
+        return Path::new(&xdg).join("ticketing");
+    }
+    if let Some(home) = non_empty(&env.home) {
+        return Path::new(&home).join(".local/state/ticketing");
+    }
+    PathBuf::from(DEFAULT_ROOT_STATE_DIR)
+}
+
+fn resolve_log_filter(
+    file: &FileConfig,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<String, ConfigError> {
+    let check_level = |field: &str, level: &str| {
+        let lower = level.trim().to_ascii_lowercase();
+        if LOG_LEVELS.contains(&lower.as_str()) {
+            Ok(lower)
+        } else {
+            Err(ConfigError::new(
+                field,
+                format!("{level:?} is not one of {}", LOG_LEVELS.join(", ")),
+            ))
+        }
+    };
+    if let Some(level) = &args.log_level {
+        return check_level("log_level", level);
+    }
+    if let Some(directives) = env.rust_log.as_deref().filter(|s| !s.trim().is_empty()) {
+        tracing_subscriber::EnvFilter::try_new(directives)
+            .map_err(|e| ConfigError::new("RUST_LOG", format!("invalid filter: {e}")))?;
+        return Ok(directives.to_owned());
+    }
+    match &file.log_level {
+        Some(level) => check_level("log_level", level),
+        None => Ok(DEFAULT_LOG_LEVEL.to_owned()),
+    }
+}
