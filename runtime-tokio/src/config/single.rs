@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::auth::ClientTokens;
 use ticketing_core::budget::BudgetConfig;
 use ticketing_core::lock::{Limits, LockConfig};
@@ -81,24 +82,16 @@ pub fn load(args: &ServeArgs, env: &Env) -> Result<Config, ConfigError> {
 /// Merges file, environment and flags and validates the result. `file_dir`
 /// is the config file's folder, against which its relative TLS paths are
 /// resolved.
+///
+/// The steps run in a fixed order, so a config with several faults is
+/// always answered with the same first one.
 pub fn resolve(
     file: &FileConfig,
     file_dir: Option<&Path>,
     args: &ServeArgs,
     env: &Env,
 ) -> Result<Config, ConfigError> {
-    let listen_text = args
-        .listen
-        .as_deref()
-        .or(file.listen.as_deref())
-        .unwrap_or(DEFAULT_LISTEN);
-    let listen: SocketAddr = listen_text.parse().map_err(|_| {
-        ConfigError::new(
-            "listen",
-            format!("expected IP:PORT such as {DEFAULT_LISTEN} or [::1]:5225, got {listen_text:?}"),
-        )
-    })?;
-
+    let listen = resolve_listen(file, args)?;
     let tokens = pick_tokens(
         &args.client_tokens,
         "--client-token",
@@ -111,212 +104,44 @@ pub fn resolve(
     } else {
         ClientTokens::new(&tokens.values).map_err(|e| tokens.too_short("client_tokens", e.index))?
     };
+    let has_client_tokens = !tokens.values.is_empty();
     let insecure_no_auth = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
-
-    let limits_file = file.limits.clone().unwrap_or_default();
-    let defaults = ServerConfig::default();
-    // The flag, else the `[limits]` field, else the default; in 1..=max.
-    let limit = |name: &str, pick: fn(&FileLimits) -> Option<u64>, default: usize, max: u64| {
-        let value = pick(&args.limits)
-            .or(pick(&limits_file))
-            .unwrap_or(default as u64);
-        check_range(&format!("limits.{name}"), value, 1, max)
-    };
-    let max_keys = limit(
-        "max_keys",
-        |l| l.max_keys,
-        defaults.lock.limits.max_keys,
-        MAX_KEYS_MAX,
-    )?;
-    let max_waiters_per_key = limit(
-        "max_waiters_per_key",
-        |l| l.max_waiters_per_key,
-        defaults.lock.limits.max_waiters_per_key,
-        MAX_WAITERS_PER_KEY_MAX,
-    )?;
-    let max_waiters_total = limit(
-        "max_waiters_total",
-        |l| l.max_waiters_total,
-        defaults.lock.limits.max_waiters_total,
-        MAX_WAITERS_TOTAL_MAX,
-    )?;
-    let max_connections = limit(
-        "max_connections",
-        |l| l.max_connections,
-        defaults.max_connections,
-        MAX_CONNECTIONS_MAX,
-    )?;
-    let max_in_flight_per_connection = limit(
-        "max_in_flight_per_connection",
-        |l| l.max_in_flight_per_connection,
-        defaults.max_in_flight_per_connection,
-        MAX_IN_FLIGHT_PER_CONNECTION_MAX,
-    )?;
-    let budget_defaults = BudgetConfig::for_max_connections(max_connections);
-    let max_handshakes = limit(
-        "max_handshakes",
-        |l| l.max_handshakes,
-        budget_defaults.max_handshakes,
-        MAX_HANDSHAKES_MAX,
-    )?;
-    let max_handshakes_per_source = limit(
-        "max_handshakes_per_source",
-        |l| l.max_handshakes_per_source,
-        (max_handshakes / 2).max(1),
-        MAX_HANDSHAKES_MAX,
-    )?;
-    let max_peer_handshakes = limit(
-        "max_peer_handshakes",
-        |l| l.max_peer_handshakes,
-        budget_defaults.max_peer_handshakes,
-        MAX_PEER_HANDSHAKES_MAX,
-    )?;
-    let max_peer_handshakes_per_source = limit(
-        "max_peer_handshakes_per_source",
-        |l| l.max_peer_handshakes_per_source,
-        budget_defaults.max_peer_handshakes_per_source,
-        MAX_PEER_HANDSHAKES_MAX,
-    )?;
-    let max_held_per_connection = limit(
-        "max_held_per_connection",
-        |l| l.max_held_per_connection,
-        budget_defaults.max_held_per_connection,
-        MAX_HELD_PER_CONNECTION_MAX,
-    )?;
-    let max_release_misses_in_row = check_range(
-        "limits.max_release_misses_in_row",
-        args.limits
-            .max_release_misses_in_row
-            .or(limits_file.max_release_misses_in_row)
-            .unwrap_or(u64::from(budget_defaults.max_release_misses_in_row)),
-        0,
-        MAX_RELEASE_MISSES_IN_ROW_MAX,
-    )?;
-    let default_handshake_ms =
-        u64::try_from(defaults.handshake_timeout.as_millis()).unwrap_or(u64::MAX);
-    let handshake_timeout_ms = check_range(
-        "limits.handshake_timeout_ms",
-        args.limits
-            .handshake_timeout_ms
-            .or(limits_file.handshake_timeout_ms)
-            .unwrap_or(default_handshake_ms),
-        HANDSHAKE_TIMEOUT_MS_MIN,
-        HANDSHAKE_TIMEOUT_MS_MAX,
-    )?;
-    let budget = BudgetConfig {
-        max_handshakes,
-        max_handshakes_per_source,
-        max_peer_handshakes,
-        max_peer_handshakes_per_source,
-        max_held_per_connection,
-        max_release_misses_in_row: u32::try_from(max_release_misses_in_row).unwrap_or(u32::MAX),
-        ..budget_defaults
-    };
-    let default_margin_ms = u64::try_from(defaults.lock.wait_margin.as_millis()).unwrap_or(0);
-    let wait_margin_ms = check_range(
-        "wait_margin_ms",
-        args.wait_margin_ms
-            .or(file.wait_margin_ms)
-            .unwrap_or(default_margin_ms),
-        0,
-        WAIT_MARGIN_MS_MAX,
-    )?;
-
+    let server = resolve_server(file, args, client_tokens)?;
     let worker_threads = check_range(
         "worker_threads",
         args.worker_threads.or(file.worker_threads).unwrap_or(1),
         1,
         WORKER_THREADS_MAX,
     )?;
-
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
-    let log_format = match args
-        .log_format
-        .as_deref()
-        .or(file.log_format.as_deref())
-        .map(|text| text.trim().to_ascii_lowercase())
-        .as_deref()
-    {
-        None | Some("text") => LogFormat::Text,
-        Some("json") => LogFormat::Json,
-        Some(other) => {
-            return Err(ConfigError::new(
-                "log_format",
-                format!("{other:?} is not one of text, json"),
-            ));
-        }
-    };
-    let admin_listen = args
-        .admin_listen
-        .as_deref()
-        .or(file.admin_listen.as_deref())
-        .map(|text| parse_addr("admin_listen", text))
-        .transpose()?;
-    let admin_tokens = resolve_admin_tokens(file, file_dir, args, env)?;
-    let insecure_admin_no_auth =
-        args.insecure_admin_no_auth || file.insecure_admin_no_auth.unwrap_or(false);
-    if let Some(admin) = admin_listen {
-        check_admin_listen_auth(admin, !admin_tokens.is_empty(), insecure_admin_no_auth)?;
-    }
+    let log_format = resolve_log_format(file, args)?;
+    let admin = resolve_admin(file, file_dir, args, env)?;
     let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
-
-    let server = ServerConfig {
-        lock: LockConfig {
-            limits: Limits {
-                max_keys,
-                max_waiters_per_key,
-                max_waiters_total,
-            },
-            wait_margin: Duration::from_millis(wait_margin_ms as u64),
-            ..defaults.lock
-        },
-        max_connections,
-        max_in_flight_per_connection,
-        handshake_timeout: Duration::from_millis(handshake_timeout_ms as u64),
-        client_tokens,
-        budget,
-        ..defaults
-    };
     let cluster = if cluster_mode(file, args) {
-        let cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
-        if let Some(text) = args.listen.as_deref().or(file.listen.as_deref())
-            && listen != cluster.client_listen
-        {
-            return Err(ConfigError::new(
-                "listen",
-                format!(
-                    "{text} differs from this slot's client address {}; in cluster mode leave listen unset",
-                    cluster.client_listen
-                ),
-            ));
-        }
-        check_listen_auth(
-            cluster.client_listen,
-            !tokens.values.is_empty(),
+        let mut cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
+        check_cluster_listen(
+            file,
+            args,
+            listen,
+            &cluster,
+            has_client_tokens,
             insecure_no_auth,
-        )
-        .map_err(|e| {
-            ConfigError::new(
-                format!("cluster.slots[{}].client", cluster.node.id.slot),
-                e.message,
-            )
-        })?;
-        let mut cluster = cluster;
+        )?;
         cluster.state = Some(state.clone());
-        cluster.admin_listen = admin_listen;
-        cluster.admin_tokens = admin_tokens.clone();
+        cluster.admin_listen = admin.listen;
+        cluster.admin_tokens = admin.tokens.clone();
         Some(cluster)
     } else {
-        check_listen_auth(listen, !tokens.values.is_empty(), insecure_no_auth)?;
+        check_listen_auth(listen, has_client_tokens, insecure_no_auth)?;
         None
     };
     let mut settings = ServeSettings::new(cluster.as_ref().map_or(listen, |c| c.client_listen));
     settings.server = server;
     settings.tls = tls;
     settings.state = Some(state);
-    settings.admin_listen = admin_listen;
-    settings.admin_tokens = admin_tokens;
+    settings.admin_listen = admin.listen;
+    settings.admin_tokens = admin.tokens;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -329,6 +154,258 @@ pub fn resolve(
         worker_threads,
         auth,
         cluster,
+    })
+}
+
+/// The client listen address: the flag, else the file, else the default.
+fn resolve_listen(file: &FileConfig, args: &ServeArgs) -> Result<SocketAddr, ConfigError> {
+    let listen_text = args
+        .listen
+        .as_deref()
+        .or(file.listen.as_deref())
+        .unwrap_or(DEFAULT_LISTEN);
+    listen_text.parse().map_err(|_| {
+        ConfigError::new(
+            "listen",
+            format!("expected IP:PORT such as {DEFAULT_LISTEN} or [::1]:5225, got {listen_text:?}"),
+        )
+    })
+}
+
+/// Where a `[limits]` value comes from: its `--max-*` flag, else the
+/// file's table.
+struct LimitSource<'a> {
+    flags: &'a FileLimits,
+    file: FileLimits,
+}
+
+impl LimitSource<'_> {
+    /// The flag, else the `[limits]` field, if either is given.
+    fn given(&self, pick: fn(&FileLimits) -> Option<u64>) -> Option<u64> {
+        pick(self.flags).or(pick(&self.file))
+    }
+
+    /// The flag, else the `[limits]` field, else `default`; in 1..=max.
+    fn pick(
+        &self,
+        name: &str,
+        pick: fn(&FileLimits) -> Option<u64>,
+        default: usize,
+        max: u64,
+    ) -> Result<usize, ConfigError> {
+        let value = self.given(pick).unwrap_or(default as u64);
+        check_range(&format!("limits.{name}"), value, 1, max)
+    }
+}
+
+/// The server's config: the `[limits]`, `wait_margin_ms` and the client
+/// tokens already checked.
+fn resolve_server(
+    file: &FileConfig,
+    args: &ServeArgs,
+    client_tokens: ClientTokens,
+) -> Result<ServerConfig, ConfigError> {
+    let limits = LimitSource {
+        flags: &args.limits,
+        file: file.limits.clone().unwrap_or_default(),
+    };
+    let defaults = ServerConfig::default();
+    let lock_limits = resolve_lock_limits(&limits, &defaults.lock.limits)?;
+    let max_connections = limits.pick(
+        "max_connections",
+        |l| l.max_connections,
+        defaults.max_connections,
+        MAX_CONNECTIONS_MAX,
+    )?;
+    let max_in_flight_per_connection = limits.pick(
+        "max_in_flight_per_connection",
+        |l| l.max_in_flight_per_connection,
+        defaults.max_in_flight_per_connection,
+        MAX_IN_FLIGHT_PER_CONNECTION_MAX,
+    )?;
+    let budget = resolve_budget(&limits, max_connections)?;
+    let default_handshake_ms =
+        u64::try_from(defaults.handshake_timeout.as_millis()).unwrap_or(u64::MAX);
+    let handshake_timeout_ms = check_range(
+        "limits.handshake_timeout_ms",
+        limits
+            .given(|l| l.handshake_timeout_ms)
+            .unwrap_or(default_handshake_ms),
+        HANDSHAKE_TIMEOUT_MS_MIN,
+        HANDSHAKE_TIMEOUT_MS_MAX,
+    )?;
+    let default_margin_ms = u64::try_from(defaults.lock.wait_margin.as_millis()).unwrap_or(0);
+    let wait_margin_ms = check_range(
+        "wait_margin_ms",
+        args.wait_margin_ms
+            .or(file.wait_margin_ms)
+            .unwrap_or(default_margin_ms),
+        0,
+        WAIT_MARGIN_MS_MAX,
+    )?;
+    Ok(ServerConfig {
+        lock: LockConfig {
+            limits: lock_limits,
+            wait_margin: Duration::from_millis(wait_margin_ms as u64),
+            ..defaults.lock
+        },
+        max_connections,
+        max_in_flight_per_connection,
+        handshake_timeout: Duration::from_millis(handshake_timeout_ms as u64),
+        client_tokens,
+        budget,
+        ..defaults
+    })
+}
+
+/// The lock table's limits (`max_keys`, `max_waiters_per_key`,
+/// `max_waiters_total`).
+fn resolve_lock_limits(limits: &LimitSource, defaults: &Limits) -> Result<Limits, ConfigError> {
+    Ok(Limits {
+        max_keys: limits.pick("max_keys", |l| l.max_keys, defaults.max_keys, MAX_KEYS_MAX)?,
+        max_waiters_per_key: limits.pick(
+            "max_waiters_per_key",
+            |l| l.max_waiters_per_key,
+            defaults.max_waiters_per_key,
+            MAX_WAITERS_PER_KEY_MAX,
+        )?,
+        max_waiters_total: limits.pick(
+            "max_waiters_total",
+            |l| l.max_waiters_total,
+            defaults.max_waiters_total,
+            MAX_WAITERS_TOTAL_MAX,
+        )?,
+    })
+}
+
+/// The per-source budgets; their defaults follow `max_connections`.
+fn resolve_budget(
+    limits: &LimitSource,
+    max_connections: usize,
+) -> Result<BudgetConfig, ConfigError> {
+    let budget_defaults = BudgetConfig::for_max_connections(max_connections);
+    let max_handshakes = limits.pick(
+        "max_handshakes",
+        |l| l.max_handshakes,
+        budget_defaults.max_handshakes,
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_handshakes_per_source = limits.pick(
+        "max_handshakes_per_source",
+        |l| l.max_handshakes_per_source,
+        (max_handshakes / 2).max(1),
+        MAX_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes = limits.pick(
+        "max_peer_handshakes",
+        |l| l.max_peer_handshakes,
+        budget_defaults.max_peer_handshakes,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_peer_handshakes_per_source = limits.pick(
+        "max_peer_handshakes_per_source",
+        |l| l.max_peer_handshakes_per_source,
+        budget_defaults.max_peer_handshakes_per_source,
+        MAX_PEER_HANDSHAKES_MAX,
+    )?;
+    let max_held_per_connection = limits.pick(
+        "max_held_per_connection",
+        |l| l.max_held_per_connection,
+        budget_defaults.max_held_per_connection,
+        MAX_HELD_PER_CONNECTION_MAX,
+    )?;
+    let max_release_misses_in_row = check_range(
+        "limits.max_release_misses_in_row",
+        limits
+            .given(|l| l.max_release_misses_in_row)
+            .unwrap_or(u64::from(budget_defaults.max_release_misses_in_row)),
+        0,
+        MAX_RELEASE_MISSES_IN_ROW_MAX,
+    )?;
+    Ok(BudgetConfig {
+        max_handshakes,
+        max_handshakes_per_source,
+        max_peer_handshakes,
+        max_peer_handshakes_per_source,
+        max_held_per_connection,
+        max_release_misses_in_row: u32::try_from(max_release_misses_in_row).unwrap_or(u32::MAX),
+        ..budget_defaults
+    })
+}
+
+/// `log_format`: the flag, else the file; text unless `json`.
+fn resolve_log_format(file: &FileConfig, args: &ServeArgs) -> Result<LogFormat, ConfigError> {
+    match args
+        .log_format
+        .as_deref()
+        .or(file.log_format.as_deref())
+        .map(|text| text.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        Some(other) => Err(ConfigError::new(
+            "log_format",
+            format!("{other:?} is not one of text, json"),
+        )),
+    }
+}
+
+/// The admin listener and its tokens, as checked together.
+struct AdminListen {
+    listen: Option<SocketAddr>,
+    tokens: AdminTokens,
+}
+
+/// The admin listener (off unless set), its tokens, and our rule for a
+/// non-loopback one.
+fn resolve_admin(
+    file: &FileConfig,
+    file_dir: Option<&Path>,
+    args: &ServeArgs,
+    env: &Env,
+) -> Result<AdminListen, ConfigError> {
+    let listen = args
+        .admin_listen
+        .as_deref()
+        .or(file.admin_listen.as_deref())
+        .map(|text| parse_addr("admin_listen", text))
+        .transpose()?;
+    let tokens = resolve_admin_tokens(file, file_dir, args, env)?;
+    let insecure_admin_no_auth =
+        args.insecure_admin_no_auth || file.insecure_admin_no_auth.unwrap_or(false);
+    if let Some(admin) = listen {
+        check_admin_listen_auth(admin, !tokens.is_empty(), insecure_admin_no_auth)?;
+    }
+    Ok(AdminListen { listen, tokens })
+}
+
+/// Cluster mode: a `listen` given must be this slot's client address, and
+/// that address follows the client-token rule (named after the slot).
+fn check_cluster_listen(
+    file: &FileConfig,
+    args: &ServeArgs,
+    listen: SocketAddr,
+    cluster: &ClusterSettings,
+    has_client_tokens: bool,
+    insecure_no_auth: bool,
+) -> Result<(), ConfigError> {
+    if let Some(text) = args.listen.as_deref().or(file.listen.as_deref())
+        && listen != cluster.client_listen
+    {
+        return Err(ConfigError::new(
+            "listen",
+            format!(
+                "{text} differs from this slot's client address {}; in cluster mode leave listen unset",
+                cluster.client_listen
+            ),
+        ));
+    }
+    check_listen_auth(cluster.client_listen, has_client_tokens, insecure_no_auth).map_err(|e| {
+        ConfigError::new(
+            format!("cluster.slots[{}].client", cluster.node.id.slot),
+            e.message,
+        )
     })
 }
 

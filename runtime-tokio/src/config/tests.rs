@@ -160,17 +160,17 @@ fn slot_admin_addresses_come_from_the_flags_or_the_file_and_a_bad_one_is_named()
     let file = |admins: [&str; 3]| {
         parse_file(&format!(
             r#"
-            client_tokens = ["client-token-0123456789"]
-            [cluster]
-            identity = "{IDENTITY}"
-            self_slot = 0
-            peer_tokens = ["peer-token-0123456789"]
-            slots = [
-              {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" {} }},
-              {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" {} }},
-              {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" {} }},
-            ]
-            "#,
+                client_tokens = ["client-token-0123456789"]
+                [cluster]
+                identity = "{IDENTITY}"
+                self_slot = 0
+                peer_tokens = ["peer-token-0123456789"]
+                slots = [
+                  {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" {} }},
+                  {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" {} }},
+                  {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" {} }},
+                ]
+                "#,
             admins[0], admins[1], admins[2]
         ))
         .unwrap()
@@ -198,18 +198,18 @@ fn slot_admin_addresses_come_from_the_flags_or_the_file_and_a_bad_one_is_named()
 fn cluster_table_in_the_file_is_read() {
     let file = parse_file(&format!(
         r#"
-        client_tokens = ["client-token-0123456789"]
-        [cluster]
-        identity = "{IDENTITY}"
-        self_slot = 0
-        peer_tokens = ["peer-token-0123456789", "old-peer-token-0123456789"]
-        profile = "default"
-        slots = [
-          {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" }},
-          {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" }},
-          {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" }},
-        ]
-        "#
+            client_tokens = ["client-token-0123456789"]
+            [cluster]
+            identity = "{IDENTITY}"
+            self_slot = 0
+            peer_tokens = ["peer-token-0123456789", "old-peer-token-0123456789"]
+            profile = "default"
+            slots = [
+              {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" }},
+              {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" }},
+              {{ client = "10.0.0.3:5225", peer = "10.0.0.3:6225" }},
+            ]
+            "#
     ))
     .unwrap();
     let config = resolve(&file, None, &args(&[]), &Env::default()).unwrap();
@@ -621,7 +621,7 @@ fn budget_defaults_follow_max_connections_and_fields_apply() {
     assert_eq!(server.handshake_timeout, Duration::from_secs(3));
     let file = parse_file(
         "[limits]\nmax_handshakes = 40\nmax_held_per_connection = 7\n\
-         max_release_misses_in_row = 0\nhandshake_timeout_ms = 500\n",
+             max_release_misses_in_row = 0\nhandshake_timeout_ms = 500\n",
     )
     .unwrap();
     let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
@@ -688,16 +688,16 @@ fn worker_threads_default_to_one_and_are_1_to_256() {
 fn file_values_apply_and_flags_override_them() {
     let file = parse_file(
         r#"
-        listen = "127.0.0.1:7000"
-        log_level = "debug"
-        wait_margin_ms = 250
-        [limits]
-        max_keys = 10
-        max_waiters_per_key = 20
-        max_waiters_total = 30
-        max_connections = 40
-        max_in_flight_per_connection = 50
-        "#,
+            listen = "127.0.0.1:7000"
+            log_level = "debug"
+            wait_margin_ms = 250
+            [limits]
+            max_keys = 10
+            max_waiters_per_key = 20
+            max_waiters_total = 30
+            max_connections = 40
+            max_in_flight_per_connection = 50
+            "#,
     )
     .unwrap();
     let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
@@ -832,7 +832,7 @@ fn peer_tls_errors_name_their_field() {
     let resolve_peer_tls = |table: &str| {
         let file = parse_file(&format!(
             "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
-             peer_tokens = [\"peer-token-0123456789\"]\n[cluster.peer_tls]\n{table}"
+                 peer_tokens = [\"peer-token-0123456789\"]\n[cluster.peer_tls]\n{table}"
         ))
         .unwrap();
         resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default())
@@ -878,7 +878,7 @@ fn tls_key_and_pair_errors_name_their_table() {
     std::fs::write(dir.join("garbage.pem"), "not pem at all\n").unwrap();
     let cluster = format!(
         "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
-         peer_tokens = [\"peer-token-0123456789\"]\n"
+             peer_tokens = [\"peer-token-0123456789\"]\n"
     );
     for (key, field_suffix) in [("garbage.pem", ".key"), ("other.pem", "")] {
         let text = format!("[tls]\ncert = \"cert.pem\"\nkey = \"{key}\"\n");
@@ -887,7 +887,7 @@ fn tls_key_and_pair_errors_name_their_table() {
         assert_eq!(err.field, format!("tls{field_suffix}"), "{err}");
         let text = format!(
             "{cluster}[cluster.peer_tls]\ncert = \"cert.pem\"\nkey = \"{key}\"\n\
-             ca = \"cert.pem\"\nserver_name = \"peers\"\n"
+                 ca = \"cert.pem\"\nserver_name = \"peers\"\n"
         );
         let file = parse_file(&text).unwrap();
         let err = resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default()).unwrap_err();
@@ -899,7 +899,7 @@ fn tls_key_and_pair_errors_name_their_table() {
     }
     let text = format!(
         "{cluster}[cluster.peer_tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n\
-         ca = \"garbage.pem\"\nserver_name = \"peers\"\n"
+             ca = \"garbage.pem\"\nserver_name = \"peers\"\n"
     );
     let file = parse_file(&text).unwrap();
     let err = resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default()).unwrap_err();
