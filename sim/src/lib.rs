@@ -31,6 +31,7 @@ mod clients;
 mod clock;
 pub mod cluster;
 pub mod config;
+mod driver;
 pub mod fuzzing;
 mod line_client;
 pub mod linear;

@@ -4,7 +4,8 @@
 //!
 //! Both worlds ([`crate::world::World`], [`crate::cluster::ClusterWorld`])
 //! keep their own event enums (and event codes, so trace hashes stay what
-//! they were); this is the machinery around them.
+//! they were); this is the machinery around them, and `driver` the one
+//! loop that runs them.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

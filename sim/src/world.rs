@@ -25,6 +25,7 @@ use crate::clients::{
 };
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
+use crate::driver::{self, Marker, SimWorld};
 use crate::line_client::LineClientWorld;
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle, Tcp};
@@ -37,7 +38,7 @@ use crate::run::{Phase, Queue, Recorder, Scheduled, Short};
 const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
 
 #[derive(Clone, Debug)]
-enum Ev {
+pub(crate) enum Ev {
     /// Everything a client process does on its own.
     Client(ClientCall),
     ConnectArrive {
@@ -272,32 +273,8 @@ impl<'t> World<'t> {
     }
 
     /// Runs to the end and checks everything.
-    pub fn run(mut self) -> RunReport {
-        self.rec.report.line_clients = self.config.line_clients as u64;
-        self.schedule(0, Ev::ServerStart);
-        for client in 0..self.clients.len() {
-            let at = self.work.below(200_000);
-            self.schedule_client(at, client, 0, ClientEv::Connect(0));
-            let at = at + self.work.below(300_000);
-            self.schedule_client(at, client, 0, ClientEv::StartOp);
-        }
-        let tick = self.fault_delay();
-        self.schedule(tick, Ev::FaultTick);
-        self.schedule(self.config.safety_us, Ev::EndSafety);
-        let end = self.config.safety_us + self.config.liveness_bound_us;
-        self.schedule(end, Ev::End);
-        while let Some(next) = self.queue.pop() {
-            self.now_us = next.at_us;
-            self.hash_event(&next);
-            self.dispatch(next.ev);
-            if self.phase == Phase::Done || self.rec.saturated() {
-                break;
-            }
-        }
-        if self.rec.report.violations.is_empty() {
-            self.check_linearizability();
-        }
-        self.rec.finish(self.now_us)
+    pub fn run(self) -> RunReport {
+        driver::run(self)
     }
 
     // -----------------------------------------------------------------
@@ -308,32 +285,8 @@ impl<'t> World<'t> {
         self.queue.push(at_us, ev);
     }
 
-    fn hash_event(&mut self, next: &Scheduled<Ev>) {
-        let (bytes, extra): (&[u8], u64) = match &next.ev {
-            Ev::DeliverToServer { conn, bytes }
-            | Ev::DeliverToClient { conn, bytes }
-            | Ev::ServerFlush { conn, bytes, .. } => {
-                // The bytes themselves: tokens, rids, nonces.
-                (bytes, conn ^ ((bytes.len() as u64) << 32))
-            }
-            Ev::Client(call) => (&[], call.hash_extra()),
-            Ev::ConnectArrive { conn }
-            | Ev::ServerWritable { conn }
-            | Ev::ServerSeesClose { conn }
-            | Ev::ClientSeesClose { conn } => (&[], *conn),
-            _ => (&[], 0),
-        };
-        self.rec
-            .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
-    }
-
     fn net_delay(&mut self) -> u64 {
         net::delay(&self.config, &mut self.net)
-    }
-
-    fn fault_delay(&mut self) -> u64 {
-        let mean = self.config.faults.tick_mean_us.max(1);
-        self.now_us + 1 + self.fault_rng.below(2 * mean)
     }
 
     fn server_now(&self) -> u64 {
@@ -403,55 +356,6 @@ impl<'t> World<'t> {
             && !conn.server_open
         {
             self.conns.remove(&conn_id);
-        }
-    }
-
-    // -----------------------------------------------------------------
-    // Events
-    // -----------------------------------------------------------------
-
-    fn dispatch(&mut self, ev: Ev) {
-        match ev {
-            Ev::Client(call) => self.client_event(call),
-            Ev::ConnectArrive { conn } => self.connect_arrive(conn),
-            Ev::DeliverToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
-            Ev::DeliverToClient { conn, bytes } => self.deliver_to_client(conn, bytes),
-            Ev::ServerFlush {
-                conn,
-                take,
-                bytes,
-                done,
-            } => self.server_flush(conn, take, bytes, done),
-            Ev::ServerSeesClose { conn } => self.server_sees_close(conn),
-            Ev::ServerWritable { conn } => {
-                if let Some(sim_conn) = self.conns.get_mut(&conn) {
-                    sim_conn.stalled = false;
-                    self.server_step_with(Vec::new(), Some(conn));
-                }
-            }
-            Ev::ClientSeesClose { conn } => self.client_sees_close(conn),
-            Ev::ServerTimer { epoch, generation } => {
-                let now = self.server_now();
-                if let Some(proc) = self.server.as_mut()
-                    && proc.epoch == epoch
-                    && proc.timer_generation == generation
-                {
-                    proc.server.handle_timeout(instant(now));
-                    proc.armed = None;
-                    self.server_step(Vec::new());
-                }
-            }
-            Ev::ServerStart => self.server_start(),
-            Ev::ReserveWritten { epoch, value } => self.reserve_written(epoch, value),
-            Ev::FaultTick => self.fault_tick(),
-            Ev::EndSafety => {
-                self.note(|| "safety phase ends: no more faults or new work".into());
-                self.phase = Phase::Liveness;
-            }
-            Ev::End => {
-                self.check_end();
-                self.phase = Phase::Done;
-            }
         }
     }
 
@@ -1217,62 +1121,6 @@ impl<'t> World<'t> {
     // Faults
     // -----------------------------------------------------------------
 
-    fn fault_tick(&mut self) {
-        if self.phase != Phase::Safety {
-            return;
-        }
-        let next = self.fault_delay();
-        self.schedule(next, Ev::FaultTick);
-        let faults = self.config.faults.clone();
-        let mut roll = FaultRoll::new(&mut self.fault_rng);
-        let mut pick = |ppm: u32| roll.pick(ppm);
-        if pick(faults.reset_ppm) {
-            let live: Vec<u64> = self
-                .conns
-                .iter()
-                .filter(|(_, conn)| !conn.tcp.reset)
-                .map(|(&id, _)| id)
-                .collect();
-            if !live.is_empty() {
-                let conn = live[self.fault_rng.index(live.len())];
-                self.rec.report.faults += 1;
-                self.note(|| format!("FAULT reset conn {conn}"));
-                self.reset_conn(conn);
-            }
-        } else if pick(faults.client_crash_ppm) {
-            self.fault_client_crash();
-        } else if pick(faults.server_restart_ppm) {
-            if self.server.is_some() {
-                self.rec.report.faults += 1;
-                self.crash_server();
-            }
-        } else if pick(faults.pause_ppm) {
-            if let Some((client, _)) = self.fault_pause() {
-                let until = self.clients[client].paused_until_us;
-                self.note(|| format!("FAULT client {client} pauses until {until}"));
-            }
-        } else if pick(faults.server_clock_jump_ppm) {
-            let jump = self.fault_rng.range(1, faults.clock_jump_max_us.max(1));
-            self.rec.report.faults += 1;
-            self.server_clock.jump_us += jump;
-            // Leases on the server now end `jump` earlier in true time.
-            self.lease_era += 1;
-            self.history
-                .mark_all(self.now_us, LinOp::LeaseCut { by_us: jump });
-            self.note(|| format!("FAULT server clock jumps {jump} µs forward"));
-            let now = self.server_now();
-            if let Some(proc) = self.server.as_mut() {
-                proc.server.handle_timeout(instant(now));
-                proc.armed = None;
-            }
-            self.server_step(Vec::new());
-        } else if pick(faults.clock_jump_ppm) {
-            self.fault_client_clock_jump();
-        } else if pick(faults.force_release_ppm) {
-            self.fault_force_release();
-        }
-    }
-
     /// An operator force-releases a key held now, with its holder's token
     /// (three times in four), none, or a stale one. The outcome is checked
     /// against the lock table; a release ends the grant for every checker
@@ -1399,37 +1247,6 @@ impl<'t> World<'t> {
         }
         let at = self.now_us + self.fault_rng.range(50_000, 2_000_000);
         self.schedule(at, Ev::ServerStart);
-    }
-
-    // -----------------------------------------------------------------
-    // End of run
-    // -----------------------------------------------------------------
-
-    fn check_end(&mut self) {
-        if !self.clients_resolved(true) {
-            return;
-        }
-        if let Some((key, req)) = self.pending.iter().next() {
-            let detail = format!("server never answered {key:?} {req:?}");
-            self.violation(Checker::Liveness, detail);
-        }
-        if let Some(proc) = self.server.as_ref()
-            && proc.server.stats().lock.waiters > 0
-        {
-            let detail = format!(
-                "{} waiters still queued at the end",
-                proc.server.stats().lock.waiters
-            );
-            self.violation(Checker::Liveness, detail);
-        }
-    }
-
-    fn check_linearizability(&mut self) {
-        // Keys that saw nothing but server restarts are not checked.
-        let trivial = |op: &LinOp| matches!(op, LinOp::Restart);
-        for detail in self.history.check(trivial, &mut self.rec.report) {
-            self.violation(Checker::Linearizability, detail);
-        }
     }
 }
 
@@ -1576,6 +1393,192 @@ impl<'t> ClientWorld<'t> for World<'t> {
 
     fn line_address_slot(&self, _address: &[u8]) -> Option<u8> {
         None
+    }
+}
+
+impl<'t> SimWorld<'t> for World<'t> {
+    type Ev = Ev;
+
+    fn marker(marker: Marker) -> Ev {
+        match marker {
+            Marker::FaultTick => Ev::FaultTick,
+            Marker::EndSafety => Ev::EndSafety,
+            Marker::End => Ev::End,
+        }
+    }
+
+    fn queue(&mut self) -> &mut Queue<Ev> {
+        &mut self.queue
+    }
+
+    fn set_now(&mut self, now_us: u64) {
+        self.now_us = now_us;
+    }
+
+    fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        self.phase = phase;
+    }
+
+    fn recorder(&mut self) -> &mut Recorder<'t> {
+        &mut self.rec
+    }
+
+    fn into_recorder(self) -> Recorder<'t> {
+        self.rec
+    }
+
+    fn start_servers(&mut self) {
+        self.schedule(0, Ev::ServerStart);
+    }
+
+    fn start_client(&mut self, client: usize) {
+        let at = self.work.below(200_000);
+        self.schedule_client(at, client, 0, ClientEv::Connect(0));
+        let at = at + self.work.below(300_000);
+        self.schedule_client(at, client, 0, ClientEv::StartOp);
+    }
+
+    fn hash_event(&mut self, next: &Scheduled<Ev>) {
+        let (bytes, extra): (&[u8], u64) = match &next.ev {
+            Ev::DeliverToServer { conn, bytes }
+            | Ev::DeliverToClient { conn, bytes }
+            | Ev::ServerFlush { conn, bytes, .. } => {
+                // The bytes themselves: tokens, rids, nonces.
+                (bytes, conn ^ ((bytes.len() as u64) << 32))
+            }
+            Ev::Client(call) => (&[], call.hash_extra()),
+            Ev::ConnectArrive { conn }
+            | Ev::ServerWritable { conn }
+            | Ev::ServerSeesClose { conn }
+            | Ev::ClientSeesClose { conn } => (&[], *conn),
+            _ => (&[], 0),
+        };
+        self.rec
+            .event(next.at_us, next.ev.code(), bytes, extra, &TraceEv(&next.ev));
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Client(call) => self.client_event(call),
+            Ev::ConnectArrive { conn } => self.connect_arrive(conn),
+            Ev::DeliverToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
+            Ev::DeliverToClient { conn, bytes } => self.deliver_to_client(conn, bytes),
+            Ev::ServerFlush {
+                conn,
+                take,
+                bytes,
+                done,
+            } => self.server_flush(conn, take, bytes, done),
+            Ev::ServerSeesClose { conn } => self.server_sees_close(conn),
+            Ev::ServerWritable { conn } => {
+                if let Some(sim_conn) = self.conns.get_mut(&conn) {
+                    sim_conn.stalled = false;
+                    self.server_step_with(Vec::new(), Some(conn));
+                }
+            }
+            Ev::ClientSeesClose { conn } => self.client_sees_close(conn),
+            Ev::ServerTimer { epoch, generation } => {
+                let now = self.server_now();
+                if let Some(proc) = self.server.as_mut()
+                    && proc.epoch == epoch
+                    && proc.timer_generation == generation
+                {
+                    proc.server.handle_timeout(instant(now));
+                    proc.armed = None;
+                    self.server_step(Vec::new());
+                }
+            }
+            Ev::ServerStart => self.server_start(),
+            Ev::ReserveWritten { epoch, value } => self.reserve_written(epoch, value),
+            Ev::FaultTick => self.fault_tick(),
+            Ev::EndSafety => self.end_safety(),
+            Ev::End => self.end_run(),
+        }
+    }
+
+    fn inject_fault(&mut self) {
+        let faults = self.config.faults.clone();
+        let mut roll = FaultRoll::new(&mut self.fault_rng);
+        let mut pick = |ppm: u32| roll.pick(ppm);
+        if pick(faults.reset_ppm) {
+            let live: Vec<u64> = self
+                .conns
+                .iter()
+                .filter(|(_, conn)| !conn.tcp.reset)
+                .map(|(&id, _)| id)
+                .collect();
+            if !live.is_empty() {
+                let conn = live[self.fault_rng.index(live.len())];
+                self.rec.report.faults += 1;
+                self.note(|| format!("FAULT reset conn {conn}"));
+                self.reset_conn(conn);
+            }
+        } else if pick(faults.client_crash_ppm) {
+            self.fault_client_crash();
+        } else if pick(faults.server_restart_ppm) {
+            if self.server.is_some() {
+                self.rec.report.faults += 1;
+                self.crash_server();
+            }
+        } else if pick(faults.pause_ppm) {
+            if let Some((client, _)) = self.fault_pause() {
+                let until = self.clients[client].paused_until_us;
+                self.note(|| format!("FAULT client {client} pauses until {until}"));
+            }
+        } else if pick(faults.server_clock_jump_ppm) {
+            self.jump_server_clock(0, |jump| {
+                format!("FAULT server clock jumps {jump} µs forward")
+            });
+        } else if pick(faults.clock_jump_ppm) {
+            self.fault_client_clock_jump();
+        } else if pick(faults.force_release_ppm) {
+            self.fault_force_release();
+        }
+    }
+
+    fn check_end(&mut self) {
+        if !self.clients_resolved(true) {
+            return;
+        }
+        if let Some((key, req)) = self.pending.iter().next() {
+            let detail = format!("server never answered {key:?} {req:?}");
+            self.violation(Checker::Liveness, detail);
+        }
+        if let Some(proc) = self.server.as_ref()
+            && proc.server.stats().lock.waiters > 0
+        {
+            let detail = format!(
+                "{} waiters still queued at the end",
+                proc.server.stats().lock.waiters
+            );
+            self.violation(Checker::Liveness, detail);
+        }
+    }
+
+    fn trivial_op(op: &LinOp) -> bool {
+        // Keys that saw nothing but server restarts are not checked.
+        matches!(op, LinOp::Restart)
+    }
+
+    fn server_clock(&mut self, _which: u8) -> &mut Clock {
+        &mut self.server_clock
+    }
+
+    fn lease_era(&mut self) -> &mut u64 {
+        &mut self.lease_era
+    }
+
+    fn wake_server(&mut self, _which: u8) {
+        let now = self.server_now();
+        if let Some(proc) = self.server.as_mut() {
+            proc.server.handle_timeout(instant(now));
+            proc.armed = None;
+        }
+        self.server_step(Vec::new());
     }
 }
 
