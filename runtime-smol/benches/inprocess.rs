@@ -143,6 +143,15 @@ fn main() {
     let broker = server.broker();
     let mutex = Arc::new(async_lock::Mutex::new(0u64));
 
+    if std::env::var_os("BENCH_PROFILE").is_some() {
+        // Only the uncontended in-process loop, for `perf` or callgrind.
+        smol::block_on(async {
+            ticketing_uncontended(&broker, &sizes).await;
+            broker.close().await;
+        });
+        smol::block_on(server.shutdown());
+        return;
+    }
     smol::block_on(async {
         let mut ticketing = ticketing_uncontended(&broker, &sizes).await;
         let mut mutex_samples = mutex_uncontended(&mutex, &sizes).await;

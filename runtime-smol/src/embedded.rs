@@ -578,7 +578,8 @@ impl HubInner {
     /// Drains the core's wakes after an input: socket peers are notified
     /// (`me` only reported), memory peers get their bytes in their inbox and
     /// are notified unless their broker (`owner`) is reading them right now.
-    /// Then tells the timer if the next deadline moved earlier.
+    /// Then tells the timer if the next deadline moved earlier. True if
+    /// `me`, or a link of `owner`, was woken: the caller has more to do.
     fn dispatch(&mut self, timer: &Notify, me: Option<ConnId>, owner: Option<u64>) -> bool {
         let mut mine = false;
         while let Some(conn) = self.server.poll_wake() {
@@ -597,6 +598,8 @@ impl HubInner {
                     }
                     if Some(peer.owner) != owner {
                         peer.wake.notify_one();
+                    } else {
+                        mine = true;
                     }
                 }
                 // A peer being closed right now; its closer tells the core.
@@ -650,6 +653,12 @@ impl Hub {
             .expect("server state poisoned by an earlier panic")
     }
 
+    /// The server's clock, which in-process brokers share, so that the
+    /// `now` of a submit also serves [`Hub::exchange`].
+    pub(crate) fn clock(&self) -> Clock {
+        self.clock
+    }
+
     /// The token in-process brokers authenticate with.
     pub(crate) fn in_process_token(&self) -> &str {
         &self.in_process_token
@@ -681,51 +690,54 @@ impl Hub {
     /// server connections until neither side has more: inbox → session
     /// (then [`Server::handle_flushed`]), session → server while it wants
     /// input. A closed session or a link the server ended is closed on both
-    /// sides and marked `closed`. `client_now` is the broker's clock.
-    pub(crate) fn exchange(&self, owner: u64, client_now: Instant, links: &mut [MemoryLink<'_>]) {
+    /// sides and marked `closed`. `now` is read once by the broker, on the
+    /// clock it shares with the server ([`Hub::clock`]).
+    pub(crate) fn exchange(&self, owner: u64, now: Instant, links: &mut [Option<MemoryLink<'_>>]) {
         let mut inner = self.lock();
-        let now = self.clock.now();
         let mut out = std::mem::take(&mut inner.scratch);
+        // The first pass looks at every link; later ones only at links the
+        // server has just handed bytes to.
+        let mut first_pass = true;
         loop {
-            let mut progressed = false;
-            for link in links.iter_mut().filter(|link| !link.closed) {
+            for link in links.iter_mut().flatten().filter(|link| !link.closed) {
                 let conn = link.conn;
                 let (inbox, state) = match inner.peers.get_mut(&conn) {
-                    Some(Peer::Memory(peer)) => (std::mem::take(&mut peer.inbox), peer.state),
-                    _ => (Vec::new(), ConnState::Gone),
+                    Some(Peer::Memory(peer)) if peer.inbox.is_empty() => (None, peer.state),
+                    Some(Peer::Memory(peer)) => (Some(std::mem::take(&mut peer.inbox)), peer.state),
+                    _ => (None, ConnState::Gone),
                 };
-                if !inbox.is_empty() {
-                    link.session.handle_input(client_now, &inbox);
+                if !first_pass && inbox.is_none() && state == ConnState::Open {
+                    continue;
+                }
+                if let Some(mut inbox) = inbox {
+                    link.session.handle_input(now, &inbox);
                     inner.server.handle_flushed(now, conn);
-                    progressed = true;
                     if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
                         && peer.inbox.is_empty()
                     {
-                        // Give the buffer back for its capacity.
-                        let mut inbox = inbox;
+                        // Given back for its capacity: the server's next
+                        // reply is written into it (`take_transmit` swaps).
                         inbox.clear();
                         peer.inbox = inbox;
                     }
                 }
                 if state != ConnState::Open {
-                    link.session.handle_transport_closed(client_now);
+                    link.session.handle_transport_closed(now);
                 }
                 if link.session.is_closed() {
                     inner.remove_peer(now, conn, &self.peers_changed);
                     link.closed = true;
-                    progressed = true;
                     continue;
                 }
                 if inner.server.wants_input(conn) {
                     out.clear();
-                    if link.session.poll_transmit(client_now, &mut out) > 0 {
+                    if link.session.poll_transmit(now, &mut out) > 0 {
                         inner.server.handle_input(now, conn, &out);
-                        progressed = true;
                     }
                 }
             }
-            inner.dispatch(&self.timer, None, Some(owner));
-            if !progressed {
+            first_pass = false;
+            if !inner.dispatch(&self.timer, None, Some(owner)) {
                 break;
             }
         }
