@@ -729,7 +729,10 @@ impl Hub {
                     link.closed = true;
                     continue;
                 }
-                if inner.server.wants_input(conn) {
+                // A ready session with nothing unsent has nothing to hand
+                // out (its proof left before the server could answer it).
+                let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
+                if may_send && inner.server.wants_input(conn) {
                     out.clear();
                     if link.session.poll_transmit(now, &mut out) > 0 {
                         inner.server.handle_input(now, conn, &out);
