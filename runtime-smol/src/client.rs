@@ -56,7 +56,7 @@ pub use ticketing_core::client::{
     ReleaseOutcome, Ticket, TicketSet,
 };
 
-use crate::embedded::{Hub, MemoryLink};
+use crate::hub::{Hub, MemoryLink};
 use crate::sync::{Clock, Notify, sleep_until_opt};
 use crate::tls::{self, TlsMode};
 
