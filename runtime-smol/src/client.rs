@@ -308,10 +308,10 @@ impl State {
         self.spare_slots.pop().unwrap_or_default()
     }
 
-    /// Keeps `slot` for a later attempt if nothing else refers to it.
+    /// Keeps `slot`, whose outcome was just taken (so it is empty), for a
+    /// later attempt if nothing else refers to it.
     fn give_back_slot(&mut self, slot: Arc<ReplySlot>) {
         if Arc::strong_count(&slot) == 1 && self.spare_slots.len() < SPARE_REPLY_SLOTS_MAX {
-            *slot.lock() = SlotState::Empty;
             self.spare_slots.push(slot);
         }
     }
@@ -486,6 +486,17 @@ impl Inner {
     /// report. Links that ended are dropped (their tasks reconnect), and a
     /// task whose session now has an earlier deadline is woken.
     fn exchange(&self, state: &mut State, now: Instant) {
+        self.exchange_links(state, now, None);
+    }
+
+    /// [`Self::exchange`] right after a submit on endpoint `submitted`:
+    /// only that session and those the exchange touched can have events or
+    /// a new deadline, so the others are not looked at.
+    fn exchange_after_submit(&self, state: &mut State, now: Instant, submitted: usize) {
+        self.exchange_links(state, now, Some(submitted));
+    }
+
+    fn exchange_links(&self, state: &mut State, now: Instant, submitted: Option<usize>) {
         let Some(memory) = &self.memory else {
             return;
         };
@@ -502,16 +513,23 @@ impl Inner {
                     conn,
                     session,
                     closed: false,
+                    touched: false,
                 });
             }
         }
         memory.hub.exchange(memory.owner, now, &mut batch);
-        let linked: [Option<bool>; IN_PROCESS_LINKS] =
-            std::array::from_fn(|index| batch[index].as_ref().map(|link| link.closed));
-        for (index, closed) in linked.into_iter().enumerate() {
-            let Some(closed) = closed else {
+        let linked: [Option<(bool, bool)>; IN_PROCESS_LINKS] = std::array::from_fn(|index| {
+            batch[index]
+                .as_ref()
+                .map(|link| (link.closed, link.touched))
+        });
+        for (index, link) in linked.into_iter().enumerate() {
+            let Some((closed, touched)) = link else {
                 continue;
             };
+            if submitted.is_some_and(|submitted| submitted != index) && !touched {
+                continue;
+            }
             if closed {
                 state.links[index] = None;
                 self.wakes[index].notify_one();
@@ -563,15 +581,11 @@ impl Inner {
         let mut state = self.lock();
         let slot = state.take_slot();
         let tx = OutcomeTx(Some(Arc::clone(&slot)));
-        let (index, rid) = match state.broker.submit(now, acquire, submit, tx) {
-            Ok(submitted) => submitted,
-            Err(error) => {
-                state.give_back_slot(slot);
-                return Err(error);
-            }
-        };
+        // On an error the dropped sender marks the slot abandoned, and the
+        // slot is not reused.
+        let (index, rid) = state.broker.submit(now, acquire, submit, tx)?;
         let reply = if self.memory.is_some() {
-            self.exchange(&mut state, now);
+            self.exchange_after_submit(&mut state, now, index);
             // The embedded server usually answers within the exchange: the
             // outcome is then handed over here, with no wake and no wait.
             match slot.try_take() {

@@ -157,6 +157,9 @@ pub(crate) struct MemoryLink<'a> {
     pub(crate) session: &'a mut Session,
     /// Set when the link ended (the session is closed and the server told).
     pub(crate) closed: bool,
+    /// Set when the session was fed bytes, polled for bytes or closed: it
+    /// may have events, and its deadline may have moved.
+    pub(crate) touched: bool,
 }
 
 impl Hub {
@@ -257,6 +260,7 @@ impl Hub {
                     continue;
                 }
                 if let Some(mut inbox) = inbox {
+                    link.touched = true;
                     link.session.handle_input(now, &inbox);
                     inner.server.handle_flushed(now, conn);
                     if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
@@ -269,6 +273,7 @@ impl Hub {
                     }
                 }
                 if state != ConnState::Open {
+                    link.touched = true;
                     link.session.handle_transport_closed(now);
                 }
                 if link.session.is_closed() {
@@ -280,6 +285,7 @@ impl Hub {
                 // out (its proof left before the server could answer it).
                 let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
                 if may_send && inner.server.wants_input(conn) {
+                    link.touched = true;
                     out.clear();
                     if link.session.poll_transmit(now, &mut out) > 0 {
                         inner.server.handle_input(now, conn, &out);
