@@ -279,6 +279,7 @@ impl Hub {
                 if link.session.is_closed() {
                     inner.remove_peer(now, conn, &self.peers_changed);
                     link.closed = true;
+                    link.touched = true;
                     continue;
                 }
                 // A ready session with nothing unsent has nothing to hand
