@@ -32,6 +32,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_io::Timer;
@@ -39,7 +40,6 @@ use event_listener::Event;
 use futures_rustls::TlsConnector;
 use rustls::pki_types::ServerName;
 use smol::Task;
-use smol::channel::{Receiver, Sender, TrySendError};
 use smol::future;
 use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -56,7 +56,7 @@ pub use ticketing_core::client::{
     ReleaseOutcome, Ticket, TicketSet,
 };
 
-use crate::embedded::{Hub, MemoryLink};
+use crate::hub::{Hub, MemoryLink};
 use crate::sync::{Clock, Notify, sleep_until_opt};
 use crate::tls::{self, TlsMode};
 
@@ -199,13 +199,94 @@ pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
 // Shared state
 // ---------------------------------------------------------------------------
 
-/// Where one request's outcome goes.
-struct OutcomeTx(Sender<Outcome>);
+/// Spare [`ReplySlot`]s kept per broker for reuse; more in flight at once
+/// are allocated and freed.
+const SPARE_REPLY_SLOTS_MAX: usize = 64;
+
+/// One attempt's outcome on its way to the caller: filled by
+/// [`BrokerState::dispatch`] under the broker lock, taken by the attempt.
+/// Reused across attempts (see [`State::spare_slots`]) instead of a fresh
+/// channel each time.
+#[derive(Default)]
+struct ReplySlot(Mutex<SlotState>);
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Empty,
+    /// The attempt's future is parked on it.
+    Waiting(Waker),
+    Filled(Outcome),
+    /// The sender went away without an outcome (the broker state was torn
+    /// down): nothing definite is known.
+    Abandoned,
+}
+
+impl ReplySlot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        // The slot holds no invariant a panic could break half way.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stores `state` and wakes a parked attempt.
+    fn put(&self, state: SlotState) {
+        let previous = std::mem::replace(&mut *self.lock(), state);
+        if let SlotState::Waiting(waker) = previous {
+            waker.wake();
+        }
+    }
+
+    /// The outcome, if it arrived (`Abandoned` reads as Indeterminate).
+    fn try_take(&self) -> Option<Outcome> {
+        let mut state = self.lock();
+        match std::mem::take(&mut *state) {
+            SlotState::Filled(outcome) => Some(outcome),
+            SlotState::Abandoned => Some(Outcome::Indeterminate),
+            other => {
+                *state = other;
+                None
+            }
+        }
+    }
+
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let mut state = self.lock();
+        match std::mem::take(&mut *state) {
+            SlotState::Filled(outcome) => Poll::Ready(outcome),
+            SlotState::Abandoned => Poll::Ready(Outcome::Indeterminate),
+            SlotState::Waiting(waker) if waker.will_wake(cx.waker()) => {
+                *state = SlotState::Waiting(waker);
+                Poll::Pending
+            }
+            SlotState::Waiting(_) | SlotState::Empty => {
+                *state = SlotState::Waiting(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Where one request's outcome goes: its attempt's [`ReplySlot`].
+struct OutcomeTx(Option<Arc<ReplySlot>>);
 
 impl OutcomeSender for OutcomeTx {
-    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
-        // The channel holds one outcome and gets one: never full.
-        self.0.try_send(outcome).map_err(TrySendError::into_inner)
+    fn send(mut self, outcome: Outcome) -> Result<(), Outcome> {
+        // The attempt keeps its slot until it took the outcome or cancelled
+        // under the broker lock (after which nothing is sent): never refused.
+        if let Some(slot) = self.0.take() {
+            slot.put(SlotState::Filled(outcome));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OutcomeTx {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            slot.put(SlotState::Abandoned);
+        }
     }
 }
 
@@ -217,6 +298,23 @@ struct State {
     /// In-process: the deadline each endpoint task sleeps until
     /// (`u64::MAX` for none), so a submit wakes it only when it must.
     driver_targets_micros: Vec<u64>,
+    /// Reply slots no attempt holds, at most [`SPARE_REPLY_SLOTS_MAX`].
+    spare_slots: Vec<Arc<ReplySlot>>,
+}
+
+impl State {
+    /// A slot for a new attempt, empty.
+    fn take_slot(&mut self) -> Arc<ReplySlot> {
+        self.spare_slots.pop().unwrap_or_default()
+    }
+
+    /// Keeps `slot`, whose outcome was just taken (so it is empty), for a
+    /// later attempt if nothing else refers to it.
+    fn give_back_slot(&mut self, slot: Arc<ReplySlot>) {
+        if Arc::strong_count(&slot) == 1 && self.spare_slots.len() < SPARE_REPLY_SLOTS_MAX {
+            self.spare_slots.push(slot);
+        }
+    }
 }
 
 /// The embedded server an in-process broker is linked to.
@@ -275,12 +373,18 @@ async fn wait_for(event: &Event, done: impl Fn() -> bool) {
 
 impl Inner {
     fn new(endpoints: usize, max_pending: usize, memory: Option<Memory>) -> Self {
+        // In-process, the broker reads the embedded server's clock: one read
+        // serves the session and the server alike.
+        let clock = memory
+            .as_ref()
+            .map_or_else(Clock::start, |memory| memory.hub.clock());
         Inner {
-            clock: Clock::start(),
+            clock,
             state: Mutex::new(State {
                 broker: BrokerState::new(endpoints, max_pending),
                 links: vec![None; endpoints],
                 driver_targets_micros: vec![u64::MAX; endpoints],
+                spare_slots: Vec::new(),
             }),
             memory,
             wakes: (0..endpoints).map(|_| Arc::new(Notify::new())).collect(),
@@ -382,31 +486,50 @@ impl Inner {
     /// report. Links that ended are dropped (their tasks reconnect), and a
     /// task whose session now has an earlier deadline is woken.
     fn exchange(&self, state: &mut State, now: Instant) {
+        self.exchange_links(state, now, None);
+    }
+
+    /// [`Self::exchange`] right after a submit on endpoint `submitted`:
+    /// only that session and those the exchange touched can have events or
+    /// a new deadline, so the others are not looked at.
+    fn exchange_after_submit(&self, state: &mut State, now: Instant, submitted: usize) {
+        self.exchange_links(state, now, Some(submitted));
+    }
+
+    fn exchange_links(&self, state: &mut State, now: Instant, submitted: Option<usize>) {
         let Some(memory) = &self.memory else {
             return;
         };
-        let mut indices = Vec::with_capacity(IN_PROCESS_LINKS);
-        let mut batch = Vec::with_capacity(IN_PROCESS_LINKS);
-        for (index, (session, conn)) in state
-            .broker
-            .sessions
+        // On the stack: an in-process broker has exactly IN_PROCESS_LINKS
+        // endpoints, and this runs on every submit.
+        let mut batch: [Option<MemoryLink<'_>>; IN_PROCESS_LINKS] = std::array::from_fn(|_| None);
+        for ((link, session), conn) in batch
             .iter_mut()
+            .zip(state.broker.sessions.iter_mut())
             .zip(&state.links)
-            .enumerate()
         {
             if let (Some(session), Some(conn)) = (session.as_mut(), *conn) {
-                indices.push(index);
-                batch.push(MemoryLink {
+                *link = Some(MemoryLink {
                     conn,
                     session,
                     closed: false,
+                    touched: false,
                 });
             }
         }
         memory.hub.exchange(memory.owner, now, &mut batch);
-        let closed: Vec<bool> = batch.iter().map(|link| link.closed).collect();
-        drop(batch);
-        for (index, closed) in indices.into_iter().zip(closed) {
+        let linked: [Option<(bool, bool)>; IN_PROCESS_LINKS] = std::array::from_fn(|index| {
+            batch[index]
+                .as_ref()
+                .map(|link| (link.closed, link.touched))
+        });
+        for (index, link) in linked.into_iter().enumerate() {
+            let Some((closed, touched)) = link else {
+                continue;
+            };
+            if submitted.is_some_and(|submitted| submitted != index) && !touched {
+                continue;
+            }
             if closed {
                 state.links[index] = None;
                 self.wakes[index].notify_one();
@@ -455,22 +578,45 @@ impl Inner {
             return Err(TicketError::Closed);
         }
         let now = self.now();
-        let (tx, rx) = smol::channel::bounded(1);
         let mut state = self.lock();
-        let (index, rid) = state.broker.submit(now, acquire, submit, OutcomeTx(tx))?;
-        if self.memory.is_some() {
-            self.exchange(&mut state, now);
+        let slot = state.take_slot();
+        let tx = OutcomeTx(Some(Arc::clone(&slot)));
+        // On an error the dropped sender marks the slot abandoned, and the
+        // slot is not reused.
+        let (index, rid) = state.broker.submit(now, acquire, submit, tx)?;
+        let reply = if self.memory.is_some() {
+            self.exchange_after_submit(&mut state, now, index);
+            // The embedded server usually answers within the exchange: the
+            // outcome is then handed over here, with no wake and no wait.
+            match slot.try_take() {
+                Some(outcome) => {
+                    state.give_back_slot(slot);
+                    Reply::Ready(outcome)
+                }
+                None => Reply::Waiting(slot),
+            }
         } else {
             drop(state);
             self.wakes[index].notify_one();
-        }
+            Reply::Waiting(slot)
+        };
         Ok(Attempt {
             inner: self,
             index,
             rid,
-            rx: Some(rx),
+            reply,
         })
     }
+}
+
+/// Where an attempt's outcome is.
+enum Reply {
+    /// Delivered while it was submitted.
+    Ready(Outcome),
+    /// Still to come, in this slot.
+    Waiting(Arc<ReplySlot>),
+    /// Handed to the caller.
+    Taken,
 }
 
 /// One submitted request. Dropping it before its outcome arrives cancels
@@ -480,35 +626,48 @@ struct Attempt<'a> {
     inner: &'a Inner,
     index: usize,
     rid: u64,
-    rx: Option<Receiver<Outcome>>,
+    reply: Reply,
 }
 
 impl Attempt<'_> {
     async fn outcome(mut self) -> Outcome {
-        let rx = self.rx.as_ref().expect("outcome awaited once");
-        // The sender is only dropped without a value if the broker state is
-        // torn down; nothing definite is known then.
-        let outcome = rx.recv().await.unwrap_or(Outcome::Indeterminate);
-        self.rx = None;
-        outcome
+        let outcome = match &self.reply {
+            Reply::Ready(_) => None,
+            Reply::Waiting(slot) => Some(future::poll_fn(|cx| slot.poll_take(cx)).await),
+            Reply::Taken => panic!("outcome awaited once"),
+        };
+        match std::mem::replace(&mut self.reply, Reply::Taken) {
+            Reply::Ready(ready) => ready,
+            // Slot reuse only happens under the broker lock; a slot that
+            // has waited is simply freed.
+            _ => outcome.expect("a waiting reply was awaited"),
+        }
     }
 }
 
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        let Some(rx) = self.rx.take() else {
-            return;
+        let delivered = match std::mem::replace(&mut self.reply, Reply::Taken) {
+            Reply::Taken => return,
+            Reply::Ready(outcome) => Some(outcome),
+            Reply::Waiting(slot) => {
+                let now = self.inner.now();
+                let mut state = self.inner.lock();
+                if state.broker.cancel(now, self.index, self.rid) {
+                    self.inner.dispatch(&mut state, self.index, now);
+                    // A cancel may close the session: the link must hear it.
+                    self.inner.exchange(&mut state, now);
+                    drop(state);
+                    self.inner.wakes[self.index].notify_one();
+                    return;
+                }
+                slot.try_take()
+            }
         };
-        let now = self.inner.now();
-        let mut state = self.inner.lock();
-        if state.broker.cancel(now, self.index, self.rid) {
-            self.inner.dispatch(&mut state, self.index, now);
-            // A cancel may close the session: the link must hear it.
-            self.inner.exchange(&mut state, now);
-            drop(state);
-            self.inner.wakes[self.index].notify_one();
-        } else if let Ok(Outcome::Acquired(grant)) = rx.try_recv() {
+        if let Some(Outcome::Acquired(grant)) = delivered {
             // Delivered but never seen by the caller.
+            let now = self.inner.now();
+            let mut state = self.inner.lock();
             self.inner
                 .enqueue_release(&mut state, now, grant.keys, grant.token);
         }

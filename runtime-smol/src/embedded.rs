@@ -2,42 +2,41 @@
 //! application, driven on smol, reachable in-process (no sockets) and,
 //! optionally, over TCP or TLS by any v3 client.
 //!
-//! Shape: one [`Server`] behind a `std::sync::Mutex` (the hub), never
-//! held across an `.await`. Every connection is a *peer* of the hub:
+//! Shape: one [`Server`] in the hub (the private `hub` module), behind a
+//! `std::sync::Mutex` never held across an `.await`. Every connection is a
+//! *peer* of the hub:
 //!
 //! - a socket peer has one task and one wake-up; after every input the
 //!   task that fed the core drains [`Server::poll_wake`] and notifies the
 //!   woken peers (the serve loop of `ticketing-tokio`, ported to async-io);
-//! - a memory peer is one connection of an in-process
-//!   [`TicketBroker`]: the core client [`Session`] of
-//!   that broker and this server's connection exchange the very same protocol
-//!   bytes, shuttled in memory by the hub instead of a socket. The
-//!   bytes the server hands out for a memory peer wait in its inbox until the
-//!   broker feeds them to its session; only then does the server hear
-//!   [`Server::handle_flushed`], so a broker that dies first leaves no ghost
-//!   grant, exactly as over TCP.
+//!   that is this module;
+//! - a memory peer is one connection of an in-process [`TicketBroker`]: the
+//!   core client [`Session`](ticketing_core::client::Session) of that broker
+//!   and this server's connection exchange the very same protocol bytes,
+//!   shuttled in memory by the hub instead of a socket (the broker's side
+//!   is in [`crate::client`]).
 //!
 //! One timer task sleeps until [`Server::poll_timeout`]; an input that moves
 //! the deadline earlier notifies it.
+//!
+//! Module arrows run one way: `embedded` → `client` → `hub`, `embedded` →
+//! `hub`; `tls` and `sync` are leaves.
 
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_io::{Async, Timer};
-use event_listener::Event;
 use futures_rustls::TlsAcceptor;
 use smol::Task;
 use smol::future;
 use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use ticketing_core::auth::{ClientTokens, NONCE_LEN};
-use ticketing_core::client::Session;
-use ticketing_core::hash::IdMap;
+use ticketing_core::auth::ClientTokens;
 use ticketing_core::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
 };
@@ -47,6 +46,7 @@ use ticketing_core::time::Instant;
 use ticketing_core::wire::Key;
 
 use crate::client::{self, TicketBroker, TicketError};
+use crate::hub::{Hub, Peer, fresh_nonce};
 use crate::state::FloorFile;
 use crate::sync::{Clock, Notify, sleep_until_opt};
 
@@ -201,27 +201,13 @@ impl EmbeddedServerBuilder {
             None => (Server::new(config, first_token(), now), None),
         };
         let persist = floor_file.as_ref().map(|_| Arc::new(Notify::new()));
-        let hub = Arc::new(Hub {
-            inner: Mutex::new(HubInner {
-                server,
-                peers: IdMap::default(),
-                timer_target_micros: u64::MAX,
-                scratch: Vec::new(),
-                clock,
-                persist: persist.clone(),
-                reserve_request: None,
-            }),
+        let hub = Arc::new(Hub::new(
+            server,
             clock,
-            timer: Notify::new(),
-            stop: Notify::new(),
-            peers_changed: Event::new(),
-            tls: self.tls.map(TlsAcceptor::from),
-            in_process_token: self.tokens.into_iter().next().unwrap_or_default(),
-            next_owner: AtomicU64::new(1),
-            next_admin_id: AtomicU64::new(1),
-            brokers: Mutex::new(Vec::new()),
-            stopping: AtomicBool::new(false),
-        });
+            persist.clone(),
+            self.tls.map(TlsAcceptor::from),
+            self.tokens.into_iter().next().unwrap_or_default(),
+        ));
         let timer = smol::spawn(run_timer(Arc::clone(&hub)));
         let persister = floor_file
             .zip(persist)
@@ -230,6 +216,7 @@ impl EmbeddedServerBuilder {
             listener.map(|listener| smol::spawn(accept_loop(Arc::clone(&hub), listener)));
         Ok(EmbeddedServer {
             hub,
+            brokers: Arc::new(Mutex::new(Vec::new())),
             local_addr,
             tasks: Some(Tasks {
                 timer,
@@ -244,6 +231,9 @@ impl EmbeddedServerBuilder {
 // ---------------------------------------------------------------------------
 // Public handle
 // ---------------------------------------------------------------------------
+
+/// The in-process brokers of a server, held weakly.
+type Brokers = Arc<Mutex<Vec<client::Weak>>>;
 
 struct Tasks {
     timer: Task<()>,
@@ -278,6 +268,8 @@ struct Tasks {
 /// ```
 pub struct EmbeddedServer {
     hub: Arc<Hub>,
+    /// In-process brokers, told when the server is gone.
+    brokers: Brokers,
     local_addr: Option<SocketAddr>,
     tasks: Option<Tasks>,
     shutdown_grace: Duration,
@@ -312,7 +304,7 @@ impl EmbeddedServer {
     pub fn broker(&self) -> TicketBroker {
         let owner = self.hub.next_owner.fetch_add(1, Ordering::Relaxed);
         let broker = client::in_process(Arc::clone(&self.hub), owner);
-        let mut brokers = self.hub.brokers.lock().expect("broker list poisoned");
+        let mut brokers = self.brokers.lock().expect("broker list poisoned");
         // Dropped brokers are forgotten here, so the list stays as long as
         // the number of live ones.
         brokers.retain(|weak| weak.strong_count() > 0);
@@ -399,7 +391,13 @@ impl EmbeddedServer {
     /// the driver tasks are done.
     pub async fn shutdown(mut self) {
         if let Some(tasks) = self.tasks.take() {
-            shutdown(Arc::clone(&self.hub), tasks, self.shutdown_grace).await;
+            shutdown(
+                Arc::clone(&self.hub),
+                Arc::clone(&self.brokers),
+                tasks,
+                self.shutdown_grace,
+            )
+            .await;
         }
     }
 }
@@ -407,12 +405,18 @@ impl EmbeddedServer {
 impl Drop for EmbeddedServer {
     fn drop(&mut self) {
         if let Some(tasks) = self.tasks.take() {
-            smol::spawn(shutdown(Arc::clone(&self.hub), tasks, self.shutdown_grace)).detach();
+            smol::spawn(shutdown(
+                Arc::clone(&self.hub),
+                Arc::clone(&self.brokers),
+                tasks,
+                self.shutdown_grace,
+            ))
+            .detach();
         }
     }
 }
 
-async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
+async fn shutdown(hub: Arc<Hub>, brokers: Brokers, tasks: Tasks, grace: Duration) {
     hub.stopping.store(true, Ordering::Release);
     hub.stop.notify_one();
     let conn_tasks = match tasks.acceptor {
@@ -453,7 +457,7 @@ async fn shutdown(hub: Arc<Hub>, tasks: Tasks, grace: Duration) {
             inner.server.handle_closed(now, conn);
         }
     }
-    let brokers = std::mem::take(&mut *hub.brokers.lock().expect("broker list poisoned"));
+    let brokers = std::mem::take(&mut *brokers.lock().expect("broker list poisoned"));
     for broker in brokers.iter().filter_map(client::Weak::upgrade) {
         broker.server_gone();
     }
@@ -507,231 +511,6 @@ fn wall_clock() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
-}
-
-fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {
-    let mut nonce = [0u8; NONCE_LEN];
-    getrandom::fill(&mut nonce).ok()?;
-    Some(nonce)
-}
-
-// ---------------------------------------------------------------------------
-// Hub
-// ---------------------------------------------------------------------------
-
-/// The server state shared by every driver task and in-process broker.
-pub(crate) struct Hub {
-    inner: Mutex<HubInner>,
-    clock: Clock,
-    /// Wakes the timer task when its deadline may have moved earlier.
-    timer: Notify,
-    /// Asks the accept loop to stop.
-    stop: Notify,
-    /// A peer was removed (shutdown waits for none to be left).
-    peers_changed: Event,
-    tls: Option<TlsAcceptor>,
-    in_process_token: String,
-    next_owner: AtomicU64,
-    /// Ids of force-releases ([`EmbeddedServer::force_release`]).
-    next_admin_id: AtomicU64,
-    /// In-process brokers, told when the server is gone.
-    brokers: Mutex<Vec<client::Weak>>,
-    stopping: AtomicBool,
-}
-
-struct HubInner {
-    server: Server,
-    peers: IdMap<ConnId, Peer>,
-    /// The deadline the timer task sleeps until, `u64::MAX` for none.
-    timer_target_micros: u64,
-    /// Request bytes of memory peers on their way in; kept for its capacity.
-    scratch: Vec<u8>,
-    clock: Clock,
-    /// Wakes the persister (with a state file only).
-    persist: Option<Arc<Notify>>,
-    /// A reserve write the core asked for, not yet picked up.
-    reserve_request: Option<u64>,
-}
-
-enum Peer {
-    /// A socket task, woken to take its bytes itself.
-    Socket(Arc<Notify>),
-    /// An in-process link.
-    Memory(MemoryPeer),
-}
-
-struct MemoryPeer {
-    /// The broker owning the link: while it is exchanging it reads the inbox
-    /// itself, so it is not woken for it.
-    owner: u64,
-    /// Bytes taken from the server, not yet fed to the session. Bounded by
-    /// the protocol: the server only writes replies to requests (the
-    /// session bounds those in flight) plus the handshake.
-    inbox: Vec<u8>,
-    /// `Open`, or how the server wants the link ended once the inbox is read.
-    state: ConnState,
-    /// Wakes the broker's driver for this link.
-    wake: Arc<Notify>,
-}
-
-impl HubInner {
-    /// Drains the core's wakes after an input: socket peers are notified
-    /// (`me` only reported), memory peers get their bytes in their inbox and
-    /// are notified unless their broker (`owner`) is reading them right now.
-    /// Then tells the timer if the next deadline moved earlier.
-    fn dispatch(&mut self, timer: &Notify, me: Option<ConnId>, owner: Option<u64>) -> bool {
-        let mut mine = false;
-        while let Some(conn) = self.server.poll_wake() {
-            match self.peers.get_mut(&conn) {
-                Some(Peer::Socket(waker)) => {
-                    if Some(conn) == me {
-                        mine = true;
-                    } else {
-                        waker.notify_one();
-                    }
-                }
-                Some(Peer::Memory(peer)) => {
-                    let state = self.server.take_transmit(conn, &mut peer.inbox);
-                    if state != ConnState::Open {
-                        peer.state = state;
-                    }
-                    if Some(peer.owner) != owner {
-                        peer.wake.notify_one();
-                    }
-                }
-                // A peer being closed right now; its closer tells the core.
-                None => {}
-            }
-        }
-        // The embedded server has no logger: the core's reports (failed
-        // proofs, close reasons) are drained so its bounded queue never
-        // fills, and dropped.
-        while self.server.poll_log().is_some() {}
-        if let Some(persist) = &self.persist
-            && let Some(value) = self.server.poll_reserve(self.clock.now())
-        {
-            self.reserve_request = Some(value);
-            persist.notify_one();
-        }
-        let deadline = self
-            .server
-            .poll_timeout()
-            .map_or(u64::MAX, Instant::as_micros);
-        if deadline < self.timer_target_micros {
-            self.timer_target_micros = deadline;
-            timer.notify_one();
-        }
-        mine
-    }
-
-    fn remove_peer(&mut self, now: Instant, conn: ConnId, peers_changed: &Event) {
-        self.peers.remove(&conn);
-        self.server.handle_closed(now, conn);
-        peers_changed.notify(usize::MAX);
-    }
-}
-
-/// One in-memory link as [`Hub::exchange`] sees it.
-pub(crate) struct MemoryLink<'a> {
-    /// The server's name for it.
-    pub(crate) conn: ConnId,
-    /// The broker's session on it.
-    pub(crate) session: &'a mut Session,
-    /// Set when the link ended (the session is closed and the server told).
-    pub(crate) closed: bool,
-}
-
-impl Hub {
-    fn lock(&self) -> MutexGuard<'_, HubInner> {
-        // A panic inside the core leaves its state unknown; serving on from
-        // it could break mutual exclusion, so every user stops instead.
-        self.inner
-            .lock()
-            .expect("server state poisoned by an earlier panic")
-    }
-
-    /// The token in-process brokers authenticate with.
-    pub(crate) fn in_process_token(&self) -> &str {
-        &self.in_process_token
-    }
-
-    /// Opens an in-memory link for broker `owner`; `None` if the server
-    /// refuses it (connection limit, shutting down) or there is no nonce.
-    pub(crate) fn connect_memory(&self, owner: u64, wake: Arc<Notify>) -> Option<ConnId> {
-        let nonce = fresh_nonce()?;
-        let mut inner = self.lock();
-        let now = self.clock.now();
-        // In-process links count as loopback for the handshake budget.
-        let source = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-        let conn = inner.server.handle_connect(now, nonce, source)?;
-        inner.peers.insert(
-            conn,
-            Peer::Memory(MemoryPeer {
-                owner,
-                inbox: Vec::new(),
-                state: ConnState::Open,
-                wake,
-            }),
-        );
-        inner.dispatch(&self.timer, None, Some(owner));
-        Some(conn)
-    }
-
-    /// Moves bytes both ways between broker `owner`'s sessions and their
-    /// server connections until neither side has more: inbox → session
-    /// (then [`Server::handle_flushed`]), session → server while it wants
-    /// input. A closed session or a link the server ended is closed on both
-    /// sides and marked `closed`. `client_now` is the broker's clock.
-    pub(crate) fn exchange(&self, owner: u64, client_now: Instant, links: &mut [MemoryLink<'_>]) {
-        let mut inner = self.lock();
-        let now = self.clock.now();
-        let mut out = std::mem::take(&mut inner.scratch);
-        loop {
-            let mut progressed = false;
-            for link in links.iter_mut().filter(|link| !link.closed) {
-                let conn = link.conn;
-                let (inbox, state) = match inner.peers.get_mut(&conn) {
-                    Some(Peer::Memory(peer)) => (std::mem::take(&mut peer.inbox), peer.state),
-                    _ => (Vec::new(), ConnState::Gone),
-                };
-                if !inbox.is_empty() {
-                    link.session.handle_input(client_now, &inbox);
-                    inner.server.handle_flushed(now, conn);
-                    progressed = true;
-                    if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
-                        && peer.inbox.is_empty()
-                    {
-                        // Give the buffer back for its capacity.
-                        let mut inbox = inbox;
-                        inbox.clear();
-                        peer.inbox = inbox;
-                    }
-                }
-                if state != ConnState::Open {
-                    link.session.handle_transport_closed(client_now);
-                }
-                if link.session.is_closed() {
-                    inner.remove_peer(now, conn, &self.peers_changed);
-                    link.closed = true;
-                    progressed = true;
-                    continue;
-                }
-                if inner.server.wants_input(conn) {
-                    out.clear();
-                    if link.session.poll_transmit(client_now, &mut out) > 0 {
-                        inner.server.handle_input(now, conn, &out);
-                        progressed = true;
-                    }
-                }
-            }
-            inner.dispatch(&self.timer, None, Some(owner));
-            if !progressed {
-                break;
-            }
-        }
-        out.clear();
-        inner.scratch = out;
-    }
 }
 
 // ---------------------------------------------------------------------------

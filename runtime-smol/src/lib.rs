@@ -24,6 +24,7 @@
 
 pub mod client;
 pub mod embedded;
+mod hub;
 mod state;
 mod sync;
 pub mod tls;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures_rustls::TlsConnector;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::client::TicketError;
+use ticketing_core::client::ClientError as TicketError;
 
 pub use ticketing_core::client::TlsMode;
 

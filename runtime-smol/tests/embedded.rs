@@ -455,3 +455,52 @@ fn inspection_and_force_release_through_the_embedded_api() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn concurrent_requests_on_one_in_process_broker_each_get_their_own_outcome() {
+    // Outcomes answered within the submit and outcomes that wait in a queue
+    // share the broker's reply slots: a grant handed to the wrong request
+    // shows as a ticket whose token is not its key's holder.
+    const TASKS: usize = 12;
+    const KEYS: usize = 3;
+    const TURNS: usize = 30;
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let broker = server.broker();
+        let executor = smol::LocalExecutor::new();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let (server, broker) = (&server, &broker);
+                executor.spawn(async move {
+                    let key = format!("slots/{}", task % KEYS);
+                    let mut queued_turns = 0;
+                    for _ in 0..TURNS {
+                        let queued = server.lock(&key).unwrap().is_some();
+                        let ticket = broker.acquire(&key, WAIT, LEASE, BUDGET).await.unwrap();
+                        let view = server.lock(&key).unwrap().expect("held");
+                        assert_eq!(view.holder.unwrap().token, ticket.token());
+                        queued_turns += usize::from(queued);
+                        // Held across a yield, so the key's other tasks queue.
+                        future::yield_now().await;
+                        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+                    }
+                    queued_turns
+                })
+            })
+            .collect();
+        let queued_turns: usize = executor
+            .run(async {
+                let mut queued = 0;
+                for task in tasks {
+                    queued += task.await;
+                }
+                queued
+            })
+            .await;
+        assert!(queued_turns > 0, "some turns waited in a queue");
+        assert_eq!(server.stats().lock.waiters, 0);
+        drop(executor);
+        broker.close().await;
+        server.shutdown().await;
+    });
+}

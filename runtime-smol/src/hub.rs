@@ -1,0 +1,311 @@
+//! The embedded server's shared state (the hub): one [`Server`] behind a
+//! `std::sync::Mutex`, never held across an `.await`, and its peers. Both
+//! sides of the crate reach the server through it: [`crate::embedded`]
+//! drives its sockets, timer and state file; [`crate::client`] moves the
+//! bytes of an in-process broker's in-memory links ([`Hub::exchange`]).
+//! It knows neither of them.
+//!
+//! The bytes the server hands out for a memory peer wait in its inbox until
+//! the broker feeds them to its session; only then does the server hear
+//! [`Server::handle_flushed`], so a broker that dies first leaves no ghost
+//! grant, exactly as over TCP.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use event_listener::Event;
+use futures_rustls::TlsAcceptor;
+
+use ticketing_core::auth::NONCE_LEN;
+use ticketing_core::client::Session;
+use ticketing_core::hash::IdMap;
+use ticketing_core::server::{ConnId, ConnState, Server};
+use ticketing_core::time::Instant;
+
+use crate::sync::{Clock, Notify};
+
+/// The server state shared by every driver task and in-process broker.
+pub(crate) struct Hub {
+    pub(crate) inner: Mutex<HubInner>,
+    pub(crate) clock: Clock,
+    /// Wakes the timer task when its deadline may have moved earlier.
+    pub(crate) timer: Notify,
+    /// Asks the accept loop to stop.
+    pub(crate) stop: Notify,
+    /// A peer was removed (shutdown waits for none to be left).
+    pub(crate) peers_changed: Event,
+    /// TLS for the listener's connections.
+    pub(crate) tls: Option<TlsAcceptor>,
+    in_process_token: String,
+    /// Names of in-process brokers ([`MemoryPeer::owner`]).
+    pub(crate) next_owner: AtomicU64,
+    /// Ids of force-releases ([`crate::EmbeddedServer::force_release`]).
+    pub(crate) next_admin_id: AtomicU64,
+    /// Set when shutdown begins.
+    pub(crate) stopping: AtomicBool,
+}
+
+/// What the hub's mutex guards.
+pub(crate) struct HubInner {
+    pub(crate) server: Server,
+    pub(crate) peers: IdMap<ConnId, Peer>,
+    /// The deadline the timer task sleeps until, `u64::MAX` for none.
+    pub(crate) timer_target_micros: u64,
+    /// Request bytes of memory peers on their way in; kept for its capacity.
+    scratch: Vec<u8>,
+    clock: Clock,
+    /// Wakes the persister (with a state file only).
+    pub(crate) persist: Option<Arc<Notify>>,
+    /// A reserve write the core asked for, not yet picked up.
+    pub(crate) reserve_request: Option<u64>,
+}
+
+/// A connection of the server, as the hub drives it.
+pub(crate) enum Peer {
+    /// A socket task, woken to take its bytes itself.
+    Socket(Arc<Notify>),
+    /// An in-process link.
+    Memory(MemoryPeer),
+}
+
+/// An in-process link's server side.
+pub(crate) struct MemoryPeer {
+    /// The broker owning the link: while it is exchanging it reads the inbox
+    /// itself, so it is not woken for it.
+    owner: u64,
+    /// Bytes taken from the server, not yet fed to the session. Bounded by
+    /// the protocol: the server only writes replies to requests (the
+    /// session bounds those in flight) plus the handshake.
+    inbox: Vec<u8>,
+    /// `Open`, or how the server wants the link ended once the inbox is read.
+    state: ConnState,
+    /// Wakes the broker's driver for this link.
+    wake: Arc<Notify>,
+}
+
+impl HubInner {
+    /// Drains the core's wakes after an input: socket peers are notified
+    /// (`me` only reported), memory peers get their bytes in their inbox and
+    /// are notified unless their broker (`owner`) is reading them right now.
+    /// Then tells the timer if the next deadline moved earlier. True if
+    /// `me`, or a link of `owner`, was woken: the caller has more to do.
+    pub(crate) fn dispatch(
+        &mut self,
+        timer: &Notify,
+        me: Option<ConnId>,
+        owner: Option<u64>,
+    ) -> bool {
+        let mut mine = false;
+        while let Some(conn) = self.server.poll_wake() {
+            match self.peers.get_mut(&conn) {
+                Some(Peer::Socket(waker)) => {
+                    if Some(conn) == me {
+                        mine = true;
+                    } else {
+                        waker.notify_one();
+                    }
+                }
+                Some(Peer::Memory(peer)) => {
+                    let state = self.server.take_transmit(conn, &mut peer.inbox);
+                    if state != ConnState::Open {
+                        peer.state = state;
+                    }
+                    if Some(peer.owner) != owner {
+                        peer.wake.notify_one();
+                    } else {
+                        mine = true;
+                    }
+                }
+                // A peer being closed right now; its closer tells the core.
+                None => {}
+            }
+        }
+        // The embedded server has no logger: the core's reports (failed
+        // proofs, close reasons) are drained so its bounded queue never
+        // fills, and dropped.
+        while self.server.poll_log().is_some() {}
+        if let Some(persist) = &self.persist
+            && let Some(value) = self.server.poll_reserve(self.clock.now())
+        {
+            self.reserve_request = Some(value);
+            persist.notify_one();
+        }
+        let deadline = self
+            .server
+            .poll_timeout()
+            .map_or(u64::MAX, Instant::as_micros);
+        if deadline < self.timer_target_micros {
+            self.timer_target_micros = deadline;
+            timer.notify_one();
+        }
+        mine
+    }
+
+    /// Forgets `conn` and tells the core it closed.
+    pub(crate) fn remove_peer(&mut self, now: Instant, conn: ConnId, peers_changed: &Event) {
+        self.peers.remove(&conn);
+        self.server.handle_closed(now, conn);
+        peers_changed.notify(usize::MAX);
+    }
+}
+
+/// One in-memory link as [`Hub::exchange`] sees it.
+pub(crate) struct MemoryLink<'a> {
+    /// The server's name for it.
+    pub(crate) conn: ConnId,
+    /// The broker's session on it.
+    pub(crate) session: &'a mut Session,
+    /// Set when the link ended (the session is closed and the server told).
+    pub(crate) closed: bool,
+    /// Set when the session was fed bytes, polled for bytes or closed: it
+    /// may have events, and its deadline may have moved.
+    pub(crate) touched: bool,
+}
+
+impl Hub {
+    /// A hub around `server`, on `clock`; `persist` wakes the state-file
+    /// writer (with a state file only); in-process brokers authenticate
+    /// with `in_process_token`.
+    pub(crate) fn new(
+        server: Server,
+        clock: Clock,
+        persist: Option<Arc<Notify>>,
+        tls: Option<TlsAcceptor>,
+        in_process_token: String,
+    ) -> Self {
+        Hub {
+            inner: Mutex::new(HubInner {
+                server,
+                peers: IdMap::default(),
+                timer_target_micros: u64::MAX,
+                scratch: Vec::new(),
+                clock,
+                persist,
+                reserve_request: None,
+            }),
+            clock,
+            timer: Notify::new(),
+            stop: Notify::new(),
+            peers_changed: Event::new(),
+            tls,
+            in_process_token,
+            next_owner: AtomicU64::new(1),
+            next_admin_id: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HubInner> {
+        // A panic inside the core leaves its state unknown; serving on from
+        // it could break mutual exclusion, so every user stops instead.
+        self.inner
+            .lock()
+            .expect("server state poisoned by an earlier panic")
+    }
+
+    /// The server's clock, which in-process brokers share, so that the
+    /// `now` of a submit also serves [`Hub::exchange`].
+    pub(crate) fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// The token in-process brokers authenticate with.
+    pub(crate) fn in_process_token(&self) -> &str {
+        &self.in_process_token
+    }
+
+    /// Opens an in-memory link for broker `owner`; `None` if the server
+    /// refuses it (connection limit, shutting down) or there is no nonce.
+    pub(crate) fn connect_memory(&self, owner: u64, wake: Arc<Notify>) -> Option<ConnId> {
+        let nonce = fresh_nonce()?;
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        // In-process links count as loopback for the handshake budget.
+        let source = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let conn = inner.server.handle_connect(now, nonce, source)?;
+        inner.peers.insert(
+            conn,
+            Peer::Memory(MemoryPeer {
+                owner,
+                inbox: Vec::new(),
+                state: ConnState::Open,
+                wake,
+            }),
+        );
+        inner.dispatch(&self.timer, None, Some(owner));
+        Some(conn)
+    }
+
+    /// Moves bytes both ways between broker `owner`'s sessions and their
+    /// server connections until neither side has more: inbox → session
+    /// (then [`Server::handle_flushed`]), session → server while it wants
+    /// input. A closed session or a link the server ended is closed on both
+    /// sides and marked `closed`. `now` is read once by the broker, on the
+    /// clock it shares with the server ([`Hub::clock`]).
+    pub(crate) fn exchange(&self, owner: u64, now: Instant, links: &mut [Option<MemoryLink<'_>>]) {
+        let mut inner = self.lock();
+        let mut out = std::mem::take(&mut inner.scratch);
+        // The first pass looks at every link; later ones only at links the
+        // server has just handed bytes to.
+        let mut first_pass = true;
+        loop {
+            for link in links.iter_mut().flatten().filter(|link| !link.closed) {
+                let conn = link.conn;
+                let (inbox, state) = match inner.peers.get_mut(&conn) {
+                    Some(Peer::Memory(peer)) if peer.inbox.is_empty() => (None, peer.state),
+                    Some(Peer::Memory(peer)) => (Some(std::mem::take(&mut peer.inbox)), peer.state),
+                    _ => (None, ConnState::Gone),
+                };
+                if !first_pass && inbox.is_none() && state == ConnState::Open {
+                    continue;
+                }
+                if let Some(mut inbox) = inbox {
+                    link.touched = true;
+                    link.session.handle_input(now, &inbox);
+                    inner.server.handle_flushed(now, conn);
+                    if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
+                        && peer.inbox.is_empty()
+                    {
+                        // Given back for its capacity: the server's next
+                        // reply is written into it (`take_transmit` swaps).
+                        inbox.clear();
+                        peer.inbox = inbox;
+                    }
+                }
+                if state != ConnState::Open {
+                    link.touched = true;
+                    link.session.handle_transport_closed(now);
+                }
+                if link.session.is_closed() {
+                    inner.remove_peer(now, conn, &self.peers_changed);
+                    link.closed = true;
+                    link.touched = true;
+                    continue;
+                }
+                // A ready session with nothing unsent has nothing to hand
+                // out (its proof left before the server could answer it).
+                let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
+                if may_send && inner.server.wants_input(conn) {
+                    link.touched = true;
+                    out.clear();
+                    if link.session.poll_transmit(now, &mut out) > 0 {
+                        inner.server.handle_input(now, conn, &out);
+                    }
+                }
+            }
+            first_pass = false;
+            if !inner.dispatch(&self.timer, None, Some(owner)) {
+                break;
+            }
+        }
+        out.clear();
+        inner.scratch = out;
+    }
+}
+
+/// A fresh handshake nonce; `None` if the system has no randomness.
+pub(crate) fn fresh_nonce() -> Option<[u8; NONCE_LEN]> {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).ok()?;
+    Some(nonce)
+}
