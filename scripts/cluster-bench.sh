@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# The published client's steady-state benchmark (nc_bench_test: 64 tasks,
-# 32 keys × 1,250 acquire+release, every grant checked for overlap) against
-# a 3-node loopback cluster, through its TICKETING_BENCH_* settings
-# (MODE=cluster). Prints ops/s and acquire+release latency p50/p99.
+# The 3-node loopback cluster's figures, measured in one run on one cluster
+# and printed against issue 13's goals:
+#
+#  1. the round trip of a tiny TCP echo (tokio both sides, 16 bytes), and
+#     our client's uncontended acquire+release p50 (one task, one key;
+#     `ticketing bench --clients 1 --keys 1`) over two of them;
+#  2. our client, `ticketing bench --clients 64 --keys 32 --ops $OPS`,
+#     $ROUNDS times: ops/s, acquire+release p50/p99, the client's CPU per
+#     op and the three nodes' CPU per op summed (utime+stime from /proc),
+#     then the median of each;
+#  3. the published 0.4.0 client's steady-state benchmark (nc_bench_test:
+#     64 tasks, 32 keys x 1,250 acquire+release, every grant checked for
+#     overlap) through its TICKETING_BENCH_* settings (MODE=cluster):
+#     ops/s, p50/p99.
 #
 # Usage: scripts/cluster-bench.sh
 # Env:   CARGO_TARGET_DIR   target dir (default: <repo>/target)
-#        BASE               first client port (default 15225; the benchmark
-#                           refuses 5225)
+#        BASE               first client port (default 15225; the published
+#                           benchmark refuses 5225)
 #        PROFILE            Raft profile (default: default)
+#        ROUNDS             rounds of our client (default 3)
+#        OPS                acquire+release pairs per round (default 200000)
+#        PUBLISHED          0: skip the published client (default 1)
+#        TICKETING_BIN      run this build instead of building the tree's
+#        NO_BUILD           1: build nothing of this tree (use the echo
+#                           example and binary already in the target dir)
 set -euo pipefail
 readonly VERSION="0.4.0"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +33,11 @@ export CARGO_TARGET_DIR="$target"
 nc_target="${NC_TARGET_DIR:-$target/published-nc}"
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 export BASE="${BASE:-15225}" PROFILE="${PROFILE:-default}" LOG_LEVEL="${LOG_LEVEL:-warn}"
+rounds="${ROUNDS:-3}"
+ops="${OPS:-200000}"
+published="${PUBLISHED:-1}"
+[[ "$rounds" =~ ^[1-9][0-9]?$ ]] || { echo "cluster-bench: ROUNDS must be 1-99" >&2; exit 2; }
+[[ "$ops" =~ ^[1-9][0-9]{0,7}$ ]] || { echo "cluster-bench: OPS must be 1-99999999" >&2; exit 2; }
 work="$(mktemp -d -t ticketing-cbench.XXXXXX)"
 export CLUSTER_DIR="$work/cluster"
 cluster="$repo/scripts/cluster-local.sh"
@@ -24,14 +45,34 @@ die() { echo "cluster-bench: $*" >&2; exit 1; }
 cleanup() { "$cluster" stop >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-manifest="$(compgen -G "$cargo_home/registry/src/*/ticketing-$VERSION/Cargo.toml" | head -n 1 || true)"
-[[ -n "$manifest" ]] || die "published crate ticketing-$VERSION not unpacked; run scripts/published-nc-tests.sh once"
-crate="$work/ticketing-$VERSION"
-cp -R "$(dirname "$manifest")" "$crate"
-(cd "$crate" && CARGO_TARGET_DIR="$nc_target" cargo test --release --features tracing \
-    --test nc_bench_test --no-run) >&2
+# Goals (issue 13, 3-node cluster).
+readonly GOAL_OPS=100000 GOAL_SERVER_US=10 GOAL_P99_MS=10
 
-"$cluster" start
+if [[ "${NO_BUILD:-}" != 1 ]]; then
+    echo "==> building ticketing and the echo (release)" >&2
+    cargo build --release -p ticketing-tokio --example echo_round_trip \
+        --manifest-path "$repo/Cargo.toml" >&2
+    if [[ -z "${TICKETING_BIN:-}" ]]; then
+        cargo build --release -p ticketing-tokio --bin ticketing --manifest-path "$repo/Cargo.toml" >&2
+    fi
+fi
+export TICKETING_BIN="${TICKETING_BIN:-$target/release/ticketing}"
+bin="$TICKETING_BIN"
+[[ -x "$bin" ]] || die "no binary at $bin"
+echo_bin="$target/release/examples/echo_round_trip"
+[[ -x "$echo_bin" ]] || die "no echo at $echo_bin (run without NO_BUILD)"
+
+crate=""
+if [[ "$published" == 1 ]]; then
+    manifest="$(compgen -G "$cargo_home/registry/src/*/ticketing-$VERSION/Cargo.toml" | head -n 1 || true)"
+    [[ -n "$manifest" ]] || die "published crate ticketing-$VERSION not unpacked; run scripts/published-nc-tests.sh once (or PUBLISHED=0)"
+    crate="$work/ticketing-$VERSION"
+    cp -R "$(dirname "$manifest")" "$crate"
+    (cd "$crate" && CARGO_TARGET_DIR="$nc_target" cargo test --release --features tracing \
+        --test nc_bench_test --no-run) >&2
+fi
+
+NO_BUILD=1 "$cluster" start
 # Measure the steady state, not the first election.
 has_leader() { local lines; lines="$("$cluster" status)"; [[ "$lines" == *role=leader* ]]; }
 for _ in $(seq 1 300); do
@@ -40,14 +81,81 @@ for _ in $(seq 1 300); do
 done
 has_leader || die "no leader after 30 s"
 eval "$("$cluster" env)"
-export TICKETING_BENCH_ENDPOINTS="$TICKETING_CHAOS_ADDRS"
-export TICKETING_BENCH_TOKEN="$TICKETING_CLIENT_TOKEN"
-export TICKETING_BENCH_IDENTITY="$TICKETING_IDENTITY_FINGERPRINT"
-export TICKETING_BENCH_MODE=cluster TICKETING_BENCH_NAMESPACE=cbench TICKETING_BENCH_LATENCY=1
-(cd "$crate" && RUST_LOG=info CARGO_TARGET_DIR="$nc_target" cargo test --release --features tracing \
-    --test nc_bench_test -- --include-ignored --nocapture --exact steady_state_bench) \
-    2>&1 | sed -E 's/\x1b\[[0-9;]*m//g' | tee "$work/bench.log" | grep -E 'total in|latency usec|test result|panicked'
-sed -nE 's/.*= ([0-9]+) total in ([0-9.]+)ms.*/\1 \2/p' "$work/bench.log" | while read -r ops ms; do
-    awk -v o="$ops" -v m="$ms" 'BEGIN { printf "==> cluster steady state: %d acquire+release in %.1f ms = %.0f ops/s\n", o, m, o / (m / 1000) }'
+addrs=(--addr "127.0.0.1:$BASE" --addr "127.0.0.1:$((BASE + 1))" --addr "127.0.0.1:$((BASE + 2))")
+pids=()
+for i in 0 1 2; do pids+=(--server-pid "$(cat "$CLUSTER_DIR/node$i.pid")"); done
+ours() { # bench args...
+    "$bin" bench "${addrs[@]}" "${pids[@]}" --cluster-identity "$TICKETING_IDENTITY_FINGERPRINT" \
+        --token "$TICKETING_CLIENT_TOKEN" "$@" 2>&1
+}
+# "p50 704 µs" / "p99 10.1 ms" → µs.
+latency_us() { # NAME LINE
+    sed -nE "s/.* $1 ([0-9.]+) (µs|ms).*/\1 \2/p" <<<"$2" |
+        awk '{ printf "%.0f", ($2 == "ms") ? $1 * 1000 : $1 }'
+}
+verdict() { # VALUE OP GOAL
+    awk -v v="$1" -v g="$3" -v op="$2" \
+        'BEGIN { ok = (op == ">=") ? v >= g : (op == "<=") ? v <= g : v < g; print ok ? "met" : "NOT met" }'
+}
+median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+echo "==> load: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+# 1. Uncontended, next to the echo.
+echo_line="$("$echo_bin" 5000)"
+echo_us="$(sed -nE 's/.*p50 ([0-9]+) µs.*/\1/p' <<<"$echo_line")"
+solo="$(ours --clients 1 --keys 1 --ops 5000)"
+grep -q 'ops/s' <<<"$solo" || { echo "$solo" >&2; die "the uncontended run failed"; }
+solo_p50="$(latency_us p50 "$(grep '^latency' <<<"$solo")")"
+echo "==> $echo_line"
+echo "==> uncontended acquire+release (1 task, 1 key, our client): p50 $solo_p50 µs"
+
+# 2. Our client, ROUNDS times.
+results="$work/ours.txt"
+: > "$results"
+for round in $(seq 1 "$rounds"); do
+    out="$(ours --clients 64 --keys 32 --ops "$ops")"
+    rate="$(sed -nE 's/^[0-9]+ acquire\+release pairs in .*: ([0-9]+) ops\/s.*/\1/p' <<<"$out")"
+    [[ -n "$rate" ]] || { echo "$out" >&2; die "round $round failed"; }
+    latency="$(grep '^latency' <<<"$out")"
+    p50="$(latency_us p50 "$latency")"
+    p99="$(latency_us p99 "$latency")"
+    client_us="$(sed -nE 's/^client CPU: ([0-9.]+) µs.*/\1/p' <<<"$out")"
+    server_us="$(sed -nE 's/^server CPU: ([0-9.]+) µs.*/\1/p' <<<"$out")"
+    errors="$(grep -c '^errors' <<<"$out" || true)"
+    [[ "$errors" == 0 ]] || { echo "$out" >&2; die "round $round had errors"; }
+    echo "$rate $p50 $p99 $client_us $server_us" >> "$results"
+    echo "==> our client, round $round: $rate ops/s, p50 $p50 µs, p99 $p99 µs, client CPU $client_us µs/op, server CPU (3 nodes) $server_us µs/op"
 done
-grep -q 'test result: ok' "$work/bench.log" || die "benchmark failed"
+med() { awk -v c="$1" '{ print $c }' "$results" | median; }
+rate="$(med 1)" p50="$(med 2)" p99="$(med 3)" client_us="$(med 4)" server_us="$(med 5)"
+
+# 3. The published client.
+nc_rate="" nc_latency=""
+if [[ -n "$crate" ]]; then
+    export TICKETING_BENCH_ENDPOINTS="$TICKETING_CHAOS_ADDRS"
+    export TICKETING_BENCH_TOKEN="$TICKETING_CLIENT_TOKEN"
+    export TICKETING_BENCH_IDENTITY="$TICKETING_IDENTITY_FINGERPRINT"
+    export TICKETING_BENCH_MODE=cluster TICKETING_BENCH_NAMESPACE=cbench TICKETING_BENCH_LATENCY=1
+    (cd "$crate" && RUST_LOG=info CARGO_TARGET_DIR="$nc_target" cargo test --release --features tracing \
+        --test nc_bench_test -- --include-ignored --nocapture --exact steady_state_bench) \
+        2>&1 | sed -E 's/\x1b\[[0-9;]*m//g' > "$work/bench.log" || true
+    grep -q 'test result: ok' "$work/bench.log" || { cat "$work/bench.log" >&2; die "the published benchmark failed"; }
+    nc_rate="$(sed -nE 's/.*= ([0-9]+) total in ([0-9.]+)ms.*/\1 \2/p' "$work/bench.log" |
+        awk '{ printf "%.0f", $1 / ($2 / 1000) }' | head -n 1)"
+    nc_latency="$(grep -E 'latency usec' "$work/bench.log" | sed -E 's/^.*latency usec/latency usec/' | head -n 1)"
+    echo "==> published $VERSION client (nc_bench_test, cluster): $nc_rate ops/s; $nc_latency"
+fi
+
+echo
+echo "3-node loopback cluster, $rounds round(s) of $ops pairs (medians), load $(cut -d' ' -f1-3 /proc/loadavg):"
+printf '  %-52s %12s   goal %-14s %s\n' "our client: ops/s" "$rate" ">= $GOAL_OPS" "$(verdict "$rate" '>=' "$GOAL_OPS")"
+printf '  %-52s %12s   goal %-14s %s\n' "server CPU per acquire+release, 3 nodes summed (µs)" "$server_us" "<= $GOAL_SERVER_US" "$(verdict "$server_us" '<=' "$GOAL_SERVER_US")"
+printf '  %-52s %12s   goal %-14s %s\n' "acquire+release p99 (µs)" "$p99" "< $((GOAL_P99_MS * 1000))" "$(verdict "$p99" '<' "$((GOAL_P99_MS * 1000))")"
+printf '  %-52s %12s\n' "acquire+release p50 (µs)" "$p50"
+printf '  %-52s %12s\n' "client CPU per acquire+release (µs)" "$client_us"
+ratio="$(awk -v p="$solo_p50" -v e="$echo_us" 'BEGIN { printf "%.1f", p / (2 * e) }')"
+printf '  %-52s %12s   %s\n' "uncontended p50 (µs) / two echo round trips ($echo_us µs)" "$solo_p50 = ${ratio}x" \
+    "no cluster goal (single node: <= 1.3x); a pair is two commits"
+if [[ -n "$nc_rate" ]]; then
+    printf '  %-52s %12s   %s\n' "published $VERSION client (nc_bench_test): ops/s" "$nc_rate" "reported beside ours"
+fi

@@ -474,6 +474,15 @@ pub struct RaftCounters {
     pub snapshots_sent: u64,
     /// Snapshots this node received whole and installed.
     pub snapshots_received: u64,
+    /// Appends this node sent as leader (empty ones, which carry only the
+    /// commit index or probe, included).
+    pub appends_sent: u64,
+    /// Entries those appends carried: divided by [`Self::appends_sent`],
+    /// how well replication batches.
+    pub append_entries_sent: u64,
+    /// Append answers this node sent as follower (appends that arrived
+    /// together share one acceptance).
+    pub append_responses_sent: u64,
 }
 
 /// Replication of one peer, as the leader sees it.

@@ -569,6 +569,55 @@ fn a_grant_is_replied_only_after_commit_and_apply() {
     }
 }
 
+/// The commit path batches: requests that arrive in one input are
+/// proposed together and leave in one append per follower; nobody is
+/// answered before the entries are applied; then every request is granted,
+/// with strictly increasing tokens, on every replica.
+#[test]
+fn requests_that_arrive_together_travel_in_one_append_per_follower() {
+    const REQUESTS: u64 = 10;
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    let before = net.node(leader).raft().counters();
+    let mut bytes = Vec::new();
+    for k in 0..REQUESTS {
+        bytes.extend(acquire(k + 1, &format!("k{k}"), 0, 10).to_frame());
+    }
+    net.send_bytes(c, &bytes);
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        2,
+        "one per follower"
+    );
+    assert_eq!(
+        after.append_entries_sent - before.append_entries_sent,
+        2 * REQUESTS,
+        "each carrying every request"
+    );
+    let conn = net.clients[c].conn;
+    let mut out = Vec::new();
+    net.node(leader).take_transmit(conn, &mut out);
+    assert!(out.is_empty(), "replied before apply: {out:?}");
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
+    // The first answer commits all of them; the followers learn the
+    // commit index (an idle cluster tells it in an empty append) and apply
+    // them too.
+    net.settle();
+    for i in 0..3 {
+        assert_eq!(
+            net.node(i).lock_state().held_keys(),
+            REQUESTS as usize,
+            "node {i} applied every grant"
+        );
+    }
+    let tokens: Vec<u64> = net.answers(c).into_iter().map(token_of).collect();
+    assert_eq!(tokens.len() as u64, REQUESTS);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
 #[test]
 fn a_follower_answers_moved_with_the_leader_slot() {
     let mut net = Net::new();

@@ -39,9 +39,13 @@ fn followers_apply_only_committed_entries() {
     net.cut(leader, f[1]);
     net.filter = Some(Box::new(move |m: &Message| m.to != leader));
     let before = net.raft(f[0]).commit_index();
-    for k in 0..5u8 {
-        net.propose(leader, &[k]);
-    }
+    // Proposed before one drain, so they travel in one append: a later
+    // partial append would wait for the acknowledgement that is lost.
+    net.with(leader, |r, now| {
+        for k in 0..5u8 {
+            r.propose(now, vec![k]).expect("propose");
+        }
+    });
     net.run_ms(200);
     let r = net.raft(f[0]);
     let before = before.max(2);
@@ -345,4 +349,140 @@ fn leadership_events_are_reported() {
             .iter()
             .any(|(_, e)| matches!(e, Event::SteppedDown { .. }))
     );
+}
+
+// --------------------------------------------------------------------------
+// Batching of the commit path: driven by hand (messages taken from one node
+// and stepped into another), so every append and answer is counted.
+// --------------------------------------------------------------------------
+
+/// Every message `nid` has to send now.
+fn drain_messages(net: &mut Net, nid: NodeId) -> Vec<Message> {
+    let mut out = Vec::new();
+    while let Some((_, msg)) = net.raft_mut(nid).poll_message() {
+        out.push(msg);
+    }
+    out
+}
+
+/// Steps `msg` into its recipient at the network's time.
+fn deliver(net: &mut Net, msg: Message) {
+    let now = net.now;
+    net.raft_mut(msg.to).step(now, msg);
+}
+
+/// The appends among `msgs`, as (recipient, entry payloads, commit).
+fn appends(msgs: &[Message]) -> Vec<(NodeId, Vec<Vec<u8>>, u64)> {
+    msgs.iter()
+        .filter_map(|m| match &m.body {
+            MessageBody::Append {
+                entries, commit, ..
+            } => Some((
+                m.to,
+                entries
+                    .iter()
+                    .map(|e| match &e.kind {
+                        EntryKind::Command(bytes) => bytes.clone(),
+                        _ => Vec::new(),
+                    })
+                    .collect(),
+                *commit,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A settled 3-node cluster: its leader and followers, nothing in flight.
+fn settled_three(seed: u64) -> (Net, NodeId, Vec<NodeId>) {
+    let mut net = Net::new(3, fast(), seed);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(500);
+    let followers = net.ids().into_iter().filter(|&n| n != leader).collect();
+    assert!(drain_messages(&mut net, leader).is_empty());
+    (net, leader, followers)
+}
+
+fn propose_and_drain(net: &mut Net, leader: NodeId, payloads: &[&[u8]]) -> Vec<Message> {
+    let now = net.now;
+    for payload in payloads {
+        net.raft_mut(leader)
+            .propose(now, payload.to_vec())
+            .expect("propose");
+    }
+    drain_messages(net, leader)
+}
+
+#[test]
+fn appends_that_arrive_together_get_one_answer_and_the_commit_rides_on_the_next() {
+    let (mut net, leader, followers) = settled_three(42);
+    let fast = followers[0];
+    let mut to_fast = Vec::new();
+    for payload in [b"y1", b"y2", b"y3"] {
+        let msgs = propose_and_drain(&mut net, leader, &[payload]);
+        to_fast.extend(msgs.into_iter().filter(|m| m.to == fast));
+    }
+    assert_eq!(to_fast.len(), 3, "one append per drain: {to_fast:?}");
+    let last = net.raft(leader).last_index();
+    let answers_before = net.raft(fast).counters().append_responses_sent;
+    for msg in to_fast {
+        deliver(&mut net, msg);
+    }
+    let answers = drain_messages(&mut net, fast);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(matches!(
+        answers[0].body,
+        MessageBody::AppendResponse { reject: false, index, .. } if index == last
+    ));
+    assert_eq!(
+        net.raft(fast).counters().append_responses_sent,
+        answers_before + 1
+    );
+    // The answer commits everything; what the leader proposes before its
+    // next drain goes out with the new commit index, one append per
+    // follower, with no separate empty append to tell it.
+    let commit_before = net.raft(leader).commit_index();
+    let appends_before = net.raft(leader).counters().appends_sent;
+    deliver(&mut net, answers[0].clone());
+    assert_eq!(net.raft(leader).commit_index(), last);
+    assert!(last > commit_before);
+    let next = appends(&propose_and_drain(&mut net, leader, &[b"y4"]));
+    assert_eq!(
+        next,
+        vec![
+            (followers[0], vec![b"y4".to_vec()], last),
+            (followers[1], vec![b"y4".to_vec()], last),
+        ]
+    );
+    assert_eq!(net.raft(leader).counters().appends_sent, appends_before + 2);
+}
+
+#[test]
+fn an_idle_follower_is_told_the_commit_index_once_a_busy_one_with_its_next_append() {
+    let (mut net, leader, followers) = settled_three(44);
+    let (fast, slow) = (followers[0], followers[1]);
+    let sent = propose_and_drain(&mut net, leader, &[b"w1"]);
+    let last = net.raft(leader).last_index();
+    let to_fast = sent.iter().find(|m| m.to == fast).unwrap().clone();
+    deliver(&mut net, to_fast);
+    for answer in drain_messages(&mut net, fast) {
+        deliver(&mut net, answer);
+    }
+    assert_eq!(net.raft(leader).commit_index(), last);
+    // `fast` has nothing in flight: one empty append tells it the commit.
+    // `slow` still has w1 in flight: nothing now.
+    let told = appends(&drain_messages(&mut net, leader));
+    assert_eq!(told, vec![(fast, Vec::new(), last)]);
+    // `slow` answers w1: then it is told.
+    let to_slow = sent.iter().find(|m| m.to == slow).unwrap().clone();
+    deliver(&mut net, to_slow);
+    for answer in drain_messages(&mut net, slow) {
+        deliver(&mut net, answer);
+    }
+    let told = appends(&drain_messages(&mut net, leader));
+    assert_eq!(told, vec![(slow, Vec::new(), last)]);
+    // Told once: nothing more until something changes.
+    let fast_answer = appends(&drain_messages(&mut net, fast));
+    assert!(fast_answer.is_empty());
+    assert!(drain_messages(&mut net, leader).is_empty());
 }

@@ -432,6 +432,24 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "Snapshots received from a leader and installed.",
         m.raft.snapshots_received,
     )?;
+    counter(
+        e,
+        "raft_appends_sent",
+        "Appends sent to followers while leading (empty ones included).",
+        m.raft.appends_sent,
+    )?;
+    counter(
+        e,
+        "raft_append_entries_sent",
+        "Log entries those appends carried.",
+        m.raft.append_entries_sent,
+    )?;
+    counter(
+        e,
+        "raft_append_responses_sent",
+        "Append answers sent to the leader while following.",
+        m.raft.append_responses_sent,
+    )?;
     {
         let mut metric = e.encode_descriptor(
             "peer_replication_lag_entries",

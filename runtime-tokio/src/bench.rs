@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use ticketing_tokio::config::BenchArgs;
-use ticketing_tokio::{ReleaseOutcome, TicketBroker};
+use ticketing_tokio::{ReleaseOutcome, TicketBroker, TicketError};
 
 use super::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
@@ -95,6 +95,10 @@ async fn bench(args: &BenchArgs) -> ExitCode {
             "ticketing bench: cannot connect to {}",
             args.addrs.join(", ")
         );
+        return ExitCode::from(1);
+    }
+    if let Err(e) = warm_up(&broker, args).await {
+        eprintln!("ticketing bench: the warm-up pair failed: {e}");
         return ExitCode::from(1);
     }
     let server_pids = if args.server_pids.is_empty() {
@@ -200,6 +204,32 @@ async fn bench(args: &BenchArgs) -> ExitCode {
         }
         ExitCode::from(1)
     }
+}
+
+/// Attempts of the warm-up pair before the benchmark gives up.
+const WARM_UP_ATTEMPTS: usize = 5;
+
+/// One acquire+release outside the measurement, retried a few times: in
+/// cluster mode the broker may first reach a follower, whose `M` ends the
+/// session and makes every other request already sent on it
+/// indeterminate; after one pair the broker routes to the leader, and the
+/// figures measure the steady state.
+async fn warm_up(broker: &TicketBroker, args: &BenchArgs) -> Result<(), TicketError> {
+    let mut last = None;
+    for _ in 0..WARM_UP_ATTEMPTS {
+        let pair = match broker
+            .acquire("bench-warm-up", args.wait, args.lease, args.budget)
+            .await
+        {
+            Ok(ticket) => ticket.release().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match pair {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(TicketError::NotConnected))
 }
 
 fn new_histogram() -> Histogram<u64> {

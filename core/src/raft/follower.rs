@@ -73,7 +73,7 @@ impl Shared {
             // Everything up to our commit index is settled; tell the leader
             // where we are and it continues from there.
             let index = self.log.committed;
-            self.send(from, append_ok(index));
+            self.acknowledge(from, index);
             return;
         }
         if !self.log.matches(prev_index, prev_term) {
@@ -85,6 +85,7 @@ impl Shared {
                 .log
                 .find_conflict_by_term(prev_index.min(self.log.last_index()), prev_term);
             let hint_term = self.log.term(hint_index).unwrap_or(0);
+            self.counters.append_responses_sent += 1;
             self.send(
                 from,
                 MessageBody::AppendResponse {
@@ -108,7 +109,37 @@ impl Shared {
         // the end of what this append covered, not our whole log (a stale
         // suffix beyond `last_new` may still conflict).
         self.log.commit_to(commit.min(last_new));
-        self.send(from, append_ok(last_new));
+        self.acknowledge(from, last_new);
+    }
+
+    /// Acknowledges the leader's log up to `index`. An acknowledgement
+    /// still waiting in the outbox for the same leader and term is raised
+    /// instead of queueing a second one: appends that arrive together get
+    /// one answer. That loses nothing: acceptances in one term only ever
+    /// claim a longer matching prefix (this leader's entries are never
+    /// truncated in its term), so the leader acts on the largest alone as
+    /// it would on all of them in order.
+    fn acknowledge(&mut self, to: NodeId, index: u64) {
+        let term = self.term;
+        if let Some(Message {
+            to: queued_to,
+            term: queued_term,
+            body:
+                MessageBody::AppendResponse {
+                    reject: false,
+                    index: queued,
+                    ..
+                },
+            ..
+        }) = self.outbox.back_mut()
+            && *queued_to == to
+            && *queued_term == term
+        {
+            *queued = (*queued).max(index);
+            return;
+        }
+        self.counters.append_responses_sent += 1;
+        self.send(to, append_ok(index));
     }
 
     fn handle_snapshot_chunk(

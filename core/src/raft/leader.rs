@@ -303,13 +303,32 @@ impl LeaderState {
     // Replication
     // ----------------------------------------------------------------------
 
-    /// Builds the appends proposals made since the last drain asked for.
+    /// Builds the appends that proposals, acknowledgements and commits
+    /// since the last drain asked for: per follower, every entry it lacks
+    /// that its flow allows, in as few appends as the batch limits permit
+    /// (full batches pipelined up to the in-flight window). However many
+    /// proposals and answers one input brought, each follower gets at most
+    /// one partial append (one that reaches the end of the log below the
+    /// batch limits) per drain, and the commit index rides on it. A
+    /// follower that gets no entries and has nothing in flight, but has
+    /// not yet been told the commit index, gets one empty append carrying
+    /// it; one with appends in flight learns it from the append its next
+    /// answer opens.
     pub(super) fn flush(&mut self, s: &mut Shared) {
-        if self.flush_pending {
-            self.flush_pending = false;
-            let peers: Vec<NodeId> = self.progress.keys().copied().collect();
-            for peer in peers {
-                while self.send_append(s, peer, false) {}
+        if !self.flush_pending {
+            return;
+        }
+        self.flush_pending = false;
+        let committed = s.log.committed;
+        let peers: Vec<NodeId> = self.progress.keys().copied().collect();
+        for peer in peers {
+            while self.send_append(s, peer, false) {}
+            if self
+                .progress
+                .get(&peer)
+                .is_some_and(|pr| pr.commit_sent < committed && pr.inflight.is_empty())
+            {
+                self.send_append(s, peer, true);
             }
         }
     }
@@ -363,6 +382,9 @@ impl LeaderState {
             ProgressState::Snapshot { .. } => unreachable!("paused"),
         }
         let commit = s.log.committed;
+        pr.commit_sent = commit;
+        s.counters.appends_sent += 1;
+        s.counters.append_entries_sent += entries.len() as u64;
         s.send(
             to,
             MessageBody::Append {
@@ -430,16 +452,15 @@ impl LeaderState {
         }
         let updated = pr.acknowledge(index);
         let caught_up = pr.match_index == last_index;
-        if updated {
-            match self.maybe_commit(s) {
-                Commit::OwnRemoval => return Tenure::Ends,
-                // The commit index moved: tell everyone (followers learn
-                // commits only from us).
-                Commit::Advanced => self.probe_all(s),
-                Commit::Unchanged => {}
-            }
+        if updated && self.maybe_commit(s) == Commit::OwnRemoval {
+            return Tenure::Ends;
         }
-        while self.send_append(s, from, false) {}
+        // The next appends (to this follower, whose window opened, and the
+        // commit index to everyone, who learn commits only from us) are
+        // built at the next drain, after the caller has applied what
+        // committed and proposed what that freed: one append per follower
+        // carries it all.
+        self.flush_pending = true;
         if caught_up && self.transfer.map(|(t, _)| t) == Some(from) {
             s.send(from, MessageBody::TimeoutNow);
         }

@@ -547,7 +547,8 @@ impl Raft {
         self.shared.refused_messages
     }
 
-    /// Counts for operators: leader changes, snapshots sent and received.
+    /// Counts for operators: leader changes, snapshots sent and received,
+    /// appends and the entries they carried, append answers.
     pub fn counters(&self) -> RaftCounters {
         self.shared.counters
     }

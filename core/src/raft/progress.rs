@@ -34,6 +34,9 @@ pub(crate) struct Progress {
     pub(crate) inflight: VecDeque<u64>,
     /// Last time any answer arrived from this follower (check-quorum).
     pub(crate) last_heard: Instant,
+    /// The commit index the last append to this follower carried: a
+    /// commit beyond it is still to be told.
+    pub(crate) commit_sent: u64,
 }
 
 impl Progress {
@@ -45,6 +48,7 @@ impl Progress {
             probe_sent: false,
             inflight: VecDeque::new(),
             last_heard: now,
+            commit_sent: 0,
         }
     }
 
