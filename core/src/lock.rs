@@ -311,7 +311,7 @@ impl LockTable {
         wait_s: u8,
         lease_s: u8,
     ) -> AcquireOutcome {
-        self.acquire_as(now, waiter, keys, wait_s, lease_s, 0)
+        self.acquire_as(now, waiter, &keys, wait_s, lease_s, 0)
     }
 
     /// [`LockTable::acquire`] on behalf of `holder`, a tag the caller names
@@ -319,12 +319,13 @@ impl LockTable {
     /// after a wait, records it, and [`LockTable::grant_of`] tells it back,
     /// so the caller needs no map of its own from grants to requesters.
     /// At most [`MAX_HOLDER`] (48 bits, stored in the key's entry); a larger
-    /// tag is recorded as [`MAX_HOLDER`].
+    /// tag is recorded as [`MAX_HOLDER`]. The keys are borrowed: the table
+    /// copies what it keeps (a short key into its bucket, no allocation).
     pub fn acquire_as(
         &mut self,
         now: Instant,
         waiter: WaiterId,
-        keys: KeyGroup,
+        keys: &KeyGroup,
         wait_s: u8,
         lease_s: u8,
         holder: u64,
@@ -341,7 +342,7 @@ impl LockTable {
         &mut self,
         now_us: u64,
         waiter: WaiterId,
-        keys: KeyGroup,
+        keys: &KeyGroup,
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) -> AcquireOutcome {
@@ -382,11 +383,11 @@ impl LockTable {
             let token = self.issue_token();
             let lease_deadline_us = lease_deadline(now_us, lease_s);
             let group_len = group_len(keys.len());
-            for key in keys.into_keys() {
+            for key in keys.keys() {
                 // An expired holder is simply overwritten (lazy expiry).
                 let entry = self
                     .keys
-                    .entry(StoredKey::from_boxed(key.into_boxed_bytes()))
+                    .entry(StoredKey::from_bytes(key.as_bytes()))
                     .or_insert_with(KeyEntry::unheld);
                 if entry.token != 0 {
                     note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
@@ -421,9 +422,9 @@ impl LockTable {
         let seq = self.next_seq;
         self.next_seq += 1;
         let keys: Box<[Box<[u8]>]> = keys
-            .into_keys()
-            .into_iter()
-            .map(|key| key.into_boxed_bytes())
+            .keys()
+            .iter()
+            .map(|key| key.as_bytes().into())
             .collect();
         for key in keys.iter() {
             let entry = match self.keys.get_mut(&**key) {

@@ -425,9 +425,9 @@ impl Server {
         } else {
             let waiter = WaiterId(self.next_waiter_id);
             self.next_waiter_id += 1;
-            let outcome =
-                self.table
-                    .acquire_as(now, waiter, keys.clone(), wait_s, lease_s, conn_id.0);
+            let outcome = self
+                .table
+                .acquire_as(now, waiter, &keys, wait_s, lease_s, conn_id.0);
             if outcome == AcquireOutcome::Queued {
                 let Some(conn) = self.conns.get_mut(&conn_id) else {
                     return;

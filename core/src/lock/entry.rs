@@ -27,16 +27,6 @@ pub(super) enum StoredKey {
 }
 
 impl StoredKey {
-    /// Stores `key`, keeping its allocation only when it is too long to
-    /// go inline.
-    pub(super) fn from_boxed(key: Box<[u8]>) -> Self {
-        if key.len() <= INLINE_KEY_LEN {
-            StoredKey::inline(&key)
-        } else {
-            StoredKey::Boxed(key)
-        }
-    }
-
     /// Stores a copy of `key`.
     pub(super) fn from_bytes(key: &[u8]) -> Self {
         if key.len() <= INLINE_KEY_LEN {
@@ -197,7 +187,7 @@ mod tests {
         let short = b"sixteen-byte-key".as_slice();
         let long = [b'k'; 128];
         let mut map = HashMap::new();
-        map.insert(StoredKey::from_boxed(short.into()), 1);
+        map.insert(StoredKey::from_bytes(short), 1);
         map.insert(StoredKey::from_bytes(&long), 2);
         map.insert(StoredKey::from_bytes(&[b'x'; INLINE_KEY_LEN]), 3);
         assert!(matches!(
