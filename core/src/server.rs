@@ -482,7 +482,7 @@ impl Server {
             .and_then(|key| self.table.grant_of(key.as_bytes()));
         let outcome = self.table.release(now, &keys, token);
         if outcome == ReleaseOutcome::Released
-            && let Some(grant) = grant
+            && let Some(grant) = grant.filter(|grant| grant.token == token)
         {
             self.held
                 .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
