@@ -357,10 +357,10 @@ impl LockTable {
                     // FIFO: a key with waiters is never free for a newcomer,
                     // even if its holder is gone.
                     let held = entry.is_held_at(now_us);
+                    // The planted bug treats a held key without waiters as free.
                     #[cfg(feature = "planted-bugs")]
                     let held = held
-                        && !(planted::active(planted::PlantedBug::GrantTwice)
-                            && !entry.is_queued());
+                        && (entry.is_queued() || !planted::active(planted::PlantedBug::GrantTwice));
                     if entry.is_queued() || held {
                         all_free = false;
                     }
