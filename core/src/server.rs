@@ -19,7 +19,7 @@ use std::net::IpAddr;
 
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
 use crate::budget::{
-    AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
+    AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldCounts, LogEvent, Reports,
 };
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
@@ -27,7 +27,8 @@ use crate::conn::client::{
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdMap;
 use crate::lock::{
-    AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
+    AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, MAX_HOLDER, ReleaseOutcome,
+    WaiterId,
 };
 use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
@@ -123,8 +124,9 @@ pub struct Server {
     sessions: usize,
     /// Of those, the ones that speak the line dialect.
     line_sessions: usize,
-    /// Keys held by each connection's delivered grants.
-    held: HeldKeys,
+    /// Keys held by each connection's delivered grants (the table records
+    /// which connection holds a grant: its holder tag is the connection id).
+    held: HeldCounts,
     /// What the driver should log.
     reports: Reports,
     shutting_down: bool,
@@ -214,7 +216,7 @@ impl Server {
             ),
             sessions: 0,
             line_sessions: 0,
-            held: HeldKeys::default(),
+            held: HeldCounts::default(),
             reports: Reports::new(config.budget.report_interval),
             config,
             shutting_down: false,
@@ -281,7 +283,12 @@ impl Server {
         source: IpAddr,
     ) -> Option<ConnId> {
         self.handle_timeout(now);
-        if self.shutting_down || self.sessions >= self.config.max_connections {
+        // Connection ids are the table's 48-bit holder tags: past 2^48
+        // connections (nine years at a million a second) none is accepted.
+        if self.shutting_down
+            || self.sessions >= self.config.max_connections
+            || self.next_conn_id > MAX_HOLDER
+        {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
@@ -420,7 +427,7 @@ impl Server {
             self.next_waiter_id += 1;
             let outcome = self
                 .table
-                .acquire(now, waiter, keys.clone(), wait_s, lease_s);
+                .acquire_as(now, waiter, &keys, wait_s, lease_s, conn_id.0);
             if outcome == AcquireOutcome::Queued {
                 let Some(conn) = self.conns.get_mut(&conn_id) else {
                     return;
@@ -444,7 +451,7 @@ impl Server {
         let answer = match outcome {
             AcquireOutcome::Granted { token } => {
                 let expires = lease_end(&self.table, &keys, now);
-                self.held.add(conn_id, token, keys.len(), expires);
+                self.held.add(conn_id, keys.len(), expires);
                 send_grant(conn_id, conn, &mut self.wakes, &reply_to, token, keys);
                 return;
             }
@@ -468,9 +475,17 @@ impl Server {
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
+        // Read before the release: its keys may go straight to a waiter.
+        let grant = keys
+            .keys()
+            .first()
+            .and_then(|key| self.table.grant_of(key.as_bytes()));
         let outcome = self.table.release(now, &keys, token);
-        if outcome == ReleaseOutcome::Released {
-            self.held.remove(token);
+        if outcome == ReleaseOutcome::Released
+            && let Some(grant) = grant.filter(|grant| grant.token == token)
+        {
+            self.held
+                .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
         }
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
@@ -559,8 +574,7 @@ impl Server {
             match token {
                 Some(token) => {
                     let expires = lease_end(&self.table, &queued.keys, now);
-                    self.held
-                        .add(queued.conn, token, queued.keys.len(), expires);
+                    self.held.add(queued.conn, queued.keys.len(), expires);
                     send_grant(queued.conn, conn, &mut self.wakes, to, token, queued.keys);
                 }
                 None => send(queued.conn, conn, &mut self.wakes, to, Answer::TimedOut),

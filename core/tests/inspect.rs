@@ -395,8 +395,13 @@ fn force_release_of_a_set_releases_it_whole() {
     let mut h = Harness::new();
     let (holder, token) = h.holder(source(1), &["x", "y"], 30);
     let waiter = h.waiter(source(2), &["y"], 10);
+    assert_eq!(h.server.held_keys(holder), 2);
     let outcome = h.force_release("x", None);
     let new_token = h.token(waiter);
+    // The revoked grant no longer counts against its holder's cap; the
+    // handed-over key counts for the waiter.
+    assert_eq!(h.server.held_keys(holder), 0);
+    assert_eq!(h.server.held_keys(waiter), 1);
     assert_eq!(
         outcome,
         ForceReleaseOutcome::Released {

@@ -5,8 +5,15 @@
 //! TCP would only make the run slower) through one authenticated
 //! connection, granting `TICKETING_BENCH_KEYS` (default 1 000 000) distinct
 //! 16-byte keys with lease 250 s, and reports the growth of the resident set
-//! per key, minus the key bytes themselves. Fails if that exceeds
-//! [`TARGET_BYTES_PER_KEY`].
+//! per key, minus the key bytes themselves, against issue 13's goal
+//! ([`GOAL_BYTES_PER_KEY`]). A benchmark, not a test: it exits non-zero
+//! only when the run itself fails (a request not granted, a count wrong);
+//! the figure is for the reader. The lock table's unit tests pin the sizes
+//! of the per-key structs instead.
+//!
+//! The hash tables double at 7/8 load, so a million keys sit just past a
+//! doubling (about 2.1 buckets per key, the worst case); at
+//! `TICKETING_BENCH_KEYS=900000` they are nearly full (about 1.2).
 //!
 //! Then, with every key held, times what a `/metrics` scrape costs the
 //! server: the core's snapshot (taken under the driver's mutex, a scan of
@@ -32,8 +39,7 @@ const KEY_LEN: usize = 16;
 const BATCH: usize = 4_096;
 /// An `A` reply: op, body_len, rid, token.
 const ACQUIRED_REPLY_LEN: usize = 3 + 8 + 8;
-const TARGET_BYTES_PER_KEY: f64 = 200.0;
-/// Issue 13's goal, reported beside the hard limit above.
+/// Issue 13's goal: bytes per held key beyond the key bytes.
 const GOAL_BYTES_PER_KEY: f64 = 120.0;
 /// `/proc/self/statm` counts pages; this is the page size on every Linux
 /// target we run on (x86-64, and aarch64 with 4 KiB pages).
@@ -126,8 +132,13 @@ fn main() {
     );
     println!("  {per_key:.1} bytes/key in total, {beyond:.1} bytes/key beyond the key bytes");
     println!(
-        "  goal <= {GOAL_BYTES_PER_KEY} bytes/key beyond the key bytes: {:.2} x the goal",
-        beyond / GOAL_BYTES_PER_KEY
+        "  goal <= {GOAL_BYTES_PER_KEY} bytes/key beyond the key bytes: {:.2} x the goal ({})",
+        beyond / GOAL_BYTES_PER_KEY,
+        if beyond <= GOAL_BYTES_PER_KEY {
+            "OK"
+        } else {
+            "OVER"
+        }
     );
     println!(
         "  granted in {:.2} s ({:.0} grants/s, in-process)",
@@ -152,10 +163,4 @@ fn main() {
             "OVER"
         }
     );
-    if beyond < TARGET_BYTES_PER_KEY {
-        println!("  target < {TARGET_BYTES_PER_KEY} bytes/key beyond key bytes: OK");
-    } else {
-        println!("  target < {TARGET_BYTES_PER_KEY} bytes/key beyond key bytes: OVER");
-        std::process::exit(1);
-    }
 }

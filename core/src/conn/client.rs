@@ -56,8 +56,47 @@ pub(crate) enum ReplyTo {
         /// The owner or token, echoed.
         echo: u64,
         /// The key, echoed.
-        key: Key,
+        key: EchoKey,
     },
+}
+
+/// Keys up to this many bytes are echoed from a copy inside the
+/// [`ReplyTo`] itself.
+const ECHO_INLINE_LEN: usize = 22;
+
+/// A line request's key, kept to be echoed in its reply: a short key (most
+/// are) is copied inline, so the request's key group holds the only
+/// allocation of it (one allocation a request instead of two).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum EchoKey {
+    /// `bytes[..len]`.
+    Inline {
+        len: u8,
+        bytes: [u8; ECHO_INLINE_LEN],
+    },
+    /// A key longer than [`ECHO_INLINE_LEN`].
+    Shared(Key),
+}
+
+impl EchoKey {
+    fn of(key: &Key) -> EchoKey {
+        let key_bytes = key.as_bytes();
+        match u8::try_from(key_bytes.len()) {
+            Ok(len) if key_bytes.len() <= ECHO_INLINE_LEN => {
+                let mut bytes = [0; ECHO_INLINE_LEN];
+                bytes[..key_bytes.len()].copy_from_slice(key_bytes);
+                EchoKey::Inline { len, bytes }
+            }
+            _ => EchoKey::Shared(key.clone()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            EchoKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            EchoKey::Shared(key) => key.as_bytes(),
+        }
+    }
 }
 
 /// A request, in terms both owners understand.
@@ -153,7 +192,9 @@ impl ReplyTo {
                 v3_reply(*rid, *set, answer).encode(out);
                 Delivery::Queued
             }
-            ReplyTo::Line { echo, key } => line_answer(*echo, key, answer, addresses, out),
+            ReplyTo::Line { echo, key } => {
+                line_answer(*echo, key.as_bytes(), answer, addresses, out)
+            }
         }
     }
 }
@@ -212,12 +253,11 @@ fn address_of(addresses: &[Box<str>], slot: u8) -> Option<&[u8]> {
 
 fn line_answer(
     echo: u64,
-    key: &Key,
+    key: &[u8],
     answer: Answer,
     addresses: &[Box<str>],
     out: &mut Vec<u8>,
 ) -> Delivery {
-    let key = key.as_bytes();
     let reply = match answer {
         Answer::Granted { token } => LineReply::Acquired {
             token,
@@ -602,8 +642,11 @@ fn next_line(
                 return Ok(Some(ClientRequest::Acquire {
                     wait_s,
                     lease_s: lease_s as u8,
-                    keys: KeyGroup::single(key.clone()),
-                    reply_to: ReplyTo::Line { echo: owner, key },
+                    reply_to: ReplyTo::Line {
+                        echo: owner,
+                        key: EchoKey::of(&key),
+                    },
+                    keys: KeyGroup::single(key),
                 }));
             }
             Ok(Some(LineDecoded::Request(LineRequest::Release { token, key }))) => {
@@ -618,8 +661,11 @@ fn next_line(
                 }
                 return Ok(Some(ClientRequest::Release {
                     token,
-                    keys: KeyGroup::single(key.clone()),
-                    reply_to: ReplyTo::Line { echo: token, key },
+                    reply_to: ReplyTo::Line {
+                        echo: token,
+                        key: EchoKey::of(&key),
+                    },
+                    keys: KeyGroup::single(key),
                 }));
             }
             Err(LineFrameError::UnknownOp(_)) => {
@@ -630,6 +676,36 @@ fn next_line(
                 line_error(LineError::TooLong).encode(out);
                 return Err(CloseReason::BadFrame);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_replies_echo_short_keys_from_an_inline_copy_and_long_ones_shared() {
+        let short = Key::new(b"sixteen-byte-key").unwrap();
+        let edge = Key::new(&[b'e'; ECHO_INLINE_LEN]).unwrap();
+        let long = Key::new(&[b'k'; 128]).unwrap();
+        assert!(matches!(EchoKey::of(&short), EchoKey::Inline { .. }));
+        assert!(matches!(EchoKey::of(&edge), EchoKey::Inline { .. }));
+        assert!(matches!(EchoKey::of(&long), EchoKey::Shared(_)));
+        for key in [short, edge, long] {
+            let to = ReplyTo::Line {
+                echo: 7,
+                key: EchoKey::of(&key),
+            };
+            let mut out = Vec::new();
+            assert_eq!(to.encode(Answer::Released, &[], &mut out), Delivery::Queued);
+            let mut expected = Vec::new();
+            LineReply::Released {
+                token: 7,
+                key: key.as_bytes(),
+            }
+            .encode(&mut expected);
+            assert_eq!(out, expected);
         }
     }
 }

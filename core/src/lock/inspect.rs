@@ -72,7 +72,7 @@ fn to_keys(bytes: &[Box<[u8]>]) -> Vec<Key> {
 impl KeyEntry {
     /// Whether an operator sees anything on this key at `now_us`.
     fn is_visible_at(&self, now_us: u64) -> bool {
-        self.queue.is_some() || self.is_held_at(now_us)
+        self.is_queued() || self.is_held_at(now_us)
     }
 }
 
@@ -88,8 +88,8 @@ impl LockTable {
     pub fn inspect_key(&self, now: Instant, key: &[u8]) -> Option<KeyInspection> {
         let now_us = self.inspection_now_us(now);
         let entry = self.keys.get(key).filter(|e| e.is_visible_at(now_us))?;
-        let group = if entry.is_held_at(now_us) && entry.group_len > 1 {
-            self.grant_keys(entry.token, usize::from(entry.group_len))
+        let group = if entry.is_held_at(now_us) && entry.group_len() > 1 {
+            self.grant_keys(entry.token, usize::from(entry.group_len()))
         } else {
             vec![key.into()]
         };
@@ -113,13 +113,14 @@ impl LockTable {
         let mut smallest: BinaryHeap<&[u8]> = BinaryHeap::with_capacity(limit + 1);
         let mut matched = 0usize;
         for (key, entry) in &self.keys {
+            let key = key.as_bytes();
             if !key.starts_with(prefix) || !entry.is_visible_at(now_us) {
                 continue;
             }
             matched += 1;
             // Once full, only a key below the largest kept gets in: in hash
             // order that is rare, so most keys cost one comparison.
-            if smallest.len() >= limit && smallest.peek().is_none_or(|&largest| &**key >= largest) {
+            if smallest.len() >= limit && smallest.peek().is_none_or(|&largest| key >= largest) {
                 continue;
             }
             smallest.push(key);
@@ -133,7 +134,7 @@ impl LockTable {
         for key in &keys {
             if let Some(entry) = self.keys.get(*key)
                 && entry.is_held_at(now_us)
-                && entry.group_len > 1
+                && entry.group_len() > 1
             {
                 set_tokens.insert(entry.token, Vec::new());
             }
@@ -141,7 +142,7 @@ impl LockTable {
         if !set_tokens.is_empty() {
             for (key, entry) in &self.keys {
                 if let Some(members) = set_tokens.get_mut(&entry.token) {
-                    members.push(key.clone());
+                    members.push(key.as_bytes().into());
                 }
             }
             for members in set_tokens.values_mut() {
@@ -167,7 +168,7 @@ impl LockTable {
         let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(group_len);
         for (key, entry) in &self.keys {
             if entry.token == token {
-                keys.push(key.clone());
+                keys.push(key.as_bytes().into());
                 if keys.len() == group_len {
                     break;
                 }
@@ -191,7 +192,7 @@ impl LockTable {
             held_ms: millis(now_us.saturating_sub(entry.granted_at_us())),
             lease_remaining_ms: millis(entry.lease_deadline_us.saturating_sub(now_us)),
         });
-        let queue = entry.queue.as_deref();
+        let queue = self.queues.get(key).filter(|_| entry.is_queued());
         let waiters = queue
             .into_iter()
             .flatten()
@@ -208,7 +209,7 @@ impl LockTable {
             key: Key::new(key).ok()?,
             holder,
             waiters,
-            waiters_total: entry.queue_len(),
+            waiters_total: self.entry_queue_len(key, entry),
         })
     }
 
@@ -241,8 +242,8 @@ impl LockTable {
         if token.is_some_and(|token| token != held) {
             return ForceReleaseOutcome::TokenMismatch { held };
         }
-        let keys = if entry.group_len > 1 {
-            to_keys(&self.grant_keys(held, usize::from(entry.group_len)))
+        let keys = if entry.group_len() > 1 {
+            to_keys(&self.grant_keys(held, usize::from(entry.group_len())))
         } else {
             to_keys(&[key.into()])
         };

@@ -63,6 +63,8 @@ impl Server {
     /// wakes follow), counted and reported through [`Server::poll_log`].
     pub fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
         self.handle_timeout(now);
+        // Read before the release: the key may go straight to a waiter.
+        let grant = self.table.grant_of(req.key.as_bytes());
         let outcome = self.table.force_release(now, req.key.as_bytes(), req.token);
         if let ForceReleaseOutcome::Released {
             revoked,
@@ -70,7 +72,10 @@ impl Server {
             handed_to,
         } = &outcome
         {
-            self.held.remove(*revoked);
+            if let Some(grant) = grant.filter(|grant| grant.token == *revoked) {
+                self.held
+                    .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
+            }
             self.reports
                 .force_released(keys.clone(), *revoked, *handed_to);
             self.drain_lock_events(now);
@@ -95,9 +100,10 @@ impl Server {
     fn lock_view(&self, inspection: KeyInspection) -> LockView {
         let holder = inspection.holder.map(|holder| HolderView {
             conn: self
-                .held
-                .conn_of(holder.token)
-                .and_then(|conn| self.conn_view(conn)),
+                .table
+                .grant_of(inspection.key.as_bytes())
+                .filter(|grant| grant.token == holder.token)
+                .and_then(|grant| self.conn_view(ConnId(grant.holder))),
             token: holder.token,
             keys: holder.keys,
             held_ms: holder.held_ms,
