@@ -78,8 +78,8 @@ use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 
 /// How soon an `Expire` that could not be proposed is retried; also the
-/// longest the leader lets an expired lease go unnoticed (page 000: checked
-/// at least every 100 ms).
+/// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
+/// "Expiry": checked at least every 100 ms).
 const EXPIRE_RETRY: Duration = Duration::from_millis(100);
 
 /// Configuration of one cluster node.
@@ -2326,7 +2326,8 @@ impl ClusterNode {
         );
         if !open {
             // Nobody will learn this token: release it at once rather than
-            // leave the keys blocked until the lease ends (page 001).
+            // leave the keys blocked until the lease ends (docs/cluster.md,
+            // "How a grant flows", step 7).
             self.propose_internal(
                 now,
                 Command::Release {
