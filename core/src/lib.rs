@@ -15,17 +15,15 @@ pub mod budget;
 pub mod client;
 pub mod cluster;
 mod conn;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod hash;
 pub mod inspect;
 pub mod line;
 pub mod lock;
-#[doc(hidden)]
-pub mod lock_model;
 pub mod metrics;
 pub mod raft;
 pub mod reserve;
 pub mod server;
+#[doc(hidden)]
+pub mod testing;
 pub mod time;
 pub mod wire;

@@ -528,7 +528,7 @@ impl Server {
             };
             #[cfg(feature = "planted-bugs")]
             if token.is_none()
-                && crate::lock::planted::active(crate::lock::planted::PlantedBug::LoseWaiter)
+                && crate::testing::planted::active(crate::testing::planted::PlantedBug::LoseWaiter)
             {
                 // Forget the waiter without a reply.
                 if let Some(queued) = self.waiters.remove(&waiter)
@@ -637,7 +637,7 @@ impl Server {
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
         self.reports.closed(conn_id, Some(conn.source), reason);
         #[cfg(feature = "planted-bugs")]
-        if crate::lock::planted::active(crate::lock::planted::PlantedBug::ForgetGhostGrant) {
+        if crate::testing::planted::active(crate::testing::planted::PlantedBug::ForgetGhostGrant) {
             self.drain_lock_events(now);
             return;
         }
