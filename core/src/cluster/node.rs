@@ -60,7 +60,7 @@ use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
-use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::conn::{ConnId, ConnState, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
     MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
@@ -73,7 +73,6 @@ use crate::raft::{
     RaftConfig,
 };
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
-use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 
