@@ -190,7 +190,7 @@ impl std::error::Error for TokenTooShort {}
 /// empty token is accepted (loopback no-auth mode).
 #[derive(Clone)]
 pub struct ClientTokens {
-    tokens: Vec<Box<[u8]>>,
+    pub(crate) tokens: Vec<Box<[u8]>>,
 }
 
 impl core::fmt::Debug for ClientTokens {
@@ -262,20 +262,6 @@ impl ClientTokens {
             matched |= proof_mac(token, fingerprint, hello)
                 .verify_slice(proof)
                 .is_ok();
-        }
-        matched
-    }
-    /// Checks a line-dialect handshake answer (PROTOCOL-LINE.md §2: the
-    /// base64url of SHA-256(token ‖ nonce)) against every accepted token,
-    /// all of them always tried, each compared in constant time.
-    pub fn verify_line(&self, nonce: &[u8], answer: &[u8]) -> bool {
-        use crate::line::{answers_equal, line_answer};
-        if self.tokens.is_empty() {
-            return answers_equal(&line_answer(&[], nonce), answer);
-        }
-        let mut matched = false;
-        for token in &self.tokens {
-            matched |= answers_equal(&line_answer(token, nonce), answer);
         }
         matched
     }

@@ -18,9 +18,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 
+use crate::conn::ConnId;
 use crate::hash::IdMap;
-use crate::metrics::AbuseCounts;
-use crate::server::ConnId;
 use crate::time::{Duration, Instant};
 
 /// Limits against connection abuse. Build with
@@ -549,6 +548,34 @@ impl HeldKeys {
     /// Keys held by `conn`'s delivered grants (after [`HeldKeys::expire`]).
     pub(crate) fn held(&self, conn: ConnId) -> usize {
         self.per_conn.get(&conn).copied().unwrap_or(0)
+    }
+}
+
+/// Abusive or refused connections, by kind, as reported to the log (every
+/// event, also those the log aggregates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AbuseCounts {
+    counts: [u64; AbuseKind::ALL.len()],
+}
+
+impl AbuseCounts {
+    /// Counts one event.
+    pub fn count(&mut self, kind: AbuseKind) {
+        self.counts[kind as usize] += 1;
+    }
+
+    /// Events of `kind`.
+    pub fn of(&self, kind: AbuseKind) -> u64 {
+        self.counts[kind as usize]
+    }
+
+    /// Failed handshakes of every kind: client proofs rejected, peer
+    /// handshakes failed, unfinished handshakes timed out or evicted.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.of(AbuseKind::FailedProof)
+            + self.of(AbuseKind::FailedPeerHandshake)
+            + self.of(AbuseKind::HandshakeTimedOut)
+            + self.of(AbuseKind::HandshakeEvicted)
     }
 }
 

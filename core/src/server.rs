@@ -35,6 +35,7 @@ use crate::time::{Duration, Instant};
 use crate::wire::{KeyGroup, NO_LEADER_SLOT};
 
 mod inspect;
+mod metrics;
 pub use inspect::MAX_QUEUED_ADMIN_REPLIES;
 
 /// The first fencing token of a server started `since_epoch` after the

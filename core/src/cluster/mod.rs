@@ -18,6 +18,7 @@
 
 pub(crate) mod bytes;
 pub mod command;
+mod metrics;
 pub mod node;
 pub mod peer;
 pub mod state;

@@ -1054,7 +1054,7 @@ impl ClusterNode {
             busy_per_connection: counts.busy_per_connection,
             busy_backpressure: counts.busy_backpressure,
             dropped_admin_replies: counts.dropped_admin_replies,
-            ..crate::metrics::cluster_metrics(
+            ..super::metrics::cluster_metrics(
                 &self.raft,
                 &self.state,
                 self.applied_index,
