@@ -51,9 +51,10 @@
 //!
 //! # Test support
 //!
-//! - `testing` (hidden, not a stable API): fuzz entry points replayed by
-//!   stable tests, the lock-table reference model, and the simulator's
-//!   planted bugs (feature `planted-bugs`).
+//! - `testing` (feature `testing`, hidden, not a stable API): fuzz entry
+//!   points replayed by stable tests, the lock-table reference model, and
+//!   the simulator's planted bugs (feature `planted-bugs`, which implies
+//!   `testing`).
 //!
 //! `docs/architecture.md` walks one acquire through these modules.
 #![forbid(unsafe_code)]
@@ -73,6 +74,7 @@ pub mod metrics;
 pub mod raft;
 pub mod reserve;
 pub mod server;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
 pub mod time;

@@ -10,7 +10,9 @@
 //!   consult it stay at the mutated lines in the lock table, server and
 //!   peer codec.
 //!
-//! Hidden from the docs and not part of the stable API.
+//! Compiled only with the `testing` feature (the core's own tests, the
+//! simulator and `fuzz/` turn it on); hidden from the docs and not part of
+//! the stable API.
 
 pub mod fuzzing;
 pub mod lock_model;
