@@ -1,7 +1,7 @@
 //! Replay support for the stable tests that run the fuzz corpora without
 //! nightly: `core/tests/fuzz_corpus.rs` and `sim/tests/fuzz_corpus.rs` each
 //! include this file with `#[path]`. It lives here, beside the corpora it
-//! reads, rather than in `ticketing_core::fuzzing`, because walking a
+//! reads, rather than in `ticketing_core::testing::fuzzing`, because walking a
 //! directory is IO and core does none; it is not part of the fuzz crate.
 
 use std::path::PathBuf;

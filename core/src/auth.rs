@@ -4,14 +4,15 @@
 //! includes a fresh server nonce, so the token never crosses the wire and a
 //! proof cannot be replayed on another connection.
 //!
-//! Both sides are byte-driven state machines: they never touch a socket,
-//! take whatever bytes arrived, and say how many they used, so the caller can
-//! hand the rest (the session's first frames) to the frame decoder.
+//! The client side ([`ClientHandshake`]) is a byte-driven state machine: it
+//! never touches a socket, takes whatever bytes arrived, and says how many
+//! it used, so the caller can hand the rest (the session's first frames) to
+//! the reply decoder. The server side is part of the shared client front of
+//! the connection layer (it also tells a v3 proof from a line answer); it
+//! verifies with [`ClientTokens::verify`].
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
-
-use crate::time::Instant;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -189,7 +190,7 @@ impl std::error::Error for TokenTooShort {}
 /// empty token is accepted (loopback no-auth mode).
 #[derive(Clone)]
 pub struct ClientTokens {
-    tokens: Vec<Box<[u8]>>,
+    pub(crate) tokens: Vec<Box<[u8]>>,
 }
 
 impl core::fmt::Debug for ClientTokens {
@@ -263,126 +264,6 @@ impl ClientTokens {
                 .is_ok();
         }
         matched
-    }
-    /// Checks a line-dialect handshake answer (PROTOCOL-LINE.md §2: the
-    /// base64url of SHA-256(token ‖ nonce)) against every accepted token,
-    /// all of them always tried, each compared in constant time.
-    pub fn verify_line(&self, nonce: &[u8], answer: &[u8]) -> bool {
-        use crate::line::{answers_equal, line_answer};
-        if self.tokens.is_empty() {
-            return answers_equal(&line_answer(&[], nonce), answer);
-        }
-        let mut matched = false;
-        for token in &self.tokens {
-            matched |= answers_equal(&line_answer(token, nonce), answer);
-        }
-        matched
-    }
-}
-
-/// Outcome of feeding bytes to a [`ServerHandshake`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandshakeStatus {
-    /// The proof is not complete yet.
-    NeedMore,
-    /// Proof accepted: send [`RESULT_ACCEPTED`]; bytes after the proof are frames.
-    Accepted,
-    /// Proof rejected: send [`RESULT_REJECTED`] and close.
-    Rejected,
-}
-
-/// States of the server side of the handshake.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServerHandshakeState {
-    /// Hello sent; collecting the 32-byte proof.
-    AwaitProof {
-        /// Proof bytes received so far (at most 32).
-        received: Vec<u8>,
-    },
-    /// Authenticated.
-    Ready,
-    /// Rejected or timed out; the connection is closing.
-    Failed,
-}
-
-/// Server side of one connection's handshake.
-#[derive(Clone, Debug)]
-pub struct ServerHandshake {
-    hello: Hello,
-    fingerprint: [u8; 32],
-    deadline: Instant,
-    state: ServerHandshakeState,
-}
-
-impl ServerHandshake {
-    /// Starts a handshake: the caller sends [`ServerHandshake::hello_bytes`]
-    /// at once. `deadline` is when an unfinished handshake fails.
-    pub fn new(hello: Hello, fingerprint: [u8; 32], deadline: Instant) -> Self {
-        ServerHandshake {
-            hello,
-            fingerprint,
-            deadline,
-            state: ServerHandshakeState::AwaitProof {
-                received: Vec::with_capacity(PROOF_LEN),
-            },
-        }
-    }
-    /// The hello to send.
-    pub fn hello_bytes(&self) -> [u8; HELLO_LEN] {
-        self.hello.encode()
-    }
-    /// Feeds received bytes; returns how many were used (at most what the
-    /// proof still needs) and the status. Bytes past the proof belong to the
-    /// session and are left to the caller.
-    ///
-    /// Once the handshake is over nothing more is consumed and the final
-    /// status is returned again (`Accepted` for `Ready`, `Rejected` for
-    /// `Failed`, also after a timeout): act on the transition, not the repeat.
-    pub fn handle_input(
-        &mut self,
-        tokens: &ClientTokens,
-        bytes: &[u8],
-    ) -> (usize, HandshakeStatus) {
-        let received = match &mut self.state {
-            ServerHandshakeState::AwaitProof { received } => received,
-            ServerHandshakeState::Ready => return (0, HandshakeStatus::Accepted),
-            ServerHandshakeState::Failed => return (0, HandshakeStatus::Rejected),
-        };
-        let used = (PROOF_LEN - received.len()).min(bytes.len());
-        received.extend_from_slice(&bytes[..used]);
-        if received.len() < PROOF_LEN {
-            return (used, HandshakeStatus::NeedMore);
-        }
-        let mut proof = [0u8; PROOF_LEN];
-        proof.copy_from_slice(received);
-        if tokens.verify(&self.fingerprint, &self.hello, &proof) {
-            self.state = ServerHandshakeState::Ready;
-            (used, HandshakeStatus::Accepted)
-        } else {
-            self.state = ServerHandshakeState::Failed;
-            (used, HandshakeStatus::Rejected)
-        }
-    }
-    /// When the handshake fails if still unfinished (`None` once finished).
-    pub fn deadline(&self) -> Option<Instant> {
-        match self.state {
-            ServerHandshakeState::AwaitProof { .. } => Some(self.deadline),
-            _ => None,
-        }
-    }
-    /// Fails the handshake if `now` is at or past its deadline; returns true
-    /// if it just failed.
-    pub fn handle_timeout(&mut self, now: Instant) -> bool {
-        let waiting = matches!(self.state, ServerHandshakeState::AwaitProof { .. });
-        if waiting && now >= self.deadline {
-            self.state = ServerHandshakeState::Failed;
-            return true;
-        }
-        false
-    }
-    /// The current state.
-    pub fn state(&self) -> &ServerHandshakeState {
-        &self.state
     }
 }
 

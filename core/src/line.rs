@@ -18,7 +18,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::auth::NONCE_LEN;
+use crate::auth::{ClientTokens, NONCE_LEN};
 use crate::wire::Key;
 
 /// Base64url characters (no padding) of a line handshake answer.
@@ -511,6 +511,24 @@ impl<'a> LineReply<'a> {
             _ => LineReply::Error { reason: tail },
         };
         Ok(Some((reply, 1 + fixed + tail_len + 1)))
+    }
+}
+
+// The line answer's check beside its definition, so that `auth` needs
+// nothing from this module.
+impl ClientTokens {
+    /// Checks a line-dialect handshake answer (PROTOCOL-LINE.md §2: the
+    /// base64url of SHA-256(token ‖ nonce)) against every accepted token,
+    /// all of them always tried, each compared in constant time.
+    pub fn verify_line(&self, nonce: &[u8], answer: &[u8]) -> bool {
+        if self.tokens.is_empty() {
+            return answers_equal(&line_answer(&[], nonce), answer);
+        }
+        let mut matched = false;
+        for token in &self.tokens {
+            matched |= answers_equal(&line_answer(token, nonce), answer);
+        }
+        matched
     }
 }
 

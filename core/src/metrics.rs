@@ -12,10 +12,7 @@
 //! grow, except the gauges. Nothing is kept per key and no gauge scans the
 //! table, so a snapshot costs the same with a million keys as with one.
 
-use crate::budget::AbuseKind;
-use crate::cluster::ReplicatedLocks;
-use crate::lock::LockTable;
-use crate::raft::Raft;
+pub use crate::budget::AbuseCounts;
 use crate::wire::{ErrorCode, Reply};
 
 /// Upper bounds of the duration histograms' buckets, in microseconds: from
@@ -317,34 +314,6 @@ impl ReplyCounts {
     }
 }
 
-/// Abusive or refused connections, by kind, as reported to the log (every
-/// event, also those the log aggregates).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AbuseCounts {
-    counts: [u64; AbuseKind::ALL.len()],
-}
-
-impl AbuseCounts {
-    /// Counts one event.
-    pub fn count(&mut self, kind: AbuseKind) {
-        self.counts[kind as usize] += 1;
-    }
-
-    /// Events of `kind`.
-    pub fn of(&self, kind: AbuseKind) -> u64 {
-        self.counts[kind as usize]
-    }
-
-    /// Failed handshakes of every kind: client proofs rejected, peer
-    /// handshakes failed, unfinished handshakes timed out or evicted.
-    pub fn failed_handshakes(&self) -> u64 {
-        self.of(AbuseKind::FailedProof)
-            + self.of(AbuseKind::FailedPeerHandshake)
-            + self.of(AbuseKind::HandshakeTimedOut)
-            + self.of(AbuseKind::HandshakeEvicted)
-    }
-}
-
 /// A snapshot of a single-mode server's counts
 /// ([`crate::server::Server::metrics`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -388,36 +357,6 @@ impl ServerMetrics {
             return Err("shutting down");
         }
         Ok(())
-    }
-}
-
-impl ServerMetrics {
-    /// Assembles a snapshot; the `B` replies the table did not decide are
-    /// those of the per-connection limits.
-    pub(crate) fn assemble(
-        table: &LockTable,
-        replies: ReplyCounts,
-        abuse: AbuseCounts,
-        (sessions, line_sessions): (usize, usize),
-        handshakes: usize,
-        shutting_down: bool,
-    ) -> ServerMetrics {
-        let busy_per_connection = replies
-            .of(ReplyKind::Busy)
-            .saturating_sub(table.metrics().busy_total());
-        ServerMetrics {
-            lock: table.metrics().clone(),
-            replies,
-            busy_per_connection,
-            abuse,
-            held_keys: table.holder_keys() as u64,
-            keys: table.key_count() as u64,
-            waiters: table.waiter_count() as u64,
-            sessions: sessions as u64,
-            line_sessions: line_sessions as u64,
-            handshakes: handshakes as u64,
-            shutting_down,
-        }
     }
 }
 
@@ -583,65 +522,6 @@ impl ClusterMetrics {
         } else {
             Ok(())
         }
-    }
-}
-
-/// Assembles a cluster node's snapshot from its parts
-/// ([`crate::cluster::ClusterNode::metrics`]).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the node's private parts, passed one by one so the node file keeps one call"
-)]
-pub(crate) fn cluster_metrics(
-    raft: &Raft,
-    state: &ReplicatedLocks,
-    applied_index: u64,
-    replies: ReplyCounts,
-    abuse: AbuseCounts,
-    checking_genesis: bool,
-    (waiters, sessions, line_sessions): (usize, usize, usize),
-    shutting_down: bool,
-) -> ClusterMetrics {
-    let id = raft.id();
-    let last_index = raft.last_index();
-    let peers = if raft.is_leader() {
-        raft.config()
-            .members()
-            .filter(|&member| member != id)
-            .filter_map(|member| {
-                let matched = raft.match_index(member)?;
-                Some(PeerReplication {
-                    slot: member.slot,
-                    generation: member.generation,
-                    lag_entries: last_index.saturating_sub(matched),
-                })
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    ClusterMetrics {
-        slot: id.slot,
-        generation: id.generation,
-        is_leader: raft.is_leader(),
-        has_leader: raft.leader().is_some(),
-        is_voter: raft.is_voter(),
-        checking_genesis,
-        term: raft.term(),
-        commit_index: raft.commit_index(),
-        applied_index,
-        last_index,
-        raft: raft.counters(),
-        peers,
-        locks: state.metrics().clone(),
-        replies,
-        abuse,
-        held_keys: state.held_keys() as u64,
-        waiters: waiters as u64,
-        sessions: sessions as u64,
-        line_sessions: line_sessions as u64,
-        shutting_down,
-        ..ClusterMetrics::default()
     }
 }
 

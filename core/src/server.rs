@@ -18,9 +18,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
-use crate::budget::{
-    AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldCounts, LogEvent, Reports,
-};
+use crate::budget::{AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, LogEvent, Reports};
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
@@ -35,7 +33,11 @@ use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{KeyGroup, NO_LEADER_SLOT};
 
+mod held;
 mod inspect;
+mod metrics;
+
+use held::HeldCounts;
 pub use inspect::MAX_QUEUED_ADMIN_REPLIES;
 
 /// The first fencing token of a server started `since_epoch` after the
@@ -543,7 +545,7 @@ impl Server {
             };
             #[cfg(feature = "planted-bugs")]
             if token.is_none()
-                && crate::lock::planted::active(crate::lock::planted::PlantedBug::LoseWaiter)
+                && crate::testing::planted::active(crate::testing::planted::PlantedBug::LoseWaiter)
             {
                 // Forget the waiter without a reply.
                 if let Some(queued) = self.waiters.remove(&waiter)
@@ -651,7 +653,7 @@ impl Server {
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
         self.reports.closed(conn_id, Some(conn.source), reason);
         #[cfg(feature = "planted-bugs")]
-        if crate::lock::planted::active(crate::lock::planted::PlantedBug::ForgetGhostGrant) {
+        if crate::testing::planted::active(crate::testing::planted::PlantedBug::ForgetGhostGrant) {
             self.drain_lock_events(now);
             return;
         }

@@ -1,10 +1,15 @@
-//! Connection handshake: hello bytes, proof vectors, token checks, and both
-//! state machines under arbitrary splits.
+//! Connection handshake: hello bytes, proof vectors, token checks, the
+//! client state machine, and the server side as the real server runs it,
+//! under arbitrary splits.
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
+use std::net::{IpAddr, Ipv4Addr};
+
 use ticketing_core::auth::*;
-use ticketing_core::time::Instant;
+use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, Reply, Request};
 
 const TOKEN_A: &[u8] = b"0123456789abcdef0123456789abcdef";
 const TOKEN_B: &[u8] = b"fedcba9876543210fedcba9876543210";
@@ -40,10 +45,6 @@ fn cluster_hello(self_slot: u8) -> Hello {
         self_slot,
         nonce,
     }
-}
-
-fn server(hello: Hello, fingerprint: [u8; 32]) -> ServerHandshake {
-    ServerHandshake::new(hello, fingerprint, Instant::from_millis(10_000))
 }
 
 // ------------------------------------------------------- vectors
@@ -239,182 +240,219 @@ fn no_auth_accepts_only_the_empty_token() {
     }
 }
 
-// ------------------------------------------------------- server handshake
+// ------------------------------------------------------- server side
+
+// The server side of the handshake is the client front every served
+// connection starts in (shared by the single-mode server and the cluster
+// node); these drive it through the real single-mode server.
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+
+/// One connection to a single-mode server accepting `tokens`, its hello
+/// taken.
+struct Served {
+    server: Server,
+    conn: ConnId,
+    hello: Hello,
+    now: Instant,
+}
+
+fn served(tokens: ClientTokens) -> Served {
+    let now = Instant::from_millis(1_000);
+    let config = ServerConfig {
+        client_tokens: tokens,
+        ..ServerConfig::default()
+    };
+    let mut server = Server::new(config, FIRST_TOKEN, now);
+    let conn = server
+        .handle_connect(now, [3; 16], LOOPBACK)
+        .expect("connection admitted");
+    let mut out = Vec::new();
+    assert_eq!(server.take_transmit(conn, &mut out), ConnState::Open);
+    let hello: [u8; HELLO_LEN] = out.try_into().expect("exactly one hello");
+    let hello = Hello::parse(&hello).expect("a valid hello");
+    Served {
+        server,
+        conn,
+        hello,
+        now,
+    }
+}
+
+impl Served {
+    /// The proof of `token` for this connection's hello.
+    fn proof(&self, token: &[u8]) -> [u8; PROOF_LEN] {
+        client_proof(token, &SINGLE_FINGERPRINT, &self.hello)
+    }
+
+    /// Feeds `bytes`; returns what the server sent back and the state.
+    fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, ConnState) {
+        self.server.handle_input(self.now, self.conn, bytes);
+        self.take()
+    }
+
+    fn take(&mut self) -> (Vec<u8>, ConnState) {
+        let mut out = Vec::new();
+        let state = self.server.take_transmit(self.conn, &mut out);
+        (out, state)
+    }
+
+    fn advance_to(&mut self, at: Instant) {
+        self.now = at;
+        self.server.handle_timeout(at);
+    }
+}
+
+fn acquire_bytes(rid: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    Request::Acquire(AcquireRequest {
+        rid,
+        wait_s: 0,
+        lease_s: 30,
+        keys: KeyGroup::single(Key::new(b"k").unwrap()),
+        set: false,
+    })
+    .encode(&mut out);
+    out
+}
 
 #[test]
 fn server_accepts_a_good_proof() {
-    let hello = single_hello([3; 16]);
-    let tokens = ClientTokens::new([TOKEN_A]).unwrap();
-    let mut hs = server(hello, SINGLE_FINGERPRINT);
-    assert_eq!(hs.hello_bytes(), hello.encode());
-    let proof = client_proof(TOKEN_A, &SINGLE_FINGERPRINT, &hello);
-    assert_eq!(
-        hs.handle_input(&tokens, &proof),
-        (32, HandshakeStatus::Accepted)
-    );
-    assert_eq!(hs.state(), &ServerHandshakeState::Ready);
-    assert_eq!(hs.deadline(), None);
+    let mut s = served(ClientTokens::new([TOKEN_A]).unwrap());
+    let proof = s.proof(TOKEN_A);
+    assert_eq!(s.feed(&proof), (vec![RESULT_ACCEPTED], ConnState::Open));
+    assert!(s.server.wants_input(s.conn));
 }
 
 #[test]
 fn server_rejects_a_bad_proof() {
-    let hello = single_hello([3; 16]);
-    let tokens = ClientTokens::new([TOKEN_A]).unwrap();
-    let mut hs = server(hello, SINGLE_FINGERPRINT);
-    let proof = client_proof(TOKEN_B, &SINGLE_FINGERPRINT, &hello);
+    let mut s = served(ClientTokens::new([TOKEN_A]).unwrap());
+    let proof = s.proof(TOKEN_B);
     assert_eq!(
-        hs.handle_input(&tokens, &proof),
-        (32, HandshakeStatus::Rejected)
+        s.feed(&proof),
+        (vec![RESULT_REJECTED], ConnState::CloseAfterFlush)
     );
-    assert_eq!(hs.state(), &ServerHandshakeState::Failed);
-    assert_eq!(hs.deadline(), None);
+    assert!(!s.server.wants_input(s.conn));
 }
 
 #[test]
 fn server_checks_the_proof_against_its_own_fingerprint() {
-    let hello = cluster_hello(2);
-    let tokens = ClientTokens::new([TOKEN_A]).unwrap();
-    let mut other_cluster = CLUSTER_FINGERPRINT;
-    other_cluster[31] = 0xEE;
-    let mut hs = server(hello, CLUSTER_FINGERPRINT);
-    let proof = client_proof(TOKEN_A, &other_cluster, &hello);
+    let mut s = served(ClientTokens::new([TOKEN_A]).unwrap());
+    let proof = client_proof(TOKEN_A, &CLUSTER_FINGERPRINT, &s.hello);
     assert_eq!(
-        hs.handle_input(&tokens, &proof).1,
-        HandshakeStatus::Rejected
+        s.feed(&proof),
+        (vec![RESULT_REJECTED], ConnState::CloseAfterFlush)
     );
 }
 
 #[test]
 fn server_collects_a_proof_split_into_pieces() {
-    let hello = cluster_hello(1);
-    let tokens = ClientTokens::new([TOKEN_B]).unwrap();
-    let proof = client_proof(TOKEN_B, &CLUSTER_FINGERPRINT, &hello);
-    let mut hs = server(hello, CLUSTER_FINGERPRINT);
+    let mut s = served(ClientTokens::new([TOKEN_B]).unwrap());
+    let proof = s.proof(TOKEN_B);
+    assert_eq!(s.feed(&[]), (vec![], ConnState::Open));
+    assert_eq!(s.feed(&proof[..1]), (vec![], ConnState::Open));
+    assert_eq!(s.feed(&proof[1..20]), (vec![], ConnState::Open));
     assert_eq!(
-        hs.handle_input(&tokens, &[]),
-        (0, HandshakeStatus::NeedMore)
-    );
-    assert_eq!(
-        hs.handle_input(&tokens, &proof[..1]),
-        (1, HandshakeStatus::NeedMore)
-    );
-    assert_eq!(
-        hs.handle_input(&tokens, &proof[1..20]),
-        (19, HandshakeStatus::NeedMore)
-    );
-    match hs.state() {
-        ServerHandshakeState::AwaitProof { received } => assert_eq!(received.len(), 20),
-        other => panic!("still waiting, got {other:?}"),
-    }
-    assert_eq!(
-        hs.handle_input(&tokens, &proof[20..]),
-        (12, HandshakeStatus::Accepted)
+        s.feed(&proof[20..]),
+        (vec![RESULT_ACCEPTED], ConnState::Open)
     );
 }
 
 #[test]
-fn server_leaves_bytes_after_the_proof_to_the_caller() {
-    let hello = single_hello([9; 16]);
-    let tokens = ClientTokens::no_auth();
-    let proof = client_proof(b"", &SINGLE_FINGERPRINT, &hello);
-    let mut hs = server(hello, SINGLE_FINGERPRINT);
-    let mut input = proof[..10].to_vec();
+fn server_reads_bytes_after_the_proof_as_frames() {
+    let mut s = served(ClientTokens::no_auth());
+    let proof = s.proof(b"");
+    assert_eq!(s.feed(&proof[..10]), (vec![], ConnState::Open));
+    let mut input = proof[10..].to_vec();
+    input.extend_from_slice(&acquire_bytes(7));
+    let (out, state) = s.feed(&input);
+    assert_eq!(state, ConnState::Open);
+    assert_eq!(out[0], RESULT_ACCEPTED);
     assert_eq!(
-        hs.handle_input(&tokens, &input),
-        (10, HandshakeStatus::NeedMore)
-    );
-    input = proof[10..].to_vec();
-    input.extend_from_slice(b"A\x00\x0bframe bytes");
-    assert_eq!(
-        hs.handle_input(&tokens, &input),
-        (22, HandshakeStatus::Accepted)
-    );
-    // Finished: nothing more is consumed, the status repeats.
-    assert_eq!(
-        hs.handle_input(&tokens, b"more"),
-        (0, HandshakeStatus::Accepted)
+        Reply::decode(&out[1..]).unwrap(),
+        Some((
+            Reply::Acquired {
+                rid: 7,
+                token: FIRST_TOKEN
+            },
+            out.len() - 1
+        ))
     );
 }
 
 #[test]
-fn server_consumes_nothing_after_failing() {
-    let hello = single_hello([9; 16]);
-    let tokens = ClientTokens::no_auth();
-    let mut hs = server(hello, SINGLE_FINGERPRINT);
+fn server_reads_nothing_after_rejecting() {
+    let mut s = served(ClientTokens::no_auth());
     assert_eq!(
-        hs.handle_input(&tokens, &[0; 40]),
-        (32, HandshakeStatus::Rejected)
+        s.feed(&[0; 40]),
+        (vec![RESULT_REJECTED], ConnState::CloseAfterFlush)
     );
-    assert_eq!(
-        hs.handle_input(&tokens, &[0; 40]),
-        (0, HandshakeStatus::Rejected)
-    );
-    assert_eq!(hs.state(), &ServerHandshakeState::Failed);
+    // Even the right proof is not looked at any more.
+    let proof = s.proof(b"");
+    assert_eq!(s.feed(&proof), (vec![], ConnState::CloseAfterFlush));
+    assert!(!s.server.wants_input(s.conn));
 }
 
 #[test]
-fn server_times_out_at_its_deadline() {
-    let hello = single_hello([9; 16]);
-    let tokens = ClientTokens::no_auth();
-    let deadline = Instant::from_millis(10_000);
-    let mut hs = ServerHandshake::new(hello, SINGLE_FINGERPRINT, deadline);
-    assert_eq!(hs.deadline(), Some(deadline));
+fn server_closes_an_unfinished_handshake_at_its_deadline() {
+    let mut s = served(ClientTokens::no_auth());
+    let deadline = s
+        .now
+        .saturating_add(ServerConfig::default().handshake_timeout);
+    assert_eq!(s.feed(&[1; 5]), (vec![], ConnState::Open));
+    s.advance_to(deadline.saturating_sub(Duration::from_millis(1)));
+    assert_eq!(s.take(), (vec![], ConnState::Open));
+    s.advance_to(deadline);
     assert_eq!(
-        hs.handle_input(&tokens, &[1; 5]),
-        (5, HandshakeStatus::NeedMore)
+        s.take(),
+        (vec![], ConnState::CloseAfterFlush),
+        "no result byte, just closed"
     );
-    assert!(!hs.handle_timeout(Instant::from_millis(9_999)));
+    // A late proof is not looked at.
+    let proof = s.proof(b"");
+    assert_eq!(s.feed(&proof), (vec![], ConnState::CloseAfterFlush));
+}
+
+#[test]
+fn a_finished_handshake_ignores_the_handshake_deadline() {
+    let mut s = served(ClientTokens::no_auth());
+    let proof = s.proof(b"");
+    assert_eq!(s.feed(&proof), (vec![RESULT_ACCEPTED], ConnState::Open));
+    let late = s
+        .now
+        .saturating_add(ServerConfig::default().handshake_timeout)
+        .saturating_add(Duration::from_secs(60));
+    s.advance_to(late);
+    assert_eq!(s.take(), (vec![], ConnState::Open));
+    let (out, state) = s.feed(&acquire_bytes(1));
+    assert_eq!(state, ConnState::Open);
     assert!(matches!(
-        hs.state(),
-        ServerHandshakeState::AwaitProof { .. }
+        Reply::decode(&out),
+        Ok(Some((Reply::Acquired { rid: 1, .. }, _)))
     ));
-    assert!(hs.handle_timeout(deadline));
-    assert_eq!(hs.state(), &ServerHandshakeState::Failed);
-    assert_eq!(hs.deadline(), None);
-    // Only the transition reports true; a late proof is not looked at.
-    assert!(!hs.handle_timeout(Instant::from_millis(20_000)));
-    let proof = client_proof(b"", &SINGLE_FINGERPRINT, &hello);
-    assert_eq!(
-        hs.handle_input(&tokens, &proof),
-        (0, HandshakeStatus::Rejected)
-    );
-}
-
-#[test]
-fn a_finished_handshake_ignores_timeouts() {
-    let hello = single_hello([9; 16]);
-    let tokens = ClientTokens::no_auth();
-    let mut hs = server(hello, SINGLE_FINGERPRINT);
-    let proof = client_proof(b"", &SINGLE_FINGERPRINT, &hello);
-    assert_eq!(
-        hs.handle_input(&tokens, &proof).1,
-        HandshakeStatus::Accepted
-    );
-    assert!(!hs.handle_timeout(Instant::from_millis(u64::MAX / 1000)));
-    assert_eq!(hs.state(), &ServerHandshakeState::Ready);
 }
 
 // ------------------------------------------------------- client handshake
 
 #[test]
 fn client_and_server_complete_a_handshake() {
-    let hello = cluster_hello(3);
-    let tokens = ClientTokens::new([TOKEN_B, TOKEN_A]).unwrap();
-    let mut srv = server(hello, CLUSTER_FINGERPRINT);
-    let mut cli = ClientHandshake::new(TOKEN_A, CLUSTER_FINGERPRINT, WireMode::Cluster, 3);
+    let mut s = served(ClientTokens::new([TOKEN_B, TOKEN_A]).unwrap());
+    let mut cli = ClientHandshake::new(TOKEN_A, SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
     assert_eq!(cli.proof(), None);
     assert_eq!(
-        cli.handle_input(&srv.hello_bytes()),
+        cli.handle_input(&s.hello.encode()),
         (28, ClientHandshakeStatus::SendProof)
     );
     let proof = cli.proof().expect("proof after the hello");
-    assert_eq!(proof, client_proof(TOKEN_A, &CLUSTER_FINGERPRINT, &hello));
+    assert_eq!(proof, s.proof(TOKEN_A));
+    let (result, state) = s.feed(&proof);
     assert_eq!(
-        srv.handle_input(&tokens, &proof),
-        (32, HandshakeStatus::Accepted)
+        (result.as_slice(), state),
+        (&[RESULT_ACCEPTED][..], ConnState::Open)
     );
     // Result byte followed by an L frame in the same read.
-    let input = [RESULT_ACCEPTED, b'L', 0, 1, 3];
+    let input = [RESULT_ACCEPTED, b'L', 0, 1, 0xFF];
     assert_eq!(
         cli.handle_input(&input),
         (1, ClientHandshakeStatus::Accepted)
@@ -545,29 +583,35 @@ fn chunks<'a>(bytes: &'a [u8], sizes: &[usize]) -> Vec<&'a [u8]> {
 
 proptest! {
     #[test]
-    fn server_consumes_exactly_the_proof_under_any_split(
+    fn server_decides_on_exactly_the_proof_under_any_split(
         nonce in any::<[u8; 16]>(),
         trailing in prop::collection::vec(any::<u8>(), 0..64),
         sizes in prop::collection::vec(1..40usize, 1..8),
         good in any::<bool>(),
     ) {
-        let hello = single_hello(nonce);
-        let tokens = ClientTokens::new([TOKEN_A, TOKEN_B]).unwrap();
+        let mut s = served(ClientTokens::new([TOKEN_A, TOKEN_B]).unwrap());
+        // A connection with this test's nonce (the server shapes it).
+        s.conn = s.server.handle_connect(s.now, nonce, LOOPBACK).expect("admitted");
+        let (hello, _) = s.take();
+        s.hello = Hello::parse(&hello.try_into().expect("one hello")).expect("valid hello");
         let token = if good { TOKEN_B } else { b"not-the-right-token" as &[u8] };
-        let mut input = client_proof(token, &SINGLE_FINGERPRINT, &hello).to_vec();
+        let mut input = s.proof(token).to_vec();
         input.extend_from_slice(&trailing);
-        let mut hs = server(hello, SINGLE_FINGERPRINT);
-        let mut consumed = 0;
-        let mut last = HandshakeStatus::NeedMore;
+        let mut out = Vec::new();
+        let mut state = ConnState::Open;
         for chunk in chunks(&input, &sizes) {
-            let (used, status) = hs.handle_input(&tokens, chunk);
-            prop_assert!(used <= chunk.len());
-            consumed += used;
-            last = status;
+            let (bytes, now_state) = s.feed(chunk);
+            out.extend_from_slice(&bytes);
+            state = now_state;
         }
-        prop_assert_eq!(consumed, PROOF_LEN);
-        let expected = if good { HandshakeStatus::Accepted } else { HandshakeStatus::Rejected };
-        prop_assert_eq!(last, expected);
+        if good {
+            // Accepted; whatever followed the proof was read as frames.
+            prop_assert_eq!(out.first(), Some(&RESULT_ACCEPTED));
+        } else {
+            // Rejected on the proof; nothing after it was read.
+            prop_assert_eq!(out, vec![RESULT_REJECTED]);
+            prop_assert_eq!(state, ConnState::CloseAfterFlush);
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 mod corpus_replay;
 
 use corpus_replay::{pseudo_random_inputs, replay};
-use ticketing_core::fuzzing;
+use ticketing_core::testing::fuzzing;
 
 #[test]
 fn request_decoder_corpus() {

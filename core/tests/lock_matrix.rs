@@ -606,10 +606,10 @@ fn time_going_backwards_is_treated_as_standing_still() {
 // ---------------------------------------------------------------------------
 // Property test: the table against a naive reference model. The model and
 // the harness that compares it with the table live in
-// `ticketing_core::lock_model`, shared with the simulator's fuzz target.
+// `ticketing_core::testing::lock_model`, shared with the simulator's fuzz target.
 // ---------------------------------------------------------------------------
 
-use ticketing_core::lock_model::{self as model, Op};
+use ticketing_core::testing::lock_model::{self as model, Op};
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![

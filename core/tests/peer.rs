@@ -1004,7 +1004,7 @@ proptest! {
     #[test]
     fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         prop_assert!(!matches!(open(&bytes), Ok(Some(_))), "garbage never carries a valid tag");
-        ticketing_core::fuzzing::peer_decoder(&bytes);
+        ticketing_core::testing::fuzzing::peer_decoder(&bytes);
     }
 
     #[test]

@@ -2,4 +2,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| ticketing_core::fuzzing::line_decoder(data));
+fuzz_target!(|data: &[u8]| ticketing_core::testing::fuzzing::line_decoder(data));

@@ -6,4 +6,4 @@ use libfuzzer_sys::fuzz_target;
 // messages: election safety, committed entries and the counter never
 // change or go down, out-of-bounds numbers are refused, and a leader is
 // elected again once the hostile input stops.
-fuzz_target!(|data: &[u8]| ticketing_core::fuzzing::raft_hostile_peer(data));
+fuzz_target!(|data: &[u8]| ticketing_core::testing::fuzzing::raft_hostile_peer(data));

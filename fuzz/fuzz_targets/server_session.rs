@@ -2,4 +2,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| ticketing_core::fuzzing::server_session(data));
+fuzz_target!(|data: &[u8]| ticketing_core::testing::fuzzing::server_session(data));

@@ -45,8 +45,8 @@ use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
+use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::raft::NodeId;
-use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::Instant;
 
 use ticketing_core::admin::AdminTokens;

@@ -23,10 +23,10 @@ use ticketing_core::client::KeySet;
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerTokens};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
 use ticketing_core::lock::Limits;
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
-use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::wire::{ErrorCode, Key, Reply, Request};
 
 use crate::adversary::{Adversary, AdversaryRates};

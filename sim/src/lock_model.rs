@@ -1,11 +1,11 @@
 //! The lock table against a naive reference model, driven by arbitrary
 //! operation sequences (the `sim_lock_table` fuzz target). The model and the
-//! harness live in `ticketing_core::lock_model` (shared with the proptest in
+//! harness live in `ticketing_core::testing::lock_model` (shared with the proptest in
 //! `core/tests/lock_matrix.rs`); here a fuzzer's bytes choose the
 //! operations. Panics on any difference.
 
 use ticketing_core::lock::Limits;
-use ticketing_core::lock_model::{Op, check_ops};
+use ticketing_core::testing::lock_model::{Op, check_ops};
 
 /// Reads one operation from `data`, or `None` when it is used up.
 fn next_op(data: &mut &[u8]) -> Option<Op> {

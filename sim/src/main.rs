@@ -118,7 +118,7 @@ fn parse() -> Result<Args, String> {
 
 #[cfg(feature = "planted-bugs")]
 fn plant(name: &Option<String>) -> Result<(), String> {
-    use ticketing_core::lock::planted::{self, PlantedBug};
+    use ticketing_core::testing::planted::{self, PlantedBug};
     let bug = match name.as_deref() {
         None => None,
         Some("grant-twice") => Some(PlantedBug::GrantTwice),

@@ -2,7 +2,7 @@
 //! crashes and replacements, clock faults; determinism; planted driver bugs
 //! each caught; the seeds of core bugs found here kept as regressions.
 
-use ticketing_core::lock::planted::{self, PlantedBug};
+use ticketing_core::testing::planted::{self, PlantedBug};
 use ticketing_sim::{
     AdversaryRates, Checker, ClusterPlant, ClusterSimConfig, ClusterWorld, RunReport,
     run_cluster_seed,

@@ -4,7 +4,7 @@
 //! to report within a bounded number of seeds. So none is a check that
 //! cannot fail.
 
-use ticketing_core::lock::planted::{self, PlantedBug};
+use ticketing_core::testing::planted::{self, PlantedBug};
 use ticketing_sim::{Checker, SimConfig, World};
 
 /// Switches `bug` on for this thread while alive.

@@ -13,10 +13,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::{
-    AcquireOperation, AcquireParams, AcquireStep, ClientError, CloseReason, Grant, KeySet, Outcome,
-    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionEvent,
+use super::error::{ClientError, CloseReason};
+use super::ops::{
+    AcquireOperation, AcquireStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
+use super::request::{AcquireParams, Grant, KeySet, Outcome};
+use super::routing::Router;
+use super::session::{Session, SessionEvent};
 use crate::time::Instant;
 
 /// The sending half of a runtime's one-shot channel for one outcome.

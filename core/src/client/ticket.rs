@@ -13,7 +13,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::{Broker, ClientError, Grant, ReleaseOperation, ReleaseOutcome, run_release};
+use super::broker::{Broker, run_release};
+use super::error::ClientError;
+use super::ops::{ReleaseOperation, ReleaseOutcome};
+use super::request::Grant;
 use crate::time::{Duration, Instant};
 
 /// What a ticket needs of the broker that acquired it: a [`Broker`] as a

@@ -4,14 +4,26 @@
 //!   (the payload of Raft command entries), and [`ApplyResult`].
 //! - [`state`]: [`ReplicatedLocks`], the state machine every node applies
 //!   committed commands to, with its snapshot encoding.
+//! - [`node`]: [`ClusterNode`], one node as a sans-IO state machine: client
+//!   connections (through the shared connection front), peer sessions, and
+//!   the Raft group ([`crate::raft`]) that orders the commands.
+//! - [`peer`]: the peer protocol between nodes: handshake, authenticated
+//!   frames, and the encoding of Raft messages.
+//!
+//! The connection types a driver names ([`ConnId`], [`ConnState`],
+//! [`Dialect`]) are the shared ones of the connection layer, re-exported
+//! here so a cluster driver needs nothing from [`crate::server`].
 //!
 //! See `docs/cluster.md` for how a grant flows from a client through Raft.
 
 pub(crate) mod bytes;
 pub mod command;
+mod metrics;
 pub mod node;
 pub mod peer;
 pub mod state;
+
+pub use crate::conn::{ConnId, ConnState, Dialect};
 
 pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};
 pub use self::node::{

@@ -60,7 +60,7 @@ use crate::cluster::state::{ReplicatedLocks, SnapshotError};
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
-use crate::conn::{Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::conn::{ConnId, ConnState, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
     MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
@@ -73,7 +73,6 @@ use crate::raft::{
     RaftConfig,
 };
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
-use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 
@@ -1055,7 +1054,7 @@ impl ClusterNode {
             busy_per_connection: counts.busy_per_connection,
             busy_backpressure: counts.busy_backpressure,
             dropped_admin_replies: counts.dropped_admin_replies,
-            ..crate::metrics::cluster_metrics(
+            ..super::metrics::cluster_metrics(
                 &self.raft,
                 &self.state,
                 self.applied_index,

@@ -252,7 +252,9 @@ impl LockTable {
             return ForceReleaseOutcome::NotHeld;
         };
         #[cfg(feature = "planted-bugs")]
-        if super::planted::active(super::planted::PlantedBug::ForceReleaseKeepsGrant) {
+        if crate::testing::planted::active(
+            crate::testing::planted::PlantedBug::ForceReleaseKeepsGrant,
+        ) {
             return ForceReleaseOutcome::Released {
                 revoked: held,
                 keys,

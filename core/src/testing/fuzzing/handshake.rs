@@ -1,12 +1,19 @@
-//! The client handshake with tokens configured: see [`client_handshake`].
+//! The client handshake with tokens configured, against the server's real
+//! client front: see [`client_handshake`].
 
 use crate::auth::{
-    ClientHandshake, ClientHandshakeStatus, ClientTokens, HandshakeStatus, Hello, NONCE_LEN,
-    PROOF_LEN, RESULT_ACCEPTED, RESULT_REJECTED, ServerHandshake, WireMode, client_proof,
+    ClientHandshake, ClientHandshakeStatus, ClientTokens, Hello, NONCE_LEN, PROOF_LEN,
+    RESULT_ACCEPTED, RESULT_REJECTED, WireMode, client_proof,
 };
+use crate::conn::Dialect;
+use crate::conn::client::{ClientFront, FrontInput};
+use crate::line::{LINE_ANSWER_LEN, is_base64url};
 use crate::time::Instant;
 
 use super::Cursor;
+
+/// When every byte arrives (the front's handshake deadline is later).
+const NOW: Instant = Instant::from_millis(1_000);
 
 /// The tokens the server accepts (rotation: several at once).
 const SERVER_TOKENS: [&[u8]; 3] = [
@@ -24,17 +31,21 @@ const CLIENT_TOKENS: [&[u8]; 5] = [
 ];
 const FINGERPRINT: [u8; 32] = [0x5a; 32];
 
-/// Runs the client and the server side of one client handshake against each
-/// other, with the byte streams in both directions split, corrupted or
-/// replaced as the input says; three tokens are configured on the server
-/// and the client uses one of them, a wrong one, or none.
+/// Runs a [`ClientHandshake`] against the client front that the server and
+/// the cluster node greet every connection with, with the byte streams in
+/// both directions split, corrupted or replaced as the input says; three
+/// tokens are configured on the server and the client uses one of them, a
+/// wrong one, or none.
 ///
 /// Checks: neither side panics or uses more bytes than it was given; each
-/// finishes once and then repeats its outcome without using bytes; the
-/// server accepts exactly when the 32 bytes it got are the proof of a
-/// configured token for its own hello; the client is accepted only after a
-/// hello for the mode and slot it expects and the result byte `0x01`; and
-/// with both streams untouched, the handshake ends as the token says.
+/// finishes once and then keeps its outcome (a rejected front reads nothing
+/// more, an accepted one hands later bytes to its session); the front
+/// accepts exactly when the first 32 bytes it got are the proof of a
+/// configured token for the hello it sent, and answers with the result byte
+/// only then (`0x01` once the session is admitted, `0x00` for a v3 proof
+/// that fails); the client is accepted only after a hello for the mode and
+/// slot it expects and the result byte `0x01`; and with both streams
+/// untouched, the handshake ends as the token says.
 pub fn client_handshake(data: &[u8]) {
     let mut cursor = Cursor { data };
     let choice = cursor.byte().unwrap_or(0);
@@ -57,18 +68,20 @@ pub fn client_handshake(data: &[u8]) {
         nonce,
     };
     let tokens = ClientTokens::new(SERVER_TOKENS).expect("long tokens");
-    let mut server = ServerHandshake::new(hello, FINGERPRINT, Instant::from_millis(10_000));
+    let mut server = ServerSide {
+        front: ClientFront::new(hello, FINGERPRINT, Instant::from_millis(10_000)),
+        tokens,
+        received: Vec::new(),
+        outcome: None,
+    };
     let mut client = ClientHandshake::new(client_token, FINGERPRINT, mode, slot);
 
-    // Server → client: the hello, then its result byte once it has one.
-    let mut to_client: Vec<u8> = hello.encode().to_vec();
+    // Server → client: the hello, then whatever the front answers.
+    let mut to_client: Vec<u8> = server.front.hello_bytes().to_vec();
     // Client → server: the proof once the client has one.
     let mut to_server: Vec<u8> = Vec::new();
     let mut proof_queued = false;
-    let mut result_queued = false;
-    let mut proof_received: Vec<u8> = Vec::new();
     let mut client_seen: Vec<u8> = Vec::new();
-    let mut server_outcome: Option<HandshakeStatus> = None;
     let mut client_outcome: Option<ClientHandshakeStatus> = None;
     let mut tampered = false;
 
@@ -86,13 +99,7 @@ pub fn client_handshake(data: &[u8]) {
             2 | 3 => {
                 let take = len.min(to_server.len());
                 let bytes: Vec<u8> = to_server.drain(..take).collect();
-                feed_server(
-                    &mut server,
-                    &tokens,
-                    &bytes,
-                    &mut proof_received,
-                    &mut server_outcome,
-                );
+                feed_server(&mut server, &bytes, &mut to_client);
             }
             // Corrupt one byte in flight.
             4 => {
@@ -123,14 +130,6 @@ pub fn client_handshake(data: &[u8]) {
             proof_queued = true;
             to_server.extend_from_slice(&proof);
         }
-        if !result_queued && let Some(outcome) = server_outcome {
-            result_queued = true;
-            to_client.push(if outcome == HandshakeStatus::Accepted {
-                RESULT_ACCEPTED
-            } else {
-                RESULT_REJECTED
-            });
-        }
     }
     if tampered {
         return;
@@ -144,21 +143,7 @@ pub fn client_handshake(data: &[u8]) {
             to_server.extend_from_slice(&proof);
         }
         let bytes = std::mem::take(&mut to_server);
-        feed_server(
-            &mut server,
-            &tokens,
-            &bytes,
-            &mut proof_received,
-            &mut server_outcome,
-        );
-        if !result_queued && let Some(outcome) = server_outcome {
-            result_queued = true;
-            to_client.push(if outcome == HandshakeStatus::Accepted {
-                RESULT_ACCEPTED
-            } else {
-                RESULT_REJECTED
-            });
-        }
+        feed_server(&mut server, &bytes, &mut to_client);
     }
     let configured = SERVER_TOKENS.contains(&client_token);
     let expected = if configured {
@@ -209,38 +194,72 @@ fn feed_client(
     }
 }
 
-fn feed_server(
-    server: &mut ServerHandshake,
-    tokens: &ClientTokens,
-    bytes: &[u8],
-    received: &mut Vec<u8>,
-    outcome: &mut Option<HandshakeStatus>,
-) {
-    let (used, status) = server.handle_input(tokens, bytes);
-    assert!(used <= bytes.len());
-    received.extend_from_slice(&bytes[..used]);
-    assert!(
-        received.len() <= PROOF_LEN,
-        "the server used more than a proof"
-    );
-    match status {
-        HandshakeStatus::NeedMore => assert!(outcome.is_none()),
-        finished => {
-            if let Some(earlier) = *outcome {
-                assert_eq!(finished, earlier, "the outcome changed");
-                assert_eq!(used, 0, "bytes used after the end");
-                return;
+/// The server's side: its client front and what it was fed until it decided.
+struct ServerSide {
+    front: ClientFront,
+    tokens: ClientTokens,
+    /// Every byte fed to the front before it decided.
+    received: Vec<u8>,
+    /// `Accepted` or `Rejected`, once decided.
+    outcome: Option<FrontInput>,
+}
+
+fn feed_server(server: &mut ServerSide, bytes: &[u8], to_client: &mut Vec<u8>) {
+    let mut out = Vec::new();
+    let input = server
+        .front
+        .handle_input(NOW, &server.tokens, bytes, &mut out);
+    if let Some(earlier) = server.outcome {
+        // Decided: a rejected front reads nothing more, an accepted one
+        // hands the bytes to its session; neither answers on its own.
+        match earlier {
+            FrontInput::Accepted(_) => assert_eq!(input, FrontInput::Session),
+            _ => {
+                assert_eq!(input, FrontInput::Pending, "read after the rejection");
+                assert!(!server.front.wants_input());
             }
-            *outcome = Some(finished);
-            let hello = Hello::parse(&server.hello_bytes()).expect("own hello");
-            let valid = SERVER_TOKENS
-                .iter()
-                .any(|token| client_proof(token, &FINGERPRINT, &hello)[..] == received[..]);
-            assert_eq!(
-                finished == HandshakeStatus::Accepted,
-                valid,
-                "accepted must mean a configured token's proof"
-            );
         }
+        assert!(out.is_empty(), "bytes sent after the decision");
+        return;
     }
+    server.received.extend_from_slice(bytes);
+    let received = &server.received;
+    match input {
+        FrontInput::Pending => {
+            assert!(out.is_empty(), "an answer before the decision");
+            // Undecided past 32 bytes only while they may be a line answer.
+            assert!(
+                received.len() < PROOF_LEN
+                    || (received[..PROOF_LEN].iter().all(|&b| is_base64url(b))
+                        && received.len() < LINE_ANSWER_LEN),
+                "undecided after {} bytes",
+                received.len()
+            );
+            return;
+        }
+        FrontInput::Accepted(_) => {
+            assert!(
+                out.is_empty(),
+                "a result byte before the session is admitted"
+            );
+            server.front.begin_session(&mut out);
+            assert_eq!(out, [RESULT_ACCEPTED]);
+        }
+        FrontInput::Rejected(Dialect::V3) => assert_eq!(out, [RESULT_REJECTED]),
+        // A line answer's `Eauth_failed` follows after a delay.
+        FrontInput::Rejected(Dialect::Line) => assert!(out.is_empty()),
+        FrontInput::Session => panic!("a session before the handshake ended"),
+    }
+    server.outcome = Some(input);
+    let hello = Hello::parse(&server.front.hello_bytes()).expect("own hello");
+    let valid = received.len() >= PROOF_LEN
+        && SERVER_TOKENS
+            .iter()
+            .any(|token| client_proof(token, &FINGERPRINT, &hello)[..] == received[..PROOF_LEN]);
+    assert_eq!(
+        input == FrontInput::Accepted(Dialect::V3),
+        valid,
+        "accepted must mean a configured token's proof"
+    );
+    to_client.extend_from_slice(&out);
 }

@@ -1,0 +1,72 @@
+//! The client as sans-IO state machines, shared by every runtime.
+//!
+//! The runtimes (tokio, smol) only move bytes, read clocks and park futures;
+//! every rule of the official client lives here:
+//!
+//! - [`Session`]: one connection. Runs the client handshake, assigns request
+//!   ids, hands request bytes out at the *send boundary*
+//!   ([`Session::poll_transmit`]), matches replies with every session-fatal
+//!   check, and turns lost replies into [`Outcome::Indeterminate`] or
+//!   [`Outcome::Retry`] depending on whether the bytes may have left.
+//! - [`Router`]: picks a ready connection, leader first, then round-robin
+//!   ([`Router::pick`]) or in runs that share writes
+//!   ([`Router::pick_coalescing`], what the broker uses).
+//! - [`AcquireOperation`] / [`ReleaseOperation`]: one logical acquire or
+//!   release across attempts (retry only what certainly had no effect,
+//!   conservative validity, the absolute 5 s release window).
+//! - [`Backoff`]: reconnect delays.
+//! - [`BrokerState`], [`run_acquire`], [`run_release`]: the broker-wide
+//!   state behind a runtime's lock (pending outcomes, capacity, release
+//!   queue) and the operation loops, over a runtime's [`Broker`].
+//! - [`Ticket`] / [`TicketSet`]: what the caller holds after an acquire,
+//!   released once (explicitly or on drop) through its [`Broker`].
+//! - [`BrokerConfig`]: validation of what a user configures, and the
+//!   connections it implies (one address means two connections).
+//!
+//! Files: [`session`] (one connection), [`ops`] (parameters, key sets,
+//! grants, the logical operations and the release queue), [`routing`]
+//! (router and reconnect backoff), [`config`] (what a user configures),
+//! [`error`] (what calls and sessions fail with), `broker` and `ticket`.
+//!
+//! Driving a [`Session`] (str0m / quinn-proto shape): after every input
+//! ([`Session::handle_input`], [`Session::handle_timeout`],
+//! [`Session::submit_acquire`], …) drain [`Session::poll_transmit`] while the
+//! socket can take bytes, drain [`Session::poll_event`], and sleep until
+//! [`Session::poll_timeout`]. Nothing here reads a clock or does IO.
+
+mod broker;
+pub mod config;
+pub mod error;
+pub mod ops;
+pub mod request;
+pub mod routing;
+pub mod session;
+mod ticket;
+
+pub use broker::{Broker, BrokerNotice, BrokerState, OutcomeSender, run_acquire, run_release};
+pub use config::{BrokerConfig, BrokerMode, Endpoint, TlsMode};
+pub use error::{ClientError, CloseReason, ProtocolError};
+pub use ops::{
+    AcquireOperation, AcquireStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
+};
+pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_covers};
+pub use routing::{Backoff, Router};
+pub use session::{CancelOutcome, Session, SessionConfig, SessionEvent};
+pub use ticket::{Ticket, TicketSet};
+
+// The fixed numbers of the client, each defined beside the code it bounds.
+pub use config::{
+    DEFAULT_MAX_PENDING, MAX_PENDING_LIMIT, MAX_SILENCE_TIMEOUT, MIN_SILENCE_TIMEOUT,
+};
+pub use ops::{
+    ACQUIRE_RETRY_MAX, RELEASE_ATTEMPT_TIMEOUT, RELEASE_QUEUE_CAPACITY, RELEASE_RETRY_MAX,
+    RELEASE_RETRY_WINDOW, RETRY_MIN,
+};
+pub use request::{IMMEDIATE_TRANSPORT_TIMEOUT, MAX_WAIT_S, MAX_WORK_BUDGET};
+pub use routing::{
+    BACKOFF_MAX, BACKOFF_MIN, COALESCE_MAX_UNSENT, ROUTE_RUN_REQUESTS, SHORT_SESSION,
+};
+pub use session::{
+    DEFAULT_MAX_PENDING_ACQUIRES, DEFAULT_MAX_PENDING_RELEASES, DEFAULT_SILENCE_TIMEOUT,
+    HANDSHAKE_TIMEOUT, READ_PROGRESS_TIMEOUT, TRANSMIT_BATCH_BYTES, WRITE_PROGRESS_TIMEOUT,
+};

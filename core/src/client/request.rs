@@ -1,0 +1,224 @@
+//! The vocabulary of one request: its validated times ([`AcquireParams`])
+//! and keys ([`KeySet`]), what a grant is ([`Grant`]) and how a request
+//! ended ([`Outcome`]).
+
+use super::error::ClientError;
+use crate::time::{Duration, Instant};
+use crate::wire::{ErrorCode, Key, KeyGroup, MAX_KEY_LEN, MAX_LEASE_S, MAX_SET_KEYS};
+
+/// Longest wait a request may ask for, in seconds (the wire field is a u8).
+pub const MAX_WAIT_S: u8 = 255;
+
+/// Longest minimum-work budget a caller may ask to be covered.
+pub const MAX_WORK_BUDGET: Duration = Duration::from_secs(250);
+
+/// Local deadline of a `wait = 0` acquire: the server answers at once, so
+/// this bounds only the transport.
+pub const IMMEDIATE_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whole seconds, rounding any fraction up (saturating).
+pub(super) fn ceil_secs(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_add(u64::from(duration.subsec_nanos() > 0))
+}
+
+/// The validated times of an acquire: whole seconds as sent on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireParams {
+    wait_s: u8,
+    lease_s: u8,
+    min_work_budget: Duration,
+}
+
+impl AcquireParams {
+    /// Normalizes and checks an acquire's times. Sub-second values round
+    /// up; `wait` must be at most 255 s, `lease` 1..=250 s, and the budget at
+    /// most 250 s and at most the normalized lease. Out-of-range values are
+    /// rejected, never clamped.
+    pub fn new(
+        wait: Duration,
+        lease: Duration,
+        min_work_budget: Duration,
+    ) -> Result<Self, ClientError> {
+        let wait_s =
+            u8::try_from(ceil_secs(wait)).map_err(|_| ClientError::UnsupportedDuration {
+                field: "wait",
+                max_s: u64::from(MAX_WAIT_S),
+            })?;
+        if lease.is_zero() {
+            return Err(ClientError::InvalidInput("lease must be greater than zero"));
+        }
+        let lease_s = u8::try_from(ceil_secs(lease))
+            .ok()
+            .filter(|lease_s| *lease_s <= MAX_LEASE_S)
+            .ok_or(ClientError::UnsupportedDuration {
+                field: "lease",
+                max_s: u64::from(MAX_LEASE_S),
+            })?;
+        if min_work_budget > MAX_WORK_BUDGET {
+            return Err(ClientError::UnsupportedDuration {
+                field: "min_work_budget",
+                max_s: MAX_WORK_BUDGET.as_secs(),
+            });
+        }
+        // The budget is compared unrounded: the caller asked for exactly it.
+        if min_work_budget > Duration::from_secs(u64::from(lease_s)) {
+            return Err(ClientError::InsufficientLease);
+        }
+        Ok(AcquireParams {
+            wait_s,
+            lease_s,
+            min_work_budget,
+        })
+    }
+    /// Wait in whole seconds; 0 = one immediate try.
+    pub fn wait_s(&self) -> u8 {
+        self.wait_s
+    }
+    /// Lease in whole seconds (1..=250).
+    pub fn lease_s(&self) -> u8 {
+        self.lease_s
+    }
+    /// The normalized lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(u64::from(self.lease_s))
+    }
+    /// The work the grant must still cover when it is handed to the caller.
+    pub fn min_work_budget(&self) -> Duration {
+        self.min_work_budget
+    }
+    /// When an acquire started at `started` gives up: `wait` later, or
+    /// [`IMMEDIATE_TRANSPORT_TIMEOUT`] later for `wait = 0`.
+    pub fn operation_deadline(&self, started: Instant) -> Instant {
+        let allowance = if self.wait_s == 0 {
+            IMMEDIATE_TRANSPORT_TIMEOUT
+        } else {
+            Duration::from_secs(u64::from(self.wait_s))
+        };
+        started.saturating_add(allowance)
+    }
+}
+
+fn validate_key(key: &str) -> Result<Key, ClientError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(ClientError::InvalidInput("key must be 1..=128 bytes"));
+    }
+    if key.bytes().any(|byte| matches!(byte, b' ' | b'\r' | b'\n')) {
+        return Err(ClientError::InvalidInput(
+            "key must not contain spaces or newlines",
+        ));
+    }
+    // Same rules as above, so this cannot fail; keep one source of truth.
+    Key::new(key.as_bytes()).map_err(|_| ClientError::InvalidInput("invalid key"))
+}
+
+/// The keys of one acquire or release: one key (sent as `A`/`R`) or a
+/// canonical set of 2..=16 keys (sent as `S`/`G`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeySet(pub(super) KeyGroup);
+
+impl KeySet {
+    /// One key: 1..=128 bytes, no space, CR or LF.
+    pub fn single(key: &str) -> Result<Self, ClientError> {
+        Ok(KeySet(KeyGroup::single(validate_key(key)?)))
+    }
+    /// 1..=16 keys (counted before removing duplicates, like the official
+    /// client), sorted by raw bytes and deduplicated. A set that dedups to
+    /// one key is sent as a single-key request.
+    pub fn new<S: AsRef<str>>(keys: &[S]) -> Result<Self, ClientError> {
+        if keys.is_empty() || keys.len() > MAX_SET_KEYS {
+            return Err(ClientError::InvalidInput(
+                "key set must contain 1..=16 keys",
+            ));
+        }
+        let mut canonical = keys
+            .iter()
+            .map(|key| validate_key(key.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        canonical.sort_unstable();
+        canonical.dedup();
+        KeyGroup::new(canonical)
+            .map(KeySet)
+            .map_err(|_| ClientError::InvalidInput("invalid key set"))
+    }
+    /// The keys, ascending.
+    pub fn keys(&self) -> &[Key] {
+        self.0.keys()
+    }
+    /// Number of distinct keys.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Always false: a set has at least one key.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// True when sent as `S`/`G` (more than one key).
+    pub fn is_set(&self) -> bool {
+        self.0.len() > 1
+    }
+    /// The wire key group.
+    pub fn group(&self) -> &KeyGroup {
+        &self.0
+    }
+}
+
+/// True when a grant valid before `valid_before` still covers
+/// `min_work_budget` at `now`.
+pub fn lease_covers(valid_before: Instant, now: Instant, min_work_budget: Duration) -> bool {
+    valid_before > now && valid_before.saturating_duration_since(now) >= min_work_budget
+}
+
+/// A lock granted by the server. Whoever owns a `Grant` owns the lock: if it
+/// is not handed to the caller, release it (see [`ReleaseOperation`](super::ReleaseOperation)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The keys held.
+    pub keys: KeySet,
+    /// The fencing token; enforce it at the protected write.
+    pub token: u64,
+    /// Conservative end of the lease: the lease counted from just before the
+    /// request bytes were handed to the transport. The server starts the
+    /// lease no earlier than receipt, so the real lease ends later.
+    pub valid_before: Instant,
+}
+
+impl Grant {
+    /// True when the conservative remaining lease covers `min_work_budget`.
+    pub fn covers(&self, now: Instant, min_work_budget: Duration) -> bool {
+        lease_covers(self.valid_before, now, min_work_budget)
+    }
+}
+
+/// How one request ended, as far as this session can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `A`/`S`: the lock is held.
+    Acquired(Grant),
+    /// `T`, or the local deadline passed before the request was sent:
+    /// certainly not acquired / not released.
+    Timeout,
+    /// `B`: refused at once, nothing queued.
+    Busy,
+    /// `R`/`G`: released.
+    Released,
+    /// `N`: key absent or token not current.
+    NotFound,
+    /// `I`, or the bytes may have left and no definite reply came.
+    Indeterminate,
+    /// Certainly no effect (`M`, `E 3`, `E 4`, or never sent before the
+    /// session died): the same logical request may run again elsewhere.
+    Retry,
+    /// `E` with any other code (the session is closed).
+    Error(ErrorCode),
+}
+
+/// A lock the caller will never see, to be released with its exact token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compensation {
+    /// The keys.
+    pub keys: KeySet,
+    /// The token.
+    pub token: u64,
+}

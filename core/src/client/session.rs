@@ -1,0 +1,873 @@
+//! One client connection as a state machine ([`Session`]): the handshake,
+//! request ids, the send boundary, reply matching and the silence rule.
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::fmt;
+
+use super::error::{ClientError, CloseReason, ProtocolError};
+use super::request::{AcquireParams, Compensation, Grant, KeySet, Outcome, ceil_secs};
+use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
+use crate::time::{Duration, Instant};
+use crate::wire::{
+    AcquireRequest, ErrorCode, FRAME_HEADER_LEN, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+};
+
+/// A connection that has not finished TCP, TLS and the handshake this long
+/// after [`Session::new`] is closed.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A reply frame that was started but not finished this long is a stalled
+/// peer: the session is closed.
+pub const READ_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// For runtimes: a write that makes no progress for this long should end the
+/// transport (then call [`Session::handle_transport_closed`]).
+pub const WRITE_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Default [`SessionConfig::silence_timeout`]: above the default Raft
+/// profile's longest election timeout (2.5 s), within which a leader that
+/// lost its majority steps down and answers what it was proposing, so a
+/// leader change does not reach it.
+pub const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Default bound on acquires awaiting a reply on one session.
+pub const DEFAULT_MAX_PENDING_ACQUIRES: usize = 1024;
+
+/// Default bound on releases awaiting a reply on one session. Separate from
+/// acquires so that a session full of waiting acquires can still release.
+pub const DEFAULT_MAX_PENDING_RELEASES: usize = 128;
+
+/// [`Session::poll_transmit`] stops adding frames once it has handed out
+/// this many bytes in one call, so requests not yet handed out stay
+/// cancellable and retryable while the socket is slow.
+pub const TRANSMIT_BATCH_BYTES: usize = 64 * 1024;
+
+/// The longest reply frame (`A`/`S`: rid and token).
+const MAX_REPLY_FRAME_LEN: usize = FRAME_HEADER_LEN + 16;
+
+/// What a [`Session`] reports to its driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The handshake succeeded; requests may be submitted.
+    Ready,
+    /// A request ended.
+    Outcome {
+        /// Its id.
+        rid: u64,
+        /// How it ended.
+        outcome: Outcome,
+    },
+    /// The server named the leader (`L` or `M`); `None` = no leader known.
+    /// Only the latest hint is kept in the event queue.
+    LeaderHint(Option<u8>),
+    /// This node is not an active leader (`E 3`/`E 4`): if it is the
+    /// remembered leader, forget it.
+    NotLeader,
+    /// A grant nobody will receive (it arrived after its deadline, or its
+    /// request was cancelled): release it with [`ReleaseOperation`](super::ReleaseOperation).
+    Compensate(Compensation),
+    /// The session ended; nothing follows.
+    Closed(CloseReason),
+}
+
+/// What [`Session::cancel`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// Never handed out: certainly no effect; the request is gone.
+    Unsent,
+    /// Possibly sent: the session was closed (a late reply could not be
+    /// attributed); treat the request as Indeterminate.
+    PossiblySent,
+    /// Already resolved and not yet polled: the outcome was withdrawn; a
+    /// grant among them was turned into a [`SessionEvent::Compensate`].
+    Withdrawn,
+    /// Not known: already polled (the driver owns the outcome) or never
+    /// submitted.
+    Unknown,
+}
+
+/// What a [`Session`] expects of its server.
+#[derive(Clone)]
+pub struct SessionConfig {
+    /// The client token; never printed.
+    pub(super) token: Vec<u8>,
+    /// Identity fingerprint ([`SINGLE_FINGERPRINT`] in single mode).
+    pub fingerprint: [u8; 32],
+    /// Expected server mode.
+    pub mode: WireMode,
+    /// Expected self slot in the hello (single: [`NO_LEADER_SLOT`]).
+    pub expected_slot: u8,
+    /// Number of cluster slots (3 or 5; 1 in single mode): leader slots at
+    /// or above it are protocol violations.
+    pub cluster_size: usize,
+    /// Acquires awaiting a reply at most.
+    pub max_pending_acquires: usize,
+    /// Releases awaiting a reply at most.
+    pub max_pending_releases: usize,
+    /// How long TCP, TLS and the handshake may take together.
+    pub handshake_timeout: Duration,
+    /// The silence rule. A sent request is *overdue* once it has waited
+    /// longer than a live server may take to answer it: an acquire its
+    /// wait (the wait byte sent) plus this, a release this. A session with
+    /// an overdue request on which no byte at all arrived for this long is
+    /// closed ([`CloseReason::Silent`]): its requests end as after any lost
+    /// connection (possibly sent → Indeterminate) and the runtime
+    /// reconnects.
+    pub silence_timeout: Duration,
+}
+
+impl fmt::Debug for SessionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the token.
+        f.debug_struct("SessionConfig")
+            .field("token", &format_args!("<{} bytes>", self.token.len()))
+            .field("mode", &self.mode)
+            .field("expected_slot", &self.expected_slot)
+            .field("cluster_size", &self.cluster_size)
+            .field("max_pending_acquires", &self.max_pending_acquires)
+            .field("max_pending_releases", &self.max_pending_releases)
+            .field("silence_timeout", &self.silence_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionConfig {
+    /// A single-mode server; `token` is empty in loopback no-auth mode.
+    pub fn single(token: &[u8]) -> Self {
+        SessionConfig {
+            token: token.to_vec(),
+            fingerprint: SINGLE_FINGERPRINT,
+            mode: WireMode::Single,
+            expected_slot: NO_LEADER_SLOT,
+            cluster_size: 1,
+            max_pending_acquires: DEFAULT_MAX_PENDING_ACQUIRES,
+            max_pending_releases: DEFAULT_MAX_PENDING_RELEASES,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+        }
+    }
+    /// The node at `slot` of a cluster of `cluster_size` with identity
+    /// `fingerprint`.
+    pub fn cluster(token: &[u8], fingerprint: [u8; 32], slot: u8, cluster_size: usize) -> Self {
+        SessionConfig {
+            fingerprint,
+            mode: WireMode::Cluster,
+            expected_slot: slot,
+            cluster_size,
+            ..SessionConfig::single(token)
+        }
+    }
+    /// Whether `slot` may appear in an `L` or `M` from this server.
+    pub fn slot_valid(&self, slot: u8) -> bool {
+        slot == NO_LEADER_SLOT
+            || (self.mode == WireMode::Cluster
+                && matches!(self.cluster_size, 3 | 5)
+                && usize::from(slot) < self.cluster_size)
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    Handshake(Box<ClientHandshake>),
+    Ready,
+    Closed,
+}
+
+/// One request awaiting its reply.
+#[derive(Debug)]
+struct Pending {
+    /// The request with its rid; an acquire's wait byte is filled in when
+    /// it is handed out.
+    request: Request,
+    /// Local deadline: the operation deadline of an acquire, the attempt
+    /// deadline of a release.
+    deadline: Instant,
+    /// The caller's wait (0 = immediate); the wait byte never exceeds it.
+    max_wait_s: u8,
+    /// When the bytes were handed out (the send boundary); `None` = unsent.
+    sent_at: Option<Instant>,
+}
+
+impl Pending {
+    /// When a live server has certainly answered this request (see
+    /// [`SessionConfig::silence_timeout`]); `None` while unsent.
+    fn overdue_at(&self, silence_timeout: Duration) -> Option<Instant> {
+        let wait = match &self.request {
+            Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
+            Request::Release(_) => Duration::ZERO,
+        };
+        Some(
+            self.sent_at?
+                .saturating_add(wait)
+                .saturating_add(silence_timeout),
+        )
+    }
+}
+
+impl Pending {
+    fn is_acquire(&self) -> bool {
+        matches!(self.request, Request::Acquire(_))
+    }
+}
+
+/// One client connection as a state machine.
+#[derive(Debug)]
+pub struct Session {
+    config: SessionConfig,
+    phase: Phase,
+    handshake_deadline: Instant,
+    ready_at: Option<Instant>,
+    closed_at: Option<Instant>,
+    close_reason: Option<CloseReason>,
+    /// The proof, until handed out.
+    proof: Vec<u8>,
+    /// A partial reply frame (at most one frame long) and when it began.
+    partial: Vec<u8>,
+    partial_since: Option<Instant>,
+    /// Requests in flight by rid. Rids are handed out in order, so every
+    /// rid below `send_cursor` has been handed out and none above it has.
+    pending: BTreeMap<u64, Pending>,
+    pending_acquires: usize,
+    pending_releases: usize,
+    /// Requests in `pending` not yet handed out.
+    unsent: usize,
+    send_cursor: u64,
+    next_rid: Option<u64>,
+    /// Local deadlines by rid; entries of resolved requests are dropped
+    /// lazily (and the heap is rebuilt when they pile up).
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When each sent request is overdue, by rid; pruned like `deadlines`.
+    overdue: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When the last byte arrived (the connection attempt's start before
+    /// any): the silence rule's clock.
+    last_input_at: Instant,
+    events: VecDeque<SessionEvent>,
+}
+
+impl Session {
+    /// A session whose connection attempt starts at `now` (call before TCP
+    /// connect: the handshake deadline covers TCP, TLS and the handshake).
+    pub fn new(now: Instant, config: SessionConfig) -> Self {
+        let handshake = ClientHandshake::new(
+            &config.token,
+            config.fingerprint,
+            config.mode,
+            config.expected_slot,
+        );
+        Session {
+            handshake_deadline: now.saturating_add(config.handshake_timeout),
+            config,
+            phase: Phase::Handshake(Box::new(handshake)),
+            ready_at: None,
+            closed_at: None,
+            close_reason: None,
+            proof: Vec::new(),
+            partial: Vec::with_capacity(MAX_REPLY_FRAME_LEN),
+            partial_since: None,
+            pending: BTreeMap::new(),
+            pending_acquires: 0,
+            pending_releases: 0,
+            unsent: 0,
+            send_cursor: 1,
+            next_rid: Some(1),
+            deadlines: BinaryHeap::new(),
+            overdue: BinaryHeap::new(),
+            last_input_at: now,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+    /// True once the handshake succeeded and until the session closes.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.phase, Phase::Ready)
+    }
+    /// True once closed (the driver should drop the transport).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+    /// Why the session closed.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.close_reason.as_ref()
+    }
+    /// How long the session was ready before it closed (`None` if it never
+    /// became ready or is still open); feeds [`Backoff::after_session`](super::Backoff::after_session).
+    pub fn lived(&self) -> Option<Duration> {
+        Some(self.closed_at?.saturating_duration_since(self.ready_at?))
+    }
+    /// Requests awaiting a reply (sent or not).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+    /// Requests submitted and not yet handed out by
+    /// [`Session::poll_transmit`]: they leave in the next write.
+    pub fn unsent_len(&self) -> usize {
+        self.unsent
+    }
+
+    /// Queues an acquire of `keys` with `params`, giving up at `deadline`
+    /// (normally [`AcquireParams::operation_deadline`] of the logical
+    /// acquire, so a retry keeps only the wait that remains). Returns its rid.
+    pub fn submit_acquire(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        params: &AcquireParams,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        let request = Request::Acquire(AcquireRequest {
+            rid: 0,
+            wait_s: params.wait_s(),
+            lease_s: params.lease_s(),
+            set: keys.is_set(),
+            keys: keys.0,
+        });
+        self.submit(now, request, deadline, params.wait_s())
+    }
+
+    /// Queues an exact-token release of `keys`, giving up at `deadline`
+    /// (normally [`ReleaseOperation::attempt_deadline`](super::ReleaseOperation::attempt_deadline)). Returns its rid.
+    pub fn submit_release(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        token: u64,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        if token == 0 {
+            return Err(ClientError::InvalidInput("token must not be zero"));
+        }
+        let request = Request::Release(ReleaseRequest {
+            rid: 0,
+            token,
+            set: keys.is_set(),
+            keys: keys.0,
+        });
+        self.submit(now, request, deadline, 0)
+    }
+
+    fn submit(
+        &mut self,
+        now: Instant,
+        mut request: Request,
+        deadline: Instant,
+        max_wait_s: u8,
+    ) -> Result<u64, ClientError> {
+        if !self.is_ready() {
+            return Err(ClientError::NotConnected);
+        }
+        let acquire = matches!(request, Request::Acquire(_));
+        let full = if acquire {
+            self.pending_acquires >= self.config.max_pending_acquires
+        } else {
+            self.pending_releases >= self.config.max_pending_releases
+        };
+        if full {
+            return Err(ClientError::ClientCapacity);
+        }
+        if now >= deadline {
+            return Err(ClientError::Timeout);
+        }
+        let Some(rid) = self.next_rid else {
+            self.close(now, CloseReason::RidsExhausted);
+            return Err(ClientError::NotConnected);
+        };
+        self.next_rid = rid.checked_add(1);
+        match &mut request {
+            Request::Acquire(req) => req.rid = rid,
+            Request::Release(req) => req.rid = rid,
+        }
+        if acquire {
+            self.pending_acquires += 1;
+        } else {
+            self.pending_releases += 1;
+        }
+        self.unsent += 1;
+        self.pending.insert(
+            rid,
+            Pending {
+                request,
+                deadline,
+                max_wait_s,
+                sent_at: None,
+            },
+        );
+        self.deadlines.push(Reverse((deadline, rid)));
+        if self.deadlines.len() > 2 * self.pending.len() + 64 {
+            self.deadlines = self
+                .pending
+                .iter()
+                .map(|(&rid, entry)| Reverse((entry.deadline, rid)))
+                .collect();
+        }
+        Ok(rid)
+    }
+
+    /// Appends bytes to send to `out` and returns how many. Call when the
+    /// transport can take more; every request whose bytes are handed out
+    /// here counts as *possibly sent* from `now` on (the send boundary): it
+    /// is never resent, and a missing reply makes it Indeterminate.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.append(&mut self.proof);
+        if !self.is_ready() {
+            return out.len() - start;
+        }
+        while out.len() - start < TRANSMIT_BATCH_BYTES {
+            let Some((&rid, entry)) = self.pending.range_mut(self.send_cursor..).next() else {
+                break;
+            };
+            self.send_cursor = rid.saturating_add(1);
+            if entry.sent_at.is_some() {
+                // Only reachable at rid u64::MAX, where the cursor saturates.
+                break;
+            }
+            if now >= entry.deadline {
+                self.take(rid);
+                self.push_outcome(rid, Outcome::Timeout);
+                continue;
+            }
+            if let Request::Acquire(req) = &mut entry.request {
+                // The server may wait only what remains of the caller's
+                // wait, so that its `T` comes before our own deadline.
+                req.wait_s = if entry.max_wait_s == 0 {
+                    0
+                } else {
+                    let remaining_s = ceil_secs(entry.deadline.saturating_duration_since(now));
+                    u8::try_from(remaining_s)
+                        .unwrap_or(u8::MAX)
+                        .min(entry.max_wait_s)
+                };
+            }
+            entry.request.encode(out);
+            entry.sent_at = Some(now);
+            self.unsent -= 1;
+            if let Some(at) = entry.overdue_at(self.config.silence_timeout) {
+                self.overdue.push(Reverse((at, rid)));
+            }
+        }
+        if self.overdue.len() > 2 * self.pending.len() + 64 {
+            let silence_timeout = self.config.silence_timeout;
+            self.overdue = self
+                .pending
+                .iter()
+                .filter_map(|(&rid, entry)| {
+                    Some(Reverse((entry.overdue_at(silence_timeout)?, rid)))
+                })
+                .collect();
+        }
+        out.len() - start
+    }
+
+    /// Bytes received from the server.
+    pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.last_input_at = self.last_input_at.max(now);
+        }
+        let mut rest = bytes;
+        if let Phase::Handshake(handshake) = &mut self.phase {
+            // A hello, the proof's answer and the first frames may arrive in
+            // any split; the bound only guards against a handshake that
+            // reports progress without using bytes.
+            let mut status = ClientHandshakeStatus::NeedMore;
+            for _ in 0..4 {
+                let (used, next) = handshake.handle_input(rest);
+                rest = &rest[used.min(rest.len())..];
+                status = next;
+                if next == ClientHandshakeStatus::SendProof {
+                    // The hello completes (using bytes) exactly once.
+                    if used > 0
+                        && let Some(proof) = handshake.proof()
+                    {
+                        self.proof.extend_from_slice(&proof);
+                    }
+                    if rest.is_empty() {
+                        return;
+                    }
+                    continue;
+                }
+                break;
+            }
+            match status {
+                ClientHandshakeStatus::NeedMore | ClientHandshakeStatus::SendProof => return,
+                ClientHandshakeStatus::Accepted => {
+                    self.phase = Phase::Ready;
+                    self.ready_at = Some(now);
+                    self.events.push_back(SessionEvent::Ready);
+                }
+                ClientHandshakeStatus::Rejected => {
+                    return self.close(now, CloseReason::AuthRejected);
+                }
+                ClientHandshakeStatus::BadHello(error) => {
+                    return self.close(now, CloseReason::BadHello(error));
+                }
+                ClientHandshakeStatus::UnexpectedServer => {
+                    return self.close(now, CloseReason::UnexpectedServer);
+                }
+                ClientHandshakeStatus::BadResult(byte) => {
+                    return self.close(now, CloseReason::BadResult(byte));
+                }
+            }
+        }
+        if !self.is_ready() {
+            return;
+        }
+        self.handle_frames(now, rest);
+        self.prune_deadlines();
+    }
+
+    /// Decodes frames without copying whole inputs: only a frame split
+    /// across inputs is buffered, and it is at most one frame long.
+    fn handle_frames(&mut self, now: Instant, mut input: &[u8]) {
+        while !input.is_empty() && self.is_ready() {
+            if self.partial.is_empty() {
+                match Reply::decode(input) {
+                    Ok(Some((reply, used))) => {
+                        input = &input[used..];
+                        self.handle_reply(now, reply);
+                    }
+                    Ok(None) => {
+                        // Reply::decode checked the op and exact length, so
+                        // the rest is shorter than one frame.
+                        self.partial.extend_from_slice(input);
+                        self.partial_since = Some(now);
+                        return;
+                    }
+                    Err(error) => {
+                        return self.close(now, CloseReason::Protocol(ProtocolError::Frame(error)));
+                    }
+                }
+            } else {
+                let had = self.partial.len();
+                let take = input.len().min(MAX_REPLY_FRAME_LEN - had);
+                self.partial.extend_from_slice(&input[..take]);
+                match Reply::decode(&self.partial) {
+                    Ok(Some((reply, used))) => {
+                        input = &input[used - had..];
+                        self.partial.clear();
+                        self.partial_since = None;
+                        self.handle_reply(now, reply);
+                    }
+                    Ok(None) => {
+                        // Everything taken and still short: wait for more.
+                        input = &input[take..];
+                    }
+                    Err(error) => {
+                        return self.close(now, CloseReason::Protocol(ProtocolError::Frame(error)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn handle_reply(&mut self, now: Instant, reply: Reply) {
+        let rid = match reply {
+            Reply::Leader { leader_slot } => {
+                if !self.config.slot_valid(leader_slot) {
+                    return self.close(
+                        now,
+                        CloseReason::Protocol(ProtocolError::BadSlot(leader_slot)),
+                    );
+                }
+                return self.push_leader_hint(leader_slot);
+            }
+            other => other.rid().unwrap_or(0),
+        };
+        let Some(entry) = self.take_answered(now, rid, &reply) else {
+            return;
+        };
+        self.resolve(now, rid, entry, reply);
+    }
+
+    /// Takes the request `reply` answers, or closes the session when it
+    /// may not answer it (no such request handed out, a kind that cannot
+    /// answer it, an invalid leader slot) and returns `None`.
+    fn take_answered(&mut self, now: Instant, rid: u64, reply: &Reply) -> Option<Pending> {
+        // Only a request whose bytes were handed out can be answered; a
+        // second reply finds nothing (the first removed it).
+        let Some(entry) = self
+            .pending
+            .get(&rid)
+            .filter(|entry| entry.sent_at.is_some())
+        else {
+            self.close(now, CloseReason::Protocol(ProtocolError::UnknownRid(rid)));
+            return None;
+        };
+        if !reply.answers(entry.request.kind()) {
+            let op = reply.op();
+            self.close(
+                now,
+                CloseReason::Protocol(ProtocolError::WrongKind { rid, op }),
+            );
+            return None;
+        }
+        if let Reply::Moved { leader_slot, .. } = *reply
+            && !self.config.slot_valid(leader_slot)
+        {
+            self.close(
+                now,
+                CloseReason::Protocol(ProtocolError::BadSlot(leader_slot)),
+            );
+            return None;
+        }
+        self.take(rid)
+    }
+
+    /// Ends request `rid` (already taken) as `reply` says.
+    fn resolve(&mut self, now: Instant, rid: u64, entry: Pending, reply: Reply) {
+        match reply {
+            Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
+                self.resolve_grant(now, rid, entry, token)
+            }
+            Reply::Released { .. } | Reply::ReleasedSet { .. } => {
+                self.push_outcome(rid, Outcome::Released)
+            }
+            Reply::NotFound { .. } => self.push_outcome(rid, Outcome::NotFound),
+            Reply::TimedOut { .. } => self.push_outcome(rid, Outcome::Timeout),
+            Reply::Busy { .. } => self.push_outcome(rid, Outcome::Busy),
+            Reply::Indeterminate { .. } => self.push_outcome(rid, Outcome::Indeterminate),
+            Reply::Moved { leader_slot, .. } => {
+                self.push_outcome(rid, Outcome::Retry);
+                self.push_leader_hint(leader_slot);
+                let leader_slot = (leader_slot != NO_LEADER_SLOT).then_some(leader_slot);
+                self.close(now, CloseReason::Moved { leader_slot });
+            }
+            Reply::Error { code, .. } => {
+                if matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader) {
+                    self.push_outcome(rid, Outcome::Retry);
+                    self.events.push_back(SessionEvent::NotLeader);
+                } else {
+                    self.push_outcome(rid, Outcome::Error(code));
+                }
+                self.close(now, CloseReason::ServerError(code));
+            }
+            Reply::Leader { .. } => {}
+        }
+    }
+
+    /// Acquire `rid` was granted `token`: the grant goes to the caller, or
+    /// back to the server if the caller's deadline has passed.
+    fn resolve_grant(&mut self, now: Instant, rid: u64, entry: Pending, token: u64) {
+        let Request::Acquire(req) = entry.request else {
+            // `answers` admits grants only for acquires.
+            return;
+        };
+        let keys = KeySet(req.keys);
+        if now >= entry.deadline {
+            // The caller has given up at its deadline: it is told
+            // Indeterminate and the lock is handed back.
+            self.push_outcome(rid, Outcome::Indeterminate);
+            self.events
+                .push_back(SessionEvent::Compensate(Compensation { keys, token }));
+        } else {
+            let sent_at = entry.sent_at.unwrap_or(now);
+            let lease = Duration::from_secs(u64::from(req.lease_s));
+            let grant = Grant {
+                keys,
+                token,
+                valid_before: sent_at.saturating_add(lease),
+            };
+            self.push_outcome(rid, Outcome::Acquired(grant));
+        }
+    }
+
+    /// Local deadlines: handshake, stalled reply frames, per-request
+    /// deadlines. Calling it early does nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.phase {
+            Phase::Closed => return,
+            Phase::Handshake(_) => {
+                if now >= self.handshake_deadline {
+                    self.close(now, CloseReason::HandshakeTimeout);
+                }
+                return;
+            }
+            Phase::Ready => {}
+        }
+        if self
+            .partial_since
+            .is_some_and(|since| now >= since.saturating_add(READ_PROGRESS_TIMEOUT))
+        {
+            return self.close(now, CloseReason::StalledReply);
+        }
+        self.prune_overdue();
+        if self.silent_at().is_some_and(|at| now >= at) {
+            return self.close(now, CloseReason::Silent);
+        }
+        while let Some(&Reverse((deadline, rid))) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(entry) = self.take(rid) else {
+                continue;
+            };
+            if entry.sent_at.is_some() {
+                self.push_outcome(rid, Outcome::Indeterminate);
+                return self.close(now, CloseReason::DeadlineAfterSend);
+            }
+            self.push_outcome(rid, Outcome::Timeout);
+        }
+        self.prune_deadlines();
+    }
+
+    /// The earliest instant at which [`Session::handle_timeout`] has work
+    /// (possibly a little early); `None` once closed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Closed => None,
+            Phase::Handshake(_) => Some(self.handshake_deadline),
+            Phase::Ready => {
+                let stall = self
+                    .partial_since
+                    .map(|since| since.saturating_add(READ_PROGRESS_TIMEOUT));
+                let request = self
+                    .deadlines
+                    .peek()
+                    .map(|Reverse((deadline, _))| *deadline);
+                [stall, request, self.silent_at()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            }
+        }
+    }
+
+    /// The next event, if any. Drain after every input.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    /// The caller gave up on `rid` (see [`CancelOutcome`]).
+    pub fn cancel(&mut self, now: Instant, rid: u64) -> CancelOutcome {
+        if let Some(entry) = self.take(rid) {
+            if entry.sent_at.is_none() {
+                self.prune_deadlines();
+                return CancelOutcome::Unsent;
+            }
+            self.close(now, CloseReason::CancelledAfterSend);
+            return CancelOutcome::PossiblySent;
+        }
+        let position = self.events.iter().position(
+            |event| matches!(event, SessionEvent::Outcome { rid: resolved, .. } if *resolved == rid),
+        );
+        let Some(event) = position.and_then(|at| self.events.remove(at)) else {
+            return CancelOutcome::Unknown;
+        };
+        if let SessionEvent::Outcome {
+            outcome: Outcome::Acquired(grant),
+            ..
+        } = event
+        {
+            self.events
+                .push_back(SessionEvent::Compensate(Compensation {
+                    keys: grant.keys,
+                    token: grant.token,
+                }));
+        }
+        CancelOutcome::Withdrawn
+    }
+
+    /// The transport ended (EOF, IO error, write stalled).
+    pub fn handle_transport_closed(&mut self, now: Instant) {
+        self.close(now, CloseReason::TransportClosed);
+    }
+
+    /// Closes the session from our side (shutdown). Pending requests end as
+    /// after any other close.
+    pub fn close_local(&mut self, now: Instant) {
+        self.close(now, CloseReason::Local);
+    }
+
+    /// Ends the session: possibly-sent requests become Indeterminate, unsent
+    /// ones Retry, then `Closed`. Idempotent.
+    fn close(&mut self, now: Instant, reason: CloseReason) {
+        if self.is_closed() {
+            return;
+        }
+        self.phase = Phase::Closed;
+        self.closed_at = Some(now);
+        for (rid, entry) in std::mem::take(&mut self.pending) {
+            let outcome = if entry.sent_at.is_some() {
+                Outcome::Indeterminate
+            } else {
+                Outcome::Retry
+            };
+            self.push_outcome(rid, outcome);
+        }
+        self.pending_acquires = 0;
+        self.pending_releases = 0;
+        self.unsent = 0;
+        self.deadlines = BinaryHeap::new();
+        self.overdue = BinaryHeap::new();
+        self.partial = Vec::new();
+        self.partial_since = None;
+        self.proof = Vec::new();
+        self.events.push_back(SessionEvent::Closed(reason.clone()));
+        self.close_reason = Some(reason);
+    }
+
+    fn take(&mut self, rid: u64) -> Option<Pending> {
+        let entry = self.pending.remove(&rid)?;
+        if entry.is_acquire() {
+            self.pending_acquires -= 1;
+        } else {
+            self.pending_releases -= 1;
+        }
+        if entry.sent_at.is_none() {
+            self.unsent -= 1;
+        }
+        Some(entry)
+    }
+
+    fn push_outcome(&mut self, rid: u64, outcome: Outcome) {
+        self.events
+            .push_back(SessionEvent::Outcome { rid, outcome });
+    }
+
+    fn push_leader_hint(&mut self, slot: u8) {
+        // Only the newest hint matters; keeping one bounds what a server
+        // spamming `L` can make us hold.
+        self.events
+            .retain(|event| !matches!(event, SessionEvent::LeaderHint(_)));
+        let hint = (slot != NO_LEADER_SLOT).then_some(slot);
+        self.events.push_back(SessionEvent::LeaderHint(hint));
+    }
+
+    /// Drops deadline entries of resolved requests from the top of the heap
+    /// so that [`Session::poll_timeout`] is not early for them.
+    fn prune_deadlines(&mut self) {
+        while let Some(&Reverse((_, rid))) = self.deadlines.peek() {
+            if self.pending.contains_key(&rid) {
+                break;
+            }
+            self.deadlines.pop();
+        }
+        self.prune_overdue();
+    }
+
+    /// The same for the overdue instants.
+    fn prune_overdue(&mut self) {
+        while let Some(&Reverse((_, rid))) = self.overdue.peek() {
+            if self.pending.contains_key(&rid) {
+                break;
+            }
+            self.overdue.pop();
+        }
+    }
+
+    /// When the silence rule closes the session if nothing arrives before:
+    /// the earliest overdue instant of a pending request, and no earlier
+    /// than the silence timeout after the last byte. May be early when the
+    /// top of the heap was resolved since the last prune.
+    fn silent_at(&self) -> Option<Instant> {
+        let Reverse((overdue_at, _)) = self.overdue.peek()?;
+        let quiet_until = self
+            .last_input_at
+            .saturating_add(self.config.silence_timeout);
+        Some((*overdue_at).max(quiet_until))
+    }
+}

@@ -1,0 +1,37 @@
+//! Assembly of the single-mode server's metrics snapshot
+//! ([`crate::metrics::ServerMetrics`]) from the lock table and the
+//! connections' counts.
+
+use crate::budget::AbuseCounts;
+use crate::lock::LockTable;
+use crate::metrics::{ReplyCounts, ReplyKind, ServerMetrics};
+
+impl ServerMetrics {
+    /// Assembles a snapshot; the `B` replies the table did not decide are
+    /// those of the per-connection limits.
+    pub(crate) fn assemble(
+        table: &LockTable,
+        replies: ReplyCounts,
+        abuse: AbuseCounts,
+        (sessions, line_sessions): (usize, usize),
+        handshakes: usize,
+        shutting_down: bool,
+    ) -> ServerMetrics {
+        let busy_per_connection = replies
+            .of(ReplyKind::Busy)
+            .saturating_sub(table.metrics().busy_total());
+        ServerMetrics {
+            lock: table.metrics().clone(),
+            replies,
+            busy_per_connection,
+            abuse,
+            held_keys: table.holder_keys() as u64,
+            keys: table.key_count() as u64,
+            waiters: table.waiter_count() as u64,
+            sessions: sessions as u64,
+            line_sessions: line_sessions as u64,
+            handshakes: handshakes as u64,
+            shutting_down,
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Test support, kept out of the production modules: nothing outside
+//! tests, the simulator and the fuzz targets calls into it.
+//!
+//! - [`fuzzing`]: the entry points of the cargo-fuzz targets in `fuzz/`,
+//!   which the stable corpus-replay tests call too.
+//! - [`lock_model`]: a reference model of the lock table and the op-sequence
+//!   harness shared by the proptest in `core/tests` and the simulator.
+//! - `planted` (feature `planted-bugs`): deliberate mutations the
+//!   simulator's checker tests switch on one at a time; the hooks that
+//!   consult it stay at the mutated lines in the lock table, server and
+//!   peer codec.
+//!
+//! Compiled only with the `testing` feature (the core's own tests, the
+//! simulator and `fuzz/` turn it on); hidden from the docs and not part of
+//! the stable API.
+
+pub mod fuzzing;
+pub mod lock_model;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;

@@ -1,0 +1,44 @@
+//! Deliberate bugs for testing the simulator's checkers (`sim/`): each
+//! checker must catch at least one of these, so none is a check that cannot
+//! fail. Compiled only with the `planted-bugs` feature, and even then every
+//! mutation stays off until switched on for the current thread.
+
+use std::cell::Cell;
+
+/// A mutation of the lock table or server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlantedBug {
+    /// An acquire treats a held key without waiters as free: two live holders.
+    GrantTwice,
+    /// A token divisible by four is replaced by the previous token,
+    /// which is thereby issued twice.
+    ReuseToken,
+    /// A handoff grants the second waiter of a key before the first.
+    SkipWaiter,
+    /// A closed connection's grants that were never flushed to it are
+    /// not released.
+    ForgetGhostGrant,
+    /// A queued waiter whose wait ends gets no reply at all.
+    LoseWaiter,
+    /// Peer frames are decoded without checking their tag
+    /// (`crate::cluster::peer::PeerDecoder`): a frame forged by someone without
+    /// the peer token reaches Raft.
+    SkipPeerFrameMac,
+    /// An operator's force-release answers "released" but leaves the
+    /// grant in place (the old holder's release still succeeds).
+    ForceReleaseKeepsGrant,
+}
+
+thread_local! {
+    static ACTIVE: Cell<Option<PlantedBug>> = const { Cell::new(None) };
+}
+
+/// Switches `bug` on (or every bug off) for the current thread.
+pub fn set(bug: Option<PlantedBug>) {
+    ACTIVE.with(|active| active.set(bug));
+}
+
+/// Whether `bug` is switched on for the current thread.
+pub fn active(bug: PlantedBug) -> bool {
+    ACTIVE.with(|active| active.get() == Some(bug))
+}
