@@ -13,7 +13,7 @@ use ticketing_core::cluster::peer::{
     PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
 };
 use ticketing_core::cluster::{
-    ClusterConfig, ClusterNode, PeerLiveness, default_peer_silence_timeout,
+    ClusterConfig, ClusterNode, NodeEvent, PeerLiveness, default_peer_silence_timeout,
 };
 use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
 use ticketing_core::raft::{NodeId, RaftConfig};
@@ -2280,4 +2280,131 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
         0
     );
     assert_eq!(m.busy_backpressure, 0);
+}
+
+/// Every node event queued on node `i` so far.
+fn drain_events(net: &mut Net, i: usize) -> Vec<NodeEvent> {
+    let node = net.node(i);
+    std::iter::from_fn(|| node.poll_event()).collect()
+}
+
+#[test]
+fn an_election_yields_exactly_one_leader_changed_event_on_each_node() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    assert!(net.all_follow_the_leader());
+    let leader_id = net.node(leader).id();
+    for i in 0..3 {
+        let term = net.node(i).raft().term();
+        // Bootstrap members start as voters: the leader is the only news.
+        assert_eq!(
+            drain_events(&mut net, i),
+            vec![NodeEvent::LeaderChanged {
+                leader: Some(leader_id),
+                term
+            }],
+            "node {i}"
+        );
+    }
+    // Nothing changes while the leader stays: no more events.
+    net.run_for(Duration::from_secs(2));
+    for i in 0..3 {
+        assert_eq!(drain_events(&mut net, i), Vec::new(), "node {i}");
+    }
+}
+
+#[test]
+fn a_killed_leader_is_reported_replaced_on_the_survivors() {
+    let mut net = Net::new();
+    let old = net.elect();
+    for i in 0..3 {
+        drain_events(&mut net, i);
+    }
+    net.kill(old);
+    net.run_for(Duration::from_secs(3));
+    let new = net.leader().expect("the survivors elect a leader");
+    let new_id = net.node(new).id();
+    for i in (0..3).filter(|&i| i != old) {
+        let leaders: Vec<Option<NodeId>> = drain_events(&mut net, i)
+            .into_iter()
+            .map(|event| match event {
+                NodeEvent::LeaderChanged { leader, .. } => leader,
+                other => panic!("node {i}: unexpected {other:?}"),
+            })
+            .collect();
+        // Possibly "none known" in between, the new leader last.
+        assert_eq!(leaders.last(), Some(&Some(new_id)), "node {i}: {leaders:?}");
+        assert!(leaders.len() <= 2, "node {i}: {leaders:?}");
+    }
+}
+
+#[test]
+fn a_bootstrap_member_that_rejoins_reports_its_new_generation_once() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
+    net.nodes[victim] = Some(ClusterNode::bootstrap(
+        config(NodeId::new(victim as u8, 1)),
+        voters,
+        REJOIN_GENERATION,
+        42,
+        net.now,
+    ));
+    net.run_for(Duration::from_millis(500));
+    assert_eq!(net.node(victim).id().generation, REJOIN_GENERATION);
+    assert!(net.node(victim).raft().is_voter());
+    let leader_id = net.node(leader).id();
+    let term = net.node(leader).raft().term();
+    // The fresh joining Raft is a learner until the leader promotes it.
+    assert_eq!(
+        drain_events(&mut net, victim),
+        vec![
+            NodeEvent::GenerationChanged {
+                generation: REJOIN_GENERATION
+            },
+            NodeEvent::VoterChanged { is_voter: false },
+            NodeEvent::LeaderChanged {
+                leader: Some(leader_id),
+                term
+            },
+            NodeEvent::VoterChanged { is_voter: true },
+        ]
+    );
+    net.run_for(Duration::from_secs(3));
+    assert_eq!(drain_events(&mut net, victim), Vec::new());
+}
+
+#[test]
+fn a_learner_promoted_to_voter_reports_voter_changed_true() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let leader_id = net.node(leader).id();
+    let victim = (leader + 1) % 3;
+    net.kill(victim);
+    let id = NodeId::new(victim as u8, 2);
+    net.nodes[victim] = Some(ClusterNode::join(config(id), 99, net.now));
+    assert!(!net.node(victim).raft().is_voter());
+    assert_eq!(drain_events(&mut net, victim), Vec::new());
+    net.run_for(Duration::from_secs(3));
+    assert!(net.node(victim).raft().is_voter());
+    let events = drain_events(&mut net, victim);
+    let voter_changes: Vec<&NodeEvent> = events
+        .iter()
+        .filter(|e| matches!(e, NodeEvent::VoterChanged { .. }))
+        .collect();
+    assert_eq!(
+        voter_changes,
+        vec![&NodeEvent::VoterChanged { is_voter: true }],
+        "{events:?}"
+    );
+    let leaders: Vec<Option<NodeId>> = events
+        .iter()
+        .filter_map(|e| match e {
+            NodeEvent::LeaderChanged { leader, .. } => Some(*leader),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(leaders, vec![Some(leader_id)], "{events:?}");
 }

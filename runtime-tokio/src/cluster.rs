@@ -45,7 +45,7 @@ use tracing::{debug, error, info, warn};
 
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
-use ticketing_core::cluster::{ConnId, ConnState};
+use ticketing_core::cluster::{ConnId, ConnState, NodeEvent};
 use ticketing_core::raft::NodeId;
 use ticketing_core::time::Instant;
 
@@ -205,18 +205,10 @@ impl ClusterStatus {
     }
 }
 
-/// The cluster node as the generic driver sees it, plus what it logs.
+/// The cluster node as the generic driver sees it.
 #[derive(Debug)]
 pub(crate) struct ClusterCore {
     node: ClusterNode,
-    last_leader: Option<NodeId>,
-    last_voter: bool,
-    /// This node's generation as last logged.
-    last_generation: u64,
-    /// Refused peer frames as last logged.
-    last_refused_peer_frames: u64,
-    /// Peer messages Raft refused, as last logged.
-    last_refused_raft_messages: u64,
 }
 
 impl ClusterCore {
@@ -337,57 +329,49 @@ impl Machine for ClusterCore {
         while let Some(alert) = self.node.poll_alert() {
             log_token_alert(alert);
         }
-        let generation = self.node.id().generation;
-        if generation != self.last_generation {
-            self.last_generation = generation;
-            warn!(
-                generation,
-                "--bootstrap found this cluster already running: joined as a new generation \
-                 instead (never pass --bootstrap to a restart)"
-            );
+        while let Some(event) = self.node.poll_event() {
+            log_node_event(self.node.id(), event);
         }
-        let refused = self.node.refused_peer_frames();
-        if refused != self.last_refused_peer_frames {
-            self.last_refused_peer_frames = refused;
-            if let Some((slot, error)) = self.node.last_refused_peer_frame() {
-                warn!(
-                    slot,
-                    refused, "refused a peer frame ({error}); closed that connection"
-                );
-            }
-        }
-        let refused = self.node.raft().refused_messages();
-        if refused != self.last_refused_raft_messages {
-            self.last_refused_raft_messages = refused;
-            warn!(
-                refused,
-                "dropped a peer message carrying an out-of-bounds term or index"
-            );
-        }
-        let leader = self.node.leader();
-        if leader != self.last_leader {
-            self.last_leader = leader;
-            match leader {
-                Some(leader) if leader == self.node.id() => {
-                    info!(term = self.node.raft().term(), "this node leads");
-                }
-                Some(leader) => info!(
-                    leader_slot = leader.slot,
-                    leader_generation = leader.generation,
-                    term = self.node.raft().term(),
-                    "leader changed"
-                ),
-                None => info!(term = self.node.raft().term(), "no leader known"),
-            }
-        }
-        let voter = self.node.raft().is_voter();
-        if voter != self.last_voter {
-            self.last_voter = voter;
-            if voter {
-                info!("this node is a voter");
-            } else {
-                info!("this node is not a voter (learner or removed)");
-            }
+    }
+}
+
+/// Logs what the node reported about itself.
+fn log_node_event(own_id: NodeId, event: NodeEvent) {
+    match event {
+        NodeEvent::GenerationChanged { generation } => warn!(
+            generation,
+            "--bootstrap found this cluster already running: joined as a new generation \
+             instead (never pass --bootstrap to a restart)"
+        ),
+        NodeEvent::PeerFramesRefused {
+            slot,
+            error,
+            refused,
+        } => warn!(
+            slot,
+            refused, "refused a peer frame ({error}); closed that connection"
+        ),
+        NodeEvent::RaftMessagesRefused { refused } => warn!(
+            refused,
+            "dropped a peer message carrying an out-of-bounds term or index"
+        ),
+        NodeEvent::LeaderChanged {
+            leader: Some(leader),
+            term,
+        } if leader == own_id => info!(term, "this node leads"),
+        NodeEvent::LeaderChanged {
+            leader: Some(leader),
+            term,
+        } => info!(
+            leader_slot = leader.slot,
+            leader_generation = leader.generation,
+            term,
+            "leader changed"
+        ),
+        NodeEvent::LeaderChanged { leader: None, term } => info!(term, "no leader known"),
+        NodeEvent::VoterChanged { is_voter: true } => info!("this node is a voter"),
+        NodeEvent::VoterChanged { is_voter: false } => {
+            info!("this node is not a voter (learner or removed)");
         }
     }
 }
@@ -549,14 +533,7 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         peer_tls = if settings.peer_tls.is_some() { "on" } else { "off" },
         "ticketing cluster node listening"
     );
-    let core = ClusterCore {
-        last_voter: node.raft().is_voter(),
-        last_generation: node.id().generation,
-        last_refused_peer_frames: 0,
-        last_refused_raft_messages: 0,
-        last_leader: None,
-        node,
-    };
+    let core = ClusterCore { node };
     let shared = Shared::new(core, clock);
     let mut extra = Vec::new();
     if let Some(file) = persister {

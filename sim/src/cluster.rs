@@ -22,7 +22,7 @@ use std::hash::{Hash, Hasher};
 use ticketing_core::client::KeySet;
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerTokens};
-use ticketing_core::cluster::{ClusterConfig, ClusterNode};
+use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
 use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
 use ticketing_core::lock::Limits;
@@ -1097,9 +1097,44 @@ impl<'t> ClusterWorld<'t> {
         proc.inc == inc && proc.node.is_some()
     }
 
-    /// After any node input: admin answers, dials, transmits, timer.
+    /// The node's events: the latest one of each kind names the state the
+    /// node is in now (they are queued as changes happen, not sampled).
+    /// Not part of the trace.
+    fn drain_node_events(&mut self, slot: u8) {
+        let Some(node) = self.nodes[usize::from(slot)].node.as_mut() else {
+            return;
+        };
+        let (mut leader, mut voter, mut generation) = (None, None, None);
+        while let Some(event) = node.poll_event() {
+            match event {
+                NodeEvent::LeaderChanged { leader: l, .. } => leader = Some(l),
+                NodeEvent::VoterChanged { is_voter } => voter = Some(is_voter),
+                NodeEvent::GenerationChanged { generation: g } => generation = Some(g),
+                NodeEvent::PeerFramesRefused { .. } | NodeEvent::RaftMessagesRefused { .. } => {}
+            }
+        }
+        let mut wrong = Vec::new();
+        if leader.is_some_and(|l| l != node.leader()) {
+            wrong.push(format!("leader {leader:?}, node has {:?}", node.leader()));
+        }
+        if voter.is_some_and(|v| v != node.raft().is_voter()) {
+            wrong.push(format!(
+                "voter {voter:?}, node has {}",
+                node.raft().is_voter()
+            ));
+        }
+        if generation.is_some_and(|g| g != node.id().generation) {
+            wrong.push(format!("generation {generation:?}, node has {}", node.id()));
+        }
+        for detail in wrong {
+            self.violation(Checker::Raft, format!("node {slot} reported {detail}"));
+        }
+    }
+
+    /// After any node input: admin answers, events, dials, transmits, timer.
     fn node_step(&mut self, slot: u8, retake: Option<ConnId>) {
         self.drain_admin_replies(slot);
+        self.drain_node_events(slot);
         let s = usize::from(slot);
         let now = self.node_now(slot);
         let inc = self.nodes[s].inc;

@@ -7,6 +7,8 @@
 //! - [`node`]: [`ClusterNode`], one node as a sans-IO state machine: client
 //!   connections (through the shared connection front), peer sessions, and
 //!   the Raft group ([`crate::raft`]) that orders the commands.
+//! - [`events`]: [`NodeEvent`], the leader/voter/generation changes a node
+//!   queues for its driver.
 //! - [`peer`]: the peer protocol between nodes: handshake, authenticated
 //!   frames, and the encoding of Raft messages.
 //!
@@ -18,6 +20,7 @@
 
 pub(crate) mod bytes;
 pub mod command;
+pub mod events;
 mod metrics;
 pub mod node;
 pub mod peer;
@@ -26,6 +29,7 @@ pub mod state;
 pub use crate::conn::{ConnId, ConnState, Dialect};
 
 pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};
+pub use self::events::{MAX_NODE_EVENTS, NodeEvent};
 pub use self::node::{
     ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, PeerLiveness,
     default_peer_silence_timeout,

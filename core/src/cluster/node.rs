@@ -52,6 +52,7 @@ use crate::budget::{
     AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, HeldKeys, LogEvent, Reports,
 };
 use crate::cluster::command::{ApplyResult, Command, MAX_FIRST_TOKEN};
+use crate::cluster::events::{NodeEvent, NodeEvents};
 use crate::cluster::peer::{
     MAX_FRAME_LEN, PeerError, PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession,
     PeerTokens,
@@ -491,6 +492,8 @@ pub struct ClusterNode {
     handovers: BTreeMap<u64, Handover>,
     /// What this node counted beyond Raft and the applied state.
     counts: NodeCounts,
+    /// Leader, voter and generation changes for the driver (bounded).
+    events: NodeEvents,
 }
 
 /// A force-release that revoked `revoked` on `keys`, waiting to name the
@@ -680,6 +683,7 @@ impl ClusterNode {
             })
             .collect();
         ClusterNode {
+            events: NodeEvents::new(raft.is_voter()),
             raft,
             state: ReplicatedLocks::new(),
             applied_index: 0,
@@ -1485,6 +1489,11 @@ impl ClusterNode {
         if let Some(error) = failed {
             self.refused_peer_frames += 1;
             self.last_refused_peer_frame = Some((remote.slot, error));
+            self.events.push(NodeEvent::PeerFramesRefused {
+                slot: remote.slot,
+                error,
+                refused: self.refused_peer_frames,
+            });
             self.close_conn(conn_id, CloseReason::BadFrame);
         }
     }
@@ -1554,7 +1563,11 @@ impl ClusterNode {
         fresh.shutting_down = self.shutting_down;
         fresh.peer_token_floor_max = self.peer_token_floor_max;
         fresh.reserve = std::mem::take(&mut self.reserve);
+        fresh.events = std::mem::replace(&mut self.events, NodeEvents::new(false));
         *self = fresh;
+        self.events
+            .push(NodeEvent::GenerationChanged { generation });
+        self.note_role();
         let peers: Vec<ConnId> = self
             .conns
             .iter()
@@ -2018,7 +2031,19 @@ impl ClusterNode {
         for handover in std::mem::take(&mut self.handover_wanted) {
             self.answer_handover(handover, None);
         }
+        // Raft's own event queue is bounded too: the state reached is
+        // reported even if an event in between was dropped.
+        self.note_role();
+        self.events.note_raft_refused(self.raft.refused_messages());
         self.route_messages(now);
+    }
+
+    /// Queues a node event for each of leader and voter status that
+    /// differs from what was last reported.
+    fn note_role(&mut self) {
+        self.events
+            .note_leader(self.raft.leader(), self.raft.term());
+        self.events.note_voter(self.raft.is_voter());
     }
 
     fn apply(&mut self, now: Instant, committed: Committed) {
@@ -2308,6 +2333,21 @@ impl ClusterNode {
         self.reports.dropped_events()
     }
 
+    /// The next change to this node the driver should log or act on:
+    /// leader, voter and generation changes, refused peer input. Queued
+    /// when it happens (bounded, see [`crate::cluster::events`]); drain
+    /// after every input, like the wakes.
+    pub fn poll_event(&mut self) -> Option<NodeEvent> {
+        self.events.poll()
+    }
+
+    /// Node events dropped because a newer one of their kind superseded
+    /// them while the queue was full (the driver did not drain
+    /// [`ClusterNode::poll_event`]).
+    pub fn coalesced_node_events(&self) -> u64 {
+        self.events.coalesced()
+    }
+
     fn deliver_grant(&mut self, now: Instant, waiter: Waiter, result: ApplyResult) {
         let ApplyResult::Granted { token } = result else {
             // Defensive (a grant never reaches a held key once caught up):
@@ -2363,7 +2403,8 @@ impl ClusterNode {
 
     fn handle_event(&mut self, now: Instant, event: Event) {
         match event {
-            Event::BecameLeader { .. } => {
+            Event::BecameLeader { term } => {
+                self.events.note_leader(Some(self.config.id), term);
                 self.state.rebuild_deadlines();
                 self.leadership = Some(Leadership {
                     // The no-op of this term is the last entry now.
@@ -2373,8 +2414,11 @@ impl ClusterNode {
                 self.announce_leader();
             }
             Event::SteppedDown { .. } => self.step_down(),
-            Event::LeaderChanged { .. } => self.announce_leader(),
-            Event::ConfigChanged { .. } => {}
+            Event::LeaderChanged { leader, term } => {
+                self.events.note_leader(leader, term);
+                self.announce_leader();
+            }
+            Event::ConfigChanged { .. } => self.events.note_voter(self.raft.is_voter()),
             Event::SnapshotWanted { .. } => {
                 let _ = self.raft.compact(self.state.snapshot(now));
             }

@@ -1,0 +1,212 @@
+//! What a cluster node tells its driver about itself: leader, voter and
+//! generation changes and refused peer input, queued when they happen so a
+//! driver logs them without diffing the node's state after every wake.
+//!
+//! Every event carries the new state in full (not a delta), so coalescing
+//! two events of one kind loses no state: the queue is bounded by
+//! [`MAX_NODE_EVENTS`] and on overflow drops the oldest event that a newer
+//! one of the same kind supersedes; the newest event of every kind is
+//! always kept.
+
+use std::collections::VecDeque;
+
+use crate::cluster::peer::PeerError;
+use crate::raft::NodeId;
+
+/// Most node events queued for the driver. There are five kinds, so a full
+/// queue always holds a superseded event to drop.
+pub const MAX_NODE_EVENTS: usize = 64;
+
+/// A change in the node the driver should log or act on
+/// ([`crate::cluster::ClusterNode::poll_event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// The leader this node knows changed (`None`: no leader known). When
+    /// `leader` is this node's own id, this node leads.
+    LeaderChanged {
+        /// The new leader.
+        leader: Option<NodeId>,
+        /// The Raft term when it changed.
+        term: u64,
+    },
+    /// This node became a voter (`true`) or stopped being one (learner or
+    /// removed).
+    VoterChanged {
+        /// Whether this node votes now.
+        is_voter: bool,
+    },
+    /// A bootstrap member found the cluster already running and rejoined as
+    /// this new generation of its slot.
+    GenerationChanged {
+        /// The generation it runs under now.
+        generation: u64,
+    },
+    /// Peer frames were refused by the decoder (each closed its
+    /// connection). Coalesced until drained: `refused` counts all so far.
+    PeerFramesRefused {
+        /// The slot of the latest refused frame.
+        slot: u8,
+        /// Why the latest one was refused.
+        error: PeerError,
+        /// Peer frames refused since the node started.
+        refused: u64,
+    },
+    /// Raft dropped peer messages carrying an out-of-bounds term or index.
+    /// Coalesced until drained: `refused` counts all so far.
+    RaftMessagesRefused {
+        /// Messages Raft refused since the node started.
+        refused: u64,
+    },
+}
+
+impl NodeEvent {
+    /// Events of one kind supersede each other.
+    fn same_kind(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+
+    /// Counter events, coalesced into one until the driver drains them (as
+    /// often as the driver's own per-wake diff used to log them).
+    fn is_counter(&self) -> bool {
+        matches!(
+            self,
+            Self::PeerFramesRefused { .. } | Self::RaftMessagesRefused { .. }
+        )
+    }
+}
+
+/// The node's event queue and the state it last reported.
+#[derive(Debug)]
+pub(crate) struct NodeEvents {
+    queue: VecDeque<NodeEvent>,
+    /// The leader as last reported (the driver starts knowing none).
+    leader: Option<NodeId>,
+    /// The voter status as last reported (the driver starts knowing the
+    /// node's initial one).
+    is_voter: bool,
+    /// Raft's refused-message count as last reported.
+    raft_refused: u64,
+    /// Events dropped on overflow (each superseded by a newer one).
+    coalesced: u64,
+}
+
+impl NodeEvents {
+    pub(crate) fn new(is_voter: bool) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            leader: None,
+            is_voter,
+            raft_refused: 0,
+            coalesced: 0,
+        }
+    }
+
+    /// Queues a leader change if `leader` differs from the one last
+    /// reported.
+    pub(crate) fn note_leader(&mut self, leader: Option<NodeId>, term: u64) {
+        if leader != self.leader {
+            self.leader = leader;
+            self.push(NodeEvent::LeaderChanged { leader, term });
+        }
+    }
+
+    /// Queues a voter change if `is_voter` differs from the one last
+    /// reported.
+    pub(crate) fn note_voter(&mut self, is_voter: bool) {
+        if is_voter != self.is_voter {
+            self.is_voter = is_voter;
+            self.push(NodeEvent::VoterChanged { is_voter });
+        }
+    }
+
+    /// Queues a refused-message event if Raft's count grew.
+    pub(crate) fn note_raft_refused(&mut self, refused: u64) {
+        if refused != self.raft_refused {
+            self.raft_refused = refused;
+            self.push(NodeEvent::RaftMessagesRefused { refused });
+        }
+    }
+
+    /// Queues `event`: a counter event replaces an undrained one of its
+    /// kind; on overflow the oldest superseded event goes.
+    pub(crate) fn push(&mut self, event: NodeEvent) {
+        if event.is_counter()
+            && let Some(queued) = self.queue.iter_mut().find(|e| e.same_kind(&event))
+        {
+            *queued = event;
+            return;
+        }
+        if self.queue.len() >= MAX_NODE_EVENTS {
+            let superseded = (0..self.queue.len()).find(|&i| {
+                let old = &self.queue[i];
+                old.same_kind(&event) || self.queue.iter().skip(i + 1).any(|e| e.same_kind(old))
+            });
+            // Always found: five kinds, more slots than that.
+            self.queue.remove(superseded.unwrap_or(0));
+            self.coalesced += 1;
+        }
+        self.queue.push_back(event);
+    }
+
+    pub(crate) fn poll(&mut self) -> Option<NodeEvent> {
+        self.queue.pop_front()
+    }
+
+    pub(crate) fn coalesced(&self) -> u64 {
+        self.coalesced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overflow_keeps_the_newest_event_of_every_kind() {
+        let mut events = NodeEvents::new(false);
+        events.push(NodeEvent::GenerationChanged { generation: 7 });
+        events.note_voter(true);
+        for term in 0..200 {
+            let leader = Some(NodeId::new(u8::try_from(term % 3).unwrap(), 1));
+            events.note_leader(leader, term);
+        }
+        assert_eq!(events.coalesced(), 200 + 2 - MAX_NODE_EVENTS as u64);
+        let drained: Vec<NodeEvent> = std::iter::from_fn(|| events.poll()).collect();
+        assert_eq!(drained.len(), MAX_NODE_EVENTS);
+        assert_eq!(drained[0], NodeEvent::GenerationChanged { generation: 7 });
+        assert_eq!(drained[1], NodeEvent::VoterChanged { is_voter: true });
+        assert_eq!(
+            drained.last(),
+            Some(&NodeEvent::LeaderChanged {
+                leader: Some(NodeId::new(199 % 3, 1)),
+                term: 199
+            })
+        );
+    }
+
+    #[test]
+    fn counter_events_coalesce_until_drained() {
+        let mut events = NodeEvents::new(false);
+        events.note_raft_refused(1);
+        events.note_raft_refused(3);
+        events.note_raft_refused(3);
+        assert_eq!(
+            events.poll(),
+            Some(NodeEvent::RaftMessagesRefused { refused: 3 })
+        );
+        assert_eq!(events.poll(), None);
+        events.note_raft_refused(4);
+        assert_eq!(
+            events.poll(),
+            Some(NodeEvent::RaftMessagesRefused { refused: 4 })
+        );
+    }
+
+    #[test]
+    fn unchanged_state_queues_nothing() {
+        let mut events = NodeEvents::new(true);
+        events.note_voter(true);
+        events.note_leader(None, 3);
+        assert_eq!(events.poll(), None);
+    }
+}
