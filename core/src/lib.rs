@@ -71,6 +71,7 @@ pub mod inspect;
 pub mod line;
 pub mod lock;
 pub mod metrics;
+mod queue_rule;
 pub mod raft;
 pub mod reserve;
 pub mod rng;

@@ -69,6 +69,7 @@ use crate::inspect::{
 use crate::line::MAX_LINE_TEXT_LEN;
 use crate::lock::Limits;
 use crate::metrics::{ClusterMetrics, ReplyCounts};
+use crate::queue_rule;
 use crate::raft::{
     Committed, ConfChange, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft,
     RaftConfig,
@@ -1839,10 +1840,11 @@ impl ClusterNode {
             reply_to,
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
-            deadline: received
-                .saturating_add(Duration::from_secs(u64::from(wait_s)))
-                .saturating_sub(self.config.wait_margin)
-                .max(received),
+            deadline: Instant::from_micros(queue_rule::wait_deadline_us(
+                received.as_micros(),
+                u64::from(wait_s),
+                crate::time::duration_micros(self.config.wait_margin),
+            )),
             received,
         };
         if over_in_flight || over_held {
@@ -2555,14 +2557,13 @@ impl ClusterNode {
             let Some(waiter) = leadership.waiters.get(&seq) else {
                 continue;
             };
-            // A set is granted when it heads every one of its queues and
-            // all its keys are free; one global arrival order rules out
-            // deadlock.
-            let grantable = waiter.keys.keys().iter().all(|k| {
-                !self.state.is_held(k)
-                    && !leadership.reserved.contains(k)
-                    && leadership.queues.get(k).and_then(VecDeque::front) == Some(&seq)
-            });
+            // Free here: not held and not reserved by a Grant in flight.
+            let grantable = queue_rule::key_set_grantable(
+                seq,
+                waiter.keys.keys(),
+                |k| leadership.queues.get(*k).and_then(VecDeque::front).copied(),
+                |k| !self.state.is_held(k) && !leadership.reserved.contains(*k),
+            );
             if !grantable {
                 continue;
             }

@@ -1,0 +1,62 @@
+//! Two rules single mode ([`crate::lock`]) and the cluster leader
+//! ([`crate::cluster::ClusterNode`]) both follow, written once so they
+//! cannot drift apart:
+//!
+//! - **FIFO key sets** ([`key_set_grantable`]): a key set waits in every
+//!   one of its keys' queues and is granted when it heads all of them and
+//!   all its keys are free. Sequence numbers come from one global arrival
+//!   order, so no two sets can each wait for the other: no deadlock.
+//! - **Wait minus margin** ([`wait_deadline_us`]): a queued request is
+//!   answered `T` a margin before its wait bound runs out, so the answer
+//!   beats the client's own deadline, but never before it arrived.
+
+/// Microseconds in a second.
+const MICROS_PER_SECOND: u64 = 1_000_000;
+
+/// Whether the key set queued under `seq` may be granted now: for every
+/// key, `queue_front` names `seq` and `is_free` holds. Both are pure
+/// look-ups (their order of evaluation does not matter).
+pub(crate) fn key_set_grantable<K>(
+    seq: u64,
+    keys: impl IntoIterator<Item = K>,
+    mut queue_front: impl FnMut(&K) -> Option<u64>,
+    mut is_free: impl FnMut(&K) -> bool,
+) -> bool {
+    keys.into_iter()
+        .all(|key| queue_front(&key) == Some(seq) && is_free(&key))
+}
+
+/// When a request received at `received_us` that may wait `wait_s`
+/// seconds is answered `T` (microseconds, same clock): `margin_us` before
+/// the bound, never before `received_us`; saturating, never wrapping.
+pub(crate) fn wait_deadline_us(received_us: u64, wait_s: u64, margin_us: u64) -> u64 {
+    received_us
+        .saturating_add(wait_s.saturating_mul(MICROS_PER_SECOND))
+        .saturating_sub(margin_us)
+        .max(received_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_is_grantable_only_heading_every_queue_with_every_key_free() {
+        let keys = ["a", "b"];
+        let front = |k: &&str| if *k == "a" { Some(1) } else { Some(2) };
+        assert!(!key_set_grantable(1, keys, front, |_| true));
+        assert!(key_set_grantable(1, keys, |_| Some(1), |_| true));
+        assert!(!key_set_grantable(1, keys, |_| Some(1), |k| *k != "b"));
+        assert!(!key_set_grantable(1, keys, |_| None, |_| true));
+    }
+
+    #[test]
+    fn the_wait_ends_a_margin_early_but_never_before_arrival() {
+        assert_eq!(wait_deadline_us(1_000, 2, 100_000), 1_000 + 1_900_000);
+        // A margin longer than the wait: answered at arrival.
+        assert_eq!(wait_deadline_us(1_000, 0, 100_000), 1_000);
+        // Saturated at the end of time, then the margin.
+        assert_eq!(wait_deadline_us(u64::MAX - 500, 255, 100), u64::MAX - 100);
+        assert_eq!(wait_deadline_us(7, u64::MAX, 0), u64::MAX);
+    }
+}
