@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
-use super::{LeaseDeadline, LockEvent, LockTable, group_len, lease_deadline};
+use super::{LeaseDeadline, LockEvent, LockTable, Waiter, group_len, lease_deadline};
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
 
@@ -114,29 +114,9 @@ impl LockTable {
         if planted::active(planted::PlantedBug::SkipWaiter) {
             self.plant_skip_waiter(key);
         }
-        let Some(entry) = self.keys.get(key) else {
+        let Some(seq) = self.grantable_front(key, at_us) else {
             return false;
         };
-        if entry.is_held_at(at_us) {
-            return false;
-        }
-        let Some(seq) = self.queue_front(key) else {
-            return false;
-        };
-        let Some(waiter) = self.waiters.get(&seq) else {
-            debug_assert!(false, "queued seq without a waiter");
-            return false;
-        };
-        let grantable = waiter.keys.iter().all(|key| {
-            self.queue_front(key) == Some(seq)
-                && self
-                    .keys
-                    .get(&**key)
-                    .is_some_and(|entry| !entry.is_held_at(at_us))
-        });
-        if !grantable {
-            return false;
-        }
         if self.next_token > self.token_limit {
             // Not durable yet: the waiter keeps its place until the limit
             // is raised or its wait ends.
@@ -147,6 +127,37 @@ impl LockTable {
             return false;
         };
         self.waiter_seqs.remove(&waiter.id);
+        self.grant_waiter(waiter, now_us);
+        true
+    }
+
+    /// The seq of the waiter at the front of `key`'s queue if, at `at_us`,
+    /// it is at the front of every one of its keys and none of them has a
+    /// running lease.
+    fn grantable_front(&self, key: &[u8], at_us: u64) -> Option<u64> {
+        let entry = self.keys.get(key)?;
+        if entry.is_held_at(at_us) {
+            return None;
+        }
+        let seq = self.queue_front(key)?;
+        let Some(waiter) = self.waiters.get(&seq) else {
+            debug_assert!(false, "queued seq without a waiter");
+            return None;
+        };
+        let grantable = waiter.keys.iter().all(|key| {
+            self.queue_front(key) == Some(seq)
+                && self
+                    .keys
+                    .get(&**key)
+                    .is_some_and(|entry| !entry.is_held_at(at_us))
+        });
+        grantable.then_some(seq)
+    }
+
+    /// Gives `waiter`, already out of the waiter maps, all its keys under a
+    /// new token: each key leaves its queue, and a key still queued on gets
+    /// a lease deadline entry so its lease end hands it on.
+    fn grant_waiter(&mut self, waiter: Waiter, now_us: u64) {
         let token = self.issue_token();
         // A fresh lease from the real handoff time (etcd #11456), even when
         // catching up on a deadline that passed earlier.
@@ -191,7 +202,6 @@ impl LockTable {
         self.metrics
             .wait
             .observe_us(now_us.saturating_sub(waiter.queued_at_us));
-        true
     }
 
     /// Planted bug: the second waiter of `key`, if it waits for this key
