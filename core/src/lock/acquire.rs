@@ -1,0 +1,228 @@
+//! An acquire: granted at once when every key is free, refused (`T` for a
+//! zero wait, `B` over a capacity limit), or queued on every key. The steps
+//! run in this order; the order is part of the behaviour (which refusal a
+//! client sees, which metric counts it).
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+use super::entry::{KeyEntry, StoredKey};
+use super::expiry::note_expiry;
+use super::{
+    AcquireOutcome, LeaseDeadline, LockTable, MICROS_PER_SECOND, Waiter, WaiterId, group_len,
+    lease_deadline,
+};
+#[cfg(feature = "planted-bugs")]
+use crate::testing::planted;
+use crate::wire::KeyGroup;
+
+/// What an acquire's keys look like before anything changes.
+struct KeySurvey {
+    /// No key is held or has waiters: grantable at once.
+    all_free: bool,
+    /// Some key's queue is at the per-key waiter limit.
+    some_queue_full: bool,
+    /// Adding the keys not yet in the table would exceed the key limit.
+    over_key_limit: bool,
+}
+
+impl LockTable {
+    /// An acquire at `now_us` (the clock already moved).
+    pub(super) fn acquire_at(
+        &mut self,
+        now_us: u64,
+        waiter: WaiterId,
+        keys: &KeyGroup,
+        (wait_s, lease_s): (u8, u8),
+        holder: u64,
+    ) -> AcquireOutcome {
+        let survey = self.survey_keys(now_us, keys);
+        if survey.all_free {
+            return self.grant_free_keys(now_us, keys, lease_s, holder, survey.over_key_limit);
+        }
+        if let Some(refusal) = self.refuse_to_queue(wait_s, &survey) {
+            return refusal;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let keys: Box<[Box<[u8]>]> = keys
+            .keys()
+            .iter()
+            .map(|key| key.as_bytes().into())
+            .collect();
+        self.enqueue_on_keys(now_us, seq, &keys);
+        self.add_waiter(now_us, seq, waiter, keys, (wait_s, lease_s), holder);
+        AcquireOutcome::Queued
+    }
+
+    /// Looks at every key without changing anything.
+    fn survey_keys(&self, now_us: u64, keys: &KeyGroup) -> KeySurvey {
+        let limits = self.config.limits;
+        let mut new_keys = 0;
+        let mut all_free = true;
+        let mut some_queue_full = false;
+        for key in keys.keys() {
+            match self.keys.get(key.as_bytes()) {
+                None => new_keys += 1,
+                Some(entry) => {
+                    // FIFO: a key with waiters is never free for a newcomer,
+                    // even if its holder is gone.
+                    let held = entry.is_held_at(now_us);
+                    // The planted bug treats a held key without waiters as free.
+                    #[cfg(feature = "planted-bugs")]
+                    let held = held
+                        && (entry.is_queued() || !planted::active(planted::PlantedBug::GrantTwice));
+                    if entry.is_queued() || held {
+                        all_free = false;
+                    }
+                    some_queue_full |=
+                        self.entry_queue_len(key.as_bytes(), entry) >= limits.max_waiters_per_key;
+                }
+            }
+        }
+        let over_key_limit = self.keys.len() + new_keys > limits.max_keys;
+        KeySurvey {
+            all_free,
+            some_queue_full,
+            over_key_limit,
+        }
+    }
+
+    /// Every key is free: grants them all under one new token, unless the
+    /// key limit or the token limit says `B`.
+    fn grant_free_keys(
+        &mut self,
+        now_us: u64,
+        keys: &KeyGroup,
+        lease_s: u8,
+        holder: u64,
+        over_key_limit: bool,
+    ) -> AcquireOutcome {
+        if over_key_limit {
+            self.metrics.busy.max_keys += 1;
+            return AcquireOutcome::Busy;
+        }
+        if self.next_token > self.token_limit {
+            self.metrics.busy.token_reserve += 1;
+            return AcquireOutcome::Busy;
+        }
+        let token = self.issue_token();
+        let lease_deadline_us = lease_deadline(now_us, lease_s);
+        let group_len = group_len(keys.len());
+        for key in keys.keys() {
+            // An expired holder is simply overwritten (lazy expiry).
+            let entry = self
+                .keys
+                .entry(StoredKey::from_bytes(key.as_bytes()))
+                .or_insert_with(KeyEntry::unheld);
+            if entry.token != 0 {
+                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+            } else {
+                self.holder_keys += 1;
+            }
+            entry.token = token;
+            entry.lease_deadline_us = lease_deadline_us;
+            entry.set_grant(holder, group_len, lease_s);
+        }
+        self.metrics.grants_immediate += 1;
+        self.metrics.wait.observe_us(0);
+        AcquireOutcome::Granted { token }
+    }
+
+    /// Some key is taken: the answer if the request may not wait (a zero
+    /// wait, or a capacity limit), `None` if it may be queued.
+    fn refuse_to_queue(&mut self, wait_s: u8, survey: &KeySurvey) -> Option<AcquireOutcome> {
+        let limits = self.config.limits;
+        if wait_s == 0 {
+            self.metrics.timeouts_wait_zero += 1;
+            return Some(AcquireOutcome::TimedOut);
+        }
+        if survey.over_key_limit {
+            self.metrics.busy.max_keys += 1;
+            return Some(AcquireOutcome::Busy);
+        }
+        if survey.some_queue_full {
+            self.metrics.busy.max_waiters_per_key += 1;
+            return Some(AcquireOutcome::Busy);
+        }
+        if self.waiters.len() >= limits.max_waiters_total {
+            self.metrics.busy.max_waiters_total += 1;
+            return Some(AcquireOutcome::Busy);
+        }
+        None
+    }
+
+    /// Appends waiter `seq` to the queue of each of `keys`, creating keys
+    /// and queues as needed.
+    fn enqueue_on_keys(&mut self, now_us: u64, seq: u64, keys: &[Box<[u8]>]) {
+        for key in keys {
+            let entry = match self.keys.get_mut(&**key) {
+                Some(entry) => entry,
+                None => self
+                    .keys
+                    .entry(StoredKey::from_bytes(key))
+                    .or_insert_with(KeyEntry::unheld),
+            };
+            if entry.token != 0 && !entry.is_held_at(now_us) {
+                // Expire lazily now: a key with waiters must not keep a dead
+                // holder that no lease deadline will ever clear.
+                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+                entry.token = 0;
+                self.holder_keys -= 1;
+            }
+            if !entry.is_queued() {
+                entry.set_queued(true);
+                self.queues.insert(key.clone(), VecDeque::new());
+            }
+            let Some(queue) = self.queues.get_mut(&**key) else {
+                unreachable!("inserted above");
+            };
+            if queue.is_empty() && entry.token != 0 {
+                // From now on this key's lease end must hand it over.
+                self.lease_deadlines.push(Reverse(LeaseDeadline {
+                    deadline_us: entry.lease_deadline_us,
+                    token: entry.token,
+                    key: key.clone(),
+                }));
+            }
+            queue.push_back(seq);
+            self.queued_pairs += 1;
+        }
+    }
+
+    /// Records waiter `seq` (already in its keys' queues) and its wait
+    /// deadline.
+    fn add_waiter(
+        &mut self,
+        now_us: u64,
+        seq: u64,
+        waiter: WaiterId,
+        keys: Box<[Box<[u8]>]>,
+        (wait_s, lease_s): (u8, u8),
+        holder: u64,
+    ) {
+        // Answer `T` a margin early so it beats the client's own deadline,
+        // but never before the request arrived.
+        let wait_deadline_us = now_us
+            .saturating_add(u64::from(wait_s) * MICROS_PER_SECOND)
+            .saturating_sub(self.wait_margin_us)
+            .max(now_us);
+        self.wait_deadlines.push(Reverse((wait_deadline_us, seq)));
+        let previous = self.waiter_seqs.insert(waiter, seq);
+        debug_assert!(
+            previous.is_none(),
+            "waiter id {waiter:?} reused while queued"
+        );
+        self.waiters.insert(
+            seq,
+            Waiter {
+                id: waiter,
+                keys,
+                wait_deadline_us,
+                lease_s,
+                holder,
+                queued_at_us: now_us,
+            },
+        );
+    }
+}

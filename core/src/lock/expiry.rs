@@ -1,0 +1,214 @@
+//! The table's clock: moving `now` forward, handling the wait and lease
+//! deadlines and sweeps due by then in time order, keeping the deadline
+//! heaps' tops live and their size bounded by live state, and counting
+//! lease ends.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::entry::KeyEntry;
+use super::{LeaseDeadline, LockTable, MICROS_PER_SECOND};
+use crate::hash::IdMap;
+use crate::metrics::LockMetrics;
+use crate::time::Instant;
+
+/// A deadline heap is rebuilt from live state once it holds more than twice
+/// its live entries plus this many, so stale entries stay bounded while the
+/// rebuild cost stays amortised O(1) per push.
+pub(super) const HEAP_SLACK: usize = 1_024;
+
+impl LockTable {
+    /// Moves the table's clock to `now` (never backwards) and processes every
+    /// deadline due by then. Returns the effective `now` in microseconds.
+    pub(super) fn advance(&mut self, now: Instant) -> u64 {
+        let now_us = now.as_micros().max(self.last_now_us);
+        self.last_now_us = now_us;
+        self.process_due(now_us);
+        now_us
+    }
+
+    /// Handles wait deadlines, lease deadlines and sweeps due at or before
+    /// `now_us`, each at its own instant, in time order.
+    fn process_due(&mut self, now_us: u64) {
+        loop {
+            self.drop_stale_heap_tops();
+            let wait_at = self
+                .wait_deadlines
+                .peek()
+                .map(|Reverse((at, _))| *at)
+                .filter(|&at| at <= now_us);
+            let lease_at = self
+                .lease_deadlines
+                .peek()
+                .map(|Reverse(lease)| lease.deadline_us)
+                .filter(|&at| at <= now_us);
+            let event_at = match (wait_at, lease_at) {
+                (Some(w), Some(l)) => Some(w.min(l)),
+                (w, l) => w.or(l),
+            };
+            if self.next_sweep_us <= now_us && event_at.is_none_or(|at| self.next_sweep_us < at) {
+                // Consecutive sweeps with nothing in between collapse into the
+                // last of them: it removes a superset of what they would.
+                let last_us = event_at.map_or(now_us, |at| at - 1);
+                let missed = (last_us - self.next_sweep_us) / self.sweep_interval_us;
+                let sweep_at_us = self.next_sweep_us + missed * self.sweep_interval_us;
+                self.sweep(sweep_at_us);
+                self.next_sweep_us = sweep_at_us.saturating_add(self.sweep_interval_us);
+                continue;
+            }
+            match (wait_at, lease_at) {
+                (None, None) => break,
+                (Some(wait_at), lease_at) if lease_at.is_none_or(|l| wait_at <= l) => {
+                    let Some(Reverse((_, seq))) = self.wait_deadlines.pop() else {
+                        unreachable!("peeked above");
+                    };
+                    self.remove_waiter(seq, wait_at, now_us, true);
+                }
+                (_, _) => {
+                    let Some(Reverse(lease)) = self.lease_deadlines.pop() else {
+                        unreachable!("peeked above");
+                    };
+                    let mut expired = None;
+                    if let Some(entry) = self.keys.get_mut(&*lease.key)
+                        && entry.token != 0
+                    {
+                        expired = Some((entry.token, entry.group_len(), entry.lease_s()));
+                        entry.token = 0;
+                        self.holder_keys -= 1;
+                    }
+                    let handed_over = self.grant_front(&lease.key, lease.deadline_us, now_us);
+                    if let Some(expired) = expired {
+                        count_expiry(
+                            &mut self.metrics,
+                            &mut self.expiring_sets,
+                            expired,
+                            handed_over,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes expired keys that nobody waits for, as of `at_us`.
+    fn sweep(&mut self, at_us: u64) {
+        let metrics = &mut self.metrics;
+        let expiring_sets = &mut self.expiring_sets;
+        let holder_keys = &mut self.holder_keys;
+        self.keys.retain(|_, entry| {
+            let keep = entry.is_queued() || entry.is_held_at(at_us);
+            if !keep && entry.token != 0 {
+                note_expiry(metrics, expiring_sets, entry, false);
+                *holder_keys -= 1;
+            }
+            keep
+        });
+    }
+
+    /// Pops heap entries that no longer stand for a live deadline, so that
+    /// `poll_timeout` is exact and dead entries leave the heaps early.
+    fn drop_stale_heap_tops(&mut self) {
+        while let Some(Reverse((_, seq))) = self.wait_deadlines.peek() {
+            if self.waiters.contains_key(seq) {
+                break;
+            }
+            self.wait_deadlines.pop();
+        }
+        while let Some(Reverse(lease)) = self.lease_deadlines.peek() {
+            if self.is_live_lease_deadline(lease) {
+                break;
+            }
+            self.lease_deadlines.pop();
+        }
+    }
+
+    fn is_live_lease_deadline(&self, lease: &LeaseDeadline) -> bool {
+        // Tokens are never reused, so a matching token means the same grant
+        // and therefore the same deadline.
+        self.keys
+            .get(&*lease.key)
+            .is_some_and(|entry| entry.token == lease.token && entry.is_queued())
+    }
+
+    /// End-of-call upkeep: live heap tops, heaps bounded by live state.
+    pub(super) fn tidy(&mut self) {
+        if self.wait_deadlines.len() > 2 * self.waiters.len() + HEAP_SLACK {
+            self.wait_deadlines = self
+                .waiters
+                .iter()
+                .map(|(&seq, waiter)| Reverse((waiter.wait_deadline_us, seq)))
+                .collect();
+        }
+        if self.lease_deadlines.len() > 2 * self.queued_pairs + HEAP_SLACK {
+            self.rebuild_lease_deadlines();
+        }
+        self.drop_stale_heap_tops();
+    }
+
+    /// One entry per held key with waiters, found through the waiter at the
+    /// front of each queue: O(queued pairs), no scan of the whole table.
+    fn rebuild_lease_deadlines(&mut self) {
+        let mut lease_deadlines = Vec::new();
+        for (&seq, waiter) in &self.waiters {
+            for key in waiter.keys.iter() {
+                if let Some(entry) = self.keys.get(&**key)
+                    && entry.token != 0
+                    && self.queue_front(key) == Some(seq)
+                {
+                    lease_deadlines.push(Reverse(LeaseDeadline {
+                        deadline_us: entry.lease_deadline_us,
+                        token: entry.token,
+                        key: key.clone(),
+                    }));
+                }
+            }
+        }
+        self.lease_deadlines = BinaryHeap::from(lease_deadlines);
+    }
+}
+
+/// Counts the end of the lease on `entry` (noticed now; `handed_over`: its
+/// key went straight to a waiter).
+pub(super) fn note_expiry(
+    metrics: &mut LockMetrics,
+    expiring_sets: &mut IdMap<u64, u8>,
+    entry: &KeyEntry,
+    handed_over: bool,
+) {
+    count_expiry(
+        metrics,
+        expiring_sets,
+        (entry.token, entry.group_len(), entry.lease_s()),
+        handed_over,
+    );
+}
+
+/// Counts the expiry of grant `token` (of `group_len` keys, lease
+/// `lease_s`) as noticed on one of its keys: once per grant, on the first
+/// key noticed.
+fn count_expiry(
+    metrics: &mut LockMetrics,
+    expiring_sets: &mut IdMap<u64, u8>,
+    (token, group_len, lease_s): (u64, u8, u8),
+    handed_over: bool,
+) {
+    if group_len > 1 {
+        if let Some(left) = expiring_sets.get_mut(&token) {
+            *left -= 1;
+            if *left == 0 {
+                expiring_sets.remove(&token);
+            }
+            return;
+        }
+        expiring_sets.insert(token, group_len - 1);
+    }
+    if handed_over {
+        metrics.expiries_handed_over += 1;
+    } else {
+        metrics.expiries_not_handed_over += 1;
+    }
+    // A lease runs from its grant to its deadline: exactly `lease_s`.
+    metrics
+        .hold
+        .observe_us(u64::from(lease_s) * MICROS_PER_SECOND);
+}

@@ -1,0 +1,567 @@
+//! The lock table: keys, FIFO waiter queues, leases, fencing tokens, capacity
+//! limits and key sets.
+//!
+//! Deterministic: time enters only as `now` arguments; the table never reads a
+//! clock. The single-mode server drives it directly; cluster mode will drive
+//! the same rules through replicated commands.
+//!
+//! Layout: a `HashMap` from key bytes (inline up to 22 bytes) to a 24-byte
+//! entry (token, lease deadline, and one word packing the holder's tag, the
+//! grant's size and lease, and a has-waiters bit): 48 bytes a bucket, no
+//! allocation for a short key (see `entry.rs`). The FIFO queues of waiter
+//! sequence numbers are in a second map, only for keys that have waiters;
+//! waiters in a map by arrival sequence number; two min-heaps for wait
+//! deadlines and for the lease deadlines of keys that have waiters. Keys
+//! without waiters expire lazily and are swept periodically.
+//!
+//! Files: this one holds the types and the public API of [`LockTable`];
+//! `acquire.rs` decides an acquire (grant now, refuse, or queue),
+//! `release.rs` a release, `queue.rs` the waiter queues (handing a key to
+//! the front waiter, removing a waiter), `expiry.rs` the clock: deadlines
+//! due, the sweep, and keeping the deadline heaps bounded; `entry.rs` is
+//! the packed per-key entry and `inspect.rs` the operator's read-only view.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+
+use crate::hash::IdMap;
+use crate::metrics::LockMetrics;
+use crate::time::{Duration, Instant, duration_micros};
+use crate::wire::KeyGroup;
+
+mod acquire;
+mod entry;
+mod expiry;
+mod inspect;
+mod queue;
+mod release;
+pub use entry::MAX_HOLDER;
+use entry::{KeyEntry, StoredKey};
+pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+
+#[cfg(feature = "planted-bugs")]
+use crate::testing::planted;
+
+/// Capacity limits. Over any of them an acquire is answered `B` at once and
+/// nothing is queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Keys in the table (held or with waiters).
+    pub max_keys: usize,
+    /// Waiters queued on one key.
+    pub max_waiters_per_key: usize,
+    /// Waiters queued in the whole table (a key-set waiter counts once).
+    pub max_waiters_total: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_keys: 2_000_000,
+            max_waiters_per_key: 16_384,
+            max_waiters_total: 200_000,
+        }
+    }
+}
+
+/// Table configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockConfig {
+    /// Capacity limits.
+    pub limits: Limits,
+    /// A queued request gets `T` this long before `wait` seconds after receipt,
+    /// so that the reply reaches a client before its own deadline. Below 1 s.
+    pub wait_margin: Duration,
+    /// How often expired keys without waiters are removed.
+    pub sweep_interval: Duration,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        LockConfig {
+            limits: Limits::default(),
+            wait_margin: Duration::from_millis(100),
+            sweep_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Opaque identity of a queued request, chosen by the caller (unique among
+/// live waiters). The table hands it back in [`LockEvent`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(pub u64);
+
+/// Immediate answer to an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// Granted now with this fencing token.
+    Granted {
+        /// The new token.
+        token: u64,
+    },
+    /// Queued; a [`LockEvent`] for this waiter will follow.
+    Queued,
+    /// Held and `wait_s` was 0: not queued.
+    TimedOut,
+    /// A capacity limit was reached: not queued.
+    Busy,
+}
+
+/// Answer to a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The token was current for exactly this group: released (and handed to
+    /// the next waiter, if any).
+    Released,
+    /// The token is not current on any named key: nothing changed.
+    NotFound,
+    /// The token is current on some named key, but its grant covers a
+    /// different key group: nothing changed.
+    GroupMismatch,
+}
+
+/// A key's current grant, as [`LockTable::grant_of`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantRecord {
+    /// Its token.
+    pub token: u64,
+    /// The holder tag it was acquired under ([`LockTable::acquire_as`]; 0
+    /// through [`LockTable::acquire`]).
+    pub holder: u64,
+    /// When its lease ends.
+    pub lease_deadline: Instant,
+    /// Keys in the grant.
+    pub keys: usize,
+}
+
+/// Something that happened to a queued waiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockEvent {
+    /// The waiter now holds its keys under `token`.
+    Granted {
+        /// The waiter.
+        waiter: WaiterId,
+        /// The new token.
+        token: u64,
+    },
+    /// The waiter's wait ended without the lock.
+    TimedOut {
+        /// The waiter.
+        waiter: WaiterId,
+    },
+}
+
+/// Counts for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockStats {
+    /// Keys in the table.
+    pub keys: usize,
+    /// Keys whose holder's lease has not expired.
+    pub held_keys: usize,
+    /// Queued waiters.
+    pub waiters: usize,
+    /// The next token the table will issue.
+    pub next_token: u64,
+}
+
+/// Microseconds in a second: leases and waits arrive in whole seconds.
+const MICROS_PER_SECOND: u64 = 1_000_000;
+
+impl KeyEntry {
+    /// When the holder's grant was made (microseconds).
+    fn granted_at_us(&self) -> u64 {
+        self.lease_deadline_us
+            .saturating_sub(u64::from(self.lease_s()) * MICROS_PER_SECOND)
+    }
+
+    /// Whether a holder's lease is still running at `at_us`.
+    fn is_held_at(&self, at_us: u64) -> bool {
+        self.token != 0 && self.lease_deadline_us > at_us
+    }
+}
+
+/// A queued acquire.
+#[derive(Debug)]
+struct Waiter {
+    id: WaiterId,
+    /// The requested keys, ascending (a group of one for `A`).
+    keys: Box<[Box<[u8]>]>,
+    /// When the waiter gets `T` (microseconds): `wait_s` after receipt minus
+    /// the margin.
+    wait_deadline_us: u64,
+    lease_s: u8,
+    /// The holder tag its grant will carry.
+    holder: u64,
+    /// When the acquire arrived (microseconds), for the wait histogram.
+    queued_at_us: u64,
+}
+
+/// A lease deadline of a key that has waiters. Stale once the key's token
+/// differs or nobody waits on it any more; stale entries are skipped.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct LeaseDeadline {
+    deadline_us: u64,
+    token: u64,
+    key: Box<[u8]>,
+}
+
+/// The lock table.
+///
+/// Processing order: every method taking `now` first handles everything due
+/// at or before `now` in time order, as if the driver had called
+/// [`LockTable::handle_timeout`] punctually: wait deadlines, lease deadlines
+/// of keys with waiters and sweeps, each at its own instant (ties: wait
+/// deadlines before lease deadlines before the sweep). A grant made while
+/// catching up gets its lease from the real `now`, never from the past
+/// instant, so nobody is handed a lease that has already run out.
+#[derive(Debug)]
+pub struct LockTable {
+    config: LockConfig,
+    next_token: u64,
+    keys: HashMap<StoredKey, KeyEntry>,
+    /// Waiter sequence numbers in arrival order, for the keys that have
+    /// waiters (those whose entry says so), so an uncontended key costs no
+    /// queue pointer.
+    queues: HashMap<Box<[u8]>, VecDeque<u64>>,
+    /// Queued waiters by arrival sequence number.
+    waiters: IdMap<u64, Waiter>,
+    /// Caller ids of queued waiters, for `cancel`.
+    waiter_seqs: HashMap<WaiterId, u64>,
+    /// The global arrival order that keeps key-set waits deadlock-free.
+    next_seq: u64,
+    /// Sum of all queue lengths (a set waiter counts once per key).
+    queued_pairs: usize,
+    /// Min-heap of (wait deadline, waiter seq).
+    wait_deadlines: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Min-heap of lease deadlines of keys with waiters.
+    lease_deadlines: BinaryHeap<Reverse<LeaseDeadline>>,
+    next_sweep_us: u64,
+    sweep_interval_us: u64,
+    wait_margin_us: u64,
+    /// The latest `now` seen; time never runs backwards inside the table.
+    last_now_us: u64,
+    events: VecDeque<LockEvent>,
+    /// The highest token that may be issued (the durable token reserve,
+    /// see [`crate::reserve`]); `u64::MAX` when unlimited.
+    token_limit: u64,
+    /// Keys whose front waiter could have been granted but for the token
+    /// limit; retried when it is raised. Ordered, so a run stays a pure
+    /// function of its inputs.
+    stalled: BTreeSet<Box<[u8]>>,
+    /// What the table counted.
+    metrics: LockMetrics,
+    /// Keys with a holder (`token != 0`), including leases that ended but
+    /// were not noticed yet: an O(1) gauge for metrics.
+    holder_keys: usize,
+    /// Key sets whose lease ran out and of which some keys were noticed
+    /// expired, by token: how many keys are still to be noticed. A set's
+    /// expiry is counted once, on the first key noticed; each key leaves
+    /// the table or gets a new token eventually (the sweep), so entries
+    /// do not outlive their keys.
+    expiring_sets: IdMap<u64, u8>,
+}
+
+impl LockTable {
+    /// An empty table whose first grant gets `first_token` (non-zero).
+    pub fn new(config: LockConfig, first_token: u64, now: Instant) -> Self {
+        // A zero interval would make the sweep schedule stand still.
+        let sweep_interval_us = duration_micros(config.sweep_interval).max(1);
+        LockTable {
+            config,
+            next_token: first_token.max(1),
+            keys: HashMap::new(),
+            queues: HashMap::new(),
+            waiters: IdMap::default(),
+            waiter_seqs: HashMap::new(),
+            next_seq: 0,
+            queued_pairs: 0,
+            wait_deadlines: BinaryHeap::new(),
+            lease_deadlines: BinaryHeap::new(),
+            next_sweep_us: now.as_micros().saturating_add(sweep_interval_us),
+            sweep_interval_us,
+            wait_margin_us: duration_micros(config.wait_margin),
+            last_now_us: now.as_micros(),
+            events: VecDeque::new(),
+            token_limit: u64::MAX,
+            stalled: BTreeSet::new(),
+            metrics: LockMetrics::default(),
+            holder_keys: 0,
+            expiring_sets: IdMap::default(),
+        }
+    }
+
+    /// Issues no token above `limit` from now on: an acquire that would be
+    /// granted at once is answered [`AcquireOutcome::Busy`] instead, and a
+    /// queued waiter whose turn has come keeps its place (its wait deadline
+    /// still applies) until the limit is raised far enough.
+    pub fn set_token_limit(&mut self, now: Instant, limit: u64) {
+        let now_us = self.advance(now);
+        self.token_limit = limit;
+        if self.next_token <= self.token_limit {
+            for key in std::mem::take(&mut self.stalled) {
+                self.grant_front(&key, now_us, now_us);
+            }
+        }
+        self.tidy();
+    }
+
+    /// The highest token that may be issued now.
+    pub fn token_limit(&self) -> u64 {
+        self.token_limit
+    }
+
+    /// An acquire received at `now`. `waiter` is used only if the request is
+    /// queued. Lease and wait are in seconds as on the wire (lease 1..=250).
+    pub fn acquire(
+        &mut self,
+        now: Instant,
+        waiter: WaiterId,
+        keys: KeyGroup,
+        wait_s: u8,
+        lease_s: u8,
+    ) -> AcquireOutcome {
+        self.acquire_as(now, waiter, &keys, wait_s, lease_s, 0)
+    }
+
+    /// [`LockTable::acquire`] on behalf of `holder`, a tag the caller names
+    /// the requester by (the server: its connection id). The grant, now or
+    /// after a wait, records it, and [`LockTable::grant_of`] tells it back,
+    /// so the caller needs no map of its own from grants to requesters.
+    /// At most [`MAX_HOLDER`] (48 bits, stored in the key's entry); a larger
+    /// tag is recorded as [`MAX_HOLDER`]. The keys are borrowed: the table
+    /// copies what it keeps (a short key into its bucket, no allocation).
+    pub fn acquire_as(
+        &mut self,
+        now: Instant,
+        waiter: WaiterId,
+        keys: &KeyGroup,
+        wait_s: u8,
+        lease_s: u8,
+        holder: u64,
+    ) -> AcquireOutcome {
+        debug_assert!(holder <= MAX_HOLDER, "holder tag {holder} over 48 bits");
+        let holder = holder.min(MAX_HOLDER);
+        let now_us = self.advance(now);
+        let outcome = self.acquire_at(now_us, waiter, keys, (wait_s, lease_s), holder);
+        self.tidy();
+        outcome
+    }
+
+    /// A release received at `now`.
+    pub fn release(&mut self, now: Instant, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
+        let now_us = self.advance(now);
+        let outcome = self.release_at(now_us, keys, token);
+        self.tidy();
+        outcome
+    }
+
+    /// Drops a queued waiter (its connection closed). Returns false if it was
+    /// not queued. May grant keys to the waiters behind it.
+    pub fn cancel(&mut self, now: Instant, waiter: WaiterId) -> bool {
+        let now_us = self.advance(now);
+        let cancelled = match self.waiter_seqs.get(&waiter) {
+            Some(&seq) => {
+                self.remove_waiter(seq, now_us, now_us, false);
+                true
+            }
+            None => false,
+        };
+        self.tidy();
+        cancelled
+    }
+
+    /// Ends every queued wait with [`LockEvent::TimedOut`] (server shutdown).
+    pub fn time_out_all_waiters(&mut self, now: Instant) {
+        self.advance(now);
+        self.time_out_every_waiter();
+    }
+
+    /// Processes every deadline at or before `now`: lease expiry of keys with
+    /// waiters (handing them on), wait deadlines, and the periodic sweep.
+    /// Calling it early or twice is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+        self.tidy();
+    }
+
+    /// The earliest instant at which [`LockTable::handle_timeout`] has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        // Heap tops are kept live by `tidy`, so this is exact, not early.
+        let wait = self.wait_deadlines.peek().map(|Reverse((at, _))| *at);
+        let lease = self.lease_deadlines.peek().map(|Reverse(l)| l.deadline_us);
+        let earliest = [wait, lease]
+            .into_iter()
+            .flatten()
+            .fold(self.next_sweep_us, u64::min);
+        Some(Instant::from_micros(earliest))
+    }
+
+    /// The next event for a queued waiter, if any.
+    pub fn poll_event(&mut self) -> Option<LockEvent> {
+        self.events.pop_front()
+    }
+
+    /// What the table counted so far (see [`LockMetrics`]).
+    pub fn metrics(&self) -> &LockMetrics {
+        &self.metrics
+    }
+
+    /// Keys in the table (held, expired but not yet swept, or with waiters).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Queued waiters.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Keys with a holder, counting leases that ended but were not noticed
+    /// yet (lazy expiry: at most a sweep interval late). O(1), unlike
+    /// [`LockTable::stats`]'s exact `held_keys`.
+    pub fn holder_keys(&self) -> usize {
+        debug_assert_eq!(
+            self.holder_keys,
+            self.keys.values().filter(|entry| entry.token != 0).count(),
+            "holder-key gauge out of step with the table"
+        );
+        self.holder_keys
+    }
+
+    /// Current counts. `held_keys` is counted against the latest `now` the
+    /// table has seen, by a scan: O(keys), meant for metrics and tests.
+    pub fn stats(&self) -> LockStats {
+        debug_assert_eq!(
+            self.holder_keys,
+            self.keys.values().filter(|entry| entry.token != 0).count(),
+            "holder-key gauge out of step with the table"
+        );
+        LockStats {
+            keys: self.keys.len(),
+            held_keys: self
+                .keys
+                .values()
+                .filter(|entry| entry.is_held_at(self.last_now_us))
+                .count(),
+            waiters: self.waiters.len(),
+            next_token: self.next_token,
+        }
+    }
+
+    /// The next token to be issued.
+    pub fn next_token(&self) -> u64 {
+        self.next_token
+    }
+
+    /// The recorded holder of `key`: its token and lease deadline. The lease
+    /// may already have ended if nothing has touched or swept the key since
+    /// (lazy expiry); `None` if the key has no holder.
+    pub fn holder(&self, key: &[u8]) -> Option<(u64, Instant)> {
+        self.keys
+            .get(key)
+            .filter(|entry| entry.token != 0)
+            .map(|entry| (entry.token, Instant::from_micros(entry.lease_deadline_us)))
+    }
+
+    /// Number of waiters queued on `key` (a set waiter counts on each of its
+    /// keys).
+    pub fn queue_len(&self, key: &[u8]) -> usize {
+        self.keys
+            .get(key)
+            .map_or(0, |entry| self.entry_queue_len(key, entry))
+    }
+
+    /// The current grant on `key` as recorded (its lease may already have
+    /// ended: lazy expiry, as for [`LockTable::holder`]); `None` if the key
+    /// has no holder.
+    pub fn grant_of(&self, key: &[u8]) -> Option<GrantRecord> {
+        self.keys
+            .get(key)
+            .filter(|entry| entry.token != 0)
+            .map(|entry| GrantRecord {
+                token: entry.token,
+                holder: entry.holder(),
+                lease_deadline: Instant::from_micros(entry.lease_deadline_us),
+                keys: usize::from(entry.group_len()),
+            })
+    }
+
+    fn issue_token(&mut self) -> u64 {
+        let token = self.next_token;
+        #[cfg(feature = "planted-bugs")]
+        if planted::active(planted::PlantedBug::ReuseToken) && token.is_multiple_of(4) {
+            // Hand out the previous token a second time.
+            self.next_token = token + 1;
+            return token - 1;
+        }
+        // Never wrap: a reused token would defeat fencing. Starting from
+        // wall-clock microseconds this is ~580,000 years away.
+        self.next_token = token.checked_add(1).expect("fencing tokens exhausted");
+        token
+    }
+}
+
+fn lease_deadline(now_us: u64, lease_s: u8) -> u64 {
+    now_us.saturating_add(u64::from(lease_s) * MICROS_PER_SECOND)
+}
+
+fn group_len(len: usize) -> u8 {
+    // KeyGroup guarantees 1..=16 keys.
+    u8::try_from(len).expect("key group of at most 16 keys")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expiry::HEAP_SLACK;
+    use super::*;
+
+    fn group(names: &[&str]) -> KeyGroup {
+        let keys = names
+            .iter()
+            .map(|name| crate::wire::Key::new(name.as_bytes()).unwrap())
+            .collect();
+        KeyGroup::new(keys).unwrap()
+    }
+
+    #[test]
+    fn stale_heap_entries_stay_bounded_behind_a_live_head() {
+        let now = Instant::from_micros(1_000);
+        let mut table = LockTable::new(LockConfig::default(), 1, now);
+        // Live heads: "x" is held with a waiter whose wait ends first, so
+        // stale entries for "y" pile up below them in both heaps.
+        let x = table.acquire(now, WaiterId(0), group(&["x"]), 0, 100);
+        assert_eq!(x, AcquireOutcome::Granted { token: 1 });
+        table.acquire(now, WaiterId(1), group(&["x"]), 10, 100);
+        table.acquire(now, WaiterId(2), group(&["y"]), 0, 200);
+        for id in 3..20_000 {
+            let outcome = table.acquire(now, WaiterId(id), group(&["y"]), 60, 10);
+            assert_eq!(outcome, AcquireOutcome::Queued);
+            assert!(table.cancel(now, WaiterId(id)));
+            assert!(table.wait_deadlines.len() <= 2 * table.waiters.len() + HEAP_SLACK + 1);
+            assert!(table.lease_deadlines.len() <= 2 * table.queued_pairs + HEAP_SLACK + 1);
+        }
+        // The rebuilt heaps still drive the live deadlines.
+        // The first sweep is due before the live wait deadline.
+        let first_sweep = now.saturating_add(Duration::from_secs(5));
+        assert_eq!(table.poll_timeout(), Some(first_sweep));
+        let wait_deadline = now.saturating_add(Duration::from_millis(9_900));
+        table.acquire(now, WaiterId(20_000), group(&["y"]), 250, 10);
+        table.handle_timeout(wait_deadline);
+        assert_eq!(
+            table.poll_event(),
+            Some(LockEvent::TimedOut {
+                waiter: WaiterId(1)
+            })
+        );
+        let y_lease_end = now.saturating_add(Duration::from_secs(200));
+        table.handle_timeout(y_lease_end);
+        assert!(matches!(
+            table.poll_event(),
+            Some(LockEvent::Granted {
+                waiter: WaiterId(20_000),
+                ..
+            })
+        ));
+        assert_eq!(table.stats().waiters, 0);
+    }
+}

@@ -1,0 +1,223 @@
+//! The waiter queues: handing a key to the waiter at its front, taking a
+//! waiter out (cancel, wait deadline, shutdown). Queues are ascending by
+//! arrival seq, the global order that keeps key-set waits deadlock-free.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+use super::entry::KeyEntry;
+use super::expiry::note_expiry;
+use super::{LeaseDeadline, LockEvent, LockTable, Waiter, group_len, lease_deadline};
+#[cfg(feature = "planted-bugs")]
+use crate::testing::planted;
+
+impl LockTable {
+    /// Waiters queued on `key`, whose entry is `entry`.
+    pub(super) fn entry_queue_len(&self, key: &[u8], entry: &KeyEntry) -> usize {
+        if entry.is_queued() {
+            self.queues.get(key).map_or(0, VecDeque::len)
+        } else {
+            0
+        }
+    }
+
+    /// The waiter at the front of `key`'s queue.
+    pub(super) fn queue_front(&self, key: &[u8]) -> Option<u64> {
+        self.queues
+            .get(key)
+            .and_then(|queue| queue.front().copied())
+    }
+
+    /// Takes waiter `seq` out of all its queues at `at_us`, with a `T` event
+    /// if `timed_out`, then lets whoever is now at the front of those queues
+    /// in. Grants made here get their lease from `now_us`.
+    pub(super) fn remove_waiter(&mut self, seq: u64, at_us: u64, now_us: u64, timed_out: bool) {
+        let Some(waiter) = self.waiters.remove(&seq) else {
+            return;
+        };
+        self.waiter_seqs.remove(&waiter.id);
+        if timed_out {
+            self.events
+                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+            self.metrics.timeouts_wait_ended += 1;
+        }
+        // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
+        let mut was_front: u32 = 0;
+        for (i, key) in waiter.keys.iter().enumerate() {
+            let Some(entry) = self.keys.get_mut(&**key) else {
+                debug_assert!(false, "waiter's key missing from the table");
+                continue;
+            };
+            let Some(queue) = self.queues.get_mut(&**key) else {
+                debug_assert!(false, "waiter missing from its key's queue");
+                continue;
+            };
+            // Queues are ascending by seq: the global arrival order.
+            if let Ok(position) = queue.binary_search(&seq) {
+                queue.remove(position);
+                self.queued_pairs -= 1;
+                if position == 0 {
+                    was_front |= 1 << i;
+                }
+            }
+            if queue.is_empty() {
+                self.queues.remove(&**key);
+                entry.set_queued(false);
+                if entry.token == 0 {
+                    self.keys.remove(&**key);
+                }
+            }
+        }
+        for (i, key) in waiter.keys.iter().enumerate() {
+            if was_front & (1 << i) != 0 {
+                self.grant_front(key, at_us, now_us);
+            }
+        }
+    }
+
+    /// Ends every queued wait with a `T` event and empties the queues: what
+    /// [`LockTable::time_out_all_waiters`] does once the clock is moved.
+    pub(super) fn time_out_every_waiter(&mut self) {
+        let mut seqs: Vec<u64> = self.waiters.keys().copied().collect();
+        seqs.sort_unstable();
+        for seq in seqs {
+            let Some(waiter) = self.waiters.remove(&seq) else {
+                continue;
+            };
+            self.events
+                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+            self.metrics.timeouts_shutdown += 1;
+            for key in waiter.keys.iter() {
+                if let Some(entry) = self.keys.get_mut(&**key) {
+                    entry.set_queued(false);
+                    if entry.token == 0 {
+                        self.keys.remove(&**key);
+                    }
+                }
+            }
+        }
+        self.queues.clear();
+        self.waiter_seqs.clear();
+        self.queued_pairs = 0;
+        // With no waiters every wait and lease deadline entry is stale.
+        self.wait_deadlines.clear();
+        self.lease_deadlines.clear();
+    }
+
+    /// Grants `key` to the waiter at the front of its queue if, at `at_us`,
+    /// that waiter is at the front of every one of its keys and none of them
+    /// has a running lease. Only the front is looked at ("wake only the next
+    /// waiter"); a set blocked elsewhere is retried when that key frees.
+    /// Returns whether it granted.
+    pub(super) fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if planted::active(planted::PlantedBug::SkipWaiter) {
+            self.plant_skip_waiter(key);
+        }
+        let Some(seq) = self.grantable_front(key, at_us) else {
+            return false;
+        };
+        if self.next_token > self.token_limit {
+            // Not durable yet: the waiter keeps its place until the limit
+            // is raised or its wait ends.
+            self.stalled.insert(key.into());
+            return false;
+        }
+        let Some(waiter) = self.waiters.remove(&seq) else {
+            return false;
+        };
+        self.waiter_seqs.remove(&waiter.id);
+        self.grant_waiter(waiter, now_us);
+        true
+    }
+
+    /// The seq of the waiter at the front of `key`'s queue if, at `at_us`,
+    /// it is at the front of every one of its keys and none of them has a
+    /// running lease.
+    fn grantable_front(&self, key: &[u8], at_us: u64) -> Option<u64> {
+        let entry = self.keys.get(key)?;
+        if entry.is_held_at(at_us) {
+            return None;
+        }
+        let seq = self.queue_front(key)?;
+        let Some(waiter) = self.waiters.get(&seq) else {
+            debug_assert!(false, "queued seq without a waiter");
+            return None;
+        };
+        let grantable = waiter.keys.iter().all(|key| {
+            self.queue_front(key) == Some(seq)
+                && self
+                    .keys
+                    .get(&**key)
+                    .is_some_and(|entry| !entry.is_held_at(at_us))
+        });
+        grantable.then_some(seq)
+    }
+
+    /// Gives `waiter`, already out of the waiter maps, all its keys under a
+    /// new token: each key leaves its queue, and a key still queued on gets
+    /// a lease deadline entry so its lease end hands it on.
+    fn grant_waiter(&mut self, waiter: Waiter, now_us: u64) {
+        let token = self.issue_token();
+        // A fresh lease from the real handoff time (etcd #11456), even when
+        // catching up on a deadline that passed earlier.
+        let lease_deadline_us = lease_deadline(now_us, waiter.lease_s);
+        let group_len = group_len(waiter.keys.len());
+        for key in waiter.keys.into_vec() {
+            let Some(entry) = self.keys.get_mut(&*key) else {
+                continue;
+            };
+            if entry.token != 0 {
+                // A lease that ended at this very instant, not yet handled
+                // on this key: it ends here, handed to this waiter.
+                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, true);
+            } else {
+                self.holder_keys += 1;
+            }
+            entry.token = token;
+            entry.lease_deadline_us = lease_deadline_us;
+            entry.set_grant(waiter.holder, group_len, waiter.lease_s);
+            if entry.is_queued()
+                && let Some(queue) = self.queues.get_mut(&*key)
+            {
+                queue.pop_front();
+                self.queued_pairs -= 1;
+                if queue.is_empty() {
+                    self.queues.remove(&*key);
+                    entry.set_queued(false);
+                } else {
+                    self.lease_deadlines.push(Reverse(LeaseDeadline {
+                        deadline_us: lease_deadline_us,
+                        token,
+                        key,
+                    }));
+                }
+            }
+        }
+        self.events.push_back(LockEvent::Granted {
+            waiter: waiter.id,
+            token,
+        });
+        self.metrics.grants_after_wait += 1;
+        self.metrics
+            .wait
+            .observe_us(now_us.saturating_sub(waiter.queued_at_us));
+    }
+
+    /// Planted bug: the second waiter of `key`, if it waits for this key
+    /// alone, jumps the front one.
+    #[cfg(feature = "planted-bugs")]
+    fn plant_skip_waiter(&mut self, key: &[u8]) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        if queue.len() >= 2
+            && self
+                .waiters
+                .get(&queue[1])
+                .is_some_and(|w| w.keys.len() == 1)
+        {
+            queue.swap(0, 1);
+        }
+    }
+}
