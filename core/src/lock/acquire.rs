@@ -9,9 +9,9 @@ use std::collections::VecDeque;
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
 use super::{
-    AcquireOutcome, LeaseDeadline, LockTable, MICROS_PER_SECOND, Waiter, WaiterId, group_len,
-    lease_deadline,
+    AcquireOutcome, LeaseDeadline, LockTable, Waiter, WaiterId, group_len, lease_deadline,
 };
+use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
 use crate::wire::KeyGroup;
@@ -201,12 +201,8 @@ impl LockTable {
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) {
-        // Answer `T` a margin early so it beats the client's own deadline,
-        // but never before the request arrived.
-        let wait_deadline_us = now_us
-            .saturating_add(u64::from(wait_s) * MICROS_PER_SECOND)
-            .saturating_sub(self.wait_margin_us)
-            .max(now_us);
+        let wait_deadline_us =
+            queue_rule::wait_deadline_us(now_us, u64::from(wait_s), self.wait_margin_us);
         self.wait_deadlines.push(Reverse((wait_deadline_us, seq)));
         let previous = self.waiter_seqs.insert(waiter, seq);
         debug_assert!(

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
 use super::{LeaseDeadline, LockEvent, LockTable, Waiter, group_len, lease_deadline};
+use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
 
@@ -144,13 +145,16 @@ impl LockTable {
             debug_assert!(false, "queued seq without a waiter");
             return None;
         };
-        let grantable = waiter.keys.iter().all(|key| {
-            self.queue_front(key) == Some(seq)
-                && self
-                    .keys
-                    .get(&**key)
+        let grantable = queue_rule::key_set_grantable(
+            seq,
+            waiter.keys.iter(),
+            |key| self.queue_front(key),
+            |key| {
+                self.keys
+                    .get(&***key)
                     .is_some_and(|entry| !entry.is_held_at(at_us))
-        });
+            },
+        );
         grantable.then_some(seq)
     }
 
