@@ -59,6 +59,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+#[path = "support/echo.rs"]
+mod echo;
 #[path = "support/line_client.rs"]
 mod line_client;
 
@@ -532,52 +534,9 @@ fn core_cpu_per_op(line: bool) -> f64 {
     cpu.as_secs_f64() * 1e6 / (CORE_BATCHES * KEYS) as f64
 }
 
-/// Starts a tiny TCP echo server (tokio, one thread, like the server) and
-/// returns its address.
-fn start_echo() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("echo listener");
-    let addr = listener.local_addr().expect("echo address");
-    listener.set_nonblocking(true).expect("echo non-blocking");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("echo runtime");
-        runtime.block_on(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let listener = tokio::net::TcpListener::from_std(listener).expect("echo listener");
-            while let Ok((mut tcp, _)) = listener.accept().await {
-                tcp.set_nodelay(true).expect("nodelay");
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    while let Ok(n) = tcp.read(&mut buf).await {
-                        if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-    });
-    addr
-}
-
 /// [`SOLO_OPS`] round trips of 16 bytes through the echo.
 async fn echo_round_trips(addr: SocketAddr) -> Histogram<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("echo connect");
-    tcp.set_nodelay(true).expect("nodelay");
-    let mut hist = Histogram::<u64>::new(3).expect("histogram");
-    let mut buf = [0u8; 16];
-    for i in 0..SOLO_OPS {
-        let started = Instant::now();
-        tcp.write_all(&[i as u8; 16]).await.expect("echo write");
-        tcp.read_exact(&mut buf).await.expect("echo read");
-        let _ = hist.record(started.elapsed().as_nanos() as u64);
-    }
-    hist
+    echo::round_trips_ns(addr, 0, SOLO_OPS as u64).await
 }
 
 /// A blocking TCP echo (a thread per connection): the floor under
@@ -808,7 +767,7 @@ fn main() {
     let (cert_dir, _ca, cert, key) = certs::make_certs("bench-tls");
     let (tls_server, tls_addr) = start_server("tls", None, Some(&TlsFiles { cert, key }));
     let tls_pid = tls_server.0.id().to_string();
-    let echo = start_echo();
+    let echo = echo::start_echo();
     let blocking_echo = start_blocking_echo();
     let stop_scraping = Arc::new(AtomicBool::new(false));
     let scraper = {
