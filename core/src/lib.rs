@@ -4,9 +4,10 @@
 //! Nothing in this crate reads a clock, opens a socket or draws from a
 //! global RNG: time enters as a [`time::Instant`] argument and randomness as
 //! bytes handed in by the driver, so a run is a pure function of its inputs.
-//! Every state machine follows one driver contract: inputs `handle_*(now,
-//! …)`, outputs drained with `poll_*` / `take_transmit`, and the next
-//! deadline from `poll_timeout`.
+//! Both server state machines follow one driver contract,
+//! [`machine::Machine`]: inputs `handle_*(now, …)`, outputs drained with
+//! `poll_*`, and the next deadline from `poll_timeout` (the client's
+//! session has the same shape).
 //!
 //! # Shared by both modes
 //!
@@ -26,6 +27,8 @@
 //!   [`admin`]: the admin API's access rule.
 //! - [`reserve`]: the token reserve that keeps fencing tokens growing across
 //!   restarts.
+//! - [`machine`]: [`machine::Machine`], the driver contract both server
+//!   state machines implement and every runtime drives.
 //! - [`time`], [`hash`]: injected time; the hasher for numeric-id maps.
 //!
 //! # Single mode
@@ -70,6 +73,7 @@ pub mod hash;
 pub mod inspect;
 pub mod line;
 pub mod lock;
+pub mod machine;
 pub mod metrics;
 mod queue_rule;
 pub mod raft;

@@ -7,7 +7,7 @@
 //!   [`Server::handle_flushed`], [`Server::handle_closed`],
 //!   [`Server::handle_timeout`], [`Server::begin_shutdown`];
 //! - outputs: drain [`Server::poll_wake`] after every input; for each woken
-//!   connection call [`Server::take_transmit`] and write what it gives;
+//!   connection call [`Server::poll_transmit`] and write what it gives;
 //!   with a token reserve ([`Server::with_token_reserve`]) also
 //!   [`Server::poll_reserve`] (store the value durably, then
 //!   [`Server::handle_reserve_persisted`] or [`Server::handle_reserve_failed`])
@@ -24,14 +24,16 @@ use crate::conn::client::{
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdMap;
+use crate::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView};
 use crate::lock::{
     AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, MAX_HOLDER, ReleaseOutcome,
     WaiterId,
 };
+use crate::machine::Machine;
 use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{KeyGroup, NO_LEADER_SLOT};
+use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 
 mod held;
 mod inspect;
@@ -240,172 +242,6 @@ impl Server {
         self
     }
 
-    /// A reserve value the driver must store durably now (then answer
-    /// [`Server::handle_reserve_persisted`] or
-    /// [`Server::handle_reserve_failed`]). Drain after every input.
-    pub fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
-        let next_token = self.table.next_token();
-        // The table refuses every token above the limit, so a next token
-        // beyond it means grants are being held back right now.
-        self.reserve.note_exhausted(next_token);
-        self.reserve.poll_persist(now, next_token)
-    }
-
-    /// `value` is durable: tokens up to it may be issued; waiters held back
-    /// by the reserve are granted now (wakes follow).
-    pub fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
-        if self.reserve.handle_persisted(value) {
-            self.table.set_token_limit(now, self.reserve.limit());
-            self.drain_lock_events(now);
-        }
-    }
-
-    /// The write asked for by [`Server::poll_reserve`] failed; it is asked
-    /// for again later ([`Server::poll_timeout`] says when).
-    pub fn handle_reserve_failed(&mut self, now: Instant) {
-        self.reserve.handle_persist_failed(now);
-    }
-
-    /// The next token alert for the operator (the driver logs it at
-    /// `error`).
-    pub fn poll_alert(&mut self) -> Option<TokenAlert> {
-        self.reserve.poll_alert()
-    }
-
-    /// A transport connection opened from `source`. `nonce` must be fresh
-    /// CSPRNG bytes. Returns `None` if every session slot is taken or the
-    /// server is shutting down (close it at once). Otherwise the connection
-    /// joins the handshake budget, which may drop an older unfinished
-    /// handshake (never this one). The hello is queued for sending (a wake
-    /// follows).
-    pub fn handle_connect(
-        &mut self,
-        now: Instant,
-        nonce: [u8; NONCE_LEN],
-        source: IpAddr,
-    ) -> Option<ConnId> {
-        self.handle_timeout(now);
-        // Connection ids are the table's 48-bit holder tags: past 2^48
-        // connections (nine years at a million a second) none is accepted.
-        if self.shutting_down
-            || self.sessions >= self.config.max_connections
-            || self.next_conn_id > MAX_HOLDER
-        {
-            self.reports.abuse(now, Some(source), AbuseKind::Refused);
-            return None;
-        }
-        let conn_id = ConnId(self.next_conn_id);
-        self.next_conn_id += 1;
-        if let Some(evicted) = self.handshakes.admit(conn_id, source) {
-            if let Some(old) = self.conns.get(&evicted) {
-                let old_source = old.source;
-                self.reports
-                    .abuse(now, Some(old_source), AbuseKind::HandshakeEvicted);
-            }
-            self.close_conn(now, evicted, CloseReason::HandshakeEvicted);
-        }
-        let hello = Hello {
-            mode: WireMode::Single,
-            self_slot: NO_LEADER_SLOT,
-            nonce,
-        };
-        let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline);
-        let mut conn = Conn {
-            out: Outbound::new(front.hello_bytes().to_vec()),
-            front,
-            queued: BTreeSet::new(),
-            source,
-            close_reason: None,
-            release_misses_in_row: 0,
-            replies: ReplyCounts::default(),
-        };
-        self.wakes.wake(conn_id, &mut conn.out);
-        self.conns.insert(conn_id, conn);
-        self.handshake_deadlines.push(deadline, conn_id);
-        Some(conn_id)
-    }
-
-    /// Bytes received on `conn`.
-    pub fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
-        self.handle_timeout(now);
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return;
-        };
-        if conn.out.is_closing() {
-            return;
-        }
-        let input = conn.front.handle_input(
-            now,
-            &self.config.client_tokens,
-            bytes,
-            conn.out.buffer_mut(),
-        );
-        match input {
-            FrontInput::Pending => return,
-            FrontInput::Session => {}
-            FrontInput::Accepted(dialect) => {
-                self.handshakes.finish(conn_id);
-                if self.sessions >= self.config.max_connections {
-                    let source = conn.source;
-                    self.reports.abuse(now, Some(source), AbuseKind::Refused);
-                    self.close_conn(now, conn_id, CloseReason::SessionLimit);
-                    return;
-                }
-                self.sessions += 1;
-                if dialect == Dialect::Line {
-                    self.line_sessions += 1;
-                }
-                conn.front.begin_session(conn.out.buffer_mut());
-                self.wakes.wake(conn_id, &mut conn.out);
-            }
-            FrontInput::Rejected(_) => {
-                let source = conn.source;
-                self.reports
-                    .abuse(now, Some(source), AbuseKind::FailedProof);
-                match conn.front.auth_failed_at() {
-                    // The line dialect answers a failed handshake late.
-                    Some(at) => self.handshake_deadlines.push(at, conn_id),
-                    None => self.close_conn(now, conn_id, CloseReason::ProofRejected),
-                }
-                return;
-            }
-        }
-        loop {
-            let Some(conn) = self.conns.get_mut(&conn_id) else {
-                return;
-            };
-            if conn.out.is_closing() {
-                break;
-            }
-            let next = conn
-                .front
-                .next_request(conn.out.buffer_mut(), &mut conn.replies);
-            if !conn.out.pending().is_empty() {
-                self.wakes.wake(conn_id, &mut conn.out);
-            }
-            match next {
-                Ok(None) => break,
-                Ok(Some(ClientRequest::Acquire {
-                    wait_s,
-                    lease_s,
-                    keys,
-                    reply_to,
-                })) => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
-                Ok(Some(ClientRequest::Release {
-                    token,
-                    keys,
-                    reply_to,
-                })) => self.handle_release(now, conn_id, token, keys, reply_to),
-                Err(reason) => {
-                    self.close_conn(now, conn_id, reason);
-                    break;
-                }
-            }
-        }
-        self.drain_lock_events(now);
-    }
-
     fn handle_acquire(
         &mut self,
         now: Instant,
@@ -524,12 +360,6 @@ impl Server {
         self.held.held(conn_id)
     }
 
-    /// The next thing to log: aggregated abuse reports (`warn`) and close
-    /// reasons (`debug`). Drain after every input, like the wakes.
-    pub fn poll_log(&mut self) -> Option<LogEvent> {
-        self.reports.poll()
-    }
-
     /// Log events dropped because the driver did not drain
     /// [`Server::poll_log`] (a bounded queue).
     pub fn dropped_log_events(&self) -> u64 {
@@ -613,155 +443,11 @@ impl Server {
         }
     }
 
-    /// The next `bytes` of what [`Server::take_transmit`] gave for `conn`
-    /// were handed to the transport (a short write reports its part). A
-    /// grant whose reply frame is written whole counts as delivered: the
-    /// client may have its token, so it is never released as a ghost.
-    pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
-        let _ = now;
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
-            conn.out.handle_written(bytes);
-        }
-    }
-
-    /// Everything taken from `conn` by [`Server::take_transmit`] so far has
-    /// been written to the transport: grants in it count as delivered.
-    pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        let _ = now;
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
-            conn.out.handle_flushed();
-        }
-    }
-
-    /// The transport of `conn` is gone (EOF, error, or after
-    /// [`ConnState::CloseAfterFlush`]). Its queued waiters are dropped and
-    /// grants whose reply was not written whole are released at once.
-    pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
-        self.handle_timeout(now);
-        self.close_conn(now, conn_id, CloseReason::TransportClosed);
-        let Some(conn) = self.conns.remove(&conn_id) else {
-            return;
-        };
-        if conn.front.in_session() {
-            self.sessions -= 1;
-            if conn.front.dialect() == Some(Dialect::Line) {
-                self.line_sessions -= 1;
-            }
-        }
-        self.held.forget_conn(conn_id);
-        self.closed_replies.add(&conn.replies);
-        let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
-        self.reports.closed(conn_id, Some(conn.source), reason);
-        #[cfg(feature = "planted-bugs")]
-        if crate::testing::planted::active(crate::testing::planted::PlantedBug::ForgetGhostGrant) {
-            self.drain_lock_events(now);
-            return;
-        }
-        for grant in conn.out.into_undelivered() {
-            // The holder never learned its token: release it now rather than
-            // leave the key blocked until the lease ends. A token that is no
-            // longer current (expired and re-granted) is simply not found.
-            self.table.release(now, &grant.keys, grant.token);
-        }
-        self.drain_lock_events(now);
-    }
-
-    /// Processes every deadline at or before `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        self.table.handle_timeout(now);
-        while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
-            let Some(conn) = self.conns.get_mut(&conn_id) else {
-                continue;
-            };
-            match conn.front.handle_timeout(now, conn.out.buffer_mut()) {
-                FrontTimeout::Nothing => {}
-                FrontTimeout::HandshakeTimedOut => {
-                    let source = conn.source;
-                    self.reports
-                        .abuse(now, Some(source), AbuseKind::HandshakeTimedOut);
-                    self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
-                }
-                FrontTimeout::AuthFailedSent => {
-                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
-                }
-            }
-        }
-        self.held.expire(now);
-        self.reports.handle_timeout(now);
-        self.drain_lock_events(now);
-    }
-
-    /// The earliest instant at which [`Server::handle_timeout`] has work.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        [
-            self.table.poll_timeout(),
-            self.handshake_deadlines.earliest(),
-            self.reports.poll_timeout(),
-            self.reserve.poll_timeout(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
-    /// A connection that has bytes to send or must be closed. A connection
-    /// whose bytes were already taken since it was queued is skipped, so each
-    /// is reported once per batch of bytes.
-    pub fn poll_wake(&mut self) -> Option<ConnId> {
-        self.wakes.poll(|conn_id| {
-            self.conns
-                .get_mut(&conn_id)
-                .is_some_and(|conn| conn.out.leave_wake_queue())
-        })
-    }
-
-    /// Moves `conn`'s pending bytes to the end of `out` and says what to do
-    /// with the connection.
-    pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
-        self.conns
-            .get_mut(&conn_id)
-            .map_or(ConnState::Gone, |conn| conn.out.take(out))
-    }
-
-    /// False while `conn` has too many reply bytes waiting to be written: the
-    /// driver should stop reading from it until it has written them.
-    pub fn wants_input(&self, conn_id: ConnId) -> bool {
-        let max_bytes = self.config.max_outbound_bytes_per_connection;
-        self.conns
-            .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(max_bytes) && conn.front.wants_input())
-    }
-
     /// The dialect `conn` speaks, once its handshake succeeded.
     pub fn dialect(&self, conn_id: ConnId) -> Option<Dialect> {
         self.conns
             .get(&conn_id)
             .and_then(|conn| conn.front.dialect())
-    }
-
-    /// Stop serving: every queued waiter gets `T`, every connection is
-    /// flushed and then closed (a line session is told `Enot_active`
-    /// first), and new connections are refused.
-    pub fn begin_shutdown(&mut self, now: Instant) {
-        self.handle_timeout(now);
-        self.shutting_down = true;
-        self.reports.flush();
-        self.table.time_out_all_waiters(now);
-        self.drain_lock_events(now);
-        let mut conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
-        conn_ids.sort_unstable();
-        for conn_id in conn_ids {
-            if let Some(conn) = self.conns.get_mut(&conn_id) {
-                conn.close_reason.get_or_insert(CloseReason::Shutdown);
-                conn.front.farewell(conn.out.buffer_mut());
-                self.wakes.close_after_flush(conn_id, &mut conn.out);
-            }
-        }
-    }
-
-    /// True once [`Server::begin_shutdown`] was called.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down
     }
 
     /// The lock table, read-only, for invariant checkers (the simulator).
@@ -801,6 +487,381 @@ impl Server {
             handshakes: self.handshakes.len(),
             lock: self.table.stats(),
             reserve: self.reserve.stats(),
+        }
+    }
+}
+
+/// The driver contract (see [`crate::machine`]); the doc of each method
+/// says what it means for the single-mode server.
+impl Machine for Server {
+    /// A transport connection opened from `source`. `nonce` must be fresh
+    /// CSPRNG bytes. Returns `None` if every session slot is taken or the
+    /// server is shutting down (close it at once). Otherwise the connection
+    /// joins the handshake budget, which may drop an older unfinished
+    /// handshake (never this one). The hello is queued for sending (a wake
+    /// follows).
+    fn handle_connect(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.handle_timeout(now);
+        // Connection ids are the table's 48-bit holder tags: past 2^48
+        // connections (nine years at a million a second) none is accepted.
+        if self.shutting_down
+            || self.sessions >= self.config.max_connections
+            || self.next_conn_id > MAX_HOLDER
+        {
+            self.reports.abuse(now, Some(source), AbuseKind::Refused);
+            return None;
+        }
+        let conn_id = ConnId(self.next_conn_id);
+        self.next_conn_id += 1;
+        if let Some(evicted) = self.handshakes.admit(conn_id, source) {
+            if let Some(old) = self.conns.get(&evicted) {
+                let old_source = old.source;
+                self.reports
+                    .abuse(now, Some(old_source), AbuseKind::HandshakeEvicted);
+            }
+            self.close_conn(now, evicted, CloseReason::HandshakeEvicted);
+        }
+        let hello = Hello {
+            mode: WireMode::Single,
+            self_slot: NO_LEADER_SLOT,
+            nonce,
+        };
+        let deadline = now.saturating_add(self.config.handshake_timeout);
+        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline);
+        let mut conn = Conn {
+            out: Outbound::new(front.hello_bytes().to_vec()),
+            front,
+            queued: BTreeSet::new(),
+            source,
+            close_reason: None,
+            release_misses_in_row: 0,
+            replies: ReplyCounts::default(),
+        };
+        self.wakes.wake(conn_id, &mut conn.out);
+        self.conns.insert(conn_id, conn);
+        self.handshake_deadlines.push(deadline, conn_id);
+        Some(conn_id)
+    }
+
+    /// Bytes received on `conn`.
+    fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        self.handle_timeout(now);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        if conn.out.is_closing() {
+            return;
+        }
+        let input = conn.front.handle_input(
+            now,
+            &self.config.client_tokens,
+            bytes,
+            conn.out.buffer_mut(),
+        );
+        match input {
+            FrontInput::Pending => return,
+            FrontInput::Session => {}
+            FrontInput::Accepted(dialect) => {
+                self.handshakes.finish(conn_id);
+                if self.sessions >= self.config.max_connections {
+                    let source = conn.source;
+                    self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                    self.close_conn(now, conn_id, CloseReason::SessionLimit);
+                    return;
+                }
+                self.sessions += 1;
+                if dialect == Dialect::Line {
+                    self.line_sessions += 1;
+                }
+                conn.front.begin_session(conn.out.buffer_mut());
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            FrontInput::Rejected(_) => {
+                let source = conn.source;
+                self.reports
+                    .abuse(now, Some(source), AbuseKind::FailedProof);
+                match conn.front.auth_failed_at() {
+                    // The line dialect answers a failed handshake late.
+                    Some(at) => self.handshake_deadlines.push(at, conn_id),
+                    None => self.close_conn(now, conn_id, CloseReason::ProofRejected),
+                }
+                return;
+            }
+        }
+        loop {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                return;
+            };
+            if conn.out.is_closing() {
+                break;
+            }
+            let next = conn
+                .front
+                .next_request(conn.out.buffer_mut(), &mut conn.replies);
+            if !conn.out.pending().is_empty() {
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            match next {
+                Ok(None) => break,
+                Ok(Some(ClientRequest::Acquire {
+                    wait_s,
+                    lease_s,
+                    keys,
+                    reply_to,
+                })) => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
+                Ok(Some(ClientRequest::Release {
+                    token,
+                    keys,
+                    reply_to,
+                })) => self.handle_release(now, conn_id, token, keys, reply_to),
+                Err(reason) => {
+                    self.close_conn(now, conn_id, reason);
+                    break;
+                }
+            }
+        }
+        self.drain_lock_events(now);
+    }
+
+    /// The next `bytes` of what [`Server::poll_transmit`] gave for `conn`
+    /// were handed to the transport (a short write reports its part). A
+    /// grant whose reply frame is written whole counts as delivered: the
+    /// client may have its token, so it is never released as a ghost.
+    /// No time is needed here (a cluster node times its peer links by
+    /// their writes, hence `now` in the contract).
+    fn handle_written(&mut self, _now: Instant, conn_id: ConnId, bytes: usize) {
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_written(bytes);
+        }
+    }
+
+    /// Everything taken from `conn` by [`Server::poll_transmit`] so far has
+    /// been written to the transport: grants in it count as delivered.
+    /// (`now`: as for [`Server::handle_written`].)
+    fn handle_flushed(&mut self, _now: Instant, conn_id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.out.handle_flushed();
+        }
+    }
+
+    /// The transport of `conn` is gone (EOF, error, or after
+    /// [`ConnState::CloseAfterFlush`]). Its queued waiters are dropped and
+    /// grants whose reply was not written whole are released at once.
+    fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
+        self.handle_timeout(now);
+        self.close_conn(now, conn_id, CloseReason::TransportClosed);
+        let Some(conn) = self.conns.remove(&conn_id) else {
+            return;
+        };
+        if conn.front.in_session() {
+            self.sessions -= 1;
+            if conn.front.dialect() == Some(Dialect::Line) {
+                self.line_sessions -= 1;
+            }
+        }
+        self.held.forget_conn(conn_id);
+        self.closed_replies.add(&conn.replies);
+        let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
+        self.reports.closed(conn_id, Some(conn.source), reason);
+        #[cfg(feature = "planted-bugs")]
+        if crate::testing::planted::active(crate::testing::planted::PlantedBug::ForgetGhostGrant) {
+            self.drain_lock_events(now);
+            return;
+        }
+        for grant in conn.out.into_undelivered() {
+            // The holder never learned its token: release it now rather than
+            // leave the key blocked until the lease ends. A token that is no
+            // longer current (expired and re-granted) is simply not found.
+            self.table.release(now, &grant.keys, grant.token);
+        }
+        self.drain_lock_events(now);
+    }
+
+    /// Processes every deadline at or before `now`.
+    fn handle_timeout(&mut self, now: Instant) {
+        self.table.handle_timeout(now);
+        while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                continue;
+            };
+            match conn.front.handle_timeout(now, conn.out.buffer_mut()) {
+                FrontTimeout::Nothing => {}
+                FrontTimeout::HandshakeTimedOut => {
+                    let source = conn.source;
+                    self.reports
+                        .abuse(now, Some(source), AbuseKind::HandshakeTimedOut);
+                    self.close_conn(now, conn_id, CloseReason::HandshakeTimedOut);
+                }
+                FrontTimeout::AuthFailedSent => {
+                    self.close_conn(now, conn_id, CloseReason::ProofRejected);
+                }
+            }
+        }
+        self.held.expire(now);
+        self.reports.handle_timeout(now);
+        self.drain_lock_events(now);
+    }
+
+    /// `value` is durable: tokens up to it may be issued; waiters held back
+    /// by the reserve are granted now (wakes follow).
+    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        if self.reserve.handle_persisted(value) {
+            self.table.set_token_limit(now, self.reserve.limit());
+            self.drain_lock_events(now);
+        }
+    }
+
+    /// The write asked for by [`Server::poll_reserve`] failed; it is asked
+    /// for again later ([`Server::poll_timeout`] says when).
+    fn handle_reserve_failed(&mut self, now: Instant) {
+        self.reserve.handle_persist_failed(now);
+    }
+
+    /// An operator's force-release, decided at once: the answer is ready
+    /// from [`Server::poll_admin_reply`] under `id`. A release is exactly a
+    /// holder's release (hand-over to the front waiter under a larger token,
+    /// wakes follow), counted and reported through [`Server::poll_log`].
+    fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        self.handle_timeout(now);
+        // Read before the release: the key may go straight to a waiter.
+        let grant = self.table.grant_of(req.key.as_bytes());
+        let outcome = self.table.force_release(now, req.key.as_bytes(), req.token);
+        if let ForceReleaseOutcome::Released {
+            revoked,
+            keys,
+            handed_to,
+        } = &outcome
+        {
+            if let Some(grant) = grant.filter(|grant| grant.token == *revoked) {
+                self.held
+                    .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
+            }
+            self.reports
+                .force_released(keys.clone(), *revoked, *handed_to);
+            self.drain_lock_events(now);
+        }
+        self.admin_replies.push(id, outcome);
+    }
+
+    /// Stop serving: every queued waiter gets `T`, every connection is
+    /// flushed and then closed (a line session is told `Enot_active`
+    /// first), and new connections are refused.
+    fn begin_shutdown(&mut self, now: Instant) {
+        self.handle_timeout(now);
+        self.shutting_down = true;
+        self.reports.flush();
+        self.table.time_out_all_waiters(now);
+        self.drain_lock_events(now);
+        let mut conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        conn_ids.sort_unstable();
+        for conn_id in conn_ids {
+            if let Some(conn) = self.conns.get_mut(&conn_id) {
+                conn.close_reason.get_or_insert(CloseReason::Shutdown);
+                conn.front.farewell(conn.out.buffer_mut());
+                self.wakes.close_after_flush(conn_id, &mut conn.out);
+            }
+        }
+    }
+
+    /// A connection that has bytes to send or must be closed. A connection
+    /// whose bytes were already taken since it was queued is skipped, so each
+    /// is reported once per batch of bytes.
+    fn poll_wake(&mut self) -> Option<ConnId> {
+        self.wakes.poll(|conn_id| {
+            self.conns
+                .get_mut(&conn_id)
+                .is_some_and(|conn| conn.out.leave_wake_queue())
+        })
+    }
+
+    /// Moves `conn`'s pending bytes to the end of `out` and says what to do
+    /// with the connection.
+    fn poll_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| conn.out.take(out))
+    }
+
+    /// The earliest instant at which [`Server::handle_timeout`] has work.
+    fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.table.poll_timeout(),
+            self.handshake_deadlines.earliest(),
+            self.reports.poll_timeout(),
+            self.reserve.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// A reserve value the driver must store durably now (then answer
+    /// [`Server::handle_reserve_persisted`] or
+    /// [`Server::handle_reserve_failed`]). Drain after every input.
+    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        let next_token = self.table.next_token();
+        // The table refuses every token above the limit, so a next token
+        // beyond it means grants are being held back right now.
+        self.reserve.note_exhausted(next_token);
+        self.reserve.poll_persist(now, next_token)
+    }
+
+    /// The next answer to a force-release. Drain after every input.
+    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.admin_replies.pop()
+    }
+
+    /// The next thing to log: aggregated abuse reports (`warn`) and close
+    /// reasons (`debug`). Drain after every input, like the wakes.
+    fn poll_log(&mut self) -> Option<LogEvent> {
+        self.reports.poll()
+    }
+
+    /// The next token alert for the operator (the driver logs it at
+    /// `error`).
+    fn poll_alert(&mut self) -> Option<TokenAlert> {
+        self.reserve.poll_alert()
+    }
+
+    /// False while `conn` has too many reply bytes waiting to be written: the
+    /// driver should stop reading from it until it has written them.
+    fn wants_input(&self, conn_id: ConnId) -> bool {
+        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        self.conns
+            .get(&conn_id)
+            .is_some_and(|conn| conn.out.wants_input(max_bytes) && conn.front.wants_input())
+    }
+
+    /// True once [`Server::begin_shutdown`] was called.
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    /// `key` as an operator sees it at `now`: its holder (token, whole
+    /// group, ages, connection) and its waiters in queue order; `None` when
+    /// it is neither held nor waited on.
+    fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
+        let inspection = self.table.inspect_key(now, key.as_bytes())?;
+        Some(self.lock_view(inspection))
+    }
+
+    /// The keys starting with `prefix` that are held or waited on at `now`,
+    /// in ascending key order, at most `limit` (clamped to
+    /// [`crate::inspect::MAX_LISTING_LIMIT`]). Walks the whole table:
+    /// O(keys × log limit).
+    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
+        let (inspections, truncated) = self.table.inspect_prefix(now, prefix, limit);
+        LockListing {
+            locks: inspections
+                .into_iter()
+                .map(|inspection| self.lock_view(inspection))
+                .collect(),
+            truncated,
         }
     }
 }

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Ipv4Addr};
 
 use ticketing_core::auth::*;
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, Reply, Request};
@@ -269,7 +270,7 @@ fn served(tokens: ClientTokens) -> Served {
         .handle_connect(now, [3; 16], LOOPBACK)
         .expect("connection admitted");
     let mut out = Vec::new();
-    assert_eq!(server.take_transmit(conn, &mut out), ConnState::Open);
+    assert_eq!(server.poll_transmit(conn, &mut out), ConnState::Open);
     let hello: [u8; HELLO_LEN] = out.try_into().expect("exactly one hello");
     let hello = Hello::parse(&hello).expect("a valid hello");
     Served {
@@ -294,7 +295,7 @@ impl Served {
 
     fn take(&mut self) -> (Vec<u8>, ConnState) {
         let mut out = Vec::new();
-        let state = self.server.take_transmit(self.conn, &mut out);
+        let state = self.server.poll_transmit(self.conn, &mut out);
         (out, state)
     }
 

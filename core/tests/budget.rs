@@ -10,6 +10,7 @@ use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
 };
 use ticketing_core::budget::{AbuseKind, BudgetConfig, CloseReason, LogEvent};
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
@@ -96,7 +97,7 @@ impl Harness {
 
     fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
         let mut out = Vec::new();
-        let state = self.server.take_transmit(conn, &mut out);
+        let state = self.server.poll_transmit(conn, &mut out);
         self.server.handle_flushed(self.now, conn);
         (out, state)
     }

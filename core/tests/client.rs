@@ -14,6 +14,7 @@ use ticketing_core::client::{
     Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS, ReleaseOperation, ReleaseOutcome,
     ReleaseQueue, ReleaseStep, Router, Session, SessionConfig, SessionEvent, lease_covers,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
@@ -116,7 +117,7 @@ impl Live {
             while self.server.poll_wake().is_some() {}
             for (conn, session) in &mut self.links {
                 let mut down = Vec::new();
-                let state = self.server.take_transmit(*conn, &mut down);
+                let state = self.server.poll_transmit(*conn, &mut down);
                 self.server.handle_flushed(self.now, *conn);
                 if !down.is_empty() {
                     moved = true;

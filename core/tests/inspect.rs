@@ -11,6 +11,7 @@ use ticketing_core::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockView, MAX_LISTING_LIMIT,
     MAX_WAITERS_PER_LISTED_LOCK,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
 use ticketing_core::time::Instant;
 use ticketing_core::wire::{
@@ -73,7 +74,7 @@ impl Harness {
 
     fn take(&mut self, conn: ConnId) -> Vec<u8> {
         let mut out = Vec::new();
-        self.server.take_transmit(conn, &mut out);
+        self.server.poll_transmit(conn, &mut out);
         self.server.handle_flushed(self.now, conn);
         out
     }
@@ -150,7 +151,9 @@ impl Harness {
     }
 
     fn show(&self, name: &str) -> LockView {
-        self.server.lock(self.now, &key(name)).expect("visible")
+        self.server
+            .inspect_lock(self.now, &key(name))
+            .expect("visible")
     }
 }
 
@@ -210,10 +213,10 @@ fn inspection_lists_the_holder_and_waiters_in_fifo_order_with_ages_after_a_clock
 
     // A key nobody holds or waits on is not there; nor is one whose lease
     // ran out (even before the table noticed).
-    assert_eq!(h.server.lock(h.now, &key("orders/43")), None);
+    assert_eq!(h.server.inspect_lock(h.now, &key("orders/43")), None);
     let (_, _) = h.holder(source(5), &["short"], 1);
     let later = Instant::from_micros(h.now.as_micros() + 1_000_000);
-    assert_eq!(h.server.lock(later, &key("short")), None);
+    assert_eq!(h.server.inspect_lock(later, &key("short")), None);
 }
 
 #[test]
@@ -237,7 +240,7 @@ fn a_set_shows_its_whole_group_on_every_key_and_in_a_listing() {
     assert_eq!(d.holder, None);
     assert_eq!(d.waiters[0].keys, vec![key("b"), key("d")]);
 
-    let listing = h.server.locks(h.now, b"", 10);
+    let listing = h.server.inspect_locks(h.now, b"", 10);
     let listed: Vec<&Key> = listing.locks.iter().map(|l| &l.key).collect();
     assert_eq!(listed, vec![&key("a"), &key("b"), &key("c"), &key("d")]);
     for view in &listing.locks[..3] {
@@ -262,29 +265,34 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
     h.send(conn, acquire(100, &["other/1"], 0, 30));
     assert_eq!(h.replies(conn).len(), 11);
 
-    let all = h.server.locks(h.now, b"jobs/", 100);
+    let all = h.server.inspect_locks(h.now, b"jobs/", 100);
     let names: Vec<&str> = all.locks.iter().map(|l| l.key.as_str()).collect();
     let expected: Vec<String> = (0..10).map(|n| format!("jobs/{n}")).collect();
     assert_eq!(names, expected);
     assert!(!all.truncated);
 
-    let first_three = h.server.locks(h.now, b"jobs/", 3);
+    let first_three = h.server.inspect_locks(h.now, b"jobs/", 3);
     let names: Vec<&str> = first_three.locks.iter().map(|l| l.key.as_str()).collect();
     assert_eq!(names, vec!["jobs/0", "jobs/1", "jobs/2"]);
     assert!(first_three.truncated);
 
-    let exact = h.server.locks(h.now, b"jobs/", 10);
+    let exact = h.server.inspect_locks(h.now, b"jobs/", 10);
     assert_eq!(exact.locks.len(), 10);
     assert!(!exact.truncated, "exactly the limit matched");
 
-    let everything = h.server.locks(h.now, b"", usize::MAX);
+    let everything = h.server.inspect_locks(h.now, b"", usize::MAX);
     assert_eq!(
         everything.locks.len(),
         11,
         "the limit is clamped, not refused"
     );
     assert_eq!(everything.locks[10].key, key("other/1"));
-    assert!(h.server.locks(h.now, b"nothing/", 10).locks.is_empty());
+    assert!(
+        h.server
+            .inspect_locks(h.now, b"nothing/", 10)
+            .locks
+            .is_empty()
+    );
 
     // Past MAX_LISTING_LIMIT matches a listing stops at the limit.
     for n in 0..=MAX_LISTING_LIMIT {
@@ -294,7 +302,7 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
         );
     }
     assert_eq!(h.replies(conn).len(), MAX_LISTING_LIMIT + 1);
-    let clamped = h.server.locks(h.now, b"many/", usize::MAX);
+    let clamped = h.server.inspect_locks(h.now, b"many/", usize::MAX);
     assert_eq!(clamped.locks.len(), MAX_LISTING_LIMIT);
     assert!(clamped.truncated);
     assert_eq!(clamped.locks[0].key, key("many/00000"));
@@ -348,7 +356,7 @@ fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
         queued.push(h.waiter(source(2), &["busy"], 20));
         h.advance_ms(n as u64 + 1);
     }
-    let listing = h.server.locks(h.now, b"", 10);
+    let listing = h.server.inspect_locks(h.now, b"", 10);
     let lock = &listing.locks[0];
     assert_eq!(lock.waiters_total, MAX_WAITERS_PER_LISTED_LOCK + 5);
     let front: Vec<_> = lock.waiters.iter().map(|w| w.conn.clone()).collect();
@@ -382,7 +390,11 @@ fn force_release_with_the_right_token_releases_and_with_another_is_a_mismatch() 
             handed_to: None,
         }
     );
-    assert_eq!(h.server.lock(h.now, &key("k")), None, "the key is free");
+    assert_eq!(
+        h.server.inspect_lock(h.now, &key("k")),
+        None,
+        "the key is free"
+    );
     assert_eq!(h.force_release("k", None), ForceReleaseOutcome::NotHeld);
     assert_eq!(
         h.force_release("never", Some(1)),
@@ -412,7 +424,7 @@ fn force_release_of_a_set_releases_it_whole() {
         "x itself went free; y went to its waiter"
     );
     assert!(new_token > token);
-    assert_eq!(h.server.lock(h.now, &key("x")), None);
+    assert_eq!(h.server.inspect_lock(h.now, &key("x")), None);
     assert_eq!(h.show("y").holder.unwrap().token, new_token);
     h.send(holder, release(2, &["x", "y"], token));
     assert_eq!(h.replies(holder), vec![Reply::NotFound { rid: 2 }]);

@@ -12,6 +12,7 @@ use ticketing_core::line::{
     decode_line_request, encode_line_acquire, encode_line_release, line_answer, line_nonce,
     shape_shared_nonce,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Dialect, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
@@ -146,7 +147,7 @@ impl Harness {
 
     fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
         let mut out = Vec::new();
-        let state = self.server.take_transmit(conn, &mut out);
+        let state = self.server.poll_transmit(conn, &mut out);
         self.server.handle_flushed(self.now, conn);
         (out, state)
     }

@@ -12,6 +12,7 @@ use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGER
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::cluster::{Command, ReplicatedLocks};
 use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::machine::Machine;
 use ticketing_core::metrics::{ReplyKind, ServerMetrics};
 use ticketing_core::raft::{ConfChange, ProposeError, RaftConfig};
 use ticketing_core::server::{ConnId, Server, ServerConfig};
@@ -74,7 +75,7 @@ impl Harness {
 
     fn take(&mut self, conn: ConnId) -> Vec<u8> {
         let mut out = Vec::new();
-        self.server.take_transmit(conn, &mut out);
+        self.server.poll_transmit(conn, &mut out);
         self.server.handle_flushed(self.now, conn);
         out
     }

@@ -8,6 +8,7 @@ const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCA
 use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
@@ -94,7 +95,7 @@ impl Harness {
     /// Takes what the server has for `conn` without reporting it flushed.
     fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
         let mut out = Vec::new();
-        let state = self.server.take_transmit(conn, &mut out);
+        let state = self.server.poll_transmit(conn, &mut out);
         (out, state)
     }
 

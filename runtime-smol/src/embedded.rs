@@ -7,7 +7,7 @@
 //! *peer* of the hub:
 //!
 //! - a socket peer has one task and one wake-up; after every input the
-//!   task that fed the core drains [`Server::poll_wake`] and notifies the
+//!   task that fed the core drains [`Machine::poll_wake`] and notifies the
 //!   woken peers (the serve loop of `ticketing-tokio`, ported to async-io);
 //!   that is this module;
 //! - a memory peer is one connection of an in-process [`TicketBroker`]: the
@@ -16,7 +16,7 @@
 //!   shuttled in memory by the hub instead of a socket (the broker's side
 //!   is in [`crate::client`]).
 //!
-//! One timer task sleeps until [`Server::poll_timeout`]; an input that moves
+//! One timer task sleeps until [`Machine::poll_timeout`]; an input that moves
 //! the deadline earlier notifies it.
 //!
 //! Module arrows run one way: `embedded` → `client` → `hub`, `embedded` →
@@ -40,6 +40,7 @@ use ticketing_core::auth::ClientTokens;
 use ticketing_core::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::reserve::{DEFAULT_RESERVE_STEP, TokenAlert, TokenReserve};
 use ticketing_core::server::{self, ConnId, ConnState, Server, ServerConfig, ServerStats};
 use ticketing_core::time::Instant;
@@ -343,7 +344,7 @@ impl EmbeddedServer {
         let inner = self.hub.lock();
         inner
             .server
-            .locks(self.hub.clock.now(), prefix.as_bytes(), limit)
+            .inspect_locks(self.hub.clock.now(), prefix.as_bytes(), limit)
     }
 
     /// `key` as an operator sees it now; `None` when it is neither held nor
@@ -351,7 +352,7 @@ impl EmbeddedServer {
     pub fn lock(&self, key: &str) -> Result<Option<LockView>, TicketError> {
         let key = parse_key(key)?;
         let inner = self.hub.lock();
-        Ok(inner.server.lock(self.hub.clock.now(), &key))
+        Ok(inner.server.inspect_lock(self.hub.clock.now(), &key))
     }
 
     /// Force-releases `key` (only while `token` holds it, when given):
@@ -644,7 +645,7 @@ async fn accept_tls(
         match accepted {
             Some(stream) => return drive(guard, waker, stream?, out).await,
             None => {
-                let state = guard.hub.lock().server.take_transmit(guard.conn, &mut out);
+                let state = guard.hub.lock().server.poll_transmit(guard.conn, &mut out);
                 if state != ConnState::Open {
                     return Ok(());
                 }
@@ -678,33 +679,14 @@ where
         waker.notify_one();
     }
     loop {
-        // Wait for our wake or for input (only while the core wants input).
-        let event = if reading {
-            future::or(
-                async {
-                    waker.notified().await;
-                    Woken::Notified
-                },
-                async { Woken::Read(stream.read(&mut read_buf).await) },
-            )
-            .await
-        } else {
-            waker.notified().await;
-            Woken::Notified
-        };
-        let woken = match event {
+        let woken = match next_event(waker, &mut stream, &mut read_buf, reading).await {
             Woken::Notified => true,
             Woken::Read(read) => {
                 let n = read?;
                 if n == 0 {
                     return Ok(());
                 }
-                let mut inner = hub.lock();
-                let now = hub.clock.now();
-                inner.server.handle_input(now, conn, &read_buf[..n]);
-                let mine = inner.dispatch(&hub.timer, Some(conn), None);
-                reading = inner.server.wants_input(conn);
-                drop(inner);
+                let mine = feed_input(hub, conn, &read_buf[..n], &mut reading);
                 if n == read_buf.len() && read_buf.len() < READ_BUF_MAX_BYTES {
                     read_buf.resize(read_buf.len() * 2, 0);
                 }
@@ -718,13 +700,7 @@ where
         // wake-up run first, so a grant their input hands to this
         // connection leaves in this write (as the tokio driver does).
         future::yield_now().await;
-        // Take everything pending in one batch.
-        let state = {
-            let mut inner = hub.lock();
-            let state = inner.server.take_transmit(conn, &mut out);
-            reading = inner.server.wants_input(conn);
-            state
-        };
+        let state = take_batch(hub, conn, &mut out, &mut reading);
         if state == ConnState::Gone {
             return Ok(());
         }
@@ -737,17 +713,7 @@ where
         if out.capacity() > WRITE_BUF_KEEP_BYTES {
             out = Vec::new();
         }
-        {
-            // Report what went out even when the write failed part way: a
-            // grant whose frame left whole may be in the client's hands.
-            let mut inner = hub.lock();
-            let now = hub.clock.now();
-            inner.server.handle_written(now, conn, written);
-            if inner.dispatch(&hub.timer, Some(conn), None) {
-                waker.notify_one();
-            }
-            reading = inner.server.wants_input(conn);
-        }
+        report_written(hub, waker, conn, written, &mut reading);
         result?;
         if state == ConnState::CloseAfterFlush {
             // The guard reports the close once the stream is shut down.
@@ -755,6 +721,56 @@ where
             return Ok(());
         }
     }
+}
+
+/// Waits for our wake or for input (only while the core wants input).
+async fn next_event<S>(waker: &Notify, stream: &mut S, read_buf: &mut [u8], reading: bool) -> Woken
+where
+    S: AsyncRead + Unpin,
+{
+    if !reading {
+        waker.notified().await;
+        return Woken::Notified;
+    }
+    future::or(
+        async {
+            waker.notified().await;
+            Woken::Notified
+        },
+        async { Woken::Read(stream.read(read_buf).await) },
+    )
+    .await
+}
+
+/// Hands bytes read from `conn` to the core; true if `conn` itself was
+/// woken. `reading` becomes whether the core wants more input.
+fn feed_input(hub: &Hub, conn: ConnId, bytes: &[u8], reading: &mut bool) -> bool {
+    let mut inner = hub.lock();
+    let now = hub.clock.now();
+    inner.server.handle_input(now, conn, bytes);
+    let mine = inner.dispatch(&hub.timer, Some(conn), None);
+    *reading = inner.server.wants_input(conn);
+    mine
+}
+
+/// Takes everything pending for `conn` in one batch.
+fn take_batch(hub: &Hub, conn: ConnId, out: &mut Vec<u8>, reading: &mut bool) -> ConnState {
+    let mut inner = hub.lock();
+    let state = inner.server.poll_transmit(conn, out);
+    *reading = inner.server.wants_input(conn);
+    state
+}
+
+/// Reports what went out, even when the write failed part way: a grant
+/// whose frame left whole may be in the client's hands.
+fn report_written(hub: &Hub, waker: &Notify, conn: ConnId, written: usize, reading: &mut bool) {
+    let mut inner = hub.lock();
+    let now = hub.clock.now();
+    inner.server.handle_written(now, conn, written);
+    if inner.dispatch(&hub.timer, Some(conn), None) {
+        waker.notify_one();
+    }
+    *reading = inner.server.wants_input(conn);
 }
 
 /// Writes `bytes` and flushes, counting in `written` how many bytes the

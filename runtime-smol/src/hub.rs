@@ -7,7 +7,7 @@
 //!
 //! The bytes the server hands out for a memory peer wait in its inbox until
 //! the broker feeds them to its session; only then does the server hear
-//! [`Server::handle_flushed`], so a broker that dies first leaves no ghost
+//! [`Machine::handle_flushed`], so a broker that dies first leaves no ghost
 //! grant, exactly as over TCP.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -19,6 +19,7 @@ use futures_rustls::TlsAcceptor;
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::client::Session;
 use ticketing_core::hash::IdMap;
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server};
 use ticketing_core::time::Instant;
 
@@ -106,7 +107,7 @@ impl HubInner {
                     }
                 }
                 Some(Peer::Memory(peer)) => {
-                    let state = self.server.take_transmit(conn, &mut peer.inbox);
+                    let state = self.server.poll_transmit(conn, &mut peer.inbox);
                     if state != ConnState::Open {
                         peer.state = state;
                     }
@@ -238,7 +239,7 @@ impl Hub {
 
     /// Moves bytes both ways between broker `owner`'s sessions and their
     /// server connections until neither side has more: inbox → session
-    /// (then [`Server::handle_flushed`]), session → server while it wants
+    /// (then [`Machine::handle_flushed`]), session → server while it wants
     /// input. A closed session or a link the server ended is closed on both
     /// sides and marked `closed`. `now` is read once by the broker, on the
     /// clock it shares with the server ([`Hub::clock`]).
@@ -267,7 +268,7 @@ impl Hub {
                         && peer.inbox.is_empty()
                     {
                         // Given back for its capacity: the server's next
-                        // reply is written into it (`take_transmit` swaps).
+                        // reply is written into it (`poll_transmit` swaps).
                         inbox.clear();
                         peer.inbox = inbox;
                     }

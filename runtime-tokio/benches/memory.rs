@@ -30,6 +30,7 @@ use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, RESULT_ACCEPTED, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT,
     WireMode,
 };
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnState, Server, ServerConfig};
 use ticketing_core::time::Instant;
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, Request};
@@ -72,14 +73,14 @@ fn main() {
         .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
         .expect("connection");
     let mut out = Vec::new();
-    assert_eq!(server.take_transmit(conn, &mut out), ConnState::Open);
+    assert_eq!(server.poll_transmit(conn, &mut out), ConnState::Open);
     let mut handshake =
         ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
     let (_, status) = handshake.handle_input(&out);
     assert_eq!(status, ClientHandshakeStatus::SendProof);
     server.handle_input(now, conn, &handshake.proof().unwrap());
     out.clear();
-    server.take_transmit(conn, &mut out);
+    server.poll_transmit(conn, &mut out);
     assert_eq!(out, [RESULT_ACCEPTED]);
     server.handle_flushed(now, conn);
 
@@ -105,7 +106,7 @@ fn main() {
         }
         server.handle_input(now, conn, &frames);
         out.clear();
-        assert_eq!(server.take_transmit(conn, &mut out), ConnState::Open);
+        assert_eq!(server.poll_transmit(conn, &mut out), ConnState::Open);
         // Every request granted: all replies are `A`, none `B` or `T`.
         assert_eq!(out.len(), batch * ACQUIRED_REPLY_LEN);
         assert!(

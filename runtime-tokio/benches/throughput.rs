@@ -58,6 +58,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use ticketing_core::machine::Machine;
 
 #[path = "support/echo.rs"]
 mod echo;
@@ -416,7 +417,7 @@ impl CoreConn {
             .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
             .expect("connection");
         let mut out = Vec::new();
-        server.take_transmit(conn, &mut out);
+        server.poll_transmit(conn, &mut out);
         if line {
             let newline = out
                 .iter()
@@ -438,7 +439,7 @@ impl CoreConn {
             server.handle_input(now, conn, &handshake.proof().expect("proof"));
         }
         out.clear();
-        server.take_transmit(conn, &mut out);
+        server.poll_transmit(conn, &mut out);
         server.handle_flushed(now, conn);
         out.clear();
         CoreConn {
@@ -453,7 +454,7 @@ impl CoreConn {
     fn exchange(&mut self, frames: &[u8]) {
         self.out.clear();
         self.server.handle_input(self.now, self.conn, frames);
-        self.server.take_transmit(self.conn, &mut self.out);
+        self.server.poll_transmit(self.conn, &mut self.out);
         self.server.handle_flushed(self.now, self.conn);
     }
 }

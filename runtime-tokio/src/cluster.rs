@@ -32,7 +32,7 @@
 //!   voters is up.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -43,24 +43,17 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, error, info, warn};
 
-use ticketing_core::auth::NONCE_LEN;
+use ticketing_core::admin::AdminTokens;
 use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
-use ticketing_core::cluster::{ConnId, ConnState, NodeEvent};
 use ticketing_core::raft::NodeId;
 use ticketing_core::time::Instant;
-
-use ticketing_core::admin::AdminTokens;
-use ticketing_core::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
-};
-use ticketing_core::wire::Key;
 
 use crate::admin;
 use crate::serve::{
     Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
-    log_token_alert, open_floor, run_persister, start,
+    open_floor, run_persister, start,
 };
-use crate::state::{self, StateSettings};
+use crate::state::{self, FloorFile, StateSettings};
 
 /// The generation of every member of a freshly bootstrapped cluster. Any
 /// later start of a slot uses its token floor (wall-clock microseconds or
@@ -172,6 +165,24 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
+    /// `node`'s view at `now`.
+    pub(crate) fn of(node: &ClusterNode, now: Instant) -> Self {
+        let raft = node.raft();
+        ClusterStatus {
+            id: node.id(),
+            is_leader: node.is_leader(),
+            leader: node.leader(),
+            is_voter: raft.is_voter(),
+            checking_genesis: node.checking_genesis(),
+            term: raft.term(),
+            voters: raft.config().voters.iter().copied().collect(),
+            learners: raft.config().learners.iter().copied().collect(),
+            commit_index: raft.commit_index(),
+            stats: node.stats(),
+            live_peers: node.live_peers(now),
+        }
+    }
+
     /// One line: `slot=0 generation=1 role=leader leader=0 voter=1
     /// checking=0 term=3 commit=12 voters=0:1,1:1,2:1 learners= clients=2
     /// peers=2 live=2 held=0 waiters=0 pending=0`.
@@ -205,177 +216,6 @@ impl ClusterStatus {
     }
 }
 
-/// The cluster node as the generic driver sees it.
-#[derive(Debug)]
-pub(crate) struct ClusterCore {
-    node: ClusterNode,
-}
-
-impl ClusterCore {
-    fn status(&self, now: Instant) -> ClusterStatus {
-        let raft = self.node.raft();
-        ClusterStatus {
-            id: self.node.id(),
-            is_leader: self.node.is_leader(),
-            leader: self.node.leader(),
-            is_voter: raft.is_voter(),
-            checking_genesis: self.node.checking_genesis(),
-            term: raft.term(),
-            voters: raft.config().voters.iter().copied().collect(),
-            learners: raft.config().learners.iter().copied().collect(),
-            commit_index: raft.commit_index(),
-            stats: self.node.stats(),
-            live_peers: self.node.live_peers(now),
-        }
-    }
-
-    fn open_client(
-        &mut self,
-        now: Instant,
-        nonce: [u8; NONCE_LEN],
-        source: IpAddr,
-    ) -> Option<ConnId> {
-        self.node.handle_connect(now, nonce, source)
-    }
-
-    fn open_peer(
-        &mut self,
-        now: Instant,
-        nonce: [u8; NONCE_LEN],
-        source: IpAddr,
-    ) -> Option<ConnId> {
-        self.node.handle_peer_accept(now, nonce, source)
-    }
-}
-
-impl Machine for ClusterCore {
-    fn handle_input(&mut self, now: Instant, conn: ConnId, bytes: &[u8]) {
-        self.node.handle_input(now, conn, bytes);
-    }
-    fn poll_wake(&mut self) -> Option<ConnId> {
-        self.node.poll_wake()
-    }
-    fn take_transmit(&mut self, conn: ConnId, out: &mut Vec<u8>) -> ConnState {
-        self.node.take_transmit(conn, out)
-    }
-    fn wants_input(&self, conn: ConnId) -> bool {
-        self.node.wants_input(conn)
-    }
-    fn handle_written(&mut self, now: Instant, conn: ConnId, written: usize) {
-        self.node.handle_written(now, conn, written);
-    }
-    fn handle_closed(&mut self, now: Instant, conn: ConnId) {
-        self.node.handle_closed(now, conn);
-    }
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.node.poll_timeout()
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        self.node.handle_timeout(now);
-    }
-    fn begin_shutdown(&mut self, now: Instant) {
-        self.node.begin_shutdown(now);
-    }
-    fn is_shutting_down(&self) -> bool {
-        self.node.is_shutting_down()
-    }
-    fn poll_dial(&mut self, now: Instant) -> Option<u8> {
-        self.node.poll_dial(now)
-    }
-    fn handle_dial_failed(&mut self, now: Instant, slot: u8) {
-        self.node.handle_dial_failed(now, slot);
-    }
-    fn handle_dialed(&mut self, now: Instant, slot: u8, nonce: [u8; NONCE_LEN]) -> ConnId {
-        self.node.handle_peer_connected(now, slot, nonce)
-    }
-    fn quiesced(&self) -> bool {
-        // Clients answered and closed, leadership handed over: the peer
-        // connections left may be dropped.
-        self.node.stats().clients == 0 && !self.node.is_leader()
-    }
-    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
-        self.node.poll_reserve(now)
-    }
-    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
-        self.node.handle_reserve_persisted(now, value);
-    }
-    fn handle_reserve_failed(&mut self, now: Instant) {
-        self.node.handle_reserve_failed(now);
-    }
-    fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
-        // A node that is not the leader is asked through `not_leader`
-        // first; here it sees nothing.
-        self.node.lock(now, key).ok().flatten()
-    }
-    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
-        self.node.locks(now, prefix, limit).unwrap_or(LockListing {
-            locks: Vec::new(),
-            truncated: false,
-        })
-    }
-    fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
-        self.node.handle_force_release(now, id, req);
-    }
-    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
-        self.node.poll_admin_reply()
-    }
-    fn not_leader(&self) -> Option<NotLeader> {
-        self.node.not_leader()
-    }
-    fn observe(&mut self) {
-        while let Some(event) = self.node.poll_log() {
-            crate::serve::log_event(event);
-        }
-        while let Some(alert) = self.node.poll_alert() {
-            log_token_alert(alert);
-        }
-        while let Some(event) = self.node.poll_event() {
-            log_node_event(self.node.id(), event);
-        }
-    }
-}
-
-/// Logs what the node reported about itself.
-fn log_node_event(own_id: NodeId, event: NodeEvent) {
-    match event {
-        NodeEvent::GenerationChanged { generation } => warn!(
-            generation,
-            "--bootstrap found this cluster already running: joined as a new generation \
-             instead (never pass --bootstrap to a restart)"
-        ),
-        NodeEvent::PeerFramesRefused {
-            slot,
-            error,
-            refused,
-        } => warn!(
-            slot,
-            refused, "refused a peer frame ({error}); closed that connection"
-        ),
-        NodeEvent::RaftMessagesRefused { refused } => warn!(
-            refused,
-            "dropped a peer message carrying an out-of-bounds term or index"
-        ),
-        NodeEvent::LeaderChanged {
-            leader: Some(leader),
-            term,
-        } if leader == own_id => info!(term, "this node leads"),
-        NodeEvent::LeaderChanged {
-            leader: Some(leader),
-            term,
-        } => info!(
-            leader_slot = leader.slot,
-            leader_generation = leader.generation,
-            term,
-            "leader changed"
-        ),
-        NodeEvent::LeaderChanged { leader: None, term } => info!(term, "no leader known"),
-        NodeEvent::VoterChanged { is_voter: true } => info!("this node is a voter"),
-        NodeEvent::VoterChanged { is_voter: false } => {
-            info!("this node is not a voter (learner or removed)");
-        }
-    }
-}
-
 /// A cluster node running on the current tokio runtime. Dropping it starts
 /// the same shutdown as [`RunningCluster::shutdown`] without waiting for it.
 #[derive(Debug)]
@@ -384,7 +224,7 @@ pub struct RunningCluster {
     peer_addr: SocketAddr,
     status_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
-    shared: Arc<Shared<ClusterCore>>,
+    shared: Arc<Shared<ClusterNode>>,
     supervisor: Option<JoinHandle<()>>,
 }
 
@@ -412,7 +252,7 @@ impl RunningCluster {
     /// The node's current view.
     pub fn status(&self) -> ClusterStatus {
         let inner = self.shared.lock();
-        inner.core.status(self.shared.clock.now())
+        ClusterStatus::of(&inner.core, self.shared.clock.now())
     }
 
     /// Stops accepting clients, answers what is queued (`E 3`), hands
@@ -444,34 +284,85 @@ fn wall_clock_micros() -> u64 {
 /// Binds the client, peer and status addresses and starts the node on the
 /// current tokio runtime.
 pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningCluster> {
-    let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidInput, message);
-    let slot_count = settings.node.slot_count;
-    if settings.peer_addrs.len() != usize::from(slot_count) {
-        return Err(invalid(format!(
-            "{} peer addresses for {slot_count} slots",
-            settings.peer_addrs.len()
-        )));
-    }
-    let slot = settings.node.id.slot;
+    check_peer_addrs(&settings)?;
     let clock = Clock::start();
     let floor = match &settings.state {
         Some(state) => {
-            let name = state::cluster_file_name(&settings.node.fingerprint, slot);
+            let name = state::cluster_file_name(&settings.node.fingerprint, settings.node.id.slot);
             Some(open_floor(state, &name, &clock).await?)
         }
         None => None,
     };
+    let join_generation = pick_identity(&mut settings, floor.as_ref())?;
+    let sockets = ClusterSockets::bind(&settings).await?;
+    let seed = os_seed()?;
+    let (node, persister) = new_node(&settings, join_generation, seed, floor, &clock);
+    log_listening(&settings, &sockets);
+    let shared = Shared::new(node, clock);
+    let extra = spawn_side_tasks(&shared, &settings, persister, sockets.status, sockets.admin);
+    let listeners = vec![
+        Listener {
+            tcp: sockets.client,
+            tls: settings.client_tls.clone(),
+            open: <ClusterNode as Machine>::handle_connect,
+            what: "client",
+            link_timeout: None,
+        },
+        Listener {
+            tcp: sockets.peer,
+            tls: settings.peer_tls.as_ref().map(|t| Arc::clone(&t.server)),
+            open: <ClusterNode as Machine>::handle_peer_accept,
+            what: "peer",
+            link_timeout: Some(settings.node.peer_silence_timeout),
+        },
+    ];
+    let supervisor = start(
+        &shared,
+        listeners,
+        extra,
+        Some(dialer(&settings)),
+        settings.shutdown_grace,
+    );
+    // No kick needed for the first dials: their attempts are due at once,
+    // so the timer's first wake-up drains them.
+    Ok(RunningCluster {
+        client_addr: sockets.client_addr,
+        peer_addr: sockets.peer_addr,
+        status_addr: sockets.status_addr,
+        admin_addr: sockets.admin_addr,
+        shared,
+        supervisor: Some(supervisor),
+    })
+}
+
+fn invalid_input(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+/// One peer address per slot.
+fn check_peer_addrs(settings: &ClusterSettings) -> io::Result<()> {
+    let slot_count = settings.node.slot_count;
+    if settings.peer_addrs.len() != usize::from(slot_count) {
+        return Err(invalid_input(format!(
+            "{} peer addresses for {slot_count} slots",
+            settings.peer_addrs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Sets the node's id (generation, see the module documentation) and the
+/// domain's first token in `settings`, validates the configuration, and
+/// returns the generation a joining start uses.
+fn pick_identity(settings: &mut ClusterSettings, floor: Option<&state::Floor>) -> io::Result<u64> {
     // The token floor at start: above the clock and above every floor this
     // slot started with before. It is also the generation of a joining
     // start, so that a restart with the clock stepped back still comes back
     // newer than its last generation (the leader adds only newer ones).
     // Strictly above the bootstrap generation whatever the clock says; a
     // bootstrap member joins under it if it finds the cluster running.
-    let token_floor = floor
-        .as_ref()
-        .map_or_else(first_token_from_clock, |floor| floor.first_token);
+    let token_floor = floor.map_or_else(first_token_from_clock, |floor| floor.first_token);
     let join_generation = floor
-        .as_ref()
         .map_or_else(wall_clock_micros, |floor| floor.first_token)
         .max(BOOTSTRAP_GENERATION + 1);
     let generation = if settings.bootstrap {
@@ -479,94 +370,133 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     } else {
         join_generation
     };
-    settings.node.id = NodeId::new(slot, generation);
+    settings.node.id = NodeId::new(settings.node.id.slot, generation);
     // The domain's first token if this node's leadership initialises the
     // counter.
     settings.node.bootstrap_wall_clock_us = token_floor;
     settings
         .node
         .validate()
-        .map_err(|e| invalid(format!("cluster configuration: {e}")))?;
+        .map_err(|e| invalid_input(format!("cluster configuration: {e}")))?;
+    Ok(join_generation)
+}
 
-    let client = TcpListener::bind(settings.client_listen).await?;
-    let peer = TcpListener::bind(settings.peer_listen).await?;
-    let status = match settings.status_listen {
-        Some(addr) => Some(TcpListener::bind(addr).await?),
-        None => None,
-    };
-    let client_addr = client.local_addr()?;
-    let peer_addr = peer.local_addr()?;
-    let status_addr = status.as_ref().map(TcpListener::local_addr).transpose()?;
-    let admin = admin::bind(settings.admin_listen).await?;
-    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+/// The node's listeners, bound, with their addresses.
+struct ClusterSockets {
+    client: TcpListener,
+    peer: TcpListener,
+    status: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    status_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
+}
 
+impl ClusterSockets {
+    async fn bind(settings: &ClusterSettings) -> io::Result<Self> {
+        let client = TcpListener::bind(settings.client_listen).await?;
+        let peer = TcpListener::bind(settings.peer_listen).await?;
+        let status = match settings.status_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let admin = admin::bind(settings.admin_listen).await?;
+        Ok(ClusterSockets {
+            client_addr: client.local_addr()?,
+            peer_addr: peer.local_addr()?,
+            status_addr: status.as_ref().map(TcpListener::local_addr).transpose()?,
+            admin_addr: admin.as_ref().map(TcpListener::local_addr).transpose()?,
+            client,
+            peer,
+            status,
+            admin,
+        })
+    }
+}
+
+/// The seed of the node's randomised timeouts, from the OS.
+fn os_seed() -> io::Result<u64> {
     let mut seed = [0u8; 8];
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
-    let seed = u64::from_le_bytes(seed);
+    Ok(u64::from_le_bytes(seed))
+}
+
+/// The node (bootstrapping or joining, see the module documentation),
+/// bounded by the token floor's reserve when there is a state file (whose
+/// writer is returned with it).
+fn new_node(
+    settings: &ClusterSettings,
+    join_generation: u64,
+    seed: u64,
+    floor: Option<state::Floor>,
+    clock: &Clock,
+) -> (ClusterNode, Option<Arc<FloorFile>>) {
     let now = clock.now();
+    let node = if settings.bootstrap {
+        let voters = (0..settings.node.slot_count).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
+        ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
+    } else {
+        ClusterNode::join(settings.node.clone(), seed, now)
+    };
+    match floor {
+        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
+        None => (node, None),
+    }
+}
+
+fn log_listening(settings: &ClusterSettings, sockets: &ClusterSockets) {
     let auth = if settings.node.client_tokens.is_no_auth() {
         "none (empty token only)"
     } else {
         "client tokens"
     };
-    let node = if settings.bootstrap {
-        let voters = (0..slot_count).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
-        ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
-    } else {
-        ClusterNode::join(settings.node.clone(), seed, now)
-    };
-    let (node, persister) = match floor {
-        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
-        None => (node, None),
-    };
     info!(
-        client = %client_addr,
-        peer = %peer_addr,
-        status = ?status_addr,
+        client = %sockets.client_addr,
+        peer = %sockets.peer_addr,
+        status = ?sockets.status_addr,
         mode = "cluster",
-        slot,
-        generation,
-        slots = slot_count,
+        slot = settings.node.id.slot,
+        generation = settings.node.id.generation,
+        slots = settings.node.slot_count,
         start = if settings.bootstrap { "bootstrap" } else { "join" },
         auth,
         client_tls = if settings.client_tls.is_some() { "on" } else { "off" },
         peer_tls = if settings.peer_tls.is_some() { "on" } else { "off" },
         "ticketing cluster node listening"
     );
-    let core = ClusterCore { node };
-    let shared = Shared::new(core, clock);
+}
+
+/// Starts the persister (with a state file), the status listener and the
+/// admin API (when configured).
+fn spawn_side_tasks(
+    shared: &Arc<Shared<ClusterNode>>,
+    settings: &ClusterSettings,
+    persister: Option<Arc<FloorFile>>,
+    status: Option<TcpListener>,
+    admin: Option<TcpListener>,
+) -> Vec<JoinHandle<()>> {
     let mut extra = Vec::new();
     if let Some(file) = persister {
-        extra.push(tokio::spawn(run_persister(Arc::clone(&shared), file)));
+        extra.push(tokio::spawn(run_persister(Arc::clone(shared), file)));
     }
     if let Some(status) = status {
-        extra.push(tokio::spawn(serve_status(Arc::clone(&shared), status)));
+        extra.push(tokio::spawn(serve_status(Arc::clone(shared), status)));
     }
     if let Some(admin) = admin {
         let node = Arc::new(admin::DrivenNode {
-            shared: Arc::clone(&shared),
-            metrics: |core: &ClusterCore| admin::NodeMetrics::Cluster(core.node.metrics()),
+            shared: Arc::clone(shared),
+            metrics: |node: &ClusterNode| admin::NodeMetrics::Cluster(node.metrics()),
         });
         let tokens = settings.admin_tokens.clone();
         extra.push(tokio::spawn(admin::serve_admin_api(admin, node, tokens)));
     }
-    let listeners = vec![
-        Listener {
-            tcp: client,
-            tls: settings.client_tls.clone(),
-            open: ClusterCore::open_client,
-            what: "client",
-            link_timeout: None,
-        },
-        Listener {
-            tcp: peer,
-            tls: settings.peer_tls.as_ref().map(|t| Arc::clone(&t.server)),
-            open: ClusterCore::open_peer,
-            what: "peer",
-            link_timeout: Some(settings.node.peer_silence_timeout),
-        },
-    ];
-    let dialer = Dialer {
+    extra
+}
+
+/// Where and how to dial each peer slot.
+fn dialer(settings: &ClusterSettings) -> Dialer {
+    Dialer {
         link_timeout: settings.node.peer_silence_timeout,
         addrs: settings.peer_addrs.clone(),
         tls: settings.peer_tls.as_ref().map(|t| {
@@ -575,34 +505,17 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
                 t.server_name.clone(),
             )
         }),
-    };
-    let supervisor = start(
-        &shared,
-        listeners,
-        extra,
-        Some(dialer),
-        settings.shutdown_grace,
-    );
-    // No kick needed for the first dials: their attempts are due at once,
-    // so the timer's first wake-up drains them.
-    Ok(RunningCluster {
-        client_addr,
-        peer_addr,
-        status_addr,
-        admin_addr,
-        shared,
-        supervisor: Some(supervisor),
-    })
+    }
 }
 
 /// Writes one status line to every connection, then closes it.
-async fn serve_status(shared: Arc<Shared<ClusterCore>>, listener: TcpListener) {
+async fn serve_status(shared: Arc<Shared<ClusterNode>>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((mut tcp, peer)) => {
                 let mut line = {
                     let inner = shared.lock();
-                    inner.core.status(shared.clock.now()).line()
+                    ClusterStatus::of(&inner.core, shared.clock.now()).line()
                 };
                 line.push('\n');
                 tokio::spawn(async move {

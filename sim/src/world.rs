@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Session, SessionConfig};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
 use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::machine::Machine;
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
@@ -661,7 +662,7 @@ impl<'t> World<'t> {
                 continue;
             }
             let mut out = Vec::new();
-            let state = proc.server.take_transmit(id, &mut out);
+            let state = proc.server.poll_transmit(id, &mut out);
             debug_assert_eq!(out.len(), conn.observed, "took what the oracle read");
             conn.observed = 0;
             let taken = std::mem::take(&mut conn.untaken_grants);

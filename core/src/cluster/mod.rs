@@ -9,6 +9,8 @@
 //!   the Raft group ([`crate::raft`]) that orders the commands.
 //! - [`events`]: [`NodeEvent`], the leader/voter/generation changes a node
 //!   queues for its driver.
+//! - `machine`: `impl` [`crate::machine::Machine`] `for` [`ClusterNode`],
+//!   the driver contract.
 //! - [`peer`]: the peer protocol between nodes: handshake, authenticated
 //!   frames, and the encoding of Raft messages.
 //!
@@ -21,6 +23,7 @@
 pub(crate) mod bytes;
 pub mod command;
 pub mod events;
+mod machine;
 mod metrics;
 pub mod node;
 pub mod peer;

@@ -1,22 +1,22 @@
-//! Inspection and force-release on the single-mode server (see
-//! [`crate::inspect`]): the lock table's view plus the connections the
-//! server knows grants and waits by. Costs are the table's (see
+//! What the single-mode server's inspection and force-release verbs
+//! ([`crate::machine::Machine::inspect_lock`],
+//! [`crate::machine::Machine::handle_force_release`]; vocabulary in
+//! [`crate::inspect`]) are made of: the lock table's view plus the
+//! connections the server knows grants and waits by, and the queue of
+//! answers. Costs are the table's (see
 //! [`crate::lock::LockTable::inspect_key`]); nothing is stored per key.
 
 use std::collections::VecDeque;
 
 use super::Server;
 use crate::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
-    WaiterView,
+    AdminRequestId, ConnView, ForceReleaseOutcome, HolderView, LockView, WaiterView,
 };
 use crate::lock::KeyInspection;
 use crate::server::ConnId;
-use crate::time::Instant;
-use crate::wire::Key;
 
 /// Admin answers kept for a driver that does not drain
-/// [`Server::poll_admin_reply`]; past it the oldest is dropped (its caller
+/// [`crate::machine::Machine::poll_admin_reply`]; past it the oldest is dropped (its caller
 /// times out; the force-release itself took effect).
 pub const MAX_QUEUED_ADMIN_REPLIES: usize = 1_024;
 
@@ -25,69 +25,21 @@ pub const MAX_QUEUED_ADMIN_REPLIES: usize = 1_024;
 pub(crate) struct AdminReplies(VecDeque<(AdminRequestId, ForceReleaseOutcome)>);
 
 impl AdminReplies {
-    fn push(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
+    /// Queues an answer, dropping the oldest past the bound.
+    pub(super) fn push(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
         if self.0.len() >= MAX_QUEUED_ADMIN_REPLIES {
             self.0.pop_front();
         }
         self.0.push_back((id, outcome));
     }
+
+    /// The oldest answer not yet handed to the driver.
+    pub(super) fn pop(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.0.pop_front()
+    }
 }
 
 impl Server {
-    /// `key` as an operator sees it at `now`: its holder (token, whole
-    /// group, ages, connection) and its waiters in queue order; `None` when
-    /// it is neither held nor waited on.
-    pub fn lock(&self, now: Instant, key: &Key) -> Option<LockView> {
-        let inspection = self.table.inspect_key(now, key.as_bytes())?;
-        Some(self.lock_view(inspection))
-    }
-
-    /// The keys starting with `prefix` that are held or waited on at `now`,
-    /// in ascending key order, at most `limit` (clamped to
-    /// [`crate::inspect::MAX_LISTING_LIMIT`]). Walks the whole table:
-    /// O(keys × log limit).
-    pub fn locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
-        let (inspections, truncated) = self.table.inspect_prefix(now, prefix, limit);
-        LockListing {
-            locks: inspections
-                .into_iter()
-                .map(|inspection| self.lock_view(inspection))
-                .collect(),
-            truncated,
-        }
-    }
-
-    /// An operator's force-release, decided at once: the answer is ready
-    /// from [`Server::poll_admin_reply`] under `id`. A release is exactly a
-    /// holder's release (hand-over to the front waiter under a larger token,
-    /// wakes follow), counted and reported through [`Server::poll_log`].
-    pub fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
-        self.handle_timeout(now);
-        // Read before the release: the key may go straight to a waiter.
-        let grant = self.table.grant_of(req.key.as_bytes());
-        let outcome = self.table.force_release(now, req.key.as_bytes(), req.token);
-        if let ForceReleaseOutcome::Released {
-            revoked,
-            keys,
-            handed_to,
-        } = &outcome
-        {
-            if let Some(grant) = grant.filter(|grant| grant.token == *revoked) {
-                self.held
-                    .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
-            }
-            self.reports
-                .force_released(keys.clone(), *revoked, *handed_to);
-            self.drain_lock_events(now);
-        }
-        self.admin_replies.push(id, outcome);
-    }
-
-    /// The next answer to a force-release. Drain after every input.
-    pub fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
-        self.admin_replies.0.pop_front()
-    }
-
     fn conn_view(&self, conn_id: ConnId) -> Option<ConnView> {
         let conn = self.conns.get(&conn_id)?;
         Some(ConnView {
@@ -97,7 +49,8 @@ impl Server {
         })
     }
 
-    fn lock_view(&self, inspection: KeyInspection) -> LockView {
+    /// The operator's view of one key the table inspected.
+    pub(super) fn lock_view(&self, inspection: KeyInspection) -> LockView {
         let holder = inspection.holder.map(|holder| HolderView {
             conn: self
                 .table

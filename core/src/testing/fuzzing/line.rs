@@ -10,6 +10,7 @@ use crate::line::{
     encode_line_acquire, encode_line_release, line_answer,
 };
 use crate::lock::{Limits, LockConfig};
+use crate::machine::Machine;
 use crate::server::{ConnId, ConnState, Server, ServerConfig};
 use crate::time::{Duration, Instant};
 
@@ -254,7 +255,7 @@ pub fn line_session(data: &[u8]) {
 
 fn take(server: &mut Server, conn: &mut LineConn) -> ConnState {
     let mut out = Vec::new();
-    let state = server.take_transmit(conn.id, &mut out);
+    let state = server.poll_transmit(conn.id, &mut out);
     conn.received.extend_from_slice(&out);
     state
 }

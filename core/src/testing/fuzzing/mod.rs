@@ -24,6 +24,7 @@ use crate::auth::{
     ClientHandshake, ClientHandshakeStatus, HELLO_LEN, SINGLE_FINGERPRINT, WireMode,
 };
 use crate::lock::{Limits, LockConfig};
+use crate::machine::Machine;
 use crate::server::{ConnId, ConnState, Server, ServerConfig};
 use crate::time::{Duration, Instant};
 use crate::wire::{
@@ -287,7 +288,7 @@ pub fn server_session(data: &[u8]) {
             (2, Some(index)) => {
                 let conn = &mut conns[index];
                 let mut out = Vec::new();
-                server.take_transmit(conn.id, &mut out);
+                server.poll_transmit(conn.id, &mut out);
                 conn.received.extend_from_slice(&out);
                 if conn.received.len() >= HELLO_LEN {
                     let mut client = ClientHandshake::new(
@@ -317,7 +318,7 @@ pub fn server_session(data: &[u8]) {
             (5, Some(index)) => {
                 let conn = &mut conns[index];
                 let mut out = Vec::new();
-                let state = server.take_transmit(conn.id, &mut out);
+                let state = server.poll_transmit(conn.id, &mut out);
                 conn.received.extend_from_slice(&out);
                 server.handle_flushed(now, conn.id);
                 if state == ConnState::CloseAfterFlush {
@@ -329,7 +330,7 @@ pub fn server_session(data: &[u8]) {
                 // A short write: only a prefix of what was taken goes out.
                 let conn = &mut conns[index];
                 let mut out = Vec::new();
-                server.take_transmit(conn.id, &mut out);
+                server.poll_transmit(conn.id, &mut out);
                 let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
                 server.handle_written(now, conn.id, written);
                 conn.received.extend_from_slice(&out);
@@ -347,7 +348,7 @@ pub fn server_session(data: &[u8]) {
     }
     for conn in &mut conns {
         let mut out = Vec::new();
-        server.take_transmit(conn.id, &mut out);
+        server.poll_transmit(conn.id, &mut out);
         conn.received.extend_from_slice(&out);
         check_server_output(&conn.received);
         if !conn.closed {
