@@ -2,17 +2,12 @@
 //! composed with the lock table.
 //!
 //! The driver owns sockets and the clock; this type owns every decision.
-//! Contract (str0m / quinn-proto shape):
-//! - inputs: [`Server::handle_connect`], [`Server::handle_input`],
-//!   [`Server::handle_flushed`], [`Server::handle_closed`],
-//!   [`Server::handle_timeout`], [`Server::begin_shutdown`];
-//! - outputs: drain [`Server::poll_wake`] after every input; for each woken
-//!   connection call [`Server::poll_transmit`] and write what it gives;
-//!   with a token reserve ([`Server::with_token_reserve`]) also
-//!   [`Server::poll_reserve`] (store the value durably, then
-//!   [`Server::handle_reserve_persisted`] or [`Server::handle_reserve_failed`])
-//!   and [`Server::poll_alert`] (log at `error`);
-//! - time: [`Server::poll_timeout`].
+//! Its verbs are the driver contract, [`Machine`] (`impl Machine for
+//! Server` below): inputs `handle_*`, outputs `poll_*` drained after every
+//! input, the deadline from `poll_timeout`. With a token reserve
+//! ([`Server::with_token_reserve`]) the driver also stores what
+//! `poll_reserve` asks for. It has no peers, so the cluster-only verbs keep
+//! their defaults.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -26,6 +26,7 @@ use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
 use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
 use ticketing_core::lock::Limits;
+use ticketing_core::machine::Machine;
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::wire::{ErrorCode, Key, Reply, Request};
 
@@ -1177,7 +1178,7 @@ impl<'t> ClusterWorld<'t> {
             }
             let mut out = Vec::new();
             let node = self.nodes[s].node.as_mut().expect("checked above");
-            let state = node.take_transmit(id, &mut out);
+            let state = node.poll_transmit(id, &mut out);
             if state == ConnState::Gone {
                 continue;
             }

@@ -5,8 +5,9 @@
 //! flush), the queue of connections with work for the driver
 //! ([`WakeQueue`]) and handshake deadlines ([`HandshakeDeadlines`]).
 //!
-//! Both state machines follow one driver contract (`poll_wake`,
-//! `take_transmit`, `handle_written`, `handle_flushed`, `wants_input`), so
+//! Both state machines follow one driver contract
+//! ([`crate::machine::Machine`]: `poll_wake`, `poll_transmit`,
+//! `handle_written`, `handle_flushed`, `wants_input`), so
 //! the accounting behind it lives here once; in particular the rule that a
 //! grant counts as delivered only once its whole reply frame was written.
 //! What happens to a grant that never was differs (the server releases it
