@@ -16,6 +16,7 @@ use ticketing_core::cluster::{
     ClusterConfig, ClusterNode, NodeEvent, PeerLiveness, default_peer_silence_timeout,
 };
 use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
+use ticketing_core::machine::Machine;
 use ticketing_core::raft::{NodeId, RaftConfig};
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
@@ -1751,6 +1752,24 @@ fn shutdown_tells_line_clients_not_active() {
     );
     assert!(!lines.is_empty());
     assert!(net.clients[waiter].closed);
+}
+
+#[test]
+fn a_shutting_down_leader_is_quiesced_once_its_clients_are_closed_and_it_no_longer_leads() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let client = net.connect(leader);
+    token_of(net.request(client, acquire(1, "k", 0, 60)));
+    assert!(!net.node(leader).quiesced(), "it leads and has a client");
+    let now = net.now;
+    net.node(leader).begin_shutdown(now);
+    net.settle();
+    assert!(net.clients[client].closed);
+    net.run_for(Duration::from_secs(2));
+    let node = net.node(leader);
+    assert!(!node.is_leader(), "leadership was handed over");
+    assert!(node.quiesced());
+    assert_eq!(Machine::node_id(node), Some(node.id()));
 }
 
 #[test]

@@ -429,6 +429,25 @@ fn connection_limit_refuses_the_next_connection() {
 }
 
 #[test]
+fn a_single_server_refuses_peer_and_dialed_connections_and_never_counts_as_quiesced() {
+    let mut h = Harness::default();
+    let conn = h.connect();
+    assert_eq!(h.server.handle_peer_accept(h.now, [0; 16], LOOPBACK), None);
+    assert_eq!(h.server.handle_dialed(h.now, 1, [0; 16]), None);
+    assert_eq!(h.server.poll_dial(h.now), None);
+    assert_eq!(h.server.stats().connections, 1, "nothing but the client");
+    // Shutdown waits for every connection: the server never says the rest
+    // may be dropped, not even once they are all gone.
+    h.server.begin_shutdown(h.now);
+    assert!(!h.server.quiesced());
+    h.server.handle_closed(h.now, conn);
+    assert_eq!(h.server.stats().connections, 0);
+    assert!(!h.server.quiesced());
+    assert_eq!(h.server.node_id(), None);
+    assert_eq!(h.server.poll_node_event(), None);
+}
+
+#[test]
 fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
     let mut h = Harness::default();
     let [holder, waiter] = h.connections();
