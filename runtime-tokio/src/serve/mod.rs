@@ -50,7 +50,8 @@ mod supervise;
 pub(crate) use self::floor::{first_token_from_clock, open_floor, run_persister};
 pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
-/// The driver contract, under the name the driver's modules use.
+/// The core's driver contract, re-exported for the driver's other modules
+/// (`cluster`, `admin`).
 pub(crate) use ticketing_core::machine::Machine;
 
 /// Pending connections the client listener queues: what
