@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use ticketing_tokio::config::BenchArgs;
 use ticketing_tokio::{ReleaseOutcome, TicketBroker, TicketError};
 
-use super::{CONNECT_TIMEOUT, ClientOptions, client_broker};
+use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
 /// Progress line refresh interval.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);

@@ -24,21 +24,12 @@ use crate::wire::{
     Decoded, ErrorCode, Key, KeyGroup, MAX_LEASE_S, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
 };
 
+use super::Dialect;
+
 /// How long a failed line handshake waits before its `Eauth_failed`: a
 /// line client reconnects at once on that reason, so without the delay a
 /// misconfigured one would try over a thousand times a second.
 pub(crate) const LINE_AUTH_FAILED_DELAY: Duration = Duration::from_secs(1);
-
-/// The protocol a client connection speaks, decided by its handshake
-/// answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    /// Wire v3 (clients 0.4.0): binary frames with request ids.
-    V3,
-    /// The line dialect (clients 0.3.0): newline-framed, replies echo the
-    /// key and owner or token.
-    Line,
-}
 
 /// Where an answer goes: what the dialect needs to build its reply.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use crate::client::{
 use crate::time::{Duration, Instant};
 use crate::wire::{Decoded, ErrorCode, NO_LEADER_SLOT, Reply, Request, RequestDecoder};
 
-use super::{Cursor, FUZZ_KEYS};
+use super::script::{Cursor, FUZZ_KEYS};
 
 /// What the harness knows about one submitted request.
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
 use crate::wire::Reply;
 
-use super::{Cursor, fuzz_request};
+use super::script::{Cursor, fuzz_request};
 
 pub(super) const FINGERPRINT: [u8; 32] = [0x3c; 32];
 pub(super) const BOOT_US: u64 = 1_700_000_000_000_000;

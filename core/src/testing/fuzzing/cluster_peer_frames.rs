@@ -13,11 +13,11 @@ use crate::server::ConnId;
 use crate::time::Duration;
 use crate::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Reply, Request};
 
-use super::Cursor;
 use super::cluster_clients::{
     BOOT_US, Client, Cluster, FINGERPRINT, PEER_TOKEN, client_source, node_source,
 };
 use super::raft_group::{hostile_number, numbers_mut};
+use super::script::Cursor;
 
 /// Most script steps per input: keeps each run cheap.
 const MAX_STEPS: usize = 120;

@@ -10,7 +10,7 @@ use crate::conn::client::{ClientFront, FrontInput};
 use crate::line::{LINE_ANSWER_LEN, is_base64url};
 use crate::time::Instant;
 
-use super::Cursor;
+use super::script::Cursor;
 
 /// When every byte arrives (the front's handshake deadline is later).
 const NOW: Instant = Instant::from_millis(1_000);

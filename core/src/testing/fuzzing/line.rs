@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::Cursor;
+use super::script::Cursor;
 use crate::auth::HELLO_LEN;
 use crate::line::{
     LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest, MAX_LINE_KEY_SCAN,

@@ -10,6 +10,7 @@ mod handshake;
 mod line;
 mod peer_handshake;
 mod raft_group;
+mod script;
 
 pub use client_session::client_session;
 pub use cluster_clients::cluster_clients;
@@ -26,10 +27,9 @@ use crate::auth::{
 use crate::lock::{Limits, LockConfig};
 use crate::server::{ConnId, ConnState, Server, ServerConfig};
 use crate::time::{Duration, Instant};
-use crate::wire::{
-    AcquireRequest, Decoded, Key, KeyGroup, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT,
-    ReleaseRequest, Reply, Request, RequestDecoder,
-};
+use crate::wire::{Decoded, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT, Reply, RequestDecoder};
+
+use self::script::{Cursor, fuzz_request};
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
 /// first byte, and checks: no panic, bounded buffering, every request it
@@ -133,73 +133,11 @@ fn session_events(frames: &[u8], chunk_len: usize) -> Vec<crate::client::Session
     events
 }
 
-struct Cursor<'a> {
-    data: &'a [u8],
-}
-
-impl Cursor<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let (&first, rest) = self.data.split_first()?;
-        self.data = rest;
-        Some(first)
-    }
-
-    fn bytes(&mut self, len: usize) -> &[u8] {
-        let len = len.min(self.data.len());
-        let (taken, rest) = self.data.split_at(len);
-        self.data = rest;
-        taken
-    }
-}
-
 struct FuzzConn {
     id: ConnId,
     /// Everything the server sent to this connection.
     received: Vec<u8>,
     closed: bool,
-}
-
-const FUZZ_KEYS: [&str; 4] = ["a", "b", "c", "d"];
-
-fn fuzz_keys(bits: u8) -> KeyGroup {
-    let mut keys: Vec<Key> = FUZZ_KEYS
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| bits & (1 << index) != 0)
-        .map(|(_, name)| Key::new(name.as_bytes()).expect("valid key"))
-        .collect();
-    if keys.is_empty() {
-        keys.push(Key::new(b"a").expect("valid key"));
-    }
-    KeyGroup::new(keys).expect("ascending keys")
-}
-
-/// A request built from the next three input bytes: an acquire or a
-/// release, of one key (`A`/`R`) or a non-empty set (`S`/`G`), with a short
-/// wait and lease, or a token within 16 of `first_token` (so releases hit
-/// live grants).
-fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) -> Request {
-    let kind = cursor.byte().unwrap_or(0);
-    let bits = cursor.byte().unwrap_or(1);
-    let arg = cursor.byte().unwrap_or(0);
-    let set = kind & 1 == 1;
-    let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
-    if kind & 2 == 0 {
-        Request::Acquire(AcquireRequest {
-            rid,
-            wait_s: arg % 4,
-            lease_s: 1 + arg % 3,
-            keys,
-            set,
-        })
-    } else {
-        Request::Release(ReleaseRequest {
-            rid,
-            token: first_token + u64::from(arg % 16),
-            keys,
-            set,
-        })
-    }
 }
 
 /// Checks that `bytes` is a hello, optionally a result byte, and then only

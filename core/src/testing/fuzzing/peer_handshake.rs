@@ -9,7 +9,7 @@ use crate::cluster::peer::{
 use crate::raft::{Message, MessageBody, NodeId};
 use crate::time::Instant;
 
-use super::Cursor;
+use super::script::Cursor;
 
 const FINGERPRINT: [u8; 32] = [0x6e; 32];
 const TOKEN_NEW: &[u8] = b"peer-token-new-0123456789";
