@@ -514,20 +514,29 @@ impl FramesHarness {
         true
     }
 
+    /// The attacker `pick` chooses, if its connection is still open; one
+    /// the node closed (cleared in `settle`) is forgotten.
+    fn open_attacker_index(&mut self, pick: usize) -> Option<usize> {
+        let index = pick % self.attackers.len();
+        let attacker = &self.attackers[index];
+        if !self
+            .cluster
+            .taps
+            .contains(&(attacker.target, attacker.conn))
+        {
+            self.attackers.remove(index);
+            return None;
+        }
+        Some(index)
+    }
+
     /// Sends a sealed hostile message on an attacker connection: refused
     /// exactly when a number is out of bounds.
     fn send_hostile(&mut self, cursor: &mut Cursor<'_>, pick: usize) -> bool {
         let now = self.cluster.now;
-        let index = pick % self.attackers.len();
-        // The node may have closed it (cleared in `settle`).
-        if !self
-            .cluster
-            .taps
-            .contains(&(self.attackers[index].target, self.attackers[index].conn))
-        {
-            self.attackers.remove(index);
+        let Some(index) = self.open_attacker_index(pick) else {
             return false;
-        }
+        };
         let Some(msg) = hostile_message(cursor, &self.cluster, &self.attackers[index]) else {
             return false;
         };
@@ -556,15 +565,9 @@ impl FramesHarness {
         let now = self.cluster.now;
         // The last frame again, or a fresh one with a byte flipped
         // past its length: the tag does not verify.
-        let index = pick % self.attackers.len();
-        if !self
-            .cluster
-            .taps
-            .contains(&(self.attackers[index].target, self.attackers[index].conn))
-        {
-            self.attackers.remove(index);
+        let Some(index) = self.open_attacker_index(pick) else {
             return false;
-        }
+        };
         let attacker = &mut self.attackers[index];
         let mut frame = std::mem::take(&mut attacker.last_frame);
         if frame.is_empty() || pick & 1 == 1 {
