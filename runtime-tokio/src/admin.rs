@@ -25,7 +25,8 @@ use prometheus_client::registry::{Registry, Unit};
 use ticketing_core::admin::AdminTokens;
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::metrics::{
-    ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind, ServerMetrics,
+    BusyByLimit, ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind,
+    ServerMetrics,
 };
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -250,7 +251,17 @@ fn abuse(e: &mut DescriptorEncoder, m: &ticketing_core::metrics::AbuseCounts) ->
     )
 }
 
+/// Single mode's series, in exposition order.
 fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
+    single_lock_events(e, m)?;
+    replies(e, &m.replies)?;
+    abuse(e, &m.abuse)?;
+    single_occupancy(e, m)?;
+    single_latencies(e, m)
+}
+
+/// What the lock table did: grants, releases, expiries, T and B answers.
+fn single_lock_events(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
     let l = &m.lock;
     counters(
         e,
@@ -302,21 +313,17 @@ fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
             ("shutdown", l.timeouts_shutdown),
         ],
     )?;
-    counters(
+    busy(
         e,
-        "busy",
         "Acquires answered B, by the limit that was reached.",
-        "limit",
-        &[
-            ("max_keys", l.busy.max_keys),
-            ("max_waiters_per_key", l.busy.max_waiters_per_key),
-            ("max_waiters_total", l.busy.max_waiters_total),
-            ("token_reserve", l.busy.token_reserve),
-            ("per_connection", m.busy_per_connection),
-        ],
-    )?;
-    replies(e, &m.replies)?;
-    abuse(e, &m.abuse)?;
+        &l.busy,
+        m.busy_per_connection,
+        None,
+    )
+}
+
+/// What the server holds now: keys, waiters, connections.
+fn single_occupancy(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
     gauge(
         e,
         "held_keys",
@@ -330,19 +337,42 @@ fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
         m.keys,
     )?;
     gauge(e, "waiters", "Queued acquires.", m.waiters)?;
-    connections(e, m.sessions, m.line_sessions, m.handshakes)?;
+    connections(e, m.sessions, m.line_sessions, m.handshakes)
+}
+
+fn single_latencies(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
     histogram(
         e,
         "lock_wait",
         "Time from an acquire's arrival to its grant (0 for an immediate grant).",
-        &l.wait,
+        &m.lock.wait,
     )?;
     histogram(
         e,
         "lock_hold",
         "Time from a grant to its release or the end of its lease.",
-        &l.hold,
+        &m.lock.hold,
     )
+}
+
+/// Acquires answered B, by the limit reached: the lock table's limits and
+/// the per-connection bound, then (cluster) Raft backpressure.
+fn busy(
+    e: &mut DescriptorEncoder,
+    help: &str,
+    table: &BusyByLimit,
+    per_connection: u64,
+    raft_backpressure: Option<u64>,
+) -> fmt::Result {
+    let mut by_limit = vec![
+        ("max_keys", table.max_keys),
+        ("max_waiters_per_key", table.max_waiters_per_key),
+        ("max_waiters_total", table.max_waiters_total),
+        ("token_reserve", table.token_reserve),
+        ("per_connection", per_connection),
+    ];
+    by_limit.extend(raft_backpressure.map(|count| ("raft_backpressure", count)));
+    counters(e, "busy", help, "limit", &by_limit)
 }
 
 fn connections(
@@ -369,7 +399,21 @@ fn connections(
     Ok(())
 }
 
+/// Cluster mode's series, in exposition order.
 fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
+    cluster_role(e, m)?;
+    raft_progress(e, m)?;
+    raft_traffic(e, m)?;
+    peer_replication_lag(e, m)?;
+    cluster_lock_events(e, m)?;
+    replies(e, &m.replies)?;
+    abuse(e, &m.abuse)?;
+    cluster_occupancy(e, m)?;
+    cluster_latencies(e, m)
+}
+
+/// This node's place in the cluster: leader, voter, bootstrap check.
+fn cluster_role(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     flag(e, "is_leader", "1 if this node leads.", m.is_leader)?;
     flag(
         e,
@@ -388,7 +432,11 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "checking_genesis",
         "1 while a bootstrap member checks that its cluster is new.",
         m.checking_genesis,
-    )?;
+    )
+}
+
+/// Where this node's Raft log stands.
+fn raft_progress(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     gauge(e, "raft_term", "The current Raft term.", m.term)?;
     gauge(
         e,
@@ -413,7 +461,11 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "node_generation",
         "This node's generation (new on every start).",
         m.generation,
-    )?;
+    )
+}
+
+/// Leader changes, snapshots and appends this node saw or sent.
+fn raft_traffic(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     counter(
         e,
         "leader_changes",
@@ -449,22 +501,28 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "raft_append_responses_sent",
         "Append answers sent to the leader while following.",
         m.raft.append_responses_sent,
+    )
+}
+
+fn peer_replication_lag(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
+    let mut metric = e.encode_descriptor(
+        "peer_replication_lag_entries",
+        "Leader only: log entries each peer slot is known to lack.",
+        None,
+        MetricType::Gauge,
     )?;
-    {
-        let mut metric = e.encode_descriptor(
-            "peer_replication_lag_entries",
-            "Leader only: log entries each peer slot is known to lack.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for peer in &m.peers {
-            let slot = peer.slot.to_string();
-            let labels = [("slot", slot.as_str())];
-            metric
-                .encode_family(&labels)?
-                .encode_gauge(&peer.lag_entries)?;
-        }
+    for peer in &m.peers {
+        let slot = peer.slot.to_string();
+        let labels = [("slot", slot.as_str())];
+        metric
+            .encode_family(&labels)?
+            .encode_gauge(&peer.lag_entries)?;
     }
+    Ok(())
+}
+
+/// What the replicated lock state did: grants, releases, expiries, B answers.
+fn cluster_lock_events(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     counter(
         e,
         "grants",
@@ -505,22 +563,17 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "Operator force-releases applied that revoked a grant (also counted in releases).",
         m.locks.force_releases,
     )?;
-    counters(
+    busy(
         e,
-        "busy",
         "Leader: acquires answered B, by the limit that was reached.",
-        "limit",
-        &[
-            ("max_keys", m.busy.max_keys),
-            ("max_waiters_per_key", m.busy.max_waiters_per_key),
-            ("max_waiters_total", m.busy.max_waiters_total),
-            ("token_reserve", m.busy.token_reserve),
-            ("per_connection", m.busy_per_connection),
-            ("raft_backpressure", m.busy_backpressure),
-        ],
-    )?;
-    replies(e, &m.replies)?;
-    abuse(e, &m.abuse)?;
+        &m.busy,
+        m.busy_per_connection,
+        Some(m.busy_backpressure),
+    )
+}
+
+/// What the node holds now: keys, waiters, sessions.
+fn cluster_occupancy(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     gauge(
         e,
         "held_keys",
@@ -533,7 +586,10 @@ fn encode_cluster(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result 
         "client_sessions",
         "Client connections past their handshake.",
         m.sessions,
-    )?;
+    )
+}
+
+fn cluster_latencies(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
     histogram(
         e,
         "lock_hold",

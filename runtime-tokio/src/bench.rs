@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use ticketing_tokio::config::BenchArgs;
 use ticketing_tokio::{ReleaseOutcome, TicketBroker, TicketError};
 
-use super::{CONNECT_TIMEOUT, ClientOptions, client_broker};
+use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
 /// Progress line refresh interval.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -76,6 +76,23 @@ fn lock(totals: &SharedTotals) -> std::sync::MutexGuard<'_, Totals> {
 }
 
 async fn bench(args: &BenchArgs) -> ExitCode {
+    let broker = match connect_and_warm_up(args).await {
+        Ok(broker) => broker,
+        Err(code) => return code,
+    };
+    let server_pids = if args.server_pids.is_empty() {
+        cpu::listening_pids(&args.addrs)
+    } else {
+        args.server_pids.clone()
+    };
+    let measured = run_workers(&broker, args, &server_pids).await;
+    broker.close().await;
+    report(args, &server_pids, measured)
+}
+
+/// A broker connected to `args.addrs` that has done one pair; the exit
+/// code if that failed.
+async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode> {
     let options = ClientOptions {
         addrs: &args.addrs,
         token: args.token.as_deref(),
@@ -87,7 +104,7 @@ async fn bench(args: &BenchArgs) -> ExitCode {
         Ok(broker) => broker,
         Err(e) => {
             eprintln!("ticketing bench: {e}");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
     if !broker.wait_ready(CONNECT_TIMEOUT).await {
@@ -95,24 +112,35 @@ async fn bench(args: &BenchArgs) -> ExitCode {
             "ticketing bench: cannot connect to {}",
             args.addrs.join(", ")
         );
-        return ExitCode::from(1);
+        return Err(ExitCode::from(1));
     }
     if let Err(e) = warm_up(&broker, args).await {
         eprintln!("ticketing bench: the warm-up pair failed: {e}");
-        return ExitCode::from(1);
+        return Err(ExitCode::from(1));
     }
-    let server_pids = if args.server_pids.is_empty() {
-        cpu::listening_pids(&args.addrs)
-    } else {
-        args.server_pids.clone()
-    };
+    Ok(broker)
+}
+
+/// What one measured run gave.
+struct Measured {
+    elapsed: Duration,
+    /// CPU this process spent during the run, if `/proc` tells.
+    client_cpu: Option<Duration>,
+    /// CPU the server processes spent during the run, if `/proc` tells.
+    server_cpu: Option<Duration>,
+    totals: Totals,
+}
+
+/// Runs `args.clients` worker tasks until `args.ops` pairs are done,
+/// showing progress on a terminal, and measures the time and CPU spent.
+async fn run_workers(broker: &TicketBroker, args: &BenchArgs, server_pids: &[u32]) -> Measured {
     // Built once: the load generator's own allocations are not the client's.
     let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench-{i}")).collect();
     let totals = SharedTotals::default();
     let claimed = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let client_cpu_before = cpu::process_cpu(std::process::id());
-    let server_cpu_before = cpu::total_cpu(&server_pids);
+    let server_cpu_before = cpu::total_cpu(server_pids);
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.clients);
     for client in 0..args.clients {
@@ -138,16 +166,31 @@ async fn bench(args: &BenchArgs) -> ExitCode {
     let client_cpu = cpu::process_cpu(std::process::id())
         .zip(client_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
-    let server_cpu = cpu::total_cpu(&server_pids)
+    let server_cpu = cpu::total_cpu(server_pids)
         .zip(server_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
     if let Some(progress) = progress {
         progress.abort();
         eprint!("\r\x1b[K");
     }
-    broker.close().await;
+    let totals = std::mem::take(&mut *lock(&totals));
+    Measured {
+        elapsed,
+        client_cpu,
+        server_cpu,
+        totals,
+    }
+}
 
-    let Totals { histogram, errors } = std::mem::take(&mut *lock(&totals));
+/// Prints throughput, latency and CPU per pair, then the errors; failure
+/// if there were any.
+fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode {
+    let Measured {
+        elapsed,
+        client_cpu,
+        server_cpu,
+        totals: Totals { histogram, errors },
+    } = measured;
     let histogram = histogram.unwrap_or_else(new_histogram);
     let ok = histogram.len();
     let rate = ok as f64 / elapsed.as_secs_f64();

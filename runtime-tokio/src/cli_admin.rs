@@ -440,88 +440,30 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> Option<u64> {
 
 async fn run_status(args: AdminArgs) -> Result<(), Failure> {
     let addrs = admin_addrs(&args)?;
-    let mut rows = vec![vec![
-        "ADMIN".to_owned(),
-        "READY".to_owned(),
-        "ROLE".to_owned(),
-        "TERM".to_owned(),
-        "COMMIT".to_owned(),
-        "APPLIED".to_owned(),
-        "HELD KEYS".to_owned(),
-        "WAITERS".to_owned(),
-        "SESSIONS".to_owned(),
-    ]];
+    let mut rows = vec![
+        [
+            "ADMIN",
+            "READY",
+            "ROLE",
+            "TERM",
+            "COMMIT",
+            "APPLIED",
+            "HELD KEYS",
+            "WAITERS",
+            "SESSIONS",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
     let mut json = Vec::new();
     let mut all_ready = true;
     let mut reached = 0;
     for addr in &addrs {
-        let ready = admin_client::request(*addr, "GET", "/readyz", None).await;
-        let metrics = admin_client::request(*addr, "GET", "/metrics", None).await;
-        let (ready, metrics) = match (ready, metrics) {
-            (Ok(ready), Ok(metrics)) if metrics.status == 200 => (ready, metrics.body),
-            (Err(e), _) | (_, Err(e)) => {
-                all_ready = false;
-                rows.push(vec![addr.to_string(), format!("unreachable: {e}")]);
-                json.push(serde_json::json!({ "admin": addr.to_string(), "error": e.to_string() }));
-                continue;
-            }
-            (_, Ok(metrics)) => {
-                all_ready = false;
-                let text = format!("/metrics answered {}", metrics.status);
-                rows.push(vec![addr.to_string(), text.clone()]);
-                json.push(serde_json::json!({ "admin": addr.to_string(), "error": text }));
-                continue;
-            }
-        };
-        reached += 1;
-        let is_ready = ready.status == 200;
-        all_ready &= is_ready;
-        let m = |name: &str, labels: &[&str]| metric(&metrics, name, labels);
-        let role = match (
-            m("ticketing_is_leader", &[]),
-            m("ticketing_has_leader", &[]),
-        ) {
-            (Some(1), _) => "leader",
-            (Some(_), Some(1)) => "follower",
-            (Some(_), _) => "no leader",
-            (None, _) => "single",
-        };
-        let held = m("ticketing_held_keys", &[]);
-        let waiters = m("ticketing_waiters", &[]);
-        let sessions = m("ticketing_connections", &["state=\"session\""])
-            .or_else(|| m("ticketing_client_sessions", &[]));
-        let term = m("ticketing_raft_term", &[]);
-        let commit = m("ticketing_raft_commit_index", &[]);
-        let applied = m("ticketing_raft_applied_index", &[]);
-        let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
-        let readiness = ready.body.trim().to_owned();
-        rows.push(vec![
-            addr.to_string(),
-            if is_ready {
-                "yes".to_owned()
-            } else {
-                format!("no ({readiness})")
-            },
-            role.to_owned(),
-            show(term),
-            show(commit),
-            show(applied),
-            show(held),
-            show(waiters),
-            show(sessions),
-        ]);
-        json.push(serde_json::json!({
-            "admin": addr.to_string(),
-            "ready": is_ready,
-            "readiness": readiness,
-            "role": role,
-            "term": term,
-            "commit_index": commit,
-            "applied_index": applied,
-            "held_keys": held,
-            "waiters": waiters,
-            "sessions": sessions,
-        }));
+        let status = node_status(*addr).await;
+        reached += usize::from(status.reached);
+        all_ready &= status.ready;
+        rows.push(status.row);
+        json.push(status.json);
     }
     if args.json {
         print_json(&Value::Array(json));
@@ -538,4 +480,94 @@ async fn run_status(args: AdminArgs) -> Result<(), Failure> {
         return Err(failure(admin_exit::NO, "not every node is ready"));
     }
     Ok(())
+}
+
+/// One node's line of `ticketing admin status`.
+struct NodeStatus {
+    /// Its `/readyz` and `/metrics` both answered.
+    reached: bool,
+    ready: bool,
+    row: Vec<String>,
+    json: Value,
+}
+
+/// Asks the admin listener at `addr` for its readiness and metrics.
+async fn node_status(addr: SocketAddr) -> NodeStatus {
+    let ready = admin_client::request(addr, "GET", "/readyz", None).await;
+    let metrics = admin_client::request(addr, "GET", "/metrics", None).await;
+    // What the table shows, and what the JSON says.
+    let (shown, error) = match (ready, metrics) {
+        (Ok(ready), Ok(metrics)) if metrics.status == 200 => {
+            return status_from_metrics(addr, &ready, &metrics.body);
+        }
+        (Err(e), _) | (_, Err(e)) => (format!("unreachable: {e}"), e.to_string()),
+        (_, Ok(metrics)) => {
+            let text = format!("/metrics answered {}", metrics.status);
+            (text.clone(), text)
+        }
+    };
+    NodeStatus {
+        reached: false,
+        ready: false,
+        row: vec![addr.to_string(), shown],
+        json: serde_json::json!({ "admin": addr.to_string(), "error": error }),
+    }
+}
+
+/// A reached node's line: readiness, role, Raft indexes and load, read
+/// from its OpenMetrics text.
+fn status_from_metrics(addr: SocketAddr, ready: &AdminAnswer, metrics: &str) -> NodeStatus {
+    let is_ready = ready.status == 200;
+    let m = |name: &str, labels: &[&str]| metric(metrics, name, labels);
+    let role = match (
+        m("ticketing_is_leader", &[]),
+        m("ticketing_has_leader", &[]),
+    ) {
+        (Some(1), _) => "leader",
+        (Some(_), Some(1)) => "follower",
+        (Some(_), _) => "no leader",
+        (None, _) => "single",
+    };
+    let held = m("ticketing_held_keys", &[]);
+    let waiters = m("ticketing_waiters", &[]);
+    let sessions = m("ticketing_connections", &["state=\"session\""])
+        .or_else(|| m("ticketing_client_sessions", &[]));
+    let term = m("ticketing_raft_term", &[]);
+    let commit = m("ticketing_raft_commit_index", &[]);
+    let applied = m("ticketing_raft_applied_index", &[]);
+    let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+    let readiness = ready.body.trim().to_owned();
+    let row = vec![
+        addr.to_string(),
+        if is_ready {
+            "yes".to_owned()
+        } else {
+            format!("no ({readiness})")
+        },
+        role.to_owned(),
+        show(term),
+        show(commit),
+        show(applied),
+        show(held),
+        show(waiters),
+        show(sessions),
+    ];
+    let json = serde_json::json!({
+        "admin": addr.to_string(),
+        "ready": is_ready,
+        "readiness": readiness,
+        "role": role,
+        "term": term,
+        "commit_index": commit,
+        "applied_index": applied,
+        "held_keys": held,
+        "waiters": waiters,
+        "sessions": sessions,
+    });
+    NodeStatus {
+        reached: true,
+        ready: is_ready,
+        row,
+        json,
+    }
 }

@@ -561,96 +561,114 @@ async fn wait_shutdown(inner: &Inner) {
     let _ = rx.wait_for(|shutdown| *shutdown).await;
 }
 
-/// Runs one connected session until it or its transport ends.
+/// Runs one connected session until it or its transport ends: a reader
+/// and a writer race, and whichever ends first ends both.
 async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    let read = async {
-        let mut buf = vec![0u8; READ_CHUNK_BYTES];
-        loop {
-            let n = match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let now = inner.now();
-            let mut state = inner.lock();
-            let Some(session) = state.sessions[index].as_mut() else {
-                return;
-            };
-            session.handle_input(now, &buf[..n]);
-            let closed = session.is_closed();
-            inner.dispatch(&mut state, index, now);
-            drop(state);
-            if closed {
-                return;
-            }
-            // The input may have produced bytes to send (the proof) or moved
-            // the deadline.
-            inner.wakes[index].notify_one();
-        }
-    };
-    let write = async {
-        let mut out = Vec::new();
-        // One timer for the session's deadlines, moved only when a deadline
-        // comes earlier than the one it is set for: firing early is harmless
-        // (the session then has nothing to do and names its next deadline),
-        // and re-arming on every change of the earliest request deadline
-        // would cost a timer-wheel update per batch.
-        let timer = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(timer);
-        let mut armed: Option<Instant> = None;
-        loop {
-            let now = inner.now();
-            let deadline = {
-                let mut state = inner.lock();
-                let shutdown = inner.is_shut_down();
-                let Some(session) = state.sessions[index].as_mut() else {
-                    return;
-                };
-                if shutdown {
-                    session.close_local(now);
-                }
-                session.handle_timeout(now);
-                session.poll_transmit(now, &mut out);
-                let closed = session.is_closed();
-                let deadline = session.poll_timeout();
-                inner.dispatch(&mut state, index, now);
-                if closed {
-                    return;
-                }
-                deadline
-            };
-            if !out.is_empty() {
-                match tokio::time::timeout(WRITE_PROGRESS_TIMEOUT, writer.write_all(&out)).await {
-                    Ok(Ok(())) => out.clear(),
-                    _ => return,
-                }
-                continue;
-            }
-            if let Some(at) = deadline
-                && armed.is_none_or(|armed| at < armed)
-            {
-                timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::from_std(inner.to_std(at)));
-                armed = Some(at);
-            }
-            tokio::select! {
-                () = &mut timer, if armed.is_some() => armed = None,
-                () = inner.wakes[index].notified() => {
-                    // Let the other tasks that are ready now submit first,
-                    // so that their requests leave in this write.
-                    tokio::task::yield_now().await;
-                }
-            }
-        }
-    };
+    let (reader, writer) = tokio::io::split(stream);
     tokio::select! {
-        _ = read => {}
-        _ = write => {}
+        _ = read_into_session(inner, index, reader) => {}
+        _ = write_from_session(inner, index, writer) => {}
     }
     let now = inner.now();
     let mut state = inner.lock();
     inner.transport_closed(&mut state, index, now);
+}
+
+/// Feeds what arrives on `reader` to endpoint `index`'s session until the
+/// stream or the session ends.
+async fn read_into_session(inner: &Inner, index: usize, mut reader: impl AsyncRead + Unpin) {
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let now = inner.now();
+        let mut state = inner.lock();
+        let Some(session) = state.sessions[index].as_mut() else {
+            return;
+        };
+        session.handle_input(now, &buf[..n]);
+        let closed = session.is_closed();
+        inner.dispatch(&mut state, index, now);
+        drop(state);
+        if closed {
+            return;
+        }
+        // The input may have produced bytes to send (the proof) or moved
+        // the deadline.
+        inner.wakes[index].notify_one();
+    }
+}
+
+/// Serves endpoint `index`'s deadlines and writes what its session has to
+/// send, until the session ends or a write stalls.
+async fn write_from_session(inner: &Inner, index: usize, mut writer: impl AsyncWrite + Unpin) {
+    let mut out = Vec::new();
+    // One timer for the session's deadlines, moved only when a deadline
+    // comes earlier than the one it is set for: firing early is harmless
+    // (the session then has nothing to do and names its next deadline),
+    // and re-arming on every change of the earliest request deadline
+    // would cost a timer-wheel update per batch.
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
+    loop {
+        let now = inner.now();
+        let Some(deadline) = advance_session(inner, index, now, &mut out) else {
+            return;
+        };
+        if !out.is_empty() {
+            match tokio::time::timeout(WRITE_PROGRESS_TIMEOUT, writer.write_all(&out)).await {
+                Ok(Ok(())) => out.clear(),
+                _ => return,
+            }
+            continue;
+        }
+        if let Some(at) = deadline
+            && armed.is_none_or(|armed| at < armed)
+        {
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(inner.to_std(at)));
+            armed = Some(at);
+        }
+        tokio::select! {
+            () = &mut timer, if armed.is_some() => armed = None,
+            () = inner.wakes[index].notified() => {
+                // Let the other tasks that are ready now submit first,
+                // so that their requests leave in this write.
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+/// One step of endpoint `index`'s session at `now`: a close if the broker
+/// is shutting down, its timeouts, its bytes to send (into `out`), its
+/// events. The session's next deadline, or `None` once it is gone or
+/// closed.
+fn advance_session(
+    inner: &Inner,
+    index: usize,
+    now: Instant,
+    out: &mut Vec<u8>,
+) -> Option<Option<Instant>> {
+    let mut state = inner.lock();
+    let shutdown = inner.is_shut_down();
+    let session = state.sessions[index].as_mut()?;
+    if shutdown {
+        session.close_local(now);
+    }
+    session.handle_timeout(now);
+    session.poll_transmit(now, out);
+    let closed = session.is_closed();
+    let deadline = session.poll_timeout();
+    inner.dispatch(&mut state, index, now);
+    if closed {
+        return None;
+    }
+    Some(deadline)
 }
 
 /// Runs queued background releases; on close, drains the queue (each

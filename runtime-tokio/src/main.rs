@@ -27,6 +27,7 @@ fn main() -> ExitCode {
 }
 
 mod cli_admin;
+mod cli_client;
 
 /// `ticketing identity`: 32 fresh CSPRNG bytes as 64 lowercase hex digits.
 fn identity() -> ExitCode {
@@ -165,47 +166,6 @@ async fn wait_for_stop_signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
 }
 
-/// Options shared by the client subcommands.
-struct ClientOptions<'a> {
-    addrs: &'a [String],
-    token: Option<&'a str>,
-    tls_ca: Option<&'a std::path::Path>,
-    tls_system_roots: bool,
-    cluster_identity: Option<[u8; 32]>,
-}
-
-/// Builds the broker of `lock` and `bench`: the token from the flag or
-/// `TICKETING_CLIENT_TOKEN`; without one, loopback no-auth mode.
-fn client_broker(
-    options: &ClientOptions<'_>,
-) -> Result<ticketing_tokio::TicketBroker, ticketing_tokio::TicketError> {
-    use ticketing_tokio::{TicketBroker, TlsMode};
-    let token = match options.token {
-        Some(token) => token.to_owned(),
-        None => std::env::var(config::ENV_CLIENT_TOKEN).unwrap_or_default(),
-    };
-    let mut builder = TicketBroker::builder().addrs(options.addrs.iter().cloned());
-    builder = if token.is_empty() {
-        builder.allow_loopback_no_auth()
-    } else {
-        builder.token(token)
-    };
-    if let Some(identity_fingerprint) = options.cluster_identity {
-        builder = builder.mode(ticketing_tokio::client::BrokerMode::Cluster {
-            identity_fingerprint,
-        });
-    }
-    if let Some(ca) = options.tls_ca {
-        builder = builder.tls(TlsMode::Ca(ca.to_owned()));
-    } else if options.tls_system_roots {
-        builder = builder.tls(TlsMode::SystemRoots);
-    }
-    builder.connect()
-}
-
-/// How long `lock` and `bench` wait for a first connection.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 mod lock {
     //! `ticketing lock KEY -- CMD...`.
 
@@ -214,7 +174,7 @@ mod lock {
     use ticketing_tokio::TicketError;
     use ticketing_tokio::config::{LockArgs, lock_exit};
 
-    use super::{CONNECT_TIMEOUT, ClientOptions, client_broker};
+    use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
     fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
         eprintln!("ticketing lock: {message}");

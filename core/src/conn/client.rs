@@ -24,21 +24,12 @@ use crate::wire::{
     Decoded, ErrorCode, Key, KeyGroup, MAX_LEASE_S, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
 };
 
+use super::Dialect;
+
 /// How long a failed line handshake waits before its `Eauth_failed`: a
 /// line client reconnects at once on that reason, so without the delay a
 /// misconfigured one would try over a thousand times a second.
 pub(crate) const LINE_AUTH_FAILED_DELAY: Duration = Duration::from_secs(1);
-
-/// The protocol a client connection speaks, decided by its handshake
-/// answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    /// Wire v3 (clients 0.4.0): binary frames with request ids.
-    V3,
-    /// The line dialect (clients 0.3.0): newline-framed, replies echo the
-    /// key and owner or token.
-    Line,
-}
 
 /// Where an answer goes: what the dialect needs to build its reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -598,18 +589,11 @@ fn next_line(
     out: &mut Vec<u8>,
     counts: &mut ReplyCounts,
 ) -> Result<Option<ClientRequest>, CloseReason> {
-    // Counted as the v3 reply that says the same, like every answer.
-    let count = |counts: &mut ReplyCounts, answer: Answer| {
-        counts.count(&v3_reply(1, false, answer));
-    };
-    let count_error = |counts: &mut ReplyCounts, code: ErrorCode| {
-        counts.count(&Reply::Error { rid: 1, code });
-    };
     loop {
         match decoder.next() {
             Ok(None) => return Ok(None),
             Ok(Some(LineDecoded::BadKey)) => {
-                count_error(counts, ErrorCode::BadKey);
+                count_line_error(counts, ErrorCode::BadKey);
                 line_error(LineError::BadKey).encode(out);
             }
             Ok(Some(LineDecoded::Request(LineRequest::Acquire {
@@ -618,55 +602,14 @@ fn next_line(
                 owner,
                 key,
             }))) => {
-                if lease_s == 0 || lease_s > u16::from(MAX_LEASE_S) {
-                    // Silence would hang the call, `B` would make it retry
-                    // forever and a clamp would promise a lease not kept:
-                    // say why, then end the call with a definite "no".
-                    count_error(counts, ErrorCode::BadLease);
-                    count(counts, Answer::TimedOut);
-                    line_error(LineError::BadLease).encode(out);
-                    LineReply::TimedOut {
-                        owner,
-                        key: key.as_bytes(),
-                    }
-                    .encode(out);
-                    continue;
+                if let Some(request) = line_acquire(wait_s, lease_s, owner, key, out, counts) {
+                    return Ok(Some(request));
                 }
-                // Wait 0 means "without limit" to a line client; there is
-                // no infinite wait, so both it and anything longer get the
-                // longest one.
-                let wait_s = match u8::try_from(wait_s) {
-                    Ok(0) | Err(_) => LINE_MAX_WAIT_S,
-                    Ok(wait_s) => wait_s,
-                };
-                return Ok(Some(ClientRequest::Acquire {
-                    wait_s,
-                    lease_s: lease_s as u8,
-                    reply_to: ReplyTo::Line {
-                        echo: owner,
-                        key: EchoKey::of(&key),
-                    },
-                    keys: KeyGroup::single(key),
-                }));
             }
             Ok(Some(LineDecoded::Request(LineRequest::Release { token, key }))) => {
-                if token == 0 {
-                    count(counts, Answer::NotFound);
-                    LineReply::NotFound {
-                        token,
-                        key: key.as_bytes(),
-                    }
-                    .encode(out);
-                    continue;
+                if let Some(request) = line_release(token, key, out, counts) {
+                    return Ok(Some(request));
                 }
-                return Ok(Some(ClientRequest::Release {
-                    token,
-                    reply_to: ReplyTo::Line {
-                        echo: token,
-                        key: EchoKey::of(&key),
-                    },
-                    keys: KeyGroup::single(key),
-                }));
             }
             Err(LineFrameError::UnknownOp(_)) => {
                 line_error(LineError::BadOp).encode(out);
@@ -678,6 +621,86 @@ fn next_line(
             }
         }
     }
+}
+
+/// A line-dialect answer, counted as the v3 reply that says the same, like
+/// every answer.
+fn count_line_answer(counts: &mut ReplyCounts, answer: Answer) {
+    counts.count(&v3_reply(1, false, answer));
+}
+
+/// A line-dialect error, counted as the v3 `E` reply of `code`.
+fn count_line_error(counts: &mut ReplyCounts, code: ErrorCode) {
+    counts.count(&Reply::Error { rid: 1, code });
+}
+
+/// A line `A` as the server's acquire; `None` if it was answered here
+/// (a lease out of range).
+fn line_acquire(
+    wait_s: u16,
+    lease_s: u16,
+    owner: u64,
+    key: Key,
+    out: &mut Vec<u8>,
+    counts: &mut ReplyCounts,
+) -> Option<ClientRequest> {
+    if lease_s == 0 || lease_s > u16::from(MAX_LEASE_S) {
+        // Silence would hang the call, `B` would make it retry
+        // forever and a clamp would promise a lease not kept:
+        // say why, then end the call with a definite "no".
+        count_line_error(counts, ErrorCode::BadLease);
+        count_line_answer(counts, Answer::TimedOut);
+        line_error(LineError::BadLease).encode(out);
+        LineReply::TimedOut {
+            owner,
+            key: key.as_bytes(),
+        }
+        .encode(out);
+        return None;
+    }
+    // Wait 0 means "without limit" to a line client; there is
+    // no infinite wait, so both it and anything longer get the
+    // longest one.
+    let wait_s = match u8::try_from(wait_s) {
+        Ok(0) | Err(_) => LINE_MAX_WAIT_S,
+        Ok(wait_s) => wait_s,
+    };
+    Some(ClientRequest::Acquire {
+        wait_s,
+        lease_s: lease_s as u8,
+        reply_to: ReplyTo::Line {
+            echo: owner,
+            key: EchoKey::of(&key),
+        },
+        keys: KeyGroup::single(key),
+    })
+}
+
+/// A line `R` as the server's release; `None` if it was answered here
+/// (token 0 was never granted).
+fn line_release(
+    token: u64,
+    key: Key,
+    out: &mut Vec<u8>,
+    counts: &mut ReplyCounts,
+) -> Option<ClientRequest> {
+    if token == 0 {
+        count_line_answer(counts, Answer::NotFound);
+        LineReply::NotFound {
+            token,
+            key: key.as_bytes(),
+        }
+        .encode(out);
+        return None;
+    }
+    Some(ClientRequest::Release {
+        token,
+        reply_to: ReplyTo::Line {
+            echo: token,
+            key: EchoKey::of(&key),
+        },
+        keys: KeyGroup::single(key),
+    })
 }
 
 #[cfg(test)]

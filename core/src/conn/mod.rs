@@ -27,12 +27,21 @@ use crate::wire::KeyGroup;
 
 pub(crate) mod client;
 
-pub use client::Dialect;
-
 /// A connection, as named by its owner (server or cluster node). Never
 /// reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
+
+/// The protocol a client connection speaks, decided by its handshake
+/// answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// Wire v3 (clients 0.4.0): binary frames with request ids.
+    V3,
+    /// The line dialect (clients 0.3.0): newline-framed, replies echo the
+    /// key and owner or token.
+    Line,
+}
 
 /// What the driver should do with a connection after taking its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use crate::client::{
 use crate::time::{Duration, Instant};
 use crate::wire::{Decoded, ErrorCode, NO_LEADER_SLOT, Reply, Request, RequestDecoder};
 
-use super::{Cursor, FUZZ_KEYS};
+use super::script::{Cursor, FUZZ_KEYS};
 
 /// What the harness knows about one submitted request.
 #[derive(Debug)]
@@ -89,177 +89,246 @@ fn reply(cursor: &mut Cursor<'_>, rid: u64) -> Reply {
 /// than the lease counted from when its bytes were handed out.
 pub fn client_session(data: &[u8]) {
     let mut cursor = Cursor { data };
-    let mut now = Instant::from_millis(1);
-    let mut config = SessionConfig::single(b"");
-    config.max_pending_acquires = 4;
-    config.max_pending_releases = 2;
-    let mut session = Session::new(now, config);
-    let mut tracked: BTreeMap<u64, Tracked> = BTreeMap::new();
-    // Server → session bytes not yet delivered.
-    let mut to_session: Vec<u8> = Vec::new();
-    // Session → server bytes, decoded to learn what was handed out.
-    let mut from_session: Vec<u8> = Vec::new();
-    let mut proof_skipped = false;
-    let mut requests = RequestDecoder::new();
-    let mut closed: Option<CloseReason> = None;
-
+    let mut harness = Harness::new();
     for _ in 0..256 {
         let Some(op) = cursor.byte() else { break };
+        harness.step(&mut cursor, op);
+        harness.drain();
+    }
+    harness.finish();
+}
+
+/// The session under test and the scripted server's view of it.
+struct Harness {
+    now: Instant,
+    session: Session,
+    tracked: BTreeMap<u64, Tracked>,
+    /// Server → session bytes not yet delivered.
+    to_session: Vec<u8>,
+    /// Session → server bytes, decoded to learn what was handed out.
+    from_session: Vec<u8>,
+    proof_skipped: bool,
+    requests: RequestDecoder,
+    closed: Option<CloseReason>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let now = Instant::from_millis(1);
+        let mut config = SessionConfig::single(b"");
+        config.max_pending_acquires = 4;
+        config.max_pending_releases = 2;
+        Harness {
+            now,
+            session: Session::new(now, config),
+            tracked: BTreeMap::new(),
+            to_session: Vec::new(),
+            from_session: Vec::new(),
+            proof_skipped: false,
+            requests: RequestDecoder::new(),
+            closed: None,
+        }
+    }
+
+    /// One script step, picked by `op`.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8) {
         match op % 12 {
-            0 => {
-                let mut nonce = [0u8; NONCE_LEN];
-                nonce[0] = cursor.byte().unwrap_or(0);
-                let hello = Hello {
-                    mode: WireMode::Single,
-                    self_slot: SINGLE_SELF_SLOT,
-                    nonce,
+            0 => self.queue_hello(cursor),
+            1 => self.queue_result(cursor),
+            2 | 3 => self.queue_reply(cursor),
+            4 => self.queue_raw(cursor),
+            5 | 6 => self.deliver(cursor),
+            7 => self.submit(cursor),
+            8 => self.transmit(),
+            9 => self.advance_clock(cursor),
+            10 => self.cancel(cursor),
+            _ => self.close(cursor),
+        }
+    }
+
+    /// Queues a server hello with a nonce the bytes choose.
+    fn queue_hello(&mut self, cursor: &mut Cursor<'_>) {
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce[0] = cursor.byte().unwrap_or(0);
+        let hello = Hello {
+            mode: WireMode::Single,
+            self_slot: SINGLE_SELF_SLOT,
+            nonce,
+        };
+        self.to_session.extend_from_slice(&hello.encode());
+    }
+
+    /// Queues the result byte.
+    fn queue_result(&mut self, cursor: &mut Cursor<'_>) {
+        // The result byte: usually "accepted".
+        let byte = cursor.byte().unwrap_or(1);
+        self.to_session.push(if byte < 200 { 1 } else { byte % 3 });
+    }
+
+    /// Queues a reply to a tracked request id or a made-up one.
+    fn queue_reply(&mut self, cursor: &mut Cursor<'_>) {
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let rid = if self.tracked.is_empty() || pick == 255 {
+            u64::from(cursor.byte().unwrap_or(0))
+        } else {
+            *self
+                .tracked
+                .keys()
+                .nth(pick % self.tracked.len())
+                .expect("non-empty")
+        };
+        reply(cursor, rid).encode(&mut self.to_session);
+    }
+
+    /// Queues up to 31 raw bytes.
+    fn queue_raw(&mut self, cursor: &mut Cursor<'_>) {
+        let len = usize::from(cursor.byte().unwrap_or(0) % 32);
+        self.to_session.extend_from_slice(cursor.bytes(len));
+    }
+
+    /// Delivers some of the queued server bytes.
+    fn deliver(&mut self, cursor: &mut Cursor<'_>) {
+        let take = usize::from(cursor.byte().unwrap_or(255)).min(self.to_session.len());
+        let bytes: Vec<u8> = self.to_session.drain(..take).collect();
+        self.session.handle_input(self.now, &bytes);
+    }
+
+    /// Submits an acquire or a release, and tracks it if accepted.
+    fn submit(&mut self, cursor: &mut Cursor<'_>) {
+        let bits = cursor.byte().unwrap_or(1);
+        let arg = cursor.byte().unwrap_or(0);
+        let keys = keyset(bits);
+        let result = if bits & 0x80 == 0 {
+            let params = AcquireParams::new(
+                Duration::from_secs(u64::from(arg % 4)),
+                Duration::from_secs(1 + u64::from(arg % 5)),
+                Duration::ZERO,
+            )
+            .expect("valid params");
+            let deadline = params.operation_deadline(self.now);
+            self.session
+                .submit_acquire(self.now, keys.clone(), &params, deadline)
+                .map(|rid| (rid, true, params.lease()))
+        } else {
+            let deadline = self.now.saturating_add(Duration::from_secs(2));
+            self.session
+                .submit_release(self.now, keys.clone(), u64::from(arg) + 1, deadline)
+                .map(|rid| (rid, false, Duration::ZERO))
+        };
+        if let Ok((rid, acquire, lease)) = result {
+            assert!(self.closed.is_none(), "accepted a request after closing");
+            let fresh = self.tracked.insert(
+                rid,
+                Tracked {
+                    keys,
+                    acquire,
+                    lease,
+                    sent_at: None,
+                    resolved: None,
+                },
+            );
+            assert!(fresh.is_none(), "rid {rid} handed out twice");
+        }
+    }
+
+    /// Takes what the session sends and notes which requests left.
+    fn transmit(&mut self) {
+        let mut out = Vec::new();
+        let len = self.session.poll_transmit(self.now, &mut out);
+        assert_eq!(len, out.len());
+        self.from_session.extend_from_slice(&out);
+        if !self.proof_skipped && self.from_session.len() >= PROOF_LEN {
+            self.proof_skipped = true;
+            self.from_session.drain(..PROOF_LEN);
+        }
+        if self.proof_skipped {
+            self.requests.push(&self.from_session);
+            self.from_session.clear();
+            while let Ok(Some(decoded)) = self.requests.next() {
+                let Decoded::Request(request) = decoded else {
+                    panic!("the session sent a frame its server refuses: {decoded:?}");
                 };
-                to_session.extend_from_slice(&hello.encode());
-            }
-            1 => {
-                // The result byte: usually "accepted".
-                let byte = cursor.byte().unwrap_or(1);
-                to_session.push(if byte < 200 { 1 } else { byte % 3 });
-            }
-            2 | 3 => {
-                let pick = usize::from(cursor.byte().unwrap_or(0));
-                let rid = if tracked.is_empty() || pick == 255 {
-                    u64::from(cursor.byte().unwrap_or(0))
-                } else {
-                    *tracked.keys().nth(pick % tracked.len()).expect("non-empty")
+                let rid = match &request {
+                    Request::Acquire(req) => req.rid,
+                    Request::Release(req) => req.rid,
                 };
-                reply(&mut cursor, rid).encode(&mut to_session);
+                let entry = self.tracked.get_mut(&rid).expect("sent an unknown rid");
+                assert!(entry.sent_at.is_none(), "rid {rid} sent twice");
+                assert!(entry.resolved.is_none(), "rid {rid} sent after it ended");
+                entry.sent_at = Some(self.now);
             }
-            4 => {
-                let len = usize::from(cursor.byte().unwrap_or(0) % 32);
-                to_session.extend_from_slice(cursor.bytes(len));
-            }
-            5 | 6 => {
-                let take = usize::from(cursor.byte().unwrap_or(255)).min(to_session.len());
-                let bytes: Vec<u8> = to_session.drain(..take).collect();
-                session.handle_input(now, &bytes);
-            }
-            7 => {
-                let bits = cursor.byte().unwrap_or(1);
-                let arg = cursor.byte().unwrap_or(0);
-                let keys = keyset(bits);
-                let result = if bits & 0x80 == 0 {
-                    let params = AcquireParams::new(
-                        Duration::from_secs(u64::from(arg % 4)),
-                        Duration::from_secs(1 + u64::from(arg % 5)),
-                        Duration::ZERO,
-                    )
-                    .expect("valid params");
-                    let deadline = params.operation_deadline(now);
-                    session
-                        .submit_acquire(now, keys.clone(), &params, deadline)
-                        .map(|rid| (rid, true, params.lease()))
-                } else {
-                    let deadline = now.saturating_add(Duration::from_secs(2));
-                    session
-                        .submit_release(now, keys.clone(), u64::from(arg) + 1, deadline)
-                        .map(|rid| (rid, false, Duration::ZERO))
-                };
-                if let Ok((rid, acquire, lease)) = result {
-                    assert!(closed.is_none(), "accepted a request after closing");
-                    let fresh = tracked.insert(
-                        rid,
-                        Tracked {
-                            keys,
-                            acquire,
-                            lease,
-                            sent_at: None,
-                            resolved: None,
-                        },
-                    );
-                    assert!(fresh.is_none(), "rid {rid} handed out twice");
+        }
+    }
+
+    /// Moves the clock on by up to about 10 s and serves the timers.
+    fn advance_clock(&mut self, cursor: &mut Cursor<'_>) {
+        self.now = self.now.saturating_add(Duration::from_millis(
+            u64::from(cursor.byte().unwrap_or(0)) * 40,
+        ));
+        self.session.handle_timeout(self.now);
+    }
+
+    /// Cancels a tracked request: the cancel agrees with how it stands.
+    fn cancel(&mut self, cursor: &mut Cursor<'_>) {
+        if let Some(&rid) = self
+            .tracked
+            .keys()
+            .nth(usize::from(cursor.byte().unwrap_or(0)) % self.tracked.len().max(1))
+        {
+            let outcome = self.session.cancel(self.now, rid);
+            let entry = self.tracked.get_mut(&rid).expect("tracked");
+            match outcome {
+                CancelOutcome::Unknown => {
+                    assert!(entry.resolved.is_some(), "unknown but unresolved");
                 }
-            }
-            8 => {
-                let mut out = Vec::new();
-                let len = session.poll_transmit(now, &mut out);
-                assert_eq!(len, out.len());
-                from_session.extend_from_slice(&out);
-                if !proof_skipped && from_session.len() >= PROOF_LEN {
-                    proof_skipped = true;
-                    from_session.drain(..PROOF_LEN);
-                }
-                if proof_skipped {
-                    requests.push(&from_session);
-                    from_session.clear();
-                    while let Ok(Some(decoded)) = requests.next() {
-                        let Decoded::Request(request) = decoded else {
-                            panic!("the session sent a frame its server refuses: {decoded:?}");
-                        };
-                        let rid = match &request {
-                            Request::Acquire(req) => req.rid,
-                            Request::Release(req) => req.rid,
-                        };
-                        let entry = tracked.get_mut(&rid).expect("sent an unknown rid");
-                        assert!(entry.sent_at.is_none(), "rid {rid} sent twice");
-                        assert!(entry.resolved.is_none(), "rid {rid} sent after it ended");
-                        entry.sent_at = Some(now);
+                taken => {
+                    assert!(entry.resolved.is_none(), "cancelled after it ended");
+                    if taken == CancelOutcome::Unsent {
+                        assert!(entry.sent_at.is_none());
                     }
-                }
-            }
-            9 => {
-                now = now.saturating_add(Duration::from_millis(
-                    u64::from(cursor.byte().unwrap_or(0)) * 40,
-                ));
-                session.handle_timeout(now);
-            }
-            10 => {
-                if let Some(&rid) = tracked
-                    .keys()
-                    .nth(usize::from(cursor.byte().unwrap_or(0)) % tracked.len().max(1))
-                {
-                    let outcome = session.cancel(now, rid);
-                    let entry = tracked.get_mut(&rid).expect("tracked");
-                    match outcome {
-                        CancelOutcome::Unknown => {
-                            assert!(entry.resolved.is_some(), "unknown but unresolved");
-                        }
-                        taken => {
-                            assert!(entry.resolved.is_none(), "cancelled after it ended");
-                            if taken == CancelOutcome::Unsent {
-                                assert!(entry.sent_at.is_none());
-                            }
-                            entry.resolved = Some(Resolution::Cancelled(taken));
-                        }
-                    }
-                }
-            }
-            _ => {
-                if cursor.byte().unwrap_or(0) & 1 == 0 {
-                    session.handle_transport_closed(now);
-                } else {
-                    session.close_local(now);
+                    entry.resolved = Some(Resolution::Cancelled(taken));
                 }
             }
         }
-        drain(&mut session, &mut tracked, &mut closed);
     }
-    session.close_local(now);
-    drain(&mut session, &mut tracked, &mut closed);
-    assert!(closed.is_some(), "close_local reports Closed");
-    assert_eq!(session.pending_len(), 0);
-    let reason = closed.expect("closed");
-    for (rid, entry) in &tracked {
-        let resolution = entry
-            .resolved
-            .as_ref()
-            .unwrap_or_else(|| panic!("rid {rid} never resolved"));
-        if let Resolution::Outcome(Outcome::Retry) = resolution
-            && entry.sent_at.is_some()
-        {
-            assert!(
-                matches!(
-                    reason,
-                    CloseReason::Moved { .. }
-                        | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-                ),
-                "sent rid {rid} told Retry, session closed by {reason:?}"
-            );
+
+    /// Closes the transport or the session.
+    fn close(&mut self, cursor: &mut Cursor<'_>) {
+        if cursor.byte().unwrap_or(0) & 1 == 0 {
+            self.session.handle_transport_closed(self.now);
+        } else {
+            self.session.close_local(self.now);
+        }
+    }
+
+    fn drain(&mut self) {
+        drain(&mut self.session, &mut self.tracked, &mut self.closed);
+    }
+
+    /// Closes the session and checks how every request ended.
+    fn finish(mut self) {
+        self.session.close_local(self.now);
+        self.drain();
+        assert!(self.closed.is_some(), "close_local reports Closed");
+        assert_eq!(self.session.pending_len(), 0);
+        let reason = self.closed.expect("closed");
+        for (rid, entry) in &self.tracked {
+            let resolution = entry
+                .resolved
+                .as_ref()
+                .unwrap_or_else(|| panic!("rid {rid} never resolved"));
+            if let Resolution::Outcome(Outcome::Retry) = resolution
+                && entry.sent_at.is_some()
+            {
+                assert!(
+                    matches!(
+                        reason,
+                        CloseReason::Moved { .. }
+                            | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+                    ),
+                    "sent rid {rid} told Retry, session closed by {reason:?}"
+                );
+            }
         }
     }
 }

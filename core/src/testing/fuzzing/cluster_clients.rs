@@ -10,7 +10,7 @@ use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
 use crate::wire::Reply;
 
-use super::{Cursor, fuzz_request};
+use super::script::{Cursor, fuzz_request};
 
 pub(super) const FINGERPRINT: [u8; 32] = [0x3c; 32];
 pub(super) const BOOT_US: u64 = 1_700_000_000_000_000;
@@ -207,136 +207,205 @@ fn check_output(bytes: &[u8], slot: u8) -> Vec<u64> {
 /// connection is closed and every lease has run out, no key is held and no
 /// waiter is left, and all replicas hold the same replicated state.
 pub fn cluster_clients(data: &[u8]) {
-    let mut cluster = Cluster::new();
-    let mut clients: Vec<Client> = Vec::new();
-    cluster.advance(Duration::from_secs(2), &mut clients);
-    if cluster.leader().is_none() {
-        // Fast-profile elections among reliable nodes end well within 2 s.
-        panic!("no leader elected before the script");
-    }
+    let mut harness = ClientsHarness::new();
     let mut cursor = Cursor { data };
-    let mut rid = 0u64;
-    let mut counters: Vec<u64> = cluster
-        .nodes
-        .iter()
-        .map(|n| n.lock_state().next_token())
-        .collect();
     for _ in 0..200 {
         let Some(op) = cursor.byte() else { break };
         let pick = usize::from(cursor.byte().unwrap_or(0));
-        let live: Vec<usize> = (0..clients.len()).filter(|&i| !clients[i].closed).collect();
+        harness.step(&mut cursor, op, pick);
+        harness.check_counters();
+    }
+    harness.finish();
+}
+
+/// The cluster under test, its clients, and what was checked so far.
+struct ClientsHarness {
+    cluster: Cluster,
+    clients: Vec<Client>,
+    /// The last request id used.
+    rid: u64,
+    /// Each node's token counter when last checked.
+    counters: Vec<u64>,
+}
+
+impl ClientsHarness {
+    /// Three nodes with a leader elected.
+    fn new() -> ClientsHarness {
+        let mut cluster = Cluster::new();
+        let mut clients: Vec<Client> = Vec::new();
+        cluster.advance(Duration::from_secs(2), &mut clients);
+        if cluster.leader().is_none() {
+            // Fast-profile elections among reliable nodes end well within 2 s.
+            panic!("no leader elected before the script");
+        }
+        let counters: Vec<u64> = cluster
+            .nodes
+            .iter()
+            .map(|n| n.lock_state().next_token())
+            .collect();
+        ClientsHarness {
+            cluster,
+            clients,
+            rid: 0,
+            counters,
+        }
+    }
+
+    /// One script step, picked by `op`, on the live client `pick` picks.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8, pick: usize) {
+        let live: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| !self.clients[i].closed)
+            .collect();
         let target = (!live.is_empty()).then(|| live[pick % live.len()]);
-        let now = cluster.now;
         match (op % 8, target) {
-            (0, _) => {
-                let node = pick % 3;
-                let nonce = cluster.nonce();
-                if let Some(conn) =
-                    cluster.nodes[node].handle_connect(now, nonce, client_source(pick))
-                {
-                    clients.push(Client {
-                        node,
-                        conn,
-                        received: Vec::new(),
-                        closed: false,
-                    });
-                }
-            }
-            (1, Some(index)) => {
-                let len = usize::from(cursor.byte().unwrap_or(0));
-                let bytes = cursor.bytes(len).to_vec();
-                let client = &clients[index];
-                cluster.nodes[client.node].handle_input(now, client.conn, &bytes);
-            }
-            (2, Some(index)) => {
-                // The proof, once the hello is in.
-                cluster.settle(&mut clients);
-                let client = &clients[index];
-                if client.received.len() >= HELLO_LEN {
-                    let mut handshake = ClientHandshake::new(
-                        b"",
-                        FINGERPRINT,
-                        WireMode::Cluster,
-                        client.node as u8,
-                    );
-                    handshake.handle_input(&client.received[..HELLO_LEN]);
-                    if let Some(proof) = handshake.proof() {
-                        cluster.nodes[client.node].handle_input(now, client.conn, &proof);
-                    }
-                }
-            }
-            (3, Some(index)) => {
-                rid += 1;
-                // Tokens start at BOOT_US: small offsets hit live grants.
-                let request = fuzz_request(&mut cursor, rid, BOOT_US);
-                let client = &clients[index];
-                cluster.nodes[client.node].handle_input(now, client.conn, &request.to_frame());
-            }
-            (4, _) => {
-                cluster.advance(Duration::from_millis(pick as u64 * 20), &mut clients);
-            }
-            (5, Some(index)) => {
-                let client = &clients[index];
-                cluster.nodes[client.node].handle_closed(now, client.conn);
-                clients[index].closed = true;
-            }
-            (6, Some(index)) => {
-                // A short write: only a prefix of what was taken goes out.
-                let client = &mut clients[index];
-                let node = &mut cluster.nodes[client.node];
-                let mut out = Vec::new();
-                node.take_transmit(client.conn, &mut out);
-                let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
-                node.handle_written(now, client.conn, written);
-                client.received.extend_from_slice(&out);
-            }
-            _ => cluster.settle(&mut clients),
+            (0, _) => self.connect(pick),
+            (1, Some(index)) => self.send_raw(cursor, index),
+            (2, Some(index)) => self.send_proof(index),
+            (3, Some(index)) => self.send_request(cursor, index),
+            (4, _) => self.advance_clock(pick),
+            (5, Some(index)) => self.close(index),
+            (6, Some(index)) => self.short_write(cursor, index),
+            _ => self.cluster.settle(&mut self.clients),
         }
-        for (i, node) in cluster.nodes.iter().enumerate() {
+    }
+
+    /// Connects a client to node `pick % 3`.
+    fn connect(&mut self, pick: usize) {
+        let now = self.cluster.now;
+        let node = pick % 3;
+        let nonce = self.cluster.nonce();
+        if let Some(conn) = self.cluster.nodes[node].handle_connect(now, nonce, client_source(pick))
+        {
+            self.clients.push(Client {
+                node,
+                conn,
+                received: Vec::new(),
+                closed: false,
+            });
+        }
+    }
+
+    /// Sends raw bytes.
+    fn send_raw(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        let now = self.cluster.now;
+        let len = usize::from(cursor.byte().unwrap_or(0));
+        let bytes = cursor.bytes(len).to_vec();
+        let client = &self.clients[index];
+        self.cluster.nodes[client.node].handle_input(now, client.conn, &bytes);
+    }
+
+    /// Sends the handshake proof, once the hello is in.
+    fn send_proof(&mut self, index: usize) {
+        let now = self.cluster.now;
+        // The proof, once the hello is in.
+        self.cluster.settle(&mut self.clients);
+        let client = &self.clients[index];
+        if client.received.len() >= HELLO_LEN {
+            let mut handshake =
+                ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, client.node as u8);
+            handshake.handle_input(&client.received[..HELLO_LEN]);
+            if let Some(proof) = handshake.proof() {
+                self.cluster.nodes[client.node].handle_input(now, client.conn, &proof);
+            }
+        }
+    }
+
+    /// Sends a well-formed request.
+    fn send_request(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        let now = self.cluster.now;
+        self.rid += 1;
+        // Tokens start at BOOT_US: small offsets hit live grants.
+        let request = fuzz_request(cursor, self.rid, BOOT_US);
+        let client = &self.clients[index];
+        self.cluster.nodes[client.node].handle_input(now, client.conn, &request.to_frame());
+    }
+
+    /// Moves the clock on by `pick` × 20 ms.
+    fn advance_clock(&mut self, pick: usize) {
+        self.cluster
+            .advance(Duration::from_millis(pick as u64 * 20), &mut self.clients);
+    }
+
+    /// Closes the client's connection.
+    fn close(&mut self, index: usize) {
+        let now = self.cluster.now;
+        let client = &self.clients[index];
+        self.cluster.nodes[client.node].handle_closed(now, client.conn);
+        self.clients[index].closed = true;
+    }
+
+    /// Takes the output, of which only a prefix is written.
+    fn short_write(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        let now = self.cluster.now;
+        // A short write: only a prefix of what was taken goes out.
+        let client = &mut self.clients[index];
+        let node = &mut self.cluster.nodes[client.node];
+        let mut out = Vec::new();
+        node.take_transmit(client.conn, &mut out);
+        let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
+        node.handle_written(now, client.conn, written);
+        client.received.extend_from_slice(&out);
+    }
+
+    /// No replica's token counter went down.
+    fn check_counters(&mut self) {
+        for (i, node) in self.cluster.nodes.iter().enumerate() {
             let counter = node.lock_state().next_token();
-            assert!(counter >= counters[i], "node {i}'s token counter went down");
-            counters[i] = counter;
+            assert!(
+                counter >= self.counters[i],
+                "node {i}'s token counter went down"
+            );
+            self.counters[i] = counter;
         }
     }
-    cluster.settle(&mut clients);
-    let mut granted = Vec::new();
-    for client in &mut clients {
-        granted.extend(check_output(&client.received, client.node as u8));
-        if !client.closed {
-            client.closed = true;
-            let now = cluster.now;
-            cluster.nodes[client.node].handle_closed(now, client.conn);
+
+    /// Closes every client and lets every lease run out: nothing is left,
+    /// no token was granted twice, and every replica agrees.
+    fn finish(mut self) {
+        self.cluster.settle(&mut self.clients);
+        let mut granted = Vec::new();
+        for client in &mut self.clients {
+            granted.extend(check_output(&client.received, client.node as u8));
+            if !client.closed {
+                client.closed = true;
+                let now = self.cluster.now;
+                self.cluster.nodes[client.node].handle_closed(now, client.conn);
+            }
         }
-    }
-    let count = granted.len();
-    granted.sort_unstable();
-    granted.dedup();
-    assert_eq!(granted.len(), count, "a token was granted twice");
-    // Every lease runs out and is expired through the log (the leader
-    // checks every 100 ms); then every replica agrees and holds nothing.
-    let last_deadline = cluster
-        .nodes
-        .iter()
-        .flat_map(|node| {
-            node.lock_state()
-                .grants()
-                .map(|(_, holding)| holding.deadline)
-        })
-        .max()
-        .unwrap_or(cluster.now);
-    let wait = last_deadline.saturating_duration_since(cluster.now);
-    cluster.advance(wait.saturating_add(Duration::from_secs(1)), &mut clients);
-    let leader = cluster.leader().expect("a leader after the script");
-    let stats = cluster.nodes[leader].stats();
-    assert_eq!(stats.waiters, 0, "waiters outlived their connections");
-    let view = cluster.nodes[leader].lock_state().replicated_view();
-    assert!(
-        view.1.is_empty(),
-        "grants left after every lease ended: {view:?}"
-    );
-    for node in &cluster.nodes {
-        assert_eq!(node.stats().clients, 0);
-        assert_eq!(node.lock_state().replicated_view(), view, "replicas differ");
+        let count = granted.len();
+        granted.sort_unstable();
+        granted.dedup();
+        assert_eq!(granted.len(), count, "a token was granted twice");
+        // Every lease runs out and is expired through the log (the leader
+        // checks every 100 ms); then every replica agrees and holds nothing.
+        let last_deadline = self
+            .cluster
+            .nodes
+            .iter()
+            .flat_map(|node| {
+                node.lock_state()
+                    .grants()
+                    .map(|(_, holding)| holding.deadline)
+            })
+            .max()
+            .unwrap_or(self.cluster.now);
+        let wait = last_deadline.saturating_duration_since(self.cluster.now);
+        self.cluster.advance(
+            wait.saturating_add(Duration::from_secs(1)),
+            &mut self.clients,
+        );
+        let leader = self.cluster.leader().expect("a leader after the script");
+        let stats = self.cluster.nodes[leader].stats();
+        assert_eq!(stats.waiters, 0, "waiters outlived their connections");
+        let view = self.cluster.nodes[leader].lock_state().replicated_view();
+        assert!(
+            view.1.is_empty(),
+            "grants left after every lease ended: {view:?}"
+        );
+        for node in &self.cluster.nodes {
+            assert_eq!(node.stats().clients, 0);
+            assert_eq!(node.lock_state().replicated_view(), view, "replicas differ");
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::auth::{ClientHandshake, HELLO_LEN, WireMode};
+use crate::cluster::ClusterNode;
 use crate::cluster::peer::{
     PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens,
 };
@@ -12,11 +13,11 @@ use crate::server::ConnId;
 use crate::time::Duration;
 use crate::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Reply, Request};
 
-use super::Cursor;
 use super::cluster_clients::{
     BOOT_US, Client, Cluster, FINGERPRINT, PEER_TOKEN, client_source, node_source,
 };
 use super::raft_group::{hostile_number, numbers_mut};
+use super::script::Cursor;
 
 /// Most script steps per input: keeps each run cheap.
 const MAX_STEPS: usize = 120;
@@ -259,89 +260,137 @@ fn hostile_message(cursor: &mut Cursor<'_>, cluster: &Cluster, at: &Attacker) ->
         body: MessageBody::TimeoutNow,
     };
     match cursor.byte()? % 6 {
-        0 => {
-            // A stale term: anything at all.
-            msg.term = target_term.checked_sub(1 + small(cursor) % 3)?;
-            msg.body = any_body(cursor, &members);
-        }
-        1 => {
-            // Another sender (a member or a stranger), or another
-            // generation of the recipient: anything at all, any term.
-            match small(cursor) % 3 {
-                // The third member: neither the one authenticated nor
-                // the recipient.
-                0 => msg.from = members[3 - at.as_node - at.target],
-                1 => msg.from = NodeId::new(7, small(cursor)),
-                _ => msg.to = NodeId::new(to.slot, to.generation + 1 + small(cursor)),
-            }
-            if msg.from == to {
-                msg.from = NodeId::new(7, 0);
-            }
-            msg.term = target_term + small(cursor) % 3;
-            msg.body = any_body(cursor, &members);
-        }
-        2 => {
-            // A number no honest peer sends: refused by the decoder.
-            msg.term = target_term + small(cursor) % 2;
-            msg.body = any_body(cursor, &members);
-            let which = usize::from(cursor.byte().unwrap_or(0));
-            let value = hostile_number(cursor);
-            let mut fields = numbers_mut(&mut msg);
-            let count = fields.len();
-            *fields[which % count] = value;
-        }
-        3 => {
-            // Requests and refusals: they may cost an election, never a
-            // committed entry. A pre-vote may claim any log (it changes no
-            // term and grants nothing lasting); a vote claims the member's
-            // real log.
-            msg.term = target_term + small(cursor) % 3;
-            let raft = me.raft();
-            let last_index = raft.last_index();
-            let last_term = raft.term_at(last_index)?;
-            msg.body = match small(cursor) % 7 {
-                0 => MessageBody::PreVote {
-                    last_index: small(cursor),
-                    last_term: small(cursor),
-                },
-                1 => MessageBody::Vote {
-                    last_index,
-                    last_term,
-                    transfer: small(cursor) & 1 == 1,
-                },
-                2 => MessageBody::PreVoteResponse { reject: true },
-                3 => MessageBody::VoteResponse { reject: true },
-                4 => MessageBody::AppendResponse {
-                    reject: true,
-                    index: small(cursor),
-                    hint_index: small(cursor),
-                    hint_term: small(cursor),
-                },
-                5 => MessageBody::HeartbeatResponse,
-                _ => MessageBody::TimeoutNow,
-            };
-        }
-        4 => {
-            // A true acknowledgement, duplicated or late: the member holds
-            // the leader's entries up to `index` and is in its term.
-            let (mine, theirs) = (me.raft(), target.raft());
-            if !theirs.is_leader() || mine.term() != theirs.term() {
-                return None;
-            }
-            let top = mine.last_index().min(theirs.last_index());
-            let agreed = (mine.first_index().max(theirs.first_index())..=top)
-                .rev()
-                .find(|&i| mine.term_at(i).is_some() && mine.term_at(i) == theirs.term_at(i))?;
-            msg.body = MessageBody::AppendResponse {
-                reject: false,
-                index: agreed.saturating_sub(small(cursor) % 3),
-                hint_index: 0,
-                hint_term: 0,
-            };
-        }
+        0 => stale_term(cursor, &mut msg, target_term, &members)?,
+        1 => misaddressed(cursor, &mut msg, at, to, target_term, &members)?,
+        2 => out_of_bounds(cursor, &mut msg, target_term, &members)?,
+        3 => request_or_refusal(cursor, &mut msg, me, target_term)?,
+        4 => true_acknowledgement(cursor, &mut msg, me, target)?,
         _ => return None,
     }
     Some(msg)
+}
+
+/// `msg` in a stale term, with any body.
+fn stale_term(
+    cursor: &mut Cursor<'_>,
+    msg: &mut Message,
+    target_term: u64,
+    members: &[NodeId],
+) -> Option<()> {
+    // A stale term: anything at all.
+    msg.term = target_term.checked_sub(1 + small(cursor) % 3)?;
+    msg.body = any_body(cursor, members);
+    Some(())
+}
+
+/// `msg` from another sender or to another generation of the recipient.
+fn misaddressed(
+    cursor: &mut Cursor<'_>,
+    msg: &mut Message,
+    at: &Attacker,
+    to: NodeId,
+    target_term: u64,
+    members: &[NodeId],
+) -> Option<()> {
+    // Another sender (a member or a stranger), or another
+    // generation of the recipient: anything at all, any term.
+    match small(cursor) % 3 {
+        // The third member: neither the one authenticated nor
+        // the recipient.
+        0 => msg.from = members[3 - at.as_node - at.target],
+        1 => msg.from = NodeId::new(7, small(cursor)),
+        _ => msg.to = NodeId::new(to.slot, to.generation + 1 + small(cursor)),
+    }
+    if msg.from == to {
+        msg.from = NodeId::new(7, 0);
+    }
+    msg.term = target_term + small(cursor) % 3;
+    msg.body = any_body(cursor, members);
+    Some(())
+}
+
+/// `msg` with one number out of bounds.
+fn out_of_bounds(
+    cursor: &mut Cursor<'_>,
+    msg: &mut Message,
+    target_term: u64,
+    members: &[NodeId],
+) -> Option<()> {
+    // A number no honest peer sends: refused by the decoder.
+    msg.term = target_term + small(cursor) % 2;
+    msg.body = any_body(cursor, members);
+    let which = usize::from(cursor.byte().unwrap_or(0));
+    let value = hostile_number(cursor);
+    let mut fields = numbers_mut(msg);
+    let count = fields.len();
+    *fields[which % count] = value;
+    Some(())
+}
+
+/// `msg` as a pre-vote, a vote on the member's real log, or a refusal.
+fn request_or_refusal(
+    cursor: &mut Cursor<'_>,
+    msg: &mut Message,
+    me: &ClusterNode,
+    target_term: u64,
+) -> Option<()> {
+    // Requests and refusals: they may cost an election, never a
+    // committed entry. A pre-vote may claim any log (it changes no
+    // term and grants nothing lasting); a vote claims the member's
+    // real log.
+    msg.term = target_term + small(cursor) % 3;
+    let raft = me.raft();
+    let last_index = raft.last_index();
+    let last_term = raft.term_at(last_index)?;
+    msg.body = match small(cursor) % 7 {
+        0 => MessageBody::PreVote {
+            last_index: small(cursor),
+            last_term: small(cursor),
+        },
+        1 => MessageBody::Vote {
+            last_index,
+            last_term,
+            transfer: small(cursor) & 1 == 1,
+        },
+        2 => MessageBody::PreVoteResponse { reject: true },
+        3 => MessageBody::VoteResponse { reject: true },
+        4 => MessageBody::AppendResponse {
+            reject: true,
+            index: small(cursor),
+            hint_index: small(cursor),
+            hint_term: small(cursor),
+        },
+        5 => MessageBody::HeartbeatResponse,
+        _ => MessageBody::TimeoutNow,
+    };
+    Some(())
+}
+
+/// `msg` as a true acknowledgement of the leader's entries; `None` if
+/// the member cannot give one.
+fn true_acknowledgement(
+    cursor: &mut Cursor<'_>,
+    msg: &mut Message,
+    me: &ClusterNode,
+    target: &ClusterNode,
+) -> Option<()> {
+    // A true acknowledgement, duplicated or late: the member holds
+    // the leader's entries up to `index` and is in its term.
+    let (mine, theirs) = (me.raft(), target.raft());
+    if !theirs.is_leader() || mine.term() != theirs.term() {
+        return None;
+    }
+    let top = mine.last_index().min(theirs.last_index());
+    let agreed = (mine.first_index().max(theirs.first_index())..=top)
+        .rev()
+        .find(|&i| mine.term_at(i).is_some() && mine.term_at(i) == theirs.term_at(i))?;
+    msg.body = MessageBody::AppendResponse {
+        reject: false,
+        index: agreed.saturating_sub(small(cursor) % 3),
+        hint_index: 0,
+        hint_term: 0,
+    };
+    Some(())
 }
 
 fn acquire_frame(rid: u64, key: u8, wait_s: u8, lease_s: u8) -> Vec<u8> {
@@ -393,138 +442,207 @@ fn connect(cluster: &mut Cluster, clients: &mut Vec<Client>, node: usize) {
 /// connection. Once the script ends and the hostile connections close, a
 /// leader is elected and grants within 30 s of simulated time (liveness).
 pub fn cluster_peer_frames(data: &[u8]) {
-    let mut cluster = Cluster::new();
-    let mut clients: Vec<Client> = Vec::new();
-    cluster.advance(Duration::from_secs(2), &mut clients);
-    assert!(cluster.leader().is_some(), "no leader before the script");
-    for node in 0..3 {
-        connect(&mut cluster, &mut clients, node);
-    }
-    let mut watch = Watch::default();
-    watch.check(&cluster, &clients);
+    let mut harness = FramesHarness::new();
     let mut cursor = Cursor { data };
-    let mut attackers: Vec<Attacker> = Vec::new();
-    let mut rid = 0;
     for _ in 0..MAX_STEPS {
         let Some(op) = cursor.byte() else { break };
         let pick = usize::from(cursor.byte().unwrap_or(0));
-        let now = cluster.now;
-        match op % 8 {
-            0 if attackers.len() < 2 => {
-                let as_node = pick % 3;
-                let target = (as_node + 1 + (pick / 3) % 2) % 3;
-                if let Some(attacker) = attack(&mut cluster, as_node, target) {
-                    attackers.push(attacker);
-                }
-            }
-            1..=3 if !attackers.is_empty() => {
-                let index = pick % attackers.len();
-                // The node may have closed it (cleared in `settle`).
-                if !cluster
-                    .taps
-                    .contains(&(attackers[index].target, attackers[index].conn))
-                {
-                    attackers.remove(index);
-                    continue;
-                }
-                let Some(msg) = hostile_message(&mut cursor, &cluster, &attackers[index]) else {
-                    continue;
-                };
-                let attacker = &mut attackers[index];
-                let mut frame = Vec::new();
-                if attacker.session.sealer.seal(&msg, &mut frame).is_err() {
-                    continue;
-                }
-                let node = &mut cluster.nodes[attacker.target];
-                let refused = node.refused_peer_frames();
-                node.handle_input(now, attacker.conn, &frame);
-                let refused_now = node.refused_peer_frames();
-                if msg.numbers_in_bounds() {
-                    assert_eq!(refused_now, refused, "a sound frame was refused");
-                    attacker.last_frame = frame;
-                } else {
-                    assert_eq!(refused_now, refused + 1, "{msg:?} was not refused");
-                    attackers.remove(index);
-                }
-            }
-            4 if !attackers.is_empty() => {
-                // The last frame again, or a fresh one with a byte flipped
-                // past its length: the tag does not verify.
-                let index = pick % attackers.len();
-                if !cluster
-                    .taps
-                    .contains(&(attackers[index].target, attackers[index].conn))
-                {
-                    attackers.remove(index);
-                    continue;
-                }
-                let attacker = &mut attackers[index];
-                let mut frame = std::mem::take(&mut attacker.last_frame);
-                if frame.is_empty() || pick & 1 == 1 {
-                    let msg = Message {
-                        from: cluster.nodes[attacker.as_node].id(),
-                        to: cluster.nodes[attacker.target].id(),
-                        term: 0,
-                        body: MessageBody::HeartbeatResponse,
-                    };
-                    frame.clear();
-                    attacker
-                        .session
-                        .sealer
-                        .seal(&msg, &mut frame)
-                        .expect("small");
-                    let at = 4 + usize::from(cursor.byte().unwrap_or(0)) % (frame.len() - 4);
-                    frame[at] ^= cursor.byte().unwrap_or(0).max(1);
-                }
-                let node = &mut cluster.nodes[attacker.target];
-                let refused = node.refused_peer_frames();
-                node.handle_input(now, attacker.conn, &frame);
-                assert_eq!(
-                    node.refused_peer_frames(),
-                    refused + 1,
-                    "a replayed or altered frame was accepted"
-                );
-                attackers.remove(index);
-            }
-            5 => {
-                let client = &clients[pick % clients.len()];
-                rid += 1;
-                let frame = acquire_frame(
-                    rid,
-                    cursor.byte().unwrap_or(0),
-                    cursor.byte().unwrap_or(0) % 3,
-                    1 + cursor.byte().unwrap_or(0) % 3,
-                );
-                cluster.nodes[client.node].handle_input(now, client.conn, &frame);
-            }
-            6 => {
-                // Release what the client may hold (or a token it never had).
-                let client = &clients[pick % clients.len()];
-                rid += 1;
-                let key = Key::new(&[b'a' + cursor.byte().unwrap_or(0) % 3]).expect("key");
-                let token = watch.last_token.saturating_sub(small(&mut cursor) % 4);
-                let frame = Request::Release(ReleaseRequest {
-                    rid,
-                    token,
-                    keys: KeyGroup::new(vec![key]).expect("one key"),
-                    set: false,
-                })
-                .to_frame();
-                cluster.nodes[client.node].handle_input(now, client.conn, &frame);
-            }
-            _ => cluster.advance(Duration::from_millis(pick as u64 * 10), &mut clients),
+        if harness.step(&mut cursor, op, pick) {
+            harness.cluster.settle(&mut harness.clients);
+            harness.watch.check(&harness.cluster, &harness.clients);
         }
-        cluster.settle(&mut clients);
+    }
+    harness.finish();
+}
+
+/// The cluster under test, its clients, the safety records and the
+/// hostile peer connections.
+struct FramesHarness {
+    cluster: Cluster,
+    clients: Vec<Client>,
+    watch: Watch,
+    attackers: Vec<Attacker>,
+    /// The last client request id used.
+    rid: u64,
+}
+
+impl FramesHarness {
+    /// Three nodes with a leader and a client on each.
+    fn new() -> FramesHarness {
+        let mut cluster = Cluster::new();
+        let mut clients: Vec<Client> = Vec::new();
+        cluster.advance(Duration::from_secs(2), &mut clients);
+        assert!(cluster.leader().is_some(), "no leader before the script");
+        for node in 0..3 {
+            connect(&mut cluster, &mut clients, node);
+        }
+        let mut watch = Watch::default();
         watch.check(&cluster, &clients);
-    }
-    // The hostile input stops: its connections close.
-    for attacker in attackers {
-        let now = cluster.now;
-        if cluster.taps.remove(&(attacker.target, attacker.conn)) {
-            cluster.nodes[attacker.target].handle_closed(now, attacker.conn);
+        FramesHarness {
+            cluster,
+            clients,
+            watch,
+            attackers: Vec::new(),
+            rid: 0,
         }
     }
-    recover(&mut cluster, &mut clients, &mut watch);
+
+    /// One script step, picked by `op`; false if it ended early (nothing
+    /// sent), so the cluster is not settled and checked after it.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8, pick: usize) -> bool {
+        match op % 8 {
+            0 if self.attackers.len() < 2 => self.open_attacker(pick),
+            1..=3 if !self.attackers.is_empty() => self.send_hostile(cursor, pick),
+            4 if !self.attackers.is_empty() => self.send_replayed_or_altered(cursor, pick),
+            5 => self.client_acquire(cursor, pick),
+            6 => self.client_release(cursor, pick),
+            _ => {
+                self.cluster
+                    .advance(Duration::from_millis(pick as u64 * 10), &mut self.clients);
+                true
+            }
+        }
+    }
+
+    /// Authenticates a peer connection in the name of one node into another.
+    fn open_attacker(&mut self, pick: usize) -> bool {
+        let as_node = pick % 3;
+        let target = (as_node + 1 + (pick / 3) % 2) % 3;
+        if let Some(attacker) = attack(&mut self.cluster, as_node, target) {
+            self.attackers.push(attacker);
+        }
+        true
+    }
+
+    /// The attacker `pick` chooses, if its connection is still open; one
+    /// the node closed (cleared in `settle`) is forgotten.
+    fn open_attacker_index(&mut self, pick: usize) -> Option<usize> {
+        let index = pick % self.attackers.len();
+        let attacker = &self.attackers[index];
+        if !self
+            .cluster
+            .taps
+            .contains(&(attacker.target, attacker.conn))
+        {
+            self.attackers.remove(index);
+            return None;
+        }
+        Some(index)
+    }
+
+    /// Sends a sealed hostile message on an attacker connection: refused
+    /// exactly when a number is out of bounds.
+    fn send_hostile(&mut self, cursor: &mut Cursor<'_>, pick: usize) -> bool {
+        let now = self.cluster.now;
+        let Some(index) = self.open_attacker_index(pick) else {
+            return false;
+        };
+        let Some(msg) = hostile_message(cursor, &self.cluster, &self.attackers[index]) else {
+            return false;
+        };
+        let attacker = &mut self.attackers[index];
+        let mut frame = Vec::new();
+        if attacker.session.sealer.seal(&msg, &mut frame).is_err() {
+            return false;
+        }
+        let node = &mut self.cluster.nodes[attacker.target];
+        let refused = node.refused_peer_frames();
+        node.handle_input(now, attacker.conn, &frame);
+        let refused_now = node.refused_peer_frames();
+        if msg.numbers_in_bounds() {
+            assert_eq!(refused_now, refused, "a sound frame was refused");
+            attacker.last_frame = frame;
+        } else {
+            assert_eq!(refused_now, refused + 1, "{msg:?} was not refused");
+            self.attackers.remove(index);
+        }
+        true
+    }
+
+    /// Sends a replayed or altered frame on an attacker connection: always
+    /// refused.
+    fn send_replayed_or_altered(&mut self, cursor: &mut Cursor<'_>, pick: usize) -> bool {
+        let now = self.cluster.now;
+        // The last frame again, or a fresh one with a byte flipped
+        // past its length: the tag does not verify.
+        let Some(index) = self.open_attacker_index(pick) else {
+            return false;
+        };
+        let attacker = &mut self.attackers[index];
+        let mut frame = std::mem::take(&mut attacker.last_frame);
+        if frame.is_empty() || pick & 1 == 1 {
+            let msg = Message {
+                from: self.cluster.nodes[attacker.as_node].id(),
+                to: self.cluster.nodes[attacker.target].id(),
+                term: 0,
+                body: MessageBody::HeartbeatResponse,
+            };
+            frame.clear();
+            attacker
+                .session
+                .sealer
+                .seal(&msg, &mut frame)
+                .expect("small");
+            let at = 4 + usize::from(cursor.byte().unwrap_or(0)) % (frame.len() - 4);
+            frame[at] ^= cursor.byte().unwrap_or(0).max(1);
+        }
+        let node = &mut self.cluster.nodes[attacker.target];
+        let refused = node.refused_peer_frames();
+        node.handle_input(now, attacker.conn, &frame);
+        assert_eq!(
+            node.refused_peer_frames(),
+            refused + 1,
+            "a replayed or altered frame was accepted"
+        );
+        self.attackers.remove(index);
+        true
+    }
+
+    /// A client acquires one of three keys.
+    fn client_acquire(&mut self, cursor: &mut Cursor<'_>, pick: usize) -> bool {
+        let now = self.cluster.now;
+        let client = &self.clients[pick % self.clients.len()];
+        self.rid += 1;
+        let frame = acquire_frame(
+            self.rid,
+            cursor.byte().unwrap_or(0),
+            cursor.byte().unwrap_or(0) % 3,
+            1 + cursor.byte().unwrap_or(0) % 3,
+        );
+        self.cluster.nodes[client.node].handle_input(now, client.conn, &frame);
+        true
+    }
+
+    /// A client releases one of three keys.
+    fn client_release(&mut self, cursor: &mut Cursor<'_>, pick: usize) -> bool {
+        let now = self.cluster.now;
+        // Release what the client may hold (or a token it never had).
+        let client = &self.clients[pick % self.clients.len()];
+        self.rid += 1;
+        let key = Key::new(&[b'a' + cursor.byte().unwrap_or(0) % 3]).expect("key");
+        let token = self.watch.last_token.saturating_sub(small(cursor) % 4);
+        let frame = Request::Release(ReleaseRequest {
+            rid: self.rid,
+            token,
+            keys: KeyGroup::new(vec![key]).expect("one key"),
+            set: false,
+        })
+        .to_frame();
+        self.cluster.nodes[client.node].handle_input(now, client.conn, &frame);
+        true
+    }
+
+    /// Closes the hostile connections, then checks the cluster recovers.
+    fn finish(mut self) {
+        // The hostile input stops: its connections close.
+        for attacker in self.attackers {
+            let now = self.cluster.now;
+            if self.cluster.taps.remove(&(attacker.target, attacker.conn)) {
+                self.cluster.nodes[attacker.target].handle_closed(now, attacker.conn);
+            }
+        }
+        recover(&mut self.cluster, &mut self.clients, &mut self.watch);
+    }
 }
 
 /// Lets the cluster run until a leader grants a fresh acquire to one of

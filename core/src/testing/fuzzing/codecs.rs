@@ -4,7 +4,7 @@
 use crate::cluster::{ApplyResult, Command, MAX_FIRST_TOKEN, ReplicatedLocks};
 use crate::time::{Duration, Instant};
 
-use super::{Cursor, fuzz_keys};
+use super::script::{Cursor, fuzz_keys};
 
 /// A command built from the fuzzer's bytes (always encodable); `last_token`
 /// is the newest token issued, which some force-releases name.

@@ -10,7 +10,7 @@ use crate::conn::client::{ClientFront, FrontInput};
 use crate::line::{LINE_ANSWER_LEN, is_base64url};
 use crate::time::Instant;
 
-use super::Cursor;
+use super::script::Cursor;
 
 /// When every byte arrives (the front's handshake deadline is later).
 const NOW: Instant = Instant::from_millis(1_000);
@@ -48,110 +48,174 @@ const FINGERPRINT: [u8; 32] = [0x5a; 32];
 /// untouched, the handshake ends as the token says.
 pub fn client_handshake(data: &[u8]) {
     let mut cursor = Cursor { data };
-    let choice = cursor.byte().unwrap_or(0);
-    let client_token = CLIENT_TOKENS[usize::from(choice % 5)];
-    let mode = if choice & 0x10 == 0 {
-        WireMode::Single
-    } else {
-        WireMode::Cluster
-    };
-    let slot = match mode {
-        WireMode::Single => 0xff,
-        WireMode::Cluster => (choice >> 5) % 3,
-    };
-    let mut nonce = [0u8; NONCE_LEN];
-    let taken = cursor.bytes(NONCE_LEN);
-    nonce[..taken.len()].copy_from_slice(taken);
-    let hello = Hello {
-        mode,
-        self_slot: slot,
-        nonce,
-    };
-    let tokens = ClientTokens::new(SERVER_TOKENS).expect("long tokens");
-    let mut server = ServerSide {
-        front: ClientFront::new(hello, FINGERPRINT, Instant::from_millis(10_000)),
-        tokens,
-        received: Vec::new(),
-        outcome: None,
-    };
-    let mut client = ClientHandshake::new(client_token, FINGERPRINT, mode, slot);
-
-    // Server → client: the hello, then whatever the front answers.
-    let mut to_client: Vec<u8> = server.front.hello_bytes().to_vec();
-    // Client → server: the proof once the client has one.
-    let mut to_server: Vec<u8> = Vec::new();
-    let mut proof_queued = false;
-    let mut client_seen: Vec<u8> = Vec::new();
-    let mut client_outcome: Option<ClientHandshakeStatus> = None;
-    let mut tampered = false;
-
+    let (mut run, client_token) = HandshakeRun::new(&mut cursor);
     for _ in 0..64 {
         let Some(op) = cursor.byte() else { break };
         let len = usize::from(cursor.byte().unwrap_or(64));
-        match op % 6 {
-            // Deliver up to `len` bytes to the client.
-            0 | 1 => {
-                let take = len.min(to_client.len());
-                let bytes: Vec<u8> = to_client.drain(..take).collect();
-                feed_client(&mut client, &bytes, &mut client_seen, &mut client_outcome);
-            }
-            // Deliver up to `len` bytes to the server.
-            2 | 3 => {
-                let take = len.min(to_server.len());
-                let bytes: Vec<u8> = to_server.drain(..take).collect();
-                feed_server(&mut server, &bytes, &mut to_client);
-            }
-            // Corrupt one byte in flight.
-            4 => {
-                let value = cursor.byte().unwrap_or(0);
-                let stream = if len & 1 == 0 {
-                    &mut to_client
-                } else {
-                    &mut to_server
-                };
-                if !stream.is_empty() {
-                    let at = len % stream.len();
-                    tampered |= stream[at] != value;
-                    stream[at] = value;
-                }
-            }
-            // Arbitrary bytes injected in one direction.
-            _ => {
-                let bytes = cursor.bytes(len % 40).to_vec();
-                tampered |= !bytes.is_empty();
-                if len & 1 == 0 {
-                    to_client.extend_from_slice(&bytes);
-                } else {
-                    to_server.extend_from_slice(&bytes);
-                }
-            }
-        }
-        if !proof_queued && let Some(proof) = client.proof() {
-            proof_queued = true;
-            to_server.extend_from_slice(&proof);
-        }
+        run.step(&mut cursor, op, len);
+        run.queue_proof();
     }
-    if tampered {
+    if run.tampered {
         return;
     }
-    // Untouched streams: run to the end.
-    for _ in 0..4 {
-        let bytes = std::mem::take(&mut to_client);
-        feed_client(&mut client, &bytes, &mut client_seen, &mut client_outcome);
-        if !proof_queued && let Some(proof) = client.proof() {
-            proof_queued = true;
-            to_server.extend_from_slice(&proof);
-        }
-        let bytes = std::mem::take(&mut to_server);
-        feed_server(&mut server, &bytes, &mut to_client);
+    run.run_to_end();
+    run.check_outcome(client_token);
+}
+
+/// Both sides of the handshake and the two byte streams between them.
+struct HandshakeRun {
+    server: ServerSide,
+    client: ClientHandshake,
+    /// Server → client: the hello, then whatever the front answers.
+    to_client: Vec<u8>,
+    /// Client → server: the proof once the client has one.
+    to_server: Vec<u8>,
+    proof_queued: bool,
+    client_seen: Vec<u8>,
+    client_outcome: Option<ClientHandshakeStatus>,
+    /// Some byte in flight was altered or injected.
+    tampered: bool,
+}
+
+impl HandshakeRun {
+    /// Both sides as the first byte (token, mode, slot) and the next
+    /// [`NONCE_LEN`] (the server's nonce) configure them, and the token the
+    /// client uses.
+    fn new(cursor: &mut Cursor<'_>) -> (HandshakeRun, &'static [u8]) {
+        let choice = cursor.byte().unwrap_or(0);
+        let client_token = CLIENT_TOKENS[usize::from(choice % 5)];
+        let mode = if choice & 0x10 == 0 {
+            WireMode::Single
+        } else {
+            WireMode::Cluster
+        };
+        let slot = match mode {
+            WireMode::Single => 0xff,
+            WireMode::Cluster => (choice >> 5) % 3,
+        };
+        let mut nonce = [0u8; NONCE_LEN];
+        let taken = cursor.bytes(NONCE_LEN);
+        nonce[..taken.len()].copy_from_slice(taken);
+        let hello = Hello {
+            mode,
+            self_slot: slot,
+            nonce,
+        };
+        let tokens = ClientTokens::new(SERVER_TOKENS).expect("long tokens");
+        let server = ServerSide {
+            front: ClientFront::new(hello, FINGERPRINT, Instant::from_millis(10_000)),
+            tokens,
+            received: Vec::new(),
+            outcome: None,
+        };
+        let run = HandshakeRun {
+            client: ClientHandshake::new(client_token, FINGERPRINT, mode, slot),
+            to_client: server.front.hello_bytes().to_vec(),
+            server,
+            to_server: Vec::new(),
+            proof_queued: false,
+            client_seen: Vec::new(),
+            client_outcome: None,
+            tampered: false,
+        };
+        (run, client_token)
     }
-    let configured = SERVER_TOKENS.contains(&client_token);
-    let expected = if configured {
-        ClientHandshakeStatus::Accepted
-    } else {
-        ClientHandshakeStatus::Rejected
-    };
-    assert_eq!(client_outcome, Some(expected), "token {client_token:?}");
+
+    /// One script step, picked by `op`, moving or altering up to `len` bytes.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8, len: usize) {
+        match op % 6 {
+            0 | 1 => self.deliver_to_client(len),
+            2 | 3 => self.deliver_to_server(len),
+            4 => self.corrupt(cursor, len),
+            _ => self.inject(cursor, len),
+        }
+    }
+
+    /// Delivers up to `len` bytes to the client.
+    fn deliver_to_client(&mut self, len: usize) {
+        let take = len.min(self.to_client.len());
+        let bytes: Vec<u8> = self.to_client.drain(..take).collect();
+        feed_client(
+            &mut self.client,
+            &bytes,
+            &mut self.client_seen,
+            &mut self.client_outcome,
+        );
+    }
+
+    /// Delivers up to `len` bytes to the server.
+    fn deliver_to_server(&mut self, len: usize) {
+        let take = len.min(self.to_server.len());
+        let bytes: Vec<u8> = self.to_server.drain(..take).collect();
+        feed_server(&mut self.server, &bytes, &mut self.to_client);
+    }
+
+    /// Corrupts one byte in flight.
+    fn corrupt(&mut self, cursor: &mut Cursor<'_>, len: usize) {
+        let value = cursor.byte().unwrap_or(0);
+        let stream = if len & 1 == 0 {
+            &mut self.to_client
+        } else {
+            &mut self.to_server
+        };
+        if !stream.is_empty() {
+            let at = len % stream.len();
+            self.tampered |= stream[at] != value;
+            stream[at] = value;
+        }
+    }
+
+    /// Injects arbitrary bytes in one direction.
+    fn inject(&mut self, cursor: &mut Cursor<'_>, len: usize) {
+        let bytes = cursor.bytes(len % 40).to_vec();
+        self.tampered |= !bytes.is_empty();
+        if len & 1 == 0 {
+            self.to_client.extend_from_slice(&bytes);
+        } else {
+            self.to_server.extend_from_slice(&bytes);
+        }
+    }
+
+    /// Queues the client's proof once it has one.
+    fn queue_proof(&mut self) {
+        if !self.proof_queued
+            && let Some(proof) = self.client.proof()
+        {
+            self.proof_queued = true;
+            self.to_server.extend_from_slice(&proof);
+        }
+    }
+
+    /// Untouched streams: run to the end.
+    fn run_to_end(&mut self) {
+        for _ in 0..4 {
+            let bytes = std::mem::take(&mut self.to_client);
+            feed_client(
+                &mut self.client,
+                &bytes,
+                &mut self.client_seen,
+                &mut self.client_outcome,
+            );
+            self.queue_proof();
+            let bytes = std::mem::take(&mut self.to_server);
+            feed_server(&mut self.server, &bytes, &mut self.to_client);
+        }
+    }
+
+    /// The handshake ended as the client's token says.
+    fn check_outcome(&self, client_token: &[u8]) {
+        let configured = SERVER_TOKENS.contains(&client_token);
+        let expected = if configured {
+            ClientHandshakeStatus::Accepted
+        } else {
+            ClientHandshakeStatus::Rejected
+        };
+        assert_eq!(
+            self.client_outcome,
+            Some(expected),
+            "token {client_token:?}"
+        );
+    }
 }
 
 fn feed_client(

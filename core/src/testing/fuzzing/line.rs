@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::Cursor;
+use super::script::Cursor;
 use crate::auth::HELLO_LEN;
 use crate::line::{
     LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest, MAX_LINE_KEY_SCAN,
@@ -115,142 +115,196 @@ struct LineConn {
 /// exactly one terminal reply per request once every wait has ended; and
 /// once everything is closed and every lease has run out nothing is left.
 pub fn line_session(data: &[u8]) {
-    let config = ServerConfig {
-        lock: LockConfig {
-            limits: Limits {
-                max_keys: 3,
-                max_waiters_per_key: 3,
-                max_waiters_total: 5,
-            },
-            ..LockConfig::default()
-        },
-        max_connections: 4,
-        max_in_flight_per_connection: 4,
-        max_outbound_bytes_per_connection: 1 << 16,
-        ..ServerConfig::default()
-    };
-    let mut now = Instant::from_millis(1);
-    let mut server = Server::new(config, 1, now);
-    let mut conns: Vec<LineConn> = Vec::new();
+    let mut harness = LineHarness::new();
     let mut cursor = Cursor { data };
     while let Some(op) = cursor.byte() {
         let pick = usize::from(cursor.byte().unwrap_or(0));
-        let live: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].closed).collect();
+        harness.step(&mut cursor, op, pick);
+        while harness.server.poll_wake().is_some() {}
+    }
+    harness.finish();
+}
+
+/// The server under test and its line connections.
+struct LineHarness {
+    now: Instant,
+    server: Server,
+    conns: Vec<LineConn>,
+}
+
+impl LineHarness {
+    fn new() -> LineHarness {
+        let config = ServerConfig {
+            lock: LockConfig {
+                limits: Limits {
+                    max_keys: 3,
+                    max_waiters_per_key: 3,
+                    max_waiters_total: 5,
+                },
+                ..LockConfig::default()
+            },
+            max_connections: 4,
+            max_in_flight_per_connection: 4,
+            max_outbound_bytes_per_connection: 1 << 16,
+            ..ServerConfig::default()
+        };
+        let now = Instant::from_millis(1);
+        LineHarness {
+            now,
+            server: Server::new(config, 1, now),
+            conns: Vec::new(),
+        }
+    }
+
+    /// One script step, picked by `op`, on the live connection `pick` picks.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8, pick: usize) {
+        let live: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| !self.conns[i].closed)
+            .collect();
         let target = (!live.is_empty()).then(|| live[pick % live.len()]);
         match (op % 7, target) {
-            (0, _) => {
-                let mut nonce = [pick as u8; 16];
-                nonce[3] = b'\n';
-                let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
-                if let Some(id) = server.handle_connect(now, nonce, source) {
-                    conns.push(LineConn {
-                        id,
-                        received: Vec::new(),
-                        answered: false,
-                        clean: false,
-                        structured: true,
-                        requests: 0,
-                        owners: BTreeSet::new(),
-                        tokens: BTreeSet::new(),
-                        closed: false,
-                    });
-                }
-            }
-            (1, Some(index)) => {
-                let len = usize::from(cursor.byte().unwrap_or(0));
-                let bytes = cursor.bytes(len).to_vec();
-                let conn = &mut conns[index];
-                conn.structured = false;
-                conn.answered |= !bytes.is_empty();
-                server.handle_input(now, conns[index].id, &bytes);
-            }
-            (2, Some(index)) => {
-                let conn = &mut conns[index];
-                take(&mut server, conn);
-                if !conn.answered && conn.received.len() >= HELLO_LEN {
-                    let challenge = &conn.received[13..27];
-                    let mut answer = line_answer(b"", challenge).to_vec();
-                    answer.push(b'\n');
-                    conn.answered = true;
-                    conn.clean = true;
-                    server.handle_input(now, conn.id, &answer);
-                }
-            }
-            (3, Some(index)) => {
-                let kind = cursor.byte().unwrap_or(0);
-                let arg = cursor.byte().unwrap_or(0);
-                let key = LINE_KEYS[usize::from(kind >> 1) % LINE_KEYS.len()];
-                let conn = &mut conns[index];
-                let mut bytes = Vec::new();
-                if kind & 1 == 0 {
-                    // Waits and leases across every rule: 0, short, > 255;
-                    // leases 0 and over 250 included.
-                    let wait_s = [0u16, 1, 2, 300][usize::from(arg & 3)];
-                    let lease_s = [0u16, 1, 2, 251][usize::from((arg >> 2) & 3)];
-                    let owner = u64::from(arg) << 56 | pick as u64;
-                    encode_line_acquire(&mut bytes, wait_s, lease_s, owner, key);
-                    conn.owners.insert((owner, key.to_vec()));
-                } else {
-                    // Tokens start at 1 here, so small numbers hit grants.
-                    let token = u64::from(arg % 16);
-                    encode_line_release(&mut bytes, token, key);
-                    conn.tokens.insert((token, key.to_vec()));
-                }
-                if conn.answered {
-                    conn.requests += 1;
-                } else {
-                    // Request bytes where the answer belongs.
-                    conn.answered = true;
-                    conn.structured = false;
-                }
-                server.handle_input(now, conn.id, &bytes);
-            }
-            (4, _) => {
-                now = now.saturating_add(Duration::from_millis(pick as u64 * 40));
-                server.handle_timeout(now);
-            }
-            (5, Some(index)) => {
-                let conn = &mut conns[index];
-                let state = take(&mut server, conn);
-                server.handle_flushed(now, conn.id);
-                if state == ConnState::CloseAfterFlush {
-                    server.handle_closed(now, conn.id);
-                    conn.closed = true;
-                }
-            }
-            (6, Some(index)) => {
-                server.handle_closed(now, conns[index].id);
-                conns[index].closed = true;
-            }
+            (0, _) => self.connect(pick),
+            (1, Some(index)) => self.send_raw(cursor, index),
+            (2, Some(index)) => self.answer_hello(index),
+            (3, Some(index)) => self.send_request(cursor, index, pick),
+            (4, _) => self.advance_clock(pick),
+            (5, Some(index)) => self.flush(index),
+            (6, Some(index)) => self.close(index),
             _ => {}
         }
-        while server.poll_wake().is_some() {}
     }
-    // Every wait (at most 255 s) ends.
-    now = now.saturating_add(Duration::from_secs(256));
-    server.handle_timeout(now);
-    let mut granted = BTreeMap::new();
-    for conn in &mut conns {
-        let state = take(&mut server, conn);
-        let open = !conn.closed && state == ConnState::Open;
-        check_line_output(conn, open, &mut granted);
-        if !conn.closed {
-            server.handle_closed(now, conn.id);
+
+    /// Connects from one of four addresses, with a nonce `pick` chooses.
+    fn connect(&mut self, pick: usize) {
+        let mut nonce = [pick as u8; 16];
+        nonce[3] = b'\n';
+        let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
+        if let Some(id) = self.server.handle_connect(self.now, nonce, source) {
+            self.conns.push(LineConn {
+                id,
+                received: Vec::new(),
+                answered: false,
+                clean: false,
+                structured: true,
+                requests: 0,
+                owners: BTreeSet::new(),
+                tokens: BTreeSet::new(),
+                closed: false,
+            });
         }
     }
-    assert_eq!(server.stats().connections, 0);
-    assert_eq!(
-        server.stats().lock.waiters,
-        0,
-        "waiters outlived their connections"
-    );
-    now = now.saturating_add(Duration::from_secs(261));
-    server.handle_timeout(now);
-    assert_eq!(
-        server.stats().lock.keys,
-        0,
-        "keys left after every lease ended"
-    );
+
+    /// Sends raw bytes: the connection is no longer well-formed.
+    fn send_raw(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        let len = usize::from(cursor.byte().unwrap_or(0));
+        let bytes = cursor.bytes(len).to_vec();
+        let conn = &mut self.conns[index];
+        conn.structured = false;
+        conn.answered |= !bytes.is_empty();
+        self.server
+            .handle_input(self.now, self.conns[index].id, &bytes);
+    }
+
+    /// Takes the output and, once the hello is there, answers it.
+    fn answer_hello(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        take(&mut self.server, conn);
+        if !conn.answered && conn.received.len() >= HELLO_LEN {
+            let challenge = &conn.received[13..27];
+            let mut answer = line_answer(b"", challenge).to_vec();
+            answer.push(b'\n');
+            conn.answered = true;
+            conn.clean = true;
+            self.server.handle_input(self.now, conn.id, &answer);
+        }
+    }
+
+    /// Sends a well-formed `A` or `R` (where the answer belongs, if not yet
+    /// answered).
+    fn send_request(&mut self, cursor: &mut Cursor<'_>, index: usize, pick: usize) {
+        let kind = cursor.byte().unwrap_or(0);
+        let arg = cursor.byte().unwrap_or(0);
+        let key = LINE_KEYS[usize::from(kind >> 1) % LINE_KEYS.len()];
+        let conn = &mut self.conns[index];
+        let mut bytes = Vec::new();
+        if kind & 1 == 0 {
+            // Waits and leases across every rule: 0, short, > 255;
+            // leases 0 and over 250 included.
+            let wait_s = [0u16, 1, 2, 300][usize::from(arg & 3)];
+            let lease_s = [0u16, 1, 2, 251][usize::from((arg >> 2) & 3)];
+            let owner = u64::from(arg) << 56 | pick as u64;
+            encode_line_acquire(&mut bytes, wait_s, lease_s, owner, key);
+            conn.owners.insert((owner, key.to_vec()));
+        } else {
+            // Tokens start at 1 here, so small numbers hit grants.
+            let token = u64::from(arg % 16);
+            encode_line_release(&mut bytes, token, key);
+            conn.tokens.insert((token, key.to_vec()));
+        }
+        if conn.answered {
+            conn.requests += 1;
+        } else {
+            // Request bytes where the answer belongs.
+            conn.answered = true;
+            conn.structured = false;
+        }
+        self.server.handle_input(self.now, conn.id, &bytes);
+    }
+
+    /// Moves the clock on by `pick` × 40 ms and serves the timers.
+    fn advance_clock(&mut self, pick: usize) {
+        self.now = self
+            .now
+            .saturating_add(Duration::from_millis(pick as u64 * 40));
+        self.server.handle_timeout(self.now);
+    }
+
+    /// Takes the output, reports it flushed, and closes if the server asked.
+    fn flush(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        let state = take(&mut self.server, conn);
+        self.server.handle_flushed(self.now, conn.id);
+        if state == ConnState::CloseAfterFlush {
+            self.server.handle_closed(self.now, conn.id);
+            conn.closed = true;
+        }
+    }
+
+    /// Closes the connection.
+    fn close(&mut self, index: usize) {
+        self.server.handle_closed(self.now, self.conns[index].id);
+        self.conns[index].closed = true;
+    }
+
+    /// Lets every wait and then every lease end, checking each
+    /// connection's output and that nothing is left.
+    fn finish(mut self) {
+        // Every wait (at most 255 s) ends.
+        self.now = self.now.saturating_add(Duration::from_secs(256));
+        self.server.handle_timeout(self.now);
+        let mut granted = BTreeMap::new();
+        for conn in &mut self.conns {
+            let state = take(&mut self.server, conn);
+            let open = !conn.closed && state == ConnState::Open;
+            check_line_output(conn, open, &mut granted);
+            if !conn.closed {
+                self.server.handle_closed(self.now, conn.id);
+            }
+        }
+        assert_eq!(self.server.stats().connections, 0);
+        assert_eq!(
+            self.server.stats().lock.waiters,
+            0,
+            "waiters outlived their connections"
+        );
+        self.now = self.now.saturating_add(Duration::from_secs(261));
+        self.server.handle_timeout(self.now);
+        assert_eq!(
+            self.server.stats().lock.keys,
+            0,
+            "keys left after every lease ended"
+        );
+    }
 }
 
 fn take(server: &mut Server, conn: &mut LineConn) -> ConnState {

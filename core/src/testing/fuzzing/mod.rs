@@ -10,6 +10,7 @@ mod handshake;
 mod line;
 mod peer_handshake;
 mod raft_group;
+mod script;
 
 pub use client_session::client_session;
 pub use cluster_clients::cluster_clients;
@@ -27,10 +28,9 @@ use crate::lock::{Limits, LockConfig};
 use crate::machine::Machine;
 use crate::server::{ConnId, ConnState, Server, ServerConfig};
 use crate::time::{Duration, Instant};
-use crate::wire::{
-    AcquireRequest, Decoded, Key, KeyGroup, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT,
-    ReleaseRequest, Reply, Request, RequestDecoder,
-};
+use crate::wire::{Decoded, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT, Reply, RequestDecoder};
+
+use self::script::{Cursor, fuzz_request};
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
 /// first byte, and checks: no panic, bounded buffering, every request it
@@ -134,73 +134,11 @@ fn session_events(frames: &[u8], chunk_len: usize) -> Vec<crate::client::Session
     events
 }
 
-struct Cursor<'a> {
-    data: &'a [u8],
-}
-
-impl Cursor<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let (&first, rest) = self.data.split_first()?;
-        self.data = rest;
-        Some(first)
-    }
-
-    fn bytes(&mut self, len: usize) -> &[u8] {
-        let len = len.min(self.data.len());
-        let (taken, rest) = self.data.split_at(len);
-        self.data = rest;
-        taken
-    }
-}
-
 struct FuzzConn {
     id: ConnId,
     /// Everything the server sent to this connection.
     received: Vec<u8>,
     closed: bool,
-}
-
-const FUZZ_KEYS: [&str; 4] = ["a", "b", "c", "d"];
-
-fn fuzz_keys(bits: u8) -> KeyGroup {
-    let mut keys: Vec<Key> = FUZZ_KEYS
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| bits & (1 << index) != 0)
-        .map(|(_, name)| Key::new(name.as_bytes()).expect("valid key"))
-        .collect();
-    if keys.is_empty() {
-        keys.push(Key::new(b"a").expect("valid key"));
-    }
-    KeyGroup::new(keys).expect("ascending keys")
-}
-
-/// A request built from the next three input bytes: an acquire or a
-/// release, of one key (`A`/`R`) or a non-empty set (`S`/`G`), with a short
-/// wait and lease, or a token within 16 of `first_token` (so releases hit
-/// live grants).
-fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) -> Request {
-    let kind = cursor.byte().unwrap_or(0);
-    let bits = cursor.byte().unwrap_or(1);
-    let arg = cursor.byte().unwrap_or(0);
-    let set = kind & 1 == 1;
-    let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
-    if kind & 2 == 0 {
-        Request::Acquire(AcquireRequest {
-            rid,
-            wait_s: arg % 4,
-            lease_s: 1 + arg % 3,
-            keys,
-            set,
-        })
-    } else {
-        Request::Release(ReleaseRequest {
-            rid,
-            token: first_token + u64::from(arg % 16),
-            keys,
-            set,
-        })
-    }
 }
 
 /// Checks that `bytes` is a hello, optionally a result byte, and then only
@@ -243,135 +181,190 @@ fn check_server_output(bytes: &[u8]) {
 /// byte and well-formed replies, and that once every connection is closed and
 /// every lease has run out, the table is empty (no ghost lock, no lost waiter).
 pub fn server_session(data: &[u8]) {
-    let config = ServerConfig {
-        lock: LockConfig {
-            limits: Limits {
-                max_keys: 3,
-                max_waiters_per_key: 3,
-                max_waiters_total: 5,
-            },
-            ..LockConfig::default()
-        },
-        max_connections: 4,
-        max_in_flight_per_connection: 4,
-        max_outbound_bytes_per_connection: 256,
-        ..ServerConfig::default()
-    };
-    let mut now = Instant::from_millis(1);
-    let mut server = Server::new(config, 1, now);
-    let mut conns: Vec<FuzzConn> = Vec::new();
+    let mut harness = ServerHarness::new();
     let mut cursor = Cursor { data };
-    let mut rid = 0u64;
     while let Some(op) = cursor.byte() {
         let pick = usize::from(cursor.byte().unwrap_or(0));
-        let live: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].closed).collect();
-        let target = (!live.is_empty()).then(|| live[pick % live.len()]);
-        match (op % 8, target) {
-            (0, _) => {
-                let mut nonce = [0u8; 16];
-                nonce[0] = pick as u8;
-                // A few sources, so the per-source handshake cap is exercised.
-                let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
-                if let Some(id) = server.handle_connect(now, nonce, source) {
-                    conns.push(FuzzConn {
-                        id,
-                        received: Vec::new(),
-                        closed: false,
-                    });
-                }
-            }
-            (1, Some(index)) => {
-                let len = usize::from(cursor.byte().unwrap_or(0));
-                let bytes = cursor.bytes(len).to_vec();
-                server.handle_input(now, conns[index].id, &bytes);
-            }
-            (2, Some(index)) => {
-                let conn = &mut conns[index];
-                let mut out = Vec::new();
-                server.poll_transmit(conn.id, &mut out);
-                conn.received.extend_from_slice(&out);
-                if conn.received.len() >= HELLO_LEN {
-                    let mut client = ClientHandshake::new(
-                        b"",
-                        SINGLE_FINGERPRINT,
-                        WireMode::Single,
-                        NO_LEADER_SLOT,
-                    );
-                    client.handle_input(&conn.received[..HELLO_LEN]);
-                    if let Some(proof) = client.proof() {
-                        server.handle_input(now, conn.id, &proof);
-                    }
-                }
-            }
-            (3, Some(index)) => {
-                rid += 1;
-                // Tokens start at 1 here, so small numbers hit live grants.
-                let request = fuzz_request(&mut cursor, rid, 1);
-                let mut bytes = Vec::new();
-                request.encode(&mut bytes);
-                server.handle_input(now, conns[index].id, &bytes);
-            }
-            (4, _) => {
-                now = now.saturating_add(Duration::from_millis(pick as u64 * 20));
-                server.handle_timeout(now);
-            }
-            (5, Some(index)) => {
-                let conn = &mut conns[index];
-                let mut out = Vec::new();
-                let state = server.poll_transmit(conn.id, &mut out);
-                conn.received.extend_from_slice(&out);
-                server.handle_flushed(now, conn.id);
-                if state == ConnState::CloseAfterFlush {
-                    server.handle_closed(now, conn.id);
-                    conn.closed = true;
-                }
-            }
-            (6, Some(index)) => {
-                // A short write: only a prefix of what was taken goes out.
-                let conn = &mut conns[index];
-                let mut out = Vec::new();
-                server.poll_transmit(conn.id, &mut out);
-                let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
-                server.handle_written(now, conn.id, written);
-                conn.received.extend_from_slice(&out);
-            }
-            (7, Some(index)) => {
-                server.handle_closed(now, conns[index].id);
-                conns[index].closed = true;
-            }
-            _ => {}
-        }
-        while server.poll_wake().is_some() {}
-        if let Some(deadline) = server.poll_timeout() {
+        harness.step(&mut cursor, op, pick);
+        while harness.server.poll_wake().is_some() {}
+        if let Some(deadline) = harness.server.poll_timeout() {
             assert!(deadline.as_micros() > 0);
         }
     }
-    for conn in &mut conns {
-        let mut out = Vec::new();
-        server.poll_transmit(conn.id, &mut out);
-        conn.received.extend_from_slice(&out);
-        check_server_output(&conn.received);
-        if !conn.closed {
-            server.handle_closed(now, conn.id);
+    harness.finish();
+}
+
+/// The server under test and its connections.
+struct ServerHarness {
+    now: Instant,
+    server: Server,
+    conns: Vec<FuzzConn>,
+    /// The last request id used.
+    rid: u64,
+}
+
+impl ServerHarness {
+    fn new() -> ServerHarness {
+        let config = ServerConfig {
+            lock: LockConfig {
+                limits: Limits {
+                    max_keys: 3,
+                    max_waiters_per_key: 3,
+                    max_waiters_total: 5,
+                },
+                ..LockConfig::default()
+            },
+            max_connections: 4,
+            max_in_flight_per_connection: 4,
+            max_outbound_bytes_per_connection: 256,
+            ..ServerConfig::default()
+        };
+        let now = Instant::from_millis(1);
+        ServerHarness {
+            now,
+            server: Server::new(config, 1, now),
+            conns: Vec::new(),
+            rid: 0,
         }
     }
-    assert_eq!(server.stats().connections, 0);
-    assert_eq!(
-        server.stats().lock.waiters,
-        0,
-        "waiters outlived their connections"
-    );
-    // Every lease (at most 250 s: raw bytes can carry any valid frame) runs
-    // out, then the sweep removes the keys.
-    now = now.saturating_add(Duration::from_secs(251));
-    server.handle_timeout(now);
-    now = now.saturating_add(Duration::from_secs(10));
-    server.handle_timeout(now);
-    assert_eq!(
-        server.stats().lock.keys,
-        0,
-        "keys left after every lease ended"
-    );
+
+    /// One script step, picked by `op`, on the live connection `pick` picks.
+    fn step(&mut self, cursor: &mut Cursor<'_>, op: u8, pick: usize) {
+        let live: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| !self.conns[i].closed)
+            .collect();
+        let target = (!live.is_empty()).then(|| live[pick % live.len()]);
+        match (op % 8, target) {
+            (0, _) => self.connect(pick),
+            (1, Some(index)) => self.send_raw(cursor, index),
+            (2, Some(index)) => self.send_proof(index),
+            (3, Some(index)) => self.send_request(cursor, index),
+            (4, _) => self.advance_clock(pick),
+            (5, Some(index)) => self.flush(index),
+            (6, Some(index)) => self.short_write(cursor, index),
+            (7, Some(index)) => self.close(index),
+            _ => {}
+        }
+    }
+
+    /// Connects from one of four addresses.
+    fn connect(&mut self, pick: usize) {
+        let mut nonce = [0u8; 16];
+        nonce[0] = pick as u8;
+        // A few sources, so the per-source handshake cap is exercised.
+        let source = std::net::IpAddr::from([10, 0, 0, pick as u8 % 4]);
+        if let Some(id) = self.server.handle_connect(self.now, nonce, source) {
+            self.conns.push(FuzzConn {
+                id,
+                received: Vec::new(),
+                closed: false,
+            });
+        }
+    }
+
+    /// Sends raw bytes.
+    fn send_raw(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        let len = usize::from(cursor.byte().unwrap_or(0));
+        let bytes = cursor.bytes(len).to_vec();
+        self.server
+            .handle_input(self.now, self.conns[index].id, &bytes);
+    }
+
+    /// Takes the output and, once the hello is there, sends the proof.
+    fn send_proof(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        let mut out = Vec::new();
+        self.server.poll_transmit(conn.id, &mut out);
+        conn.received.extend_from_slice(&out);
+        if conn.received.len() >= HELLO_LEN {
+            let mut client =
+                ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
+            client.handle_input(&conn.received[..HELLO_LEN]);
+            if let Some(proof) = client.proof() {
+                self.server.handle_input(self.now, conn.id, &proof);
+            }
+        }
+    }
+
+    /// Sends a well-formed request.
+    fn send_request(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        self.rid += 1;
+        // Tokens start at 1 here, so small numbers hit live grants.
+        let request = fuzz_request(cursor, self.rid, 1);
+        let mut bytes = Vec::new();
+        request.encode(&mut bytes);
+        self.server
+            .handle_input(self.now, self.conns[index].id, &bytes);
+    }
+
+    /// Moves the clock on by `pick` × 20 ms and serves the timers.
+    fn advance_clock(&mut self, pick: usize) {
+        self.now = self
+            .now
+            .saturating_add(Duration::from_millis(pick as u64 * 20));
+        self.server.handle_timeout(self.now);
+    }
+
+    /// Takes the output, reports it flushed, and closes if the server asked.
+    fn flush(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        let mut out = Vec::new();
+        let state = self.server.poll_transmit(conn.id, &mut out);
+        conn.received.extend_from_slice(&out);
+        self.server.handle_flushed(self.now, conn.id);
+        if state == ConnState::CloseAfterFlush {
+            self.server.handle_closed(self.now, conn.id);
+            conn.closed = true;
+        }
+    }
+
+    /// Takes the output, of which only a prefix is written.
+    fn short_write(&mut self, cursor: &mut Cursor<'_>, index: usize) {
+        // A short write: only a prefix of what was taken goes out.
+        let conn = &mut self.conns[index];
+        let mut out = Vec::new();
+        self.server.poll_transmit(conn.id, &mut out);
+        let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
+        self.server.handle_written(self.now, conn.id, written);
+        conn.received.extend_from_slice(&out);
+    }
+
+    /// Closes the connection.
+    fn close(&mut self, index: usize) {
+        self.server.handle_closed(self.now, self.conns[index].id);
+        self.conns[index].closed = true;
+    }
+
+    /// Checks every connection's output, closes them all and lets every
+    /// lease end: nothing is left.
+    fn finish(mut self) {
+        for conn in &mut self.conns {
+            let mut out = Vec::new();
+            self.server.poll_transmit(conn.id, &mut out);
+            conn.received.extend_from_slice(&out);
+            check_server_output(&conn.received);
+            if !conn.closed {
+                self.server.handle_closed(self.now, conn.id);
+            }
+        }
+        assert_eq!(self.server.stats().connections, 0);
+        assert_eq!(
+            self.server.stats().lock.waiters,
+            0,
+            "waiters outlived their connections"
+        );
+        // Every lease (at most 250 s: raw bytes can carry any valid frame) runs
+        // out, then the sweep removes the keys.
+        self.now = self.now.saturating_add(Duration::from_secs(251));
+        self.server.handle_timeout(self.now);
+        self.now = self.now.saturating_add(Duration::from_secs(10));
+        self.server.handle_timeout(self.now);
+        assert_eq!(
+            self.server.stats().lock.keys,
+            0,
+            "keys left after every lease ended"
+        );
+    }
 }
 
 /// Feeds `data` to a [`crate::cluster::peer::PeerDecoder`] keyed with a fixed key,

@@ -9,7 +9,7 @@ use crate::cluster::peer::{
 use crate::raft::{Message, MessageBody, NodeId};
 use crate::time::Instant;
 
-use super::Cursor;
+use super::script::Cursor;
 
 const FINGERPRINT: [u8; 32] = [0x6e; 32];
 const TOKEN_NEW: &[u8] = b"peer-token-new-0123456789";
@@ -201,58 +201,137 @@ fn round_trip(sender: &mut PeerSession, receiver: &mut PeerSession, msg: &Messag
 /// the other and fails on an unrelated session, in both directions.
 pub fn peer_handshake(data: &[u8]) {
     let mut cursor = Cursor { data };
-    let config = cursor.byte().unwrap_or(0);
-    let dialer_list = TOKEN_LISTS[usize::from(config) % TOKEN_LISTS.len()];
-    let acceptor_list = TOKEN_LISTS[usize::from(config / 8) % TOKEN_LISTS.len()];
-    let dialed = if config & 0x80 != 0 { 2 } else { 1 };
-    let shared = acceptor_list.contains(&dialer_list[0]);
-    let seeds = cursor.bytes(4).to_vec();
-    let (dialer_seed, acceptor_seed) = seeds.split_at(seeds.len().min(2));
-    let floors = (u64::from(config), u64::MAX);
-    let mut dialer = End::new(
-        PeerHandshake::new(
-            identity(DIALER, floors.0),
-            nonce(1, dialer_seed),
-            Some(dialed),
-            DEADLINE,
-        ),
-        PeerTokens::new(dialer_list).expect("tokens"),
-    );
-    let mut acceptor = End::new(
-        PeerHandshake::new(
-            identity(ACCEPTOR, floors.1),
-            nonce(2, acceptor_seed),
-            None,
-            DEADLINE,
-        ),
-        PeerTokens::new(acceptor_list).expect("tokens"),
-    );
+    let setup = Setup::read(&mut cursor);
+    let mut network = Network::new(&setup, &mut cursor);
     let mut other = other_run();
-    let mut d2a = dialer.sent.clone();
-    let mut a2d = acceptor.sent.clone();
-    let mut tampered = false;
-    for _ in 0..64 {
-        let Some(op) = cursor.byte() else { break };
-        let arg = usize::from(cursor.byte().unwrap_or(0));
+    network.play_script(&mut cursor, &other);
+    network.deliver_the_rest();
+    if !network.check_outcome(&setup) {
+        return;
+    }
+    let Network {
+        mut dialer,
+        mut acceptor,
+        ..
+    } = network;
+    check_established(&mut dialer, &mut acceptor, &setup);
+    check_sessions(&mut dialer, &mut acceptor, &mut other);
+}
+
+/// What the first byte configures: each side's tokens, the slot dialed,
+/// the dialer's token floor.
+struct Setup {
+    dialer_list: &'static [&'static [u8]],
+    acceptor_list: &'static [&'static [u8]],
+    /// The slot the dialer meant to reach.
+    dialed: u8,
+    /// The acceptor accepts the dialer's own token.
+    shared: bool,
+    /// The token floors the dialer and the acceptor announce.
+    floors: (u64, u64),
+}
+
+impl Setup {
+    fn read(cursor: &mut Cursor<'_>) -> Setup {
+        let config = cursor.byte().unwrap_or(0);
+        let dialer_list = TOKEN_LISTS[usize::from(config) % TOKEN_LISTS.len()];
+        let acceptor_list = TOKEN_LISTS[usize::from(config / 8) % TOKEN_LISTS.len()];
+        let dialed = if config & 0x80 != 0 { 2 } else { 1 };
+        let shared = acceptor_list.contains(&dialer_list[0]);
+        let floors = (u64::from(config), u64::MAX);
+        Setup {
+            dialer_list,
+            acceptor_list,
+            dialed,
+            shared,
+            floors,
+        }
+    }
+}
+
+/// Both ends and the two directions between them, as the script left them.
+struct Network {
+    dialer: End,
+    acceptor: End,
+    /// Bytes on their way from the dialer to the acceptor.
+    d2a: Vec<u8>,
+    /// Bytes on their way from the acceptor to the dialer.
+    a2d: Vec<u8>,
+    /// The script altered, dropped, injected or swapped bytes.
+    tampered: bool,
+}
+
+impl Network {
+    /// Both ends with their nonces from the next four bytes, each hello on
+    /// its way.
+    fn new(setup: &Setup, cursor: &mut Cursor<'_>) -> Network {
+        let seeds = cursor.bytes(4).to_vec();
+        let (dialer_seed, acceptor_seed) = seeds.split_at(seeds.len().min(2));
+        let dialer = End::new(
+            PeerHandshake::new(
+                identity(DIALER, setup.floors.0),
+                nonce(1, dialer_seed),
+                Some(setup.dialed),
+                DEADLINE,
+            ),
+            PeerTokens::new(setup.dialer_list).expect("tokens"),
+        );
+        let acceptor = End::new(
+            PeerHandshake::new(
+                identity(ACCEPTOR, setup.floors.1),
+                nonce(2, acceptor_seed),
+                None,
+                DEADLINE,
+            ),
+            PeerTokens::new(setup.acceptor_list).expect("tokens"),
+        );
+        let d2a = dialer.sent.clone();
+        let a2d = acceptor.sent.clone();
+        Network {
+            dialer,
+            acceptor,
+            d2a,
+            a2d,
+            tampered: false,
+        }
+    }
+
+    /// Up to 64 script steps, each followed by what either side answered.
+    fn play_script(&mut self, cursor: &mut Cursor<'_>, other: &OtherRun) {
+        for _ in 0..64 {
+            let Some(op) = cursor.byte() else { break };
+            let arg = usize::from(cursor.byte().unwrap_or(0));
+            self.step(cursor, other, op, arg);
+            // What either side answered goes out behind what is queued.
+            self.collect();
+        }
+    }
+
+    /// One script step: deliver, flip, drop, inject, swap or time out.
+    fn step(&mut self, cursor: &mut Cursor<'_>, other: &OtherRun, op: u8, arg: usize) {
         let to_acceptor = op & 0x10 == 0;
-        let wire = if to_acceptor { &mut d2a } else { &mut a2d };
+        let wire = if to_acceptor {
+            &mut self.d2a
+        } else {
+            &mut self.a2d
+        };
         match op % 8 {
             0..=2 => {
                 if to_acceptor {
-                    acceptor.deliver(wire, arg % 80 + 1);
+                    self.acceptor.deliver(wire, arg % 80 + 1);
                 } else {
-                    dialer.deliver(wire, arg % 80 + 1);
+                    self.dialer.deliver(wire, arg % 80 + 1);
                 }
             }
             3 if !wire.is_empty() => {
                 let at = arg % wire.len();
                 wire[at] ^= cursor.byte().unwrap_or(0).max(1);
-                tampered = true;
+                self.tampered = true;
             }
             4 if !wire.is_empty() => {
                 let at = arg % wire.len();
                 wire.remove(at);
-                tampered = true;
+                self.tampered = true;
             }
             5 => {
                 let bytes: Vec<u8> = if arg & 0x80 == 0 {
@@ -262,91 +341,120 @@ pub fn peer_handshake(data: &[u8]) {
                 };
                 if wire.len() + bytes.len() <= MAX_PENDING {
                     wire.extend_from_slice(&bytes);
-                    tampered = true;
+                    self.tampered = true;
                 }
             }
             6 => {
-                std::mem::swap(&mut d2a, &mut a2d);
-                tampered = true;
+                std::mem::swap(&mut self.d2a, &mut self.a2d);
+                self.tampered = true;
             }
             _ => {
-                let now = Instant::from_millis(arg as u64 * 8);
                 let end = if to_acceptor {
-                    &mut acceptor
+                    &mut self.acceptor
                 } else {
-                    &mut dialer
+                    &mut self.dialer
                 };
-                let deadline = end.handshake.deadline();
-                let fired = end.handshake.handle_timeout(now);
-                assert_eq!(fired, deadline.is_some_and(|d| now >= d));
-                if fired {
-                    end.timed_out = true;
-                    end.status = PeerHandshakeStatus::Rejected(PeerReject::Timeout);
-                    assert_eq!(end.handshake.deadline(), None);
-                }
+                time_out(end, Instant::from_millis(arg as u64 * 8));
             }
         }
-        // What either side answered goes out behind what is queued.
-        dialer.collect(&mut d2a);
-        acceptor.collect(&mut a2d);
-        check_acceptor_output(&acceptor);
-    }
-    // Everything left arrives, in order, until nothing moves.
-    for _ in 0..4 {
-        let (d, a) = (d2a.len(), a2d.len());
-        acceptor.deliver(&mut d2a, d);
-        dialer.deliver(&mut a2d, a);
-        dialer.collect(&mut d2a);
-        acceptor.collect(&mut a2d);
-        check_acceptor_output(&acceptor);
     }
 
-    let untouched_d2a = intact(&dialer, &acceptor, HANDSHAKE_LEN);
-    let untouched_a2d = intact(&acceptor, &dialer, HANDSHAKE_LEN);
-    if acceptor.established() {
-        assert!(shared, "the acceptor took a token it does not accept");
-        assert!(untouched_d2a, "the acceptor established on altered bytes");
-        assert!(
-            intact(&acceptor, &dialer, PEER_HELLO_LEN),
-            "the acceptor established on a hello the dialer never saw"
+    /// Queues what either side wants to send, and checks the acceptor's.
+    fn collect(&mut self) {
+        self.dialer.collect(&mut self.d2a);
+        self.acceptor.collect(&mut self.a2d);
+        check_acceptor_output(&self.acceptor);
+    }
+
+    /// Everything left arrives, in order, until nothing moves.
+    fn deliver_the_rest(&mut self) {
+        for _ in 0..4 {
+            let (d, a) = (self.d2a.len(), self.a2d.len());
+            self.acceptor.deliver(&mut self.d2a, d);
+            self.dialer.deliver(&mut self.a2d, a);
+            self.collect();
+        }
+    }
+
+    /// Checks who established against what the script did; true if both
+    /// sides are established (the handshake was clean).
+    fn check_outcome(&self, setup: &Setup) -> bool {
+        let (dialer, acceptor) = (&self.dialer, &self.acceptor);
+        let Setup { dialed, shared, .. } = *setup;
+        let tampered = self.tampered;
+        let untouched_d2a = intact(dialer, acceptor, HANDSHAKE_LEN);
+        let untouched_a2d = intact(acceptor, dialer, HANDSHAKE_LEN);
+        if acceptor.established() {
+            assert!(shared, "the acceptor took a token it does not accept");
+            assert!(untouched_d2a, "the acceptor established on altered bytes");
+            assert!(
+                intact(acceptor, dialer, PEER_HELLO_LEN),
+                "the acceptor established on a hello the dialer never saw"
+            );
+        }
+        if dialer.established() {
+            assert!(shared, "the dialer established with a token not accepted");
+            assert!(untouched_a2d, "the dialer established on altered bytes");
+            assert!(acceptor.established(), "the dialer established alone");
+        }
+        let clean = shared
+            && dialed == ACCEPTOR.slot
+            && !dialer.timed_out
+            && !acceptor.timed_out
+            && untouched_d2a
+            && untouched_a2d;
+        assert_eq!(
+            dialer.established() && acceptor.established(),
+            clean,
+            "dialer {:?}, acceptor {:?}, shared {shared}, dialed {dialed}, tampered {tampered}",
+            dialer.status,
+            acceptor.status
         );
+        if !tampered
+            && shared
+            && dialed == ACCEPTOR.slot
+            && !dialer.timed_out
+            && !acceptor.timed_out
+        {
+            assert!(clean, "an untouched handshake did not complete");
+        }
+        clean
     }
-    if dialer.established() {
-        assert!(shared, "the dialer established with a token not accepted");
-        assert!(untouched_a2d, "the dialer established on altered bytes");
-        assert!(acceptor.established(), "the dialer established alone");
+}
+
+/// Fires `end`'s handshake timer at `now`: it fires exactly when the
+/// deadline passed, and then rejects the handshake and clears the deadline.
+fn time_out(end: &mut End, now: Instant) {
+    let deadline = end.handshake.deadline();
+    let fired = end.handshake.handle_timeout(now);
+    assert_eq!(fired, deadline.is_some_and(|d| now >= d));
+    if fired {
+        end.timed_out = true;
+        end.status = PeerHandshakeStatus::Rejected(PeerReject::Timeout);
+        assert_eq!(end.handshake.deadline(), None);
     }
-    let clean = shared
-        && dialed == ACCEPTOR.slot
-        && !dialer.timed_out
-        && !acceptor.timed_out
-        && untouched_d2a
-        && untouched_a2d;
-    assert_eq!(
-        dialer.established() && acceptor.established(),
-        clean,
-        "dialer {:?}, acceptor {:?}, shared {shared}, dialed {dialed}, tampered {tampered}",
-        dialer.status,
-        acceptor.status
-    );
-    if !tampered && shared && dialed == ACCEPTOR.slot && !dialer.timed_out && !acceptor.timed_out {
-        assert!(clean, "an untouched handshake did not complete");
-    }
-    if !clean {
-        return;
-    }
+}
+
+/// Both sides of a clean handshake name each other and saw the other's
+/// hello as sent.
+fn check_established(dialer: &mut End, acceptor: &mut End, setup: &Setup) {
     assert_eq!(dialer.status, PeerHandshakeStatus::Established(ACCEPTOR));
     assert_eq!(acceptor.status, PeerHandshakeStatus::Established(DIALER));
     assert_eq!(dialer.handshake.peer(), Some(ACCEPTOR));
     assert_eq!(acceptor.handshake.peer(), Some(DIALER));
     let hello = acceptor.handshake.peer_hello().expect("established");
-    assert_eq!(hello.token_floor, floors.0);
+    assert_eq!(hello.token_floor, setup.floors.0);
     assert_eq!(hello.role, PeerRole::Dialer);
     let hello = dialer.handshake.peer_hello().expect("established");
     assert_eq!(
         hello.token_floor,
         crate::cluster::peer::TOKEN_FLOOR_LIMIT - 1
     );
+}
+
+/// The sessions of a clean handshake: frames sealed by either open on the
+/// other, in both directions, and not on an unrelated session.
+fn check_sessions(dialer: &mut End, acceptor: &mut End, other: &mut OtherRun) {
     let mut dialer_session = dialer.handshake.take_session().expect("a session");
     let mut acceptor_session = acceptor.handshake.take_session().expect("a session");
     assert!(dialer.handshake.take_session().is_none(), "given out twice");

@@ -9,7 +9,7 @@ use crate::raft::{
 };
 use crate::time::{Duration, Instant};
 
-use super::Cursor;
+use super::script::Cursor;
 
 /// Most messages in flight; newer ones are dropped (Raft tolerates loss).
 const MAX_IN_FLIGHT: usize = 256;

@@ -1,0 +1,72 @@
+//! What every harness reads its script with: the [`Cursor`] over the fuzz
+//! input, and requests built from it.
+
+use crate::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Request};
+
+/// The fuzz input, read front to back; reads past its end give `None`
+/// or fewer bytes.
+pub(super) struct Cursor<'a> {
+    pub(super) data: &'a [u8],
+}
+
+impl Cursor<'_> {
+    /// The next byte.
+    pub(super) fn byte(&mut self) -> Option<u8> {
+        let (&first, rest) = self.data.split_first()?;
+        self.data = rest;
+        Some(first)
+    }
+
+    /// The next `len` bytes, or as many as are left.
+    pub(super) fn bytes(&mut self, len: usize) -> &[u8] {
+        let len = len.min(self.data.len());
+        let (taken, rest) = self.data.split_at(len);
+        self.data = rest;
+        taken
+    }
+}
+
+/// The keys scripts pick from.
+pub(super) const FUZZ_KEYS: [&str; 4] = ["a", "b", "c", "d"];
+
+/// The keys of `FUZZ_KEYS` whose bits are set in `bits` (`a` if none).
+pub(super) fn fuzz_keys(bits: u8) -> KeyGroup {
+    let mut keys: Vec<Key> = FUZZ_KEYS
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| bits & (1 << index) != 0)
+        .map(|(_, name)| Key::new(name.as_bytes()).expect("valid key"))
+        .collect();
+    if keys.is_empty() {
+        keys.push(Key::new(b"a").expect("valid key"));
+    }
+    KeyGroup::new(keys).expect("ascending keys")
+}
+
+/// A request built from the next three input bytes: an acquire or a
+/// release, of one key (`A`/`R`) or a non-empty set (`S`/`G`), with a short
+/// wait and lease, or a token within 16 of `first_token` (so releases hit
+/// live grants).
+pub(super) fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) -> Request {
+    let kind = cursor.byte().unwrap_or(0);
+    let bits = cursor.byte().unwrap_or(1);
+    let arg = cursor.byte().unwrap_or(0);
+    let set = kind & 1 == 1;
+    let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+    if kind & 2 == 0 {
+        Request::Acquire(AcquireRequest {
+            rid,
+            wait_s: arg % 4,
+            lease_s: 1 + arg % 3,
+            keys,
+            set,
+        })
+    } else {
+        Request::Release(ReleaseRequest {
+            rid,
+            token: first_token + u64::from(arg % 16),
+            keys,
+            set,
+        })
+    }
+}

@@ -1,0 +1,197 @@
+//! Network endpoint tasks: each connects (TCP, or TLS), runs its session
+//! over the stream until either ends, and reconnects with the core's
+//! backoff.
+
+use std::io;
+use std::sync::Arc;
+
+use async_io::Timer;
+use futures_rustls::TlsConnector;
+use rustls::pki_types::ServerName;
+use smol::future;
+use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use ticketing_core::client::{Backoff, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT};
+use ticketing_core::time::Instant;
+
+use super::inner::Inner;
+use crate::sync::sleep_until_opt;
+
+/// Size of one socket read.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// What one network endpoint task connects to.
+pub(super) struct Link {
+    pub(super) addr: String,
+    pub(super) session: SessionConfig,
+    pub(super) tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+async fn connect(link: &Link) -> io::Result<Box<dyn Stream>> {
+    let tcp = smol::net::TcpStream::connect(link.addr.as_str()).await?;
+    tcp.set_nodelay(true)?;
+    match &link.tls {
+        None => Ok(Box::new(tcp)),
+        Some((connector, name)) => Ok(Box::new(connector.connect(name.clone(), tcp).await?)),
+    }
+}
+
+pub(super) async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: Link) {
+    let mut backoff = Backoff::new();
+    while !inner.is_shut_down() {
+        let started = inner.now();
+        inner.lock().broker.sessions[index] = Some(Session::new(started, link.session.clone()));
+        let handshake_deadline = started.saturating_add(link.session.handshake_timeout);
+        let connected = future::or(async { Some(connect(&link).await) }, async {
+            inner.clock.sleep_until(handshake_deadline).await;
+            None
+        });
+        // A close must not wait for a connect to an unreachable server.
+        let connected = future::or(async { Some(connected.await) }, async {
+            inner.wait_shutdown().await;
+            None
+        })
+        .await;
+        let Some(connected) = connected else {
+            break;
+        };
+        let delay = match connected {
+            Some(Ok(stream)) => {
+                drive_network(&inner, index, stream).await;
+                let session = inner.lock().broker.sessions[index].take();
+                let Some(delay) = backoff.after_ended(session.as_ref()) else {
+                    // Authentication failed: reconnecting cannot fix it.
+                    return;
+                };
+                delay
+            }
+            _ => {
+                let now = inner.now();
+                let mut state = inner.lock();
+                inner.transport_closed(&mut state, index, now);
+                state.broker.sessions[index] = None;
+                backoff.after_connect_failure()
+            }
+        };
+        future::or(
+            async {
+                Timer::after(delay).await;
+            },
+            inner.wait_shutdown(),
+        )
+        .await;
+    }
+}
+
+/// Runs one connected session until it or its transport ends: a reader
+/// and a writer race, and whichever ends first ends both.
+async fn drive_network(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
+    let (reader, writer) = smol::io::split(stream);
+    future::or(
+        read_into_session(inner, index, reader),
+        write_from_session(inner, index, writer),
+    )
+    .await;
+    let now = inner.now();
+    let mut state = inner.lock();
+    inner.transport_closed(&mut state, index, now);
+}
+
+/// Feeds what arrives on `reader` to endpoint `index`'s session until the
+/// stream or the session ends.
+async fn read_into_session(inner: &Inner, index: usize, mut reader: impl AsyncRead + Unpin) {
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let now = inner.now();
+        let mut state = inner.lock();
+        let Some(session) = state.broker.sessions[index].as_mut() else {
+            return;
+        };
+        session.handle_input(now, &buf[..n]);
+        let closed = session.is_closed();
+        inner.dispatch(&mut state, index, now);
+        drop(state);
+        if closed {
+            return;
+        }
+        // The input may have produced bytes to send (the proof) or moved
+        // the deadline.
+        inner.wakes[index].notify_one();
+    }
+}
+
+/// Serves endpoint `index`'s deadlines and writes what its session has to
+/// send, until the session ends or a write stalls.
+async fn write_from_session(inner: &Inner, index: usize, mut writer: impl AsyncWrite + Unpin) {
+    let mut out = Vec::new();
+    loop {
+        let now = inner.now();
+        let Some(deadline) = advance_session(inner, index, now, &mut out) else {
+            return;
+        };
+        if !out.is_empty() {
+            if !write_within_progress_timeout(&mut writer, &out).await {
+                return;
+            }
+            out.clear();
+            continue;
+        }
+        future::or(sleep_until_opt(inner.clock, deadline), async {
+            inner.wakes[index].notified().await;
+            // Let the other tasks that are ready now submit first, so
+            // that their requests leave in this write.
+            future::yield_now().await;
+        })
+        .await;
+    }
+}
+
+/// One step of endpoint `index`'s session at `now`: a close if the broker
+/// is shutting down, its timeouts, its bytes to send (into `out`), its
+/// events. The session's next deadline, or `None` once it is gone or
+/// closed.
+fn advance_session(
+    inner: &Inner,
+    index: usize,
+    now: Instant,
+    out: &mut Vec<u8>,
+) -> Option<Option<Instant>> {
+    let mut state = inner.lock();
+    let shutdown = inner.is_shut_down();
+    let session = state.broker.sessions[index].as_mut()?;
+    if shutdown {
+        session.close_local(now);
+    }
+    session.handle_timeout(now);
+    session.poll_transmit(now, out);
+    let closed = session.is_closed();
+    let deadline = session.poll_timeout();
+    inner.dispatch(&mut state, index, now);
+    if closed {
+        return None;
+    }
+    Some(deadline)
+}
+
+/// Writes and flushes `out`; false if that failed or made no progress
+/// within [`WRITE_PROGRESS_TIMEOUT`].
+async fn write_within_progress_timeout(writer: &mut (impl AsyncWrite + Unpin), out: &[u8]) -> bool {
+    future::or(
+        async {
+            let result = writer.write_all(out).await;
+            result.and(writer.flush().await).is_ok()
+        },
+        async {
+            Timer::after(WRITE_PROGRESS_TIMEOUT).await;
+            false
+        },
+    )
+    .await
+}

@@ -1,0 +1,45 @@
+//! What the client subcommands (`lock`, `bench`) share: how they build
+//! their broker, and how long they wait for it to connect.
+
+use ticketing_tokio::config;
+
+/// Options shared by the client subcommands.
+pub(crate) struct ClientOptions<'a> {
+    pub(crate) addrs: &'a [String],
+    pub(crate) token: Option<&'a str>,
+    pub(crate) tls_ca: Option<&'a std::path::Path>,
+    pub(crate) tls_system_roots: bool,
+    pub(crate) cluster_identity: Option<[u8; 32]>,
+}
+
+/// Builds the broker of `lock` and `bench`: the token from the flag or
+/// `TICKETING_CLIENT_TOKEN`; without one, loopback no-auth mode.
+pub(crate) fn client_broker(
+    options: &ClientOptions<'_>,
+) -> Result<ticketing_tokio::TicketBroker, ticketing_tokio::TicketError> {
+    use ticketing_tokio::{TicketBroker, TlsMode};
+    let token = match options.token {
+        Some(token) => token.to_owned(),
+        None => std::env::var(config::ENV_CLIENT_TOKEN).unwrap_or_default(),
+    };
+    let mut builder = TicketBroker::builder().addrs(options.addrs.iter().cloned());
+    builder = if token.is_empty() {
+        builder.allow_loopback_no_auth()
+    } else {
+        builder.token(token)
+    };
+    if let Some(identity_fingerprint) = options.cluster_identity {
+        builder = builder.mode(ticketing_tokio::client::BrokerMode::Cluster {
+            identity_fingerprint,
+        });
+    }
+    if let Some(ca) = options.tls_ca {
+        builder = builder.tls(TlsMode::Ca(ca.to_owned()));
+    } else if options.tls_system_roots {
+        builder = builder.tls(TlsMode::SystemRoots);
+    }
+    builder.connect()
+}
+
+/// How long `lock` and `bench` wait for a first connection.
+pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
