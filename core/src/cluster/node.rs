@@ -415,6 +415,61 @@ struct DialState {
     backoff: Duration,
 }
 
+/// Every connection of a node, client and peer, with what counts and
+/// schedules them. A node that rejoins as a new generation keeps all of it.
+#[derive(Debug)]
+struct Connections {
+    /// Ordered so that every iteration (leader notices, shutdown) is
+    /// deterministic: a simulator run must be a pure function of its seed.
+    by_id: BTreeMap<ConnId, Conn>,
+    next_id: u64,
+    wakes: WakeQueue,
+    handshake_deadlines: HandshakeDeadlines,
+    /// Unfinished client handshakes and their sources.
+    client_handshakes: HandshakeBudget,
+    /// Unfinished accepted peer handshakes and their sources.
+    peer_handshakes: HandshakeBudget,
+    /// Client connections past their handshake.
+    client_sessions: usize,
+    /// Of those, the ones that speak the line dialect.
+    line_sessions: usize,
+    /// Peer connections that this node dialed or that authenticated.
+    known_peer_conns: usize,
+    /// Per-slot dialing state, indexed by slot.
+    dials: Vec<DialState>,
+}
+
+impl Connections {
+    /// No connections; every slot may be dialed at `now`.
+    fn new(config: &ClusterConfig, now: Instant) -> Self {
+        let dials = (0..config.slot_count)
+            .map(|_| DialState {
+                next_attempt: now,
+                backoff: config.dial_backoff_min,
+                ..DialState::default()
+            })
+            .collect();
+        Connections {
+            by_id: BTreeMap::new(),
+            next_id: 1,
+            wakes: WakeQueue::default(),
+            handshake_deadlines: HandshakeDeadlines::default(),
+            client_handshakes: HandshakeBudget::new(
+                config.budget.max_handshakes,
+                config.budget.max_handshakes_per_source,
+            ),
+            peer_handshakes: HandshakeBudget::new(
+                config.budget.max_peer_handshakes,
+                config.budget.max_peer_handshakes_per_source,
+            ),
+            client_sessions: 0,
+            line_sessions: 0,
+            known_peer_conns: 0,
+            dials,
+        }
+    }
+}
+
 /// Counts for metrics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClusterStats {
@@ -444,26 +499,11 @@ pub struct ClusterNode {
     leadership: Option<Leadership>,
     /// The leader's slot as last told to clients.
     announced_leader: u8,
-    /// Ordered so that every iteration (leader notices, shutdown) is
-    /// deterministic: a simulator run must be a pure function of its seed.
-    conns: BTreeMap<ConnId, Conn>,
-    next_conn_id: u64,
+    /// Client and peer connections, with everything that counts them.
+    conns: Connections,
     next_waiter_seq: u64,
-    wakes: WakeQueue,
-    handshake_deadlines: HandshakeDeadlines,
-    /// Unfinished client handshakes and their sources.
-    client_handshakes: HandshakeBudget,
-    /// Unfinished accepted peer handshakes and their sources.
-    peer_handshakes: HandshakeBudget,
-    /// Client connections past their handshake.
-    client_sessions: usize,
-    /// Of those, the ones that speak the line dialect.
-    line_sessions: usize,
-    /// Peer connections that this node dialed or that authenticated.
-    known_peer_conns: usize,
     /// What the driver should log.
     reports: Reports,
-    dials: Vec<DialState>,
     shutting_down: bool,
     /// A snapshot from the leader that did not decode (should never happen;
     /// counted for operators).
@@ -676,13 +716,6 @@ impl ClusterNode {
             "invalid ClusterConfig: {:?}",
             config.validate()
         );
-        let dials = (0..config.slot_count)
-            .map(|_| DialState {
-                next_attempt: now,
-                backoff: config.dial_backoff_min,
-                ..DialState::default()
-            })
-            .collect();
         ClusterNode {
             events: NodeEvents::new(raft.is_voter()),
             raft,
@@ -691,24 +724,9 @@ impl ClusterNode {
             pending: BTreeMap::new(),
             leadership: None,
             announced_leader: NO_LEADER_SLOT,
-            conns: BTreeMap::new(),
-            next_conn_id: 1,
+            conns: Connections::new(&config, now),
             next_waiter_seq: 1,
-            wakes: WakeQueue::default(),
-            handshake_deadlines: HandshakeDeadlines::default(),
-            client_handshakes: HandshakeBudget::new(
-                config.budget.max_handshakes,
-                config.budget.max_handshakes_per_source,
-            ),
-            peer_handshakes: HandshakeBudget::new(
-                config.budget.max_peer_handshakes,
-                config.budget.max_peer_handshakes_per_source,
-            ),
-            client_sessions: 0,
-            line_sessions: 0,
-            known_peer_conns: 0,
             reports: Reports::new(config.budget.report_interval),
-            dials,
             shutting_down: false,
             bad_snapshots: 0,
             refused_peer_frames: 0,
@@ -827,7 +845,7 @@ impl ClusterNode {
     /// `conn` as an operator sees it, while it is an open client
     /// connection.
     fn conn_view(&self, conn_id: ConnId) -> Option<ConnView> {
-        let conn = self.conns.get(&conn_id)?;
+        let conn = self.conns.by_id.get(&conn_id)?;
         let ConnKind::Client(client) = &conn.kind else {
             return None;
         };
@@ -1033,7 +1051,7 @@ impl ClusterNode {
             reserve: self.reserve.stats(),
             ..ClusterStats::default()
         };
-        for conn in self.conns.values() {
+        for conn in self.conns.by_id.values() {
             match &conn.kind {
                 ConnKind::Client(_) => stats.clients += 1,
                 ConnKind::Peer(peer) if peer.established.is_some() => {
@@ -1066,7 +1084,11 @@ impl ClusterNode {
                 self.replies,
                 self.reports.totals(),
                 self.checking_genesis(),
-                (stats.waiters, self.client_sessions, self.line_sessions),
+                (
+                    stats.waiters,
+                    self.conns.client_sessions,
+                    self.conns.line_sessions,
+                ),
                 self.shutting_down,
             )
         }
@@ -1104,17 +1126,17 @@ impl ClusterNode {
         deadline: Instant,
         source: Option<IpAddr>,
     ) -> ConnId {
-        let conn_id = ConnId(self.next_conn_id);
-        self.next_conn_id += 1;
+        let conn_id = ConnId(self.conns.next_id);
+        self.conns.next_id += 1;
         let mut conn = Conn {
             kind,
             out: Outbound::new(hello.to_vec()),
             source,
             close_reason: None,
         };
-        self.wakes.wake(conn_id, &mut conn.out);
-        self.conns.insert(conn_id, conn);
-        self.handshake_deadlines.push(deadline, conn_id);
+        self.conns.wakes.wake(conn_id, &mut conn.out);
+        self.conns.by_id.insert(conn_id, conn);
+        self.conns.handshake_deadlines.push(deadline, conn_id);
         conn_id
     }
 
@@ -1122,12 +1144,12 @@ impl ClusterNode {
     /// (or the clients'), closing the unfinished handshake it displaces.
     fn admit_handshake(&mut self, now: Instant, peers: bool, conn_id: ConnId, source: IpAddr) {
         let budget = if peers {
-            &mut self.peer_handshakes
+            &mut self.conns.peer_handshakes
         } else {
-            &mut self.client_handshakes
+            &mut self.conns.client_handshakes
         };
         if let Some(evicted) = budget.admit(conn_id, source) {
-            let old_source = self.conns.get(&evicted).and_then(|c| c.source);
+            let old_source = self.conns.by_id.get(&evicted).and_then(|c| c.source);
             self.reports
                 .abuse(now, old_source, AbuseKind::HandshakeEvicted);
             self.close_conn(evicted, CloseReason::HandshakeEvicted);
@@ -1145,7 +1167,7 @@ impl ClusterNode {
         source: IpAddr,
     ) -> Option<ConnId> {
         self.handle_timeout(now);
-        if self.shutting_down || self.client_sessions >= self.config.max_connections {
+        if self.shutting_down || self.conns.client_sessions >= self.config.max_connections {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
@@ -1163,7 +1185,7 @@ impl ClusterNode {
             queued: BTreeSet::new(),
             release_misses_in_row: 0,
         });
-        let conn_id = ConnId(self.next_conn_id);
+        let conn_id = ConnId(self.conns.next_id);
         self.admit_handshake(now, false, conn_id, source);
         Some(self.new_conn(kind, &hello_bytes, deadline, Some(source)))
     }
@@ -1224,11 +1246,11 @@ impl ClusterNode {
         // Each slot needs at most two connections (one each way); the bound
         // keeps authenticated and dialed connections from growing state.
         // Unauthenticated accepted ones are bounded by their own budget.
-        if self.known_peer_conns >= 4 * usize::from(self.config.slot_count) {
+        if self.conns.known_peer_conns >= 4 * usize::from(self.config.slot_count) {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
-        let conn_id = ConnId(self.next_conn_id);
+        let conn_id = ConnId(self.conns.next_id);
         self.admit_handshake(now, true, conn_id, source);
         Some(self.new_peer_conn(now, nonce, None, Some(source)))
     }
@@ -1238,7 +1260,7 @@ impl ClusterNode {
     /// [`ClusterNode::handle_dial_failed`].
     pub fn poll_dial(&mut self, now: Instant) -> Option<u8> {
         for slot in 0..self.config.slot_count {
-            let dial = &mut self.dials[usize::from(slot)];
+            let dial = &mut self.conns.dials[usize::from(slot)];
             if slot == self.config.id.slot || dial.connected || dial.dialing {
                 continue;
             }
@@ -1258,11 +1280,11 @@ impl ClusterNode {
         slot: u8,
         nonce: [u8; NONCE_LEN],
     ) -> ConnId {
-        if let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+        if let Some(dial) = self.conns.dials.get_mut(usize::from(slot)) {
             dial.dialing = false;
             dial.connected = true;
         }
-        self.known_peer_conns += 1;
+        self.conns.known_peer_conns += 1;
         self.new_peer_conn(now, nonce, Some(slot), None)
     }
 
@@ -1273,7 +1295,7 @@ impl ClusterNode {
 
     fn back_off(&mut self, now: Instant, slot: u8) {
         let (min, max) = (self.config.dial_backoff_min, self.config.dial_backoff_max);
-        if let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+        if let Some(dial) = self.conns.dials.get_mut(usize::from(slot)) {
             dial.dialing = false;
             dial.connected = false;
             dial.next_attempt = now.saturating_add(dial.backoff);
@@ -1284,7 +1306,7 @@ impl ClusterNode {
     /// Bytes received on `conn` (client or peer).
     pub fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
         self.handle_timeout(now);
-        let Some(conn) = self.conns.get(&conn_id) else {
+        let Some(conn) = self.conns.by_id.get(&conn_id) else {
             return;
         };
         if conn.out.is_closing() {
@@ -1299,7 +1321,7 @@ impl ClusterNode {
 
     fn client_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
         let leader_slot = self.announced_leader;
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
+        let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
             return;
         };
         let ConnKind::Client(client) = &mut conn.kind else {
@@ -1315,15 +1337,15 @@ impl ClusterNode {
             FrontInput::Pending => return,
             FrontInput::Session => {}
             FrontInput::Accepted(dialect) => {
-                self.client_handshakes.finish(conn_id);
-                if self.client_sessions >= self.config.max_connections {
+                self.conns.client_handshakes.finish(conn_id);
+                if self.conns.client_sessions >= self.config.max_connections {
                     self.reports.abuse(now, conn.source, AbuseKind::Refused);
                     self.close_conn(conn_id, CloseReason::SessionLimit);
                     return;
                 }
-                self.client_sessions += 1;
+                self.conns.client_sessions += 1;
                 if dialect == Dialect::Line {
-                    self.line_sessions += 1;
+                    self.conns.line_sessions += 1;
                 }
                 client.front.begin_session(conn.out.buffer_mut());
                 // Clients route by the leader notice; send it at once.
@@ -1332,13 +1354,13 @@ impl ClusterNode {
                     &self.config.client_addresses,
                     conn.out.buffer_mut(),
                 );
-                self.wakes.wake(conn_id, &mut conn.out);
+                self.conns.wakes.wake(conn_id, &mut conn.out);
             }
             FrontInput::Rejected(_) => {
                 self.reports.abuse(now, conn.source, AbuseKind::FailedProof);
                 match client.front.auth_failed_at() {
                     // The line dialect answers a failed handshake late.
-                    Some(at) => self.handshake_deadlines.push(at, conn_id),
+                    Some(at) => self.conns.handshake_deadlines.push(at, conn_id),
                     None => self.close_conn(conn_id, CloseReason::ProofRejected),
                 }
                 return;
@@ -1346,7 +1368,12 @@ impl ClusterNode {
         }
         loop {
             // A request may have closed the connection: read no further.
-            let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| !c.out.is_closing()) else {
+            let Some(conn) = self
+                .conns
+                .by_id
+                .get_mut(&conn_id)
+                .filter(|c| !c.out.is_closing())
+            else {
                 return;
             };
             let ConnKind::Client(client) = &mut conn.kind else {
@@ -1356,7 +1383,7 @@ impl ClusterNode {
                 .front
                 .next_request(conn.out.buffer_mut(), &mut self.replies);
             if !conn.out.pending().is_empty() {
-                self.wakes.wake(conn_id, &mut conn.out);
+                self.conns.wakes.wake(conn_id, &mut conn.out);
             }
             match next {
                 Ok(None) => break,
@@ -1381,7 +1408,7 @@ impl ClusterNode {
             kind: ConnKind::Client(client),
             out,
             ..
-        }) = self.conns.get_mut(&conn_id)
+        }) = self.conns.by_id.get_mut(&conn_id)
         else {
             return;
         };
@@ -1391,7 +1418,7 @@ impl ClusterNode {
         }
         self.replies.count(&to.counted_as(answer));
         match to.encode(answer, &self.config.client_addresses, out.buffer_mut()) {
-            Delivery::Queued => self.wakes.wake(conn_id, out),
+            Delivery::Queued => self.conns.wakes.wake(conn_id, out),
             Delivery::Close => self.close_conn(conn_id, CloseReason::OutcomeUnknown),
         }
     }
@@ -1402,7 +1429,7 @@ impl ClusterNode {
             out,
             source,
             ..
-        }) = self.conns.get_mut(&conn_id)
+        }) = self.conns.by_id.get_mut(&conn_id)
         else {
             return;
         };
@@ -1415,8 +1442,8 @@ impl ClusterNode {
                 .extend_from_slice(&peer.handshake.take_outbound());
             match status {
                 PeerHandshakeStatus::NeedMore => {
-                    if let Some(conn) = self.conns.get_mut(&conn_id) {
-                        self.wakes.wake(conn_id, &mut conn.out);
+                    if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+                        self.conns.wakes.wake(conn_id, &mut conn.out);
                     }
                     return;
                 }
@@ -1427,9 +1454,9 @@ impl ClusterNode {
                     return;
                 }
                 PeerHandshakeStatus::Established(remote) => {
-                    self.peer_handshakes.finish(conn_id);
+                    self.conns.peer_handshakes.finish(conn_id);
                     if peer.dialed.is_none() {
-                        self.known_peer_conns += 1;
+                        self.conns.known_peer_conns += 1;
                     }
                     peer.established = Some(remote);
                     peer.session = peer.handshake.take_session().map(Box::new);
@@ -1440,10 +1467,10 @@ impl ClusterNode {
                         self.peer_token_floor_max =
                             self.peer_token_floor_max.max(hello.token_floor);
                     }
-                    if let Some(conn) = self.conns.get_mut(&conn_id) {
-                        self.wakes.wake(conn_id, &mut conn.out);
+                    if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+                        self.conns.wakes.wake(conn_id, &mut conn.out);
                     }
-                    if let Some(dial) = self.dials.get_mut(usize::from(remote.slot)) {
+                    if let Some(dial) = self.conns.dials.get_mut(usize::from(remote.slot)) {
                         dial.connected = true;
                         dial.backoff = self.config.dial_backoff_min;
                     }
@@ -1454,7 +1481,7 @@ impl ClusterNode {
         let Some(Conn {
             kind: ConnKind::Peer(peer),
             ..
-        }) = self.conns.get_mut(&conn_id)
+        }) = self.conns.by_id.get_mut(&conn_id)
         else {
             return;
         };
@@ -1544,23 +1571,14 @@ impl ClusterNode {
         let mut config = self.config.clone();
         config.id = NodeId::new(config.id.slot, generation);
         let mut fresh = ClusterNode::join(config, seed, now);
-        fresh.conns = std::mem::take(&mut self.conns);
-        fresh.next_conn_id = self.next_conn_id;
+        // Client connections and dialing state carry over whole; the peer
+        // connections among them are closed below.
+        std::mem::swap(&mut fresh.conns, &mut self.conns);
         fresh.next_waiter_seq = self.next_waiter_seq;
-        fresh.wakes = std::mem::take(&mut self.wakes);
-        fresh.handshake_deadlines = std::mem::take(&mut self.handshake_deadlines);
-        fresh.client_handshakes =
-            std::mem::replace(&mut self.client_handshakes, HandshakeBudget::new(0, 0));
-        fresh.peer_handshakes =
-            std::mem::replace(&mut self.peer_handshakes, HandshakeBudget::new(0, 0));
-        fresh.client_sessions = self.client_sessions;
-        fresh.line_sessions = self.line_sessions;
         fresh.replies = self.replies;
         fresh.counts = std::mem::take(&mut self.counts);
         fresh.admin_replies = std::mem::take(&mut self.admin_replies);
-        fresh.known_peer_conns = self.known_peer_conns;
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
-        fresh.dials = std::mem::take(&mut self.dials);
         fresh.shutting_down = self.shutting_down;
         fresh.peer_token_floor_max = self.peer_token_floor_max;
         fresh.reserve = std::mem::take(&mut self.reserve);
@@ -1571,6 +1589,7 @@ impl ClusterNode {
         self.note_role();
         let peers: Vec<ConnId> = self
             .conns
+            .by_id
             .iter()
             .filter(|(_, conn)| matches!(conn.kind, ConnKind::Peer(_)))
             .map(|(id, _)| *id)
@@ -1611,15 +1630,15 @@ impl ClusterNode {
     /// The node gives up on `conn`: nothing more is read, what is queued
     /// is flushed, then the driver closes it.
     fn close_conn(&mut self, conn_id: ConnId, reason: CloseReason) {
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
+        let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
             return;
         };
         conn.close_reason.get_or_insert(reason);
         match conn.kind {
-            ConnKind::Client(_) => self.client_handshakes.finish(conn_id),
-            ConnKind::Peer(_) => self.peer_handshakes.finish(conn_id),
+            ConnKind::Client(_) => self.conns.client_handshakes.finish(conn_id),
+            ConnKind::Peer(_) => self.conns.peer_handshakes.finish(conn_id),
         }
-        self.wakes.close_after_flush(conn_id, &mut conn.out);
+        self.conns.wakes.close_after_flush(conn_id, &mut conn.out);
         let queued: Vec<u64> = match &mut conn.kind {
             ConnKind::Client(client) => std::mem::take(&mut client.queued).into_iter().collect(),
             ConnKind::Peer(_) => Vec::new(),
@@ -1635,7 +1654,7 @@ impl ClusterNode {
     /// A grant whose reply frame is written whole counts as delivered: the
     /// client may have its token, so it is never released as a ghost.
     pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
+        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
             conn.out.handle_written(bytes);
             note_output(now, conn);
         }
@@ -1644,7 +1663,7 @@ impl ClusterNode {
     /// Everything taken from `conn` so far has been written: grants in it
     /// count as delivered.
     pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
+        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
             conn.out.handle_flushed();
             note_output(now, conn);
         }
@@ -1658,7 +1677,7 @@ impl ClusterNode {
     pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
         self.close_conn(conn_id, CloseReason::TransportClosed);
-        let Some(conn) = self.conns.remove(&conn_id) else {
+        let Some(conn) = self.conns.by_id.remove(&conn_id) else {
             return;
         };
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
@@ -1666,9 +1685,9 @@ impl ClusterNode {
         match conn.kind {
             ConnKind::Client(client) => {
                 if client.front.in_session() {
-                    self.client_sessions -= 1;
+                    self.conns.client_sessions -= 1;
                     if client.front.dialect() == Some(Dialect::Line) {
-                        self.line_sessions -= 1;
+                        self.conns.line_sessions -= 1;
                     }
                 }
                 if let Some(leadership) = self.leadership.as_mut() {
@@ -1681,11 +1700,11 @@ impl ClusterNode {
             }
             ConnKind::Peer(peer) => {
                 if peer.established.is_some() || peer.dialed.is_some() {
-                    self.known_peer_conns -= 1;
+                    self.conns.known_peer_conns -= 1;
                 }
                 let slot = peer.established.map(|id| id.slot).or(peer.dialed);
                 if let Some(slot) = slot {
-                    let still_connected = self.conns.values().any(|c| match &c.kind {
+                    let still_connected = self.conns.by_id.values().any(|c| match &c.kind {
                         ConnKind::Peer(p) => {
                             p.established.map(|id| id.slot).or(p.dialed) == Some(slot)
                         }
@@ -1772,7 +1791,7 @@ impl ClusterNode {
         reply_to: ReplyTo,
     ) {
         if reply_to.is_unissued_line_release(token, self.state.next_token()) {
-            let source = self.conns.get(&conn_id).and_then(|conn| conn.source);
+            let source = self.conns.by_id.get(&conn_id).and_then(|conn| conn.source);
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
@@ -1808,7 +1827,7 @@ impl ClusterNode {
     ) {
         let (wait_s, lease_s, keys, reply_to) = acquire;
         let limits = self.config.limits;
-        let over_in_flight = match self.conns.get(&conn_id) {
+        let over_in_flight = match self.conns.by_id.get(&conn_id) {
             Some(Conn {
                 kind: ConnKind::Client(client),
                 ..
@@ -1905,7 +1924,7 @@ impl ClusterNode {
         if let Some(Conn {
             kind: ConnKind::Client(client),
             ..
-        }) = self.conns.get_mut(&conn_id)
+        }) = self.conns.by_id.get_mut(&conn_id)
         {
             client.queued.insert(seq);
         }
@@ -1999,7 +2018,7 @@ impl ClusterNode {
         if let Some(Conn {
             kind: ConnKind::Client(client),
             ..
-        }) = self.conns.get_mut(&waiter.conn)
+        }) = self.conns.by_id.get_mut(&waiter.conn)
         {
             client.queued.remove(&seq);
         }
@@ -2275,7 +2294,7 @@ impl ClusterNode {
         if let Some(Conn {
             kind: ConnKind::Client(client),
             ..
-        }) = self.conns.get_mut(&conn_id)
+        }) = self.conns.by_id.get_mut(&conn_id)
         {
             match result {
                 ApplyResult::Released => client.release_misses_in_row = 0,
@@ -2292,7 +2311,7 @@ impl ClusterNode {
     /// real protection; this makes a sweep slow and visible.
     fn close_if_sweeping(&mut self, now: Instant, conn_id: ConnId) {
         let max_misses = self.config.budget.max_release_misses_in_row;
-        let Some(conn) = self.conns.get(&conn_id) else {
+        let Some(conn) = self.conns.by_id.get(&conn_id) else {
             return;
         };
         let ConnKind::Client(client) = &conn.kind else {
@@ -2309,7 +2328,7 @@ impl ClusterNode {
     /// The dialect client connection `conn` speaks, once its handshake
     /// succeeded.
     pub fn dialect(&self, conn_id: ConnId) -> Option<Dialect> {
-        match self.conns.get(&conn_id).map(|conn| &conn.kind) {
+        match self.conns.by_id.get(&conn_id).map(|conn| &conn.kind) {
             Some(ConnKind::Client(client)) => client.front.dialect(),
             _ => None,
         }
@@ -2358,7 +2377,7 @@ impl ClusterNode {
             return;
         };
         let open = matches!(
-            self.conns.get(&waiter.conn),
+            self.conns.by_id.get(&waiter.conn),
             Some(Conn {
                 kind: ConnKind::Client(_),
                 out,
@@ -2396,7 +2415,7 @@ impl ClusterNode {
             kind: ConnKind::Client(_),
             out,
             ..
-        }) = self.conns.get_mut(&waiter.conn)
+        }) = self.conns.by_id.get_mut(&waiter.conn)
         {
             // The reply was just queued: its frame ends at the stream's end.
             out.record_grant(token, waiter.keys);
@@ -2458,7 +2477,7 @@ impl ClusterNode {
                 if let Some(Conn {
                     kind: ConnKind::Client(client),
                     ..
-                }) = self.conns.get_mut(&waiter.conn)
+                }) = self.conns.by_id.get_mut(&waiter.conn)
                 {
                     client.queued.clear();
                 }
@@ -2477,7 +2496,7 @@ impl ClusterNode {
             return;
         }
         self.announced_leader = slot;
-        for (conn_id, conn) in &mut self.conns {
+        for (conn_id, conn) in &mut self.conns.by_id {
             if let ConnKind::Client(client) = &conn.kind
                 && client.front.in_session()
                 && !conn.out.is_closing()
@@ -2488,7 +2507,7 @@ impl ClusterNode {
                     .front
                     .leader_notice(slot, addresses, conn.out.buffer_mut());
                 if conn.out.pending().len() > before {
-                    self.wakes.wake(*conn_id, &mut conn.out);
+                    self.conns.wakes.wake(*conn_id, &mut conn.out);
                 }
             }
         }
@@ -2620,7 +2639,7 @@ impl ClusterNode {
             // The newest established connection to the slot carries it; a
             // message without one is dropped (Raft retries).
             let target = self
-                .conns
+                .conns.by_id
                 .iter_mut()
                 .filter(|(_, c)| {
                     !c.out.is_closing()
@@ -2645,7 +2664,7 @@ impl ClusterNode {
             };
             if session.sealer.seal(&msg, conn.out.buffer_mut()).is_ok() {
                 *last_sealed_at = now;
-                self.wakes.wake(*conn_id, &mut conn.out);
+                self.conns.wakes.wake(*conn_id, &mut conn.out);
                 note_output(now, conn);
             }
         }
@@ -2656,7 +2675,7 @@ impl ClusterNode {
     fn send_keepalives(&mut self, now: Instant) {
         let interval = self.config.keepalive_interval();
         let from = self.config.id;
-        for (conn_id, conn) in &mut self.conns {
+        for (conn_id, conn) in &mut self.conns.by_id {
             if conn.out.is_closing() {
                 continue;
             }
@@ -2684,7 +2703,7 @@ impl ClusterNode {
                 .is_ok()
             {
                 *last_sealed_at = now;
-                self.wakes.wake(*conn_id, &mut conn.out);
+                self.conns.wakes.wake(*conn_id, &mut conn.out);
                 note_output(now, conn);
             }
         }
@@ -2696,6 +2715,7 @@ impl ClusterNode {
         let bound = self.config.peer_silence_timeout;
         let silent: Vec<(ConnId, u8)> = self
             .conns
+            .by_id
             .iter()
             .filter(|(_, c)| !c.out.is_closing())
             .filter_map(|(id, c)| match &c.kind {
@@ -2711,19 +2731,19 @@ impl ClusterNode {
             })
             .collect();
         for (conn_id, slot) in silent {
-            if let Some(conn) = self.conns.get_mut(&conn_id) {
+            if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
                 // Nobody will read these; Raft resends what matters.
                 conn.out.discard_pending();
             }
             self.close_conn(conn_id, CloseReason::PeerSilent);
             // The transport may take long to report the close (a stuck
             // write); the slot is dialed again without waiting for it.
-            let still_connected = self.conns.values().any(|c| {
+            let still_connected = self.conns.by_id.values().any(|c| {
                 !c.out.is_closing()
                     && matches!(&c.kind, ConnKind::Peer(p)
                         if p.established.map(|id| id.slot).or(p.dialed) == Some(slot))
             });
-            if !still_connected && let Some(dial) = self.dials.get_mut(usize::from(slot)) {
+            if !still_connected && let Some(dial) = self.conns.dials.get_mut(usize::from(slot)) {
                 dial.connected = false;
             }
         }
@@ -2733,7 +2753,7 @@ impl ClusterNode {
     pub fn peer_liveness(&self, now: Instant, slot: u8) -> PeerLiveness {
         let window = self.config.live_window();
         let mut liveness = PeerLiveness::Down;
-        for conn in self.conns.values() {
+        for conn in self.conns.by_id.values() {
             let ConnKind::Peer(peer) = &conn.kind else {
                 continue;
             };
@@ -2765,8 +2785,8 @@ impl ClusterNode {
         self.raft.handle_timeout(now);
         self.close_silent_peers(now);
         self.send_keepalives(now);
-        while let Some(conn_id) = self.handshake_deadlines.pop_due(now) {
-            let Some(conn) = self.conns.get_mut(&conn_id) else {
+        while let Some(conn_id) = self.conns.handshake_deadlines.pop_due(now) {
+            let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
                 continue;
             };
             let timed_out = match &mut conn.kind {
@@ -2786,7 +2806,7 @@ impl ClusterNode {
                 ConnKind::Peer(_) => false,
             };
             if timed_out {
-                let source = self.conns.get(&conn_id).and_then(|c| c.source);
+                let source = self.conns.by_id.get(&conn_id).and_then(|c| c.source);
                 self.reports
                     .abuse(now, source, AbuseKind::HandshakeTimedOut);
                 self.close_conn(conn_id, CloseReason::HandshakeTimedOut);
@@ -2801,6 +2821,7 @@ impl ClusterNode {
             let leader = self.raft.id();
             let members: Vec<NodeId> = self
                 .conns
+                .by_id
                 .values()
                 .filter_map(|c| match &c.kind {
                     ConnKind::Peer(p) => p.established,
@@ -2842,7 +2863,7 @@ impl ClusterNode {
                 earliest = Some(earliest.map_or(t, |e| e.min(t)));
             }
         };
-        consider(self.handshake_deadlines.earliest());
+        consider(self.conns.handshake_deadlines.earliest());
         consider(self.reports.poll_timeout());
         consider(self.reserve.poll_timeout());
         if let Some(leadership) = &self.leadership {
@@ -2858,14 +2879,14 @@ impl ClusterNode {
                 consider(self.state.peek_deadline());
             }
         }
-        for (slot, dial) in self.dials.iter().enumerate() {
+        for (slot, dial) in self.conns.dials.iter().enumerate() {
             if slot != usize::from(self.config.id.slot) && !dial.connected && !dial.dialing {
                 consider(Some(dial.next_attempt));
             }
         }
         let bound = self.config.peer_silence_timeout;
         let keepalive = self.config.keepalive_interval();
-        for conn in self.conns.values() {
+        for conn in self.conns.by_id.values() {
             if let (ConnKind::Peer(peer), false) = (&conn.kind, conn.out.is_closing())
                 && peer.established.is_some()
             {
@@ -2883,8 +2904,9 @@ impl ClusterNode {
 
     /// A connection with bytes to send or to be closed.
     pub fn poll_wake(&mut self) -> Option<ConnId> {
-        self.wakes.poll(|conn_id| {
+        self.conns.wakes.poll(|conn_id| {
             self.conns
+                .by_id
                 .get_mut(&conn_id)
                 .is_some_and(|conn| conn.out.leave_wake_queue())
         })
@@ -2894,6 +2916,7 @@ impl ClusterNode {
     /// with the connection.
     pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
         self.conns
+            .by_id
             .get_mut(&conn_id)
             .map_or(ConnState::Gone, |conn| conn.out.take(out))
     }
@@ -2903,6 +2926,7 @@ impl ClusterNode {
     pub fn wants_input(&self, conn_id: ConnId) -> bool {
         let max_bytes = self.config.max_outbound_bytes_per_connection;
         self.conns
+            .by_id
             .get(&conn_id)
             .is_some_and(|conn| conn.out.wants_input(max_bytes))
     }
@@ -2932,6 +2956,7 @@ impl ClusterNode {
         }
         let clients: Vec<ConnId> = self
             .conns
+            .by_id
             .iter()
             .filter(|(_, c)| matches!(c.kind, ConnKind::Client(_)))
             .map(|(id, _)| *id)
@@ -2941,7 +2966,7 @@ impl ClusterNode {
                 kind: ConnKind::Client(client),
                 out,
                 ..
-            }) = self.conns.get_mut(&conn_id)
+            }) = self.conns.by_id.get_mut(&conn_id)
                 && !out.is_closing()
             {
                 client.front.farewell(out.buffer_mut());
