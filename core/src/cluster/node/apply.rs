@@ -9,10 +9,10 @@ use crate::cluster::state::SnapshotError;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ReplyTo};
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
-use crate::raft::{Committed, EntryKind, Event};
+use crate::raft::{Committed, Entry, EntryKind, Event};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
-use crate::wire::Key;
+use crate::wire::{Key, KeyGroup};
 
 use super::ClusterNode;
 use super::connections::{Conn, ConnKind};
@@ -87,133 +87,158 @@ impl ClusterNode {
         self.events.note_voter(self.raft.is_voter());
     }
 
+    /// Applies one committed snapshot or entry.
     fn apply(&mut self, now: Instant, committed: Committed) {
         match committed {
-            Committed::Snapshot { meta, data } => {
-                match self.state.install_snapshot(&data, now) {
-                    Ok(()) => {}
-                    Err(SnapshotError::CounterBehind { current, snapshot }) => {
-                        self.reserve
-                            .refused_lowering(TokenAlert::SnapshotCounterBehind {
-                                current,
-                                snapshot,
-                            });
-                    }
-                    Err(_) => self.bad_snapshots += 1,
-                }
-                self.applied_index = meta.index;
-            }
-            Committed::Entry(entry) => {
-                self.applied_index = entry.index;
-                let command = match &entry.kind {
-                    EntryKind::Command(bytes) => Command::decode(bytes),
-                    _ => None,
-                };
-                // The keys of a force-released grant, read before it goes.
-                let forced_keys = match &command {
-                    Some(Command::ForceRelease { key, .. }) => self
-                        .state
-                        .holder(key)
-                        .map(|(_, holding)| holding.keys.clone()),
-                    _ => None,
-                };
-                let result = match &command {
-                    Some(command) => self.state.apply(command, now),
-                    None => ApplyResult::Noop,
-                };
-                if let Some(leadership) = self.leadership.as_mut() {
-                    let freed = match (&command, result) {
-                        (Some(Command::Release { keys, .. }), ApplyResult::Released)
-                        | (
-                            Some(Command::Expire { keys, .. }),
-                            ApplyResult::Expired { existed: true },
-                        ) => Some(keys),
-                        (Some(Command::ForceRelease { .. }), ApplyResult::ForceReleased { .. }) => {
-                            forced_keys.as_ref()
-                        }
-                        _ => None,
-                    };
-                    if let Some(keys) = freed {
-                        let waited_for = keys
-                            .keys()
-                            .iter()
-                            .any(|k| leadership.queues.get(k).is_some_and(|q| !q.is_empty()));
-                        match (&command, waited_for) {
-                            (Some(Command::Expire { .. }), true) => {
-                                self.counts.expiries_handed_over += 1;
-                            }
-                            (Some(Command::Expire { .. }), false) => {
-                                self.counts.expiries_not_handed_over += 1;
-                            }
-                            (
-                                Some(Command::Release { .. } | Command::ForceRelease { .. }),
-                                true,
-                            ) => {
-                                self.counts.release_handovers += 1;
-                            }
-                            _ => {}
-                        }
-                        // Freed keys go to their queue heads.
-                        leadership.dirty.extend(keys.keys().iter().cloned());
-                    }
-                    if let Some(Command::Expire { token, .. }) = &command {
-                        leadership.expiring.remove(token);
-                    }
-                    match (&command, result) {
-                        (Some(Command::Release { token, .. }), ApplyResult::Released)
-                        | (Some(Command::Expire { token, .. }), _) => {
-                            leadership.held_keys.remove(*token);
-                        }
-                        (_, ApplyResult::ForceReleased { revoked }) => {
-                            leadership.held_keys.remove(revoked);
-                        }
-                        _ => {}
-                    }
-                }
-
-                if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys)
-                {
-                    // Every node that applies it says so: the revoked
-                    // holder's later writes are fenced.
-                    self.reports
-                        .force_released(keys.keys().to_vec(), revoked, None);
-                }
-                let mut pending = match self.pending.remove(&entry.index) {
-                    Some(p) if p.term == entry.term => {
-                        let latency = now.saturating_duration_since(p.proposed_at);
-                        self.counts
-                            .commit_latency
-                            .observe_us(crate::time::duration_micros(latency));
-                        Some(p)
-                    }
-                    Some(p) => {
-                        // Overwritten: that proposal never takes effect.
-                        self.answer_unapplied(entry.index, p);
-                        None
-                    }
-                    None => None,
-                };
-                if let (
-                    Some(Pending {
-                        kind: PendingKind::ForceRelease { keys, .. },
-                        ..
-                    }),
-                    Some(forced),
-                ) = (pending.as_mut(), &forced_keys)
-                {
-                    // The grant revoked at apply, whatever held when it
-                    // was proposed.
-                    *keys = forced.keys().to_vec();
-                }
-                self.after_apply(now, entry.index, pending, result);
-                if let Some(leadership) = self.leadership.as_mut()
-                    && !leadership.caught_up
-                    && self.applied_index >= leadership.first_index
-                {
-                    leadership.caught_up = true;
-                }
-            }
+            Committed::Snapshot { meta, data } => self.apply_snapshot(now, meta.index, &data),
+            Committed::Entry(entry) => self.apply_entry(now, entry),
         }
+    }
+
+    /// Replaces the applied state by the leader's snapshot covering the
+    /// log up to `index`.
+    fn apply_snapshot(&mut self, now: Instant, index: u64, data: &[u8]) {
+        match self.state.install_snapshot(data, now) {
+            Ok(()) => {}
+            Err(SnapshotError::CounterBehind { current, snapshot }) => {
+                self.reserve
+                    .refused_lowering(TokenAlert::SnapshotCounterBehind { current, snapshot });
+            }
+            Err(_) => self.bad_snapshots += 1,
+        }
+        self.applied_index = index;
+    }
+
+    /// Applies one entry: to the replicated state, then to the leader's
+    /// view of what it freed, then to the proposal it answers.
+    fn apply_entry(&mut self, now: Instant, entry: Entry) {
+        self.applied_index = entry.index;
+        let command = match &entry.kind {
+            EntryKind::Command(bytes) => Command::decode(bytes),
+            _ => None,
+        };
+        // The keys of a force-released grant, read before it goes.
+        let forced_keys = match &command {
+            Some(Command::ForceRelease { key, .. }) => self
+                .state
+                .holder(key)
+                .map(|(_, holding)| holding.keys.clone()),
+            _ => None,
+        };
+        let result = match &command {
+            Some(command) => self.state.apply(command, now),
+            None => ApplyResult::Noop,
+        };
+        self.leader_note_applied(command.as_ref(), result, forced_keys.as_ref());
+        if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys) {
+            // Every node that applies it says so: the revoked
+            // holder's later writes are fenced.
+            self.reports
+                .force_released(keys.keys().to_vec(), revoked, None);
+        }
+        let pending = self.take_applied_pending(now, &entry, forced_keys.as_ref());
+        self.after_apply(now, entry.index, pending, result);
+        if let Some(leadership) = self.leadership.as_mut()
+            && !leadership.caught_up
+            && self.applied_index >= leadership.first_index
+        {
+            leadership.caught_up = true;
+        }
+    }
+
+    /// On the leader: what an applied `command` (with its `result`) freed
+    /// goes to the queue heads (counted as a hand-over when somebody
+    /// waited), and the grant it ended leaves the per-connection held
+    /// keys. `forced_keys`: the keys of the grant a force-release revoked.
+    fn leader_note_applied(
+        &mut self,
+        command: Option<&Command>,
+        result: ApplyResult,
+        forced_keys: Option<&KeyGroup>,
+    ) {
+        let Some(leadership) = self.leadership.as_mut() else {
+            return;
+        };
+        let freed = match (command, result) {
+            (Some(Command::Release { keys, .. }), ApplyResult::Released)
+            | (Some(Command::Expire { keys, .. }), ApplyResult::Expired { existed: true }) => {
+                Some(keys)
+            }
+            (Some(Command::ForceRelease { .. }), ApplyResult::ForceReleased { .. }) => forced_keys,
+            _ => None,
+        };
+        if let Some(keys) = freed {
+            let waited_for = keys
+                .keys()
+                .iter()
+                .any(|k| leadership.queues.get(k).is_some_and(|q| !q.is_empty()));
+            match (command, waited_for) {
+                (Some(Command::Expire { .. }), true) => {
+                    self.counts.expiries_handed_over += 1;
+                }
+                (Some(Command::Expire { .. }), false) => {
+                    self.counts.expiries_not_handed_over += 1;
+                }
+                (Some(Command::Release { .. } | Command::ForceRelease { .. }), true) => {
+                    self.counts.release_handovers += 1;
+                }
+                _ => {}
+            }
+            // Freed keys go to their queue heads.
+            leadership.dirty.extend(keys.keys().iter().cloned());
+        }
+        if let Some(Command::Expire { token, .. }) = command {
+            leadership.expiring.remove(token);
+        }
+        match (command, result) {
+            (Some(Command::Release { token, .. }), ApplyResult::Released)
+            | (Some(Command::Expire { token, .. }), _) => {
+                leadership.held_keys.remove(*token);
+            }
+            (_, ApplyResult::ForceReleased { revoked }) => {
+                leadership.held_keys.remove(revoked);
+            }
+            _ => {}
+        }
+    }
+
+    /// The proposal `entry` answers, if this node proposed exactly it
+    /// (same index and term; its commit latency is observed). One whose
+    /// entry another leader's replaced is answered as without effect. A
+    /// force-release's keys become those of the grant revoked at apply
+    /// (`forced_keys`), whatever held when it was proposed.
+    fn take_applied_pending(
+        &mut self,
+        now: Instant,
+        entry: &Entry,
+        forced_keys: Option<&KeyGroup>,
+    ) -> Option<Pending> {
+        let mut pending = match self.pending.remove(&entry.index) {
+            Some(p) if p.term == entry.term => {
+                let latency = now.saturating_duration_since(p.proposed_at);
+                self.counts
+                    .commit_latency
+                    .observe_us(crate::time::duration_micros(latency));
+                Some(p)
+            }
+            Some(p) => {
+                // Overwritten: that proposal never takes effect.
+                self.answer_unapplied(entry.index, p);
+                None
+            }
+            None => None,
+        };
+        if let (
+            Some(Pending {
+                kind: PendingKind::ForceRelease { keys, .. },
+                ..
+            }),
+            Some(forced),
+        ) = (pending.as_mut(), forced_keys)
+        {
+            *keys = forced.keys().to_vec();
+        }
+        pending
     }
 
     /// A proposal whose entry was replaced by another leader's: no effect.

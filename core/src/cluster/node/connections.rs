@@ -15,7 +15,7 @@ use crate::auth::{Hello, NONCE_LEN, WireMode};
 use crate::budget::{AbuseKind, CloseReason, HandshakeBudget};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::peer::{PeerHandshake, PeerSession};
-use crate::conn::client::{Answer, ClientFront, Delivery, FrontInput, ReplyTo};
+use crate::conn::client::{Answer, ClientFront, Delivery, FrontInput, FrontTimeout, ReplyTo};
 use crate::conn::{ConnId, ConnState, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::raft::NodeId;
 use crate::time::{Duration, Instant};
@@ -246,13 +246,25 @@ impl ClusterNode {
         self.pump(now);
     }
 
+    /// Bytes from a client: its handshake while unfinished, then the
+    /// requests they complete.
     fn client_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        if self.client_handshake_input(now, conn_id, bytes) {
+            self.client_requests(now, conn_id);
+        }
+    }
+
+    /// Feeds `bytes` to `conn_id`'s front end; a handshake accepted now
+    /// starts a session (within the session limit) and gets the leader
+    /// notice. True when the connection is in session and its requests
+    /// should be read.
+    fn client_handshake_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) -> bool {
         let leader_slot = self.announced_leader;
         let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
-            return;
+            return false;
         };
         let ConnKind::Client(client) = &mut conn.kind else {
-            return;
+            return false;
         };
         let input = client.front.handle_input(
             now,
@@ -261,14 +273,14 @@ impl ClusterNode {
             conn.out.buffer_mut(),
         );
         match input {
-            FrontInput::Pending => return,
+            FrontInput::Pending => return false,
             FrontInput::Session => {}
             FrontInput::Accepted(dialect) => {
                 self.conns.client_handshakes.finish(conn_id);
                 if self.conns.client_sessions >= self.config.max_connections {
                     self.reports.abuse(now, conn.source, AbuseKind::Refused);
                     self.close_conn(conn_id, CloseReason::SessionLimit);
-                    return;
+                    return false;
                 }
                 self.conns.client_sessions += 1;
                 if dialect == Dialect::Line {
@@ -290,9 +302,15 @@ impl ClusterNode {
                     Some(at) => self.conns.handshake_deadlines.push(at, conn_id),
                     None => self.close_conn(conn_id, CloseReason::ProofRejected),
                 }
-                return;
+                return false;
             }
         }
+        true
+    }
+
+    /// Serves the complete requests buffered on `conn_id` in order; stops
+    /// once the connection is closing (a request may close it).
+    fn client_requests(&mut self, now: Instant, conn_id: ConnId) {
         loop {
             // A request may have closed the connection: read no further.
             let Some(conn) = self
@@ -369,6 +387,38 @@ impl ClusterNode {
         // Queued waiters leave their queues now; nobody will read a grant.
         for seq in queued {
             self.remove_waiter(seq);
+        }
+    }
+
+    /// Handshakes (client and peer) whose deadline passed by `now` are
+    /// closed, and a line client's late refusal goes out.
+    pub(super) fn time_out_handshakes(&mut self, now: Instant) {
+        while let Some(conn_id) = self.conns.handshake_deadlines.pop_due(now) {
+            let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
+                continue;
+            };
+            let timed_out = match &mut conn.kind {
+                ConnKind::Client(client) => {
+                    match client.front.handle_timeout(now, conn.out.buffer_mut()) {
+                        FrontTimeout::Nothing => false,
+                        FrontTimeout::HandshakeTimedOut => true,
+                        FrontTimeout::AuthFailedSent => {
+                            self.close_conn(conn_id, CloseReason::ProofRejected);
+                            false
+                        }
+                    }
+                }
+                ConnKind::Peer(peer) if peer.established.is_none() => {
+                    peer.handshake.handle_timeout(now)
+                }
+                ConnKind::Peer(_) => false,
+            };
+            if timed_out {
+                let source = self.conns.by_id.get(&conn_id).and_then(|c| c.source);
+                self.reports
+                    .abuse(now, source, AbuseKind::HandshakeTimedOut);
+                self.close_conn(conn_id, CloseReason::HandshakeTimedOut);
+            }
         }
     }
 

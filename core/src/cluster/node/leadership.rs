@@ -176,6 +176,9 @@ impl ClusterNode {
         }
     }
 
+    /// An acquire on the caught-up leader, received at `received`: `B` over
+    /// a per-connection limit, a Grant proposed at once when its keys are
+    /// free, `T` when it may not wait, else queued FIFO behind its keys.
     fn handle_acquire(
         &mut self,
         now: Instant,
@@ -184,24 +187,9 @@ impl ClusterNode {
         received: Instant,
     ) {
         let (wait_s, lease_s, keys, reply_to) = acquire;
-        let limits = self.config.limits;
-        let over_in_flight = match self.conns.by_id.get(&conn_id) {
-            Some(Conn {
-                kind: ConnKind::Client(client),
-                ..
-            }) => client.in_flight > self.config.max_in_flight_per_connection,
-            _ => return,
-        };
-        let over_held = match self.leadership.as_mut() {
-            Some(leadership) => {
-                leadership.held_keys.expire(now);
-                leadership
-                    .held_keys
-                    .held(conn_id)
-                    .saturating_add(keys.len())
-                    > self.config.budget.max_held_per_connection
-            }
-            None => false,
+        let Some(over_connection_limit) = self.over_connection_limit(now, conn_id, keys.len())
+        else {
+            return;
         };
         let Some(leadership) = self.leadership.as_ref() else {
             self.answer(conn_id, &reply_to, leader_reply(self.raft.leader()));
@@ -224,32 +212,76 @@ impl ClusterNode {
             )),
             received,
         };
-        if over_in_flight || over_held {
+        if over_connection_limit {
             self.counts.busy_per_connection += 1;
             self.answer(conn_id, &waiter.reply_to, Answer::Busy);
             return;
         }
         if free {
-            let new_keys = waiter.keys.len();
-            let bound = self.next_grant_token_bound();
-            if !self.reserve.covers(bound) {
-                self.reserve.note_exhausted(bound);
-                self.counts.busy.token_reserve += 1;
-                self.answer(conn_id, &waiter.reply_to, Answer::Busy);
-                return;
-            }
-            if self.state.held_keys() + new_keys > limits.max_keys {
-                self.counts.busy.max_keys += 1;
-                self.answer(conn_id, &waiter.reply_to, Answer::Busy);
-                return;
-            }
-            self.propose_grant(now, waiter);
+            self.grant_at_once(now, waiter);
             return;
         }
         if wait_s == 0 || waiter.deadline <= now {
             self.answer(conn_id, &waiter.reply_to, Answer::TimedOut);
             return;
         }
+        self.enqueue_waiter(waiter);
+    }
+
+    /// Whether client connection `conn_id` would be over its in-flight
+    /// limit, or with `new_keys` more over its held-key limit (the held
+    /// keys whose lease ended are forgotten first); `None` when it is not a
+    /// client connection.
+    fn over_connection_limit(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        new_keys: usize,
+    ) -> Option<bool> {
+        let over_in_flight = match self.conns.by_id.get(&conn_id) {
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) => client.in_flight > self.config.max_in_flight_per_connection,
+            _ => return None,
+        };
+        let over_held = match self.leadership.as_mut() {
+            Some(leadership) => {
+                leadership.held_keys.expire(now);
+                leadership.held_keys.held(conn_id).saturating_add(new_keys)
+                    > self.config.budget.max_held_per_connection
+            }
+            None => false,
+        };
+        Some(over_in_flight || over_held)
+    }
+
+    /// Proposes a Grant for `waiter`, whose keys are free: `B` instead when
+    /// the token reserve does not cover it or the key limit is reached.
+    fn grant_at_once(&mut self, now: Instant, waiter: Waiter) {
+        let new_keys = waiter.keys.len();
+        let bound = self.next_grant_token_bound();
+        if !self.reserve.covers(bound) {
+            self.reserve.note_exhausted(bound);
+            self.counts.busy.token_reserve += 1;
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        if self.state.held_keys() + new_keys > self.config.limits.max_keys {
+            self.counts.busy.max_keys += 1;
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        self.propose_grant(now, waiter);
+    }
+
+    /// Queues `waiter` FIFO behind each of its keys, with its wait
+    /// deadline: `B` instead over the total or per-key waiter limit.
+    fn enqueue_waiter(&mut self, waiter: Waiter) {
+        let limits = self.config.limits;
+        let Some(leadership) = self.leadership.as_ref() else {
+            return;
+        };
         let over_total = leadership.waiters.len() >= limits.max_waiters_total;
         let over_per_key = waiter.keys.keys().iter().any(|k| {
             leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
@@ -260,7 +292,7 @@ impl ClusterNode {
             } else {
                 self.counts.busy.max_waiters_per_key += 1;
             }
-            self.answer(conn_id, &waiter.reply_to, Answer::Busy);
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;
         }
         let seq = self.next_waiter_seq;
@@ -278,6 +310,7 @@ impl ClusterNode {
         leadership
             .wait_deadlines
             .push(Reverse((waiter.deadline, seq)));
+        let conn_id = waiter.conn;
         leadership.waiters.insert(seq, waiter);
         if let Some(Conn {
             kind: ConnKind::Client(client),

@@ -65,12 +65,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::budget::{AbuseKind, CloseReason, LogEvent, Reports};
+use crate::budget::{CloseReason, LogEvent, Reports};
 use crate::cluster::events::{NodeEvent, NodeEvents};
 use crate::cluster::peer::PeerError;
 use crate::cluster::state::ReplicatedLocks;
 use crate::conn::ConnId;
-use crate::conn::client::{Answer, FrontTimeout};
+use crate::conn::client::Answer;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::metrics::{ClusterMetrics, ReplyCounts};
 use crate::raft::{NodeId, Raft};
@@ -477,54 +477,13 @@ impl ClusterNode {
         self.raft.handle_timeout(now);
         self.close_silent_peers(now);
         self.send_keepalives(now);
-        while let Some(conn_id) = self.conns.handshake_deadlines.pop_due(now) {
-            let Some(conn) = self.conns.by_id.get_mut(&conn_id) else {
-                continue;
-            };
-            let timed_out = match &mut conn.kind {
-                ConnKind::Client(client) => {
-                    match client.front.handle_timeout(now, conn.out.buffer_mut()) {
-                        FrontTimeout::Nothing => false,
-                        FrontTimeout::HandshakeTimedOut => true,
-                        FrontTimeout::AuthFailedSent => {
-                            self.close_conn(conn_id, CloseReason::ProofRejected);
-                            false
-                        }
-                    }
-                }
-                ConnKind::Peer(peer) if peer.established.is_none() => {
-                    peer.handshake.handle_timeout(now)
-                }
-                ConnKind::Peer(_) => false,
-            };
-            if timed_out {
-                let source = self.conns.by_id.get(&conn_id).and_then(|c| c.source);
-                self.reports
-                    .abuse(now, source, AbuseKind::HandshakeTimedOut);
-                self.close_conn(conn_id, CloseReason::HandshakeTimedOut);
-            }
-        }
+        self.time_out_handshakes(now);
         self.reports.handle_timeout(now);
         if let Some(leadership) = self.leadership.as_mut() {
             leadership.held_keys.expire(now);
         }
         self.time_out_waiters(now);
-        if self.raft.is_leader() {
-            let leader = self.raft.id();
-            let members: Vec<NodeId> = self
-                .conns
-                .by_id
-                .values()
-                .filter_map(|c| match &c.kind {
-                    ConnKind::Peer(p) => p.established,
-                    ConnKind::Client(_) => None,
-                })
-                .filter(|id| *id != leader)
-                .collect();
-            for id in members {
-                self.maybe_add_learner(now, id);
-            }
-        }
+        self.add_established_learners(now);
         self.pump(now);
     }
 

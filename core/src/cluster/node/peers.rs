@@ -155,7 +155,24 @@ impl ClusterNode {
         }
     }
 
+    /// Bytes from a peer: its handshake while unfinished, then
+    /// authenticated frames.
     pub(super) fn peer_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        let Some(rest) = self.peer_handshake_input(now, conn_id, bytes) else {
+            return;
+        };
+        self.peer_frames_input(now, conn_id, rest);
+    }
+
+    /// Feeds `bytes` to `conn_id`'s handshake if it is unfinished; the
+    /// bytes after the handshake (all of them once established), `None`
+    /// when nothing more is read now (the handshake wants more, or failed).
+    fn peer_handshake_input<'a>(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        bytes: &'a [u8],
+    ) -> Option<&'a [u8]> {
         let Some(Conn {
             kind: ConnKind::Peer(peer),
             out,
@@ -163,53 +180,73 @@ impl ClusterNode {
             ..
         }) = self.conns.by_id.get_mut(&conn_id)
         else {
-            return;
+            return None;
         };
+        if peer.established.is_some() {
+            return Some(bytes);
+        }
         let source = *source;
-        let mut rest = bytes;
-        if peer.established.is_none() {
-            let (used, status) = peer.handshake.handle_input(&self.config.peer_tokens, rest);
-            rest = &rest[used..];
-            out.buffer_mut()
-                .extend_from_slice(&peer.handshake.take_outbound());
-            match status {
-                PeerHandshakeStatus::NeedMore => {
-                    if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
-                        self.conns.wakes.wake(conn_id, &mut conn.out);
-                    }
-                    return;
+        let (used, status) = peer.handshake.handle_input(&self.config.peer_tokens, bytes);
+        out.buffer_mut()
+            .extend_from_slice(&peer.handshake.take_outbound());
+        match status {
+            PeerHandshakeStatus::NeedMore => {
+                if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+                    self.conns.wakes.wake(conn_id, &mut conn.out);
                 }
-                PeerHandshakeStatus::Rejected(_) => {
-                    self.reports
-                        .abuse(now, source, AbuseKind::FailedPeerHandshake);
-                    self.close_conn(conn_id, CloseReason::PeerHandshakeFailed);
-                    return;
-                }
-                PeerHandshakeStatus::Established(remote) => {
-                    self.conns.peer_handshakes.finish(conn_id);
-                    if peer.dialed.is_none() {
-                        self.conns.known_peer_conns += 1;
-                    }
-                    peer.established = Some(remote);
-                    peer.session = peer.handshake.take_session().map(Box::new);
-                    peer.last_frame_at = now;
-                    peer.last_sealed_at = now;
-                    // The handshake refused floors at or above 2^63.
-                    if let Some(hello) = peer.handshake.peer_hello() {
-                        self.peer_token_floor_max =
-                            self.peer_token_floor_max.max(hello.token_floor);
-                    }
-                    if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
-                        self.conns.wakes.wake(conn_id, &mut conn.out);
-                    }
-                    if let Some(dial) = self.conns.dials.get_mut(usize::from(remote.slot)) {
-                        dial.connected = true;
-                        dial.backoff = self.config.dial_backoff_min;
-                    }
-                    self.maybe_add_learner(now, remote);
-                }
+                None
+            }
+            PeerHandshakeStatus::Rejected(_) => {
+                self.reports
+                    .abuse(now, source, AbuseKind::FailedPeerHandshake);
+                self.close_conn(conn_id, CloseReason::PeerHandshakeFailed);
+                None
+            }
+            PeerHandshakeStatus::Established(remote) => {
+                self.peer_established(now, conn_id, remote);
+                Some(&bytes[used..])
             }
         }
+    }
+
+    /// `conn_id`'s handshake authenticated `remote`: frames are sealed and
+    /// verified with the session keys from now on, its slot counts as
+    /// connected with the backoff reset, and a leader may add `remote` as
+    /// a learner.
+    fn peer_established(&mut self, now: Instant, conn_id: ConnId, remote: NodeId) {
+        self.conns.peer_handshakes.finish(conn_id);
+        let Some(Conn {
+            kind: ConnKind::Peer(peer),
+            ..
+        }) = self.conns.by_id.get_mut(&conn_id)
+        else {
+            return;
+        };
+        if peer.dialed.is_none() {
+            self.conns.known_peer_conns += 1;
+        }
+        peer.established = Some(remote);
+        peer.session = peer.handshake.take_session().map(Box::new);
+        peer.last_frame_at = now;
+        peer.last_sealed_at = now;
+        // The handshake refused floors at or above 2^63.
+        if let Some(hello) = peer.handshake.peer_hello() {
+            self.peer_token_floor_max = self.peer_token_floor_max.max(hello.token_floor);
+        }
+        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+            self.conns.wakes.wake(conn_id, &mut conn.out);
+        }
+        if let Some(dial) = self.conns.dials.get_mut(usize::from(remote.slot)) {
+            dial.connected = true;
+            dial.backoff = self.config.dial_backoff_min;
+        }
+        self.maybe_add_learner(now, remote);
+    }
+
+    /// Decodes the frames in `bytes` from established `conn_id` and steps
+    /// the messages its authenticated peer sent; a frame that fails to
+    /// verify or decode closes the connection (counted and reported).
+    fn peer_frames_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
         let Some(Conn {
             kind: ConnKind::Peer(peer),
             ..
@@ -221,7 +258,7 @@ impl ClusterNode {
             return;
         };
         let decoder = &mut session.decoder;
-        decoder.push(rest);
+        decoder.push(bytes);
         let mut messages = Vec::new();
         let mut failed = None;
         loop {
@@ -278,6 +315,29 @@ impl ClusterNode {
         let _ = self
             .raft
             .propose_conf_change(now, ConfChange::AddLearner(remote));
+    }
+
+    /// On the leader: every established peer whose generation the
+    /// configuration does not know yet is offered as a learner (retried on
+    /// every timer tick, since a proposal may be refused for now).
+    pub(super) fn add_established_learners(&mut self, now: Instant) {
+        if !self.raft.is_leader() {
+            return;
+        }
+        let leader = self.raft.id();
+        let members: Vec<NodeId> = self
+            .conns
+            .by_id
+            .values()
+            .filter_map(|c| match &c.kind {
+                ConnKind::Peer(p) => p.established,
+                ConnKind::Client(_) => None,
+            })
+            .filter(|id| *id != leader)
+            .collect();
+        for id in members {
+            self.maybe_add_learner(now, id);
+        }
     }
 
     pub(super) fn route_messages(&mut self, now: Instant) {
