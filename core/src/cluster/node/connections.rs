@@ -23,6 +23,7 @@ use crate::wire::NO_LEADER_SLOT;
 
 use super::{ClusterConfig, ClusterNode};
 
+/// A client connection's own state.
 #[derive(Debug)]
 pub(super) struct ClientConn {
     /// Handshake, dialect and session decoding.
@@ -35,11 +36,13 @@ pub(super) struct ClientConn {
     pub(super) release_misses_in_row: u32,
 }
 
+/// A peer connection's own state: its handshake, then its session.
 #[derive(Debug)]
 pub(super) struct PeerConn {
     // Boxed: the handshake and the keyed MAC states are large next to a
     // client connection.
     pub(super) handshake: Box<PeerHandshake>,
+    /// The peer's authenticated identity, once the handshake completed.
     pub(super) established: Option<NodeId>,
     /// The slot this node dialed (outbound connections).
     pub(super) dialed: Option<u8>,
@@ -55,14 +58,17 @@ pub(super) struct PeerConn {
     pub(super) output_pending_since: Option<Instant>,
 }
 
+/// What a connection is.
 #[derive(Debug)]
 pub(super) enum ConnKind {
     Client(ClientConn),
     Peer(PeerConn),
 }
 
+/// One connection as the node sees it.
 #[derive(Debug)]
 pub(super) struct Conn {
+    /// Client or peer, with that kind's state.
     pub(super) kind: ConnKind,
     /// Bytes for the driver (replies or Raft messages), and which grants
     /// they carry (client connections only).
@@ -82,6 +88,7 @@ pub(super) struct DialState {
     pub(super) dialing: bool,
     /// Not before this instant.
     pub(super) next_attempt: Instant,
+    /// The wait after the next failure (doubles up to the maximum).
     pub(super) backoff: Duration,
 }
 
@@ -92,8 +99,11 @@ pub(super) struct Connections {
     /// Ordered so that every iteration (leader notices, shutdown) is
     /// deterministic: a simulator run must be a pure function of its seed.
     pub(super) by_id: BTreeMap<ConnId, Conn>,
+    /// The id of the next connection (ids are never reused).
     pub(super) next_id: u64,
+    /// Connections with work for the driver.
     pub(super) wakes: WakeQueue,
+    /// When each unfinished handshake times out.
     pub(super) handshake_deadlines: HandshakeDeadlines,
     /// Unfinished client handshakes and their sources.
     pub(super) client_handshakes: HandshakeBudget,

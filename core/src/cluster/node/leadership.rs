@@ -45,11 +45,16 @@ pub(super) struct Waiter {
 pub(super) struct Leadership {
     /// Index of this term's no-op: nothing is served until it is applied.
     pub(super) first_index: u64,
+    /// Its own no-op is applied: it serves.
     pub(super) caught_up: bool,
+    /// This leader proposed the domain's `Init`.
     pub(super) init_proposed: bool,
     /// Queued waiters by arrival sequence number.
     pub(super) waiters: BTreeMap<u64, Waiter>,
+    /// Each key's waiters (sequence numbers), FIFO.
     pub(super) queues: HashMap<Key, VecDeque<u64>>,
+    /// Queued waiters' deadlines, earliest first (those already gone are
+    /// skipped when due).
     pub(super) wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Keys of Grant proposals not yet applied.
     pub(super) reserved: HashSet<Key>,
