@@ -6,7 +6,7 @@
 //! only through a committed [`Command::Expire`].
 //!
 //! Queues of waiters are not replicated: they live on the leader only
-//! (`node.rs`), because a waiter is tied to a client connection on that
+//! (`node/leadership.rs`), because a waiter is tied to a client connection on that
 //! node and has had no effect until its Grant commits.
 
 use std::cmp::Reverse;

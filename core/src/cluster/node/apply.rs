@@ -1,0 +1,404 @@
+//! Proposals in flight ([`Pending`]) and their outcome: the pump that drains
+//! Raft's committed entries and events after every input, applying each
+//! entry to the replicated state, answering the proposal it carries (only
+//! when its `(index, term)` is the one proposed), and the leader's
+//! bookkeeping of what an entry freed.
+
+use crate::cluster::command::{ApplyResult, Command};
+use crate::cluster::state::SnapshotError;
+use crate::conn::ConnId;
+use crate::conn::client::{Answer, ReplyTo};
+use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
+use crate::raft::{Committed, Entry, EntryKind, Event};
+use crate::reserve::TokenAlert;
+use crate::time::{Duration, Instant};
+use crate::wire::{Key, KeyGroup};
+
+use super::ClusterNode;
+use super::connections::{Conn, ConnKind};
+use super::leadership::{Handover, Leadership, Waiter, leader_reply};
+
+/// What a proposal is waiting for.
+#[derive(Debug)]
+pub(super) enum PendingKind {
+    /// The domain's counter start; no reply.
+    Init,
+    /// A grant for a client waiter.
+    Grant(Waiter),
+    /// A client's release.
+    Release { conn: ConnId, reply_to: ReplyTo },
+    /// A lease expiry or the release of an undelivered grant; no reply.
+    Internal,
+    /// An operator's force-release, answered through
+    /// [`ClusterNode::poll_admin_reply`] once applied.
+    ForceRelease {
+        /// The driver's name for the request.
+        id: AdminRequestId,
+        /// Every key of the grant holding the named key when proposed;
+        /// replaced at apply by the keys of the grant actually revoked.
+        keys: Vec<Key>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) term: u64,
+    pub(super) kind: PendingKind,
+    /// When it was proposed (commit latency is observed at apply).
+    pub(super) proposed_at: Instant,
+}
+
+impl ClusterNode {
+    /// Drains Raft and runs the leader's duties until nothing changes, then
+    /// routes outgoing messages.
+    pub(super) fn pump(&mut self, now: Instant) {
+        loop {
+            let mut progressed = false;
+            while let Some(committed) = self.raft.poll_committed() {
+                progressed = true;
+                self.apply(now, committed);
+            }
+            while let Some(event) = self.raft.poll_event() {
+                progressed = true;
+                self.handle_event(now, event);
+            }
+            progressed |= self.leader_duties(now);
+            if !progressed {
+                break;
+            }
+        }
+        // Force-releases whose keys nobody took now: answered without a
+        // hand-over.
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
+        }
+        // Raft's own event queue is bounded too: the state reached is
+        // reported even if an event in between was dropped.
+        self.note_role();
+        self.events.note_raft_refused(self.raft.refused_messages());
+        self.route_messages(now);
+    }
+
+    /// Queues a node event for each of leader and voter status that
+    /// differs from what was last reported.
+    pub(super) fn note_role(&mut self) {
+        self.events
+            .note_leader(self.raft.leader(), self.raft.term());
+        self.events.note_voter(self.raft.is_voter());
+    }
+
+    /// Applies one committed snapshot or entry.
+    fn apply(&mut self, now: Instant, committed: Committed) {
+        match committed {
+            Committed::Snapshot { meta, data } => self.apply_snapshot(now, meta.index, &data),
+            Committed::Entry(entry) => self.apply_entry(now, entry),
+        }
+    }
+
+    /// Replaces the applied state by the leader's snapshot covering the
+    /// log up to `index`.
+    fn apply_snapshot(&mut self, now: Instant, index: u64, data: &[u8]) {
+        match self.state.install_snapshot(data, now) {
+            Ok(()) => {}
+            Err(SnapshotError::CounterBehind { current, snapshot }) => {
+                self.reserve
+                    .refused_lowering(TokenAlert::SnapshotCounterBehind { current, snapshot });
+            }
+            Err(_) => self.bad_snapshots += 1,
+        }
+        self.applied_index = index;
+    }
+
+    /// Applies one entry: to the replicated state, then to the leader's
+    /// view of what it freed, then to the proposal it answers.
+    fn apply_entry(&mut self, now: Instant, entry: Entry) {
+        self.applied_index = entry.index;
+        let command = match &entry.kind {
+            EntryKind::Command(bytes) => Command::decode(bytes),
+            _ => None,
+        };
+        // The keys of a force-released grant, read before it goes.
+        let forced_keys = match &command {
+            Some(Command::ForceRelease { key, .. }) => self
+                .state
+                .holder(key)
+                .map(|(_, holding)| holding.keys.clone()),
+            _ => None,
+        };
+        let result = match &command {
+            Some(command) => self.state.apply(command, now),
+            None => ApplyResult::Noop,
+        };
+        self.leader_note_applied(command.as_ref(), result, forced_keys.as_ref());
+        if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys) {
+            // Every node that applies it says so: the revoked
+            // holder's later writes are fenced.
+            self.reports
+                .force_released(keys.keys().to_vec(), revoked, None);
+        }
+        let pending = self.take_applied_pending(now, &entry, forced_keys.as_ref());
+        self.after_apply(now, entry.index, pending, result);
+        if let Some(leadership) = self.leadership.as_mut()
+            && !leadership.caught_up
+            && self.applied_index >= leadership.first_index
+        {
+            leadership.caught_up = true;
+        }
+    }
+
+    /// On the leader: what an applied `command` (with its `result`) freed
+    /// goes to the queue heads (counted as a hand-over when somebody
+    /// waited), and the grant it ended leaves the per-connection held
+    /// keys. `forced_keys`: the keys of the grant a force-release revoked.
+    fn leader_note_applied(
+        &mut self,
+        command: Option<&Command>,
+        result: ApplyResult,
+        forced_keys: Option<&KeyGroup>,
+    ) {
+        let Some(leadership) = self.leadership.as_mut() else {
+            return;
+        };
+        let freed = match (command, result) {
+            (Some(Command::Release { keys, .. }), ApplyResult::Released)
+            | (Some(Command::Expire { keys, .. }), ApplyResult::Expired { existed: true }) => {
+                Some(keys)
+            }
+            (Some(Command::ForceRelease { .. }), ApplyResult::ForceReleased { .. }) => forced_keys,
+            _ => None,
+        };
+        if let Some(keys) = freed {
+            let waited_for = keys
+                .keys()
+                .iter()
+                .any(|k| leadership.queues.get(k).is_some_and(|q| !q.is_empty()));
+            match (command, waited_for) {
+                (Some(Command::Expire { .. }), true) => {
+                    self.counts.expiries_handed_over += 1;
+                }
+                (Some(Command::Expire { .. }), false) => {
+                    self.counts.expiries_not_handed_over += 1;
+                }
+                (Some(Command::Release { .. } | Command::ForceRelease { .. }), true) => {
+                    self.counts.release_handovers += 1;
+                }
+                _ => {}
+            }
+            // Freed keys go to their queue heads.
+            leadership.dirty.extend(keys.keys().iter().cloned());
+        }
+        if let Some(Command::Expire { token, .. }) = command {
+            leadership.expiring.remove(token);
+        }
+        match (command, result) {
+            (Some(Command::Release { token, .. }), ApplyResult::Released)
+            | (Some(Command::Expire { token, .. }), _) => {
+                leadership.held_keys.remove(*token);
+            }
+            (_, ApplyResult::ForceReleased { revoked }) => {
+                leadership.held_keys.remove(revoked);
+            }
+            _ => {}
+        }
+    }
+
+    /// The proposal `entry` answers, if this node proposed exactly it
+    /// (same index and term; its commit latency is observed). One whose
+    /// entry another leader's replaced is answered as without effect. A
+    /// force-release's keys become those of the grant revoked at apply
+    /// (`forced_keys`), whatever held when it was proposed.
+    fn take_applied_pending(
+        &mut self,
+        now: Instant,
+        entry: &Entry,
+        forced_keys: Option<&KeyGroup>,
+    ) -> Option<Pending> {
+        let mut pending = match self.pending.remove(&entry.index) {
+            Some(p) if p.term == entry.term => {
+                let latency = now.saturating_duration_since(p.proposed_at);
+                self.counts
+                    .commit_latency
+                    .observe_us(crate::time::duration_micros(latency));
+                Some(p)
+            }
+            Some(p) => {
+                // Overwritten: that proposal never takes effect.
+                self.answer_unapplied(entry.index, p);
+                None
+            }
+            None => None,
+        };
+        if let (
+            Some(Pending {
+                kind: PendingKind::ForceRelease { keys, .. },
+                ..
+            }),
+            Some(forced),
+        ) = (pending.as_mut(), forced_keys)
+        {
+            *keys = forced.keys().to_vec();
+        }
+        pending
+    }
+
+    /// A proposal whose entry was replaced by another leader's: no effect.
+    fn answer_unapplied(&mut self, index: u64, pending: Pending) {
+        if let Some(handover) = self.handovers.remove(&index) {
+            // The force-release itself was applied; its hand-over was not.
+            self.answer_handover(handover, None);
+        }
+        let leader = self.raft.leader();
+        match pending.kind {
+            PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, leader_reply(leader)),
+            PendingKind::Release { conn, reply_to } => {
+                self.answer(conn, &reply_to, leader_reply(leader));
+            }
+            PendingKind::ForceRelease { id, .. } => {
+                // Another leader's entry took its place: no effect.
+                let leader_slot = leader.map(|l| l.slot);
+                self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            }
+            PendingKind::Init | PendingKind::Internal => {}
+        }
+    }
+
+    fn after_apply(
+        &mut self,
+        now: Instant,
+        index: u64,
+        pending: Option<Pending>,
+        result: ApplyResult,
+    ) {
+        // Whatever was applied, held keys may have been freed.
+        let Some(pending) = pending else {
+            return;
+        };
+        match pending.kind {
+            PendingKind::Grant(waiter) => {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    for key in waiter.keys.keys() {
+                        leadership.reserved.remove(key);
+                        leadership.dirty.push(key.clone());
+                    }
+                }
+                self.deliver_grant(now, waiter, result);
+                if let Some(handover) = self.handovers.remove(&index) {
+                    let token = match result {
+                        ApplyResult::Granted { token } => Some(token),
+                        _ => None,
+                    };
+                    self.answer_handover(handover, token);
+                }
+            }
+            PendingKind::Release { conn, reply_to } => {
+                self.count_release_miss(now, conn, &result);
+                let answer = match result {
+                    ApplyResult::Released => Answer::Released,
+                    ApplyResult::GroupMismatch => Answer::GroupMismatch,
+                    _ => Answer::NotFound,
+                };
+                self.answer(conn, &reply_to, answer);
+                self.close_if_sweeping(now, conn);
+            }
+            PendingKind::ForceRelease { id, keys } => {
+                let outcome = match result {
+                    ApplyResult::ForceReleased { revoked } => {
+                        // The hand-over is a Grant proposed after this
+                        // apply: the answer waits to name its token (or
+                        // goes out when the pump ends without one).
+                        let handover = Handover { id, revoked, keys };
+                        if self.leadership.is_some() {
+                            self.handover_wanted.push(handover);
+                        } else {
+                            self.answer_handover(handover, None);
+                        }
+                        return;
+                    }
+                    ApplyResult::ForceTokenMismatch { held } => {
+                        ForceReleaseOutcome::TokenMismatch { held }
+                    }
+                    _ => ForceReleaseOutcome::NotHeld,
+                };
+                self.admin_reply(id, outcome);
+            }
+            PendingKind::Init | PendingKind::Internal => {}
+        }
+    }
+
+    fn deliver_grant(&mut self, now: Instant, waiter: Waiter, result: ApplyResult) {
+        let ApplyResult::Granted { token } = result else {
+            // Defensive (a grant never reaches a held key once caught up):
+            // a definite "not acquired".
+            self.answer(waiter.conn, &waiter.reply_to, Answer::TimedOut);
+            return;
+        };
+        let open = matches!(
+            self.conns.by_id.get(&waiter.conn),
+            Some(Conn {
+                kind: ConnKind::Client(_),
+                out,
+                ..
+            }) if !out.is_closing()
+        );
+        if !open {
+            // Nobody will learn this token: release it at once rather than
+            // leave the keys blocked until the lease ends (docs/cluster.md,
+            // "How a grant flows", step 7).
+            self.propose_internal(
+                now,
+                Command::Release {
+                    keys: waiter.keys,
+                    token,
+                },
+            );
+            return;
+        }
+        self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
+        let waited = now.saturating_duration_since(waiter.received);
+        self.counts
+            .wait
+            .observe_us(crate::time::duration_micros(waited));
+        if let Some(leadership) = self.leadership.as_mut() {
+            let lease = Duration::from_millis(u64::from(waiter.lease_ms));
+            leadership.held_keys.add(
+                waiter.conn,
+                token,
+                waiter.keys.len(),
+                now.saturating_add(lease),
+            );
+        }
+        if let Some(Conn {
+            kind: ConnKind::Client(_),
+            out,
+            ..
+        }) = self.conns.by_id.get_mut(&waiter.conn)
+        {
+            // The reply was just queued: its frame ends at the stream's end.
+            out.record_grant(token, waiter.keys);
+        }
+    }
+
+    fn handle_event(&mut self, now: Instant, event: Event) {
+        match event {
+            Event::BecameLeader { term } => {
+                self.events.note_leader(Some(self.config.id), term);
+                self.state.rebuild_deadlines();
+                self.leadership = Some(Leadership {
+                    // The no-op of this term is the last entry now.
+                    first_index: self.raft.last_index(),
+                    ..Leadership::default()
+                });
+                self.announce_leader();
+            }
+            Event::SteppedDown { .. } => self.step_down(),
+            Event::LeaderChanged { leader, term } => {
+                self.events.note_leader(leader, term);
+                self.announce_leader();
+            }
+            Event::ConfigChanged { .. } => self.events.note_voter(self.raft.is_voter()),
+            Event::SnapshotWanted { .. } => {
+                let _ = self.raft.compact(self.state.snapshot(now));
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Inspection and force-release for the admin layer (see [`crate::inspect`]):
+//! only a caught-up leader answers, from the applied state and its
+//! leader-local waiter queues; a force-release is proposed and answered
+//! once applied.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::cluster::command::Command;
+use crate::conn::ConnId;
+use crate::inspect::{
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
+    MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
+};
+use crate::raft::ProposeError;
+use crate::time::{Duration, Instant};
+use crate::wire::Key;
+
+use super::ClusterNode;
+use super::apply::{Pending, PendingKind};
+use super::connections::ConnKind;
+
+/// Most answers to force-releases queued for the driver; it drains them
+/// after every input, so the bound is only reached by a driver that does
+/// not (answers beyond it are dropped and counted).
+pub const MAX_ADMIN_REPLIES: usize = 1_024;
+
+impl ClusterNode {
+    /// The admin address configured for `slot`
+    /// ([`ClusterConfig::admin_addresses`](super::ClusterConfig::admin_addresses)).
+    pub fn admin_address(&self, slot: u8) -> Option<&str> {
+        self.config
+            .admin_addresses
+            .get(usize::from(slot))
+            .map(|a| &**a)
+    }
+
+    /// Why this node does not answer inspection or order force-releases
+    /// itself (`None`: it does): it is not the leader (the answer names the
+    /// leader's slot and admin address when known, so the admin layer can
+    /// redirect), or it leads but has not applied its own term's no-op yet
+    /// (its view may miss grants its predecessor committed; it answers like
+    /// a node with no known leader until then).
+    pub fn not_leader(&self) -> Option<NotLeader> {
+        match &self.leadership {
+            Some(leadership) if leadership.caught_up && self.raft.is_leader() => None,
+            Some(_) => Some(NotLeader {
+                leader_slot: None,
+                leader_admin: None,
+            }),
+            None => {
+                let leader_slot = self
+                    .raft
+                    .leader()
+                    .map(|l| l.slot)
+                    .filter(|&slot| slot != self.config.id.slot);
+                Some(NotLeader {
+                    leader_slot,
+                    leader_admin: leader_slot
+                        .and_then(|slot| self.admin_address(slot))
+                        .map(Box::from),
+                })
+            }
+        }
+    }
+
+    /// `conn` as an operator sees it, while it is an open client
+    /// connection.
+    fn conn_view(&self, conn_id: ConnId) -> Option<ConnView> {
+        let conn = self.conns.by_id.get(&conn_id)?;
+        let ConnKind::Client(client) = &conn.kind else {
+            return None;
+        };
+        if conn.out.is_closing() {
+            return None;
+        }
+        Some(ConnView {
+            conn: conn_id,
+            source: conn.source?,
+            dialect: client.front.dialect()?,
+        })
+    }
+
+    /// `key` as the leader sees it at `now`: the holder from the applied
+    /// state (ages on this node's clock, which started the lease when it
+    /// applied the grant; the connection when this leader delivered the
+    /// grant to one it still has), and the waiters of its leader-local
+    /// queue in FIFO order. `Ok(None)` when nobody holds or waits for it;
+    /// `Err` on a node that is not a caught-up leader.
+    pub fn lock(&self, now: Instant, key: &Key) -> Result<Option<LockView>, NotLeader> {
+        if let Some(not_leader) = self.not_leader() {
+            return Err(not_leader);
+        }
+        Ok(self.lock_view(now, key, MAX_LISTED_WAITERS))
+    }
+
+    /// `key` with at most `max_waiters` of its waiters listed.
+    fn lock_view(&self, now: Instant, key: &Key, max_waiters: usize) -> Option<LockView> {
+        let leadership = self.leadership.as_ref()?;
+        let ms = |d: Duration| crate::time::duration_micros(d) / 1_000;
+        let holder = self.state.holder(key).map(|(token, holding)| HolderView {
+            token,
+            keys: holding.keys.keys().to_vec(),
+            held_ms: ms(now.saturating_duration_since(holding.granted_at)),
+            lease_remaining_ms: ms(holding.deadline.saturating_duration_since(now)),
+            conn: leadership
+                .held_keys
+                .conn_of(token)
+                .and_then(|conn| self.conn_view(conn)),
+        });
+        let queue = leadership.queues.get(key);
+        let waiters: Vec<WaiterView> = queue
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| leadership.waiters.get(seq))
+            .take(max_waiters)
+            .map(|waiter| WaiterView {
+                keys: waiter.keys.keys().to_vec(),
+                waited_ms: ms(now.saturating_duration_since(waiter.received)),
+                wait_remaining_ms: ms(waiter.deadline.saturating_duration_since(now)),
+                conn: self.conn_view(waiter.conn),
+            })
+            .collect();
+        if holder.is_none() && waiters.is_empty() {
+            return None;
+        }
+        Some(LockView {
+            key: key.clone(),
+            holder,
+            waiters,
+            waiters_total: queue.map_or(0, VecDeque::len),
+        })
+    }
+
+    /// Every key starting with `prefix` that is held or waited for, in
+    /// ascending key order, at most `limit` (capped at
+    /// [`MAX_LISTING_LIMIT`]) of them, each with the front
+    /// [`MAX_WAITERS_PER_LISTED_LOCK`] of its waiters; see
+    /// [`ClusterNode::lock`]. Costs the
+    /// listed held keys plus one pass over the keys with waiters (bounded
+    /// by the waiter limit).
+    pub fn locks(
+        &self,
+        now: Instant,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<LockListing, NotLeader> {
+        if let Some(not_leader) = self.not_leader() {
+            return Err(not_leader);
+        }
+        let limit = limit.min(MAX_LISTING_LIMIT);
+        let Some(leadership) = self.leadership.as_ref() else {
+            return Ok(LockListing {
+                locks: Vec::new(),
+                truncated: false,
+            });
+        };
+        // One more than the limit tells whether the listing is truncated.
+        let mut keys: BTreeSet<&Key> = self
+            .state
+            .held_keys_with_prefix(prefix)
+            .take(limit.saturating_add(1))
+            .collect();
+        keys.extend(
+            leadership
+                .queues
+                .iter()
+                .filter(|(key, queue)| !queue.is_empty() && key.as_bytes().starts_with(prefix))
+                .map(|(key, _)| key),
+        );
+        let truncated = keys.len() > limit;
+        let locks = keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|key| self.lock_view(now, key, MAX_WAITERS_PER_LISTED_LOCK))
+            .collect();
+        Ok(LockListing { locks, truncated })
+    }
+
+    /// An operator's force-release, named `id` by the driver. Only a leader
+    /// orders it: it proposes [`Command::ForceRelease`], and the answer
+    /// ([`ClusterNode::poll_admin_reply`]) comes once the entry is applied,
+    /// so nothing takes effect before a majority has it. At apply the
+    /// grant holding the key is removed whole, exactly as its holder's
+    /// release would remove it, and its keys go to their front waiters
+    /// under new, larger tokens; the old holder's later release gets `N`.
+    /// A non-leader answers [`ForceReleaseOutcome::NotLeader`] at once; a
+    /// leader that loses its leadership before it saw the entry applied
+    /// answers [`ForceReleaseOutcome::Indeterminate`].
+    pub fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        self.handle_timeout(now);
+        if self.shutting_down || self.leadership.is_none() || !self.raft.is_leader() {
+            let leader_slot = self
+                .raft
+                .leader()
+                .map(|l| l.slot)
+                .filter(|&slot| slot != self.config.id.slot);
+            self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            return;
+        }
+        let keys = self
+            .state
+            .holder(&req.key)
+            .map_or_else(|| vec![req.key.clone()], |(_, h)| h.keys.keys().to_vec());
+        let command = Command::ForceRelease {
+            key: req.key,
+            token: req.token,
+        };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::ForceRelease { id, keys },
+                    },
+                );
+            }
+            Err(ProposeError::Backpressure) => {
+                self.admin_reply(id, ForceReleaseOutcome::Busy);
+            }
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                let leader_slot = leader_hint.map(|l| l.slot);
+                self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot });
+            }
+            Err(_) => self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot: None }),
+        }
+        self.pump(now);
+    }
+
+    /// The next answer to a force-release. Drain after every input, like
+    /// the wakes.
+    pub fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.admin_replies.pop_front()
+    }
+
+    /// Queues the answer to force-release `id` for the driver.
+    pub(super) fn admin_reply(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
+        if self.admin_replies.len() >= MAX_ADMIN_REPLIES {
+            self.counts.dropped_admin_replies += 1;
+        } else {
+            self.admin_replies.push_back((id, outcome));
+        }
+    }
+}

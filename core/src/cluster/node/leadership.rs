@@ -1,0 +1,605 @@
+//! The leader-only state ([`Leadership`]) and the work done with it:
+//! serving acquires (granted at once when free, else queued FIFO per key)
+//! and releases, handing freed keys to queue heads, wait timeouts, lease
+//! expiry on the leader's clock, and what happens to all of it on stepping
+//! down. Waiters are not replicated: none of this survives a change of
+//! leader, which is why it lives apart from the node's replicated state.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+
+use crate::budget::{AbuseKind, HeldKeys};
+use crate::cluster::command::Command;
+use crate::conn::ConnId;
+use crate::conn::client::{Answer, ClientRequest, ReplyTo};
+use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
+use crate::queue_rule;
+use crate::raft::{NodeId, ProposeError};
+use crate::time::{Duration, Instant};
+use crate::wire::{Key, KeyGroup};
+
+use super::ClusterNode;
+use super::apply::{Pending, PendingKind};
+use super::connections::{Conn, ConnKind};
+
+/// How soon an `Expire` that could not be proposed is retried; also the
+/// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
+/// "Expiry": checked at least every 100 ms).
+const EXPIRE_RETRY: Duration = Duration::from_millis(100);
+
+/// A queued or proposed acquire.
+#[derive(Clone, Debug)]
+pub(super) struct Waiter {
+    pub(super) conn: ConnId,
+    pub(super) reply_to: ReplyTo,
+    pub(super) keys: KeyGroup,
+    pub(super) lease_ms: u32,
+    /// When it gets `T` if still queued.
+    pub(super) deadline: Instant,
+    /// When the acquire arrived (the wait-time observation starts here).
+    pub(super) received: Instant,
+}
+
+/// Leader-only state, dropped on stepping down.
+#[derive(Debug, Default)]
+pub(super) struct Leadership {
+    /// Index of this term's no-op: nothing is served until it is applied.
+    pub(super) first_index: u64,
+    /// Its own no-op is applied: it serves.
+    pub(super) caught_up: bool,
+    /// This leader proposed the domain's `Init`.
+    pub(super) init_proposed: bool,
+    /// Queued waiters by arrival sequence number.
+    pub(super) waiters: BTreeMap<u64, Waiter>,
+    /// Each key's waiters (sequence numbers), FIFO.
+    pub(super) queues: HashMap<Key, VecDeque<u64>>,
+    /// Queued waiters' deadlines, earliest first (those already gone are
+    /// skipped when due).
+    pub(super) wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Keys of Grant proposals not yet applied.
+    pub(super) reserved: HashSet<Key>,
+    /// Tokens with an `Expire` in flight.
+    pub(super) expiring: HashSet<u64>,
+    /// Keys whose queue head may have become grantable.
+    pub(super) dirty: Vec<Key>,
+    /// Keys whose queue head was grantable but for the token reserve;
+    /// dirty again once the reserve grows.
+    pub(super) reserve_stalled: BTreeSet<Key>,
+    /// Requests received before catching up, served in order after.
+    pub(super) held: VecDeque<(ConnId, ClientRequest, Instant)>,
+    /// Keys held by the grants this leader delivered, per connection.
+    pub(super) held_keys: HeldKeys,
+}
+
+/// A force-release that revoked `revoked` on `keys`, waiting to name the
+/// token its hand-over got.
+#[derive(Debug)]
+pub(super) struct Handover {
+    pub(super) id: AdminRequestId,
+    pub(super) revoked: u64,
+    pub(super) keys: Vec<Key>,
+}
+
+/// "Not the leader, no effect": `M` with the known leader, else no leader.
+pub(super) fn leader_reply(leader: Option<NodeId>) -> Answer {
+    Answer::NotLeader(leader.map(|leader| leader.slot))
+}
+
+impl ClusterNode {
+    fn not_serving_reply(&self) -> Option<Answer> {
+        if self.shutting_down || !self.raft.is_voter() {
+            return Some(Answer::NotActive);
+        }
+        if !self.raft.is_leader() {
+            return Some(leader_reply(self.raft.leader()));
+        }
+        None
+    }
+
+    pub(super) fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: ClientRequest) {
+        if let Some(answer) = self.not_serving_reply() {
+            self.answer(conn_id, request.reply_to(), answer);
+            return;
+        }
+        let Some(leadership) = self.leadership.as_mut() else {
+            self.answer(conn_id, request.reply_to(), leader_reply(None));
+            return;
+        };
+        if !leadership.caught_up {
+            if leadership.held.len() >= self.config.limits.max_waiters_total {
+                let answer = if request.is_acquire() {
+                    self.counts.busy.max_waiters_total += 1;
+                    Answer::Busy
+                } else {
+                    // `B` may not answer a release.
+                    leader_reply(None)
+                };
+                self.answer(conn_id, request.reply_to(), answer);
+            } else {
+                leadership.held.push_back((conn_id, request, now));
+            }
+            return;
+        }
+        self.serve_request(now, conn_id, request, now);
+    }
+
+    fn serve_request(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        request: ClientRequest,
+        received: Instant,
+    ) {
+        match request {
+            ClientRequest::Acquire {
+                wait_s,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_acquire(now, conn_id, (wait_s, lease_s, keys, reply_to), received),
+            ClientRequest::Release {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_release(now, conn_id, token, keys, reply_to),
+        }
+    }
+
+    fn handle_release(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        token: u64,
+        keys: KeyGroup,
+        reply_to: ReplyTo,
+    ) {
+        if reply_to.is_unissued_line_release(token, self.state.next_token()) {
+            let source = self.conns.by_id.get(&conn_id).and_then(|conn| conn.source);
+            self.reports
+                .abuse(now, source, AbuseKind::TokenFromTheFuture);
+        }
+        let command = Command::Release { keys, token };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::Release {
+                            conn: conn_id,
+                            reply_to,
+                        },
+                    },
+                );
+            }
+            // `B` may not answer a release; every refusal had no effect.
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                self.answer(conn_id, &reply_to, leader_reply(leader_hint));
+            }
+            Err(_) => self.answer(conn_id, &reply_to, leader_reply(None)),
+        }
+    }
+
+    /// An acquire on the caught-up leader, received at `received`: `B` over
+    /// a per-connection limit, a Grant proposed at once when its keys are
+    /// free, `T` when it may not wait, else queued FIFO behind its keys.
+    fn handle_acquire(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        acquire: (u8, u8, KeyGroup, ReplyTo),
+        received: Instant,
+    ) {
+        let (wait_s, lease_s, keys, reply_to) = acquire;
+        let Some(over_connection_limit) = self.over_connection_limit(now, conn_id, keys.len())
+        else {
+            return;
+        };
+        let Some(leadership) = self.leadership.as_ref() else {
+            self.answer(conn_id, &reply_to, leader_reply(self.raft.leader()));
+            return;
+        };
+        let free = keys.keys().iter().all(|k| {
+            !self.state.is_held(k)
+                && !leadership.reserved.contains(k)
+                && leadership.queues.get(k).is_none_or(VecDeque::is_empty)
+        });
+        let waiter = Waiter {
+            conn: conn_id,
+            reply_to,
+            keys,
+            lease_ms: u32::from(lease_s) * 1_000,
+            deadline: Instant::from_micros(queue_rule::wait_deadline_us(
+                received.as_micros(),
+                u64::from(wait_s),
+                crate::time::duration_micros(self.config.wait_margin),
+            )),
+            received,
+        };
+        if over_connection_limit {
+            self.counts.busy_per_connection += 1;
+            self.answer(conn_id, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        if free {
+            self.grant_at_once(now, waiter);
+            return;
+        }
+        if wait_s == 0 || waiter.deadline <= now {
+            self.answer(conn_id, &waiter.reply_to, Answer::TimedOut);
+            return;
+        }
+        self.enqueue_waiter(waiter);
+    }
+
+    /// Whether client connection `conn_id` would be over its in-flight
+    /// limit, or with `new_keys` more over its held-key limit (the held
+    /// keys whose lease ended are forgotten first); `None` when it is not a
+    /// client connection.
+    fn over_connection_limit(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        new_keys: usize,
+    ) -> Option<bool> {
+        let over_in_flight = match self.conns.by_id.get(&conn_id) {
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) => client.in_flight > self.config.max_in_flight_per_connection,
+            _ => return None,
+        };
+        let over_held = match self.leadership.as_mut() {
+            Some(leadership) => {
+                leadership.held_keys.expire(now);
+                leadership.held_keys.held(conn_id).saturating_add(new_keys)
+                    > self.config.budget.max_held_per_connection
+            }
+            None => false,
+        };
+        Some(over_in_flight || over_held)
+    }
+
+    /// Proposes a Grant for `waiter`, whose keys are free: `B` instead when
+    /// the token reserve does not cover it or the key limit is reached.
+    fn grant_at_once(&mut self, now: Instant, waiter: Waiter) {
+        let new_keys = waiter.keys.len();
+        let bound = self.next_grant_token_bound();
+        if !self.reserve.covers(bound) {
+            self.reserve.note_exhausted(bound);
+            self.counts.busy.token_reserve += 1;
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        if self.state.held_keys() + new_keys > self.config.limits.max_keys {
+            self.counts.busy.max_keys += 1;
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        self.propose_grant(now, waiter);
+    }
+
+    /// Queues `waiter` FIFO behind each of its keys, with its wait
+    /// deadline: `B` instead over the total or per-key waiter limit.
+    fn enqueue_waiter(&mut self, waiter: Waiter) {
+        let limits = self.config.limits;
+        let Some(leadership) = self.leadership.as_ref() else {
+            return;
+        };
+        let over_total = leadership.waiters.len() >= limits.max_waiters_total;
+        let over_per_key = waiter.keys.keys().iter().any(|k| {
+            leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
+        });
+        if over_total || over_per_key {
+            if over_total {
+                self.counts.busy.max_waiters_total += 1;
+            } else {
+                self.counts.busy.max_waiters_per_key += 1;
+            }
+            self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            return;
+        }
+        let seq = self.next_waiter_seq;
+        self.next_waiter_seq += 1;
+        let Some(leadership) = self.leadership.as_mut() else {
+            return;
+        };
+        for key in waiter.keys.keys() {
+            leadership
+                .queues
+                .entry(key.clone())
+                .or_default()
+                .push_back(seq);
+        }
+        leadership
+            .wait_deadlines
+            .push(Reverse((waiter.deadline, seq)));
+        let conn_id = waiter.conn;
+        leadership.waiters.insert(seq, waiter);
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.by_id.get_mut(&conn_id)
+        {
+            client.queued.insert(seq);
+        }
+    }
+
+    /// Proposes a Grant for `waiter` (keys free and unreserved); the
+    /// entry's index if it was proposed.
+    fn propose_grant(&mut self, now: Instant, waiter: Waiter) -> Option<u64> {
+        let command = Command::Grant {
+            keys: waiter.keys.clone(),
+            lease_ms: waiter.lease_ms,
+        };
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership
+                        .reserved
+                        .extend(waiter.keys.keys().iter().cloned());
+                }
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::Grant(waiter),
+                    },
+                );
+                return Some(index);
+            }
+            Err(ProposeError::Backpressure) => {
+                self.counts.busy_backpressure += 1;
+                self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
+            }
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader_hint));
+            }
+            Err(_) => self.answer(waiter.conn, &waiter.reply_to, leader_reply(None)),
+        }
+        None
+    }
+
+    /// Proposes a command nobody waits for (expiry, ghost release).
+    pub(super) fn propose_internal(&mut self, now: Instant, command: Command) -> bool {
+        if !self.raft.is_leader() {
+            return false;
+        }
+        match self.raft.propose(now, command.to_bytes()) {
+            Ok((index, term)) => {
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::Internal,
+                    },
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Removes a queued waiter from the leader's table (no reply).
+    pub(super) fn remove_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        let leadership = self.leadership.as_mut()?;
+        let waiter = leadership.waiters.remove(&seq)?;
+        for key in waiter.keys.keys() {
+            if let Some(queue) = leadership.queues.get_mut(key) {
+                queue.retain(|s| *s != seq);
+                if queue.is_empty() {
+                    leadership.queues.remove(key);
+                } else {
+                    leadership.dirty.push(key.clone());
+                }
+            }
+        }
+        if let Some(Conn {
+            kind: ConnKind::Client(client),
+            ..
+        }) = self.conns.by_id.get_mut(&waiter.conn)
+        {
+            client.queued.remove(&seq);
+        }
+        Some(waiter)
+    }
+
+    /// A force-release's answer without a hand-over token: nobody took
+    /// its keys in this pump, or the hand-over's outcome will not be seen.
+    pub(super) fn answer_handover(&mut self, handover: Handover, handed_to: Option<u64>) {
+        let Handover { id, revoked, keys } = handover;
+        self.admin_reply(
+            id,
+            ForceReleaseOutcome::Released {
+                revoked,
+                keys,
+                handed_to,
+            },
+        );
+    }
+
+    /// Leadership lost: proposed requests get `I` (they may still commit),
+    /// queued and held ones `M`/`E 4` (they had no effect).
+    pub(super) fn step_down(&mut self) {
+        // Applied force-releases whose hand-over will not be seen.
+        let handovers = std::mem::take(&mut self.handovers);
+        for handover in handovers.into_values() {
+            self.answer_handover(handover, None);
+        }
+        for handover in std::mem::take(&mut self.handover_wanted) {
+            self.answer_handover(handover, None);
+        }
+        let leader = self.raft.leader();
+        let pending = std::mem::take(&mut self.pending);
+        for (_, p) in pending {
+            match p.kind {
+                PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, Answer::Indeterminate),
+                PendingKind::Release { conn, reply_to } => {
+                    self.answer(conn, &reply_to, Answer::Indeterminate);
+                }
+                // It may still commit under the next leader.
+                PendingKind::ForceRelease { id, .. } => {
+                    self.admin_reply(id, ForceReleaseOutcome::Indeterminate);
+                }
+                PendingKind::Init | PendingKind::Internal => {}
+            }
+        }
+        if let Some(leadership) = self.leadership.take() {
+            for (_, waiter) in leadership.waiters {
+                if let Some(Conn {
+                    kind: ConnKind::Client(client),
+                    ..
+                }) = self.conns.by_id.get_mut(&waiter.conn)
+                {
+                    client.queued.clear();
+                }
+                self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader));
+            }
+            for (conn, request, _) in leadership.held {
+                self.answer(conn, request.reply_to(), leader_reply(leader));
+            }
+        }
+    }
+
+    /// The leader's work: initialise the domain, serve held requests once
+    /// caught up, hand freed keys to queue heads, expire leases. True when
+    /// something was proposed or answered.
+    pub(super) fn leader_duties(&mut self, now: Instant) -> bool {
+        let Some(leadership) = self.leadership.as_mut() else {
+            return false;
+        };
+        let mut progressed = false;
+        if !leadership.init_proposed && !self.state.is_initialised() {
+            // Above every token an authenticated peer knew of, so that a
+            // cluster bootstrapped again with one clock behind still starts
+            // above what it issued before.
+            let command = Command::Init {
+                first_token: self
+                    .config
+                    .bootstrap_wall_clock_us
+                    .max(self.peer_token_floor_max),
+            };
+            if let Ok((index, term)) = self.raft.propose(now, command.to_bytes()) {
+                leadership.init_proposed = true;
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::Init,
+                    },
+                );
+                progressed = true;
+            }
+        }
+        let Some(leadership) = self.leadership.as_mut() else {
+            return progressed;
+        };
+        if !leadership.caught_up {
+            return progressed;
+        }
+        let held = std::mem::take(&mut leadership.held);
+        for (conn, request, received) in held {
+            progressed = true;
+            self.serve_request(now, conn, request, received);
+        }
+        progressed |= self.serve_dirty(now);
+        progressed |= self.expire_due(now);
+        progressed
+    }
+
+    /// Proposes a Grant for every queue head that has become grantable.
+    fn serve_dirty(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        loop {
+            let Some(leadership) = self.leadership.as_mut() else {
+                return progressed;
+            };
+            let Some(key) = leadership.dirty.pop() else {
+                return progressed;
+            };
+            let Some(&seq) = leadership.queues.get(&key).and_then(VecDeque::front) else {
+                continue;
+            };
+            let Some(waiter) = leadership.waiters.get(&seq) else {
+                continue;
+            };
+            // Free here: not held and not reserved by a Grant in flight.
+            let grantable = queue_rule::key_set_grantable(
+                seq,
+                waiter.keys.keys(),
+                |k| leadership.queues.get(*k).and_then(VecDeque::front).copied(),
+                |k| !self.state.is_held(k) && !leadership.reserved.contains(*k),
+            );
+            if !grantable {
+                continue;
+            }
+            let bound = self.next_grant_token_bound();
+            if !self.reserve.covers(bound) {
+                self.reserve.note_exhausted(bound);
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership.reserve_stalled.insert(key);
+                }
+                continue;
+            }
+            if let Some(waiter) = self.remove_waiter(seq) {
+                progressed = true;
+                let keys = (!self.handover_wanted.is_empty()).then(|| waiter.keys.clone());
+                let index = self.propose_grant(now, waiter);
+                if let (Some(index), Some(keys)) = (index, keys) {
+                    // A hand-over of a force-released grant's keys: its
+                    // answer names this Grant's token once applied.
+                    let freed = |h: &Handover| keys.keys().iter().any(|k| h.keys.contains(k));
+                    if let Some(pos) = self.handover_wanted.iter().position(freed) {
+                        let handover = self.handover_wanted.swap_remove(pos);
+                        self.handovers.insert(index, handover);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Proposes `Expire` for every lease that ended on this node's clock.
+    fn expire_due(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        while let Some((token, keys)) = self.state.pop_expired(now) {
+            let Some(leadership) = self.leadership.as_mut() else {
+                break;
+            };
+            if !leadership.expiring.insert(token) {
+                continue;
+            }
+            if self.propose_internal(now, Command::Expire { keys, token }) {
+                progressed = true;
+            } else {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    leadership.expiring.remove(&token);
+                }
+                self.state.rearm(token, now.saturating_add(EXPIRE_RETRY));
+                break;
+            }
+        }
+        progressed
+    }
+
+    pub(super) fn time_out_waiters(&mut self, now: Instant) {
+        loop {
+            let Some(leadership) = self.leadership.as_mut() else {
+                return;
+            };
+            let Some(Reverse((deadline, seq))) = leadership.wait_deadlines.peek().copied() else {
+                return;
+            };
+            if deadline > now {
+                return;
+            }
+            leadership.wait_deadlines.pop();
+            if let Some(waiter) = self.remove_waiter(seq) {
+                self.answer(waiter.conn, &waiter.reply_to, Answer::TimedOut);
+            }
+        }
+    }
+}
