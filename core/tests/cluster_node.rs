@@ -717,6 +717,81 @@ fn release_hands_the_key_to_the_front_waiter_and_wait_ends_with_t() {
     assert_eq!(net.answers(c3), vec![Reply::TimedOut { rid: 1 }]);
 }
 
+/// A release whose keys a waiter queues for is followed, in the same
+/// append, by the waiter's Grant: one commit hands the key over.
+#[test]
+fn a_release_and_its_hand_over_grant_travel_in_one_append() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.run_for(Duration::from_millis(100));
+    assert!(net.answers(c2).is_empty(), "queued behind c1");
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c1, &release(2, "k", first).to_frame());
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        2,
+        "one per follower"
+    );
+    assert_eq!(
+        after.append_entries_sent - before.append_entries_sent,
+        2 * 2,
+        "each carrying the Release and the Grant"
+    );
+    net.settle();
+    assert_eq!(net.answers(c1).last(), Some(&Reply::Released { rid: 2 }));
+    let second = token_of(net.answers(c2)[0]);
+    assert!(second > first, "{second} > {first}");
+    for i in 0..3 {
+        let (held, _) = net
+            .node(i)
+            .lock_state()
+            .holder(&Key::new(b"k").unwrap())
+            .unwrap();
+        assert_eq!(held, second, "node {i}");
+    }
+    assert_eq!(net.node(leader).metrics().release_handovers, 1);
+}
+
+/// A release naming other keys than its grant holds frees nothing: the
+/// waiter gets no Grant until the holder's own release.
+#[test]
+fn a_mismatched_release_hands_nothing_over() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.run_for(Duration::from_millis(100));
+    let wrong = Request::Release(ReleaseRequest {
+        rid: 2,
+        token: first,
+        keys: KeyGroup::new(vec![Key::new(b"j").unwrap(), Key::new(b"k").unwrap()]).unwrap(),
+        set: true,
+    });
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c1, &wrong.to_frame());
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.append_entries_sent - before.append_entries_sent,
+        2,
+        "the Release alone"
+    );
+    net.settle();
+    assert!(net.answers(c2).is_empty(), "still queued");
+    assert_eq!(
+        net.request(c1, release(3, "k", first)),
+        Reply::Released { rid: 3 }
+    );
+    net.run_for(Duration::from_millis(100));
+    assert!(token_of(net.answers(c2)[0]) > first);
+}
+
 #[test]
 fn a_grant_for_a_closed_connection_is_released_at_once() {
     let mut net = Net::new();

@@ -168,10 +168,12 @@ impl ClusterNode {
             _ => None,
         };
         if let Some(keys) = freed {
-            let waited_for = keys
-                .keys()
-                .iter()
-                .any(|k| leadership.queues.get(k).is_some_and(|q| !q.is_empty()));
+            // A queue head waits, or already took the keys in a Grant
+            // proposed right after this Release.
+            let waited_for = keys.keys().iter().any(|k| {
+                leadership.queues.get(k).is_some_and(|q| !q.is_empty())
+                    || leadership.reserved.contains(k)
+            });
             match (command, waited_for) {
                 (Some(Command::Expire { .. }), true) => {
                     self.counts.expiries_handed_over += 1;
@@ -189,6 +191,11 @@ impl ClusterNode {
         }
         if let Some(Command::Expire { token, .. }) = command {
             leadership.expiring.remove(token);
+        }
+        if let Some(Command::Release { keys, .. }) = command {
+            for key in keys.keys() {
+                leadership.releasing.remove(key);
+            }
         }
         match (command, result) {
             (Some(Command::Release { token, .. }), ApplyResult::Released)

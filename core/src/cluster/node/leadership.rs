@@ -58,6 +58,10 @@ pub(super) struct Leadership {
     pub(super) wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Keys of Grant proposals not yet applied.
     pub(super) reserved: HashSet<Key>,
+    /// Keys whose holder's Release is proposed and not yet applied. Their
+    /// queue head's Grant may be proposed at once: it follows the Release
+    /// in the log, so one commit carries the whole hand-over.
+    pub(super) releasing: HashSet<Key>,
     /// Tokens with an `Expire` in flight.
     pub(super) expiring: HashSet<u64>,
     /// Keys whose queue head may have become grantable.
@@ -158,9 +162,19 @@ impl ClusterNode {
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
+        // The holder gives up exactly what it holds: the Release will apply.
+        let hands_over = self.state.grant(token).is_some_and(|h| h.keys == keys);
         let command = Command::Release { keys, token };
         match self.raft.propose(now, command.to_bytes()) {
             Ok((index, term)) => {
+                if let (true, Some(leadership), Command::Release { keys, .. }) =
+                    (hands_over, self.leadership.as_mut(), &command)
+                {
+                    for key in keys.keys() {
+                        leadership.releasing.insert(key.clone());
+                        leadership.dirty.push(key.clone());
+                    }
+                }
                 self.pending.insert(
                     index,
                     Pending {
@@ -527,12 +541,17 @@ impl ClusterNode {
             let Some(waiter) = leadership.waiters.get(&seq) else {
                 continue;
             };
-            // Free here: not held and not reserved by a Grant in flight.
+            // Free here: not held (or its holder's Release is in flight,
+            // ahead of this Grant in the log) and not reserved by a Grant
+            // in flight.
             let grantable = queue_rule::key_set_grantable(
                 seq,
                 waiter.keys.keys(),
                 |k| leadership.queues.get(*k).and_then(VecDeque::front).copied(),
-                |k| !self.state.is_held(k) && !leadership.reserved.contains(*k),
+                |k| {
+                    (!self.state.is_held(k) || leadership.releasing.contains(*k))
+                        && !leadership.reserved.contains(*k)
+                },
             );
             if !grantable {
                 continue;
