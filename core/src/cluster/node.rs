@@ -264,15 +264,15 @@ impl ClusterConfig {
 /// [`ClusterConfig::peer_silence_timeout`] (set it again with this after
 /// changing the Raft timing).
 pub fn default_peer_silence_timeout(raft: &RaftConfig) -> Duration {
-    let max_ms = raft
-        .election_timeout_min_ms
-        .saturating_add(raft.election_timeout_jitter_ms);
-    Duration::from_millis(max_ms.saturating_mul(2))
+    let max = raft
+        .election_timeout_min
+        .saturating_add(raft.election_timeout_jitter);
+    max.saturating_mul(2)
 }
 
 impl ClusterConfig {
     fn heartbeat_interval(&self) -> Duration {
-        Duration::from_millis(self.raft.heartbeat_interval_ms)
+        self.raft.heartbeat_interval
     }
 
     fn keepalive_interval(&self) -> Duration {
@@ -1840,11 +1840,11 @@ impl ClusterNode {
             reply_to,
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
-            deadline: Instant::from_micros(queue_rule::wait_deadline_us(
-                received.as_micros(),
-                u64::from(wait_s),
-                crate::time::duration_micros(self.config.wait_margin),
-            )),
+            deadline: queue_rule::wait_deadline(
+                received,
+                Duration::from_secs(u64::from(wait_s)),
+                self.config.wait_margin,
+            ),
             received,
         };
         if over_in_flight || over_held {
@@ -2142,9 +2142,7 @@ impl ClusterNode {
                 let mut pending = match self.pending.remove(&entry.index) {
                     Some(p) if p.term == entry.term => {
                         let latency = now.saturating_duration_since(p.proposed_at);
-                        self.counts
-                            .commit_latency
-                            .observe_us(crate::time::duration_micros(latency));
+                        self.counts.commit_latency.observe(latency);
                         Some(p)
                     }
                     Some(p) => {
@@ -2380,9 +2378,7 @@ impl ClusterNode {
         }
         self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
         let waited = now.saturating_duration_since(waiter.received);
-        self.counts
-            .wait
-            .observe_us(crate::time::duration_micros(waited));
+        self.counts.wait.observe(waited);
         if let Some(leadership) = self.leadership.as_mut() {
             let lease = Duration::from_millis(u64::from(waiter.lease_ms));
             leadership.held_keys.add(
