@@ -103,3 +103,37 @@ impl RaftConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_timing_field_at_fault() {
+        assert_eq!(RaftConfig::default().validate(), Ok(()));
+        assert_eq!(RaftConfig::fast().validate(), Ok(()));
+        let fast = RaftConfig::fast;
+        let fault = |cfg: RaftConfig| cfg.validate().unwrap_err();
+        let heartbeat = RaftConfig {
+            heartbeat_interval: Duration::from_micros(999),
+            ..fast()
+        };
+        assert!(fault(heartbeat).starts_with("heartbeat_interval "));
+        // Three fast heartbeats are 150 ms.
+        let timeout = RaftConfig {
+            election_timeout_min: Duration::from_micros(149_999),
+            ..fast()
+        };
+        assert!(fault(timeout).starts_with("election_timeout_min "));
+        let at_three = RaftConfig {
+            election_timeout_min: Duration::from_millis(150),
+            ..fast()
+        };
+        assert_eq!(at_three.validate(), Ok(()));
+        let jitter = RaftConfig {
+            election_timeout_jitter: Duration::from_micros(999),
+            ..fast()
+        };
+        assert!(fault(jitter).starts_with("election_timeout_jitter "));
+    }
+}
