@@ -13,6 +13,7 @@
 //! table, so a snapshot costs the same with a million keys as with one.
 
 pub use crate::budget::AbuseCounts;
+use crate::time::{Duration, duration_micros};
 use crate::wire::{ErrorCode, Reply};
 
 /// Upper bounds of the duration histograms' buckets, in microseconds: from
@@ -49,8 +50,10 @@ pub struct DurationHistogram {
 }
 
 impl DurationHistogram {
-    /// Records one duration of `us` microseconds.
-    pub fn observe_us(&mut self, us: u64) {
+    /// Records one duration (in whole microseconds, saturating: the
+    /// histogram's grain).
+    pub fn observe(&mut self, duration: Duration) {
+        let us = duration_micros(duration);
         let bucket = DURATION_BUCKETS_US.partition_point(|&bound| bound < us);
         self.buckets[bucket] += 1;
         self.sum_us = self.sum_us.saturating_add(us);
@@ -532,10 +535,10 @@ mod tests {
     #[test]
     fn histogram_buckets_are_upper_inclusive() {
         let mut h = DurationHistogram::default();
-        h.observe_us(0);
-        h.observe_us(1_000);
-        h.observe_us(1_001);
-        h.observe_us(300_000_000);
+        h.observe(Duration::ZERO);
+        h.observe(Duration::from_millis(1));
+        h.observe(Duration::from_micros(1_001));
+        h.observe(Duration::from_secs(300));
         assert_eq!(h.count(), 4);
         assert_eq!(h.sum_us(), 300_002_001);
         assert_eq!(h.count_at_most_us(1_000), 2);

@@ -6,12 +6,11 @@
 //!   one of its keys' queues and is granted when it heads all of them and
 //!   all its keys are free. Sequence numbers come from one global arrival
 //!   order, so no two sets can each wait for the other: no deadlock.
-//! - **Wait minus margin** ([`wait_deadline_us`]): a queued request is
+//! - **Wait minus margin** ([`wait_deadline`]): a queued request is
 //!   answered `T` a margin before its wait bound runs out, so the answer
 //!   beats the client's own deadline, but never before it arrived.
 
-/// Microseconds in a second.
-const MICROS_PER_SECOND: u64 = 1_000_000;
+use crate::time::{Duration, Instant};
 
 /// Whether the key set queued under `seq` may be granted now: for every
 /// key, `queue_front` names `seq` and `is_free` holds. Both are pure
@@ -26,14 +25,14 @@ pub(crate) fn key_set_grantable<K>(
         .all(|key| queue_front(&key) == Some(seq) && is_free(&key))
 }
 
-/// When a request received at `received_us` that may wait `wait_s`
-/// seconds is answered `T` (microseconds, same clock): `margin_us` before
-/// the bound, never before `received_us`; saturating, never wrapping.
-pub(crate) fn wait_deadline_us(received_us: u64, wait_s: u64, margin_us: u64) -> u64 {
-    received_us
-        .saturating_add(wait_s.saturating_mul(MICROS_PER_SECOND))
-        .saturating_sub(margin_us)
-        .max(received_us)
+/// When a request received at `received` that may wait `wait` is
+/// answered `T`: `margin` before the bound, never before `received`;
+/// saturating, never wrapping.
+pub(crate) fn wait_deadline(received: Instant, wait: Duration, margin: Duration) -> Instant {
+    received
+        .saturating_add(wait)
+        .saturating_sub(margin)
+        .max(received)
 }
 
 #[cfg(test)]
@@ -52,11 +51,23 @@ mod tests {
 
     #[test]
     fn the_wait_ends_a_margin_early_but_never_before_arrival() {
-        assert_eq!(wait_deadline_us(1_000, 2, 100_000), 1_000 + 1_900_000);
+        let at = Instant::from_micros;
+        let secs = Duration::from_secs;
+        let margin = Duration::from_millis(100);
+        assert_eq!(
+            wait_deadline(at(1_000), secs(2), margin),
+            at(1_000 + 1_900_000)
+        );
         // A margin longer than the wait: answered at arrival.
-        assert_eq!(wait_deadline_us(1_000, 0, 100_000), 1_000);
+        assert_eq!(wait_deadline(at(1_000), secs(0), margin), at(1_000));
         // Saturated at the end of time, then the margin.
-        assert_eq!(wait_deadline_us(u64::MAX - 500, 255, 100), u64::MAX - 100);
-        assert_eq!(wait_deadline_us(7, u64::MAX, 0), u64::MAX);
+        assert_eq!(
+            wait_deadline(at(u64::MAX - 500), secs(255), Duration::from_micros(100)),
+            at(u64::MAX - 100)
+        );
+        assert_eq!(
+            wait_deadline(at(7), secs(u64::MAX), Duration::ZERO),
+            at(u64::MAX)
+        );
     }
 }

@@ -8,7 +8,12 @@ pub use core::time::Duration;
 
 /// A point on the driver's monotonic clock, in microseconds since the
 /// driver's origin.
+///
+/// Exactly a `u64` in memory (`repr(transparent)`), so the packed per-key
+/// structures that store one (the lock table's entry, the held-count heap)
+/// cost no more than the raw number did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
 pub struct Instant(u64);
 
 impl Instant {
@@ -79,6 +84,12 @@ impl StdOrigin {
 /// A duration in whole microseconds, saturating at `u64::MAX`.
 pub fn duration_micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A duration in whole milliseconds (rounded down), saturating at
+/// `u64::MAX`.
+pub fn duration_millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ mod raft_harness;
 
 use raft_harness::{Net, id};
 use ticketing_core::raft::{Event, Message, MessageBody, Raft, RaftConfig, Role};
-use ticketing_core::time::Instant;
+use ticketing_core::time::{Duration, Instant, duration_millis};
 
 fn fast() -> RaftConfig {
     RaftConfig::fast()
@@ -39,9 +39,9 @@ fn split_votes_resolve() {
     // A narrow jitter window and slow links make simultaneous candidacies
     // (and so split votes) common; each must still end with one leader.
     let cfg = RaftConfig {
-        heartbeat_interval_ms: 50,
-        election_timeout_min_ms: 300,
-        election_timeout_jitter_ms: 15,
+        heartbeat_interval: Duration::from_millis(50),
+        election_timeout_min: Duration::from_millis(300),
+        election_timeout_jitter: Duration::from_millis(15),
         ..RaftConfig::default()
     };
     let mut splits = 0;
@@ -227,7 +227,7 @@ fn failover_ms(cfg: RaftConfig, seed: u64) -> u64 {
     let mut net = Net::new(3, cfg.clone(), seed);
     let leader = net.run_until_leader(20_000);
     // Random phase within a heartbeat interval, after a settle period.
-    let phase_ms = net.rng.below(cfg.heartbeat_interval_ms);
+    let phase_ms = net.rng.below(duration_millis(cfg.heartbeat_interval));
     net.run_ms(3_000 + phase_ms);
     let killed_at = net.now;
     net.kill(leader);

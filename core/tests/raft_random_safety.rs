@@ -13,11 +13,12 @@ mod raft_harness;
 
 use raft_harness::{Net, Rng, id};
 use ticketing_core::raft::{ConfChange, NodeId, RaftConfig};
+use ticketing_core::time::Duration;
 
 fn run_seed(seed: u64, base: RaftConfig) {
     let mut pick = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5555);
     let n: u8 = if pick.chance(50) { 3 } else { 5 };
-    let slow = base.election_timeout_min_ms > 1_000;
+    let slow = base.election_timeout_min > Duration::from_secs(1);
     let cfg = RaftConfig {
         max_append_entries: 1 + pick.below(8) as usize,
         max_inflight_appends: 1 + pick.below(4) as usize,

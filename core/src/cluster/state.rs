@@ -222,7 +222,7 @@ impl ReplicatedLocks {
     fn remove_grant(&mut self, token: u64, at: Instant) {
         if let Some(holding) = self.grants.remove(&token) {
             let held = at.saturating_duration_since(holding.granted_at);
-            self.metrics.hold.observe_us(duration_micros(held));
+            self.metrics.hold.observe(held);
             for key in holding.keys.keys() {
                 self.keys.remove(key);
             }

@@ -14,6 +14,7 @@ use super::{
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
+use crate::time::{Duration, Instant};
 use crate::wire::KeyGroup;
 
 /// What an acquire's keys look like before anything changes.
@@ -27,18 +28,18 @@ struct KeySurvey {
 }
 
 impl LockTable {
-    /// An acquire at `now_us` (the clock already moved).
+    /// An acquire at `now` (the clock already moved).
     pub(super) fn acquire_at(
         &mut self,
-        now_us: u64,
+        now: Instant,
         waiter: WaiterId,
         keys: &KeyGroup,
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) -> AcquireOutcome {
-        let survey = self.survey_keys(now_us, keys);
+        let survey = self.survey_keys(now, keys);
         if survey.all_free {
-            return self.grant_free_keys(now_us, keys, lease_s, holder, survey.over_key_limit);
+            return self.grant_free_keys(now, keys, lease_s, holder, survey.over_key_limit);
         }
         if let Some(refusal) = self.refuse_to_queue(wait_s, &survey) {
             return refusal;
@@ -50,13 +51,13 @@ impl LockTable {
             .iter()
             .map(|key| key.as_bytes().into())
             .collect();
-        self.enqueue_on_keys(now_us, seq, &keys);
-        self.add_waiter(now_us, seq, waiter, keys, (wait_s, lease_s), holder);
+        self.enqueue_on_keys(now, seq, &keys);
+        self.add_waiter(now, seq, waiter, keys, (wait_s, lease_s), holder);
         AcquireOutcome::Queued
     }
 
     /// Looks at every key without changing anything.
-    fn survey_keys(&self, now_us: u64, keys: &KeyGroup) -> KeySurvey {
+    fn survey_keys(&self, now: Instant, keys: &KeyGroup) -> KeySurvey {
         let limits = self.config.limits;
         let mut new_keys = 0;
         let mut all_free = true;
@@ -67,7 +68,7 @@ impl LockTable {
                 Some(entry) => {
                     // FIFO: a key with waiters is never free for a newcomer,
                     // even if its holder is gone.
-                    let held = entry.is_held_at(now_us);
+                    let held = entry.is_held_at(now);
                     // The planted bug treats a held key without waiters as free.
                     #[cfg(feature = "planted-bugs")]
                     let held = held
@@ -92,7 +93,7 @@ impl LockTable {
     /// key limit or the token limit says `B`.
     fn grant_free_keys(
         &mut self,
-        now_us: u64,
+        now: Instant,
         keys: &KeyGroup,
         lease_s: u8,
         holder: u64,
@@ -107,7 +108,7 @@ impl LockTable {
             return AcquireOutcome::Busy;
         }
         let token = self.issue_token();
-        let lease_deadline_us = lease_deadline(now_us, lease_s);
+        let lease_deadline = lease_deadline(now, lease_s);
         let group_len = group_len(keys.len());
         for key in keys.keys() {
             // An expired holder is simply overwritten (lazy expiry).
@@ -121,11 +122,11 @@ impl LockTable {
                 self.holder_keys += 1;
             }
             entry.token = token;
-            entry.lease_deadline_us = lease_deadline_us;
+            entry.lease_deadline = lease_deadline;
             entry.set_grant(holder, group_len, lease_s);
         }
         self.metrics.grants_immediate += 1;
-        self.metrics.wait.observe_us(0);
+        self.metrics.wait.observe(Duration::ZERO);
         AcquireOutcome::Granted { token }
     }
 
@@ -154,7 +155,7 @@ impl LockTable {
 
     /// Appends waiter `seq` to the queue of each of `keys`, creating keys
     /// and queues as needed.
-    fn enqueue_on_keys(&mut self, now_us: u64, seq: u64, keys: &[Box<[u8]>]) {
+    fn enqueue_on_keys(&mut self, now: Instant, seq: u64, keys: &[Box<[u8]>]) {
         for key in keys {
             let entry = match self.keys.get_mut(&**key) {
                 Some(entry) => entry,
@@ -163,7 +164,7 @@ impl LockTable {
                     .entry(StoredKey::from_bytes(key))
                     .or_insert_with(KeyEntry::unheld),
             };
-            if entry.token != 0 && !entry.is_held_at(now_us) {
+            if entry.token != 0 && !entry.is_held_at(now) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
                 note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
@@ -180,7 +181,7 @@ impl LockTable {
             if queue.is_empty() && entry.token != 0 {
                 // From now on this key's lease end must hand it over.
                 self.lease_deadlines.push(Reverse(LeaseDeadline {
-                    deadline_us: entry.lease_deadline_us,
+                    deadline: entry.lease_deadline,
                     token: entry.token,
                     key: key.clone(),
                 }));
@@ -194,16 +195,19 @@ impl LockTable {
     /// deadline.
     fn add_waiter(
         &mut self,
-        now_us: u64,
+        now: Instant,
         seq: u64,
         waiter: WaiterId,
         keys: Box<[Box<[u8]>]>,
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) {
-        let wait_deadline_us =
-            queue_rule::wait_deadline_us(now_us, u64::from(wait_s), self.wait_margin_us);
-        self.wait_deadlines.push(Reverse((wait_deadline_us, seq)));
+        let wait_deadline = queue_rule::wait_deadline(
+            now,
+            Duration::from_secs(u64::from(wait_s)),
+            self.config.wait_margin,
+        );
+        self.wait_deadlines.push(Reverse((wait_deadline, seq)));
         let previous = self.waiter_seqs.insert(waiter, seq);
         debug_assert!(
             previous.is_none(),
@@ -214,10 +218,10 @@ impl LockTable {
             Waiter {
                 id: waiter,
                 keys,
-                wait_deadline_us,
+                wait_deadline,
                 lease_s,
                 holder,
-                queued_at_us: now_us,
+                queued_at: now,
             },
         );
     }

@@ -9,6 +9,8 @@
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 
+use crate::time::Instant;
+
 /// Keys up to this many bytes are stored inline in the bucket; longer ones
 /// are boxed. 22 fills the enum's 24 bytes (a tag byte and a length byte).
 pub(super) const INLINE_KEY_LEN: usize = 22;
@@ -104,8 +106,8 @@ const QUEUED_BIT: u64 = 1 << 63;
 pub(super) struct KeyEntry {
     /// The holder's fencing token; 0 = no holder.
     pub(super) token: u64,
-    /// When the holder's lease ends (microseconds). Meaningless if `token == 0`.
-    pub(super) lease_deadline_us: u64,
+    /// When the holder's lease ends. Meaningless if `token == 0`.
+    pub(super) lease_deadline: Instant,
     /// Bits 0..48: the holder's tag (the caller's name for whoever was
     /// granted the key); 48..56: the grant's lease in seconds (so the grant
     /// time is known for the hold-time histogram); 56..61: the number of
@@ -121,7 +123,7 @@ impl KeyEntry {
     pub(super) fn unheld() -> Self {
         KeyEntry {
             token: 0,
-            lease_deadline_us: 0,
+            lease_deadline: Instant::ZERO,
             packed: 0,
         }
     }

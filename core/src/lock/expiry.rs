@@ -7,10 +7,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
-use super::{LeaseDeadline, LockTable, MICROS_PER_SECOND};
+use super::{LeaseDeadline, LockTable, lease_duration};
 use crate::hash::IdMap;
 use crate::metrics::LockMetrics;
-use crate::time::Instant;
+use crate::time::{Duration, Instant, duration_micros};
 
 /// A deadline heap is rebuilt from live state once it holds more than twice
 /// its live entries plus this many, so stale entries stay bounded while the
@@ -19,41 +19,47 @@ pub(super) const HEAP_SLACK: usize = 1_024;
 
 impl LockTable {
     /// Moves the table's clock to `now` (never backwards) and processes every
-    /// deadline due by then. Returns the effective `now` in microseconds.
-    pub(super) fn advance(&mut self, now: Instant) -> u64 {
-        let now_us = now.as_micros().max(self.last_now_us);
-        self.last_now_us = now_us;
-        self.process_due(now_us);
-        now_us
+    /// deadline due by then. Returns the effective `now`.
+    pub(super) fn advance(&mut self, now: Instant) -> Instant {
+        let now = now.max(self.now_last);
+        self.now_last = now;
+        self.process_due(now);
+        now
     }
 
     /// Handles wait deadlines, lease deadlines and sweeps due at or before
-    /// `now_us`, each at its own instant, in time order.
-    fn process_due(&mut self, now_us: u64) {
+    /// `now`, each at its own instant, in time order.
+    fn process_due(&mut self, now: Instant) {
         loop {
             self.drop_stale_heap_tops();
             let wait_at = self
                 .wait_deadlines
                 .peek()
                 .map(|Reverse((at, _))| *at)
-                .filter(|&at| at <= now_us);
+                .filter(|&at| at <= now);
             let lease_at = self
                 .lease_deadlines
                 .peek()
-                .map(|Reverse(lease)| lease.deadline_us)
-                .filter(|&at| at <= now_us);
+                .map(|Reverse(lease)| lease.deadline)
+                .filter(|&at| at <= now);
             let event_at = match (wait_at, lease_at) {
                 (Some(w), Some(l)) => Some(w.min(l)),
                 (w, l) => w.or(l),
             };
-            if self.next_sweep_us <= now_us && event_at.is_none_or(|at| self.next_sweep_us < at) {
+            if self.sweep_next <= now && event_at.is_none_or(|at| self.sweep_next < at) {
                 // Consecutive sweeps with nothing in between collapse into the
                 // last of them: it removes a superset of what they would.
-                let last_us = event_at.map_or(now_us, |at| at - 1);
-                let missed = (last_us - self.next_sweep_us) / self.sweep_interval_us;
-                let sweep_at_us = self.next_sweep_us + missed * self.sweep_interval_us;
-                self.sweep(sweep_at_us);
-                self.next_sweep_us = sweep_at_us.saturating_add(self.sweep_interval_us);
+                // `at` is after `sweep_next`, so one microsecond before it is
+                // not before `sweep_next`.
+                let last = event_at.map_or(now, |at| at.saturating_sub(Duration::from_micros(1)));
+                let interval_us = duration_micros(self.sweep_interval);
+                let missed =
+                    duration_micros(last.saturating_duration_since(self.sweep_next)) / interval_us;
+                let sweep_at = self
+                    .sweep_next
+                    .saturating_add(Duration::from_micros(missed * interval_us));
+                self.sweep(sweep_at);
+                self.sweep_next = sweep_at.saturating_add(self.sweep_interval);
                 continue;
             }
             match (wait_at, lease_at) {
@@ -62,7 +68,7 @@ impl LockTable {
                     let Some(Reverse((_, seq))) = self.wait_deadlines.pop() else {
                         unreachable!("peeked above");
                     };
-                    self.remove_waiter(seq, wait_at, now_us, true);
+                    self.remove_waiter(seq, wait_at, now, true);
                 }
                 (_, _) => {
                     let Some(Reverse(lease)) = self.lease_deadlines.pop() else {
@@ -76,7 +82,7 @@ impl LockTable {
                         entry.token = 0;
                         self.holder_keys -= 1;
                     }
-                    let handed_over = self.grant_front(&lease.key, lease.deadline_us, now_us);
+                    let handed_over = self.grant_front(&lease.key, lease.deadline, now);
                     if let Some(expired) = expired {
                         count_expiry(
                             &mut self.metrics,
@@ -90,13 +96,13 @@ impl LockTable {
         }
     }
 
-    /// Removes expired keys that nobody waits for, as of `at_us`.
-    fn sweep(&mut self, at_us: u64) {
+    /// Removes expired keys that nobody waits for, as of `at`.
+    fn sweep(&mut self, at: Instant) {
         let metrics = &mut self.metrics;
         let expiring_sets = &mut self.expiring_sets;
         let holder_keys = &mut self.holder_keys;
         self.keys.retain(|_, entry| {
-            let keep = entry.is_queued() || entry.is_held_at(at_us);
+            let keep = entry.is_queued() || entry.is_held_at(at);
             if !keep && entry.token != 0 {
                 note_expiry(metrics, expiring_sets, entry, false);
                 *holder_keys -= 1;
@@ -136,7 +142,7 @@ impl LockTable {
             self.wait_deadlines = self
                 .waiters
                 .iter()
-                .map(|(&seq, waiter)| Reverse((waiter.wait_deadline_us, seq)))
+                .map(|(&seq, waiter)| Reverse((waiter.wait_deadline, seq)))
                 .collect();
         }
         if self.lease_deadlines.len() > 2 * self.queued_pairs + HEAP_SLACK {
@@ -156,7 +162,7 @@ impl LockTable {
                     && self.queue_front(key) == Some(seq)
                 {
                     lease_deadlines.push(Reverse(LeaseDeadline {
-                        deadline_us: entry.lease_deadline_us,
+                        deadline: entry.lease_deadline,
                         token: entry.token,
                         key: key.clone(),
                     }));
@@ -208,7 +214,5 @@ fn count_expiry(
         metrics.expiries_not_handed_over += 1;
     }
     // A lease runs from its grant to its deadline: exactly `lease_s`.
-    metrics
-        .hold
-        .observe_us(u64::from(lease_s) * MICROS_PER_SECOND);
+    metrics.hold.observe(lease_duration(lease_s));
 }

@@ -16,7 +16,7 @@ use super::{KeyEntry, LockTable, WaiterId};
 use crate::inspect::{
     ForceReleaseOutcome, MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK,
 };
-use crate::time::Instant;
+use crate::time::{Instant, duration_millis};
 use crate::wire::{Key, KeyGroup};
 
 /// A key's state as the table knows it, at the `now` it was asked for.
@@ -60,40 +60,36 @@ pub struct WaiterInspection {
     pub wait_remaining_ms: u64,
 }
 
-fn millis(us: u64) -> u64 {
-    us / 1_000
-}
-
 fn to_keys(bytes: &[Box<[u8]>]) -> Vec<Key> {
     // Every key in the table came in as a validated `Key`.
     bytes.iter().filter_map(|key| Key::new(key).ok()).collect()
 }
 
 impl KeyEntry {
-    /// Whether an operator sees anything on this key at `now_us`.
-    fn is_visible_at(&self, now_us: u64) -> bool {
-        self.is_queued() || self.is_held_at(now_us)
+    /// Whether an operator sees anything on this key at `now`.
+    fn is_visible_at(&self, now: Instant) -> bool {
+        self.is_queued() || self.is_held_at(now)
     }
 }
 
 impl LockTable {
     /// The table's notion of `now` (never behind what it has seen).
-    fn inspection_now_us(&self, now: Instant) -> u64 {
-        now.as_micros().max(self.last_now_us)
+    fn inspection_now(&self, now: Instant) -> Instant {
+        now.max(self.now_last)
     }
 
     /// `key` as an operator sees it at `now`; `None` when it is neither
     /// held nor waited on. A lease that ended but was not yet noticed
     /// (lazy expiry) shows as no holder.
     pub fn inspect_key(&self, now: Instant, key: &[u8]) -> Option<KeyInspection> {
-        let now_us = self.inspection_now_us(now);
-        let entry = self.keys.get(key).filter(|e| e.is_visible_at(now_us))?;
-        let group = if entry.is_held_at(now_us) && entry.group_len() > 1 {
+        let now = self.inspection_now(now);
+        let entry = self.keys.get(key).filter(|e| e.is_visible_at(now))?;
+        let group = if entry.is_held_at(now) && entry.group_len() > 1 {
             self.grant_keys(entry.token, usize::from(entry.group_len()))
         } else {
             vec![key.into()]
         };
-        self.inspection(now_us, key, entry, group, MAX_LISTED_WAITERS)
+        self.inspection(now, key, entry, group, MAX_LISTED_WAITERS)
     }
 
     /// The keys starting with `prefix` that are held or waited on at
@@ -107,14 +103,14 @@ impl LockTable {
         prefix: &[u8],
         limit: usize,
     ) -> (Vec<KeyInspection>, bool) {
-        let now_us = self.inspection_now_us(now);
+        let now = self.inspection_now(now);
         let limit = limit.min(MAX_LISTING_LIMIT);
         // A max-heap of the smallest `limit` keys seen so far.
         let mut smallest: BinaryHeap<&[u8]> = BinaryHeap::with_capacity(limit + 1);
         let mut matched = 0usize;
         for (key, entry) in &self.keys {
             let key = key.as_bytes();
-            if !key.starts_with(prefix) || !entry.is_visible_at(now_us) {
+            if !key.starts_with(prefix) || !entry.is_visible_at(now) {
                 continue;
             }
             matched += 1;
@@ -133,7 +129,7 @@ impl LockTable {
         let mut set_tokens: HashMap<u64, Vec<Box<[u8]>>> = HashMap::new();
         for key in &keys {
             if let Some(entry) = self.keys.get(*key)
-                && entry.is_held_at(now_us)
+                && entry.is_held_at(now)
                 && entry.group_len() > 1
             {
                 set_tokens.insert(entry.token, Vec::new());
@@ -154,10 +150,10 @@ impl LockTable {
             .filter_map(|key| {
                 let entry = self.keys.get(*key)?;
                 let group = match set_tokens.get(&entry.token) {
-                    Some(members) if entry.is_held_at(now_us) => members.clone(),
+                    Some(members) if entry.is_held_at(now) => members.clone(),
                     _ => vec![(*key).into()],
                 };
-                self.inspection(now_us, key, entry, group, MAX_WAITERS_PER_LISTED_LOCK)
+                self.inspection(now, key, entry, group, MAX_WAITERS_PER_LISTED_LOCK)
             })
             .collect();
         (listed, matched > keys.len())
@@ -180,17 +176,19 @@ impl LockTable {
 
     fn inspection(
         &self,
-        now_us: u64,
+        now: Instant,
         key: &[u8],
         entry: &KeyEntry,
         group: Vec<Box<[u8]>>,
         max_waiters: usize,
     ) -> Option<KeyInspection> {
-        let holder = entry.is_held_at(now_us).then(|| HolderInspection {
+        let holder = entry.is_held_at(now).then(|| HolderInspection {
             token: entry.token,
             keys: to_keys(&group),
-            held_ms: millis(now_us.saturating_sub(entry.granted_at_us())),
-            lease_remaining_ms: millis(entry.lease_deadline_us.saturating_sub(now_us)),
+            held_ms: duration_millis(now.saturating_duration_since(entry.granted_at())),
+            lease_remaining_ms: duration_millis(
+                entry.lease_deadline.saturating_duration_since(now),
+            ),
         });
         let queue = self.queues.get(key).filter(|_| entry.is_queued());
         let waiters = queue
@@ -201,8 +199,10 @@ impl LockTable {
             .map(|waiter| WaiterInspection {
                 waiter: waiter.id,
                 keys: to_keys(&waiter.keys),
-                waited_ms: millis(now_us.saturating_sub(waiter.queued_at_us)),
-                wait_remaining_ms: millis(waiter.wait_deadline_us.saturating_sub(now_us)),
+                waited_ms: duration_millis(now.saturating_duration_since(waiter.queued_at)),
+                wait_remaining_ms: duration_millis(
+                    waiter.wait_deadline.saturating_duration_since(now),
+                ),
             })
             .collect();
         Some(KeyInspection {
@@ -223,19 +223,19 @@ impl LockTable {
         key: &[u8],
         token: Option<u64>,
     ) -> ForceReleaseOutcome {
-        let now_us = self.advance(now);
-        let outcome = self.force_release_at(now_us, key, token);
+        let now = self.advance(now);
+        let outcome = self.force_release_at(now, key, token);
         self.tidy();
         outcome
     }
 
     fn force_release_at(
         &mut self,
-        now_us: u64,
+        now: Instant,
         key: &[u8],
         token: Option<u64>,
     ) -> ForceReleaseOutcome {
-        let Some(entry) = self.keys.get(key).filter(|e| e.is_held_at(now_us)) else {
+        let Some(entry) = self.keys.get(key).filter(|e| e.is_held_at(now)) else {
             return ForceReleaseOutcome::NotHeld;
         };
         let held = entry.token;
@@ -261,7 +261,7 @@ impl LockTable {
                 handed_to: None,
             };
         }
-        if self.release_at(now_us, &group, held) != super::ReleaseOutcome::Released {
+        if self.release_at(now, &group, held) != super::ReleaseOutcome::Released {
             // Every key carrying a running grant's token is found above, so
             // this cannot happen; if it did, nothing changed.
             debug_assert!(false, "a running grant's own group did not release");

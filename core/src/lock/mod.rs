@@ -164,19 +164,16 @@ pub struct LockStats {
     pub next_token: u64,
 }
 
-/// Microseconds in a second: leases and waits arrive in whole seconds.
-const MICROS_PER_SECOND: u64 = 1_000_000;
-
 impl KeyEntry {
-    /// When the holder's grant was made (microseconds).
-    fn granted_at_us(&self) -> u64 {
-        self.lease_deadline_us
-            .saturating_sub(u64::from(self.lease_s()) * MICROS_PER_SECOND)
+    /// When the holder's grant was made.
+    fn granted_at(&self) -> Instant {
+        self.lease_deadline
+            .saturating_sub(lease_duration(self.lease_s()))
     }
 
-    /// Whether a holder's lease is still running at `at_us`.
-    fn is_held_at(&self, at_us: u64) -> bool {
-        self.token != 0 && self.lease_deadline_us > at_us
+    /// Whether a holder's lease is still running at `at`.
+    fn is_held_at(&self, at: Instant) -> bool {
+        self.token != 0 && self.lease_deadline > at
     }
 }
 
@@ -186,21 +183,20 @@ struct Waiter {
     id: WaiterId,
     /// The requested keys, ascending (a group of one for `A`).
     keys: Box<[Box<[u8]>]>,
-    /// When the waiter gets `T` (microseconds): `wait_s` after receipt minus
-    /// the margin.
-    wait_deadline_us: u64,
+    /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
+    wait_deadline: Instant,
     lease_s: u8,
     /// The holder tag its grant will carry.
     holder: u64,
-    /// When the acquire arrived (microseconds), for the wait histogram.
-    queued_at_us: u64,
+    /// When the acquire arrived, for the wait histogram.
+    queued_at: Instant,
 }
 
 /// A lease deadline of a key that has waiters. Stale once the key's token
 /// differs or nobody waits on it any more; stale entries are skipped.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct LeaseDeadline {
-    deadline_us: u64,
+    deadline: Instant,
     token: u64,
     key: Box<[u8]>,
 }
@@ -232,14 +228,15 @@ pub struct LockTable {
     /// Sum of all queue lengths (a set waiter counts once per key).
     queued_pairs: usize,
     /// Min-heap of (wait deadline, waiter seq).
-    wait_deadlines: BinaryHeap<Reverse<(u64, u64)>>,
+    wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Min-heap of lease deadlines of keys with waiters.
     lease_deadlines: BinaryHeap<Reverse<LeaseDeadline>>,
-    next_sweep_us: u64,
-    sweep_interval_us: u64,
-    wait_margin_us: u64,
+    sweep_next: Instant,
+    /// The configured interval in whole microseconds, at least one (the
+    /// clock's grain), so the sweep schedule always moves on.
+    sweep_interval: Duration,
     /// The latest `now` seen; time never runs backwards inside the table.
-    last_now_us: u64,
+    now_last: Instant,
     events: VecDeque<LockEvent>,
     /// The highest token that may be issued (the durable token reserve,
     /// see [`crate::reserve`]); `u64::MAX` when unlimited.
@@ -265,7 +262,7 @@ impl LockTable {
     /// An empty table whose first grant gets `first_token` (non-zero).
     pub fn new(config: LockConfig, first_token: u64, now: Instant) -> Self {
         // A zero interval would make the sweep schedule stand still.
-        let sweep_interval_us = duration_micros(config.sweep_interval).max(1);
+        let sweep_interval = Duration::from_micros(duration_micros(config.sweep_interval).max(1));
         LockTable {
             config,
             next_token: first_token.max(1),
@@ -277,10 +274,9 @@ impl LockTable {
             queued_pairs: 0,
             wait_deadlines: BinaryHeap::new(),
             lease_deadlines: BinaryHeap::new(),
-            next_sweep_us: now.as_micros().saturating_add(sweep_interval_us),
-            sweep_interval_us,
-            wait_margin_us: duration_micros(config.wait_margin),
-            last_now_us: now.as_micros(),
+            sweep_next: now.saturating_add(sweep_interval),
+            sweep_interval,
+            now_last: now,
             events: VecDeque::new(),
             token_limit: u64::MAX,
             stalled: BTreeSet::new(),
@@ -295,11 +291,11 @@ impl LockTable {
     /// queued waiter whose turn has come keeps its place (its wait deadline
     /// still applies) until the limit is raised far enough.
     pub fn set_token_limit(&mut self, now: Instant, limit: u64) {
-        let now_us = self.advance(now);
+        let now = self.advance(now);
         self.token_limit = limit;
         if self.next_token <= self.token_limit {
             for key in std::mem::take(&mut self.stalled) {
-                self.grant_front(&key, now_us, now_us);
+                self.grant_front(&key, now, now);
             }
         }
         self.tidy();
@@ -341,16 +337,16 @@ impl LockTable {
     ) -> AcquireOutcome {
         debug_assert!(holder <= MAX_HOLDER, "holder tag {holder} over 48 bits");
         let holder = holder.min(MAX_HOLDER);
-        let now_us = self.advance(now);
-        let outcome = self.acquire_at(now_us, waiter, keys, (wait_s, lease_s), holder);
+        let now = self.advance(now);
+        let outcome = self.acquire_at(now, waiter, keys, (wait_s, lease_s), holder);
         self.tidy();
         outcome
     }
 
     /// A release received at `now`.
     pub fn release(&mut self, now: Instant, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
-        let now_us = self.advance(now);
-        let outcome = self.release_at(now_us, keys, token);
+        let now = self.advance(now);
+        let outcome = self.release_at(now, keys, token);
         self.tidy();
         outcome
     }
@@ -358,10 +354,10 @@ impl LockTable {
     /// Drops a queued waiter (its connection closed). Returns false if it was
     /// not queued. May grant keys to the waiters behind it.
     pub fn cancel(&mut self, now: Instant, waiter: WaiterId) -> bool {
-        let now_us = self.advance(now);
+        let now = self.advance(now);
         let cancelled = match self.waiter_seqs.get(&waiter) {
             Some(&seq) => {
-                self.remove_waiter(seq, now_us, now_us, false);
+                self.remove_waiter(seq, now, now, false);
                 true
             }
             None => false,
@@ -388,12 +384,12 @@ impl LockTable {
     pub fn poll_timeout(&self) -> Option<Instant> {
         // Heap tops are kept live by `tidy`, so this is exact, not early.
         let wait = self.wait_deadlines.peek().map(|Reverse((at, _))| *at);
-        let lease = self.lease_deadlines.peek().map(|Reverse(l)| l.deadline_us);
+        let lease = self.lease_deadlines.peek().map(|Reverse(l)| l.deadline);
         let earliest = [wait, lease]
             .into_iter()
             .flatten()
-            .fold(self.next_sweep_us, u64::min);
-        Some(Instant::from_micros(earliest))
+            .fold(self.sweep_next, Instant::min);
+        Some(earliest)
     }
 
     /// The next event for a queued waiter, if any.
@@ -441,7 +437,7 @@ impl LockTable {
             held_keys: self
                 .keys
                 .values()
-                .filter(|entry| entry.is_held_at(self.last_now_us))
+                .filter(|entry| entry.is_held_at(self.now_last))
                 .count(),
             waiters: self.waiters.len(),
             next_token: self.next_token,
@@ -460,7 +456,7 @@ impl LockTable {
         self.keys
             .get(key)
             .filter(|entry| entry.token != 0)
-            .map(|entry| (entry.token, Instant::from_micros(entry.lease_deadline_us)))
+            .map(|entry| (entry.token, entry.lease_deadline))
     }
 
     /// Number of waiters queued on `key` (a set waiter counts on each of its
@@ -481,7 +477,7 @@ impl LockTable {
             .map(|entry| GrantRecord {
                 token: entry.token,
                 holder: entry.holder(),
-                lease_deadline: Instant::from_micros(entry.lease_deadline_us),
+                lease_deadline: entry.lease_deadline,
                 keys: usize::from(entry.group_len()),
             })
     }
@@ -501,8 +497,14 @@ impl LockTable {
     }
 }
 
-fn lease_deadline(now_us: u64, lease_s: u8) -> u64 {
-    now_us.saturating_add(u64::from(lease_s) * MICROS_PER_SECOND)
+/// A lease of `lease_s` seconds (leases arrive in whole seconds).
+fn lease_duration(lease_s: u8) -> Duration {
+    Duration::from_secs(u64::from(lease_s))
+}
+
+/// When a lease of `lease_s` seconds granted at `now` ends.
+fn lease_deadline(now: Instant, lease_s: u8) -> Instant {
+    now.saturating_add(lease_duration(lease_s))
 }
 
 fn group_len(len: usize) -> u8 {

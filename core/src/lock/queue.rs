@@ -11,6 +11,7 @@ use super::{LeaseDeadline, LockEvent, LockTable, Waiter, group_len, lease_deadli
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
+use crate::time::Instant;
 
 impl LockTable {
     /// Waiters queued on `key`, whose entry is `entry`.
@@ -29,10 +30,10 @@ impl LockTable {
             .and_then(|queue| queue.front().copied())
     }
 
-    /// Takes waiter `seq` out of all its queues at `at_us`, with a `T` event
+    /// Takes waiter `seq` out of all its queues at `at`, with a `T` event
     /// if `timed_out`, then lets whoever is now at the front of those queues
-    /// in. Grants made here get their lease from `now_us`.
-    pub(super) fn remove_waiter(&mut self, seq: u64, at_us: u64, now_us: u64, timed_out: bool) {
+    /// in. Grants made here get their lease from `now`.
+    pub(super) fn remove_waiter(&mut self, seq: u64, at: Instant, now: Instant, timed_out: bool) {
         let Some(waiter) = self.waiters.remove(&seq) else {
             return;
         };
@@ -71,7 +72,7 @@ impl LockTable {
         }
         for (i, key) in waiter.keys.iter().enumerate() {
             if was_front & (1 << i) != 0 {
-                self.grant_front(key, at_us, now_us);
+                self.grant_front(key, at, now);
             }
         }
     }
@@ -105,17 +106,17 @@ impl LockTable {
         self.lease_deadlines.clear();
     }
 
-    /// Grants `key` to the waiter at the front of its queue if, at `at_us`,
+    /// Grants `key` to the waiter at the front of its queue if, at `at`,
     /// that waiter is at the front of every one of its keys and none of them
     /// has a running lease. Only the front is looked at ("wake only the next
     /// waiter"); a set blocked elsewhere is retried when that key frees.
     /// Returns whether it granted.
-    pub(super) fn grant_front(&mut self, key: &[u8], at_us: u64, now_us: u64) -> bool {
+    pub(super) fn grant_front(&mut self, key: &[u8], at: Instant, now: Instant) -> bool {
         #[cfg(feature = "planted-bugs")]
         if planted::active(planted::PlantedBug::SkipWaiter) {
             self.plant_skip_waiter(key);
         }
-        let Some(seq) = self.grantable_front(key, at_us) else {
+        let Some(seq) = self.grantable_front(key, at) else {
             return false;
         };
         if self.next_token > self.token_limit {
@@ -128,16 +129,16 @@ impl LockTable {
             return false;
         };
         self.waiter_seqs.remove(&waiter.id);
-        self.grant_waiter(waiter, now_us);
+        self.grant_waiter(waiter, now);
         true
     }
 
-    /// The seq of the waiter at the front of `key`'s queue if, at `at_us`,
+    /// The seq of the waiter at the front of `key`'s queue if, at `at`,
     /// it is at the front of every one of its keys and none of them has a
     /// running lease.
-    fn grantable_front(&self, key: &[u8], at_us: u64) -> Option<u64> {
+    fn grantable_front(&self, key: &[u8], at: Instant) -> Option<u64> {
         let entry = self.keys.get(key)?;
-        if entry.is_held_at(at_us) {
+        if entry.is_held_at(at) {
             return None;
         }
         let seq = self.queue_front(key)?;
@@ -152,7 +153,7 @@ impl LockTable {
             |key| {
                 self.keys
                     .get(&***key)
-                    .is_some_and(|entry| !entry.is_held_at(at_us))
+                    .is_some_and(|entry| !entry.is_held_at(at))
             },
         );
         grantable.then_some(seq)
@@ -161,11 +162,11 @@ impl LockTable {
     /// Gives `waiter`, already out of the waiter maps, all its keys under a
     /// new token: each key leaves its queue, and a key still queued on gets
     /// a lease deadline entry so its lease end hands it on.
-    fn grant_waiter(&mut self, waiter: Waiter, now_us: u64) {
+    fn grant_waiter(&mut self, waiter: Waiter, now: Instant) {
         let token = self.issue_token();
         // A fresh lease from the real handoff time (etcd #11456), even when
         // catching up on a deadline that passed earlier.
-        let lease_deadline_us = lease_deadline(now_us, waiter.lease_s);
+        let lease_deadline = lease_deadline(now, waiter.lease_s);
         let group_len = group_len(waiter.keys.len());
         for key in waiter.keys.into_vec() {
             let Some(entry) = self.keys.get_mut(&*key) else {
@@ -179,7 +180,7 @@ impl LockTable {
                 self.holder_keys += 1;
             }
             entry.token = token;
-            entry.lease_deadline_us = lease_deadline_us;
+            entry.lease_deadline = lease_deadline;
             entry.set_grant(waiter.holder, group_len, waiter.lease_s);
             if entry.is_queued()
                 && let Some(queue) = self.queues.get_mut(&*key)
@@ -191,7 +192,7 @@ impl LockTable {
                     entry.set_queued(false);
                 } else {
                     self.lease_deadlines.push(Reverse(LeaseDeadline {
-                        deadline_us: lease_deadline_us,
+                        deadline: lease_deadline,
                         token,
                         key,
                     }));
@@ -205,7 +206,7 @@ impl LockTable {
         self.metrics.grants_after_wait += 1;
         self.metrics
             .wait
-            .observe_us(now_us.saturating_sub(waiter.queued_at_us));
+            .observe(now.saturating_duration_since(waiter.queued_at));
     }
 
     /// Planted bug: the second waiter of `key`, if it waits for this key

@@ -2,14 +2,15 @@
 //! group, freeing the keys, and handing each on to its front waiter.
 
 use super::{LockTable, ReleaseOutcome};
+use crate::time::Instant;
 use crate::wire::KeyGroup;
 
 impl LockTable {
-    /// A release at `now_us` (the clock already moved): the token must be
+    /// A release at `now` (the clock already moved): the token must be
     /// current on exactly the named group.
     pub(super) fn release_at(
         &mut self,
-        now_us: u64,
+        now: Instant,
         keys: &KeyGroup,
         token: u64,
     ) -> ReleaseOutcome {
@@ -24,14 +25,10 @@ impl LockTable {
                 && entry.token == token
             {
                 matched += 1;
-                grant = Some((
-                    entry.group_len(),
-                    entry.lease_deadline_us,
-                    entry.granted_at_us(),
-                ));
+                grant = Some((entry.group_len(), entry.lease_deadline, entry.granted_at()));
             }
         }
-        let Some((group_len, lease_deadline_us, granted_at_us)) = grant else {
+        let Some((group_len, lease_deadline, granted_at)) = grant else {
             return ReleaseOutcome::NotFound;
         };
         // Tokens are unique per grant, so `matched` named keys carrying it
@@ -39,7 +36,7 @@ impl LockTable {
         if matched != keys.len() || usize::from(group_len) != keys.len() {
             // A lapsed grant may already be partly handed on or swept; the
             // client's token is simply not current any more.
-            return if lease_deadline_us > now_us {
+            return if lease_deadline > now {
                 ReleaseOutcome::GroupMismatch
             } else {
                 ReleaseOutcome::NotFound
@@ -64,10 +61,10 @@ impl LockTable {
         self.metrics.releases += 1;
         self.metrics
             .hold
-            .observe_us(now_us.saturating_sub(granted_at_us));
+            .observe(now.saturating_duration_since(granted_at));
         if some_waiters {
             for key in keys.keys() {
-                if self.grant_front(key.as_bytes(), now_us, now_us) {
+                if self.grant_front(key.as_bytes(), now, now) {
                     self.metrics.handovers_on_release += 1;
                 }
             }

@@ -7,13 +7,14 @@ use crate::time::Duration;
 /// Timing and limits of one Raft node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RaftConfig {
-    /// How often a leader sends heartbeats.
-    pub heartbeat_interval_ms: u64,
+    /// How often a leader sends heartbeats. At least 1 ms.
+    pub heartbeat_interval: Duration,
     /// Lower bound of the randomized election timeout; also the leader-lease
-    /// and check-quorum window.
-    pub election_timeout_min_ms: u64,
-    /// Width of the randomization window above the minimum.
-    pub election_timeout_jitter_ms: u64,
+    /// and check-quorum window. At least three heartbeat intervals.
+    pub election_timeout_min: Duration,
+    /// Width of the randomization window above the minimum. At least 1 ms;
+    /// the timeout is drawn from it in whole milliseconds.
+    pub election_timeout_jitter: Duration,
     /// Most entries in one append.
     pub max_append_entries: usize,
     /// Most entry bytes in one append (at least one entry is always sent).
@@ -46,9 +47,9 @@ impl Default for RaftConfig {
     /// Production defaults: leader failover in about 2.3–2.5 s.
     fn default() -> Self {
         RaftConfig {
-            heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 2_400,
-            election_timeout_jitter_ms: 100,
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(2_400),
+            election_timeout_jitter: Duration::from_millis(100),
             max_append_entries: 256,
             max_append_bytes: 256 * 1024,
             max_inflight_appends: 64,
@@ -69,23 +70,27 @@ impl RaftConfig {
     /// failover well under a second. For LANs and tests.
     pub fn fast() -> Self {
         RaftConfig {
-            heartbeat_interval_ms: 50,
-            election_timeout_min_ms: 300,
-            election_timeout_jitter_ms: 300,
+            heartbeat_interval: Duration::from_millis(50),
+            election_timeout_min: Duration::from_millis(300),
+            election_timeout_jitter: Duration::from_millis(300),
             ..RaftConfig::default()
         }
     }
 
-    /// Checks the relations the algorithm relies on.
+    /// Checks the relations the algorithm relies on. The messages name
+    /// the field at fault.
     pub fn validate(&self) -> Result<(), &'static str> {
-        if self.heartbeat_interval_ms == 0 {
-            return Err("heartbeat_interval_ms must be positive");
+        // Whole milliseconds at the low end keep every timer at least one
+        // tick of the microsecond clock and the jitter draw non-empty.
+        let millisecond = Duration::from_millis(1);
+        if self.heartbeat_interval < millisecond {
+            return Err("heartbeat_interval must be at least 1 ms");
         }
-        if self.election_timeout_min_ms < 3 * self.heartbeat_interval_ms {
-            return Err("election_timeout_min_ms must be at least 3 heartbeats");
+        if self.election_timeout_min < self.heartbeat_interval.saturating_mul(3) {
+            return Err("election_timeout_min must be at least 3 heartbeat intervals");
         }
-        if self.election_timeout_jitter_ms == 0 {
-            return Err("election_timeout_jitter_ms must be positive");
+        if self.election_timeout_jitter < millisecond {
+            return Err("election_timeout_jitter must be at least 1 ms");
         }
         if self.max_append_entries == 0
             || self.max_inflight_appends == 0
@@ -97,12 +102,38 @@ impl RaftConfig {
         }
         Ok(())
     }
+}
 
-    pub(super) fn heartbeat_interval(&self) -> Duration {
-        Duration::from_millis(self.heartbeat_interval_ms)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub(super) fn election_timeout_min(&self) -> Duration {
-        Duration::from_millis(self.election_timeout_min_ms)
+    #[test]
+    fn validation_names_the_timing_field_at_fault() {
+        assert_eq!(RaftConfig::default().validate(), Ok(()));
+        assert_eq!(RaftConfig::fast().validate(), Ok(()));
+        let fast = RaftConfig::fast;
+        let fault = |cfg: RaftConfig| cfg.validate().unwrap_err();
+        let heartbeat = RaftConfig {
+            heartbeat_interval: Duration::from_micros(999),
+            ..fast()
+        };
+        assert!(fault(heartbeat).starts_with("heartbeat_interval "));
+        // Three fast heartbeats are 150 ms.
+        let timeout = RaftConfig {
+            election_timeout_min: Duration::from_micros(149_999),
+            ..fast()
+        };
+        assert!(fault(timeout).starts_with("election_timeout_min "));
+        let at_three = RaftConfig {
+            election_timeout_min: Duration::from_millis(150),
+            ..fast()
+        };
+        assert_eq!(at_three.validate(), Ok(()));
+        let jitter = RaftConfig {
+            election_timeout_jitter: Duration::from_micros(999),
+            ..fast()
+        };
+        assert!(fault(jitter).starts_with("election_timeout_jitter "));
     }
 }

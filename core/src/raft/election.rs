@@ -9,7 +9,7 @@ use super::{
     Configuration, EntryKind, Event, MAX_RAFT_NUMBER, Message, MessageBody, NodeId, Raft,
     RoleState, Shared,
 };
-use crate::time::{Duration, Instant};
+use crate::time::{Duration, Instant, duration_millis};
 
 /// Where an election stands after counting the answers.
 enum Tally {
@@ -49,7 +49,7 @@ impl Raft {
         }
         let s = &self.shared;
         match (s.leader, s.leader_contact) {
-            (Some(_), Some(contact)) => now < contact.saturating_add(s.cfg.election_timeout_min()),
+            (Some(_), Some(contact)) => now < contact.saturating_add(s.cfg.election_timeout_min),
             _ => false,
         }
     }
@@ -255,8 +255,15 @@ impl Shared {
     }
 
     pub(super) fn reset_election_deadline(&mut self, now: Instant) {
-        let jitter_ms = self.rng.below(self.cfg.election_timeout_jitter_ms);
-        let timeout = Duration::from_millis(self.cfg.election_timeout_min_ms + jitter_ms);
+        // Whole milliseconds are fine enough to spread candidates, and
+        // seeded runs (the simulator's traces) depend on this exact draw.
+        let jitter_ms = self
+            .rng
+            .below(duration_millis(self.cfg.election_timeout_jitter));
+        let timeout = self
+            .cfg
+            .election_timeout_min
+            .saturating_add(Duration::from_millis(jitter_ms));
         self.election_deadline = now.saturating_add(timeout);
     }
 }

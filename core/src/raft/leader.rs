@@ -59,8 +59,8 @@ impl LeaderState {
         let mut leader = LeaderState {
             progress: BTreeMap::new(),
             transfer: None,
-            heartbeat_deadline: now.saturating_add(s.cfg.heartbeat_interval()),
-            quorum_check_deadline: now.saturating_add(s.cfg.election_timeout_min()),
+            heartbeat_deadline: now.saturating_add(s.cfg.heartbeat_interval),
+            quorum_check_deadline: now.saturating_add(s.cfg.election_timeout_min),
             flush_pending: false,
         };
         leader.sync_progress(s, true);
@@ -77,7 +77,7 @@ impl LeaderState {
 
     pub(super) fn handle_timeout(&mut self, s: &mut Shared, now: Instant) -> LeaderTimeout {
         if now >= self.quorum_check_deadline {
-            self.quorum_check_deadline = now.saturating_add(s.cfg.election_timeout_min());
+            self.quorum_check_deadline = now.saturating_add(s.cfg.election_timeout_min);
             if !self.quorum_active(s, now) {
                 return LeaderTimeout::LostQuorum;
             }
@@ -90,7 +90,7 @@ impl LeaderState {
             self.transfer = None;
         }
         if now >= self.heartbeat_deadline {
-            self.heartbeat_deadline = now.saturating_add(s.cfg.heartbeat_interval());
+            self.heartbeat_deadline = now.saturating_add(s.cfg.heartbeat_interval);
             self.broadcast_heartbeat(s);
             if let Some(change) = self.auto_membership_change(s) {
                 return LeaderTimeout::Propose(change);
@@ -248,7 +248,7 @@ impl LeaderState {
     }
 
     fn quorum_active(&self, s: &Shared, now: Instant) -> bool {
-        let window = s.cfg.election_timeout_min();
+        let window = s.cfg.election_timeout_min;
         let active = s
             .config
             .voters
@@ -290,7 +290,7 @@ impl LeaderState {
                 .copied()
                 .ok_or(TransferError::NoCandidate)?,
         };
-        self.transfer = Some((target, now.saturating_add(s.cfg.election_timeout_min())));
+        self.transfer = Some((target, now.saturating_add(s.cfg.election_timeout_min)));
         if self.progress.get(&target).map(|p| p.match_index) == Some(s.log.last_index()) {
             s.send(target, MessageBody::TimeoutNow);
         } else {

@@ -50,9 +50,9 @@
 //!
 //! A follower starts an election when it has heard nothing from a leader for
 //! its randomized election timeout `r`, drawn afresh each time from
-//! `[election_timeout_min_ms, election_timeout_min_ms + election_timeout_jitter_ms)`.
+//! `[election_timeout_min, election_timeout_min + election_timeout_jitter)`.
 //! When the leader dies at `t0`, the followers last heard its heartbeat at
-//! `t0 - φ` with `φ` in `[0, heartbeat_interval_ms)`; the first follower to
+//! `t0 - φ` with `φ` in `[0, heartbeat_interval)`; the first follower to
 //! time out does so at `t0 - φ + r`, then needs one pre-vote and one vote
 //! round trip (`2·RTT`). So
 //!
@@ -77,11 +77,11 @@
 //!   changing its term; only with a majority of grants does it campaign. A
 //!   node cut off from the majority therefore never inflates its term and
 //!   cannot depose a healthy leader when it returns.
-//! - A voter that heard from a leader less than `election_timeout_min_ms`
+//! - A voter that heard from a leader less than `election_timeout_min`
 //!   ago ignores (pre-)vote requests entirely (lease), except votes sent on
 //!   the leader's behalf by a leadership transfer.
 //! - A leader that has not heard from a majority of voters within
-//!   `election_timeout_min_ms` steps down (check-quorum), so the other side
+//!   `election_timeout_min` steps down (check-quorum), so the other side
 //!   of a partition can elect a new leader once its lease has run out.
 //!
 //! # Commit

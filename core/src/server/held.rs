@@ -16,14 +16,17 @@ use crate::time::Instant;
 /// rebuilt.
 const RELEASED_EARLY_SLACK: usize = 64;
 
-/// A [`HeldCounts`] heap entry: (lease end in microseconds, connection id
-/// shifted left 8 bits | key count). Connection ids are below 2^48 (the
-/// lock table's holder tags, [`MAX_HOLDER`]) and a grant has
-/// at most 16 keys, so the pair is 16 bytes per grant.
-fn held_entry(conn: ConnId, keys: usize, expires: Instant) -> (u64, u64) {
+/// A [`HeldCounts`] heap entry: (lease end, connection id shifted left 8
+/// bits | key count). Connection ids are below 2^48 (the lock table's
+/// holder tags, [`MAX_HOLDER`]) and a grant has at most 16 keys, so the
+/// pair is 16 bytes per grant.
+type HeldEntry = (Instant, u64);
+
+/// The heap entry of a grant to `conn` on `keys` keys ending at `expires`.
+fn held_entry(conn: ConnId, keys: usize, expires: Instant) -> HeldEntry {
     let keys = u64::try_from(keys).unwrap_or(u64::MAX).min(0xff);
     let conn = conn.0.min(MAX_HOLDER);
-    (expires.as_micros(), (conn << 8) | keys)
+    (expires, (conn << 8) | keys)
 }
 
 /// Keys held by the grants delivered to each connection, until released
@@ -45,14 +48,14 @@ fn held_entry(conn: ConnId, keys: usize, expires: Instant) -> (u64, u64) {
 #[derive(Debug, Default)]
 pub(crate) struct HeldCounts {
     per_conn: IdMap<ConnId, usize>,
-    by_expiry: BinaryHeap<Reverse<(u64, u64)>>,
+    by_expiry: BinaryHeap<Reverse<HeldEntry>>,
     /// Heap entries of grants released before their lease ended, with how
     /// many of each.
-    released_early: BTreeMap<(u64, u64), u32>,
+    released_early: BTreeMap<HeldEntry, u32>,
     /// The sum of `released_early`'s counts.
     released_early_total: usize,
-    /// Every lease ending at or before this (microseconds) was counted off.
-    expired_through_us: u64,
+    /// Every lease ending at or before this was counted off.
+    expired_through: Instant,
 }
 
 impl HeldCounts {
@@ -67,7 +70,7 @@ impl HeldCounts {
     /// was released (by anyone).
     pub(crate) fn released(&mut self, conn: ConnId, keys: usize, expires: Instant) {
         let entry = held_entry(conn, keys, expires);
-        if entry.0 <= self.expired_through_us {
+        if entry.0 <= self.expired_through {
             // Counted off already, when its lease ended.
             return;
         }
@@ -91,10 +94,9 @@ impl HeldCounts {
 
     /// Counts off grants whose lease ended by `now`.
     pub(crate) fn expire(&mut self, now: Instant) {
-        let now_us = now.as_micros();
-        self.expired_through_us = self.expired_through_us.max(now_us);
+        self.expired_through = self.expired_through.max(now);
         while let Some(&Reverse(entry)) = self.by_expiry.peek() {
-            if entry.0 > now_us {
+            if entry.0 > now {
                 break;
             }
             self.by_expiry.pop();
@@ -128,7 +130,7 @@ impl HeldCounts {
 
     /// Whether `entry` stands for a grant released early (and forgets one
     /// such note).
-    fn take_released_early(&mut self, entry: (u64, u64)) -> bool {
+    fn take_released_early(&mut self, entry: HeldEntry) -> bool {
         let Some(count) = self.released_early.get_mut(&entry) else {
             return false;
         };
@@ -224,11 +226,11 @@ mod tests {
     #[test]
     fn held_counts_heap_entry_is_16_bytes() {
         // One per held grant: part of the per-key memory goal (issue 13).
-        assert!(std::mem::size_of::<Reverse<(u64, u64)>>() <= 16);
+        assert!(std::mem::size_of::<Reverse<HeldEntry>>() <= 16);
         let (at, conn_and_keys) = held_entry(ConnId(MAX_HOLDER), 16, Instant::from_micros(5));
         assert_eq!(
             (at, conn_and_keys >> 8, conn_and_keys & 0xff),
-            (5, MAX_HOLDER, 16)
+            (Instant::from_micros(5), MAX_HOLDER, 16)
         );
     }
 }

@@ -223,9 +223,7 @@ impl ClusterNode {
         let mut pending = match self.pending.remove(&entry.index) {
             Some(p) if p.term == entry.term => {
                 let latency = now.saturating_duration_since(p.proposed_at);
-                self.counts
-                    .commit_latency
-                    .observe_us(crate::time::duration_micros(latency));
+                self.counts.commit_latency.observe(latency);
                 Some(p)
             }
             Some(p) => {
@@ -362,9 +360,7 @@ impl ClusterNode {
         }
         self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
         let waited = now.saturating_duration_since(waiter.received);
-        self.counts
-            .wait
-            .observe_us(crate::time::duration_micros(waited));
+        self.counts.wait.observe(waited);
         if let Some(leadership) = self.leadership.as_mut() {
             let lease = Duration::from_millis(u64::from(waiter.lease_ms));
             leadership.held_keys.add(

@@ -173,15 +173,15 @@ impl ClusterConfig {
 /// [`ClusterConfig::peer_silence_timeout`] (set it again with this after
 /// changing the Raft timing).
 pub fn default_peer_silence_timeout(raft: &RaftConfig) -> Duration {
-    let max_ms = raft
-        .election_timeout_min_ms
-        .saturating_add(raft.election_timeout_jitter_ms);
-    Duration::from_millis(max_ms.saturating_mul(2))
+    let max = raft
+        .election_timeout_min
+        .saturating_add(raft.election_timeout_jitter);
+    max.saturating_mul(2)
 }
 
 impl ClusterConfig {
     fn heartbeat_interval(&self) -> Duration {
-        Duration::from_millis(self.raft.heartbeat_interval_ms)
+        self.raft.heartbeat_interval
     }
 
     pub(super) fn keepalive_interval(&self) -> Duration {

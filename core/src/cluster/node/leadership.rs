@@ -224,11 +224,11 @@ impl ClusterNode {
             reply_to,
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
-            deadline: Instant::from_micros(queue_rule::wait_deadline_us(
-                received.as_micros(),
-                u64::from(wait_s),
-                crate::time::duration_micros(self.config.wait_margin),
-            )),
+            deadline: queue_rule::wait_deadline(
+                received,
+                Duration::from_secs(u64::from(wait_s)),
+                self.config.wait_margin,
+            ),
             received,
         };
         if over_connection_limit {
