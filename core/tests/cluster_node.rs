@@ -174,7 +174,10 @@ impl Net {
                     if !across_cut && self.nodes.get(target).is_some_and(Option::is_some) {
                         self.dials_connected += 1;
                         let (n1, n2) = (self.nonce(), self.nonce());
-                        let a = self.node(i).handle_peer_connected(now, slot, n1);
+                        let a = self
+                            .node(i)
+                            .handle_dialed(now, slot, n1)
+                            .expect("a dialed connection is taken");
                         let b = self
                             .node(target)
                             .handle_peer_accept(now, n2, LOOPBACK)
@@ -205,7 +208,7 @@ impl Net {
                             continue;
                         }
                         let mut out = Vec::new();
-                        let state = node.take_transmit(conn, &mut out);
+                        let state = node.poll_transmit(conn, &mut out);
                         node.handle_flushed(self.now, conn);
                         deliveries.push_back((conn, out, state));
                     }
@@ -319,7 +322,7 @@ impl Net {
                 .nodes
                 .iter()
                 .flatten()
-                .filter_map(ClusterNode::poll_timeout)
+                .filter_map(Machine::poll_timeout)
                 .min()
                 .unwrap_or(end)
                 .max(self.now.saturating_add(Duration::from_micros(1)));
@@ -555,7 +558,7 @@ fn a_grant_is_replied_only_after_commit_and_apply() {
     // The leader has only proposed: nothing for the client yet.
     let conn = net.clients[c].conn;
     let mut out = Vec::new();
-    net.node(leader).take_transmit(conn, &mut out);
+    net.node(leader).poll_transmit(conn, &mut out);
     assert!(out.is_empty(), "replied before commit: {out:?}");
     assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     net.run_for(Duration::from_millis(100));
@@ -600,7 +603,7 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     );
     let conn = net.clients[c].conn;
     let mut out = Vec::new();
-    net.node(leader).take_transmit(conn, &mut out);
+    net.node(leader).poll_transmit(conn, &mut out);
     assert!(out.is_empty(), "replied before apply: {out:?}");
     assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     // The first answer commits all of them; the followers learn the
@@ -948,7 +951,7 @@ fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
     net.run_for(Duration::from_millis(200));
     let conn = net.clients[c].conn;
     let mut out = Vec::new();
-    net.node(leader).take_transmit(conn, &mut out);
+    net.node(leader).poll_transmit(conn, &mut out);
     let first_frame = match Reply::decode(&out).unwrap() {
         Some((Reply::Acquired { rid: 1, .. }, used)) => used,
         other => panic!("expected the first grant, got {other:?}"),
@@ -1156,7 +1159,7 @@ fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
     let other = net.node(0).handle_peer_accept(now, nonce, from(2)).unwrap();
     let state = |net: &mut Net, conn| {
         let mut out = Vec::new();
-        net.node(0).take_transmit(conn, &mut out)
+        net.node(0).poll_transmit(conn, &mut out)
     };
     // Four per source: the two oldest of source 1 are gone.
     for (i, conn) in opened.iter().enumerate() {
@@ -1198,7 +1201,7 @@ fn a_failed_peer_handshake_is_reported_with_its_source() {
     net.node(1).handle_input(now, conn, &[0xab; 256]);
     let mut out = Vec::new();
     assert_eq!(
-        net.node(1).take_transmit(conn, &mut out),
+        net.node(1).poll_transmit(conn, &mut out),
         ConnState::CloseAfterFlush
     );
     net.node(1).handle_closed(now, conn);
@@ -1399,7 +1402,7 @@ impl Net {
                 self.node(to).handle_input(now, conn, &bytes);
             }
             let mut answer = Vec::new();
-            self.node(to).take_transmit(conn, &mut answer);
+            self.node(to).poll_transmit(conn, &mut answer);
             let (_, status) = dialer.handle_input(&tokens, &answer);
             if let PeerHandshakeStatus::Established(_) = status {
                 let bytes = dialer.take_outbound();
@@ -1477,7 +1480,7 @@ fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
         assert!(net.node(to).raft().term() < 1_000, "term not taken");
         let mut out = Vec::new();
         assert_ne!(
-            net.node(to).take_transmit(conn, &mut out),
+            net.node(to).poll_transmit(conn, &mut out),
             ConnState::Open,
             "the connection that sent it is closed"
         );
@@ -2379,7 +2382,7 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
 /// Every node event queued on node `i` so far.
 fn drain_events(net: &mut Net, i: usize) -> Vec<NodeEvent> {
     let node = net.node(i);
-    std::iter::from_fn(|| node.poll_event()).collect()
+    std::iter::from_fn(|| node.poll_node_event()).collect()
 }
 
 #[test]

@@ -1106,7 +1106,7 @@ impl<'t> ClusterWorld<'t> {
             return;
         };
         let (mut leader, mut voter, mut generation) = (None, None, None);
-        while let Some(event) = node.poll_event() {
+        while let Some(event) = node.poll_node_event() {
             match event {
                 NodeEvent::LeaderChanged { leader: l, .. } => leader = Some(l),
                 NodeEvent::VoterChanged { is_voter } => voter = Some(is_voter),
@@ -1380,7 +1380,9 @@ impl<'t> ClusterWorld<'t> {
             .node
             .as_mut()
             .expect("alive checked");
-        let id = node.handle_peer_connected(now, to, nonce);
+        let id = node
+            .handle_dialed(now, to, nonce)
+            .expect("a dialed connection is taken");
         self.nodes[usize::from(from)].conns.insert(id, pipe_id);
         let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
         pipe.ids[0] = Some(id);

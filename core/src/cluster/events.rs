@@ -18,7 +18,7 @@ use crate::raft::NodeId;
 pub const MAX_NODE_EVENTS: usize = 64;
 
 /// A change in the node the driver should log or act on
-/// ([`crate::cluster::ClusterNode::poll_event`]).
+/// ([`crate::machine::Machine::poll_node_event`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeEvent {
     /// The leader this node knows changed (`None`: no leader known). When

@@ -9,8 +9,6 @@
 //!   the Raft group ([`crate::raft`]) that orders the commands.
 //! - [`events`]: [`NodeEvent`], the leader/voter/generation changes a node
 //!   queues for its driver.
-//! - `machine`: `impl` [`crate::machine::Machine`] `for` [`ClusterNode`],
-//!   the driver contract.
 //! - [`peer`]: the peer protocol between nodes: handshake, authenticated
 //!   frames, and the encoding of Raft messages.
 //!
@@ -23,7 +21,6 @@
 pub(crate) mod bytes;
 pub mod command;
 pub mod events;
-mod machine;
 mod metrics;
 pub mod node;
 pub mod peer;

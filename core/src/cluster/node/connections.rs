@@ -16,7 +16,8 @@ use crate::budget::{AbuseKind, CloseReason, HandshakeBudget};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::peer::{PeerHandshake, PeerSession};
 use crate::conn::client::{Answer, ClientFront, Delivery, FrontInput, FrontTimeout, ReplyTo};
-use crate::conn::{ConnId, ConnState, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::conn::{ConnId, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::machine::Machine;
 use crate::raft::NodeId;
 use crate::time::{Duration, Instant};
 use crate::wire::NO_LEADER_SLOT;
@@ -210,7 +211,7 @@ impl ClusterNode {
     /// fresh CSPRNG bytes. `None`: refuse it (every session slot taken or
     /// shutting down). Otherwise it joins the client handshake budget,
     /// which may drop an older unfinished handshake (never this one).
-    pub fn handle_connect(
+    pub(super) fn accept_client(
         &mut self,
         now: Instant,
         nonce: [u8; NONCE_LEN],
@@ -240,25 +241,9 @@ impl ClusterNode {
         Some(self.new_conn(kind, &hello_bytes, deadline, Some(source)))
     }
 
-    /// Bytes received on `conn` (client or peer).
-    pub fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
-        self.handle_timeout(now);
-        let Some(conn) = self.conns.by_id.get(&conn_id) else {
-            return;
-        };
-        if conn.out.is_closing() {
-            return;
-        }
-        match conn.kind {
-            ConnKind::Client(_) => self.client_input(now, conn_id, bytes),
-            ConnKind::Peer(_) => self.peer_input(now, conn_id, bytes),
-        }
-        self.pump(now);
-    }
-
     /// Bytes from a client: its handshake while unfinished, then the
     /// requests they complete.
-    fn client_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+    pub(super) fn client_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
         if self.client_handshake_input(now, conn_id, bytes) {
             self.client_requests(now, conn_id);
         }
@@ -432,32 +417,12 @@ impl ClusterNode {
         }
     }
 
-    /// The next `bytes` of what [`ClusterNode::take_transmit`] gave for
-    /// `conn` were handed to the transport (a short write reports its part).
-    /// A grant whose reply frame is written whole counts as delivered: the
-    /// client may have its token, so it is never released as a ghost.
-    pub fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
-        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
-            conn.out.handle_written(bytes);
-            note_output(now, conn);
-        }
-    }
-
-    /// Everything taken from `conn` so far has been written: grants in it
-    /// count as delivered.
-    pub fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
-        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
-            conn.out.handle_flushed();
-            note_output(now, conn);
-        }
-    }
-
     /// The transport of `conn` is gone. A client's queued waiters are
     /// dropped and grants not yet flushed to it are released at once
     /// (proposed as `Release` — only possible while this node leads; a
     /// former leader leaves them to lease expiry). A peer slot is redialed
     /// after a backoff.
-    pub fn handle_closed(&mut self, now: Instant, conn_id: ConnId) {
+    pub(super) fn forget_connection(&mut self, now: Instant, conn_id: ConnId) {
         self.handle_timeout(now);
         self.close_conn(conn_id, CloseReason::TransportClosed);
         let Some(conn) = self.conns.by_id.remove(&conn_id) else {
@@ -574,34 +539,5 @@ impl ClusterNode {
                 }
             }
         }
-    }
-
-    /// A connection with bytes to send or to be closed.
-    pub fn poll_wake(&mut self) -> Option<ConnId> {
-        self.conns.wakes.poll(|conn_id| {
-            self.conns
-                .by_id
-                .get_mut(&conn_id)
-                .is_some_and(|conn| conn.out.leave_wake_queue())
-        })
-    }
-
-    /// Moves `conn`'s pending bytes to the end of `out` and says what to do
-    /// with the connection.
-    pub fn take_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
-        self.conns
-            .by_id
-            .get_mut(&conn_id)
-            .map_or(ConnState::Gone, |conn| conn.out.take(out))
-    }
-
-    /// False while `conn` has too many bytes waiting to be written: the
-    /// driver should stop reading from it until it has written them.
-    pub fn wants_input(&self, conn_id: ConnId) -> bool {
-        let max_bytes = self.config.max_outbound_bytes_per_connection;
-        self.conns
-            .by_id
-            .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(max_bytes))
     }
 }

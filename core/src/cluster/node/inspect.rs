@@ -11,6 +11,7 @@ use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
     MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
 };
+use crate::machine::Machine;
 use crate::raft::ProposeError;
 use crate::time::{Duration, Instant};
 use crate::wire::Key;
@@ -40,7 +41,7 @@ impl ClusterNode {
     /// redirect), or it leads but has not applied its own term's no-op yet
     /// (its view may miss grants its predecessor committed; it answers like
     /// a node with no known leader until then).
-    pub fn not_leader(&self) -> Option<NotLeader> {
+    pub(super) fn leader_elsewhere(&self) -> Option<NotLeader> {
         match &self.leadership {
             Some(leadership) if leadership.caught_up && self.raft.is_leader() => None,
             Some(_) => Some(NotLeader {
@@ -87,7 +88,7 @@ impl ClusterNode {
     /// queue in FIFO order. `Ok(None)` when nobody holds or waits for it;
     /// `Err` on a node that is not a caught-up leader.
     pub fn lock(&self, now: Instant, key: &Key) -> Result<Option<LockView>, NotLeader> {
-        if let Some(not_leader) = self.not_leader() {
+        if let Some(not_leader) = self.leader_elsewhere() {
             return Err(not_leader);
         }
         Ok(self.lock_view(now, key, MAX_LISTED_WAITERS))
@@ -144,7 +145,7 @@ impl ClusterNode {
         prefix: &[u8],
         limit: usize,
     ) -> Result<LockListing, NotLeader> {
-        if let Some(not_leader) = self.not_leader() {
+        if let Some(not_leader) = self.leader_elsewhere() {
             return Err(not_leader);
         }
         let limit = limit.min(MAX_LISTING_LIMIT);
@@ -186,7 +187,7 @@ impl ClusterNode {
     /// A non-leader answers [`ForceReleaseOutcome::NotLeader`] at once; a
     /// leader that loses its leadership before it saw the entry applied
     /// answers [`ForceReleaseOutcome::Indeterminate`].
-    pub fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+    pub(super) fn force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
         self.handle_timeout(now);
         if self.shutting_down || self.leadership.is_none() || !self.raft.is_leader() {
             let leader_slot = self
@@ -226,12 +227,6 @@ impl ClusterNode {
             Err(_) => self.admin_reply(id, ForceReleaseOutcome::NotLeader { leader_slot: None }),
         }
         self.pump(now);
-    }
-
-    /// The next answer to a force-release. Drain after every input, like
-    /// the wakes.
-    pub fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
-        self.admin_replies.pop_front()
     }
 
     /// Queues the answer to force-release `id` for the driver.

@@ -3,20 +3,20 @@
 //! single-mode [`crate::server::Server`].
 //!
 //! Contract:
-//! - inputs: [`ClusterNode::handle_connect`] (a client connection accepted),
-//!   [`ClusterNode::handle_peer_accept`] (a peer connection accepted),
-//!   [`ClusterNode::handle_peer_connected`] / [`ClusterNode::handle_dial_failed`]
-//!   (the outcome of a dial asked for by [`ClusterNode::poll_dial`]),
-//!   [`ClusterNode::handle_input`], [`ClusterNode::handle_flushed`],
-//!   [`ClusterNode::handle_closed`], [`ClusterNode::handle_timeout`],
-//!   [`ClusterNode::begin_shutdown`];
-//! - outputs, drained after every input: [`ClusterNode::poll_dial`] (a
-//!   peer slot to dial), [`ClusterNode::poll_wake`] then
-//!   [`ClusterNode::take_transmit`] for each woken connection (client and
+//! - inputs: [`Machine::handle_connect`] (a client connection accepted),
+//!   [`Machine::handle_peer_accept`] (a peer connection accepted),
+//!   [`Machine::handle_dialed`] / [`Machine::handle_dial_failed`]
+//!   (the outcome of a dial asked for by [`Machine::poll_dial`]),
+//!   [`Machine::handle_input`], [`Machine::handle_flushed`],
+//!   [`Machine::handle_closed`], [`Machine::handle_timeout`],
+//!   [`Machine::begin_shutdown`];
+//! - outputs, drained after every input: [`Machine::poll_dial`] (a
+//!   peer slot to dial), [`Machine::poll_wake`] then
+//!   [`Machine::poll_transmit`] for each woken connection (client and
 //!   peer alike); with a token reserve ([`ClusterNode::with_token_reserve`])
-//!   [`ClusterNode::poll_reserve`] and [`ClusterNode::poll_alert`], as for
+//!   [`Machine::poll_reserve`] and [`Machine::poll_alert`], as for
 //!   the single-mode server;
-//! - time: [`ClusterNode::poll_timeout`].
+//! - time: [`Machine::poll_timeout`].
 //!
 //! # How a request is served
 //!
@@ -29,8 +29,11 @@
 //! `Grant` at once; otherwise it queues FIFO in a leader-local waiter table
 //! (or gets `T` for wait 0, `B` over a limit). The reply goes out only when
 //! the entry with exactly the proposal's `(index, term)` is committed and
-//! applied. A release is proposed as `Release` and answered after apply;
-//! what it frees is handed to the next waiter by a new `Grant` proposal.
+//! applied. A release is proposed as `Release` and answered after apply.
+//! When it names exactly its grant, what it frees is handed to the queue
+//! head by a `Grant` proposed right behind it (same batch, one commit for
+//! the pair); keys freed otherwise (expiry, force-release) go to the queue
+//! head by a `Grant` proposed after they apply.
 //! Lease expiry: the leader watches lease deadlines on its own clock and
 //! proposes `Expire{keys, token}`.
 //!
@@ -60,21 +63,24 @@
 //!   committed entries and answering their proposals, Raft events;
 //! - `genesis`: a bootstrap member's check that the cluster is new, and
 //!   rejoining as a new generation when it is not;
-//! - `inspect`: inspection and force-release for the admin layer.
+//! - `inspect`: inspection and force-release for the admin layer;
+//! - `machine`: the node's driver surface, `impl` [`Machine`]: every
+//!   verb the driver calls.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::budget::{CloseReason, LogEvent, Reports};
-use crate::cluster::events::{NodeEvent, NodeEvents};
+use crate::budget::{CloseReason, Reports};
+use crate::cluster::events::NodeEvents;
 use crate::cluster::peer::PeerError;
 use crate::cluster::state::ReplicatedLocks;
 use crate::conn::ConnId;
 use crate::conn::client::Answer;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
+use crate::machine::Machine;
 use crate::metrics::{ClusterMetrics, ReplyCounts};
 use crate::raft::{NodeId, Raft};
-use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
+use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::Instant;
 use crate::wire::NO_LEADER_SLOT;
 
@@ -84,6 +90,7 @@ mod connections;
 mod genesis;
 mod inspect;
 mod leadership;
+mod machine;
 mod peers;
 
 pub use self::config::{
@@ -308,37 +315,6 @@ impl ClusterNode {
         counter.saturating_add(self.pending.len() as u64)
     }
 
-    /// A reserve value the driver must store durably now (then answer
-    /// [`ClusterNode::handle_reserve_persisted`] or
-    /// [`ClusterNode::handle_reserve_failed`]). Drain after every input.
-    pub fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
-        let bound = self.next_grant_token_bound();
-        self.reserve.poll_persist(now, bound)
-    }
-
-    /// `value` is durable; queue heads held back by the reserve are served.
-    pub fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
-        if self.reserve.handle_persisted(value) {
-            if let Some(leadership) = self.leadership.as_mut() {
-                let stalled = std::mem::take(&mut leadership.reserve_stalled);
-                leadership.dirty.extend(stalled);
-            }
-            self.pump(now);
-        }
-    }
-
-    /// The write asked for by [`ClusterNode::poll_reserve`] failed; it is
-    /// asked for again later ([`ClusterNode::poll_timeout`] says when).
-    pub fn handle_reserve_failed(&mut self, now: Instant) {
-        self.reserve.handle_persist_failed(now);
-    }
-
-    /// The next token alert for the operator (the driver logs it at
-    /// `error`).
-    pub fn poll_alert(&mut self) -> Option<TokenAlert> {
-        self.reserve.poll_alert()
-    }
-
     /// This node's identity.
     pub fn id(&self) -> NodeId {
         self.config.id
@@ -432,11 +408,6 @@ impl ClusterNode {
         self.last_refused_peer_frame
     }
 
-    /// True once [`ClusterNode::begin_shutdown`] was called.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down
-    }
-
     /// Keys held by the grants this leader delivered to `conn` (for tests
     /// and metrics; 0 on a follower).
     pub fn held_keys(&self, conn_id: ConnId) -> usize {
@@ -445,51 +416,22 @@ impl ClusterNode {
             .map_or(0, |leadership| leadership.held_keys.held(conn_id))
     }
 
-    /// The next thing to log: aggregated abuse reports (`warn`) and close
-    /// reasons (`debug`). Drain after every input, like the wakes.
-    pub fn poll_log(&mut self) -> Option<LogEvent> {
-        self.reports.poll()
-    }
-
     /// Log events dropped because the driver did not drain
     /// [`ClusterNode::poll_log`] (a bounded queue).
     pub fn dropped_log_events(&self) -> u64 {
         self.reports.dropped_events()
     }
 
-    /// The next change to this node the driver should log or act on:
-    /// leader, voter and generation changes, refused peer input. Queued
-    /// when it happens (bounded, see [`crate::cluster::events`]); drain
-    /// after every input, like the wakes.
-    pub fn poll_event(&mut self) -> Option<NodeEvent> {
-        self.events.poll()
-    }
-
     /// Node events dropped because a newer one of their kind superseded
     /// them while the queue was full (the driver did not drain
-    /// [`ClusterNode::poll_event`]).
+    /// [`Machine::poll_node_event`]).
     pub fn coalesced_node_events(&self) -> u64 {
         self.events.coalesced()
     }
 
-    /// Processes every deadline at or before `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        self.raft.handle_timeout(now);
-        self.close_silent_peers(now);
-        self.send_keepalives(now);
-        self.time_out_handshakes(now);
-        self.reports.handle_timeout(now);
-        if let Some(leadership) = self.leadership.as_mut() {
-            leadership.held_keys.expire(now);
-        }
-        self.time_out_waiters(now);
-        self.add_established_learners(now);
-        self.pump(now);
-    }
-
     /// The earliest instant at which [`ClusterNode::handle_timeout`] has
     /// work (may be early; never late).
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
         let mut earliest = self.raft.poll_timeout();
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
@@ -536,7 +478,7 @@ impl ClusterNode {
     /// new client connections are refused. Peer connections stay so the
     /// transfer can complete; the driver exits once
     /// [`ClusterNode::is_leader`] is false (or after its own timeout).
-    pub fn begin_shutdown(&mut self, now: Instant) {
+    pub(super) fn start_shutdown(&mut self, now: Instant) {
         self.handle_timeout(now);
         self.shutting_down = true;
         self.reports.flush();

@@ -11,6 +11,7 @@ use crate::budget::{AbuseKind, CloseReason};
 use crate::cluster::events::NodeEvent;
 use crate::cluster::peer::{PeerHandshake, PeerHandshakeStatus, PeerIdentity};
 use crate::conn::ConnId;
+use crate::machine::Machine;
 use crate::raft::{ConfChange, Message, MessageBody, NodeId};
 use crate::time::Instant;
 
@@ -88,7 +89,7 @@ impl ClusterNode {
     /// Unauthenticated ones have their own small budget, capped per source,
     /// the oldest dropped first, so idle sockets can never keep a
     /// restarted node from rejoining.
-    pub fn handle_peer_accept(
+    pub(super) fn accept_peer(
         &mut self,
         now: Instant,
         nonce: [u8; NONCE_LEN],
@@ -107,42 +108,15 @@ impl ClusterNode {
         Some(self.new_peer_conn(now, nonce, None, Some(source)))
     }
 
-    /// The next peer slot the driver should dial (its configured peer
-    /// address). Answer with [`ClusterNode::handle_peer_connected`] or
-    /// [`ClusterNode::handle_dial_failed`].
-    pub fn poll_dial(&mut self, now: Instant) -> Option<u8> {
-        for slot in 0..self.config.slot_count {
-            let dial = &mut self.conns.dials[usize::from(slot)];
-            if slot == self.config.id.slot || dial.connected || dial.dialing {
-                continue;
-            }
-            if dial.next_attempt <= now {
-                dial.dialing = true;
-                return Some(slot);
-            }
-        }
-        None
-    }
-
     /// The dial of `slot` succeeded: the transport is up. `nonce` must be
     /// fresh CSPRNG bytes.
-    pub fn handle_peer_connected(
-        &mut self,
-        now: Instant,
-        slot: u8,
-        nonce: [u8; NONCE_LEN],
-    ) -> ConnId {
+    pub(super) fn take_dialed(&mut self, now: Instant, slot: u8, nonce: [u8; NONCE_LEN]) -> ConnId {
         if let Some(dial) = self.conns.dials.get_mut(usize::from(slot)) {
             dial.dialing = false;
             dial.connected = true;
         }
         self.conns.known_peer_conns += 1;
         self.new_peer_conn(now, nonce, Some(slot), None)
-    }
-
-    /// The dial of `slot` failed: retry after a backoff.
-    pub fn handle_dial_failed(&mut self, now: Instant, slot: u8) {
-        self.back_off(now, slot);
     }
 
     pub(super) fn back_off(&mut self, now: Instant, slot: u8) {

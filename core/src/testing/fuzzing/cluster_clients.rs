@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, HELLO_LEN, WireMode};
 use crate::cluster::peer::PeerTokens;
 use crate::cluster::{ClusterConfig, ClusterNode};
+use crate::machine::Machine;
 use crate::raft::{NodeId, RaftConfig};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
@@ -81,7 +82,9 @@ impl Cluster {
                     moved = true;
                     let target = usize::from(slot);
                     let (n1, n2) = (self.nonce(), self.nonce());
-                    let a = self.nodes[i].handle_peer_connected(now, slot, n1);
+                    let a = self.nodes[i]
+                        .handle_dialed(now, slot, n1)
+                        .expect("a dialed connection is taken");
                     match self.nodes[target].handle_peer_accept(now, n2, node_source(i)) {
                         Some(b) => {
                             self.peer_links.insert((i, a), (target, b));
@@ -92,7 +95,7 @@ impl Cluster {
                 }
                 while let Some(conn) = self.nodes[i].poll_wake() {
                     let mut out = Vec::new();
-                    let state = self.nodes[i].take_transmit(conn, &mut out);
+                    let state = self.nodes[i].poll_transmit(conn, &mut out);
                     self.nodes[i].handle_flushed(now, conn);
                     if let Some(&(j, other)) = self.peer_links.get(&(i, conn)) {
                         if !out.is_empty() {
@@ -136,7 +139,7 @@ impl Cluster {
             let next = self
                 .nodes
                 .iter()
-                .filter_map(ClusterNode::poll_timeout)
+                .filter_map(Machine::poll_timeout)
                 .min()
                 .unwrap_or(end)
                 .max(self.now.saturating_add(Duration::from_micros(1)));
@@ -341,7 +344,7 @@ impl ClientsHarness {
         let client = &mut self.clients[index];
         let node = &mut self.cluster.nodes[client.node];
         let mut out = Vec::new();
-        node.take_transmit(client.conn, &mut out);
+        node.poll_transmit(client.conn, &mut out);
         let written = usize::from(cursor.byte().unwrap_or(0)).min(out.len());
         node.handle_written(now, client.conn, written);
         client.received.extend_from_slice(&out);

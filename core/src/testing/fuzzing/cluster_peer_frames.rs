@@ -8,6 +8,7 @@ use crate::cluster::ClusterNode;
 use crate::cluster::peer::{
     PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSession, PeerTokens,
 };
+use crate::machine::Machine;
 use crate::raft::{Entry, EntryKind, Message, MessageBody, NodeId, SnapshotMeta};
 use crate::server::ConnId;
 use crate::time::Duration;
@@ -143,7 +144,7 @@ fn attack(cluster: &mut Cluster, as_node: usize, target: usize) -> Option<Attack
             cluster.nodes[target].handle_input(now, conn, &bytes);
         }
         let mut answer = Vec::new();
-        cluster.nodes[target].take_transmit(conn, &mut answer);
+        cluster.nodes[target].poll_transmit(conn, &mut answer);
         let (_, status) = dialer.handle_input(&tokens, &answer);
         match status {
             PeerHandshakeStatus::Established(_) => {

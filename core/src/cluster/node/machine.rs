@@ -1,0 +1,255 @@
+//! The node's driver surface: `impl` [`Machine`] `for` [`ClusterNode`].
+//! The node has no public verb of its own; every input and output the
+//! driver sees is here. A short verb's body lives here; a long one is a
+//! step in the file of its concern (`accept_client`, `forget_connection`
+//! in `connections.rs`, `accept_peer`, `take_dialed` in `peers.rs`,
+//! `force_release`, `leader_elsewhere` in `inspect.rs`, `start_shutdown`,
+//! `next_deadline` in `mod.rs`). The decisions that are the contract's own
+//! (`quiesced`, what inspection on a node that does not serve it returns)
+//! are made here.
+
+use std::net::IpAddr;
+
+use crate::auth::NONCE_LEN;
+use crate::budget::LogEvent;
+use crate::cluster::{ClusterNode, ConnId, ConnState, NodeEvent};
+use crate::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+};
+use crate::machine::Machine;
+
+use super::connections::{ConnKind, note_output};
+use crate::raft::NodeId;
+use crate::reserve::TokenAlert;
+use crate::time::Instant;
+use crate::wire::Key;
+
+impl Machine for ClusterNode {
+    fn handle_connect(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.accept_client(now, nonce, source)
+    }
+
+    fn handle_peer_accept(
+        &mut self,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+        source: IpAddr,
+    ) -> Option<ConnId> {
+        self.accept_peer(now, nonce, source)
+    }
+
+    /// Bytes received on `conn` (client or peer).
+    fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
+        self.handle_timeout(now);
+        let Some(conn) = self.conns.by_id.get(&conn_id) else {
+            return;
+        };
+        if conn.out.is_closing() {
+            return;
+        }
+        match conn.kind {
+            ConnKind::Client(_) => self.client_input(now, conn_id, bytes),
+            ConnKind::Peer(_) => self.peer_input(now, conn_id, bytes),
+        }
+        self.pump(now);
+    }
+
+    /// The next `bytes` of what [`Machine::poll_transmit`] gave for
+    /// `conn` were handed to the transport (a short write reports its part).
+    /// A grant whose reply frame is written whole counts as delivered: the
+    /// client may have its token, so it is never released as a ghost.
+    fn handle_written(&mut self, now: Instant, conn_id: ConnId, bytes: usize) {
+        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+            conn.out.handle_written(bytes);
+            note_output(now, conn);
+        }
+    }
+
+    /// Everything taken from `conn` so far has been written: grants in it
+    /// count as delivered.
+    fn handle_flushed(&mut self, now: Instant, conn_id: ConnId) {
+        if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
+            conn.out.handle_flushed();
+            note_output(now, conn);
+        }
+    }
+
+    fn handle_closed(&mut self, now: Instant, conn: ConnId) {
+        self.forget_connection(now, conn);
+    }
+
+    /// Processes every deadline at or before `now`.
+    fn handle_timeout(&mut self, now: Instant) {
+        self.raft.handle_timeout(now);
+        self.close_silent_peers(now);
+        self.send_keepalives(now);
+        self.time_out_handshakes(now);
+        self.reports.handle_timeout(now);
+        if let Some(leadership) = self.leadership.as_mut() {
+            leadership.held_keys.expire(now);
+        }
+        self.time_out_waiters(now);
+        self.add_established_learners(now);
+        self.pump(now);
+    }
+
+    /// A dialed
+    /// connection is always taken.
+    fn handle_dialed(&mut self, now: Instant, slot: u8, nonce: [u8; NONCE_LEN]) -> Option<ConnId> {
+        Some(self.take_dialed(now, slot, nonce))
+    }
+
+    /// The dial of `slot` failed: retry after a backoff.
+    fn handle_dial_failed(&mut self, now: Instant, slot: u8) {
+        self.back_off(now, slot);
+    }
+
+    /// `value` is durable; queue heads held back by the reserve are served.
+    fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
+        if self.reserve.handle_persisted(value) {
+            if let Some(leadership) = self.leadership.as_mut() {
+                let stalled = std::mem::take(&mut leadership.reserve_stalled);
+                leadership.dirty.extend(stalled);
+            }
+            self.pump(now);
+        }
+    }
+
+    /// The write asked for by [`ClusterNode::poll_reserve`] failed; it is
+    /// asked for again later ([`Machine::poll_timeout`] says when).
+    fn handle_reserve_failed(&mut self, now: Instant) {
+        self.reserve.handle_persist_failed(now);
+    }
+
+    fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
+        self.force_release(now, id, req);
+    }
+
+    fn begin_shutdown(&mut self, now: Instant) {
+        self.start_shutdown(now);
+    }
+
+    /// A connection with bytes to send or to be closed.
+    fn poll_wake(&mut self) -> Option<ConnId> {
+        self.conns.wakes.poll(|conn_id| {
+            self.conns
+                .by_id
+                .get_mut(&conn_id)
+                .is_some_and(|conn| conn.out.leave_wake_queue())
+        })
+    }
+
+    /// Moves `conn`'s pending bytes to the end of `out` and says what to do
+    /// with the connection.
+    fn poll_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
+        self.conns
+            .by_id
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| conn.out.take(out))
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.next_deadline()
+    }
+
+    /// The next peer slot the driver should dial (its configured peer
+    /// address). Answer with [`Machine::handle_dialed`] or
+    /// [`ClusterNode::handle_dial_failed`].
+    fn poll_dial(&mut self, now: Instant) -> Option<u8> {
+        for slot in 0..self.config.slot_count {
+            let dial = &mut self.conns.dials[usize::from(slot)];
+            if slot == self.config.id.slot || dial.connected || dial.dialing {
+                continue;
+            }
+            if dial.next_attempt <= now {
+                dial.dialing = true;
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// A reserve value the driver must store durably now (then answer
+    /// [`ClusterNode::handle_reserve_persisted`] or
+    /// [`ClusterNode::handle_reserve_failed`]). Drain after every input.
+    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
+        let bound = self.next_grant_token_bound();
+        self.reserve.poll_persist(now, bound)
+    }
+
+    /// The next answer to a force-release. Drain after every input, like
+    /// the wakes.
+    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
+        self.admin_replies.pop_front()
+    }
+
+    /// The next thing to log: aggregated abuse reports (`warn`) and close
+    /// reasons (`debug`). Drain after every input, like the wakes.
+    fn poll_log(&mut self) -> Option<LogEvent> {
+        self.reports.poll()
+    }
+
+    /// The next token alert for the operator (the driver logs it at
+    /// `error`).
+    fn poll_alert(&mut self) -> Option<TokenAlert> {
+        self.reserve.poll_alert()
+    }
+
+    /// The next change to this node the driver should log or act on:
+    /// leader, voter and generation changes, refused peer input. Queued
+    /// when it happens (bounded, see [`crate::cluster::events`]); drain
+    /// after every input, like the wakes.
+    fn poll_node_event(&mut self) -> Option<NodeEvent> {
+        self.events.poll()
+    }
+
+    /// False while `conn` has too many bytes waiting to be written: the
+    /// driver should stop reading from it until it has written them.
+    fn wants_input(&self, conn_id: ConnId) -> bool {
+        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        self.conns
+            .by_id
+            .get(&conn_id)
+            .is_some_and(|conn| conn.out.wants_input(max_bytes))
+    }
+
+    /// True once [`ClusterNode::begin_shutdown`] was called.
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    /// Clients answered and closed, leadership handed over: the peer
+    /// connections left may be dropped.
+    fn quiesced(&self) -> bool {
+        self.stats().clients == 0 && !self.is_leader()
+    }
+
+    fn node_id(&self) -> Option<NodeId> {
+        Some(self.id())
+    }
+
+    /// The node's [`ClusterNode::lock`]; a node that does not serve
+    /// inspection ([`Machine::not_leader`], which the admin layer asks
+    /// first) sees nothing.
+    fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
+        self.lock(now, key).ok().flatten()
+    }
+
+    /// The node's [`ClusterNode::locks`]; empty on a node that does not
+    /// serve inspection.
+    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
+        self.locks(now, prefix, limit).unwrap_or(LockListing {
+            locks: Vec::new(),
+            truncated: false,
+        })
+    }
+
+    fn not_leader(&self) -> Option<NotLeader> {
+        self.leader_elsewhere()
+    }
+}
