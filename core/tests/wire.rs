@@ -317,6 +317,49 @@ fn key_group_validation() {
     );
 }
 
+#[test]
+fn short_and_long_keys_behave_alike() {
+    // Keys up to 22 bytes are stored inline, longer ones boxed: the two
+    // forms must compare, order, hash and print exactly as their bytes.
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+    fn hash_of<T: Hash + ?Sized>(value: &T) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        value.hash(&mut hasher);
+        hasher.finish()
+    }
+    for len in [1, 21, 22, 23, 24, 127, 128] {
+        let bytes = vec![b'k'; len];
+        let key = Key::new(&bytes).unwrap();
+        assert_eq!(key.as_bytes(), &bytes[..], "len {len}");
+        assert_eq!(key.as_str().len(), len);
+        assert_eq!(hash_of(&key), hash_of(&bytes[..]), "len {len}");
+        assert_eq!(format!("{key:?}"), format!("Key({:?})", &bytes[..]));
+        assert_eq!(&*key.clone().into_boxed_bytes(), &bytes[..]);
+    }
+    // Order by raw bytes across the inline/boxed boundary.
+    let short = key(&"a".repeat(22));
+    let long = key(&"a".repeat(23));
+    let after = key("b");
+    assert!(short < long && long < after, "a prefix sorts first");
+    assert_ne!(short, long);
+    let group = KeyGroup::new(vec![short.clone(), long.clone(), after.clone()]).unwrap();
+    assert_eq!(group.keys(), &[short.clone(), long, after][..]);
+    // A group built of one key is the single group, whichever way it was made.
+    assert_eq!(
+        KeyGroup::new(vec![short.clone()]).unwrap(),
+        KeyGroup::single(short.clone())
+    );
+    assert_eq!(
+        hash_of(&KeyGroup::single(short.clone())),
+        hash_of(&vec![short.clone()])
+    );
+    assert_eq!(
+        format!("{:?}", KeyGroup::single(short.clone())),
+        format!("KeyGroup({:?})", vec![short])
+    );
+}
+
 // ------------------------------------------------------- exact bytes
 
 #[test]
