@@ -639,10 +639,13 @@ impl Session {
             Reply::Busy { .. } => self.push_outcome(rid, Outcome::Busy),
             Reply::Indeterminate { .. } => self.push_outcome(rid, Outcome::Indeterminate),
             Reply::Moved { leader_slot, .. } => {
+                // `M` answers this one request: it had no effect and may
+                // run elsewhere. The server goes on serving the connection
+                // (PROTOCOL.md: `M` is a reply like any other, not a close),
+                // so the other requests on it get their own replies, a
+                // grant or an `M` of their own, rather than Indeterminate.
                 self.push_outcome(rid, Outcome::Retry);
                 self.push_leader_hint(leader_slot);
-                let leader_slot = (leader_slot != NO_LEADER_SLOT).then_some(leader_slot);
-                self.close(now, CloseReason::Moved { leader_slot });
             }
             Reply::Error { code, .. } => {
                 if matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader) {
