@@ -282,6 +282,13 @@ fn key_validation() {
     assert_eq!(Key::new(b"cut\xe6\x97"), Err(ErrorCode::BadKey));
     assert_eq!(key("abc").as_str(), "abc");
     assert_eq!(&*key("abc").into_boxed_bytes(), b"abc");
+    // From text: the same rules, the UTF-8 check already done by `str`.
+    assert_eq!(Key::from_text("abc"), Ok(key("abc")));
+    assert_eq!(Key::from_text("é/ключ"), Key::new("é/ключ".as_bytes()));
+    for bad in ["", "has space", "has\rcr", "has\nlf"] {
+        assert_eq!(Key::from_text(bad), Err(ErrorCode::BadKey), "{bad:?}");
+    }
+    assert_eq!(Key::from_text(&"k".repeat(129)), Err(ErrorCode::BadKey));
 }
 
 #[test]

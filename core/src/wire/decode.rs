@@ -285,10 +285,13 @@ impl RequestDecoder {
     /// Drops consumed bytes and gives back a large allocation once it is
     /// mostly empty.
     fn discard_consumed(&mut self) {
-        if self.start > 0 {
+        if self.start == self.buf.len() {
+            // The usual case: every frame pushed was whole.
+            self.buf.clear();
+        } else if self.start > 0 {
             self.buf.drain(..self.start);
-            self.start = 0;
         }
+        self.start = 0;
         if self.buf.capacity() > DECODER_RETAIN_CAPACITY
             && self.buf.len() <= DECODER_RETAIN_CAPACITY / 2
         {

@@ -36,15 +36,24 @@ enum KeyBytes {
 impl Key {
     /// Validates `bytes` as a key.
     pub fn new(bytes: &[u8]) -> Result<Key, ErrorCode> {
+        if core::str::from_utf8(bytes).is_err() {
+            return Err(ErrorCode::BadKey);
+        }
+        Key::from_utf8_bytes(bytes)
+    }
+    /// Validates `text` as a key: [`Key::new`] without the UTF-8 check a
+    /// `str` has already passed.
+    pub fn from_text(text: &str) -> Result<Key, ErrorCode> {
+        Key::from_utf8_bytes(text.as_bytes())
+    }
+    /// The length and character rules, on bytes known to be UTF-8.
+    fn from_utf8_bytes(bytes: &[u8]) -> Result<Key, ErrorCode> {
         if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
             return Err(ErrorCode::BadKey);
         }
         // Space, CR and LF would break the line-based tools and logs that
         // print keys; they are ASCII, so a byte scan is exact even in UTF-8.
         if bytes.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n')) {
-            return Err(ErrorCode::BadKey);
-        }
-        if core::str::from_utf8(bytes).is_err() {
             return Err(ErrorCode::BadKey);
         }
         Ok(Key(match u8::try_from(bytes.len()) {
@@ -65,7 +74,7 @@ impl Key {
     }
     /// The key as text (always valid UTF-8).
     pub fn as_str(&self) -> &str {
-        // Validated in `Key::new`, the only constructor.
+        // Validated as UTF-8 by every constructor.
         core::str::from_utf8(self.as_bytes()).unwrap_or_default()
     }
     /// The key's bytes, owned (a copy for an inline key).
