@@ -564,8 +564,11 @@ fn when_the_session_dies_sent_requests_are_indeterminate_and_unsent_ones_retry()
     );
 }
 
+/// `M` answers one request; the server keeps serving the connection
+/// (PROTOCOL.md), so the others in flight on it get their own replies, not
+/// Indeterminate, and the session stays up.
 #[test]
-fn moved_is_retry_with_a_leader_hint_and_closes_the_session() {
+fn moved_is_retry_with_a_leader_hint_for_that_request_only() {
     let mut s = Scripted::cluster(1, 3);
     let moved = s.acquire("a", 5);
     let other = s.acquire("b", 5);
@@ -581,13 +584,33 @@ fn moved_is_retry_with_a_leader_hint_and_closes_the_session() {
         [
             outcome(moved, Outcome::Retry),
             SessionEvent::LeaderHint(Some(2)),
-            outcome(other, Outcome::Indeterminate),
-            outcome(unsent, Outcome::Retry),
-            SessionEvent::Closed(CloseReason::Moved {
-                leader_slot: Some(2)
-            }),
         ]
     );
+    assert!(s.session.is_ready(), "the session goes on");
+    assert_eq!(s.session.pending_len(), 2);
+    // The request in flight beside it gets its own reply: here a grant
+    // (the node applied it before it lost the lead).
+    s.reply(Reply::Acquired {
+        rid: other,
+        token: 41,
+    });
+    assert_eq!(granted(&s.events(), other).token, 41);
+    // The one not yet sent still leaves, and is answered on its own too.
+    assert_eq!(s.transmit().len(), 1);
+    s.reply(Reply::Moved {
+        rid: unsent,
+        leader_slot: 2,
+    });
+    assert_eq!(
+        s.events(),
+        [
+            outcome(unsent, Outcome::Retry),
+            SessionEvent::LeaderHint(Some(2)),
+        ]
+    );
+    assert!(s.session.is_ready());
+    assert_eq!(s.session.pending_len(), 0);
+    // Retries go to the leader it named.
     let mut router = Router::new(3);
     for index in 0..3 {
         router.handle_event(index, &SessionEvent::Ready);
@@ -597,6 +620,37 @@ fn moved_is_retry_with_a_leader_hint_and_closes_the_session() {
     }
     assert_eq!(router.leader(), Some(2));
     assert_eq!(router.pick(), Some(2));
+    assert!(router.is_ready(1), "the node that answered M stays usable");
+}
+
+/// A second reply to a rid that `M` already answered is an unknown rid,
+/// as after any other final reply.
+#[test]
+fn a_reply_after_moved_to_the_same_rid_closes_the_session() {
+    let mut s = Scripted::cluster(1, 3);
+    let moved = s.acquire("a", 5);
+    s.transmit();
+    s.reply(Reply::Moved {
+        rid: moved,
+        leader_slot: NO_LEADER_SLOT,
+    });
+    assert_eq!(
+        s.events(),
+        [
+            outcome(moved, Outcome::Retry),
+            SessionEvent::LeaderHint(None),
+        ]
+    );
+    s.reply(Reply::Acquired {
+        rid: moved,
+        token: 5,
+    });
+    assert_eq!(
+        s.events(),
+        [SessionEvent::Closed(CloseReason::Protocol(
+            ProtocolError::UnknownRid(moved)
+        ))]
+    );
 }
 
 #[test]
@@ -1635,7 +1689,7 @@ fn session_lifetime_feeds_the_backoff() {
     );
 }
 
-/// During an election every node answers `M` or `E 4` for a while; those
+/// During an election every node answers `E 4` for a while; those
 /// short sessions must not grow the backoff, or the client would stay away
 /// from the new leader for seconds after it is elected.
 #[test]
@@ -1645,11 +1699,8 @@ fn routing_answers_do_not_grow_the_backoff() {
         backoff.after_connect_failure();
     }
     let no_leader = CloseReason::ServerError(ErrorCode::NoLeader);
-    let moved = CloseReason::Moved {
-        leader_slot: Some(1),
-    };
     let not_active = CloseReason::ServerError(ErrorCode::NotActive);
-    for reason in [&no_leader, &moved, &not_active, &no_leader] {
+    for reason in [&no_leader, &not_active, &no_leader] {
         assert_eq!(backoff.after_session(Some(ms(10)), Some(reason)), ms(100));
     }
     // Any other short session is still a failure and doubles it.

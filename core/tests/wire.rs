@@ -282,6 +282,13 @@ fn key_validation() {
     assert_eq!(Key::new(b"cut\xe6\x97"), Err(ErrorCode::BadKey));
     assert_eq!(key("abc").as_str(), "abc");
     assert_eq!(&*key("abc").into_boxed_bytes(), b"abc");
+    // From text: the same rules, the UTF-8 check already done by `str`.
+    assert_eq!(Key::from_text("abc"), Ok(key("abc")));
+    assert_eq!(Key::from_text("é/ключ"), Key::new("é/ключ".as_bytes()));
+    for bad in ["", "has space", "has\rcr", "has\nlf"] {
+        assert_eq!(Key::from_text(bad), Err(ErrorCode::BadKey), "{bad:?}");
+    }
+    assert_eq!(Key::from_text(&"k".repeat(129)), Err(ErrorCode::BadKey));
 }
 
 #[test]
@@ -314,6 +321,49 @@ fn key_group_validation() {
         KeyGroup::single(key("x")).into_keys(),
         vec![key("x")],
         "a single group holds its key"
+    );
+}
+
+#[test]
+fn short_and_long_keys_behave_alike() {
+    // Keys up to 22 bytes are stored inline, longer ones boxed: the two
+    // forms must compare, order, hash and print exactly as their bytes.
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+    fn hash_of<T: Hash + ?Sized>(value: &T) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        value.hash(&mut hasher);
+        hasher.finish()
+    }
+    for len in [1, 21, 22, 23, 24, 127, 128] {
+        let bytes = vec![b'k'; len];
+        let key = Key::new(&bytes).unwrap();
+        assert_eq!(key.as_bytes(), &bytes[..], "len {len}");
+        assert_eq!(key.as_str().len(), len);
+        assert_eq!(hash_of(&key), hash_of(&bytes[..]), "len {len}");
+        assert_eq!(format!("{key:?}"), format!("Key({:?})", &bytes[..]));
+        assert_eq!(&*key.clone().into_boxed_bytes(), &bytes[..]);
+    }
+    // Order by raw bytes across the inline/boxed boundary.
+    let short = key(&"a".repeat(22));
+    let long = key(&"a".repeat(23));
+    let after = key("b");
+    assert!(short < long && long < after, "a prefix sorts first");
+    assert_ne!(short, long);
+    let group = KeyGroup::new(vec![short.clone(), long.clone(), after.clone()]).unwrap();
+    assert_eq!(group.keys(), &[short.clone(), long, after][..]);
+    // A group built of one key is the single group, whichever way it was made.
+    assert_eq!(
+        KeyGroup::new(vec![short.clone()]).unwrap(),
+        KeyGroup::single(short.clone())
+    );
+    assert_eq!(
+        hash_of(&KeyGroup::single(short.clone())),
+        hash_of(&vec![short.clone()])
+    );
+    assert_eq!(
+        format!("{:?}", KeyGroup::single(short.clone())),
+        format!("KeyGroup({:?})", vec![short])
     );
 }
 

@@ -2304,13 +2304,12 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
     }
 
     fn close_expected(&self, reason: &CloseReason) -> bool {
-        // Besides what any server may cause: redirects to the leader, and
-        // a node that is not (or no longer) active or has no leader.
+        // Besides what any server may cause: a node that is not (or no
+        // longer) active or has no leader. (`M` does not close a session.)
         close_expected_of_any(reason)
             || matches!(
                 reason,
-                CloseReason::Moved { .. }
-                    | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+                CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
             )
     }
 

@@ -137,11 +137,6 @@ pub enum CloseReason {
     HandshakeTimeout,
     /// The server broke the protocol.
     Protocol(ProtocolError),
-    /// `M`: this node is not the leader (session-fatal by the official rule).
-    Moved {
-        /// The leader it named, if any.
-        leader_slot: Option<u8>,
-    },
     /// `E`: every error reply is session-fatal.
     ServerError(ErrorCode),
     /// A request whose bytes may have left passed its local deadline; a late
@@ -175,13 +170,13 @@ impl CloseReason {
                 | CloseReason::BadResult(_)
         )
     }
-    /// True for a routing answer (`M`, `E 3`, `E 4`): the node answered, it
+    /// True for a routing answer (`E 3`, `E 4`): the node answered, it
     /// just is not the one to serve requests now. The connection is healthy.
+    /// (`M` names the leader and does not end the session.)
     pub fn is_routing(&self) -> bool {
         matches!(
             self,
-            CloseReason::Moved { .. }
-                | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+            CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
         )
     }
     /// The error a caller sees for a request that could not use this session.
@@ -207,14 +202,6 @@ impl fmt::Display for CloseReason {
             CloseReason::BadResult(byte) => write!(f, "invalid handshake result byte 0x{byte:02x}"),
             CloseReason::HandshakeTimeout => f.write_str("handshake timed out"),
             CloseReason::Protocol(error) => write!(f, "protocol violation: {error}"),
-            CloseReason::Moved {
-                leader_slot: Some(slot),
-            } => {
-                write!(f, "not the leader (leader is slot {slot})")
-            }
-            CloseReason::Moved { leader_slot: None } => {
-                f.write_str("not the leader (no leader known)")
-            }
             CloseReason::ServerError(code) => write!(f, "server answered error {code:?}"),
             CloseReason::DeadlineAfterSend => {
                 f.write_str("a sent request passed its deadline without a reply")

@@ -101,16 +101,15 @@ impl AcquireParams {
 }
 
 fn validate_key(key: &str) -> Result<Key, ClientError> {
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(ClientError::InvalidInput("key must be 1..=128 bytes"));
-    }
-    if key.bytes().any(|byte| matches!(byte, b' ' | b'\r' | b'\n')) {
-        return Err(ClientError::InvalidInput(
-            "key must not contain spaces or newlines",
-        ));
-    }
-    // Same rules as above, so this cannot fail; keep one source of truth.
-    Key::new(key.as_bytes()).map_err(|_| ClientError::InvalidInput("invalid key"))
+    // The wire's rules, checked once; a failure is then told apart for
+    // the caller (a `str` is UTF-8, so only length or a character is left).
+    Key::from_text(key).map_err(|_| {
+        ClientError::InvalidInput(if key.is_empty() || key.len() > MAX_KEY_LEN {
+            "key must be 1..=128 bytes"
+        } else {
+            "key must not contain spaces or newlines"
+        })
+    })
 }
 
 /// The keys of one acquire or release: one key (sent as `A`/`R`) or a

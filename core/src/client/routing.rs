@@ -68,7 +68,7 @@ impl Backoff {
         reason: Option<&CloseReason>,
     ) -> Duration {
         if reason.is_some_and(CloseReason::is_routing) {
-            // A node that answered `M`/`E 3`/`E 4` is reachable: during an
+            // A node that answered `E 3`/`E 4` is reachable: during an
             // election every node answers so for a while, and growing the
             // backoff then would keep the client away from the new leader
             // for up to 3.2 s after it is elected. Come back soon, without

@@ -1,12 +1,13 @@
 //! One client connection as a state machine ([`Session`]): the handshake,
 //! request ids, the send boundary, reply matching and the silence rule.
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 
 use super::error::{ClientError, CloseReason, ProtocolError};
 use super::request::{AcquireParams, Compensation, Grant, KeySet, Outcome, ceil_secs};
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
+use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireRequest, ErrorCode, FRAME_HEADER_LEN, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
@@ -224,9 +225,10 @@ pub struct Session {
     /// A partial reply frame (at most one frame long) and when it began.
     partial: Vec<u8>,
     partial_since: Option<Instant>,
-    /// Requests in flight by rid. Rids are handed out in order, so every
-    /// rid below `send_cursor` has been handed out and none above it has.
-    pending: BTreeMap<u64, Pending>,
+    /// Requests in flight by rid (our own numbers: a cheap hash, nothing
+    /// to flood). Rids are handed out in order, so every rid below
+    /// `send_cursor` has been handed out and none at or above it has.
+    pending: IdMap<u64, Pending>,
     pending_acquires: usize,
     pending_releases: usize,
     /// Requests in `pending` not yet handed out.
@@ -264,7 +266,7 @@ impl Session {
             proof: Vec::new(),
             partial: Vec::with_capacity(MAX_REPLY_FRAME_LEN),
             partial_since: None,
-            pending: BTreeMap::new(),
+            pending: IdMap::default(),
             pending_acquires: 0,
             pending_releases: 0,
             unsent: 0,
@@ -416,11 +418,18 @@ impl Session {
         if !self.is_ready() {
             return out.len() - start;
         }
-        while out.len() - start < TRANSMIT_BATCH_BYTES {
-            let Some((&rid, entry)) = self.pending.range_mut(self.send_cursor..).next() else {
-                break;
-            };
+        // The unsent requests are the rids from the cursor on, less those
+        // cancelled or timed out before they left: `unsent` says when the
+        // last one has been seen.
+        while self.unsent > 0 && out.len() - start < TRANSMIT_BATCH_BYTES {
+            let rid = self.send_cursor;
             self.send_cursor = rid.saturating_add(1);
+            let Some(entry) = self.pending.get_mut(&rid) else {
+                if rid == u64::MAX {
+                    break;
+                }
+                continue;
+            };
             if entry.sent_at.is_some() {
                 // Only reachable at rid u64::MAX, where the cursor saturates.
                 break;
@@ -630,10 +639,13 @@ impl Session {
             Reply::Busy { .. } => self.push_outcome(rid, Outcome::Busy),
             Reply::Indeterminate { .. } => self.push_outcome(rid, Outcome::Indeterminate),
             Reply::Moved { leader_slot, .. } => {
+                // `M` answers this one request: it had no effect and may
+                // run elsewhere. The server goes on serving the connection
+                // (PROTOCOL.md: `M` is a reply like any other, not a close),
+                // so the other requests on it get their own replies, a
+                // grant or an `M` of their own, rather than Indeterminate.
                 self.push_outcome(rid, Outcome::Retry);
                 self.push_leader_hint(leader_slot);
-                let leader_slot = (leader_slot != NO_LEADER_SLOT).then_some(leader_slot);
-                self.close(now, CloseReason::Moved { leader_slot });
             }
             Reply::Error { code, .. } => {
                 if matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader) {
@@ -790,7 +802,11 @@ impl Session {
         }
         self.phase = Phase::Closed;
         self.closed_at = Some(now);
-        for (rid, entry) in std::mem::take(&mut self.pending) {
+        // In rid order, as they were submitted.
+        let mut ended: Vec<(u64, Pending)> =
+            std::mem::take(&mut self.pending).into_iter().collect();
+        ended.sort_unstable_by_key(|&(rid, _)| rid);
+        for (rid, entry) in ended {
             let outcome = if entry.sent_at.is_some() {
                 Outcome::Indeterminate
             } else {

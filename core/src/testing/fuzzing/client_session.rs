@@ -21,6 +21,9 @@ struct Tracked {
     lease: Duration,
     /// When its bytes were handed out, as decoded from the session's output.
     sent_at: Option<Instant>,
+    /// The server was made to answer it `M` (the session may still have
+    /// refused that reply, or another one first).
+    moved: bool,
     /// How it ended: an outcome event, or a cancel that took it.
     resolved: Option<Resolution>,
 }
@@ -84,7 +87,8 @@ fn reply(cursor: &mut Cursor<'_>, rid: u64) -> Reply {
 /// cancel that took it); nothing at all is reported after `Closed`, and
 /// nothing is pending then; a request whose bytes were never handed out
 /// ends only as `Timeout` or `Retry`; one whose bytes were handed out ends
-/// `Retry` only when the session closed on `M` or `E 3`/`E 4`; a grant
+/// `Retry` only when it was answered `M` or the session closed on
+/// `E 3`/`E 4`; a grant
 /// names the requested keys, a non-zero token, and a validity no later
 /// than the lease counted from when its bytes were handed out.
 pub fn client_session(data: &[u8]) {
@@ -177,7 +181,11 @@ impl Harness {
                 .nth(pick % self.tracked.len())
                 .expect("non-empty")
         };
-        reply(cursor, rid).encode(&mut self.to_session);
+        let reply = reply(cursor, rid);
+        if let (Reply::Moved { .. }, Some(entry)) = (reply, self.tracked.get_mut(&rid)) {
+            entry.moved = true;
+        }
+        reply.encode(&mut self.to_session);
     }
 
     /// Queues up to 31 raw bytes.
@@ -224,6 +232,7 @@ impl Harness {
                     acquire,
                     lease,
                     sent_at: None,
+                    moved: false,
                     resolved: None,
                 },
             );
@@ -321,12 +330,12 @@ impl Harness {
                 && entry.sent_at.is_some()
             {
                 assert!(
-                    matches!(
-                        reason,
-                        CloseReason::Moved { .. }
-                            | CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-                    ),
-                    "sent rid {rid} told Retry, session closed by {reason:?}"
+                    entry.moved
+                        || matches!(
+                            reason,
+                            CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+                        ),
+                    "sent rid {rid} told Retry without an `M`, session closed by {reason:?}"
                 );
             }
         }

@@ -1,0 +1,185 @@
+//! Client protocol v3: frames, validation and encoding.
+//!
+//! Every message after the handshake is `[op u8][body_len u16 BE][body]`.
+//! The decoders here are the only place that turns client bytes into
+//! requests; they enforce the hard size limits before buffering a body and map
+//! every out-of-range field to its `E` code (see `docs/protocol.md`).
+//!
+//! Two kinds of bad input are told apart:
+//! - a frame that cannot be parsed (unknown op, bad `body_len`, body shorter
+//!   than the op's fixed fields, rid 0) is a [`FrameError`]: the connection
+//!   is closed, because the byte stream can no longer be trusted;
+//! - a frame whose rid can be read but whose fields are out of range decodes
+//!   to [`Decoded::Rejected`] with the `E` code to answer; the session goes on.
+
+//!
+//! Files: this one (limits, request kinds, error codes), `key` (validated
+//! keys and key groups), `request` (request frames and their encoding),
+//! `decode` (request decoding and the incremental decoder), `reply` (reply
+//! frames, both ways).
+
+mod decode;
+mod key;
+mod reply;
+mod request;
+
+pub use decode::{Decoded, FrameError, RequestDecoder, decode_request};
+pub use key::{Key, KeyGroup};
+pub use reply::{Reply, ReplyError};
+pub use request::{AcquireRequest, ReleaseRequest, Request};
+
+/// Longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 128;
+/// Most keys in one key set.
+pub const MAX_SET_KEYS: usize = 16;
+/// Longest lease a request may ask for, in seconds.
+pub const MAX_LEASE_S: u8 = 250;
+/// `[op][body_len u16]`.
+pub const FRAME_HEADER_LEN: usize = 3;
+/// Largest acquire frame (`A`), header included.
+pub const MAX_ACQUIRE_FRAME_LEN: usize = 141;
+/// Largest release frame (`R`), header included.
+pub const MAX_RELEASE_FRAME_LEN: usize = 147;
+/// Largest key-set acquire frame (`S`), header included.
+pub const MAX_ACQUIRE_SET_FRAME_LEN: usize = 2078;
+/// Largest key-set release frame (`G`), header included.
+pub const MAX_RELEASE_SET_FRAME_LEN: usize = 2084;
+/// Leader slot meaning "no leader known" (and the only slot of single mode).
+pub const NO_LEADER_SLOT: u8 = 0xFF;
+
+/// Largest request frame of any kind, header included.
+const MAX_REQUEST_FRAME_LEN: usize = MAX_RELEASE_SET_FRAME_LEN;
+
+/// Decoder buffer capacity kept across pushes. A larger allocation left by
+/// one big push is given back once the bytes in it have been consumed, so a
+/// burst does not pin memory for the life of the connection.
+const DECODER_RETAIN_CAPACITY: usize = 8 * MAX_REQUEST_FRAME_LEN;
+
+// The limits are derived from the field layout; keep them in step.
+const _: () = {
+    assert!(MAX_ACQUIRE_FRAME_LEN == FRAME_HEADER_LEN + 10 + MAX_KEY_LEN);
+    assert!(MAX_RELEASE_FRAME_LEN == FRAME_HEADER_LEN + 16 + MAX_KEY_LEN);
+    assert!(MAX_ACQUIRE_SET_FRAME_LEN == FRAME_HEADER_LEN + 11 + MAX_SET_KEYS * (1 + MAX_KEY_LEN));
+    assert!(MAX_RELEASE_SET_FRAME_LEN == FRAME_HEADER_LEN + 17 + MAX_SET_KEYS * (1 + MAX_KEY_LEN));
+    assert!(MAX_REQUEST_FRAME_LEN - FRAME_HEADER_LEN <= u16::MAX as usize);
+};
+
+/// The four request kinds, by op byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// `A`: acquire one key.
+    Acquire,
+    /// `R`: release one key.
+    Release,
+    /// `S`: acquire a key set under one token.
+    AcquireSet,
+    /// `G`: release a key set.
+    ReleaseSet,
+}
+
+impl RequestKind {
+    /// The op byte on the wire.
+    pub fn op(self) -> u8 {
+        match self {
+            RequestKind::Acquire => b'A',
+            RequestKind::Release => b'R',
+            RequestKind::AcquireSet => b'S',
+            RequestKind::ReleaseSet => b'G',
+        }
+    }
+    /// The kind for an op byte, if it is a request op.
+    pub fn from_op(op: u8) -> Option<Self> {
+        match op {
+            b'A' => Some(RequestKind::Acquire),
+            b'R' => Some(RequestKind::Release),
+            b'S' => Some(RequestKind::AcquireSet),
+            b'G' => Some(RequestKind::ReleaseSet),
+            _ => None,
+        }
+    }
+    /// `A` or `S`.
+    pub fn is_acquire(self) -> bool {
+        matches!(self, RequestKind::Acquire | RequestKind::AcquireSet)
+    }
+    /// `S` or `G`.
+    pub fn is_set(self) -> bool {
+        matches!(self, RequestKind::AcquireSet | RequestKind::ReleaseSet)
+    }
+    /// Length of the fields before the key (or key records): a body shorter
+    /// than this cannot be read at all.
+    pub fn fixed_body_len(self) -> usize {
+        match self {
+            // rid · wait · lease
+            RequestKind::Acquire => 10,
+            // rid · token
+            RequestKind::Release => 16,
+            // rid · wait · lease · count
+            RequestKind::AcquireSet => 11,
+            // rid · token · count
+            RequestKind::ReleaseSet => 17,
+        }
+    }
+    /// Largest body this kind may declare.
+    pub fn max_body_len(self) -> usize {
+        let frame_len = match self {
+            RequestKind::Acquire => MAX_ACQUIRE_FRAME_LEN,
+            RequestKind::Release => MAX_RELEASE_FRAME_LEN,
+            RequestKind::AcquireSet => MAX_ACQUIRE_SET_FRAME_LEN,
+            RequestKind::ReleaseSet => MAX_RELEASE_SET_FRAME_LEN,
+        };
+        frame_len - FRAME_HEADER_LEN
+    }
+}
+
+/// `E` reply codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ErrorCode {
+    /// A key is empty, longer than 128 bytes, not UTF-8, or holds a space, CR or LF.
+    BadKey = 1,
+    /// Lease outside 1..=250 s.
+    BadLease = 2,
+    /// This node is not an active voter; the request had no effect.
+    NotActive = 3,
+    /// No leader is known; the request had no effect.
+    NoLeader = 4,
+    /// A key set's structure is wrong: count outside 1..=16, records that do
+    /// not fill the body exactly, keys not strictly ascending.
+    BadKeySet = 5,
+    /// The token is current but holds a different key group than named.
+    GroupMismatch = 6,
+    /// Token 0 in a release.
+    BadToken = 7,
+}
+
+impl ErrorCode {
+    /// The code for a byte, if it is one.
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(ErrorCode::BadKey),
+            2 => Some(ErrorCode::BadLease),
+            3 => Some(ErrorCode::NotActive),
+            4 => Some(ErrorCode::NoLeader),
+            5 => Some(ErrorCode::BadKeySet),
+            6 => Some(ErrorCode::GroupMismatch),
+            7 => Some(ErrorCode::BadToken),
+            _ => None,
+        }
+    }
+    /// Whether this code may answer a request of `kind` (PROTOCOL.md §2).
+    pub fn allowed_for(self, kind: RequestKind) -> bool {
+        match self {
+            ErrorCode::BadKey | ErrorCode::NotActive | ErrorCode::NoLeader => true,
+            ErrorCode::BadLease => kind.is_acquire(),
+            ErrorCode::BadKeySet => kind.is_set(),
+            ErrorCode::GroupMismatch | ErrorCode::BadToken => !kind.is_acquire(),
+        }
+    }
+}
+
+/// The big-endian u64 at `at`; the caller has checked the length.
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_be_bytes(word)
+}

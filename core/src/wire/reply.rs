@@ -1,0 +1,258 @@
+//! Reply frames ([`Reply`]): encoding, and decoding with every check a
+//! client makes before it trusts one.
+
+use super::{ErrorCode, FRAME_HEADER_LEN, RequestKind, read_u64};
+
+/// A reply frame (server → client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `A`: acquired.
+    Acquired {
+        /// Request id.
+        rid: u64,
+        /// Fencing token.
+        token: u64,
+    },
+    /// `S`: key set acquired.
+    AcquiredSet {
+        /// Request id.
+        rid: u64,
+        /// Fencing token of the whole set.
+        token: u64,
+    },
+    /// `R`: released.
+    Released {
+        /// Request id.
+        rid: u64,
+    },
+    /// `G`: key set released.
+    ReleasedSet {
+        /// Request id.
+        rid: u64,
+    },
+    /// `N`: not found / token not current.
+    NotFound {
+        /// Request id.
+        rid: u64,
+    },
+    /// `T`: the wait ended without the lock.
+    TimedOut {
+        /// Request id.
+        rid: u64,
+    },
+    /// `B`: capacity at its limit, nothing queued.
+    Busy {
+        /// Request id.
+        rid: u64,
+    },
+    /// `I`: may or may not have taken effect.
+    Indeterminate {
+        /// Request id.
+        rid: u64,
+    },
+    /// `M`: not the leader; no effect.
+    Moved {
+        /// Request id.
+        rid: u64,
+        /// Leader slot, or [`NO_LEADER_SLOT`](super::NO_LEADER_SLOT).
+        leader_slot: u8,
+    },
+    /// `E`: error.
+    Error {
+        /// Request id.
+        rid: u64,
+        /// The code.
+        code: ErrorCode,
+    },
+    /// `L`: unsolicited leader notice.
+    Leader {
+        /// Leader slot, or [`NO_LEADER_SLOT`](super::NO_LEADER_SLOT).
+        leader_slot: u8,
+    },
+}
+
+/// A reply frame that a client must treat as session-fatal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyError {
+    /// Unknown op.
+    UnknownOp(u8),
+    /// Body length not the op's exact length.
+    BadLength {
+        /// The op.
+        op: u8,
+        /// The declared body length.
+        body_len: usize,
+    },
+    /// rid 0 or token 0.
+    Zero,
+    /// Unknown `E` code.
+    UnknownCode(u8),
+}
+
+impl core::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            ReplyError::UnknownOp(op) => write!(f, "unknown reply op 0x{op:02x}"),
+            ReplyError::BadLength { op, body_len } => write!(
+                f,
+                "reply op 0x{op:02x} declares a {body_len}-byte body, not its exact {}-byte length",
+                reply_body_len(op).unwrap_or(0)
+            ),
+            ReplyError::Zero => f.write_str("reply carries request id 0 or token 0"),
+            ReplyError::UnknownCode(code) => write!(f, "reply carries unknown error code {code}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplyError {}
+
+/// The exact body length of a reply op, `None` if the op is unknown.
+fn reply_body_len(op: u8) -> Option<usize> {
+    match op {
+        b'A' | b'S' => Some(16),
+        b'R' | b'G' | b'N' | b'T' | b'B' | b'I' => Some(8),
+        b'M' | b'E' => Some(9),
+        b'L' => Some(1),
+        _ => None,
+    }
+}
+
+impl Reply {
+    /// The request id, `None` for `L`.
+    pub fn rid(&self) -> Option<u64> {
+        match *self {
+            Reply::Acquired { rid, .. }
+            | Reply::AcquiredSet { rid, .. }
+            | Reply::Released { rid }
+            | Reply::ReleasedSet { rid }
+            | Reply::NotFound { rid }
+            | Reply::TimedOut { rid }
+            | Reply::Busy { rid }
+            | Reply::Indeterminate { rid }
+            | Reply::Moved { rid, .. }
+            | Reply::Error { rid, .. } => Some(rid),
+            Reply::Leader { .. } => None,
+        }
+    }
+    /// The op byte on the wire.
+    pub fn op(&self) -> u8 {
+        match self {
+            Reply::Acquired { .. } => b'A',
+            Reply::AcquiredSet { .. } => b'S',
+            Reply::Released { .. } => b'R',
+            Reply::ReleasedSet { .. } => b'G',
+            Reply::NotFound { .. } => b'N',
+            Reply::TimedOut { .. } => b'T',
+            Reply::Busy { .. } => b'B',
+            Reply::Indeterminate { .. } => b'I',
+            Reply::Moved { .. } => b'M',
+            Reply::Error { .. } => b'E',
+            Reply::Leader { .. } => b'L',
+        }
+    }
+    /// Appends the reply's frame to `out`. Fields are written as given.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let op = self.op();
+        let body_len = reply_body_len(op).expect("every reply op has a length") as u16;
+        out.push(op);
+        out.extend_from_slice(&body_len.to_be_bytes());
+        if let Some(rid) = self.rid() {
+            out.extend_from_slice(&rid.to_be_bytes());
+        }
+        match *self {
+            Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
+                out.extend_from_slice(&token.to_be_bytes());
+            }
+            Reply::Moved { leader_slot, .. } | Reply::Leader { leader_slot } => {
+                out.push(leader_slot)
+            }
+            Reply::Error { code, .. } => out.push(code as u8),
+            Reply::Released { .. }
+            | Reply::ReleasedSet { .. }
+            | Reply::NotFound { .. }
+            | Reply::TimedOut { .. }
+            | Reply::Busy { .. }
+            | Reply::Indeterminate { .. } => {}
+        }
+    }
+    /// Decodes one reply from the start of `buf`: `Ok(None)` if incomplete,
+    /// else the reply and the bytes it used. Checks the exact body length
+    /// from the header before waiting for the body.
+    ///
+    /// Slots are not checked here: whether a slot is valid depends on the
+    /// mode and cluster size, which only the client knows.
+    pub fn decode(buf: &[u8]) -> Result<Option<(Reply, usize)>, ReplyError> {
+        let Some(&op) = buf.first() else {
+            return Ok(None);
+        };
+        let expected_len = reply_body_len(op).ok_or(ReplyError::UnknownOp(op))?;
+        let Some(header) = buf.get(..FRAME_HEADER_LEN) else {
+            return Ok(None);
+        };
+        let body_len = usize::from(u16::from_be_bytes([header[1], header[2]]));
+        if body_len != expected_len {
+            return Err(ReplyError::BadLength { op, body_len });
+        }
+        let frame_len = FRAME_HEADER_LEN + body_len;
+        let Some(body) = buf.get(FRAME_HEADER_LEN..frame_len) else {
+            return Ok(None);
+        };
+        if op == b'L' {
+            return Ok(Some((
+                Reply::Leader {
+                    leader_slot: body[0],
+                },
+                frame_len,
+            )));
+        }
+        let rid = nonzero(read_u64(body, 0))?;
+        let reply = match op {
+            b'A' => Reply::Acquired {
+                rid,
+                token: nonzero(read_u64(body, 8))?,
+            },
+            b'S' => Reply::AcquiredSet {
+                rid,
+                token: nonzero(read_u64(body, 8))?,
+            },
+            b'R' => Reply::Released { rid },
+            b'G' => Reply::ReleasedSet { rid },
+            b'N' => Reply::NotFound { rid },
+            b'T' => Reply::TimedOut { rid },
+            b'B' => Reply::Busy { rid },
+            b'I' => Reply::Indeterminate { rid },
+            b'M' => Reply::Moved {
+                rid,
+                leader_slot: body[8],
+            },
+            b'E' => Reply::Error {
+                rid,
+                code: ErrorCode::from_u8(body[8]).ok_or(ReplyError::UnknownCode(body[8]))?,
+            },
+            _ => unreachable!("reply_body_len accepted only the ops above"),
+        };
+        Ok(Some((reply, frame_len)))
+    }
+    /// Whether this reply may answer a request of `kind` (`L` answers none).
+    pub fn answers(&self, kind: RequestKind) -> bool {
+        match *self {
+            Reply::Acquired { .. } => kind == RequestKind::Acquire,
+            Reply::AcquiredSet { .. } => kind == RequestKind::AcquireSet,
+            Reply::Released { .. } => kind == RequestKind::Release,
+            Reply::ReleasedSet { .. } => kind == RequestKind::ReleaseSet,
+            Reply::TimedOut { .. } | Reply::Busy { .. } => kind.is_acquire(),
+            Reply::NotFound { .. } => !kind.is_acquire(),
+            Reply::Moved { .. } | Reply::Indeterminate { .. } => true,
+            Reply::Error { code, .. } => code.allowed_for(kind),
+            Reply::Leader { .. } => false,
+        }
+    }
+}
+
+fn nonzero(value: u64) -> Result<u64, ReplyError> {
+    if value == 0 {
+        Err(ReplyError::Zero)
+    } else {
+        Ok(value)
+    }
+}
