@@ -26,7 +26,7 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 /// xorshift64*: a fixed stream of inputs, the same on every run.
-pub fn pseudo_random_inputs(seed: u64, count: usize, max_len: usize) -> Vec<Vec<u8>> {
+pub fn pseudo_random_inputs(seed: u64, count: usize, len_max: usize) -> Vec<Vec<u8>> {
     let mut state = seed;
     let mut next = move || {
         state ^= state >> 12;
@@ -36,7 +36,7 @@ pub fn pseudo_random_inputs(seed: u64, count: usize, max_len: usize) -> Vec<Vec<
     };
     (0..count)
         .map(|_| {
-            let len = (next() as usize) % max_len;
+            let len = (next() as usize) % len_max;
             (0..len).map(|_| next() as u8).collect()
         })
         .collect()

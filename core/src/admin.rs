@@ -57,7 +57,7 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 
 impl AdminTokens {
     /// Accepts any of `tokens`; each must be at least 16 bytes
-    /// ([`crate::auth::MIN_TOKEN_LEN`]). An empty list accepts no token at all.
+    /// ([`crate::auth::TOKEN_LEN_MIN`]). An empty list accepts no token at all.
     pub fn new<I, T>(tokens: I) -> Result<Self, TokenTooShort>
     where
         I: IntoIterator<Item = T>,

@@ -33,7 +33,7 @@ pub const RESULT_ACCEPTED: u8 = 0x01;
 /// Result byte: rejected (the server then closes).
 pub const RESULT_REJECTED: u8 = 0x00;
 /// Shortest client token a server accepts in its configuration.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub const TOKEN_LEN_MIN: usize = 16;
 /// Self slot of a single-mode server in its hello.
 pub const SINGLE_SELF_SLOT: u8 = 0xFF;
 /// Number of cluster slots: a cluster node's self slot is below this.
@@ -164,7 +164,7 @@ fn proof_mac(token: &[u8], fingerprint: &[u8; 32], hello: &Hello) -> HmacSha256 
     mac
 }
 
-/// A configured token shorter than [`MIN_TOKEN_LEN`].
+/// A configured token shorter than [`TOKEN_LEN_MIN`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenTooShort {
     /// Position of the token in the configured list.
@@ -177,7 +177,7 @@ impl core::fmt::Display for TokenTooShort {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
             f,
-            "client token #{} is {} bytes long; at least {MIN_TOKEN_LEN} bytes are required",
+            "client token #{} is {} bytes long; at least {TOKEN_LEN_MIN} bytes are required",
             self.index, self.len
         )
     }
@@ -201,7 +201,7 @@ impl core::fmt::Debug for ClientTokens {
 }
 
 /// Maps every token through `keep`, refusing the first one shorter than
-/// [`MIN_TOKEN_LEN`] by its position (client and admin tokens share the
+/// [`TOKEN_LEN_MIN`] by its position (client and admin tokens share the
 /// rule).
 pub(crate) fn each_long_enough<I, T, K>(
     tokens: I,
@@ -214,7 +214,7 @@ where
     let mut kept = Vec::new();
     for (index, token) in tokens.into_iter().enumerate() {
         let token = token.as_ref();
-        if token.len() < MIN_TOKEN_LEN {
+        if token.len() < TOKEN_LEN_MIN {
             return Err(TokenTooShort {
                 index,
                 len: token.len(),

@@ -12,7 +12,7 @@
 //!   per source and kind per interval, with a count), and every
 //!   connection's close reason ([`LogEvent::Closed`]); the driver logs them.
 //! - `HeldKeys` (cluster mode): keys held by grants delivered to each
-//!   connection, for [`BudgetConfig::max_held_per_connection`]. Single
+//!   connection, for [`BudgetConfig::held_per_connection_max`]. Single
 //!   mode, whose lock table records each grant's connection, counts them
 //!   in `server::held` instead.
 
@@ -25,52 +25,52 @@ use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 
 /// Limits against connection abuse. Build with
-/// [`BudgetConfig::for_max_connections`] and adjust.
+/// [`BudgetConfig::for_connections_max`] and adjust.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BudgetConfig {
     /// Unfinished client handshakes at most; a new one over it drops the
     /// oldest.
-    pub max_handshakes: usize,
+    pub handshakes_max: usize,
     /// Unfinished client handshakes from one source address at most; a new
     /// one over it drops that source's oldest.
-    pub max_handshakes_per_source: usize,
+    pub handshakes_per_source_max: usize,
     /// Unfinished accepted peer handshakes at most (cluster only).
-    pub max_peer_handshakes: usize,
+    pub peer_handshakes_max: usize,
     /// Unfinished accepted peer handshakes from one source at most.
-    pub max_peer_handshakes_per_source: usize,
+    pub peer_handshakes_per_source_max: usize,
     /// Keys held at once by the grants delivered to one connection; an
     /// acquire that would go over it is answered `B`. A set counts its keys.
-    pub max_held_per_connection: usize,
+    pub held_per_connection_max: usize,
     /// A connection whose releases get this many `N` replies in a row is
     /// closed (a blind sweep over tokens). 0 turns the check off.
-    pub max_release_misses_in_row: u32,
+    pub release_misses_in_row_max: u32,
     /// Abuse reports are aggregated over this long per source.
     pub report_interval: Duration,
 }
 
 /// The floor of the derived handshake budget.
-pub const MIN_HANDSHAKES: usize = 32;
+pub const HANDSHAKES_MIN: usize = 32;
 /// Sources tracked at once in `Reports`; events from further sources are
 /// counted together (`source: None`).
-pub const MAX_REPORTED_SOURCES: usize = 1_024;
+pub const REPORTED_SOURCES_MAX: usize = 1_024;
 /// Events kept for a driver that does not drain them at most; further ones
 /// are dropped and counted (see `dropped_log_events` on the server and node).
-pub const MAX_QUEUED_LOG_EVENTS: usize = 4_096;
+pub const QUEUED_LOG_EVENTS_MAX: usize = 4_096;
 
 impl BudgetConfig {
-    /// Defaults for a server of `max_connections` sessions: an eighth of it
-    /// for handshakes (at least [`MIN_HANDSHAKES`]), half of that per
+    /// Defaults for a server of `connections_max` sessions: an eighth of it
+    /// for handshakes (at least [`HANDSHAKES_MIN`]), half of that per
     /// source, 8 unfinished peer handshakes (4 per source), 16,384 held keys
     /// per connection, 64 release misses in a row, 10 s report interval.
-    pub fn for_max_connections(max_connections: usize) -> Self {
-        let max_handshakes = (max_connections / 8).max(MIN_HANDSHAKES);
+    pub fn for_connections_max(connections_max: usize) -> Self {
+        let handshakes_max = (connections_max / 8).max(HANDSHAKES_MIN);
         BudgetConfig {
-            max_handshakes,
-            max_handshakes_per_source: (max_handshakes / 2).max(1),
-            max_peer_handshakes: 8,
-            max_peer_handshakes_per_source: 4,
-            max_held_per_connection: 16_384,
-            max_release_misses_in_row: 64,
+            handshakes_max,
+            handshakes_per_source_max: (handshakes_max / 2).max(1),
+            peer_handshakes_max: 8,
+            peer_handshakes_per_source_max: 4,
+            held_per_connection_max: 16_384,
+            release_misses_in_row_max: 64,
             report_interval: Duration::from_secs(10),
         }
     }
@@ -78,7 +78,7 @@ impl BudgetConfig {
 
 impl Default for BudgetConfig {
     fn default() -> Self {
-        BudgetConfig::for_max_connections(10_000)
+        BudgetConfig::for_connections_max(10_000)
     }
 }
 
@@ -191,7 +191,7 @@ impl CloseReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogEvent {
     /// `count` events of `kind` from `source` (`None`: sources beyond
-    /// [`MAX_REPORTED_SOURCES`], counted together). The first event of a
+    /// [`REPORTED_SOURCES_MAX`], counted together). The first event of a
     /// source is reported at once; further ones are counted and reported
     /// once per [`BudgetConfig::report_interval`]. Log at `warn`.
     Abuse {
@@ -226,18 +226,18 @@ pub enum LogEvent {
 /// Unfinished handshakes, oldest first, and their sources.
 #[derive(Debug)]
 pub(crate) struct HandshakeBudget {
-    max_total: usize,
-    max_per_source: usize,
+    total_max: usize,
+    per_source_max: usize,
     /// Connection ids only grow, so the smallest is the oldest.
     order: BTreeMap<ConnId, IpAddr>,
     per_source: HashMap<IpAddr, BTreeSet<ConnId>>,
 }
 
 impl HandshakeBudget {
-    pub(crate) fn new(max_total: usize, max_per_source: usize) -> Self {
+    pub(crate) fn new(total_max: usize, per_source_max: usize) -> Self {
         HandshakeBudget {
-            max_total: max_total.max(1),
-            max_per_source: max_per_source.max(1),
+            total_max: total_max.max(1),
+            per_source_max: per_source_max.max(1),
             order: BTreeMap::new(),
             per_source: HashMap::new(),
         }
@@ -248,11 +248,11 @@ impl HandshakeBudget {
     /// source is at its cap, else the oldest of all when the budget is full.
     pub(crate) fn admit(&mut self, conn: ConnId, source: IpAddr) -> Option<ConnId> {
         let from_source = self.per_source.get(&source).map_or(0, BTreeSet::len);
-        let evict = if from_source >= self.max_per_source {
+        let evict = if from_source >= self.per_source_max {
             self.per_source
                 .get(&source)
                 .and_then(|set| set.first().copied())
-        } else if self.order.len() >= self.max_total {
+        } else if self.order.len() >= self.total_max {
             self.order.keys().next().copied()
         } else {
             None
@@ -327,7 +327,7 @@ impl Reports {
         self.handle_timeout(now);
         let now = self.last_now;
         let mut key = (source, kind);
-        if !self.windows.contains_key(&key) && self.windows.len() >= MAX_REPORTED_SOURCES {
+        if !self.windows.contains_key(&key) && self.windows.len() >= REPORTED_SOURCES_MAX {
             key = (None, kind);
         }
         match self.windows.get_mut(&key) {
@@ -375,7 +375,7 @@ impl Reports {
     }
 
     fn push(&mut self, event: LogEvent) {
-        if self.events.len() >= MAX_QUEUED_LOG_EVENTS {
+        if self.events.len() >= QUEUED_LOG_EVENTS_MAX {
             self.dropped_events += 1;
         } else {
             self.events.push_back(event);
@@ -655,12 +655,12 @@ mod tests {
     fn reports_bound_their_sources() {
         let mut reports = Reports::new(Duration::from_secs(10));
         let now = Instant::from_micros(1);
-        for n in 0..(MAX_REPORTED_SOURCES as u32 + 10) {
+        for n in 0..(REPORTED_SOURCES_MAX as u32 + 10) {
             let source = IpAddr::V4(Ipv4Addr::from(n.to_be_bytes()));
             reports.abuse(now, Some(source), AbuseKind::Refused);
         }
         let events: Vec<_> = std::iter::from_fn(|| reports.poll()).collect();
-        assert_eq!(events.len(), MAX_REPORTED_SOURCES + 1);
+        assert_eq!(events.len(), REPORTED_SOURCES_MAX + 1);
         assert_eq!(
             events.last(),
             Some(&LogEvent::Abuse {

@@ -16,16 +16,16 @@ use crate::wire::Key;
 
 /// Most locks one listing returns, whatever the caller asks for: a listing
 /// is built under the core's lock, so its cost must stay bounded.
-pub const MAX_LISTING_LIMIT: usize = 1_000;
+pub const LISTING_LIMIT_MAX: usize = 1_000;
 
 /// Most waiters one [`LockView`] lists; the rest are only counted
 /// ([`LockView::waiters_total`]).
-pub const MAX_LISTED_WAITERS: usize = 1_000;
+pub const LISTED_WAITERS_MAX: usize = 1_000;
 
 /// Most waiters each lock of a [`LockListing`] lists (the front of its
 /// queue; the rest are counted), so a listing stays small however long
 /// the queues are: ask for one key to see more.
-pub const MAX_WAITERS_PER_LISTED_LOCK: usize = 10;
+pub const WAITERS_PER_LISTED_LOCK_MAX: usize = 10;
 
 /// The client connection a grant or a wait belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub struct LockView {
     /// Its holder, if any.
     pub holder: Option<HolderView>,
     /// Its waiters in queue order (the front first), at most
-    /// [`MAX_LISTED_WAITERS`].
+    /// [`LISTED_WAITERS_MAX`].
     pub waiters: Vec<WaiterView>,
     /// How many waiters are queued in all.
     pub waiters_total: usize,

@@ -30,10 +30,10 @@ pub const LINE_NONCE_LEN: usize = 14;
 /// Key bytes read without an LF before the connection is closed
 /// (`Etoo_long`): far above a valid key, so only a broken or hostile
 /// client reaches it.
-pub const MAX_LINE_KEY_SCAN: usize = 1024;
+pub const LINE_KEY_SCAN_MAX: usize = 1024;
 /// Longest text tail of an `M`, `L` or `E` reply: the Rust 0.3.0 client
 /// skips reply lines over 192 bytes, op and LF included.
-pub const MAX_LINE_TEXT_LEN: usize = 190;
+pub const LINE_TEXT_LEN_MAX: usize = 190;
 /// The longest wait a line client gets, in seconds: its wait 0 ("without
 /// limit") and anything above are served as this.
 pub const LINE_MAX_WAIT_S: u8 = 255;
@@ -147,7 +147,7 @@ pub enum LineDecoded {
 pub enum LineFrameError {
     /// An op byte that is neither `A`, `R` nor a keep-alive LF.
     UnknownOp(u8),
-    /// More than [`MAX_LINE_KEY_SCAN`] key bytes without an LF.
+    /// More than [`LINE_KEY_SCAN_MAX`] key bytes without an LF.
     TooLong,
 }
 
@@ -156,7 +156,7 @@ impl core::fmt::Display for LineFrameError {
         match self {
             LineFrameError::UnknownOp(op) => write!(f, "unknown line op 0x{op:02x}"),
             LineFrameError::TooLong => {
-                write!(f, "more than {MAX_LINE_KEY_SCAN} key bytes without LF")
+                write!(f, "more than {LINE_KEY_SCAN_MAX} key bytes without LF")
             }
         }
     }
@@ -183,9 +183,9 @@ pub fn decode_line_request(buf: &[u8]) -> Result<Option<(LineDecoded, usize)>, L
         return Ok(None);
     }
     let tail = &frame[key_start..];
-    let scan = &tail[..tail.len().min(MAX_LINE_KEY_SCAN + 1)];
+    let scan = &tail[..tail.len().min(LINE_KEY_SCAN_MAX + 1)];
     let Some(key_len) = scan.iter().position(|&b| b == b'\n') else {
-        if scan.len() > MAX_LINE_KEY_SCAN {
+        if scan.len() > LINE_KEY_SCAN_MAX {
             return Err(LineFrameError::TooLong);
         }
         return Ok(None);
@@ -218,7 +218,7 @@ pub fn decode_line_request(buf: &[u8]) -> Result<Option<(LineDecoded, usize)>, L
 
 /// Incremental line request decoder: push bytes as they arrive, pull
 /// requests. Buffers at most one partial request between pushes once
-/// drained (a key scan is bounded by [`MAX_LINE_KEY_SCAN`]).
+/// drained (a key scan is bounded by [`LINE_KEY_SCAN_MAX`]).
 #[derive(Debug, Default)]
 pub struct LineDecoder {
     buf: Vec<u8>,
@@ -401,7 +401,7 @@ pub enum LineReply<'a> {
 pub enum LineReplyError {
     /// An op that no reply has.
     UnknownOp(u8),
-    /// A tail over [`MAX_LINE_KEY_SCAN`] bytes without LF.
+    /// A tail over [`LINE_KEY_SCAN_MAX`] bytes without LF.
     TooLong,
 }
 
@@ -471,9 +471,9 @@ impl<'a> LineReply<'a> {
             return Ok(None);
         }
         let rest = &buf[1 + fixed..];
-        let scan = &rest[..rest.len().min(MAX_LINE_KEY_SCAN + 1)];
+        let scan = &rest[..rest.len().min(LINE_KEY_SCAN_MAX + 1)];
         let Some(tail_len) = scan.iter().position(|&b| b == b'\n') else {
-            if scan.len() > MAX_LINE_KEY_SCAN {
+            if scan.len() > LINE_KEY_SCAN_MAX {
                 return Err(LineReplyError::TooLong);
             }
             return Ok(None);

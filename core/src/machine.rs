@@ -209,7 +209,7 @@ pub trait Machine: Send + 'static {
 
     /// The keys starting with `prefix` that are held or waited on at `now`,
     /// in ascending key order, at most `limit` (clamped to
-    /// [`crate::inspect::MAX_LISTING_LIMIT`]); empty when this core does
+    /// [`crate::inspect::LISTING_LIMIT_MAX`]); empty when this core does
     /// not serve inspection.
     fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing;
 

@@ -114,12 +114,12 @@ impl DurationHistogram {
 /// Acquires answered `B` by the lock table, by the limit that was reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BusyByLimit {
-    /// `max_keys`: the table has no room for another key.
-    pub max_keys: u64,
-    /// `max_waiters_per_key`: a requested key's queue is full.
-    pub max_waiters_per_key: u64,
-    /// `max_waiters_total`: the table holds as many waiters as allowed.
-    pub max_waiters_total: u64,
+    /// `keys_max`: the table has no room for another key.
+    pub keys_max: u64,
+    /// `waiters_per_key_max`: a requested key's queue is full.
+    pub waiters_per_key_max: u64,
+    /// `waiters_total_max`: the table holds as many waiters as allowed.
+    pub waiters_total_max: u64,
     /// The token reserve: the next token is not durable yet.
     pub token_reserve: u64,
 }
@@ -179,7 +179,7 @@ impl LockMetrics {
     /// Every `B` the table answered.
     pub fn busy_total(&self) -> u64 {
         let b = &self.busy;
-        b.max_keys + b.max_waiters_per_key + b.max_waiters_total + b.token_reserve
+        b.keys_max + b.waiters_per_key_max + b.waiters_total_max + b.token_reserve
     }
 }
 
@@ -326,7 +326,7 @@ pub struct ServerMetrics {
     /// Replies sent, by kind.
     pub replies: ReplyCounts,
     /// Acquires answered `B` for a per-connection limit
-    /// (`max_in_flight_per_connection`, `max_held_per_connection`): every
+    /// (`in_flight_per_connection_max`, `held_per_connection_max`): every
     /// `B` the table did not decide.
     pub busy_per_connection: u64,
     /// Abusive or refused connections.

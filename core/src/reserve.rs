@@ -32,13 +32,13 @@ pub const DEFAULT_RESERVE_STEP: u64 = 1_000_000;
 /// Largest value a reserve may hold (and a state file may carry): tokens
 /// stay below 2^63 so that no client that stores them signed ever sees one
 /// go negative.
-pub const MAX_RESERVE: u64 = (1 << 63) - 1;
+pub const RESERVE_MAX: u64 = (1 << 63) - 1;
 
 /// How long after a failed write the reserve is asked for again.
 pub const PERSIST_RETRY: Duration = Duration::from_secs(1);
 
 /// Alerts kept for the driver at most; more are counted, not queued.
-const MAX_ALERTS: usize = 64;
+const ALERTS_MAX: usize = 64;
 
 /// The first token of a process started `since_epoch` after the Unix epoch
 /// by the wall clock, given the reserve `stored` by the previous run of the
@@ -166,7 +166,7 @@ impl TokenReserve {
     pub fn new(step: u64, stored: Option<u64>) -> Self {
         TokenReserve {
             step: step.clamp(2, 1 << 32),
-            persisted: stored.unwrap_or(0).min(MAX_RESERVE),
+            persisted: stored.unwrap_or(0).min(RESERVE_MAX),
             ..TokenReserve::unlimited()
         }
     }
@@ -202,7 +202,7 @@ impl TokenReserve {
         if next_token.saturating_add(self.step / 2) <= self.persisted {
             return None;
         }
-        let value = next_token.saturating_add(self.step).min(MAX_RESERVE);
+        let value = next_token.saturating_add(self.step).min(RESERVE_MAX);
         if value <= self.persisted {
             // At the ceiling: nothing more can be reserved.
             return None;
@@ -236,7 +236,7 @@ impl TokenReserve {
         if self.is_unlimited() || value <= self.persisted {
             return false;
         }
-        self.persisted = value.min(MAX_RESERVE);
+        self.persisted = value.min(RESERVE_MAX);
         true
     }
 
@@ -272,7 +272,7 @@ impl TokenReserve {
     }
 
     fn alert(&mut self, alert: TokenAlert) {
-        if self.alerts.len() < MAX_ALERTS {
+        if self.alerts.len() < ALERTS_MAX {
             self.alerts.push_back(alert);
         }
     }
@@ -350,7 +350,7 @@ pub fn decode_floor_file(bytes: &[u8]) -> Result<u64, FloorFileError> {
     if checksum != floor_checksum(value) {
         return Err(FloorFileError::Checksum);
     }
-    if value > MAX_RESERVE {
+    if value > RESERVE_MAX {
         return Err(FloorFileError::Impossible(value));
     }
     Ok(value)
@@ -454,13 +454,13 @@ mod tests {
 
     #[test]
     fn the_reserve_stops_below_two_to_the_63() {
-        let mut reserve = TokenReserve::new(1_000, Some(MAX_RESERVE - 10));
+        let mut reserve = TokenReserve::new(1_000, Some(RESERVE_MAX - 10));
         assert_eq!(
-            reserve.poll_persist(at(0), MAX_RESERVE - 20),
-            Some(MAX_RESERVE)
+            reserve.poll_persist(at(0), RESERVE_MAX - 20),
+            Some(RESERVE_MAX)
         );
-        reserve.handle_persisted(MAX_RESERVE);
-        assert_eq!(reserve.poll_persist(at(0), MAX_RESERVE - 5), None);
+        reserve.handle_persisted(RESERVE_MAX);
+        assert_eq!(reserve.poll_persist(at(0), RESERVE_MAX - 5), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdMap;
 use crate::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView};
 use crate::lock::{
-    AcquireOutcome, LockConfig, LockEvent, LockStats, LockTable, MAX_HOLDER, ReleaseOutcome,
+    AcquireOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome,
     WaiterId,
 };
 use crate::machine::Machine;
@@ -35,7 +35,7 @@ mod inspect;
 mod metrics;
 
 use held::HeldCounts;
-pub use inspect::MAX_QUEUED_ADMIN_REPLIES;
+pub use inspect::QUEUED_ADMIN_REPLIES_MAX;
 
 /// The first fencing token of a server started `since_epoch` after the
 /// Unix epoch by the wall clock, given the token reserve its previous run
@@ -54,21 +54,21 @@ pub struct ServerConfig {
     pub lock: LockConfig,
     /// Connections past their handshake (sessions) at most; a new
     /// connection while they are all taken is refused at once. Unfinished
-    /// handshakes have their own budget ([`BudgetConfig::max_handshakes`]).
-    pub max_connections: usize,
+    /// handshakes have their own budget ([`BudgetConfig::handshakes_max`]).
+    pub connections_max: usize,
     /// Queued acquires (waiting for a key) on one connection at most; an
     /// acquire over it is answered `B`.
-    pub max_in_flight_per_connection: usize,
+    pub in_flight_per_connection_max: usize,
     /// Reply bytes buffered for one connection before the server stops
     /// reading from it (see [`Server::wants_input`]).
-    pub max_outbound_bytes_per_connection: usize,
+    pub outbound_bytes_per_connection_max: usize,
     /// An unfinished handshake is closed after this long.
     pub handshake_timeout: Duration,
     /// Accepted client tokens.
     pub client_tokens: ClientTokens,
     /// Handshake budget, held-key cap, release-miss limit, report interval.
     /// The default suits 10,000 sessions; derive it with
-    /// [`BudgetConfig::for_max_connections`] when changing `max_connections`.
+    /// [`BudgetConfig::for_connections_max`] when changing `connections_max`.
     pub budget: BudgetConfig,
 }
 
@@ -76,12 +76,12 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             lock: LockConfig::default(),
-            max_connections: 10_000,
-            max_in_flight_per_connection: 32_768,
-            max_outbound_bytes_per_connection: 1 << 20,
+            connections_max: 10_000,
+            in_flight_per_connection_max: 32_768,
+            outbound_bytes_per_connection_max: 1 << 20,
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
-            budget: BudgetConfig::for_max_connections(10_000),
+            budget: BudgetConfig::for_connections_max(10_000),
         }
     }
 }
@@ -210,8 +210,8 @@ impl Server {
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
             handshakes: HandshakeBudget::new(
-                config.budget.max_handshakes,
-                config.budget.max_handshakes_per_source,
+                config.budget.handshakes_max,
+                config.budget.handshakes_per_source_max,
             ),
             sessions: 0,
             line_sessions: 0,
@@ -249,10 +249,10 @@ impl Server {
         let over_in_flight = self
             .conns
             .get(&conn_id)
-            .is_none_or(|conn| conn.queued.len() >= self.config.max_in_flight_per_connection);
+            .is_none_or(|conn| conn.queued.len() >= self.config.in_flight_per_connection_max);
         self.held.expire(now);
         let over_held = self.held.held(conn_id).saturating_add(keys.len())
-            > self.config.budget.max_held_per_connection;
+            > self.config.budget.held_per_connection_max;
         let outcome = if over_in_flight || over_held {
             AcquireOutcome::Busy
         } else {
@@ -323,13 +323,13 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        let max_misses = self.config.budget.max_release_misses_in_row;
+        let misses_max = self.config.budget.release_misses_in_row_max;
         let mut sweeping = false;
         match outcome {
             ReleaseOutcome::Released => conn.release_misses_in_row = 0,
             ReleaseOutcome::NotFound => {
                 conn.release_misses_in_row = conn.release_misses_in_row.saturating_add(1);
-                sweeping = max_misses > 0 && conn.release_misses_in_row >= max_misses;
+                sweeping = misses_max > 0 && conn.release_misses_in_row >= misses_max;
             }
             ReleaseOutcome::GroupMismatch => {}
         }
@@ -505,8 +505,8 @@ impl Machine for Server {
         // Connection ids are the table's 48-bit holder tags: past 2^48
         // connections (nine years at a million a second) none is accepted.
         if self.shutting_down
-            || self.sessions >= self.config.max_connections
-            || self.next_conn_id > MAX_HOLDER
+            || self.sessions >= self.config.connections_max
+            || self.next_conn_id > HOLDER_MAX
         {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
@@ -563,7 +563,7 @@ impl Machine for Server {
             FrontInput::Session => {}
             FrontInput::Accepted(dialect) => {
                 self.handshakes.finish(conn_id);
-                if self.sessions >= self.config.max_connections {
+                if self.sessions >= self.config.connections_max {
                     let source = conn.source;
                     self.reports.abuse(now, Some(source), AbuseKind::Refused);
                     self.close_conn(now, conn_id, CloseReason::SessionLimit);
@@ -826,10 +826,10 @@ impl Machine for Server {
     /// False while `conn` has too many reply bytes waiting to be written: the
     /// driver should stop reading from it until it has written them.
     fn wants_input(&self, conn_id: ConnId) -> bool {
-        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        let bytes_max = self.config.outbound_bytes_per_connection_max;
         self.conns
             .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(max_bytes) && conn.front.wants_input())
+            .is_some_and(|conn| conn.out.wants_input(bytes_max) && conn.front.wants_input())
     }
 
     /// True once [`Server::begin_shutdown`] was called.
@@ -847,7 +847,7 @@ impl Machine for Server {
 
     /// The keys starting with `prefix` that are held or waited on at `now`,
     /// in ascending key order, at most `limit` (clamped to
-    /// [`crate::inspect::MAX_LISTING_LIMIT`]). Walks the whole table:
+    /// [`crate::inspect::LISTING_LIMIT_MAX`]). Walks the whole table:
     /// O(keys × log limit).
     fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
         let (inspections, truncated) = self.table.inspect_prefix(now, prefix, limit);

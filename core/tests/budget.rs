@@ -25,10 +25,10 @@ fn source(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(192, 0, 2, n))
 }
 
-fn budget(max_handshakes: usize, per_source: usize) -> BudgetConfig {
+fn budget(handshakes_max: usize, per_source: usize) -> BudgetConfig {
     BudgetConfig {
-        max_handshakes,
-        max_handshakes_per_source: per_source,
+        handshakes_max,
+        handshakes_per_source_max: per_source,
         report_interval: REPORT_INTERVAL,
         ..BudgetConfig::default()
     }
@@ -242,9 +242,9 @@ fn a_finished_handshake_no_longer_counts_against_the_budget() {
 #[test]
 fn a_client_gets_in_while_idle_sockets_from_its_own_address_keep_arriving() {
     let mut h = Harness::new(ServerConfig {
-        max_connections: 200,
+        connections_max: 200,
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
-        budget: BudgetConfig::for_max_connections(200),
+        budget: BudgetConfig::for_connections_max(200),
         ..ServerConfig::default()
     });
     for _ in 0..300 {
@@ -259,13 +259,13 @@ fn a_client_gets_in_while_idle_sockets_from_its_own_address_keep_arriving() {
     assert_eq!((result, state), (vec![1], ConnState::Open));
     let stats = h.server.stats();
     assert_eq!(stats.sessions, 1);
-    assert!(stats.handshakes <= BudgetConfig::for_max_connections(200).max_handshakes_per_source);
+    assert!(stats.handshakes <= BudgetConfig::for_connections_max(200).handshakes_per_source_max);
 }
 
 #[test]
 fn the_session_limit_refuses_new_connections_and_reports_them() {
     let mut h = Harness::new(ServerConfig {
-        max_connections: 1,
+        connections_max: 1,
         budget: budget(8, 8),
         ..ServerConfig::default()
     });
@@ -370,7 +370,7 @@ fn failed_proofs_are_reported_once_per_source_per_interval_with_counts() {
 #[test]
 fn shutdown_reports_the_counts_not_yet_reported() {
     let mut h = Harness::new(ServerConfig {
-        max_connections: 1,
+        connections_max: 1,
         budget: budget(8, 8),
         ..ServerConfig::default()
     });
@@ -414,10 +414,10 @@ fn every_close_reports_its_reason() {
     );
 }
 
-fn held_cap(max_held: usize) -> ServerConfig {
+fn held_cap(held_max: usize) -> ServerConfig {
     ServerConfig {
         budget: BudgetConfig {
-            max_held_per_connection: max_held,
+            held_per_connection_max: held_max,
             ..BudgetConfig::default()
         },
         ..ServerConfig::default()
@@ -509,7 +509,7 @@ fn a_grant_handed_over_counts_for_the_receiving_connection() {
 fn misses(max: u32) -> ServerConfig {
     ServerConfig {
         budget: BudgetConfig {
-            max_release_misses_in_row: max,
+            release_misses_in_row_max: max,
             ..BudgetConfig::default()
         },
         ..ServerConfig::default()

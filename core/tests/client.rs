@@ -1054,8 +1054,8 @@ fn a_grant_that_arrives_at_the_deadline_is_indeterminate_and_compensated() {
 #[test]
 fn pending_acquires_and_releases_are_bounded_separately() {
     let mut config = SessionConfig::single(b"");
-    config.max_pending_acquires = 2;
-    config.max_pending_releases = 1;
+    config.pending_acquires_max = 2;
+    config.pending_releases_max = 1;
     let mut s = Scripted::with_config(config);
     s.acquire("a", 5);
     s.acquire("b", 5);
@@ -1528,7 +1528,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
     let p = params(ms(1), Duration::from_micros(1_500_001), ms(1_500));
     assert_eq!((p.wait_s(), p.lease_s()), (1, 2));
     assert_eq!(p.lease(), secs(2));
-    assert_eq!(p.min_work_budget(), ms(1_500));
+    assert_eq!(p.work_budget_min(), ms(1_500));
     let p = params(secs(255), secs(250), secs(250));
     assert_eq!((p.wait_s(), p.lease_s()), (255, 250));
     assert_eq!(params(Duration::ZERO, secs(1), Duration::ZERO).wait_s(), 0);
@@ -1542,7 +1542,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             Duration::ZERO,
             ClientError::UnsupportedDuration {
                 field: "wait",
-                max_s: 255,
+                s_max: 255,
             },
         ),
         (
@@ -1557,7 +1557,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             Duration::ZERO,
             ClientError::UnsupportedDuration {
                 field: "lease",
-                max_s: 250,
+                s_max: 250,
             },
         ),
         (
@@ -1566,7 +1566,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             Duration::ZERO,
             ClientError::UnsupportedDuration {
                 field: "lease",
-                max_s: 250,
+                s_max: 250,
             },
         ),
         (
@@ -1575,7 +1575,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             Duration::ZERO,
             ClientError::UnsupportedDuration {
                 field: "lease",
-                max_s: 250,
+                s_max: 250,
             },
         ),
         (
@@ -1584,7 +1584,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             secs(250) + Duration::from_nanos(1),
             ClientError::UnsupportedDuration {
                 field: "min_work_budget",
-                max_s: 250,
+                s_max: 250,
             },
         ),
         (
@@ -1599,7 +1599,7 @@ fn durations_round_up_and_out_of_range_values_are_rejected_not_clamped() {
             Duration::ZERO,
             ClientError::UnsupportedDuration {
                 field: "wait",
-                max_s: 255,
+                s_max: 255,
             },
         ),
     ];
@@ -1860,11 +1860,11 @@ fn broker_configuration_is_validated_and_one_address_means_two_connections() {
     invalid(BrokerConfig::single("::1:5225", TOKEN_A));
     invalid(BrokerConfig::single("h :1", TOKEN_A));
     invalid(BrokerConfig {
-        max_pending: 0,
+        pending_max: 0,
         ..BrokerConfig::single("h:1", TOKEN_A)
     });
     invalid(BrokerConfig {
-        max_pending: 16_385,
+        pending_max: 16_385,
         ..BrokerConfig::single("h:1", TOKEN_A)
     });
     assert!(
@@ -1892,7 +1892,7 @@ fn errors_display_and_convert() {
     assert_eq!(
         ClientError::UnsupportedDuration {
             field: "lease",
-            max_s: 250
+            s_max: 250
         }
         .to_string(),
         "lease exceeds the supported maximum of 250 seconds"

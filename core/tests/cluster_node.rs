@@ -1076,7 +1076,7 @@ fn idle_sockets_on_every_peer_port_do_not_keep_a_restarted_node_out() {
 
 #[test]
 fn the_leader_caps_keys_held_per_client_connection() {
-    let mut net = Net::with_config(|config| config.budget.max_held_per_connection = 2);
+    let mut net = Net::with_config(|config| config.budget.held_per_connection_max = 2);
     let leader = net.elect();
     let c = net.connect(leader);
     let a = token_of(net.request(c, acquire(1, "a", 0, 60)));
@@ -1114,7 +1114,7 @@ fn the_leader_caps_keys_held_per_client_connection() {
 
 #[test]
 fn a_run_of_release_misses_closes_a_cluster_client_after_exactly_k() {
-    let mut net = Net::with_config(|config| config.budget.max_release_misses_in_row = 3);
+    let mut net = Net::with_config(|config| config.budget.release_misses_in_row_max = 3);
     let leader = net.elect();
     let c = net.connect(leader);
     let own = token_of(net.request(c, acquire(1, "own", 0, 60)));
@@ -2249,7 +2249,7 @@ fn inspection_on_the_leader_lists_the_holder_and_waiters_in_fifo_order_with_ages
 
 #[test]
 fn cluster_metrics_move_exactly_as_the_events_they_count() {
-    let mut net = Net::with_config(|config| config.limits.max_waiters_per_key = 1);
+    let mut net = Net::with_config(|config| config.limits.waiters_per_key_max = 1);
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -2275,9 +2275,9 @@ fn cluster_metrics_move_exactly_as_the_events_they_count() {
         Reply::Busy { rid: 1 }
     );
     let m = net.node(leader).metrics();
-    assert_eq!(m.busy.max_waiters_per_key, 1);
+    assert_eq!(m.busy.waiters_per_key_max, 1);
     assert_eq!(
-        m.busy.max_waiters_total + m.busy.max_keys + m.busy_per_connection,
+        m.busy.waiters_total_max + m.busy.keys_max + m.busy_per_connection,
         0
     );
     // The lease runs out with a waiter: handed over.
@@ -2327,20 +2327,20 @@ fn cluster_metrics_move_exactly_as_the_events_they_count() {
 
 #[test]
 fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
-    use ticketing_core::inspect::MAX_WAITERS_PER_LISTED_LOCK;
+    use ticketing_core::inspect::WAITERS_PER_LISTED_LOCK_MAX;
     let mut net = Net::new();
     let leader = net.elect();
     let holder = net.connect(leader);
     let waiters = net.connect(leader);
     token_of(net.request(holder, acquire(1, "q", 0, 60)));
-    let queued = MAX_WAITERS_PER_LISTED_LOCK as u64 + 2;
+    let queued = WAITERS_PER_LISTED_LOCK_MAX as u64 + 2;
     for rid in 1..=queued {
         net.send_only(waiters, acquire(rid, "q", 30, 60));
     }
     net.run_for(Duration::from_millis(100));
     let now = net.now;
     let listing = net.node(leader).locks(now, b"q", 10).unwrap();
-    assert_eq!(listing.locks[0].waiters.len(), MAX_WAITERS_PER_LISTED_LOCK);
+    assert_eq!(listing.locks[0].waiters.len(), WAITERS_PER_LISTED_LOCK_MAX);
     assert_eq!(listing.locks[0].waiters_total as u64, queued);
     let view = net.node(leader).lock(now, &key("q")).unwrap().unwrap();
     assert_eq!(view.waiters.len() as u64, queued);
@@ -2349,8 +2349,8 @@ fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
 #[test]
 fn busy_is_counted_by_the_limit_that_answered_it() {
     let mut net = Net::with_config(|config| {
-        config.limits.max_keys = 2;
-        config.limits.max_waiters_total = 1;
+        config.limits.keys_max = 2;
+        config.limits.waiters_total_max = 1;
     });
     let leader = net.elect();
     let c = net.connect(leader);
@@ -2362,7 +2362,7 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
         Reply::Busy { rid: 3 }
     );
     let m = net.node(leader).metrics();
-    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 0));
+    assert_eq!((m.busy.keys_max, m.busy.waiters_total_max), (1, 0));
     // One waiter fits, the second does not.
     net.send_only(c, acquire(4, "a", 30, 60));
     net.run_for(Duration::from_millis(50));
@@ -2371,9 +2371,9 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
         Reply::Busy { rid: 5 }
     );
     let m = net.node(leader).metrics();
-    assert_eq!((m.busy.max_keys, m.busy.max_waiters_total), (1, 1));
+    assert_eq!((m.busy.keys_max, m.busy.waiters_total_max), (1, 1));
     assert_eq!(
-        m.busy.max_waiters_per_key + m.busy.token_reserve + m.busy_per_connection,
+        m.busy.waiters_per_key_max + m.busy.token_reserve + m.busy_per_connection,
         0
     );
     assert_eq!(m.busy_backpressure, 0);

@@ -391,7 +391,7 @@ proptest! {
     #[test]
     fn encoding_round_trips(command in arb_command()) {
         let bytes = command.to_bytes();
-        prop_assert!(bytes.len() <= ticketing_core::cluster::MAX_COMMAND_LEN);
+        prop_assert!(bytes.len() <= ticketing_core::cluster::COMMAND_LEN_MAX);
         prop_assert_eq!(Command::decode(&bytes), Some(command));
     }
 

@@ -8,8 +8,8 @@ use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_acces
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::budget::LogEvent;
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockView, MAX_LISTING_LIMIT,
-    MAX_WAITERS_PER_LISTED_LOCK,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, LockView,
+    WAITERS_PER_LISTED_LOCK_MAX,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
@@ -294,16 +294,16 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
             .is_empty()
     );
 
-    // Past MAX_LISTING_LIMIT matches a listing stops at the limit.
-    for n in 0..=MAX_LISTING_LIMIT {
+    // Past LISTING_LIMIT_MAX matches a listing stops at the limit.
+    for n in 0..=LISTING_LIMIT_MAX {
         h.send(
             conn,
             acquire(1_000 + n as u64, &[&format!("many/{n:05}")], 0, 30),
         );
     }
-    assert_eq!(h.replies(conn).len(), MAX_LISTING_LIMIT + 1);
+    assert_eq!(h.replies(conn).len(), LISTING_LIMIT_MAX + 1);
     let clamped = h.server.inspect_locks(h.now, b"many/", usize::MAX);
-    assert_eq!(clamped.locks.len(), MAX_LISTING_LIMIT);
+    assert_eq!(clamped.locks.len(), LISTING_LIMIT_MAX);
     assert!(clamped.truncated);
     assert_eq!(clamped.locks[0].key, key("many/00000"));
 }
@@ -352,15 +352,15 @@ fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
     let mut h = Harness::new();
     let (_, _) = h.holder(source(1), &["busy"], 30);
     let mut queued = Vec::new();
-    for n in 0..MAX_WAITERS_PER_LISTED_LOCK + 5 {
+    for n in 0..WAITERS_PER_LISTED_LOCK_MAX + 5 {
         queued.push(h.waiter(source(2), &["busy"], 20));
         h.advance_ms(n as u64 + 1);
     }
     let listing = h.server.inspect_locks(h.now, b"", 10);
     let lock = &listing.locks[0];
-    assert_eq!(lock.waiters_total, MAX_WAITERS_PER_LISTED_LOCK + 5);
+    assert_eq!(lock.waiters_total, WAITERS_PER_LISTED_LOCK_MAX + 5);
     let front: Vec<_> = lock.waiters.iter().map(|w| w.conn.clone()).collect();
-    let expected: Vec<_> = queued[..MAX_WAITERS_PER_LISTED_LOCK]
+    let expected: Vec<_> = queued[..WAITERS_PER_LISTED_LOCK_MAX]
         .iter()
         .map(|&conn| v3(conn, source(2)))
         .collect();
@@ -368,7 +368,7 @@ fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
     // One key shows them all.
     assert_eq!(
         h.show("busy").waiters.len(),
-        MAX_WAITERS_PER_LISTED_LOCK + 5
+        WAITERS_PER_LISTED_LOCK_MAX + 5
     );
 }
 

@@ -899,7 +899,7 @@ fn shutdown_ends_line_waits_with_t_then_not_active() {
 #[test]
 fn busy_is_answered_only_at_a_configured_limit() {
     let config = ServerConfig {
-        max_in_flight_per_connection: 2,
+        in_flight_per_connection_max: 2,
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);

@@ -170,7 +170,7 @@ fn wait_deadline_answers_t_a_margin_early_and_not_a_microsecond_before() {
 #[test]
 fn max_keys_answers_busy_and_changes_nothing() {
     let limits = Limits {
-        max_keys: 2,
+        keys_max: 2,
         ..Limits::default()
     };
     let mut table = table_with(limits);
@@ -193,7 +193,7 @@ fn max_keys_answers_busy_and_changes_nothing() {
 #[test]
 fn max_waiters_per_key_answers_busy_and_changes_nothing() {
     let limits = Limits {
-        max_waiters_per_key: 2,
+        waiters_per_key_max: 2,
         ..Limits::default()
     };
     let mut table = table_with(limits);
@@ -217,7 +217,7 @@ fn max_waiters_per_key_answers_busy_and_changes_nothing() {
 #[test]
 fn max_waiters_total_answers_busy_and_changes_nothing() {
     let limits = Limits {
-        max_waiters_total: 2,
+        waiters_total_max: 2,
         ..Limits::default()
     };
     let mut table = table_with(limits);
@@ -633,10 +633,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 
 fn limits_strategy() -> impl Strategy<Value = Limits> {
     (1usize..6, 1usize..4, 1usize..6).prop_map(
-        |(max_keys, max_waiters_per_key, max_waiters_total)| Limits {
-            max_keys,
-            max_waiters_per_key,
-            max_waiters_total,
+        |(keys_max, waiters_per_key_max, waiters_total_max)| Limits {
+            keys_max,
+            waiters_per_key_max,
+            waiters_total_max,
         },
     )
 }

@@ -305,13 +305,13 @@ fn busy_replies_count_by_the_limit_that_was_reached() {
     let config = ServerConfig {
         lock: LockConfig {
             limits: Limits {
-                max_keys: 2,
-                max_waiters_per_key: 1,
-                max_waiters_total: 10,
+                keys_max: 2,
+                waiters_per_key_max: 1,
+                waiters_total_max: 10,
             },
             ..LockConfig::default()
         },
-        max_in_flight_per_connection: 1,
+        in_flight_per_connection_max: 1,
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);
@@ -319,7 +319,7 @@ fn busy_replies_count_by_the_limit_that_was_reached() {
     h.send(a, acquire(1, &["k"], 5, 30));
     h.token(a);
     h.send(b, acquire(1, &["k"], 5, 30));
-    // The queue of k is full: B by max_waiters_per_key.
+    // The queue of k is full: B by waiters_per_key_max.
     h.send(c, acquire(1, &["k"], 5, 30));
     assert_eq!(h.replies(c), vec![Reply::Busy { rid: 1 }]);
     // b already has one queued acquire: B by its in-flight limit.
@@ -327,13 +327,13 @@ fn busy_replies_count_by_the_limit_that_was_reached() {
     assert_eq!(h.replies(b), vec![Reply::Busy { rid: 2 }]);
     h.send(c, acquire(2, &["j"], 5, 30));
     h.token(c);
-    // Two keys in the table: a third is B by max_keys.
+    // Two keys in the table: a third is B by keys_max.
     h.send(c, acquire(3, &["l"], 5, 30));
     assert_eq!(h.replies(c), vec![Reply::Busy { rid: 3 }]);
     let m = h.metrics();
-    assert_eq!(m.lock.busy.max_waiters_per_key, 1);
-    assert_eq!(m.lock.busy.max_keys, 1);
-    assert_eq!(m.lock.busy.max_waiters_total, 0);
+    assert_eq!(m.lock.busy.waiters_per_key_max, 1);
+    assert_eq!(m.lock.busy.keys_max, 1);
+    assert_eq!(m.lock.busy.waiters_total_max, 0);
     assert_eq!(m.lock.busy.token_reserve, 0);
     assert_eq!(m.busy_per_connection, 1);
     assert_eq!(m.replies.of(ReplyKind::Busy), 3);

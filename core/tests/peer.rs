@@ -8,12 +8,12 @@ use hmac::{Hmac, KeyInit, Mac};
 use proptest::prelude::*;
 use sha2::Sha256;
 use ticketing_core::cluster::peer::{
-    FRAME_LEN_BYTES, FRAME_TAG_LEN, MAX_FRAME_LEN, PEER_HELLO_LEN, PeerDecoder, PeerError,
+    FRAME_LEN_BYTES, FRAME_LEN_MAX, FRAME_TAG_LEN, PEER_HELLO_LEN, PeerDecoder, PeerError,
     PeerHandshake, PeerHandshakeStatus, PeerHello, PeerIdentity, PeerReject, PeerRole, PeerSealer,
     PeerSession, PeerTokenError, PeerTokens, TOKEN_FLOOR_LIMIT, peer_proof, peer_session_keys,
 };
 use ticketing_core::raft::{
-    Configuration, Entry, EntryKind, MAX_RAFT_NUMBER, Message, MessageBody, NodeId, SnapshotMeta,
+    Configuration, Entry, EntryKind, Message, MessageBody, NodeId, RAFT_NUMBER_MAX, SnapshotMeta,
 };
 use ticketing_core::time::Instant;
 
@@ -105,7 +105,7 @@ fn message(body: MessageBody) -> Message {
         from: id(1, 0x0102_0304_0506_0708),
         to: id(2, 5),
         // The largest term the decoder accepts.
-        term: MAX_RAFT_NUMBER - 1,
+        term: RAFT_NUMBER_MAX - 1,
         body,
     }
 }
@@ -162,7 +162,7 @@ fn heartbeat_layout_is_exact() {
     let frame = seal(&message(MessageBody::Heartbeat { commit: 0x0a0b }));
     let mut expected = vec![0, 0, 0, 36 + 16, 2, 7, 1, 1, 2, 3, 4, 5, 6, 7, 8, 2];
     expected.extend_from_slice(&5u64.to_be_bytes());
-    expected.extend_from_slice(&(MAX_RAFT_NUMBER - 1).to_be_bytes());
+    expected.extend_from_slice(&(RAFT_NUMBER_MAX - 1).to_be_bytes());
     expected.extend_from_slice(&0x0a0bu64.to_be_bytes());
     let tag = tag_of(&KEY, 0, &expected);
     expected.extend_from_slice(&tag);
@@ -209,10 +209,10 @@ fn frames_stream_through_the_decoder_byte_by_byte() {
 
 #[test]
 fn oversized_or_bad_headers_are_refused_at_once() {
-    let too_long = ((MAX_FRAME_LEN + 1) as u32).to_be_bytes();
+    let too_long = ((FRAME_LEN_MAX + 1) as u32).to_be_bytes();
     assert_eq!(
         open(&too_long),
-        Err(PeerError::BadLength(MAX_FRAME_LEN as u32 + 1))
+        Err(PeerError::BadLength(FRAME_LEN_MAX as u32 + 1))
     );
     // Shorter than version, kind and tag.
     assert_eq!(open(&[0, 0, 0, 17]), Err(PeerError::BadLength(17)));
@@ -280,7 +280,7 @@ fn messages_over_the_frame_limit_are_not_sealed() {
         offset: 0,
         // Fits without the tag, not with it (75 bytes of header, body
         // fields and tag around the data).
-        data: vec![0; MAX_FRAME_LEN - 65],
+        data: vec![0; FRAME_LEN_MAX - 65],
         done: false,
     });
     let mut sealer = PeerSealer::from_key(&KEY);
@@ -291,14 +291,14 @@ fn messages_over_the_frame_limit_are_not_sealed() {
     let fits = message(MessageBody::InstallSnapshot {
         meta: SnapshotMeta::default(),
         offset: 0,
-        data: vec![0; MAX_FRAME_LEN - 75],
+        data: vec![0; FRAME_LEN_MAX - 75],
         done: false,
     });
     let mut out = vec![9];
     sealer.seal(&fits, &mut out).unwrap();
     assert_eq!(
         out.len() - 1,
-        FRAME_LEN_BYTES + MAX_FRAME_LEN,
+        FRAME_LEN_BYTES + FRAME_LEN_MAX,
         "exactly the limit"
     );
 }
@@ -912,7 +912,7 @@ fn arb_kind() -> impl Strategy<Value = EntryKind> {
 /// A term, index or offset the decoder accepts (numbers at or above the
 /// bound are refused; `raft_hostile.rs` covers those).
 fn number() -> impl Strategy<Value = u64> {
-    prop_oneof![0..MAX_RAFT_NUMBER, Just(MAX_RAFT_NUMBER - 1)]
+    prop_oneof![0..RAFT_NUMBER_MAX, Just(RAFT_NUMBER_MAX - 1)]
 }
 
 fn arb_body() -> impl Strategy<Value = MessageBody> {
@@ -967,7 +967,7 @@ fn arb_body() -> impl Strategy<Value = MessageBody> {
             number(),
             arb_config(),
             // The chunk's end (offset + len) is bounded too.
-            0..MAX_RAFT_NUMBER - 64,
+            0..RAFT_NUMBER_MAX - 64,
             proptest::collection::vec(any::<u8>(), 0..64),
             any::<bool>()
         )

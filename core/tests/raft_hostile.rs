@@ -8,7 +8,7 @@ mod raft_harness;
 
 use raft_harness::Net;
 use ticketing_core::cluster::peer::{PeerDecoder, PeerError, PeerSealer};
-use ticketing_core::raft::{MAX_RAFT_NUMBER, Message, MessageBody, NodeId, RaftConfig};
+use ticketing_core::raft::{Message, MessageBody, NodeId, RAFT_NUMBER_MAX, RaftConfig};
 
 /// A cluster with a leader whose no-op is committed, and its followers.
 fn cluster(seed: u64) -> (Net, NodeId, Vec<NodeId>) {
@@ -104,13 +104,13 @@ fn a_heartbeat_with_term_u64_max_is_refused_and_the_cluster_elects_again() {
         let at_bound = Message {
             from: leader,
             to: followers[0],
-            term: MAX_RAFT_NUMBER,
+            term: RAFT_NUMBER_MAX,
             body: MessageBody::Heartbeat { commit: 0 },
         };
         assert_decoder_refuses(&at_bound);
         let mut frame = Vec::new();
         let below = Message {
-            term: MAX_RAFT_NUMBER - 1,
+            term: RAFT_NUMBER_MAX - 1,
             ..at_bound.clone()
         };
         PeerSealer::from_key(&KEY)
@@ -229,7 +229,7 @@ fn every_number_field_is_bounded() {
     // One message per field, that field at the bound and everything else
     // ordinary: each must be refused by the decoder.
     let (from, to) = (NodeId::new(0, 1), NodeId::new(1, 1));
-    let max = MAX_RAFT_NUMBER;
+    let max = RAFT_NUMBER_MAX;
     let entry = |index, term| ticketing_core::raft::Entry {
         index,
         term,
@@ -370,16 +370,16 @@ fn a_node_at_the_last_term_stops_campaigning_instead_of_overflowing() {
     let msg = Message {
         from: leader,
         to,
-        term: MAX_RAFT_NUMBER - 1,
+        term: RAFT_NUMBER_MAX - 1,
         body: MessageBody::Heartbeat { commit: 0 },
     };
     net.with(to, |raft, now| raft.step(now, msg));
-    assert_eq!(net.raft(to).term(), MAX_RAFT_NUMBER - 1);
+    assert_eq!(net.raft(to).term(), RAFT_NUMBER_MAX - 1);
     net.isolate(to);
     net.run_ms(10_000);
     assert_eq!(
         net.raft(to).term(),
-        MAX_RAFT_NUMBER - 1,
+        RAFT_NUMBER_MAX - 1,
         "campaigned past the bound"
     );
     assert_eq!(net.raft(to).refused_messages(), 0);

@@ -20,11 +20,11 @@ fn run_seed(seed: u64, base: RaftConfig) {
     let n: u8 = if pick.chance(50) { 3 } else { 5 };
     let slow = base.election_timeout_min > Duration::from_secs(1);
     let cfg = RaftConfig {
-        max_append_entries: 1 + pick.below(8) as usize,
-        max_inflight_appends: 1 + pick.below(4) as usize,
+        append_entries_max: 1 + pick.below(8) as usize,
+        inflight_appends_max: 1 + pick.below(4) as usize,
         snapshot_threshold_entries: 10 + pick.below(50),
         snapshot_chunk_bytes: 64,
-        max_uncommitted_entries: 64,
+        uncommitted_entries_max: 64,
         ..base
     };
     let mut net = Net::new(n, cfg.clone(), seed);

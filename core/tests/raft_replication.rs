@@ -223,7 +223,7 @@ fn commit_index_never_decreases_under_partitions() {
 #[test]
 fn appends_are_batched_and_bounded() {
     let cfg = RaftConfig {
-        max_append_entries: 8,
+        append_entries_max: 8,
         ..fast()
     };
     let mut net = Net::new(3, cfg, 11);
@@ -248,8 +248,8 @@ fn appends_are_batched_and_bounded() {
 #[test]
 fn pipelining_is_bounded_by_the_inflight_window() {
     let cfg = RaftConfig {
-        max_append_entries: 1,
-        max_inflight_appends: 4,
+        append_entries_max: 1,
+        inflight_appends_max: 4,
         ..fast()
     };
     let mut net = Net::new(3, cfg, 12);
@@ -271,7 +271,7 @@ fn pipelining_is_bounded_by_the_inflight_window() {
 #[test]
 fn proposals_past_the_uncommitted_limit_are_refused() {
     let cfg = RaftConfig {
-        max_uncommitted_entries: 10,
+        uncommitted_entries_max: 10,
         ..fast()
     };
     let mut net = Net::new(3, cfg, 13);
@@ -294,7 +294,7 @@ fn proposals_past_the_uncommitted_limit_are_refused() {
         }
     }
     assert_eq!(accepted, 10);
-    let big = vec![0u8; RaftConfig::default().max_entry_bytes + 1];
+    let big = vec![0u8; RaftConfig::default().entry_bytes_max + 1];
     net.recover();
     net.run_ms(300);
     let now = net.now;

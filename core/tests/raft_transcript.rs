@@ -50,7 +50,7 @@ use ticketing_core::time::{Duration, Instant};
 /// Election jitter seed shared by every transcript node.
 const SEED: u64 = 7;
 /// Most `deliver` rounds one `stabilize` runs.
-const MAX_ROUNDS: usize = 100;
+const ROUNDS_MAX: usize = 100;
 
 struct World {
     now: Instant,
@@ -116,8 +116,8 @@ impl World {
                 let mut rounds = 0;
                 while !self.in_flight.is_empty() {
                     rounds += 1;
-                    if rounds > MAX_ROUNDS {
-                        return Err(format!("not stable after {MAX_ROUNDS} rounds"));
+                    if rounds > ROUNDS_MAX {
+                        return Err(format!("not stable after {ROUNDS_MAX} rounds"));
                     }
                     self.deliver(&mut out);
                     self.collect(&mut out);

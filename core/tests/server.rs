@@ -400,7 +400,7 @@ fn a_flushed_grant_survives_its_connection() {
 #[test]
 fn in_flight_limit_answers_busy() {
     let config = ServerConfig {
-        max_in_flight_per_connection: 2,
+        in_flight_per_connection_max: 2,
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);
@@ -417,7 +417,7 @@ fn in_flight_limit_answers_busy() {
 #[test]
 fn connection_limit_refuses_the_next_connection() {
     let config = ServerConfig {
-        max_connections: 2,
+        connections_max: 2,
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);
@@ -476,7 +476,7 @@ fn shutdown_answers_waiters_and_closes_everything() {
 #[test]
 fn a_reader_that_does_not_drain_replies_stops_being_read() {
     let config = ServerConfig {
-        max_outbound_bytes_per_connection: 64,
+        outbound_bytes_per_connection_max: 64,
         ..ServerConfig::default()
     };
     let mut h = Harness::new(config);

@@ -108,15 +108,15 @@ fn long_key(len: usize) -> Vec<u8> {
 /// The longest key (128 bytes) and the largest set: 16 distinct keys of
 /// 128 bytes.
 fn largest_keys() -> (String, Vec<String>) {
-    let max_key = String::from_utf8(long_key(128)).unwrap();
-    let max_set = (0..16u8)
+    let key_max = String::from_utf8(long_key(128)).unwrap();
+    let set_max = (0..16u8)
         .map(|i| {
             let mut k = long_key(127);
             k.push(b'a' + i);
             String::from_utf8(k).unwrap()
         })
         .collect();
-    (max_key, max_set)
+    (key_max, set_max)
 }
 
 // ------------------------------------------------------- kinds and tables
@@ -150,7 +150,7 @@ fn fixed_and_max_body_lengths_match_the_protocol() {
     ];
     for (kind, fixed, max) in expected {
         assert_eq!(kind.fixed_body_len(), fixed, "{kind:?}");
-        assert_eq!(kind.max_body_len(), max, "{kind:?}");
+        assert_eq!(kind.body_len_max(), max, "{kind:?}");
     }
 }
 
@@ -514,17 +514,17 @@ fn reply_frames_have_the_documented_layout() {
 
 #[test]
 fn every_request_kind_round_trips() {
-    let (max_key, max_set) = largest_keys();
-    let max_set: Vec<&str> = max_set.iter().map(String::as_str).collect();
+    let (key_max, set_max) = largest_keys();
+    let set_max: Vec<&str> = set_max.iter().map(String::as_str).collect();
     let requests = [
         acquire(1, 0, 1, &["a"], false),
-        acquire(u64::MAX, 255, 250, &[&max_key], false),
+        acquire(u64::MAX, 255, 250, &[&key_max], false),
         release(2, 1, &["b"], false),
-        release(3, u64::MAX, &[&max_key], false),
+        release(3, u64::MAX, &[&key_max], false),
         acquire(4, 10, 30, &["only"], true),
-        acquire(5, 3, 250, &max_set, true),
+        acquire(5, 3, 250, &set_max, true),
         release(6, 77, &["only"], true),
-        release(7, 78, &max_set, true),
+        release(7, 78, &set_max, true),
         acquire(8, 1, 2, &["ключ", "鍵"], true),
     ];
     for request in requests {
@@ -544,23 +544,23 @@ fn every_request_kind_round_trips() {
 
 #[test]
 fn largest_frames_are_exactly_the_limits() {
-    let (max_key, max_set) = largest_keys();
-    let max_set: Vec<&str> = max_set.iter().map(String::as_str).collect();
+    let (key_max, set_max) = largest_keys();
+    let set_max: Vec<&str> = set_max.iter().map(String::as_str).collect();
     assert_eq!(
-        acquire(1, 0, 1, &[&max_key], false).to_frame().len(),
-        MAX_ACQUIRE_FRAME_LEN
+        acquire(1, 0, 1, &[&key_max], false).to_frame().len(),
+        ACQUIRE_FRAME_LEN_MAX
     );
     assert_eq!(
-        release(1, 1, &[&max_key], false).to_frame().len(),
-        MAX_RELEASE_FRAME_LEN
+        release(1, 1, &[&key_max], false).to_frame().len(),
+        RELEASE_FRAME_LEN_MAX
     );
     assert_eq!(
-        acquire(1, 0, 1, &max_set, true).to_frame().len(),
-        MAX_ACQUIRE_SET_FRAME_LEN
+        acquire(1, 0, 1, &set_max, true).to_frame().len(),
+        ACQUIRE_SET_FRAME_LEN_MAX
     );
     assert_eq!(
-        release(1, 1, &max_set, true).to_frame().len(),
-        MAX_RELEASE_SET_FRAME_LEN
+        release(1, 1, &set_max, true).to_frame().len(),
+        RELEASE_SET_FRAME_LEN_MAX
     );
 }
 
@@ -668,7 +668,7 @@ fn too_long_is_reported_from_the_header_alone() {
         })
     );
     for kind in KINDS {
-        let max = kind.max_body_len();
+        let max = kind.body_len_max();
         assert_eq!(
             fed(&[&[kind.op()], &((max + 1) as u16).to_be_bytes()]).next(),
             Err(FrameError::TooLong {
@@ -1399,7 +1399,7 @@ proptest! {
             while let Some(decoded) = decoder.next().expect("valid stream") {
                 out.push(decoded);
             }
-            prop_assert!(decoder.buffered() < MAX_RELEASE_SET_FRAME_LEN);
+            prop_assert!(decoder.buffered() < RELEASE_SET_FRAME_LEN_MAX);
         }
         prop_assert_eq!(out, expected);
         prop_assert_eq!(decoder.buffered(), 0);
@@ -1429,7 +1429,7 @@ proptest! {
                 }
             }
             // Between pushes at most one partial frame is held.
-            prop_assert!(decoder.buffered() < MAX_RELEASE_SET_FRAME_LEN);
+            prop_assert!(decoder.buffered() < RELEASE_SET_FRAME_LEN_MAX);
         }
         prop_assert_eq!(&out, &whole);
         prop_assert_eq!(err, whole_err);

@@ -337,7 +337,7 @@ impl EmbeddedServer {
 
     /// The keys starting with `prefix` that are held or waited on now, in
     /// ascending order, at most `limit` (capped at
-    /// [`ticketing_core::inspect::MAX_LISTING_LIMIT`]): holders with their
+    /// [`ticketing_core::inspect::LISTING_LIMIT_MAX`]): holders with their
     /// whole group, ages and connections, waiters in queue order. Walks the
     /// whole table (O(keys)); an operator's tool, not for the lock path.
     pub fn locks(&self, prefix: &str, limit: usize) -> LockListing {
@@ -567,7 +567,7 @@ async fn accept_loop(hub: Arc<Hub>, listener: Async<TcpListener>) -> Vec<Task<()
             None => return conns,
             Some(Ok((tcp, peer))) => {
                 // Reaped here, so a stream of short connections cannot pile
-                // up finished tasks; at most `max_connections` live.
+                // up finished tasks; at most `connections_max` live.
                 conns.retain(|task| !task.is_finished());
                 conns.push(smol::spawn(run_connection(Arc::clone(&hub), tcp, peer)));
             }

@@ -22,8 +22,8 @@ const SETTLE: Duration = Duration::from_secs(5);
 
 fn tiny_limits() -> ServerConfig {
     let mut config = ServerConfig::default();
-    config.lock.limits.max_keys = 1;
-    config.lock.limits.max_waiters_per_key = 1;
+    config.lock.limits.keys_max = 1;
+    config.lock.limits.waiters_per_key_max = 1;
     config
 }
 
@@ -195,7 +195,7 @@ macro_rules! suite {
                 let fixture = Fixture::start(tiny_limits()).await;
                 let broker = fixture.broker().await;
                 let held = broker.acquire("a", WAIT, LEASE, BUDGET).await.unwrap();
-                // max_keys = 1: a second key does not fit.
+                // keys_max = 1: a second key does not fit.
                 let asked = Instant::now();
                 let other_key = broker.acquire("b", WAIT, LEASE, BUDGET).await;
                 assert!(matches!(other_key, Err(TicketError::Busy)), "{other_key:?}");
@@ -203,7 +203,7 @@ macro_rules! suite {
                     asked.elapsed() < Duration::from_secs(1),
                     "Busy is not retried"
                 );
-                // max_waiters_per_key = 1: a second waiter does not fit.
+                // waiters_per_key_max = 1: a second waiter does not fit.
                 let waiter = {
                     let broker = broker.clone();
                     spawn(async move { broker.acquire("a", WAIT, LEASE, BUDGET).await })
@@ -317,7 +317,7 @@ macro_rules! suite {
                         lease,
                         Err(TicketError::UnsupportedDuration {
                             field: "lease",
-                            max_s: 250
+                            s_max: 250
                         })
                     ),
                     "{lease:?}"
@@ -330,7 +330,7 @@ macro_rules! suite {
                         wait,
                         Err(TicketError::UnsupportedDuration {
                             field: "wait",
-                            max_s: 255
+                            s_max: 255
                         })
                     ),
                     "{wait:?}"

@@ -63,9 +63,9 @@ fn main() {
         .unwrap_or(1_000_000);
     let now = Instant::from_micros(1_000_000);
     let mut config = ServerConfig::default();
-    config.lock.limits.max_keys = config.lock.limits.max_keys.max(keys);
+    config.lock.limits.keys_max = config.lock.limits.keys_max.max(keys);
     // One connection holds every key.
-    config.budget.max_held_per_connection = config.budget.max_held_per_connection.max(keys);
+    config.budget.held_per_connection_max = config.budget.held_per_connection_max.max(keys);
     let mut server = Server::new(config, 1, now);
 
     // One authenticated connection (no tokens: the empty token).

@@ -18,14 +18,14 @@ const DEFAULT_ROUND_TRIPS: u64 = 5_000;
 /// Round trips first made and not measured (connection and caches warm).
 const WARM_UP_ROUND_TRIPS: u64 = 200;
 /// Most round trips the first argument may ask for.
-const MAX_ROUND_TRIPS: u64 = 10_000_000;
+const ROUND_TRIPS_MAX: u64 = 10_000_000;
 
 fn main() {
     let round_trips = match std::env::args().nth(1).map(|arg| arg.parse::<u64>()) {
         None => DEFAULT_ROUND_TRIPS,
-        Some(Ok(n)) if (1..=MAX_ROUND_TRIPS).contains(&n) => n,
+        Some(Ok(n)) if (1..=ROUND_TRIPS_MAX).contains(&n) => n,
         Some(_) => {
-            eprintln!("echo_round_trip: ROUND_TRIPS must be 1..={MAX_ROUND_TRIPS}");
+            eprintln!("echo_round_trip: ROUND_TRIPS must be 1..={ROUND_TRIPS_MAX}");
             std::process::exit(2);
         }
     };

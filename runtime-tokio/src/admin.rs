@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 mod api;
 pub use api::{
-    ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, MAX_PENDING_ADMIN_REQUESTS, rfc3339,
+    ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, PENDING_ADMIN_REQUESTS_MAX, rfc3339,
 };
 pub(crate) use api::{AdminApp, AppState, DrivenNode, PendingAdmin};
 
@@ -365,9 +365,9 @@ fn busy(
     raft_backpressure: Option<u64>,
 ) -> fmt::Result {
     let mut by_limit = vec![
-        ("max_keys", table.max_keys),
-        ("max_waiters_per_key", table.max_waiters_per_key),
-        ("max_waiters_total", table.max_waiters_total),
+        ("max_keys", table.keys_max),
+        ("max_waiters_per_key", table.waiters_per_key_max),
+        ("max_waiters_total", table.waiters_total_max),
         ("token_reserve", table.token_reserve),
         ("per_connection", per_connection),
     ];

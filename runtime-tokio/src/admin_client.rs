@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 /// How long one admin request may take, connecting included.
 pub const ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest answer body read (a full listing is well under it).
-pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+pub const ANSWER_BYTES_MAX: usize = 16 << 20;
 
 /// What is left as is in a key or query value: RFC 3986 unreserved.
 const KEEP: &AsciiSet = &NON_ALPHANUMERIC
@@ -100,7 +100,7 @@ async fn exchange(
     let request = builder.body(Empty::<Bytes>::new()).map_err(|e| http(&e))?;
     let response = sender.send_request(request).await.map_err(|e| http(&e))?;
     let status = response.status().as_u16();
-    let limited = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES);
+    let limited = http_body_util::Limited::new(response.into_body(), ANSWER_BYTES_MAX);
     let body = limited.collect().await.map_err(|e| http(&*e))?.to_bytes();
     driver.abort();
     let body = String::from_utf8(body.to_vec()).map_err(|e| http(&e))?;

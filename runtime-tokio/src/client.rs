@@ -252,8 +252,8 @@ impl TicketBrokerBuilder {
     }
     /// Bound on acquires in flight across the broker, 1..=16384 (default
     /// [`DEFAULT_MAX_PENDING`]).
-    pub fn max_pending(mut self, max_pending: usize) -> Self {
-        self.config.max_pending = max_pending;
+    pub fn max_pending(mut self, pending_max: usize) -> Self {
+        self.config.pending_max = pending_max;
         self
     }
     /// Allows the empty token against a server without authentication;
@@ -292,7 +292,7 @@ impl TicketBrokerBuilder {
         let (closed_tx, closed_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             clock: Clock::start(),
-            state: Mutex::new(State::new(endpoints.len(), self.config.max_pending)),
+            state: Mutex::new(State::new(endpoints.len(), self.config.pending_max)),
             wakes: endpoints.iter().map(|_| Notify::new()).collect(),
             ready_changed: Notify::new(),
             release_wake: Notify::new(),
@@ -761,7 +761,7 @@ impl TicketBroker {
                 addrs: Vec::new(),
                 token: String::new(),
                 mode: BrokerMode::Single,
-                max_pending: DEFAULT_MAX_PENDING,
+                pending_max: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
                 silence_timeout: DEFAULT_SILENCE_TIMEOUT,
             },
@@ -824,7 +824,7 @@ impl TicketBroker {
     /// (0 = one immediate try), for a lease of `lease` (1..=250 s).
     /// Sub-second values round up; out-of-range values are rejected, never
     /// clamped. The ticket is returned only if its conservative remaining
-    /// lease covers `min_work_budget`.
+    /// lease covers `work_budget_min`.
     ///
     /// Enforce [`Ticket::token`] at the protected write. On
     /// [`TicketError::Indeterminate`] do not enter the critical section.
@@ -835,10 +835,10 @@ impl TicketBroker {
         key: &str,
         wait: Duration,
         lease: Duration,
-        min_work_budget: Duration,
+        work_budget_min: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
@@ -850,10 +850,10 @@ impl TicketBroker {
         keys: &[S],
         wait: Duration,
         lease: Duration,
-        min_work_budget: Duration,
+        work_budget_min: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }

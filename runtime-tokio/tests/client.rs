@@ -72,7 +72,7 @@ async fn releasing_a_lapsed_ticket_reports_not_current() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_answers_busy_at_once() {
     let mut settings = loopback_settings();
-    settings.server.lock.limits.max_keys = 1;
+    settings.server.lock.limits.keys_max = 1;
     let server = spawn_server(settings).await.unwrap();
     let broker = ours_loopback(&server).await;
 

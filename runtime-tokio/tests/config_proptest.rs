@@ -155,7 +155,7 @@ fn serve_args(argv: &[String]) -> Option<ServeArgs> {
 }
 
 /// A field as the config names it: `--flag`, `RUST_LOG`, or a file path
-/// such as `limits.max_keys`, `client_tokens[1]`, `cluster.slots[2].peer`.
+/// such as `limits.keys_max`, `client_tokens[1]`, `cluster.slots[2].peer`.
 fn is_field_name(field: &str) -> bool {
     if field == "RUST_LOG" || field == "TICKETING_CLIENT_TOKENS" || field == "TICKETING_PEER_TOKENS"
     {

@@ -133,7 +133,7 @@ async fn shutdown_answers_waiters_and_closes_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_session_limit_is_closed_without_a_hello() {
     let mut settings = loopback_settings();
-    settings.server.max_connections = 1;
+    settings.server.connections_max = 1;
     let server = spawn_server(settings).await.unwrap();
 
     // An unfinished handshake does not take the session slot...

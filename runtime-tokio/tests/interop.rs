@@ -151,8 +151,8 @@ async fn an_expired_wait_is_timeout_with_the_default_margin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_or_table_is_busy() {
     let mut settings = loopback_settings();
-    settings.server.lock.limits.max_waiters_per_key = 1;
-    settings.server.lock.limits.max_keys = 2;
+    settings.server.lock.limits.waiters_per_key_max = 1;
+    settings.server.lock.limits.keys_max = 2;
     let server = spawn_server(settings).await.unwrap();
     let broker = published_loopback(&server).await;
 

@@ -82,14 +82,14 @@ async fn an_outsider_relaying_peer_handshakes_is_never_accepted() {
 
     // Load: four tasks acquire and release their own keys in a loop.
     let stop = Arc::new(AtomicBool::new(false));
-    let max_token = Arc::new(AtomicU64::new(0));
+    let token_max = Arc::new(AtomicU64::new(0));
     let grants = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for task in 0..4 {
-        let (broker, stop, max_token, grants) = (
+        let (broker, stop, token_max, grants) = (
             broker.clone(),
             stop.clone(),
-            max_token.clone(),
+            token_max.clone(),
             grants.clone(),
         );
         tasks.push(tokio::spawn(async move {
@@ -104,7 +104,7 @@ async fn an_outsider_relaying_peer_handshakes_is_never_accepted() {
                     let token = ticket.token();
                     assert!(token > last, "token {token} not above {last}");
                     last = token;
-                    max_token.fetch_max(token, Ordering::SeqCst);
+                    token_max.fetch_max(token, Ordering::SeqCst);
                     grants.fetch_add(1, Ordering::SeqCst);
                     let _ = ticket.release().await;
                 }
@@ -186,7 +186,7 @@ async fn an_outsider_relaying_peer_handshakes_is_never_accepted() {
     for task in tasks {
         task.await.unwrap();
     }
-    let issued_max = max_token.load(Ordering::SeqCst);
+    let issued_max = token_max.load(Ordering::SeqCst);
 
     // Failover: the next tokens are above every token issued before.
     cluster.kill(leader);

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use ticketing_core::cluster::peer::{
-    FRAME_LEN_BYTES, MAX_FRAME_LEN, PEER_HELLO_LEN, PeerHello, PeerRole, PeerSealer,
+    FRAME_LEN_BYTES, FRAME_LEN_MAX, PEER_HELLO_LEN, PeerHello, PeerRole, PeerSealer,
 };
 use ticketing_core::cluster::{Command, ReplicatedLocks};
 use ticketing_core::raft::{Configuration, Message, MessageBody, NodeId, SnapshotMeta};
@@ -91,7 +91,7 @@ impl FrameTap {
                 bytes = &bytes[take..];
                 if let Ok(len) = <[u8; FRAME_LEN_BYTES]>::try_from(self.header.as_slice()) {
                     let len = u32::from_be_bytes(len) as usize;
-                    if len == 0 || len > MAX_FRAME_LEN {
+                    if len == 0 || len > FRAME_LEN_MAX {
                         self.lost = true;
                         break;
                     }

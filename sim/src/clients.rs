@@ -435,9 +435,9 @@ pub(crate) trait ClientWorld<'t> {
             return;
         }
         let config = parts.config;
-        let (max_acquires, max_concurrent, wait_s_max, lease_s_max, drift) = (
-            config.max_acquires_per_client,
-            config.max_concurrent_per_client,
+        let (acquires_max, concurrent_max, wait_s_max, lease_s_max, drift) = (
+            config.acquires_per_client_max,
+            config.concurrent_per_client_max,
             config.wait_s_max,
             config.lease_s_max,
             config.drift_ppm_max,
@@ -449,14 +449,14 @@ pub(crate) trait ClientWorld<'t> {
             .filter(|op| !matches!(op, OpState::Releasing { .. }))
             .count();
         let inc = proc.inc;
-        if proc.acquires_started >= max_acquires {
+        if proc.acquires_started >= acquires_max {
             return;
         }
         let work = parts.work;
         let think = work.below(600_000);
         let now_us = parts.now_us;
         self.schedule_client(now_us + think, client, inc, ClientEv::StartOp);
-        if active >= max_concurrent {
+        if active >= concurrent_max {
             return;
         }
         let parts = self.parts();

@@ -408,7 +408,7 @@ struct NodeProc {
     /// Highest commit index seen in this incarnation.
     commit_seen: u64,
     /// Highest token seen in this incarnation's applied state.
-    max_token: u64,
+    token_max: u64,
     /// (last index, its term, commit, applied) at the last check: the
     /// checks rerun only when one of them moved.
     checked: (u64, u64, u64, u64),
@@ -460,7 +460,7 @@ pub struct ClusterWorld<'t> {
     states: HashMap<u64, u64>,
     // Lock oracle.
     grants: HashMap<u64, GrantInfo>,
-    max_token: u64,
+    token_max: u64,
     /// Tokens a client asked to release (any attempt).
     release_requested: HashSet<u64>,
     /// Grants whose reply bytes a node took for writing.
@@ -529,7 +529,7 @@ impl<'t> ClusterWorld<'t> {
                 timer_generation: 0,
                 armed: None,
                 commit_seen: 0,
-                max_token: 0,
+                token_max: 0,
                 checked: (0, 0, 0, 0),
                 known_leader: (0, None, Configuration::default()),
                 shadow: vec![None; ALL_KEYS.len()],
@@ -573,7 +573,7 @@ impl<'t> ClusterWorld<'t> {
             entries: HashMap::new(),
             states: HashMap::new(),
             grants: HashMap::new(),
-            max_token: 0,
+            token_max: 0,
             release_requested: HashSet::new(),
             replied: HashSet::new(),
             ghosts: HashSet::new(),
@@ -809,12 +809,12 @@ impl<'t> ClusterWorld<'t> {
         config.peer_silence_timeout =
             ticketing_core::cluster::default_peer_silence_timeout(&config.raft);
         config.limits = Limits {
-            max_keys: self.config.base.max_keys,
-            max_waiters_per_key: self.config.base.max_waiters_per_key,
-            max_waiters_total: self.config.base.max_waiters_total,
+            keys_max: self.config.base.keys_max,
+            waiters_per_key_max: self.config.base.waiters_per_key_max,
+            waiters_total_max: self.config.base.waiters_total_max,
         };
-        config.max_connections = 64;
-        config.max_in_flight_per_connection = 64;
+        config.connections_max = 64;
+        config.in_flight_per_connection_max = 64;
         config.client_addresses = (0..self.n).map(line_address).collect();
         config
     }
@@ -858,7 +858,7 @@ impl<'t> ClusterWorld<'t> {
         proc.conns.clear();
         proc.armed = None;
         proc.commit_seen = 0;
-        proc.max_token = 0;
+        proc.token_max = 0;
         proc.checked = (0, 0, 0, 0);
         proc.shadow = vec![None; ALL_KEYS.len()];
         self.note(|| format!("node {slot} starts, generation {generation}"));
@@ -1873,7 +1873,7 @@ impl<'t> ClusterWorld<'t> {
                 // as a new generation: a new incarnation for the checks.
                 proc.incarnation = Some(id);
                 proc.commit_seen = 0;
-                proc.max_token = 0;
+                proc.token_max = 0;
                 proc.checked = (0, 0, 0, 0);
                 proc.shadow = vec![None; ALL_KEYS.len()];
                 notes.push(format!("node {slot} rejoins as {id:?}"));
@@ -2004,13 +2004,13 @@ impl<'t> ClusterWorld<'t> {
             for &key in &keys {
                 holders[key] = Some(token);
             }
-            if token > self.nodes[s].max_token {
+            if token > self.nodes[s].token_max {
                 fresh.push((token, keys, holding.lease_ms));
             }
         }
         let mut found = Vec::new();
         for (token, keys, lease_ms) in fresh {
-            self.nodes[s].max_token = token;
+            self.nodes[s].token_max = token;
             match self.grants.get(&token) {
                 Some(info) if info.keys != keys || info.lease_ms != lease_ms => found.push((
                     Checker::Tokens,
@@ -2021,16 +2021,16 @@ impl<'t> ClusterWorld<'t> {
                 )),
                 Some(_) => {}
                 None => {
-                    if token <= self.max_token {
+                    if token <= self.token_max {
                         found.push((
                             Checker::Tokens,
                             format!(
                                 "new grant {token} on node {slot} is not above earlier token {}",
-                                self.max_token
+                                self.token_max
                             ),
                         ));
                     }
-                    self.max_token = self.max_token.max(token);
+                    self.token_max = self.token_max.max(token);
                     self.grants.insert(
                         token,
                         GrantInfo {

@@ -90,9 +90,9 @@ pub struct SimConfig {
     pub line_clients: usize,
     /// Logical operations (acquires) one client incarnation starts at most;
     /// keeps per-key histories small enough for the linearizability search.
-    pub max_acquires_per_client: usize,
+    pub acquires_per_client_max: usize,
     /// Concurrent logical acquires per client.
-    pub max_concurrent_per_client: usize,
+    pub concurrent_per_client_max: usize,
     /// Length of the safety phase (faults on, workload running).
     pub safety_us: u64,
     /// After the safety phase every outstanding request must resolve within
@@ -113,11 +113,11 @@ pub struct SimConfig {
     /// Longest lease, seconds.
     pub lease_s_max: u8,
     /// Small server limits, to provoke `B`.
-    pub max_keys: usize,
+    pub keys_max: usize,
     /// Waiters per key.
-    pub max_waiters_per_key: usize,
+    pub waiters_per_key_max: usize,
     /// Waiters in total.
-    pub max_waiters_total: usize,
+    pub waiters_total_max: usize,
     /// Faults in the safety phase.
     pub faults: FaultConfig,
     /// Checkers whose findings are ignored: the planted-bug tests switch off
@@ -139,8 +139,8 @@ impl Default for SimConfig {
         SimConfig {
             clients: 4,
             line_clients: 1,
-            max_acquires_per_client: 12,
-            max_concurrent_per_client: 2,
+            acquires_per_client_max: 12,
+            concurrent_per_client_max: 2,
             safety_us: 30_000_000,
             liveness_bound_us: 40_000_000,
             net_delay_min_us: 200,
@@ -150,9 +150,9 @@ impl Default for SimConfig {
             drift_ppm_max: 1_000,
             wait_s_max: 4,
             lease_s_max: 8,
-            max_keys: 5,
-            max_waiters_per_key: 3,
-            max_waiters_total: 6,
+            keys_max: 5,
+            waiters_per_key_max: 3,
+            waiters_total_max: 6,
             faults: FaultConfig {
                 tick_mean_us: 700_000,
                 reset_ppm: 250_000,
@@ -184,16 +184,16 @@ impl SimConfig {
         let mut rng = Rng::new(seed, 99);
         let mut config = SimConfig {
             clients: rng.range(2, 5) as usize,
-            max_acquires_per_client: rng.range(4, 12) as usize,
-            max_concurrent_per_client: rng.range(1, 2) as usize,
+            acquires_per_client_max: rng.range(4, 12) as usize,
+            concurrent_per_client_max: rng.range(1, 2) as usize,
             safety_us: rng.range(5, 30) * 1_000_000,
             net_jitter_us: rng.range(0, 10_000),
             drift_ppm_max: [0, 100, 1_000, 5_000][rng.index(4)],
             wait_s_max: rng.range(1, 5) as u8,
             lease_s_max: rng.range(1, 8) as u8,
-            max_keys: rng.range(3, 8) as usize,
-            max_waiters_per_key: rng.range(1, 4) as usize,
-            max_waiters_total: rng.range(2, 10) as usize,
+            keys_max: rng.range(3, 8) as usize,
+            waiters_per_key_max: rng.range(1, 4) as usize,
+            waiters_total_max: rng.range(2, 10) as usize,
             ..SimConfig::default()
         };
         let faults = &mut config.faults;
@@ -241,8 +241,8 @@ impl SimConfig {
     /// phase.
     pub fn stress(mut self) -> Self {
         self.clients += 2;
-        self.max_concurrent_per_client = 3;
-        self.max_acquires_per_client = 16;
+        self.concurrent_per_client_max = 3;
+        self.acquires_per_client_max = 16;
         self.safety_us *= 2;
         self
     }

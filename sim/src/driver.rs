@@ -108,8 +108,8 @@ pub(crate) trait SimWorld<'t>: ClientWorld<'t> + Sized {
     /// `describe` names the server in the trace.
     fn jump_server_clock(&mut self, which: u8, describe: impl FnOnce(u64) -> String) {
         let parts = self.parts();
-        let max_us = parts.config.faults.clock_jump_max_us.max(1);
-        let jump = parts.fault_rng.range(1, max_us);
+        let us_max = parts.config.faults.clock_jump_max_us.max(1);
+        let jump = parts.fault_rng.range(1, us_max);
         parts.rec.report.faults += 1;
         self.server_clock(which).jump_us += jump;
         *self.lease_era() += 1;

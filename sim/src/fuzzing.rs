@@ -14,14 +14,14 @@ pub use crate::lock_model::sim_lock_table;
 pub fn fuzz_config() -> SimConfig {
     SimConfig {
         clients: 3,
-        max_acquires_per_client: 6,
+        acquires_per_client_max: 6,
         safety_us: 6_000_000,
         liveness_bound_us: 30_000_000,
         wait_s_max: 3,
         lease_s_max: 3,
-        max_keys: 4,
-        max_waiters_per_key: 2,
-        max_waiters_total: 4,
+        keys_max: 4,
+        waiters_per_key_max: 2,
+        waiters_total_max: 4,
         ..SimConfig::default()
     }
 }

@@ -31,7 +31,7 @@ use crate::linear::LinOp;
 use crate::run::Checker;
 
 /// The Rust 0.3.0 client gives up on a hello line longer than this.
-const MAX_HELLO_LINE: usize = 192;
+const HELLO_LINE_MAX: usize = 192;
 
 /// A line client's connection and call counter.
 pub(crate) struct LineLink {
@@ -124,15 +124,15 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
             return;
         }
         let config = parts.config;
-        let (max_acquires, wait_s_max, lease_s_max, drift) = (
-            config.max_acquires_per_client,
+        let (acquires_max, wait_s_max, lease_s_max, drift) = (
+            config.acquires_per_client_max,
             config.wait_s_max,
             config.lease_s_max,
             config.drift_ppm_max,
         );
         let proc = &parts.clients[client];
         let inc = proc.inc;
-        if proc.acquires_started >= max_acquires {
+        if proc.acquires_started >= acquires_max {
             return;
         }
         let busy = !proc.ops.is_empty();
@@ -328,7 +328,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
         if let Some(hello) = line.hello.as_mut() {
             let Some(lf) = rest.iter().position(|&b| b == b'\n') else {
                 hello.extend_from_slice(rest);
-                if hello.len() > MAX_HELLO_LINE {
+                if hello.len() > HELLO_LINE_MAX {
                     let detail = format!("client {client}: hello line without LF on {conn}");
                     self.violation(Checker::Client, detail);
                     self.line_drop_conn(client, conn, false);

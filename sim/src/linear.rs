@@ -147,11 +147,11 @@ impl Holder {
 const STATE_BUDGET: usize = 200_000;
 
 /// Longest history checked (the done-set is a `u128`).
-pub const MAX_OPS: usize = 128;
+pub const OPS_MAX: usize = 128;
 
-/// Checks `history` (any order; at most [`MAX_OPS`] entries).
+/// Checks `history` (any order; at most [`OPS_MAX`] entries).
 pub fn check(history: &[LinEntry]) -> LinResult {
-    if history.len() > MAX_OPS {
+    if history.len() > OPS_MAX {
         return LinResult::Inconclusive;
     }
     let mut ops: Vec<LinEntry> = history.to_vec();

@@ -62,9 +62,9 @@ pub fn sim_lock_table(data: &[u8]) {
         Limits::default()
     } else {
         Limits {
-            max_keys: 1 + usize::from(limits_byte >> 1) % 5,
-            max_waiters_per_key: 1 + usize::from(limits_byte >> 4) % 3,
-            max_waiters_total: 1 + usize::from(limits_byte >> 6) % 5,
+            keys_max: 1 + usize::from(limits_byte >> 1) % 5,
+            waiters_per_key_max: 1 + usize::from(limits_byte >> 4) % 3,
+            waiters_total_max: 1 + usize::from(limits_byte >> 6) % 5,
         }
     };
     // Bounded, so one input is one short run.

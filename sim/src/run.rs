@@ -117,7 +117,7 @@ pub(crate) enum Phase {
 }
 
 /// A run stops after this many violations: later ones mostly echo the first.
-pub(crate) const MAX_VIOLATIONS: usize = 4;
+pub(crate) const VIOLATIONS_MAX: usize = 4;
 
 /// An event due at `at_us`; `seq` breaks ties in scheduling order.
 pub(crate) struct Scheduled<E> {
@@ -268,7 +268,7 @@ impl<'t> Recorder<'t> {
 
     /// Whether the run should stop: enough violations found.
     pub(crate) fn saturated(&self) -> bool {
-        self.report.violations.len() >= MAX_VIOLATIONS
+        self.report.violations.len() >= VIOLATIONS_MAX
     }
 
     pub(crate) fn finish(mut self, end_us: u64) -> RunReport {

@@ -36,7 +36,7 @@ use crate::run::{Phase, Queue, Recorder, Scheduled, Short};
 
 /// Each side of a connection keeps at most this many bytes in flight; a
 /// bound, never reached by this workload.
-const MAX_IN_FLIGHT_BYTES: usize = 1 << 20;
+const IN_FLIGHT_BYTES_MAX: usize = 1 << 20;
 
 #[derive(Clone, Debug)]
 pub(crate) enum Ev {
@@ -184,7 +184,7 @@ pub struct World<'t> {
     // Oracle of the server's side.
     pending: BTreeMap<(u64, u64), ServerReq>,
     arrival_seq: u64,
-    max_token_seen: u64,
+    token_seen_max: u64,
     /// The token floor's file: the last reserve made durable.
     disk_reserve: Option<u64>,
     /// How far the server's wall clock was stepped back at restarts.
@@ -249,7 +249,7 @@ impl<'t> World<'t> {
             next_grant_id: 1,
             pending: BTreeMap::new(),
             arrival_seq: 0,
-            max_token_seen: 0,
+            token_seen_max: 0,
             disk_reserve: None,
             wall_back_us: 0,
             tokens_seen: HashSet::new(),
@@ -305,7 +305,7 @@ impl<'t> World<'t> {
         }
         let dir = if to_server { 0 } else { 1 };
         assert!(
-            conn.tcp.in_flight[dir] + bytes.len() <= MAX_IN_FLIGHT_BYTES,
+            conn.tcp.in_flight[dir] + bytes.len() <= IN_FLIGHT_BYTES_MAX,
             "unbounded bytes in flight"
         );
         let conn = self.conns.get_mut(&conn_id).expect("checked above");
@@ -386,25 +386,25 @@ impl<'t> World<'t> {
         let config = ServerConfig {
             lock: LockConfig {
                 limits: Limits {
-                    max_keys: self.config.max_keys,
-                    max_waiters_per_key: self.config.max_waiters_per_key,
-                    max_waiters_total: self.config.max_waiters_total,
+                    keys_max: self.config.keys_max,
+                    waiters_per_key_max: self.config.waiters_per_key_max,
+                    waiters_total_max: self.config.waiters_total_max,
                 },
                 ..LockConfig::default()
             },
-            max_connections: 64,
-            max_in_flight_per_connection: 64,
+            connections_max: 64,
+            in_flight_per_connection_max: 64,
             ..ServerConfig::default()
         };
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         self.note(|| format!("server epoch {epoch} starts, first token {first_token}"));
-        if first_token <= self.max_token_seen {
+        if first_token <= self.token_seen_max {
             self.violation(
                 Checker::Tokens,
                 format!(
                     "restarted server starts at token {first_token}, not above {}",
-                    self.max_token_seen
+                    self.token_seen_max
                 ),
             );
         }
@@ -884,16 +884,16 @@ impl<'t> World<'t> {
         grants.sort();
         for (token, conn_id, rid, end_offset) in grants {
             let req = self.pending.remove(&(conn_id, rid)).expect("found above");
-            if token <= self.max_token_seen || !self.tokens_seen.insert(token) {
+            if token <= self.token_seen_max || !self.tokens_seen.insert(token) {
                 self.violation(
                     Checker::Tokens,
                     format!(
                         "grant {token} to conn {conn_id} rid {rid} is not above every earlier token (max {})",
-                        self.max_token_seen
+                        self.token_seen_max
                     ),
                 );
             }
-            self.max_token_seen = self.max_token_seen.max(token);
+            self.token_seen_max = self.token_seen_max.max(token);
             // FIFO: nobody still waiting on these keys arrived earlier.
             let earlier = self.pending.iter().find(|(_, other)| {
                 other.acquire

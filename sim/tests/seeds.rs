@@ -93,7 +93,7 @@ fn a_trace_replays_exactly() {
     let trace = |seed| {
         let mut out = Vec::new();
         let config = SimConfig {
-            max_concurrent_per_client: 1,
+            concurrent_per_client_max: 1,
             ..SimConfig::swarm(seed)
         };
         let report = World::new(seed, config).with_trace(&mut out).run();

@@ -79,7 +79,7 @@ impl Hasher for RidHasher {
 }
 
 /// A request awaiting its outcome: who receives it, and whether it counts
-/// against `max_pending`.
+/// against `pending_max`.
 struct Waiter<W> {
     tx: W,
     acquire: bool,
@@ -98,26 +98,26 @@ pub struct BrokerState<W> {
     /// Outcome senders by (endpoint, rid).
     pending: HashMap<(usize, u64), Waiter<W>, BuildHasherDefault<RidHasher>>,
     acquires_in_flight: usize,
-    max_pending: usize,
+    pending_max: usize,
 }
 
 impl<W: OutcomeSender> BrokerState<W> {
     /// A broker of `endpoints` endpoints, none connected, allowing at most
-    /// `max_pending` acquires in flight.
-    pub fn new(endpoints: usize, max_pending: usize) -> Self {
+    /// `pending_max` acquires in flight.
+    pub fn new(endpoints: usize, pending_max: usize) -> Self {
         BrokerState {
             sessions: (0..endpoints).map(|_| None).collect(),
             router: Router::new(endpoints),
             releases: ReleaseQueue::default(),
             pending: HashMap::default(),
             acquires_in_flight: 0,
-            max_pending,
+            pending_max,
         }
     }
 
     /// Submits one attempt (`submit`) on the session the router picks and
     /// registers `tx` for its outcome; returns the endpoint and request id.
-    /// Acquires count against `max_pending` until their outcome is
+    /// Acquires count against `pending_max` until their outcome is
     /// delivered or cancelled.
     pub fn submit(
         &mut self,
@@ -126,7 +126,7 @@ impl<W: OutcomeSender> BrokerState<W> {
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
         tx: W,
     ) -> Result<(usize, u64), ClientError> {
-        if acquire && self.acquires_in_flight >= self.max_pending {
+        if acquire && self.acquires_in_flight >= self.pending_max {
             return Err(ClientError::ClientCapacity);
         }
         let sessions = &self.sessions;

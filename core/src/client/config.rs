@@ -7,19 +7,19 @@ use super::session::{DEFAULT_SILENCE_TIMEOUT, SessionConfig};
 use crate::time::Duration;
 
 /// Shortest [`BrokerConfig::silence_timeout`] a configuration may ask for.
-pub const MIN_SILENCE_TIMEOUT: Duration = Duration::from_millis(100);
+pub const SILENCE_TIMEOUT_MIN: Duration = Duration::from_millis(100);
 
 /// Longest [`BrokerConfig::silence_timeout`] a configuration may ask for.
-pub const MAX_SILENCE_TIMEOUT: Duration = Duration::from_secs(300);
+pub const SILENCE_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 
 /// Default broker-wide bound on acquires in flight.
 pub const DEFAULT_MAX_PENDING: usize = 1024;
 
 /// Largest broker-wide bound a configuration may ask for.
-pub const MAX_PENDING_LIMIT: usize = 16_384;
+pub const PENDING_LIMIT_MAX: usize = 16_384;
 
 /// Shortest client token a published client accepts.
-const MIN_CLIENT_TOKEN_LEN: usize = 16;
+const CLIENT_TOKEN_LEN_MIN: usize = 16;
 
 /// Single server or cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,11 +59,11 @@ pub struct BrokerConfig {
     /// Mode.
     pub mode: BrokerMode,
     /// Acquires in flight across the broker (1..=16384).
-    pub max_pending: usize,
+    pub pending_max: usize,
     /// Allows the empty token, for IP loopback addresses only.
     pub allow_loopback_no_auth: bool,
     /// [`SessionConfig::silence_timeout`] of every connection
-    /// ([`MIN_SILENCE_TIMEOUT`]..=[`MAX_SILENCE_TIMEOUT`], default
+    /// ([`SILENCE_TIMEOUT_MIN`]..=[`SILENCE_TIMEOUT_MAX`], default
     /// [`DEFAULT_SILENCE_TIMEOUT`]).
     pub silence_timeout: Duration,
 }
@@ -74,7 +74,7 @@ impl fmt::Debug for BrokerConfig {
             .field("addrs", &self.addrs)
             .field("token", &format_args!("<{} bytes>", self.token.len()))
             .field("mode", &self.mode)
-            .field("max_pending", &self.max_pending)
+            .field("pending_max", &self.pending_max)
             .field("allow_loopback_no_auth", &self.allow_loopback_no_auth)
             .field("silence_timeout", &self.silence_timeout)
             .finish()
@@ -97,7 +97,7 @@ impl BrokerConfig {
             addrs: vec![addr.into()],
             token: token.into(),
             mode: BrokerMode::Single,
-            max_pending: DEFAULT_MAX_PENDING,
+            pending_max: DEFAULT_MAX_PENDING,
             allow_loopback_no_auth: false,
             silence_timeout: DEFAULT_SILENCE_TIMEOUT,
         }
@@ -112,10 +112,10 @@ impl BrokerConfig {
                 "at least one server address is required",
             ));
         }
-        if !(1..=MAX_PENDING_LIMIT).contains(&self.max_pending) {
+        if !(1..=PENDING_LIMIT_MAX).contains(&self.pending_max) {
             return Err(ClientError::InvalidInput("max_pending must be 1..=16384"));
         }
-        if !(MIN_SILENCE_TIMEOUT..=MAX_SILENCE_TIMEOUT).contains(&self.silence_timeout) {
+        if !(SILENCE_TIMEOUT_MIN..=SILENCE_TIMEOUT_MAX).contains(&self.silence_timeout) {
             return Err(ClientError::InvalidInput(
                 "silence_timeout must be 100 ms..=300 s",
             ));
@@ -134,7 +134,7 @@ impl BrokerConfig {
                     "loopback no-auth mode requires IP loopback server addresses",
                 ));
             }
-        } else if self.token.len() < MIN_CLIENT_TOKEN_LEN {
+        } else if self.token.len() < CLIENT_TOKEN_LEN_MIN {
             return Err(ClientError::InvalidInput(
                 "client token must be at least 16 bytes",
             ));

@@ -30,7 +30,7 @@ pub enum ClientError {
         /// Which argument.
         field: &'static str,
         /// The largest supported value, in seconds.
-        max_s: u64,
+        s_max: u64,
     },
     /// An argument is invalid.
     InvalidInput(&'static str),
@@ -65,10 +65,10 @@ impl fmt::Display for ClientError {
             ClientError::InsufficientLease => f.write_str(
                 "the conservative remaining lease does not cover the minimum work budget",
             ),
-            ClientError::UnsupportedDuration { field, max_s } => {
+            ClientError::UnsupportedDuration { field, s_max } => {
                 write!(
                     f,
-                    "{field} exceeds the supported maximum of {max_s} seconds"
+                    "{field} exceeds the supported maximum of {s_max} seconds"
                 )
             }
             ClientError::InvalidInput(what) => write!(f, "invalid input: {what}"),

@@ -93,7 +93,7 @@ impl AcquireOperation {
                         error: ClientError::Indeterminate,
                         grant,
                     }
-                } else if !grant.covers(now, self.params.min_work_budget()) {
+                } else if !grant.covers(now, self.params.work_budget_min()) {
                     AcquireStep::Compensate {
                         error: ClientError::InsufficientLease,
                         grant,

@@ -4,13 +4,13 @@
 
 use super::error::ClientError;
 use crate::time::{Duration, Instant};
-use crate::wire::{ErrorCode, Key, KeyGroup, MAX_KEY_LEN, MAX_LEASE_S, MAX_SET_KEYS};
+use crate::wire::{ErrorCode, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, SET_KEYS_MAX};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
-pub const MAX_WAIT_S: u8 = 255;
+pub const WAIT_S_MAX: u8 = 255;
 
 /// Longest minimum-work budget a caller may ask to be covered.
-pub const MAX_WORK_BUDGET: Duration = Duration::from_secs(250);
+pub const WORK_BUDGET_MAX: Duration = Duration::from_secs(250);
 
 /// Local deadline of a `wait = 0` acquire: the server answers at once, so
 /// this bounds only the transport.
@@ -28,7 +28,7 @@ pub(super) fn ceil_secs(duration: Duration) -> u64 {
 pub struct AcquireParams {
     wait_s: u8,
     lease_s: u8,
-    min_work_budget: Duration,
+    work_budget_min: Duration,
 }
 
 impl AcquireParams {
@@ -39,37 +39,37 @@ impl AcquireParams {
     pub fn new(
         wait: Duration,
         lease: Duration,
-        min_work_budget: Duration,
+        work_budget_min: Duration,
     ) -> Result<Self, ClientError> {
         let wait_s =
             u8::try_from(ceil_secs(wait)).map_err(|_| ClientError::UnsupportedDuration {
                 field: "wait",
-                max_s: u64::from(MAX_WAIT_S),
+                s_max: u64::from(WAIT_S_MAX),
             })?;
         if lease.is_zero() {
             return Err(ClientError::InvalidInput("lease must be greater than zero"));
         }
         let lease_s = u8::try_from(ceil_secs(lease))
             .ok()
-            .filter(|lease_s| *lease_s <= MAX_LEASE_S)
+            .filter(|lease_s| *lease_s <= LEASE_S_MAX)
             .ok_or(ClientError::UnsupportedDuration {
                 field: "lease",
-                max_s: u64::from(MAX_LEASE_S),
+                s_max: u64::from(LEASE_S_MAX),
             })?;
-        if min_work_budget > MAX_WORK_BUDGET {
+        if work_budget_min > WORK_BUDGET_MAX {
             return Err(ClientError::UnsupportedDuration {
                 field: "min_work_budget",
-                max_s: MAX_WORK_BUDGET.as_secs(),
+                s_max: WORK_BUDGET_MAX.as_secs(),
             });
         }
         // The budget is compared unrounded: the caller asked for exactly it.
-        if min_work_budget > Duration::from_secs(u64::from(lease_s)) {
+        if work_budget_min > Duration::from_secs(u64::from(lease_s)) {
             return Err(ClientError::InsufficientLease);
         }
         Ok(AcquireParams {
             wait_s,
             lease_s,
-            min_work_budget,
+            work_budget_min,
         })
     }
     /// Wait in whole seconds; 0 = one immediate try.
@@ -85,8 +85,8 @@ impl AcquireParams {
         Duration::from_secs(u64::from(self.lease_s))
     }
     /// The work the grant must still cover when it is handed to the caller.
-    pub fn min_work_budget(&self) -> Duration {
-        self.min_work_budget
+    pub fn work_budget_min(&self) -> Duration {
+        self.work_budget_min
     }
     /// When an acquire started at `started` gives up: `wait` later, or
     /// [`IMMEDIATE_TRANSPORT_TIMEOUT`] later for `wait = 0`.
@@ -104,7 +104,7 @@ fn validate_key(key: &str) -> Result<Key, ClientError> {
     // The wire's rules, checked once; a failure is then told apart for
     // the caller (a `str` is UTF-8, so only length or a character is left).
     Key::from_text(key).map_err(|_| {
-        ClientError::InvalidInput(if key.is_empty() || key.len() > MAX_KEY_LEN {
+        ClientError::InvalidInput(if key.is_empty() || key.len() > KEY_LEN_MAX {
             "key must be 1..=128 bytes"
         } else {
             "key must not contain spaces or newlines"
@@ -126,7 +126,7 @@ impl KeySet {
     /// client), sorted by raw bytes and deduplicated. A set that dedups to
     /// one key is sent as a single-key request.
     pub fn new<S: AsRef<str>>(keys: &[S]) -> Result<Self, ClientError> {
-        if keys.is_empty() || keys.len() > MAX_SET_KEYS {
+        if keys.is_empty() || keys.len() > SET_KEYS_MAX {
             return Err(ClientError::InvalidInput(
                 "key set must contain 1..=16 keys",
             ));
@@ -164,9 +164,9 @@ impl KeySet {
 }
 
 /// True when a grant valid before `valid_before` still covers
-/// `min_work_budget` at `now`.
-pub fn lease_covers(valid_before: Instant, now: Instant, min_work_budget: Duration) -> bool {
-    valid_before > now && valid_before.saturating_duration_since(now) >= min_work_budget
+/// `work_budget_min` at `now`.
+pub fn lease_covers(valid_before: Instant, now: Instant, work_budget_min: Duration) -> bool {
+    valid_before > now && valid_before.saturating_duration_since(now) >= work_budget_min
 }
 
 /// A lock granted by the server. Whoever owns a `Grant` owns the lock: if it
@@ -184,9 +184,9 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// True when the conservative remaining lease covers `min_work_budget`.
-    pub fn covers(&self, now: Instant, min_work_budget: Duration) -> bool {
-        lease_covers(self.valid_before, now, min_work_budget)
+    /// True when the conservative remaining lease covers `work_budget_min`.
+    pub fn covers(&self, now: Instant, work_budget_min: Duration) -> bool {
+        lease_covers(self.valid_before, now, work_budget_min)
     }
 }
 

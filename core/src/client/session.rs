@@ -44,7 +44,7 @@ pub const DEFAULT_MAX_PENDING_RELEASES: usize = 128;
 pub const TRANSMIT_BATCH_BYTES: usize = 64 * 1024;
 
 /// The longest reply frame (`A`/`S`: rid and token).
-const MAX_REPLY_FRAME_LEN: usize = FRAME_HEADER_LEN + 16;
+const REPLY_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 16;
 
 /// What a [`Session`] reports to its driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,9 +102,9 @@ pub struct SessionConfig {
     /// or above it are protocol violations.
     pub cluster_size: usize,
     /// Acquires awaiting a reply at most.
-    pub max_pending_acquires: usize,
+    pub pending_acquires_max: usize,
     /// Releases awaiting a reply at most.
-    pub max_pending_releases: usize,
+    pub pending_releases_max: usize,
     /// How long TCP, TLS and the handshake may take together.
     pub handshake_timeout: Duration,
     /// The silence rule. A sent request is *overdue* once it has waited
@@ -125,8 +125,8 @@ impl fmt::Debug for SessionConfig {
             .field("mode", &self.mode)
             .field("expected_slot", &self.expected_slot)
             .field("cluster_size", &self.cluster_size)
-            .field("max_pending_acquires", &self.max_pending_acquires)
-            .field("max_pending_releases", &self.max_pending_releases)
+            .field("pending_acquires_max", &self.pending_acquires_max)
+            .field("pending_releases_max", &self.pending_releases_max)
             .field("silence_timeout", &self.silence_timeout)
             .finish_non_exhaustive()
     }
@@ -141,8 +141,8 @@ impl SessionConfig {
             mode: WireMode::Single,
             expected_slot: NO_LEADER_SLOT,
             cluster_size: 1,
-            max_pending_acquires: DEFAULT_MAX_PENDING_ACQUIRES,
-            max_pending_releases: DEFAULT_MAX_PENDING_RELEASES,
+            pending_acquires_max: DEFAULT_MAX_PENDING_ACQUIRES,
+            pending_releases_max: DEFAULT_MAX_PENDING_RELEASES,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             silence_timeout: DEFAULT_SILENCE_TIMEOUT,
         }
@@ -184,7 +184,7 @@ struct Pending {
     /// deadline of a release.
     deadline: Instant,
     /// The caller's wait (0 = immediate); the wait byte never exceeds it.
-    max_wait_s: u8,
+    wait_s_max: u8,
     /// When the bytes were handed out (the send boundary); `None` = unsent.
     sent_at: Option<Instant>,
 }
@@ -264,7 +264,7 @@ impl Session {
             closed_at: None,
             close_reason: None,
             proof: Vec::new(),
-            partial: Vec::with_capacity(MAX_REPLY_FRAME_LEN),
+            partial: Vec::with_capacity(REPLY_FRAME_LEN_MAX),
             partial_since: None,
             pending: IdMap::default(),
             pending_acquires: 0,
@@ -356,16 +356,16 @@ impl Session {
         now: Instant,
         mut request: Request,
         deadline: Instant,
-        max_wait_s: u8,
+        wait_s_max: u8,
     ) -> Result<u64, ClientError> {
         if !self.is_ready() {
             return Err(ClientError::NotConnected);
         }
         let acquire = matches!(request, Request::Acquire(_));
         let full = if acquire {
-            self.pending_acquires >= self.config.max_pending_acquires
+            self.pending_acquires >= self.config.pending_acquires_max
         } else {
-            self.pending_releases >= self.config.max_pending_releases
+            self.pending_releases >= self.config.pending_releases_max
         };
         if full {
             return Err(ClientError::ClientCapacity);
@@ -393,7 +393,7 @@ impl Session {
             Pending {
                 request,
                 deadline,
-                max_wait_s,
+                wait_s_max,
                 sent_at: None,
             },
         );
@@ -442,13 +442,13 @@ impl Session {
             if let Request::Acquire(req) = &mut entry.request {
                 // The server may wait only what remains of the caller's
                 // wait, so that its `T` comes before our own deadline.
-                req.wait_s = if entry.max_wait_s == 0 {
+                req.wait_s = if entry.wait_s_max == 0 {
                     0
                 } else {
                     let remaining_s = ceil_secs(entry.deadline.saturating_duration_since(now));
                     u8::try_from(remaining_s)
                         .unwrap_or(u8::MAX)
-                        .min(entry.max_wait_s)
+                        .min(entry.wait_s_max)
                 };
             }
             entry.request.encode(out);
@@ -551,7 +551,7 @@ impl Session {
                 }
             } else {
                 let had = self.partial.len();
-                let take = input.len().min(MAX_REPLY_FRAME_LEN - had);
+                let take = input.len().min(REPLY_FRAME_LEN_MAX - had);
                 self.partial.extend_from_slice(&input[..take]);
                 match Reply::decode(&self.partial) {
                     Ok(Some((reply, used))) => {

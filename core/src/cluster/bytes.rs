@@ -2,7 +2,7 @@
 //! snapshot and peer codecs. Every read either succeeds or returns `None`;
 //! nothing here can panic on hostile input.
 
-use crate::wire::{Key, KeyGroup, MAX_SET_KEYS};
+use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
 
 /// Reads big-endian fields from a byte slice, front to back.
 #[derive(Clone, Debug)]
@@ -65,7 +65,7 @@ impl<'a> Reader<'a> {
     /// valid).
     pub(crate) fn key_group(&mut self) -> Option<KeyGroup> {
         let count = usize::from(self.u8()?);
-        if count == 0 || count > MAX_SET_KEYS {
+        if count == 0 || count > SET_KEYS_MAX {
             return None;
         }
         let mut keys = Vec::with_capacity(count);

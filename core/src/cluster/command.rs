@@ -23,10 +23,10 @@ use crate::wire::{Key, KeyGroup};
 /// one starting higher does not decode. The first token is the bootstrap
 /// wall clock in microseconds (about 2^51 today), so this refuses only
 /// corruption, and leaves 3 · 2^62 grants of headroom below `u64::MAX`.
-pub const MAX_FIRST_TOKEN: u64 = 1 << 62;
+pub const FIRST_TOKEN_MAX: u64 = 1 << 62;
 
 /// Largest encoded command: a Release/Expire of 16 keys of 128 bytes.
-pub const MAX_COMMAND_LEN: usize = 1 + 8 + 1 + 16 * (1 + 128);
+pub const COMMAND_LEN_MAX: usize = 1 + 8 + 1 + 16 * (1 + 128);
 
 /// Tag of [`Command::Init`].
 const TAG_INIT: u8 = 0x01;
@@ -179,14 +179,14 @@ impl Command {
 
     /// Decodes exactly one command filling all of `bytes`; `None` for
     /// anything else (unknown tag, bad key group or key, trailing bytes, a
-    /// first token at or above [`MAX_FIRST_TOKEN`], a force-release flag
+    /// first token at or above [`FIRST_TOKEN_MAX`], a force-release flag
     /// other than 0/1 or a token without its flag).
     pub fn decode(bytes: &[u8]) -> Option<Command> {
         let mut r = Reader::new(bytes);
         let command = match r.u8()? {
             TAG_INIT => {
                 let first_token = r.u64()?;
-                if first_token >= MAX_FIRST_TOKEN {
+                if first_token >= FIRST_TOKEN_MAX {
                     return None;
                 }
                 Command::Init { first_token }

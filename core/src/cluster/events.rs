@@ -4,7 +4,7 @@
 //!
 //! Every event carries the new state in full (not a delta), so coalescing
 //! two events of one kind loses no state: the queue is bounded by
-//! [`MAX_NODE_EVENTS`] and on overflow drops the oldest event that a newer
+//! [`NODE_EVENTS_MAX`] and on overflow drops the oldest event that a newer
 //! one of the same kind supersedes; the newest event of every kind is
 //! always kept.
 
@@ -15,7 +15,7 @@ use crate::raft::NodeId;
 
 /// Most node events queued for the driver. There are five kinds, so a full
 /// queue always holds a superseded event to drop.
-pub const MAX_NODE_EVENTS: usize = 64;
+pub const NODE_EVENTS_MAX: usize = 64;
 
 /// A change in the node the driver should log or act on
 /// ([`crate::machine::Machine::poll_node_event`]).
@@ -136,7 +136,7 @@ impl NodeEvents {
             *queued = event;
             return;
         }
-        if self.queue.len() >= MAX_NODE_EVENTS {
+        if self.queue.len() >= NODE_EVENTS_MAX {
             let superseded = (0..self.queue.len()).find(|&i| {
                 let old = &self.queue[i];
                 old.same_kind(&event) || self.queue.iter().skip(i + 1).any(|e| e.same_kind(old))
@@ -170,9 +170,9 @@ mod tests {
             let leader = Some(NodeId::new(u8::try_from(term % 3).unwrap(), 1));
             events.note_leader(leader, term);
         }
-        assert_eq!(events.coalesced(), 200 + 2 - MAX_NODE_EVENTS as u64);
+        assert_eq!(events.coalesced(), 200 + 2 - NODE_EVENTS_MAX as u64);
         let drained: Vec<NodeEvent> = std::iter::from_fn(|| events.poll()).collect();
-        assert_eq!(drained.len(), MAX_NODE_EVENTS);
+        assert_eq!(drained.len(), NODE_EVENTS_MAX);
         assert_eq!(drained[0], NodeEvent::GenerationChanged { generation: 7 });
         assert_eq!(drained[1], NodeEvent::VoterChanged { is_voter: true });
         assert_eq!(

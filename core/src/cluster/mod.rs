@@ -28,10 +28,10 @@ pub mod state;
 
 pub use crate::conn::{ConnId, ConnState, Dialect};
 
-pub use self::command::{ApplyResult, Command, MAX_COMMAND_LEN, MAX_FIRST_TOKEN};
-pub use self::events::{MAX_NODE_EVENTS, NodeEvent};
+pub use self::command::{ApplyResult, COMMAND_LEN_MAX, Command, FIRST_TOKEN_MAX};
+pub use self::events::{NODE_EVENTS_MAX, NodeEvent};
 pub use self::node::{
     ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, PeerLiveness,
     default_peer_silence_timeout,
 };
-pub use self::state::{Holding, MAX_SNAPSHOT_NEXT_TOKEN, ReplicatedLocks, SnapshotError};
+pub use self::state::{Holding, ReplicatedLocks, SNAPSHOT_NEXT_TOKEN_MAX, SnapshotError};

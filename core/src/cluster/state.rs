@@ -19,10 +19,10 @@ use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::{Key, KeyGroup};
 
 /// A snapshot's token counter must not exceed this (2^63): counters start
-/// below [`crate::cluster::command::MAX_FIRST_TOKEN`] (2^62) and grow by one
+/// below [`crate::cluster::command::FIRST_TOKEN_MAX`] (2^62) and grow by one
 /// per grant, so a larger one is corruption. The bound leaves 2^63 grants
 /// before `checked_add` would refuse.
-pub const MAX_SNAPSHOT_NEXT_TOKEN: u64 = 1 << 63;
+pub const SNAPSHOT_NEXT_TOKEN_MAX: u64 = 1 << 63;
 
 /// Version byte that starts every snapshot.
 const SNAPSHOT_VERSION: u8 = 1;
@@ -432,7 +432,7 @@ impl ReplicatedLocks {
         }
         let next_token = r
             .u64()
-            .filter(|&next| next <= MAX_SNAPSHOT_NEXT_TOKEN)
+            .filter(|&next| next <= SNAPSHOT_NEXT_TOKEN_MAX)
             .ok_or(SnapshotError::Malformed)?;
         let count = r.u32().ok_or(SnapshotError::Malformed)?;
         let mut state = ReplicatedLocks {

@@ -15,13 +15,13 @@
 use crate::auth::{ClientTokens, HELLO_LEN, Hello, PROOF_LEN, RESULT_ACCEPTED, RESULT_REJECTED};
 use crate::budget::CloseReason;
 use crate::line::{
-    LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LineDecoded, LineDecoder, LineError, LineFrameError,
-    LineReply, LineRequest, MAX_LINE_TEXT_LEN, is_base64url, line_nonce, shape_shared_nonce,
+    LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LINE_TEXT_LEN_MAX, LineDecoded, LineDecoder, LineError,
+    LineFrameError, LineReply, LineRequest, is_base64url, line_nonce, shape_shared_nonce,
 };
 use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    Decoded, ErrorCode, Key, KeyGroup, MAX_LEASE_S, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
+    Decoded, ErrorCode, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
 };
 
 use super::Dialect;
@@ -239,7 +239,7 @@ fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
 /// The client address of `slot`, if it has one that fits a line reply.
 fn address_of(addresses: &[Box<str>], slot: u8) -> Option<&[u8]> {
     let address = addresses.get(usize::from(slot))?;
-    (!address.is_empty() && address.len() <= MAX_LINE_TEXT_LEN).then_some(address.as_bytes())
+    (!address.is_empty() && address.len() <= LINE_TEXT_LEN_MAX).then_some(address.as_bytes())
 }
 
 fn line_answer(
@@ -644,7 +644,7 @@ fn line_acquire(
     out: &mut Vec<u8>,
     counts: &mut ReplyCounts,
 ) -> Option<ClientRequest> {
-    if lease_s == 0 || lease_s > u16::from(MAX_LEASE_S) {
+    if lease_s == 0 || lease_s > u16::from(LEASE_S_MAX) {
         // Silence would hang the call, `B` would make it retry
         // forever and a clamp would promise a lease not kept:
         // say why, then end the call with a definite "no".

@@ -187,10 +187,10 @@ impl Outbound {
         self.handle_written(usize::try_from(unwritten).unwrap_or(usize::MAX));
     }
 
-    /// False while closing or while at least `max_bytes` wait to be taken:
+    /// False while closing or while at least `bytes_max` wait to be taken:
     /// the driver should stop reading until the peer catches up.
-    pub(crate) fn wants_input(&self, max_bytes: usize) -> bool {
-        !self.closing && self.buffer.len() < max_bytes
+    pub(crate) fn wants_input(&self, bytes_max: usize) -> bool {
+        !self.closing && self.buffer.len() < bytes_max
     }
 
     /// The connection leaves the [`WakeQueue`] (see [`WakeQueue::poll`]):

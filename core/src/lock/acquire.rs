@@ -77,11 +77,11 @@ impl LockTable {
                         all_free = false;
                     }
                     some_queue_full |=
-                        self.entry_queue_len(key.as_bytes(), entry) >= limits.max_waiters_per_key;
+                        self.entry_queue_len(key.as_bytes(), entry) >= limits.waiters_per_key_max;
                 }
             }
         }
-        let over_key_limit = self.keys.len() + new_keys > limits.max_keys;
+        let over_key_limit = self.keys.len() + new_keys > limits.keys_max;
         KeySurvey {
             all_free,
             some_queue_full,
@@ -100,7 +100,7 @@ impl LockTable {
         over_key_limit: bool,
     ) -> AcquireOutcome {
         if over_key_limit {
-            self.metrics.busy.max_keys += 1;
+            self.metrics.busy.keys_max += 1;
             return AcquireOutcome::Busy;
         }
         if self.next_token > self.token_limit {
@@ -139,15 +139,15 @@ impl LockTable {
             return Some(AcquireOutcome::TimedOut);
         }
         if survey.over_key_limit {
-            self.metrics.busy.max_keys += 1;
+            self.metrics.busy.keys_max += 1;
             return Some(AcquireOutcome::Busy);
         }
         if survey.some_queue_full {
-            self.metrics.busy.max_waiters_per_key += 1;
+            self.metrics.busy.waiters_per_key_max += 1;
             return Some(AcquireOutcome::Busy);
         }
-        if self.waiters.len() >= limits.max_waiters_total {
-            self.metrics.busy.max_waiters_total += 1;
+        if self.waiters.len() >= limits.waiters_total_max {
+            self.metrics.busy.waiters_total_max += 1;
             return Some(AcquireOutcome::Busy);
         }
         None

@@ -88,7 +88,7 @@ impl std::fmt::Debug for StoredKey {
 
 /// The largest holder tag a key entry stores (48 bits; see
 /// [`super::LockTable::acquire_as`]).
-pub const MAX_HOLDER: u64 = (1 << 48) - 1;
+pub const HOLDER_MAX: u64 = (1 << 48) - 1;
 
 const HOLDER_BITS: u32 = 48;
 const LEASE_SHIFT: u32 = HOLDER_BITS;
@@ -131,16 +131,16 @@ impl KeyEntry {
     /// Records a new grant's holder tag, size and lease (the token and
     /// deadline are set by the caller).
     pub(super) fn set_grant(&mut self, holder: u64, group_len: u8, lease_s: u8) {
-        debug_assert!(holder <= MAX_HOLDER && u64::from(group_len) <= GROUP_MASK);
+        debug_assert!(holder <= HOLDER_MAX && u64::from(group_len) <= GROUP_MASK);
         self.packed = (self.packed & QUEUED_BIT)
-            | (holder & MAX_HOLDER)
+            | (holder & HOLDER_MAX)
             | (u64::from(lease_s) << LEASE_SHIFT)
             | ((u64::from(group_len) & GROUP_MASK) << GROUP_SHIFT);
     }
 
     /// The holder's tag (0 when the caller gave none).
     pub(super) fn holder(&self) -> u64 {
-        self.packed & MAX_HOLDER
+        self.packed & HOLDER_MAX
     }
 
     /// Keys in the holder's grant.
@@ -212,10 +212,10 @@ mod tests {
         let mut entry = KeyEntry::unheld();
         assert!(!entry.is_queued());
         entry.set_queued(true);
-        entry.set_grant(MAX_HOLDER, 16, 250);
+        entry.set_grant(HOLDER_MAX, 16, 250);
         assert_eq!(
             (entry.holder(), entry.group_len(), entry.lease_s()),
-            (MAX_HOLDER, 16, 250)
+            (HOLDER_MAX, 16, 250)
         );
         assert!(entry.is_queued());
         entry.set_grant(7, 1, 1);

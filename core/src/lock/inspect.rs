@@ -14,7 +14,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::{KeyEntry, LockTable, WaiterId};
 use crate::inspect::{
-    ForceReleaseOutcome, MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK,
+    ForceReleaseOutcome, LISTED_WAITERS_MAX, LISTING_LIMIT_MAX, WAITERS_PER_LISTED_LOCK_MAX,
 };
 use crate::time::{Instant, duration_millis};
 use crate::wire::{Key, KeyGroup};
@@ -89,13 +89,13 @@ impl LockTable {
         } else {
             vec![key.into()]
         };
-        self.inspection(now, key, entry, group, MAX_LISTED_WAITERS)
+        self.inspection(now, key, entry, group, LISTED_WAITERS_MAX)
     }
 
     /// The keys starting with `prefix` that are held or waited on at
     /// `now`, ascending, at most `limit` (clamped to
-    /// [`MAX_LISTING_LIMIT`]), each with at most
-    /// [`MAX_WAITERS_PER_LISTED_LOCK`] waiters listed; true when more keys
+    /// [`LISTING_LIMIT_MAX`]), each with at most
+    /// [`WAITERS_PER_LISTED_LOCK_MAX`] waiters listed; true when more keys
     /// matched.
     pub fn inspect_prefix(
         &self,
@@ -104,7 +104,7 @@ impl LockTable {
         limit: usize,
     ) -> (Vec<KeyInspection>, bool) {
         let now = self.inspection_now(now);
-        let limit = limit.min(MAX_LISTING_LIMIT);
+        let limit = limit.min(LISTING_LIMIT_MAX);
         // A max-heap of the smallest `limit` keys seen so far.
         let mut smallest: BinaryHeap<&[u8]> = BinaryHeap::with_capacity(limit + 1);
         let mut matched = 0usize;
@@ -153,7 +153,7 @@ impl LockTable {
                     Some(members) if entry.is_held_at(now) => members.clone(),
                     _ => vec![(*key).into()],
                 };
-                self.inspection(now, key, entry, group, MAX_WAITERS_PER_LISTED_LOCK)
+                self.inspection(now, key, entry, group, WAITERS_PER_LISTED_LOCK_MAX)
             })
             .collect();
         (listed, matched > keys.len())
@@ -180,7 +180,7 @@ impl LockTable {
         key: &[u8],
         entry: &KeyEntry,
         group: Vec<Box<[u8]>>,
-        max_waiters: usize,
+        waiters_max: usize,
     ) -> Option<KeyInspection> {
         let holder = entry.is_held_at(now).then(|| HolderInspection {
             token: entry.token,
@@ -194,7 +194,7 @@ impl LockTable {
         let waiters = queue
             .into_iter()
             .flatten()
-            .take(max_waiters)
+            .take(waiters_max)
             .filter_map(|seq| self.waiters.get(seq))
             .map(|waiter| WaiterInspection {
                 waiter: waiter.id,

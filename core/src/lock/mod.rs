@@ -35,7 +35,7 @@ mod expiry;
 mod inspect;
 mod queue;
 mod release;
-pub use entry::MAX_HOLDER;
+pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
 
@@ -47,19 +47,19 @@ use crate::testing::planted;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Keys in the table (held or with waiters).
-    pub max_keys: usize,
+    pub keys_max: usize,
     /// Waiters queued on one key.
-    pub max_waiters_per_key: usize,
+    pub waiters_per_key_max: usize,
     /// Waiters queued in the whole table (a key-set waiter counts once).
-    pub max_waiters_total: usize,
+    pub waiters_total_max: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_keys: 2_000_000,
-            max_waiters_per_key: 16_384,
-            max_waiters_total: 200_000,
+            keys_max: 2_000_000,
+            waiters_per_key_max: 16_384,
+            waiters_total_max: 200_000,
         }
     }
 }
@@ -323,8 +323,8 @@ impl LockTable {
     /// the requester by (the server: its connection id). The grant, now or
     /// after a wait, records it, and [`LockTable::grant_of`] tells it back,
     /// so the caller needs no map of its own from grants to requesters.
-    /// At most [`MAX_HOLDER`] (48 bits, stored in the key's entry); a larger
-    /// tag is recorded as [`MAX_HOLDER`]. The keys are borrowed: the table
+    /// At most [`HOLDER_MAX`] (48 bits, stored in the key's entry); a larger
+    /// tag is recorded as [`HOLDER_MAX`]. The keys are borrowed: the table
     /// copies what it keeps (a short key into its bucket, no allocation).
     pub fn acquire_as(
         &mut self,
@@ -335,8 +335,8 @@ impl LockTable {
         lease_s: u8,
         holder: u64,
     ) -> AcquireOutcome {
-        debug_assert!(holder <= MAX_HOLDER, "holder tag {holder} over 48 bits");
-        let holder = holder.min(MAX_HOLDER);
+        debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
+        let holder = holder.min(HOLDER_MAX);
         let now = self.advance(now);
         let outcome = self.acquire_at(now, waiter, keys, (wait_s, lease_s), holder);
         self.tidy();

@@ -16,22 +16,22 @@ pub struct RaftConfig {
     /// the timeout is drawn from it in whole milliseconds.
     pub election_timeout_jitter: Duration,
     /// Most entries in one append.
-    pub max_append_entries: usize,
+    pub append_entries_max: usize,
     /// Most entry bytes in one append (at least one entry is always sent).
-    pub max_append_bytes: usize,
+    pub append_bytes_max: usize,
     /// Most appends in flight to one follower while pipelining.
-    pub max_inflight_appends: usize,
+    pub inflight_appends_max: usize,
     /// Most entries a leader holds beyond its commit index; `propose` fails
     /// with [`super::ProposeError::Backpressure`] past it.
-    pub max_uncommitted_entries: u64,
+    pub uncommitted_entries_max: u64,
     /// Largest command payload accepted by `propose`.
-    pub max_entry_bytes: usize,
+    pub entry_bytes_max: usize,
     /// Most messages waiting in the outbox; newer ones are dropped beyond.
-    pub max_outbox_messages: usize,
+    pub outbox_messages_max: usize,
     /// Snapshot chunk size.
     pub snapshot_chunk_bytes: usize,
     /// Largest snapshot a follower accepts.
-    pub max_snapshot_bytes: usize,
+    pub snapshot_bytes_max: usize,
     /// Applied entries beyond the last snapshot after which
     /// [`super::Event::SnapshotWanted`] is emitted (0 = never).
     pub snapshot_threshold_entries: u64,
@@ -50,14 +50,14 @@ impl Default for RaftConfig {
             heartbeat_interval: Duration::from_millis(100),
             election_timeout_min: Duration::from_millis(2_400),
             election_timeout_jitter: Duration::from_millis(100),
-            max_append_entries: 256,
-            max_append_bytes: 256 * 1024,
-            max_inflight_appends: 64,
-            max_uncommitted_entries: 16_384,
-            max_entry_bytes: 8 * 1024,
-            max_outbox_messages: 4_096,
+            append_entries_max: 256,
+            append_bytes_max: 256 * 1024,
+            inflight_appends_max: 64,
+            uncommitted_entries_max: 16_384,
+            entry_bytes_max: 8 * 1024,
+            outbox_messages_max: 4_096,
             snapshot_chunk_bytes: 256 * 1024,
-            max_snapshot_bytes: 1 << 30,
+            snapshot_bytes_max: 1 << 30,
             snapshot_threshold_entries: 10_000,
             catch_up_lag_entries: 64,
             auto_membership: true,
@@ -92,10 +92,10 @@ impl RaftConfig {
         if self.election_timeout_jitter < millisecond {
             return Err("election_timeout_jitter must be at least 1 ms");
         }
-        if self.max_append_entries == 0
-            || self.max_inflight_appends == 0
-            || self.max_uncommitted_entries == 0
-            || self.max_outbox_messages == 0
+        if self.append_entries_max == 0
+            || self.inflight_appends_max == 0
+            || self.uncommitted_entries_max == 0
+            || self.outbox_messages_max == 0
             || self.snapshot_chunk_bytes == 0
         {
             return Err("limits must be positive");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::leader::{LeaderState, Tenure};
 use super::{
-    Configuration, EntryKind, Event, MAX_RAFT_NUMBER, Message, MessageBody, NodeId, Raft,
+    Configuration, EntryKind, Event, Message, MessageBody, NodeId, RAFT_NUMBER_MAX, Raft,
     RoleState, Shared,
 };
 use crate::time::{Duration, Instant, duration_millis};
@@ -99,13 +99,13 @@ impl Raft {
     /// pre-vote, and flag the votes so that voters set the lease rule aside
     /// (they did hear from a live leader — the very one that asked for this).
     pub(super) fn campaign_on_transfer(&mut self, now: Instant) {
-        if self.is_voter() && self.shared.term.saturating_add(1) < MAX_RAFT_NUMBER {
+        if self.is_voter() && self.shared.term.saturating_add(1) < RAFT_NUMBER_MAX {
             self.campaign(now, false, true);
         }
     }
 
     /// Starts a pre-vote (`pre_vote`) or an election. Callers check that
-    /// `term + 1` stays below [`MAX_RAFT_NUMBER`].
+    /// `term + 1` stays below [`RAFT_NUMBER_MAX`].
     pub(super) fn campaign(&mut self, now: Instant, pre_vote: bool, transfer: bool) {
         let mut votes = BTreeMap::new();
         votes.insert(self.shared.id, true);

@@ -196,7 +196,7 @@ impl Shared {
         }
         match &mut self.incoming_snapshot {
             Some(incoming) if incoming.meta == *meta && incoming.data.len() as u64 == offset => {
-                if incoming.data.len().saturating_add(data.len()) > self.cfg.max_snapshot_bytes {
+                if incoming.data.len().saturating_add(data.len()) > self.cfg.snapshot_bytes_max {
                     // Over the bound: give up on it; the leader restarts
                     // from offset 0 at its next try and fails again, which
                     // an operator will see. Never grow without bound.

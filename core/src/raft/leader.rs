@@ -154,7 +154,7 @@ impl LeaderState {
         if self.transfer.is_some() {
             return Err(ProposeError::TransferInProgress);
         }
-        if s.log.last_index() - s.log.committed >= s.cfg.max_uncommitted_entries {
+        if s.log.last_index() - s.log.committed >= s.cfg.uncommitted_entries_max {
             return Err(ProposeError::Backpressure);
         }
         Ok(())
@@ -347,11 +347,11 @@ impl LeaderState {
     /// fill the pipeline). `allow_empty` sends even with no new entries (to
     /// probe or to carry the commit index).
     fn send_append(&mut self, s: &mut Shared, to: NodeId, allow_empty: bool) -> bool {
-        let max_inflight = s.cfg.max_inflight_appends;
+        let inflight_max = s.cfg.inflight_appends_max;
         let Some(pr) = self.progress.get(&to) else {
             return false;
         };
-        if pr.is_paused(max_inflight) {
+        if pr.is_paused(inflight_max) {
             return false;
         }
         let next = pr.next_index;
@@ -363,7 +363,7 @@ impl LeaderState {
         };
         let entries = s
             .log
-            .slice(next, s.cfg.max_append_entries, s.cfg.max_append_bytes);
+            .slice(next, s.cfg.append_entries_max, s.cfg.append_bytes_max);
         if entries.is_empty() && !allow_empty {
             return false;
         }
@@ -469,7 +469,7 @@ impl LeaderState {
 
     fn handle_heartbeat_response(&mut self, s: &mut Shared, now: Instant, from: NodeId) {
         let last_index = s.log.last_index();
-        let max_inflight = s.cfg.max_inflight_appends;
+        let inflight_max = s.cfg.inflight_appends_max;
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
@@ -481,7 +481,7 @@ impl LeaderState {
                 // A full window may be full of lost appends: free one slot
                 // per heartbeat so that replication (and, if there was a
                 // loss, the rejection that resets us to probing) resumes.
-                if pr.inflight.len() >= max_inflight {
+                if pr.inflight.len() >= inflight_max {
                     pr.inflight.pop_front();
                 }
             }

@@ -109,18 +109,18 @@ impl RaftLog {
         truncated
     }
 
-    /// Up to `max_count` entries from `from`, stopping before `max_bytes`
+    /// Up to `count_max` entries from `from`, stopping before `bytes_max`
     /// is exceeded (but always at least one entry when one exists).
-    pub(crate) fn slice(&self, from: u64, max_count: usize, max_bytes: usize) -> Vec<Entry> {
+    pub(crate) fn slice(&self, from: u64, count_max: usize, bytes_max: usize) -> Vec<Entry> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let mut index = from;
-        while out.len() < max_count {
+        while out.len() < count_max {
             let Some(entry) = self.entry(index) else {
                 break;
             };
             bytes = bytes.saturating_add(entry.size_bytes());
-            if !out.is_empty() && bytes > max_bytes {
+            if !out.is_empty() && bytes > bytes_max {
                 break;
             }
             out.push(entry.clone());

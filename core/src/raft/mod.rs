@@ -124,16 +124,16 @@
 //!
 //! # Bounds
 //!
-//! Outgoing messages (`max_outbox_messages`, beyond which new messages are
+//! Outgoing messages (`outbox_messages_max`, beyond which new messages are
 //! dropped — Raft tolerates loss), uncommitted entries on the leader
-//! (`max_uncommitted_entries` × `max_entry_bytes`), appends per message
-//! (`max_append_entries`, `max_append_bytes`), appends in flight per follower
-//! (`max_inflight_appends`), snapshot chunk and total size, events. The log
+//! (`uncommitted_entries_max` × `entry_bytes_max`), appends per message
+//! (`append_entries_max`, `append_bytes_max`), appends in flight per follower
+//! (`inflight_appends_max`), snapshot chunk and total size, events. The log
 //! stays bounded as long as the application answers
 //! [`Event::SnapshotWanted`] with [`Raft::compact`].
 //!
 //! Numbers from peers are bounded too: a message carrying a term, index,
-//! commit, hint or offset at or above [`MAX_RAFT_NUMBER`] is dropped and
+//! commit, hint or offset at or above [`RAFT_NUMBER_MAX`] is dropped and
 //! counted ([`Raft::refused_messages`]), and so is an acknowledgement of an
 //! index the leader does not have. Every `+ 1` on a term or index therefore
 //! has a margin of 3 · 2^62; a node whose term has reached the bound stops
@@ -172,7 +172,7 @@ pub use self::config::RaftConfig;
 use self::leader::{LeaderState, LeaderTimeout, Tenure};
 use self::log::RaftLog;
 pub use self::types::{
-    ConfChange, Configuration, Entry, EntryKind, MAX_RAFT_NUMBER, Message, MessageBody, NodeId,
+    ConfChange, Configuration, Entry, EntryKind, Message, MessageBody, NodeId, RAFT_NUMBER_MAX,
     SnapshotMeta,
 };
 use crate::metrics::RaftCounters;
@@ -255,7 +255,7 @@ pub enum ProposeError {
     TransferInProgress,
     /// Too many uncommitted entries (answer `B`).
     Backpressure,
-    /// The payload exceeds `max_entry_bytes`.
+    /// The payload exceeds `entry_bytes_max`.
     TooLarge,
     /// A configuration change is still uncommitted.
     ConfChangePending,
@@ -291,7 +291,7 @@ struct Snapshot {
 
 /// Most events held; the oldest are dropped beyond (callers drain after
 /// every input, so this only guards against a caller that never does).
-const MAX_EVENTS: usize = 1_024;
+const EVENTS_MAX: usize = 1_024;
 
 /// One Raft node: the state every role shares, and the role, which owns the
 /// state only that role has.
@@ -542,7 +542,7 @@ impl Raft {
 
     /// Peer messages dropped because they carried a number no honest peer
     /// sends: a term, index, commit, hint or offset at or above
-    /// [`MAX_RAFT_NUMBER`], or an acknowledgement beyond the leader's log.
+    /// [`RAFT_NUMBER_MAX`], or an acknowledgement beyond the leader's log.
     pub fn refused_messages(&self) -> u64 {
         self.shared.refused_messages
     }
@@ -641,7 +641,7 @@ impl Raft {
             return;
         }
         if now >= self.shared.election_deadline {
-            if self.is_voter() && self.shared.term.saturating_add(1) < MAX_RAFT_NUMBER {
+            if self.is_voter() && self.shared.term.saturating_add(1) < RAFT_NUMBER_MAX {
                 self.campaign(now, true, false);
             } else {
                 self.shared.reset_election_deadline(now);
@@ -659,7 +659,7 @@ impl Raft {
             return Err(self.shared.not_leader());
         };
         leader.check_can_propose(&self.shared)?;
-        if payload.len() > self.shared.cfg.max_entry_bytes {
+        if payload.len() > self.shared.cfg.entry_bytes_max {
             return Err(ProposeError::TooLarge);
         }
         let (appended, tenure) = leader.append(&mut self.shared, EntryKind::Command(payload));
@@ -828,7 +828,7 @@ impl Shared {
     }
 
     fn send_with_term(&mut self, to: NodeId, term: u64, body: MessageBody) {
-        if self.outbox.len() >= self.cfg.max_outbox_messages {
+        if self.outbox.len() >= self.cfg.outbox_messages_max {
             self.dropped_messages += 1;
             return;
         }
@@ -841,7 +841,7 @@ impl Shared {
     }
 
     fn push_event(&mut self, event: Event) {
-        if self.events.len() >= MAX_EVENTS {
+        if self.events.len() >= EVENTS_MAX {
             self.events.pop_front();
         }
         self.events.push_back(event);

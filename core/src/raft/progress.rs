@@ -52,17 +52,17 @@ impl Progress {
         }
     }
 
-    pub(crate) fn is_paused(&self, max_inflight: usize) -> bool {
+    pub(crate) fn is_paused(&self, inflight_max: usize) -> bool {
         match self.state {
             ProgressState::Probe => self.probe_sent,
-            ProgressState::Replicate => self.inflight.len() >= max_inflight,
+            ProgressState::Replicate => self.inflight.len() >= inflight_max,
             ProgressState::Snapshot { .. } => true,
         }
     }
 
     pub(crate) fn become_probe(&mut self) {
         // After a snapshot the follower holds at least the snapshot index.
-        // Indexes here are below MAX_RAFT_NUMBER (Raft refuses larger
+        // Indexes here are below RAFT_NUMBER_MAX (Raft refuses larger
         // ones), so saturation never actually happens; it keeps a bug from
         // becoming an overflow panic.
         if let ProgressState::Snapshot { index, .. } = self.state {

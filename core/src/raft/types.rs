@@ -15,7 +15,7 @@ use std::fmt;
 /// `u64::MAX`, so `term + 1`, `index + 1` and `offset + len` can never
 /// overflow on anything accepted, and a node never campaigns in a term its
 /// peers would refuse (see [`super::Raft`]'s handling of an exhausted term).
-pub const MAX_RAFT_NUMBER: u64 = 1 << 62;
+pub const RAFT_NUMBER_MAX: u64 = 1 << 62;
 
 /// The Raft identity of a node: a stable slot (its place in the client's
 /// address list) and a generation that is new every time a process starts
@@ -191,10 +191,10 @@ pub struct Message {
 impl Message {
     /// Whether every number the message carries (term, indexes, commits,
     /// hints, snapshot offsets, entry indexes and terms) is below
-    /// [`MAX_RAFT_NUMBER`]. Node generations are identities, not counters,
+    /// [`RAFT_NUMBER_MAX`]. Node generations are identities, not counters,
     /// and are not bounded.
     pub fn numbers_in_bounds(&self) -> bool {
-        let ok = |n: u64| n < MAX_RAFT_NUMBER;
+        let ok = |n: u64| n < RAFT_NUMBER_MAX;
         ok(self.term)
             && match &self.body {
                 MessageBody::PreVote {

@@ -1,5 +1,5 @@
 //! Keys held per connection in single mode, for the per-connection cap
-//! ([`crate::budget::BudgetConfig::max_held_per_connection`]). The lock
+//! ([`crate::budget::BudgetConfig::held_per_connection_max`]). The lock
 //! table records each grant's connection, so this keeps only a count per
 //! connection and one small expiry-heap entry per grant.
 
@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::conn::ConnId;
 use crate::hash::IdMap;
-use crate::lock::MAX_HOLDER;
+use crate::lock::HOLDER_MAX;
 use crate::time::Instant;
 
 /// Stale expiry-heap entries of [`HeldCounts`] (of grants released before
@@ -18,20 +18,20 @@ const RELEASED_EARLY_SLACK: usize = 64;
 
 /// A [`HeldCounts`] heap entry: (lease end, connection id shifted left 8
 /// bits | key count). Connection ids are below 2^48 (the lock table's
-/// holder tags, [`MAX_HOLDER`]) and a grant has at most 16 keys, so the
+/// holder tags, [`HOLDER_MAX`]) and a grant has at most 16 keys, so the
 /// pair is 16 bytes per grant.
 type HeldEntry = (Instant, u64);
 
 /// The heap entry of a grant to `conn` on `keys` keys ending at `expires`.
 fn held_entry(conn: ConnId, keys: usize, expires: Instant) -> HeldEntry {
     let keys = u64::try_from(keys).unwrap_or(u64::MAX).min(0xff);
-    let conn = conn.0.min(MAX_HOLDER);
+    let conn = conn.0.min(HOLDER_MAX);
     (expires, (conn << 8) | keys)
 }
 
 /// Keys held by the grants delivered to each connection, until released
 /// (by anyone) or expired: the single-mode server's count for
-/// [`crate::budget::BudgetConfig::max_held_per_connection`]. Its lock table records each
+/// [`crate::budget::BudgetConfig::held_per_connection_max`]. Its lock table records each
 /// grant's connection ([`crate::lock::LockTable::grant_of`]), so unlike
 /// [`crate::budget::HeldKeys`] nothing here is keyed by token.
 ///
@@ -227,10 +227,10 @@ mod tests {
     fn held_counts_heap_entry_is_16_bytes() {
         // One per held grant: part of the per-key memory goal (issue 13).
         assert!(std::mem::size_of::<Reverse<HeldEntry>>() <= 16);
-        let (at, conn_and_keys) = held_entry(ConnId(MAX_HOLDER), 16, Instant::from_micros(5));
+        let (at, conn_and_keys) = held_entry(ConnId(HOLDER_MAX), 16, Instant::from_micros(5));
         assert_eq!(
             (at, conn_and_keys >> 8, conn_and_keys & 0xff),
-            (Instant::from_micros(5), MAX_HOLDER, 16)
+            (Instant::from_micros(5), HOLDER_MAX, 16)
         );
     }
 }

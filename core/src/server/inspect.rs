@@ -18,7 +18,7 @@ use crate::server::ConnId;
 /// Admin answers kept for a driver that does not drain
 /// [`crate::machine::Machine::poll_admin_reply`]; past it the oldest is dropped (its caller
 /// times out; the force-release itself took effect).
-pub const MAX_QUEUED_ADMIN_REPLIES: usize = 1_024;
+pub const QUEUED_ADMIN_REPLIES_MAX: usize = 1_024;
 
 /// Answers to force-releases, in the order they were decided.
 #[derive(Debug, Default)]
@@ -27,7 +27,7 @@ pub(crate) struct AdminReplies(VecDeque<(AdminRequestId, ForceReleaseOutcome)>);
 impl AdminReplies {
     /// Queues an answer, dropping the oldest past the bound.
     pub(super) fn push(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
-        if self.0.len() >= MAX_QUEUED_ADMIN_REPLIES {
+        if self.0.len() >= QUEUED_ADMIN_REPLIES_MAX {
             self.0.pop_front();
         }
         self.0.push_back((id, outcome));

@@ -188,7 +188,7 @@ impl Model {
             self.key(n)
                 .is_none_or(|k| k.queue.is_empty() && !held_at(k, now_us))
         });
-        let over_keys = self.keys.len() + new_keys > self.limits.max_keys;
+        let over_keys = self.keys.len() + new_keys > self.limits.keys_max;
         if all_free {
             if over_keys {
                 return AcquireOutcome::Busy;
@@ -217,9 +217,9 @@ impl Model {
         }
         let queue_full = names.iter().any(|n| {
             self.key(n)
-                .is_some_and(|k| k.queue.len() >= self.limits.max_waiters_per_key)
+                .is_some_and(|k| k.queue.len() >= self.limits.waiters_per_key_max)
         });
-        if over_keys || queue_full || self.waiters.len() >= self.limits.max_waiters_total {
+        if over_keys || queue_full || self.waiters.len() >= self.limits.waiters_total_max {
             return AcquireOutcome::Busy;
         }
         let seq = self.next_seq;

@@ -3,7 +3,7 @@
 
 use super::{
     AcquireRequest, DECODER_RETAIN_CAPACITY, ErrorCode, FRAME_HEADER_LEN, Key, KeyGroup,
-    MAX_LEASE_S, MAX_SET_KEYS, ReleaseRequest, Request, RequestKind, read_u64,
+    LEASE_S_MAX, ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -60,7 +60,7 @@ impl core::fmt::Display for FrameError {
                 f,
                 "'{}' request declares a {body_len}-byte body, over the {}-byte maximum",
                 char::from(kind.op()),
-                kind.max_body_len()
+                kind.body_len_max()
             ),
             FrameError::TooShort { kind, body_len } => write!(
                 f,
@@ -93,7 +93,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Decoded, usize)>, FrameError
     if body_len == 0 {
         return Err(FrameError::EmptyBody);
     }
-    if body_len > kind.max_body_len() {
+    if body_len > kind.body_len_max() {
         return Err(FrameError::TooLong { kind, body_len });
     }
     // Also known from the header alone: no point waiting for a body whose
@@ -175,10 +175,10 @@ fn decode_key_set(count: u8, records: &[u8]) -> Result<KeyGroup, ErrorCode> {
     let count = usize::from(count);
     // (1) structure first: until the records are known to tile the body we
     // cannot even say which bytes are keys.
-    if count == 0 || count > MAX_SET_KEYS {
+    if count == 0 || count > SET_KEYS_MAX {
         return Err(ErrorCode::BadKeySet);
     }
-    let mut raw: [&[u8]; MAX_SET_KEYS] = [&[]; MAX_SET_KEYS];
+    let mut raw: [&[u8]; SET_KEYS_MAX] = [&[]; SET_KEYS_MAX];
     let mut rest = records;
     for slot in raw.iter_mut().take(count) {
         let (&len, tail) = rest.split_first().ok_or(ErrorCode::BadKeySet)?;
@@ -203,7 +203,7 @@ fn decode_key_set(count: u8, records: &[u8]) -> Result<KeyGroup, ErrorCode> {
 }
 
 fn check_lease(lease_s: u8) -> Result<(), ErrorCode> {
-    if (1..=MAX_LEASE_S).contains(&lease_s) {
+    if (1..=LEASE_S_MAX).contains(&lease_s) {
         Ok(())
     } else {
         Err(ErrorCode::BadLease)
@@ -305,7 +305,7 @@ mod tests {
     //! White-box checks of the decoder's memory; the behaviour is tested
     //! through the public API in `core/tests/wire.rs`.
     use super::*;
-    use crate::wire::MAX_REQUEST_FRAME_LEN;
+    use crate::wire::REQUEST_FRAME_LEN_MAX;
 
     fn acquire_frame(rid: u64) -> Vec<u8> {
         let key = Key::new(b"some/key").unwrap();
@@ -335,7 +335,7 @@ mod tests {
                 decoded += 1;
             }
             assert!(
-                decoder.buf.len() <= MAX_REQUEST_FRAME_LEN,
+                decoder.buf.len() <= REQUEST_FRAME_LEN_MAX,
                 "len {}",
                 decoder.buf.len()
             );

@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use super::{ErrorCode, MAX_KEY_LEN, MAX_SET_KEYS};
+use super::{ErrorCode, KEY_LEN_MAX, SET_KEYS_MAX};
 
 /// Keys up to this many bytes are stored inline in the [`Key`]; longer ones
 /// are boxed. 22 fills the 24 bytes of the boxed form (a tag byte and a
@@ -48,7 +48,7 @@ impl Key {
     }
     /// The length and character rules, on bytes known to be UTF-8.
     fn from_utf8_bytes(bytes: &[u8]) -> Result<Key, ErrorCode> {
-        if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
+        if bytes.is_empty() || bytes.len() > KEY_LEN_MAX {
             return Err(ErrorCode::BadKey);
         }
         // Space, CR and LF would break the line-based tools and logs that
@@ -140,7 +140,7 @@ impl KeyGroup {
     }
     /// Validates count (1..=16) and strict ascending order.
     pub fn new(mut keys: Vec<Key>) -> Result<KeyGroup, ErrorCode> {
-        if keys.is_empty() || keys.len() > MAX_SET_KEYS {
+        if keys.is_empty() || keys.len() > SET_KEYS_MAX {
             return Err(ErrorCode::BadKeySet);
         }
         // Strictly ascending also rules out duplicates, and gives every set

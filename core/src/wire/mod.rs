@@ -29,39 +29,39 @@ pub use reply::{Reply, ReplyError};
 pub use request::{AcquireRequest, ReleaseRequest, Request};
 
 /// Longest key, in bytes.
-pub const MAX_KEY_LEN: usize = 128;
+pub const KEY_LEN_MAX: usize = 128;
 /// Most keys in one key set.
-pub const MAX_SET_KEYS: usize = 16;
+pub const SET_KEYS_MAX: usize = 16;
 /// Longest lease a request may ask for, in seconds.
-pub const MAX_LEASE_S: u8 = 250;
+pub const LEASE_S_MAX: u8 = 250;
 /// `[op][body_len u16]`.
 pub const FRAME_HEADER_LEN: usize = 3;
 /// Largest acquire frame (`A`), header included.
-pub const MAX_ACQUIRE_FRAME_LEN: usize = 141;
+pub const ACQUIRE_FRAME_LEN_MAX: usize = 141;
 /// Largest release frame (`R`), header included.
-pub const MAX_RELEASE_FRAME_LEN: usize = 147;
+pub const RELEASE_FRAME_LEN_MAX: usize = 147;
 /// Largest key-set acquire frame (`S`), header included.
-pub const MAX_ACQUIRE_SET_FRAME_LEN: usize = 2078;
+pub const ACQUIRE_SET_FRAME_LEN_MAX: usize = 2078;
 /// Largest key-set release frame (`G`), header included.
-pub const MAX_RELEASE_SET_FRAME_LEN: usize = 2084;
+pub const RELEASE_SET_FRAME_LEN_MAX: usize = 2084;
 /// Leader slot meaning "no leader known" (and the only slot of single mode).
 pub const NO_LEADER_SLOT: u8 = 0xFF;
 
 /// Largest request frame of any kind, header included.
-const MAX_REQUEST_FRAME_LEN: usize = MAX_RELEASE_SET_FRAME_LEN;
+const REQUEST_FRAME_LEN_MAX: usize = RELEASE_SET_FRAME_LEN_MAX;
 
 /// Decoder buffer capacity kept across pushes. A larger allocation left by
 /// one big push is given back once the bytes in it have been consumed, so a
 /// burst does not pin memory for the life of the connection.
-const DECODER_RETAIN_CAPACITY: usize = 8 * MAX_REQUEST_FRAME_LEN;
+const DECODER_RETAIN_CAPACITY: usize = 8 * REQUEST_FRAME_LEN_MAX;
 
 // The limits are derived from the field layout; keep them in step.
 const _: () = {
-    assert!(MAX_ACQUIRE_FRAME_LEN == FRAME_HEADER_LEN + 10 + MAX_KEY_LEN);
-    assert!(MAX_RELEASE_FRAME_LEN == FRAME_HEADER_LEN + 16 + MAX_KEY_LEN);
-    assert!(MAX_ACQUIRE_SET_FRAME_LEN == FRAME_HEADER_LEN + 11 + MAX_SET_KEYS * (1 + MAX_KEY_LEN));
-    assert!(MAX_RELEASE_SET_FRAME_LEN == FRAME_HEADER_LEN + 17 + MAX_SET_KEYS * (1 + MAX_KEY_LEN));
-    assert!(MAX_REQUEST_FRAME_LEN - FRAME_HEADER_LEN <= u16::MAX as usize);
+    assert!(ACQUIRE_FRAME_LEN_MAX == FRAME_HEADER_LEN + 10 + KEY_LEN_MAX);
+    assert!(RELEASE_FRAME_LEN_MAX == FRAME_HEADER_LEN + 16 + KEY_LEN_MAX);
+    assert!(ACQUIRE_SET_FRAME_LEN_MAX == FRAME_HEADER_LEN + 11 + SET_KEYS_MAX * (1 + KEY_LEN_MAX));
+    assert!(RELEASE_SET_FRAME_LEN_MAX == FRAME_HEADER_LEN + 17 + SET_KEYS_MAX * (1 + KEY_LEN_MAX));
+    assert!(REQUEST_FRAME_LEN_MAX - FRAME_HEADER_LEN <= u16::MAX as usize);
 };
 
 /// The four request kinds, by op byte.
@@ -120,12 +120,12 @@ impl RequestKind {
         }
     }
     /// Largest body this kind may declare.
-    pub fn max_body_len(self) -> usize {
+    pub fn body_len_max(self) -> usize {
         let frame_len = match self {
-            RequestKind::Acquire => MAX_ACQUIRE_FRAME_LEN,
-            RequestKind::Release => MAX_RELEASE_FRAME_LEN,
-            RequestKind::AcquireSet => MAX_ACQUIRE_SET_FRAME_LEN,
-            RequestKind::ReleaseSet => MAX_RELEASE_SET_FRAME_LEN,
+            RequestKind::Acquire => ACQUIRE_FRAME_LEN_MAX,
+            RequestKind::Release => RELEASE_FRAME_LEN_MAX,
+            RequestKind::AcquireSet => ACQUIRE_SET_FRAME_LEN_MAX,
+            RequestKind::ReleaseSet => RELEASE_SET_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }

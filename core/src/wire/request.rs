@@ -1,6 +1,6 @@
 //! Request frames ([`Request`]) and their encoding.
 
-use super::{FRAME_HEADER_LEN, KeyGroup, MAX_REQUEST_FRAME_LEN, RequestKind};
+use super::{FRAME_HEADER_LEN, KeyGroup, REQUEST_FRAME_LEN_MAX, RequestKind};
 
 /// An acquire request (`A` or `S`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,13 +86,13 @@ impl Request {
         let body_len = out.len() - header_at - FRAME_HEADER_LEN;
         // A KeyGroup holds at most 16 keys of at most 128 bytes, so every
         // body fits the op's limit and therefore a u16.
-        debug_assert!(body_len <= kind.max_body_len());
+        debug_assert!(body_len <= kind.body_len_max());
         let body_len = u16::try_from(body_len).expect("a validated request fits its frame");
         out[header_at + 1..header_at + FRAME_HEADER_LEN].copy_from_slice(&body_len.to_be_bytes());
     }
     /// The request's frame as a new buffer.
     pub fn to_frame(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(MAX_REQUEST_FRAME_LEN);
+        let mut out = Vec::with_capacity(REQUEST_FRAME_LEN_MAX);
         self.encode(&mut out);
         out
     }

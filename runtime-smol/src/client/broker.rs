@@ -68,8 +68,8 @@ impl TicketBrokerBuilder {
     }
     /// Bound on acquires in flight across the broker, 1..=16384 (default
     /// [`DEFAULT_MAX_PENDING`]).
-    pub fn max_pending(mut self, max_pending: usize) -> Self {
-        self.config.max_pending = max_pending;
+    pub fn max_pending(mut self, pending_max: usize) -> Self {
+        self.config.pending_max = pending_max;
         self
     }
     /// Allows the empty token against a server without authentication;
@@ -109,7 +109,7 @@ impl TicketBrokerBuilder {
                 })
             })
             .collect::<Result<Vec<_>, TicketError>>()?;
-        let inner = Arc::new(Inner::new(links.len(), self.config.max_pending, None));
+        let inner = Arc::new(Inner::new(links.len(), self.config.pending_max, None));
         let tasks = links
             .into_iter()
             .enumerate()
@@ -191,7 +191,7 @@ impl TicketBroker {
                 addrs: Vec::new(),
                 token: String::new(),
                 mode: BrokerMode::Single,
-                max_pending: DEFAULT_MAX_PENDING,
+                pending_max: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
                 silence_timeout: DEFAULT_SILENCE_TIMEOUT,
             },
@@ -271,7 +271,7 @@ impl TicketBroker {
     /// (0 = one immediate try), for a lease of `lease` (1..=250 s).
     /// Sub-second values round up; out-of-range values are rejected, never
     /// clamped. The ticket is returned only if its conservative remaining
-    /// lease covers `min_work_budget`.
+    /// lease covers `work_budget_min`.
     ///
     /// Enforce [`Ticket::token`] at the protected write. On
     /// [`TicketError::Indeterminate`] do not enter the critical section.
@@ -282,10 +282,10 @@ impl TicketBroker {
         key: &str,
         wait: Duration,
         lease: Duration,
-        min_work_budget: Duration,
+        work_budget_min: Duration,
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
-        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
@@ -297,10 +297,10 @@ impl TicketBroker {
         keys: &[S],
         wait: Duration,
         lease: Duration,
-        min_work_budget: Duration,
+        work_budget_min: Duration,
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
-        let params = AcquireParams::new(wait, lease, min_work_budget)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }

@@ -96,7 +96,7 @@ pub(super) async fn wait_for(event: &Event, done: impl Fn() -> bool) {
 }
 
 impl Inner {
-    pub(super) fn new(endpoints: usize, max_pending: usize, memory: Option<Memory>) -> Self {
+    pub(super) fn new(endpoints: usize, pending_max: usize, memory: Option<Memory>) -> Self {
         // In-process, the broker reads the embedded server's clock: one read
         // serves the session and the server alike.
         let clock = memory
@@ -105,7 +105,7 @@ impl Inner {
         Inner {
             clock,
             state: Mutex::new(State {
-                broker: BrokerState::new(endpoints, max_pending),
+                broker: BrokerState::new(endpoints, pending_max),
                 links: vec![None; endpoints],
                 driver_targets_micros: vec![u64::MAX; endpoints],
                 spare_slots: Vec::new(),

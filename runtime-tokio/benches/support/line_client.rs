@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// A line the server sends before it must end (the clients allow 192 and
 /// 256 bytes for the challenge).
-const MAX_CHALLENGE_LEN: usize = 256;
+const CHALLENGE_LEN_MAX: usize = 256;
 
 /// How an acquire ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +144,7 @@ impl Conn {
             if let Some(at) = buf.iter().position(|&b| b == b'\n') {
                 break at;
             }
-            assert!(buf.len() <= MAX_CHALLENGE_LEN, "no line challenge");
+            assert!(buf.len() <= CHALLENGE_LEN_MAX, "no line challenge");
             let mut chunk = [0u8; 256];
             let n = reader.read(&mut chunk).await.expect("read challenge");
             assert!(n > 0, "closed before the challenge");

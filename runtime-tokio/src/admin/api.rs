@@ -7,7 +7,7 @@
 //! across an await), and renders the answer as JSON. A force-release gets
 //! an [`AdminRequestId`] and waits on a oneshot that the drive loop
 //! completes when the core answers ([`PendingAdmin`]); at most
-//! [`MAX_PENDING_ADMIN_REQUESTS`] wait at once.
+//! [`PENDING_ADMIN_REQUESTS_MAX`] wait at once.
 //!
 //! Keys are bytes on the wire of this API: the path and the `prefix` are
 //! percent-decoded (a `/` inside a key may be sent as is or as `%2F`). In
@@ -24,8 +24,8 @@ use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
-    MAX_LISTING_LIMIT, NotLeader,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, LockListing,
+    LockView, NotLeader,
 };
 use ticketing_core::server::Dialect;
 use ticketing_core::wire::Key;
@@ -36,7 +36,7 @@ use crate::serve::{Machine, Shared};
 
 /// Most force-releases waiting for the core's answer at once; one more is
 /// answered 503.
-pub const MAX_PENDING_ADMIN_REQUESTS: usize = 64;
+pub const PENDING_ADMIN_REQUESTS_MAX: usize = 64;
 /// A listing's size when the request names no `limit`.
 pub const DEFAULT_LISTING_LIMIT: usize = 100;
 /// How long a force-release waits for the core's answer (a cluster node
@@ -52,7 +52,7 @@ pub trait AdminNode: Send + Sync + 'static {
     /// Keys by prefix as the core sees them now.
     fn locks(&self, prefix: &[u8], limit: usize) -> LockListing;
     /// Orders a force-release; the receiver gets the core's answer. `None`
-    /// when [`MAX_PENDING_ADMIN_REQUESTS`] are already waiting.
+    /// when [`PENDING_ADMIN_REQUESTS_MAX`] are already waiting.
     fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>>;
     /// Where the core sends an operator instead (a cluster node that is
     /// not the leader); `None`: this node serves the lock API itself.
@@ -72,10 +72,10 @@ pub(crate) struct PendingAdmin {
 impl PendingAdmin {
     /// A fresh id and the receiver of its answer; `None` when full.
     fn register(&mut self) -> Option<(AdminRequestId, oneshot::Receiver<ForceReleaseOutcome>)> {
-        if self.waiting.len() >= MAX_PENDING_ADMIN_REQUESTS {
+        if self.waiting.len() >= PENDING_ADMIN_REQUESTS_MAX {
             // Callers that gave up (timed out, disconnected) free their slot.
             self.waiting.retain(|_, sender| !sender.is_closed());
-            if self.waiting.len() >= MAX_PENDING_ADMIN_REQUESTS {
+            if self.waiting.len() >= PENDING_ADMIN_REQUESTS_MAX {
                 return None;
             }
         }
@@ -268,7 +268,7 @@ pub(crate) async fn list(
         Ok(limit) => limit.map_or(DEFAULT_LISTING_LIMIT, |n| {
             usize::try_from(n)
                 .unwrap_or(usize::MAX)
-                .min(MAX_LISTING_LIMIT)
+                .min(LISTING_LIMIT_MAX)
         }),
         Err(bad) => return bad.into_response(),
     };

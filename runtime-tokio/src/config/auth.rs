@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use ticketing_core::admin::AdminTokens;
-use ticketing_core::auth::MIN_TOKEN_LEN;
+use ticketing_core::auth::TOKEN_LEN_MIN;
 
 use super::cli::ServeArgs;
 use super::defaults::{ENV_ADMIN_TOKENS, ENV_CLIENT_TOKENS};
@@ -124,7 +124,7 @@ impl PickedTokens {
         let source = self.source;
         ConfigError::new(
             format!("{list}[{index}]"),
-            format!("token is {len} bytes, must be at least {MIN_TOKEN_LEN} (from {source})"),
+            format!("token is {len} bytes, must be at least {TOKEN_LEN_MIN} (from {source})"),
         )
     }
 }

@@ -23,12 +23,12 @@ use crate::cluster::ClusterSettings;
 /// to line-dialect clients, compared by them as an exact string.
 fn parse_advertised(field: &str, text: &str) -> Result<Box<str>, ConfigError> {
     let text = text.trim();
-    if text.is_empty() || text.len() > ticketing_core::line::MAX_LINE_TEXT_LEN {
+    if text.is_empty() || text.len() > ticketing_core::line::LINE_TEXT_LEN_MAX {
         return Err(ConfigError::new(
             field,
             format!(
                 "an advertised address has 1..={} bytes, got {}",
-                ticketing_core::line::MAX_LINE_TEXT_LEN,
+                ticketing_core::line::LINE_TEXT_LEN_MAX,
                 text.len()
             ),
         ));
@@ -150,8 +150,8 @@ pub(super) fn resolve_cluster(
     node.raft = raft;
     node.limits = server.lock.limits;
     node.wait_margin = server.lock.wait_margin;
-    node.max_connections = server.max_connections;
-    node.max_in_flight_per_connection = server.max_in_flight_per_connection;
+    node.connections_max = server.connections_max;
+    node.in_flight_per_connection_max = server.in_flight_per_connection_max;
     node.handshake_timeout = server.handshake_timeout;
     node.budget = server.budget;
     node.client_tokens = server.client_tokens.clone();

@@ -24,21 +24,21 @@ pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "tra
 /// Inclusive upper bounds of the `[limits]` fields. They keep a typo (an
 /// extra digit or three) from turning into an unbounded memory promise.
 pub const MAX_KEYS_MAX: u64 = 100_000_000;
-/// Upper bound of `max_waiters_per_key`.
+/// Upper bound of `waiters_per_key_max`.
 pub const MAX_WAITERS_PER_KEY_MAX: u64 = 1_000_000;
-/// Upper bound of `max_waiters_total`.
+/// Upper bound of `waiters_total_max`.
 pub const MAX_WAITERS_TOTAL_MAX: u64 = 100_000_000;
-/// Upper bound of `max_connections`.
+/// Upper bound of `connections_max`.
 pub const MAX_CONNECTIONS_MAX: u64 = 1_000_000;
-/// Upper bound of `max_in_flight_per_connection`.
+/// Upper bound of `in_flight_per_connection_max`.
 pub const MAX_IN_FLIGHT_PER_CONNECTION_MAX: u64 = 1_000_000;
-/// Upper bound of `max_handshakes` and `max_handshakes_per_source`.
+/// Upper bound of `handshakes_max` and `handshakes_per_source_max`.
 pub const MAX_HANDSHAKES_MAX: u64 = 1_000_000;
-/// Upper bound of `max_peer_handshakes` and `max_peer_handshakes_per_source`.
+/// Upper bound of `peer_handshakes_max` and `peer_handshakes_per_source_max`.
 pub const MAX_PEER_HANDSHAKES_MAX: u64 = 1_000;
-/// Upper bound of `max_held_per_connection`.
+/// Upper bound of `held_per_connection_max`.
 pub const MAX_HELD_PER_CONNECTION_MAX: u64 = 100_000_000;
-/// Upper bound of `max_release_misses_in_row`.
+/// Upper bound of `release_misses_in_row_max`.
 pub const MAX_RELEASE_MISSES_IN_ROW_MAX: u64 = 1_000_000;
 /// Bounds of `handshake_timeout_ms`.
 pub const HANDSHAKE_TIMEOUT_MS_MIN: u64 = 100;

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 /// A configuration that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
-    /// The field at fault, as named in the config file (`limits.max_keys`,
+    /// The field at fault, as named in the config file (`limits.keys_max`,
     /// `client_tokens[1]`), or `--config` for the file itself.
     pub field: String,
     /// What is wrong and what is allowed.

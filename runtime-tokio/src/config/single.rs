@@ -211,19 +211,19 @@ fn resolve_server(
     };
     let defaults = ServerConfig::default();
     let lock_limits = resolve_lock_limits(&limits, &defaults.lock.limits)?;
-    let max_connections = limits.pick(
+    let connections_max = limits.pick(
         "max_connections",
         |l| l.max_connections,
-        defaults.max_connections,
+        defaults.connections_max,
         MAX_CONNECTIONS_MAX,
     )?;
-    let max_in_flight_per_connection = limits.pick(
+    let in_flight_per_connection_max = limits.pick(
         "max_in_flight_per_connection",
         |l| l.max_in_flight_per_connection,
-        defaults.max_in_flight_per_connection,
+        defaults.in_flight_per_connection_max,
         MAX_IN_FLIGHT_PER_CONNECTION_MAX,
     )?;
-    let budget = resolve_budget(&limits, max_connections)?;
+    let budget = resolve_budget(&limits, connections_max)?;
     let default_handshake_ms =
         u64::try_from(defaults.handshake_timeout.as_millis()).unwrap_or(u64::MAX);
     let handshake_timeout_ms = check_range(
@@ -249,8 +249,8 @@ fn resolve_server(
             wait_margin: Duration::from_millis(wait_margin_ms as u64),
             ..defaults.lock
         },
-        max_connections,
-        max_in_flight_per_connection,
+        connections_max,
+        in_flight_per_connection_max,
         handshake_timeout: Duration::from_millis(handshake_timeout_ms as u64),
         client_tokens,
         budget,
@@ -258,77 +258,77 @@ fn resolve_server(
     })
 }
 
-/// The lock table's limits (`max_keys`, `max_waiters_per_key`,
-/// `max_waiters_total`).
+/// The lock table's limits (`keys_max`, `waiters_per_key_max`,
+/// `waiters_total_max`).
 fn resolve_lock_limits(limits: &LimitSource, defaults: &Limits) -> Result<Limits, ConfigError> {
     Ok(Limits {
-        max_keys: limits.pick("max_keys", |l| l.max_keys, defaults.max_keys, MAX_KEYS_MAX)?,
-        max_waiters_per_key: limits.pick(
+        keys_max: limits.pick("max_keys", |l| l.max_keys, defaults.keys_max, MAX_KEYS_MAX)?,
+        waiters_per_key_max: limits.pick(
             "max_waiters_per_key",
             |l| l.max_waiters_per_key,
-            defaults.max_waiters_per_key,
+            defaults.waiters_per_key_max,
             MAX_WAITERS_PER_KEY_MAX,
         )?,
-        max_waiters_total: limits.pick(
+        waiters_total_max: limits.pick(
             "max_waiters_total",
             |l| l.max_waiters_total,
-            defaults.max_waiters_total,
+            defaults.waiters_total_max,
             MAX_WAITERS_TOTAL_MAX,
         )?,
     })
 }
 
-/// The per-source budgets; their defaults follow `max_connections`.
+/// The per-source budgets; their defaults follow `connections_max`.
 fn resolve_budget(
     limits: &LimitSource,
-    max_connections: usize,
+    connections_max: usize,
 ) -> Result<BudgetConfig, ConfigError> {
-    let budget_defaults = BudgetConfig::for_max_connections(max_connections);
-    let max_handshakes = limits.pick(
+    let budget_defaults = BudgetConfig::for_connections_max(connections_max);
+    let handshakes_max = limits.pick(
         "max_handshakes",
         |l| l.max_handshakes,
-        budget_defaults.max_handshakes,
+        budget_defaults.handshakes_max,
         MAX_HANDSHAKES_MAX,
     )?;
-    let max_handshakes_per_source = limits.pick(
+    let handshakes_per_source_max = limits.pick(
         "max_handshakes_per_source",
         |l| l.max_handshakes_per_source,
-        (max_handshakes / 2).max(1),
+        (handshakes_max / 2).max(1),
         MAX_HANDSHAKES_MAX,
     )?;
-    let max_peer_handshakes = limits.pick(
+    let peer_handshakes_max = limits.pick(
         "max_peer_handshakes",
         |l| l.max_peer_handshakes,
-        budget_defaults.max_peer_handshakes,
+        budget_defaults.peer_handshakes_max,
         MAX_PEER_HANDSHAKES_MAX,
     )?;
-    let max_peer_handshakes_per_source = limits.pick(
+    let peer_handshakes_per_source_max = limits.pick(
         "max_peer_handshakes_per_source",
         |l| l.max_peer_handshakes_per_source,
-        budget_defaults.max_peer_handshakes_per_source,
+        budget_defaults.peer_handshakes_per_source_max,
         MAX_PEER_HANDSHAKES_MAX,
     )?;
-    let max_held_per_connection = limits.pick(
+    let held_per_connection_max = limits.pick(
         "max_held_per_connection",
         |l| l.max_held_per_connection,
-        budget_defaults.max_held_per_connection,
+        budget_defaults.held_per_connection_max,
         MAX_HELD_PER_CONNECTION_MAX,
     )?;
-    let max_release_misses_in_row = check_range(
+    let release_misses_in_row_max = check_range(
         "limits.max_release_misses_in_row",
         limits
             .given(|l| l.max_release_misses_in_row)
-            .unwrap_or(u64::from(budget_defaults.max_release_misses_in_row)),
+            .unwrap_or(u64::from(budget_defaults.release_misses_in_row_max)),
         0,
         MAX_RELEASE_MISSES_IN_ROW_MAX,
     )?;
     Ok(BudgetConfig {
-        max_handshakes,
-        max_handshakes_per_source,
-        max_peer_handshakes,
-        max_peer_handshakes_per_source,
-        max_held_per_connection,
-        max_release_misses_in_row: u32::try_from(max_release_misses_in_row).unwrap_or(u32::MAX),
+        handshakes_max,
+        handshakes_per_source_max,
+        peer_handshakes_max,
+        peer_handshakes_per_source_max,
+        held_per_connection_max,
+        release_misses_in_row_max: u32::try_from(release_misses_in_row_max).unwrap_or(u32::MAX),
         ..budget_defaults
     })
 }

@@ -406,8 +406,8 @@ fn no_arguments_mean_loopback_5225_without_auth() {
     let defaults = ServerConfig::default();
     assert_eq!(config.settings.server.lock, defaults.lock);
     assert_eq!(
-        config.settings.server.max_connections,
-        defaults.max_connections
+        config.settings.server.connections_max,
+        defaults.connections_max
     );
 }
 
@@ -617,7 +617,7 @@ fn limits_must_be_at_least_one_and_sane() {
 fn budget_defaults_follow_max_connections_and_fields_apply() {
     let config = resolve_args(&["--max-connections", "200"]).unwrap();
     let server = &config.settings.server;
-    assert_eq!(server.budget, BudgetConfig::for_max_connections(200));
+    assert_eq!(server.budget, BudgetConfig::for_connections_max(200));
     assert_eq!(server.handshake_timeout, Duration::from_secs(3));
     let file = parse_file(
         "[limits]\nmax_handshakes = 40\nmax_held_per_connection = 7\n\
@@ -626,10 +626,10 @@ fn budget_defaults_follow_max_connections_and_fields_apply() {
     .unwrap();
     let config = resolve(&file, None, &ServeArgs::default(), &Env::default()).unwrap();
     let server = &config.settings.server;
-    assert_eq!(server.budget.max_handshakes, 40);
-    assert_eq!(server.budget.max_handshakes_per_source, 20);
-    assert_eq!(server.budget.max_held_per_connection, 7);
-    assert_eq!(server.budget.max_release_misses_in_row, 0);
+    assert_eq!(server.budget.handshakes_max, 40);
+    assert_eq!(server.budget.handshakes_per_source_max, 20);
+    assert_eq!(server.budget.held_per_connection_max, 7);
+    assert_eq!(server.budget.release_misses_in_row_max, 0);
     assert_eq!(server.handshake_timeout, Duration::from_millis(500));
 }
 
@@ -705,11 +705,11 @@ fn file_values_apply_and_flags_override_them() {
     assert_eq!(config.settings.listen, "127.0.0.1:7000".parse().unwrap());
     assert_eq!(config.log_filter, "debug");
     assert_eq!(server.lock.wait_margin, Duration::from_millis(250));
-    assert_eq!(server.lock.limits.max_keys, 10);
-    assert_eq!(server.lock.limits.max_waiters_per_key, 20);
-    assert_eq!(server.lock.limits.max_waiters_total, 30);
-    assert_eq!(server.max_connections, 40);
-    assert_eq!(server.max_in_flight_per_connection, 50);
+    assert_eq!(server.lock.limits.keys_max, 10);
+    assert_eq!(server.lock.limits.waiters_per_key_max, 20);
+    assert_eq!(server.lock.limits.waiters_total_max, 30);
+    assert_eq!(server.connections_max, 40);
+    assert_eq!(server.in_flight_per_connection_max, 50);
 
     let flags = args(&[
         "--listen",
@@ -728,9 +728,9 @@ fn file_values_apply_and_flags_override_them() {
     assert_eq!(config.settings.listen, "127.0.0.1:7001".parse().unwrap());
     assert_eq!(config.log_filter, "warn");
     assert_eq!(server.lock.wait_margin, Duration::from_millis(5));
-    assert_eq!(server.lock.limits.max_keys, 11);
-    assert_eq!(server.lock.limits.max_waiters_per_key, 20);
-    assert_eq!(server.max_connections, 41);
+    assert_eq!(server.lock.limits.keys_max, 11);
+    assert_eq!(server.lock.limits.waiters_per_key_max, 20);
+    assert_eq!(server.connections_max, 41);
 }
 
 #[test]

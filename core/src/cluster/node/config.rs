@@ -4,9 +4,9 @@
 
 use crate::auth::ClientTokens;
 use crate::budget::BudgetConfig;
-use crate::cluster::command::MAX_FIRST_TOKEN;
-use crate::cluster::peer::{MAX_FRAME_LEN, PeerTokens};
-use crate::line::MAX_LINE_TEXT_LEN;
+use crate::cluster::command::FIRST_TOKEN_MAX;
+use crate::cluster::peer::{FRAME_LEN_MAX, PeerTokens};
+use crate::line::LINE_TEXT_LEN_MAX;
 use crate::lock::Limits;
 use crate::raft::{NodeId, RaftConfig};
 use crate::time::Duration;
@@ -30,14 +30,14 @@ pub struct ClusterConfig {
     pub wait_margin: Duration,
     /// Client connections past their handshake (sessions) at most;
     /// unfinished handshakes have their own budget
-    /// ([`BudgetConfig::max_handshakes`]).
-    pub max_connections: usize,
+    /// ([`BudgetConfig::handshakes_max`]).
+    pub connections_max: usize,
     /// Requests awaiting a reply on one client connection at most; an
     /// acquire over it is answered `B`.
-    pub max_in_flight_per_connection: usize,
+    pub in_flight_per_connection_max: usize,
     /// Bytes buffered for one connection before the node stops reading
     /// from it (clients) or drops Raft messages to it (peers).
-    pub max_outbound_bytes_per_connection: usize,
+    pub outbound_bytes_per_connection_max: usize,
     /// An unfinished handshake (client or peer) is closed after this long.
     pub handshake_timeout: Duration,
     /// Accepted client tokens.
@@ -104,13 +104,13 @@ impl ClusterConfig {
             raft: RaftConfig::default(),
             limits: Limits::default(),
             wait_margin: Duration::from_millis(100),
-            max_connections: 10_000,
-            max_in_flight_per_connection: 32_768,
-            max_outbound_bytes_per_connection: 16 << 20,
+            connections_max: 10_000,
+            in_flight_per_connection_max: 32_768,
+            outbound_bytes_per_connection_max: 16 << 20,
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
             peer_tokens,
-            budget: BudgetConfig::for_max_connections(10_000),
+            budget: BudgetConfig::for_connections_max(10_000),
             bootstrap_wall_clock_us,
             dial_backoff_min: Duration::from_millis(100),
             // Bounds how long a healed partition waits for the next dial:
@@ -143,7 +143,7 @@ impl ClusterConfig {
             return Err("client_addresses must name every slot, or none");
         }
         let unfit =
-            |a: &str| a.is_empty() || a.len() > MAX_LINE_TEXT_LEN || a.contains(['\r', '\n']);
+            |a: &str| a.is_empty() || a.len() > LINE_TEXT_LEN_MAX || a.contains(['\r', '\n']);
         if self.client_addresses.iter().any(|a| unfit(a)) {
             return Err("a client address must be 1..=190 bytes without CR or LF");
         }
@@ -155,14 +155,14 @@ impl ClusterConfig {
         if self.admin_addresses.iter().any(|a| unfit(a)) {
             return Err("an admin address must be 1..=190 bytes without CR or LF");
         }
-        if self.bootstrap_wall_clock_us >= MAX_FIRST_TOKEN {
+        if self.bootstrap_wall_clock_us >= FIRST_TOKEN_MAX {
             // Its Init command would not decode on any node.
             return Err("bootstrap_wall_clock_us is beyond the first-token bound");
         }
         // Every Raft message must fit one peer frame: an append carries at
-        // most max_append_bytes plus one entry, a snapshot one chunk.
-        let append = self.raft.max_append_bytes + self.raft.max_entry_bytes + 1_024;
-        if append > MAX_FRAME_LEN || self.raft.snapshot_chunk_bytes + 1_024 > MAX_FRAME_LEN {
+        // most append_bytes_max plus one entry, a snapshot one chunk.
+        let append = self.raft.append_bytes_max + self.raft.entry_bytes_max + 1_024;
+        if append > FRAME_LEN_MAX || self.raft.snapshot_chunk_bytes + 1_024 > FRAME_LEN_MAX {
             return Err("raft batch or snapshot chunk exceeds the peer frame limit");
         }
         Ok(())

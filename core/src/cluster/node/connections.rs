@@ -136,12 +136,12 @@ impl Connections {
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
             client_handshakes: HandshakeBudget::new(
-                config.budget.max_handshakes,
-                config.budget.max_handshakes_per_source,
+                config.budget.handshakes_max,
+                config.budget.handshakes_per_source_max,
             ),
             peer_handshakes: HandshakeBudget::new(
-                config.budget.max_peer_handshakes,
-                config.budget.max_peer_handshakes_per_source,
+                config.budget.peer_handshakes_max,
+                config.budget.peer_handshakes_per_source_max,
             ),
             client_sessions: 0,
             line_sessions: 0,
@@ -218,7 +218,7 @@ impl ClusterNode {
         source: IpAddr,
     ) -> Option<ConnId> {
         self.handle_timeout(now);
-        if self.shutting_down || self.conns.client_sessions >= self.config.max_connections {
+        if self.shutting_down || self.conns.client_sessions >= self.config.connections_max {
             self.reports.abuse(now, Some(source), AbuseKind::Refused);
             return None;
         }
@@ -272,7 +272,7 @@ impl ClusterNode {
             FrontInput::Session => {}
             FrontInput::Accepted(dialect) => {
                 self.conns.client_handshakes.finish(conn_id);
-                if self.conns.client_sessions >= self.config.max_connections {
+                if self.conns.client_sessions >= self.config.connections_max {
                     self.reports.abuse(now, conn.source, AbuseKind::Refused);
                     self.close_conn(conn_id, CloseReason::SessionLimit);
                     return false;
@@ -502,14 +502,14 @@ impl ClusterNode {
     /// what trying tokens blindly looks like. Fencing at the storage is the
     /// real protection; this makes a sweep slow and visible.
     pub(super) fn close_if_sweeping(&mut self, now: Instant, conn_id: ConnId) {
-        let max_misses = self.config.budget.max_release_misses_in_row;
+        let misses_max = self.config.budget.release_misses_in_row_max;
         let Some(conn) = self.conns.by_id.get(&conn_id) else {
             return;
         };
         let ConnKind::Client(client) = &conn.kind else {
             return;
         };
-        if max_misses == 0 || client.release_misses_in_row < max_misses || conn.out.is_closing() {
+        if misses_max == 0 || client.release_misses_in_row < misses_max || conn.out.is_closing() {
             return;
         }
         self.reports

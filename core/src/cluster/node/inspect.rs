@@ -8,8 +8,8 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::cluster::command::Command;
 use crate::conn::ConnId;
 use crate::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LockListing, LockView,
-    MAX_LISTED_WAITERS, MAX_LISTING_LIMIT, MAX_WAITERS_PER_LISTED_LOCK, NotLeader, WaiterView,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LISTED_WAITERS_MAX,
+    LISTING_LIMIT_MAX, LockListing, LockView, NotLeader, WAITERS_PER_LISTED_LOCK_MAX, WaiterView,
 };
 use crate::machine::Machine;
 use crate::raft::ProposeError;
@@ -23,7 +23,7 @@ use super::connections::ConnKind;
 /// Most answers to force-releases queued for the driver; it drains them
 /// after every input, so the bound is only reached by a driver that does
 /// not (answers beyond it are dropped and counted).
-pub const MAX_ADMIN_REPLIES: usize = 1_024;
+pub const ADMIN_REPLIES_MAX: usize = 1_024;
 
 impl ClusterNode {
     /// The admin address configured for `slot`
@@ -91,11 +91,11 @@ impl ClusterNode {
         if let Some(not_leader) = self.leader_elsewhere() {
             return Err(not_leader);
         }
-        Ok(self.lock_view(now, key, MAX_LISTED_WAITERS))
+        Ok(self.lock_view(now, key, LISTED_WAITERS_MAX))
     }
 
-    /// `key` with at most `max_waiters` of its waiters listed.
-    fn lock_view(&self, now: Instant, key: &Key, max_waiters: usize) -> Option<LockView> {
+    /// `key` with at most `waiters_max` of its waiters listed.
+    fn lock_view(&self, now: Instant, key: &Key, waiters_max: usize) -> Option<LockView> {
         let leadership = self.leadership.as_ref()?;
         let ms = |d: Duration| crate::time::duration_micros(d) / 1_000;
         let holder = self.state.holder(key).map(|(token, holding)| HolderView {
@@ -113,7 +113,7 @@ impl ClusterNode {
             .into_iter()
             .flatten()
             .filter_map(|seq| leadership.waiters.get(seq))
-            .take(max_waiters)
+            .take(waiters_max)
             .map(|waiter| WaiterView {
                 keys: waiter.keys.keys().to_vec(),
                 waited_ms: ms(now.saturating_duration_since(waiter.received)),
@@ -134,8 +134,8 @@ impl ClusterNode {
 
     /// Every key starting with `prefix` that is held or waited for, in
     /// ascending key order, at most `limit` (capped at
-    /// [`MAX_LISTING_LIMIT`]) of them, each with the front
-    /// [`MAX_WAITERS_PER_LISTED_LOCK`] of its waiters; see
+    /// [`LISTING_LIMIT_MAX`]) of them, each with the front
+    /// [`WAITERS_PER_LISTED_LOCK_MAX`] of its waiters; see
     /// [`ClusterNode::lock`]. Costs the
     /// listed held keys plus one pass over the keys with waiters (bounded
     /// by the waiter limit).
@@ -148,7 +148,7 @@ impl ClusterNode {
         if let Some(not_leader) = self.leader_elsewhere() {
             return Err(not_leader);
         }
-        let limit = limit.min(MAX_LISTING_LIMIT);
+        let limit = limit.min(LISTING_LIMIT_MAX);
         let Some(leadership) = self.leadership.as_ref() else {
             return Ok(LockListing {
                 locks: Vec::new(),
@@ -172,7 +172,7 @@ impl ClusterNode {
         let locks = keys
             .into_iter()
             .take(limit)
-            .filter_map(|key| self.lock_view(now, key, MAX_WAITERS_PER_LISTED_LOCK))
+            .filter_map(|key| self.lock_view(now, key, WAITERS_PER_LISTED_LOCK_MAX))
             .collect();
         Ok(LockListing { locks, truncated })
     }
@@ -231,7 +231,7 @@ impl ClusterNode {
 
     /// Queues the answer to force-release `id` for the driver.
     pub(super) fn admin_reply(&mut self, id: AdminRequestId, outcome: ForceReleaseOutcome) {
-        if self.admin_replies.len() >= MAX_ADMIN_REPLIES {
+        if self.admin_replies.len() >= ADMIN_REPLIES_MAX {
             self.counts.dropped_admin_replies += 1;
         } else {
             self.admin_replies.push_back((id, outcome));

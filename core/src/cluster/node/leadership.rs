@@ -110,9 +110,9 @@ impl ClusterNode {
             return;
         };
         if !leadership.caught_up {
-            if leadership.held.len() >= self.config.limits.max_waiters_total {
+            if leadership.held.len() >= self.config.limits.waiters_total_max {
                 let answer = if request.is_acquire() {
-                    self.counts.busy.max_waiters_total += 1;
+                    self.counts.busy.waiters_total_max += 1;
                     Answer::Busy
                 } else {
                     // `B` may not answer a release.
@@ -261,14 +261,14 @@ impl ClusterNode {
             Some(Conn {
                 kind: ConnKind::Client(client),
                 ..
-            }) => client.in_flight > self.config.max_in_flight_per_connection,
+            }) => client.in_flight > self.config.in_flight_per_connection_max,
             _ => return None,
         };
         let over_held = match self.leadership.as_mut() {
             Some(leadership) => {
                 leadership.held_keys.expire(now);
                 leadership.held_keys.held(conn_id).saturating_add(new_keys)
-                    > self.config.budget.max_held_per_connection
+                    > self.config.budget.held_per_connection_max
             }
             None => false,
         };
@@ -286,8 +286,8 @@ impl ClusterNode {
             self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;
         }
-        if self.state.held_keys() + new_keys > self.config.limits.max_keys {
-            self.counts.busy.max_keys += 1;
+        if self.state.held_keys() + new_keys > self.config.limits.keys_max {
+            self.counts.busy.keys_max += 1;
             self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;
         }
@@ -301,15 +301,15 @@ impl ClusterNode {
         let Some(leadership) = self.leadership.as_ref() else {
             return;
         };
-        let over_total = leadership.waiters.len() >= limits.max_waiters_total;
+        let over_total = leadership.waiters.len() >= limits.waiters_total_max;
         let over_per_key = waiter.keys.keys().iter().any(|k| {
-            leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.max_waiters_per_key
+            leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.waiters_per_key_max
         });
         if over_total || over_per_key {
             if over_total {
-                self.counts.busy.max_waiters_total += 1;
+                self.counts.busy.waiters_total_max += 1;
             } else {
-                self.counts.busy.max_waiters_per_key += 1;
+                self.counts.busy.waiters_per_key_max += 1;
             }
             self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;

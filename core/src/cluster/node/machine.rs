@@ -211,11 +211,11 @@ impl Machine for ClusterNode {
     /// False while `conn` has too many bytes waiting to be written: the
     /// driver should stop reading from it until it has written them.
     fn wants_input(&self, conn_id: ConnId) -> bool {
-        let max_bytes = self.config.max_outbound_bytes_per_connection;
+        let bytes_max = self.config.outbound_bytes_per_connection_max;
         self.conns
             .by_id
             .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(max_bytes))
+            .is_some_and(|conn| conn.out.wants_input(bytes_max))
     }
 
     /// True once [`ClusterNode::begin_shutdown`] was called.

@@ -96,7 +96,7 @@ mod peers;
 pub use self::config::{
     ClusterConfig, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, default_peer_silence_timeout,
 };
-pub use self::inspect::MAX_ADMIN_REPLIES;
+pub use self::inspect::ADMIN_REPLIES_MAX;
 pub use self::peers::PeerLiveness;
 
 use self::apply::Pending;

@@ -331,7 +331,7 @@ impl ClusterNode {
             };
             // A peer that does not keep up loses messages rather than
             // growing the buffer without bound; Raft retries them.
-            if conn.out.pending().len() >= self.config.max_outbound_bytes_per_connection {
+            if conn.out.pending().len() >= self.config.outbound_bytes_per_connection_max {
                 continue;
             }
             let ConnKind::Peer(PeerConn {

@@ -5,9 +5,9 @@
 use hmac::{KeyInit, Mac};
 
 use super::{
-    ENTRY_COMMAND, ENTRY_CONFIG, ENTRY_NOOP, FRAME_LEN_BYTES, FRAME_TAG_LEN, FRAME_VERSION,
-    HmacSha256, MAX_CONFIG_MEMBERS, MAX_FRAME_LEN, MESSAGE_HEADER_LEN, MIN_ENTRY_LEN,
-    MIN_FRAME_LEN, PeerError, kind,
+    CONFIG_MEMBERS_MAX, ENTRY_COMMAND, ENTRY_CONFIG, ENTRY_LEN_MIN, ENTRY_NOOP, FRAME_LEN_BYTES,
+    FRAME_LEN_MAX, FRAME_LEN_MIN, FRAME_TAG_LEN, FRAME_VERSION, HmacSha256, MESSAGE_HEADER_LEN,
+    PeerError, kind,
 };
 use crate::cluster::bytes::Reader;
 use crate::raft::{Configuration, Entry, EntryKind, Message, MessageBody, NodeId, SnapshotMeta};
@@ -34,7 +34,7 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), PeerError> {
 
 fn put_config(out: &mut Vec<u8>, config: &Configuration) -> Result<(), PeerError> {
     for set in [&config.voters, &config.learners] {
-        if set.len() > MAX_CONFIG_MEMBERS {
+        if set.len() > CONFIG_MEMBERS_MAX {
             return Err(PeerError::TooLarge);
         }
         out.push(set.len() as u8);
@@ -131,7 +131,7 @@ impl PeerSealer {
         let result = encode_inner(msg, out, start);
         let len = out.len() - start - FRAME_LEN_BYTES + FRAME_TAG_LEN;
         match result {
-            Ok(()) if len <= MAX_FRAME_LEN => {
+            Ok(()) if len <= FRAME_LEN_MAX => {
                 let len = (len as u32).to_be_bytes();
                 out[start..start + FRAME_LEN_BYTES].copy_from_slice(&len);
                 let tag = self.mac.tag(&out[start..]).finalize().into_bytes();
@@ -214,7 +214,7 @@ fn put_body(out: &mut Vec<u8>, body: &MessageBody, start: usize) -> Result<(), P
             out.extend_from_slice(&count.to_be_bytes());
             for entry in entries {
                 put_entry(out, entry)?;
-                if out.len() - start > MAX_FRAME_LEN + FRAME_LEN_BYTES {
+                if out.len() - start > FRAME_LEN_MAX + FRAME_LEN_BYTES {
                     // Stop early rather than build a huge buffer to discard.
                     return Err(PeerError::TooLarge);
                 }
@@ -244,7 +244,7 @@ fn put_body(out: &mut Vec<u8>, body: &MessageBody, start: usize) -> Result<(), P
             put_config(out, &meta.config)?;
             put_u64(out, *offset);
             out.push(u8::from(*done));
-            if data.len() > MAX_FRAME_LEN {
+            if data.len() > FRAME_LEN_MAX {
                 return Err(PeerError::TooLarge);
             }
             put_bytes(out, data)?;
@@ -281,7 +281,7 @@ fn get_config(r: &mut Reader<'_>) -> Option<Configuration> {
     let mut config = Configuration::default();
     for learners in [false, true] {
         let count = usize::from(r.u8()?);
-        if count > MAX_CONFIG_MEMBERS {
+        if count > CONFIG_MEMBERS_MAX {
             return None;
         }
         let mut last: Option<NodeId> = None;
@@ -336,7 +336,7 @@ fn decode_body(tag: u8, r: &mut Reader<'_>) -> Option<MessageBody> {
             let commit = r.u64()?;
             let count = usize::try_from(r.u32()?).ok()?;
             // Bound the allocation by what the frame can actually hold.
-            if count > r.remaining() / MIN_ENTRY_LEN {
+            if count > r.remaining() / ENTRY_LEN_MIN {
                 return None;
             }
             let mut entries = Vec::with_capacity(count);
@@ -485,7 +485,7 @@ impl PeerDecoder {
         };
         let len_field = u32::from_be_bytes(*len_bytes);
         let len = len_field as usize;
-        if !(MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&len) {
+        if !(FRAME_LEN_MIN..=FRAME_LEN_MAX).contains(&len) {
             return Err(PeerError::BadLength(len_field));
         }
         // Version and kind are checked as soon as they arrive, so garbage

@@ -9,7 +9,7 @@ use super::{
     ACCEPTOR_LABEL, DIALER_LABEL, HmacSha256, PEER_AUTH_DOMAIN, PEER_HELLO_LEN, PEER_KEYS_DOMAIN,
     PEER_MAGIC, PEER_VERSION, TOKEN_FLOOR_LIMIT,
 };
-use crate::auth::{MIN_TOKEN_LEN, NONCE_LEN, PROOF_LEN};
+use crate::auth::{NONCE_LEN, PROOF_LEN, TOKEN_LEN_MIN};
 use crate::cluster::bytes::Reader;
 use crate::raft::NodeId;
 use crate::time::Instant;
@@ -35,7 +35,7 @@ impl core::fmt::Debug for PeerTokens {
 pub enum PeerTokenError {
     /// No token given: peers must always authenticate.
     Empty,
-    /// A token shorter than [`MIN_TOKEN_LEN`] bytes, at this position.
+    /// A token shorter than [`TOKEN_LEN_MIN`] bytes, at this position.
     TooShort(usize),
 }
 
@@ -45,7 +45,7 @@ impl core::fmt::Display for PeerTokenError {
             PeerTokenError::Empty => f.write_str("no peer token configured"),
             PeerTokenError::TooShort(index) => write!(
                 f,
-                "peer token #{index} is shorter than {MIN_TOKEN_LEN} bytes"
+                "peer token #{index} is shorter than {TOKEN_LEN_MIN} bytes"
             ),
         }
     }
@@ -63,7 +63,7 @@ impl PeerTokens {
         let mut accepted = Vec::new();
         for (index, token) in tokens.into_iter().enumerate() {
             let token = token.as_ref();
-            if token.len() < MIN_TOKEN_LEN {
+            if token.len() < TOKEN_LEN_MIN {
                 return Err(PeerTokenError::TooShort(index));
             }
             accepted.push(Box::from(token));

@@ -46,7 +46,7 @@
 //!
 //! `[len u32][version u8 = 2][kind u8][payload][tag 16]`, `len` counting
 //! version, kind, payload and tag (so at least 18), at most
-//! [`MAX_FRAME_LEN`]. `tag` is the first 16 bytes of HMAC-SHA256(key of the
+//! [`FRAME_LEN_MAX`]. `tag` is the first 16 bytes of HMAC-SHA256(key of the
 //! direction, `seq u64 ‖ len ‖ version ‖ kind ‖ payload`) where `seq`
 //! counts the frames sent in that direction from 0: a frame replayed,
 //! reordered, reflected or taken from another connection does not verify.
@@ -96,20 +96,20 @@ pub const FRAME_LEN_BYTES: usize = 4;
 /// Bytes of the truncated HMAC tag that ends every frame.
 pub const FRAME_TAG_LEN: usize = 16;
 /// Smallest value of a frame's length field: version, kind and tag.
-pub const MIN_FRAME_LEN: usize = 2 + FRAME_TAG_LEN;
+pub const FRAME_LEN_MIN: usize = 2 + FRAME_TAG_LEN;
 /// Largest value of a frame's length field: 4 MiB, well above the largest
-/// append (`max_append_bytes` plus one `max_entry_bytes` entry) and snapshot
+/// append (`append_bytes_max` plus one `entry_bytes_max` entry) and snapshot
 /// chunk a node is configured to send (checked by the node at start).
-pub const MAX_FRAME_LEN: usize = 4 << 20;
+pub const FRAME_LEN_MAX: usize = 4 << 20;
 /// Token floors at or above this are impossible (a token is a microsecond
 /// wall-clock count or a counter grown from one) and refused.
 pub const TOKEN_FLOOR_LIMIT: u64 = 1 << 63;
 /// Most voters or learners a configuration on the wire may list.
-pub const MAX_CONFIG_MEMBERS: usize = 16;
+pub const CONFIG_MEMBERS_MAX: usize = 16;
 /// Bytes of the message header in every payload.
 const MESSAGE_HEADER_LEN: usize = 9 + 9 + 8;
 /// Smallest encoded entry (a no-op): index, term, kind.
-const MIN_ENTRY_LEN: usize = 17;
+const ENTRY_LEN_MIN: usize = 17;
 
 /// Tags of the message kinds.
 mod kind {
@@ -134,7 +134,7 @@ const ENTRY_CONFIG: u8 = 2;
 /// Why a frame was refused. Every case closes the peer connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerError {
-    /// The length field is below [`MIN_FRAME_LEN`] or above [`MAX_FRAME_LEN`].
+    /// The length field is below [`FRAME_LEN_MIN`] or above [`FRAME_LEN_MAX`].
     BadLength(u32),
     /// Unknown frame version.
     Version(u8),

@@ -120,8 +120,8 @@ impl Harness {
     fn new() -> Harness {
         let now = Instant::from_millis(1);
         let mut config = SessionConfig::single(b"");
-        config.max_pending_acquires = 4;
-        config.max_pending_releases = 2;
+        config.pending_acquires_max = 4;
+        config.pending_releases_max = 2;
         Harness {
             now,
             session: Session::new(now, config),

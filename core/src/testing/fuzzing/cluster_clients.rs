@@ -48,12 +48,12 @@ impl Cluster {
                 let tokens = PeerTokens::new([PEER_TOKEN]).expect("token");
                 let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, BOOT_US);
                 config.raft = RaftConfig::fast();
-                config.limits.max_keys = 3;
-                config.limits.max_waiters_per_key = 3;
-                config.limits.max_waiters_total = 5;
-                config.max_connections = 6;
-                config.max_in_flight_per_connection = 4;
-                config.max_outbound_bytes_per_connection = 256;
+                config.limits.keys_max = 3;
+                config.limits.waiters_per_key_max = 3;
+                config.limits.waiters_total_max = 5;
+                config.connections_max = 6;
+                config.in_flight_per_connection_max = 4;
+                config.outbound_bytes_per_connection_max = 256;
                 ClusterNode::bootstrap(config, voters.clone(), 2, u64::from(id.slot) + 1, now)
             })
             .collect();

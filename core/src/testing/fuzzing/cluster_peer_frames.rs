@@ -21,7 +21,7 @@ use super::raft_group::{hostile_number, numbers_mut};
 use super::script::Cursor;
 
 /// Most script steps per input: keeps each run cheap.
-const MAX_STEPS: usize = 120;
+const STEPS_MAX: usize = 120;
 /// Simulated time the cluster gets, once the hostile input stops, to elect
 /// a leader that grants.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
@@ -445,7 +445,7 @@ fn connect(cluster: &mut Cluster, clients: &mut Vec<Client>, node: usize) {
 pub fn cluster_peer_frames(data: &[u8]) {
     let mut harness = FramesHarness::new();
     let mut cursor = Cursor { data };
-    for _ in 0..MAX_STEPS {
+    for _ in 0..STEPS_MAX {
         let Some(op) = cursor.byte() else { break };
         let pick = usize::from(cursor.byte().unwrap_or(0));
         if harness.step(&mut cursor, op, pick) {

@@ -1,7 +1,7 @@
 //! The replicated-command and lock-snapshot codecs: see
 //! [`replicated_codecs`].
 
-use crate::cluster::{ApplyResult, Command, MAX_FIRST_TOKEN, ReplicatedLocks};
+use crate::cluster::{ApplyResult, Command, FIRST_TOKEN_MAX, ReplicatedLocks};
 use crate::time::{Duration, Instant};
 
 use super::script::{Cursor, fuzz_keys};
@@ -17,7 +17,7 @@ fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
     let number = u64::from_be_bytes(word);
     Some(match kind % 5 {
         0 => Command::Init {
-            first_token: number % MAX_FIRST_TOKEN,
+            first_token: number % FIRST_TOKEN_MAX,
         },
         1 => Command::Grant {
             keys,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::script::Cursor;
 use crate::auth::HELLO_LEN;
 use crate::line::{
-    LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest, MAX_LINE_KEY_SCAN,
+    LINE_KEY_SCAN_MAX, LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest,
     encode_line_acquire, encode_line_release, line_answer,
 };
 use crate::lock::{Limits, LockConfig};
@@ -79,7 +79,7 @@ fn decode_all(data: &[u8], chunk_len: usize) -> Vec<Result<LineDecoded, LineFram
         }
         // One partial request at most: the fixed part and a bounded scan.
         assert!(
-            decoder.buffered() <= 1 + 12 + MAX_LINE_KEY_SCAN,
+            decoder.buffered() <= 1 + 12 + LINE_KEY_SCAN_MAX,
             "decoder holds {} bytes after draining",
             decoder.buffered()
         );
@@ -137,15 +137,15 @@ impl LineHarness {
         let config = ServerConfig {
             lock: LockConfig {
                 limits: Limits {
-                    max_keys: 3,
-                    max_waiters_per_key: 3,
-                    max_waiters_total: 5,
+                    keys_max: 3,
+                    waiters_per_key_max: 3,
+                    waiters_total_max: 5,
                 },
                 ..LockConfig::default()
             },
-            max_connections: 4,
-            max_in_flight_per_connection: 4,
-            max_outbound_bytes_per_connection: 1 << 16,
+            connections_max: 4,
+            in_flight_per_connection_max: 4,
+            outbound_bytes_per_connection_max: 1 << 16,
             ..ServerConfig::default()
         };
         let now = Instant::from_millis(1);

@@ -28,7 +28,7 @@ use crate::lock::{Limits, LockConfig};
 use crate::machine::Machine;
 use crate::server::{ConnId, ConnState, Server, ServerConfig};
 use crate::time::{Duration, Instant};
-use crate::wire::{Decoded, MAX_RELEASE_SET_FRAME_LEN, NO_LEADER_SLOT, Reply, RequestDecoder};
+use crate::wire::{Decoded, NO_LEADER_SLOT, RELEASE_SET_FRAME_LEN_MAX, Reply, RequestDecoder};
 
 use self::script::{Cursor, fuzz_request};
 
@@ -80,7 +80,7 @@ fn decode_requests(data: &[u8], chunk_len: usize) -> Vec<Result<Decoded, crate::
             }
         }
         assert!(
-            decoder.buffered() < MAX_RELEASE_SET_FRAME_LEN,
+            decoder.buffered() < RELEASE_SET_FRAME_LEN_MAX,
             "decoder holds {} bytes after draining",
             decoder.buffered()
         );
@@ -208,15 +208,15 @@ impl ServerHarness {
         let config = ServerConfig {
             lock: LockConfig {
                 limits: Limits {
-                    max_keys: 3,
-                    max_waiters_per_key: 3,
-                    max_waiters_total: 5,
+                    keys_max: 3,
+                    waiters_per_key_max: 3,
+                    waiters_total_max: 5,
                 },
                 ..LockConfig::default()
             },
-            max_connections: 4,
-            max_in_flight_per_connection: 4,
-            max_outbound_bytes_per_connection: 256,
+            connections_max: 4,
+            in_flight_per_connection_max: 4,
+            outbound_bytes_per_connection_max: 256,
             ..ServerConfig::default()
         };
         let now = Instant::from_millis(1);
@@ -376,7 +376,7 @@ impl ServerHarness {
 /// otherwise tags are as given and almost every frame must fail.
 pub fn peer_decoder(data: &[u8]) {
     use crate::cluster::peer::{
-        FRAME_LEN_BYTES, FRAME_TAG_LEN, MAX_FRAME_LEN, MIN_FRAME_LEN, PeerDecoder, PeerSealer,
+        FRAME_LEN_BYTES, FRAME_LEN_MAX, FRAME_LEN_MIN, FRAME_TAG_LEN, PeerDecoder, PeerSealer,
     };
     const KEY: [u8; 32] = [0x5a; 32];
     let Some((&seed, data)) = data.split_first() else {
@@ -411,7 +411,7 @@ pub fn peer_decoder(data: &[u8]) {
             }
         }
         assert!(
-            decoder.buffered() < FRAME_LEN_BYTES + MAX_FRAME_LEN,
+            decoder.buffered() < FRAME_LEN_BYTES + FRAME_LEN_MAX,
             "peer decoder holds {} bytes after draining",
             decoder.buffered()
         );
@@ -426,7 +426,7 @@ pub fn peer_decoder(data: &[u8]) {
         while let Some(len) = data.get(at..at + FRAME_LEN_BYTES) {
             let len = u32::from_be_bytes(len.try_into().expect("four bytes")) as usize;
             let end = at + FRAME_LEN_BYTES + len;
-            if !(MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&len) || end > data.len() {
+            if !(FRAME_LEN_MIN..=FRAME_LEN_MAX).contains(&len) || end > data.len() {
                 return;
             }
             let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key)

@@ -28,7 +28,7 @@ const TOKEN_LISTS: [&[&[u8]]; 6] = [
 /// Everything one side sends during the handshake: hello, then proof.
 const HANDSHAKE_LEN: usize = PEER_HELLO_LEN + PROOF_LEN;
 /// Most bytes a script may queue on one direction.
-const MAX_PENDING: usize = 1_024;
+const PENDING_MAX: usize = 1_024;
 const DIALER: NodeId = NodeId::new(0, 3);
 const ACCEPTOR: NodeId = NodeId::new(1, 5);
 const DEADLINE: Instant = Instant::from_millis(1_000);
@@ -339,7 +339,7 @@ impl Network {
                 } else {
                     cursor.bytes(arg % 64).to_vec()
                 };
-                if wire.len() + bytes.len() <= MAX_PENDING {
+                if wire.len() + bytes.len() <= PENDING_MAX {
                     wire.extend_from_slice(&bytes);
                     self.tampered = true;
                 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::raft::{
-    Committed, Entry, EntryKind, Event, MAX_RAFT_NUMBER, Message, MessageBody, NodeId, Raft,
+    Committed, Entry, EntryKind, Event, Message, MessageBody, NodeId, RAFT_NUMBER_MAX, Raft,
     RaftConfig, Role,
 };
 use crate::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use crate::time::{Duration, Instant};
 use super::script::Cursor;
 
 /// Most messages in flight; newer ones are dropped (Raft tolerates loss).
-const MAX_IN_FLIGHT: usize = 256;
+const IN_FLIGHT_MAX: usize = 256;
 /// Simulated time the group gets to recover once the hostile input stops.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 
@@ -72,9 +72,9 @@ fn config() -> RaftConfig {
         // Small enough that snapshots and their chunks are sent.
         snapshot_threshold_entries: 6,
         snapshot_chunk_bytes: 7,
-        max_append_entries: 4,
-        max_inflight_appends: 4,
-        max_outbox_messages: 64,
+        append_entries_max: 4,
+        inflight_appends_max: 4,
+        outbox_messages_max: 64,
         ..RaftConfig::fast()
     }
 }
@@ -116,7 +116,7 @@ impl Group {
         while let Some((to, msg)) = node.raft.poll_message() {
             assert_eq!(to, msg.to);
             assert!(msg.numbers_in_bounds(), "a node sent {msg:?}");
-            if self.in_flight.len() < MAX_IN_FLIGHT {
+            if self.in_flight.len() < IN_FLIGHT_MAX {
                 self.in_flight.push(msg);
             }
         }
@@ -348,14 +348,14 @@ pub(super) fn numbers_mut(msg: &mut Message) -> Vec<&mut u64> {
 pub(super) fn hostile_number(cursor: &mut Cursor<'_>) -> u64 {
     match cursor.byte().unwrap_or(0) % 5 {
         0 => u64::MAX,
-        1 => MAX_RAFT_NUMBER,
-        2 => MAX_RAFT_NUMBER + u64::from(cursor.byte().unwrap_or(1)),
+        1 => RAFT_NUMBER_MAX,
+        2 => RAFT_NUMBER_MAX + u64::from(cursor.byte().unwrap_or(1)),
         3 => u64::MAX - u64::from(cursor.byte().unwrap_or(1)),
         _ => {
             let mut bytes = [0xffu8; 8];
             let taken = cursor.bytes(8);
             bytes[..taken.len()].copy_from_slice(taken);
-            u64::from_be_bytes(bytes) | MAX_RAFT_NUMBER
+            u64::from_be_bytes(bytes) | RAFT_NUMBER_MAX
         }
     }
 }
