@@ -3,7 +3,7 @@
 //! and the node's counts.
 
 use crate::budget::AbuseCounts;
-use crate::cluster::ReplicatedLocks;
+use crate::cluster::state::ReplicatedLocks;
 use crate::metrics::{ClusterMetrics, PeerReplication, ReplyCounts};
 use crate::raft::Raft;
 
