@@ -35,7 +35,7 @@ mod api;
 pub use api::{
     ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, PENDING_ADMIN_REQUESTS_MAX, rfc3339,
 };
-pub(crate) use api::{AdminApp, AppState, DrivenNode, PendingAdmin};
+pub(crate) use api::{AdminApp, AppState, PendingAdmin};
 
 /// One snapshot of what a node's core counted.
 #[derive(Clone, Debug)]

@@ -50,10 +50,11 @@ use ticketing_core::time::Instant;
 
 use crate::admin;
 use crate::serve::{
-    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Machine, Shared, first_token_from_clock,
-    open_floor, run_persister, start,
+    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, first_token_from_clock, open_floor,
+    run_persister, start,
 };
 use crate::state::{self, FloorFile, StateSettings};
+use ticketing_core::machine::Machine;
 
 /// The generation of every member of a freshly bootstrapped cluster. Any
 /// later start of a slot uses its token floor (wall-clock microseconds or
@@ -484,7 +485,7 @@ fn spawn_side_tasks(
         extra.push(tokio::spawn(serve_status(Arc::clone(shared), status)));
     }
     if let Some(admin) = admin {
-        let node = Arc::new(admin::DrivenNode {
+        let node = Arc::new(crate::serve::DrivenNode {
             shared: Arc::clone(shared),
             metrics: |node: &ClusterNode| admin::NodeMetrics::Cluster(node.metrics()),
         });

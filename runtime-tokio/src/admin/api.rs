@@ -32,7 +32,6 @@ use ticketing_core::wire::Key;
 use tokio::sync::oneshot;
 
 use super::NodeMetrics;
-use crate::serve::{Machine, Shared};
 
 /// Most force-releases waiting for the core's answer at once; one more is
 /// answered 503.
@@ -71,7 +70,9 @@ pub(crate) struct PendingAdmin {
 
 impl PendingAdmin {
     /// A fresh id and the receiver of its answer; `None` when full.
-    fn register(&mut self) -> Option<(AdminRequestId, oneshot::Receiver<ForceReleaseOutcome>)> {
+    pub(crate) fn register(
+        &mut self,
+    ) -> Option<(AdminRequestId, oneshot::Receiver<ForceReleaseOutcome>)> {
         if self.waiting.len() >= PENDING_ADMIN_REQUESTS_MAX {
             // Callers that gave up (timed out, disconnected) free their slot.
             self.waiting.retain(|_, sender| !sender.is_closed());
@@ -92,41 +93,6 @@ impl PendingAdmin {
             // A caller that gave up no longer listens; nothing to do.
             let _ = sender.send(outcome);
         }
-    }
-}
-
-/// A driven core ([`crate::serve`]'s shared state) as an [`AdminNode`].
-pub(crate) struct DrivenNode<M> {
-    pub(crate) shared: Arc<Shared<M>>,
-    pub(crate) metrics: fn(&M) -> NodeMetrics,
-}
-
-impl<M: Machine> AdminNode for DrivenNode<M> {
-    fn metrics(&self) -> NodeMetrics {
-        (self.metrics)(&self.shared.lock().core)
-    }
-    fn lock(&self, key: &Key) -> Option<LockView> {
-        let inner = self.shared.lock();
-        inner.core.inspect_lock(self.shared.clock.now(), key)
-    }
-    fn locks(&self, prefix: &[u8], limit: usize) -> LockListing {
-        let inner = self.shared.lock();
-        inner
-            .core
-            .inspect_locks(self.shared.clock.now(), prefix, limit)
-    }
-    fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>> {
-        let mut inner = self.shared.lock();
-        let (id, receiver) = inner.admin.register()?;
-        let now = self.shared.clock.now();
-        inner.core.handle_force_release(now, id, req);
-        // Forwards the answer (single mode: at once) and wakes the
-        // connection of a waiter the key was handed to.
-        inner.dispatch(&self.shared, None);
-        Some(receiver)
-    }
-    fn not_leader(&self) -> Option<NotLeader> {
-        self.shared.lock().core.not_leader()
     }
 }
 

@@ -36,23 +36,23 @@ use tokio::task::JoinHandle;
 use tracing::{error, info};
 
 use ticketing_core::admin::AdminTokens;
+use ticketing_core::machine::Machine;
 use ticketing_core::server::{Server, ServerConfig, ServerStats};
 
 use crate::admin;
 use crate::state::{self, FloorFile, StateSettings};
 
+mod admin_node;
 mod conn;
 mod floor;
 mod log;
 mod shared;
 mod supervise;
 
+pub(crate) use self::admin_node::DrivenNode;
 pub(crate) use self::floor::{first_token_from_clock, open_floor, run_persister};
 pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
-/// The core's driver contract, re-exported for the driver's other modules
-/// (`cluster`, `admin`).
-pub(crate) use ticketing_core::machine::Machine;
 
 /// Pending connections the client listener queues: what
 /// `tokio::net::TcpListener::bind` uses (mio, like std: 128).
@@ -257,7 +257,7 @@ fn spawn_side_tasks(
         .map(|file| vec![tokio::spawn(run_persister(Arc::clone(shared), file))])
         .unwrap_or_default();
     if let Some(admin) = admin {
-        let node = Arc::new(admin::DrivenNode {
+        let node = Arc::new(DrivenNode {
             shared: Arc::clone(shared),
             metrics: |server: &Server| admin::NodeMetrics::Single(server.metrics()),
         });
