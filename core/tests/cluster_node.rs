@@ -536,6 +536,21 @@ fn release(rid: u64, key: &str, token: u64) -> Request {
     })
 }
 
+/// A cluster whose leader's client `c1` holds "k" (token `first`, 60 s)
+/// and whose client `c2` queues for it (wait 10 s): `(net, leader, c1, c2,
+/// first)`.
+fn holder_and_waiter() -> (Net, usize, usize, usize, u64) {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c1 = net.connect(leader);
+    let c2 = net.connect(leader);
+    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
+    net.send_only(c2, acquire(1, "k", 10, 60));
+    net.run_for(Duration::from_millis(100));
+    assert!(net.answers(c2).is_empty(), "c2 queues behind c1");
+    (net, leader, c1, c2, first)
+}
+
 fn token_of(reply: Reply) -> u64 {
     match reply {
         Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
@@ -724,14 +739,7 @@ fn release_hands_the_key_to_the_front_waiter_and_wait_ends_with_t() {
 /// append, by the waiter's Grant: one commit hands the key over.
 #[test]
 fn a_release_and_its_hand_over_grant_travel_in_one_append() {
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c1 = net.connect(leader);
-    let c2 = net.connect(leader);
-    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
-    net.send_only(c2, acquire(1, "k", 10, 60));
-    net.run_for(Duration::from_millis(100));
-    assert!(net.answers(c2).is_empty(), "queued behind c1");
+    let (mut net, leader, c1, c2, first) = holder_and_waiter();
     let before = net.node(leader).raft().counters();
     net.send_bytes(c1, &release(2, "k", first).to_frame());
     let after = net.node(leader).raft().counters();
@@ -750,12 +758,7 @@ fn a_release_and_its_hand_over_grant_travel_in_one_append() {
     let second = token_of(net.answers(c2)[0]);
     assert!(second > first, "{second} > {first}");
     for i in 0..3 {
-        let (held, _) = net
-            .node(i)
-            .lock_state()
-            .holder(&Key::new(b"k").unwrap())
-            .unwrap();
-        assert_eq!(held, second, "node {i}");
+        assert_eq!(net.holder_token(i, "k"), Some(second), "node {i}");
     }
     assert_eq!(net.node(leader).metrics().release_handovers, 1);
 }
@@ -764,13 +767,7 @@ fn a_release_and_its_hand_over_grant_travel_in_one_append() {
 /// waiter gets no Grant until the holder's own release.
 #[test]
 fn a_mismatched_release_hands_nothing_over() {
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c1 = net.connect(leader);
-    let c2 = net.connect(leader);
-    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
-    net.send_only(c2, acquire(1, "k", 10, 60));
-    net.run_for(Duration::from_millis(100));
+    let (mut net, leader, c1, c2, first) = holder_and_waiter();
     let wrong = Request::Release(ReleaseRequest {
         rid: 2,
         token: first,
@@ -1935,14 +1932,7 @@ impl Net {
 
 #[test]
 fn a_force_release_is_answered_after_commit_and_hands_over_with_a_larger_token() {
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c1 = net.connect(leader);
-    let c2 = net.connect(leader);
-    let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
-    net.send_only(c2, acquire(1, "k", 10, 60));
-    net.run_for(Duration::from_millis(100));
-    assert!(net.answers(c2).is_empty(), "queued");
+    let (mut net, leader, c1, c2, first) = holder_and_waiter();
 
     net.force_release(leader, 7, force("k", None));
     // Proposed only: no answer, no effect on any replica yet.

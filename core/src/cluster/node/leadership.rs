@@ -60,7 +60,8 @@ pub(super) struct Leadership {
     pub(super) reserved: HashSet<Key>,
     /// Keys whose holder's Release is proposed and not yet applied. Their
     /// queue head's Grant may be proposed at once: it follows the Release
-    /// in the log, so one commit carries the whole hand-over.
+    /// in the log, so one commit carries the whole hand-over. Only held
+    /// keys enter, so it is bounded by the held keys.
     pub(super) releasing: HashSet<Key>,
     /// Tokens with an `Expire` in flight.
     pub(super) expiring: HashSet<u64>,

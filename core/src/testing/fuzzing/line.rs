@@ -3,15 +3,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::script::Cursor;
+use super::script::{Cursor, tiny_server_config};
 use crate::auth::HELLO_LEN;
 use crate::line::{
     LINE_KEY_SCAN_MAX, LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest,
     encode_line_acquire, encode_line_release, line_answer,
 };
-use crate::lock::{Limits, LockConfig};
 use crate::machine::Machine;
-use crate::server::{ConnId, ConnState, Server, ServerConfig};
+use crate::server::{ConnId, ConnState, Server};
 use crate::time::{Duration, Instant};
 
 /// Feeds `data` to a [`LineDecoder`] in chunks whose sizes come from the
@@ -134,20 +133,7 @@ struct LineHarness {
 
 impl LineHarness {
     fn new() -> LineHarness {
-        let config = ServerConfig {
-            lock: LockConfig {
-                limits: Limits {
-                    keys_max: 3,
-                    waiters_per_key_max: 3,
-                    waiters_total_max: 5,
-                },
-                ..LockConfig::default()
-            },
-            connections_max: 4,
-            in_flight_per_connection_max: 4,
-            outbound_bytes_per_connection_max: 1 << 16,
-            ..ServerConfig::default()
-        };
+        let config = tiny_server_config(1 << 16);
         let now = Instant::from_millis(1);
         LineHarness {
             now,

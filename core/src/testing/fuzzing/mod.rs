@@ -24,13 +24,12 @@ pub use raft_group::raft_hostile_peer;
 use crate::auth::{
     ClientHandshake, ClientHandshakeStatus, HELLO_LEN, SINGLE_FINGERPRINT, WireMode,
 };
-use crate::lock::{Limits, LockConfig};
 use crate::machine::Machine;
-use crate::server::{ConnId, ConnState, Server, ServerConfig};
+use crate::server::{ConnId, ConnState, Server};
 use crate::time::{Duration, Instant};
 use crate::wire::{Decoded, NO_LEADER_SLOT, RELEASE_SET_FRAME_LEN_MAX, Reply, RequestDecoder};
 
-use self::script::{Cursor, fuzz_request};
+use self::script::{Cursor, fuzz_request, tiny_server_config};
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
 /// first byte, and checks: no panic, bounded buffering, every request it
@@ -205,20 +204,7 @@ struct ServerHarness {
 
 impl ServerHarness {
     fn new() -> ServerHarness {
-        let config = ServerConfig {
-            lock: LockConfig {
-                limits: Limits {
-                    keys_max: 3,
-                    waiters_per_key_max: 3,
-                    waiters_total_max: 5,
-                },
-                ..LockConfig::default()
-            },
-            connections_max: 4,
-            in_flight_per_connection_max: 4,
-            outbound_bytes_per_connection_max: 256,
-            ..ServerConfig::default()
-        };
+        let config = tiny_server_config(256);
         let now = Instant::from_millis(1);
         ServerHarness {
             now,

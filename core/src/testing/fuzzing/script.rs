@@ -1,7 +1,29 @@
 //! What every harness reads its script with: the [`Cursor`] over the fuzz
 //! input, and requests built from it.
 
+use crate::lock::{Limits, LockConfig};
+use crate::server::ServerConfig;
 use crate::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Request};
+
+/// A single server small enough for a script to reach every limit: 3 keys,
+/// 3 waiters a key and 5 in all, 4 connections of 4 in-flight requests,
+/// `outbound_bytes` unwritten reply bytes per connection.
+pub(super) fn tiny_server_config(outbound_bytes: usize) -> ServerConfig {
+    ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                keys_max: 3,
+                waiters_per_key_max: 3,
+                waiters_total_max: 5,
+            },
+            ..LockConfig::default()
+        },
+        connections_max: 4,
+        in_flight_per_connection_max: 4,
+        outbound_bytes_per_connection_max: outbound_bytes,
+        ..ServerConfig::default()
+    }
+}
 
 /// The fuzz input, read front to back; reads past its end give `None`
 /// or fewer bytes.
