@@ -64,6 +64,12 @@ use ticketing_core::machine::Machine;
 mod echo;
 #[path = "support/line_client.rs"]
 mod line_client;
+#[allow(
+    dead_code,
+    reason = "shared with `ticketing bench`, which uses all of it"
+)]
+#[path = "../src/bench/cpu.rs"]
+mod proc_cpu;
 
 #[allow(dead_code, reason = "shared with the tests, which use all of it")]
 #[path = "../tests/common/certs.rs"]
@@ -168,8 +174,10 @@ fn start_server(
     (server, addr)
 }
 
-/// CPU time (user + system) a process has used so far, from
-/// `/proc/PID/stat`; `None` where there is no procfs.
+/// CPU time (user + system) a process or thread (`thread-self`) has used
+/// so far, from `/proc/PID/stat`; `None` where there is no procfs. The
+/// rounds read processes through [`proc_cpu`], which also splits user from
+/// system time.
 fn cpu_time(pid: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which is in parentheses and may hold
@@ -324,25 +332,63 @@ async fn round<C: Client>(broker: &C, seed: u64) -> (Duration, Histogram<u64>) {
 /// What one round measured.
 struct Figures {
     ops_per_s: f64,
-    client_cpu_us_per_op: Option<f64>,
-    server_cpu_us_per_op: Option<f64>,
+    client: Option<PerOp>,
+    server: Option<PerOp>,
+}
+
+/// One process's CPU cost per acquire+release in a round.
+#[derive(Clone, Copy)]
+struct PerOp {
+    /// User plus system, µs.
+    cpu_us: f64,
+    /// The system (kernel) part, µs.
+    system_us: f64,
+    /// Voluntary context switches (a thread going idle, to be woken).
+    sleeps: f64,
+}
+
+impl PerOp {
+    fn between(
+        before: Option<proc_cpu::CpuTimes>,
+        after: Option<proc_cpu::CpuTimes>,
+        ops: f64,
+    ) -> Option<PerOp> {
+        let spent = after?.since(before?);
+        Some(PerOp {
+            cpu_us: spent.total().as_secs_f64() * 1e6 / ops,
+            system_us: spent.system.as_secs_f64() * 1e6 / ops,
+            sleeps: spent.sleeps as f64 / ops,
+        })
+    }
 }
 
 /// Runs one round with `broker`, measuring the CPU both processes used.
 async fn measured_round<C: Client>(broker: &C, server_pid: &str, r: usize) -> Figures {
     let total = (KEYS * OPS_PER_KEY) as f64;
-    let cpu_before = (cpu_time("self"), cpu_time(server_pid));
-    let (elapsed, hist) = round(broker, 0x9e37_79b9_7f4a_7c15 ^ r as u64).await;
-    let per_op = |before: Option<Duration>, after: Option<Duration>| {
-        Some((after? - before?).as_secs_f64() * 1e6 / total)
+    let server_pid: u32 = server_pid.parse().expect("server pid");
+    let times = || {
+        (
+            proc_cpu::process_cpu(std::process::id()),
+            proc_cpu::process_cpu(server_pid),
+        )
     };
+    let before = times();
+    let (elapsed, hist) = round(broker, 0x9e37_79b9_7f4a_7c15 ^ r as u64).await;
+    let after = times();
     let figures = Figures {
         ops_per_s: total / elapsed.as_secs_f64(),
-        client_cpu_us_per_op: per_op(cpu_before.0, cpu_time("self")),
-        server_cpu_us_per_op: per_op(cpu_before.1, cpu_time(server_pid)),
+        client: PerOp::between(before.0, after.0, total),
+        server: PerOp::between(before.1, after.1, total),
     };
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1_000.0;
-    let cpu = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{v:.1}"));
+    let cpu = |v: Option<PerOp>| {
+        v.map_or("?".to_owned(), |v| {
+            format!(
+                "{:.1} (system {:.1}, {:.3} sleeps)",
+                v.cpu_us, v.system_us, v.sleeps
+            )
+        })
+    };
     println!(
         "round {r}, {}: {TASKS} tasks, {KEYS} keys x {OPS_PER_KEY} = {total} ops in {:.1} ms = {:.0} ops/s; \
          acquire+release µs p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}; CPU µs/op client {} server {}",
@@ -353,8 +399,8 @@ async fn measured_round<C: Client>(broker: &C, server_pid: &str, r: usize) -> Fi
         us(0.99),
         us(0.999),
         hist.max() as f64 / 1_000.0,
-        cpu(figures.client_cpu_us_per_op),
-        cpu(figures.server_cpu_us_per_op),
+        cpu(figures.client),
+        cpu(figures.server),
     );
     figures
 }
@@ -368,24 +414,24 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 /// costs allow on `cores` cores.
 fn summarize(name: &str, rounds: &[Figures], cores: usize) -> Option<f64> {
     let ops = median(rounds.iter().map(|f| f.ops_per_s).collect()).unwrap_or(0.0);
-    let client = median(
-        rounds
-            .iter()
-            .filter_map(|f| f.client_cpu_us_per_op)
-            .collect(),
-    );
-    let server = median(
-        rounds
-            .iter()
-            .filter_map(|f| f.server_cpu_us_per_op)
-            .collect(),
-    );
+    let of = |side: fn(&Figures) -> Option<PerOp>, field: fn(PerOp) -> f64| {
+        median(rounds.iter().filter_map(side).map(field).collect())
+    };
+    let client = of(|f| f.client, |p| p.cpu_us);
+    let server = of(|f| f.server, |p| p.cpu_us);
     print!("{name}: median {ops:.0} ops/s");
     if let (Some(client), Some(server)) = (client, server) {
         print!(
-            "; CPU µs/op client {client:.1} + server {server:.1}: at most {:.0} ops/s on {cores} cores",
-            cores as f64 * 1e6 / (client + server)
+            "; CPU µs/op client {client:.1} + server {server:.1}: at most {:.0} ops/s on {cores} cores, {:.0} taking turns",
+            cores as f64 * 1e6 / (client + server),
+            1e6 / (client + server)
         );
+    }
+    if let (Some(system), Some(sleeps)) = (
+        of(|f| f.server, |p| p.system_us),
+        of(|f| f.server, |p| p.sleeps),
+    ) {
+        print!("; server system {system:.1} µs/op, {sleeps:.3} sleeps/op");
     }
     println!();
     server

@@ -125,9 +125,9 @@ async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode>
 struct Measured {
     elapsed: Duration,
     /// CPU this process spent during the run, if `/proc` tells.
-    client_cpu: Option<Duration>,
+    client_cpu: Option<cpu::CpuTimes>,
     /// CPU the server processes spent during the run, if `/proc` tells.
-    server_cpu: Option<Duration>,
+    server_cpu: Option<cpu::CpuTimes>,
     totals: Totals,
 }
 
@@ -165,10 +165,10 @@ async fn run_workers(broker: &TicketBroker, args: &BenchArgs, server_pids: &[u32
     let elapsed = started.elapsed();
     let client_cpu = cpu::process_cpu(std::process::id())
         .zip(client_cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
+        .map(|(after, before)| after.since(before));
     let server_cpu = cpu::total_cpu(server_pids)
         .zip(server_cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
+        .map(|(after, before)| after.since(before));
     if let Some(progress) = progress {
         progress.abort();
         eprint!("\r\x1b[K");
@@ -213,15 +213,23 @@ fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode
         format!("multi-thread runtime, {} workers", args.threads)
     };
     let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / ok.max(1) as f64;
-    let client_us = client_cpu.map(per_op);
-    match client_us {
-        Some(us) => println!("client CPU: {us:.2} µs per acquire+release ({runtime})"),
+    let split = |cpu: cpu::CpuTimes| {
+        format!(
+            "{:.2} µs per acquire+release: user {:.2}, system {:.2}; {:.3} sleeps per acquire+release",
+            per_op(cpu.total()),
+            per_op(cpu.user),
+            per_op(cpu.system),
+            cpu.sleeps as f64 / ok.max(1) as f64
+        )
+    };
+    match client_cpu {
+        Some(cpu) => println!("client CPU: {} ({runtime})", split(cpu)),
         None => println!("client CPU: unknown (no /proc) ({runtime})"),
     }
-    let server_us = server_cpu.map(per_op);
-    match server_us {
-        Some(us) => println!(
-            "server CPU: {us:.2} µs per acquire+release (pid {})",
+    match server_cpu {
+        Some(cpu) => println!(
+            "server CPU: {} (pid {})",
+            split(cpu),
             server_pids
                 .iter()
                 .map(u32::to_string)
@@ -230,13 +238,22 @@ fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode
         ),
         None => println!("server CPU: unknown (give --server-pid)"),
     }
-    if let (Some(client_us), Some(server_us)) = (client_us, server_us) {
+    if let (Some(client), Some(server)) = (client_cpu, server_cpu) {
+        let both_us = (per_op(client.total()) + per_op(server.total())).max(1e-9);
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         // Client and server share these cores: each pair costs both.
-        let ceiling = cores as f64 * 1e6 / (client_us + server_us).max(1e-9);
+        let ceiling = cores as f64 * 1e6 / both_us;
         println!(
             "client+server CPU ceiling on {cores} cores: {ceiling:.0} ops/s; measured {:.2} of it",
             rate / ceiling
+        );
+        // When every pair's next request waits for its previous reply (a
+        // key's hand-over chain), client and server tend to take turns:
+        // one busy while the other waits. Then this is the bound.
+        let in_turn = 1e6 / both_us;
+        println!(
+            "client and server taking turns: {in_turn:.0} ops/s; measured {:.2} of it",
+            rate / in_turn
         );
     }
     if errors.is_empty() {
@@ -344,115 +361,4 @@ async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
     }
 }
 
-mod cpu {
-    //! CPU time of processes from `/proc` (Linux; `None` elsewhere).
-
-    use std::time::Duration;
-
-    /// `/proc` reports CPU times in clock ticks of `USER_HZ`, 100 on Linux.
-    const TICKS_PER_SECOND: u64 = 100;
-
-    /// User plus system time of process `pid`, all its threads (also ended
-    /// ones).
-    pub fn process_cpu(pid: u32) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name may hold spaces and parentheses; the fields
-        // after its last ')' start at field 3 (state); utime and stime are
-        // fields 14 and 15.
-        let (_, rest) = stat.rsplit_once(')')?;
-        let mut fields = rest.split_ascii_whitespace().skip(11);
-        let user: u64 = fields.next()?.parse().ok()?;
-        let system: u64 = fields.next()?.parse().ok()?;
-        let ticks = user.checked_add(system)?;
-        Some(Duration::from_millis(
-            ticks.checked_mul(1000 / TICKS_PER_SECOND)?,
-        ))
-    }
-
-    /// The summed CPU time of `pids`; `None` if there are none or one is
-    /// unreadable.
-    pub fn total_cpu(pids: &[u32]) -> Option<Duration> {
-        if pids.is_empty() {
-            return None;
-        }
-        pids.iter()
-            .map(|&pid| process_cpu(pid))
-            .sum::<Option<Duration>>()
-    }
-
-    /// The processes listening on the ports of the loopback addresses among
-    /// `addrs` (a server on this machine), as far as `/proc` shows them.
-    pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
-        let ports: Vec<u16> = addrs
-            .iter()
-            .filter_map(|addr| loopback_port(addr))
-            .collect();
-        if ports.is_empty() {
-            return Vec::new();
-        }
-        let mut inodes = Vec::new();
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let Ok(text) = std::fs::read_to_string(table) else {
-                continue;
-            };
-            for line in text.lines().skip(1) {
-                let fields: Vec<&str> = line.split_ascii_whitespace().collect();
-                // local_address is field 1 ("ADDR:PORT" in hex), st field 3
-                // (0A = LISTEN), inode field 9.
-                let (Some(local), Some(&"0A"), Some(inode)) =
-                    (fields.get(1), fields.get(3), fields.get(9))
-                else {
-                    continue;
-                };
-                let port = local
-                    .rsplit_once(':')
-                    .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
-                if port.is_some_and(|port| ports.contains(&port)) {
-                    inodes.push(format!("socket:[{inode}]"));
-                }
-            }
-        }
-        let mut pids = Vec::new();
-        if inodes.is_empty() {
-            return pids;
-        }
-        let Ok(processes) = std::fs::read_dir("/proc") else {
-            return pids;
-        };
-        for process in processes.flatten() {
-            let Some(pid) = process
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(fds) = std::fs::read_dir(process.path().join("fd")) else {
-                continue;
-            };
-            let listens = fds.flatten().any(|fd| {
-                std::fs::read_link(fd.path()).is_ok_and(|target| {
-                    inodes
-                        .iter()
-                        .any(|inode| target.as_os_str() == inode.as_str())
-                })
-            });
-            if listens && pid != std::process::id() {
-                pids.push(pid);
-            }
-        }
-        pids
-    }
-
-    /// The port of `host:port` when the host is an IP loopback address or
-    /// `localhost`.
-    fn loopback_port(addr: &str) -> Option<u16> {
-        let (host, port) = addr.rsplit_once(':')?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let loopback = host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        loopback.then(|| port.parse().ok()).flatten()
-    }
-}
+mod cpu;

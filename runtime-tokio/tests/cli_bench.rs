@@ -64,6 +64,12 @@ async fn bench_prints_rate_latency_client_and_server_cpu_and_the_ceiling() {
     let client = line_with(&stdout, "client CPU: ");
     assert!(client.ends_with("(current-thread runtime)"), "{client}");
     assert!(figure_before(client, "µs per acquire+release") >= 0.0);
+    // The total splits into user and system time, and the sleeps are counted.
+    let total = figure_before(client, "µs per acquire+release");
+    let user = figure_before(client.split("user ").nth(1).expect("user"), ",");
+    let system = figure_before(client.split("system ").nth(1).expect("system"), ";");
+    assert!((user + system - total).abs() < 0.02, "{client}");
+    assert!(client.contains(" sleeps per acquire+release "), "{client}");
     // The listener of a loopback address is found in /proc: this process.
     let server_cpu = line_with(&stdout, "server CPU: ");
     assert!(
@@ -72,6 +78,8 @@ async fn bench_prints_rate_latency_client_and_server_cpu_and_the_ceiling() {
     );
     let ceiling = line_with(&stdout, "client+server CPU ceiling on ");
     assert!(ceiling.contains("ops/s; measured "), "{ceiling}");
+    let in_turn = line_with(&stdout, "client and server taking turns: ");
+    assert!(in_turn.contains("ops/s; measured "), "{in_turn}");
     server.shutdown().await;
 }
 

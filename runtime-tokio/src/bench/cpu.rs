@@ -1,0 +1,181 @@
+//! CPU time of processes from `/proc` (Linux; `None` elsewhere).
+
+use std::time::Duration;
+
+/// `/proc` reports CPU times in clock ticks of `USER_HZ`, 100 on Linux.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time a process spent, split the way the kernel counts it:
+/// running its own code (user) and in system calls and the interrupts
+/// charged to it (system). On loopback the system part carries most
+/// of the sockets' cost, which no change to the process's own code
+/// can take away.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// Time in the process's own code.
+    pub user: Duration,
+    /// Time in the kernel on the process's behalf.
+    pub system: Duration,
+    /// Times a thread of the process went to sleep waiting for work
+    /// (voluntary context switches, summed over the threads alive when
+    /// read): each one is a wake-up later, the costliest part of a
+    /// small batch.
+    pub sleeps: u64,
+}
+
+impl CpuTimes {
+    /// User plus system.
+    pub fn total(self) -> Duration {
+        self.user + self.system
+    }
+
+    /// What was spent between `earlier` and `self` (never negative).
+    pub fn since(self, earlier: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+            sleeps: self.sleeps.saturating_sub(earlier.sleeps),
+        }
+    }
+}
+
+impl std::ops::Add for CpuTimes {
+    type Output = CpuTimes;
+
+    fn add(self, other: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user + other.user,
+            system: self.system + other.system,
+            sleeps: self.sleeps + other.sleeps,
+        }
+    }
+}
+
+/// User and system time of process `pid`, all its threads (also ended
+/// ones).
+pub fn process_cpu(pid: u32) -> Option<CpuTimes> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields
+    // after its last ')' start at field 3 (state); utime and stime are
+    // fields 14 and 15.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_ascii_whitespace().skip(11);
+    let ticks = |field: Option<&str>| -> Option<Duration> {
+        let ticks: u64 = field?.parse().ok()?;
+        Some(Duration::from_millis(
+            ticks.checked_mul(1000 / TICKS_PER_SECOND)?,
+        ))
+    };
+    let user = ticks(fields.next())?;
+    let system = ticks(fields.next())?;
+    Some(CpuTimes {
+        user,
+        system,
+        sleeps: voluntary_switches(pid),
+    })
+}
+
+/// Voluntary context switches of `pid`'s threads, from each thread's
+/// `/proc/PID/task/TID/status` (0 where unreadable).
+fn voluntary_switches(pid: u32) -> u64 {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    threads
+        .flatten()
+        .filter_map(|thread| std::fs::read_to_string(thread.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|count| count.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The summed CPU times of `pids`; `None` if there are none or one is
+/// unreadable.
+pub fn total_cpu(pids: &[u32]) -> Option<CpuTimes> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter()
+        .map(|&pid| process_cpu(pid))
+        .try_fold(CpuTimes::default(), |sum, times| Some(sum + times?))
+}
+
+/// The processes listening on the ports of the loopback addresses among
+/// `addrs` (a server on this machine), as far as `/proc` shows them.
+pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
+    let ports: Vec<u16> = addrs
+        .iter()
+        .filter_map(|addr| loopback_port(addr))
+        .collect();
+    if ports.is_empty() {
+        return Vec::new();
+    }
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+            // local_address is field 1 ("ADDR:PORT" in hex), st field 3
+            // (0A = LISTEN), inode field 9.
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let port = local
+                .rsplit_once(':')
+                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+            if port.is_some_and(|port| ports.contains(&port)) {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    let mut pids = Vec::new();
+    if inodes.is_empty() {
+        return pids;
+    }
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for process in processes.flatten() {
+        let Some(pid) = process
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(process.path().join("fd")) else {
+            continue;
+        };
+        let listens = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| {
+                inodes
+                    .iter()
+                    .any(|inode| target.as_os_str() == inode.as_str())
+            })
+        });
+        if listens && pid != std::process::id() {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The port of `host:port` when the host is an IP loopback address or
+/// `localhost`.
+fn loopback_port(addr: &str) -> Option<u16> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    loopback.then(|| port.parse().ok()).flatten()
+}
