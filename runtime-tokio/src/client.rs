@@ -9,13 +9,21 @@
 //! parks futures (it implements the core's [`Broker`]).
 //!
 //! Shape: one broker-wide [`BrokerState`] (sessions, router, pending-reply
-//! map, release queue) behind a `std::sync::Mutex` that is never held
-//! across an `.await`. Each endpoint has one task that connects, then runs a
-//! reader and a driver (timeouts + writes) over the socket; a [`Notify`] per
-//! endpoint wakes the driver after a submit, and the driver yields once
-//! before taking the session's bytes, so the requests of every task ready
-//! in that round leave in one write. A release worker drains the release
-//! queue (dropped tickets, compensations).
+//! map, release queue) and, per endpoint, what a caller needs to write to
+//! its connection, behind a `std::sync::Mutex` that is never held across
+//! an `.await`. Each endpoint has one task that connects, then drives the
+//! connection alone: it reads, feeds the session and wakes the callers
+//! whose outcomes arrived (without a hop to another task), writes what the
+//! session hands out and serves its deadlines. A request alone on an idle
+//! plain-TCP connection is written by its caller, under the lock, so the
+//! uncontended path wakes no task until its reply comes; otherwise a
+//! [`Notify`] per endpoint wakes the task, which yields once before taking
+//! the session's bytes, so the requests of every task ready in that round
+//! leave in one write. A caller's outcome is delivered in a one-shot slot
+//! whose wake-up waits for the lock's release (`outcome`), so the caller
+//! does not run only to block on the lock. A release worker drains the
+//! release queue (dropped tickets, compensations). Files: `endpoint` (the
+//! tasks), `outcome` (the slot), `tls` (the connector).
 //!
 //! # Quick start
 //!
@@ -48,23 +56,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::{Notify, oneshot, watch};
-use tokio::task::JoinSet;
-use tokio_rustls::TlsConnector;
+use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
 use ticketing_core::client::{
-    AcquireParams, Backoff, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet,
-    Outcome, OutcomeSender, RELEASE_RETRY_WINDOW, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT,
-    run_acquire, run_release,
+    AcquireParams, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet, Outcome,
+    RELEASE_RETRY_WINDOW, Session, WRITE_PROGRESS_TIMEOUT, run_acquire,
 };
 use ticketing_core::time::Instant;
 
@@ -75,132 +77,13 @@ pub use ticketing_core::client::{
     ReleaseOutcome, Ticket, TicketSet, TlsMode,
 };
 
-/// Size of one socket read.
-const READ_CHUNK_BYTES: usize = 16 * 1024;
-/// Releases the background worker runs at once.
-const RELEASE_WORKERS_MAX: usize = 64;
+mod endpoint;
+mod outcome;
+mod tls;
 
-// ---------------------------------------------------------------------------
-// TLS
-// ---------------------------------------------------------------------------
-
-fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn tls_error(message: impl fmt::Display) -> TicketError {
-    TicketError::Io {
-        kind: io::ErrorKind::InvalidInput,
-        message: format!("TLS setup: {message}"),
-    }
-}
-
-/// Builds the connector once, at [`TicketBrokerBuilder::connect`], so that a
-/// bad CA file fails there rather than on every reconnect.
-fn tls_connector(mode: &TlsMode) -> Result<Option<TlsConnector>, TicketError> {
-    let builder = rustls::ClientConfig::builder_with_provider(ring_provider())
-        .with_safe_default_protocol_versions()
-        .map_err(tls_error)?;
-    let mut roots = rustls::RootCertStore::empty();
-    match mode {
-        TlsMode::Off => return Ok(None),
-        TlsMode::InsecureSkipVerify => {
-            let config = builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(SkipVerify(ring_provider())))
-                .with_no_client_auth();
-            return Ok(Some(TlsConnector::from(Arc::new(config))));
-        }
-        TlsMode::SystemRoots => {
-            let native = rustls_native_certs::load_native_certs();
-            for cert in native.certs {
-                // One unusable system certificate must not disable the rest.
-                let _ = roots.add(cert);
-            }
-            if roots.is_empty() {
-                return Err(tls_error(
-                    "no usable certificates in the system trust store",
-                ));
-            }
-        }
-        TlsMode::Ca(path) => {
-            let pem = std::fs::read(path)
-                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
-            let certs = rustls_pemfile::certs(&mut &pem[..])
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(tls_error(format_args!(
-                    "{}: no PEM certificates",
-                    path.display()
-                )));
-            }
-            for cert in certs {
-                roots
-                    .add(cert)
-                    .map_err(|e| tls_error(format_args!("{}: {e}", path.display())))?;
-            }
-        }
-    }
-    let config = builder.with_root_certificates(roots).with_no_client_auth();
-    Ok(Some(TlsConnector::from(Arc::new(config))))
-}
-
-/// The verifier of [`TlsMode::InsecureSkipVerify`]: accepts any certificate
-/// but still checks handshake signatures.
-#[derive(Debug)]
-struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for SkipVerify {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// The TLS server name of `host:port` or `[v6]:port` (validated by core).
-fn server_name(addr: &str) -> Result<ServerName<'static>, TicketError> {
-    let host = match addr.strip_prefix('[') {
-        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
-        None => addr.rsplit_once(':').map_or(addr, |(host, _)| host),
-    };
-    ServerName::try_from(host.to_owned()).map_err(|_| tls_error("invalid server name"))
-}
+use endpoint::{Link, Wire, run_endpoint, run_release_worker};
+use outcome::{OutcomeRx, OutcomeTx};
+use tls::{server_name, tls_connector};
 
 // ---------------------------------------------------------------------------
 // Builder
@@ -299,6 +182,7 @@ impl TicketBrokerBuilder {
             closing: AtomicBool::new(false),
             shutdown_tx: watch::channel(false).0,
             handles: AtomicUsize::new(1),
+            socket_writes: AtomicU64::new(0),
             closed_tx,
             closed_rx,
         });
@@ -322,16 +206,59 @@ impl TicketBrokerBuilder {
 // Shared state
 // ---------------------------------------------------------------------------
 
-/// Where one request's outcome goes.
-struct OutcomeTx(oneshot::Sender<Outcome>);
+/// The broker's lock held: unlocking wakes the callers whose outcomes
+/// were sent under it ([`outcome::wake_deferred`]), so that none of them
+/// runs while the lock is still held and blocks on it at once.
+struct Locked<'a>(Option<MutexGuard<'a, State>>);
 
-impl OutcomeSender for OutcomeTx {
-    fn send(self, outcome: Outcome) -> Result<(), Outcome> {
-        self.0.send(outcome)
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held until dropped")
     }
 }
 
-type State = BrokerState<OutcomeTx>;
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        drop(self.0.take());
+        outcome::wake_deferred();
+    }
+}
+
+/// What the broker's lock guards: the core's state, and per endpoint what
+/// a caller needs to write to its connection directly.
+struct State {
+    broker: BrokerState<OutcomeTx>,
+    wires: Vec<Wire>,
+}
+
+impl State {
+    fn new(endpoints: usize, pending_max: usize) -> Self {
+        State {
+            broker: BrokerState::new(endpoints, pending_max),
+            wires: (0..endpoints).map(|_| Wire::default()).collect(),
+        }
+    }
+}
+
+impl Deref for State {
+    type Target = BrokerState<OutcomeTx>;
+    fn deref(&self) -> &Self::Target {
+        &self.broker
+    }
+}
+
+impl DerefMut for State {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.broker
+    }
+}
 
 struct Inner {
     clock: Clock,
@@ -348,6 +275,9 @@ struct Inner {
     shutdown_tx: watch::Sender<bool>,
     /// Live [`TicketBroker`] handles; the last one dropped starts a close.
     handles: AtomicUsize,
+    /// Writes made to the connections' sockets (see
+    /// [`TicketBroker::socket_writes`]).
+    socket_writes: AtomicU64,
     closed_tx: watch::Sender<bool>,
     closed_rx: watch::Receiver<bool>,
 }
@@ -357,10 +287,10 @@ impl Inner {
         self.clock.now()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> Locked<'_> {
         // A panic while holding the lock leaves sessions in an unknown state;
         // continuing could hand out a lock twice, so poisoning propagates.
-        self.state.lock().expect("client state poisoned")
+        Locked(Some(self.state.lock().expect("client state poisoned")))
     }
 
     /// No new acquires; background releases still run.
@@ -416,8 +346,9 @@ impl Inner {
         }
     }
 
-    /// Submits one attempt on the connection the router picks and registers
-    /// its waiter, all under one lock.
+    /// Submits one attempt on the connection the router picks, registers
+    /// its waiter and, when nobody can share its write, writes it, all
+    /// under one lock.
     fn attempt(
         &self,
         acquire: bool,
@@ -427,11 +358,14 @@ impl Inner {
             return Err(TicketError::Closed);
         }
         let now = self.now();
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = outcome::channel();
         let mut state = self.lock();
-        let (index, rid) = state.submit(now, acquire, submit, OutcomeTx(tx))?;
+        let (index, rid) = state.submit(now, acquire, submit, tx)?;
+        let wake = self.write_direct(&mut state, index, now);
         drop(state);
-        self.wakes[index].notify_one();
+        if wake {
+            self.wakes[index].notify_one();
+        }
         Ok(Attempt {
             inner: self,
             index,
@@ -452,15 +386,13 @@ struct Attempt<'a> {
     inner: &'a Inner,
     index: usize,
     rid: u64,
-    rx: Option<oneshot::Receiver<Outcome>>,
+    rx: Option<OutcomeRx>,
 }
 
 impl Attempt<'_> {
     async fn outcome(mut self) -> Outcome {
         let rx = self.rx.as_mut().expect("outcome awaited once");
-        // The sender is only dropped without a value if the broker state is
-        // torn down; nothing definite is known then.
-        let outcome = rx.await.unwrap_or(Outcome::Indeterminate);
+        let outcome = rx.await;
         self.rx = None;
         outcome
     }
@@ -468,7 +400,7 @@ impl Attempt<'_> {
 
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else {
+        let Some(rx) = self.rx.take() else {
             return;
         };
         let now = self.inner.now();
@@ -477,242 +409,12 @@ impl Drop for Attempt<'_> {
             self.inner.dispatch(&mut state, self.index, now);
             drop(state);
             self.inner.wakes[self.index].notify_one();
-        } else if let Ok(Outcome::Acquired(grant)) = rx.try_recv() {
+        } else if let Some(Outcome::Acquired(grant)) = rx.try_take() {
             // Delivered but never seen by the caller.
             self.inner
                 .enqueue_release(&mut state, now, grant.keys, grant.token);
         }
     }
-}
-
-// ---------------------------------------------------------------------------
-// Endpoint tasks
-// ---------------------------------------------------------------------------
-
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
-/// What one endpoint task connects to.
-struct Link {
-    index: usize,
-    addr: String,
-    session: SessionConfig,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
-}
-
-async fn connect(link: &Link) -> io::Result<Box<dyn Stream>> {
-    let tcp = TcpStream::connect(&link.addr).await?;
-    tcp.set_nodelay(true)?;
-    match &link.tls {
-        None => Ok(Box::new(tcp)),
-        Some((connector, name)) => Ok(Box::new(connector.connect(name.clone(), tcp).await?)),
-    }
-}
-
-async fn run_endpoint(inner: Arc<Inner>, link: Link) {
-    let index = link.index;
-    let mut backoff = Backoff::new();
-    while !inner.is_shut_down() {
-        let started = inner.now();
-        inner.lock().sessions[index] = Some(Session::new(started, link.session.clone()));
-        let handshake_deadline = tokio::time::Instant::from_std(
-            inner.to_std(started.saturating_add(link.session.handshake_timeout)),
-        );
-        let connected = tokio::select! {
-            connected = tokio::time::timeout_at(handshake_deadline, connect(&link)) => connected,
-            // A close must not wait for a connect to an unreachable server.
-            () = wait_shutdown(&inner) => break,
-        };
-        let delay = match connected {
-            Ok(Ok(stream)) => {
-                drive(&inner, index, stream).await;
-                let session = inner.lock().sessions[index].take();
-                let Some(delay) = backoff.after_ended(session.as_ref()) else {
-                    warn!(addr = %link.addr, "authentication failed; not reconnecting");
-                    return;
-                };
-                delay
-            }
-            result => {
-                let why = match result {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "connect timed out".to_owned(),
-                };
-                debug!(addr = %link.addr, %why, "connect failed");
-                let now = inner.now();
-                let mut state = inner.lock();
-                inner.transport_closed(&mut state, index, now);
-                state.sessions[index] = None;
-                backoff.after_connect_failure()
-            }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = wait_shutdown(&inner) => {}
-        }
-    }
-}
-
-/// Returns once connections are to close.
-async fn wait_shutdown(inner: &Inner) {
-    let mut rx = inner.shutdown_tx.subscribe();
-    // An error means the sender is gone, which cannot happen while `inner`
-    // lives; either way there is nothing left to wait for.
-    let _ = rx.wait_for(|shutdown| *shutdown).await;
-}
-
-/// Runs one connected session until it or its transport ends: a reader
-/// and a writer race, and whichever ends first ends both.
-async fn drive(inner: &Inner, index: usize, stream: Box<dyn Stream>) {
-    let (reader, writer) = tokio::io::split(stream);
-    tokio::select! {
-        _ = read_into_session(inner, index, reader) => {}
-        _ = write_from_session(inner, index, writer) => {}
-    }
-    let now = inner.now();
-    let mut state = inner.lock();
-    inner.transport_closed(&mut state, index, now);
-}
-
-/// Feeds what arrives on `reader` to endpoint `index`'s session until the
-/// stream or the session ends.
-async fn read_into_session(inner: &Inner, index: usize, mut reader: impl AsyncRead + Unpin) {
-    let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let now = inner.now();
-        let mut state = inner.lock();
-        let Some(session) = state.sessions[index].as_mut() else {
-            return;
-        };
-        session.handle_input(now, &buf[..n]);
-        let closed = session.is_closed();
-        inner.dispatch(&mut state, index, now);
-        drop(state);
-        if closed {
-            return;
-        }
-        // The input may have produced bytes to send (the proof) or moved
-        // the deadline.
-        inner.wakes[index].notify_one();
-    }
-}
-
-/// Serves endpoint `index`'s deadlines and writes what its session has to
-/// send, until the session ends or a write stalls.
-async fn write_from_session(inner: &Inner, index: usize, mut writer: impl AsyncWrite + Unpin) {
-    let mut out = Vec::new();
-    // One timer for the session's deadlines, moved only when a deadline
-    // comes earlier than the one it is set for: firing early is harmless
-    // (the session then has nothing to do and names its next deadline),
-    // and re-arming on every change of the earliest request deadline
-    // would cost a timer-wheel update per batch.
-    let timer = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(timer);
-    let mut armed: Option<Instant> = None;
-    loop {
-        let now = inner.now();
-        let Some(deadline) = advance_session(inner, index, now, &mut out) else {
-            return;
-        };
-        if !out.is_empty() {
-            match tokio::time::timeout(WRITE_PROGRESS_TIMEOUT, writer.write_all(&out)).await {
-                Ok(Ok(())) => out.clear(),
-                _ => return,
-            }
-            continue;
-        }
-        if let Some(at) = deadline
-            && armed.is_none_or(|armed| at < armed)
-        {
-            timer
-                .as_mut()
-                .reset(tokio::time::Instant::from_std(inner.to_std(at)));
-            armed = Some(at);
-        }
-        tokio::select! {
-            () = &mut timer, if armed.is_some() => armed = None,
-            () = inner.wakes[index].notified() => {
-                // Let the other tasks that are ready now submit first,
-                // so that their requests leave in this write.
-                tokio::task::yield_now().await;
-            }
-        }
-    }
-}
-
-/// One step of endpoint `index`'s session at `now`: a close if the broker
-/// is shutting down, its timeouts, its bytes to send (into `out`), its
-/// events. The session's next deadline, or `None` once it is gone or
-/// closed.
-fn advance_session(
-    inner: &Inner,
-    index: usize,
-    now: Instant,
-    out: &mut Vec<u8>,
-) -> Option<Option<Instant>> {
-    let mut state = inner.lock();
-    let shutdown = inner.is_shut_down();
-    let session = state.sessions[index].as_mut()?;
-    if shutdown {
-        session.close_local(now);
-    }
-    session.handle_timeout(now);
-    session.poll_transmit(now, out);
-    let closed = session.is_closed();
-    let deadline = session.poll_timeout();
-    inner.dispatch(&mut state, index, now);
-    if closed {
-        return None;
-    }
-    Some(deadline)
-}
-
-/// Runs queued background releases; on close, drains the queue (each
-/// release keeps its own 5 s bound), then closes every session.
-async fn run_release_worker(inner: Arc<Inner>, endpoints: Vec<tokio::task::JoinHandle<()>>) {
-    let mut running = JoinSet::new();
-    loop {
-        let now = inner.now();
-        let job = {
-            let mut state = inner.lock();
-            if running.len() < RELEASE_WORKERS_MAX {
-                state.releases.pop(now)
-            } else {
-                None
-            }
-        };
-        if let Some(job) = job {
-            let inner = Arc::clone(&inner);
-            running.spawn(async move {
-                if let Err(e) = run_release(&*inner, job).await {
-                    warn!(error = %e, "background release failed; the lease will expire");
-                }
-            });
-            continue;
-        }
-        let idle = inner.lock().releases.is_empty() && running.is_empty();
-        if inner.is_closing() && idle {
-            break;
-        }
-        tokio::select! {
-            _ = inner.release_wake.notified() => {}
-            Some(_) = running.join_next(), if !running.is_empty() => {}
-        }
-    }
-    // Sessions see the shutdown in their driver and close locally: pending
-    // requests end (unsent → Retry, possibly sent → Indeterminate).
-    inner.shutdown_tx.send_replace(true);
-    for wake in &inner.wakes {
-        wake.notify_one();
-    }
-    for endpoint in endpoints {
-        let _ = endpoint.await;
-    }
-    let _ = inner.closed_tx.send(true);
 }
 
 // ---------------------------------------------------------------------------
@@ -818,6 +520,14 @@ impl TicketBroker {
     /// the configured server); that connection is not retried.
     pub fn auth_failed(&self) -> bool {
         self.inner.lock().router.auth_failed()
+    }
+
+    /// Writes this broker has made to its connections' sockets so far
+    /// (successful or not; a TLS flush counts as one). Requests of tasks
+    /// that become ready together share one write, and a request alone on
+    /// its connection is written by its caller: for tests and diagnostics.
+    pub fn socket_writes(&self) -> u64 {
+        self.inner.socket_writes.load(Ordering::Relaxed)
     }
 
     /// Acquires `key`, waiting at most `wait` in the server's FIFO queue
