@@ -23,7 +23,7 @@ impl Inner {
         now: Instant,
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
-    ) -> Result<Attempt<'_>, TicketError> {
+    ) -> Result<Submitted<Attempt<'_>>, TicketError> {
         if self.is_shut_down() || (acquire && self.is_closing()) {
             return Err(TicketError::Closed);
         }
@@ -40,8 +40,9 @@ impl Inner {
                 OutcomeTx(Some(slot))
             });
             match (ready, waiting) {
-                (Some(outcome), _) => (index, rid, Reply::Ready(outcome)),
-                (None, Some(slot)) => (index, rid, Reply::Waiting(slot)),
+                // No attempt to keep: nothing is left to cancel or wait for.
+                (Some(outcome), _) => return Ok(Submitted::Ready(outcome)),
+                (None, Some(slot)) => (index, rid, slot),
                 (None, None) => {
                     unreachable!("finish_direct registers a sender when it has no outcome")
                 }
@@ -54,14 +55,14 @@ impl Inner {
             let (index, rid) = state.broker.submit(now, acquire, submit, tx)?;
             drop(state);
             self.wakes[index].notify_one();
-            (index, rid, Reply::Waiting(slot))
+            (index, rid, slot)
         };
-        Ok(Attempt {
+        Ok(Submitted::Waiting(Attempt {
             inner: self,
             index,
             rid,
-            reply,
-        })
+            reply: Reply::Waiting(reply),
+        }))
     }
 }
 
@@ -86,17 +87,6 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    /// The outcome if it was delivered while submitting.
-    fn take_ready(&mut self) -> Option<Outcome> {
-        match std::mem::replace(&mut self.reply, Reply::Taken) {
-            Reply::Ready(outcome) => Some(outcome),
-            other => {
-                self.reply = other;
-                None
-            }
-        }
-    }
-
     async fn outcome(mut self) -> Outcome {
         let outcome = match &self.reply {
             Reply::Ready(_) => None,
@@ -151,7 +141,19 @@ impl Broker for Inner {
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
     ) -> Result<impl Future<Output = Outcome> + Send + '_, TicketError> {
-        Ok(self.attempt(self.now(), acquire, submit)?.outcome())
+        let attempt = match self.attempt(self.now(), acquire, submit)? {
+            // Kept in an attempt until awaited, so that a grant whose future
+            // is dropped unpolled is still released. Its endpoint and rid
+            // are never used: a delivered outcome has nothing to cancel.
+            Submitted::Ready(outcome) => Attempt {
+                inner: self,
+                index: 0,
+                rid: 0,
+                reply: Reply::Ready(outcome),
+            },
+            Submitted::Waiting(attempt) => attempt,
+        };
+        Ok(attempt.outcome())
     }
     fn submit_at(
         &self,
@@ -159,10 +161,9 @@ impl Broker for Inner {
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
     ) -> Result<Submitted<impl Future<Output = Outcome> + Send + '_>, TicketError> {
-        let mut attempt = self.attempt(now, acquire, submit)?;
-        Ok(match attempt.take_ready() {
-            Some(outcome) => Submitted::Ready(outcome),
-            None => Submitted::Waiting(attempt.outcome()),
+        Ok(match self.attempt(now, acquire, submit)? {
+            Submitted::Ready(outcome) => Submitted::Ready(outcome),
+            Submitted::Waiting(attempt) => Submitted::Waiting(attempt.outcome()),
         })
     }
     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_ {
