@@ -1979,6 +1979,154 @@ fn the_broker_state_bounds_acquires_delivers_outcomes_and_releases_abandoned_gra
 }
 
 #[test]
+fn a_direct_attempt_hands_its_outcome_to_finish_direct_or_waits_like_any_other() {
+    let s = Scripted::single();
+    let now = s.now;
+    let mut state = BrokerState::new(1, 1);
+    state.sessions[0] = Some(s.session);
+    state.router.handle_event(0, &SessionEvent::Ready);
+    let mut notices = Vec::new();
+    let p = params(secs(5), secs(10), Duration::ZERO);
+    let acquire = |now, session: &mut Session| {
+        session.submit_acquire(now, key("a"), &p, p.operation_deadline(now))
+    };
+
+    // Answered before finish_direct: the outcome comes back from it, no
+    // sender is made, and the acquire no longer counts against the bound.
+    let (_, rid) = state.submit_direct(now, true, acquire).unwrap();
+    answer(&mut state, now, Reply::Acquired { rid, token: 42 });
+    state.dispatch(0, now, &mut |n| notices.push(format!("{n:?}")));
+    let outcome = state.finish_direct(|| panic!("no sender needed"));
+    assert!(matches!(outcome, Some(Outcome::Acquired(grant)) if grant.token == 42));
+    assert!(notices.is_empty(), "{notices:?}");
+
+    // Not answered yet: it waits on the sender finish_direct asked for,
+    // still counting against the bound, and its outcome arrives there.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (index, rid) = state.submit_direct(now, true, acquire).unwrap();
+    assert!(state.finish_direct(|| Tx(tx)).is_none());
+    let (other_tx, _other_rx) = std::sync::mpsc::channel();
+    assert_eq!(
+        state.submit(now, true, acquire, Tx(other_tx)),
+        Err(ClientError::ClientCapacity)
+    );
+    answer(&mut state, now, Reply::Acquired { rid, token: 43 });
+    state.dispatch(index, now, &mut |n| notices.push(format!("{n:?}")));
+    assert!(matches!(rx.try_recv(), Ok(Outcome::Acquired(grant)) if grant.token == 43));
+
+    // A session that closes while the attempt is direct ends it as
+    // Indeterminate (possibly sent), handed to finish_direct as well.
+    let (_, _rid) = state.submit_direct(now, true, acquire).unwrap();
+    let session = state.sessions[0].as_mut().unwrap();
+    session.poll_transmit(now, &mut Vec::new());
+    session.handle_transport_closed(now);
+    state.dispatch(0, now, &mut |n| notices.push(format!("{n:?}")));
+    assert_eq!(
+        state.finish_direct(|| panic!("no sender needed")),
+        Some(Outcome::Indeterminate)
+    );
+}
+
+/// A broker whose server answers every attempt with `reply` while it is
+/// submitted (the in-process shape), counting its attempts; each reading of
+/// its clock is one second after the one before.
+struct AnsweringBroker {
+    now_s: std::sync::atomic::AtomicU64,
+    attempts: std::sync::atomic::AtomicUsize,
+    reply: Outcome,
+}
+
+impl AnsweringBroker {
+    fn new(reply: Outcome) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(AnsweringBroker {
+            now_s: std::sync::atomic::AtomicU64::new(1),
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+            reply,
+        })
+    }
+    fn attempts(&self) -> usize {
+        self.attempts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn answer(&self) -> Outcome {
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.reply.clone()
+    }
+}
+
+impl ticketing_core::client::Broker for AnsweringBroker {
+    fn now(&self) -> Instant {
+        let s = self
+            .now_s
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Instant::from_millis(s * 1_000)
+    }
+    fn to_std(&self, _at: Instant) -> std::time::Instant {
+        std::time::Instant::now()
+    }
+    fn submit(
+        &self,
+        _acquire: bool,
+        _submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<impl std::future::Future<Output = Outcome> + Send + '_, ClientError> {
+        Ok(std::future::ready(self.answer()))
+    }
+    fn submit_at(
+        &self,
+        _now: Instant,
+        _acquire: bool,
+        _submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<
+        ticketing_core::client::Submitted<impl std::future::Future<Output = Outcome> + Send + '_>,
+        ClientError,
+    > {
+        Ok(ticketing_core::client::Submitted::<
+            std::future::Ready<Outcome>,
+        >::Ready(self.answer()))
+    }
+    fn sleep_until(&self, _at: Instant) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::ready(())
+    }
+    fn release_in_background(&self, _grant: Grant) {
+        panic!("nothing is released in the background here");
+    }
+}
+
+/// Polls `future` once.
+fn poll_once<F: std::future::Future>(future: F) -> std::task::Poll<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    future.as_mut().poll(&mut cx)
+}
+
+#[test]
+fn a_release_answered_while_submitting_ends_on_its_first_poll_and_a_retry_still_runs() {
+    let grant = |token| Grant {
+        keys: key("a"),
+        token,
+        valid_before: Instant::from_millis(600_000),
+    };
+    let broker = AnsweringBroker::new(Outcome::Released);
+    let ticket = ticketing_core::client::Ticket::new(std::sync::Arc::clone(&broker), grant(7));
+    assert_eq!(
+        poll_once(ticket.release()),
+        std::task::Poll::Ready(Ok(ReleaseOutcome::Released))
+    );
+    assert_eq!(broker.attempts(), 1);
+
+    // An answer that is not final is retried until the 5 s window closes
+    // (this clock moves a second per reading), then the release fails: it
+    // never reports a success it did not get.
+    let broker = AnsweringBroker::new(Outcome::Retry);
+    let ticket = ticketing_core::client::Ticket::new(std::sync::Arc::clone(&broker), grant(8));
+    assert_eq!(
+        poll_once(ticket.release()),
+        std::task::Poll::Ready(Err(ClientError::NotConnected))
+    );
+    assert!(broker.attempts() > 1, "{} attempts", broker.attempts());
+}
+
+#[test]
 fn an_ended_session_sets_the_backoff_unless_authentication_failed() {
     let mut backoff = Backoff::new();
     assert_eq!(backoff.after_ended(None), Some(ms(100)), "never connected");

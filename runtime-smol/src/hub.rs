@@ -54,6 +54,9 @@ pub(crate) struct HubInner {
     pub(crate) timer_target_micros: u64,
     /// Request bytes of memory peers on their way in; kept for its capacity.
     scratch: Vec<u8>,
+    /// An empty buffer swapped with a memory peer's inbox when the inbox is
+    /// read, so both keep their capacity.
+    spare_inbox: Vec<u8>,
     clock: Clock,
     /// Wakes the persister (with a state file only).
     pub(crate) persist: Option<Arc<Notify>>,
@@ -96,6 +99,19 @@ impl HubInner {
         me: Option<ConnId>,
         owner: Option<u64>,
     ) -> bool {
+        let mine = self.drain_wakes(me, owner, |_| {});
+        self.after_input(timer);
+        mine
+    }
+
+    /// The wake half of [`Self::dispatch`]; `owned` hears each woken link
+    /// of `owner`.
+    fn drain_wakes(
+        &mut self,
+        me: Option<ConnId>,
+        owner: Option<u64>,
+        mut owned: impl FnMut(ConnId),
+    ) -> bool {
         let mut mine = false;
         while let Some(conn) = self.server.poll_wake() {
             match self.peers.get_mut(&conn) {
@@ -115,12 +131,19 @@ impl HubInner {
                         peer.wake.notify_one();
                     } else {
                         mine = true;
+                        owned(conn);
                     }
                 }
                 // A peer being closed right now; its closer tells the core.
                 None => {}
             }
         }
+        mine
+    }
+
+    /// The rest of [`Self::dispatch`], once the wakes are drained: the
+    /// core's reports, a reserve write it asks for, the timer's deadline.
+    fn after_input(&mut self, timer: &Notify) {
         // The embedded server has no logger: the core's reports (failed
         // proofs, close reasons) are drained so its bounded queue never
         // fills, and dropped.
@@ -139,7 +162,57 @@ impl HubInner {
             self.timer_target_micros = deadline;
             timer.notify_one();
         }
-        mine
+    }
+
+    /// One step of [`Hub::exchange`] on `link`: the bytes waiting in its
+    /// inbox go to the session (then [`Machine::handle_flushed`]), a close
+    /// either side wants is carried out, and the session's unsent requests
+    /// go to the server. `spare` is an empty buffer swapped with the inbox
+    /// (each keeps its capacity).
+    fn serve_link(
+        &mut self,
+        now: Instant,
+        link: &mut MemoryLink<'_>,
+        out: &mut Vec<u8>,
+        spare: &mut Vec<u8>,
+        peers_changed: &Event,
+    ) {
+        let conn = link.conn;
+        let state = match self.peers.get_mut(&conn) {
+            Some(Peer::Memory(peer)) => {
+                if !peer.inbox.is_empty() {
+                    std::mem::swap(&mut peer.inbox, spare);
+                }
+                peer.state
+            }
+            _ => ConnState::Gone,
+        };
+        if !spare.is_empty() {
+            link.touched = true;
+            link.session.handle_input(now, spare);
+            spare.clear();
+            self.server.handle_flushed(now, conn);
+        }
+        if state != ConnState::Open {
+            link.touched = true;
+            link.session.handle_transport_closed(now);
+        }
+        if link.session.is_closed() {
+            self.remove_peer(now, conn, peers_changed);
+            link.closed = true;
+            link.touched = true;
+            return;
+        }
+        // A ready session with nothing unsent has nothing to hand out (its
+        // proof left before the server could answer it).
+        let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
+        if may_send && self.server.wants_input(conn) {
+            link.touched = true;
+            out.clear();
+            if link.session.poll_transmit(now, out) > 0 {
+                self.server.handle_input(now, conn, out);
+            }
+        }
     }
 
     /// Forgets `conn` and tells the core it closed.
@@ -180,6 +253,7 @@ impl Hub {
                 peers: IdMap::default(),
                 timer_target_micros: u64::MAX,
                 scratch: Vec::new(),
+                spare_inbox: Vec::new(),
                 clock,
                 persist,
                 reserve_request: None,
@@ -242,65 +316,41 @@ impl Hub {
     /// (then [`Machine::handle_flushed`]), session → server while it wants
     /// input. A closed session or a link the server ended is closed on both
     /// sides and marked `closed`. `now` is read once by the broker, on the
-    /// clock it shares with the server ([`Hub::clock`]).
+    /// clock it shares with the server ([`Hub::clock`]). At most 64 links.
     pub(crate) fn exchange(&self, owner: u64, now: Instant, links: &mut [Option<MemoryLink<'_>>]) {
-        let mut inner = self.lock();
+        debug_assert!(links.len() <= 64, "links are marked in a u64");
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let mut out = std::mem::take(&mut inner.scratch);
-        // The first pass looks at every link; later ones only at links the
-        // server has just handed bytes to.
-        let mut first_pass = true;
-        loop {
-            for link in links.iter_mut().flatten().filter(|link| !link.closed) {
-                let conn = link.conn;
-                let (inbox, state) = match inner.peers.get_mut(&conn) {
-                    Some(Peer::Memory(peer)) if peer.inbox.is_empty() => (None, peer.state),
-                    Some(Peer::Memory(peer)) => (Some(std::mem::take(&mut peer.inbox)), peer.state),
-                    _ => (None, ConnState::Gone),
-                };
-                if !first_pass && inbox.is_none() && state == ConnState::Open {
+        let mut spare = std::mem::take(&mut inner.spare_inbox);
+        // Every link once (bytes may have come in, or a close, while nobody
+        // was exchanging); then only the links the server has just handed
+        // bytes (or a close) to, until it hands out no more.
+        let mut due = u64::MAX;
+        while due != 0 {
+            for (index, slot) in links.iter_mut().enumerate() {
+                if due & (1 << index) == 0 {
                     continue;
                 }
-                if let Some(mut inbox) = inbox {
-                    link.touched = true;
-                    link.session.handle_input(now, &inbox);
-                    inner.server.handle_flushed(now, conn);
-                    if let Some(Peer::Memory(peer)) = inner.peers.get_mut(&conn)
-                        && peer.inbox.is_empty()
-                    {
-                        // Given back for its capacity: the server's next
-                        // reply is written into it (`poll_transmit` swaps).
-                        inbox.clear();
-                        peer.inbox = inbox;
-                    }
-                }
-                if state != ConnState::Open {
-                    link.touched = true;
-                    link.session.handle_transport_closed(now);
-                }
-                if link.session.is_closed() {
-                    inner.remove_peer(now, conn, &self.peers_changed);
-                    link.closed = true;
-                    link.touched = true;
-                    continue;
-                }
-                // A ready session with nothing unsent has nothing to hand
-                // out (its proof left before the server could answer it).
-                let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
-                if may_send && inner.server.wants_input(conn) {
-                    link.touched = true;
-                    out.clear();
-                    if link.session.poll_transmit(now, &mut out) > 0 {
-                        inner.server.handle_input(now, conn, &out);
-                    }
+                if let Some(link) = slot.as_mut().filter(|link| !link.closed) {
+                    inner.serve_link(now, link, &mut out, &mut spare, &self.peers_changed);
                 }
             }
-            first_pass = false;
-            if !inner.dispatch(&self.timer, None, Some(owner)) {
-                break;
-            }
+            due = 0;
+            let links = &*links;
+            inner.drain_wakes(None, Some(owner), |conn| {
+                if let Some(index) = links
+                    .iter()
+                    .position(|link| link.as_ref().is_some_and(|link| link.conn == conn))
+                {
+                    due |= 1 << index;
+                }
+            });
         }
+        inner.after_input(&self.timer);
         out.clear();
         inner.scratch = out;
+        inner.spare_inbox = spare;
     }
 }
 

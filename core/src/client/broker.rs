@@ -99,6 +99,18 @@ pub struct BrokerState<W> {
     pending: HashMap<(usize, u64), Waiter<W>, BuildHasherDefault<RidHasher>>,
     acquires_in_flight: usize,
     pending_max: usize,
+    /// The attempt of [`BrokerState::submit_direct`] until
+    /// [`BrokerState::finish_direct`].
+    direct: Option<Direct>,
+}
+
+/// An attempt whose caller collects its outcome itself, still under the
+/// runtime's lock ([`BrokerState::submit_direct`]).
+struct Direct {
+    index: usize,
+    rid: u64,
+    acquire: bool,
+    outcome: Option<Outcome>,
 }
 
 impl<W: OutcomeSender> BrokerState<W> {
@@ -112,6 +124,7 @@ impl<W: OutcomeSender> BrokerState<W> {
             pending: HashMap::default(),
             acquires_in_flight: 0,
             pending_max,
+            direct: None,
         }
     }
 
@@ -126,6 +139,59 @@ impl<W: OutcomeSender> BrokerState<W> {
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
         tx: W,
     ) -> Result<(usize, u64), ClientError> {
+        let (index, rid) = self.submit_unregistered(now, acquire, submit)?;
+        self.pending.insert((index, rid), Waiter { tx, acquire });
+        Ok((index, rid))
+    }
+
+    /// [`BrokerState::submit`] for a runtime that moves the request's
+    /// bytes, and the reply's, before it lets go of its lock (in-process):
+    /// an outcome dispatched until [`BrokerState::finish_direct`], which
+    /// must follow under the same lock, is kept for it instead of being
+    /// sent. One such attempt at a time.
+    pub fn submit_direct(
+        &mut self,
+        now: Instant,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<(usize, u64), ClientError> {
+        debug_assert!(self.direct.is_none(), "finish_direct was not called");
+        let (index, rid) = self.submit_unregistered(now, acquire, submit)?;
+        self.direct = Some(Direct {
+            index,
+            rid,
+            acquire,
+            outcome: None,
+        });
+        Ok((index, rid))
+    }
+
+    /// Ends [`BrokerState::submit_direct`]: the outcome if it was
+    /// dispatched meanwhile; otherwise the attempt waits like any other,
+    /// for `tx()`, and `None`.
+    pub fn finish_direct(&mut self, tx: impl FnOnce() -> W) -> Option<Outcome> {
+        let direct = self.direct.take()?;
+        if direct.outcome.is_some() {
+            return direct.outcome;
+        }
+        self.pending.insert(
+            (direct.index, direct.rid),
+            Waiter {
+                tx: tx(),
+                acquire: direct.acquire,
+            },
+        );
+        None
+    }
+
+    /// Submits on the session the router picks and counts the acquire; the
+    /// caller registers who hears the outcome.
+    fn submit_unregistered(
+        &mut self,
+        now: Instant,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<(usize, u64), ClientError> {
         if acquire && self.acquires_in_flight >= self.pending_max {
             return Err(ClientError::ClientCapacity);
         }
@@ -138,7 +204,6 @@ impl<W: OutcomeSender> BrokerState<W> {
             .as_mut()
             .ok_or(ClientError::NotConnected)?;
         let rid = submit(now, session)?;
-        self.pending.insert((index, rid), Waiter { tx, acquire });
         if acquire {
             self.acquires_in_flight += 1;
         }
@@ -212,6 +277,15 @@ impl<W: OutcomeSender> BrokerState<W> {
             match event {
                 SessionEvent::Ready => notice(BrokerNotice::ReadyChanged),
                 SessionEvent::Outcome { rid, outcome } => {
+                    if let Some(direct) = self.direct.as_mut().filter(|direct| {
+                        direct.index == index && direct.rid == rid && direct.outcome.is_none()
+                    }) {
+                        if direct.acquire {
+                            self.acquires_in_flight -= 1;
+                        }
+                        direct.outcome = Some(outcome);
+                        continue;
+                    }
                     let Some(waiter) = self.pending.remove(&(index, rid)) else {
                         // Its caller gave up and cancelled it.
                         if let Outcome::Acquired(grant) = outcome {
@@ -246,6 +320,17 @@ impl<W: OutcomeSender> BrokerState<W> {
     }
 }
 
+/// An attempt's outcome as [`Broker::submit_at`] hands it back.
+#[derive(Debug)]
+pub enum Submitted<F> {
+    /// Delivered while the attempt was submitted (an in-process broker whose
+    /// server answered at once): there is nothing to wait for.
+    Ready(Outcome),
+    /// Still to come: await it. Dropping it before the outcome cancels the
+    /// request ([`BrokerState::cancel`]).
+    Waiting(F),
+}
+
 /// A runtime's broker as [`run_acquire`], [`run_release`] and the tickets
 /// it hands out see it.
 pub trait Broker: Send + Sync {
@@ -262,6 +347,20 @@ pub trait Broker: Send + Sync {
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
     ) -> Result<impl Future<Output = Outcome> + Send + '_, ClientError>;
+    /// [`Broker::submit`] at `now`, a reading of this broker's clock the
+    /// caller has just taken (the attempt needs no reading of its own), for
+    /// a broker that may have the outcome by the time it returns
+    /// ([`Submitted::Ready`]: no future, no wake). The default ignores
+    /// `now` and always waits.
+    fn submit_at(
+        &self,
+        now: Instant,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+    ) -> Result<Submitted<impl Future<Output = Outcome> + Send + '_>, ClientError> {
+        let _ = now;
+        Ok(Submitted::Waiting(self.submit(acquire, submit)?))
+    }
     /// Sleeps until `at` on the broker's clock.
     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_;
     /// Releases `grant` in the background: bounded and best effort, the
@@ -277,13 +376,17 @@ pub async fn run_acquire<B: Broker + ?Sized>(
     keys: KeySet,
     params: AcquireParams,
 ) -> Result<Grant, ClientError> {
-    let mut op = AcquireOperation::new(broker.now(), keys, params);
+    // The call's own clock reading also serves its first attempt.
+    let mut now = broker.now();
+    let mut op = AcquireOperation::new(now, keys, params);
     loop {
-        let step = match broker.submit(true, |now, session| op.submit(now, session)) {
-            Ok(outcome) => {
-                let outcome = outcome.await;
-                op.on_outcome(broker.now(), outcome)
-            }
+        let result = match broker.submit_at(now, true, |now, session| op.submit(now, session)) {
+            Ok(Submitted::Ready(outcome)) => Ok(outcome),
+            Ok(Submitted::Waiting(outcome)) => Ok(outcome.await),
+            Err(error) => Err(error),
+        };
+        let step = match result {
+            Ok(outcome) => op.on_outcome(broker.now(), outcome),
             Err(ClientError::Closed) => return Err(ClientError::Closed),
             Err(error) => op.on_error(broker.now(), error),
         };
@@ -294,8 +397,52 @@ pub async fn run_acquire<B: Broker + ?Sized>(
                 broker.release_in_background(grant);
                 return Err(error);
             }
-            AcquireStep::RetryAt(at) => broker.sleep_until(at).await,
+            AcquireStep::RetryAt(at) => {
+                broker.sleep_until(at).await;
+                now = broker.now();
+            }
         }
+    }
+}
+
+/// How one release attempt went as far as its submission tells.
+pub(super) enum ReleaseAttempted<F> {
+    /// Decided already: the outcome arrived while submitting, or nothing
+    /// could be submitted.
+    Now(ReleaseStep),
+    /// The outcome is still to come; [`release_step`] turns it into the
+    /// next step.
+    Waiting(F),
+}
+
+/// Submits one attempt of `op` at `now` (a fresh reading of `broker`'s
+/// clock). The attempt owns what it submits, so the future of its outcome
+/// does not borrow `op`.
+pub(super) fn attempt_release<'b, B: Broker + ?Sized>(
+    broker: &'b B,
+    now: Instant,
+    op: &mut ReleaseOperation,
+) -> ReleaseAttempted<impl Future<Output = Outcome> + Send + use<'b, B>> {
+    let attempt = op.attempt();
+    let result =
+        match broker.submit_at(now, false, move |now, session| attempt.submit(now, session)) {
+            Ok(Submitted::Ready(outcome)) => Ok(outcome),
+            Ok(Submitted::Waiting(outcome)) => return ReleaseAttempted::Waiting(outcome),
+            Err(error) => Err(error),
+        };
+    ReleaseAttempted::Now(release_step(op, broker.now(), result))
+}
+
+/// The step after a release attempt ended with `result` at `now`.
+pub(super) fn release_step(
+    op: &mut ReleaseOperation,
+    now: Instant,
+    result: Result<Outcome, ClientError>,
+) -> ReleaseStep {
+    match result {
+        Ok(outcome) => op.on_outcome(now, outcome),
+        Err(ClientError::Closed) => ReleaseStep::Done(Err(ClientError::Closed)),
+        Err(error) => op.on_error(now, error),
     }
 }
 
@@ -306,13 +453,12 @@ pub async fn run_release<B: Broker + ?Sized>(
     mut op: ReleaseOperation,
 ) -> Result<ReleaseOutcome, ClientError> {
     loop {
-        let step = match broker.submit(false, |now, session| op.submit(now, session)) {
-            Ok(outcome) => {
+        let step = match attempt_release(broker, broker.now(), &mut op) {
+            ReleaseAttempted::Now(step) => step,
+            ReleaseAttempted::Waiting(outcome) => {
                 let outcome = outcome.await;
-                op.on_outcome(broker.now(), outcome)
+                release_step(&mut op, broker.now(), Ok(outcome))
             }
-            Err(ClientError::Closed) => return Err(ClientError::Closed),
-            Err(error) => op.on_error(broker.now(), error),
         };
         match step {
             ReleaseStep::Done(result) => return result,

@@ -43,7 +43,9 @@ pub mod routing;
 pub mod session;
 mod ticket;
 
-pub use broker::{Broker, BrokerNotice, BrokerState, OutcomeSender, run_acquire, run_release};
+pub use broker::{
+    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_release,
+};
 pub use config::{BrokerConfig, BrokerMode, Endpoint, TlsMode};
 pub use error::{ClientError, CloseReason, ProtocolError};
 pub use ops::{

@@ -199,17 +199,20 @@ impl ReleaseOperation {
     }
     /// The deadline of an attempt started at `now`.
     pub fn attempt_deadline(&self, now: Instant) -> Instant {
-        self.deadline
-            .min(now.saturating_add(RELEASE_ATTEMPT_TIMEOUT))
+        release_attempt_deadline(self.deadline, now)
     }
     /// Submits one attempt on `session`.
     pub fn submit(&self, now: Instant, session: &mut Session) -> Result<u64, ClientError> {
-        session.submit_release(
-            now,
-            self.keys.clone(),
-            self.token,
-            self.attempt_deadline(now),
-        )
+        self.attempt().submit(now, session)
+    }
+    /// What one attempt submits, owned: a future awaiting the attempt's
+    /// outcome need not borrow the operation.
+    pub(super) fn attempt(&self) -> ReleaseAttempt {
+        ReleaseAttempt {
+            keys: self.keys.clone(),
+            token: self.token,
+            deadline: self.deadline,
+        }
     }
     /// An attempt ended with `outcome`.
     pub fn on_outcome(&mut self, now: Instant, outcome: Outcome) -> ReleaseStep {
@@ -251,6 +254,28 @@ impl ReleaseOperation {
         self.retry_delay = (self.retry_delay * 2).min(RELEASE_RETRY_MAX);
         ReleaseStep::RetryAt(now.saturating_add(delay))
     }
+}
+
+/// One attempt of a [`ReleaseOperation`] (see [`ReleaseOperation::attempt`]).
+pub(super) struct ReleaseAttempt {
+    keys: KeySet,
+    token: u64,
+    deadline: Instant,
+}
+
+impl ReleaseAttempt {
+    /// Submits it on `session`, bounded by [`RELEASE_ATTEMPT_TIMEOUT`]
+    /// from `now` and by the operation's deadline.
+    pub(super) fn submit(self, now: Instant, session: &mut Session) -> Result<u64, ClientError> {
+        let deadline = release_attempt_deadline(self.deadline, now);
+        session.submit_release(now, self.keys, self.token, deadline)
+    }
+}
+
+/// The deadline of a release attempt started at `now` whose operation
+/// gives up at `deadline`.
+fn release_attempt_deadline(deadline: Instant, now: Instant) -> Instant {
+    deadline.min(now.saturating_add(RELEASE_ATTEMPT_TIMEOUT))
 }
 
 /// A bounded queue of background releases (compensations and dropped

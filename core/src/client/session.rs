@@ -595,34 +595,35 @@ impl Session {
     /// may not answer it (no such request handed out, a kind that cannot
     /// answer it, an invalid leader slot) and returns `None`.
     fn take_answered(&mut self, now: Instant, rid: u64, reply: &Reply) -> Option<Pending> {
-        // Only a request whose bytes were handed out can be answered; a
-        // second reply finds nothing (the first removed it).
-        let Some(entry) = self
-            .pending
-            .get(&rid)
-            .filter(|entry| entry.sent_at.is_some())
-        else {
-            self.close(now, CloseReason::Protocol(ProtocolError::UnknownRid(rid)));
-            return None;
+        // One lookup: the entry is taken first and put back for the close
+        // (which ends it with the others) when the reply may not answer it.
+        let entry = self.pending.remove(&rid);
+        let refused = match &entry {
+            // Only a request whose bytes were handed out can be answered; a
+            // second reply finds nothing (the first removed it).
+            None => Some(ProtocolError::UnknownRid(rid)),
+            Some(entry) if entry.sent_at.is_none() => Some(ProtocolError::UnknownRid(rid)),
+            Some(entry) if !reply.answers(entry.request.kind()) => Some(ProtocolError::WrongKind {
+                rid,
+                op: reply.op(),
+            }),
+            Some(_) => match *reply {
+                Reply::Moved { leader_slot, .. } if !self.config.slot_valid(leader_slot) => {
+                    Some(ProtocolError::BadSlot(leader_slot))
+                }
+                _ => None,
+            },
         };
-        if !reply.answers(entry.request.kind()) {
-            let op = reply.op();
-            self.close(
-                now,
-                CloseReason::Protocol(ProtocolError::WrongKind { rid, op }),
-            );
+        if let Some(error) = refused {
+            if let Some(entry) = entry {
+                self.pending.insert(rid, entry);
+            }
+            self.close(now, CloseReason::Protocol(error));
             return None;
         }
-        if let Reply::Moved { leader_slot, .. } = *reply
-            && !self.config.slot_valid(leader_slot)
-        {
-            self.close(
-                now,
-                CloseReason::Protocol(ProtocolError::BadSlot(leader_slot)),
-            );
-            return None;
-        }
-        self.take(rid)
+        let entry = entry?;
+        self.count_taken(&entry);
+        Some(entry)
     }
 
     /// Ends request `rid` (already taken) as `reply` says.
@@ -828,6 +829,12 @@ impl Session {
 
     fn take(&mut self, rid: u64) -> Option<Pending> {
         let entry = self.pending.remove(&rid)?;
+        self.count_taken(&entry);
+        Some(entry)
+    }
+
+    /// Counts `entry`, just removed from `pending`, out of the bounds.
+    fn count_taken(&mut self, entry: &Pending) {
         if entry.is_acquire() {
             self.pending_acquires -= 1;
         } else {
@@ -836,7 +843,6 @@ impl Session {
         if entry.sent_at.is_none() {
             self.unsent -= 1;
         }
-        Some(entry)
     }
 
     fn push_outcome(&mut self, rid: u64, outcome: Outcome) {

@@ -12,10 +12,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use super::broker::{Broker, run_release};
+use super::broker::{Broker, ReleaseAttempted, attempt_release, release_step, run_release};
 use super::error::ClientError;
-use super::ops::{ReleaseOperation, ReleaseOutcome};
+use super::ops::{ReleaseOperation, ReleaseOutcome, ReleaseStep};
 use super::request::Grant;
 use crate::time::{Duration, Instant};
 
@@ -24,10 +25,8 @@ use crate::time::{Duration, Instant};
 trait Releaser: Send + Sync {
     fn now(&self) -> Instant;
     fn to_std(&self, at: Instant) -> std::time::Instant;
-    fn release(
-        &self,
-        op: ReleaseOperation,
-    ) -> Pin<Box<dyn Future<Output = Result<ReleaseOutcome, ClientError>> + Send + '_>>;
+    /// Runs `op`, its first attempt submitted at `now`.
+    fn release(&self, now: Instant, op: ReleaseOperation) -> Release<'_>;
     fn release_in_background(&self, grant: Grant);
 }
 
@@ -38,14 +37,67 @@ impl<B: Broker> Releaser for B {
     fn to_std(&self, at: Instant) -> std::time::Instant {
         Broker::to_std(self, at)
     }
-    fn release(
-        &self,
-        op: ReleaseOperation,
-    ) -> Pin<Box<dyn Future<Output = Result<ReleaseOutcome, ClientError>> + Send + '_>> {
-        Box::pin(run_release(self, op))
+    fn release(&self, now: Instant, mut op: ReleaseOperation) -> Release<'_> {
+        // The first attempt is submitted here: when the broker has its
+        // outcome at once (in-process), the release is over without a
+        // boxed future. Otherwise the rest of the loop is boxed, as the
+        // ticket does not know the broker's type.
+        let step = match attempt_release(self, now, &mut op) {
+            ReleaseAttempted::Now(step) => step,
+            ReleaseAttempted::Waiting(outcome) => {
+                return Release::Running(Box::pin(async move {
+                    let outcome = outcome.await;
+                    let step = release_step(&mut op, Broker::now(self), Ok(outcome));
+                    finish_release(self, op, step).await
+                }));
+            }
+        };
+        match step {
+            ReleaseStep::Done(result) => Release::Done(Some(result)),
+            step @ ReleaseStep::RetryAt(_) => {
+                Release::Running(Box::pin(finish_release(self, op, step)))
+            }
+        }
     }
     fn release_in_background(&self, grant: Grant) {
         Broker::release_in_background(self, grant);
+    }
+}
+
+/// The rest of a release after the attempt that ended with `step`.
+async fn finish_release<B: Broker>(
+    broker: &B,
+    op: ReleaseOperation,
+    step: ReleaseStep,
+) -> Result<ReleaseOutcome, ClientError> {
+    match step {
+        ReleaseStep::Done(result) => result,
+        ReleaseStep::RetryAt(at) => {
+            broker.sleep_until(at).await;
+            run_release(broker, op).await
+        }
+    }
+}
+
+type ReleaseResult = Result<ReleaseOutcome, ClientError>;
+
+/// The future of an explicit release through a [`Releaser`].
+enum Release<'a> {
+    /// Ended with its first attempt (taken once).
+    Done(Option<ReleaseResult>),
+    /// Still running.
+    Running(Pin<Box<dyn Future<Output = ReleaseResult> + Send + 'a>>),
+}
+
+impl Future for Release<'_> {
+    type Output = ReleaseResult;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReleaseResult> {
+        match self.get_mut() {
+            Release::Done(result) => {
+                Poll::Ready(result.take().expect("release polled after it ended"))
+            }
+            Release::Running(running) => running.as_mut().poll(cx),
+        }
     }
 }
 
@@ -72,8 +124,10 @@ impl Held {
     }
     async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
         let grant = self.grant.take().expect("grant present until released");
-        let op = ReleaseOperation::new(self.releaser.now(), grant.keys, grant.token);
-        self.releaser.release(op).await
+        // One clock reading for the call and its first attempt.
+        let now = self.releaser.now();
+        let op = ReleaseOperation::new(now, grant.keys, grant.token);
+        self.releaser.release(now, op).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use smol::future;
 
-use ticketing_core::client::{Broker, Grant, Outcome, Session};
+use ticketing_core::client::{Broker, Grant, Outcome, Session, Submitted};
 use ticketing_core::time::Instant;
 
 use super::inner::Inner;
@@ -15,45 +15,54 @@ use super::slot::{OutcomeTx, ReplySlot};
 use ticketing_core::client::ClientError as TicketError;
 
 impl Inner {
-    /// Submits one attempt on the connection the router picks and registers
-    /// its waiter, all under one lock. In-process, the bytes are moved now.
+    /// Submits one attempt at `now` on the connection the router picks and
+    /// registers its waiter, all under one lock. In-process, the bytes are
+    /// moved now.
     fn attempt(
         &self,
+        now: Instant,
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
-    ) -> Result<Attempt<'_>, TicketError> {
+    ) -> Result<Submitted<Attempt<'_>>, TicketError> {
         if self.is_shut_down() || (acquire && self.is_closing()) {
             return Err(TicketError::Closed);
         }
-        let now = self.now();
         let mut state = self.lock();
-        let slot = state.take_slot();
-        let tx = OutcomeTx(Some(Arc::clone(&slot)));
-        // On an error the dropped sender marks the slot abandoned, and the
-        // slot is not reused.
-        let (index, rid) = state.broker.submit(now, acquire, submit, tx)?;
-        let reply = if self.memory.is_some() {
+        let (index, rid, reply) = if self.memory.is_some() {
+            let (index, rid) = state.broker.submit_direct(now, acquire, submit)?;
             self.exchange_after_submit(&mut state, now, index);
             // The embedded server usually answers within the exchange: the
-            // outcome is then handed over here, with no wake and no wait.
-            match slot.try_take() {
-                Some(outcome) => {
-                    state.give_back_slot(slot);
-                    Reply::Ready(outcome)
+            // outcome is then handed over here, with no slot, wake or wait.
+            let mut waiting = None;
+            let ready = state.broker.finish_direct(|| {
+                let slot = Arc::new(ReplySlot::default());
+                waiting = Some(Arc::clone(&slot));
+                OutcomeTx(Some(slot))
+            });
+            match (ready, waiting) {
+                // No attempt to keep: nothing is left to cancel or wait for.
+                (Some(outcome), _) => return Ok(Submitted::Ready(outcome)),
+                (None, Some(slot)) => (index, rid, slot),
+                (None, None) => {
+                    unreachable!("finish_direct registers a sender when it has no outcome")
                 }
-                None => Reply::Waiting(slot),
             }
         } else {
+            let slot = Arc::new(ReplySlot::default());
+            let tx = OutcomeTx(Some(Arc::clone(&slot)));
+            // On an error the dropped sender marks the slot abandoned, and
+            // the slot is not reused.
+            let (index, rid) = state.broker.submit(now, acquire, submit, tx)?;
             drop(state);
             self.wakes[index].notify_one();
-            Reply::Waiting(slot)
+            (index, rid, slot)
         };
-        Ok(Attempt {
+        Ok(Submitted::Waiting(Attempt {
             inner: self,
             index,
             rid,
-            reply,
-        })
+            reply: Reply::Waiting(reply),
+        }))
     }
 }
 
@@ -86,8 +95,6 @@ impl Attempt<'_> {
         };
         match std::mem::replace(&mut self.reply, Reply::Taken) {
             Reply::Ready(ready) => ready,
-            // Slot reuse only happens under the broker lock; a slot that
-            // has waited is simply freed.
             _ => outcome.expect("a waiting reply was awaited"),
         }
     }
@@ -134,7 +141,30 @@ impl Broker for Inner {
         acquire: bool,
         submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
     ) -> Result<impl Future<Output = Outcome> + Send + '_, TicketError> {
-        Ok(self.attempt(acquire, submit)?.outcome())
+        let attempt = match self.attempt(self.now(), acquire, submit)? {
+            // Kept in an attempt until awaited, so that a grant whose future
+            // is dropped unpolled is still released. Its endpoint and rid
+            // are never used: a delivered outcome has nothing to cancel.
+            Submitted::Ready(outcome) => Attempt {
+                inner: self,
+                index: 0,
+                rid: 0,
+                reply: Reply::Ready(outcome),
+            },
+            Submitted::Waiting(attempt) => attempt,
+        };
+        Ok(attempt.outcome())
+    }
+    fn submit_at(
+        &self,
+        now: Instant,
+        acquire: bool,
+        submit: impl FnOnce(Instant, &mut Session) -> Result<u64, TicketError>,
+    ) -> Result<Submitted<impl Future<Output = Outcome> + Send + '_>, TicketError> {
+        Ok(match self.attempt(now, acquire, submit)? {
+            Submitted::Ready(outcome) => Submitted::Ready(outcome),
+            Submitted::Waiting(attempt) => Submitted::Waiting(attempt.outcome()),
+        })
     }
     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + '_ {
         self.clock.sleep_until(at)

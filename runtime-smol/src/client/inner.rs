@@ -10,7 +10,7 @@ use ticketing_core::client::{BrokerNotice, BrokerState, KeySet};
 use ticketing_core::server::ConnId;
 use ticketing_core::time::Instant;
 
-use super::slot::{OutcomeTx, ReplySlot, SPARE_REPLY_SLOTS_MAX};
+use super::slot::OutcomeTx;
 use crate::hub::Hub;
 use crate::sync::{Clock, Notify};
 
@@ -22,23 +22,6 @@ pub(super) struct State {
     /// In-process: the deadline each endpoint task sleeps until
     /// (`u64::MAX` for none), so a submit wakes it only when it must.
     pub(super) driver_targets_micros: Vec<u64>,
-    /// Reply slots no attempt holds, at most [`SPARE_REPLY_SLOTS_MAX`].
-    pub(super) spare_slots: Vec<Arc<ReplySlot>>,
-}
-
-impl State {
-    /// A slot for a new attempt, empty.
-    pub(super) fn take_slot(&mut self) -> Arc<ReplySlot> {
-        self.spare_slots.pop().unwrap_or_default()
-    }
-
-    /// Keeps `slot`, whose outcome was just taken (so it is empty), for a
-    /// later attempt if nothing else refers to it.
-    pub(super) fn give_back_slot(&mut self, slot: Arc<ReplySlot>) {
-        if Arc::strong_count(&slot) == 1 && self.spare_slots.len() < SPARE_REPLY_SLOTS_MAX {
-            self.spare_slots.push(slot);
-        }
-    }
 }
 
 /// The embedded server an in-process broker is linked to.
@@ -108,7 +91,6 @@ impl Inner {
                 broker: BrokerState::new(endpoints, pending_max),
                 links: vec![None; endpoints],
                 driver_targets_micros: vec![u64::MAX; endpoints],
-                spare_slots: Vec::new(),
             }),
             memory,
             wakes: (0..endpoints).map(|_| Arc::new(Notify::new())).collect(),

@@ -6,14 +6,11 @@ use std::task::{Context, Poll, Waker};
 
 use ticketing_core::client::{Outcome, OutcomeSender};
 
-/// Spare [`ReplySlot`]s kept per broker for reuse; more in flight at once
-/// are allocated and freed.
-pub(super) const SPARE_REPLY_SLOTS_MAX: usize = 64;
-
 /// One attempt's outcome on its way to the caller: filled by
 /// [`BrokerState::dispatch`] under the broker lock, taken by the attempt.
-/// Reused across attempts (see [`State::spare_slots`]) instead of a fresh
-/// channel each time.
+/// Only an attempt that has to wait gets one: an in-process outcome
+/// delivered while submitting is handed over directly
+/// ([`BrokerState::submit_direct`]).
 #[derive(Default)]
 pub(super) struct ReplySlot(Mutex<SlotState>);
 
