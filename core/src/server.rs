@@ -308,15 +308,8 @@ impl Server {
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
-        // Read before the release: its keys may go straight to a waiter.
-        let grant = keys
-            .keys()
-            .first()
-            .and_then(|key| self.table.grant_of(key.as_bytes()));
-        let outcome = self.table.release(now, &keys, token);
-        if outcome == ReleaseOutcome::Released
-            && let Some(grant) = grant.filter(|grant| grant.token == token)
-        {
+        let (outcome, grant) = self.table.release_grant(now, &keys, token);
+        if let Some(grant) = grant {
             self.held
                 .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
         }

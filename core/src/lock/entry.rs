@@ -57,6 +57,12 @@ impl StoredKey {
     }
 }
 
+impl super::keyed::KeyBytes for StoredKey {
+    fn key_bytes(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl Borrow<[u8]> for StoredKey {
     fn borrow(&self) -> &[u8] {
         self.as_bytes()

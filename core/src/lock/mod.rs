@@ -22,22 +22,25 @@
 //! the packed per-key entry and `inspect.rs` the operator's read-only view.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+use std::hash::RandomState;
 
 use crate::hash::IdMap;
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
-use crate::wire::KeyGroup;
+use crate::wire::{KeyGroup, SET_KEYS_MAX};
 
 mod acquire;
 mod entry;
 mod expiry;
 mod inspect;
+mod keyed;
 mod queue;
 mod release;
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+use keyed::{KeyHash, Keyed};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -177,12 +180,20 @@ impl KeyEntry {
     }
 }
 
+/// A key a waiter waits for, with its hash (computed when the acquire
+/// arrived).
+#[derive(Debug)]
+struct WaitedKey {
+    hash: KeyHash,
+    bytes: Box<[u8]>,
+}
+
 /// A queued acquire.
 #[derive(Debug)]
 struct Waiter {
     id: WaiterId,
     /// The requested keys, ascending (a group of one for `A`).
-    keys: Box<[Box<[u8]>]>,
+    keys: Box<[WaitedKey]>,
     /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
     wait_deadline: Instant,
     lease_s: u8,
@@ -194,11 +205,14 @@ struct Waiter {
 
 /// A lease deadline of a key that has waiters. Stale once the key's token
 /// differs or nobody waits on it any more; stale entries are skipped.
+/// Ordered by deadline, token, key (the hash, last, is the key's: it
+/// never decides an order).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct LeaseDeadline {
     deadline: Instant,
     token: u64,
     key: Box<[u8]>,
+    hash: KeyHash,
 }
 
 /// The lock table.
@@ -214,15 +228,18 @@ struct LeaseDeadline {
 pub struct LockTable {
     config: LockConfig,
     next_token: u64,
-    keys: HashMap<StoredKey, KeyEntry>,
+    /// The keys, by their bytes (keyed SipHash: clients pick them).
+    keys: Keyed<StoredKey, KeyEntry>,
     /// Waiter sequence numbers in arrival order, for the keys that have
     /// waiters (those whose entry says so), so an uncontended key costs no
-    /// queue pointer.
-    queues: HashMap<Box<[u8]>, VecDeque<u64>>,
+    /// queue pointer. Hashed as `keys` (the same hasher): one hash serves
+    /// both.
+    queues: Keyed<Box<[u8]>, VecDeque<u64>>,
     /// Queued waiters by arrival sequence number.
     waiters: IdMap<u64, Waiter>,
-    /// Caller ids of queued waiters, for `cancel`.
-    waiter_seqs: HashMap<WaiterId, u64>,
+    /// Caller ids of queued waiters, for `cancel`. The caller hands these
+    /// out (the server: from a counter), not clients, so the id hasher.
+    waiter_seqs: IdMap<WaiterId, u64>,
     /// The global arrival order that keeps key-set waits deadlock-free.
     next_seq: u64,
     /// Sum of all queue lengths (a set waiter counts once per key).
@@ -263,13 +280,14 @@ impl LockTable {
     pub fn new(config: LockConfig, first_token: u64, now: Instant) -> Self {
         // A zero interval would make the sweep schedule stand still.
         let sweep_interval = Duration::from_micros(duration_micros(config.sweep_interval).max(1));
+        let hasher = RandomState::new();
         LockTable {
             config,
             next_token: first_token.max(1),
-            keys: HashMap::new(),
-            queues: HashMap::new(),
+            keys: Keyed::new(hasher.clone()),
+            queues: Keyed::new(hasher),
             waiters: IdMap::default(),
-            waiter_seqs: HashMap::new(),
+            waiter_seqs: IdMap::default(),
             next_seq: 0,
             queued_pairs: 0,
             wait_deadlines: BinaryHeap::new(),
@@ -295,7 +313,7 @@ impl LockTable {
         self.token_limit = limit;
         if self.next_token <= self.token_limit {
             for key in std::mem::take(&mut self.stalled) {
-                self.grant_front(&key, now, now);
+                self.grant_front(self.keys.hash(&key), &key, now, now);
             }
         }
         self.tidy();
@@ -338,17 +356,40 @@ impl LockTable {
         debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
         let holder = holder.min(HOLDER_MAX);
         let now = self.advance(now);
-        let outcome = self.acquire_at(now, waiter, keys, (wait_s, lease_s), holder);
+        let hashes = self.hash_group(keys);
+        let outcome = self.acquire_at(now, waiter, (keys, &hashes), (wait_s, lease_s), holder);
         self.tidy();
         outcome
     }
 
     /// A release received at `now`.
     pub fn release(&mut self, now: Instant, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
+        self.release_grant(now, keys, token).0
+    }
+
+    /// [`LockTable::release`], also telling the grant it released (as
+    /// [`LockTable::grant_of`] would have told it just before), so the
+    /// caller needs no look-up of its own.
+    pub fn release_grant(
+        &mut self,
+        now: Instant,
+        keys: &KeyGroup,
+        token: u64,
+    ) -> (ReleaseOutcome, Option<GrantRecord>) {
         let now = self.advance(now);
-        let outcome = self.release_at(now, keys, token);
+        let hashes = self.hash_group(keys);
+        let released = self.release_at(now, keys, &hashes, token);
         self.tidy();
-        outcome
+        released
+    }
+
+    /// The hashes of `keys`, in order, computed once per request.
+    fn hash_group(&self, keys: &KeyGroup) -> GroupHashes {
+        let mut hashes = [KeyHash::default(); SET_KEYS_MAX];
+        for (hash, key) in hashes.iter_mut().zip(keys.keys()) {
+            *hash = self.keys.hash(key.as_bytes());
+        }
+        hashes
     }
 
     /// Drops a queued waiter (its connection closed). Returns false if it was
@@ -462,9 +503,10 @@ impl LockTable {
     /// Number of waiters queued on `key` (a set waiter counts on each of its
     /// keys).
     pub fn queue_len(&self, key: &[u8]) -> usize {
+        let hash = self.keys.hash(key);
         self.keys
-            .get(key)
-            .map_or(0, |entry| self.entry_queue_len(key, entry))
+            .find(hash, key)
+            .map_or(0, |entry| self.entry_queue_len(hash, key, entry))
     }
 
     /// The current grant on `key` as recorded (its lease may already have
@@ -496,6 +538,10 @@ impl LockTable {
         token
     }
 }
+
+/// The hashes of a request's keys, in the group's order (a group has at
+/// most [`SET_KEYS_MAX`] keys).
+type GroupHashes = [KeyHash; SET_KEYS_MAX];
 
 /// A lease of `lease_s` seconds (leases arrive in whole seconds).
 fn lease_duration(lease_s: u8) -> Duration {
