@@ -4,13 +4,13 @@
 //! client sees, which metric counts it).
 
 use std::cmp::Reverse;
-use std::collections::VecDeque;
 
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
+use super::keyed::KeyHash;
 use super::{
-    AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, Waiter, WaiterId, group_len,
-    lease_deadline,
+    AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys, Waiter, WaiterId,
+    group_len, lease_deadline,
 };
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
@@ -54,15 +54,14 @@ impl LockTable {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let keys: Box<[WaitedKey]> = keys
-            .keys()
-            .iter()
-            .zip(hashes)
-            .map(|(key, &hash)| WaitedKey {
-                hash,
-                bytes: key.as_bytes().into(),
-            })
-            .collect();
+        let waited = |(key, &hash): (&crate::wire::Key, &KeyHash)| WaitedKey {
+            hash,
+            bytes: StoredKey::from_bytes(key.as_bytes()),
+        };
+        let keys = match keys.keys() {
+            [key] => WaitedKeys::One([waited((key, &hashes[0]))]),
+            keys => WaitedKeys::Many(keys.iter().zip(hashes).map(waited).collect()),
+        };
         self.enqueue_on_keys(now, seq, &keys);
         self.add_waiter(now, seq, waiter, keys, (wait_s, lease_s), holder);
         AcquireOutcome::Queued
@@ -184,8 +183,8 @@ impl LockTable {
             }
             if !entry.is_queued() {
                 entry.set_queued(true);
-                self.queues
-                    .insert_absent(hash, key.clone(), VecDeque::new());
+                let queue = self.spare_queues.pop().unwrap_or_default();
+                self.queues.insert_absent(hash, key.clone(), queue);
             }
             let Some(queue) = self.queues.find_mut(hash, key) else {
                 unreachable!("inserted above");
@@ -211,7 +210,7 @@ impl LockTable {
         now: Instant,
         seq: u64,
         waiter: WaiterId,
-        keys: Box<[WaitedKey]>,
+        keys: WaitedKeys,
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) {

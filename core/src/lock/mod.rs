@@ -185,7 +185,25 @@ impl KeyEntry {
 #[derive(Debug)]
 struct WaitedKey {
     hash: KeyHash,
-    bytes: Box<[u8]>,
+    bytes: StoredKey,
+}
+
+/// A waiter's keys: a single key (the usual `A`) without an allocation.
+#[derive(Debug)]
+enum WaitedKeys {
+    One([WaitedKey; 1]),
+    Many(Box<[WaitedKey]>),
+}
+
+impl std::ops::Deref for WaitedKeys {
+    type Target = [WaitedKey];
+
+    fn deref(&self) -> &[WaitedKey] {
+        match self {
+            WaitedKeys::One(key) => key,
+            WaitedKeys::Many(keys) => keys,
+        }
+    }
 }
 
 /// A queued acquire.
@@ -193,7 +211,7 @@ struct WaitedKey {
 struct Waiter {
     id: WaiterId,
     /// The requested keys, ascending (a group of one for `A`).
-    keys: Box<[WaitedKey]>,
+    keys: WaitedKeys,
     /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
     wait_deadline: Instant,
     lease_s: u8,
@@ -211,7 +229,7 @@ struct Waiter {
 struct LeaseDeadline {
     deadline: Instant,
     token: u64,
-    key: Box<[u8]>,
+    key: StoredKey,
     hash: KeyHash,
 }
 
@@ -234,7 +252,10 @@ pub struct LockTable {
     /// waiters (those whose entry says so), so an uncontended key costs no
     /// queue pointer. Hashed as `keys` (the same hasher): one hash serves
     /// both.
-    queues: Keyed<Box<[u8]>, VecDeque<u64>>,
+    queues: Keyed<StoredKey, VecDeque<u64>>,
+    /// Emptied queues kept for reuse (small ones, a few), so a key that
+    /// keeps getting a waiter does not allocate a queue each time.
+    spare_queues: Vec<VecDeque<u64>>,
     /// Queued waiters by arrival sequence number.
     waiters: IdMap<u64, Waiter>,
     /// Caller ids of queued waiters, for `cancel`. The caller hands these
@@ -286,6 +307,7 @@ impl LockTable {
             next_token: first_token.max(1),
             keys: Keyed::new(hasher.clone()),
             queues: Keyed::new(hasher),
+            spare_queues: Vec::new(),
             waiters: IdMap::default(),
             waiter_seqs: IdMap::default(),
             next_seq: 0,
@@ -417,6 +439,14 @@ impl LockTable {
     /// waiters (handing them on), wait deadlines, and the periodic sweep.
     /// Calling it early or twice is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let now = now.max(self.now_last);
+        if self.poll_timeout().is_some_and(|due| now < due) {
+            // Nothing is due (the heap tops are live, `tidy` ran at the end
+            // of the last call and nothing changed since): only the clock
+            // moves. The server calls this before every input.
+            self.now_last = now;
+            return;
+        }
         self.advance(now);
         self.tidy();
     }

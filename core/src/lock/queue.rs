@@ -14,6 +14,11 @@ use crate::queue_rule;
 use crate::testing::planted;
 use crate::time::Instant;
 
+/// Emptied waiter queues kept for reuse at most, and the largest capacity
+/// kept: a few short queues, so the spares stay a few kilobytes.
+const SPARE_QUEUES_MAX: usize = 64;
+const SPARE_QUEUE_CAPACITY_MAX: usize = 8;
+
 impl LockTable {
     /// Waiters queued on `key` (hash `hash`), whose entry is `entry`.
     pub(super) fn entry_queue_len(&self, hash: KeyHash, key: &[u8], entry: &KeyEntry) -> usize {
@@ -29,6 +34,18 @@ impl LockTable {
         self.queues
             .find(hash, key)
             .and_then(|queue| queue.front().copied())
+    }
+
+    /// Removes `key`'s (empty) queue, keeping it for reuse if small and
+    /// few are kept.
+    fn drop_queue(&mut self, hash: KeyHash, key: &[u8]) {
+        if let Some(queue) = self.queues.remove(hash, key)
+            && queue.capacity() <= SPARE_QUEUE_CAPACITY_MAX
+            && self.spare_queues.len() < SPARE_QUEUES_MAX
+        {
+            debug_assert!(queue.is_empty(), "a queue dropped with waiters");
+            self.spare_queues.push(queue);
+        }
     }
 
     /// Takes waiter `seq` out of all its queues at `at`, with a `T` event
@@ -64,11 +81,11 @@ impl LockTable {
                 }
             }
             if queue.is_empty() {
-                self.queues.remove(*hash, key);
                 entry.set_queued(false);
                 if entry.token == 0 {
                     self.keys.remove(*hash, key);
                 }
+                self.drop_queue(*hash, key);
             }
         }
         for (i, key) in waiter.keys.iter().enumerate() {
@@ -100,6 +117,7 @@ impl LockTable {
             }
         }
         self.queues.clear();
+        self.spare_queues.clear();
         self.waiter_seqs.clear();
         self.queued_pairs = 0;
         // With no waiters every wait and lease deadline entry is stale.
@@ -175,8 +193,9 @@ impl LockTable {
         // catching up on a deadline that passed earlier.
         let lease_deadline = lease_deadline(now, waiter.lease_s);
         let group_len = group_len(waiter.keys.len());
-        for WaitedKey { hash, bytes: key } in waiter.keys.into_vec() {
-            let Some(entry) = self.keys.find_mut(hash, &key) else {
+        for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
+            let hash = *hash;
+            let Some(entry) = self.keys.find_mut(hash, key) else {
                 continue;
             };
             if entry.token != 0 {
@@ -190,18 +209,18 @@ impl LockTable {
             entry.lease_deadline = lease_deadline;
             entry.set_grant(waiter.holder, group_len, waiter.lease_s);
             if entry.is_queued()
-                && let Some(queue) = self.queues.find_mut(hash, &key)
+                && let Some(queue) = self.queues.find_mut(hash, key)
             {
                 queue.pop_front();
                 self.queued_pairs -= 1;
                 if queue.is_empty() {
-                    self.queues.remove(hash, &key);
                     entry.set_queued(false);
+                    self.drop_queue(hash, key);
                 } else {
                     self.lease_deadlines.push(Reverse(LeaseDeadline {
                         deadline: lease_deadline,
                         token,
-                        key,
+                        key: key.clone(),
                         hash,
                     }));
                 }
