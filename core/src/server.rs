@@ -356,7 +356,7 @@ impl Server {
 
     /// Turns the lock table's events into replies to queued acquires.
     fn drain_lock_events(&mut self, now: Instant) {
-        while let Some(event) = self.table.poll_event() {
+        while let Some((event, lease_deadline)) = self.table.poll_event_lease() {
             let (waiter, token) = match event {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
                 LockEvent::TimedOut { waiter } => (waiter, None),
@@ -393,7 +393,7 @@ impl Server {
             let to = &queued.reply_to;
             match token {
                 Some(token) => {
-                    let expires = lease_end(&self.table, &queued.keys, now);
+                    let expires = lease_deadline.unwrap_or(now);
                     self.held.add(queued.conn, queued.keys.len(), expires);
                     send_grant(queued.conn, conn, &mut self.wakes, to, token, queued.keys);
                 }

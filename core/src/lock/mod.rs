@@ -275,7 +275,8 @@ pub struct LockTable {
     sweep_interval: Duration,
     /// The latest `now` seen; time never runs backwards inside the table.
     now_last: Instant,
-    events: VecDeque<LockEvent>,
+    /// Events for queued waiters, a grant's with its lease deadline.
+    events: VecDeque<(LockEvent, Option<Instant>)>,
     /// The highest token that may be issued (the durable token reserve,
     /// see [`crate::reserve`]); `u64::MAX` when unlimited.
     token_limit: u64,
@@ -465,6 +466,13 @@ impl LockTable {
 
     /// The next event for a queued waiter, if any.
     pub fn poll_event(&mut self) -> Option<LockEvent> {
+        self.poll_event_lease().map(|(event, _)| event)
+    }
+
+    /// [`LockTable::poll_event`], with the lease deadline a
+    /// [`LockEvent::Granted`] was given (`None` for a time-out), so the
+    /// caller need not look the grant up.
+    pub fn poll_event_lease(&mut self) -> Option<(LockEvent, Option<Instant>)> {
         self.events.pop_front()
     }
 

@@ -58,7 +58,7 @@ impl LockTable {
         self.waiter_seqs.remove(&waiter.id);
         if timed_out {
             self.events
-                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+                .push_back((LockEvent::TimedOut { waiter: waiter.id }, None));
             self.metrics.timeouts_wait_ended += 1;
         }
         // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
@@ -105,7 +105,7 @@ impl LockTable {
                 continue;
             };
             self.events
-                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+                .push_back((LockEvent::TimedOut { waiter: waiter.id }, None));
             self.metrics.timeouts_shutdown += 1;
             for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
                 if let Some(entry) = self.keys.find_mut(*hash, key) {
@@ -171,6 +171,11 @@ impl LockTable {
             debug_assert!(false, "queued seq without a waiter");
             return None;
         };
+        if waiter.keys.len() == 1 {
+            // Its one key is `key`, checked above.
+            debug_assert_eq!(waiter.keys[0].bytes.as_bytes(), key);
+            return Some(seq);
+        }
         let grantable = queue_rule::key_set_grantable(
             seq,
             waiter.keys.iter(),
@@ -226,10 +231,13 @@ impl LockTable {
                 }
             }
         }
-        self.events.push_back(LockEvent::Granted {
-            waiter: waiter.id,
-            token,
-        });
+        self.events.push_back((
+            LockEvent::Granted {
+                waiter: waiter.id,
+                token,
+            },
+            Some(lease_deadline),
+        ));
         self.metrics.grants_after_wait += 1;
         self.metrics
             .wait
