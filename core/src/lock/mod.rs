@@ -5,11 +5,12 @@
 //! clock. The single-mode server drives it directly; cluster mode will drive
 //! the same rules through replicated commands.
 //!
-//! Layout: a `HashMap` from key bytes (inline up to 22 bytes) to a 24-byte
+//! Layout: a hash table from key bytes (inline up to 22 bytes) to a 24-byte
 //! entry (token, lease deadline, and one word packing the holder's tag, the
 //! grant's size and lease, and a has-waiters bit): 48 bytes a bucket, no
 //! allocation for a short key (see `entry.rs`). The FIFO queues of waiter
-//! sequence numbers are in a second map, only for keys that have waiters;
+//! sequence numbers are in a second table, only for keys that have waiters;
+//! both hash a key once per request (`keyed.rs`);
 //! waiters in a map by arrival sequence number; two min-heaps for wait
 //! deadlines and for the lease deadlines of keys that have waiters. Keys
 //! without waiters expire lazily and are swept periodically.
@@ -19,7 +20,8 @@
 //! `release.rs` a release, `queue.rs` the waiter queues (handing a key to
 //! the front waiter, removing a waiter), `expiry.rs` the clock: deadlines
 //! due, the sweep, and keeping the deadline heaps bounded; `entry.rs` is
-//! the packed per-key entry and `inspect.rs` the operator's read-only view.
+//! the packed per-key entry, `keyed.rs` the maps by key bytes, and
+//! `inspect.rs` the operator's read-only view.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, VecDeque};
