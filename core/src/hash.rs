@@ -3,7 +3,8 @@
 //! drivers use it for their maps by [`crate::server::ConnId`] too). Nobody
 //! outside picks those values, so nobody can aim them at one bucket; the
 //! maps keyed by what clients send (key bytes, source addresses) keep std's
-//! keyed SipHash.
+//! keyed SipHash (the lock table's maps by key bytes hash a key once per
+//! request and reuse it, `lock/keyed.rs`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -308,15 +308,8 @@ impl Server {
             self.reports
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
-        // Read before the release: its keys may go straight to a waiter.
-        let grant = keys
-            .keys()
-            .first()
-            .and_then(|key| self.table.grant_of(key.as_bytes()));
-        let outcome = self.table.release(now, &keys, token);
-        if outcome == ReleaseOutcome::Released
-            && let Some(grant) = grant.filter(|grant| grant.token == token)
-        {
+        let (outcome, grant) = self.table.release_grant(now, &keys, token);
+        if let Some(grant) = grant {
             self.held
                 .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
         }
@@ -363,7 +356,7 @@ impl Server {
 
     /// Turns the lock table's events into replies to queued acquires.
     fn drain_lock_events(&mut self, now: Instant) {
-        while let Some(event) = self.table.poll_event() {
+        while let Some((event, lease_deadline)) = self.table.poll_event_lease() {
             let (waiter, token) = match event {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
                 LockEvent::TimedOut { waiter } => (waiter, None),
@@ -400,7 +393,7 @@ impl Server {
             let to = &queued.reply_to;
             match token {
                 Some(token) => {
-                    let expires = lease_end(&self.table, &queued.keys, now);
+                    let expires = lease_deadline.unwrap_or(now);
                     self.held.add(queued.conn, queued.keys.len(), expires);
                     send_grant(queued.conn, conn, &mut self.wakes, to, token, queued.keys);
                 }

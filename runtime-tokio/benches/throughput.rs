@@ -451,48 +451,58 @@ struct CoreConn {
     out: Vec<u8>,
 }
 
+/// Opens a connection on `server` and takes it through the handshake of
+/// wire v3 or the line dialect (no auth); its replies so far are taken.
+fn core_session(
+    server: &mut ticketing_core::server::Server,
+    now: ticketing_core::time::Instant,
+    line: bool,
+) -> ticketing_core::server::ConnId {
+    use ticketing_core::auth::{
+        ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
+    };
+    let conn = server
+        .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
+        .expect("connection");
+    let mut out = Vec::new();
+    server.poll_transmit(conn, &mut out);
+    if line {
+        let newline = out
+            .iter()
+            .position(|&b| b == b'\n')
+            .expect("challenge line");
+        let space = out[..newline]
+            .iter()
+            .position(|&b| b == b' ')
+            .filter(|&at| at > 0)
+            .expect("a space in the challenge line");
+        let mut answer = line_client::line_answer("", &out[space + 1..newline]).into_bytes();
+        answer.push(b'\n');
+        server.handle_input(now, conn, &answer);
+    } else {
+        let mut handshake =
+            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
+        let (_, status) = handshake.handle_input(&out);
+        assert_eq!(status, ClientHandshakeStatus::SendProof);
+        server.handle_input(now, conn, &handshake.proof().expect("proof"));
+    }
+    out.clear();
+    server.poll_transmit(conn, &mut out);
+    server.handle_flushed(now, conn);
+    conn
+}
+
 impl CoreConn {
     fn open(line: bool) -> CoreConn {
-        use ticketing_core::auth::{
-            ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
-        };
         use ticketing_core::server::{Server, ServerConfig};
         let now = ticketing_core::time::Instant::from_micros(1_000_000);
         let mut server = Server::new(ServerConfig::default(), 1, now);
-        let conn = server
-            .handle_connect(now, [0x5a; 16], std::net::Ipv4Addr::LOCALHOST.into())
-            .expect("connection");
-        let mut out = Vec::new();
-        server.poll_transmit(conn, &mut out);
-        if line {
-            let newline = out
-                .iter()
-                .position(|&b| b == b'\n')
-                .expect("challenge line");
-            let space = out[..newline]
-                .iter()
-                .position(|&b| b == b' ')
-                .filter(|&at| at > 0)
-                .expect("a space in the challenge line");
-            let mut answer = line_client::line_answer("", &out[space + 1..newline]).into_bytes();
-            answer.push(b'\n');
-            server.handle_input(now, conn, &answer);
-        } else {
-            let mut handshake =
-                ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, SINGLE_SELF_SLOT);
-            let (_, status) = handshake.handle_input(&out);
-            assert_eq!(status, ClientHandshakeStatus::SendProof);
-            server.handle_input(now, conn, &handshake.proof().expect("proof"));
-        }
-        out.clear();
-        server.poll_transmit(conn, &mut out);
-        server.handle_flushed(now, conn);
-        out.clear();
+        let conn = core_session(&mut server, now, line);
         CoreConn {
             server,
             conn,
             now,
-            out,
+            out: Vec::new(),
         }
     }
 
@@ -579,6 +589,115 @@ fn core_cpu_per_op(line: bool) -> f64 {
         .zip(started)
         .map_or(Duration::ZERO, |(end, start)| end - start);
     cpu.as_secs_f64() * 1e6 / (CORE_BATCHES * KEYS) as f64
+}
+
+/// Inputs of the contended in-process measurement, each one release
+/// handed over to a waiter plus the releaser's next acquire
+/// (`TICKETING_BENCH_CORE_INPUTS` overrides it, e.g. for a short run under
+/// callgrind).
+const CORE_CONTENDED_INPUTS: usize = 640_000;
+
+/// The core alone under contention, in process: the shape of the nc
+/// workload (`ticketing bench`). [`TASKS`] connections on [`KEYS`] keys,
+/// two per key, one holding it and one queued behind it; every input to a
+/// holder carries its release and its next acquire, as a client's next
+/// requests follow its replies, so the release hands the key to the waiter
+/// (a grant reply on the other connection) and the acquire queues behind
+/// it. The driver's calls after each input are made too (wakes, transmit,
+/// flush, timeout, logs). The clock moves 1 µs per input. Returns CPU µs
+/// per acquire+release, wire v3.
+fn core_contended_cpu_per_op(inputs: usize) -> f64 {
+    use ticketing_core::server::{ConnId, Server, ServerConfig};
+    use ticketing_core::time::Instant;
+    use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Request};
+    const PER_KEY: usize = TASKS / KEYS;
+    assert_eq!(PER_KEY, 2, "two connections contend for each key");
+    let mut now = Instant::from_micros(1_000_000);
+    let mut server = Server::new(ServerConfig::default(), 1, now);
+    let conns: Vec<ConnId> = (0..TASKS)
+        .map(|_| core_session(&mut server, now, false))
+        .collect();
+    let keys: Vec<KeyGroup> = (0..KEYS)
+        .map(|key| KeyGroup::single(Key::new(format!("bench-{key}").as_bytes()).expect("key")))
+        .collect();
+    let mut rid = 0u64;
+    let mut frames = Vec::new();
+    let mut out = Vec::new();
+    let word = |bytes: &[u8]| u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let acquire = |frames: &mut Vec<u8>, rid: &mut u64, keys: &KeyGroup| {
+        *rid += 1;
+        Request::Acquire(AcquireRequest {
+            rid: *rid,
+            wait_s: WAIT.as_secs() as u8,
+            lease_s: LEASE.as_secs() as u8,
+            keys: keys.clone(),
+            set: false,
+        })
+        .encode(frames);
+    };
+    // Per key: (the holder's index in `conns`, its token).
+    let mut holders = vec![(0usize, 0u64); KEYS];
+    for (key, group) in keys.iter().enumerate() {
+        for side in 0..PER_KEY {
+            frames.clear();
+            acquire(&mut frames, &mut rid, group);
+            server.handle_input(now, conns[key * PER_KEY + side], &frames);
+        }
+        out.clear();
+        server.poll_transmit(conns[key * PER_KEY], &mut out);
+        assert_eq!(out[0], b'A', "first acquire of a key not granted");
+        holders[key] = (key * PER_KEY, word(&out[11..]));
+        server.handle_flushed(now, conns[key * PER_KEY]);
+    }
+    while server.poll_wake().is_some() {}
+    let mut woken = Vec::new();
+    let started = cpu_time("thread-self");
+    for input in 0..inputs {
+        let key = input % KEYS;
+        let (holder, token) = holders[key];
+        let waiter = holder ^ 1;
+        frames.clear();
+        rid += 1;
+        Request::Release(ReleaseRequest {
+            rid,
+            token,
+            keys: keys[key].clone(),
+            set: false,
+        })
+        .encode(&mut frames);
+        acquire(&mut frames, &mut rid, &keys[key]);
+        now = now.saturating_add(ticketing_core::time::Duration::from_micros(1));
+        server.handle_input(now, conns[holder], &frames);
+        // What the driver does after every input (serve/shared.rs).
+        while let Some(conn) = server.poll_wake() {
+            woken.push(conn);
+        }
+        let _ = server.poll_reserve(now);
+        while server.poll_admin_reply().is_some() {}
+        while server.poll_log().is_some() {}
+        while server.poll_alert().is_some() {}
+        std::hint::black_box(server.poll_timeout());
+        let _ = server.wants_input(conns[holder]);
+        let mut handed_token = None;
+        for conn in woken.drain(..) {
+            out.clear();
+            server.poll_transmit(conn, &mut out);
+            server.handle_flushed(now, conn);
+            if conn == conns[holder] {
+                assert_eq!((out[0], out.len()), (b'R', 11), "release not current");
+            } else {
+                assert_eq!(conn, conns[waiter], "a wake for a bystander");
+                assert_eq!(out[0], b'A', "release not handed over");
+                handed_token = Some(word(&out[11..]));
+            }
+            let _ = server.wants_input(conn);
+        }
+        holders[key] = (waiter, handed_token.expect("the waiter's grant"));
+    }
+    let cpu = cpu_time("thread-self")
+        .zip(started)
+        .map_or(Duration::ZERO, |(end, start)| end - start);
+    cpu.as_secs_f64() * 1e6 / inputs as f64
 }
 
 /// [`SOLO_OPS`] round trips of 16 bytes through the echo.
@@ -788,6 +907,24 @@ fn main() {
         "V2o6RKSLU7HNO8I1-W-CsbAXKL3GKvBgFahf6AueTo4"
     );
     let rounds = env_or("TICKETING_BENCH_ROUNDS", 3).max(1);
+    let contended_inputs = env_or("TICKETING_BENCH_CORE_INPUTS", CORE_CONTENDED_INPUTS).max(1);
+    let contended = |rounds: usize| {
+        let core = median(
+            (0..rounds)
+                .map(|_| core_contended_cpu_per_op(contended_inputs))
+                .collect(),
+        )
+        .unwrap_or(0.0);
+        println!(
+            "core alone, contended, in process ({TASKS} connections on {KEYS} keys, every release \
+             handed over, {contended_inputs} inputs, median of {rounds}): CPU µs per acquire+release v3 {core:.2}"
+        );
+    };
+    if std::env::args().skip(1).any(|arg| arg == "core-contended") {
+        // `-- core-contended`: that line alone (e.g. under callgrind).
+        contended(rounds);
+        return;
+    }
     let (mut core_v3, mut core_line) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         core_v3.push(core_cpu_per_op(false));
@@ -800,6 +937,11 @@ fn main() {
          CPU µs per acquire+release v3 {core_v3:.2}, line dialect {core_line:.2} (line / v3 {:.2})",
         core_line / core_v3
     );
+    contended(rounds);
+    if std::env::args().skip(1).any(|arg| arg == "core-only") {
+        // `-- core-only`: the in-process lines alone.
+        return;
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Ok(threads) = std::env::var("TICKETING_BENCH_CLIENT_THREADS") {

@@ -4,12 +4,13 @@
 //! client sees, which metric counts it).
 
 use std::cmp::Reverse;
-use std::collections::VecDeque;
 
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
+use super::keyed::KeyHash;
 use super::{
-    AcquireOutcome, LeaseDeadline, LockTable, Waiter, WaiterId, group_len, lease_deadline,
+    AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys, Waiter, WaiterId,
+    group_len, lease_deadline,
 };
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
@@ -28,42 +29,52 @@ struct KeySurvey {
 }
 
 impl LockTable {
-    /// An acquire at `now` (the clock already moved).
+    /// An acquire at `now` (the clock already moved); `hashes` are the
+    /// keys' hashes, in order.
     pub(super) fn acquire_at(
         &mut self,
         now: Instant,
         waiter: WaiterId,
-        keys: &KeyGroup,
+        (keys, hashes): (&KeyGroup, &GroupHashes),
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) -> AcquireOutcome {
-        let survey = self.survey_keys(now, keys);
+        let survey = self.survey_keys(now, keys, hashes);
         if survey.all_free {
-            return self.grant_free_keys(now, keys, lease_s, holder, survey.over_key_limit);
+            return self.grant_free_keys(
+                now,
+                (keys, hashes),
+                lease_s,
+                holder,
+                survey.over_key_limit,
+            );
         }
         if let Some(refusal) = self.refuse_to_queue(wait_s, &survey) {
             return refusal;
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let keys: Box<[Box<[u8]>]> = keys
-            .keys()
-            .iter()
-            .map(|key| key.as_bytes().into())
-            .collect();
+        let waited = |(key, &hash): (&crate::wire::Key, &KeyHash)| WaitedKey {
+            hash,
+            bytes: StoredKey::from_bytes(key.as_bytes()),
+        };
+        let keys = match keys.keys() {
+            [key] => WaitedKeys::One([waited((key, &hashes[0]))]),
+            keys => WaitedKeys::Many(keys.iter().zip(hashes).map(waited).collect()),
+        };
         self.enqueue_on_keys(now, seq, &keys);
         self.add_waiter(now, seq, waiter, keys, (wait_s, lease_s), holder);
         AcquireOutcome::Queued
     }
 
     /// Looks at every key without changing anything.
-    fn survey_keys(&self, now: Instant, keys: &KeyGroup) -> KeySurvey {
+    fn survey_keys(&self, now: Instant, keys: &KeyGroup, hashes: &GroupHashes) -> KeySurvey {
         let limits = self.config.limits;
         let mut new_keys = 0;
         let mut all_free = true;
         let mut some_queue_full = false;
-        for key in keys.keys() {
-            match self.keys.get(key.as_bytes()) {
+        for (key, &hash) in keys.keys().iter().zip(hashes) {
+            match self.keys.find(hash, key.as_bytes()) {
                 None => new_keys += 1,
                 Some(entry) => {
                     // FIFO: a key with waiters is never free for a newcomer,
@@ -76,8 +87,8 @@ impl LockTable {
                     if entry.is_queued() || held {
                         all_free = false;
                     }
-                    some_queue_full |=
-                        self.entry_queue_len(key.as_bytes(), entry) >= limits.waiters_per_key_max;
+                    some_queue_full |= self.entry_queue_len(hash, key.as_bytes(), entry)
+                        >= limits.waiters_per_key_max;
                 }
             }
         }
@@ -94,7 +105,7 @@ impl LockTable {
     fn grant_free_keys(
         &mut self,
         now: Instant,
-        keys: &KeyGroup,
+        (keys, hashes): (&KeyGroup, &GroupHashes),
         lease_s: u8,
         holder: u64,
         over_key_limit: bool,
@@ -110,12 +121,14 @@ impl LockTable {
         let token = self.issue_token();
         let lease_deadline = lease_deadline(now, lease_s);
         let group_len = group_len(keys.len());
-        for key in keys.keys() {
+        for (key, &hash) in keys.keys().iter().zip(hashes) {
             // An expired holder is simply overwritten (lazy expiry).
-            let entry = self
-                .keys
-                .entry(StoredKey::from_bytes(key.as_bytes()))
-                .or_insert_with(KeyEntry::unheld);
+            let entry = self.keys.get_or_insert_with(
+                hash,
+                key.as_bytes(),
+                StoredKey::from_bytes,
+                KeyEntry::unheld,
+            );
             if entry.token != 0 {
                 note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
             } else {
@@ -155,15 +168,12 @@ impl LockTable {
 
     /// Appends waiter `seq` to the queue of each of `keys`, creating keys
     /// and queues as needed.
-    fn enqueue_on_keys(&mut self, now: Instant, seq: u64, keys: &[Box<[u8]>]) {
-        for key in keys {
-            let entry = match self.keys.get_mut(&**key) {
-                Some(entry) => entry,
-                None => self
-                    .keys
-                    .entry(StoredKey::from_bytes(key))
-                    .or_insert_with(KeyEntry::unheld),
-            };
+    fn enqueue_on_keys(&mut self, now: Instant, seq: u64, keys: &[WaitedKey]) {
+        for WaitedKey { hash, bytes: key } in keys {
+            let hash = *hash;
+            let entry =
+                self.keys
+                    .get_or_insert_with(hash, key, StoredKey::from_bytes, KeyEntry::unheld);
             if entry.token != 0 && !entry.is_held_at(now) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
@@ -173,9 +183,10 @@ impl LockTable {
             }
             if !entry.is_queued() {
                 entry.set_queued(true);
-                self.queues.insert(key.clone(), VecDeque::new());
+                let queue = self.spare_queues.pop().unwrap_or_default();
+                self.queues.insert_absent(hash, key.clone(), queue);
             }
-            let Some(queue) = self.queues.get_mut(&**key) else {
+            let Some(queue) = self.queues.find_mut(hash, key) else {
                 unreachable!("inserted above");
             };
             if queue.is_empty() && entry.token != 0 {
@@ -184,6 +195,7 @@ impl LockTable {
                     deadline: entry.lease_deadline,
                     token: entry.token,
                     key: key.clone(),
+                    hash,
                 }));
             }
             queue.push_back(seq);
@@ -198,7 +210,7 @@ impl LockTable {
         now: Instant,
         seq: u64,
         waiter: WaiterId,
-        keys: Box<[Box<[u8]>]>,
+        keys: WaitedKeys,
         (wait_s, lease_s): (u8, u8),
         holder: u64,
     ) {

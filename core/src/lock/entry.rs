@@ -57,6 +57,33 @@ impl StoredKey {
     }
 }
 
+impl std::ops::Deref for StoredKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialOrd for StoredKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StoredKey {
+    /// As its bytes order (as the `Box<[u8]>` keys it replaced).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl super::keyed::KeyBytes for StoredKey {
+    fn key_bytes(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl Borrow<[u8]> for StoredKey {
     fn borrow(&self) -> &[u8] {
         self.as_bytes()

@@ -30,8 +30,15 @@ impl LockTable {
     /// Handles wait deadlines, lease deadlines and sweeps due at or before
     /// `now`, each at its own instant, in time order.
     fn process_due(&mut self, now: Instant) {
+        // The heap tops are live on entry (every call into the table ends
+        // in `tidy`, and nothing changes between calls); after each step
+        // they are made live again.
+        let mut tops_live = true;
         loop {
-            self.drop_stale_heap_tops();
+            if !tops_live {
+                self.drop_stale_heap_tops();
+            }
+            tops_live = false;
             let wait_at = self
                 .wait_deadlines
                 .peek()
@@ -75,14 +82,14 @@ impl LockTable {
                         unreachable!("peeked above");
                     };
                     let mut expired = None;
-                    if let Some(entry) = self.keys.get_mut(&*lease.key)
+                    if let Some(entry) = self.keys.find_mut(lease.hash, &lease.key)
                         && entry.token != 0
                     {
                         expired = Some((entry.token, entry.group_len(), entry.lease_s()));
                         entry.token = 0;
                         self.holder_keys -= 1;
                     }
-                    let handed_over = self.grant_front(&lease.key, lease.deadline, now);
+                    let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
                     if let Some(expired) = expired {
                         count_expiry(
                             &mut self.metrics,
@@ -132,7 +139,7 @@ impl LockTable {
         // Tokens are never reused, so a matching token means the same grant
         // and therefore the same deadline.
         self.keys
-            .get(&*lease.key)
+            .find(lease.hash, &lease.key)
             .is_some_and(|entry| entry.token == lease.token && entry.is_queued())
     }
 
@@ -157,14 +164,15 @@ impl LockTable {
         let mut lease_deadlines = Vec::new();
         for (&seq, waiter) in &self.waiters {
             for key in waiter.keys.iter() {
-                if let Some(entry) = self.keys.get(&**key)
+                if let Some(entry) = self.keys.find(key.hash, &key.bytes)
                     && entry.token != 0
-                    && self.queue_front(key) == Some(seq)
+                    && self.queue_front(key.hash, &key.bytes) == Some(seq)
                 {
                     lease_deadlines.push(Reverse(LeaseDeadline {
                         deadline: entry.lease_deadline,
                         token: entry.token,
-                        key: key.clone(),
+                        key: key.bytes.clone(),
+                        hash: key.hash,
                     }));
                 }
             }

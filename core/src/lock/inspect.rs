@@ -60,9 +60,12 @@ pub struct WaiterInspection {
     pub wait_remaining_ms: u64,
 }
 
-fn to_keys(bytes: &[Box<[u8]>]) -> Vec<Key> {
+fn to_keys<'a>(bytes: impl IntoIterator<Item = &'a [u8]>) -> Vec<Key> {
     // Every key in the table came in as a validated `Key`.
-    bytes.iter().filter_map(|key| Key::new(key).ok()).collect()
+    bytes
+        .into_iter()
+        .filter_map(|key| Key::new(key).ok())
+        .collect()
 }
 
 impl KeyEntry {
@@ -108,7 +111,7 @@ impl LockTable {
         // A max-heap of the smallest `limit` keys seen so far.
         let mut smallest: BinaryHeap<&[u8]> = BinaryHeap::with_capacity(limit + 1);
         let mut matched = 0usize;
-        for (key, entry) in &self.keys {
+        for (key, entry) in self.keys.iter() {
             let key = key.as_bytes();
             if !key.starts_with(prefix) || !entry.is_visible_at(now) {
                 continue;
@@ -128,7 +131,7 @@ impl LockTable {
         // One more walk finds the other keys of every listed set grant.
         let mut set_tokens: HashMap<u64, Vec<Box<[u8]>>> = HashMap::new();
         for key in &keys {
-            if let Some(entry) = self.keys.get(*key)
+            if let Some(entry) = self.keys.get(key)
                 && entry.is_held_at(now)
                 && entry.group_len() > 1
             {
@@ -136,7 +139,7 @@ impl LockTable {
             }
         }
         if !set_tokens.is_empty() {
-            for (key, entry) in &self.keys {
+            for (key, entry) in self.keys.iter() {
                 if let Some(members) = set_tokens.get_mut(&entry.token) {
                     members.push(key.as_bytes().into());
                 }
@@ -148,7 +151,7 @@ impl LockTable {
         let listed = keys
             .iter()
             .filter_map(|key| {
-                let entry = self.keys.get(*key)?;
+                let entry = self.keys.get(key)?;
                 let group = match set_tokens.get(&entry.token) {
                     Some(members) if entry.is_held_at(now) => members.clone(),
                     _ => vec![(*key).into()],
@@ -162,7 +165,7 @@ impl LockTable {
     /// Every key carrying `token`, ascending (a walk: only for sets).
     fn grant_keys(&self, token: u64, group_len: usize) -> Vec<Box<[u8]>> {
         let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(group_len);
-        for (key, entry) in &self.keys {
+        for (key, entry) in self.keys.iter() {
             if entry.token == token {
                 keys.push(key.as_bytes().into());
                 if keys.len() == group_len {
@@ -184,13 +187,14 @@ impl LockTable {
     ) -> Option<KeyInspection> {
         let holder = entry.is_held_at(now).then(|| HolderInspection {
             token: entry.token,
-            keys: to_keys(&group),
+            keys: to_keys(group.iter().map(|key| &**key)),
             held_ms: duration_millis(now.saturating_duration_since(entry.granted_at())),
             lease_remaining_ms: duration_millis(
                 entry.lease_deadline.saturating_duration_since(now),
             ),
         });
-        let queue = self.queues.get(key).filter(|_| entry.is_queued());
+        let hash = self.keys.hash(key);
+        let queue = self.queues.find(hash, key).filter(|_| entry.is_queued());
         let waiters = queue
             .into_iter()
             .flatten()
@@ -198,7 +202,7 @@ impl LockTable {
             .filter_map(|seq| self.waiters.get(seq))
             .map(|waiter| WaiterInspection {
                 waiter: waiter.id,
-                keys: to_keys(&waiter.keys),
+                keys: to_keys(waiter.keys.iter().map(|key| &*key.bytes)),
                 waited_ms: duration_millis(now.saturating_duration_since(waiter.queued_at)),
                 wait_remaining_ms: duration_millis(
                     waiter.wait_deadline.saturating_duration_since(now),
@@ -209,7 +213,7 @@ impl LockTable {
             key: Key::new(key).ok()?,
             holder,
             waiters,
-            waiters_total: self.entry_queue_len(key, entry),
+            waiters_total: self.entry_queue_len(hash, key, entry),
         })
     }
 
@@ -243,9 +247,13 @@ impl LockTable {
             return ForceReleaseOutcome::TokenMismatch { held };
         }
         let keys = if entry.group_len() > 1 {
-            to_keys(&self.grant_keys(held, usize::from(entry.group_len())))
+            to_keys(
+                self.grant_keys(held, usize::from(entry.group_len()))
+                    .iter()
+                    .map(|key| &**key),
+            )
         } else {
-            to_keys(&[key.into()])
+            to_keys([key])
         };
         let Ok(group) = KeyGroup::new(keys.clone()) else {
             debug_assert!(false, "a grant's keys form a valid group");
@@ -261,7 +269,8 @@ impl LockTable {
                 handed_to: None,
             };
         }
-        if self.release_at(now, &group, held) != super::ReleaseOutcome::Released {
+        let hashes = self.hash_group(&group);
+        if self.release_at(now, &group, &hashes, held).0 != super::ReleaseOutcome::Released {
             // Every key carrying a running grant's token is found above, so
             // this cannot happen; if it did, nothing changed.
             debug_assert!(false, "a running grant's own group did not release");

@@ -5,11 +5,12 @@
 //! clock. The single-mode server drives it directly; cluster mode will drive
 //! the same rules through replicated commands.
 //!
-//! Layout: a `HashMap` from key bytes (inline up to 22 bytes) to a 24-byte
+//! Layout: a hash table from key bytes (inline up to 22 bytes) to a 24-byte
 //! entry (token, lease deadline, and one word packing the holder's tag, the
 //! grant's size and lease, and a has-waiters bit): 48 bytes a bucket, no
 //! allocation for a short key (see `entry.rs`). The FIFO queues of waiter
-//! sequence numbers are in a second map, only for keys that have waiters;
+//! sequence numbers are in a second table, only for keys that have waiters;
+//! both hash a key once per request (`keyed.rs`);
 //! waiters in a map by arrival sequence number; two min-heaps for wait
 //! deadlines and for the lease deadlines of keys that have waiters. Keys
 //! without waiters expire lazily and are swept periodically.
@@ -19,25 +20,29 @@
 //! `release.rs` a release, `queue.rs` the waiter queues (handing a key to
 //! the front waiter, removing a waiter), `expiry.rs` the clock: deadlines
 //! due, the sweep, and keeping the deadline heaps bounded; `entry.rs` is
-//! the packed per-key entry and `inspect.rs` the operator's read-only view.
+//! the packed per-key entry, `keyed.rs` the maps by key bytes, and
+//! `inspect.rs` the operator's read-only view.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+use std::hash::RandomState;
 
 use crate::hash::IdMap;
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
-use crate::wire::KeyGroup;
+use crate::wire::{KeyGroup, SET_KEYS_MAX};
 
 mod acquire;
 mod entry;
 mod expiry;
 mod inspect;
+mod keyed;
 mod queue;
 mod release;
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+use keyed::{KeyHash, Keyed};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -177,12 +182,38 @@ impl KeyEntry {
     }
 }
 
+/// A key a waiter waits for, with its hash (computed when the acquire
+/// arrived).
+#[derive(Debug)]
+struct WaitedKey {
+    hash: KeyHash,
+    bytes: StoredKey,
+}
+
+/// A waiter's keys: a single key (the usual `A`) without an allocation.
+#[derive(Debug)]
+enum WaitedKeys {
+    One([WaitedKey; 1]),
+    Many(Box<[WaitedKey]>),
+}
+
+impl std::ops::Deref for WaitedKeys {
+    type Target = [WaitedKey];
+
+    fn deref(&self) -> &[WaitedKey] {
+        match self {
+            WaitedKeys::One(key) => key,
+            WaitedKeys::Many(keys) => keys,
+        }
+    }
+}
+
 /// A queued acquire.
 #[derive(Debug)]
 struct Waiter {
     id: WaiterId,
     /// The requested keys, ascending (a group of one for `A`).
-    keys: Box<[Box<[u8]>]>,
+    keys: WaitedKeys,
     /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
     wait_deadline: Instant,
     lease_s: u8,
@@ -194,11 +225,14 @@ struct Waiter {
 
 /// A lease deadline of a key that has waiters. Stale once the key's token
 /// differs or nobody waits on it any more; stale entries are skipped.
+/// Ordered by deadline, token, key (the hash, last, is the key's: it
+/// never decides an order).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct LeaseDeadline {
     deadline: Instant,
     token: u64,
-    key: Box<[u8]>,
+    key: StoredKey,
+    hash: KeyHash,
 }
 
 /// The lock table.
@@ -214,15 +248,21 @@ struct LeaseDeadline {
 pub struct LockTable {
     config: LockConfig,
     next_token: u64,
-    keys: HashMap<StoredKey, KeyEntry>,
+    /// The keys, by their bytes (keyed SipHash: clients pick them).
+    keys: Keyed<StoredKey, KeyEntry>,
     /// Waiter sequence numbers in arrival order, for the keys that have
     /// waiters (those whose entry says so), so an uncontended key costs no
-    /// queue pointer.
-    queues: HashMap<Box<[u8]>, VecDeque<u64>>,
+    /// queue pointer. Hashed as `keys` (the same hasher): one hash serves
+    /// both.
+    queues: Keyed<StoredKey, VecDeque<u64>>,
+    /// Emptied queues kept for reuse (small ones, a few), so a key that
+    /// keeps getting a waiter does not allocate a queue each time.
+    spare_queues: Vec<VecDeque<u64>>,
     /// Queued waiters by arrival sequence number.
     waiters: IdMap<u64, Waiter>,
-    /// Caller ids of queued waiters, for `cancel`.
-    waiter_seqs: HashMap<WaiterId, u64>,
+    /// Caller ids of queued waiters, for `cancel`. The caller hands these
+    /// out (the server: from a counter), not clients, so the id hasher.
+    waiter_seqs: IdMap<WaiterId, u64>,
     /// The global arrival order that keeps key-set waits deadlock-free.
     next_seq: u64,
     /// Sum of all queue lengths (a set waiter counts once per key).
@@ -237,7 +277,8 @@ pub struct LockTable {
     sweep_interval: Duration,
     /// The latest `now` seen; time never runs backwards inside the table.
     now_last: Instant,
-    events: VecDeque<LockEvent>,
+    /// Events for queued waiters, a grant's with its lease deadline.
+    events: VecDeque<(LockEvent, Option<Instant>)>,
     /// The highest token that may be issued (the durable token reserve,
     /// see [`crate::reserve`]); `u64::MAX` when unlimited.
     token_limit: u64,
@@ -263,13 +304,15 @@ impl LockTable {
     pub fn new(config: LockConfig, first_token: u64, now: Instant) -> Self {
         // A zero interval would make the sweep schedule stand still.
         let sweep_interval = Duration::from_micros(duration_micros(config.sweep_interval).max(1));
+        let hasher = RandomState::new();
         LockTable {
             config,
             next_token: first_token.max(1),
-            keys: HashMap::new(),
-            queues: HashMap::new(),
+            keys: Keyed::new(hasher.clone()),
+            queues: Keyed::new(hasher),
+            spare_queues: Vec::new(),
             waiters: IdMap::default(),
-            waiter_seqs: HashMap::new(),
+            waiter_seqs: IdMap::default(),
             next_seq: 0,
             queued_pairs: 0,
             wait_deadlines: BinaryHeap::new(),
@@ -295,7 +338,7 @@ impl LockTable {
         self.token_limit = limit;
         if self.next_token <= self.token_limit {
             for key in std::mem::take(&mut self.stalled) {
-                self.grant_front(&key, now, now);
+                self.grant_front(self.keys.hash(&key), &key, now, now);
             }
         }
         self.tidy();
@@ -338,17 +381,40 @@ impl LockTable {
         debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
         let holder = holder.min(HOLDER_MAX);
         let now = self.advance(now);
-        let outcome = self.acquire_at(now, waiter, keys, (wait_s, lease_s), holder);
+        let hashes = self.hash_group(keys);
+        let outcome = self.acquire_at(now, waiter, (keys, &hashes), (wait_s, lease_s), holder);
         self.tidy();
         outcome
     }
 
     /// A release received at `now`.
     pub fn release(&mut self, now: Instant, keys: &KeyGroup, token: u64) -> ReleaseOutcome {
+        self.release_grant(now, keys, token).0
+    }
+
+    /// [`LockTable::release`], also telling the grant it released (as
+    /// [`LockTable::grant_of`] would have told it just before), so the
+    /// caller needs no look-up of its own.
+    pub fn release_grant(
+        &mut self,
+        now: Instant,
+        keys: &KeyGroup,
+        token: u64,
+    ) -> (ReleaseOutcome, Option<GrantRecord>) {
         let now = self.advance(now);
-        let outcome = self.release_at(now, keys, token);
+        let hashes = self.hash_group(keys);
+        let released = self.release_at(now, keys, &hashes, token);
         self.tidy();
-        outcome
+        released
+    }
+
+    /// The hashes of `keys`, in order, computed once per request.
+    fn hash_group(&self, keys: &KeyGroup) -> GroupHashes {
+        let mut hashes = [KeyHash::default(); SET_KEYS_MAX];
+        for (hash, key) in hashes.iter_mut().zip(keys.keys()) {
+            *hash = self.keys.hash(key.as_bytes());
+        }
+        hashes
     }
 
     /// Drops a queued waiter (its connection closed). Returns false if it was
@@ -376,6 +442,14 @@ impl LockTable {
     /// waiters (handing them on), wait deadlines, and the periodic sweep.
     /// Calling it early or twice is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let now = now.max(self.now_last);
+        if self.poll_timeout().is_some_and(|due| now < due) {
+            // Nothing is due (the heap tops are live, `tidy` ran at the end
+            // of the last call and nothing changed since): only the clock
+            // moves. The server calls this before every input.
+            self.now_last = now;
+            return;
+        }
         self.advance(now);
         self.tidy();
     }
@@ -394,6 +468,13 @@ impl LockTable {
 
     /// The next event for a queued waiter, if any.
     pub fn poll_event(&mut self) -> Option<LockEvent> {
+        self.poll_event_lease().map(|(event, _)| event)
+    }
+
+    /// [`LockTable::poll_event`], with the lease deadline a
+    /// [`LockEvent::Granted`] was given (`None` for a time-out), so the
+    /// caller need not look the grant up.
+    pub fn poll_event_lease(&mut self) -> Option<(LockEvent, Option<Instant>)> {
         self.events.pop_front()
     }
 
@@ -462,9 +543,10 @@ impl LockTable {
     /// Number of waiters queued on `key` (a set waiter counts on each of its
     /// keys).
     pub fn queue_len(&self, key: &[u8]) -> usize {
+        let hash = self.keys.hash(key);
         self.keys
-            .get(key)
-            .map_or(0, |entry| self.entry_queue_len(key, entry))
+            .find(hash, key)
+            .map_or(0, |entry| self.entry_queue_len(hash, key, entry))
     }
 
     /// The current grant on `key` as recorded (its lease may already have
@@ -496,6 +578,10 @@ impl LockTable {
         token
     }
 }
+
+/// The hashes of a request's keys, in the group's order (a group has at
+/// most [`SET_KEYS_MAX`] keys).
+type GroupHashes = [KeyHash; SET_KEYS_MAX];
 
 /// A lease of `lease_s` seconds (leases arrive in whole seconds).
 fn lease_duration(lease_s: u8) -> Duration {

@@ -7,27 +7,45 @@ use std::collections::VecDeque;
 
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
-use super::{LeaseDeadline, LockEvent, LockTable, Waiter, group_len, lease_deadline};
+use super::keyed::KeyHash;
+use super::{LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_deadline};
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
 use crate::time::Instant;
 
+/// Emptied waiter queues kept for reuse at most, and the largest capacity
+/// kept: a few short queues, so the spares stay a few kilobytes.
+const SPARE_QUEUES_MAX: usize = 64;
+const SPARE_QUEUE_CAPACITY_MAX: usize = 8;
+
 impl LockTable {
-    /// Waiters queued on `key`, whose entry is `entry`.
-    pub(super) fn entry_queue_len(&self, key: &[u8], entry: &KeyEntry) -> usize {
+    /// Waiters queued on `key` (hash `hash`), whose entry is `entry`.
+    pub(super) fn entry_queue_len(&self, hash: KeyHash, key: &[u8], entry: &KeyEntry) -> usize {
         if entry.is_queued() {
-            self.queues.get(key).map_or(0, VecDeque::len)
+            self.queues.find(hash, key).map_or(0, VecDeque::len)
         } else {
             0
         }
     }
 
-    /// The waiter at the front of `key`'s queue.
-    pub(super) fn queue_front(&self, key: &[u8]) -> Option<u64> {
+    /// The waiter at the front of `key`'s queue (hash `hash`).
+    pub(super) fn queue_front(&self, hash: KeyHash, key: &[u8]) -> Option<u64> {
         self.queues
-            .get(key)
+            .find(hash, key)
             .and_then(|queue| queue.front().copied())
+    }
+
+    /// Removes `key`'s (empty) queue, keeping it for reuse if small and
+    /// few are kept.
+    fn drop_queue(&mut self, hash: KeyHash, key: &[u8]) {
+        if let Some(queue) = self.queues.remove(hash, key)
+            && queue.capacity() <= SPARE_QUEUE_CAPACITY_MAX
+            && self.spare_queues.len() < SPARE_QUEUES_MAX
+        {
+            debug_assert!(queue.is_empty(), "a queue dropped with waiters");
+            self.spare_queues.push(queue);
+        }
     }
 
     /// Takes waiter `seq` out of all its queues at `at`, with a `T` event
@@ -40,17 +58,17 @@ impl LockTable {
         self.waiter_seqs.remove(&waiter.id);
         if timed_out {
             self.events
-                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+                .push_back((LockEvent::TimedOut { waiter: waiter.id }, None));
             self.metrics.timeouts_wait_ended += 1;
         }
         // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
         let mut was_front: u32 = 0;
-        for (i, key) in waiter.keys.iter().enumerate() {
-            let Some(entry) = self.keys.get_mut(&**key) else {
+        for (i, WaitedKey { hash, bytes: key }) in waiter.keys.iter().enumerate() {
+            let Some(entry) = self.keys.find_mut(*hash, key) else {
                 debug_assert!(false, "waiter's key missing from the table");
                 continue;
             };
-            let Some(queue) = self.queues.get_mut(&**key) else {
+            let Some(queue) = self.queues.find_mut(*hash, key) else {
                 debug_assert!(false, "waiter missing from its key's queue");
                 continue;
             };
@@ -63,16 +81,16 @@ impl LockTable {
                 }
             }
             if queue.is_empty() {
-                self.queues.remove(&**key);
                 entry.set_queued(false);
                 if entry.token == 0 {
-                    self.keys.remove(&**key);
+                    self.keys.remove(*hash, key);
                 }
+                self.drop_queue(*hash, key);
             }
         }
         for (i, key) in waiter.keys.iter().enumerate() {
             if was_front & (1 << i) != 0 {
-                self.grant_front(key, at, now);
+                self.grant_front(key.hash, &key.bytes, at, now);
             }
         }
     }
@@ -87,18 +105,19 @@ impl LockTable {
                 continue;
             };
             self.events
-                .push_back(LockEvent::TimedOut { waiter: waiter.id });
+                .push_back((LockEvent::TimedOut { waiter: waiter.id }, None));
             self.metrics.timeouts_shutdown += 1;
-            for key in waiter.keys.iter() {
-                if let Some(entry) = self.keys.get_mut(&**key) {
+            for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
+                if let Some(entry) = self.keys.find_mut(*hash, key) {
                     entry.set_queued(false);
                     if entry.token == 0 {
-                        self.keys.remove(&**key);
+                        self.keys.remove(*hash, key);
                     }
                 }
             }
         }
         self.queues.clear();
+        self.spare_queues.clear();
         self.waiter_seqs.clear();
         self.queued_pairs = 0;
         // With no waiters every wait and lease deadline entry is stale.
@@ -110,13 +129,19 @@ impl LockTable {
     /// that waiter is at the front of every one of its keys and none of them
     /// has a running lease. Only the front is looked at ("wake only the next
     /// waiter"); a set blocked elsewhere is retried when that key frees.
-    /// Returns whether it granted.
-    pub(super) fn grant_front(&mut self, key: &[u8], at: Instant, now: Instant) -> bool {
+    /// Returns whether it granted. `hash` is `key`'s.
+    pub(super) fn grant_front(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        at: Instant,
+        now: Instant,
+    ) -> bool {
         #[cfg(feature = "planted-bugs")]
         if planted::active(planted::PlantedBug::SkipWaiter) {
-            self.plant_skip_waiter(key);
+            self.plant_skip_waiter(hash, key);
         }
-        let Some(seq) = self.grantable_front(key, at) else {
+        let Some(seq) = self.grantable_front(hash, key, at) else {
             return false;
         };
         if self.next_token > self.token_limit {
@@ -136,23 +161,28 @@ impl LockTable {
     /// The seq of the waiter at the front of `key`'s queue if, at `at`,
     /// it is at the front of every one of its keys and none of them has a
     /// running lease.
-    fn grantable_front(&self, key: &[u8], at: Instant) -> Option<u64> {
-        let entry = self.keys.get(key)?;
+    fn grantable_front(&self, hash: KeyHash, key: &[u8], at: Instant) -> Option<u64> {
+        let entry = self.keys.find(hash, key)?;
         if entry.is_held_at(at) {
             return None;
         }
-        let seq = self.queue_front(key)?;
+        let seq = self.queue_front(hash, key)?;
         let Some(waiter) = self.waiters.get(&seq) else {
             debug_assert!(false, "queued seq without a waiter");
             return None;
         };
+        if waiter.keys.len() == 1 {
+            // Its one key is `key`, checked above.
+            debug_assert_eq!(waiter.keys[0].bytes.as_bytes(), key);
+            return Some(seq);
+        }
         let grantable = queue_rule::key_set_grantable(
             seq,
             waiter.keys.iter(),
-            |key| self.queue_front(key),
+            |key| self.queue_front(key.hash, &key.bytes),
             |key| {
                 self.keys
-                    .get(&***key)
+                    .find(key.hash, &key.bytes)
                     .is_some_and(|entry| !entry.is_held_at(at))
             },
         );
@@ -168,8 +198,9 @@ impl LockTable {
         // catching up on a deadline that passed earlier.
         let lease_deadline = lease_deadline(now, waiter.lease_s);
         let group_len = group_len(waiter.keys.len());
-        for key in waiter.keys.into_vec() {
-            let Some(entry) = self.keys.get_mut(&*key) else {
+        for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
+            let hash = *hash;
+            let Some(entry) = self.keys.find_mut(hash, key) else {
                 continue;
             };
             if entry.token != 0 {
@@ -183,26 +214,30 @@ impl LockTable {
             entry.lease_deadline = lease_deadline;
             entry.set_grant(waiter.holder, group_len, waiter.lease_s);
             if entry.is_queued()
-                && let Some(queue) = self.queues.get_mut(&*key)
+                && let Some(queue) = self.queues.find_mut(hash, key)
             {
                 queue.pop_front();
                 self.queued_pairs -= 1;
                 if queue.is_empty() {
-                    self.queues.remove(&*key);
                     entry.set_queued(false);
+                    self.drop_queue(hash, key);
                 } else {
                     self.lease_deadlines.push(Reverse(LeaseDeadline {
                         deadline: lease_deadline,
                         token,
-                        key,
+                        key: key.clone(),
+                        hash,
                     }));
                 }
             }
         }
-        self.events.push_back(LockEvent::Granted {
-            waiter: waiter.id,
-            token,
-        });
+        self.events.push_back((
+            LockEvent::Granted {
+                waiter: waiter.id,
+                token,
+            },
+            Some(lease_deadline),
+        ));
         self.metrics.grants_after_wait += 1;
         self.metrics
             .wait
@@ -212,8 +247,8 @@ impl LockTable {
     /// Planted bug: the second waiter of `key`, if it waits for this key
     /// alone, jumps the front one.
     #[cfg(feature = "planted-bugs")]
-    fn plant_skip_waiter(&mut self, key: &[u8]) {
-        let Some(queue) = self.queues.get_mut(key) else {
+    fn plant_skip_waiter(&mut self, hash: KeyHash, key: &[u8]) {
+        let Some(queue) = self.queues.find_mut(hash, key) else {
             return;
         };
         if queue.len() >= 2

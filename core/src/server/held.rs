@@ -4,7 +4,7 @@
 //! connection and one small expiry-heap entry per grant.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 
 use crate::conn::ConnId;
 use crate::hash::IdMap;
@@ -50,8 +50,10 @@ pub(crate) struct HeldCounts {
     per_conn: IdMap<ConnId, usize>,
     by_expiry: BinaryHeap<Reverse<HeldEntry>>,
     /// Heap entries of grants released before their lease ended, with how
-    /// many of each.
-    released_early: BTreeMap<HeldEntry, u32>,
+    /// many of each. Only looked up, never walked; keyed by the core's own
+    /// clock readings and connection ids (a client picks no more than its
+    /// lease seconds), so the id hasher.
+    released_early: IdMap<HeldEntry, u32>,
     /// The sum of `released_early`'s counts.
     released_early_total: usize,
     /// Every lease ending at or before this was counted off.

@@ -1,0 +1,166 @@
+//! The maps keyed by key bytes, hashed once per request: a key's hash is
+//! computed when a request arrives ([`Keyed::hash`]) and carried with the
+//! key (in waiters and lease-deadline entries too), so every look-up,
+//! insert and removal of that key afterwards only probes and compares.
+//! Key bytes come from clients, so the hash stays std's keyed SipHash
+//! (one [`RandomState`] shared by the table's maps, so one hash serves
+//! them all); see [`crate::hash`] for which maps may hash more cheaply.
+
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
+
+/// A key's hash under its table's [`RandomState`]. Only meaningful with
+/// the maps of the table that computed it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct KeyHash(u64);
+
+/// What a map's key is, as bytes (the map compares keys by these).
+pub(super) trait KeyBytes {
+    fn key_bytes(&self) -> &[u8];
+}
+
+impl KeyBytes for Box<[u8]> {
+    fn key_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A hash map from key bytes to `V`, looked up by a [`KeyHash`] computed
+/// once. Same layout as a `HashMap<K, V>`: one `(K, V)` per bucket.
+#[derive(Debug)]
+pub(super) struct Keyed<K, V> {
+    hasher: RandomState,
+    table: HashTable<(K, V)>,
+}
+
+impl<K: KeyBytes, V> Keyed<K, V> {
+    /// An empty map hashing with `hasher` (give every map that shares
+    /// hashes the same one).
+    pub(super) fn new(hasher: RandomState) -> Self {
+        Keyed {
+            hasher,
+            table: HashTable::new(),
+        }
+    }
+
+    /// `key`'s hash, for the calls below.
+    pub(super) fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash(self.hasher.hash_one(key))
+    }
+
+    /// The value of `key` (hashes it: for the paths that do not carry a
+    /// hash).
+    pub(super) fn get(&self, key: &[u8]) -> Option<&V> {
+        self.find(self.hash(key), key)
+    }
+
+    /// The value of `key`, whose hash is `hash`.
+    pub(super) fn find(&self, hash: KeyHash, key: &[u8]) -> Option<&V> {
+        self.table
+            .find(hash.0, |(k, _)| k.key_bytes() == key)
+            .map(|(_, value)| value)
+    }
+
+    /// The value of `key`, whose hash is `hash`, mutably.
+    pub(super) fn find_mut(&mut self, hash: KeyHash, key: &[u8]) -> Option<&mut V> {
+        self.table
+            .find_mut(hash.0, |(k, _)| k.key_bytes() == key)
+            .map(|(_, value)| value)
+    }
+
+    /// Removes `key` (hash `hash`) and returns its value.
+    pub(super) fn remove(&mut self, hash: KeyHash, key: &[u8]) -> Option<V> {
+        self.table
+            .find_entry(hash.0, |(k, _)| k.key_bytes() == key)
+            .ok()
+            .map(|entry| entry.remove().0.1)
+    }
+
+    /// The value of `key` (hash `hash`), inserting `make_key(key)` with
+    /// `make_value()` first if absent.
+    pub(super) fn get_or_insert_with(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        make_key: impl FnOnce(&[u8]) -> K,
+        make_value: impl FnOnce() -> V,
+    ) -> &mut V {
+        let hasher = &self.hasher;
+        let entry = self
+            .table
+            .entry(
+                hash.0,
+                |(k, _)| k.key_bytes() == key,
+                |(k, _)| hasher.hash_one(k.key_bytes()),
+            )
+            .or_insert_with(|| (make_key(key), make_value()));
+        &mut entry.into_mut().1
+    }
+
+    /// Inserts `key` (hash `hash`), known to be absent.
+    pub(super) fn insert_absent(&mut self, hash: KeyHash, key: K, value: V) {
+        debug_assert!(self.find(hash, key.key_bytes()).is_none());
+        let hasher = &self.hasher;
+        self.table.insert_unique(hash.0, (key, value), |(k, _)| {
+            hasher.hash_one(k.key_bytes())
+        });
+    }
+
+    /// Entries in the map.
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Every entry, in no particular order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.table.iter().map(|(key, value)| (key, value))
+    }
+
+    /// Every value, in no particular order.
+    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|(_, value)| value)
+    }
+
+    /// Keeps the entries for which `keep` holds.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        self.table.retain(|(key, value)| keep(key, value));
+    }
+
+    /// Removes every entry.
+    pub(super) fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_hash_serves_every_map_of_a_hasher() {
+        let hasher = RandomState::new();
+        let mut a: Keyed<Box<[u8]>, u32> = Keyed::new(hasher.clone());
+        let mut b: Keyed<Box<[u8]>, u32> = Keyed::new(hasher);
+        let hash = a.hash(b"key");
+        assert_eq!(hash, b.hash(b"key"));
+        *a.get_or_insert_with(hash, b"key", |key| key.into(), || 1) += 1;
+        b.insert_absent(hash, b"key".as_slice().into(), 7);
+        // Enough keys to resize both tables (rehashed by the same hasher).
+        for n in 0u32..1_000 {
+            let key = n.to_be_bytes();
+            a.insert_absent(a.hash(&key), key.as_slice().into(), n);
+        }
+        assert_eq!(a.find(hash, b"key"), Some(&2));
+        assert_eq!(a.get(&999u32.to_be_bytes()), Some(&999));
+        assert_eq!(b.find(hash, b"key"), Some(&7));
+        assert_eq!(a.remove(hash, b"key"), Some(2));
+        assert_eq!(a.get(b"key"), None);
+        assert_eq!(a.len(), 1_000);
+        a.retain(|_, value| *value < 10);
+        assert_eq!(a.len(), 10);
+        assert_eq!(a.values().sum::<u32>(), 45);
+        b.clear();
+        assert_eq!(b.iter().count(), 0);
+    }
+}
