@@ -469,3 +469,47 @@ impl ClusterNode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Pending, PendingKind, PendingProposals};
+    use crate::time::Instant;
+
+    fn internal(term: u64) -> Pending {
+        Pending {
+            term,
+            kind: PendingKind::Internal,
+            proposed_at: Instant::ZERO,
+        }
+    }
+
+    fn indexes(pending: PendingProposals) -> Vec<(u64, u64)> {
+        pending.into_iter().map(|(i, p)| (i, p.term)).collect()
+    }
+
+    #[test]
+    fn proposals_in_flight_stay_sorted_by_index_whatever_the_order() {
+        let mut pending = PendingProposals::default();
+        for index in [5, 7, 6, 2] {
+            pending.insert(index, internal(1));
+        }
+        // A second proposal at an index replaces the first.
+        pending.insert(6, internal(2));
+        assert_eq!(pending.len(), 4);
+        assert_eq!(indexes(pending), vec![(2, 1), (5, 1), (6, 2), (7, 1)]);
+    }
+
+    #[test]
+    fn proposals_in_flight_are_taken_by_index_only() {
+        let mut pending = PendingProposals::default();
+        for index in [3, 4, 6] {
+            pending.insert(index, internal(index));
+        }
+        assert!(pending.remove(2).is_none(), "below the first");
+        assert!(pending.remove(5).is_none(), "a gap");
+        assert_eq!(pending.remove(4).map(|p| p.term), Some(4), "not the front");
+        assert_eq!(pending.remove(3).map(|p| p.term), Some(3), "the front");
+        assert!(pending.remove(3).is_none(), "taken once");
+        assert_eq!(indexes(pending), vec![(6, 6)]);
+    }
+}
