@@ -57,7 +57,7 @@ fn every_body() -> Vec<MessageBody> {
                 Entry {
                     index: 6,
                     term: 2,
-                    kind: EntryKind::Command(b"\x02grant".to_vec()),
+                    kind: EntryKind::Command(b"\x02grant".to_vec().into()),
                 },
                 Entry {
                     index: 7,
@@ -904,7 +904,8 @@ fn arb_config() -> impl Strategy<Value = Configuration> {
 fn arb_kind() -> impl Strategy<Value = EntryKind> {
     prop_oneof![
         Just(EntryKind::Noop),
-        proptest::collection::vec(any::<u8>(), 0..40).prop_map(EntryKind::Command),
+        proptest::collection::vec(any::<u8>(), 0..40)
+            .prop_map(|bytes| EntryKind::Command(bytes.into())),
         arb_config().prop_map(EntryKind::Config),
     ]
 }

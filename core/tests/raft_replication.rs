@@ -134,7 +134,7 @@ fn an_older_terms_entry_is_not_committed_by_counting_replicas_figure_8() {
                     Entry {
                         index: 3,
                         term: 2,
-                        kind: EntryKind::Command(b"X".to_vec()),
+                        kind: EntryKind::Command(b"X".to_vec().into()),
                     },
                 ],
                 commit: 2,
@@ -382,7 +382,7 @@ fn appends(msgs: &[Message]) -> Vec<(NodeId, Vec<Vec<u8>>, u64)> {
                 entries
                     .iter()
                     .map(|e| match &e.kind {
-                        EntryKind::Command(bytes) => bytes.clone(),
+                        EntryKind::Command(bytes) => bytes.to_vec(),
                         _ => Vec::new(),
                     })
                     .collect(),

@@ -396,7 +396,7 @@ fn messages_display_in_the_documented_compact_forms() {
                         Entry {
                             index: 6,
                             term: 3,
-                            kind: EntryKind::Command(b"x".to_vec()),
+                            kind: EntryKind::Command(b"x".to_vec().into()),
                         },
                         Entry {
                             index: 7,

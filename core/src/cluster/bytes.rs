@@ -68,6 +68,11 @@ impl<'a> Reader<'a> {
         if count == 0 || count > SET_KEYS_MAX {
             return None;
         }
+        if count == 1 {
+            // The common case, without the `Vec` a group of one never keeps.
+            let len = usize::from(self.u8()?);
+            return Some(KeyGroup::single(Key::new(self.bytes(len)?).ok()?));
+        }
         let mut keys = Vec::with_capacity(count);
         for _ in 0..count {
             let len = usize::from(self.u8()?);

@@ -172,9 +172,28 @@ impl Command {
 
     /// The command's encoding.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Sized up front: growing from empty took three allocations for a
+        // one-key command, on every proposal.
+        let mut out = Vec::with_capacity(self.encoded_len());
         self.encode(&mut out);
         out
+    }
+
+    /// The length of [`Command::encode`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        let group = |keys: &KeyGroup| {
+            1 + keys
+                .keys()
+                .iter()
+                .map(|k| 1 + k.as_bytes().len())
+                .sum::<usize>()
+        };
+        match self {
+            Command::Init { .. } => 1 + 8,
+            Command::Grant { keys, .. } => 1 + 4 + group(keys),
+            Command::Release { keys, .. } | Command::Expire { keys, .. } => 1 + 8 + group(keys),
+            Command::ForceRelease { key, .. } => 1 + 1 + 8 + 1 + key.as_bytes().len(),
+        }
     }
 
     /// Decodes exactly one command filling all of `bytes`; `None` for
@@ -229,5 +248,55 @@ impl Command {
             _ => return None,
         };
         r.is_empty().then_some(command)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Command;
+    use crate::wire::{Key, KeyGroup};
+
+    fn key(text: &str) -> Key {
+        Key::new(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_of_every_kind_of_encoding() {
+        let long = "k".repeat(100);
+        let many = KeyGroup::new(vec![key("a"), key("bb"), key(&long)]).unwrap();
+        let one = KeyGroup::single(key("one-key"));
+        let commands = [
+            Command::Init { first_token: 7 },
+            Command::Grant {
+                keys: one.clone(),
+                lease_ms: 5,
+            },
+            Command::Grant {
+                keys: many.clone(),
+                lease_ms: 5,
+            },
+            Command::Release {
+                keys: one,
+                token: 9,
+            },
+            Command::Expire {
+                keys: many,
+                token: 9,
+            },
+            Command::ForceRelease {
+                key: key(&long),
+                token: Some(3),
+            },
+            Command::ForceRelease {
+                key: key("x"),
+                token: None,
+            },
+        ];
+        for command in commands {
+            let bytes = command.to_bytes();
+            assert_eq!(bytes.len(), command.encoded_len(), "{command:?}");
+            assert_eq!(bytes.capacity(), bytes.len(), "sized once: {command:?}");
+            assert_eq!(Command::decode(&bytes), Some(command));
+        }
     }
 }

@@ -44,6 +44,10 @@ pub(super) enum LeaderTimeout {
     Idle,
 }
 
+/// Voters whose match indexes [`LeaderState::maybe_commit`] sorts without
+/// allocating (more go to the heap).
+const VOTERS_ON_STACK: usize = 16;
+
 /// What [`LeaderState::maybe_commit`] did.
 #[derive(PartialEq, Eq)]
 enum Commit {
@@ -190,18 +194,28 @@ impl LeaderState {
         if quorum == 0 {
             return Commit::Unchanged;
         }
-        let mut matched: Vec<u64> = s
-            .config
-            .voters
-            .iter()
-            .map(|&v| {
-                if v == s.id {
-                    s.log.last_index()
-                } else {
-                    self.progress.get(&v).map_or(0, |p| p.match_index)
-                }
-            })
-            .collect();
+        let matched = s.config.voters.iter().map(|&v| {
+            if v == s.id {
+                s.log.last_index()
+            } else {
+                self.progress.get(&v).map_or(0, |p| p.match_index)
+            }
+        });
+        // Runs on every proposal and acknowledgement: the usual handful of
+        // voters is sorted on the stack.
+        let mut on_stack = [0u64; VOTERS_ON_STACK];
+        let mut on_heap = Vec::new();
+        let matched: &mut [u64] = if s.config.voters.len() <= VOTERS_ON_STACK {
+            let mut count = 0;
+            for (slot, index) in on_stack.iter_mut().zip(matched) {
+                *slot = index;
+                count += 1;
+            }
+            &mut on_stack[..count]
+        } else {
+            on_heap.extend(matched);
+            &mut on_heap
+        };
         matched.sort_unstable_by(|a, b| b.cmp(a));
         let candidate = matched[quorum - 1];
         // Raft §5.4.2: only an entry of the current term is committed by

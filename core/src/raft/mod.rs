@@ -42,7 +42,7 @@
 //!
 //! # Payload
 //!
-//! Commands are opaque `Vec<u8>` ([`EntryKind::Command`]): the server encodes
+//! Commands are opaque bytes ([`EntryKind::Command`]): the server encodes
 //! Grant/Release/Expire itself, and Raft stays non-generic, so the peer codec
 //! encodes one concrete message type.
 //!
@@ -662,7 +662,8 @@ impl Raft {
         if payload.len() > self.shared.cfg.entry_bytes_max {
             return Err(ProposeError::TooLarge);
         }
-        let (appended, tenure) = leader.append(&mut self.shared, EntryKind::Command(payload));
+        let (appended, tenure) =
+            leader.append(&mut self.shared, EntryKind::Command(payload.into()));
         self.end_tenure_if(tenure);
         Ok(appended)
     }

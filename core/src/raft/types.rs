@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 /// Every term, log index, commit index, hint and snapshot offset a peer
 /// sends must be below this bound (2^62); a message carrying one at or above
@@ -129,7 +130,9 @@ pub enum EntryKind {
     Noop,
     /// An application command, opaque to Raft (the server encodes
     /// Grant/Release/Expire into these bytes).
-    Command(Vec<u8>),
+    /// Shared, so that the append to each follower takes the entry
+    /// without copying its bytes.
+    Command(Arc<[u8]>),
     /// The complete new configuration. It takes effect on every node as soon
     /// as it is appended to that node's log (not when committed), and is
     /// undone if the entry is truncated away.

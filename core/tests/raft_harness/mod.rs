@@ -274,7 +274,7 @@ impl Net {
                         );
                         node.app.last_index = e.index;
                         if let EntryKind::Command(p) = &e.kind {
-                            node.app.applied.push((e.index, e.term, p.clone()));
+                            node.app.applied.push((e.index, e.term, p.to_vec()));
                         }
                         applied.push(e);
                     }
@@ -306,7 +306,7 @@ impl Net {
                 let e = Entry {
                     index: *i,
                     term: *t,
-                    kind: EntryKind::Command(p.clone()),
+                    kind: EntryKind::Command(p.clone().into()),
                 };
                 self.check_applied(nid, &e);
             }

@@ -4,6 +4,8 @@
 //! when its `(index, term)` is the one proposed), and the leader's
 //! bookkeeping of what an entry freed.
 
+use std::collections::VecDeque;
+
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::state::SnapshotError;
 use crate::conn::ConnId;
@@ -46,6 +48,55 @@ pub(super) struct Pending {
     pub(super) kind: PendingKind,
     /// When it was proposed (commit latency is observed at apply).
     pub(super) proposed_at: Instant,
+}
+
+/// The proposals in flight by log index. A leader proposes at rising
+/// indexes and applies in log order, so this is a queue: insert at the
+/// back, remove at the front (a `BTreeMap` allocated and rebalanced nodes
+/// for every proposal). Any other order is still kept sorted, by a search.
+#[derive(Debug, Default)]
+pub(super) struct PendingProposals(VecDeque<(u64, Pending)>);
+
+impl PendingProposals {
+    /// Records the proposal at `index`, replacing one already there.
+    pub(super) fn insert(&mut self, index: u64, pending: Pending) {
+        match self.0.back() {
+            Some((last, _)) if *last >= index => {
+                match self.0.binary_search_by_key(&index, |(i, _)| *i) {
+                    Ok(at) => self.0[at] = (index, pending),
+                    Err(at) => self.0.insert(at, (index, pending)),
+                }
+            }
+            _ => self.0.push_back((index, pending)),
+        }
+    }
+
+    /// Takes the proposal at `index`, if any.
+    pub(super) fn remove(&mut self, index: u64) -> Option<Pending> {
+        match self.0.front() {
+            Some((first, _)) if *first == index => self.0.pop_front().map(|(_, p)| p),
+            Some((first, _)) if *first < index => {
+                let at = self.0.binary_search_by_key(&index, |(i, _)| *i).ok()?;
+                self.0.remove(at).map(|(_, p)| p)
+            }
+            _ => None,
+        }
+    }
+
+    /// Proposals in flight.
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl IntoIterator for PendingProposals {
+    type Item = (u64, Pending);
+    type IntoIter = std::collections::vec_deque::IntoIter<(u64, Pending)>;
+
+    /// In index order.
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
 }
 
 impl ClusterNode {
@@ -186,8 +237,15 @@ impl ClusterNode {
                 }
                 _ => {}
             }
-            // Freed keys go to their queue heads.
-            leadership.dirty.extend(keys.keys().iter().cloned());
+            // Freed keys go to their queue heads, but for those a Grant
+            // proposed behind this entry already took: its apply dirties
+            // them if they stay free.
+            leadership.dirty.extend(
+                keys.keys()
+                    .iter()
+                    .filter(|k| !leadership.reserved.contains(*k))
+                    .cloned(),
+            );
         }
         if let Some(Command::Expire { token, .. }) = command {
             leadership.expiring.remove(token);
@@ -220,7 +278,7 @@ impl ClusterNode {
         entry: &Entry,
         forced_keys: Option<&KeyGroup>,
     ) -> Option<Pending> {
-        let mut pending = match self.pending.remove(&entry.index) {
+        let mut pending = match self.pending.remove(entry.index) {
             Some(p) if p.term == entry.term => {
                 let latency = now.saturating_duration_since(p.proposed_at);
                 self.counts.commit_latency.observe(latency);
@@ -280,10 +338,16 @@ impl ClusterNode {
         };
         match pending.kind {
             PendingKind::Grant(waiter) => {
+                let granted = matches!(result, ApplyResult::Granted { .. });
                 if let Some(leadership) = self.leadership.as_mut() {
                     for key in waiter.keys.keys() {
                         leadership.reserved.remove(key);
-                        leadership.dirty.push(key.clone());
+                        // Granted, the keys are held until a Release,
+                        // Expire or force-release applies (which dirties
+                        // them); refused, they may be free.
+                        if !granted {
+                            leadership.dirty.push(key.clone());
+                        }
                     }
                 }
                 self.deliver_grant(now, waiter, result);
@@ -403,5 +467,49 @@ impl ClusterNode {
                 let _ = self.raft.compact(self.state.snapshot(now));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pending, PendingKind, PendingProposals};
+    use crate::time::Instant;
+
+    fn internal(term: u64) -> Pending {
+        Pending {
+            term,
+            kind: PendingKind::Internal,
+            proposed_at: Instant::ZERO,
+        }
+    }
+
+    fn indexes(pending: PendingProposals) -> Vec<(u64, u64)> {
+        pending.into_iter().map(|(i, p)| (i, p.term)).collect()
+    }
+
+    #[test]
+    fn proposals_in_flight_stay_sorted_by_index_whatever_the_order() {
+        let mut pending = PendingProposals::default();
+        for index in [5, 7, 6, 2] {
+            pending.insert(index, internal(1));
+        }
+        // A second proposal at an index replaces the first.
+        pending.insert(6, internal(2));
+        assert_eq!(pending.len(), 4);
+        assert_eq!(indexes(pending), vec![(2, 1), (5, 1), (6, 2), (7, 1)]);
+    }
+
+    #[test]
+    fn proposals_in_flight_are_taken_by_index_only() {
+        let mut pending = PendingProposals::default();
+        for index in [3, 4, 6] {
+            pending.insert(index, internal(index));
+        }
+        assert!(pending.remove(2).is_none(), "below the first");
+        assert!(pending.remove(5).is_none(), "a gap");
+        assert_eq!(pending.remove(4).map(|p| p.term), Some(4), "not the front");
+        assert_eq!(pending.remove(3).map(|p| p.term), Some(3), "the front");
+        assert!(pending.remove(3).is_none(), "taken once");
+        assert_eq!(indexes(pending), vec![(6, 6)]);
     }
 }

@@ -398,16 +398,30 @@ impl ClusterNode {
         }
     }
 
-    /// Removes a queued waiter from the leader's table (no reply).
+    /// Removes a queued waiter from the leader's table (no reply); the
+    /// next waiter on each of its keys is looked at again.
     pub(super) fn remove_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        self.dequeue_waiter(seq, true)
+    }
+
+    /// Removes a queued waiter; with `dirty_next` the keys it leaves to a
+    /// next waiter become dirty. Not when its Grant is proposed next: those
+    /// keys are reserved until it applies, which dirties them if they
+    /// stayed free (see `after_apply`).
+    fn dequeue_waiter(&mut self, seq: u64, dirty_next: bool) -> Option<Waiter> {
         let leadership = self.leadership.as_mut()?;
         let waiter = leadership.waiters.remove(&seq)?;
         for key in waiter.keys.keys() {
             if let Some(queue) = leadership.queues.get_mut(key) {
-                queue.retain(|s| *s != seq);
+                // The head, when served (a timeout or a close may take any).
+                if queue.front() == Some(&seq) {
+                    queue.pop_front();
+                } else {
+                    queue.retain(|s| *s != seq);
+                }
                 if queue.is_empty() {
                     leadership.queues.remove(key);
-                } else {
+                } else if dirty_next {
                     leadership.dirty.push(key.clone());
                 }
             }
@@ -565,10 +579,18 @@ impl ClusterNode {
                 }
                 continue;
             }
-            if let Some(waiter) = self.remove_waiter(seq) {
+            if let Some(waiter) = self.dequeue_waiter(seq, false) {
                 progressed = true;
                 let keys = (!self.handover_wanted.is_empty()).then(|| waiter.keys.clone());
+                let retry = waiter.keys.clone();
                 let index = self.propose_grant(now, waiter);
+                if index.is_none()
+                    && let Some(leadership) = self.leadership.as_mut()
+                {
+                    // Not proposed (answered `B` or redirected): the keys
+                    // stayed free for the next waiters.
+                    leadership.dirty.extend(retry.keys().iter().cloned());
+                }
                 if let (Some(index), Some(keys)) = (index, keys) {
                     // A hand-over of a force-released grant's keys: its
                     // answer names this Grant's token once applied.

@@ -86,8 +86,7 @@ impl Machine for ClusterNode {
     /// Processes every deadline at or before `now`.
     fn handle_timeout(&mut self, now: Instant) {
         self.raft.handle_timeout(now);
-        self.close_silent_peers(now);
-        self.send_keepalives(now);
+        self.scan_peers(now);
         self.time_out_handshakes(now);
         self.reports.handle_timeout(now);
         if let Some(leadership) = self.leadership.as_mut() {

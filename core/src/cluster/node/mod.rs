@@ -99,7 +99,7 @@ pub use self::config::{
 pub use self::inspect::ADMIN_REPLIES_MAX;
 pub use self::peers::PeerLiveness;
 
-use self::apply::Pending;
+use self::apply::PendingProposals;
 use self::connections::{Conn, ConnKind, Connections};
 use self::genesis::GenesisCheck;
 use self::leadership::{Handover, Leadership};
@@ -129,7 +129,7 @@ pub struct ClusterNode {
     state: ReplicatedLocks,
     /// Index of the last entry applied to `state`.
     applied_index: u64,
-    pending: BTreeMap<u64, Pending>,
+    pending: PendingProposals,
     leadership: Option<Leadership>,
     /// The leader's slot as last told to clients.
     announced_leader: u8,
@@ -169,6 +169,11 @@ pub struct ClusterNode {
     counts: NodeCounts,
     /// Leader, voter and generation changes for the driver (bounded).
     events: NodeEvents,
+    /// No established peer link had a silence, stuck-output or keepalive
+    /// deadline before this when they were last looked at; their scan
+    /// waits for it rather than running on every input. Deadlines only
+    /// move later, but for a link just established, which resets this.
+    peer_scan_at: Instant,
 }
 
 /// What a node counts beyond Raft's counters and the applied state.
@@ -267,7 +272,7 @@ impl ClusterNode {
             raft,
             state: ReplicatedLocks::new(),
             applied_index: 0,
-            pending: BTreeMap::new(),
+            pending: PendingProposals::default(),
             leadership: None,
             announced_leader: NO_LEADER_SLOT,
             conns: Connections::new(&config, now),
@@ -286,6 +291,7 @@ impl ClusterNode {
             handover_wanted: Vec::new(),
             handovers: BTreeMap::new(),
             counts: NodeCounts::default(),
+            peer_scan_at: Instant::ZERO,
         }
     }
 
@@ -459,18 +465,42 @@ impl ClusterNode {
                 consider(Some(dial.next_attempt));
             }
         }
+        consider(self.peer_deadline());
+        earliest
+    }
+
+    /// The earliest silence, stuck-output or keepalive deadline of an
+    /// established peer link.
+    fn peer_deadline(&self) -> Option<Instant> {
         let bound = self.config.peer_silence_timeout;
         let keepalive = self.config.keepalive_interval();
+        let mut earliest: Option<Instant> = None;
         for conn in self.conns.by_id.values() {
             if let (ConnKind::Peer(peer), false) = (&conn.kind, conn.out.is_closing())
                 && peer.established.is_some()
             {
-                consider(Some(peer.last_frame_at.saturating_add(bound)));
-                consider(Some(peer.last_sealed_at.saturating_add(keepalive)));
-                consider(peer.output_pending_since.map(|t| t.saturating_add(bound)));
+                let silent = peer.last_frame_at.saturating_add(bound);
+                let keepalive = peer.last_sealed_at.saturating_add(keepalive);
+                let stuck = peer.output_pending_since.map(|t| t.saturating_add(bound));
+                let due = stuck.map_or(silent.min(keepalive), |s| s.min(silent).min(keepalive));
+                earliest = Some(earliest.map_or(due, |e| e.min(due)));
             }
         }
         earliest
+    }
+
+    /// Closes silent or stuck peer links and sends keepalives, when one of
+    /// their deadlines may have come.
+    pub(super) fn scan_peers(&mut self, now: Instant) {
+        if now < self.peer_scan_at {
+            return;
+        }
+        self.close_silent_peers(now);
+        self.send_keepalives(now);
+        // With no link to watch, the next one established resets this.
+        self.peer_scan_at = self
+            .peer_deadline()
+            .unwrap_or(Instant::from_micros(u64::MAX));
     }
 
     /// Stop serving clients: a leader hands leadership over; queued and

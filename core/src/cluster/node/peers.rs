@@ -12,7 +12,7 @@ use crate::cluster::events::NodeEvent;
 use crate::cluster::peer::{PeerHandshake, PeerHandshakeStatus, PeerIdentity};
 use crate::conn::ConnId;
 use crate::machine::Machine;
-use crate::raft::{ConfChange, Message, MessageBody, NodeId};
+use crate::raft::{ConfChange, Configuration, Message, MessageBody, NodeId};
 use crate::time::Instant;
 
 use super::ClusterNode;
@@ -203,6 +203,8 @@ impl ClusterNode {
         peer.session = peer.handshake.take_session().map(Box::new);
         peer.last_frame_at = now;
         peer.last_sealed_at = now;
+        // Its deadlines may come before those of the links already watched.
+        self.peer_scan_at = now;
         // The handshake refused floors at or above 2^63.
         if let Some(hello) = peer.handshake.peer_hello() {
             self.peer_token_floor_max = self.peer_token_floor_max.max(hello.token_floor);
@@ -276,12 +278,7 @@ impl ClusterNode {
         if !self.raft.is_leader() || self.raft.conf_change_pending() {
             return;
         }
-        let config = self.raft.config();
-        if config.contains(remote)
-            || config
-                .members()
-                .any(|m| m.slot == remote.slot && m.generation >= remote.generation)
-        {
+        if is_known_member(self.raft.config(), remote) {
             return;
         }
         // Refusals (a change in flight, the term's first commit not yet
@@ -298,7 +295,13 @@ impl ClusterNode {
         if !self.raft.is_leader() {
             return;
         }
+        if self.raft.conf_change_pending() {
+            return;
+        }
         let leader = self.raft.id();
+        let config = self.raft.config();
+        // Runs on every input: only the peers `maybe_add_learner` would
+        // propose are collected (none, almost always: no allocation).
         let members: Vec<NodeId> = self
             .conns
             .by_id
@@ -307,7 +310,7 @@ impl ClusterNode {
                 ConnKind::Peer(p) => p.established,
                 ConnKind::Client(_) => None,
             })
-            .filter(|id| *id != leader)
+            .filter(|id| *id != leader && !is_known_member(config, *id))
             .collect();
         for id in members {
             self.maybe_add_learner(now, id);
@@ -455,4 +458,13 @@ impl ClusterNode {
             .filter(|slot| self.peer_liveness(now, *slot) == PeerLiveness::Live)
             .count()
     }
+}
+
+/// Whether `remote` is in `config`, or its slot has a member of the same
+/// or a newer generation there (no learner to add).
+fn is_known_member(config: &Configuration, remote: NodeId) -> bool {
+    config.contains(remote)
+        || config
+            .members()
+            .any(|m| m.slot == remote.slot && m.generation >= remote.generation)
 }

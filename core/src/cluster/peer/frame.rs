@@ -2,6 +2,8 @@
 //! decoding incoming ones ([`PeerDecoder`]), and the byte encoding of every
 //! Raft message they carry.
 
+use std::sync::Arc;
+
 use hmac::{KeyInit, Mac};
 
 use super::{
@@ -277,6 +279,12 @@ fn get_bytes(r: &mut Reader<'_>) -> Option<Vec<u8>> {
     Some(r.bytes(len)?.to_vec())
 }
 
+fn get_shared_bytes(r: &mut Reader<'_>) -> Option<Arc<[u8]>> {
+    let len = usize::try_from(r.u32()?).ok()?;
+    // As `get_bytes`: the length is checked against what is there first.
+    Some(Arc::from(r.bytes(len)?))
+}
+
 fn get_config(r: &mut Reader<'_>) -> Option<Configuration> {
     let mut config = Configuration::default();
     for learners in [false, true] {
@@ -310,7 +318,7 @@ fn get_entry(r: &mut Reader<'_>) -> Option<Entry> {
     let term = r.u64()?;
     let kind = match r.u8()? {
         ENTRY_NOOP => EntryKind::Noop,
-        ENTRY_COMMAND => EntryKind::Command(get_bytes(r)?),
+        ENTRY_COMMAND => EntryKind::Command(get_shared_bytes(r)?),
         ENTRY_CONFIG => EntryKind::Config(get_config(r)?),
         _ => return None,
     };

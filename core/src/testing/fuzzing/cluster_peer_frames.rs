@@ -198,7 +198,7 @@ fn any_body(cursor: &mut Cursor<'_>, members: &[NodeId]) -> MessageBody {
                     term,
                     kind: match small(cursor) % 3 {
                         0 => EntryKind::Noop,
-                        1 => EntryKind::Command(cursor.bytes(6).to_vec()),
+                        1 => EntryKind::Command(cursor.bytes(6).into()),
                         _ => EntryKind::Config(crate::raft::Configuration {
                             voters: members.iter().copied().collect(),
                             learners: Default::default(),
