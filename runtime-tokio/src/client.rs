@@ -4,9 +4,10 @@
 //! Indeterminate, which attempts may be retried, conservative validity, the
 //! 5 s release window, reconnect backoff) lives in
 //! [`ticketing_core::client`], and so do the acquire and release loops
-//! ([`run_acquire`], [`run_release`]) and the tickets; this module only moves
-//! bytes between sockets and the core's [`Session`]s, reads the clock and
-//! parks futures (it implements the core's [`Broker`]).
+//! ([`run_acquire`], [`run_release`](ticketing_core::client::run_release))
+//! and the tickets; this module only moves bytes between sockets and the
+//! core's [`Session`]s, reads the clock and parks futures (it implements
+//! the core's [`Broker`]).
 //!
 //! Shape: one broker-wide [`BrokerState`] (sessions, router, pending-reply
 //! map, release queue) and, per endpoint, what a caller needs to write to
