@@ -2047,6 +2047,10 @@ impl AnsweringBroker {
     fn attempts(&self) -> usize {
         self.attempts.load(std::sync::atomic::Ordering::Relaxed)
     }
+    /// How many times its clock was read.
+    fn readings(&self) -> u64 {
+        self.now_s.load(std::sync::atomic::Ordering::Relaxed) - 1
+    }
     fn answer(&self) -> Outcome {
         self.attempts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -2124,6 +2128,36 @@ fn a_release_answered_while_submitting_ends_on_its_first_poll_and_a_retry_still_
         std::task::Poll::Ready(Err(ClientError::NotConnected))
     );
     assert!(broker.attempts() > 1, "{} attempts", broker.attempts());
+}
+
+#[test]
+fn an_outcome_handed_back_while_submitting_is_judged_at_the_submits_reading() {
+    // The acquire's deadline is one reading (one second) after it starts:
+    // the grant handed back by the submit was decided at the submit's own
+    // reading, inside the deadline, so it is granted without a second
+    // reading (at which the deadline would have passed).
+    let granted = Grant {
+        keys: key("a"),
+        token: 9,
+        valid_before: Instant::from_millis(31_000),
+    };
+    let broker = AnsweringBroker::new(Outcome::Acquired(granted.clone()));
+    let result = poll_once(ticketing_core::client::run_acquire(
+        &*broker,
+        key("a"),
+        params(secs(1), secs(30), Duration::ZERO),
+    ));
+    assert_eq!(result, std::task::Poll::Ready(Ok(granted.clone())));
+    assert_eq!(broker.readings(), 1);
+
+    // A final release reply needs no reading after the one that starts it.
+    let broker = AnsweringBroker::new(Outcome::Released);
+    let ticket = ticketing_core::client::Ticket::new(std::sync::Arc::clone(&broker), granted);
+    assert_eq!(
+        poll_once(ticket.release()),
+        std::task::Poll::Ready(Ok(ReleaseOutcome::Released))
+    );
+    assert_eq!(broker.readings(), 1);
 }
 
 #[test]

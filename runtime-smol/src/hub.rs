@@ -317,16 +317,32 @@ impl Hub {
     /// input. A closed session or a link the server ended is closed on both
     /// sides and marked `closed`. `now` is read once by the broker, on the
     /// clock it shares with the server ([`Hub::clock`]). At most 64 links.
-    pub(crate) fn exchange(&self, owner: u64, now: Instant, links: &mut [Option<MemoryLink<'_>>]) {
+    ///
+    /// The first pass looks at the links whose bit is set in `first`; the
+    /// others are looked at only once the server hands them bytes or a
+    /// close. A link left out of the first pass loses nothing: bytes or a
+    /// close the server hands it while its broker is not exchanging wake
+    /// its task (which exchanges every link), and its input is never held
+    /// back for long, since the server stops wanting a memory peer's input
+    /// only while replies wait untaken, and the hub takes them in the same
+    /// drain that serves or wakes the link.
+    pub(crate) fn exchange(
+        &self,
+        owner: u64,
+        now: Instant,
+        first: u64,
+        links: &mut [Option<MemoryLink<'_>>],
+    ) {
         debug_assert!(links.len() <= 64, "links are marked in a u64");
         let mut guard = self.lock();
         let inner = &mut *guard;
         let mut out = std::mem::take(&mut inner.scratch);
         let mut spare = std::mem::take(&mut inner.spare_inbox);
-        // Every link once (bytes may have come in, or a close, while nobody
-        // was exchanging); then only the links the server has just handed
+        // The links of `first` once (all of them: bytes may have come in,
+        // or a close, while nobody was exchanging; after a submit, the one
+        // submitted on); then only the links the server has just handed
         // bytes (or a close) to, until it hands out no more.
-        let mut due = u64::MAX;
+        let mut due = first;
         while due != 0 {
             for (index, slot) in links.iter_mut().enumerate() {
                 if due & (1 << index) == 0 {

@@ -380,13 +380,17 @@ pub async fn run_acquire<B: Broker + ?Sized>(
     let mut now = broker.now();
     let mut op = AcquireOperation::new(now, keys, params);
     loop {
+        // An outcome the submit hands back was decided at `now` (the
+        // session, and in-process the server, ran on that reading; a
+        // grant's validity counts from it), so it is judged at `now`; an
+        // outcome awaited later, at a fresh reading.
         let result = match broker.submit_at(now, true, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok(outcome),
-            Ok(Submitted::Waiting(outcome)) => Ok(outcome.await),
+            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
+            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
             Err(error) => Err(error),
         };
         let step = match result {
-            Ok(outcome) => op.on_outcome(broker.now(), outcome),
+            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
             Err(ClientError::Closed) => return Err(ClientError::Closed),
             Err(error) => op.on_error(broker.now(), error),
         };
@@ -430,19 +434,21 @@ pub(super) fn attempt_release<'b, B: Broker + ?Sized>(
             Ok(Submitted::Waiting(outcome)) => return ReleaseAttempted::Waiting(outcome),
             Err(error) => Err(error),
         };
-    ReleaseAttempted::Now(release_step(op, broker.now(), result))
+    ReleaseAttempted::Now(release_step(op, || broker.now(), result))
 }
 
-/// The step after a release attempt ended with `result` at `now`.
+/// The step after a release attempt ended with `result`; the clock
+/// (`now`) is read only when the step may be a retry, which a final reply
+/// (the usual case) is not.
 pub(super) fn release_step(
     op: &mut ReleaseOperation,
-    now: Instant,
+    now: impl FnOnce() -> Instant,
     result: Result<Outcome, ClientError>,
 ) -> ReleaseStep {
     match result {
-        Ok(outcome) => op.on_outcome(now, outcome),
+        Ok(outcome) => op.on_outcome_with(now, outcome),
         Err(ClientError::Closed) => ReleaseStep::Done(Err(ClientError::Closed)),
-        Err(error) => op.on_error(now, error),
+        Err(error) => op.on_error(now(), error),
     }
 }
 
@@ -457,7 +463,7 @@ pub async fn run_release<B: Broker + ?Sized>(
             ReleaseAttempted::Now(step) => step,
             ReleaseAttempted::Waiting(outcome) => {
                 let outcome = outcome.await;
-                release_step(&mut op, broker.now(), Ok(outcome))
+                release_step(&mut op, || broker.now(), Ok(outcome))
             }
         };
         match step {

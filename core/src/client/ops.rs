@@ -216,14 +216,23 @@ impl ReleaseOperation {
     }
     /// An attempt ended with `outcome`.
     pub fn on_outcome(&mut self, now: Instant, outcome: Outcome) -> ReleaseStep {
+        self.on_outcome_with(|| now, outcome)
+    }
+    /// [`Self::on_outcome`] reading the clock (`now`) only for an outcome
+    /// that may lead to a retry: a final reply needs no reading.
+    pub(super) fn on_outcome_with(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        outcome: Outcome,
+    ) -> ReleaseStep {
         match outcome {
             Outcome::Released => ReleaseStep::Done(Ok(ReleaseOutcome::Released)),
             Outcome::NotFound => ReleaseStep::Done(Ok(ReleaseOutcome::AlreadyGoneOrNotCurrent)),
             Outcome::Indeterminate => {
                 self.last_error = ClientError::Indeterminate;
-                self.retry(now)
+                self.retry(now())
             }
-            Outcome::Retry | Outcome::Timeout => self.retry(now),
+            Outcome::Retry | Outcome::Timeout => self.retry(now()),
             Outcome::Error(code) => ReleaseStep::Done(Err(ClientError::Protocol(format!(
                 "server rejected release with {code:?}"
             )))),

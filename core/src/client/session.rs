@@ -862,6 +862,13 @@ impl Session {
     /// Drops deadline entries of resolved requests from the top of the heap
     /// so that [`Session::poll_timeout`] is not early for them.
     fn prune_deadlines(&mut self) {
+        if self.pending.is_empty() {
+            // Every entry is of a resolved request (the usual case between
+            // requests): no lookups needed.
+            self.deadlines.clear();
+            self.overdue.clear();
+            return;
+        }
         while let Some(&Reverse((_, rid))) = self.deadlines.peek() {
             if self.pending.contains_key(&rid) {
                 break;
@@ -873,6 +880,10 @@ impl Session {
 
     /// The same for the overdue instants.
     fn prune_overdue(&mut self) {
+        if self.pending.is_empty() {
+            self.overdue.clear();
+            return;
+        }
         while let Some(&Reverse((_, rid))) = self.overdue.peek() {
             if self.pending.contains_key(&rid) {
                 break;

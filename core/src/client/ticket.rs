@@ -47,7 +47,7 @@ impl<B: Broker> Releaser for B {
             ReleaseAttempted::Waiting(outcome) => {
                 return Release::Running(Box::pin(async move {
                     let outcome = outcome.await;
-                    let step = release_step(&mut op, Broker::now(self), Ok(outcome));
+                    let step = release_step(&mut op, || Broker::now(self), Ok(outcome));
                     finish_release(self, op, step).await
                 }));
             }

@@ -56,7 +56,10 @@ impl Inner {
                 });
             }
         }
-        memory.hub.exchange(memory.owner, now, &mut batch);
+        // After a submit only the submitted link has something new to
+        // send; the server wakes the other's task for anything it hands it.
+        let first = submitted.map_or(u64::MAX, |submitted| 1 << submitted);
+        memory.hub.exchange(memory.owner, now, first, &mut batch);
         let linked: [Option<(bool, bool)>; IN_PROCESS_LINKS] = std::array::from_fn(|index| {
             batch[index]
                 .as_ref()
