@@ -174,22 +174,6 @@ fn start_server(
     (server, addr)
 }
 
-/// CPU time (user + system) a process or thread (`thread-self`) has used
-/// so far, from `/proc/PID/stat`; `None` where there is no procfs. The
-/// rounds read processes through [`proc_cpu`], which also splits user from
-/// system time.
-fn cpu_time(pid: &str) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold
-    // spaces: utime and stime are the 12th and 13th of them.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ');
-    let utime: u64 = fields.nth(11)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    // procfs counts in USER_HZ, 100 on every Linux platform we run on.
-    Some(Duration::from_millis((utime + stime) * 10))
-}
-
 /// One acquire (retrying on capacity answers, the workload's own rule), a
 /// check-and-count critical section, one release: the same for both
 /// clients.
@@ -527,7 +511,7 @@ fn core_cpu_per_op(line: bool) -> f64 {
     let mut tokens = vec![0u64; KEYS];
     let mut rid = 0u64;
     let word = |bytes: &[u8]| u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
-    let started = cpu_time("thread-self");
+    let started = proc_cpu::this_thread_cpu();
     for _ in 0..CORE_BATCHES {
         frames.clear();
         for key in &keys {
@@ -585,7 +569,7 @@ fn core_cpu_per_op(line: bool) -> f64 {
         core.exchange(&frames);
         assert_eq!(core.out[0], b'R', "in-process release not current");
     }
-    let cpu = cpu_time("thread-self")
+    let cpu = proc_cpu::this_thread_cpu()
         .zip(started)
         .map_or(Duration::ZERO, |(end, start)| end - start);
     cpu.as_secs_f64() * 1e6 / (CORE_BATCHES * KEYS) as f64
@@ -651,7 +635,7 @@ fn core_contended_cpu_per_op(inputs: usize) -> f64 {
     }
     while server.poll_wake().is_some() {}
     let mut woken = Vec::new();
-    let started = cpu_time("thread-self");
+    let started = proc_cpu::this_thread_cpu();
     for input in 0..inputs {
         let key = input % KEYS;
         let (holder, token) = holders[key];
@@ -694,7 +678,7 @@ fn core_contended_cpu_per_op(inputs: usize) -> f64 {
         }
         holders[key] = (waiter, handed_token.expect("the waiter's grant"));
     }
-    let cpu = cpu_time("thread-self")
+    let cpu = proc_cpu::this_thread_cpu()
         .zip(started)
         .map_or(Duration::ZERO, |(end, start)| end - start);
     cpu.as_secs_f64() * 1e6 / inputs as f64

@@ -54,7 +54,27 @@ impl std::ops::Add for CpuTimes {
 /// User and system time of process `pid`, all its threads (also ended
 /// ones).
 pub fn process_cpu(pid: u32) -> Option<CpuTimes> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (user, system) = stat_times(&format!("/proc/{pid}/stat"))?;
+    Some(CpuTimes {
+        user,
+        system,
+        sleeps: voluntary_switches(pid),
+    })
+}
+
+/// User plus system time of the calling thread alone.
+#[allow(
+    dead_code,
+    reason = "the throughput bench times its own thread; `ticketing bench` reads whole processes"
+)]
+pub fn this_thread_cpu() -> Option<Duration> {
+    let (user, system) = stat_times("/proc/thread-self/stat")?;
+    Some(user + system)
+}
+
+/// User and system time from a `stat` file of procfs.
+fn stat_times(path: &str) -> Option<(Duration, Duration)> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name may hold spaces and parentheses; the fields
     // after its last ')' start at field 3 (state); utime and stime are
     // fields 14 and 15.
@@ -66,13 +86,7 @@ pub fn process_cpu(pid: u32) -> Option<CpuTimes> {
             ticks.checked_mul(1000 / TICKS_PER_SECOND)?,
         ))
     };
-    let user = ticks(fields.next())?;
-    let system = ticks(fields.next())?;
-    Some(CpuTimes {
-        user,
-        system,
-        sleeps: voluntary_switches(pid),
-    })
+    Some((ticks(fields.next())?, ticks(fields.next())?))
 }
 
 /// Voluntary context switches of `pid`'s threads, from each thread's
