@@ -222,8 +222,10 @@ impl ClusterNode {
             // A queue head waits, or already took the keys in a Grant
             // proposed right after this Release.
             let waited_for = keys.keys().iter().any(|k| {
-                leadership.queues.get(k).is_some_and(|q| !q.is_empty())
-                    || leadership.reserved.contains(k)
+                leadership
+                    .keys
+                    .get(k)
+                    .is_some_and(|q| !q.waiters.is_empty() || q.reserved)
             });
             match (command, waited_for) {
                 (Some(Command::Expire { .. }), true) => {
@@ -243,7 +245,7 @@ impl ClusterNode {
             leadership.dirty.extend(
                 keys.keys()
                     .iter()
-                    .filter(|k| !leadership.reserved.contains(*k))
+                    .filter(|k| !leadership.keys.get(k).is_some_and(|q| q.reserved))
                     .cloned(),
             );
         }
@@ -252,7 +254,9 @@ impl ClusterNode {
         }
         if let Some(Command::Release { keys, .. }) = command {
             for key in keys.keys() {
-                leadership.releasing.remove(key);
+                leadership
+                    .keys
+                    .update_existing(key, |q| q.releasing = false);
             }
         }
         match (command, result) {
@@ -341,7 +345,7 @@ impl ClusterNode {
                 let granted = matches!(result, ApplyResult::Granted { .. });
                 if let Some(leadership) = self.leadership.as_mut() {
                     for key in waiter.keys.keys() {
-                        leadership.reserved.remove(key);
+                        leadership.keys.update_existing(key, |q| q.reserved = false);
                         // Granted, the keys are held until a Release,
                         // Expire or force-release applies (which dirties
                         // them); refused, they may be free.

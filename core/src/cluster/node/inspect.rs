@@ -108,7 +108,7 @@ impl ClusterNode {
                 .conn_of(token)
                 .and_then(|conn| self.conn_view(conn)),
         });
-        let queue = leadership.queues.get(key);
+        let queue = leadership.keys.get(key).map(|q| &q.waiters);
         let waiters: Vec<WaiterView> = queue
             .into_iter()
             .flatten()
@@ -163,9 +163,9 @@ impl ClusterNode {
             .collect();
         keys.extend(
             leadership
-                .queues
+                .keys
                 .iter()
-                .filter(|(key, queue)| !queue.is_empty() && key.as_bytes().starts_with(prefix))
+                .filter(|(key, q)| !q.waiters.is_empty() && key.as_bytes().starts_with(prefix))
                 .map(|(key, _)| key),
         );
         let truncated = keys.len() > limit;

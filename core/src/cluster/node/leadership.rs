@@ -6,7 +6,7 @@
 //! leader, which is why it lives apart from the node's replicated state.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
@@ -21,6 +21,7 @@ use crate::wire::{Key, KeyGroup};
 use super::ClusterNode;
 use super::apply::{Pending, PendingKind};
 use super::connections::{Conn, ConnKind};
+use super::keys::LeaderKeys;
 
 /// How soon an `Expire` that could not be proposed is retried; also the
 /// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
@@ -51,18 +52,12 @@ pub(super) struct Leadership {
     pub(super) init_proposed: bool,
     /// Queued waiters by arrival sequence number.
     pub(super) waiters: BTreeMap<u64, Waiter>,
-    /// Each key's waiters (sequence numbers), FIFO.
-    pub(super) queues: HashMap<Key, VecDeque<u64>>,
+    /// Each key's waiters (sequence numbers, FIFO), whether a Grant in
+    /// flight reserves it and whether its holder's Release is in flight.
+    pub(super) keys: LeaderKeys,
     /// Queued waiters' deadlines, earliest first (those already gone are
     /// skipped when due).
     pub(super) wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
-    /// Keys of Grant proposals not yet applied.
-    pub(super) reserved: HashSet<Key>,
-    /// Keys whose holder's Release is proposed and not yet applied. Their
-    /// queue head's Grant may be proposed at once: it follows the Release
-    /// in the log, so one commit carries the whole hand-over. Only held
-    /// keys enter, so it is bounded by the held keys.
-    pub(super) releasing: HashSet<Key>,
     /// Tokens with an `Expire` in flight.
     pub(super) expiring: HashSet<u64>,
     /// Keys whose queue head may have become grantable.
@@ -172,7 +167,7 @@ impl ClusterNode {
                     (hands_over, self.leadership.as_mut(), &command)
                 {
                     for key in keys.keys() {
-                        leadership.releasing.insert(key.clone());
+                        leadership.keys.update(key, |q| q.releasing = true);
                         leadership.dirty.push(key.clone());
                     }
                 }
@@ -217,8 +212,10 @@ impl ClusterNode {
         };
         let free = keys.keys().iter().all(|k| {
             !self.state.is_held(k)
-                && !leadership.reserved.contains(k)
-                && leadership.queues.get(k).is_none_or(VecDeque::is_empty)
+                && leadership
+                    .keys
+                    .get(k)
+                    .is_none_or(|q| !q.reserved && q.waiters.is_empty())
         });
         let waiter = Waiter {
             conn: conn_id,
@@ -304,7 +301,7 @@ impl ClusterNode {
         };
         let over_total = leadership.waiters.len() >= limits.waiters_total_max;
         let over_per_key = waiter.keys.keys().iter().any(|k| {
-            leadership.queues.get(k).map_or(0, VecDeque::len) >= limits.waiters_per_key_max
+            leadership.keys.get(k).map_or(0, |q| q.waiters.len()) >= limits.waiters_per_key_max
         });
         if over_total || over_per_key {
             if over_total {
@@ -321,11 +318,7 @@ impl ClusterNode {
             return;
         };
         for key in waiter.keys.keys() {
-            leadership
-                .queues
-                .entry(key.clone())
-                .or_default()
-                .push_back(seq);
+            leadership.keys.update(key, |q| q.waiters.push_back(seq));
         }
         leadership
             .wait_deadlines
@@ -351,9 +344,9 @@ impl ClusterNode {
         match self.raft.propose(now, command.to_bytes()) {
             Ok((index, term)) => {
                 if let Some(leadership) = self.leadership.as_mut() {
-                    leadership
-                        .reserved
-                        .extend(waiter.keys.keys().iter().cloned());
+                    for key in waiter.keys.keys() {
+                        leadership.keys.update(key, |q| q.reserved = true);
+                    }
                 }
                 self.pending.insert(
                     index,
@@ -412,18 +405,18 @@ impl ClusterNode {
         let leadership = self.leadership.as_mut()?;
         let waiter = leadership.waiters.remove(&seq)?;
         for key in waiter.keys.keys() {
-            if let Some(queue) = leadership.queues.get_mut(key) {
+            let left = leadership.keys.update_existing(key, |q| {
+                let queue = &mut q.waiters;
                 // The head, when served (a timeout or a close may take any).
                 if queue.front() == Some(&seq) {
                     queue.pop_front();
                 } else {
                     queue.retain(|s| *s != seq);
                 }
-                if queue.is_empty() {
-                    leadership.queues.remove(key);
-                } else if dirty_next {
-                    leadership.dirty.push(key.clone());
-                }
+                !queue.is_empty()
+            });
+            if left == Some(true) && dirty_next {
+                leadership.dirty.push(key.clone());
             }
         }
         if let Some(Conn {
@@ -550,7 +543,7 @@ impl ClusterNode {
             let Some(key) = leadership.dirty.pop() else {
                 return progressed;
             };
-            let Some(&seq) = leadership.queues.get(&key).and_then(VecDeque::front) else {
+            let Some(seq) = leadership.keys.get(&key).and_then(|q| q.head()) else {
                 continue;
             };
             let Some(waiter) = leadership.waiters.get(&seq) else {
@@ -562,10 +555,13 @@ impl ClusterNode {
             let grantable = queue_rule::key_set_grantable(
                 seq,
                 waiter.keys.keys(),
-                |k| leadership.queues.get(*k).and_then(VecDeque::front).copied(),
+                |k| leadership.keys.get(k).and_then(|q| q.head()),
                 |k| {
-                    (!self.state.is_held(k) || leadership.releasing.contains(*k))
-                        && !leadership.reserved.contains(*k)
+                    let (releasing, reserved) = leadership
+                        .keys
+                        .get(k)
+                        .map_or((false, false), |q| (q.releasing, q.reserved));
+                    (releasing || !self.state.is_held(k)) && !reserved
                 },
             );
             if !grantable {

@@ -89,6 +89,7 @@ mod config;
 mod connections;
 mod genesis;
 mod inspect;
+mod keys;
 mod leadership;
 mod machine;
 mod peers;
@@ -518,7 +519,7 @@ impl ClusterNode {
         if let Some(leadership) = self.leadership.as_mut() {
             let waiters = std::mem::take(&mut leadership.waiters);
             let held = std::mem::take(&mut leadership.held);
-            leadership.queues.clear();
+            leadership.keys.clear_waiters();
             for (_, waiter) in waiters {
                 self.answer(waiter.conn, &waiter.reply_to, Answer::NotActive);
             }

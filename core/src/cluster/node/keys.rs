@@ -1,0 +1,146 @@
+//! The leader's per-key table ([`LeaderKeys`]): for every key it knows
+//! something about beyond the applied state, the waiters queued on it,
+//! whether a Grant in flight reserves it and whether its holder's Release
+//! is in flight. One map, so a key is hashed and found once where three
+//! tables (queues, reserved, releasing) each hashed it. Key bytes come
+//! from clients, so the hash stays std's keyed SipHash. Nothing iterates
+//! it in an order that matters (the listing sorts what it takes).
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
+
+use crate::wire::Key;
+
+/// What the leader knows of one key beyond the applied state. A key
+/// with no waiter that is neither reserved nor releasing has no entry.
+#[derive(Debug, Default)]
+pub(super) struct KeyQueue {
+    /// Its waiters (sequence numbers), FIFO.
+    pub(super) waiters: VecDeque<u64>,
+    /// A Grant proposal not yet applied takes it.
+    pub(super) reserved: bool,
+    /// Its holder's Release is proposed and not yet applied. The queue
+    /// head's Grant may be proposed at once: it follows the Release in the
+    /// log, so one commit carries the whole hand-over. Only held keys get
+    /// it, so it is bounded by the held keys.
+    pub(super) releasing: bool,
+}
+
+impl KeyQueue {
+    fn is_idle(&self) -> bool {
+        self.waiters.is_empty() && !self.reserved && !self.releasing
+    }
+
+    /// The first waiter.
+    pub(super) fn head(&self) -> Option<u64> {
+        self.waiters.front().copied()
+    }
+}
+
+/// The leader's keys (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct LeaderKeys {
+    hasher: RandomState,
+    table: HashTable<(Key, KeyQueue)>,
+}
+
+impl LeaderKeys {
+    fn hash(&self, key: &Key) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
+    }
+
+    /// What is known of `key`, if anything.
+    pub(super) fn get(&self, key: &Key) -> Option<&KeyQueue> {
+        self.table
+            .find(self.hash(key), |(k, _)| k == key)
+            .map(|(_, queue)| queue)
+    }
+
+    /// Runs `change` on `key`'s entry (made if absent), which goes again
+    /// if `change` left it idle.
+    pub(super) fn update<R>(&mut self, key: &Key, change: impl FnOnce(&mut KeyQueue) -> R) -> R {
+        let hash = self.hash(key);
+        let hasher = &self.hasher;
+        let entry = self.table.entry(
+            hash,
+            |(k, _)| k == key,
+            |(k, _)| hasher.hash_one(k.as_bytes()),
+        );
+        let mut entry = entry.or_insert_with(|| (key.clone(), KeyQueue::default()));
+        let result = change(&mut entry.get_mut().1);
+        if entry.get().1.is_idle() {
+            entry.remove();
+        }
+        result
+    }
+
+    /// Runs `change` on `key`'s entry if it has one, which goes if
+    /// `change` left it idle.
+    pub(super) fn update_existing<R>(
+        &mut self,
+        key: &Key,
+        change: impl FnOnce(&mut KeyQueue) -> R,
+    ) -> Option<R> {
+        let hash = self.hash(key);
+        let mut entry = self.table.find_entry(hash, |(k, _)| k == key).ok()?;
+        let result = change(&mut entry.get_mut().1);
+        if entry.get().1.is_idle() {
+            entry.remove();
+        }
+        Some(result)
+    }
+
+    /// Every key with its entry, in no particular order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&Key, &KeyQueue)> {
+        self.table.iter().map(|(key, queue)| (key, queue))
+    }
+
+    /// Forgets every waiter (shutdown), keeping what Grants and Releases
+    /// in flight reserve.
+    pub(super) fn clear_waiters(&mut self) {
+        self.table.retain(|(_, queue)| {
+            queue.waiters.clear();
+            !queue.is_idle()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaderKeys;
+    use crate::wire::Key;
+
+    fn key(name: &str) -> Key {
+        Key::new(name.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn an_entry_lives_while_it_has_a_waiter_a_reservation_or_a_release() {
+        let mut keys = LeaderKeys::default();
+        keys.update(&key("a"), |q| q.waiters.push_back(1));
+        keys.update(&key("a"), |q| q.reserved = true);
+        keys.update(&key("b"), |q| q.releasing = true);
+        assert_eq!(keys.get(&key("a")).and_then(|q| q.head()), Some(1));
+        keys.update_existing(&key("a"), |q| q.waiters.pop_front());
+        assert!(
+            keys.get(&key("a")).is_some_and(|q| q.reserved),
+            "still reserved"
+        );
+        keys.update_existing(&key("a"), |q| q.reserved = false);
+        assert!(keys.get(&key("a")).is_none(), "idle: gone");
+        assert!(keys.update_existing(&key("a"), |_| ()).is_none());
+        // Nothing to change leaves no entry behind.
+        keys.update(&key("c"), |_| ());
+        assert!(keys.get(&key("c")).is_none());
+        keys.update(&key("b"), |q| q.waiters.push_back(2));
+        keys.clear_waiters();
+        assert!(
+            keys.get(&key("b"))
+                .is_some_and(|q| q.waiters.is_empty() && q.releasing)
+        );
+        keys.update_existing(&key("b"), |q| q.releasing = false);
+        assert_eq!(keys.iter().count(), 0);
+    }
+}
