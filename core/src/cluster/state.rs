@@ -10,13 +10,17 @@
 //! node and has had no effect until its Grant commits.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::{ApplyResult, Command};
+use crate::hash::IdMap;
 use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
-use crate::wire::{Key, KeyGroup};
+use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
 
 /// A snapshot's token counter must not exceed this (2^63): counters start
 /// below [`crate::cluster::command::FIRST_TOKEN_MAX`] (2^62) and grow by one
@@ -84,16 +88,72 @@ impl core::fmt::Display for SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
+/// The token holding each held key: a hash table under std's keyed
+/// SipHash (key bytes come from clients), each key hashed once per
+/// command. Unordered: whatever lists keys sorts them.
+#[derive(Clone, Debug, Default)]
+struct KeyHolders {
+    hasher: RandomState,
+    table: HashTable<(Key, u64)>,
+}
+
+impl KeyHolders {
+    fn hash(&self, key: &Key) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
+    }
+
+    /// The token holding `key`, whose hash is `hash`.
+    fn find(&self, hash: u64, key: &Key) -> Option<u64> {
+        self.table
+            .find(hash, |(k, _)| k == key)
+            .map(|(_, token)| *token)
+    }
+
+    fn get(&self, key: &Key) -> Option<u64> {
+        self.find(self.hash(key), key)
+    }
+
+    /// Records `token` as `key`'s holder, `key` (hash `hash`) being free.
+    fn insert_free(&mut self, hash: u64, key: Key, token: u64) {
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, (key, token), |(k, _)| hasher.hash_one(k.as_bytes()));
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Ok(entry) = self.table.find_entry(self.hash(key), |(k, _)| k == key) {
+            entry.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The held keys that start with `prefix`, ascending.
+    fn sorted_with_prefix(&self, prefix: &[u8]) -> Vec<&Key> {
+        let mut keys: Vec<&Key> = self
+            .table
+            .iter()
+            .map(|(key, _)| key)
+            .filter(|key| key.as_bytes().starts_with(prefix))
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+}
+
 /// The replicated state machine of cluster mode.
 #[derive(Clone, Debug, Default)]
 pub struct ReplicatedLocks {
     /// The next token a Grant gets; 0 until [`Command::Init`] is applied.
     next_token: u64,
-    /// Grants by token (ascending = grant order, which makes snapshots
-    /// deterministic).
-    grants: BTreeMap<u64, Holding>,
+    /// Grants by token. Unordered: what lists them (snapshots, views)
+    /// sorts them by token, which is grant order, so snapshots stay
+    /// deterministic.
+    grants: IdMap<u64, Holding>,
     /// The token holding each held key.
-    keys: BTreeMap<Key, u64>,
+    keys: KeyHolders,
     /// Lease deadlines by token; entries of released or re-armed grants are
     /// skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -143,7 +203,7 @@ impl ReplicatedLocks {
         token: Option<u64>,
         applied_at: Instant,
     ) -> ApplyResult {
-        let Some(&held) = self.keys.get(key) else {
+        let Some(held) = self.keys.get(key) else {
             return ApplyResult::ForceNotHeld;
         };
         if token.is_some_and(|t| t != held) {
@@ -168,8 +228,17 @@ impl ReplicatedLocks {
     }
 
     fn apply_grant(&mut self, keys: &KeyGroup, lease_ms: u32, applied_at: Instant) -> ApplyResult {
-        if self.next_token == 0 || keys.keys().iter().any(|k| self.keys.contains_key(k)) {
+        if self.next_token == 0 {
             return ApplyResult::GrantRejected;
+        }
+        // Each key hashed once: for the check that it is free and again
+        // to record its holder.
+        let mut hashes = [0u64; SET_KEYS_MAX];
+        for (hash, key) in hashes.iter_mut().zip(keys.keys()) {
+            *hash = self.keys.hash(key);
+            if self.keys.find(*hash, key).is_some() {
+                return ApplyResult::GrantRejected;
+            }
         }
         let token = self.next_token;
         let Some(next) = token.checked_add(1) else {
@@ -179,8 +248,8 @@ impl ReplicatedLocks {
         };
         self.next_token = next;
         let deadline = applied_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
-        for key in keys.keys() {
-            self.keys.insert(key.clone(), token);
+        for (hash, key) in hashes.iter().zip(keys.keys()) {
+            self.keys.insert_free(*hash, key.clone(), token);
         }
         self.grants.insert(
             token,
@@ -314,7 +383,7 @@ impl ReplicatedLocks {
 
     /// The token and grant holding `key`.
     pub fn holder(&self, key: &Key) -> Option<(u64, &Holding)> {
-        let token = *self.keys.get(key)?;
+        let token = self.keys.get(key)?;
         Some((token, self.grants.get(&token)?))
     }
 
@@ -325,12 +394,19 @@ impl ReplicatedLocks {
 
     /// Whether `key` is held.
     pub fn is_held(&self, key: &Key) -> bool {
-        self.keys.contains_key(key)
+        self.keys.get(key).is_some()
     }
 
     /// Current grants, ascending by token.
     pub fn grants(&self) -> impl Iterator<Item = (u64, &Holding)> {
-        self.grants.iter().map(|(t, h)| (*t, h))
+        self.sorted_grants().into_iter()
+    }
+
+    /// Current grants, ascending by token.
+    fn sorted_grants(&self) -> Vec<(u64, &Holding)> {
+        let mut grants: Vec<(u64, &Holding)> = self.grants.iter().map(|(t, h)| (*t, h)).collect();
+        grants.sort_unstable_by_key(|(token, _)| *token);
+        grants
     }
 
     /// Held keys starting with `prefix`, ascending (every held key for an
@@ -339,20 +415,12 @@ impl ReplicatedLocks {
         &'a self,
         prefix: &'a [u8],
     ) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
-        if prefix.is_empty() {
-            return Box::new(self.keys.keys());
-        }
-        // A valid prefix is itself a valid key and the least key starting
-        // with it; an invalid one (too long, a space) starts no key.
-        let Ok(start) = Key::new(prefix) else {
+        // An invalid prefix (too long, a space, not UTF-8) starts no key
+        // as a prefix is taken here: a valid one is itself a valid key.
+        if !prefix.is_empty() && Key::new(prefix).is_err() {
             return Box::new(std::iter::empty());
-        };
-        Box::new(
-            self.keys
-                .range(start..)
-                .map(|(key, _)| key)
-                .take_while(move |key| key.as_bytes().starts_with(prefix)),
-        )
+        }
+        Box::new(self.keys.sorted_with_prefix(prefix).into_iter())
     }
 
     /// Number of held keys.
@@ -364,9 +432,9 @@ impl ReplicatedLocks {
     /// local deadlines), for determinism checks.
     pub fn replicated_view(&self) -> (u64, Vec<(u64, KeyGroup, u32)>) {
         let grants = self
-            .grants
-            .iter()
-            .map(|(t, h)| (*t, h.keys.clone(), h.lease_ms))
+            .sorted_grants()
+            .into_iter()
+            .map(|(t, h)| (t, h.keys.clone(), h.lease_ms))
             .collect();
         (self.next_token, grants)
     }
@@ -386,7 +454,7 @@ impl ReplicatedLocks {
                 .unwrap_or(u32::MAX)
                 .to_be_bytes(),
         );
-        for (token, holding) in &self.grants {
+        for (token, holding) in self.sorted_grants() {
             let remaining_us = duration_micros(holding.deadline.saturating_duration_since(now));
             // Rounding up keeps the lease from getting shorter on restore.
             let remaining_ms = remaining_us.div_ceil(1_000);
@@ -452,9 +520,11 @@ impl ReplicatedLocks {
             }
             last_token = token;
             for key in keys.keys() {
-                if state.keys.insert(key.clone(), token).is_some() {
+                let hash = state.keys.hash(key);
+                if state.keys.find(hash, key).is_some() {
                     return Err(SnapshotError::Inconsistent);
                 }
+                state.keys.insert_free(hash, key.clone(), token);
             }
             let deadline = now.saturating_add(Duration::from_millis(u64::from(remaining_ms)));
             state.grants.insert(
