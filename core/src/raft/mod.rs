@@ -167,6 +167,7 @@ mod progress;
 mod types;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 pub use self::config::RaftConfig;
 use self::leader::{LeaderState, LeaderTimeout, Tenure};
@@ -653,17 +654,25 @@ impl Raft {
     /// the command took effect if and only if [`Raft::poll_committed`] later
     /// yields an entry with exactly this index and term. A different term at
     /// that index means it was overwritten and never takes effect.
-    pub fn propose(&mut self, now: Instant, payload: Vec<u8>) -> Result<(u64, u64), ProposeError> {
+    ///
+    /// `payload` becomes the entry's shared bytes: from a borrowed slice
+    /// that is the one allocation the entry makes (from a `Vec`, a copy
+    /// too).
+    pub fn propose(
+        &mut self,
+        now: Instant,
+        payload: impl Into<Arc<[u8]>>,
+    ) -> Result<(u64, u64), ProposeError> {
         self.shared.now = self.shared.now.max(now);
         let RoleState::Leader(leader) = &mut self.role else {
             return Err(self.shared.not_leader());
         };
         leader.check_can_propose(&self.shared)?;
+        let payload: Arc<[u8]> = payload.into();
         if payload.len() > self.shared.cfg.entry_bytes_max {
             return Err(ProposeError::TooLarge);
         }
-        let (appended, tenure) =
-            leader.append(&mut self.shared, EntryKind::Command(payload.into()));
+        let (appended, tenure) = leader.append(&mut self.shared, EntryKind::Command(payload));
         self.end_tenure_if(tenure);
         Ok(appended)
     }

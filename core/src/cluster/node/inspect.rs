@@ -206,7 +206,7 @@ impl ClusterNode {
             key: req.key,
             token: req.token,
         };
-        match self.raft.propose(now, command.to_bytes()) {
+        match self.propose_command(now, &command) {
             Ok((index, term)) => {
                 self.pending.insert(
                     index,

@@ -86,6 +86,18 @@ pub(super) fn leader_reply(leader: Option<NodeId>) -> Answer {
 }
 
 impl ClusterNode {
+    /// Proposes `command`, encoded in the node's buffer: the entry's bytes
+    /// are its one allocation.
+    pub(super) fn propose_command(
+        &mut self,
+        now: Instant,
+        command: &Command,
+    ) -> Result<(u64, u64), ProposeError> {
+        self.encode_buf.clear();
+        command.encode(&mut self.encode_buf);
+        self.raft.propose(now, self.encode_buf.as_slice())
+    }
+
     fn not_serving_reply(&self) -> Option<Answer> {
         if self.shutting_down || !self.raft.is_voter() {
             return Some(Answer::NotActive);
@@ -161,7 +173,7 @@ impl ClusterNode {
         // The holder gives up exactly what it holds: the Release will apply.
         let hands_over = self.state.grant(token).is_some_and(|h| h.keys == keys);
         let command = Command::Release { keys, token };
-        match self.raft.propose(now, command.to_bytes()) {
+        match self.propose_command(now, &command) {
             Ok((index, term)) => {
                 if let (true, Some(leadership), Command::Release { keys, .. }) =
                     (hands_over, self.leadership.as_mut(), &command)
@@ -341,7 +353,7 @@ impl ClusterNode {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
         };
-        match self.raft.propose(now, command.to_bytes()) {
+        match self.propose_command(now, &command) {
             Ok((index, term)) => {
                 if let Some(leadership) = self.leadership.as_mut() {
                     for key in waiter.keys.keys() {
@@ -375,7 +387,7 @@ impl ClusterNode {
         if !self.raft.is_leader() {
             return false;
         }
-        match self.raft.propose(now, command.to_bytes()) {
+        match self.propose_command(now, &command) {
             Ok((index, term)) => {
                 self.pending.insert(
                     index,

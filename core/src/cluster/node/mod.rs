@@ -175,6 +175,9 @@ pub struct ClusterNode {
     /// waits for it rather than running on every input. Deadlines only
     /// move later, but for a link just established, which resets this.
     peer_scan_at: Instant,
+    /// Where a proposed command is encoded (kept: no allocation but the
+    /// entry's own).
+    encode_buf: Vec<u8>,
 }
 
 /// What a node counts beyond Raft's counters and the applied state.
@@ -293,6 +296,7 @@ impl ClusterNode {
             handovers: BTreeMap::new(),
             counts: NodeCounts::default(),
             peer_scan_at: Instant::ZERO,
+            encode_buf: Vec::new(),
         }
     }
 
