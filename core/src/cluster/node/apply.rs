@@ -14,7 +14,7 @@ use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::raft::{Committed, Entry, EntryKind, Event};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
-use crate::wire::{Key, KeyGroup};
+use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
 
 use super::ClusterNode;
 use super::connections::{Conn, ConnKind};
@@ -210,23 +210,44 @@ impl ClusterNode {
         let Some(leadership) = self.leadership.as_mut() else {
             return;
         };
+        // A Release's keys are no longer releasing, whatever it did; what
+        // each still has queued or reserved is read in the same look-up.
+        let mut flags = [(false, false); SET_KEYS_MAX];
+        if let Some(Command::Release { keys, .. }) = command {
+            for (flag, key) in flags.iter_mut().zip(keys.keys()) {
+                *flag = leadership
+                    .keys
+                    .update_existing(key, |q| {
+                        q.releasing = false;
+                        (!q.waiters.is_empty(), q.reserved)
+                    })
+                    .unwrap_or_default();
+            }
+        }
         let freed = match (command, result) {
-            (Some(Command::Release { keys, .. }), ApplyResult::Released)
-            | (Some(Command::Expire { keys, .. }), ApplyResult::Expired { existed: true }) => {
+            (Some(Command::Release { keys, .. }), ApplyResult::Released) => Some(keys),
+            (Some(Command::Expire { keys, .. }), ApplyResult::Expired { existed: true }) => {
                 Some(keys)
             }
             (Some(Command::ForceRelease { .. }), ApplyResult::ForceReleased { .. }) => forced_keys,
             _ => None,
         };
+        if let (Some(keys), false) = (freed, matches!(command, Some(Command::Release { .. }))) {
+            // Looked up here (a Release's were above).
+            for (flag, key) in flags.iter_mut().zip(keys.keys()) {
+                *flag = leadership
+                    .keys
+                    .get(key)
+                    .map_or((false, false), |q| (!q.waiters.is_empty(), q.reserved));
+            }
+        }
         if let Some(keys) = freed {
+            let flags = &flags[..keys.len().min(SET_KEYS_MAX)];
             // A queue head waits, or already took the keys in a Grant
             // proposed right after this Release.
-            let waited_for = keys.keys().iter().any(|k| {
-                leadership
-                    .keys
-                    .get(k)
-                    .is_some_and(|q| !q.waiters.is_empty() || q.reserved)
-            });
+            let waited_for = flags
+                .iter()
+                .any(|(waiting, reserved)| *waiting || *reserved);
             match (command, waited_for) {
                 (Some(Command::Expire { .. }), true) => {
                     self.counts.expiries_handed_over += 1;
@@ -245,19 +266,13 @@ impl ClusterNode {
             leadership.dirty.extend(
                 keys.keys()
                     .iter()
-                    .filter(|k| !leadership.keys.get(k).is_some_and(|q| q.reserved))
-                    .cloned(),
+                    .zip(flags)
+                    .filter(|(_, (_, reserved))| !reserved)
+                    .map(|(key, _)| key.clone()),
             );
         }
         if let Some(Command::Expire { token, .. }) = command {
             leadership.expiring.remove(token);
-        }
-        if let Some(Command::Release { keys, .. }) = command {
-            for key in keys.keys() {
-                leadership
-                    .keys
-                    .update_existing(key, |q| q.releasing = false);
-            }
         }
         match (command, result) {
             (Some(Command::Release { token, .. }), ApplyResult::Released)

@@ -21,7 +21,7 @@ use crate::wire::{Key, KeyGroup};
 use super::ClusterNode;
 use super::apply::{Pending, PendingKind};
 use super::connections::{Conn, ConnKind};
-use super::keys::LeaderKeys;
+use super::keys::{KeyQueue, LeaderKeys};
 
 /// How soon an `Expire` that could not be proposed is retried; also the
 /// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
@@ -555,7 +555,10 @@ impl ClusterNode {
             let Some(key) = leadership.dirty.pop() else {
                 return progressed;
             };
-            let Some(seq) = leadership.keys.get(&key).and_then(|q| q.head()) else {
+            let Some(queue) = leadership.keys.get(&key) else {
+                continue;
+            };
+            let Some(seq) = queue.head() else {
                 continue;
             };
             let Some(waiter) = leadership.waiters.get(&seq) else {
@@ -564,18 +567,23 @@ impl ClusterNode {
             // Free here: not held (or its holder's Release is in flight,
             // ahead of this Grant in the log) and not reserved by a Grant
             // in flight.
-            let grantable = queue_rule::key_set_grantable(
-                seq,
-                waiter.keys.keys(),
-                |k| leadership.keys.get(k).and_then(|q| q.head()),
-                |k| {
-                    let (releasing, reserved) = leadership
-                        .keys
-                        .get(k)
-                        .map_or((false, false), |q| (q.releasing, q.reserved));
-                    (releasing || !self.state.is_held(k)) && !reserved
-                },
-            );
+            let free = |queue: &KeyQueue, k: &Key| {
+                (queue.releasing || !self.state.is_held(k)) && !queue.reserved
+            };
+            let grantable = if waiter.keys.len() == 1 {
+                // It waits on this key alone, and heads its queue.
+                free(queue, &key)
+            } else {
+                queue_rule::key_set_grantable(
+                    seq,
+                    waiter.keys.keys(),
+                    |k| leadership.keys.get(k).and_then(KeyQueue::head),
+                    |k| match leadership.keys.get(k) {
+                        Some(queue) => free(queue, k),
+                        None => !self.state.is_held(k),
+                    },
+                )
+            };
             if !grantable {
                 continue;
             }
