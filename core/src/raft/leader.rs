@@ -180,6 +180,15 @@ impl LeaderState {
             self.sync_progress(s, false);
         }
         self.flush_pending = true;
+        // With a quorum of two or more, an entry of ours cannot move the
+        // commit index by itself: our own match is the highest, so the
+        // majority's index is another voter's, which appending leaves as it
+        // was. Only a quorum of one (ourselves) or a configuration (new
+        // voters) can, so only then is it looked at; this runs on every
+        // proposal.
+        if !is_config && s.config.quorum() > 1 {
+            return ((index, s.term), Tenure::Continues);
+        }
         let tenure = match self.maybe_commit(s) {
             Commit::OwnRemoval => Tenure::Ends,
             Commit::Unchanged | Commit::Advanced => Tenure::Continues,
