@@ -8,7 +8,8 @@
 //! its undelivered grants are released), leader notices, and the driver's
 //! wake/transmit contract. Peer-specific work is in `peers`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::net::IpAddr;
 
 use crate::auth::{Hello, NONCE_LEN, WireMode};
@@ -17,6 +18,7 @@ use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::peer::{PeerHandshake, PeerSession};
 use crate::conn::client::{Answer, ClientFront, Delivery, FrontInput, FrontTimeout, ReplyTo};
 use crate::conn::{ConnId, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
+use crate::hash::IdHasher;
 use crate::machine::Machine;
 use crate::raft::NodeId;
 use crate::time::{Duration, Instant};
@@ -31,8 +33,9 @@ pub(super) struct ClientConn {
     pub(super) front: ClientFront,
     /// Requests awaiting a reply.
     pub(super) in_flight: usize,
-    /// Sequence numbers of its queued waiters.
-    pub(super) queued: BTreeSet<u64>,
+    /// Sequence numbers of its queued waiters (unordered: closing sorts
+    /// them, so its waiters leave in arrival order).
+    pub(super) queued: HashSet<u64, BuildHasherDefault<IdHasher>>,
     /// Releases answered `N` since the last one that released.
     pub(super) release_misses_in_row: u32,
 }
@@ -233,7 +236,7 @@ impl ClusterNode {
         let kind = ConnKind::Client(ClientConn {
             front,
             in_flight: 0,
-            queued: BTreeSet::new(),
+            queued: HashSet::default(),
             release_misses_in_row: 0,
         });
         let conn_id = ConnId(self.conns.next_id);
@@ -376,7 +379,11 @@ impl ClusterNode {
         }
         self.conns.wakes.close_after_flush(conn_id, &mut conn.out);
         let queued: Vec<u64> = match &mut conn.kind {
-            ConnKind::Client(client) => std::mem::take(&mut client.queued).into_iter().collect(),
+            ConnKind::Client(client) => {
+                let mut queued: Vec<u64> = std::mem::take(&mut client.queued).into_iter().collect();
+                queued.sort_unstable();
+                queued
+            }
             ConnKind::Peer(_) => Vec::new(),
         };
         // Queued waiters leave their queues now; nobody will read a grant.
