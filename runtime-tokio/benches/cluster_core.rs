@@ -9,13 +9,14 @@
 //! nothing of the kernel.
 //!
 //! Each step the client writes, as one input, the first
-//! [`PAIRS_PER_INPUT`] × 2 requests its tasks have ready (by default as
-//! many pairs as one append carried per follower in `ticketing bench`,
-//! ~11); then every byte moves until nothing does: the leader's appends
-//! to the followers, their answers, the commit, the replies. Every node
-//! call is followed by what the tokio driver does after it
-//! (`serve/shared.rs`'s dispatch, `wants_input`, `handle_written`). The
-//! injected clock moves [`STEP`] per step, and due timers fire.
+//! [`PAIRS_PER_INPUT`] × 2 requests its tasks have ready (by default
+//! about as many pairs as one append carried per follower in `ticketing
+//! bench`); then the injected clock moves [`STEP`], due timers fire, and
+//! what was sent in the step before arrives (one network hop per step, so
+//! several appends are in flight, as over sockets, and a commit does not
+//! wait for the next client input). Every node call is followed by what
+//! the tokio driver does after it (`serve/shared.rs`'s dispatch,
+//! `wants_input`, `handle_written`).
 //!
 //! Prints CPU µs per acquire+release of the three nodes, split by node
 //! (the thread's CPU from `/proc`, times the share of the run's monotonic
@@ -24,11 +25,15 @@
 //!
 //! Instructions: every call into a node runs inside `leader_work`,
 //! `follower_1_work` or `follower_2_work`, so `callgrind_annotate
-//! --inclusive=yes` gives each node's count; run two sizes and divide the
-//! difference by the difference in pairs to leave the setup out:
+//! --inclusive=yes` gives each node's count (or collect one node alone
+//! with `--collect-atstart=no --toggle-collect=cluster_core::leader_work`);
+//! run two sizes and divide the difference by the difference in pairs to
+//! leave the setup and the election out:
 //!
 //! ```text
-//! TICKETING_BENCH_CLUSTER_PAIRS=20000 TICKETING_BENCH_ROUNDS=1 \
+//! TICKETING_BENCH_CLUSTER_PAIRS=5000 TICKETING_BENCH_ROUNDS=1 \
+//!   valgrind --tool=callgrind --dump-instr=no target/release/deps/cluster_core-*
+//! TICKETING_BENCH_CLUSTER_PAIRS=25000 TICKETING_BENCH_ROUNDS=1 \
 //!   valgrind --tool=callgrind --dump-instr=no target/release/deps/cluster_core-*
 //! ```
 //!
