@@ -112,7 +112,14 @@ impl RaftLog {
     /// Up to `count_max` entries from `from`, stopping before `bytes_max`
     /// is exceeded (but always at least one entry when one exists).
     pub(crate) fn slice(&self, from: u64, count_max: usize, bytes_max: usize) -> Vec<Entry> {
-        let mut out = Vec::new();
+        // Sized once for what the log holds (the byte bound may stop it
+        // earlier): growing it took several reallocations per append.
+        let available = if from < self.first_index() {
+            0
+        } else {
+            (self.last_index() + 1).saturating_sub(from)
+        };
+        let mut out = Vec::with_capacity(count_max.min(usize::try_from(available).unwrap_or(0)));
         let mut bytes = 0usize;
         let mut index = from;
         while out.len() < count_max {
