@@ -6,12 +6,13 @@
 //! leader, which is why it lives apart from the node's replicated state.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ClientRequest, ReplyTo};
+use crate::hash::IdMap;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::queue_rule;
 use crate::raft::{NodeId, ProposeError};
@@ -50,8 +51,9 @@ pub(super) struct Leadership {
     pub(super) caught_up: bool,
     /// This leader proposed the domain's `Init`.
     pub(super) init_proposed: bool,
-    /// Queued waiters by arrival sequence number.
-    pub(super) waiters: BTreeMap<u64, Waiter>,
+    /// Queued waiters by arrival sequence number (unordered: what answers
+    /// them all sorts them, see [`Leadership::waiters_in_order`]).
+    pub(super) waiters: IdMap<u64, Waiter>,
     /// Each key's waiters (sequence numbers, FIFO), whether a Grant in
     /// flight reserves it and whether its holder's Release is in flight.
     pub(super) keys: LeaderKeys,
@@ -69,6 +71,16 @@ pub(super) struct Leadership {
     pub(super) held: VecDeque<(ConnId, ClientRequest, Instant)>,
     /// Keys held by the grants this leader delivered, per connection.
     pub(super) held_keys: HeldKeys,
+}
+
+impl Leadership {
+    /// Takes every queued waiter, in arrival order.
+    pub(super) fn waiters_in_order(&mut self) -> Vec<Waiter> {
+        let mut waiters: Vec<(u64, Waiter)> =
+            std::mem::take(&mut self.waiters).into_iter().collect();
+        waiters.sort_unstable_by_key(|(seq, _)| *seq);
+        waiters.into_iter().map(|(_, waiter)| waiter).collect()
+    }
 }
 
 /// A force-release that revoked `revoked` on `keys`, waiting to name the
@@ -495,8 +507,8 @@ impl ClusterNode {
                 PendingKind::Init | PendingKind::Internal => {}
             }
         }
-        if let Some(leadership) = self.leadership.take() {
-            for (_, waiter) in leadership.waiters {
+        if let Some(mut leadership) = self.leadership.take() {
+            for waiter in leadership.waiters_in_order() {
                 if let Some(Conn {
                     kind: ConnKind::Client(client),
                     ..

@@ -521,10 +521,10 @@ impl ClusterNode {
             let _ = self.raft.transfer_leadership(now, None);
         }
         if let Some(leadership) = self.leadership.as_mut() {
-            let waiters = std::mem::take(&mut leadership.waiters);
+            let waiters = leadership.waiters_in_order();
             let held = std::mem::take(&mut leadership.held);
             leadership.keys.clear_waiters();
-            for (_, waiter) in waiters {
+            for waiter in waiters {
                 self.answer(waiter.conn, &waiter.reply_to, Answer::NotActive);
             }
             for (conn, request, _) in held {
