@@ -162,6 +162,10 @@ struct Conn {
     release_misses_in_row: u32,
     /// Replies sent on it, by kind.
     replies: ReplyCounts,
+    /// Its requests come as values and its replies go as values
+    /// ([`Server::handle_requests`]): set by the first request value, for
+    /// the rest of the connection.
+    values: bool,
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
@@ -189,10 +193,17 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 /// Queues the reply that tells `answer` on `conn` and schedules a wake.
 /// Single mode never has an outcome it cannot tell, so every answer has a
 /// reply in both dialects.
+/// On a connection whose requests come as values the reply is queued as a
+/// value, in the place its frame would take (see [`Server::handle_requests`]).
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
     conn.replies.count(&to.counted_as(answer));
-    let delivery = to.encode(answer, &[], conn.out.buffer_mut());
-    debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
+    match to.v3_reply(answer).filter(|_| conn.values) {
+        Some(reply) => conn.out.queue_reply(reply),
+        None => {
+            let delivery = to.encode(answer, &[], conn.out.buffer_mut());
+            debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
+        }
+    }
     wakes.wake(conn_id, &mut conn.out);
 }
 
@@ -235,6 +246,107 @@ impl Server {
         self.table.set_token_limit(now, reserve.limit());
         self.reserve = reserve;
         self
+    }
+
+    /// Serves one request of `conn`, however it arrived: decoded from its
+    /// bytes ([`Machine::handle_input`]) or handed over as a value
+    /// ([`Server::handle_requests`]). Lock events it causes are drained by
+    /// the caller.
+    fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: ClientRequest) {
+        match request {
+            ClientRequest::Acquire {
+                wait_s,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
+            ClientRequest::Release {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_release(now, conn_id, token, keys, reply_to),
+        }
+    }
+
+    /// Requests received on `conn` as values rather than bytes: the
+    /// in-process link of an embedded server, whose client session hands
+    /// over the requests it would encode
+    /// ([`crate::client::Session::poll_transmit_requests`]). Each is
+    /// checked as its frame would be decoded ([`crate::wire::check_request`])
+    /// and then served by the very code that serves a decoded frame; what
+    /// the server answers is queued as reply values, taken with
+    /// [`Server::poll_transmit_replies`], each counted in the stream as the
+    /// bytes of its frame, so that delivery (a grant counts as delivered
+    /// once [`Machine::handle_written`] or [`Machine::handle_flushed`] covers
+    /// it) and the ghost-grant release work exactly as over bytes.
+    ///
+    /// Only a v3 session past its handshake (which goes as bytes) with no
+    /// partial frame buffered takes values; from the first, the connection
+    /// takes no more bytes. Anything else closes it, as a bad frame would.
+    /// `requests` is left empty.
+    pub fn handle_requests(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        requests: &mut Vec<crate::wire::Request>,
+    ) {
+        self.handle_timeout(now);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            requests.clear();
+            return;
+        };
+        if conn.out.is_closing() {
+            requests.clear();
+            return;
+        }
+        if !conn.front.takes_request_values() {
+            requests.clear();
+            self.close_conn(now, conn_id, CloseReason::BadFrame);
+            self.drain_lock_events(now);
+            return;
+        }
+        conn.values = true;
+        for request in requests.drain(..) {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                break;
+            };
+            if conn.out.is_closing() {
+                break;
+            }
+            let out = &mut conn.out;
+            let next = conn
+                .front
+                .next_request_value(request, &mut conn.replies, |reply| out.queue_reply(reply));
+            if conn.out.pending_len() > 0 {
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            match next {
+                Ok(None) => {}
+                Ok(Some(request)) => self.handle_request(now, conn_id, request),
+                Err(reason) => {
+                    self.close_conn(now, conn_id, reason);
+                    break;
+                }
+            }
+        }
+        self.drain_lock_events(now);
+    }
+
+    /// [`Machine::poll_transmit`] for a connection whose requests come as
+    /// values ([`Server::handle_requests`]): its pending bytes (the
+    /// handshake's) to the end of `out`, then its reply values to the end
+    /// of `replies`, in stream order; what to do with the connection.
+    pub fn poll_transmit_replies(
+        &mut self,
+        conn_id: ConnId,
+        out: &mut Vec<u8>,
+        replies: &mut Vec<crate::wire::Reply>,
+    ) -> ConnState {
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| {
+                conn.out.take_with_replies(out, replies)
+            })
     }
 
     fn handle_acquire(
@@ -529,6 +641,7 @@ impl Machine for Server {
             close_reason: None,
             release_misses_in_row: 0,
             replies: ReplyCounts::default(),
+            values: false,
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -596,17 +709,7 @@ impl Machine for Server {
             }
             match next {
                 Ok(None) => break,
-                Ok(Some(ClientRequest::Acquire {
-                    wait_s,
-                    lease_s,
-                    keys,
-                    reply_to,
-                })) => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
-                Ok(Some(ClientRequest::Release {
-                    token,
-                    keys,
-                    reply_to,
-                })) => self.handle_release(now, conn_id, token, keys, reply_to),
+                Ok(Some(request)) => self.handle_request(now, conn_id, request),
                 Err(reason) => {
                     self.close_conn(now, conn_id, reason);
                     break;

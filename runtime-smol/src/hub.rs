@@ -22,6 +22,7 @@ use ticketing_core::hash::IdMap;
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server};
 use ticketing_core::time::Instant;
+use ticketing_core::wire::{Reply, Request};
 
 use crate::sync::{Clock, Notify};
 
@@ -52,11 +53,14 @@ pub(crate) struct HubInner {
     pub(crate) peers: IdMap<ConnId, Peer>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     pub(crate) timer_target_micros: u64,
-    /// Request bytes of memory peers on their way in; kept for its capacity.
+    /// Request bytes (the handshake's) and request values of memory peers
+    /// on their way in; kept for their capacity.
     scratch: Vec<u8>,
-    /// An empty buffer swapped with a memory peer's inbox when the inbox is
-    /// read, so both keep their capacity.
+    scratch_requests: Vec<Request>,
+    /// Empty buffers swapped with a memory peer's inbox when it is read, so
+    /// both keep their capacity.
     spare_inbox: Vec<u8>,
+    spare_replies: Vec<Reply>,
     clock: Clock,
     /// Wakes the persister (with a state file only).
     pub(crate) persist: Option<Arc<Notify>>,
@@ -77,10 +81,12 @@ pub(crate) struct MemoryPeer {
     /// The broker owning the link: while it is exchanging it reads the inbox
     /// itself, so it is not woken for it.
     owner: u64,
-    /// Bytes taken from the server, not yet fed to the session. Bounded by
-    /// the protocol: the server only writes replies to requests (the
-    /// session bounds those in flight) plus the handshake.
+    /// Bytes (the handshake's) and reply values taken from the server, not
+    /// yet fed to the session. Bounded by the protocol: the server only
+    /// writes replies to requests (the session bounds those in flight)
+    /// plus the handshake.
     inbox: Vec<u8>,
+    replies: Vec<Reply>,
     /// `Open`, or how the server wants the link ended once the inbox is read.
     state: ConnState,
     /// Wakes the broker's driver for this link.
@@ -123,7 +129,9 @@ impl HubInner {
                     }
                 }
                 Some(Peer::Memory(peer)) => {
-                    let state = self.server.poll_transmit(conn, &mut peer.inbox);
+                    let state =
+                        self.server
+                            .poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
                     if state != ConnState::Open {
                         peer.state = state;
                     }
@@ -164,33 +172,45 @@ impl HubInner {
         }
     }
 
-    /// One step of [`Hub::exchange`] on `link`: the bytes waiting in its
-    /// inbox go to the session (then [`Machine::handle_flushed`]), a close
-    /// either side wants is carried out, and the session's unsent requests
-    /// go to the server. `spare` is an empty buffer swapped with the inbox
-    /// (each keeps its capacity).
+    /// One step of [`Hub::exchange`] on `link`: the bytes and replies
+    /// waiting in its inbox go to the session (then
+    /// [`Machine::handle_flushed`]), a close either side wants is carried
+    /// out, and the session's unsent requests go to the server: as bytes
+    /// during the handshake, as values once the session is ready (no codec
+    /// between two state machines in one process; the server checks and
+    /// serves values exactly as decoded frames, see
+    /// [`Server::handle_requests`]). `bufs` are the hub's scratch buffers,
+    /// swapped with the inbox (each keeps its capacity).
     fn serve_link(
         &mut self,
         now: Instant,
         link: &mut MemoryLink<'_>,
-        out: &mut Vec<u8>,
-        spare: &mut Vec<u8>,
+        bufs: &mut Scratch,
         peers_changed: &Event,
     ) {
         let conn = link.conn;
         let state = match self.peers.get_mut(&conn) {
             Some(Peer::Memory(peer)) => {
                 if !peer.inbox.is_empty() {
-                    std::mem::swap(&mut peer.inbox, spare);
+                    std::mem::swap(&mut peer.inbox, &mut bufs.inbox);
+                }
+                if !peer.replies.is_empty() {
+                    std::mem::swap(&mut peer.replies, &mut bufs.replies);
                 }
                 peer.state
             }
             _ => ConnState::Gone,
         };
-        if !spare.is_empty() {
+        if !bufs.inbox.is_empty() || !bufs.replies.is_empty() {
             link.touched = true;
-            link.session.handle_input(now, spare);
-            spare.clear();
+            if !bufs.inbox.is_empty() {
+                link.session.handle_input(now, &bufs.inbox);
+                bufs.inbox.clear();
+            }
+            if !bufs.replies.is_empty() {
+                link.session.handle_replies(now, &bufs.replies);
+                bufs.replies.clear();
+            }
             self.server.handle_flushed(now, conn);
         }
         if state != ConnState::Open {
@@ -208,9 +228,16 @@ impl HubInner {
         let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
         if may_send && self.server.wants_input(conn) {
             link.touched = true;
-            out.clear();
-            if link.session.poll_transmit(now, out) > 0 {
-                self.server.handle_input(now, conn, out);
+            if link.session.is_ready() {
+                if link.session.poll_transmit_requests(now, &mut bufs.requests) > 0 {
+                    self.server.handle_requests(now, conn, &mut bufs.requests);
+                }
+                bufs.requests.clear();
+            } else {
+                bufs.out.clear();
+                if link.session.poll_transmit(now, &mut bufs.out) > 0 {
+                    self.server.handle_input(now, conn, &bufs.out);
+                }
             }
         }
     }
@@ -221,6 +248,18 @@ impl HubInner {
         self.server.handle_closed(now, conn);
         peers_changed.notify(usize::MAX);
     }
+}
+
+/// The buffers [`Hub::exchange`] borrows from the hub for its run.
+struct Scratch {
+    /// Request bytes on their way in.
+    out: Vec<u8>,
+    /// Request values on their way in.
+    requests: Vec<Request>,
+    /// Swapped with a peer's inbox to read it.
+    inbox: Vec<u8>,
+    /// Swapped with a peer's reply values to read them.
+    replies: Vec<Reply>,
 }
 
 /// One in-memory link as [`Hub::exchange`] sees it.
@@ -253,7 +292,9 @@ impl Hub {
                 peers: IdMap::default(),
                 timer_target_micros: u64::MAX,
                 scratch: Vec::new(),
+                scratch_requests: Vec::new(),
                 spare_inbox: Vec::new(),
+                spare_replies: Vec::new(),
                 clock,
                 persist,
                 reserve_request: None,
@@ -303,6 +344,7 @@ impl Hub {
             Peer::Memory(MemoryPeer {
                 owner,
                 inbox: Vec::new(),
+                replies: Vec::new(),
                 state: ConnState::Open,
                 wake,
             }),
@@ -336,8 +378,12 @@ impl Hub {
         debug_assert!(links.len() <= 64, "links are marked in a u64");
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let mut out = std::mem::take(&mut inner.scratch);
-        let mut spare = std::mem::take(&mut inner.spare_inbox);
+        let mut bufs = Scratch {
+            out: std::mem::take(&mut inner.scratch),
+            requests: std::mem::take(&mut inner.scratch_requests),
+            inbox: std::mem::take(&mut inner.spare_inbox),
+            replies: std::mem::take(&mut inner.spare_replies),
+        };
         // The links of `first` once (all of them: bytes may have come in,
         // or a close, while nobody was exchanging; after a submit, the one
         // submitted on); then only the links the server has just handed
@@ -349,7 +395,7 @@ impl Hub {
                     continue;
                 }
                 if let Some(link) = slot.as_mut().filter(|link| !link.closed) {
-                    inner.serve_link(now, link, &mut out, &mut spare, &self.peers_changed);
+                    inner.serve_link(now, link, &mut bufs, &self.peers_changed);
                 }
             }
             due = 0;
@@ -364,9 +410,11 @@ impl Hub {
             });
         }
         inner.after_input(&self.timer);
-        out.clear();
-        inner.scratch = out;
-        inner.spare_inbox = spare;
+        bufs.out.clear();
+        inner.scratch = bufs.out;
+        inner.scratch_requests = bufs.requests;
+        inner.spare_inbox = bufs.inbox;
+        inner.spare_replies = bufs.replies;
     }
 }
 

@@ -418,10 +418,46 @@ impl Session {
         if !self.is_ready() {
             return out.len() - start;
         }
+        let proof_len = out.len() - start;
+        self.transmit(now, proof_len, |request| {
+            request.encode(out);
+            request.frame_len()
+        })
+    }
+
+    /// [`Session::poll_transmit`] handing out request values instead of
+    /// their frames, for a driver that passes them to the server as they
+    /// are (an in-process link: the server's
+    /// [`crate::server::Server::handle_requests`]). The very same requests,
+    /// in the same order and under the same send boundary and batch bound
+    /// (each counted as the bytes of its frame), leave as they would as
+    /// bytes; returns the bytes their frames would take. Only once the
+    /// session is ready: the handshake goes as bytes
+    /// ([`Session::poll_transmit`]), and nothing is handed out before.
+    pub fn poll_transmit_requests(&mut self, now: Instant, out: &mut Vec<Request>) -> usize {
+        if !self.is_ready() {
+            return 0;
+        }
+        self.transmit(now, 0, |request| {
+            out.push(request.clone());
+            request.frame_len()
+        })
+    }
+
+    /// Hands out the unsent requests in rid order through `hand_out`
+    /// (which returns the bytes of the request's frame) while fewer than
+    /// [`TRANSMIT_BATCH_BYTES`] are handed out, `handed` counting what this
+    /// call gave before (the proof); returns the total.
+    fn transmit(
+        &mut self,
+        now: Instant,
+        mut handed: usize,
+        mut hand_out: impl FnMut(&Request) -> usize,
+    ) -> usize {
         // The unsent requests are the rids from the cursor on, less those
         // cancelled or timed out before they left: `unsent` says when the
         // last one has been seen.
-        while self.unsent > 0 && out.len() - start < TRANSMIT_BATCH_BYTES {
+        while self.unsent > 0 && handed < TRANSMIT_BATCH_BYTES {
             let rid = self.send_cursor;
             self.send_cursor = rid.saturating_add(1);
             let Some(entry) = self.pending.get_mut(&rid) else {
@@ -451,7 +487,7 @@ impl Session {
                         .min(entry.wait_s_max)
                 };
             }
-            entry.request.encode(out);
+            handed += hand_out(&entry.request);
             entry.sent_at = Some(now);
             self.unsent -= 1;
             if let Some(at) = entry.overdue_at(self.config.silence_timeout) {
@@ -468,7 +504,7 @@ impl Session {
                 })
                 .collect();
         }
-        out.len() - start
+        handed
     }
 
     /// Bytes received from the server.
@@ -525,6 +561,34 @@ impl Session {
             return;
         }
         self.handle_frames(now, rest);
+        self.prune_deadlines();
+    }
+
+    /// Replies received from the server as values rather than bytes (an
+    /// in-process link, after [`Session::poll_transmit_requests`]): each is
+    /// checked as its frame would be decoded ([`Reply::check`]) and then
+    /// handled by the very code that handles a decoded frame, so matching,
+    /// outcomes and every rule of [`Session::handle_input`] are the same.
+    /// Values before the session is ready (the handshake goes as bytes)
+    /// close it as a protocol error.
+    pub fn handle_replies(&mut self, now: Instant, replies: &[Reply]) {
+        let Some(first) = replies.first() else {
+            return;
+        };
+        self.last_input_at = self.last_input_at.max(now);
+        if matches!(self.phase, Phase::Handshake(_)) {
+            let rid = first.rid().unwrap_or(0);
+            return self.close(now, CloseReason::Protocol(ProtocolError::UnknownRid(rid)));
+        }
+        for reply in replies {
+            if !self.is_ready() {
+                break;
+            }
+            if let Err(error) = reply.check() {
+                return self.close(now, CloseReason::Protocol(ProtocolError::Frame(error)));
+            }
+            self.handle_reply(now, *reply);
+        }
         self.prune_deadlines();
     }
 
