@@ -53,14 +53,8 @@ pub(crate) struct HubInner {
     pub(crate) peers: IdMap<ConnId, Peer>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     pub(crate) timer_target_micros: u64,
-    /// Request bytes (the handshake's) and request values of memory peers
-    /// on their way in; kept for their capacity.
-    scratch: Vec<u8>,
-    scratch_requests: Vec<Request>,
-    /// Empty buffers swapped with a memory peer's inbox when it is read, so
-    /// both keep their capacity.
-    spare_inbox: Vec<u8>,
-    spare_replies: Vec<Reply>,
+    /// The buffers of [`Hub::exchange`], kept for their capacity.
+    scratch: Scratch,
     clock: Clock,
     /// Wakes the persister (with a state file only).
     pub(crate) persist: Option<Arc<Notify>>,
@@ -116,37 +110,9 @@ impl HubInner {
         &mut self,
         me: Option<ConnId>,
         owner: Option<u64>,
-        mut owned: impl FnMut(ConnId),
+        owned: impl FnMut(ConnId),
     ) -> bool {
-        let mut mine = false;
-        while let Some(conn) = self.server.poll_wake() {
-            match self.peers.get_mut(&conn) {
-                Some(Peer::Socket(waker)) => {
-                    if Some(conn) == me {
-                        mine = true;
-                    } else {
-                        waker.notify_one();
-                    }
-                }
-                Some(Peer::Memory(peer)) => {
-                    let state =
-                        self.server
-                            .poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
-                    if state != ConnState::Open {
-                        peer.state = state;
-                    }
-                    if Some(peer.owner) != owner {
-                        peer.wake.notify_one();
-                    } else {
-                        mine = true;
-                        owned(conn);
-                    }
-                }
-                // A peer being closed right now; its closer tells the core.
-                None => {}
-            }
-        }
-        mine
+        drain_wakes(&mut self.server, &mut self.peers, me, owner, owned)
     }
 
     /// The rest of [`Self::dispatch`], once the wakes are drained: the
@@ -172,85 +138,136 @@ impl HubInner {
         }
     }
 
-    /// One step of [`Hub::exchange`] on `link`: the bytes and replies
-    /// waiting in its inbox go to the session (then
-    /// [`Machine::handle_flushed`]), a close either side wants is carried
-    /// out, and the session's unsent requests go to the server: as bytes
-    /// during the handshake, as values once the session is ready (no codec
-    /// between two state machines in one process; the server checks and
-    /// serves values exactly as decoded frames, see
-    /// [`Server::handle_requests`]). `bufs` are the hub's scratch buffers,
-    /// swapped with the inbox (each keeps its capacity).
-    fn serve_link(
-        &mut self,
-        now: Instant,
-        link: &mut MemoryLink<'_>,
-        bufs: &mut Scratch,
-        peers_changed: &Event,
-    ) {
-        let conn = link.conn;
-        let state = match self.peers.get_mut(&conn) {
-            Some(Peer::Memory(peer)) => {
-                if !peer.inbox.is_empty() {
-                    std::mem::swap(&mut peer.inbox, &mut bufs.inbox);
-                }
-                if !peer.replies.is_empty() {
-                    std::mem::swap(&mut peer.replies, &mut bufs.replies);
-                }
-                peer.state
-            }
-            _ => ConnState::Gone,
-        };
-        if !bufs.inbox.is_empty() || !bufs.replies.is_empty() {
-            link.touched = true;
-            if !bufs.inbox.is_empty() {
-                link.session.handle_input(now, &bufs.inbox);
-                bufs.inbox.clear();
-            }
-            if !bufs.replies.is_empty() {
-                link.session.handle_replies(now, &bufs.replies);
-                bufs.replies.clear();
-            }
-            self.server.handle_flushed(now, conn);
-        }
-        if state != ConnState::Open {
-            link.touched = true;
-            link.session.handle_transport_closed(now);
-        }
-        if link.session.is_closed() {
-            self.remove_peer(now, conn, peers_changed);
-            link.closed = true;
-            link.touched = true;
-            return;
-        }
-        // A ready session with nothing unsent has nothing to hand out (its
-        // proof left before the server could answer it).
-        let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
-        if may_send && self.server.wants_input(conn) {
-            link.touched = true;
-            if link.session.is_ready() {
-                if link.session.poll_transmit_requests(now, &mut bufs.requests) > 0 {
-                    self.server.handle_requests(now, conn, &mut bufs.requests);
-                }
-                bufs.requests.clear();
-            } else {
-                bufs.out.clear();
-                if link.session.poll_transmit(now, &mut bufs.out) > 0 {
-                    self.server.handle_input(now, conn, &bufs.out);
-                }
-            }
-        }
-    }
-
     /// Forgets `conn` and tells the core it closed.
     pub(crate) fn remove_peer(&mut self, now: Instant, conn: ConnId, peers_changed: &Event) {
-        self.peers.remove(&conn);
-        self.server.handle_closed(now, conn);
-        peers_changed.notify(usize::MAX);
+        remove_peer(&mut self.server, &mut self.peers, now, conn, peers_changed);
     }
 }
 
-/// The buffers [`Hub::exchange`] borrows from the hub for its run.
+/// [`HubInner::drain_wakes`] on the hub's fields, so that
+/// [`Hub::exchange`] can hold its scratch buffers beside them.
+fn drain_wakes(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    me: Option<ConnId>,
+    owner: Option<u64>,
+    mut owned: impl FnMut(ConnId),
+) -> bool {
+    let mut mine = false;
+    while let Some(conn) = server.poll_wake() {
+        match peers.get_mut(&conn) {
+            Some(Peer::Socket(waker)) => {
+                if Some(conn) == me {
+                    mine = true;
+                } else {
+                    waker.notify_one();
+                }
+            }
+            Some(Peer::Memory(peer)) => {
+                let state = server.poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
+                if state != ConnState::Open {
+                    peer.state = state;
+                }
+                if Some(peer.owner) != owner {
+                    peer.wake.notify_one();
+                } else {
+                    mine = true;
+                    owned(conn);
+                }
+            }
+            // A peer being closed right now; its closer tells the core.
+            None => {}
+        }
+    }
+    mine
+}
+
+/// One step of [`Hub::exchange`] on `link`: the bytes and replies
+/// waiting in its inbox go to the session (then
+/// [`Machine::handle_flushed`]), a close either side wants is carried
+/// out, and the session's unsent requests go to the server: as bytes
+/// during the handshake, as values once the session is ready (no codec
+/// between two state machines in one process; the server checks and
+/// serves values exactly as decoded frames, see
+/// [`Server::handle_requests`]). `bufs` are the hub's scratch buffers,
+/// swapped with the inbox (each keeps its capacity).
+fn serve_link(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    now: Instant,
+    link: &mut MemoryLink<'_>,
+    bufs: &mut Scratch,
+    peers_changed: &Event,
+) {
+    let conn = link.conn;
+    let state = match peers.get_mut(&conn) {
+        Some(Peer::Memory(peer)) => {
+            if !peer.inbox.is_empty() {
+                std::mem::swap(&mut peer.inbox, &mut bufs.inbox);
+            }
+            if !peer.replies.is_empty() {
+                std::mem::swap(&mut peer.replies, &mut bufs.replies);
+            }
+            peer.state
+        }
+        _ => ConnState::Gone,
+    };
+    if !bufs.inbox.is_empty() || !bufs.replies.is_empty() {
+        link.touched = true;
+        if !bufs.inbox.is_empty() {
+            link.session.handle_input(now, &bufs.inbox);
+            bufs.inbox.clear();
+        }
+        if !bufs.replies.is_empty() {
+            link.session.handle_replies(now, &bufs.replies);
+            bufs.replies.clear();
+        }
+        server.handle_flushed(now, conn);
+    }
+    if state != ConnState::Open {
+        link.touched = true;
+        link.session.handle_transport_closed(now);
+    }
+    if link.session.is_closed() {
+        remove_peer(server, peers, now, conn, peers_changed);
+        link.closed = true;
+        link.touched = true;
+        return;
+    }
+    // A ready session with nothing unsent has nothing to hand out (its
+    // proof left before the server could answer it).
+    let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
+    if may_send && server.wants_input(conn) {
+        link.touched = true;
+        if link.session.is_ready() {
+            if link.session.poll_transmit_requests(now, &mut bufs.requests) > 0 {
+                server.handle_requests(now, conn, &mut bufs.requests);
+            }
+            bufs.requests.clear();
+        } else {
+            bufs.out.clear();
+            if link.session.poll_transmit(now, &mut bufs.out) > 0 {
+                server.handle_input(now, conn, &bufs.out);
+            }
+        }
+    }
+}
+
+/// [`HubInner::remove_peer`] on the hub's fields.
+fn remove_peer(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    now: Instant,
+    conn: ConnId,
+    peers_changed: &Event,
+) {
+    peers.remove(&conn);
+    server.handle_closed(now, conn);
+    peers_changed.notify(usize::MAX);
+}
+
+/// The buffers [`Hub::exchange`] uses beside the server and the peers.
+#[derive(Default)]
 struct Scratch {
     /// Request bytes on their way in.
     out: Vec<u8>,
@@ -291,10 +308,7 @@ impl Hub {
                 server,
                 peers: IdMap::default(),
                 timer_target_micros: u64::MAX,
-                scratch: Vec::new(),
-                scratch_requests: Vec::new(),
-                spare_inbox: Vec::new(),
-                spare_replies: Vec::new(),
+                scratch: Scratch::default(),
                 clock,
                 persist,
                 reserve_request: None,
@@ -377,13 +391,12 @@ impl Hub {
     ) {
         debug_assert!(links.len() <= 64, "links are marked in a u64");
         let mut guard = self.lock();
-        let inner = &mut *guard;
-        let mut bufs = Scratch {
-            out: std::mem::take(&mut inner.scratch),
-            requests: std::mem::take(&mut inner.scratch_requests),
-            inbox: std::mem::take(&mut inner.spare_inbox),
-            replies: std::mem::take(&mut inner.spare_replies),
-        };
+        let HubInner {
+            server,
+            peers,
+            scratch: bufs,
+            ..
+        } = &mut *guard;
         // The links of `first` once (all of them: bytes may have come in,
         // or a close, while nobody was exchanging; after a submit, the one
         // submitted on); then only the links the server has just handed
@@ -395,12 +408,12 @@ impl Hub {
                     continue;
                 }
                 if let Some(link) = slot.as_mut().filter(|link| !link.closed) {
-                    inner.serve_link(now, link, &mut bufs, &self.peers_changed);
+                    serve_link(server, peers, now, link, bufs, &self.peers_changed);
                 }
             }
             due = 0;
             let links = &*links;
-            inner.drain_wakes(None, Some(owner), |conn| {
+            drain_wakes(server, peers, None, Some(owner), |conn| {
                 if let Some(index) = links
                     .iter()
                     .position(|link| link.as_ref().is_some_and(|link| link.conn == conn))
@@ -409,12 +422,8 @@ impl Hub {
                 }
             });
         }
-        inner.after_input(&self.timer);
         bufs.out.clear();
-        inner.scratch = bufs.out;
-        inner.scratch_requests = bufs.requests;
-        inner.spare_inbox = bufs.inbox;
-        inner.spare_replies = bufs.replies;
+        guard.after_input(&self.timer);
     }
 }
 
