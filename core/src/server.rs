@@ -33,6 +33,8 @@ use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 mod held;
 mod inspect;
 mod metrics;
+#[cfg(test)]
+mod value_path_tests;
 
 use held::HeldCounts;
 pub use inspect::QUEUED_ADMIN_REPLIES_MAX;
