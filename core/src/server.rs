@@ -308,7 +308,10 @@ impl Server {
             return;
         }
         conn.values = true;
-        for request in requests.drain(..) {
+        // Taken from the back of the reversed batch: cheaper than a drain
+        // for the usual batch of one, and in arrival order all the same.
+        requests.reverse();
+        while let Some(request) = requests.pop() {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 break;
             };
@@ -331,6 +334,7 @@ impl Server {
                 }
             }
         }
+        requests.clear();
         self.drain_lock_events(now);
     }
 

@@ -285,6 +285,7 @@ impl WakeQueue {
     /// [`Outbound::leave_wake_queue`] on it (false for a connection that is
     /// gone). A connection whose bytes were already taken since it was
     /// queued is skipped, so each is reported once per batch of bytes.
+    #[inline]
     pub(crate) fn poll(&mut self, mut leave_queue: impl FnMut(ConnId) -> bool) -> Option<ConnId> {
         while let Some(conn_id) = self.queue.pop_front() {
             if leave_queue(conn_id) {
