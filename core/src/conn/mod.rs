@@ -179,7 +179,12 @@ impl Outbound {
         out: &mut Vec<u8>,
         replies: &mut Vec<Reply>,
     ) -> ConnState {
-        let state = self.take(out);
+        // Only the handshake goes as bytes: usually there are none to move.
+        let state = if self.buffer.is_empty() {
+            self.state()
+        } else {
+            self.take(out)
+        };
         if !self.replies.is_empty() {
             self.taken_bytes += self.replies_len as u64;
             self.replies_len = 0;
@@ -204,6 +209,12 @@ impl Outbound {
             out.extend_from_slice(&self.buffer);
             self.buffer.clear();
         }
+        self.state()
+    }
+
+    /// What the driver should do with the connection once it has taken
+    /// what is queued.
+    fn state(&self) -> ConnState {
         if self.closing {
             ConnState::CloseAfterFlush
         } else {
