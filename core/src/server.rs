@@ -198,13 +198,14 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 /// On a connection whose requests come as values the reply is queued as a
 /// value, in the place its frame would take (see [`Server::handle_requests`]).
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
-    conn.replies.count(&to.counted_as(answer));
-    match to.v3_reply(answer).filter(|_| conn.values) {
-        Some(reply) => conn.out.queue_reply(reply),
-        None => {
-            let delivery = to.encode(answer, &[], conn.out.buffer_mut());
-            debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
-        }
+    let counted = to.counted_as(answer);
+    conn.replies.count(&counted);
+    if conn.values && matches!(to, ReplyTo::V3 { .. }) {
+        // A v3 answer is counted as the very reply it is.
+        conn.out.queue_reply(counted);
+    } else {
+        let delivery = to.encode(answer, &[], conn.out.buffer_mut());
+        debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
     }
     wakes.wake(conn_id, &mut conn.out);
 }
@@ -293,21 +294,9 @@ impl Server {
         requests: &mut Vec<crate::wire::Request>,
     ) {
         self.handle_timeout(now);
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
-            requests.clear();
-            return;
-        };
-        if conn.out.is_closing() {
-            requests.clear();
-            return;
-        }
-        if !conn.front.takes_request_values() {
-            requests.clear();
-            self.close_conn(now, conn_id, CloseReason::BadFrame);
-            self.drain_lock_events(now);
-            return;
-        }
-        conn.values = true;
+        // The connection is looked up once per request; the first also
+        // checks that it may take values.
+        let mut first = true;
         // Taken from the back of the reversed batch: cheaper than a drain
         // for the usual batch of one, and in arrival order all the same.
         requests.reverse();
@@ -317,6 +306,14 @@ impl Server {
             };
             if conn.out.is_closing() {
                 break;
+            }
+            if first {
+                first = false;
+                if !conn.front.takes_request_values() {
+                    self.close_conn(now, conn_id, CloseReason::BadFrame);
+                    break;
+                }
+                conn.values = true;
             }
             let out = &mut conn.out;
             let next = conn
@@ -662,6 +659,13 @@ impl Machine for Server {
             return;
         };
         if conn.out.is_closing() {
+            return;
+        }
+        if conn.values {
+            // Its requests come as values (`handle_requests`): bytes now
+            // could only be a driver's mistake, and mixed with values the
+            // order of replies would be lost.
+            self.close_conn(now, conn_id, CloseReason::BadFrame);
             return;
         }
         let input = conn.front.handle_input(

@@ -192,16 +192,6 @@ impl ReplyTo {
 }
 
 impl ReplyTo {
-    /// The v3 reply that tells `answer`, as a value (for a connection whose
-    /// replies are queued as values, see [`crate::conn::Outbound::queue_reply`]);
-    /// `None` for a line request, whose replies are only bytes.
-    pub(crate) fn v3_reply(&self, answer: Answer) -> Option<Reply> {
-        match self {
-            ReplyTo::V3 { rid, set } => Some(v3_reply(*rid, *set, answer)),
-            ReplyTo::Line { .. } => None,
-        }
-    }
-
     /// Whether a release of `token` answered here names a token never
     /// issued (`next_token` is the next one the owner would issue) on a
     /// line connection: the shape of a 0.1.0-or-older client, whose release

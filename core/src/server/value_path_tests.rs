@@ -261,4 +261,14 @@ fn values_are_refused_before_the_session_and_for_rid_zero() {
     assert!(bytes.is_empty() && replies.is_empty());
     assert_eq!(state, ConnState::CloseAfterFlush);
     assert_eq!(side.server.lock_table().stats().keys, 0);
+
+    // Once values, never bytes again.
+    let conn = side.connect();
+    side.send(conn, acquire(1, &["a"], 0, 10));
+    assert_eq!(side.replies(conn).len(), 1);
+    side.server
+        .handle_input(side.now, conn, &acquire(2, &["b"], 0, 10).to_frame());
+    let (bytes, replies, state) = side.take(conn);
+    assert!(bytes.is_empty() && replies.is_empty());
+    assert_eq!(state, ConnState::CloseAfterFlush);
 }
