@@ -33,6 +33,8 @@ use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
 mod held;
 mod inspect;
 mod metrics;
+#[cfg(test)]
+mod value_path_tests;
 
 use held::HeldCounts;
 pub use inspect::QUEUED_ADMIN_REPLIES_MAX;
@@ -162,6 +164,10 @@ struct Conn {
     release_misses_in_row: u32,
     /// Replies sent on it, by kind.
     replies: ReplyCounts,
+    /// Its requests come as values and its replies go as values
+    /// ([`Server::handle_requests`]): set by the first request value, for
+    /// the rest of the connection.
+    values: bool,
 }
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
@@ -189,10 +195,18 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 /// Queues the reply that tells `answer` on `conn` and schedules a wake.
 /// Single mode never has an outcome it cannot tell, so every answer has a
 /// reply in both dialects.
+/// On a connection whose requests come as values the reply is queued as a
+/// value, in the place its frame would take (see [`Server::handle_requests`]).
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
-    conn.replies.count(&to.counted_as(answer));
-    let delivery = to.encode(answer, &[], conn.out.buffer_mut());
-    debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
+    let counted = to.counted_as(answer);
+    conn.replies.count(&counted);
+    if conn.values && matches!(to, ReplyTo::V3 { .. }) {
+        // A v3 answer is counted as the very reply it is.
+        conn.out.queue_reply(counted);
+    } else {
+        let delivery = to.encode(answer, &[], conn.out.buffer_mut());
+        debug_assert_eq!(delivery, Delivery::Queued, "{answer:?} has a reply");
+    }
     wakes.wake(conn_id, &mut conn.out);
 }
 
@@ -235,6 +249,107 @@ impl Server {
         self.table.set_token_limit(now, reserve.limit());
         self.reserve = reserve;
         self
+    }
+
+    /// Serves one request of `conn`, however it arrived: decoded from its
+    /// bytes ([`Machine::handle_input`]) or handed over as a value
+    /// ([`Server::handle_requests`]). Lock events it causes are drained by
+    /// the caller.
+    fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: ClientRequest) {
+        match request {
+            ClientRequest::Acquire {
+                wait_s,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
+            ClientRequest::Release {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_release(now, conn_id, token, keys, reply_to),
+        }
+    }
+
+    /// Requests received on `conn` as values rather than bytes: the
+    /// in-process link of an embedded server, whose client session hands
+    /// over the requests it would encode
+    /// ([`crate::client::Session::poll_transmit_requests`]). Each is
+    /// checked as its frame would be decoded ([`crate::wire::check_request`])
+    /// and then served by the very code that serves a decoded frame; what
+    /// the server answers is queued as reply values, taken with
+    /// [`Server::poll_transmit_replies`], each counted in the stream as the
+    /// bytes of its frame, so that delivery (a grant counts as delivered
+    /// once [`Machine::handle_written`] or [`Machine::handle_flushed`] covers
+    /// it) and the ghost-grant release work exactly as over bytes.
+    ///
+    /// Only a v3 session past its handshake (which goes as bytes) with no
+    /// partial frame buffered takes values; from the first, the connection
+    /// takes no more bytes. Anything else closes it, as a bad frame would.
+    /// `requests` is left empty.
+    pub fn handle_requests(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        requests: &mut Vec<crate::wire::Request>,
+    ) {
+        self.handle_timeout(now);
+        // The connection is looked up once per request; the first also
+        // checks that it may take values.
+        let mut first = true;
+        // Taken from the back of the reversed batch: cheaper than a drain
+        // for the usual batch of one, and in arrival order all the same.
+        requests.reverse();
+        while let Some(request) = requests.pop() {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                break;
+            };
+            if conn.out.is_closing() {
+                break;
+            }
+            if first {
+                first = false;
+                if !conn.front.takes_request_values() {
+                    self.close_conn(now, conn_id, CloseReason::BadFrame);
+                    break;
+                }
+                conn.values = true;
+            }
+            let out = &mut conn.out;
+            let next = conn
+                .front
+                .next_request_value(request, &mut conn.replies, |reply| out.queue_reply(reply));
+            if conn.out.pending_len() > 0 {
+                self.wakes.wake(conn_id, &mut conn.out);
+            }
+            match next {
+                Ok(None) => {}
+                Ok(Some(request)) => self.handle_request(now, conn_id, request),
+                Err(reason) => {
+                    self.close_conn(now, conn_id, reason);
+                    break;
+                }
+            }
+        }
+        requests.clear();
+        self.drain_lock_events(now);
+    }
+
+    /// [`Machine::poll_transmit`] for a connection whose requests come as
+    /// values ([`Server::handle_requests`]): its pending bytes (the
+    /// handshake's) to the end of `out`, then its reply values to the end
+    /// of `replies`, in stream order; what to do with the connection.
+    pub fn poll_transmit_replies(
+        &mut self,
+        conn_id: ConnId,
+        out: &mut Vec<u8>,
+        replies: &mut Vec<crate::wire::Reply>,
+    ) -> ConnState {
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| {
+                conn.out.take_with_replies(out, replies)
+            })
     }
 
     fn handle_acquire(
@@ -529,6 +644,7 @@ impl Machine for Server {
             close_reason: None,
             release_misses_in_row: 0,
             replies: ReplyCounts::default(),
+            values: false,
         };
         self.wakes.wake(conn_id, &mut conn.out);
         self.conns.insert(conn_id, conn);
@@ -543,6 +659,13 @@ impl Machine for Server {
             return;
         };
         if conn.out.is_closing() {
+            return;
+        }
+        if conn.values {
+            // Its requests come as values (`handle_requests`): bytes now
+            // could only be a driver's mistake, and mixed with values the
+            // order of replies would be lost.
+            self.close_conn(now, conn_id, CloseReason::BadFrame);
             return;
         }
         let input = conn.front.handle_input(
@@ -596,17 +719,7 @@ impl Machine for Server {
             }
             match next {
                 Ok(None) => break,
-                Ok(Some(ClientRequest::Acquire {
-                    wait_s,
-                    lease_s,
-                    keys,
-                    reply_to,
-                })) => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
-                Ok(Some(ClientRequest::Release {
-                    token,
-                    keys,
-                    reply_to,
-                })) => self.handle_release(now, conn_id, token, keys, reply_to),
+                Ok(Some(request)) => self.handle_request(now, conn_id, request),
                 Err(reason) => {
                     self.close_conn(now, conn_id, reason);
                     break;

@@ -22,6 +22,7 @@ use ticketing_core::hash::IdMap;
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server};
 use ticketing_core::time::Instant;
+use ticketing_core::wire::{Reply, Request};
 
 use crate::sync::{Clock, Notify};
 
@@ -52,11 +53,8 @@ pub(crate) struct HubInner {
     pub(crate) peers: IdMap<ConnId, Peer>,
     /// The deadline the timer task sleeps until, `u64::MAX` for none.
     pub(crate) timer_target_micros: u64,
-    /// Request bytes of memory peers on their way in; kept for its capacity.
-    scratch: Vec<u8>,
-    /// An empty buffer swapped with a memory peer's inbox when the inbox is
-    /// read, so both keep their capacity.
-    spare_inbox: Vec<u8>,
+    /// The buffers of [`Hub::exchange`], kept for their capacity.
+    scratch: Scratch,
     clock: Clock,
     /// Wakes the persister (with a state file only).
     pub(crate) persist: Option<Arc<Notify>>,
@@ -77,10 +75,12 @@ pub(crate) struct MemoryPeer {
     /// The broker owning the link: while it is exchanging it reads the inbox
     /// itself, so it is not woken for it.
     owner: u64,
-    /// Bytes taken from the server, not yet fed to the session. Bounded by
-    /// the protocol: the server only writes replies to requests (the
-    /// session bounds those in flight) plus the handshake.
+    /// Bytes (the handshake's) and reply values taken from the server, not
+    /// yet fed to the session. Bounded by the protocol: the server only
+    /// writes replies to requests (the session bounds those in flight)
+    /// plus the handshake.
     inbox: Vec<u8>,
+    replies: Vec<Reply>,
     /// `Open`, or how the server wants the link ended once the inbox is read.
     state: ConnState,
     /// Wakes the broker's driver for this link.
@@ -110,35 +110,9 @@ impl HubInner {
         &mut self,
         me: Option<ConnId>,
         owner: Option<u64>,
-        mut owned: impl FnMut(ConnId),
+        owned: impl FnMut(ConnId),
     ) -> bool {
-        let mut mine = false;
-        while let Some(conn) = self.server.poll_wake() {
-            match self.peers.get_mut(&conn) {
-                Some(Peer::Socket(waker)) => {
-                    if Some(conn) == me {
-                        mine = true;
-                    } else {
-                        waker.notify_one();
-                    }
-                }
-                Some(Peer::Memory(peer)) => {
-                    let state = self.server.poll_transmit(conn, &mut peer.inbox);
-                    if state != ConnState::Open {
-                        peer.state = state;
-                    }
-                    if Some(peer.owner) != owner {
-                        peer.wake.notify_one();
-                    } else {
-                        mine = true;
-                        owned(conn);
-                    }
-                }
-                // A peer being closed right now; its closer tells the core.
-                None => {}
-            }
-        }
-        mine
+        drain_wakes(&mut self.server, &mut self.peers, me, owner, owned)
     }
 
     /// The rest of [`Self::dispatch`], once the wakes are drained: the
@@ -164,63 +138,145 @@ impl HubInner {
         }
     }
 
-    /// One step of [`Hub::exchange`] on `link`: the bytes waiting in its
-    /// inbox go to the session (then [`Machine::handle_flushed`]), a close
-    /// either side wants is carried out, and the session's unsent requests
-    /// go to the server. `spare` is an empty buffer swapped with the inbox
-    /// (each keeps its capacity).
-    fn serve_link(
-        &mut self,
-        now: Instant,
-        link: &mut MemoryLink<'_>,
-        out: &mut Vec<u8>,
-        spare: &mut Vec<u8>,
-        peers_changed: &Event,
-    ) {
-        let conn = link.conn;
-        let state = match self.peers.get_mut(&conn) {
-            Some(Peer::Memory(peer)) => {
-                if !peer.inbox.is_empty() {
-                    std::mem::swap(&mut peer.inbox, spare);
-                }
-                peer.state
-            }
-            _ => ConnState::Gone,
-        };
-        if !spare.is_empty() {
-            link.touched = true;
-            link.session.handle_input(now, spare);
-            spare.clear();
-            self.server.handle_flushed(now, conn);
-        }
-        if state != ConnState::Open {
-            link.touched = true;
-            link.session.handle_transport_closed(now);
-        }
-        if link.session.is_closed() {
-            self.remove_peer(now, conn, peers_changed);
-            link.closed = true;
-            link.touched = true;
-            return;
-        }
-        // A ready session with nothing unsent has nothing to hand out (its
-        // proof left before the server could answer it).
-        let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
-        if may_send && self.server.wants_input(conn) {
-            link.touched = true;
-            out.clear();
-            if link.session.poll_transmit(now, out) > 0 {
-                self.server.handle_input(now, conn, out);
-            }
-        }
-    }
-
     /// Forgets `conn` and tells the core it closed.
     pub(crate) fn remove_peer(&mut self, now: Instant, conn: ConnId, peers_changed: &Event) {
-        self.peers.remove(&conn);
-        self.server.handle_closed(now, conn);
-        peers_changed.notify(usize::MAX);
+        remove_peer(&mut self.server, &mut self.peers, now, conn, peers_changed);
     }
+}
+
+/// [`HubInner::drain_wakes`] on the hub's fields, so that
+/// [`Hub::exchange`] can hold its scratch buffers beside them.
+fn drain_wakes(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    me: Option<ConnId>,
+    owner: Option<u64>,
+    mut owned: impl FnMut(ConnId),
+) -> bool {
+    let mut mine = false;
+    while let Some(conn) = server.poll_wake() {
+        match peers.get_mut(&conn) {
+            Some(Peer::Socket(waker)) => {
+                if Some(conn) == me {
+                    mine = true;
+                } else {
+                    waker.notify_one();
+                }
+            }
+            Some(Peer::Memory(peer)) => {
+                let state = server.poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
+                if state != ConnState::Open {
+                    peer.state = state;
+                }
+                if Some(peer.owner) != owner {
+                    peer.wake.notify_one();
+                } else {
+                    mine = true;
+                    owned(conn);
+                }
+            }
+            // A peer being closed right now; its closer tells the core.
+            None => {}
+        }
+    }
+    mine
+}
+
+/// One step of [`Hub::exchange`] on `link`: the bytes and replies
+/// waiting in its inbox go to the session (then
+/// [`Machine::handle_flushed`]), a close either side wants is carried
+/// out, and the session's unsent requests go to the server: as bytes
+/// during the handshake, as values once the session is ready (no codec
+/// between two state machines in one process; the server checks and
+/// serves values exactly as decoded frames, see
+/// [`Server::handle_requests`]). `bufs` are the hub's scratch buffers,
+/// swapped with the inbox (each keeps its capacity).
+fn serve_link(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    now: Instant,
+    link: &mut MemoryLink<'_>,
+    bufs: &mut Scratch,
+    peers_changed: &Event,
+) {
+    let conn = link.conn;
+    let state = match peers.get_mut(&conn) {
+        Some(Peer::Memory(peer)) => {
+            if !peer.inbox.is_empty() {
+                std::mem::swap(&mut peer.inbox, &mut bufs.inbox);
+            }
+            if !peer.replies.is_empty() {
+                std::mem::swap(&mut peer.replies, &mut bufs.replies);
+            }
+            peer.state
+        }
+        _ => ConnState::Gone,
+    };
+    if !bufs.inbox.is_empty() || !bufs.replies.is_empty() {
+        link.touched = true;
+        if !bufs.inbox.is_empty() {
+            link.session.handle_input(now, &bufs.inbox);
+            bufs.inbox.clear();
+        }
+        if !bufs.replies.is_empty() {
+            link.session.handle_replies(now, &bufs.replies);
+            bufs.replies.clear();
+        }
+        server.handle_flushed(now, conn);
+    }
+    if state != ConnState::Open {
+        link.touched = true;
+        link.session.handle_transport_closed(now);
+    }
+    if link.session.is_closed() {
+        remove_peer(server, peers, now, conn, peers_changed);
+        link.closed = true;
+        link.touched = true;
+        return;
+    }
+    // A ready session with nothing unsent has nothing to hand out (its
+    // proof left before the server could answer it).
+    let may_send = !link.session.is_ready() || link.session.unsent_len() > 0;
+    if may_send && server.wants_input(conn) {
+        link.touched = true;
+        if link.session.is_ready() {
+            if link.session.poll_transmit_requests(now, &mut bufs.requests) > 0 {
+                server.handle_requests(now, conn, &mut bufs.requests);
+            }
+            bufs.requests.clear();
+        } else {
+            bufs.out.clear();
+            if link.session.poll_transmit(now, &mut bufs.out) > 0 {
+                server.handle_input(now, conn, &bufs.out);
+            }
+        }
+    }
+}
+
+/// [`HubInner::remove_peer`] on the hub's fields.
+fn remove_peer(
+    server: &mut Server,
+    peers: &mut IdMap<ConnId, Peer>,
+    now: Instant,
+    conn: ConnId,
+    peers_changed: &Event,
+) {
+    peers.remove(&conn);
+    server.handle_closed(now, conn);
+    peers_changed.notify(usize::MAX);
+}
+
+/// The buffers [`Hub::exchange`] uses beside the server and the peers.
+#[derive(Default)]
+struct Scratch {
+    /// Request bytes on their way in.
+    out: Vec<u8>,
+    /// Request values on their way in.
+    requests: Vec<Request>,
+    /// Swapped with a peer's inbox to read it.
+    inbox: Vec<u8>,
+    /// Swapped with a peer's reply values to read them.
+    replies: Vec<Reply>,
 }
 
 /// One in-memory link as [`Hub::exchange`] sees it.
@@ -252,8 +308,7 @@ impl Hub {
                 server,
                 peers: IdMap::default(),
                 timer_target_micros: u64::MAX,
-                scratch: Vec::new(),
-                spare_inbox: Vec::new(),
+                scratch: Scratch::default(),
                 clock,
                 persist,
                 reserve_request: None,
@@ -303,6 +358,7 @@ impl Hub {
             Peer::Memory(MemoryPeer {
                 owner,
                 inbox: Vec::new(),
+                replies: Vec::new(),
                 state: ConnState::Open,
                 wake,
             }),
@@ -335,9 +391,12 @@ impl Hub {
     ) {
         debug_assert!(links.len() <= 64, "links are marked in a u64");
         let mut guard = self.lock();
-        let inner = &mut *guard;
-        let mut out = std::mem::take(&mut inner.scratch);
-        let mut spare = std::mem::take(&mut inner.spare_inbox);
+        let HubInner {
+            server,
+            peers,
+            scratch: bufs,
+            ..
+        } = &mut *guard;
         // The links of `first` once (all of them: bytes may have come in,
         // or a close, while nobody was exchanging; after a submit, the one
         // submitted on); then only the links the server has just handed
@@ -349,12 +408,12 @@ impl Hub {
                     continue;
                 }
                 if let Some(link) = slot.as_mut().filter(|link| !link.closed) {
-                    inner.serve_link(now, link, &mut out, &mut spare, &self.peers_changed);
+                    serve_link(server, peers, now, link, bufs, &self.peers_changed);
                 }
             }
             due = 0;
             let links = &*links;
-            inner.drain_wakes(None, Some(owner), |conn| {
+            drain_wakes(server, peers, None, Some(owner), |conn| {
                 if let Some(index) = links
                     .iter()
                     .position(|link| link.as_ref().is_some_and(|link| link.conn == conn))
@@ -363,10 +422,8 @@ impl Hub {
                 }
             });
         }
-        inner.after_input(&self.timer);
-        out.clear();
-        inner.scratch = out;
-        inner.spare_inbox = spare;
+        bufs.out.clear();
+        guard.after_input(&self.timer);
     }
 }
 

@@ -211,6 +211,83 @@ impl Pending {
     }
 }
 
+/// The requests in flight by rid: the newest in a slot of its own, the
+/// others in a map (our own numbers: a cheap hash, nothing to flood). A
+/// session that has one request in flight at a time, the usual case of an
+/// uncontended caller, never touches the map.
+#[derive(Debug, Default)]
+struct PendingMap {
+    /// The entry with the largest rid, unless it is in `older` (a slot
+    /// found empty takes whatever comes next).
+    newest: Option<(u64, Pending)>,
+    older: IdMap<u64, Pending>,
+}
+
+impl PendingMap {
+    /// Adds `rid`, which is not in the map.
+    fn insert(&mut self, rid: u64, entry: Pending) {
+        match &mut self.newest {
+            None => self.newest = Some((rid, entry)),
+            Some((newest, _)) if *newest < rid => {
+                if let Some((older, older_entry)) = self.newest.replace((rid, entry)) {
+                    self.older.insert(older, older_entry);
+                }
+            }
+            Some(_) => {
+                self.older.insert(rid, entry);
+            }
+        }
+    }
+
+    fn get_mut(&mut self, rid: &u64) -> Option<&mut Pending> {
+        if let Some((newest, entry)) = &mut self.newest
+            && newest == rid
+        {
+            return Some(entry);
+        }
+        self.older.get_mut(rid)
+    }
+
+    fn remove(&mut self, rid: &u64) -> Option<Pending> {
+        if self
+            .newest
+            .as_ref()
+            .is_some_and(|(newest, _)| newest == rid)
+        {
+            return self.newest.take().map(|(_, entry)| entry);
+        }
+        self.older.remove(rid)
+    }
+
+    fn contains_key(&self, rid: &u64) -> bool {
+        self.newest
+            .as_ref()
+            .is_some_and(|(newest, _)| newest == rid)
+            || self.older.contains_key(rid)
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.newest.is_some()) + self.older.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.newest.is_none() && self.older.is_empty()
+    }
+
+    /// Every entry, in no particular order.
+    fn iter(&self) -> impl Iterator<Item = (&u64, &Pending)> {
+        self.newest
+            .iter()
+            .map(|(rid, entry)| (rid, entry))
+            .chain(&self.older)
+    }
+
+    /// Every entry, taken, in no particular order.
+    fn into_entries(self) -> impl Iterator<Item = (u64, Pending)> {
+        self.newest.into_iter().chain(self.older)
+    }
+}
+
 /// One client connection as a state machine.
 #[derive(Debug)]
 pub struct Session {
@@ -225,10 +302,10 @@ pub struct Session {
     /// A partial reply frame (at most one frame long) and when it began.
     partial: Vec<u8>,
     partial_since: Option<Instant>,
-    /// Requests in flight by rid (our own numbers: a cheap hash, nothing
-    /// to flood). Rids are handed out in order, so every rid below
-    /// `send_cursor` has been handed out and none at or above it has.
-    pending: IdMap<u64, Pending>,
+    /// Requests in flight by rid. Rids are handed out in order, so every
+    /// rid below `send_cursor` has been handed out and none at or above it
+    /// has.
+    pending: PendingMap,
     pending_acquires: usize,
     pending_releases: usize,
     /// Requests in `pending` not yet handed out.
@@ -266,7 +343,7 @@ impl Session {
             proof: Vec::new(),
             partial: Vec::with_capacity(REPLY_FRAME_LEN_MAX),
             partial_since: None,
-            pending: IdMap::default(),
+            pending: PendingMap::default(),
             pending_acquires: 0,
             pending_releases: 0,
             unsent: 0,
@@ -418,10 +495,46 @@ impl Session {
         if !self.is_ready() {
             return out.len() - start;
         }
+        let proof_len = out.len() - start;
+        self.transmit(now, proof_len, |request| {
+            request.encode(out);
+            request.frame_len()
+        })
+    }
+
+    /// [`Session::poll_transmit`] handing out request values instead of
+    /// their frames, for a driver that passes them to the server as they
+    /// are (an in-process link: the server's
+    /// [`crate::server::Server::handle_requests`]). The very same requests,
+    /// in the same order and under the same send boundary and batch bound
+    /// (each counted as the bytes of its frame), leave as they would as
+    /// bytes; returns the bytes their frames would take. Only once the
+    /// session is ready: the handshake goes as bytes
+    /// ([`Session::poll_transmit`]), and nothing is handed out before.
+    pub fn poll_transmit_requests(&mut self, now: Instant, out: &mut Vec<Request>) -> usize {
+        if !self.is_ready() {
+            return 0;
+        }
+        self.transmit(now, 0, |request| {
+            out.push(request.clone());
+            request.frame_len()
+        })
+    }
+
+    /// Hands out the unsent requests in rid order through `hand_out`
+    /// (which returns the bytes of the request's frame) while fewer than
+    /// [`TRANSMIT_BATCH_BYTES`] are handed out, `handed` counting what this
+    /// call gave before (the proof); returns the total.
+    fn transmit(
+        &mut self,
+        now: Instant,
+        mut handed: usize,
+        mut hand_out: impl FnMut(&Request) -> usize,
+    ) -> usize {
         // The unsent requests are the rids from the cursor on, less those
         // cancelled or timed out before they left: `unsent` says when the
         // last one has been seen.
-        while self.unsent > 0 && out.len() - start < TRANSMIT_BATCH_BYTES {
+        while self.unsent > 0 && handed < TRANSMIT_BATCH_BYTES {
             let rid = self.send_cursor;
             self.send_cursor = rid.saturating_add(1);
             let Some(entry) = self.pending.get_mut(&rid) else {
@@ -451,7 +564,7 @@ impl Session {
                         .min(entry.wait_s_max)
                 };
             }
-            entry.request.encode(out);
+            handed += hand_out(&entry.request);
             entry.sent_at = Some(now);
             self.unsent -= 1;
             if let Some(at) = entry.overdue_at(self.config.silence_timeout) {
@@ -468,7 +581,7 @@ impl Session {
                 })
                 .collect();
         }
-        out.len() - start
+        handed
     }
 
     /// Bytes received from the server.
@@ -525,6 +638,34 @@ impl Session {
             return;
         }
         self.handle_frames(now, rest);
+        self.prune_deadlines();
+    }
+
+    /// Replies received from the server as values rather than bytes (an
+    /// in-process link, after [`Session::poll_transmit_requests`]): each is
+    /// checked as its frame would be decoded ([`Reply::check`]) and then
+    /// handled by the very code that handles a decoded frame, so matching,
+    /// outcomes and every rule of [`Session::handle_input`] are the same.
+    /// Values before the session is ready (the handshake goes as bytes)
+    /// close it as a protocol error.
+    pub fn handle_replies(&mut self, now: Instant, replies: &[Reply]) {
+        let Some(first) = replies.first() else {
+            return;
+        };
+        self.last_input_at = self.last_input_at.max(now);
+        if matches!(self.phase, Phase::Handshake(_)) {
+            let rid = first.rid().unwrap_or(0);
+            return self.close(now, CloseReason::Protocol(ProtocolError::UnknownRid(rid)));
+        }
+        for reply in replies {
+            if !self.is_ready() {
+                break;
+            }
+            if let Err(error) = reply.check() {
+                return self.close(now, CloseReason::Protocol(ProtocolError::Frame(error)));
+            }
+            self.handle_reply(now, *reply);
+        }
         self.prune_deadlines();
     }
 
@@ -805,7 +946,7 @@ impl Session {
         self.closed_at = Some(now);
         // In rid order, as they were submitted.
         let mut ended: Vec<(u64, Pending)> =
-            std::mem::take(&mut self.pending).into_iter().collect();
+            std::mem::take(&mut self.pending).into_entries().collect();
         ended.sort_unstable_by_key(|&(rid, _)| rid);
         for (rid, entry) in ended {
             let outcome = if entry.sent_at.is_some() {
@@ -902,5 +1043,76 @@ impl Session {
             .last_input_at
             .saturating_add(self.config.silence_timeout);
         Some((*overdue_at).max(quiet_until))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Key, KeyGroup};
+
+    fn entry(rid: u64) -> Pending {
+        Pending {
+            request: Request::Release(ReleaseRequest {
+                rid,
+                token: rid,
+                keys: KeyGroup::single(Key::new(b"k").unwrap()),
+                set: false,
+            }),
+            deadline: Instant::from_micros(rid),
+            wait_s_max: 0,
+            sent_at: None,
+        }
+    }
+
+    #[test]
+    fn the_pending_map_is_a_map() {
+        // Against a plain map, under inserts in rid order (submits),
+        // re-inserts of removed entries (a refused reply puts its entry
+        // back) and removes in any order.
+        let mut map = PendingMap::default();
+        let mut model = std::collections::BTreeMap::new();
+        let mut next_rid = 1u64;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            match seed % 5 {
+                0 | 1 => {
+                    map.insert(next_rid, entry(next_rid));
+                    model.insert(next_rid, ());
+                    next_rid += 1;
+                }
+                2 | 3 => {
+                    let rid = 1 + (seed >> 8) % next_rid;
+                    let removed = map.remove(&rid);
+                    assert_eq!(removed.is_some(), model.remove(&rid).is_some());
+                    if let Some(removed) = removed {
+                        assert_eq!(removed.request.rid(), rid);
+                        if seed & 0x100 != 0 {
+                            map.insert(rid, removed);
+                            model.insert(rid, ());
+                        }
+                    }
+                }
+                _ => {
+                    let rid = 1 + (seed >> 8) % next_rid;
+                    assert_eq!(map.contains_key(&rid), model.contains_key(&rid));
+                    assert_eq!(
+                        map.get_mut(&rid).map(|entry| entry.request.rid()),
+                        model.contains_key(&rid).then_some(rid)
+                    );
+                }
+            }
+            assert_eq!(map.len(), model.len());
+            assert_eq!(map.is_empty(), model.is_empty());
+        }
+        let mut listed: Vec<u64> = map.iter().map(|(&rid, _)| rid).collect();
+        listed.sort_unstable();
+        assert_eq!(listed, model.keys().copied().collect::<Vec<_>>());
+        let mut taken: Vec<u64> = map.into_entries().map(|(rid, _)| rid).collect();
+        taken.sort_unstable();
+        assert_eq!(taken, model.keys().copied().collect::<Vec<_>>());
     }
 }

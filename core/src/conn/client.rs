@@ -22,6 +22,7 @@ use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     Decoded, ErrorCode, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
+    check_request,
 };
 
 use super::Dialect;
@@ -526,6 +527,32 @@ impl ClientFront {
         }
     }
 
+    /// True when the session may be handed request values
+    /// ([`ClientFront::next_request_value`]) instead of bytes: a v3 session
+    /// the owner admitted, with no bytes of a frame buffered (values are
+    /// never mixed into the middle of a byte stream).
+    pub(crate) fn takes_request_values(&self) -> bool {
+        self.in_session && matches!(&self.phase, Phase::V3(decoder) if decoder.buffered() == 0)
+    }
+
+    /// [`ClientFront::next_request`] for a request handed over as a value
+    /// rather than as its frame (an in-process link, once
+    /// [`ClientFront::takes_request_values`]): checked as its frame would
+    /// be decoded ([`check_request`]), then the same as a decoded frame. A
+    /// field out of range is answered here, its `E` counted in `counts` and
+    /// handed to `queue`; `Err` when the connection must close (rid 0).
+    pub(crate) fn next_request_value(
+        &mut self,
+        request: Request,
+        counts: &mut ReplyCounts,
+        queue: impl FnOnce(Reply),
+    ) -> Result<Option<ClientRequest>, CloseReason> {
+        match check_request(request) {
+            Ok(decoded) => Ok(v3_request(decoded, counts, queue)),
+            Err(_) => Err(CloseReason::BadFrame),
+        }
+    }
+
     /// Processes a deadline at or before `now`.
     pub(crate) fn handle_timeout(&mut self, now: Instant, out: &mut Vec<u8>) -> FrontTimeout {
         match self.phase {
@@ -551,36 +578,51 @@ fn next_v3(
     loop {
         match decoder.next() {
             Ok(None) => return Ok(None),
-            Ok(Some(Decoded::Rejected { rid, code, .. })) => {
-                let reply = Reply::Error { rid, code };
-                counts.count(&reply);
-                reply.encode(out);
-            }
-            Ok(Some(Decoded::Request(Request::Acquire(acquire)))) => {
-                return Ok(Some(ClientRequest::Acquire {
-                    wait_s: acquire.wait_s,
-                    lease_s: acquire.lease_s,
-                    keys: acquire.keys,
-                    reply_to: ReplyTo::V3 {
-                        rid: acquire.rid,
-                        set: acquire.set,
-                    },
-                }));
-            }
-            Ok(Some(Decoded::Request(Request::Release(release)))) => {
-                return Ok(Some(ClientRequest::Release {
-                    token: release.token,
-                    keys: release.keys,
-                    reply_to: ReplyTo::V3 {
-                        rid: release.rid,
-                        set: release.set,
-                    },
-                }));
+            Ok(Some(decoded)) => {
+                if let Some(request) = v3_request(decoded, counts, |reply| reply.encode(out)) {
+                    return Ok(Some(request));
+                }
             }
             // No rid to answer: the published clients expect the session
             // to end.
             Err(_) => return Err(CloseReason::BadFrame),
         }
+    }
+}
+
+/// A decoded v3 frame as the owner's request, or `None` when it is
+/// answered here: a field out of range gets its `E`, counted in `counts`
+/// and handed to `queue` (encoded by the byte path, queued as a value by
+/// the value path). Both paths of a v3 session run this.
+fn v3_request(
+    decoded: Decoded,
+    counts: &mut ReplyCounts,
+    queue: impl FnOnce(Reply),
+) -> Option<ClientRequest> {
+    match decoded {
+        Decoded::Rejected { rid, code, .. } => {
+            let reply = Reply::Error { rid, code };
+            counts.count(&reply);
+            queue(reply);
+            None
+        }
+        Decoded::Request(Request::Acquire(acquire)) => Some(ClientRequest::Acquire {
+            wait_s: acquire.wait_s,
+            lease_s: acquire.lease_s,
+            keys: acquire.keys,
+            reply_to: ReplyTo::V3 {
+                rid: acquire.rid,
+                set: acquire.set,
+            },
+        }),
+        Decoded::Request(Request::Release(release)) => Some(ClientRequest::Release {
+            token: release.token,
+            keys: release.keys,
+            reply_to: ReplyTo::V3 {
+                rid: release.rid,
+                set: release.set,
+            },
+        }),
     }
 }
 

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::time::Instant;
-use crate::wire::KeyGroup;
+use crate::wire::{KeyGroup, Reply};
 
 pub(crate) mod client;
 
@@ -76,6 +76,14 @@ pub(crate) struct UndeliveredGrant {
 pub(crate) struct Outbound {
     /// Bytes queued and not yet taken by the driver.
     buffer: Vec<u8>,
+    /// Replies queued as values, after `buffer`'s bytes, for a driver that
+    /// hands its peer reply values rather than bytes (an in-process link,
+    /// see [`Outbound::queue_reply`]). Each counts in the stream's offsets
+    /// as the bytes of its frame, so the delivery accounting is the byte
+    /// stream's.
+    replies: Vec<Reply>,
+    /// The frame bytes of `replies`.
+    replies_len: usize,
     /// Bytes of the stream handed to the driver.
     taken_bytes: u64,
     /// Bytes of the stream the driver reported written.
@@ -96,6 +104,8 @@ impl Outbound {
     pub(crate) fn new(first: Vec<u8>) -> Self {
         Outbound {
             buffer: first,
+            replies: Vec::new(),
+            replies_len: 0,
             taken_bytes: 0,
             written_bytes: 0,
             undelivered: VecDeque::new(),
@@ -110,27 +120,46 @@ impl Outbound {
         &mut self.buffer
     }
 
-    /// The bytes queued and not yet taken.
+    /// Queues `reply` as a value, in the place its frame would take in the
+    /// stream (the driver takes it with [`Outbound::take_with_replies`]);
+    /// wake the connection afterwards. Only for replies after every byte
+    /// queued so far has been taken: bytes queued after it would be taken
+    /// first.
+    pub(crate) fn queue_reply(&mut self, reply: Reply) {
+        debug_assert!(self.buffer.is_empty(), "reply values follow the bytes");
+        self.replies_len += reply.frame_len();
+        self.replies.push(reply);
+    }
+
+    /// The bytes queued and not yet taken (reply values not included).
     pub(crate) fn pending(&self) -> &[u8] {
         &self.buffer
+    }
+
+    /// The stream's bytes queued and not yet taken, reply values counted as
+    /// their frames.
+    pub(crate) fn pending_len(&self) -> usize {
+        self.buffer.len() + self.replies_len
     }
 
     /// True when nothing is queued and everything taken was reported
     /// written.
     pub(crate) fn is_drained(&self) -> bool {
-        self.buffer.is_empty() && self.taken_bytes == self.written_bytes
+        self.pending_len() == 0 && self.taken_bytes == self.written_bytes
     }
 
     /// Drops what is queued and not yet taken (a connection given up on
     /// whose bytes nobody will read).
     pub(crate) fn discard_pending(&mut self) {
         self.buffer.clear();
+        self.replies.clear();
+        self.replies_len = 0;
     }
 
     /// The grant of `token` on `keys` was just queued: its frame ends at the
     /// stream's current end, and it is undelivered until that is written.
     pub(crate) fn record_grant(&mut self, token: u64, keys: KeyGroup) {
-        let end_offset = self.taken_bytes + self.buffer.len() as u64;
+        let end_offset = self.taken_bytes + self.pending_len() as u64;
         self.undelivered.push_back(UndeliveredGrant {
             token,
             keys,
@@ -143,8 +172,34 @@ impl Outbound {
         self.closing
     }
 
+    /// [`Outbound::take`], and the reply values queued after the bytes to
+    /// the end of `replies` (counted as taken like their frames).
+    pub(crate) fn take_with_replies(
+        &mut self,
+        out: &mut Vec<u8>,
+        replies: &mut Vec<Reply>,
+    ) -> ConnState {
+        // Only the handshake goes as bytes: usually there are none to move.
+        let state = if self.buffer.is_empty() {
+            self.state()
+        } else {
+            self.take(out)
+        };
+        if !self.replies.is_empty() {
+            self.taken_bytes += self.replies_len as u64;
+            self.replies_len = 0;
+            if replies.is_empty() {
+                std::mem::swap(replies, &mut self.replies);
+            } else {
+                replies.append(&mut self.replies);
+            }
+        }
+        state
+    }
+
     /// Moves the queued bytes to the end of `out` and says what the driver
-    /// should do with the connection.
+    /// should do with the connection. Reply values stay queued (a driver
+    /// that asks for them takes them with [`Outbound::take_with_replies`]).
     pub(crate) fn take(&mut self, out: &mut Vec<u8>) -> ConnState {
         self.taken_bytes += self.buffer.len() as u64;
         if out.is_empty() {
@@ -154,6 +209,12 @@ impl Outbound {
             out.extend_from_slice(&self.buffer);
             self.buffer.clear();
         }
+        self.state()
+    }
+
+    /// What the driver should do with the connection once it has taken
+    /// what is queued.
+    fn state(&self) -> ConnState {
         if self.closing {
             ConnState::CloseAfterFlush
         } else {
@@ -190,14 +251,14 @@ impl Outbound {
     /// False while closing or while at least `bytes_max` wait to be taken:
     /// the driver should stop reading until the peer catches up.
     pub(crate) fn wants_input(&self, bytes_max: usize) -> bool {
-        !self.closing && self.buffer.len() < bytes_max
+        !self.closing && self.pending_len() < bytes_max
     }
 
     /// The connection leaves the [`WakeQueue`] (see [`WakeQueue::poll`]):
     /// true if it still has bytes to send or must be closed.
     pub(crate) fn leave_wake_queue(&mut self) -> bool {
         self.in_wake_queue = false;
-        !self.buffer.is_empty() || self.closing
+        self.pending_len() > 0 || self.closing
     }
 
     /// The grants never written whole, oldest first, for the owner to free
@@ -235,6 +296,7 @@ impl WakeQueue {
     /// [`Outbound::leave_wake_queue`] on it (false for a connection that is
     /// gone). A connection whose bytes were already taken since it was
     /// queued is skipped, so each is reported once per batch of bytes.
+    #[inline]
     pub(crate) fn poll(&mut self, mut leave_queue: impl FnMut(ConnId) -> bool) -> Option<ConnId> {
         while let Some(conn_id) = self.queue.pop_front() {
             if leave_queue(conn_id) {

@@ -77,6 +77,14 @@ impl HeldCounts {
             return;
         }
         self.count_off(entry.1);
+        if self.by_expiry.peek() == Some(&Reverse(entry)) {
+            // The grant ending first (the usual case with few grants): its
+            // entry leaves now instead of being noted. Equal entries are
+            // interchangeable, and the heap holds more of them than notes
+            // (this grant's is not noted), so the count stays exact.
+            self.by_expiry.pop();
+            return;
+        }
         *self.released_early.entry(entry).or_default() += 1;
         self.released_early_total += 1;
         let live = self
@@ -121,12 +129,11 @@ impl HeldCounts {
     /// Subtracts a grant (the second half of its heap entry) from its
     /// connection's count.
     fn count_off(&mut self, conn_and_keys: u64) {
+        // A count that reaches zero stays (until the connection is
+        // forgotten): the next grant to it needs no new entry.
         let conn = ConnId(conn_and_keys >> 8);
         if let Some(held) = self.per_conn.get_mut(&conn) {
             *held -= (conn_and_keys & 0xff) as usize;
-            if *held == 0 {
-                self.per_conn.remove(&conn);
-            }
         }
     }
 
@@ -184,7 +191,35 @@ mod tests {
         assert_eq!(held.held(ConnId(4)), 0);
         assert!(held.by_expiry.is_empty());
         assert!(held.released_early.is_empty());
+        assert!(held.per_conn.values().all(|&count| count == 0));
+        // What is left is the connections not forgotten, at zero.
+        held.forget_conn(ConnId(1));
+        held.forget_conn(ConnId(3));
+        held.forget_conn(ConnId(4));
         assert!(held.per_conn.is_empty());
+    }
+
+    #[test]
+    fn a_release_of_the_grant_ending_first_leaves_no_note() {
+        let mut held = HeldCounts::default();
+        let t = |s: u64| Instant::from_micros(s * 1_000_000);
+        for round in 1..=1_000 {
+            held.add(ConnId(1), 1, t(round + 30));
+            assert_eq!(held.held(ConnId(1)), 1);
+            held.released(ConnId(1), 1, t(round + 30));
+            assert_eq!(held.held(ConnId(1)), 0);
+            assert!(held.by_expiry.is_empty());
+            assert!(held.released_early.is_empty());
+        }
+        // Equal entries: releasing one of two leaves the other counted,
+        // whichever of them the heap gives up.
+        held.add(ConnId(2), 1, t(5));
+        held.add(ConnId(2), 1, t(5));
+        held.released(ConnId(2), 1, t(5));
+        assert_eq!(held.held(ConnId(2)), 1);
+        held.expire(t(5));
+        assert_eq!(held.held(ConnId(2)), 0);
+        assert!(held.released_early.is_empty());
     }
 
     #[test]

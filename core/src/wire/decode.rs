@@ -116,6 +116,34 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Decoded, usize)>, FrameError
     Ok(Some((decoded, frame_len)))
 }
 
+/// What [`decode_request`] would make of `request`'s frame
+/// ([`Request::encode`]), decided from the value itself: for a driver that
+/// hands the server request values instead of bytes (an in-process link),
+/// so that both paths accept, reject and refuse exactly the same requests.
+///
+/// Keys and key groups are valid by construction ([`Key`], [`KeyGroup`]),
+/// so what is left are the checks on the other fields, in the protocol's
+/// order: rid 0 is a [`FrameError::ZeroRid`]; then lease (acquires) or
+/// token (releases). An `A` or `R` value naming more than one key, which
+/// has no frame ([`Request::encode`] panics), is `E BadKeySet`.
+pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
+    let rid = request.rid();
+    if rid == 0 {
+        return Err(FrameError::ZeroRid);
+    }
+    let kind = request.kind();
+    let checked = match &request {
+        Request::Acquire(req) if !req.set && req.keys.len() != 1 => Err(ErrorCode::BadKeySet),
+        Request::Release(req) if !req.set && req.keys.len() != 1 => Err(ErrorCode::BadKeySet),
+        Request::Acquire(req) => check_lease(req.lease_s),
+        Request::Release(req) => check_token(req.token),
+    };
+    Ok(match checked {
+        Ok(()) => Decoded::Request(request),
+        Err(code) => Decoded::Rejected { rid, kind, code },
+    })
+}
+
 /// Validates the fields of a body whose length is within the op's bounds
 /// and whose rid is non-zero. The check order is part of the protocol
 /// (docs/protocol.md): set structure, each key, key order, lease, token.
@@ -317,6 +345,69 @@ mod tests {
             set: false,
         })
         .to_frame()
+    }
+
+    #[test]
+    fn a_checked_request_is_what_its_frame_decodes_to() {
+        let one = || KeyGroup::single(Key::new(b"some/key").unwrap());
+        let set = || {
+            KeyGroup::new(vec![
+                Key::new(b"a").unwrap(),
+                Key::new(&[b'k'; 128]).unwrap(),
+            ])
+            .unwrap()
+        };
+        let mut requests = Vec::new();
+        for rid in [0, 1, u64::MAX] {
+            for lease_s in [0, 1, 250, 251, 255] {
+                for (keys, is_set) in [(one(), false), (one(), true), (set(), true)] {
+                    requests.push(Request::Acquire(AcquireRequest {
+                        rid,
+                        wait_s: 3,
+                        lease_s,
+                        keys,
+                        set: is_set,
+                    }));
+                }
+            }
+            for token in [0, 1, u64::MAX] {
+                for (keys, is_set) in [(one(), false), (one(), true), (set(), true)] {
+                    requests.push(Request::Release(ReleaseRequest {
+                        rid,
+                        token,
+                        keys,
+                        set: is_set,
+                    }));
+                }
+            }
+        }
+        for request in requests {
+            let frame = request.to_frame();
+            assert_eq!(frame.len(), request.frame_len(), "{request:?}");
+            let decoded = decode_request(&frame).map(|decoded| {
+                let (decoded, used) = decoded.expect("a whole frame");
+                assert_eq!(used, frame.len());
+                decoded
+            });
+            assert_eq!(check_request(request.clone()), decoded, "{request:?}");
+        }
+        // An `A` value naming two keys has no frame; it is refused as a
+        // malformed set would be.
+        let two = Request::Acquire(AcquireRequest {
+            rid: 9,
+            wait_s: 0,
+            lease_s: 10,
+            keys: set(),
+            set: false,
+        });
+        assert_eq!(
+            check_request(two),
+            Ok(Decoded::Rejected {
+                rid: 9,
+                kind: RequestKind::Acquire,
+                code: ErrorCode::BadKeySet
+            })
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod key;
 mod reply;
 mod request;
 
-pub use decode::{Decoded, FrameError, RequestDecoder, decode_request};
+pub use decode::{Decoded, FrameError, RequestDecoder, check_request, decode_request};
 pub use key::{Key, KeyGroup};
 pub use reply::{Reply, ReplyError};
 pub use request::{AcquireRequest, ReleaseRequest, Request};

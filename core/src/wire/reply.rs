@@ -150,6 +150,11 @@ impl Reply {
             Reply::Leader { .. } => b'L',
         }
     }
+    /// The length of the reply's frame, header included: what
+    /// [`Reply::encode`] appends.
+    pub fn frame_len(&self) -> usize {
+        FRAME_HEADER_LEN + reply_body_len(self.op()).expect("every reply op has a length")
+    }
     /// Appends the reply's frame to `out`. Fields are written as given.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let op = self.op();
@@ -232,6 +237,20 @@ impl Reply {
             _ => unreachable!("reply_body_len accepted only the ops above"),
         };
         Ok(Some((reply, frame_len)))
+    }
+    /// What [`Reply::decode`] would make of this reply's frame, decided
+    /// from the value (for a driver that hands a session reply values
+    /// instead of bytes): a rid or token of 0 is [`ReplyError::Zero`]; every
+    /// other value decodes to itself (an error code is valid by its type).
+    pub fn check(&self) -> Result<(), ReplyError> {
+        let token = match *self {
+            Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
+            _ => 1,
+        };
+        if self.rid() == Some(0) || token == 0 {
+            return Err(ReplyError::Zero);
+        }
+        Ok(())
     }
     /// Whether this reply may answer a request of `kind` (`L` answers none).
     pub fn answers(&self, kind: RequestKind) -> bool {

@@ -56,6 +56,24 @@ impl Request {
             Request::Release(ReleaseRequest { set: true, .. }) => RequestKind::ReleaseSet,
         }
     }
+    /// The length of the request's frame, header included: what
+    /// [`Request::encode`] appends.
+    pub fn frame_len(&self) -> usize {
+        let (fixed, keys, set) = match self {
+            Request::Acquire(req) => (10, &req.keys, req.set),
+            Request::Release(req) => (16, &req.keys, req.set),
+        };
+        let keys_len = if set {
+            1 + keys
+                .keys()
+                .iter()
+                .map(|key| 1 + key.as_bytes().len())
+                .sum::<usize>()
+        } else {
+            keys.keys().first().map_or(0, |key| key.as_bytes().len())
+        };
+        FRAME_HEADER_LEN + fixed + keys_len
+    }
     /// Appends the request's frame to `out`.
     ///
     /// Fields are written as they are (a rid, lease or token out of range is
