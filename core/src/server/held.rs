@@ -130,10 +130,12 @@ impl HeldCounts {
     /// connection's count.
     fn count_off(&mut self, conn_and_keys: u64) {
         // A count that reaches zero stays (until the connection is
-        // forgotten): the next grant to it needs no new entry.
+        // forgotten): the next grant to it needs no new entry. It never
+        // goes below zero, even if a grant were counted off twice (the
+        // simulator plants such a bug for its checkers to catch).
         let conn = ConnId(conn_and_keys >> 8);
         if let Some(held) = self.per_conn.get_mut(&conn) {
-            *held -= (conn_and_keys & 0xff) as usize;
+            *held = held.saturating_sub((conn_and_keys & 0xff) as usize);
         }
     }
 
@@ -197,6 +199,18 @@ mod tests {
         held.forget_conn(ConnId(3));
         held.forget_conn(ConnId(4));
         assert!(held.per_conn.is_empty());
+    }
+
+    #[test]
+    fn a_grant_counted_off_twice_leaves_the_count_at_zero() {
+        let mut held = HeldCounts::default();
+        held.add(ConnId(7), 2, Instant::from_micros(5_000_000));
+        let entry = (7u64 << 8) | 2;
+        held.count_off(entry);
+        held.count_off(entry);
+        assert_eq!(held.held(ConnId(7)), 0);
+        held.add(ConnId(7), 1, Instant::from_micros(6_000_000));
+        assert_eq!(held.held(ConnId(7)), 1);
     }
 
     #[test]
