@@ -1073,11 +1073,9 @@ mod tests {
         let mut map = PendingMap::default();
         let mut model = std::collections::BTreeMap::new();
         let mut next_rid = 1u64;
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = crate::rng::SplitMix64::new(0x2545_f491_4f6c_dd1d);
         for _ in 0..20_000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = rng.next_u64();
             match seed % 5 {
                 0 | 1 => {
                     map.insert(next_rid, entry(next_rid));

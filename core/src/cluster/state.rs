@@ -9,18 +9,15 @@
 //! (`node/leadership.rs`), because a waiter is tied to a client connection on that
 //! node and has had no effect until its Grant commits.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::hash::{BuildHasher, RandomState};
-
-use hashbrown::HashTable;
-
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::hash::IdMap;
+use crate::lock::keyed::{KeyHash, Keyed};
 use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// A snapshot's token counter must not exceed this (2^63): counters start
 /// below [`crate::cluster::command::FIRST_TOKEN_MAX`] (2^62) and grow by one
@@ -88,59 +85,15 @@ impl core::fmt::Display for SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// The token holding each held key: a hash table under std's keyed
-/// SipHash (key bytes come from clients), each key hashed once per
-/// command. Unordered: whatever lists keys sorts them.
-#[derive(Clone, Debug, Default)]
-struct KeyHolders {
-    hasher: RandomState,
-    table: HashTable<(Key, u64)>,
-}
-
-impl KeyHolders {
-    fn hash(&self, key: &Key) -> u64 {
-        self.hasher.hash_one(key.as_bytes())
-    }
-
-    /// The token holding `key`, whose hash is `hash`.
-    fn find(&self, hash: u64, key: &Key) -> Option<u64> {
-        self.table
-            .find(hash, |(k, _)| k == key)
-            .map(|(_, token)| *token)
-    }
-
-    fn get(&self, key: &Key) -> Option<u64> {
-        self.find(self.hash(key), key)
-    }
-
-    /// Records `token` as `key`'s holder, `key` (hash `hash`) being free.
-    fn insert_free(&mut self, hash: u64, key: Key, token: u64) {
-        let hasher = &self.hasher;
-        self.table
-            .insert_unique(hash, (key, token), |(k, _)| hasher.hash_one(k.as_bytes()));
-    }
-
-    fn remove(&mut self, key: &Key) {
-        if let Ok(entry) = self.table.find_entry(self.hash(key), |(k, _)| k == key) {
-            entry.remove();
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// The held keys that start with `prefix`, ascending.
-    fn sorted_with_prefix(&self, prefix: &[u8]) -> Vec<&Key> {
-        let mut keys: Vec<&Key> = self
-            .table
-            .iter()
-            .map(|(key, _)| key)
-            .filter(|key| key.as_bytes().starts_with(prefix))
-            .collect();
-        keys.sort_unstable();
-        keys
-    }
+/// The held keys that start with `prefix`, ascending.
+fn sorted_with_prefix<'a>(holders: &'a Keyed<Key, u64>, prefix: &[u8]) -> Vec<&'a Key> {
+    let mut keys: Vec<&Key> = holders
+        .iter()
+        .map(|(key, _)| key)
+        .filter(|key| key.as_bytes().starts_with(prefix))
+        .collect();
+    keys.sort_unstable();
+    keys
 }
 
 /// The replicated state machine of cluster mode.
@@ -152,8 +105,10 @@ pub struct ReplicatedLocks {
     /// sorts them by token, which is grant order, so snapshots stay
     /// deterministic.
     grants: IdMap<u64, Holding>,
-    /// The token holding each held key.
-    keys: KeyHolders,
+    /// The token holding each held key (the lock table's map by key
+    /// bytes, under std's keyed SipHash: each key hashed once per command).
+    /// Unordered: whatever lists keys sorts them.
+    keys: Keyed<Key, u64>,
     /// Lease deadlines by token; entries of released or re-armed grants are
     /// skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -203,7 +158,7 @@ impl ReplicatedLocks {
         token: Option<u64>,
         applied_at: Instant,
     ) -> ApplyResult {
-        let Some(held) = self.keys.get(key) else {
+        let Some(held) = self.keys.get(key.as_bytes()).copied() else {
             return ApplyResult::ForceNotHeld;
         };
         if token.is_some_and(|t| t != held) {
@@ -233,10 +188,10 @@ impl ReplicatedLocks {
         }
         // Each key hashed once: for the check that it is free and again
         // to record its holder.
-        let mut hashes = [0u64; SET_KEYS_MAX];
+        let mut hashes = [KeyHash::default(); SET_KEYS_MAX];
         for (hash, key) in hashes.iter_mut().zip(keys.keys()) {
-            *hash = self.keys.hash(key);
-            if self.keys.find(*hash, key).is_some() {
+            *hash = self.keys.hash(key.as_bytes());
+            if self.keys.find(*hash, key.as_bytes()).is_some() {
                 return ApplyResult::GrantRejected;
             }
         }
@@ -249,7 +204,7 @@ impl ReplicatedLocks {
         self.next_token = next;
         let deadline = applied_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
         for (hash, key) in hashes.iter().zip(keys.keys()) {
-            self.keys.insert_free(*hash, key.clone(), token);
+            self.keys.insert_absent(*hash, key.clone(), token);
         }
         self.grants.insert(
             token,
@@ -293,7 +248,8 @@ impl ReplicatedLocks {
             let held = at.saturating_duration_since(holding.granted_at);
             self.metrics.hold.observe(held);
             for key in holding.keys.keys() {
-                self.keys.remove(key);
+                self.keys
+                    .remove(self.keys.hash(key.as_bytes()), key.as_bytes());
             }
         }
     }
@@ -383,7 +339,7 @@ impl ReplicatedLocks {
 
     /// The token and grant holding `key`.
     pub fn holder(&self, key: &Key) -> Option<(u64, &Holding)> {
-        let token = self.keys.get(key)?;
+        let token = self.keys.get(key.as_bytes()).copied()?;
         Some((token, self.grants.get(&token)?))
     }
 
@@ -394,7 +350,7 @@ impl ReplicatedLocks {
 
     /// Whether `key` is held.
     pub fn is_held(&self, key: &Key) -> bool {
-        self.keys.get(key).is_some()
+        self.keys.get(key.as_bytes()).copied().is_some()
     }
 
     /// Current grants, ascending by token.
@@ -420,7 +376,7 @@ impl ReplicatedLocks {
         if !prefix.is_empty() && Key::new(prefix).is_err() {
             return Box::new(std::iter::empty());
         }
-        Box::new(self.keys.sorted_with_prefix(prefix).into_iter())
+        Box::new(sorted_with_prefix(&self.keys, prefix).into_iter())
     }
 
     /// Number of held keys.
@@ -520,11 +476,11 @@ impl ReplicatedLocks {
             }
             last_token = token;
             for key in keys.keys() {
-                let hash = state.keys.hash(key);
-                if state.keys.find(hash, key).is_some() {
+                let hash = state.keys.hash(key.as_bytes());
+                if state.keys.find(hash, key.as_bytes()).is_some() {
                     return Err(SnapshotError::Inconsistent);
                 }
-                state.keys.insert_free(hash, key.clone(), token);
+                state.keys.insert_absent(hash, key.clone(), token);
             }
             let deadline = now.saturating_add(Duration::from_millis(u64::from(remaining_ms)));
             state.grants.insert(

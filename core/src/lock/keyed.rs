@@ -13,10 +13,10 @@ use hashbrown::HashTable;
 /// A key's hash under its table's [`RandomState`]. Only meaningful with
 /// the maps of the table that computed it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct KeyHash(u64);
+pub(crate) struct KeyHash(u64);
 
 /// What a map's key is, as bytes (the map compares keys by these).
-pub(super) trait KeyBytes {
+pub(crate) trait KeyBytes {
     fn key_bytes(&self) -> &[u8];
 }
 
@@ -27,17 +27,31 @@ impl KeyBytes for Box<[u8]> {
 }
 
 /// A hash map from key bytes to `V`, looked up by a [`KeyHash`] computed
-/// once. Same layout as a `HashMap<K, V>`: one `(K, V)` per bucket.
-#[derive(Debug)]
-pub(super) struct Keyed<K, V> {
+/// once. Same layout as a `HashMap<K, V>`: one `(K, V)` per bucket. The
+/// lock table's maps and the cluster's per-key tables all use it.
+#[derive(Clone, Debug)]
+pub(crate) struct Keyed<K, V> {
     hasher: RandomState,
     table: HashTable<(K, V)>,
+}
+
+impl KeyBytes for crate::wire::Key {
+    fn key_bytes(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl<K: KeyBytes, V> Default for Keyed<K, V> {
+    /// An empty map with a hasher of its own.
+    fn default() -> Self {
+        Keyed::new(RandomState::new())
+    }
 }
 
 impl<K: KeyBytes, V> Keyed<K, V> {
     /// An empty map hashing with `hasher` (give every map that shares
     /// hashes the same one).
-    pub(super) fn new(hasher: RandomState) -> Self {
+    pub(crate) fn new(hasher: RandomState) -> Self {
         Keyed {
             hasher,
             table: HashTable::new(),
@@ -45,32 +59,32 @@ impl<K: KeyBytes, V> Keyed<K, V> {
     }
 
     /// `key`'s hash, for the calls below.
-    pub(super) fn hash(&self, key: &[u8]) -> KeyHash {
+    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
         KeyHash(self.hasher.hash_one(key))
     }
 
     /// The value of `key` (hashes it: for the paths that do not carry a
     /// hash).
-    pub(super) fn get(&self, key: &[u8]) -> Option<&V> {
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
         self.find(self.hash(key), key)
     }
 
     /// The value of `key`, whose hash is `hash`.
-    pub(super) fn find(&self, hash: KeyHash, key: &[u8]) -> Option<&V> {
+    pub(crate) fn find(&self, hash: KeyHash, key: &[u8]) -> Option<&V> {
         self.table
             .find(hash.0, |(k, _)| k.key_bytes() == key)
             .map(|(_, value)| value)
     }
 
     /// The value of `key`, whose hash is `hash`, mutably.
-    pub(super) fn find_mut(&mut self, hash: KeyHash, key: &[u8]) -> Option<&mut V> {
+    pub(crate) fn find_mut(&mut self, hash: KeyHash, key: &[u8]) -> Option<&mut V> {
         self.table
             .find_mut(hash.0, |(k, _)| k.key_bytes() == key)
             .map(|(_, value)| value)
     }
 
     /// Removes `key` (hash `hash`) and returns its value.
-    pub(super) fn remove(&mut self, hash: KeyHash, key: &[u8]) -> Option<V> {
+    pub(crate) fn remove(&mut self, hash: KeyHash, key: &[u8]) -> Option<V> {
         self.table
             .find_entry(hash.0, |(k, _)| k.key_bytes() == key)
             .ok()
@@ -79,7 +93,7 @@ impl<K: KeyBytes, V> Keyed<K, V> {
 
     /// The value of `key` (hash `hash`), inserting `make_key(key)` with
     /// `make_value()` first if absent.
-    pub(super) fn get_or_insert_with(
+    pub(crate) fn get_or_insert_with(
         &mut self,
         hash: KeyHash,
         key: &[u8],
@@ -99,7 +113,7 @@ impl<K: KeyBytes, V> Keyed<K, V> {
     }
 
     /// Inserts `key` (hash `hash`), known to be absent.
-    pub(super) fn insert_absent(&mut self, hash: KeyHash, key: K, value: V) {
+    pub(crate) fn insert_absent(&mut self, hash: KeyHash, key: K, value: V) {
         debug_assert!(self.find(hash, key.key_bytes()).is_none());
         let hasher = &self.hasher;
         self.table.insert_unique(hash.0, (key, value), |(k, _)| {
@@ -108,27 +122,27 @@ impl<K: KeyBytes, V> Keyed<K, V> {
     }
 
     /// Entries in the map.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.table.len()
     }
 
     /// Every entry, in no particular order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.table.iter().map(|(key, value)| (key, value))
     }
 
     /// Every value, in no particular order.
-    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.table.iter().map(|(_, value)| value)
     }
 
     /// Keeps the entries for which `keep` holds.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         self.table.retain(|(key, value)| keep(key, value));
     }
 
     /// Removes every entry.
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.table.clear();
     }
 }

@@ -36,7 +36,7 @@ mod acquire;
 mod entry;
 mod expiry;
 mod inspect;
-mod keyed;
+pub(crate) mod keyed;
 mod queue;
 mod release;
 pub use entry::HOLDER_MAX;

@@ -243,11 +243,11 @@ impl Reply {
     /// instead of bytes): a rid or token of 0 is [`ReplyError::Zero`]; every
     /// other value decodes to itself (an error code is valid by its type).
     pub fn check(&self) -> Result<(), ReplyError> {
-        let token = match *self {
-            Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
-            _ => 1,
-        };
-        if self.rid() == Some(0) || token == 0 {
+        let zero_token = matches!(
+            *self,
+            Reply::Acquired { token: 0, .. } | Reply::AcquiredSet { token: 0, .. }
+        );
+        if self.rid() == Some(0) || zero_token {
             return Err(ReplyError::Zero);
         }
         Ok(())

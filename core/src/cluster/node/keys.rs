@@ -2,15 +2,14 @@
 //! something about beyond the applied state, the waiters queued on it,
 //! whether a Grant in flight reserves it and whether its holder's Release
 //! is in flight. One map, so a key is hashed and found once where three
-//! tables (queues, reserved, releasing) each hashed it. Key bytes come
-//! from clients, so the hash stays std's keyed SipHash. Nothing iterates
+//! tables (queues, reserved, releasing) each hashed it; the map is the
+//! lock table's ([`Keyed`]), so the hash stays std's keyed SipHash (key
+//! bytes come from clients). Nothing iterates
 //! it in an order that matters (the listing sorts what it takes).
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
 
-use hashbrown::HashTable;
-
+use crate::lock::keyed::Keyed;
 use crate::wire::Key;
 
 /// What the leader knows of one key beyond the applied state. A key
@@ -42,36 +41,25 @@ impl KeyQueue {
 /// The leader's keys (see the module docs).
 #[derive(Debug, Default)]
 pub(super) struct LeaderKeys {
-    hasher: RandomState,
-    table: HashTable<(Key, KeyQueue)>,
+    map: Keyed<Key, KeyQueue>,
 }
 
 impl LeaderKeys {
-    fn hash(&self, key: &Key) -> u64 {
-        self.hasher.hash_one(key.as_bytes())
-    }
-
     /// What is known of `key`, if anything.
     pub(super) fn get(&self, key: &Key) -> Option<&KeyQueue> {
-        self.table
-            .find(self.hash(key), |(k, _)| k == key)
-            .map(|(_, queue)| queue)
+        self.map.get(key.as_bytes())
     }
 
     /// Runs `change` on `key`'s entry (made if absent), which goes again
     /// if `change` left it idle.
     pub(super) fn update<R>(&mut self, key: &Key, change: impl FnOnce(&mut KeyQueue) -> R) -> R {
-        let hash = self.hash(key);
-        let hasher = &self.hasher;
-        let entry = self.table.entry(
-            hash,
-            |(k, _)| k == key,
-            |(k, _)| hasher.hash_one(k.as_bytes()),
-        );
-        let mut entry = entry.or_insert_with(|| (key.clone(), KeyQueue::default()));
-        let result = change(&mut entry.get_mut().1);
-        if entry.get().1.is_idle() {
-            entry.remove();
+        let hash = self.map.hash(key.as_bytes());
+        let queue =
+            self.map
+                .get_or_insert_with(hash, key.as_bytes(), |_| key.clone(), KeyQueue::default);
+        let result = change(queue);
+        if queue.is_idle() {
+            self.map.remove(hash, key.as_bytes());
         }
         result
     }
@@ -83,24 +71,24 @@ impl LeaderKeys {
         key: &Key,
         change: impl FnOnce(&mut KeyQueue) -> R,
     ) -> Option<R> {
-        let hash = self.hash(key);
-        let mut entry = self.table.find_entry(hash, |(k, _)| k == key).ok()?;
-        let result = change(&mut entry.get_mut().1);
-        if entry.get().1.is_idle() {
-            entry.remove();
+        let hash = self.map.hash(key.as_bytes());
+        let queue = self.map.find_mut(hash, key.as_bytes())?;
+        let result = change(queue);
+        if queue.is_idle() {
+            self.map.remove(hash, key.as_bytes());
         }
         Some(result)
     }
 
     /// Every key with its entry, in no particular order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&Key, &KeyQueue)> {
-        self.table.iter().map(|(key, queue)| (key, queue))
+        self.map.iter()
     }
 
     /// Forgets every waiter (shutdown), keeping what Grants and Releases
     /// in flight reserve.
     pub(super) fn clear_waiters(&mut self) {
-        self.table.retain(|(_, queue)| {
+        self.map.retain(|_, queue| {
             queue.waiters.clear();
             !queue.is_idle()
         });

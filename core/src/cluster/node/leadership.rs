@@ -324,12 +324,9 @@ impl ClusterNode {
             return;
         };
         let over_total = leadership.waiters.len() >= limits.waiters_total_max;
-        // A one-key waiter's queue is checked as it is joined (one look-up).
-        let one_key = waiter.keys.len() == 1;
-        let over_per_key = !one_key
-            && waiter.keys.keys().iter().any(|k| {
-                leadership.keys.get(k).map_or(0, |q| q.waiters.len()) >= limits.waiters_per_key_max
-            });
+        let over_per_key = waiter.keys.keys().iter().any(|k| {
+            leadership.keys.get(k).map_or(0, |q| q.waiters.len()) >= limits.waiters_per_key_max
+        });
         if over_total || over_per_key {
             if over_total {
                 self.counts.busy.waiters_total_max += 1;
@@ -340,24 +337,13 @@ impl ClusterNode {
             return;
         }
         let seq = self.next_waiter_seq;
+        self.next_waiter_seq += 1;
         let Some(leadership) = self.leadership.as_mut() else {
             return;
         };
         for key in waiter.keys.keys() {
-            let joined = leadership.keys.update(key, |q| {
-                if one_key && q.waiters.len() >= limits.waiters_per_key_max {
-                    return false;
-                }
-                q.waiters.push_back(seq);
-                true
-            });
-            if !joined {
-                self.counts.busy.waiters_per_key_max += 1;
-                self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
-                return;
-            }
+            leadership.keys.update(key, |q| q.waiters.push_back(seq));
         }
-        self.next_waiter_seq += 1;
         leadership
             .wait_deadlines
             .push(Reverse((waiter.deadline, seq)));
