@@ -82,6 +82,9 @@ struct Net {
     /// heal a socket whose retransmission timer backed off): only the local
     /// end learns of a close.
     stale: BTreeSet<(usize, ConnId)>,
+    /// Stale ends whose close the transport never reports (a write stuck
+    /// on a silent link).
+    stuck: BTreeSet<(usize, ConnId)>,
     /// Peer dials that connected.
     dials_connected: usize,
     /// `dials_connected` when the latest partition began.
@@ -129,6 +132,7 @@ impl Net {
             hold_reserve_writes: false,
             cut: None,
             stale: BTreeSet::new(),
+            stuck: BTreeSet::new(),
             dials_connected: 0,
             dials_at_cut: 0,
         }
@@ -218,7 +222,7 @@ impl Net {
                     let endpoint = self.links.get(&(i, conn)).copied();
                     if self.stale.contains(&(i, conn)) {
                         // Bytes are lost; a close reaches only this end.
-                        if state != ConnState::Open {
+                        if state != ConnState::Open && !self.stuck.contains(&(i, conn)) {
                             self.stale.remove(&(i, conn));
                             self.links.remove(&(i, conn));
                             let now = self.now;
@@ -1558,6 +1562,50 @@ fn without_the_silence_rule_a_stale_link_is_never_redialed() {
         net.dials_connected, net.dials_at_cut,
         "nothing redialed: every slot still has its (stale) connection"
     );
+}
+
+/// A link the node closed for silence, whose transport never reports the
+/// close (a write stuck on it), does not keep its slot from being dialed
+/// again once the other link to that slot closes: both ends dial anew and
+/// the two nodes hear each other again.
+#[test]
+fn a_close_that_never_completes_does_not_stop_the_redial_of_its_slot() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    net.run_for(Duration::from_secs(1));
+    // The followers' link carries keepalives only.
+    let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
+    let between: Vec<(ConnId, usize, ConnId)> = net
+        .links
+        .iter()
+        .filter_map(|(&(n, conn), endpoint)| match *endpoint {
+            Endpoint::Peer(j, other) if n == a && j == b => Some((conn, j, other)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(between.len(), 2, "one link dialed each way");
+    let (conn, _, other) = between[0];
+    for end in [(a, conn), (b, other)] {
+        net.stale.insert(end);
+        net.stuck.insert(end);
+    }
+    // Past the silence bound (1.2 s): both ends give the stale link up,
+    // and its closes never complete.
+    net.run_for(Duration::from_secs(2));
+    assert!(
+        net.links.contains_key(&(a, conn)),
+        "its close was not reported"
+    );
+    let now = net.now;
+    assert_eq!(net.node(a).peer_liveness(now, b as u8), PeerLiveness::Live);
+    // Then the healthy link resets.
+    let dials = net.dials_connected;
+    net.close_link(a, between[1].0);
+    net.run_for(Duration::from_secs(2));
+    assert!(net.dials_connected > dials, "the slot was dialed again");
+    let now = net.now;
+    assert_eq!(net.node(a).peer_liveness(now, b as u8), PeerLiveness::Live);
+    assert_eq!(net.node(b).peer_liveness(now, a as u8), PeerLiveness::Live);
 }
 
 #[test]

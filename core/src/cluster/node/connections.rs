@@ -152,6 +152,19 @@ impl Connections {
             dials,
         }
     }
+
+    /// Whether a peer connection to `slot` (dialed, handshaking or
+    /// established) exists that the node has not decided to close. One
+    /// being closed does not count: its transport may take long to report
+    /// the close (a write stuck on a silent link), and the slot must be
+    /// dialed again meanwhile, or the two nodes stay apart for good.
+    pub(super) fn slot_connected(&self, slot: u8) -> bool {
+        self.by_id.values().any(|c| {
+            !c.out.is_closing()
+                && matches!(&c.kind, ConnKind::Peer(p)
+                    if p.established.map(|id| id.slot).or(p.dialed) == Some(slot))
+        })
+    }
 }
 
 /// Records since when `conn`'s output has been waiting (peer connections).
@@ -458,16 +471,10 @@ impl ClusterNode {
                     self.conns.known_peer_conns -= 1;
                 }
                 let slot = peer.established.map(|id| id.slot).or(peer.dialed);
-                if let Some(slot) = slot {
-                    let still_connected = self.conns.by_id.values().any(|c| match &c.kind {
-                        ConnKind::Peer(p) => {
-                            p.established.map(|id| id.slot).or(p.dialed) == Some(slot)
-                        }
-                        ConnKind::Client(_) => false,
-                    });
-                    if !still_connected {
-                        self.back_off(now, slot);
-                    }
+                if let Some(slot) = slot
+                    && !self.conns.slot_connected(slot)
+                {
+                    self.back_off(now, slot);
                 }
             }
         }

@@ -421,12 +421,9 @@ impl ClusterNode {
             self.close_conn(conn_id, CloseReason::PeerSilent);
             // The transport may take long to report the close (a stuck
             // write); the slot is dialed again without waiting for it.
-            let still_connected = self.conns.by_id.values().any(|c| {
-                !c.out.is_closing()
-                    && matches!(&c.kind, ConnKind::Peer(p)
-                        if p.established.map(|id| id.slot).or(p.dialed) == Some(slot))
-            });
-            if !still_connected && let Some(dial) = self.conns.dials.get_mut(usize::from(slot)) {
+            if !self.conns.slot_connected(slot)
+                && let Some(dial) = self.conns.dials.get_mut(usize::from(slot))
+            {
                 dial.connected = false;
             }
         }
