@@ -626,9 +626,10 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     assert!(out.is_empty(), "replied before apply: {out:?}");
     assert_eq!(net.node(leader).lock_state().held_keys(), 0);
     // The first answer commits all of them; the followers learn the
-    // commit index (an idle cluster tells it in an empty append) and apply
-    // them too.
+    // commit index (an idle cluster tells it in an empty append, once the
+    // commit-notice delay has passed) and apply them too.
     net.settle();
+    net.run_for(RaftConfig::fast().commit_notice_delay);
     for i in 0..3 {
         assert_eq!(
             net.node(i).lock_state().held_keys(),
@@ -639,6 +640,98 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     let tokens: Vec<u64> = net.answers(c).into_iter().map(token_of).collect();
     assert_eq!(tokens.len() as u64, REQUESTS);
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// The commit of a lone request goes to the followers at once, in one
+/// empty append each: one client alone gets no faster by waiting for
+/// entries that are not coming.
+#[test]
+fn a_lone_request_is_committed_on_every_replica_at_once() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c, &acquire(1, "k", 0, 10).to_frame());
+    net.settle();
+    assert_eq!(net.answers(c).len(), 1, "granted once committed");
+    for i in 0..3 {
+        assert_eq!(net.node(i).lock_state().held_keys(), 1, "node {i} told");
+    }
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        4,
+        "the entry and the commit notice, to each follower"
+    );
+    assert_eq!(after.append_entries_sent - before.append_entries_sent, 2);
+}
+
+/// A commit of several entries waits `commit_notice_delay` for entries
+/// to carry it: until then only the leader has applied the grants, then
+/// every replica has, through one empty append per follower.
+#[test]
+fn a_batch_is_told_to_idle_followers_after_the_notice_delay() {
+    let delay = RaftConfig::fast().commit_notice_delay;
+    assert!(!delay.is_zero());
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    let mut bytes = acquire(1, "j", 0, 10).to_frame();
+    bytes.extend(acquire(2, "k", 0, 10).to_frame());
+    net.send_bytes(c, &bytes);
+    net.settle();
+    assert_eq!(net.answers(c).len(), 2, "granted once committed");
+    let before = net.node(leader).raft().counters();
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    net.run_for(delay.saturating_sub(Duration::from_micros(1)));
+    for &i in &followers {
+        assert_eq!(net.node(i).lock_state().held_keys(), 0, "node {i} early");
+    }
+    net.run_for(Duration::from_micros(1));
+    for &i in &followers {
+        assert_eq!(net.node(i).lock_state().held_keys(), 2, "node {i} told");
+    }
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        2,
+        "one per follower"
+    );
+    assert_eq!(after.append_entries_sent, before.append_entries_sent);
+}
+
+/// Under load the commit index rides on the next entries: a release sent
+/// within the notice delay after a batch of grants leaves in one append
+/// per follower, and no empty append goes out for the batch's commit.
+#[test]
+fn a_batch_commit_rides_on_the_next_entries_within_the_notice_delay() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    let before = net.node(leader).raft().counters();
+    let mut bytes = acquire(1, "j", 0, 10).to_frame();
+    bytes.extend(acquire(2, "k", 0, 10).to_frame());
+    net.send_bytes(c, &bytes);
+    net.settle();
+    let token = token_of(net.answers(c)[1]);
+    net.send_bytes(c, &release(3, "k", token).to_frame());
+    net.settle();
+    assert_eq!(net.answers(c).last(), Some(&Reply::Released { rid: 3 }));
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        6,
+        "the batch's and the release's, one per follower each, and the \
+         release's own commit notice (one entry: at once)"
+    );
+    assert_eq!(after.append_entries_sent - before.append_entries_sent, 6);
+    for i in 0..3 {
+        assert_eq!(net.holder_token(i, "k"), None, "node {i}");
+        assert!(net.holder_token(i, "j").is_some(), "node {i}");
+    }
 }
 
 #[test]
@@ -758,6 +851,7 @@ fn a_release_and_its_hand_over_grant_travel_in_one_append() {
         "each carrying the Release and the Grant"
     );
     net.settle();
+    net.run_for(RaftConfig::fast().commit_notice_delay);
     assert_eq!(net.answers(c1).last(), Some(&Reply::Released { rid: 2 }));
     let second = token_of(net.answers(c2)[0]);
     assert!(second > first, "{second} > {first}");

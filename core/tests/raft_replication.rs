@@ -6,7 +6,7 @@ use raft_harness::{Net, id};
 use ticketing_core::raft::{
     Entry, EntryKind, Event, Message, MessageBody, NodeId, ProposeError, Raft, RaftConfig, Role,
 };
-use ticketing_core::time::Instant;
+use ticketing_core::time::{Duration, Instant};
 
 fn fast() -> RaftConfig {
     RaftConfig::fast()
@@ -485,4 +485,83 @@ fn an_idle_follower_is_told_the_commit_index_once_a_busy_one_with_its_next_appen
     let fast_answer = appends(&drain_messages(&mut net, fast));
     assert!(fast_answer.is_empty());
     assert!(drain_messages(&mut net, leader).is_empty());
+}
+
+/// A commit of more than one entry new to an idle follower waits
+/// `commit_notice_delay` for entries to carry it, then goes alone.
+#[test]
+fn an_idle_follower_is_told_a_batch_commit_after_the_notice_delay_a_busy_one_after_its_answer() {
+    let (mut net, leader, followers) = settled_three(44);
+    let (fast, slow) = (followers[0], followers[1]);
+    let delay = fast_cfg_notice_delay();
+    let sent = propose_and_drain(&mut net, leader, &[b"w1", b"w2"]);
+    let last = net.raft(leader).last_index();
+    let to_fast = sent.iter().find(|m| m.to == fast).unwrap().clone();
+    deliver(&mut net, to_fast);
+    for answer in drain_messages(&mut net, fast) {
+        deliver(&mut net, answer);
+    }
+    assert_eq!(net.raft(leader).commit_index(), last);
+    // Nobody is told at once: entries proposed within the delay would
+    // carry the commit index.
+    assert!(appends(&drain_messages(&mut net, leader)).is_empty());
+    let notice_at = net.now.saturating_add(delay);
+    assert!(net.raft(leader).poll_timeout() <= Some(notice_at));
+    net.raft_mut(leader)
+        .handle_timeout(notice_at.saturating_sub(Duration::from_micros(1)));
+    assert!(appends(&drain_messages(&mut net, leader)).is_empty());
+    // Then `fast`, with nothing in flight, gets one empty append; `slow`
+    // still has w1 in flight: nothing.
+    net.raft_mut(leader).handle_timeout(notice_at);
+    let told = appends(&drain_messages(&mut net, leader));
+    assert_eq!(told, vec![(fast, Vec::new(), last)]);
+    // `slow` answers w1 and w2: it is told after a delay of its own.
+    net.now = notice_at;
+    let to_slow = sent.iter().find(|m| m.to == slow).unwrap().clone();
+    deliver(&mut net, to_slow);
+    for answer in drain_messages(&mut net, slow) {
+        deliver(&mut net, answer);
+    }
+    assert!(appends(&drain_messages(&mut net, leader)).is_empty());
+    net.raft_mut(leader)
+        .handle_timeout(notice_at.saturating_add(delay));
+    let told = appends(&drain_messages(&mut net, leader));
+    assert_eq!(told, vec![(slow, Vec::new(), last)]);
+    // Told once: nothing more until something changes.
+    let fast_answer = appends(&drain_messages(&mut net, fast));
+    assert!(fast_answer.is_empty());
+    assert!(drain_messages(&mut net, leader).is_empty());
+}
+
+fn fast_cfg_notice_delay() -> Duration {
+    let delay = fast().commit_notice_delay;
+    assert!(!delay.is_zero(), "the fast profile delays commit notices");
+    delay
+}
+
+/// With `commit_notice_delay` zero an idle follower is told a batch's
+/// commit at once.
+#[test]
+fn a_zero_notice_delay_tells_an_idle_follower_at_once() {
+    let cfg = RaftConfig {
+        commit_notice_delay: Duration::ZERO,
+        ..fast()
+    };
+    let mut net = Net::new(3, cfg, 45);
+    let leader = net.run_until_leader(5_000);
+    net.run_ms(500);
+    assert!(drain_messages(&mut net, leader).is_empty());
+    let fast = net.ids().into_iter().find(|&n| n != leader).unwrap();
+    let sent = propose_and_drain(&mut net, leader, &[b"z1", b"z2"]);
+    let last = net.raft(leader).last_index();
+    deliver(
+        &mut net,
+        sent.iter().find(|m| m.to == fast).unwrap().clone(),
+    );
+    for answer in drain_messages(&mut net, fast) {
+        deliver(&mut net, answer);
+    }
+    assert_eq!(net.raft(leader).commit_index(), last);
+    let told = appends(&drain_messages(&mut net, leader));
+    assert_eq!(told, vec![(fast, Vec::new(), last)]);
 }

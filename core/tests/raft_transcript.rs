@@ -91,7 +91,7 @@ impl World {
                 let voters: Vec<NodeId> = (1..=n).map(|s| NodeId::new(s, 1)).collect();
                 for &id in &voters {
                     let raft =
-                        Raft::bootstrap(id, voters.clone(), RaftConfig::default(), SEED, self.now);
+                        Raft::bootstrap(id, voters.clone(), transcript_config(), SEED, self.now);
                     self.nodes.insert(id, raft);
                 }
             }
@@ -154,7 +154,7 @@ impl World {
                 let slot: u8 = slot.parse().map_err(|_| "bad slot")?;
                 let generation: u64 = generation.parse().map_err(|_| "bad generation")?;
                 let id = NodeId::new(slot, generation);
-                let raft = Raft::join(id, RaftConfig::default(), SEED, self.now);
+                let raft = Raft::join(id, transcript_config(), SEED, self.now);
                 self.nodes.insert(id, raft);
             }
             ["status"] => {
@@ -337,6 +337,16 @@ fn run_file(path: &Path) {
         "{}: output differs (REWRITE=1 regenerates){differences}",
         path.display()
     );
+}
+
+/// The defaults, with commit notices sent at once: the transcripts show
+/// each exchange as it settles, without the clock moving between steps
+/// (the delay has tests of its own in `raft_replication.rs`).
+fn transcript_config() -> RaftConfig {
+    RaftConfig {
+        commit_notice_delay: std::time::Duration::ZERO,
+        ..RaftConfig::default()
+    }
 }
 
 fn transcript(name: &str) -> PathBuf {

@@ -229,6 +229,16 @@ fn regression_two_replacements_complete_in_a_five_node_cluster() {
     assert_clean(&report, 5);
 }
 
+/// Core bug found here, fixed (docs/testing.md, bug 5): a peer connection
+/// the node had closed for silence, whose close never completed, counted
+/// as its slot's link when the slot's other connection closed, so the slot
+/// was never dialed again; here the last two voters stayed apart and no
+/// leader was elected for the whole liveness phase.
+#[test]
+fn regression_a_stuck_close_does_not_keep_a_slot_from_redialing() {
+    assert_clean(&run_cluster_seed(1795, 3), 3);
+}
+
 /// An outsider busier than the swarm's: a relay every few fault ticks, a
 /// forged or replayed frame in about one honest peer write in a hundred.
 fn busy_adversary() -> AdversaryRates {

@@ -21,6 +21,16 @@ pub struct RaftConfig {
     pub append_bytes_max: usize,
     /// Most appends in flight to one follower while pipelining.
     pub inflight_appends_max: usize,
+    /// How long a commit index that no append carries yet may wait for one
+    /// before it goes to an idle follower alone (zero: at once), when it
+    /// covers more than one entry the follower was not told of. Such a
+    /// batch means several clients are active, and their next entries come
+    /// sooner and carry it: that spares an append, its answer and a
+    /// wake-up of both nodes per commit. The commit of a single entry (one
+    /// client alone) is told at once, because there the early wake-up of
+    /// the follower made the next round trip faster (docs/cluster.md). At
+    /// most one heartbeat interval.
+    pub commit_notice_delay: Duration,
     /// Most entries a leader holds beyond its commit index; `propose` fails
     /// with [`super::ProposeError::Backpressure`] past it.
     pub uncommitted_entries_max: u64,
@@ -57,6 +67,10 @@ impl Default for RaftConfig {
             // messages and wake-ups per entry (docs/cluster.md). 4 full
             // appends still keep a follower over a slow link busy.
             inflight_appends_max: 4,
+            // Longer than the gap between a client's reply and its next
+            // request (a loopback or LAN round trip), short enough that a
+            // follower's applied state trails by little when traffic stops.
+            commit_notice_delay: Duration::from_millis(2),
             uncommitted_entries_max: 16_384,
             entry_bytes_max: 8 * 1024,
             outbox_messages_max: 4_096,
@@ -95,6 +109,9 @@ impl RaftConfig {
         }
         if self.election_timeout_jitter < millisecond {
             return Err("election_timeout_jitter must be at least 1 ms");
+        }
+        if self.commit_notice_delay > self.heartbeat_interval {
+            return Err("commit_notice_delay must be at most one heartbeat interval");
         }
         if self.append_entries_max == 0
             || self.inflight_appends_max == 0
@@ -139,5 +156,13 @@ mod tests {
             ..fast()
         };
         assert!(fault(jitter).starts_with("election_timeout_jitter "));
+        let notice = |micros| RaftConfig {
+            commit_notice_delay: Duration::from_micros(micros),
+            ..fast()
+        };
+        // The fast heartbeat is 50 ms; zero means at once.
+        assert!(fault(notice(50_001)).starts_with("commit_notice_delay "));
+        assert_eq!(notice(50_000).validate(), Ok(()));
+        assert_eq!(notice(0).validate(), Ok(()));
     }
 }

@@ -22,6 +22,9 @@ pub(super) struct LeaderState {
     quorum_check_deadline: Instant,
     /// Appends to (re)build in `poll_message`.
     flush_pending: bool,
+    /// When a commit index no append has carried yet goes by itself to the
+    /// idle followers that lack it (`commit_notice_delay`).
+    commit_notice_deadline: Option<Instant>,
 }
 
 /// Whether a leader keeps leading after an operation. It ends when its own
@@ -66,6 +69,7 @@ impl LeaderState {
             heartbeat_deadline: now.saturating_add(s.cfg.heartbeat_interval),
             quorum_check_deadline: now.saturating_add(s.cfg.election_timeout_min),
             flush_pending: false,
+            commit_notice_deadline: None,
         };
         leader.sync_progress(s, true);
         leader
@@ -74,6 +78,9 @@ impl LeaderState {
     pub(super) fn next_deadline(&self) -> Instant {
         let mut t = self.heartbeat_deadline.min(self.quorum_check_deadline);
         if let Some((_, deadline)) = self.transfer {
+            t = t.min(deadline);
+        }
+        if let Some(deadline) = self.commit_notice_deadline {
             t = t.min(deadline);
         }
         t
@@ -92,6 +99,15 @@ impl LeaderState {
             // The target did not take over within an election timeout:
             // give up and accept proposals again.
             self.transfer = None;
+        }
+        if self.commit_notice_deadline.is_some_and(|d| now >= d) {
+            self.commit_notice_deadline = None;
+            let peers: Vec<NodeId> = self.progress.keys().copied().collect();
+            for peer in peers {
+                if self.lacks_commit_idle(s, peer) {
+                    self.send_append(s, peer, true);
+                }
+            }
         }
         if now >= self.heartbeat_deadline {
             self.heartbeat_deadline = now.saturating_add(s.cfg.heartbeat_interval);
@@ -335,25 +351,37 @@ impl LeaderState {
     /// batch limits) per drain, and the commit index rides on it. A
     /// follower that gets no entries and has nothing in flight, but has
     /// not yet been told the commit index, gets one empty append carrying
-    /// it; one with appends in flight learns it from the append its next
-    /// answer opens.
+    /// it: at once if one entry is new to it, else after
+    /// `commit_notice_delay` unless entries carry it first. One with
+    /// appends in flight learns it from the append its next answer opens.
     pub(super) fn flush(&mut self, s: &mut Shared) {
         if !self.flush_pending {
             return;
         }
         self.flush_pending = false;
-        let committed = s.log.committed;
+        let delay = s.cfg.commit_notice_delay;
         let peers: Vec<NodeId> = self.progress.keys().copied().collect();
         for peer in peers {
             while self.send_append(s, peer, false) {}
-            if self
-                .progress
-                .get(&peer)
-                .is_some_and(|pr| pr.commit_sent < committed && pr.inflight.is_empty())
-            {
+            if !self.lacks_commit_idle(s, peer) {
+                continue;
+            }
+            let untold = s.log.committed - self.progress[&peer].commit_sent;
+            if delay.is_zero() || untold == 1 {
                 self.send_append(s, peer, true);
+            } else if self.commit_notice_deadline.is_none() {
+                self.commit_notice_deadline = Some(s.now.saturating_add(delay));
             }
         }
+    }
+
+    /// Whether `peer` has nothing in flight and has not been told the
+    /// commit index.
+    fn lacks_commit_idle(&self, s: &Shared, peer: NodeId) -> bool {
+        let committed = s.log.committed;
+        self.progress
+            .get(&peer)
+            .is_some_and(|pr| pr.commit_sent < committed && pr.inflight.is_empty())
     }
 
     /// Sends every member an append, even an empty one (a probe, or the new
