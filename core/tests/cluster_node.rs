@@ -543,6 +543,24 @@ fn release(rid: u64, key: &str, token: u64) -> Request {
 /// A cluster whose leader's client `c1` holds "k" (token `first`, 60 s)
 /// and whose client `c2` queues for it (wait 10 s): `(net, leader, c1, c2,
 /// first)`.
+/// An elected cluster, settled, with one client connected to the leader:
+/// `(net, leader, client)`.
+fn leader_with_a_client() -> (Net, usize, usize) {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let c = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    (net, leader, c)
+}
+
+/// Acquires of keys `j` (rid 1) and `k` (rid 2) in one read: a commit of
+/// two entries.
+fn two_acquires_in_one_input() -> Vec<u8> {
+    let mut bytes = acquire(1, "j", 0, 10).to_frame();
+    bytes.extend(acquire(2, "k", 0, 10).to_frame());
+    bytes
+}
+
 fn holder_and_waiter() -> (Net, usize, usize, usize, u64) {
     let mut net = Net::new();
     let leader = net.elect();
@@ -599,10 +617,7 @@ fn a_grant_is_replied_only_after_commit_and_apply() {
 #[test]
 fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     const REQUESTS: u64 = 10;
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c = net.connect(leader);
-    net.run_for(Duration::from_millis(300));
+    let (mut net, leader, c) = leader_with_a_client();
     let before = net.node(leader).raft().counters();
     let mut bytes = Vec::new();
     for k in 0..REQUESTS {
@@ -647,10 +662,7 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
 /// entries that are not coming.
 #[test]
 fn a_lone_request_is_committed_on_every_replica_at_once() {
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c = net.connect(leader);
-    net.run_for(Duration::from_millis(300));
+    let (mut net, leader, c) = leader_with_a_client();
     let before = net.node(leader).raft().counters();
     net.send_bytes(c, &acquire(1, "k", 0, 10).to_frame());
     net.settle();
@@ -674,13 +686,8 @@ fn a_lone_request_is_committed_on_every_replica_at_once() {
 fn a_batch_is_told_to_idle_followers_after_the_notice_delay() {
     let delay = RaftConfig::fast().commit_notice_delay;
     assert!(!delay.is_zero());
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c = net.connect(leader);
-    net.run_for(Duration::from_millis(300));
-    let mut bytes = acquire(1, "j", 0, 10).to_frame();
-    bytes.extend(acquire(2, "k", 0, 10).to_frame());
-    net.send_bytes(c, &bytes);
+    let (mut net, leader, c) = leader_with_a_client();
+    net.send_bytes(c, &two_acquires_in_one_input());
     net.settle();
     assert_eq!(net.answers(c).len(), 2, "granted once committed");
     let before = net.node(leader).raft().counters();
@@ -707,14 +714,9 @@ fn a_batch_is_told_to_idle_followers_after_the_notice_delay() {
 /// per follower, and no empty append goes out for the batch's commit.
 #[test]
 fn a_batch_commit_rides_on_the_next_entries_within_the_notice_delay() {
-    let mut net = Net::new();
-    let leader = net.elect();
-    let c = net.connect(leader);
-    net.run_for(Duration::from_millis(300));
+    let (mut net, leader, c) = leader_with_a_client();
     let before = net.node(leader).raft().counters();
-    let mut bytes = acquire(1, "j", 0, 10).to_frame();
-    bytes.extend(acquire(2, "k", 0, 10).to_frame());
-    net.send_bytes(c, &bytes);
+    net.send_bytes(c, &two_acquires_in_one_input());
     net.settle();
     let token = token_of(net.answers(c)[1]);
     net.send_bytes(c, &release(3, "k", token).to_frame());

@@ -371,6 +371,16 @@ fn deliver(net: &mut Net, msg: Message) {
     net.raft_mut(msg.to).step(now, msg);
 }
 
+/// Delivers the message of `sent` addressed to `to`, then every answer
+/// `to` gives to it.
+fn deliver_and_answer(net: &mut Net, sent: &[Message], to: NodeId) {
+    let msg = sent.iter().find(|m| m.to == to).expect("a message to `to`");
+    deliver(net, msg.clone());
+    for answer in drain_messages(net, to) {
+        deliver(net, answer);
+    }
+}
+
 /// The appends among `msgs`, as (recipient, entry payloads, commit).
 fn appends(msgs: &[Message]) -> Vec<(NodeId, Vec<Vec<u8>>, u64)> {
     msgs.iter()
@@ -463,22 +473,14 @@ fn an_idle_follower_is_told_the_commit_index_once_a_busy_one_with_its_next_appen
     let (fast, slow) = (followers[0], followers[1]);
     let sent = propose_and_drain(&mut net, leader, &[b"w1"]);
     let last = net.raft(leader).last_index();
-    let to_fast = sent.iter().find(|m| m.to == fast).unwrap().clone();
-    deliver(&mut net, to_fast);
-    for answer in drain_messages(&mut net, fast) {
-        deliver(&mut net, answer);
-    }
+    deliver_and_answer(&mut net, &sent, fast);
     assert_eq!(net.raft(leader).commit_index(), last);
     // `fast` has nothing in flight: one empty append tells it the commit.
     // `slow` still has w1 in flight: nothing now.
     let told = appends(&drain_messages(&mut net, leader));
     assert_eq!(told, vec![(fast, Vec::new(), last)]);
     // `slow` answers w1: then it is told.
-    let to_slow = sent.iter().find(|m| m.to == slow).unwrap().clone();
-    deliver(&mut net, to_slow);
-    for answer in drain_messages(&mut net, slow) {
-        deliver(&mut net, answer);
-    }
+    deliver_and_answer(&mut net, &sent, slow);
     let told = appends(&drain_messages(&mut net, leader));
     assert_eq!(told, vec![(slow, Vec::new(), last)]);
     // Told once: nothing more until something changes.
@@ -496,11 +498,7 @@ fn an_idle_follower_is_told_a_batch_commit_after_the_notice_delay_a_busy_one_aft
     let delay = fast_cfg_notice_delay();
     let sent = propose_and_drain(&mut net, leader, &[b"w1", b"w2"]);
     let last = net.raft(leader).last_index();
-    let to_fast = sent.iter().find(|m| m.to == fast).unwrap().clone();
-    deliver(&mut net, to_fast);
-    for answer in drain_messages(&mut net, fast) {
-        deliver(&mut net, answer);
-    }
+    deliver_and_answer(&mut net, &sent, fast);
     assert_eq!(net.raft(leader).commit_index(), last);
     // Nobody is told at once: entries proposed within the delay would
     // carry the commit index.
@@ -517,11 +515,7 @@ fn an_idle_follower_is_told_a_batch_commit_after_the_notice_delay_a_busy_one_aft
     assert_eq!(told, vec![(fast, Vec::new(), last)]);
     // `slow` answers w1 and w2: it is told after a delay of its own.
     net.now = notice_at;
-    let to_slow = sent.iter().find(|m| m.to == slow).unwrap().clone();
-    deliver(&mut net, to_slow);
-    for answer in drain_messages(&mut net, slow) {
-        deliver(&mut net, answer);
-    }
+    deliver_and_answer(&mut net, &sent, slow);
     assert!(appends(&drain_messages(&mut net, leader)).is_empty());
     net.raft_mut(leader)
         .handle_timeout(notice_at.saturating_add(delay));
@@ -554,13 +548,7 @@ fn a_zero_notice_delay_tells_an_idle_follower_at_once() {
     let fast = net.ids().into_iter().find(|&n| n != leader).unwrap();
     let sent = propose_and_drain(&mut net, leader, &[b"z1", b"z2"]);
     let last = net.raft(leader).last_index();
-    deliver(
-        &mut net,
-        sent.iter().find(|m| m.to == fast).unwrap().clone(),
-    );
-    for answer in drain_messages(&mut net, fast) {
-        deliver(&mut net, answer);
-    }
+    deliver_and_answer(&mut net, &sent, fast);
     assert_eq!(net.raft(leader).commit_index(), last);
     let told = appends(&drain_messages(&mut net, leader));
     assert_eq!(told, vec![(fast, Vec::new(), last)]);
