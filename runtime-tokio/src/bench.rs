@@ -76,18 +76,36 @@ fn lock(totals: &SharedTotals) -> std::sync::MutexGuard<'_, Totals> {
 }
 
 async fn bench(args: &BenchArgs) -> ExitCode {
-    let broker = match connect_and_warm_up(args).await {
-        Ok(broker) => broker,
-        Err(code) => return code,
-    };
+    let connections = connection_count(args);
+    let mut brokers = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        match connect_and_warm_up(args).await {
+            Ok(broker) => brokers.push(broker),
+            Err(code) => return code,
+        }
+    }
     let server_pids = if args.server_pids.is_empty() {
         cpu::listening_pids(&args.addrs)
     } else {
         args.server_pids.clone()
     };
-    let measured = run_workers(&broker, args, &server_pids).await;
-    broker.close().await;
-    report(args, &server_pids, measured)
+    let measured = run_workers(&brokers, args, &server_pids).await;
+    for broker in brokers {
+        broker.close().await;
+    }
+    report(args, connections, &server_pids, measured)
+}
+
+/// How many connections the tasks share: `--connections`, else one per
+/// core against a single server and one against a cluster; never more than
+/// there are tasks.
+fn connection_count(args: &BenchArgs) -> usize {
+    let chosen = match args.connections {
+        Some(count) => usize::from(count),
+        None if args.cluster_identity.is_some() => 1,
+        None => std::thread::available_parallelism().map_or(1, usize::from),
+    };
+    chosen.clamp(1, args.clients.max(1))
 }
 
 /// A broker connected to `args.addrs` that has done one pair; the exit
@@ -133,7 +151,7 @@ struct Measured {
 
 /// Runs `args.clients` worker tasks until `args.ops` pairs are done,
 /// showing progress on a terminal, and measures the time and CPU spent.
-async fn run_workers(broker: &TicketBroker, args: &BenchArgs, server_pids: &[u32]) -> Measured {
+async fn run_workers(brokers: &[TicketBroker], args: &BenchArgs, server_pids: &[u32]) -> Measured {
     // Built once: the load generator's own allocations are not the client's.
     let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench-{i}")).collect();
     let totals = SharedTotals::default();
@@ -145,7 +163,7 @@ async fn run_workers(broker: &TicketBroker, args: &BenchArgs, server_pids: &[u32
     let mut tasks = Vec::with_capacity(args.clients);
     for client in 0..args.clients {
         tasks.push(tokio::spawn(worker(
-            broker.clone(),
+            brokers[client % brokers.len()].clone(),
             args.clone(),
             Arc::clone(&keys),
             client,
@@ -184,7 +202,12 @@ async fn run_workers(broker: &TicketBroker, args: &BenchArgs, server_pids: &[u32
 
 /// Prints throughput, latency and CPU per pair, then the errors; failure
 /// if there were any.
-fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode {
+fn report(
+    args: &BenchArgs,
+    connections: usize,
+    server_pids: &[u32],
+    measured: Measured,
+) -> ExitCode {
     let Measured {
         elapsed,
         client_cpu,
@@ -195,10 +218,11 @@ fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode
     let ok = histogram.len();
     let rate = ok as f64 / elapsed.as_secs_f64();
     println!(
-        "{ok} acquire+release pairs in {:.2} s: {rate:.0} ops/s ({} clients, {} keys)",
+        "{ok} acquire+release pairs in {:.2} s: {rate:.0} ops/s ({} clients, {} keys, {connections} connection{})",
         elapsed.as_secs_f64(),
         args.clients,
-        args.keys
+        args.keys,
+        if connections == 1 { "" } else { "s" }
     );
     println!(
         "latency (acquire+release): p50 {} p99 {} p99.9 {} max {}",
@@ -247,14 +271,16 @@ fn report(args: &BenchArgs, server_pids: &[u32], measured: Measured) -> ExitCode
             "client+server CPU ceiling on {cores} cores: {ceiling:.0} ops/s; measured {:.2} of it",
             rate / ceiling
         );
-        // When every pair's next request waits for its previous reply (a
-        // key's hand-over chain), client and server tend to take turns:
-        // one busy while the other waits. Then this is the bound.
-        let in_turn = 1e6 / both_us;
-        println!(
-            "client and server taking turns: {in_turn:.0} ops/s; measured {:.2} of it",
-            rate / in_turn
-        );
+        // On one connection every pair's next request waits for its
+        // previous reply (a key's hand-over chain), so client and server
+        // take turns: one busy while the other waits. Then this is the bound.
+        if connections == 1 {
+            let in_turn = 1e6 / both_us;
+            println!(
+                "client and server taking turns: {in_turn:.0} ops/s; measured {:.2} of it",
+                rate / in_turn
+            );
+        }
     }
     if errors.is_empty() {
         ExitCode::SUCCESS
@@ -362,3 +388,39 @@ async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
 }
 
 mod cpu;
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use ticketing_tokio::config::{Cli, Command};
+
+    use super::*;
+
+    fn bench_args(args: &[&str]) -> BenchArgs {
+        let cli = Cli::try_parse_from([&["ticketing", "bench"], args].concat()).expect("parses");
+        match cli.command {
+            Command::Bench(args) => args,
+            other => panic!("not bench: {other:?}"),
+        }
+    }
+
+    const IDENTITY: &str =
+        "--cluster-identity=0101010101010101010101010101010101010101010101010101010101010101";
+
+    #[test]
+    fn a_cluster_gets_one_connection_and_a_single_server_one_per_core() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(connection_count(&bench_args(&[])), cores.min(64));
+        assert_eq!(connection_count(&bench_args(&["--clients", "1"])), 1);
+        assert_eq!(connection_count(&bench_args(&[IDENTITY])), 1);
+        // Asked for, it is what was asked, in either mode, up to the tasks.
+        assert_eq!(
+            connection_count(&bench_args(&[IDENTITY, "--connections", "3"])),
+            3
+        );
+        assert_eq!(
+            connection_count(&bench_args(&["--connections", "5", "--clients", "4"])),
+            4
+        );
+    }
+}

@@ -54,12 +54,18 @@ async fn bench_prints_rate_latency_client_and_server_cpu_and_the_ceiling() {
         "2",
         "--ops",
         "300",
+        "--connections",
+        "1",
     ])
     .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{:?}", output.stderr);
     let rate = line_with(&stdout, "300 acquire+release pairs in ");
     assert!(figure_before(rate, "ops/s") > 0.0, "{rate}");
+    assert!(
+        rate.ends_with("(4 clients, 2 keys, 1 connection)"),
+        "{rate}"
+    );
     assert!(line_with(&stdout, "latency (acquire+release): p50 ").contains(" p99 "));
     let client = line_with(&stdout, "client CPU: ");
     assert!(client.ends_with("(current-thread runtime)"), "{client}");
@@ -80,6 +86,54 @@ async fn bench_prints_rate_latency_client_and_server_cpu_and_the_ceiling() {
     assert!(ceiling.contains("ops/s; measured "), "{ceiling}");
     let in_turn = line_with(&stdout, "client and server taking turns: ");
     assert!(in_turn.contains("ops/s; measured "), "{in_turn}");
+    server.shutdown().await;
+}
+
+/// Grants the bench makes: its pairs, and one warm-up pair per connection.
+async fn grants_of(server: &ticketing_tokio::RunningServer, args: &[&str]) -> (u64, String) {
+    let before = server.stats().lock.next_token;
+    let output = bench(args).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{:?}", output.stderr);
+    (server.stats().lock.next_token - before, stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_spreads_its_tasks_over_the_connections_asked_for() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let args = [
+        "--addr",
+        &addr,
+        "--clients",
+        "5",
+        "--keys",
+        "2",
+        "--ops",
+        "200",
+    ];
+    let (grants, stdout) = grants_of(&server, &[&args[..], &["--connections", "3"]].concat()).await;
+    // Each connection's broker made its own warm-up pair.
+    assert_eq!(grants, 200 + 3, "{stdout}");
+    let rate = line_with(&stdout, "200 acquire+release pairs in ");
+    assert!(
+        rate.ends_with("(5 clients, 2 keys, 3 connections)"),
+        "{rate}"
+    );
+    // With several connections client and server need not take turns, so
+    // that bound is not printed; the CPU ceiling still is.
+    assert!(!stdout.contains("taking turns"), "{stdout}");
+    line_with(&stdout, "client+server CPU ceiling on ");
+    // Never more connections than tasks.
+    let (grants, stdout) = grants_of(&server, &[&args[..], &["--connections", "9"]].concat()).await;
+    assert_eq!(grants, 200 + 5, "{stdout}");
+    // The default against a single server: one per core.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let (grants, stdout) = grants_of(&server, &args).await;
+    assert_eq!(grants, 200 + cores.min(5) as u64, "{stdout}");
+    // Zero connections is a command-line error.
+    let output = bench(&["--addr", &addr, "--connections", "0"]).await;
+    assert_eq!(output.status.code(), Some(2));
     server.shutdown().await;
 }
 

@@ -228,6 +228,14 @@ pub struct BenchArgs {
     /// multi-thread runtime with this many workers.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
+    /// Client connections the tasks are spread over, round robin, each its
+    /// own broker. Default: one per core against a single server (the
+    /// client works on one connection's replies while the server answers
+    /// another's requests), one against a cluster (whose leader answers each
+    /// connection's batch with appends of its own, so more connections cost
+    /// it CPU without adding throughput).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: Option<u16>,
     /// The server's process id, for its CPU time per operation (repeatable:
     /// a cluster's nodes are summed). Default: the processes listening on
     /// the loopback addresses given, when /proc shows them.
