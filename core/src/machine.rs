@@ -131,7 +131,9 @@ pub trait Machine: Send + 'static {
 
     /// A connection with bytes to send or to be closed; `None`: no more.
     /// The driver drains it after every input and serves each connection
-    /// with [`Machine::poll_transmit`].
+    /// with [`Machine::poll_transmit`]. A cluster node also names peer links
+    /// whose bytes the take itself builds (Raft's messages, held so that
+    /// the inputs of one wake-up share them): the take may give nothing.
     fn poll_wake(&mut self) -> Option<ConnId>;
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do

@@ -624,6 +624,14 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
         bytes.extend(acquire(k + 1, &format!("k{k}"), 0, 10).to_frame());
     }
     net.send_bytes(c, &bytes);
+    let conn = net.clients[c].conn;
+    let mut out = Vec::new();
+    net.node(leader).poll_transmit(conn, &mut out);
+    assert!(out.is_empty(), "replied before apply: {out:?}");
+    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
+    // The first answer commits all of them (a commit of many entries: no
+    // notice before the delay).
+    net.settle();
     let after = net.node(leader).raft().counters();
     assert_eq!(
         after.appends_sent - before.appends_sent,
@@ -635,15 +643,9 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
         2 * REQUESTS,
         "each carrying every request"
     );
-    let conn = net.clients[c].conn;
-    let mut out = Vec::new();
-    net.node(leader).poll_transmit(conn, &mut out);
-    assert!(out.is_empty(), "replied before apply: {out:?}");
-    assert_eq!(net.node(leader).lock_state().held_keys(), 0);
-    // The first answer commits all of them; the followers learn the
-    // commit index (an idle cluster tells it in an empty append, once the
-    // commit-notice delay has passed) and apply them too.
-    net.settle();
+    // The followers learn the commit index (an idle cluster tells it in an
+    // empty append, once the commit-notice delay has passed) and apply them
+    // too.
     net.run_for(RaftConfig::fast().commit_notice_delay);
     for i in 0..3 {
         assert_eq!(
@@ -655,6 +657,74 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     let tokens: Vec<u64> = net.answers(c).into_iter().map(token_of).collect();
     assert_eq!(tokens.len() as u64, REQUESTS);
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// What clients send before the driver next takes a peer link's bytes
+/// leaves in one append per follower: the proposals of several client
+/// inputs of one wake-up are not sent one append each.
+#[test]
+fn inputs_of_several_clients_before_a_peer_take_share_one_append_per_follower() {
+    let (mut net, leader, c1) = leader_with_a_client();
+    let c2 = net.connect(leader);
+    net.run_for(Duration::from_millis(300));
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c1, &acquire(1, "j", 0, 10).to_frame());
+    net.send_bytes(c2, &acquire(1, "k", 0, 10).to_frame());
+    assert_eq!(
+        net.node(leader).raft().counters().appends_sent,
+        before.appends_sent,
+        "nothing built before a peer link is taken"
+    );
+    net.settle();
+    let after = net.node(leader).raft().counters();
+    assert_eq!(
+        after.appends_sent - before.appends_sent,
+        2,
+        "one per follower (a commit of two entries: no notice yet)"
+    );
+    assert_eq!(
+        after.append_entries_sent - before.append_entries_sent,
+        2 * 2
+    );
+    assert_eq!(net.answers(c1).len(), 1);
+    assert_eq!(net.answers(c2).len(), 1);
+}
+
+/// Waiting Raft messages do not wait past the next timer, nor past a
+/// client input on a node with no peer link to take.
+#[test]
+fn a_timer_sends_what_waits_and_a_node_without_peer_links_does_not_wait() {
+    let (mut net, leader, c) = leader_with_a_client();
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c, &acquire(1, "j", 0, 10).to_frame());
+    let now = net.now;
+    net.node(leader).handle_timeout(now);
+    assert_eq!(
+        net.node(leader).raft().counters().appends_sent - before.appends_sent,
+        2,
+        "the timer built one append per follower"
+    );
+    net.settle();
+    assert_eq!(net.answers(c).len(), 1);
+    // Every peer link of the leader closed: a client's input builds its
+    // appends at once (they find no link and are dropped; Raft retries).
+    let peers: Vec<ConnId> = net
+        .links
+        .iter()
+        .filter(|((n, _), e)| *n == leader && matches!(e, Endpoint::Peer(..)))
+        .map(|((_, conn), _)| *conn)
+        .collect();
+    assert!(peers.len() >= 2, "{peers:?}");
+    for conn in peers {
+        net.close_link(leader, conn);
+    }
+    let before = net.node(leader).raft().counters();
+    net.send_bytes(c, &acquire(2, "k", 0, 10).to_frame());
+    assert_eq!(
+        net.node(leader).raft().counters().appends_sent - before.appends_sent,
+        2,
+        "built at the input"
+    );
 }
 
 /// The commit of a lone request goes to the followers at once, in one
@@ -841,18 +911,18 @@ fn a_release_and_its_hand_over_grant_travel_in_one_append() {
     let (mut net, leader, c1, c2, first) = holder_and_waiter();
     let before = net.node(leader).raft().counters();
     net.send_bytes(c1, &release(2, "k", first).to_frame());
+    net.settle();
     let after = net.node(leader).raft().counters();
     assert_eq!(
         after.appends_sent - before.appends_sent,
         2,
-        "one per follower"
+        "one per follower (a commit of two entries: no notice yet)"
     );
     assert_eq!(
         after.append_entries_sent - before.append_entries_sent,
         2 * 2,
         "each carrying the Release and the Grant"
     );
-    net.settle();
     net.run_for(RaftConfig::fast().commit_notice_delay);
     assert_eq!(net.answers(c1).last(), Some(&Reply::Released { rid: 2 }));
     let second = token_of(net.answers(c2)[0]);
@@ -876,13 +946,13 @@ fn a_mismatched_release_hands_nothing_over() {
     });
     let before = net.node(leader).raft().counters();
     net.send_bytes(c1, &wrong.to_frame());
+    net.settle();
     let after = net.node(leader).raft().counters();
     assert_eq!(
         after.append_entries_sent - before.append_entries_sent,
         2,
         "the Release alone"
     );
-    net.settle();
     assert!(net.answers(c2).is_empty(), "still queued");
     assert_eq!(
         net.request(c1, release(3, "k", first)),

@@ -102,6 +102,48 @@ impl IntoIterator for PendingProposals {
 impl ClusterNode {
     /// Drains Raft and runs the leader's duties until nothing changes, then
     /// routes outgoing messages.
+    /// Processes every deadline at or before `now` (every input starts
+    /// with it).
+    pub(super) fn catch_up(&mut self, now: Instant) {
+        self.raft.handle_timeout(now);
+        self.scan_peers(now);
+        self.time_out_handshakes(now);
+        self.reports.handle_timeout(now);
+        if let Some(leadership) = self.leadership.as_mut() {
+            leadership.held_keys.expire(now);
+        }
+        self.time_out_waiters(now);
+        self.add_established_learners(now);
+        self.pump(now);
+    }
+
+    /// A client's input: Raft's messages wait for the first take of a
+    /// peer connection, which the driver makes after the other inputs of
+    /// its wake-up, so that their proposals leave in the same appends
+    /// rather than one append per input. With no established peer link
+    /// there is no take to wait for, and nothing waits.
+    pub(super) fn defer_routing(&mut self, now: Instant) {
+        if self.route_deferred_at.is_none() && self.conns.has_established_peer() {
+            self.route_deferred_at = Some(now);
+        }
+    }
+
+    /// Routes Raft's waiting messages if `conn_id` is a peer connection.
+    pub(super) fn route_if_deferred(&mut self, conn_id: ConnId) {
+        let Some(at) = self.route_deferred_at else {
+            return;
+        };
+        if self
+            .conns
+            .by_id
+            .get(&conn_id)
+            .is_some_and(super::connections::carries_raft)
+        {
+            self.route_deferred_at = None;
+            self.route_messages(at);
+        }
+    }
+
     pub(super) fn pump(&mut self, now: Instant) {
         loop {
             let mut progressed = false;
@@ -127,7 +169,11 @@ impl ClusterNode {
         // reported even if an event in between was dropped.
         self.note_role();
         self.events.note_raft_refused(self.raft.refused_messages());
-        self.route_messages(now);
+        if self.route_deferred_at.is_some() {
+            self.conns.wake_established_peers();
+        } else {
+            self.route_messages(now);
+        }
     }
 
     /// Queues a node event for each of leader and voter status that

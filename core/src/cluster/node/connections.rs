@@ -165,6 +165,28 @@ impl Connections {
                     if p.established.map(|id| id.slot).or(p.dialed) == Some(slot))
         })
     }
+
+    /// Whether some connection could carry a Raft message now.
+    pub(super) fn has_established_peer(&self) -> bool {
+        self.by_id.values().any(carries_raft)
+    }
+
+    /// Wakes every connection that could carry a Raft message, whether or
+    /// not anything is queued on it (the messages wait for its take).
+    pub(super) fn wake_established_peers(&mut self) {
+        for (conn_id, conn) in &mut self.by_id {
+            if carries_raft(conn) {
+                self.wakes.wake(*conn_id, &mut conn.out);
+            }
+        }
+    }
+}
+
+/// An established peer connection not being closed: one that
+/// `route_messages` may pick.
+pub(super) fn carries_raft(conn: &Conn) -> bool {
+    !conn.out.is_closing()
+        && matches!(&conn.kind, ConnKind::Peer(p) if p.established.is_some() && p.session.is_some())
 }
 
 /// Records since when `conn`'s output has been waiting (peer connections).

@@ -18,7 +18,7 @@ use crate::inspect::{
 };
 use crate::machine::Machine;
 
-use super::connections::{ConnKind, note_output};
+use super::connections::{ConnKind, carries_raft, note_output};
 use crate::raft::NodeId;
 use crate::reserve::TokenAlert;
 use crate::time::Instant;
@@ -45,16 +45,27 @@ impl Machine for ClusterNode {
 
     /// Bytes received on `conn` (client or peer).
     fn handle_input(&mut self, now: Instant, conn_id: ConnId, bytes: &[u8]) {
-        self.handle_timeout(now);
+        let Some(conn) = self.conns.by_id.get(&conn_id) else {
+            self.catch_up(now);
+            return;
+        };
+        let client = matches!(conn.kind, ConnKind::Client(_));
+        if client {
+            self.defer_routing(now);
+        } else {
+            self.route_deferred_at = None;
+        }
+        self.catch_up(now);
         let Some(conn) = self.conns.by_id.get(&conn_id) else {
             return;
         };
         if conn.out.is_closing() {
             return;
         }
-        match conn.kind {
-            ConnKind::Client(_) => self.client_input(now, conn_id, bytes),
-            ConnKind::Peer(_) => self.peer_input(now, conn_id, bytes),
+        if client {
+            self.client_input(now, conn_id, bytes);
+        } else {
+            self.peer_input(now, conn_id, bytes);
         }
         self.pump(now);
     }
@@ -85,16 +96,8 @@ impl Machine for ClusterNode {
 
     /// Processes every deadline at or before `now`.
     fn handle_timeout(&mut self, now: Instant) {
-        self.raft.handle_timeout(now);
-        self.scan_peers(now);
-        self.time_out_handshakes(now);
-        self.reports.handle_timeout(now);
-        if let Some(leadership) = self.leadership.as_mut() {
-            leadership.held_keys.expire(now);
-        }
-        self.time_out_waiters(now);
-        self.add_established_learners(now);
-        self.pump(now);
+        self.route_deferred_at = None;
+        self.catch_up(now);
     }
 
     /// A dialed
@@ -133,19 +136,25 @@ impl Machine for ClusterNode {
         self.start_shutdown(now);
     }
 
-    /// A connection with bytes to send or to be closed.
+    /// A connection with bytes to send or to be closed, or a peer link
+    /// whose take routes Raft's held messages.
     fn poll_wake(&mut self) -> Option<ConnId> {
+        let deferred = self.route_deferred_at.is_some();
         self.conns.wakes.poll(|conn_id| {
-            self.conns
-                .by_id
-                .get_mut(&conn_id)
-                .is_some_and(|conn| conn.out.leave_wake_queue())
+            self.conns.by_id.get_mut(&conn_id).is_some_and(|conn| {
+                // While Raft's messages wait, a peer connection is woken
+                // with nothing queued: its take routes them.
+                let waits = deferred && carries_raft(conn);
+                conn.out.leave_wake_queue() || waits
+            })
         })
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
-    /// with the connection.
+    /// with the connection. The take of a peer link first routes Raft's
+    /// held messages (to every link).
     fn poll_transmit(&mut self, conn_id: ConnId, out: &mut Vec<u8>) -> ConnState {
+        self.route_if_deferred(conn_id);
         self.conns
             .by_id
             .get_mut(&conn_id)

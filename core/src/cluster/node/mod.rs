@@ -178,6 +178,12 @@ pub struct ClusterNode {
     /// Where a proposed command is encoded (kept: no allocation but the
     /// entry's own).
     encode_buf: Vec<u8>,
+    /// Raft's messages wait for the first peer connection's
+    /// [`Machine::poll_transmit`](crate::machine::Machine::poll_transmit)
+    /// (or the next peer input or timer), set at this instant by a client
+    /// input: the inputs of other clients the driver takes in the same
+    /// wake-up then join the same appends.
+    route_deferred_at: Option<Instant>,
 }
 
 /// What a node counts beyond Raft's counters and the applied state.
@@ -296,6 +302,7 @@ impl ClusterNode {
             handovers: BTreeMap::new(),
             counts: NodeCounts::default(),
             peer_scan_at: Instant::ZERO,
+            route_deferred_at: None,
             encode_buf: Vec::new(),
         }
     }
