@@ -690,6 +690,43 @@ fn inputs_of_several_clients_before_a_peer_take_share_one_append_per_follower() 
     assert_eq!(net.answers(c2).len(), 1);
 }
 
+/// The driver is handed each peer link once for held messages: the first
+/// take routes them into every link, and the links already handed are not
+/// woken again for it (their takes come anyway).
+#[test]
+fn held_messages_wake_each_peer_link_once() {
+    let (mut net, leader, c) = leader_with_a_client();
+    net.send_bytes(c, &acquire(1, "j", 0, 10).to_frame());
+    let mut woken = Vec::new();
+    while let Some(conn) = net.node(leader).poll_wake() {
+        woken.push(conn);
+    }
+    let peers: Vec<ConnId> = woken
+        .iter()
+        .copied()
+        .filter(|&conn| matches!(net.links.get(&(leader, conn)), Some(Endpoint::Peer(..))))
+        .collect();
+    assert!(peers.len() >= 2, "every peer link handed: {woken:?}");
+    let mut carrying = 0;
+    for (n, &conn) in peers.iter().enumerate() {
+        let mut out = Vec::new();
+        net.node(leader).poll_transmit(conn, &mut out);
+        if n == 0 {
+            assert_eq!(net.node(leader).poll_wake(), None, "no second wake");
+        }
+        if !out.is_empty() {
+            carrying += 1;
+            let now = net.now;
+            if let Some(Endpoint::Peer(j, other)) = net.links.get(&(leader, conn)).copied() {
+                net.node(j).handle_input(now, other, &out);
+            }
+        }
+    }
+    assert_eq!(carrying, 2, "one link per follower carries the append");
+    net.settle();
+    assert_eq!(net.answers(c).len(), 1, "granted once committed");
+}
+
 /// Waiting Raft messages do not wait past the next timer, nor past a
 /// client input on a node with no peer link to take.
 #[test]

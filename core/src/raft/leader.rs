@@ -21,7 +21,7 @@ pub(super) struct LeaderState {
     heartbeat_deadline: Instant,
     quorum_check_deadline: Instant,
     /// Appends to (re)build in `poll_message`.
-    flush_pending: bool,
+    pub(super) flush_pending: bool,
     /// When a commit index no append has carried yet goes by itself to the
     /// idle followers that lack it (`commit_notice_delay`).
     commit_notice_deadline: Option<Instant>,

@@ -569,6 +569,13 @@ impl Raft {
     // Outputs
     // ----------------------------------------------------------------------
 
+    /// Whether [`Raft::poll_message`] may give a message: one is queued,
+    /// or the leader has appends to build.
+    pub fn has_messages(&self) -> bool {
+        !self.shared.outbox.is_empty()
+            || matches!(&self.role, RoleState::Leader(leader) if leader.flush_pending)
+    }
+
     /// The next message to send, with its recipient.
     pub fn poll_message(&mut self) -> Option<(NodeId, Message)> {
         if let RoleState::Leader(leader) = &mut self.role {

@@ -140,7 +140,13 @@ impl ClusterNode {
             .is_some_and(super::connections::carries_raft)
         {
             self.route_deferred_at = None;
-            self.route_messages(at);
+            // The links the driver was handed for this take each take
+            // their bytes anyway; a second wake would only make their
+            // tasks run once more for nothing.
+            let handed = std::mem::take(&mut self.route_handed);
+            self.route_messages_waking(at, &handed);
+            self.route_handed = handed;
+            self.route_handed.clear();
         }
     }
 
@@ -170,7 +176,11 @@ impl ClusterNode {
         self.note_role();
         self.events.note_raft_refused(self.raft.refused_messages());
         if self.route_deferred_at.is_some() {
-            self.conns.wake_established_peers();
+            // Woken only for something to route: a woken link's task
+            // costs the driver a turn even when it takes nothing.
+            if self.raft.has_messages() {
+                self.conns.wake_established_peers();
+            }
         } else {
             self.route_messages(now);
         }

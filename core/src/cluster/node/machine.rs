@@ -140,11 +140,15 @@ impl Machine for ClusterNode {
     /// whose take routes Raft's held messages.
     fn poll_wake(&mut self) -> Option<ConnId> {
         let deferred = self.route_deferred_at.is_some();
+        let handed = &mut self.route_handed;
         self.conns.wakes.poll(|conn_id| {
             self.conns.by_id.get_mut(&conn_id).is_some_and(|conn| {
                 // While Raft's messages wait, a peer connection is woken
                 // with nothing queued: its take routes them.
                 let waits = deferred && carries_raft(conn);
+                if waits && !handed.contains(&conn_id) {
+                    handed.push(conn_id);
+                }
                 conn.out.leave_wake_queue() || waits
             })
         })

@@ -184,6 +184,10 @@ pub struct ClusterNode {
     /// input: the inputs of other clients the driver takes in the same
     /// wake-up then join the same appends.
     route_deferred_at: Option<Instant>,
+    /// The peer links [`Machine::poll_wake`](crate::machine::Machine::poll_wake)
+    /// handed to the driver while messages were held (at most one per
+    /// connection: a link leaves the wake queue to be handed).
+    route_handed: Vec<ConnId>,
 }
 
 /// What a node counts beyond Raft's counters and the applied state.
@@ -303,6 +307,7 @@ impl ClusterNode {
             counts: NodeCounts::default(),
             peer_scan_at: Instant::ZERO,
             route_deferred_at: None,
+            route_handed: Vec::new(),
             encode_buf: Vec::new(),
         }
     }

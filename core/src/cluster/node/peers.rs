@@ -318,6 +318,12 @@ impl ClusterNode {
     }
 
     pub(super) fn route_messages(&mut self, now: Instant) {
+        self.route_messages_waking(now, &[]);
+    }
+
+    /// [`Self::route_messages`], waking no connection in `handed`: the
+    /// driver already has their wakes and takes them anyway.
+    pub(super) fn route_messages_waking(&mut self, now: Instant, handed: &[ConnId]) {
         while let Some((to, msg)) = self.raft.poll_message() {
             // The newest established connection to the slot carries it; a
             // message without one is dropped (Raft retries).
@@ -347,7 +353,9 @@ impl ClusterNode {
             };
             if session.sealer.seal(&msg, conn.out.buffer_mut()).is_ok() {
                 *last_sealed_at = now;
-                self.conns.wakes.wake(*conn_id, &mut conn.out);
+                if !handed.contains(conn_id) {
+                    self.conns.wakes.wake(*conn_id, &mut conn.out);
+                }
                 note_output(now, conn);
             }
         }
