@@ -17,6 +17,7 @@ use ticketing_core::cluster::{
 };
 use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
 use ticketing_core::machine::Machine;
+use ticketing_core::metrics::RaftCounters;
 use ticketing_core::raft::{NodeId, RaftConfig};
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
@@ -573,6 +574,16 @@ fn holder_and_waiter() -> (Net, usize, usize, usize, u64) {
     (net, leader, c1, c2, first)
 }
 
+/// The appends the leader sent since `before`, and the entries they
+/// carried.
+fn appends_since(net: &mut Net, leader: usize, before: RaftCounters) -> (u64, u64) {
+    let after = net.node(leader).raft().counters();
+    (
+        after.appends_sent - before.appends_sent,
+        after.append_entries_sent - before.append_entries_sent,
+    )
+}
+
 fn token_of(reply: Reply) -> u64 {
     match reply {
         Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => token,
@@ -632,16 +643,10 @@ fn requests_that_arrive_together_travel_in_one_append_per_follower() {
     // The first answer commits all of them (a commit of many entries: no
     // notice before the delay).
     net.settle();
-    let after = net.node(leader).raft().counters();
     assert_eq!(
-        after.appends_sent - before.appends_sent,
-        2,
-        "one per follower"
-    );
-    assert_eq!(
-        after.append_entries_sent - before.append_entries_sent,
-        2 * REQUESTS,
-        "each carrying every request"
+        appends_since(&mut net, leader, before),
+        (2, 2 * REQUESTS),
+        "one per follower, each carrying every request"
     );
     // The followers learn the commit index (an idle cluster tells it in an
     // empty append, once the commit-notice delay has passed) and apply them
@@ -676,15 +681,11 @@ fn inputs_of_several_clients_before_a_peer_take_share_one_append_per_follower() 
         "nothing built before a peer link is taken"
     );
     net.settle();
-    let after = net.node(leader).raft().counters();
     assert_eq!(
-        after.appends_sent - before.appends_sent,
-        2,
-        "one per follower (a commit of two entries: no notice yet)"
-    );
-    assert_eq!(
-        after.append_entries_sent - before.append_entries_sent,
-        2 * 2
+        appends_since(&mut net, leader, before),
+        (2, 2 * 2),
+        "one per follower, each carrying both acquires (a commit of two \
+         entries: no notice yet)"
     );
     assert_eq!(net.answers(c1).len(), 1);
     assert_eq!(net.answers(c2).len(), 1);
@@ -949,16 +950,11 @@ fn a_release_and_its_hand_over_grant_travel_in_one_append() {
     let before = net.node(leader).raft().counters();
     net.send_bytes(c1, &release(2, "k", first).to_frame());
     net.settle();
-    let after = net.node(leader).raft().counters();
     assert_eq!(
-        after.appends_sent - before.appends_sent,
-        2,
-        "one per follower (a commit of two entries: no notice yet)"
-    );
-    assert_eq!(
-        after.append_entries_sent - before.append_entries_sent,
-        2 * 2,
-        "each carrying the Release and the Grant"
+        appends_since(&mut net, leader, before),
+        (2, 2 * 2),
+        "one per follower, each carrying the Release and the Grant (a \
+         commit of two entries: no notice yet)"
     );
     net.run_for(RaftConfig::fast().commit_notice_delay);
     assert_eq!(net.answers(c1).last(), Some(&Reply::Released { rid: 2 }));

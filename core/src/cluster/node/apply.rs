@@ -100,8 +100,6 @@ impl IntoIterator for PendingProposals {
 }
 
 impl ClusterNode {
-    /// Drains Raft and runs the leader's duties until nothing changes, then
-    /// routes outgoing messages.
     /// Processes every deadline at or before `now` (every input starts
     /// with it).
     pub(super) fn catch_up(&mut self, now: Instant) {
@@ -128,6 +126,12 @@ impl ClusterNode {
         }
     }
 
+    /// Raft's messages are no longer held: the next drain routes them.
+    pub(super) fn stop_holding(&mut self) {
+        self.route_deferred_at = None;
+        self.route_handed.clear();
+    }
+
     /// Routes Raft's waiting messages if `conn_id` is a peer connection.
     pub(super) fn route_if_deferred(&mut self, conn_id: ConnId) {
         let Some(at) = self.route_deferred_at else {
@@ -139,17 +143,19 @@ impl ClusterNode {
             .get(&conn_id)
             .is_some_and(super::connections::carries_raft)
         {
-            self.route_deferred_at = None;
             // The links the driver was handed for this take each take
             // their bytes anyway; a second wake would only make their
             // tasks run once more for nothing.
             let handed = std::mem::take(&mut self.route_handed);
             self.route_messages_waking(at, &handed);
-            self.route_handed = handed;
-            self.route_handed.clear();
+            self.route_handed = handed; // its allocation, for the next hold
+            self.stop_holding();
         }
     }
 
+    /// Drains Raft and runs the leader's duties until nothing changes, then
+    /// routes outgoing messages (or, while they are held, wakes the peer
+    /// links whose take will route them).
     pub(super) fn pump(&mut self, now: Instant) {
         loop {
             let mut progressed = false;

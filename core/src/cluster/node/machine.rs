@@ -53,7 +53,7 @@ impl Machine for ClusterNode {
         if client {
             self.defer_routing(now);
         } else {
-            self.route_deferred_at = None;
+            self.stop_holding();
         }
         self.catch_up(now);
         let Some(conn) = self.conns.by_id.get(&conn_id) else {
@@ -96,7 +96,7 @@ impl Machine for ClusterNode {
 
     /// Processes every deadline at or before `now`.
     fn handle_timeout(&mut self, now: Instant) {
-        self.route_deferred_at = None;
+        self.stop_holding();
         self.catch_up(now);
     }
 

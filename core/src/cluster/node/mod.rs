@@ -185,8 +185,8 @@ pub struct ClusterNode {
     /// wake-up then join the same appends.
     route_deferred_at: Option<Instant>,
     /// The peer links [`Machine::poll_wake`](crate::machine::Machine::poll_wake)
-    /// handed to the driver while messages were held (at most one per
-    /// connection: a link leaves the wake queue to be handed).
+    /// handed to the driver while messages were held (each once), empty
+    /// when nothing is held.
     route_handed: Vec<ConnId>,
 }
 
