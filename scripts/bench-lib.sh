@@ -46,3 +46,48 @@ bench_fields() { # OUTPUT
     server_us="$(sed -nE 's/^server CPU: ([0-9.]+) µs.*/\1/p' <<<"$1")"
     echo "$rate $(latency_us p50 "$latency") $(latency_us p99 "$latency") $client_us $server_us"
 }
+# The caller defines `ours` (runs `ticketing bench ARGS...` in the placement
+# last set, prefixed by "${on[@]}"), `die`, `echo_bin` and `work`.
+
+# Per placement, the echo's round trip and our client's uncontended
+# acquire+release p50 (one task, one key), into the arrays echo_us and
+# solo_p50 by placement. PIDS are the server processes to place.
+measure_uncontended() { # PID...
+    declare -gA echo_us solo_p50
+    local placement echo_line solo
+    for placement in "${placements[@]}"; do
+        place "$placement" "$@"
+        echo_line="$("${on[@]}" "$echo_bin" 5000)"
+        echo_us[$placement]="$(sed -nE 's/.*p50 ([0-9]+) µs.*/\1/p' <<<"$echo_line")"
+        solo="$(ours --clients 1 --keys 1 --ops 5000)"
+        grep -q 'ops/s' <<<"$solo" || { echo "$solo" >&2; die "the uncontended run failed"; }
+        solo_p50[$placement]="$(latency_us p50 "$(grep '^latency' <<<"$solo")")"
+        echo "==> $placement: $echo_line"
+        echo "==> $placement: uncontended acquire+release (1 task, 1 key, our client): p50 ${solo_p50[$placement]} µs"
+    done
+}
+# ROUNDS rounds of 64 tasks on 32 keys x OPS pairs in each placement,
+# alternated: each run's fields (see bench_fields) appended to
+# $work/ours-PLACEMENT.txt, its connection count into the array
+# connections by placement.
+measure_rounds() { # ROUNDS OPS PID...
+    declare -gA connections
+    local rounds="$1" ops="$2" round placement out fields rate p50 p99 client_us server_us
+    shift 2
+    for placement in "${placements[@]}"; do : > "$work/ours-$placement.txt"; done
+    for round in $(seq 1 "$rounds"); do
+        for placement in "${placements[@]}"; do
+            place "$placement" "$@"
+            out="$(ours --clients 64 --keys 32 --ops "$ops")"
+            fields="$(bench_fields "$out")"
+            [[ -n "$fields" ]] || { echo "$out" >&2; die "round $round ($placement) failed or had errors"; }
+            read -r rate p50 p99 client_us server_us <<<"$fields"
+            connections[$placement]="$(sed -nE 's/.*, ([0-9]+) connections?\).*/\1/p' <<<"$out" | head -n 1)"
+            echo "$fields" >> "$work/ours-$placement.txt"
+            echo "==> round $round, $placement: $rate ops/s, p50 $p50 µs, p99 $p99 µs, client CPU $client_us µs/op, server CPU $server_us µs/op"
+        done
+    done
+}
+# The median of COLUMN (1 rate, 2 p50, 3 p99, 4 client µs, 5 server µs) of
+# PLACEMENT's rounds.
+med() { awk -v c="$2" '{ print $c }' "$work/ours-$1.txt" | median; } # PLACEMENT COLUMN

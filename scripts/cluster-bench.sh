@@ -103,32 +103,10 @@ ours() { # bench args... (in the placement last set)
 }
 echo "==> load: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 # 1. Uncontended, next to the echo, in each placement.
-declare -A echo_us solo_p50
-for placement in "${placements[@]}"; do
-    place "$placement" "${node_pids[@]}"
-    echo_line="$("${on[@]}" "$echo_bin" 5000)"
-    echo_us[$placement]="$(sed -nE 's/.*p50 ([0-9]+) µs.*/\1/p' <<<"$echo_line")"
-    solo="$(ours --clients 1 --keys 1 --ops 5000)"
-    grep -q 'ops/s' <<<"$solo" || { echo "$solo" >&2; die "the uncontended run failed"; }
-    solo_p50[$placement]="$(latency_us p50 "$(grep '^latency' <<<"$solo")")"
-    echo "==> $placement: $echo_line"
-    echo "==> $placement: uncontended acquire+release (1 task, 1 key, our client): p50 ${solo_p50[$placement]} µs"
-done
+measure_uncontended "${node_pids[@]}"
 
 # 2. Our client, ROUNDS times in each placement, alternated.
-for placement in "${placements[@]}"; do : > "$work/ours-$placement.txt"; done
-for round in $(seq 1 "$rounds"); do
-    for placement in "${placements[@]}"; do
-        place "$placement" "${node_pids[@]}"
-        out="$(ours --clients 64 --keys 32 --ops "$ops")"
-        fields="$(bench_fields "$out")"
-        [[ -n "$fields" ]] || { echo "$out" >&2; die "round $round ($placement) failed or had errors"; }
-        read -r rate p50 p99 client_us server_us <<<"$fields"
-        echo "$rate $p50 $p99 $client_us $server_us" >> "$work/ours-$placement.txt"
-        echo "==> our client, round $round, $placement: $rate ops/s, p50 $p50 µs, p99 $p99 µs, client CPU $client_us µs/op, server CPU (3 nodes) $server_us µs/op"
-    done
-done
-med() { awk -v c="$2" '{ print $c }' "$work/ours-$1.txt" | median; } # PLACEMENT COLUMN
+measure_rounds "$rounds" "$ops" "${node_pids[@]}"
 # The published client runs spread, as a user's would.
 place spread "${node_pids[@]}"
 

@@ -79,34 +79,10 @@ ours() { # bench args... (in the placement last set)
 
 echo "==> load: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 # 1. Uncontended, next to the echo, in each placement.
-declare -A echo_us solo_p50
-for placement in "${placements[@]}"; do
-    place "$placement" "$server"
-    echo_line="$("${on[@]}" "$echo_bin" 5000)"
-    echo_us[$placement]="$(sed -nE 's/.*p50 ([0-9]+) µs.*/\1/p' <<<"$echo_line")"
-    solo="$(ours --clients 1 --keys 1 --ops 5000)"
-    grep -q 'ops/s' <<<"$solo" || { echo "$solo" >&2; die "the uncontended run failed"; }
-    solo_p50[$placement]="$(latency_us p50 "$(grep '^latency' <<<"$solo")")"
-    echo "==> $placement: $echo_line"
-    echo "==> $placement: uncontended acquire+release (1 task, 1 key): p50 ${solo_p50[$placement]} µs"
-done
+measure_uncontended "$server"
 
-# 2. ROUNDS times in each placement, alternated.
-declare -A connections
-for placement in "${placements[@]}"; do : > "$work/ours-$placement.txt"; done
-for round in $(seq 1 "$rounds"); do
-    for placement in "${placements[@]}"; do
-        place "$placement" "$server"
-        out="$(ours --clients 64 --keys 32 --ops "$ops")"
-        fields="$(bench_fields "$out")"
-        [[ -n "$fields" ]] || { echo "$out" >&2; die "round $round ($placement) failed or had errors"; }
-        read -r rate p50 p99 client_us server_us <<<"$fields"
-        connections[$placement]="$(sed -nE 's/.*, ([0-9]+) connections?\).*/\1/p' <<<"$out" | head -n 1)"
-        echo "$rate $p50 $p99 $client_us $server_us" >> "$work/ours-$placement.txt"
-        echo "==> round $round, $placement: $rate ops/s, p50 $p50 µs, p99 $p99 µs, client CPU $client_us µs/op, server CPU $server_us µs/op"
-    done
-done
-med() { awk -v c="$2" '{ print $c }' "$work/ours-$1.txt" | median; } # PLACEMENT COLUMN
+# 2. Our client, ROUNDS times in each placement, alternated.
+measure_rounds "$rounds" "$ops" "$server"
 
 echo
 echo "single server, our client, $rounds round(s) of $ops pairs per placement (medians), load $(cut -d' ' -f1-3 /proc/loadavg):"
