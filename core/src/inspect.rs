@@ -18,6 +18,97 @@ use crate::wire::Key;
 /// is built under the core's lock, so its cost must stay bounded.
 pub const LISTING_LIMIT_MAX: usize = 1_000;
 
+/// Most table slots one listing call examines. A listing is a paged scan
+/// of the lock table in its own slot order: each call goes on from the
+/// previous call's [`ListingCursor`], so a prefix that matches nothing in
+/// a table of a million keys costs many short calls, never one long one
+/// (about 0.1–0.3 ms of the state machine's time per call here; see
+/// `docs/admin-api.md`), and no query delays lock work or heartbeats by
+/// more than that.
+pub const LISTING_SLOTS_PER_CALL_MAX: usize = 16_384;
+
+/// Where a paged listing goes on. Opaque to operators: its text form
+/// ([`ListingCursor::to_text`], [`ListingCursor::parse`]) is what the
+/// admin API hands out and takes back.
+///
+/// A scan is not a snapshot: a key that is held or waited on for the
+/// whole scan is listed exactly once while the table keeps its size, and
+/// unless the table is resized between two calls, when the position is
+/// carried over in proportion and a key may be listed twice or missed;
+/// keys that come and go during the scan may or may not appear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListingCursor {
+    /// Which of the core's maps the scan is in (a cluster leader scans its
+    /// held keys, then its keys with waiters).
+    pub(crate) phase: u8,
+    /// The next slot to examine.
+    pub(crate) slot: u64,
+    /// The map's slot count when the cursor was made.
+    pub(crate) slots: u64,
+}
+
+/// Most bytes a cursor's text may have; longer text is not a cursor.
+const CURSOR_TEXT_MAX: usize = 64;
+
+impl ListingCursor {
+    /// The cursor of a scan's start.
+    pub const START: ListingCursor = ListingCursor {
+        phase: 0,
+        slot: 0,
+        slots: 0,
+    };
+
+    pub(crate) fn at(phase: u8, slot: usize, slots: usize) -> Self {
+        ListingCursor {
+            phase,
+            slot: u64::try_from(slot).unwrap_or(u64::MAX),
+            slots: u64::try_from(slots).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The slot to go on from in a map of `slots` slots: the cursor's own
+    /// when the map kept its size, else carried over in proportion.
+    pub(crate) fn slot_in(&self, slots: usize) -> usize {
+        let now = u64::try_from(slots).unwrap_or(u64::MAX);
+        let slot = if self.slots == 0 || self.slots == now {
+            self.slot
+        } else {
+            let scaled = u128::from(self.slot) * u128::from(now) / u128::from(self.slots);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        };
+        usize::try_from(slot).unwrap_or(usize::MAX).min(slots)
+    }
+
+    /// The cursor as text: `c1.PHASE.SLOT.SLOTS`, decimal.
+    pub fn to_text(&self) -> String {
+        format!("c1.{}.{}.{}", self.phase, self.slot, self.slots)
+    }
+
+    /// A cursor from its text; `None` for anything [`ListingCursor::to_text`]
+    /// would not have produced.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text.len() > CURSOR_TEXT_MAX {
+            return None;
+        }
+        let mut parts = text.strip_prefix("c1.")?.split('.');
+        let mut number = || -> Option<u64> {
+            let part = parts.next()?;
+            // Digits only: no sign, no blank, no leading `+`.
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            part.parse().ok()
+        };
+        let phase = u8::try_from(number()?).ok()?;
+        let slot = number()?;
+        let slots = number()?;
+        if parts.next().is_some() || slot > slots {
+            return None;
+        }
+        Some(ListingCursor { phase, slot, slots })
+    }
+}
+
 /// Most waiters one [`LockView`] lists; the rest are only counted
 /// ([`LockView::waiters_total`]).
 pub const LISTED_WAITERS_MAX: usize = 1_000;
@@ -82,13 +173,25 @@ pub struct LockView {
     pub waiters_total: usize,
 }
 
-/// An answer to a listing by prefix.
+/// One page of a listing by prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockListing {
-    /// Locks whose key starts with the prefix, in ascending key order.
+    /// Locks whose key starts with the prefix, found in this call's part
+    /// of the scan, in ascending key order within the page.
     pub locks: Vec<LockView>,
-    /// True when more locks matched than the limit let through.
-    pub truncated: bool,
+    /// Where the next call goes on; `None` once the scan reached the end
+    /// of the table (nothing more to list).
+    pub next: Option<ListingCursor>,
+}
+
+impl LockListing {
+    /// A listing with nothing in it and nothing after it.
+    pub fn empty() -> Self {
+        LockListing {
+            locks: Vec::new(),
+            next: None,
+        }
+    }
 }
 
 /// An operator's request to release a key whatever its holder does.

@@ -33,7 +33,8 @@ use crate::budget::LogEvent;
 use crate::cluster::NodeEvent;
 use crate::conn::{ConnId, ConnState};
 use crate::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
+    NotLeader,
 };
 use crate::raft::NodeId;
 use crate::reserve::TokenAlert;
@@ -209,11 +210,20 @@ pub trait Machine: Send + 'static {
     /// does not serve inspection ([`Machine::not_leader`] says where to go).
     fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView>;
 
-    /// The keys starting with `prefix` that are held or waited on at `now`,
-    /// in ascending key order, at most `limit` (clamped to
-    /// [`crate::inspect::LISTING_LIMIT_MAX`]); empty when this core does
-    /// not serve inspection.
-    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing;
+    /// One page of the keys starting with `prefix` that are held or waited
+    /// on at `now`, going on from `cursor`: at most `limit` (clamped to
+    /// [`crate::inspect::LISTING_LIMIT_MAX`]) keys, ascending within the
+    /// page, from a bounded part of the scan
+    /// ([`crate::inspect::LISTING_SLOTS_PER_CALL_MAX`] slots), so a call
+    /// never stalls the state machine. Empty when this core does not serve
+    /// inspection.
+    fn inspect_locks(
+        &self,
+        now: Instant,
+        prefix: &[u8],
+        limit: usize,
+        cursor: ListingCursor,
+    ) -> LockListing;
 
     /// Where to send an operator instead (a cluster node that is not the
     /// leader); `None`: this core serves inspection and force-release.

@@ -19,7 +19,9 @@ use crate::conn::client::{
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdMap;
-use crate::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView};
+use crate::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
+};
 use crate::lock::{
     AcquireOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome,
     WaiterId,
@@ -951,18 +953,22 @@ impl Machine for Server {
         Some(self.lock_view(inspection))
     }
 
-    /// The keys starting with `prefix` that are held or waited on at `now`,
-    /// in ascending key order, at most `limit` (clamped to
-    /// [`crate::inspect::LISTING_LIMIT_MAX`]). Walks the whole table:
-    /// O(keys × log limit).
-    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
-        let (inspections, truncated) = self.table.inspect_prefix(now, prefix, limit);
+    /// One page of the keys starting with `prefix` that are held or
+    /// waited on at `now` (see [`LockTable::inspect_page`]).
+    fn inspect_locks(
+        &self,
+        now: Instant,
+        prefix: &[u8],
+        limit: usize,
+        cursor: ListingCursor,
+    ) -> LockListing {
+        let (inspections, next) = self.table.inspect_page(now, prefix, limit, cursor);
         LockListing {
             locks: inspections
                 .into_iter()
                 .map(|inspection| self.lock_view(inspection))
                 .collect(),
-            truncated,
+            next,
         }
     }
 }

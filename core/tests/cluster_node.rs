@@ -2145,7 +2145,9 @@ fn line_sessions_survive_a_rejoin_and_are_counted_down_once() {
 // Operations: force-release, inspection, metrics (issue 12)
 // ----------------------------------------------------------------------
 
-use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, NotLeader};
+use ticketing_core::inspect::{
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, NotLeader,
+};
 
 const ADMIN: [&str; 3] = ["10.0.0.1:9225", "10.0.0.2:9225", "10.0.0.3:9225"];
 
@@ -2372,7 +2374,10 @@ fn a_follower_answers_force_release_and_inspection_with_the_leader() {
         net.node(follower).lock(now, &key("k")),
         Err(expected.clone())
     );
-    assert_eq!(net.node(follower).locks(now, b"", 10), Err(expected));
+    assert_eq!(
+        net.node(follower).locks(now, b"", 10, ListingCursor::START),
+        Err(expected)
+    );
     assert_eq!(
         net.node(follower).admin_address(leader as u8),
         Some(ADMIN[leader])
@@ -2473,14 +2478,24 @@ fn inspection_on_the_leader_lists_the_holder_and_waiters_in_fifo_order_with_ages
     token_of(net.request(c4, acquire(1, "orders/7", 0, 30)));
     token_of(net.request(c4, acquire(2, "other", 0, 30)));
     let now = net.now;
-    let listing = net.node(leader).locks(now, b"orders/", 10).unwrap();
+    let listing = net
+        .node(leader)
+        .locks(now, b"orders/", 10, ListingCursor::START)
+        .unwrap();
     let listed: Vec<&str> = listing.locks.iter().map(|l| l.key.as_str()).collect();
-    assert_eq!(listed, vec!["orders/42", "orders/7"]);
-    assert!(!listing.truncated);
-    let first = net.node(leader).locks(now, b"", 1).unwrap();
-    assert_eq!(first.locks.len(), 1);
-    assert_eq!(first.locks[0].key.as_str(), "orders/42");
-    assert!(first.truncated);
+    assert_eq!(listed, vec!["orders/42", "orders/7"], "one page, ascending");
+    assert_eq!(listing.next, None);
+    // A limit of one pages through every key once.
+    let mut cursor = Some(ListingCursor::START);
+    let mut paged = Vec::new();
+    while let Some(at) = cursor {
+        let page = net.node(leader).locks(now, b"", 1, at).unwrap();
+        assert!(page.locks.len() <= 1);
+        paged.extend(page.locks.into_iter().map(|l| l.key.as_str().to_owned()));
+        cursor = page.next;
+    }
+    paged.sort();
+    assert_eq!(paged, vec!["orders/42", "orders/7", "other"]);
     assert_eq!(net.node(leader).lock(now, &key("free")), Ok(None));
 }
 
@@ -2576,7 +2591,10 @@ fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
     }
     net.run_for(Duration::from_millis(100));
     let now = net.now;
-    let listing = net.node(leader).locks(now, b"q", 10).unwrap();
+    let listing = net
+        .node(leader)
+        .locks(now, b"q", 10, ListingCursor::START)
+        .unwrap();
     assert_eq!(listing.locks[0].waiters.len(), WAITERS_PER_LISTED_LOCK_MAX);
     assert_eq!(listing.locks[0].waiters_total as u64, queued);
     let view = net.node(leader).lock(now, &key("q")).unwrap().unwrap();
@@ -2741,4 +2759,42 @@ fn a_learner_promoted_to_voter_reports_voter_changed_true() {
         })
         .collect();
     assert_eq!(leaders, vec![Some(leader_id)], "{events:?}");
+}
+
+#[test]
+fn a_leader_lists_a_key_that_only_a_set_waiter_waits_for_once_in_its_second_phase() {
+    let mut net = Net::new();
+    let leader = net.elect();
+    let holder = net.connect(leader);
+    let waiter = net.connect(leader);
+    token_of(net.request(holder, acquire(1, "b", 0, 60)));
+    let set = KeyGroup::new(vec![key("b"), key("d")]).unwrap();
+    net.send_only(
+        waiter,
+        Request::Acquire(AcquireRequest {
+            rid: 1,
+            wait_s: 30,
+            lease_s: 60,
+            keys: set.clone(),
+            set: true,
+        }),
+    );
+    net.run_for(Duration::from_millis(100));
+    let now = net.now;
+    for limit in [1, 10] {
+        let mut cursor = Some(ListingCursor::START);
+        let mut seen = Vec::new();
+        while let Some(at) = cursor {
+            let page = net.node(leader).locks(now, b"", limit, at).unwrap();
+            seen.extend(page.locks);
+            cursor = page.next;
+        }
+        seen.sort_by(|a, b| a.key.cmp(&b.key));
+        let names: Vec<&str> = seen.iter().map(|l| l.key.as_str()).collect();
+        assert_eq!(names, vec!["b", "d"], "held b once, waited-only d once");
+        assert!(seen[0].holder.is_some());
+        assert_eq!(seen[1].holder, None);
+        assert_eq!(seen[1].waiters.len(), 1);
+        assert_eq!(seen[1].waiters[0].keys, set.keys().to_vec());
+    }
 }

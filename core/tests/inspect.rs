@@ -2,14 +2,17 @@
 //! server, with injected time (`ticketing_core::inspect`), and the admin
 //! API's access rule (`ticketing_core::admin`).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
+use ticketing_core::admin::{
+    AdminAccess, AdminEndpoint, AdminRefusal, AdminRefusals, AdminTokens, admin_access,
+    host_allowed,
+};
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::budget::LogEvent;
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, LockView,
-    WAITERS_PER_LISTED_LOCK_MAX,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX,
+    LISTING_SLOTS_PER_CALL_MAX, ListingCursor, LockView, WAITERS_PER_LISTED_LOCK_MAX,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
@@ -240,7 +243,7 @@ fn a_set_shows_its_whole_group_on_every_key_and_in_a_listing() {
     assert_eq!(d.holder, None);
     assert_eq!(d.waiters[0].keys, vec![key("b"), key("d")]);
 
-    let listing = h.server.inspect_locks(h.now, b"", 10);
+    let listing = h.server.inspect_locks(h.now, b"", 10, ListingCursor::START);
     let listed: Vec<&Key> = listing.locks.iter().map(|l| &l.key).collect();
     assert_eq!(listed, vec![&key("a"), &key("b"), &key("c"), &key("d")]);
     for view in &listing.locks[..3] {
@@ -251,8 +254,33 @@ fn a_set_shows_its_whole_group_on_every_key_and_in_a_listing() {
     }
 }
 
+/// Every page of a listing from the start, with the number of calls.
+fn list_all(server: &Server, now: Instant, prefix: &[u8], limit: usize) -> (Vec<LockView>, usize) {
+    let mut all = Vec::new();
+    let mut cursor = Some(ListingCursor::START);
+    let mut calls = 0;
+    while let Some(at) = cursor {
+        let page = server.inspect_locks(now, prefix, limit, at);
+        assert!(page.locks.len() <= limit.min(LISTING_LIMIT_MAX));
+        assert!(
+            page.locks.windows(2).all(|w| w[0].key < w[1].key),
+            "a page is ascending"
+        );
+        all.extend(page.locks);
+        cursor = page.next;
+        calls += 1;
+    }
+    (all, calls)
+}
+
+fn sorted_names(locks: &[LockView]) -> Vec<String> {
+    let mut names: Vec<String> = locks.iter().map(|l| l.key.as_str().to_owned()).collect();
+    names.sort();
+    names
+}
+
 #[test]
-fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
+fn listing_by_prefix_pages_through_every_matching_key_once_each_page_ascending() {
     let mut h = Harness::new();
     let conn = h.connect_from(source(1));
     // Acquired out of order, so hash order cannot pass for sorted order.
@@ -264,37 +292,36 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
     }
     h.send(conn, acquire(100, &["other/1"], 0, 30));
     assert_eq!(h.replies(conn).len(), 11);
-
-    let all = h.server.inspect_locks(h.now, b"jobs/", 100);
-    let names: Vec<&str> = all.locks.iter().map(|l| l.key.as_str()).collect();
     let expected: Vec<String> = (0..10).map(|n| format!("jobs/{n}")).collect();
+
+    // A small table fits one call: one page, ascending, and the end.
+    let all = h
+        .server
+        .inspect_locks(h.now, b"jobs/", 100, ListingCursor::START);
+    let names: Vec<&str> = all.locks.iter().map(|l| l.key.as_str()).collect();
     assert_eq!(names, expected);
-    assert!(!all.truncated);
+    assert_eq!(all.next, None);
 
-    let first_three = h.server.inspect_locks(h.now, b"jobs/", 3);
-    let names: Vec<&str> = first_three.locks.iter().map(|l| l.key.as_str()).collect();
-    assert_eq!(names, vec!["jobs/0", "jobs/1", "jobs/2"]);
-    assert!(first_three.truncated);
+    // A limit of 3 pages through the same keys, each exactly once.
+    let first_three = h
+        .server
+        .inspect_locks(h.now, b"jobs/", 3, ListingCursor::START);
+    assert_eq!(first_three.locks.len(), 3);
+    assert!(first_three.next.is_some(), "more to come");
+    let (paged, calls) = list_all(&h.server, h.now, b"jobs/", 3);
+    assert_eq!(sorted_names(&paged), expected);
+    assert!(calls >= 4);
 
-    let exact = h.server.inspect_locks(h.now, b"jobs/", 10);
-    assert_eq!(exact.locks.len(), 10);
-    assert!(!exact.truncated, "exactly the limit matched");
-
-    let everything = h.server.inspect_locks(h.now, b"", usize::MAX);
-    assert_eq!(
-        everything.locks.len(),
-        11,
-        "the limit is clamped, not refused"
-    );
-    assert_eq!(everything.locks[10].key, key("other/1"));
+    let (everything, _) = list_all(&h.server, h.now, b"", usize::MAX);
+    assert_eq!(everything.len(), 11, "the limit is clamped, not refused");
     assert!(
         h.server
-            .inspect_locks(h.now, b"nothing/", 10)
+            .inspect_locks(h.now, b"nothing/", 10, ListingCursor::START)
             .locks
             .is_empty()
     );
 
-    // Past LISTING_LIMIT_MAX matches a listing stops at the limit.
+    // Past LISTING_LIMIT_MAX matches a page stops at the limit.
     for n in 0..=LISTING_LIMIT_MAX {
         h.send(
             conn,
@@ -302,10 +329,76 @@ fn listing_by_prefix_is_ascending_limited_and_says_when_truncated() {
         );
     }
     assert_eq!(h.replies(conn).len(), LISTING_LIMIT_MAX + 1);
-    let clamped = h.server.inspect_locks(h.now, b"many/", usize::MAX);
+    let clamped = h
+        .server
+        .inspect_locks(h.now, b"many/", usize::MAX, ListingCursor::START);
     assert_eq!(clamped.locks.len(), LISTING_LIMIT_MAX);
-    assert!(clamped.truncated);
-    assert_eq!(clamped.locks[0].key, key("many/00000"));
+    assert!(clamped.next.is_some());
+    let (many, _) = list_all(&h.server, h.now, b"many/", usize::MAX);
+    assert_eq!(many.len(), LISTING_LIMIT_MAX + 1);
+}
+
+#[test]
+fn a_prefix_that_matches_nothing_in_a_large_table_costs_many_bounded_calls_not_one_walk() {
+    let mut h = Harness::new();
+    // Spread over connections: each may hold 16,384 keys.
+    let held = 100_000u64;
+    let conns: Vec<ConnId> = (0..8).map(|_| h.connect_from(source(1))).collect();
+    for n in 0..held {
+        let conn = conns[(n % 8) as usize];
+        h.send(conn, acquire(n + 1, &[&format!("k/{n}")], 0, 250));
+        h.token(conn);
+    }
+    let first = h
+        .server
+        .inspect_locks(h.now, b"absent/", 10, ListingCursor::START);
+    assert!(first.locks.is_empty());
+    let next = first
+        .next
+        .expect("a miss does not scan the whole table in one call");
+    // The cursor moved exactly one call's budget of slots.
+    let text = next.to_text();
+    let budget = LISTING_SLOTS_PER_CALL_MAX.to_string();
+    assert_eq!(text.split('.').nth(2), Some(budget.as_str()), "{text}");
+    let (found, calls) = list_all(&h.server, h.now, b"absent/", 10);
+    assert!(found.is_empty());
+    // At least the table's size over the per-call budget: no call examined
+    // more than LISTING_SLOTS_PER_CALL_MAX slots.
+    assert!(
+        calls as u64 >= held.div_ceil(LISTING_SLOTS_PER_CALL_MAX as u64),
+        "{calls} calls"
+    );
+    // And the same scan with a matching prefix lists every key once.
+    let (every, _) = list_all(&h.server, h.now, b"k/", LISTING_LIMIT_MAX);
+    assert_eq!(every.len() as u64, held);
+    let names = sorted_names(&every);
+    assert!(names.windows(2).all(|w| w[0] != w[1]), "no key twice");
+}
+
+#[test]
+fn listing_cursors_parse_only_what_they_print() {
+    let page = Harness::new()
+        .server
+        .inspect_locks(Instant::ZERO, b"", 1, ListingCursor::START);
+    assert_eq!(page.next, None, "an empty table ends at once");
+    let cursor = ListingCursor::parse("c1.1.20.64").unwrap();
+    assert_eq!(cursor.to_text(), "c1.1.20.64");
+    for bad in [
+        "",
+        "c1",
+        "c1.0.0",
+        "c1.0.1.0",
+        "c1.0.-1.4",
+        "c1.0.+1.4",
+        "c1.256.0.0",
+        "c2.0.0.0",
+        "c1.0.0.0.0",
+        "c1.0. 1.4",
+        "c1.0.1.99999999999999999999",
+    ] {
+        assert_eq!(ListingCursor::parse(bad), None, "{bad:?}");
+    }
+    assert_eq!(ListingCursor::parse(&"9".repeat(100)), None);
 }
 
 #[test]
@@ -356,7 +449,7 @@ fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
         queued.push(h.waiter(source(2), &["busy"], 20));
         h.advance_ms(n as u64 + 1);
     }
-    let listing = h.server.inspect_locks(h.now, b"", 10);
+    let listing = h.server.inspect_locks(h.now, b"", 10, ListingCursor::START);
     let lock = &listing.locks[0];
     assert_eq!(lock.waiters_total, WAITERS_PER_LISTED_LOCK_MAX + 5);
     let front: Vec<_> = lock.waiters.iter().map(|w| w.conn.clone()).collect();
@@ -461,7 +554,7 @@ fn force_release_is_counted_and_reported_as_a_log_event() {
 
 #[test]
 fn the_access_rule_table() {
-    use AdminAccess::{Allow, Forbidden, Unauthorized};
+    use AdminAccess::{Allow, Forbidden, Redacted, Unauthorized};
     let right = "admin-token-0123456789";
     let tokens = AdminTokens::new(["other-admin-token-xyz", right]).unwrap();
     let right_header = format!("Bearer {right}");
@@ -475,7 +568,18 @@ fn the_access_rule_table() {
     ];
     // (loopback, endpoint) → the expected verdict of each case above.
     let table = [
-        (true, AdminEndpoint::Read, [Allow; 6]),
+        (
+            true,
+            AdminEndpoint::Read,
+            [
+                Redacted,
+                Unauthorized,
+                Unauthorized,
+                Unauthorized,
+                Forbidden,
+                Allow,
+            ],
+        ),
         (
             false,
             AdminEndpoint::Read,
@@ -544,8 +648,96 @@ fn the_access_rule_table() {
 }
 
 #[test]
+fn a_host_is_served_only_when_it_names_the_listener_itself_or_an_allowed_name() {
+    let loopback: SocketAddr = "127.0.0.1:9225".parse().unwrap();
+    let public: SocketAddr = "10.1.2.3:9225".parse().unwrap();
+    let v6: SocketAddr = "[::1]:9225".parse().unwrap();
+    let allowed: Vec<Box<str>> = vec!["admin.example:9225".into()];
+    let yes = |host: &str, local| host_allowed(Some(host.as_bytes()), local, &allowed);
+    for (host, local) in [
+        ("127.0.0.1:9225", loopback),
+        ("localhost:9225", loopback),
+        ("LocalHost:9225", loopback),
+        ("[::1]:9225", v6),
+        ("localhost:9225", v6),
+        ("10.1.2.3:9225", public),
+        ("Admin.Example:9225", public),
+    ] {
+        assert!(yes(host, local), "{host} on {local}");
+    }
+    for (host, local) in [
+        // DNS rebinding: the attacker's page names its own host.
+        ("evil.example:9225", loopback),
+        ("evil.example", loopback),
+        ("127.0.0.1:80", loopback),
+        ("127.0.0.1", loopback),
+        ("localhost:9225", public),
+        ("10.1.2.4:9225", public),
+        ("admin.example:80", public),
+        ("", loopback),
+    ] {
+        assert!(!yes(host, local), "{host:?} on {local}");
+    }
+    assert!(!host_allowed(None, loopback, &allowed), "no Host at all");
+    assert!(!host_allowed(Some(b"\xff:9225"), loopback, &allowed));
+}
+
+#[test]
+fn refusals_are_all_counted_and_logged_at_most_once_a_second_with_the_count_left_out() {
+    let refusals = AdminRefusals::default();
+    assert_eq!(refusals.note(AdminRefusal::Forbidden, 5_000), Some(0));
+    for ms in 5_001..5_999 {
+        assert_eq!(refusals.note(AdminRefusal::Forbidden, ms), None);
+    }
+    assert_eq!(refusals.note(AdminRefusal::BadHost, 5_999), None);
+    assert_eq!(
+        refusals.note(AdminRefusal::Unauthorized, 6_000),
+        Some(999),
+        "a second later: one line naming the 999 not logged"
+    );
+    assert_eq!(refusals.count(AdminRefusal::Forbidden), 999);
+    assert_eq!(refusals.count(AdminRefusal::BadHost), 1);
+    assert_eq!(refusals.count(AdminRefusal::Unauthorized), 1);
+    assert_eq!(refusals.count(AdminRefusal::TimedOut), 0);
+    // A clock that reads 0 still logs the first refusal.
+    assert_eq!(
+        AdminRefusals::default().note(AdminRefusal::TimedOut, 0),
+        Some(0)
+    );
+}
+
+#[test]
 fn admin_tokens_shorter_than_sixteen_bytes_are_refused_by_position() {
     let err = AdminTokens::new(["long-enough-admin-token", "short"]).unwrap_err();
     assert_eq!((err.index, err.len), (1, 5));
     assert!(AdminTokens::new(["exactly-16-bytes"]).is_ok());
+}
+
+#[test]
+fn a_set_that_ended_leaves_no_group_behind_for_the_next_grants_on_its_keys() {
+    let mut h = Harness::new();
+    let (holder, token) = h.holder(source(1), &["a", "b"], 1);
+    h.send(holder, release(2, &["a", "b"], token));
+    assert_eq!(h.replies(holder).len(), 1);
+    let (_, set) = h.holder(source(1), &["b", "c"], 1);
+    assert_eq!(h.show("c").holder.unwrap().keys, vec![key("b"), key("c")]);
+    // The set's lease runs out; the keys are granted again, one alone and
+    // one in a new set.
+    h.advance_ms(1_500);
+    let (_, alone) = h.holder(source(2), &["b"], 30);
+    let (_, pair) = h.holder(source(2), &["c", "d"], 30);
+    assert!(alone > set && pair > alone);
+    assert_eq!(h.show("b").holder.unwrap().keys, vec![key("b")]);
+    for name in ["c", "d"] {
+        let shown = h.show(name).holder.unwrap();
+        assert_eq!((shown.token, shown.keys), (pair, vec![key("c"), key("d")]));
+    }
+    assert_eq!(
+        h.force_release("d", None),
+        ForceReleaseOutcome::Released {
+            revoked: pair,
+            keys: vec![key("c"), key("d")],
+            handed_to: None,
+        }
+    );
 }

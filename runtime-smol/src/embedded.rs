@@ -38,7 +38,7 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use ticketing_core::auth::ClientTokens;
 use ticketing_core::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView,
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::reserve::{DEFAULT_RESERVE_STEP, TokenAlert, TokenReserve};
@@ -335,16 +335,19 @@ impl EmbeddedServer {
         self.hub.lock().server.poll_alert()
     }
 
-    /// The keys starting with `prefix` that are held or waited on now, in
-    /// ascending order, at most `limit` (capped at
-    /// [`ticketing_core::inspect::LISTING_LIMIT_MAX`]): holders with their
-    /// whole group, ages and connections, waiters in queue order. Walks the
-    /// whole table (O(keys)); an operator's tool, not for the lock path.
-    pub fn locks(&self, prefix: &str, limit: usize) -> LockListing {
+    /// One page of the keys starting with `prefix` that are held or
+    /// waited on now, going on from `cursor` ([`ListingCursor::START`] for
+    /// the first page; each page's [`LockListing::next`] for the next):
+    /// at most `limit` (capped at
+    /// [`ticketing_core::inspect::LISTING_LIMIT_MAX`]) holders with their
+    /// whole group, ages and connections, waiters in queue order,
+    /// ascending within the page. Each call examines a bounded part of
+    /// the table, so it never holds up the lock path for long.
+    pub fn locks(&self, prefix: &str, limit: usize, cursor: ListingCursor) -> LockListing {
         let inner = self.hub.lock();
         inner
             .server
-            .inspect_locks(self.hub.clock.now(), prefix.as_bytes(), limit)
+            .inspect_locks(self.hub.clock.now(), prefix.as_bytes(), limit, cursor)
     }
 
     /// `key` as an operator sees it now; `None` when it is neither held nor

@@ -396,7 +396,7 @@ fn a_line_client_on_the_tcp_port_contends_with_in_process_brokers() {
 
 #[test]
 fn inspection_and_force_release_through_the_embedded_api() {
-    use ticketing_core::inspect::ForceReleaseOutcome;
+    use ticketing_core::inspect::{ForceReleaseOutcome, ListingCursor};
     smol::block_on(async {
         let server = EmbeddedServer::builder().start().unwrap();
         let holder = server.broker();
@@ -420,8 +420,9 @@ fn inspection_and_force_release_through_the_embedded_api() {
         assert_eq!(view.waiters_total, 1);
         assert_eq!(server.lock("jobs/2").unwrap(), None);
         assert!(server.lock("bad key").is_err(), "a space is not allowed");
-        let listing = server.locks("jobs/", 10);
+        let listing = server.locks("jobs/", 10, ListingCursor::START);
         assert_eq!(listing.locks.len(), 1);
+        assert_eq!(listing.next, None, "a small table is one page");
         assert_eq!(listing.locks[0].key.as_str(), "jobs/1");
 
         assert_eq!(

@@ -6,36 +6,45 @@
 //! snapshot ([`ticketing_core::server::Server::metrics`] or
 //! [`ticketing_core::cluster::ClusterNode::metrics`]) under the core's
 //! mutex and renders it outside it; readiness is the core's
-//! `readiness()`. Nothing is counted here. No series is per key and no
-//! gauge scans the table, so a scrape costs the same with a million keys
-//! as with one.
+//! `readiness()`; refusals are counted by the core's
+//! [`AdminRefusals`]. No series is per key and no gauge scans the table,
+//! so a scrape costs the same with a million keys as with one.
+//!
+//! The listener runs on a thread of its own with bounded connections,
+//! time and memory (the `listener` submodule): nothing on the admin port
+//! can starve the lock service.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use ticketing_core::admin::AdminTokens;
+use ticketing_core::admin::{AdminRefusal, AdminRefusals, AdminTokens};
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::metrics::{
     BusyByLimit, ClusterMetrics, DurationHistogram, ERROR_CODES, ReplyCounts, ReplyKind,
     ServerMetrics,
 };
-use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 
 mod api;
+mod listener;
 pub use api::{
-    ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, PENDING_ADMIN_REQUESTS_MAX, rfc3339,
+    ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, PENDING_ADMIN_REQUESTS_MAX,
+    UNAUTHENTICATED_QUERIES_MAX, UNAUTHENTICATED_QUEUE_TIMEOUT, rfc3339,
 };
-pub(crate) use api::{AdminApp, AppState, PendingAdmin};
+pub(crate) use api::{AdminApp, AppState, ConnAddrs, PendingAdmin};
+pub(crate) use listener::bind;
+pub use listener::{AdminLimits, REQUEST_HEAD_BYTES_MAX};
 
 /// One snapshot of what a node's core counted.
 #[derive(Clone, Debug)]
@@ -64,55 +73,84 @@ impl NodeMetrics {
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves every admin endpoint `app.node` offers on `listener` until the
-/// task is aborted.
-pub(crate) async fn serve_admin_api(
-    listener: TcpListener,
+/// What the admin listener is told at its start.
+#[derive(Clone, Debug, Default)]
+pub struct AdminSettings {
+    /// Tokens accepted by the lock API.
+    pub tokens: AdminTokens,
+    /// `Host` names (`name:port`) served besides the listener's own
+    /// address (see [`ticketing_core::admin::host_allowed`]).
+    pub allowed_hosts: Vec<Box<str>>,
+    /// Connections, per-source connections and time limits.
+    pub limits: AdminLimits,
+}
+
+/// Starts serving every admin endpoint `node` offers on `listener`, on a
+/// thread of its own (see [`listener`]). The returned task stands for it:
+/// aborting it stops the listener.
+pub(crate) fn spawn_admin_api(
+    listener: std::net::TcpListener,
     node: Arc<dyn AdminNode>,
-    tokens: AdminTokens,
-) {
+    settings: AdminSettings,
+) -> std::io::Result<JoinHandle<()>> {
     let addr = listener.local_addr().ok();
     let loopback = addr.is_some_and(|addr| addr.ip().to_canonical().is_loopback());
-    let app = AdminApp {
+    let app = Arc::new(AdminApp {
         node,
         loopback,
-        tokens,
-    };
+        tokens: settings.tokens,
+        allowed_hosts: settings.allowed_hosts,
+        refusals: Arc::new(AdminRefusals::default()),
+        unauthenticated: Semaphore::new(api::UNAUTHENTICATED_QUERIES_MAX),
+        started: std::time::Instant::now(),
+    });
     let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{*key}", get(api::show).post(api::release))
-        .with_state(Arc::new(app));
-    info!(admin = ?addr, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
-    if let Err(e) = axum::serve(listener, router).await {
-        warn!("admin listener stopped: {e}");
-    }
+        .with_state(Arc::clone(&app));
+    listener::spawn(listener, router, app, settings.limits)
 }
 
-/// Binds the admin address, if one is configured.
-pub(crate) async fn bind(addr: Option<SocketAddr>) -> std::io::Result<Option<TcpListener>> {
-    match addr {
-        Some(addr) => Ok(Some(TcpListener::bind(addr).await?)),
-        None => Ok(None),
+/// The open endpoints check the `Host` too: they say nothing secret, but
+/// a rebinding page must not learn even that.
+async fn metrics(
+    State(app): State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = api::check_host(&app, &headers, addrs) {
+        return refused;
     }
-}
-
-async fn metrics(State(app): State<AppState>) -> Response {
     // The core's mutex is held for the copy only, never across an await.
     let metrics = app.node.metrics();
-    match render(&metrics) {
+    match render_with(&metrics, Some(&app.refusals)) {
         Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
         Err(fmt::Error) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
     }
 }
 
-async fn livez() -> &'static str {
-    "ok\n"
+async fn livez(
+    State(app): State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = api::check_host(&app, &headers, addrs) {
+        return refused;
+    }
+    "ok\n".into_response()
 }
 
-async fn readyz(State(app): State<AppState>) -> Response {
+async fn readyz(
+    State(app): State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = api::check_host(&app, &headers, addrs) {
+        return refused;
+    }
     match app.node.metrics().readiness() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()).into_response(),
         Err(reason) => (
@@ -126,11 +164,44 @@ async fn readyz(State(app): State<AppState>) -> Response {
 /// Renders `metrics` as OpenMetrics text (`ticketing_` prefix, base units,
 /// ending with `# EOF`).
 pub fn render(metrics: &NodeMetrics) -> Result<String, fmt::Error> {
+    render_with(metrics, None)
+}
+
+/// [`render`], with the admin listener's refusal counts when given.
+fn render_with(
+    metrics: &NodeMetrics,
+    refusals: Option<&Arc<AdminRefusals>>,
+) -> Result<String, fmt::Error> {
     let mut registry = Registry::with_prefix("ticketing");
     registry.register_collector(Box::new(Collected(metrics.clone())));
+    if let Some(refusals) = refusals {
+        registry.register_collector(Box::new(Refusals(Arc::clone(refusals))));
+    }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
     Ok(text)
+}
+
+/// The admin listener's refusals as a prometheus-client collector.
+#[derive(Debug)]
+struct Refusals(Arc<AdminRefusals>);
+
+impl prometheus_client::collector::Collector for Refusals {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let values: Vec<(&str, u64)> = AdminRefusal::ALL
+            .iter()
+            .map(|&refusal| (refusal.label(), self.0.count(refusal)))
+            .collect();
+        counters(
+            &mut encoder,
+            "admin_refusals",
+            "Admin listener refusals, by reason: 401, 403, a Host not this listener's (421), \
+             a bad query parameter (400), a connection closed at the connection or per-source \
+             cap, a request without a token over its budget (503), a request head not sent in time.",
+            "reason",
+            &values,
+        )
+    }
 }
 
 /// The snapshot as a prometheus-client collector.

@@ -210,12 +210,7 @@ async fn run_locks(command: LocksCommand) -> Result<(), Failure> {
         } => {
             let addr = single_addr(&admin)?;
             let token = admin_token(&admin)?;
-            let path = format!(
-                "/v1/locks?prefix={}&limit={limit}",
-                encode_component(&prefix)
-            );
-            let answer = call(addr, "GET", &path, token.as_deref()).await?;
-            let value = json_answer(addr, &answer)?;
+            let value = list_pages(addr, &prefix, limit, token.as_deref()).await?;
             if admin.json {
                 print_json(&value);
             } else {
@@ -335,6 +330,54 @@ fn table(rows: &[Vec<String>]) {
     }
 }
 
+/// Most pages `locks ls` asks for: enough to scan a table of tens of
+/// millions of keys (each page examines a bounded part of it).
+const LISTING_PAGES_MAX: usize = 4_096;
+
+/// Asks for pages of the listing (each one bounded work for the server)
+/// until `limit` locks came or the scan ended, and returns them as one
+/// answer: `locks` ascending by key, at most `limit`, with the
+/// `next_cursor` to go on from if the scan did not end.
+async fn list_pages(
+    addr: SocketAddr,
+    prefix: &str,
+    limit: u64,
+    token: Option<&str>,
+) -> Result<Value, Failure> {
+    let limit_max = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut locks: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut redacted = false;
+    for _ in 0..LISTING_PAGES_MAX {
+        let wanted = limit_max.saturating_sub(locks.len()).max(1);
+        let mut path = format!(
+            "/v1/locks?prefix={}&limit={wanted}",
+            encode_component(prefix)
+        );
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={}", encode_component(cursor)));
+        }
+        let answer = call(addr, "GET", &path, token).await?;
+        let mut page = json_answer(addr, &answer)?;
+        redacted |= page["redacted"] == true;
+        if let Some(found) = page["locks"].as_array_mut() {
+            locks.append(found);
+        }
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() || locks.len() >= limit_max {
+            break;
+        }
+    }
+    locks.sort_by(|a, b| a["key"].as_str().cmp(&b["key"].as_str()));
+    locks.truncate(limit_max);
+    Ok(serde_json::json!({
+        "locks": locks,
+        "next_cursor": cursor,
+        "truncated": cursor.is_some(),
+        "redacted": redacted,
+    }))
+}
+
 fn print_listing(value: &Value) {
     let mut rows = vec![vec![
         "KEY".to_owned(),
@@ -359,7 +402,10 @@ fn print_listing(value: &Value) {
     }
     table(&rows);
     if value["truncated"] == true {
-        println!("(more keys match: raise --limit or narrow --prefix)");
+        println!("(more keys may match: raise --limit or narrow --prefix)");
+    }
+    if value["redacted"] == true {
+        println!("(tokens and client addresses hidden: give an admin token to see them)");
     }
 }
 

@@ -61,6 +61,10 @@ use ticketing_core::machine::Machine;
 /// above), which is far larger.
 pub const BOOTSTRAP_GENERATION: u64 = 1;
 
+/// Pending connections the admin listener queues while all its
+/// connection slots are taken.
+const ADMIN_LISTEN_BACKLOG: u32 = 1_024;
+
 /// TLS between peers: each node serves `server` on its peer address and
 /// verifies the peers it dials with `client` under `server_name`.
 #[derive(Clone, Debug)]
@@ -108,6 +112,12 @@ pub struct ClusterSettings {
     /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
     /// listener only, and no force-release.
     pub admin_tokens: AdminTokens,
+    /// `Host` names the admin listener serves besides its own address and
+    /// this slot's configured admin address (`slots[].admin`, which the
+    /// other nodes send operators to).
+    pub admin_allowed_hosts: Vec<Box<str>>,
+    /// The admin listener's connection and time limits.
+    pub admin_limits: admin::AdminLimits,
 }
 
 impl ClusterSettings {
@@ -131,6 +141,8 @@ impl ClusterSettings {
             state: None,
             admin_listen: None,
             admin_tokens: AdminTokens::default(),
+            admin_allowed_hosts: Vec::new(),
+            admin_limits: admin::AdminLimits::default(),
         }
     }
 }
@@ -300,7 +312,7 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
     let (node, persister) = new_node(&settings, join_generation, seed, floor, &clock);
     log_listening(&settings, &sockets);
     let shared = Shared::new(node, clock);
-    let extra = spawn_side_tasks(&shared, &settings, persister, sockets.status, sockets.admin);
+    let extra = spawn_side_tasks(&shared, &settings, persister, sockets.status, sockets.admin)?;
     let listeners = vec![
         Listener {
             tcp: sockets.client,
@@ -387,7 +399,7 @@ struct ClusterSockets {
     client: TcpListener,
     peer: TcpListener,
     status: Option<TcpListener>,
-    admin: Option<TcpListener>,
+    admin: Option<std::net::TcpListener>,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     status_addr: Option<SocketAddr>,
@@ -402,12 +414,15 @@ impl ClusterSockets {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let admin = admin::bind(settings.admin_listen).await?;
+        let admin = admin::bind(settings.admin_listen, ADMIN_LISTEN_BACKLOG)?;
         Ok(ClusterSockets {
             client_addr: client.local_addr()?,
             peer_addr: peer.local_addr()?,
             status_addr: status.as_ref().map(TcpListener::local_addr).transpose()?,
-            admin_addr: admin.as_ref().map(TcpListener::local_addr).transpose()?,
+            admin_addr: admin
+                .as_ref()
+                .map(std::net::TcpListener::local_addr)
+                .transpose()?,
             client,
             peer,
             status,
@@ -475,8 +490,8 @@ fn spawn_side_tasks(
     settings: &ClusterSettings,
     persister: Option<Arc<FloorFile>>,
     status: Option<TcpListener>,
-    admin: Option<TcpListener>,
-) -> Vec<JoinHandle<()>> {
+    admin: Option<std::net::TcpListener>,
+) -> io::Result<Vec<JoinHandle<()>>> {
     let mut extra = Vec::new();
     if let Some(file) = persister {
         extra.push(tokio::spawn(run_persister(Arc::clone(shared), file)));
@@ -489,10 +504,25 @@ fn spawn_side_tasks(
             shared: Arc::clone(shared),
             metrics: |node: &ClusterNode| admin::NodeMetrics::Cluster(node.metrics()),
         });
-        let tokens = settings.admin_tokens.clone();
-        extra.push(tokio::spawn(admin::serve_admin_api(admin, node, tokens)));
+        let own_admin = settings
+            .node
+            .admin_addresses
+            .get(usize::from(settings.node.id.slot))
+            .filter(|addr| !addr.is_empty())
+            .cloned();
+        let settings = admin::AdminSettings {
+            tokens: settings.admin_tokens.clone(),
+            allowed_hosts: settings
+                .admin_allowed_hosts
+                .iter()
+                .cloned()
+                .chain(own_admin)
+                .collect(),
+            limits: settings.admin_limits,
+        };
+        extra.push(admin::spawn_admin_api(admin, node, settings)?);
     }
-    extra
+    Ok(extra)
 }
 
 /// Where and how to dial each peer slot.

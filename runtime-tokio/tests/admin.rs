@@ -752,11 +752,23 @@ async fn force_release_over_http_needs_the_admin_token_and_fences_the_holder() {
     let (status, _, body) = http_request(server.admin, "POST", path, Some(wrong)).unwrap();
     assert_eq!(status, 403, "{body}");
     assert_eq!(json(&body)["error"], "forbidden");
-    // Refused requests changed nothing.
+    // Refused requests changed nothing. Without the admin token a
+    // loopback reader sees the lock but neither its fencing token (one `R`
+    // with it would free the lock) nor the holder's address.
     let view = until_waiters(server.admin, "orders%2F42", 1).await;
-    assert_eq!(view["holder"]["token"], token);
-
+    assert_eq!(view["redacted"], true);
+    assert!(view["holder"]["token"].is_null(), "{view}");
+    assert!(view["holder"]["conn"]["source"].is_null(), "{view}");
+    assert!(view["waiters"][0]["conn"]["source"].is_null(), "{view}");
     let right = format!("Bearer {ADMIN_TOKEN}");
+    let (status, _, body) =
+        http_request(server.admin, "GET", "/v1/locks/orders%2F42", Some(&right)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let view = json(&body);
+    assert_eq!(view["redacted"], false);
+    assert_eq!(view["holder"]["token"], token);
+    assert_eq!(view["holder"]["conn"]["source"], "127.0.0.1");
+
     let mismatch = format!("{path}?token={}", token + 1);
     let (status, _, body) = http_request(server.admin, "POST", &mismatch, Some(&right)).unwrap();
     assert_eq!(status, 409, "{body}");
@@ -777,7 +789,8 @@ async fn force_release_over_http_needs_the_admin_token_and_fences_the_holder() {
     assert_eq!(answer["handed_to"], new_token);
     holder.send(&release(3, "orders/42", token)).await;
     assert_eq!(holder.reply().await, Reply::NotFound { rid: 3 });
-    let (status, _, body) = http_get(server.admin, "/v1/locks/orders%2F42").unwrap();
+    let (status, _, body) =
+        http_request(server.admin, "GET", "/v1/locks/orders%2F42", Some(&right)).unwrap();
     assert_eq!(status, 200);
     assert_eq!(json(&body)["holder"]["token"], new_token);
 
@@ -796,7 +809,8 @@ async fn force_release_over_http_needs_the_admin_token_and_fences_the_holder() {
 
 #[tokio::test]
 async fn locks_show_lists_the_holder_and_three_waiters_in_queue_order() {
-    let server = Single::start();
+    let (server, _dir, token_file) = single_with_admin_token();
+    let token_file = token_file.to_str().unwrap().to_owned();
     let mut holder = raw_connect(server.client).await;
     let mut waiters = Vec::new();
     for _ in 0..3 {
@@ -812,8 +826,29 @@ async fn locks_show_lists_the_holder_and_three_waiters_in_queue_order() {
     }
     let admin = server.admin.to_string();
 
+    // Without the admin token: the queue, but no token and no addresses.
     let (code, stdout, stderr) =
         ticketing(&["locks", "show", "jobs/7", "--admin", &admin, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let view = json(&stdout);
+    assert!(view["holder"]["token"].is_null(), "{view}");
+    assert!(view["holder"]["conn"]["source"].is_null(), "{view}");
+    assert_eq!(view["waiters_total"], 3);
+    let (code, table, stderr) = ticketing(&["locks", "ls", "--prefix", "jobs/", "--admin", &admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!table.contains(&token.to_string()), "{table}");
+    assert!(table.contains("hidden"), "{table}");
+
+    let (code, stdout, stderr) = ticketing(&[
+        "locks",
+        "show",
+        "jobs/7",
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        &token_file,
+        "--json",
+    ]);
     assert_eq!(code, Some(0), "{stderr}");
     let view = json(&stdout);
     assert_eq!(view["key"], "jobs/7");
@@ -851,7 +886,15 @@ async fn locks_show_lists_the_holder_and_three_waiters_in_queue_order() {
     );
 
     // The table names the same connections, in the same order.
-    let (code, table, stderr) = ticketing(&["locks", "show", "jobs/7", "--admin", &admin]);
+    let (code, table, stderr) = ticketing(&[
+        "locks",
+        "show",
+        "jobs/7",
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        &token_file,
+    ]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(table.contains(&format!("token {token}")), "{table}");
     let rows: Vec<&str> = table
@@ -1041,7 +1084,12 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
                 .await
         })
     };
-    let view = until_waiters(admin[leader], "orders%2F42", 1).await;
+    until_waiters(admin[leader], "orders%2F42", 1).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let (status, _, body) =
+        http_request(admin[leader], "GET", "/v1/locks/orders%2F42", Some(&bearer)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let view = json(&body);
     assert_eq!(view["holder"]["token"], token);
     assert!(view["holder"]["lease_remaining_ms"].as_u64().unwrap() <= 60_000);
     assert_eq!(view["waiters"][0]["position"], 1);
@@ -1075,7 +1123,12 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
     assert_eq!(status, 307, "{body}");
     assert_eq!(location, Some(format!("http://{}{release}", admin[leader])));
     // The redirect did nothing: still held, still waited for.
-    let view = until_waiters(admin[leader], "orders%2F42", 1).await;
+    until_waiters(admin[leader], "orders%2F42", 1).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let (status, _, body) =
+        http_request(admin[leader], "GET", "/v1/locks/orders%2F42", Some(&bearer)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let view = json(&body);
     assert_eq!(view["holder"]["token"], token);
     // The CLI pointed at a follower follows the redirect to the leader.
     let follower_admin = admin[follower].to_string();
@@ -1088,7 +1141,13 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
         "--json",
     ]);
     assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(json(&stdout)["holder"]["token"], token);
+    let shown = json(&stdout);
+    assert_eq!(shown["key"], "orders/42");
+    assert_eq!(shown["waiters_total"], 1);
+    assert!(
+        shown["holder"]["token"].is_null(),
+        "no admin token: {shown}"
+    );
 
     // On the leader: answered once the command is applied.
     let (status, _, body) = http_location(admin[leader], "POST", &release, Some(&bearer)).unwrap();
@@ -1108,7 +1167,7 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
         ReleaseOutcome::AlreadyGoneOrNotCurrent,
         "the old holder is fenced"
     );
-    let (status, _, body) = http_get(admin[leader], path).unwrap();
+    let (status, _, body) = http_request(admin[leader], "GET", path, Some(&bearer)).unwrap();
     assert_eq!(status, 200);
     assert_eq!(json(&body)["holder"]["token"], next.token());
     // Every node applied it and counts it.

@@ -86,16 +86,6 @@ impl core::fmt::Display for SnapshotError {
 impl std::error::Error for SnapshotError {}
 
 /// The held keys that start with `prefix`, ascending.
-fn sorted_with_prefix<'a>(holders: &'a Keyed<Key, u64>, prefix: &[u8]) -> Vec<&'a Key> {
-    let mut keys: Vec<&Key> = holders
-        .iter()
-        .map(|(key, _)| key)
-        .filter(|key| key.as_bytes().starts_with(prefix))
-        .collect();
-    keys.sort_unstable();
-    keys
-}
-
 /// The replicated state machine of cluster mode.
 #[derive(Clone, Debug, Default)]
 pub struct ReplicatedLocks {
@@ -365,18 +355,10 @@ impl ReplicatedLocks {
         grants
     }
 
-    /// Held keys starting with `prefix`, ascending (every held key for an
-    /// empty prefix; none for a prefix no key can start with).
-    pub fn held_keys_with_prefix<'a>(
-        &'a self,
-        prefix: &'a [u8],
-    ) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
-        // An invalid prefix (too long, a space, not UTF-8) starts no key
-        // as a prefix is taken here: a valid one is itself a valid key.
-        if !prefix.is_empty() && Key::new(prefix).is_err() {
-            return Box::new(std::iter::empty());
-        }
-        Box::new(sorted_with_prefix(&self.keys, prefix).into_iter())
+    /// The held-key map, for an operator's paged scan
+    /// ([`crate::inspect::LISTING_SLOTS_PER_CALL_MAX`] slots a call).
+    pub(crate) fn held_key_map(&self) -> &Keyed<Key, u64> {
+        &self.keys
     }
 
     /// Number of held keys.

@@ -130,7 +130,7 @@ impl LockTable {
                 KeyEntry::unheld,
             );
             if entry.token != 0 {
-                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+                note_expiry(&mut self.metrics, &mut self.sets, entry, false);
             } else {
                 self.holder_keys += 1;
             }
@@ -138,6 +138,8 @@ impl LockTable {
             entry.lease_deadline = lease_deadline;
             entry.set_grant(holder, group_len, lease_s);
         }
+        self.sets
+            .granted(token, keys.keys().iter().map(|key| key.as_bytes()));
         self.metrics.grants_immediate += 1;
         self.metrics.wait.observe(Duration::ZERO);
         AcquireOutcome::Granted { token }
@@ -177,7 +179,7 @@ impl LockTable {
             if entry.token != 0 && !entry.is_held_at(now) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
-                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, false);
+                note_expiry(&mut self.metrics, &mut self.sets, entry, false);
                 entry.token = 0;
                 self.holder_keys -= 1;
             }

@@ -7,8 +7,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
-use super::{LeaseDeadline, LockTable, lease_duration};
-use crate::hash::IdMap;
+use super::{LeaseDeadline, LockTable, SetGrants, lease_duration};
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 
@@ -91,12 +90,7 @@ impl LockTable {
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
                     if let Some(expired) = expired {
-                        count_expiry(
-                            &mut self.metrics,
-                            &mut self.expiring_sets,
-                            expired,
-                            handed_over,
-                        );
+                        count_expiry(&mut self.metrics, &mut self.sets, expired, handed_over);
                     }
                 }
             }
@@ -106,12 +100,12 @@ impl LockTable {
     /// Removes expired keys that nobody waits for, as of `at`.
     fn sweep(&mut self, at: Instant) {
         let metrics = &mut self.metrics;
-        let expiring_sets = &mut self.expiring_sets;
+        let sets = &mut self.sets;
         let holder_keys = &mut self.holder_keys;
         self.keys.retain(|_, entry| {
             let keep = entry.is_queued() || entry.is_held_at(at);
             if !keep && entry.token != 0 {
-                note_expiry(metrics, expiring_sets, entry, false);
+                note_expiry(metrics, sets, entry, false);
                 *holder_keys -= 1;
             }
             keep
@@ -185,13 +179,13 @@ impl LockTable {
 /// key went straight to a waiter).
 pub(super) fn note_expiry(
     metrics: &mut LockMetrics,
-    expiring_sets: &mut IdMap<u64, u8>,
+    sets: &mut SetGrants,
     entry: &KeyEntry,
     handed_over: bool,
 ) {
     count_expiry(
         metrics,
-        expiring_sets,
+        sets,
         (entry.token, entry.group_len(), entry.lease_s()),
         handed_over,
     );
@@ -202,19 +196,20 @@ pub(super) fn note_expiry(
 /// key noticed.
 fn count_expiry(
     metrics: &mut LockMetrics,
-    expiring_sets: &mut IdMap<u64, u8>,
+    sets: &mut SetGrants,
     (token, group_len, lease_s): (u64, u8, u8),
     handed_over: bool,
 ) {
     if group_len > 1 {
-        if let Some(left) = expiring_sets.get_mut(&token) {
+        if let Some(left) = sets.expiring.get_mut(&token) {
             *left -= 1;
             if *left == 0 {
-                expiring_sets.remove(&token);
+                sets.expiring.remove(&token);
             }
             return;
         }
-        expiring_sets.insert(token, group_len - 1);
+        sets.expiring.insert(token, group_len - 1);
+        sets.ended(token);
     }
     if handed_over {
         metrics.expiries_handed_over += 1;

@@ -1,20 +1,17 @@
 //! Read-only inspection of the lock table and the operator's
 //! force-release (see [`crate::inspect`]).
 //!
-//! Nothing here adds memory to a key: a holder's whole group is found by
-//! walking the table only when the grant is a set (its entry records the
-//! group's size, not its keys), and a listing walks the map once, keeping
-//! the `limit` smallest matching keys in a bounded heap. Costs: one key
-//! O(queue length), plus O(keys) when its holder is a set; a listing
-//! O(keys × log limit) plus one more O(keys) walk when a listed holder is
-//! a set (about 45–95 ms of CPU per million keys, docs/admin-api.md). Both
-//! are operator actions, never on the lock path.
-
-use std::collections::{BinaryHeap, HashMap};
+//! Every call does bounded work, whatever the table's size, because it runs
+//! on the state machine's thread between lock requests: one key costs its
+//! listed waiters; a set holder's keys come from the set's record
+//! ([`super::SetGrants`]), not a walk; a listing is a page of a scan that
+//! examines at most [`LISTING_SLOTS_PER_CALL_MAX`] slots and goes on from
+//! a [`ListingCursor`] in the next call.
 
 use super::{KeyEntry, LockTable, WaiterId};
 use crate::inspect::{
-    ForceReleaseOutcome, LISTED_WAITERS_MAX, LISTING_LIMIT_MAX, WAITERS_PER_LISTED_LOCK_MAX,
+    ForceReleaseOutcome, LISTED_WAITERS_MAX, LISTING_LIMIT_MAX, LISTING_SLOTS_PER_CALL_MAX,
+    ListingCursor, WAITERS_PER_LISTED_LOCK_MAX,
 };
 use crate::time::{Instant, duration_millis};
 use crate::wire::{Key, KeyGroup};
@@ -87,94 +84,65 @@ impl LockTable {
     pub fn inspect_key(&self, now: Instant, key: &[u8]) -> Option<KeyInspection> {
         let now = self.inspection_now(now);
         let entry = self.keys.get(key).filter(|e| e.is_visible_at(now))?;
-        let group = if entry.is_held_at(now) && entry.group_len() > 1 {
-            self.grant_keys(entry.token, usize::from(entry.group_len()))
-        } else {
-            vec![key.into()]
-        };
+        let group = self.holder_group(now, key, entry);
         self.inspection(now, key, entry, group, LISTED_WAITERS_MAX)
     }
 
-    /// The keys starting with `prefix` that are held or waited on at
-    /// `now`, ascending, at most `limit` (clamped to
-    /// [`LISTING_LIMIT_MAX`]), each with at most
-    /// [`WAITERS_PER_LISTED_LOCK_MAX`] waiters listed; true when more keys
-    /// matched.
-    pub fn inspect_prefix(
+    /// One page of the keys starting with `prefix` that are held or waited
+    /// on at `now`: the scan goes on from `cursor`, examines at most
+    /// [`LISTING_SLOTS_PER_CALL_MAX`] slots of the table and stops after
+    /// `limit` (clamped to [`LISTING_LIMIT_MAX`]) keys; the page is
+    /// ascending, each key with at most [`WAITERS_PER_LISTED_LOCK_MAX`]
+    /// waiters listed. With the cursor of the next page, `None` at the
+    /// end of the table.
+    pub fn inspect_page(
         &self,
         now: Instant,
         prefix: &[u8],
         limit: usize,
-    ) -> (Vec<KeyInspection>, bool) {
+        cursor: ListingCursor,
+    ) -> (Vec<KeyInspection>, Option<ListingCursor>) {
         let now = self.inspection_now(now);
-        let limit = limit.min(LISTING_LIMIT_MAX);
-        // A max-heap of the smallest `limit` keys seen so far.
-        let mut smallest: BinaryHeap<&[u8]> = BinaryHeap::with_capacity(limit + 1);
-        let mut matched = 0usize;
-        for (key, entry) in self.keys.iter() {
-            let key = key.as_bytes();
-            if !key.starts_with(prefix) || !entry.is_visible_at(now) {
-                continue;
-            }
-            matched += 1;
-            // Once full, only a key below the largest kept gets in: in hash
-            // order that is rare, so most keys cost one comparison.
-            if smallest.len() >= limit && smallest.peek().is_none_or(|&largest| key >= largest) {
-                continue;
-            }
-            smallest.push(key);
-            if smallest.len() > limit {
-                smallest.pop();
-            }
-        }
-        let keys = smallest.into_sorted_vec();
-        // One more walk finds the other keys of every listed set grant.
-        let mut set_tokens: HashMap<u64, Vec<Box<[u8]>>> = HashMap::new();
-        for key in &keys {
-            if let Some(entry) = self.keys.get(key)
-                && entry.is_held_at(now)
-                && entry.group_len() > 1
-            {
-                set_tokens.insert(entry.token, Vec::new());
-            }
-        }
-        if !set_tokens.is_empty() {
-            for (key, entry) in self.keys.iter() {
-                if let Some(members) = set_tokens.get_mut(&entry.token) {
-                    members.push(key.as_bytes().into());
-                }
-            }
-            for members in set_tokens.values_mut() {
-                members.sort_unstable();
-            }
-        }
+        let limit = limit.clamp(1, LISTING_LIMIT_MAX);
+        let slots = self.keys.slots();
+        let (mut keys, next) = self.keys.scan(
+            cursor.slot_in(slots),
+            LISTING_SLOTS_PER_CALL_MAX,
+            limit,
+            |key, entry| key.as_bytes().starts_with(prefix) && entry.is_visible_at(now),
+        );
+        keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         let listed = keys
-            .iter()
+            .into_iter()
             .filter_map(|key| {
+                let key = key.as_bytes();
                 let entry = self.keys.get(key)?;
-                let group = match set_tokens.get(&entry.token) {
-                    Some(members) if entry.is_held_at(now) => members.clone(),
-                    _ => vec![(*key).into()],
-                };
+                let group = self.holder_group(now, key, entry);
                 self.inspection(now, key, entry, group, WAITERS_PER_LISTED_LOCK_MAX)
             })
             .collect();
-        (listed, matched > keys.len())
+        (listed, next.map(|slot| ListingCursor::at(0, slot, slots)))
     }
 
-    /// Every key carrying `token`, ascending (a walk: only for sets).
-    fn grant_keys(&self, token: u64, group_len: usize) -> Vec<Box<[u8]>> {
-        let mut keys: Vec<Box<[u8]>> = Vec::with_capacity(group_len);
-        for (key, entry) in self.keys.iter() {
-            if entry.token == token {
-                keys.push(key.as_bytes().into());
-                if keys.len() == group_len {
-                    break;
-                }
-            }
+    /// Every key of the grant on `key` (whose entry is `entry`), ascending:
+    /// the key alone unless its holder is a running set.
+    fn holder_group(&self, now: Instant, key: &[u8], entry: &KeyEntry) -> Vec<Box<[u8]>> {
+        if entry.is_held_at(now) && entry.group_len() > 1 {
+            self.grant_keys(entry.token)
+        } else {
+            vec![key.into()]
         }
-        keys.sort_unstable();
-        keys
+    }
+
+    /// Every key of set grant `token`, ascending (recorded when the set was
+    /// granted, so no walk of the table).
+    fn grant_keys(&self, token: u64) -> Vec<Box<[u8]>> {
+        let members = self.sets.members(token);
+        debug_assert!(
+            members.is_some(),
+            "a running set grant has its keys recorded"
+        );
+        members.map(<[Box<[u8]>]>::to_vec).unwrap_or_default()
     }
 
     fn inspection(
@@ -246,15 +214,7 @@ impl LockTable {
         if token.is_some_and(|token| token != held) {
             return ForceReleaseOutcome::TokenMismatch { held };
         }
-        let keys = if entry.group_len() > 1 {
-            to_keys(
-                self.grant_keys(held, usize::from(entry.group_len()))
-                    .iter()
-                    .map(|key| &**key),
-            )
-        } else {
-            to_keys([key])
-        };
+        let keys = to_keys(self.holder_group(now, key, entry).iter().map(|key| &**key));
         let Ok(group) = KeyGroup::new(keys.clone()) else {
             debug_assert!(false, "a grant's keys form a valid group");
             return ForceReleaseOutcome::NotHeld;

@@ -126,9 +126,38 @@ impl<K: KeyBytes, V> Keyed<K, V> {
         self.table.len()
     }
 
-    /// Every entry, in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.table.iter().map(|(key, value)| (key, value))
+    /// Slots of the underlying table: the range a [`Keyed::scan`] cursor
+    /// moves over. It changes only when the table grows or shrinks.
+    pub(crate) fn slots(&self) -> usize {
+        self.table.num_buckets()
+    }
+
+    /// The entries for which `keep` holds, in slot order from slot `from`,
+    /// examining at most `slots_max` slots and stopping after `found_max`
+    /// entries kept; with the slot to go on from, `None` once the end of
+    /// the table was reached. Bounded work whatever the map's size: what
+    /// an operator's paged listing needs so that no call can stall the
+    /// state machine.
+    pub(crate) fn scan(
+        &self,
+        from: usize,
+        slots_max: usize,
+        found_max: usize,
+        mut keep: impl FnMut(&K, &V) -> bool,
+    ) -> (Vec<&K>, Option<usize>) {
+        let slots = self.table.num_buckets();
+        let end = from.saturating_add(slots_max).min(slots);
+        let mut found = Vec::new();
+        let mut slot = from;
+        while slot < end && found.len() < found_max {
+            if let Some((key, value)) = self.table.get_bucket(slot)
+                && keep(key, value)
+            {
+                found.push(key);
+            }
+            slot += 1;
+        }
+        (found, (slot < slots).then_some(slot))
     }
 
     /// Every value, in no particular order.
@@ -175,6 +204,38 @@ mod tests {
         assert_eq!(a.len(), 10);
         assert_eq!(a.values().sum::<u32>(), 45);
         b.clear();
-        assert_eq!(b.iter().count(), 0);
+        assert_eq!(b.len(), 0);
+    }
+
+    #[test]
+    fn a_scan_examines_at_most_its_slots_and_visits_every_entry_once_across_calls() {
+        let mut map: Keyed<Box<[u8]>, u32> = Keyed::default();
+        for n in 0u32..5_000 {
+            let key = n.to_be_bytes();
+            map.insert_absent(map.hash(&key), key.as_slice().into(), n);
+        }
+        let slots = map.slots();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut from = Some(0);
+        let mut calls = 0;
+        while let Some(start) = from {
+            let (found, next) = map.scan(start, 100, usize::MAX, |_, v| v % 2 == 0);
+            if let Some(next) = next {
+                assert_eq!(next, start + 100, "a full budget moves exactly 100 slots");
+            }
+            for key in found {
+                assert!(seen.insert(key.clone()), "each entry once");
+            }
+            from = next;
+            calls += 1;
+        }
+        assert_eq!(calls, slots.div_ceil(100));
+        assert_eq!(seen.len(), 2_500, "every kept entry, and only those");
+        // Stopping at `found_max` resumes right after the last one found.
+        let (first, next) = map.scan(0, slots, 1, |_, _| true);
+        assert_eq!(first.len(), 1);
+        let (rest, _) = map.scan(next.unwrap(), slots, usize::MAX, |_, _| true);
+        assert_eq!(rest.len(), 4_999);
+        assert!(!rest.contains(&first[0]));
     }
 }

@@ -291,12 +291,46 @@ pub struct LockTable {
     /// Keys with a holder (`token != 0`), including leases that ended but
     /// were not noticed yet: an O(1) gauge for metrics.
     holder_keys: usize,
-    /// Key sets whose lease ran out and of which some keys were noticed
-    /// expired, by token: how many keys are still to be noticed. A set's
-    /// expiry is counted once, on the first key noticed; each key leaves
-    /// the table or gets a new token eventually (the sweep), so entries
-    /// do not outlive their keys.
-    expiring_sets: IdMap<u64, u8>,
+    /// The key sets granted: their keys while they run, and how many keys
+    /// are left to be noticed expired once their lease ran out.
+    sets: SetGrants,
+}
+
+/// What the table keeps per key-set grant (a grant of more than one key),
+/// by token; nothing for a single-key grant.
+#[derive(Debug, Default)]
+pub(crate) struct SetGrants {
+    /// Every key of each running set, ascending, from its grant until it is
+    /// released or its expiry is first noticed: an operator's inspection of
+    /// any one key names the whole set without walking the table. At most
+    /// one entry per two held keys.
+    members: IdMap<u64, Box<[Box<[u8]>]>>,
+    /// Sets whose lease ran out and of which some keys were noticed
+    /// expired: how many keys are still to be noticed. A set's expiry is
+    /// counted once, on the first key noticed; each key leaves the table or
+    /// gets a new token eventually (the sweep), so entries do not outlive
+    /// their keys.
+    expiring: IdMap<u64, u8>,
+}
+
+impl SetGrants {
+    /// Set `token` was granted on `keys` (ascending); a single key is not
+    /// recorded.
+    fn granted<'a>(&mut self, token: u64, keys: impl ExactSizeIterator<Item = &'a [u8]>) {
+        if keys.len() > 1 {
+            self.members.insert(token, keys.map(Box::from).collect());
+        }
+    }
+
+    /// Set `token` ended (released, or its expiry noticed).
+    fn ended(&mut self, token: u64) {
+        self.members.remove(&token);
+    }
+
+    /// The keys of running set `token`.
+    pub(crate) fn members(&self, token: u64) -> Option<&[Box<[u8]>]> {
+        self.members.get(&token).map(|keys| &**keys)
+    }
 }
 
 impl LockTable {
@@ -325,7 +359,7 @@ impl LockTable {
             stalled: BTreeSet::new(),
             metrics: LockMetrics::default(),
             holder_keys: 0,
-            expiring_sets: IdMap::default(),
+            sets: SetGrants::default(),
         }
     }
 

@@ -206,7 +206,7 @@ impl LockTable {
             if entry.token != 0 {
                 // A lease that ended at this very instant, not yet handled
                 // on this key: it ends here, handed to this waiter.
-                note_expiry(&mut self.metrics, &mut self.expiring_sets, entry, true);
+                note_expiry(&mut self.metrics, &mut self.sets, entry, true);
             } else {
                 self.holder_keys += 1;
             }
@@ -231,6 +231,8 @@ impl LockTable {
                 }
             }
         }
+        self.sets
+            .granted(token, waiter.keys.iter().map(|key| &*key.bytes));
         self.events.push_back((
             LockEvent::Granted {
                 waiter: waiter.id,

@@ -69,6 +69,7 @@ impl LockTable {
                 }
             }
         }
+        self.sets.ended(token);
         self.metrics.releases += 1;
         self.metrics
             .hold

@@ -1,10 +1,12 @@
-//! The lock API of the admin listener: `GET /v1/locks?prefix=P&limit=N`,
-//! `GET /v1/locks/{key}`, `POST /v1/locks/{key}/release[?token=T]`.
+//! The lock API of the admin listener:
+//! `GET /v1/locks?prefix=P&limit=N&cursor=C`, `GET /v1/locks/{key}`,
+//! `POST /v1/locks/{key}/release[?token=T]`.
 //!
-//! Thin by design: each handler asks the core's access rule
-//! ([`ticketing_core::admin::admin_access`]) whether to serve, makes one
-//! call into the core through [`AdminNode`] (under the core's mutex, never
-//! across an await), and renders the answer as JSON. A force-release gets
+//! Thin by design: each handler checks the request's `Host` and query
+//! parameters, asks the core's access rule
+//! ([`ticketing_core::admin::admin_access`]) whether and how to serve,
+//! makes one bounded call into the core through [`AdminNode`] (under the
+//! core's mutex, never across an await), and renders the answer as JSON. A force-release gets
 //! an [`AdminRequestId`] and waits on a oneshot that the drive loop
 //! completes when the core answers ([`PendingAdmin`]); at most
 //! [`PENDING_ADMIN_REQUESTS_MAX`] wait at once.
@@ -14,22 +16,34 @@
 //! answers a key is a JSON string when it is UTF-8 (`"key_encoding":
 //! "utf8"`) and lowercase hex otherwise (`"hex"`). See `docs/admin-api.md`.
 
+#![expect(
+    clippy::result_large_err,
+    reason = "a refusal is the HTTP response itself, built once and sent at once"
+)]
+
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::Extension;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
-use ticketing_core::admin::{AdminAccess, AdminEndpoint, AdminTokens, admin_access};
+use ticketing_core::admin::{
+    AdminAccess, AdminEndpoint, AdminRefusal, AdminRefusals, AdminTokens, admin_access,
+    host_allowed,
+};
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, LockListing,
-    LockView, NotLeader,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, ListingCursor,
+    LockListing, LockView, NotLeader,
 };
 use ticketing_core::server::Dialect;
 use ticketing_core::wire::Key;
+use tokio::sync::Semaphore;
 use tokio::sync::oneshot;
+use tracing::warn;
 
 use super::NodeMetrics;
 
@@ -48,8 +62,9 @@ pub trait AdminNode: Send + Sync + 'static {
     fn metrics(&self) -> NodeMetrics;
     /// One key as the core sees it now.
     fn lock(&self, key: &Key) -> Option<LockView>;
-    /// Keys by prefix as the core sees them now.
-    fn locks(&self, prefix: &[u8], limit: usize) -> LockListing;
+    /// One page of the keys by prefix as the core sees them now, going on
+    /// from `cursor` (bounded work per call).
+    fn locks(&self, prefix: &[u8], limit: usize, cursor: ListingCursor) -> LockListing;
     /// Orders a force-release; the receiver gets the core's answer. `None`
     /// when [`PENDING_ADMIN_REQUESTS_MAX`] are already waiting.
     fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>>;
@@ -96,12 +111,57 @@ impl PendingAdmin {
     }
 }
 
+/// How long a request without an admin token waits for its share of core
+/// queries before it is answered `503`.
+pub const UNAUTHENTICATED_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Core queries (a listing page, one key) that requests without an admin
+/// token may have under way at once: their own small budget, so that a
+/// flood of anonymous readers on a loopback listener takes at most this
+/// share of the state machine's time.
+pub const UNAUTHENTICATED_QUERIES_MAX: usize = 1;
+
+/// The addresses of the connection a request came on (set by the
+/// listener on every request).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnAddrs {
+    /// The listener's address the connection arrived at.
+    pub(crate) local: SocketAddr,
+    /// The client's address.
+    pub(crate) peer: SocketAddr,
+}
+
 /// Everything a handler needs.
 pub(crate) struct AdminApp {
     pub(crate) node: Arc<dyn AdminNode>,
     /// The listener is bound to a loopback address.
     pub(crate) loopback: bool,
     pub(crate) tokens: AdminTokens,
+    /// `Host` names served besides the listener's own address.
+    pub(crate) allowed_hosts: Vec<Box<str>>,
+    /// Every refusal, counted (and served in `/metrics`).
+    pub(crate) refusals: Arc<AdminRefusals>,
+    /// The share of core queries of requests without an admin token.
+    pub(crate) unauthenticated: Semaphore,
+    /// The origin of the milliseconds the refusal log is timed by.
+    pub(crate) started: std::time::Instant,
+}
+
+impl AdminApp {
+    /// Counts `refusal` and logs it, at most once a second with the count
+    /// of those not logged since.
+    pub(crate) fn refused(&self, refusal: AdminRefusal, peer: Option<SocketAddr>) {
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Some(unlogged) = self.refusals.note(refusal, now_ms) {
+            let source = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+            warn!(
+                reason = refusal.label(),
+                source,
+                unlogged,
+                "admin request refused (counted in ticketing_admin_refusals_total)"
+            );
+        }
+    }
 }
 
 pub(crate) type AppState = Arc<AdminApp>;
@@ -138,23 +198,105 @@ fn ok_json(status: StatusCode, value: &Value) -> Response {
     response
 }
 
-/// The access rule's answer as a response, or `None` to serve.
-fn refuse(app: &AdminApp, headers: &HeaderMap, endpoint: AdminEndpoint) -> Option<Response> {
+/// How a request that passed its checks is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    /// In full: the reader presented an admin token.
+    Full,
+    /// Without fencing tokens or client addresses.
+    Redacted,
+}
+
+/// The access rule's answer: how to serve, or the refusal to send.
+fn access(
+    app: &AdminApp,
+    headers: &HeaderMap,
+    endpoint: AdminEndpoint,
+    peer: SocketAddr,
+) -> Result<Served, Response> {
     let authorization = headers
         .get(header::AUTHORIZATION)
         .map(header::HeaderValue::as_bytes);
     match admin_access(app.loopback, &app.tokens, authorization, endpoint) {
-        AdminAccess::Allow => None,
-        AdminAccess::Unauthorized => Some(error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "an admin token is needed: Authorization: Bearer <token>",
-        )),
-        AdminAccess::Forbidden => Some(error(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "the token is not an admin token",
-        )),
+        AdminAccess::Allow => Ok(Served::Full),
+        AdminAccess::Redacted => Ok(Served::Redacted),
+        AdminAccess::Unauthorized => {
+            app.refused(AdminRefusal::Unauthorized, Some(peer));
+            Err(error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "an admin token is needed: Authorization: Bearer <token>",
+            ))
+        }
+        AdminAccess::Forbidden => {
+            app.refused(AdminRefusal::Forbidden, Some(peer));
+            Err(error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "the token is not an admin token",
+            ))
+        }
+    }
+}
+
+/// `421` unless the request's `Host` names this listener (see
+/// [`host_allowed`]): a page whose name was rebound to this address
+/// cannot read the API through a local browser.
+pub(crate) fn check_host(
+    app: &AdminApp,
+    headers: &HeaderMap,
+    addrs: ConnAddrs,
+) -> Result<(), Response> {
+    let host = headers.get(header::HOST).map(header::HeaderValue::as_bytes);
+    if host_allowed(host, addrs.local, &app.allowed_hosts) {
+        return Ok(());
+    }
+    app.refused(AdminRefusal::BadHost, Some(addrs.peer));
+    Err(error(
+        StatusCode::MISDIRECTED_REQUEST,
+        "bad_host",
+        "the Host header must name this listener's address (or a name in admin_allowed_hosts)",
+    ))
+}
+
+/// `400` unless every query parameter is one of `known`, each at most
+/// once.
+fn check_params(
+    app: &AdminApp,
+    uri: &Uri,
+    known: &[&str],
+    peer: SocketAddr,
+) -> Result<(), Response> {
+    let mut seen: Vec<&str> = Vec::new();
+    for pair in uri.query().unwrap_or_default().split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        let problem = if !known.contains(&name) {
+            Some(format!(
+                "unknown query parameter; this endpoint takes: {}",
+                list_or_none(known)
+            ))
+        } else if seen.contains(&name) {
+            Some(format!("query parameter {name} given twice"))
+        } else {
+            seen.push(name);
+            None
+        };
+        if let Some(message) = problem {
+            app.refused(AdminRefusal::BadRequest, Some(peer));
+            return Err(error(StatusCode::BAD_REQUEST, "bad_request", &message));
+        }
+    }
+    Ok(())
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
     }
 }
 
@@ -205,66 +347,153 @@ fn key_path(uri: &Uri) -> &str {
     uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
 }
 
-/// What every lock API request passes first: the access rule, then (on a
-/// node that is not the leader) the redirect to the leader. `Some` is the
-/// answer instead of serving it.
+/// What every lock API request passes first: its `Host`, its query
+/// parameters (`known`), the access rule, then (on a node that is not
+/// the leader) the redirect to the leader. `Err` is the answer instead of
+/// serving it.
 fn turned_away(
     app: &AppState,
-    headers: &HeaderMap,
+    request: &Request<'_>,
     endpoint: AdminEndpoint,
-    uri: &Uri,
-) -> Option<Response> {
-    refuse(app, headers, endpoint).or_else(|| {
-        app.node
-            .not_leader()
-            .map(|not_leader| to_the_leader(&not_leader, uri))
-    })
+    known: &[&str],
+) -> Result<Served, Response> {
+    check_host(app, request.headers, request.addrs)?;
+    check_params(app, request.uri, known, request.addrs.peer)?;
+    let served = access(app, request.headers, endpoint, request.addrs.peer)?;
+    match app.node.not_leader() {
+        Some(not_leader) => Err(to_the_leader(&not_leader, request.uri)),
+        None => Ok(served),
+    }
+}
+
+/// What a handler was given.
+struct Request<'a> {
+    headers: &'a HeaderMap,
+    uri: &'a Uri,
+    addrs: ConnAddrs,
+}
+
+/// Runs `query` against the core: at once for a reader with an admin
+/// token; within the small shared budget of readers without one, or
+/// `503` after [`UNAUTHENTICATED_QUEUE_TIMEOUT`].
+async fn query_core<T>(
+    app: &AppState,
+    served: Served,
+    peer: SocketAddr,
+    query: impl FnOnce() -> T,
+) -> Result<T, Response> {
+    if served == Served::Full {
+        return Ok(query());
+    }
+    match tokio::time::timeout(UNAUTHENTICATED_QUEUE_TIMEOUT, app.unauthenticated.acquire()).await {
+        Ok(Ok(_permit)) => Ok(query()),
+        Ok(Err(_)) | Err(_) => {
+            app.refused(AdminRefusal::UnauthenticatedBusy, Some(peer));
+            Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many requests without an admin token; retry, or send one",
+            ))
+        }
+    }
 }
 
 pub(crate) async fn list(
     axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Read, &uri) {
-        return refused;
-    }
+    let request = Request {
+        headers: &headers,
+        uri: &uri,
+        addrs,
+    };
+    let served = match turned_away(
+        &app,
+        &request,
+        AdminEndpoint::Read,
+        &["prefix", "limit", "cursor"],
+    ) {
+        Ok(served) => served,
+        Err(refused) => return refused,
+    };
     let prefix = query_param(&uri, "prefix").unwrap_or_default();
     let limit = match parse_number(&uri, "limit") {
         Ok(limit) => limit.map_or(DEFAULT_LISTING_LIMIT, |n| {
             usize::try_from(n)
                 .unwrap_or(usize::MAX)
-                .min(LISTING_LIMIT_MAX)
+                .clamp(1, LISTING_LIMIT_MAX)
         }),
         Err(bad) => return bad.into_response(),
     };
-    let listing = app.node.locks(&prefix, limit);
+    let cursor = match query_param(&uri, "cursor") {
+        None => ListingCursor::START,
+        Some(text) => match std::str::from_utf8(&text)
+            .ok()
+            .and_then(ListingCursor::parse)
+        {
+            Some(cursor) => cursor,
+            None => {
+                return BadRequest {
+                    code: "bad_cursor",
+                    message: "cursor must be a next_cursor this API returned".to_owned(),
+                }
+                .into_response();
+            }
+        },
+    };
+    let listing = match query_core(&app, served, addrs.peer, || {
+        app.node.locks(&prefix, limit, cursor)
+    })
+    .await
+    {
+        Ok(listing) => listing,
+        Err(busy) => return busy,
+    };
     let now = SystemTime::now();
     let locks: Vec<Value> = listing
         .locks
         .iter()
-        .map(|view| lock_json(view, now))
+        .map(|view| lock_json(view, now, served))
         .collect();
+    let next_cursor = listing.next.map(|next| next.to_text());
     ok_json(
         StatusCode::OK,
-        &json!({ "locks": locks, "truncated": listing.truncated }),
+        &json!({
+            "locks": locks,
+            "next_cursor": next_cursor,
+            "truncated": next_cursor.is_some(),
+            "redacted": served == Served::Redacted,
+        }),
     )
 }
 
 pub(crate) async fn show(
     axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Read, &uri) {
-        return refused;
-    }
+    let request = Request {
+        headers: &headers,
+        uri: &uri,
+        addrs,
+    };
+    let served = match turned_away(&app, &request, AdminEndpoint::Read, &[]) {
+        Ok(served) => served,
+        Err(refused) => return refused,
+    };
     let key = match parse_key(key_path(&uri)) {
         Ok(key) => key,
         Err(bad) => return bad.into_response(),
     };
-    match app.node.lock(&key) {
-        Some(view) => ok_json(StatusCode::OK, &lock_json(&view, SystemTime::now())),
+    let view = match query_core(&app, served, addrs.peer, || app.node.lock(&key)).await {
+        Ok(view) => view,
+        Err(busy) => return busy,
+    };
+    match view {
+        Some(view) => ok_json(StatusCode::OK, &lock_json(&view, SystemTime::now(), served)),
         None => error(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -275,6 +504,7 @@ pub(crate) async fn show(
 
 pub(crate) async fn release(
     axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
@@ -285,7 +515,12 @@ pub(crate) async fn release(
             "POST /v1/locks/{key}/release is the only write",
         );
     };
-    if let Some(refused) = turned_away(&app, &headers, AdminEndpoint::Write, &uri) {
+    let request = Request {
+        headers: &headers,
+        uri: &uri,
+        addrs,
+    };
+    if let Err(refused) = turned_away(&app, &request, AdminEndpoint::Write, &["token"]) {
         return refused;
     }
     let key = match parse_key(raw_key) {
@@ -445,12 +680,13 @@ fn keys_json(keys: &[Key]) -> (Vec<String>, &'static str) {
     }
 }
 
-fn conn_json(conn: Option<&ConnView>) -> Value {
+/// A connection as JSON; its source address only when `served` in full.
+fn conn_json(conn: Option<&ConnView>, served: Served) -> Value {
     match conn {
         None => Value::Null,
         Some(conn) => json!({
             "id": conn.conn.0,
-            "source": conn.source.to_string(),
+            "source": (served == Served::Full).then(|| conn.source.to_string()),
             "dialect": match conn.dialect {
                 Dialect::V3 => "v3",
                 Dialect::Line => "line",
@@ -459,7 +695,9 @@ fn conn_json(conn: Option<&ConnView>) -> Value {
     }
 }
 
-fn lock_json(view: &LockView, now: SystemTime) -> Value {
+/// A lock as JSON; without a fencing token or client addresses unless
+/// `served` in full (see [`ticketing_core::admin`]).
+fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Value {
     let (key, utf8) = key_text(view.key.as_bytes());
     let holder = view.holder.as_ref().map(|holder| {
         let (keys, keys_encoding) = keys_json(&holder.keys);
@@ -467,13 +705,13 @@ fn lock_json(view: &LockView, now: SystemTime) -> Value {
             .checked_sub(Duration::from_millis(holder.held_ms))
             .unwrap_or(UNIX_EPOCH);
         json!({
-            "token": holder.token,
+            "token": (served == Served::Full).then_some(holder.token),
             "keys": keys,
             "keys_encoding": keys_encoding,
             "held_ms": holder.held_ms,
             "lease_remaining_ms": holder.lease_remaining_ms,
             "granted_at": rfc3339(granted_at),
-            "conn": conn_json(holder.conn.as_ref()),
+            "conn": conn_json(holder.conn.as_ref(), served),
         })
     });
     let waiters: Vec<Value> = view
@@ -488,7 +726,7 @@ fn lock_json(view: &LockView, now: SystemTime) -> Value {
                 "keys_encoding": keys_encoding,
                 "waited_ms": waiter.waited_ms,
                 "wait_remaining_ms": waiter.wait_remaining_ms,
-                "conn": conn_json(waiter.conn.as_ref()),
+                "conn": conn_json(waiter.conn.as_ref(), served),
             })
         })
         .collect();
@@ -498,6 +736,7 @@ fn lock_json(view: &LockView, now: SystemTime) -> Value {
         "holder": holder,
         "waiters": waiters,
         "waiters_total": view.waiters_total,
+        "redacted": served == Served::Redacted,
     })
 }
 

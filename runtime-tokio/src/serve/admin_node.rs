@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ticketing_core::inspect::{
-    ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+    ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView, NotLeader,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::wire::Key;
@@ -29,11 +29,11 @@ impl<M: Machine> AdminNode for DrivenNode<M> {
         let inner = self.shared.lock();
         inner.core.inspect_lock(self.shared.clock.now(), key)
     }
-    fn locks(&self, prefix: &[u8], limit: usize) -> LockListing {
+    fn locks(&self, prefix: &[u8], limit: usize, cursor: ListingCursor) -> LockListing {
         let inner = self.shared.lock();
         inner
             .core
-            .inspect_locks(self.shared.clock.now(), prefix, limit)
+            .inspect_locks(self.shared.clock.now(), prefix, limit, cursor)
     }
     fn force_release(&self, req: ForceRelease) -> Option<oneshot::Receiver<ForceReleaseOutcome>> {
         let mut inner = self.shared.lock();

@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
@@ -57,6 +57,10 @@ pub(crate) use self::supervise::{Dialer, Listener, start};
 /// Pending connections the client listener queues: what
 /// `tokio::net::TcpListener::bind` uses (mio, like std: 128).
 const LISTEN_BACKLOG: u32 = 128;
+
+/// Pending connections the admin listener queues while all its
+/// connection slots are taken.
+const ADMIN_LISTEN_BACKLOG: u32 = 1_024;
 
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -86,6 +90,10 @@ pub struct ServeSettings {
     /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
     /// listener only, and no force-release.
     pub admin_tokens: AdminTokens,
+    /// `Host` names the admin listener serves besides its own address.
+    pub admin_allowed_hosts: Vec<Box<str>>,
+    /// The admin listener's connection and time limits.
+    pub admin_limits: admin::AdminLimits,
 }
 
 impl ServeSettings {
@@ -99,6 +107,8 @@ impl ServeSettings {
             state: None,
             admin_listen: None,
             admin_tokens: AdminTokens::default(),
+            admin_allowed_hosts: Vec::new(),
+            admin_limits: admin::AdminLimits::default(),
         }
     }
 }
@@ -161,8 +171,11 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     // rather than left waiting in the backlog of a server not yet serving.
     let socket = bind_socket(settings.listen)?;
     let local_addr = socket.local_addr()?;
-    let admin = admin::bind(settings.admin_listen).await?;
-    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin = admin::bind(settings.admin_listen, ADMIN_LISTEN_BACKLOG)?;
+    let admin_addr = admin
+        .as_ref()
+        .map(std::net::TcpListener::local_addr)
+        .transpose()?;
     let clock = Clock::start();
     // Named after the configured address, or the bound one for port 0
     // (which no two live servers share).
@@ -177,9 +190,9 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     };
     let listener = socket.listen(LISTEN_BACKLOG)?;
     log_listening(&settings, local_addr);
-    let (server, persister) = new_server(settings.server, floor, &clock);
+    let (server, persister) = new_server(settings.server.clone(), floor, &clock);
     let shared = Shared::new(server, clock);
-    let extra = spawn_side_tasks(&shared, persister, admin, &settings.admin_tokens);
+    let extra = spawn_side_tasks(&shared, persister, admin, &settings)?;
     let supervisor = start(
         &shared,
         vec![Listener {
@@ -250,9 +263,9 @@ fn new_server(
 fn spawn_side_tasks(
     shared: &Arc<Shared<Server>>,
     persister: Option<Arc<FloorFile>>,
-    admin: Option<TcpListener>,
-    admin_tokens: &AdminTokens,
-) -> Vec<JoinHandle<()>> {
+    admin: Option<std::net::TcpListener>,
+    settings: &ServeSettings,
+) -> io::Result<Vec<JoinHandle<()>>> {
     let mut extra = persister
         .map(|file| vec![tokio::spawn(run_persister(Arc::clone(shared), file))])
         .unwrap_or_default();
@@ -261,8 +274,12 @@ fn spawn_side_tasks(
             shared: Arc::clone(shared),
             metrics: |server: &Server| admin::NodeMetrics::Single(server.metrics()),
         });
-        let tokens = admin_tokens.clone();
-        extra.push(tokio::spawn(admin::serve_admin_api(admin, node, tokens)));
+        let settings = admin::AdminSettings {
+            tokens: settings.admin_tokens.clone(),
+            allowed_hosts: settings.admin_allowed_hosts.clone(),
+            limits: settings.admin_limits,
+        };
+        extra.push(admin::spawn_admin_api(admin, node, settings)?);
     }
-    extra
+    Ok(extra)
 }

@@ -3,13 +3,14 @@
 //! leader-local waiter queues; a force-release is proposed and answered
 //! once applied.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use crate::cluster::command::Command;
 use crate::conn::ConnId;
 use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LISTED_WAITERS_MAX,
-    LISTING_LIMIT_MAX, LockListing, LockView, NotLeader, WAITERS_PER_LISTED_LOCK_MAX, WaiterView,
+    LISTING_LIMIT_MAX, LISTING_SLOTS_PER_CALL_MAX, ListingCursor, LockListing, LockView, NotLeader,
+    WAITERS_PER_LISTED_LOCK_MAX, WaiterView,
 };
 use crate::machine::Machine;
 use crate::raft::ProposeError;
@@ -132,49 +133,66 @@ impl ClusterNode {
         })
     }
 
-    /// Every key starting with `prefix` that is held or waited for, in
-    /// ascending key order, at most `limit` (capped at
-    /// [`LISTING_LIMIT_MAX`]) of them, each with the front
-    /// [`WAITERS_PER_LISTED_LOCK_MAX`] of its waiters; see
-    /// [`ClusterNode::lock`]. Costs the
-    /// listed held keys plus one pass over the keys with waiters (bounded
-    /// by the waiter limit).
+    /// One page of the keys starting with `prefix` that are held or waited
+    /// for (see [`ClusterNode::lock`]), going on from `cursor`: the scan
+    /// walks the applied state's held keys (phase 0), then the leader's
+    /// keys with waiters that nobody holds (phase 1), examining at most
+    /// [`LISTING_SLOTS_PER_CALL_MAX`] slots in all and stopping after
+    /// `limit` (capped at [`LISTING_LIMIT_MAX`]) keys, each listed with the
+    /// front [`WAITERS_PER_LISTED_LOCK_MAX`] of its waiters, ascending
+    /// within the page. A call is bounded work, so a listing flood cannot
+    /// delay heartbeats and cost the leader its leadership.
     pub fn locks(
         &self,
         now: Instant,
         prefix: &[u8],
         limit: usize,
+        cursor: ListingCursor,
     ) -> Result<LockListing, NotLeader> {
         if let Some(not_leader) = self.leader_elsewhere() {
             return Err(not_leader);
         }
-        let limit = limit.min(LISTING_LIMIT_MAX);
-        let Some(leadership) = self.leadership.as_ref() else {
-            return Ok(LockListing {
-                locks: Vec::new(),
-                truncated: false,
-            });
+        let Some(leadership) = self.leadership.as_ref().filter(|_| cursor.phase <= 1) else {
+            return Ok(LockListing::empty());
         };
-        // One more than the limit tells whether the listing is truncated.
-        let mut keys: BTreeSet<&Key> = self
-            .state
-            .held_keys_with_prefix(prefix)
-            .take(limit.saturating_add(1))
-            .collect();
-        keys.extend(
-            leadership
-                .keys
-                .iter()
-                .filter(|(key, q)| !q.waiters.is_empty() && key.as_bytes().starts_with(prefix))
-                .map(|(key, _)| key),
-        );
-        let truncated = keys.len() > limit;
+        let limit = limit.clamp(1, LISTING_LIMIT_MAX);
+        let mut slots_left = LISTING_SLOTS_PER_CALL_MAX;
+        let mut keys = Vec::new();
+        let mut next = None;
+        if cursor.phase == 0 {
+            let held = self.state.held_key_map();
+            let from = cursor.slot_in(held.slots());
+            let (found, after) = held.scan(from, slots_left, limit, |key, _| {
+                key.as_bytes().starts_with(prefix)
+            });
+            slots_left -= after.unwrap_or(held.slots()) - from.min(held.slots());
+            keys = found;
+            next = after.map(|slot| ListingCursor::at(0, slot, held.slots()));
+        }
+        if next.is_none() && keys.len() < limit && slots_left > 0 {
+            let waited = leadership.keys.map();
+            let from = if cursor.phase == 1 {
+                cursor.slot_in(waited.slots())
+            } else {
+                0
+            };
+            let (found, after) = waited.scan(from, slots_left, limit - keys.len(), |key, q| {
+                !q.waiters.is_empty()
+                    && key.as_bytes().starts_with(prefix)
+                    && self.state.holder(key).is_none()
+            });
+            keys.extend(found);
+            next = after.map(|slot| ListingCursor::at(1, slot, waited.slots()));
+        } else if next.is_none() {
+            // Phase 0 ended exactly as this call's budget or limit did.
+            next = Some(ListingCursor::at(1, 0, leadership.keys.map().slots()));
+        }
+        keys.sort_unstable();
         let locks = keys
             .into_iter()
-            .take(limit)
             .filter_map(|key| self.lock_view(now, key, WAITERS_PER_LISTED_LOCK_MAX))
             .collect();
-        Ok(LockListing { locks, truncated })
+        Ok(LockListing { locks, next })
     }
 
     /// An operator's force-release, named `id` by the driver. Only a leader

@@ -14,7 +14,8 @@ use crate::auth::NONCE_LEN;
 use crate::budget::LogEvent;
 use crate::cluster::{ClusterNode, ConnId, ConnState, NodeEvent};
 use crate::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, LockListing, LockView, NotLeader,
+    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
+    NotLeader,
 };
 use crate::machine::Machine;
 
@@ -254,11 +255,15 @@ impl Machine for ClusterNode {
 
     /// The node's [`ClusterNode::locks`]; empty on a node that does not
     /// serve inspection.
-    fn inspect_locks(&self, now: Instant, prefix: &[u8], limit: usize) -> LockListing {
-        self.locks(now, prefix, limit).unwrap_or(LockListing {
-            locks: Vec::new(),
-            truncated: false,
-        })
+    fn inspect_locks(
+        &self,
+        now: Instant,
+        prefix: &[u8],
+        limit: usize,
+        cursor: ListingCursor,
+    ) -> LockListing {
+        self.locks(now, prefix, limit, cursor)
+            .unwrap_or_else(|_| LockListing::empty())
     }
 
     fn not_leader(&self) -> Option<NotLeader> {
