@@ -20,7 +20,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::Lock(args) => lock::run(args),
         Command::Bench(args) => bench::run(&args),
-        Command::Identity => identity(),
+        Command::Identity => print_random_hex(),
+        Command::Token => print_random_hex(),
         Command::Locks(command) => cli_admin::locks(command),
         Command::Status(args) => cli_admin::status(args),
     }
@@ -29,8 +30,11 @@ fn main() -> ExitCode {
 mod cli_admin;
 mod cli_client;
 
-/// `ticketing identity`: 32 fresh CSPRNG bytes as 64 lowercase hex digits.
-fn identity() -> ExitCode {
+/// `ticketing identity` and `ticketing token`: 32 fresh CSPRNG bytes as 64
+/// lowercase hex digits. Hex because a token must survive every place it
+/// is configured: the comma-separated environment list, a TOML string, a
+/// command-line flag and a token file line (trimmed, `#` starts a comment).
+fn print_random_hex() -> ExitCode {
     let mut bytes = [0u8; 32];
     if let Err(e) = getrandom::fill(&mut bytes) {
         eprintln!("ticketing: no OS randomness: {e}");
