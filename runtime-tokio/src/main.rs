@@ -177,6 +177,7 @@ mod lock {
 
     use ticketing_tokio::TicketError;
     use ticketing_tokio::config::{LockArgs, lock_exit};
+    use ticketing_tokio::terminal::terminal_safe;
 
     use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
@@ -258,7 +259,8 @@ mod lock {
             Ok(ticket) => ticket,
             Err(e) => {
                 broker.close().await;
-                return fail(exit_code(&e), format_args!("{}: {e}", args.key));
+                let key = terminal_safe(args.key.as_bytes());
+                return fail(exit_code(&e), format_args!("{key}: {e}"));
             }
         };
         let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -284,7 +286,8 @@ mod lock {
         };
         if let Err(e) = ticket.release().await {
             // The command has finished; the lease frees the key in the end.
-            eprintln!("ticketing lock: release of {} failed: {e}", args.key);
+            let key = terminal_safe(args.key.as_bytes());
+            eprintln!("ticketing lock: release of {key} failed: {e}");
         }
         broker.close().await;
         match status {
