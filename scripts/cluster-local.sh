@@ -106,7 +106,7 @@ case "${1:-}" in
         rm -f "$dir"/node*.log "$dir"/node*.pid
         # A new cluster is a new identity (fencing domain), always.
         "$bin" identity > "$dir/identity"
-        echo "peer-$("$bin" identity)" > "$dir/peer-token"
+        "$bin" token > "$dir/peer-token"
         if [[ "${NO_CLIENT_TOKEN:-}" == 1 ]]; then
             : > "$dir/client-token"
         else

@@ -43,17 +43,69 @@ const ACQUIRE_FIXED: usize = 2 + 2 + 8;
 /// Fixed bytes after the op of a release: the token.
 const RELEASE_FIXED: usize = 8;
 
-/// Shapes 16 CSPRNG bytes into the shared hello's nonce: a v3 client HMACs
-/// all of them, a line client reads one line and takes what follows the
-/// first space. Byte 0 is a space, byte 15 an LF, and bytes 1–14 hold no LF
-/// (an LF is replaced by a byte that is not one, which costs a fraction of a
-/// bit of the 112 left).
+/// Bytes that never appear in a line client's nonce, because some line
+/// reader could take them for a line end and cut the greeting short: LF
+/// (every reader), CR (readers that split on CR, CRLF or both, such as
+/// Java's and .NET's `ReadLine` and Node's `readline`), and the rest of
+/// what Python's `str.splitlines` splits on: VT, FF, FS, GS, RS, and NEL
+/// (0x85, a line end if the greeting is decoded as Latin-1, and the second
+/// byte of U+0085 in UTF-8). 0xE2 is here too: it starts the UTF-8 of
+/// U+2028 and U+2029, which `str.splitlines` also splits on.
+pub const LINE_END_BYTES: [u8; 9] = [0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0xE2];
+
+/// Number of byte values a line nonce byte can take: all but
+/// [`LINE_END_BYTES`].
+pub const LINE_NONCE_ALPHABET_LEN: usize = 256 - LINE_END_BYTES.len();
+
+/// Every byte not in [`LINE_END_BYTES`], in increasing order.
+const LINE_NONCE_ALPHABET: [u8; LINE_NONCE_ALPHABET_LEN] = {
+    let mut alphabet = [0u8; LINE_NONCE_ALPHABET_LEN];
+    let mut written = 0;
+    let mut byte = 0usize;
+    while byte < 256 {
+        let mut is_line_end = false;
+        let mut i = 0;
+        while i < LINE_END_BYTES.len() {
+            if LINE_END_BYTES[i] as usize == byte {
+                is_line_end = true;
+            }
+            i += 1;
+        }
+        if !is_line_end {
+            alphabet[written] = byte as u8;
+            written += 1;
+        }
+        byte += 1;
+    }
+    alphabet
+};
+
+/// True for a byte a line reader could take for a line end
+/// ([`LINE_END_BYTES`]).
+pub fn is_line_end_byte(byte: u8) -> bool {
+    LINE_END_BYTES.contains(&byte)
+}
+
+/// Shapes the driver's 16 CSPRNG bytes into the shared hello's nonce: a v3
+/// client HMACs all 16, a line client reads one line and takes what
+/// follows the first space. Byte 0 is a space, byte 15 an LF, and bytes
+/// 1–14 are drawn from the 247 bytes that are not in [`LINE_END_BYTES`].
+///
+/// The 16 input bytes are read as one 128-bit number and written out as
+/// 14 base-247 digits, each digit indexing the allowed bytes. So every
+/// input bit counts (byte 0 and 15 too), the result is uniform over the
+/// 247^14 (about 2^111.3) possible nonces to within 2^-16, and it depends
+/// on the input alone, as the simulator needs. Two inputs give the same
+/// nonce only if they differ by a multiple of 247^14, never when they
+/// differ in a single byte.
 pub fn shape_shared_nonce(nonce: &mut [u8; NONCE_LEN]) {
+    let mut drawn = u128::from_be_bytes(*nonce);
+    let base = LINE_NONCE_ALPHABET_LEN as u128;
     nonce[0] = b' ';
     for byte in &mut nonce[1..NONCE_LEN - 1] {
-        if *byte == b'\n' {
-            *byte = 0x8A;
-        }
+        // The remainder is below 247, so the index and the cast are exact.
+        *byte = LINE_NONCE_ALPHABET[(drawn % base) as usize];
+        drawn /= base;
     }
     nonce[NONCE_LEN - 1] = b'\n';
 }

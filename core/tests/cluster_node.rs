@@ -37,7 +37,7 @@ fn config(id: NodeId) -> ClusterConfig {
 }
 
 fn config_with_clock(id: NodeId, bootstrap_wall_clock_us: u64) -> ClusterConfig {
-    let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
+    let tokens = PeerTokens::new([b"peer-secret-0123456789-abcdefghijk"]).unwrap();
     let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, bootstrap_wall_clock_us);
     config.raft = RaftConfig::fast();
     config.peer_silence_timeout = default_peer_silence_timeout(&config.raft);
@@ -1583,7 +1583,7 @@ impl Net {
             slot_count: 3,
             token_floor: 0,
         };
-        let tokens = PeerTokens::new([b"peer-secret-0123456789"]).unwrap();
+        let tokens = PeerTokens::new([b"peer-secret-0123456789-abcdefghijk"]).unwrap();
         let (now, nonce) = (self.now, self.nonce());
         let mut dialer = PeerHandshake::new(
             identity,

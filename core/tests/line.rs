@@ -8,9 +8,9 @@ use ticketing_core::auth::{
 };
 use ticketing_core::budget::{AbuseKind, LogEvent};
 use ticketing_core::line::{
-    LINE_ANSWER_CHARS, LineDecoded, LineDecoder, LineFrameError, LineReply, LineRequest,
-    decode_line_request, encode_line_acquire, encode_line_release, line_answer, line_nonce,
-    shape_shared_nonce,
+    LINE_ANSWER_CHARS, LINE_END_BYTES, LINE_NONCE_ALPHABET_LEN, LineDecoded, LineDecoder,
+    LineFrameError, LineReply, LineRequest, decode_line_request, encode_line_acquire,
+    encode_line_release, is_line_end_byte, line_answer, line_nonce, shape_shared_nonce,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Dialect, Server, ServerConfig};
@@ -251,39 +251,121 @@ fn v3_replies(mut bytes: &[u8]) -> Vec<Reply> {
 // The shared hello and the handshake
 // ---------------------------------------------------------------------
 
+/// Checks the shape of a shared hello's nonce and returns its line part.
+fn assert_shaped(nonce: &[u8; 16], input: &[u8; 16]) {
+    assert_eq!(nonce[0], b' ', "input {input:02x?}");
+    assert_eq!(nonce[15], b'\n', "input {input:02x?}");
+    assert!(
+        !nonce[1..15].iter().copied().any(is_line_end_byte),
+        "input {input:02x?} gave a line end in {nonce:02x?}"
+    );
+    assert_eq!(line_nonce(nonce), &nonce[1..15]);
+}
+
+fn shaped(input: [u8; 16]) -> [u8; 16] {
+    let mut nonce = input;
+    shape_shared_nonce(&mut nonce);
+    assert_shaped(&nonce, &input);
+    nonce
+}
+
+/// A few inputs every position is varied over: the extremes, every line
+/// end, and a run of the bytes that follow them.
+const BACKGROUNDS: [[u8; 16]; 5] = [
+    [0x00; 16],
+    [0xFF; 16],
+    [b'\n'; 16],
+    [b'\r'; 16],
+    [
+        0x0A, 0x0D, 0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0xE2, 0x80, 0xA8, 0x0D, 0x0A, 0x20, 0x00,
+        0x0A,
+    ],
+];
+
+#[test]
+fn every_byte_value_in_every_position_gives_a_line_end_free_nonce_of_its_own() {
+    for background in BACKGROUNDS {
+        for position in 0..16 {
+            let mut seen = std::collections::HashSet::new();
+            for value in 0..=255u8 {
+                let mut input = background;
+                input[position] = value;
+                seen.insert(shaped(input));
+            }
+            assert_eq!(
+                seen.len(),
+                256,
+                "position {position} over {background:02x?}: some values gave the same nonce"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_shared_hello_is_one_line_for_a_line_client_over_many_seeds() {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for seed in 0..10_000u32 {
-        let mut nonce = [0u8; 16];
-        for byte in &mut nonce {
-            // xorshift: every byte value, 0x0A included, shows up often.
+    let mut seen = std::collections::HashSet::new();
+    // How often each allowed byte shows up in each line nonce position.
+    let mut counts = [[0u32; 256]; 14];
+    let draws = 100_000u32;
+    for _ in 0..draws {
+        let mut input = [0u8; 16];
+        for byte in &mut input {
+            // xorshift: every byte value, the line ends included, shows up
+            // often.
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             *byte = state as u8;
         }
-        if seed % 7 == 0 {
-            nonce = [b'\n'; 16];
+        let nonce = shaped(input);
+        for (position, &byte) in line_nonce(&nonce).iter().enumerate() {
+            counts[position][usize::from(byte)] += 1;
         }
-        let raw = nonce;
-        shape_shared_nonce(&mut nonce);
-        assert_eq!(nonce[0], b' ', "seed {seed}");
-        assert_eq!(nonce[15], b'\n', "seed {seed}");
-        assert!(!nonce[1..15].contains(&b'\n'), "seed {seed}: {nonce:?}");
-        for i in 1..15 {
-            if raw[i] != b'\n' {
-                assert_eq!(nonce[i], raw[i], "CSPRNG bytes kept");
+        seen.insert(nonce);
+    }
+    assert_eq!(seen.len(), draws as usize, "distinct inputs, same nonce");
+    // Every allowed byte is used in every position, about equally often:
+    // the nonce keeps close to 14 × log2(247) ≈ 111 bits.
+    let allowed = 256 - LINE_END_BYTES.len();
+    assert_eq!(allowed, LINE_NONCE_ALPHABET_LEN);
+    let expected = draws as f64 / allowed as f64;
+    for (position, counts) in counts.iter().enumerate() {
+        for (byte, &count) in counts.iter().enumerate() {
+            if is_line_end_byte(byte as u8) {
+                assert_eq!(count, 0);
+            } else {
+                assert!(
+                    (count as f64 - expected).abs() < expected * 0.3,
+                    "byte {byte:#04x} at {position}: {count} times, expected about {expected:.0}"
+                );
             }
         }
-        assert_eq!(line_nonce(&nonce), &nonce[1..15]);
     }
-    // On the wire: the first LF ends the hello, the first space is at the
-    // nonce, so a line client's challenge is bytes 1..15 of the nonce.
+    // On the wire: under a line reader that splits on any line end (as
+    // Python's str.splitlines does on the bytes decoded as Latin-1), the
+    // first line ends at the hello's last byte, and the first space is at
+    // the nonce, so a line client's challenge is bytes 1..15 of the nonce.
     let mut h = Harness::default();
-    let (_, hello) = h.open();
-    assert_eq!(hello.iter().position(|&b| b == b'\n'), Some(27));
-    assert_eq!(hello.iter().position(|&b| b == b' '), Some(12));
+    for _ in 0..300 {
+        let (_, hello) = h.open();
+        assert_eq!(hello.iter().position(|&b| is_line_end_byte(b)), Some(27));
+        assert_eq!(hello.iter().position(|&b| b == b' '), Some(12));
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn any_driver_bytes_give_a_line_end_free_nonce(
+        first in proptest::array::uniform16(proptest::num::u8::ANY),
+        second in proptest::array::uniform16(proptest::num::u8::ANY),
+    ) {
+        let (a, b) = (shaped(first), shaped(second));
+        // Same input, same nonce (the simulator replays runs by seed);
+        // different inputs collide with probability about 2^-111.
+        proptest::prop_assert_eq!(shaped(first), a);
+        proptest::prop_assert_eq!(first == second, a == b);
+    }
 }
 
 #[test]

@@ -8,9 +8,10 @@ use hmac::{Hmac, KeyInit, Mac};
 use proptest::prelude::*;
 use sha2::Sha256;
 use ticketing_core::cluster::peer::{
-    FRAME_LEN_BYTES, FRAME_LEN_MAX, FRAME_TAG_LEN, PEER_HELLO_LEN, PeerDecoder, PeerError,
-    PeerHandshake, PeerHandshakeStatus, PeerHello, PeerIdentity, PeerReject, PeerRole, PeerSealer,
-    PeerSession, PeerTokenError, PeerTokens, TOKEN_FLOOR_LIMIT, peer_proof, peer_session_keys,
+    FRAME_LEN_BYTES, FRAME_LEN_MAX, FRAME_TAG_LEN, PEER_HELLO_LEN, PEER_TOKEN_LEN_MIN, PeerDecoder,
+    PeerError, PeerHandshake, PeerHandshakeStatus, PeerHello, PeerIdentity, PeerReject, PeerRole,
+    PeerSealer, PeerSession, PeerTokenError, PeerTokens, TOKEN_FLOOR_LIMIT, peer_proof,
+    peer_session_keys,
 };
 use ticketing_core::raft::{
     Configuration, Entry, EntryKind, Message, MessageBody, NodeId, RAFT_NUMBER_MAX, SnapshotMeta,
@@ -18,7 +19,7 @@ use ticketing_core::raft::{
 use ticketing_core::time::Instant;
 
 const FINGERPRINT: [u8; 32] = [7; 32];
-const TOKEN: &[u8] = b"peer-token-0123456789";
+const TOKEN: &[u8] = b"peer-token-0123456789-abcdefghijk";
 const KEY: [u8; 32] = [0x42; 32];
 
 fn id(slot: u8, generation: u64) -> NodeId {
@@ -530,7 +531,7 @@ fn the_acceptor_sends_nothing_but_its_hello_before_the_dialer_proved() {
 #[test]
 fn wrong_token_gets_no_proof_and_is_rejected() {
     let (mut d, mut a) = (dialer(0, 1, 1), acceptor(1, 2));
-    let other = PeerTokens::new([b"another-token-abcdef"]).unwrap();
+    let other = PeerTokens::new([b"another-token-abcdef-0123456789abc"]).unwrap();
     let (sd, sa, _, from_a) = run(&mut d, &other, &mut a, &tokens());
     assert_eq!(sa, PeerHandshakeStatus::Rejected(PeerReject::Proof));
     assert_eq!(
@@ -548,7 +549,7 @@ fn wrong_token_gets_no_proof_and_is_rejected() {
 
 #[test]
 fn rotation_the_acceptor_answers_with_the_token_that_matched() {
-    let new: &[u8] = b"new-token-0123456789";
+    let new: &[u8] = b"new-token-0123456789-abcdefghijklm";
     let new_and_old = PeerTokens::new([new, TOKEN]).unwrap();
     // Acceptor already on [new, old], dialer still on [old].
     let (mut d, mut a) = (dialer(0, 1, 1), acceptor(1, 2));
@@ -884,6 +885,15 @@ fn peer_tokens_must_exist_and_be_long() {
         PeerTokens::new([b"short".as_slice()]).unwrap_err(),
         PeerTokenError::TooShort(0)
     );
+    // A client token's 16 bytes are not enough for a peer: a proof sent to
+    // a port squatter is an offline guessing oracle against the token.
+    let one_short = [b'k'; PEER_TOKEN_LEN_MIN - 1];
+    assert_eq!(PEER_TOKEN_LEN_MIN, 32);
+    assert_eq!(
+        PeerTokens::new([TOKEN, one_short.as_slice()]).unwrap_err(),
+        PeerTokenError::TooShort(1)
+    );
+    assert!(PeerTokens::new([[b'k'; PEER_TOKEN_LEN_MIN]]).is_ok());
 }
 
 fn arb_id() -> impl Strategy<Value = NodeId> {

@@ -203,7 +203,8 @@ impl Net {
         let nodes = voters
             .iter()
             .map(|&id| {
-                let tokens = PeerTokens::new([b"peer-secret-0123456789"]).expect("tokens");
+                let tokens =
+                    PeerTokens::new([b"peer-secret-0123456789-abcdefghijk"]).expect("tokens");
                 let config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, 1_700_000_000_000_000);
                 ClusterNode::bootstrap(
                     config,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ticketing_tokio::TicketBroker;
 use ticketing_tokio::client::BrokerMode;
 
-const PEER_TOKEN: &str = "failover-peer-token-0123456789";
+const PEER_TOKEN: &str = "failover-peer-token-0123456789abcdef";
 const CLIENT_TOKEN: &str = "failover-client-token-0123456789";
 
 #[path = "../tests/common/ports.rs"]

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use serde_json::Value;
 use ticketing_tokio::admin_client::{self, AdminAnswer, encode_component};
 use ticketing_tokio::config::{AdminArgs, ENV_ADMIN, ENV_ADMIN_TOKEN, LocksCommand, admin_exit};
+use ticketing_tokio::terminal::{terminal_safe, terminal_safe_json};
 
 /// The admin address the CLI uses when none is given.
 const DEFAULT_ADMIN: &str = "127.0.0.1:9225";
@@ -142,11 +143,15 @@ async fn redirect_target(answer: &AdminAnswer) -> Option<SocketAddr> {
 /// A JSON answer, or the failure its status code means.
 fn json_answer(addr: SocketAddr, answer: &AdminAnswer) -> Result<Value, Failure> {
     let body: Option<Value> = serde_json::from_str(&answer.body).ok();
+    // The server's words may quote a key: shown escaped, like every key.
     let message = body
         .as_ref()
         .and_then(|b| b.get("message"))
         .and_then(Value::as_str)
-        .map_or_else(|| answer.body.trim().to_owned(), str::to_owned);
+        .map_or_else(
+            || terminal_safe(answer.body.trim().as_bytes()),
+            |message| terminal_safe(message.as_bytes()),
+        );
     let code = match answer.status {
         200 => {
             return body.ok_or_else(|| {
@@ -183,11 +188,11 @@ fn json_answer(addr: SocketAddr, answer: &AdminAnswer) -> Result<Value, Failure>
     Err(failure(code, text))
 }
 
+/// `value` as pretty JSON, with no character a terminal would obey (keys
+/// are any bytes a client chose; the JSON still decodes to them exactly).
 fn print_json(value: &Value) {
-    match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
-        Err(_) => println!("{value}"),
-    }
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    println!("{}", terminal_safe_json(&text));
 }
 
 fn single_addr(args: &AdminArgs) -> Result<SocketAddr, Failure> {
@@ -278,15 +283,27 @@ fn conn_text(conn: &Value) -> String {
     format!(
         "conn {} {} {}",
         conn["id"],
-        conn["source"].as_str().unwrap_or("?"),
-        conn["dialect"].as_str().unwrap_or("?")
+        shown(&conn["source"]),
+        shown(&conn["dialect"])
     )
 }
 
+/// A server's string, escaped for the terminal; `?` if it is none.
+fn shown(value: &Value) -> String {
+    value
+        .as_str()
+        .map_or_else(|| "?".to_owned(), |text| terminal_safe(text.as_bytes()))
+}
+
 fn keys_text(value: &Value) -> String {
-    let keys: Vec<&str> = value["keys"]
+    let keys: Vec<String> = value["keys"]
         .as_array()
-        .map(|keys| keys.iter().filter_map(Value::as_str).collect())
+        .map(|keys| {
+            keys.iter()
+                .filter_map(Value::as_str)
+                .map(|key| terminal_safe(key.as_bytes()))
+                .collect()
+        })
         .unwrap_or_default();
     let text = keys.join(",");
     if value["keys_encoding"] == "hex" {
@@ -297,7 +314,7 @@ fn keys_text(value: &Value) -> String {
 }
 
 fn key_text(value: &Value) -> String {
-    let key = value["key"].as_str().unwrap_or("?").to_owned();
+    let key = shown(&value["key"]);
     if value["key_encoding"] == "hex" {
         format!("{key} (hex)")
     } else {
@@ -420,7 +437,7 @@ fn print_lock(value: &Value) {
             holder["token"],
             duration(holder["held_ms"].as_u64()),
             duration(holder["lease_remaining_ms"].as_u64()),
-            holder["granted_at"].as_str().unwrap_or("?"),
+            shown(&holder["granted_at"]),
             conn_text(&holder["conn"]),
         );
         if holder["keys"].as_array().is_some_and(|keys| keys.len() > 1) {
@@ -546,7 +563,10 @@ async fn node_status(addr: SocketAddr) -> NodeStatus {
         (Ok(ready), Ok(metrics)) if metrics.status == 200 => {
             return status_from_metrics(addr, &ready, &metrics.body);
         }
-        (Err(e), _) | (_, Err(e)) => (format!("unreachable: {e}"), e.to_string()),
+        (Err(e), _) | (_, Err(e)) => (
+            format!("unreachable: {}", terminal_safe(e.to_string().as_bytes())),
+            e.to_string(),
+        ),
         (_, Ok(metrics)) => {
             let text = format!("/metrics answered {}", metrics.status);
             (text.clone(), text)
@@ -588,7 +608,7 @@ fn status_from_metrics(addr: SocketAddr, ready: &AdminAnswer, metrics: &str) -> 
         if is_ready {
             "yes".to_owned()
         } else {
-            format!("no ({readiness})")
+            format!("no ({})", terminal_safe(readiness.as_bytes()))
         },
         role.to_owned(),
         show(term),

@@ -4,7 +4,7 @@
 //! ([`serve`]), the state file that keeps fencing tokens rising across
 //! restarts ([`state`]), TLS setup ([`tls`]) and the admin HTTP listener
 //! ([`admin`]: metrics, health and the lock API) and its CLI client
-//! ([`admin_client`]).
+//! ([`admin_client`], which prints server text through [`terminal`]).
 //!
 //! The driver stays thin: every decision about locks, leases, tokens and
 //! protocol bytes is the core's. [`serve::spawn_server`] is also the
@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod config;
 pub mod serve;
 pub mod state;
+pub mod terminal;
 pub mod tls;
 
 pub use client::{ReleaseOutcome, Ticket, TicketBroker, TicketError, TicketSet, TlsMode};

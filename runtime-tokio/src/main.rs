@@ -20,7 +20,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::Lock(args) => lock::run(args),
         Command::Bench(args) => bench::run(&args),
-        Command::Identity => identity(),
+        Command::Identity => print_random_hex(),
+        Command::Token => print_random_hex(),
         Command::Locks(command) => cli_admin::locks(command),
         Command::Status(args) => cli_admin::status(args),
     }
@@ -29,8 +30,11 @@ fn main() -> ExitCode {
 mod cli_admin;
 mod cli_client;
 
-/// `ticketing identity`: 32 fresh CSPRNG bytes as 64 lowercase hex digits.
-fn identity() -> ExitCode {
+/// `ticketing identity` and `ticketing token`: 32 fresh CSPRNG bytes as 64
+/// lowercase hex digits. Hex because a token must survive every place it
+/// is configured: the comma-separated environment list, a TOML string, a
+/// command-line flag and a token file line (trimmed, `#` starts a comment).
+fn print_random_hex() -> ExitCode {
     let mut bytes = [0u8; 32];
     if let Err(e) = getrandom::fill(&mut bytes) {
         eprintln!("ticketing: no OS randomness: {e}");
@@ -173,6 +177,7 @@ mod lock {
 
     use ticketing_tokio::TicketError;
     use ticketing_tokio::config::{LockArgs, lock_exit};
+    use ticketing_tokio::terminal::terminal_safe;
 
     use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
 
@@ -254,7 +259,8 @@ mod lock {
             Ok(ticket) => ticket,
             Err(e) => {
                 broker.close().await;
-                return fail(exit_code(&e), format_args!("{}: {e}", args.key));
+                let key = terminal_safe(args.key.as_bytes());
+                return fail(exit_code(&e), format_args!("{key}: {e}"));
             }
         };
         let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -280,7 +286,8 @@ mod lock {
         };
         if let Err(e) = ticket.release().await {
             // The command has finished; the lease frees the key in the end.
-            eprintln!("ticketing lock: release of {} failed: {e}", args.key);
+            let key = terminal_safe(args.key.as_bytes());
+            eprintln!("ticketing lock: release of {key} failed: {e}");
         }
         broker.close().await;
         match status {

@@ -1190,3 +1190,70 @@ async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_follow
     .await;
     assert_eq!(json(&body)["error"], "no_leader");
 }
+
+/// No byte or character of `text` would be obeyed by a terminal: no C0
+/// control but LF, no DEL, no C1 control.
+fn assert_terminal_safe(what: &str, text: &str) {
+    let raw = text.chars().find(|&c| c != '\n' && c.is_control());
+    assert_eq!(raw, None, "{what} printed a raw control: {text:?}");
+    assert!(!text.as_bytes().contains(&0x1b) && !text.as_bytes().contains(&0x07));
+}
+
+#[tokio::test]
+async fn locks_commands_print_a_key_with_terminal_controls_escaped() {
+    let (server, _dir, token_file) = single_with_admin_token();
+    // ESC ] 0 ; … BEL sets a terminal's title, ESC [ 2 J clears the screen,
+    // U+009B is the one-character CSI; a client may lock any such key.
+    let key = "evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\\x1b";
+    let shown = "evil\\x1b]0;pwned\\x07\\x1b[2J\\u{009b}31m\\\\x1b";
+    let mut holder = raw_connect(server.client).await;
+    holder.send(&acquire(1, key, 0, 60)).await;
+    token_of(holder.reply().await);
+    let admin = server.admin.to_string();
+    let token_file = token_file.to_str().unwrap();
+
+    let (code, listing, stderr) = ticketing(&["locks", "ls", "--admin", &admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_terminal_safe("locks ls", &listing);
+    assert!(
+        listing.lines().nth(1).unwrap().starts_with(shown),
+        "{listing}"
+    );
+
+    let (code, view, stderr) = ticketing(&["locks", "show", key, "--admin", &admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_terminal_safe("locks show", &view);
+    assert!(view.starts_with(&format!("key      {shown}\n")), "{view}");
+
+    // --json keeps the exact key, in JSON escapes only.
+    let (code, text, stderr) = ticketing(&["locks", "show", key, "--admin", &admin, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_terminal_safe("locks show --json", &text);
+    assert_eq!(json(&text)["key"], key);
+    let (code, text, stderr) = ticketing(&["locks", "ls", "--admin", &admin, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_terminal_safe("locks ls --json", &text);
+    assert_eq!(json(&text)["locks"][0]["key"], key);
+
+    // An error about such a key is escaped too.
+    let absent = "gone\u{1b}[2J";
+    let (code, _, stderr) = ticketing(&["locks", "show", absent, "--admin", &admin]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_terminal_safe("locks show (404)", &stderr);
+
+    let (code, released, stderr) = ticketing(&[
+        "locks",
+        "release",
+        key,
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        token_file,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_terminal_safe("locks release", &released);
+    assert!(
+        released.starts_with(&format!("released {shown}: token ")),
+        "{released}"
+    );
+}

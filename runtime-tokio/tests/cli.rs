@@ -185,3 +185,79 @@ fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
     tcp.read_to_string(&mut response).ok()?;
     response.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// One run of `ticketing token`: its stdout, checked to be one line.
+fn fresh_token() -> String {
+    let output = Command::new(BIN)
+        .arg("token")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let token = stdout.strip_suffix('\n').expect("one line ending in LF");
+    assert!(!token.contains('\n'), "{stdout:?}");
+    token.to_owned()
+}
+
+const CLUSTER_IDENTITY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// `serve` arguments of a three-node cluster on loopback with `peer_token`.
+fn cluster_serve_args(peer_token: &str) -> Vec<String> {
+    let mut argv = vec!["ticketing", "serve", "--cluster-identity", CLUSTER_IDENTITY];
+    argv.extend(["--self-slot", "0", "--peer-token", peer_token]);
+    argv.extend(["--slot", "127.0.0.1:5225,127.0.0.1:6225"]);
+    argv.extend(["--slot", "127.0.0.1:5226,127.0.0.1:6226"]);
+    argv.extend(["--slot", "127.0.0.1:5227,127.0.0.1:6227"]);
+    argv.into_iter().map(str::to_owned).collect()
+}
+
+#[test]
+fn token_prints_a_fresh_64_hex_digit_token_the_config_accepts_as_a_peer_token() {
+    use clap::Parser;
+    use ticketing_tokio::config::{Cli, Command as Subcommand, Env, load};
+
+    let (first, second) = (fresh_token(), fresh_token());
+    for token in [&first, &second] {
+        assert_eq!(token.len(), 64, "{token:?}");
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "not lowercase hex: {token:?}"
+        );
+    }
+    assert_ne!(first, second, "two runs printed the same token");
+
+    let serve_args = |argv: Vec<String>| match Cli::try_parse_from(argv).unwrap().command {
+        Subcommand::Serve(args) => args,
+        other => panic!("not serve: {other:?}"),
+    };
+    // As a flag, and both in the comma-separated environment list.
+    let from_flag = serve_args(cluster_serve_args(&first));
+    load(&from_flag, &Env::default()).expect("accepted from --peer-token");
+    let mut without_flag = cluster_serve_args("unused");
+    let at = without_flag
+        .iter()
+        .position(|a| a == "--peer-token")
+        .unwrap();
+    without_flag.drain(at..at + 2);
+    let env = Env {
+        peer_tokens: Some(format!("{first},{second}")),
+        ..Env::default()
+    };
+    load(&serve_args(without_flag), &env).expect("accepted from TICKETING_PEER_TOKENS");
+}
+
+#[test]
+fn a_peer_token_under_32_bytes_is_a_config_error_that_says_how_to_make_one() {
+    let short = "a-31-byte-passphrase-0123456789";
+    assert_eq!(short.len(), 31);
+    let argv = cluster_serve_args(short);
+    let args: Vec<&str> = argv[2..].iter().map(String::as_str).collect();
+    let stderr = serve_expecting_config_error(&args);
+    assert!(stderr.contains("cluster.peer_tokens[0]"), "{stderr}");
+    assert!(stderr.contains("at least 32"), "{stderr}");
+    assert!(stderr.contains("ticketing token"), "{stderr}");
+    assert!(!stderr.contains(short), "the token was printed: {stderr}");
+}

@@ -117,14 +117,24 @@ pub(super) struct PickedTokens {
 }
 
 impl PickedTokens {
-    /// Token `index` of the list field `list` is too short; the message
-    /// gives its length, never its text.
+    /// Token `index` of the list field `list` is shorter than a client or
+    /// admin token may be; the message gives its length, never its text.
     pub(super) fn too_short(&self, list: &str, index: usize) -> ConfigError {
+        self.shorter_than(list, index, TOKEN_LEN_MIN)
+    }
+
+    /// Token `index` of the list field `list` is shorter than `len_min`
+    /// bytes; the message gives its length, never its text, and says how
+    /// to make a good one.
+    pub(super) fn shorter_than(&self, list: &str, index: usize, len_min: usize) -> ConfigError {
         let len = self.values[index].len();
         let source = self.source;
         ConfigError::new(
             format!("{list}[{index}]"),
-            format!("token is {len} bytes, must be at least {TOKEN_LEN_MIN} (from {source})"),
+            format!(
+                "token is {len} bytes, must be at least {len_min} (from {source}); \
+                 `ticketing token` prints a fresh random one"
+            ),
         )
     }
 }

@@ -36,6 +36,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print a fresh random cluster identity (64 lowercase hex digits).
     Identity,
+    /// Print a fresh random token (32 bytes from the OS CSPRNG as 64
+    /// lowercase hex digits), for a peer, client or admin token.
+    Token,
     /// Inspect and force-release locks through a node's admin listener.
     #[command(subcommand)]
     Locks(LocksCommand),

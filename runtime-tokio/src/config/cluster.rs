@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ticketing_core::cluster::node::ClusterConfig;
-use ticketing_core::cluster::peer::{PeerTokenError, PeerTokens};
+use ticketing_core::cluster::peer::{PEER_TOKEN_LEN_MIN, PeerTokenError, PeerTokens};
 use ticketing_core::raft::{NodeId, RaftConfig};
 use ticketing_core::server::ServerConfig;
 
@@ -329,7 +329,9 @@ fn resolve_peer_tokens(
             "cluster.peer_tokens",
             format!("at least one peer token is required (--peer-token, {ENV_PEER_TOKENS})"),
         ),
-        PeerTokenError::TooShort(index) => tokens.too_short("cluster.peer_tokens", index),
+        PeerTokenError::TooShort(index) => {
+            tokens.shorter_than("cluster.peer_tokens", index, PEER_TOKEN_LEN_MIN)
+        }
     })
 }
 

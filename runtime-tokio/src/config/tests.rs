@@ -40,7 +40,7 @@ fn cluster_args(extra: &[&str]) -> Vec<String> {
         "--self-slot",
         "1",
         "--peer-token",
-        "peer-token-0123456789",
+        "peer-token-0123456789-abcdefghijk",
     ];
     argv.extend_from_slice(extra);
     argv.into_iter().map(str::to_owned).collect()
@@ -164,7 +164,7 @@ fn slot_admin_addresses_come_from_the_flags_or_the_file_and_a_bad_one_is_named()
                 [cluster]
                 identity = "{IDENTITY}"
                 self_slot = 0
-                peer_tokens = ["peer-token-0123456789"]
+                peer_tokens = ["peer-token-0123456789-abcdefghijk"]
                 slots = [
                   {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" {} }},
                   {{ client = "10.0.0.2:5225", peer = "10.0.0.2:6225" {} }},
@@ -202,7 +202,7 @@ fn cluster_table_in_the_file_is_read() {
             [cluster]
             identity = "{IDENTITY}"
             self_slot = 0
-            peer_tokens = ["peer-token-0123456789", "old-peer-token-0123456789"]
+            peer_tokens = ["peer-token-0123456789-abcdefghijk", "old-peer-token-0123456789-abcdefghijk"]
             profile = "default"
             slots = [
               {{ client = "10.0.0.1:5225", peer = "10.0.0.1:6225" }},
@@ -218,7 +218,7 @@ fn cluster_table_in_the_file_is_read() {
     assert_eq!(cluster.node.raft, RaftConfig::default());
     assert!(!cluster.bootstrap, "bootstrap is a command-line flag only");
     let missing_peer = parse_file(&format!(
-        "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 0\npeer_tokens = [\"peer-token-0123456789\"]\nslots = [{{ client = \"127.0.0.1:1\" }}]\n"
+        "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 0\npeer_tokens = [\"peer-token-0123456789-abcdefghijk\"]\nslots = [{{ client = \"127.0.0.1:1\" }}]\n"
     ))
     .unwrap();
     assert_eq!(
@@ -242,17 +242,21 @@ fn peer_tokens_come_from_flags_then_env_then_file() {
     assert!(err.message.contains("the config file"), "{err}");
 
     let env = Env {
-        peer_tokens: Some(" env-peer-token-0123456, ,env-peer-token-abcdefg".to_owned()),
+        peer_tokens: Some(
+            " env-peer-token-0123456-abcdefghijk, ,env-peer-token-abcdefg-abcdefghijk".to_owned(),
+        ),
         ..Env::default()
     };
     assert!(resolve(&short_file, None, &slots, &env).is_ok());
     let env_short = Env {
-        peer_tokens: Some("env-peer-token-0123456,tiny".to_owned()),
+        peer_tokens: Some("env-peer-token-0123456-abcdefghijk,tiny".to_owned()),
         ..Env::default()
     };
     let err = resolve(&short_file, None, &slots, &env_short).unwrap_err();
     assert_eq!(err.field, "cluster.peer_tokens[1]");
     assert!(err.message.contains("4 bytes"), "{err}");
+    assert!(err.message.contains("at least 32"), "{err}");
+    assert!(err.message.contains("`ticketing token`"), "{err}");
     assert!(err.message.contains(ENV_PEER_TOKENS), "{err}");
     assert!(
         !err.to_string().contains("tiny"),
@@ -260,11 +264,23 @@ fn peer_tokens_come_from_flags_then_env_then_file() {
     );
 
     let with_flag = |token: &str| args(&[SLOTS3.as_slice(), &["--peer-token", token]].concat());
-    let good_flag = with_flag("flag-peer-token-0123");
+    let good_flag = with_flag("flag-peer-token-0123-abcdefghijklm");
     assert!(resolve(&short_file, None, &good_flag, &env_short).is_ok());
     let err = resolve(&short_file, None, &with_flag("x"), &env).unwrap_err();
     assert_eq!(err.field, "cluster.peer_tokens[0]");
     assert!(err.message.contains("--peer-token"), "{err}");
+
+    // 31 bytes pass a client token's minimum but not a peer token's.
+    let one_short = "0123456789abcdef0123456789abcde";
+    let err = resolve(&short_file, None, &with_flag(one_short), &env).unwrap_err();
+    assert_eq!(err.field, "cluster.peer_tokens[0]");
+    assert!(err.message.contains("31 bytes"), "{err}");
+    assert!(
+        !err.to_string().contains(one_short),
+        "a secret was printed: {err}"
+    );
+    let just_long_enough = "0123456789abcdef0123456789abcdef";
+    assert!(resolve(&short_file, None, &with_flag(just_long_enough), &env).is_ok());
 
     let no_tokens = cluster_file("");
     assert_eq!(
@@ -832,7 +848,7 @@ fn peer_tls_errors_name_their_field() {
     let resolve_peer_tls = |table: &str| {
         let file = parse_file(&format!(
             "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
-                 peer_tokens = [\"peer-token-0123456789\"]\n[cluster.peer_tls]\n{table}"
+                 peer_tokens = [\"peer-token-0123456789-abcdefghijk\"]\n[cluster.peer_tls]\n{table}"
         ))
         .unwrap();
         resolve(&file, Some(&dir), &args(&SLOTS3), &Env::default())
@@ -878,7 +894,7 @@ fn tls_key_and_pair_errors_name_their_table() {
     std::fs::write(dir.join("garbage.pem"), "not pem at all\n").unwrap();
     let cluster = format!(
         "[cluster]\nidentity = \"{IDENTITY}\"\nself_slot = 1\n\
-             peer_tokens = [\"peer-token-0123456789\"]\n"
+             peer_tokens = [\"peer-token-0123456789-abcdefghijk\"]\n"
     );
     for (key, field_suffix) in [("garbage.pem", ".key"), ("other.pem", "")] {
         let text = format!("[tls]\ncert = \"cert.pem\"\nkey = \"{key}\"\n");

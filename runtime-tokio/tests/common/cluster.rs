@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const PEER_TOKEN: &str = "peer-token-for-tests-0123";
+pub const PEER_TOKEN: &str = "peer-token-for-tests-0123456789abcdef";
 pub const CLIENT_TOKEN: &str = "client-token-for-tests-0123";
 pub const IDENTITY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 pub const LEASE: Duration = Duration::from_secs(10);

@@ -7,9 +7,9 @@ use hmac::{KeyInit, Mac};
 use super::frame::{PeerDecoder, PeerSealer, get_id};
 use super::{
     ACCEPTOR_LABEL, DIALER_LABEL, HmacSha256, PEER_AUTH_DOMAIN, PEER_HELLO_LEN, PEER_KEYS_DOMAIN,
-    PEER_MAGIC, PEER_VERSION, TOKEN_FLOOR_LIMIT,
+    PEER_MAGIC, PEER_TOKEN_LEN_MIN, PEER_VERSION, TOKEN_FLOOR_LIMIT,
 };
-use crate::auth::{NONCE_LEN, PROOF_LEN, TOKEN_LEN_MIN};
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::cluster::bytes::Reader;
 use crate::raft::NodeId;
 use crate::time::Instant;
@@ -35,7 +35,7 @@ impl core::fmt::Debug for PeerTokens {
 pub enum PeerTokenError {
     /// No token given: peers must always authenticate.
     Empty,
-    /// A token shorter than [`TOKEN_LEN_MIN`] bytes, at this position.
+    /// A token shorter than [`PEER_TOKEN_LEN_MIN`] bytes, at this position.
     TooShort(usize),
 }
 
@@ -45,7 +45,7 @@ impl core::fmt::Display for PeerTokenError {
             PeerTokenError::Empty => f.write_str("no peer token configured"),
             PeerTokenError::TooShort(index) => write!(
                 f,
-                "peer token #{index} is shorter than {TOKEN_LEN_MIN} bytes"
+                "peer token #{index} is shorter than {PEER_TOKEN_LEN_MIN} bytes"
             ),
         }
     }
@@ -54,7 +54,8 @@ impl core::fmt::Display for PeerTokenError {
 impl std::error::Error for PeerTokenError {}
 
 impl PeerTokens {
-    /// The node proves with the first token and accepts any of them.
+    /// The node proves with the first token and accepts any of them; each
+    /// must be at least [`PEER_TOKEN_LEN_MIN`] bytes.
     pub fn new<I, T>(tokens: I) -> Result<Self, PeerTokenError>
     where
         I: IntoIterator<Item = T>,
@@ -63,7 +64,7 @@ impl PeerTokens {
         let mut accepted = Vec::new();
         for (index, token) in tokens.into_iter().enumerate() {
             let token = token.as_ref();
-            if token.len() < TOKEN_LEN_MIN {
+            if token.len() < PEER_TOKEN_LEN_MIN {
                 return Err(PeerTokenError::TooShort(index));
             }
             accepted.push(Box::from(token));

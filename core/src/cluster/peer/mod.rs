@@ -85,6 +85,11 @@ pub const PEER_KEYS_DOMAIN: [u8; 14] = *b"TCK/PEER/KEYS2";
 pub const DIALER_LABEL: [u8; 8] = *b"dialer\0\0";
 /// Role label of the acceptor's proof.
 pub const ACCEPTOR_LABEL: [u8; 8] = *b"acceptor";
+/// Shortest peer token a node accepts, in bytes. Higher than a client
+/// token's minimum because a peer proof sent to whoever listens at a downed
+/// peer's address is an offline guessing oracle against the token, so its
+/// entropy is the only defence without peer TLS (see `docs/cluster.md`).
+pub const PEER_TOKEN_LEN_MIN: usize = 32;
 /// Peer protocol version carried in the hello.
 pub const PEER_VERSION: u16 = 2;
 /// Peer hello length.

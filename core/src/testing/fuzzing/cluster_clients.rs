@@ -17,7 +17,7 @@ pub(super) const FINGERPRINT: [u8; 32] = [0x3c; 32];
 pub(super) const BOOT_US: u64 = 1_700_000_000_000_000;
 
 /// The peer token every node of [`Cluster`] proves with.
-pub(super) const PEER_TOKEN: &[u8] = b"fuzz-peer-secret-0123456789";
+pub(super) const PEER_TOKEN: &[u8] = b"fuzz-peer-secret-0123456789-abcdefghijk";
 
 /// Three cluster nodes whose peer connections move bytes reliably.
 pub(super) struct Cluster {

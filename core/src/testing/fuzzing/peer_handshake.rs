@@ -12,9 +12,9 @@ use crate::time::Instant;
 use super::script::Cursor;
 
 const FINGERPRINT: [u8; 32] = [0x6e; 32];
-const TOKEN_NEW: &[u8] = b"peer-token-new-0123456789";
-const TOKEN_OLD: &[u8] = b"peer-token-old-0123456789";
-const TOKEN_WRONG: &[u8] = b"peer-token-wrong-01234567";
+const TOKEN_NEW: &[u8] = b"peer-token-new-0123456789-abcdefghijk";
+const TOKEN_OLD: &[u8] = b"peer-token-old-0123456789-abcdefghijk";
+const TOKEN_WRONG: &[u8] = b"peer-token-wrong-01234567-abcdefghijk";
 /// The token lists either side may be configured with: a single token, a
 /// rotation in either order, or a token nobody else knows.
 const TOKEN_LISTS: [&[&[u8]]; 6] = [
