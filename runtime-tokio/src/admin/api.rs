@@ -315,7 +315,9 @@ struct BadRequest {
 }
 
 impl BadRequest {
-    fn into_response(self) -> Response {
+    /// Counts the refusal and answers it `400`.
+    fn refuse(self, app: &AdminApp, peer: SocketAddr) -> Response {
+        app.refused(AdminRefusal::BadRequest, Some(peer));
         error(StatusCode::BAD_REQUEST, self.code, &self.message)
     }
 }
@@ -425,7 +427,7 @@ pub(crate) async fn list(
                 .unwrap_or(usize::MAX)
                 .clamp(1, LISTING_LIMIT_MAX)
         }),
-        Err(bad) => return bad.into_response(),
+        Err(bad) => return bad.refuse(&app, addrs.peer),
     };
     let cursor = match query_param(&uri, "cursor") {
         None => ListingCursor::START,
@@ -439,7 +441,7 @@ pub(crate) async fn list(
                     code: "bad_cursor",
                     message: "cursor must be a next_cursor this API returned".to_owned(),
                 }
-                .into_response();
+                .refuse(&app, addrs.peer);
             }
         },
     };
@@ -486,7 +488,7 @@ pub(crate) async fn show(
     };
     let key = match parse_key(key_path(&uri)) {
         Ok(key) => key,
-        Err(bad) => return bad.into_response(),
+        Err(bad) => return bad.refuse(&app, addrs.peer),
     };
     let view = match query_core(&app, served, addrs.peer, || app.node.lock(&key)).await {
         Ok(view) => view,
@@ -525,11 +527,11 @@ pub(crate) async fn release(
     }
     let key = match parse_key(raw_key) {
         Ok(key) => key,
-        Err(bad) => return bad.into_response(),
+        Err(bad) => return bad.refuse(&app, addrs.peer),
     };
     let token = match parse_number(&uri, "token") {
         Ok(token) => token,
-        Err(bad) => return bad.into_response(),
+        Err(bad) => return bad.refuse(&app, addrs.peer),
     };
     let Some(answer) = app.node.force_release(ForceRelease { key, token }) else {
         return error(

@@ -33,7 +33,16 @@ impl Raw {
 
     /// Connects and runs the handshake with `token`; returns the final status.
     pub async fn try_connect(server: &RunningServer, token: &[u8]) -> (Raw, ClientHandshakeStatus) {
-        let stream = TcpStream::connect(server.local_addr()).await.unwrap();
+        Raw::try_connect_to(server.local_addr(), token).await
+    }
+
+    /// Connects to `addr` and runs the handshake with `token`; returns the
+    /// final status.
+    pub async fn try_connect_to(
+        addr: std::net::SocketAddr,
+        token: &[u8],
+    ) -> (Raw, ClientHandshakeStatus) {
+        let stream = TcpStream::connect(addr).await.unwrap();
         let mut raw = Raw {
             stream,
             buf: Vec::new(),
