@@ -366,6 +366,12 @@ pub struct ServeArgs {
     /// $XDG_STATE_HOME/ticketing or ~/.local/state/ticketing).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Start even if the state directory, or a folder above it, could be
+    /// changed by another user (group- or world-writable, or owned by
+    /// someone other than this user or root). Such a user could make the
+    /// server overwrite files or roll fencing tokens back.
+    #[arg(long)]
+    pub state_dir_insecure_ok: bool,
 }
 
 /// Parses a cluster identity: exactly 64 lowercase hex digits.

@@ -36,6 +36,8 @@ pub struct FileConfig {
     pub worker_threads: Option<u64>,
     /// See [`ServeArgs::state_dir`](super::ServeArgs::state_dir); relative to the config file.
     pub state_dir: Option<PathBuf>,
+    /// See [`ServeArgs::state_dir_insecure_ok`](super::ServeArgs::state_dir_insecure_ok).
+    pub state_dir_insecure_ok: Option<bool>,
     /// `[tls]` table.
     pub tls: Option<FileTls>,
     /// `[limits]` table.

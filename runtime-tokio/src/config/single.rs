@@ -117,7 +117,9 @@ pub fn resolve(
     let log_filter = resolve_log_filter(file, args, env)?;
     let log_format = resolve_log_format(file, args)?;
     let admin = resolve_admin(file, file_dir, args, env)?;
-    let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
+    let mut state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
+    state.dir_insecure_ok =
+        args.state_dir_insecure_ok || file.state_dir_insecure_ok.unwrap_or(false);
     let cluster = if cluster_mode(file, args) {
         let mut cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
         check_cluster_listen(

@@ -978,3 +978,22 @@ fn state_dir_comes_from_flag_then_file_then_the_default_for_the_process() {
     let cluster = config.cluster.unwrap();
     assert_eq!(cluster.state.unwrap().dir, PathBuf::from("/srv/c"));
 }
+
+#[test]
+fn state_dir_insecure_ok_is_off_unless_the_flag_or_the_file_sets_it() {
+    let insecure_ok = |file: &FileConfig, argv: &[&str]| {
+        let config = resolve(file, None, &args(argv), &Env::default()).unwrap();
+        config.settings.state.unwrap().dir_insecure_ok
+    };
+    let none = FileConfig::default();
+    assert!(!insecure_ok(&none, &[]));
+    assert!(insecure_ok(&none, &["--state-dir-insecure-ok"]));
+    let file = parse_file("state_dir_insecure_ok = true").unwrap();
+    assert!(insecure_ok(&file, &[]));
+    // Cluster nodes carry it too.
+    let mut argv = cluster_args(&SLOTS3);
+    argv.push("--state-dir-insecure-ok".to_owned());
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.unwrap();
+    assert!(cluster.state.unwrap().dir_insecure_ok);
+}
