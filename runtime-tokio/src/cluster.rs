@@ -50,8 +50,8 @@ use ticketing_core::time::Instant;
 
 use crate::admin;
 use crate::serve::{
-    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, first_token_from_clock, open_floor,
-    run_persister, start,
+    Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_listener,
+    first_token_from_clock, open_floor, run_persister, start,
 };
 use crate::state::{self, FloorFile, StateSettings};
 use ticketing_core::machine::Machine;
@@ -108,6 +108,10 @@ pub struct ClusterSettings {
     /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
     /// listener only, and no force-release.
     pub admin_tokens: AdminTokens,
+    /// Pending connections the client and peer listeners each queue
+    /// before the kernel drops new ones
+    /// ([`DEFAULT_LISTEN_BACKLOG`](crate::serve::DEFAULT_LISTEN_BACKLOG)).
+    pub listen_backlog: u32,
 }
 
 impl ClusterSettings {
@@ -131,6 +135,7 @@ impl ClusterSettings {
             state: None,
             admin_listen: None,
             admin_tokens: AdminTokens::default(),
+            listen_backlog: DEFAULT_LISTEN_BACKLOG,
         }
     }
 }
@@ -396,8 +401,8 @@ struct ClusterSockets {
 
 impl ClusterSockets {
     async fn bind(settings: &ClusterSettings) -> io::Result<Self> {
-        let client = TcpListener::bind(settings.client_listen).await?;
-        let peer = TcpListener::bind(settings.peer_listen).await?;
+        let client = bind_listener(settings.client_listen, settings.listen_backlog)?;
+        let peer = bind_listener(settings.peer_listen, settings.listen_backlog)?;
         let status = match settings.status_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,

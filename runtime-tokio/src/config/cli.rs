@@ -322,6 +322,11 @@ pub struct ServeArgs {
     /// and TLS work).
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<u64>,
+    /// Pending connections each client and peer listener queues before
+    /// the kernel drops new ones, 1..=65535 (default 1024; Linux caps it
+    /// at net.core.somaxconn).
+    #[arg(long, value_name = "N")]
+    pub listen_backlog: Option<u64>,
     /// Run as a cluster node (implied by any other cluster option or a
     /// `[cluster]` table in the config file).
     #[arg(long)]

@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`](super::ServeArgs::worker_threads).
     pub worker_threads: Option<u64>,
+    /// See [`ServeArgs::listen_backlog`](super::ServeArgs::listen_backlog).
+    pub listen_backlog: Option<u64>,
     /// See [`ServeArgs::state_dir`](super::ServeArgs::state_dir); relative to the config file.
     pub state_dir: Option<PathBuf>,
     /// See [`ServeArgs::state_dir_insecure_ok`](super::ServeArgs::state_dir_insecure_ok).

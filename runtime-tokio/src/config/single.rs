@@ -20,7 +20,7 @@ use super::error::{ConfigError, check_range, parse_addr};
 use super::file::{FileConfig, FileLimits, in_file_dir, parse_file};
 use super::tls_files::resolve_tls;
 use crate::cluster::ClusterSettings;
-use crate::serve::ServeSettings;
+use crate::serve::{DEFAULT_LISTEN_BACKLOG, ServeSettings};
 use crate::state::StateSettings;
 
 /// How log lines are written (`log_format`).
@@ -113,6 +113,16 @@ pub fn resolve(
         1,
         WORKER_THREADS_MAX,
     )?;
+    let listen_backlog = check_range(
+        "listen_backlog",
+        args.listen_backlog
+            .or(file.listen_backlog)
+            .unwrap_or(u64::from(DEFAULT_LISTEN_BACKLOG)),
+        1,
+        LISTEN_BACKLOG_MAX,
+    )?;
+    // In range, so it fits.
+    let listen_backlog = u32::try_from(listen_backlog).unwrap_or(u32::MAX);
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
     let log_format = resolve_log_format(file, args)?;
@@ -133,6 +143,7 @@ pub fn resolve(
         cluster.state = Some(state.clone());
         cluster.admin_listen = admin.listen;
         cluster.admin_tokens = admin.tokens.clone();
+        cluster.listen_backlog = listen_backlog;
         Some(cluster)
     } else {
         check_listen_auth(listen, has_client_tokens, insecure_no_auth)?;
@@ -144,6 +155,7 @@ pub fn resolve(
     settings.state = Some(state);
     settings.admin_listen = admin.listen;
     settings.admin_tokens = admin.tokens;
+    settings.listen_backlog = listen_backlog;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {

@@ -997,3 +997,27 @@ fn state_dir_insecure_ok_is_off_unless_the_flag_or_the_file_sets_it() {
     let cluster = resolve_args(&argv).unwrap().cluster.unwrap();
     assert!(cluster.state.unwrap().dir_insecure_ok);
 }
+
+#[test]
+fn listen_backlog_defaults_to_1024_applies_to_both_modes_and_is_range_checked() {
+    let backlog = |file: &FileConfig, argv: &[&str]| {
+        resolve(file, None, &args(argv), &Env::default()).map(|c| c.settings.listen_backlog)
+    };
+    let none = FileConfig::default();
+    assert_eq!(backlog(&none, &[]), Ok(1024));
+    let file = parse_file("listen_backlog = 4096").unwrap();
+    assert_eq!(backlog(&file, &[]), Ok(4096));
+    assert_eq!(backlog(&file, &["--listen-backlog", "1"]), Ok(1));
+    for bad in ["0", "65536"] {
+        let err = backlog(&none, &["--listen-backlog", bad]).unwrap_err();
+        assert_eq!(err.field, "listen_backlog", "{err}");
+        assert!(err.message.contains("1..=65535"), "{err}");
+    }
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--listen-backlog".to_owned(), "300".to_owned()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    assert_eq!(
+        resolve_args(&argv).unwrap().cluster.unwrap().listen_backlog,
+        300
+    );
+}

@@ -54,9 +54,12 @@ pub(crate) use self::floor::{first_token_from_clock, open_floor, run_persister};
 pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
 
-/// Pending connections the client listener queues: what
-/// `tokio::net::TcpListener::bind` uses (mio, like std: 128).
-const LISTEN_BACKLOG: u32 = 128;
+/// Default for [`ServeSettings::listen_backlog`]: connections the kernel
+/// queues (handshake done, not yet accepted) before it drops new ones. The
+/// 128 of `tokio::net::TcpListener::bind` fills within one stall of the
+/// accept loop under a burst of reconnecting clients; Linux caps the value
+/// at `net.core.somaxconn` anyway (4096 on current kernels).
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 1024;
 
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -86,6 +89,10 @@ pub struct ServeSettings {
     /// [`ticketing_core::admin`]); empty: inspection on a loopback admin
     /// listener only, and no force-release.
     pub admin_tokens: AdminTokens,
+    /// Pending connections each listener queues before the kernel drops
+    /// new ones ([`DEFAULT_LISTEN_BACKLOG`]; capped by the kernel's
+    /// `net.core.somaxconn`).
+    pub listen_backlog: u32,
 }
 
 impl ServeSettings {
@@ -99,6 +106,7 @@ impl ServeSettings {
             state: None,
             admin_listen: None,
             admin_tokens: AdminTokens::default(),
+            listen_backlog: DEFAULT_LISTEN_BACKLOG,
         }
     }
 }
@@ -175,7 +183,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         Some(state) => Some(open_floor(state, &state::single_file_name(name_addr), &clock).await?),
         None => None,
     };
-    let listener = socket.listen(LISTEN_BACKLOG)?;
+    let listener = socket.listen(settings.listen_backlog)?;
     log_listening(&settings, local_addr);
     let (server, persister) = new_server(settings.server, floor, &clock);
     let shared = Shared::new(server, clock);
@@ -199,6 +207,13 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         shared,
         supervisor: Some(supervisor),
     })
+}
+
+/// A listener on `addr` (address reuse on) whose kernel queue holds
+/// `backlog` pending connections; for every listener that takes
+/// connections from the network.
+pub(crate) fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    bind_socket(addr)?.listen(backlog)
 }
 
 /// A socket bound to `listen` (address reuse on), not yet listening.
