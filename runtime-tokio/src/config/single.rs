@@ -18,6 +18,7 @@ use super::defaults::*;
 use super::env::Env;
 use super::error::{ConfigError, check_range, parse_addr};
 use super::file::{FileConfig, FileLimits, in_file_dir, parse_file};
+use super::secret::{LooseSecretFile, loose_secret_files};
 use super::tls_files::resolve_tls;
 use crate::cluster::ClusterSettings;
 use crate::serve::{DEFAULT_LISTEN_BACKLOG, ServeSettings};
@@ -59,6 +60,9 @@ pub struct Config {
     /// the client listen address and the shared options, already copied
     /// into this).
     pub cluster: Option<ClusterSettings>,
+    /// Files holding secrets that group or others may read: warned about
+    /// once logging is up.
+    pub loose_secret_files: Vec<LooseSecretFile>,
 }
 
 /// Reads the config file named by `args` (if any) and validates everything.
@@ -168,6 +172,7 @@ pub fn resolve(
         worker_threads,
         auth,
         cluster,
+        loose_secret_files: loose_secret_files(file, file_dir, args),
     })
 }
 
