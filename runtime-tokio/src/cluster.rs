@@ -50,8 +50,8 @@ use ticketing_core::time::Instant;
 
 use crate::admin;
 use crate::serve::{
-    Clock, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, first_token_from_clock, open_floor,
-    run_persister, start,
+    Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_listener,
+    first_token_from_clock, open_floor, run_persister, start,
 };
 use crate::state::{self, FloorFile, StateSettings};
 use ticketing_core::machine::Machine;
@@ -60,10 +60,6 @@ use ticketing_core::machine::Machine;
 /// later start of a slot uses its token floor (wall-clock microseconds or
 /// above), which is far larger.
 pub const BOOTSTRAP_GENERATION: u64 = 1;
-
-/// Pending connections the admin listener queues while all its
-/// connection slots are taken.
-const ADMIN_LISTEN_BACKLOG: u32 = 1_024;
 
 /// TLS between peers: each node serves `server` on its peer address and
 /// verifies the peers it dials with `client` under `server_name`.
@@ -118,6 +114,10 @@ pub struct ClusterSettings {
     pub admin_allowed_hosts: Vec<Box<str>>,
     /// The admin listener's connection and time limits.
     pub admin_limits: admin::AdminLimits,
+    /// Pending connections the client and peer listeners each queue
+    /// before the kernel drops new ones
+    /// ([`DEFAULT_LISTEN_BACKLOG`](crate::serve::DEFAULT_LISTEN_BACKLOG)).
+    pub listen_backlog: u32,
 }
 
 impl ClusterSettings {
@@ -143,6 +143,7 @@ impl ClusterSettings {
             admin_tokens: AdminTokens::default(),
             admin_allowed_hosts: Vec::new(),
             admin_limits: admin::AdminLimits::default(),
+            listen_backlog: DEFAULT_LISTEN_BACKLOG,
         }
     }
 }
@@ -408,13 +409,13 @@ struct ClusterSockets {
 
 impl ClusterSockets {
     async fn bind(settings: &ClusterSettings) -> io::Result<Self> {
-        let client = TcpListener::bind(settings.client_listen).await?;
-        let peer = TcpListener::bind(settings.peer_listen).await?;
+        let client = bind_listener(settings.client_listen, settings.listen_backlog)?;
+        let peer = bind_listener(settings.peer_listen, settings.listen_backlog)?;
         let status = match settings.status_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let admin = admin::bind(settings.admin_listen, ADMIN_LISTEN_BACKLOG)?;
+        let admin = admin::bind(settings.admin_listen, settings.listen_backlog)?;
         Ok(ClusterSockets {
             client_addr: client.local_addr()?,
             peer_addr: peer.local_addr()?,

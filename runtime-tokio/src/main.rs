@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use ticketing_tokio::config::{self, AuthMode, Cli, Command, Env, LogFormat, ServeArgs};
 use ticketing_tokio::{StateError, spawn_server};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -62,6 +62,14 @@ fn serve(args: &ServeArgs) -> ExitCode {
         LogFormat::Json => logs.json().with_ansi(false).init(),
     }
     fail_stop_on_panic();
+    for loose in &config.loose_secret_files {
+        warn!(
+            path = %loose.path.display(),
+            mode = format_args!("{:04o}", loose.mode),
+            field = loose.field,
+            "{loose}"
+        );
+    }
 
     // One thread by default: the core is one serial state machine, and a
     // single thread spares the cross-thread wake-ups that dominate small

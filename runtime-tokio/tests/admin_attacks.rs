@@ -139,7 +139,10 @@ async fn half_sent_admin_requests_under_a_low_descriptor_limit_never_keep_lock_c
     for n in 0..20 {
         got_in += u32::from(lock_client_gets_in(server.client, n).await);
     }
-    assert!(got_in >= 19, "{got_in} of 20 lock clients got in within 1 s");
+    assert!(
+        got_in >= 19,
+        "{got_in} of 20 lock clients got in within 1 s"
+    );
 
     // The attacker leaves; the admin port serves again, and what the
     // attack cost in memory is bounded by the connection cap.
@@ -149,7 +152,10 @@ async fn half_sent_admin_requests_under_a_low_descriptor_limit_never_keep_lock_c
     })
     .await;
     assert_eq!(status, 200);
-    let timed_out = sample(&metrics, "ticketing_admin_refusals_total{reason=\"timed_out\"}");
+    let timed_out = sample(
+        &metrics,
+        "ticketing_admin_refusals_total{reason=\"timed_out\"}",
+    );
     assert!(timed_out.is_some(), "{metrics}");
     let grown_kib = server.rss_kib().saturating_sub(baseline_kib);
     assert!(grown_kib < 32 * 1024, "RSS grew by {grown_kib} KiB");

@@ -1,11 +1,13 @@
 //! The token-floor state file with real processes: a server killed with
 //! SIGKILL and restarted with its wall clock an hour behind (libfaketime)
 //! keeps issuing tokens above those it issued before; an unusable state
-//! directory or a damaged file stops the start with exit code 2.
+//! directory, one other users could write in, or a damaged file stops the
+//! start with exit code 2; links planted in the folder are never followed.
 
 mod common;
 
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -143,12 +145,14 @@ async fn a_restart_an_hour_behind_issues_tokens_above_the_earlier_ones() {
     );
 }
 
-/// Runs `ticketing serve` expecting it to refuse to start; its stderr.
-fn serve_refused(state_dir: &Path) -> String {
+/// Runs `ticketing serve` on `addr` with `extra` flags expecting it to
+/// refuse to start; the last line of its stderr.
+fn serve_refused(addr: SocketAddr, state_dir: &Path, extra: &[&str]) -> String {
     let output = Command::new(BIN)
-        .args(["serve", "--listen", &free_port().to_string()])
+        .args(["serve", "--listen", &addr.to_string()])
         .arg("--state-dir")
         .arg(state_dir)
+        .args(extra)
         .env_remove("TICKETING_CLIENT_TOKENS")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -173,7 +177,7 @@ fn an_unusable_state_dir_exits_2_naming_the_path() {
     let file = scratch.0.join("a-file");
     std::fs::write(&file, b"not a folder").unwrap();
     let state_dir = file.join("state");
-    let line = serve_refused(&state_dir);
+    let line = serve_refused(free_port(), &state_dir, &[]);
     assert!(line.contains(&state_dir.display().to_string()), "{line}");
     assert!(line.contains("cannot create"), "{line}");
 }
@@ -209,6 +213,65 @@ fn a_damaged_state_file_exits_2_naming_it() {
     assert!(stderr.contains("checksum"), "{stderr}");
 }
 
+#[test]
+fn a_world_writable_state_dir_exits_2_naming_it_unless_opted_out() {
+    let scratch = scratch_dir("state-0777");
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let addr = free_port();
+    let line = serve_refused(addr, &scratch.0, &[]);
+    assert!(line.contains(&scratch.arg()), "{line}");
+    assert!(line.contains("0777"), "{line}");
+    // The opt-out gets past the check to the next step, which a damaged
+    // state file makes fail on purpose (so no server needs stopping).
+    let file = scratch
+        .0
+        .join(ticketing_tokio::state::single_file_name(addr));
+    std::fs::write(&file, b"ticketing-token-floor v1 12 0000\n").unwrap();
+    let line = serve_refused(addr, &scratch.0, &["--state-dir-insecure-ok"]);
+    assert!(line.contains(&file.display().to_string()), "{line}");
+    assert!(line.contains("checksum"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_planted_in_the_state_dir_are_never_followed() {
+    let scratch = scratch_dir("state-links");
+    let state = scratch.0.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let victim = scratch.0.join("victim");
+    std::fs::write(&victim, b"keep me\n").unwrap();
+    let missing = scratch.0.join("missing");
+    let mut settings = common::loopback_settings();
+    // A fixed port: the file names come from it.
+    settings.listen = free_port();
+    settings.state = Some(ticketing_tokio::StateSettings::new(&state));
+    let name = ticketing_tokio::state::single_file_name(settings.listen);
+    let temp = state.join(format!("{name}.tmp"));
+    let lock = state.join(format!("{name}.lock"));
+    symlink(&victim, &temp).unwrap();
+    symlink(&missing, &lock).unwrap();
+
+    // The link at the lock name stops the start, naming it.
+    let err = ticketing_tokio::spawn_server(settings.clone())
+        .await
+        .unwrap_err();
+    let state_err = ticketing_tokio::StateError::find(&err).expect("a state error");
+    assert_eq!(state_err.path, lock, "{state_err}");
+    assert!(
+        std::fs::symlink_metadata(&missing).is_err(),
+        "created through the link"
+    );
+
+    // Without it the start writes a real file, not through the temp link.
+    std::fs::remove_file(&lock).unwrap();
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let file = state.join(&name);
+    assert!(std::fs::symlink_metadata(&file).unwrap().is_file());
+    ticketing_core::reserve::decode_floor_file(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me\n");
+    server.shutdown().await;
+}
+
 /// In process, with a reserve of 10 tokens: the driver writes a new
 /// reserve every 5 grants without the clients noticing, and the file
 /// always covers every token issued.
@@ -217,8 +280,8 @@ async fn the_driver_keeps_the_file_ahead_of_the_tokens() {
     let state = scratch_dir("state-inprocess");
     let mut settings = common::loopback_settings();
     settings.state = Some(ticketing_tokio::StateSettings {
-        dir: state.0.clone(),
         reserve_step: 10,
+        ..ticketing_tokio::StateSettings::new(&state.0)
     });
     let server = ticketing_tokio::spawn_server(settings).await.unwrap();
     let addr = server.local_addr();

@@ -305,6 +305,12 @@ pub struct ServeArgs {
     /// --insecure-admin-no-auth).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// A `Host` (NAME:PORT) the admin listener serves besides its own
+    /// address (IP:PORT, and localhost:PORT on loopback); repeat for
+    /// more. Any other Host is refused 421, so that a web page whose name
+    /// was rebound to this machine cannot read the admin API.
+    #[arg(long = "admin-allowed-host", value_name = "NAME:PORT")]
+    pub admin_allowed_hosts: Vec<String>,
     /// File of admin tokens, one per line, each at least 16 bytes (blank
     /// lines and lines starting with # are skipped). Admin tokens are
     /// never taken on the command line.
@@ -325,6 +331,11 @@ pub struct ServeArgs {
     /// and TLS work).
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<u64>,
+    /// Pending connections each client and peer listener queues before
+    /// the kernel drops new ones, 1..=65535 (default 1024; Linux caps it
+    /// at net.core.somaxconn).
+    #[arg(long, value_name = "N")]
+    pub listen_backlog: Option<u64>,
     /// Run as a cluster node (implied by any other cluster option or a
     /// `[cluster]` table in the config file).
     #[arg(long)]
@@ -369,6 +380,12 @@ pub struct ServeArgs {
     /// $XDG_STATE_HOME/ticketing or ~/.local/state/ticketing).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Start even if the state directory, or a folder above it, could be
+    /// changed by another user (group- or world-writable, or owned by
+    /// someone other than this user or root). Such a user could make the
+    /// server overwrite files or roll fencing tokens back.
+    #[arg(long)]
+    pub state_dir_insecure_ok: bool,
 }
 
 /// Parses a cluster identity: exactly 64 lowercase hex digits.

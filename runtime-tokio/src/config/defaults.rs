@@ -18,6 +18,9 @@ pub const ENV_ADMIN_TOKENS: &str = "TICKETING_ADMIN_TOKENS";
 pub const ENV_PEER_TOKENS: &str = "TICKETING_PEER_TOKENS";
 /// Largest accepted `worker_threads`.
 pub const WORKER_THREADS_MAX: u64 = 256;
+/// Largest accepted `listen_backlog` (Linux caps it lower, at
+/// `net.core.somaxconn`, by itself).
+pub const LISTEN_BACKLOG_MAX: u64 = 65_535;
 /// Accepted values of `log_level`.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 

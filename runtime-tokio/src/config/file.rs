@@ -7,6 +7,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::error::ConfigError;
+use super::secret;
 
 /// The config file, as written. Every field is optional.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -15,6 +16,7 @@ pub struct FileConfig {
     /// See [`ServeArgs::listen`](super::ServeArgs::listen).
     pub listen: Option<String>,
     /// See [`ServeArgs::client_tokens`](super::ServeArgs::client_tokens).
+    #[serde(default, deserialize_with = "secret::client_tokens")]
     pub client_tokens: Option<Vec<String>>,
     /// See [`ServeArgs::insecure_no_auth`](super::ServeArgs::insecure_no_auth).
     pub insecure_no_auth: Option<bool>,
@@ -24,7 +26,10 @@ pub struct FileConfig {
     pub log_format: Option<String>,
     /// See [`ServeArgs::admin_listen`](super::ServeArgs::admin_listen).
     pub admin_listen: Option<String>,
+    /// See [`ServeArgs::admin_allowed_hosts`](super::ServeArgs::admin_allowed_hosts).
+    pub admin_allowed_hosts: Option<Vec<String>>,
     /// Accepted admin tokens, each at least 16 bytes.
+    #[serde(default, deserialize_with = "secret::admin_tokens")]
     pub admin_tokens: Option<Vec<String>>,
     /// See [`ServeArgs::admin_token_file`](super::ServeArgs::admin_token_file); relative to the config file.
     pub admin_token_file: Option<PathBuf>,
@@ -34,8 +39,12 @@ pub struct FileConfig {
     pub wait_margin_ms: Option<u64>,
     /// See [`ServeArgs::worker_threads`](super::ServeArgs::worker_threads).
     pub worker_threads: Option<u64>,
+    /// See [`ServeArgs::listen_backlog`](super::ServeArgs::listen_backlog).
+    pub listen_backlog: Option<u64>,
     /// See [`ServeArgs::state_dir`](super::ServeArgs::state_dir); relative to the config file.
     pub state_dir: Option<PathBuf>,
+    /// See [`ServeArgs::state_dir_insecure_ok`](super::ServeArgs::state_dir_insecure_ok).
+    pub state_dir_insecure_ok: Option<bool>,
     /// `[tls]` table.
     pub tls: Option<FileTls>,
     /// `[limits]` table.
@@ -55,6 +64,7 @@ pub struct FileCluster {
     /// `[[cluster.slots]]`: 3 or 5, in slot order.
     pub slots: Option<Vec<FileSlot>>,
     /// See [`ServeArgs::peer_tokens`](super::ServeArgs::peer_tokens).
+    #[serde(default, deserialize_with = "secret::peer_tokens")]
     pub peer_tokens: Option<Vec<String>>,
     /// See [`ServeArgs::profile`](super::ServeArgs::profile).
     pub profile: Option<String>,
@@ -158,22 +168,29 @@ pub struct FileLimits {
     pub handshake_timeout_ms: Option<u64>,
 }
 
-/// Parses config file text. Unknown fields are errors.
+/// Parses config file text. Unknown fields are errors. An error in a
+/// secret field's value names the field and never shows the value.
 pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     toml::from_str(text).map_err(|e| {
         // toml's own Display spans several lines (with a source snippet); keep
         // the message on one line and point at the line instead.
-        let location = match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!(" at line {line}")
-            }
-            None => String::new(),
-        };
-        ConfigError::new(
-            "--config",
-            format!("invalid TOML{location}: {}", e.message().trim()),
-        )
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count());
+        let location = line.map_or_else(String::new, |line| format!(" at line {}", line + 1));
+        let message = e.message().trim();
+        if let Some(field) = secret::secret_error_field(message) {
+            let detail = &message[field.len() + 2..];
+            let at = line.map_or_else(String::new, |line| format!(" (at line {})", line + 1));
+            return ConfigError::new(field, format!("{detail}{at}"));
+        }
+        if let Some(field) = line.and_then(|line| secret::hides_line(text, line)) {
+            return ConfigError::new(
+                field,
+                format!("invalid TOML{location}: {}", secret::NOT_SHOWN),
+            );
+        }
+        ConfigError::new("--config", format!("invalid TOML{location}: {message}"))
     })
 }
 

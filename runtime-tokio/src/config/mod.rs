@@ -9,7 +9,8 @@
 //! line), `file` (the TOML file as written), `env` (the environment),
 //! `single` (merging them into one [`Config`]: the settings every node
 //! needs), `cluster` (the `[cluster]` half), `auth` (client, admin and peer
-//! token sources and the rules for serving without a token), `tls_files`
+//! token sources and the rules for serving without a token), `secret`
+//! (secrets kept out of errors, files holding them checked), `tls_files`
 //! (certificate and key files), `defaults` (defaults and bounds) and
 //! `error` (the error every step answers with, naming its field).
 
@@ -20,6 +21,7 @@ mod defaults;
 mod env;
 mod error;
 mod file;
+mod secret;
 mod single;
 mod tls_files;
 
@@ -37,4 +39,5 @@ pub use self::error::ConfigError;
 pub use self::file::{
     FileCluster, FileConfig, FileLimits, FilePeerTls, FileSlot, FileTls, parse_file,
 };
+pub use self::secret::LooseSecretFile;
 pub use self::single::{AuthMode, Config, LogFormat, load, resolve, resolve_state_dir};

@@ -18,9 +18,10 @@ use super::defaults::*;
 use super::env::Env;
 use super::error::{ConfigError, check_range, parse_addr};
 use super::file::{FileConfig, FileLimits, in_file_dir, parse_file};
+use super::secret::{LooseSecretFile, loose_secret_files};
 use super::tls_files::resolve_tls;
 use crate::cluster::ClusterSettings;
-use crate::serve::ServeSettings;
+use crate::serve::{DEFAULT_LISTEN_BACKLOG, ServeSettings};
 use crate::state::StateSettings;
 
 /// How log lines are written (`log_format`).
@@ -59,6 +60,9 @@ pub struct Config {
     /// the client listen address and the shared options, already copied
     /// into this).
     pub cluster: Option<ClusterSettings>,
+    /// Files holding secrets that group or others may read: warned about
+    /// once logging is up.
+    pub loose_secret_files: Vec<LooseSecretFile>,
 }
 
 /// Reads the config file named by `args` (if any) and validates everything.
@@ -113,11 +117,23 @@ pub fn resolve(
         1,
         WORKER_THREADS_MAX,
     )?;
+    let listen_backlog = check_range(
+        "listen_backlog",
+        args.listen_backlog
+            .or(file.listen_backlog)
+            .unwrap_or(u64::from(DEFAULT_LISTEN_BACKLOG)),
+        1,
+        LISTEN_BACKLOG_MAX,
+    )?;
+    // In range, so it fits.
+    let listen_backlog = u32::try_from(listen_backlog).unwrap_or(u32::MAX);
     let tls = resolve_tls(file, file_dir, args)?;
     let log_filter = resolve_log_filter(file, args, env)?;
     let log_format = resolve_log_format(file, args)?;
     let admin = resolve_admin(file, file_dir, args, env)?;
-    let state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
+    let mut state = StateSettings::new(resolve_state_dir(file, file_dir, args, env));
+    state.dir_insecure_ok =
+        args.state_dir_insecure_ok || file.state_dir_insecure_ok.unwrap_or(false);
     let cluster = if cluster_mode(file, args) {
         let mut cluster = resolve_cluster(file, file_dir, args, env, &server, tls.clone())?;
         check_cluster_listen(
@@ -131,6 +147,8 @@ pub fn resolve(
         cluster.state = Some(state.clone());
         cluster.admin_listen = admin.listen;
         cluster.admin_tokens = admin.tokens.clone();
+        cluster.admin_allowed_hosts = admin.allowed_hosts.clone();
+        cluster.listen_backlog = listen_backlog;
         Some(cluster)
     } else {
         check_listen_auth(listen, has_client_tokens, insecure_no_auth)?;
@@ -142,6 +160,8 @@ pub fn resolve(
     settings.state = Some(state);
     settings.admin_listen = admin.listen;
     settings.admin_tokens = admin.tokens;
+    settings.admin_allowed_hosts = admin.allowed_hosts;
+    settings.listen_backlog = listen_backlog;
     let auth = if tokens.values.is_empty() {
         AuthMode::None
     } else {
@@ -154,6 +174,7 @@ pub fn resolve(
         worker_threads,
         auth,
         cluster,
+        loose_secret_files: loose_secret_files(file, file_dir, args),
     })
 }
 
@@ -355,6 +376,7 @@ fn resolve_log_format(file: &FileConfig, args: &ServeArgs) -> Result<LogFormat, 
 struct AdminListen {
     listen: Option<SocketAddr>,
     tokens: AdminTokens,
+    allowed_hosts: Vec<Box<str>>,
 }
 
 /// The admin listener (off unless set), its tokens, and our rule for a
@@ -377,7 +399,37 @@ fn resolve_admin(
     if let Some(admin) = listen {
         check_admin_listen_auth(admin, !tokens.is_empty(), insecure_admin_no_auth)?;
     }
-    Ok(AdminListen { listen, tokens })
+    let named = if args.admin_allowed_hosts.is_empty() {
+        file.admin_allowed_hosts.as_deref().unwrap_or_default()
+    } else {
+        &args.admin_allowed_hosts
+    };
+    let allowed_hosts = named
+        .iter()
+        .map(|host| {
+            let valid = host.rsplit_once(':').is_some_and(|(name, port)| {
+                !name.is_empty()
+                    && name.len() <= 253
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._[]:".contains(&b))
+                    && port.parse::<u16>().is_ok()
+            });
+            if valid {
+                Ok(Box::from(host.as_str()))
+            } else {
+                Err(ConfigError::new(
+                    "admin_allowed_hosts",
+                    format!("{host:?} is not NAME:PORT (a host name or address, then its port)"),
+                ))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(AdminListen {
+        listen,
+        tokens,
+        allowed_hosts,
+    })
 }
 
 /// Cluster mode: a `listen` given must be this slot's client address, and

@@ -994,3 +994,175 @@ fn state_dir_comes_from_flag_then_file_then_the_default_for_the_process() {
     let cluster = config.cluster.unwrap();
     assert_eq!(cluster.state.unwrap().dir, PathBuf::from("/srv/c"));
 }
+
+#[test]
+fn state_dir_insecure_ok_is_off_unless_the_flag_or_the_file_sets_it() {
+    let insecure_ok = |file: &FileConfig, argv: &[&str]| {
+        let config = resolve(file, None, &args(argv), &Env::default()).unwrap();
+        config.settings.state.unwrap().dir_insecure_ok
+    };
+    let none = FileConfig::default();
+    assert!(!insecure_ok(&none, &[]));
+    assert!(insecure_ok(&none, &["--state-dir-insecure-ok"]));
+    let file = parse_file("state_dir_insecure_ok = true").unwrap();
+    assert!(insecure_ok(&file, &[]));
+    // Cluster nodes carry it too.
+    let mut argv = cluster_args(&SLOTS3);
+    argv.push("--state-dir-insecure-ok".to_owned());
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.unwrap();
+    assert!(cluster.state.unwrap().dir_insecure_ok);
+}
+
+#[test]
+fn listen_backlog_defaults_to_1024_applies_to_both_modes_and_is_range_checked() {
+    let backlog = |file: &FileConfig, argv: &[&str]| {
+        resolve(file, None, &args(argv), &Env::default()).map(|c| c.settings.listen_backlog)
+    };
+    let none = FileConfig::default();
+    assert_eq!(backlog(&none, &[]), Ok(1024));
+    let file = parse_file("listen_backlog = 4096").unwrap();
+    assert_eq!(backlog(&file, &[]), Ok(4096));
+    assert_eq!(backlog(&file, &["--listen-backlog", "1"]), Ok(1));
+    for bad in ["0", "65536"] {
+        let err = backlog(&none, &["--listen-backlog", bad]).unwrap_err();
+        assert_eq!(err.field, "listen_backlog", "{err}");
+        assert!(err.message.contains("1..=65535"), "{err}");
+    }
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--listen-backlog".to_owned(), "300".to_owned()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    assert_eq!(
+        resolve_args(&argv).unwrap().cluster.unwrap().listen_backlog,
+        300
+    );
+}
+
+/// The secret every case below carries; it must never appear in an error.
+const SECRET: &str = "hunter2-super-secret-token-value";
+
+#[test]
+fn a_bad_secret_field_in_the_file_is_named_without_its_value() {
+    let cases = [
+        ("client_tokens", format!("client_tokens = \"{SECRET}\"")),
+        (
+            "client_tokens",
+            format!("client_tokens = [\"{SECRET}\", 5]"),
+        ),
+        (
+            "client_tokens",
+            format!("client_tokens = [\n  \"{SECRET}\",\n  true,\n]"),
+        ),
+        (
+            "client_tokens",
+            format!("client_tokens = {{ a = \"{SECRET}\" }}"),
+        ),
+        ("admin_tokens", format!("admin_tokens = \"{SECRET}\"")),
+        (
+            "cluster.peer_tokens",
+            format!("[cluster]\npeer_tokens = \"{SECRET}\""),
+        ),
+        (
+            "cluster.peer_tokens",
+            format!("cluster = {{ peer_tokens = \"{SECRET}\" }}"),
+        ),
+        // Broken TOML inside a secret's value.
+        ("client_tokens", format!("client_tokens = [{SECRET}]")),
+        ("client_tokens", format!("client_tokens = [\"{SECRET}\"")),
+        (
+            "client_tokens",
+            format!("client_tokens = [\n  \"{SECRET}\"\n  \"{SECRET}\"\n]"),
+        ),
+        (
+            "client_tokens",
+            format!("client_tokens = [\"{SECRET}\\q\"]"),
+        ),
+    ];
+    for (field, text) in cases {
+        let err = parse_file(&text).unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains(SECRET), "a secret was printed: {shown}");
+        assert!(
+            !shown.contains("hunter2"),
+            "part of a secret was printed: {shown}"
+        );
+        assert_eq!(err.field, field, "{text}: {err}");
+        assert!(err.message.contains("not shown"), "{text}: {err}");
+    }
+    // An error in a field after a secret's value is shown as usual.
+    let text = format!("client_tokens = [\n  \"{SECRET}\",\n]\nwait_margin_ms = \"soon\"\n");
+    let err = parse_file(&text).unwrap_err();
+    assert_eq!(err.field, "--config", "{err}");
+    assert!(
+        err.message.contains("\"soon\"") && err.message.contains("line 4"),
+        "{err}"
+    );
+}
+
+#[test]
+fn secret_files_group_or_others_can_read_are_reported_with_path_and_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("ticketing-loose-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let config_path = dir.join("ticketing.toml");
+    std::fs::write(&config_path, "admin_token_file = \"admin-token\"\n").unwrap();
+    let token_path = dir.join("admin-token");
+    std::fs::write(&token_path, "admin-token-0123456789\n").unwrap();
+    let flags = args(&["--config", config_path.to_str().unwrap()]);
+    let loose = |config_mode: u32, token_mode: u32| {
+        chmod(&config_path, config_mode);
+        chmod(&token_path, token_mode);
+        load(&flags, &Env::default()).unwrap().loose_secret_files
+    };
+
+    assert_eq!(loose(0o600, 0o400), vec![]);
+    let found = loose(0o644, 0o640);
+    assert_eq!(
+        found,
+        vec![
+            LooseSecretFile {
+                field: "--config",
+                path: config_path.clone(),
+                mode: 0o644,
+            },
+            LooseSecretFile {
+                field: "admin_token_file",
+                path: token_path.clone(),
+                mode: 0o640,
+            },
+        ]
+    );
+    let line = found[1].to_string();
+    assert!(line.contains(&token_path.display().to_string()), "{line}");
+    assert!(line.contains("0640"), "{line}");
+    assert!(
+        line.contains("readable by group or others; chmod 600"),
+        "{line}"
+    );
+    // Others reading is as bad as group reading; writing alone is not a leak.
+    assert_eq!(loose(0o604, 0o620).len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn admin_allowed_hosts_come_from_the_flags_or_the_file_and_a_bad_one_is_named() {
+    let hosts = |file: &FileConfig, argv: &[&str]| {
+        resolve(file, None, &args(argv), &Env::default()).map(|c| c.settings.admin_allowed_hosts)
+    };
+    let none = FileConfig::default();
+    assert_eq!(hosts(&none, &[]), Ok(Vec::new()));
+    let file = parse_file("admin_allowed_hosts = [\"admin.example:9225\"]").unwrap();
+    assert_eq!(hosts(&file, &[]), Ok(vec![Box::from("admin.example:9225")]));
+    assert_eq!(
+        hosts(&file, &["--admin-allowed-host", "ops.example:80"]),
+        Ok(vec![Box::from("ops.example:80")]),
+        "the flags replace the file's list"
+    );
+    for bad in ["no-port", "name:99999", ":9225", "bad host:1"] {
+        let err = hosts(&none, &["--admin-allowed-host", bad]).unwrap_err();
+        assert_eq!(err.field, "admin_allowed_hosts", "{err}");
+    }
+}

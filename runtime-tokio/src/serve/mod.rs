@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpSocket;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
@@ -54,13 +54,12 @@ pub(crate) use self::floor::{first_token_from_clock, open_floor, run_persister};
 pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
 
-/// Pending connections the client listener queues: what
-/// `tokio::net::TcpListener::bind` uses (mio, like std: 128).
-const LISTEN_BACKLOG: u32 = 128;
-
-/// Pending connections the admin listener queues while all its
-/// connection slots are taken.
-const ADMIN_LISTEN_BACKLOG: u32 = 1_024;
+/// Default for [`ServeSettings::listen_backlog`]: connections the kernel
+/// queues (handshake done, not yet accepted) before it drops new ones. The
+/// 128 of `tokio::net::TcpListener::bind` fills within one stall of the
+/// accept loop under a burst of reconnecting clients; Linux caps the value
+/// at `net.core.somaxconn` anyway (4096 on current kernels).
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 1024;
 
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -94,6 +93,10 @@ pub struct ServeSettings {
     pub admin_allowed_hosts: Vec<Box<str>>,
     /// The admin listener's connection and time limits.
     pub admin_limits: admin::AdminLimits,
+    /// Pending connections each listener queues before the kernel drops
+    /// new ones ([`DEFAULT_LISTEN_BACKLOG`]; capped by the kernel's
+    /// `net.core.somaxconn`).
+    pub listen_backlog: u32,
 }
 
 impl ServeSettings {
@@ -109,6 +112,7 @@ impl ServeSettings {
             admin_tokens: AdminTokens::default(),
             admin_allowed_hosts: Vec::new(),
             admin_limits: admin::AdminLimits::default(),
+            listen_backlog: DEFAULT_LISTEN_BACKLOG,
         }
     }
 }
@@ -171,7 +175,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     // rather than left waiting in the backlog of a server not yet serving.
     let socket = bind_socket(settings.listen)?;
     let local_addr = socket.local_addr()?;
-    let admin = admin::bind(settings.admin_listen, ADMIN_LISTEN_BACKLOG)?;
+    let admin = admin::bind(settings.admin_listen, settings.listen_backlog)?;
     let admin_addr = admin
         .as_ref()
         .map(std::net::TcpListener::local_addr)
@@ -188,7 +192,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         Some(state) => Some(open_floor(state, &state::single_file_name(name_addr), &clock).await?),
         None => None,
     };
-    let listener = socket.listen(LISTEN_BACKLOG)?;
+    let listener = socket.listen(settings.listen_backlog)?;
     log_listening(&settings, local_addr);
     let (server, persister) = new_server(settings.server.clone(), floor, &clock);
     let shared = Shared::new(server, clock);
@@ -212,6 +216,13 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
         shared,
         supervisor: Some(supervisor),
     })
+}
+
+/// A listener on `addr` (address reuse on) whose kernel queue holds
+/// `backlog` pending connections; for every listener that takes
+/// connections from the network.
+pub(crate) fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    bind_socket(addr)?.listen(backlog)
 }
 
 /// A socket bound to `listen` (address reuse on), not yet listening.

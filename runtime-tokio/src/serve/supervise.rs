@@ -21,9 +21,15 @@ use ticketing_core::time::Instant;
 use super::conn::{run_dial, run_inbound};
 use super::shared::{Shared, run_timer};
 
-/// Pause after an accept error such as EMFILE, so that the loop does not spin
-/// while the condition lasts.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// First pause after an accept error such as EMFILE, so that the loop does
+/// not spin while the condition lasts; it doubles while errors go on, up
+/// to [`ACCEPT_ERROR_PAUSE_MAX`], and is back to this after an accept.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// Longest pause after accept errors: short, so that the lock port takes
+/// clients again soon after descriptors are free.
+const ACCEPT_ERROR_PAUSE_MAX: Duration = Duration::from_millis(500);
+/// Least time between two log lines about accept errors.
+const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a new inbound connection (from the given source address) is
 /// announced to the core: [`Machine::handle_connect`] or
@@ -110,6 +116,9 @@ async fn serve_until_stopped<M: Machine>(
     dialer: Option<&Dialer>,
     conns: &mut JoinSet<()>,
 ) {
+    let mut pause = ACCEPT_ERROR_PAUSE;
+    let mut errors_unlogged = 0u64;
+    let mut logged_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             biased;
@@ -124,6 +133,7 @@ async fn serve_until_stopped<M: Machine>(
             }
             (index, accepted) = accept_any(listeners) => match accepted {
                 Ok((tcp, peer)) => {
+                    pause = ACCEPT_ERROR_PAUSE;
                     let listener = &listeners[index];
                     conns.spawn(run_inbound(
                         Arc::clone(shared),
@@ -136,8 +146,16 @@ async fn serve_until_stopped<M: Machine>(
                     ));
                 }
                 Err(e) => {
-                    warn!("accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    // Logged at most once a second, with the count since.
+                    errors_unlogged += 1;
+                    let now = tokio::time::Instant::now();
+                    if logged_at.is_none_or(|at| now >= at + ACCEPT_ERROR_LOG_INTERVAL) {
+                        warn!(errors = errors_unlogged, "accept failed: {e}");
+                        errors_unlogged = 0;
+                        logged_at = Some(now);
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ACCEPT_ERROR_PAUSE_MAX);
                 }
             },
         }
