@@ -116,7 +116,7 @@ pub struct ClusterSettings {
     pub admin_limits: admin::AdminLimits,
     /// Pending connections the client and peer listeners each queue
     /// before the kernel drops new ones
-    /// ([`DEFAULT_LISTEN_BACKLOG`](crate::serve::DEFAULT_LISTEN_BACKLOG)).
+    /// ([`DEFAULT_LISTEN_BACKLOG`]).
     pub listen_backlog: u32,
 }
 

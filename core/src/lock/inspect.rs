@@ -25,7 +25,7 @@ pub struct KeyInspection {
     /// The running grant on it, if any.
     pub holder: Option<HolderInspection>,
     /// Its waiters in queue order, the front ones only (see
-    /// [`LockTable::inspect_key`] and [`LockTable::inspect_prefix`]).
+    /// [`LockTable::inspect_key`] and [`LockTable::inspect_page`]).
     pub waiters: Vec<WaiterInspection>,
     /// Waiters queued on it in all.
     pub waiters_total: usize,
