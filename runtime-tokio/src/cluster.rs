@@ -415,7 +415,7 @@ impl ClusterSockets {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let admin = admin::bind(settings.admin_listen, settings.listen_backlog)?;
+        let admin = admin::bind(settings.admin_listen, crate::serve::ADMIN_LISTEN_BACKLOG)?;
         Ok(ClusterSockets {
             client_addr: client.local_addr()?,
             peer_addr: peer.local_addr()?,

@@ -1257,3 +1257,70 @@ async fn locks_commands_print_a_key_with_terminal_controls_escaped() {
         "{released}"
     );
 }
+
+#[tokio::test]
+async fn a_listing_flood_without_a_token_keeps_the_cluster_leader_and_its_lock_traffic() {
+    let mut cluster = Cluster::new(3);
+    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let config_dir = scratch_dir("admin-cluster-flood");
+    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    for slot in 0..3 {
+        cluster.spawn(slot, true);
+    }
+    let leader = cluster.leader().await;
+    let broker = common::cluster::ours(&cluster);
+    let lease = Duration::from_secs(120);
+    let acquire = |key: String| {
+        let broker = broker.clone();
+        async move {
+            broker
+                .acquire(&key, Duration::from_secs(5), lease, Duration::from_secs(10))
+                .await
+        }
+    };
+    // The client may still be finding the leader: a few attempts.
+    let mut attempts = 0;
+    while let Err(e) = acquire("first".to_owned()).await {
+        attempts += 1;
+        assert!(attempts < 5, "no first grant: {e:?}");
+    }
+    let mut held = Vec::new();
+    for n in 0..500 {
+        held.push(acquire(format!("held/{n}")).await.expect("a free key"));
+    }
+    let changes = |addr| scrape(addr).value("ticketing_leader_changes_total", &[]);
+    let before: Vec<Option<f64>> = admin.iter().map(|&addr| changes(addr)).collect();
+
+    // Two loops of listings without a token, each following the cursors,
+    // against the lock traffic below.
+    let flood: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = admin[leader];
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                for _ in 0..100 {
+                    let (status, _, body) =
+                        http_get(addr, "/v1/locks?limit=1000").expect("an answer");
+                    assert!(status == 200 || status == 503, "{status}: {body}");
+                    answered += usize::from(status == 200);
+                }
+                answered
+            })
+        })
+        .collect();
+    for n in 0..100 {
+        let ticket = acquire(format!("traffic/{n}"))
+            .await
+            .expect("lock traffic goes on");
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+    let answered: usize = flood.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(answered > 0, "the flood was served");
+    let after: Vec<Option<f64>> = admin.iter().map(|&addr| changes(addr)).collect();
+    assert_eq!(before, after, "no node saw a new leader");
+    assert_eq!(
+        scrape(admin[leader]).value("ticketing_is_leader", &[]),
+        Some(1.0)
+    );
+    drop(held);
+}

@@ -31,8 +31,10 @@ fn stalled_connects(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
 }
 
 #[tokio::test]
-async fn with_the_default_backlog_300_idle_connects_and_then_16_clients_get_in() {
-    let server = spawn_server(common::loopback_settings()).await.unwrap();
+async fn with_a_backlog_of_1024_300_idle_connects_and_then_16_clients_get_in() {
+    let mut settings = common::loopback_settings();
+    settings.listen_backlog = 1024;
+    let server = spawn_server(settings).await.unwrap();
     let addr = server.local_addr();
     let idle = stalled_connects(addr, 300);
     assert_eq!(idle.len(), 300, "the queue dropped a connect");

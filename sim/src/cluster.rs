@@ -24,7 +24,7 @@ use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session,
 use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerTokens};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
 use ticketing_core::cluster::{ConnId, ConnState};
-use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome};
+use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor};
 use ticketing_core::lock::Limits;
 use ticketing_core::machine::Machine;
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
@@ -926,6 +926,7 @@ impl<'t> ClusterWorld<'t> {
                 (token, keys)
             })
             .collect();
+        self.check_listing(slot, &held);
         if held.is_empty() {
             return;
         }
@@ -1000,6 +1001,62 @@ impl<'t> ClusterWorld<'t> {
             self.partition(
                 links,
                 format!("leader {slot} isolated after a force-release"),
+            );
+        }
+    }
+
+    /// The operator lists the leader's locks as the admin API does, page
+    /// by page of three: every key its applied state holds (`held`, by
+    /// token) must be listed exactly once with that token, and no key
+    /// twice. Read-only and draws nothing from the run's random streams,
+    /// so a run's trace is the same with or without it.
+    fn check_listing(&mut self, slot: u8, held: &[(u64, Vec<usize>)]) {
+        let now = self.node_now(slot);
+        let Some(node) = self.nodes[usize::from(slot)].node.as_ref() else {
+            return;
+        };
+        let mut listed: BTreeMap<usize, Vec<Option<u64>>> = BTreeMap::new();
+        let mut cursor = Some(ListingCursor::START);
+        let mut wrong = Vec::new();
+        for _ in 0..=ALL_KEYS.len() * 2 + 2 {
+            let Some(at) = cursor else {
+                break;
+            };
+            let Ok(page) = node.locks(now, b"", 3, at) else {
+                // Not a caught-up leader: it answers no listing.
+                return;
+            };
+            for view in page.locks {
+                listed
+                    .entry(key_index(view.key.as_bytes()))
+                    .or_default()
+                    .push(view.holder.map(|holder| holder.token));
+            }
+            cursor = page.next;
+        }
+        if cursor.is_some() {
+            wrong.push("the scan did not end".to_owned());
+        }
+        for (token, keys) in held {
+            for &key in keys {
+                match listed.get(&key).map(Vec::as_slice) {
+                    Some([Some(shown)]) if shown == token => {}
+                    other => wrong.push(format!(
+                        "{} held by {token} listed as {other:?}",
+                        ALL_KEYS[key]
+                    )),
+                }
+            }
+        }
+        for (key, seen) in &listed {
+            if seen.len() > 1 {
+                wrong.push(format!("{} listed {} times", ALL_KEYS[*key], seen.len()));
+            }
+        }
+        for detail in wrong {
+            self.violation(
+                Checker::ServerState,
+                format!("leader {slot}'s listing: {detail}"),
             );
         }
     }

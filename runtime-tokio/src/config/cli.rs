@@ -332,7 +332,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<u64>,
     /// Pending connections each client and peer listener queues before
-    /// the kernel drops new ones, 1..=65535 (default 1024; Linux caps it
+    /// the kernel drops new ones, 1..=65535 (default 128; Linux caps it
     /// at net.core.somaxconn).
     #[arg(long, value_name = "N")]
     pub listen_backlog: Option<u64>,

@@ -55,11 +55,16 @@ pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
 
 /// Default for [`ServeSettings::listen_backlog`]: connections the kernel
-/// queues (handshake done, not yet accepted) before it drops new ones. The
-/// 128 of `tokio::net::TcpListener::bind` fills within one stall of the
-/// accept loop under a burst of reconnecting clients; Linux caps the value
-/// at `net.core.somaxconn` anyway (4096 on current kernels).
-pub const DEFAULT_LISTEN_BACKLOG: u32 = 1024;
+/// queues (handshake done, not yet accepted) before it drops new ones.
+/// A deeper queue rides out bursts of honest reconnects but also holds
+/// more of a flooding attacker's connections ahead of a real client's
+/// (docs/operations.md, "Listen backlog"), so it stays 128 unless set.
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 128;
+
+/// Pending connections the admin listener queues while its connection
+/// slots are all taken: there they cost no descriptor, and no lock
+/// client waits behind them.
+pub(crate) const ADMIN_LISTEN_BACKLOG: u32 = 1_024;
 
 /// Default for [`ServeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -175,7 +180,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     // rather than left waiting in the backlog of a server not yet serving.
     let socket = bind_socket(settings.listen)?;
     let local_addr = socket.local_addr()?;
-    let admin = admin::bind(settings.admin_listen, settings.listen_backlog)?;
+    let admin = admin::bind(settings.admin_listen, crate::serve::ADMIN_LISTEN_BACKLOG)?;
     let admin_addr = admin
         .as_ref()
         .map(std::net::TcpListener::local_addr)
