@@ -32,10 +32,11 @@ pub const LISTING_SLOTS_PER_CALL_MAX: usize = 16_384;
 /// admin API hands out and takes back.
 ///
 /// A scan is not a snapshot: a key that is held or waited on for the
-/// whole scan is listed exactly once while the table keeps its size, and
-/// unless the table is resized between two calls, when the position is
-/// carried over in proportion and a key may be listed twice or missed;
-/// keys that come and go during the scan may or may not appear.
+/// whole scan is listed exactly once while the table's entries stay in
+/// their slots. They move when the table is resized (the position is then
+/// carried over in proportion) or rehashed in place to clear the slots of
+/// removed keys, and a key may then be listed twice or missed; keys that
+/// come and go during the scan may or may not appear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListingCursor {
     /// Which of the core's maps the scan is in (a cluster leader scans its

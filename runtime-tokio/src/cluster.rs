@@ -50,8 +50,8 @@ use ticketing_core::time::Instant;
 
 use crate::admin;
 use crate::serve::{
-    Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_listener,
-    first_token_from_clock, open_floor, run_persister, start,
+    Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_admin,
+    bind_listener, first_token_from_clock, open_floor, run_persister, start,
 };
 use crate::state::{self, FloorFile, StateSettings};
 use ticketing_core::machine::Machine;
@@ -415,7 +415,7 @@ impl ClusterSockets {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let admin = admin::bind(settings.admin_listen, crate::serve::ADMIN_LISTEN_BACKLOG)?;
+        let admin = bind_admin(settings.admin_listen)?;
         Ok(ClusterSockets {
             client_addr: client.local_addr()?,
             peer_addr: peer.local_addr()?,

@@ -9,9 +9,10 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::admin::{Single, dechunk, http_get, http_request};
 use common::cluster::{CLIENT_TOKEN, Cluster, IDENTITY, PEER_TOKEN, Setup, poll};
 use common::ports::free_port;
 use common::raw::{Raw, acquire, release};
@@ -288,63 +289,6 @@ mod openmetrics {
     }
 }
 
-/// `GET path` over HTTP/1.1: (status code, content type, body).
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
-    http_request(addr, "GET", path, None)
-}
-
-/// `method path` over HTTP/1.1, with `Authorization: <authorization>` when
-/// given: (status code, content type, body).
-fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    authorization: Option<&str>,
-) -> Option<(u16, String, String)> {
-    let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let auth = authorization.map_or(String::new(), |value| format!("Authorization: {value}\r\n"));
-    write!(
-        tcp,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    tcp.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let content_type = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_default();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)?
-    } else {
-        body.to_owned()
-    };
-    Some((status, content_type, body))
-}
-
-fn dechunk(mut body: &str) -> Option<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n")?;
-        let size = usize::from_str_radix(size.trim(), 16).ok()?;
-        if size == 0 {
-            return Some(out);
-        }
-        out.push_str(rest.get(..size)?);
-        body = rest.get(size + 2..)?;
-    }
-}
-
 fn scrape(addr: SocketAddr) -> openmetrics::Exposition {
     let (status, content_type, body) = http_get(addr, "/metrics").expect("/metrics answers");
     assert_eq!(status, 200);
@@ -353,50 +297,6 @@ fn scrape(addr: SocketAddr) -> openmetrics::Exposition {
         "{content_type}"
     );
     openmetrics::parse(&body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{body}"))
-}
-
-/// A single-mode `ticketing serve` with the admin listener.
-struct Single {
-    child: Child,
-    client: SocketAddr,
-    admin: SocketAddr,
-    _state: Scratch,
-}
-
-impl Single {
-    fn start() -> Single {
-        Single::start_with(&[])
-    }
-
-    fn start_with(extra: &[&str]) -> Single {
-        let (client, admin) = (free_port(), free_port());
-        let state = scratch_dir("admin-single");
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &client.to_string()])
-            .args(["--admin-listen", &admin.to_string()])
-            .args(extra)
-            .args(["--state-dir", &state.arg(), "--log-level", "warn"])
-            .env_remove("TICKETING_CLIENT_TOKENS")
-            .env_remove("TICKETING_ADMIN_TOKENS")
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ticketing serve");
-        Single {
-            child,
-            client,
-            admin,
-            _state: state,
-        }
-    }
-}
-
-impl Drop for Single {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Connects to `addr` and completes a no-auth handshake.
@@ -573,12 +473,20 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
         .collect()
 }
 
-#[tokio::test]
-async fn cluster_readyz_follows_the_leader_and_metrics_parse() {
+/// A 3-node cluster configured by [`cluster_files`] in a scratch folder
+/// named `name` (kept while the third value lives), no node started yet,
+/// with every slot's admin address.
+fn admin_cluster(name: &str) -> (Cluster, Vec<SocketAddr>, Scratch) {
     let mut cluster = Cluster::new(3);
     let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let config_dir = scratch_dir("admin-cluster-config");
+    let config_dir = scratch_dir(name);
     cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    (cluster, admin, config_dir)
+}
+
+#[tokio::test]
+async fn cluster_readyz_follows_the_leader_and_metrics_parse() {
+    let (mut cluster, admin, _config_dir) = admin_cluster("admin-cluster-config");
 
     // One bootstrap member alone cannot learn of a leader: not ready.
     cluster.spawn(0, true);
@@ -1042,10 +950,7 @@ fn http_location(
 /// follower's `/v1` endpoints redirect to the leader's admin address.
 #[tokio::test]
 async fn cluster_force_release_over_http_on_the_leader_and_redirects_from_followers() {
-    let mut cluster = Cluster::new(3);
-    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let config_dir = scratch_dir("admin-cluster-release");
-    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    let (mut cluster, admin, _config_dir) = admin_cluster("admin-cluster-release");
     for slot in 0..3 {
         cluster.spawn(slot, true);
     }
@@ -1260,10 +1165,7 @@ async fn locks_commands_print_a_key_with_terminal_controls_escaped() {
 
 #[tokio::test]
 async fn a_listing_flood_without_a_token_keeps_the_cluster_leader_and_its_lock_traffic() {
-    let mut cluster = Cluster::new(3);
-    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let config_dir = scratch_dir("admin-cluster-flood");
-    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    let (mut cluster, admin, _config_dir) = admin_cluster("admin-cluster-flood");
     for slot in 0..3 {
         cluster.spawn(slot, true);
     }

@@ -239,24 +239,28 @@ fn access(
     }
 }
 
-/// `421` unless the request's `Host` names this listener (see
-/// [`host_allowed`]): a page whose name was rebound to this address
-/// cannot read the API through a local browser.
-pub(crate) fn check_host(
-    app: &AdminApp,
-    headers: &HeaderMap,
-    addrs: ConnAddrs,
-) -> Result<(), Response> {
-    let host = headers.get(header::HOST).map(header::HeaderValue::as_bytes);
+/// Answers `421` unless the request's `Host` names this listener (see
+/// [`host_allowed`]), before any route: a page whose name was rebound to
+/// this address cannot read the API through a local browser.
+pub(crate) async fn host_guard(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(header::HeaderValue::as_bytes);
     if host_allowed(host, addrs.local, &app.allowed_hosts) {
-        return Ok(());
+        return next.run(request).await;
     }
     app.refused(AdminRefusal::BadHost, Some(addrs.peer));
-    Err(error(
+    error(
         StatusCode::MISDIRECTED_REQUEST,
         "bad_host",
         "the Host header must name this listener's address (or a name in admin_allowed_hosts)",
-    ))
+    )
 }
 
 /// `400` unless every query parameter is one of `known`, each at most
@@ -349,7 +353,7 @@ fn key_path(uri: &Uri) -> &str {
     uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
 }
 
-/// What every lock API request passes first: its `Host`, its query
+/// What every lock API request passes after its `Host`: its query
 /// parameters (`known`), the access rule, then (on a node that is not
 /// the leader) the redirect to the leader. `Err` is the answer instead of
 /// serving it.
@@ -359,7 +363,6 @@ fn turned_away(
     endpoint: AdminEndpoint,
     known: &[&str],
 ) -> Result<Served, Response> {
-    check_host(app, request.headers, request.addrs)?;
     check_params(app, request.uri, known, request.addrs.peer)?;
     let served = access(app, request.headers, endpoint, request.addrs.peer)?;
     match app.node.not_leader() {

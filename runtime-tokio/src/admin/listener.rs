@@ -22,7 +22,7 @@
 //!   and are logged at most once a second.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -250,25 +250,4 @@ impl Connection {
             Err(_) => app.refused(AdminRefusal::TimedOut, Some(self.addrs.peer)),
         }
     }
-}
-
-/// Binds the admin address, if one is configured, with `backlog` pending
-/// connections, ready to be moved to the admin thread.
-pub(crate) fn bind(
-    addr: Option<SocketAddr>,
-    backlog: u32,
-) -> std::io::Result<Option<std::net::TcpListener>> {
-    let Some(addr) = addr else {
-        return Ok(None);
-    };
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
-    socket.set_nonblocking(true)?;
-    Ok(Some(socket.into()))
 }

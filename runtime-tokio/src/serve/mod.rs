@@ -180,7 +180,7 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
     // rather than left waiting in the backlog of a server not yet serving.
     let socket = bind_socket(settings.listen)?;
     let local_addr = socket.local_addr()?;
-    let admin = admin::bind(settings.admin_listen, crate::serve::ADMIN_LISTEN_BACKLOG)?;
+    let admin = bind_admin(settings.admin_listen)?;
     let admin_addr = admin
         .as_ref()
         .map(std::net::TcpListener::local_addr)
@@ -228,6 +228,17 @@ pub async fn spawn_server(settings: ServeSettings) -> io::Result<RunningServer> 
 /// connections from the network.
 pub(crate) fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     bind_socket(addr)?.listen(backlog)
+}
+
+/// The admin listener, if `admin_listen` is set: bound like every other
+/// listener (with [`ADMIN_LISTEN_BACKLOG`]), then handed over as a std
+/// listener, since it is served on a runtime of its own.
+pub(crate) fn bind_admin(
+    admin_listen: Option<SocketAddr>,
+) -> io::Result<Option<std::net::TcpListener>> {
+    admin_listen
+        .map(|addr| bind_listener(addr, ADMIN_LISTEN_BACKLOG)?.into_std())
+        .transpose()
 }
 
 /// A socket bound to `listen` (address reuse on), not yet listening.

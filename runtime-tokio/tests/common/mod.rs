@@ -1,10 +1,12 @@
 //! Setup shared by runtime-tokio's test binaries: the in-process server on
 //! loopback and clients for it, a raw wire client ([`raw`]), throwaway
-//! certificates ([`certs`]), `ticketing serve` clusters ([`cluster`]) and
-//! loopback ports for child processes ([`ports`]).
+//! certificates ([`certs`]), `ticketing serve` clusters ([`cluster`]),
+//! loopback ports for child processes ([`ports`]) and the admin listener
+//! over plain HTTP ([`admin`]).
 //! Each test file says `mod common;` and uses only a part of it.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod certs;
 pub mod cluster;
 pub mod faketime;
