@@ -95,6 +95,10 @@ fn serve(args: &ServeArgs) -> ExitCode {
         return runtime.block_on(serve_cluster(cluster, config.auth));
     }
     runtime.block_on(async {
+        // Watched before anything is served: a stop asked for while the
+        // server starts (its listeners log as they come up) is a graceful
+        // stop, not the signal's default death.
+        let stop = StopSignals::watch();
         let listen = config.settings.listen;
         let server = match spawn_server(config.settings).await {
             Ok(server) => server,
@@ -109,9 +113,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             AuthMode::Tokens(count) => info!(tokens = count, "client authentication on"),
             AuthMode::None => info!("client authentication off: only the empty token is accepted"),
         }
-        if let Err(e) = wait_for_stop_signal().await {
-            error!("cannot watch for stop signals: {e}");
-        }
+        stop.wait().await;
         info!("stop signal received");
         server.shutdown().await;
         ExitCode::SUCCESS
@@ -119,6 +121,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
 }
 
 async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMode) -> ExitCode {
+    let stop = StopSignals::watch();
     let (client, peer) = (settings.client_listen, settings.peer_listen);
     let node = match ticketing_tokio::spawn_cluster(settings).await {
         Ok(node) => node,
@@ -133,9 +136,7 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
         AuthMode::Tokens(count) => info!(tokens = count, "client authentication on"),
         AuthMode::None => info!("client authentication off: only the empty token is accepted"),
     }
-    if let Err(e) = wait_for_stop_signal().await {
-        error!("cannot watch for stop signals: {e}");
-    }
+    stop.wait().await;
     info!("stop signal received");
     node.shutdown().await;
     ExitCode::SUCCESS
@@ -161,21 +162,59 @@ fn fail_stop_on_panic() {
     }));
 }
 
+/// SIGINT and SIGTERM, watched from the moment they are installed.
 #[cfg(unix)]
-async fn wait_for_stop_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+struct StopSignals {
+    /// `None` when they could not be installed (logged): nothing stops
+    /// the server but a kill.
+    watched: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+#[cfg(unix)]
+impl StopSignals {
+    fn watch() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let watched = signal(SignalKind::interrupt())
+            .and_then(|interrupt| Ok((interrupt, signal(SignalKind::terminate())?)));
+        match watched {
+            Ok(watched) => StopSignals {
+                watched: Some(watched),
+            },
+            Err(e) => {
+                error!("cannot watch for stop signals: {e}");
+                StopSignals { watched: None }
+            }
+        }
     }
-    Ok(())
+
+    async fn wait(self) {
+        match self.watched {
+            Some((mut interrupt, mut terminate)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_stop_signal() -> std::io::Result<()> {
-    tokio::signal::ctrl_c().await
+struct StopSignals;
+
+#[cfg(not(unix))]
+impl StopSignals {
+    fn watch() -> Self {
+        StopSignals
+    }
+
+    async fn wait(self) {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            error!("cannot watch for stop signals: {e}");
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 mod lock {
