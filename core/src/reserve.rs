@@ -12,10 +12,12 @@
 //!
 //! Contract with the driver:
 //! - after every input, drain [`TokenReserve::poll_persist`] (through the
-//!   server's or node's own `poll_reserve`): write the value durably, then
+//!   machine's [`crate::machine::Output::Reserve`]): write the value
+//!   durably, then
 //!   report [`TokenReserve::handle_persisted`] or
 //!   [`TokenReserve::handle_persist_failed`];
-//! - drain [`TokenReserve::poll_alert`] and log each alert at `error`.
+//! - drain [`TokenReserve::poll_alert`] (the machine's
+//!   [`crate::machine::Output::Alert`]) and log each alert at `error`.
 //!
 //! The state file's bytes ([`encode_floor_file`], [`decode_floor_file`])
 //! are decided here too, so both runtimes write the same format.

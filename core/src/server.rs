@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
-use crate::budget::{AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, LogEvent, Reports};
+use crate::budget::{AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, Reports};
 use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
 };
@@ -26,11 +26,11 @@ use crate::lock::{
     AcquireOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome,
     WaiterId,
 };
-use crate::machine::Machine;
+use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
-use crate::reserve::{ReserveStats, TokenAlert, TokenReserve};
+use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT};
+use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
 
 mod held;
 mod inspect;
@@ -167,7 +167,7 @@ struct Conn {
     /// Replies sent on it, by kind.
     replies: ReplyCounts,
     /// Its requests come as values and its replies go as values
-    /// ([`Server::handle_requests`]): set by the first request value, for
+    /// ([`Machine::handle_requests`]): set by the first request value, for
     /// the rest of the connection.
     values: bool,
 }
@@ -198,7 +198,7 @@ fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
 /// Single mode never has an outcome it cannot tell, so every answer has a
 /// reply in both dialects.
 /// On a connection whose requests come as values the reply is queued as a
-/// value, in the place its frame would take (see [`Server::handle_requests`]).
+/// value, in the place its frame would take (see [`Machine::handle_requests`]).
 fn send(conn_id: ConnId, conn: &mut Conn, wakes: &mut WakeQueue, to: &ReplyTo, answer: Answer) {
     let counted = to.counted_as(answer);
     conn.replies.count(&counted);
@@ -255,7 +255,7 @@ impl Server {
 
     /// Serves one request of `conn`, however it arrived: decoded from its
     /// bytes ([`Machine::handle_input`]) or handed over as a value
-    /// ([`Server::handle_requests`]). Lock events it causes are drained by
+    /// ([`Machine::handle_requests`]). Lock events it causes are drained by
     /// the caller.
     fn handle_request(&mut self, now: Instant, conn_id: ConnId, request: ClientRequest) {
         match request {
@@ -280,7 +280,7 @@ impl Server {
     /// checked as its frame would be decoded ([`crate::wire::check_request`])
     /// and then served by the very code that serves a decoded frame; what
     /// the server answers is queued as reply values, taken with
-    /// [`Server::poll_transmit_replies`], each counted in the stream as the
+    /// [`Machine::poll_transmit_replies`], each counted in the stream as the
     /// bytes of its frame, so that delivery (a grant counts as delivered
     /// once [`Machine::handle_written`] or [`Machine::handle_flushed`] covers
     /// it) and the ghost-grant release work exactly as over bytes.
@@ -289,12 +289,7 @@ impl Server {
     /// partial frame buffered takes values; from the first, the connection
     /// takes no more bytes. Anything else closes it, as a bad frame would.
     /// `requests` is left empty.
-    pub fn handle_requests(
-        &mut self,
-        now: Instant,
-        conn_id: ConnId,
-        requests: &mut Vec<crate::wire::Request>,
-    ) {
+    fn serve_request_values(&mut self, now: Instant, conn_id: ConnId, requests: &mut Vec<Request>) {
         self.handle_timeout(now);
         // The connection is looked up once per request; the first also
         // checks that it may take values.
@@ -335,23 +330,6 @@ impl Server {
         }
         requests.clear();
         self.drain_lock_events(now);
-    }
-
-    /// [`Machine::poll_transmit`] for a connection whose requests come as
-    /// values ([`Server::handle_requests`]): its pending bytes (the
-    /// handshake's) to the end of `out`, then its reply values to the end
-    /// of `replies`, in stream order; what to do with the connection.
-    pub fn poll_transmit_replies(
-        &mut self,
-        conn_id: ConnId,
-        out: &mut Vec<u8>,
-        replies: &mut Vec<crate::wire::Reply>,
-    ) -> ConnState {
-        self.conns
-            .get_mut(&conn_id)
-            .map_or(ConnState::Gone, |conn| {
-                conn.out.take_with_replies(out, replies)
-            })
     }
 
     fn handle_acquire(
@@ -466,7 +444,7 @@ impl Server {
     }
 
     /// Log events dropped because the driver did not drain
-    /// [`Server::poll_log`] (a bounded queue).
+    /// [`Output::Log`] (a bounded queue).
     pub fn dropped_log_events(&self) -> u64 {
         self.reports.dropped_events()
     }
@@ -593,6 +571,29 @@ impl Server {
             lock: self.table.stats(),
             reserve: self.reserve.stats(),
         }
+    }
+}
+
+/// The queues [`Machine::poll_output`] drains.
+impl Server {
+    /// A connection that has bytes to send or must be closed. A connection
+    /// whose bytes were already taken since it was queued is skipped, so each
+    /// is reported once per batch of bytes.
+    fn next_wake(&mut self) -> Option<ConnId> {
+        self.wakes.poll(|conn_id| {
+            self.conns
+                .get_mut(&conn_id)
+                .is_some_and(|conn| conn.out.leave_wake_queue())
+        })
+    }
+
+    /// A reserve value the driver must store durably now. The table refuses
+    /// every token above the limit, so a next token beyond it means grants
+    /// are being held back right now: that is an alert.
+    fn next_reserve_write(&mut self, now: Instant) -> Option<u64> {
+        let next_token = self.table.next_token();
+        self.reserve.note_exhausted(next_token);
+        self.reserve.poll_persist(now, next_token)
     }
 }
 
@@ -819,16 +820,16 @@ impl Machine for Server {
         }
     }
 
-    /// The write asked for by [`Server::poll_reserve`] failed; it is asked
+    /// The write asked for by [`Output::Reserve`] failed; it is asked
     /// for again later ([`Server::poll_timeout`] says when).
     fn handle_reserve_failed(&mut self, now: Instant) {
         self.reserve.handle_persist_failed(now);
     }
 
     /// An operator's force-release, decided at once: the answer is ready
-    /// from [`Server::poll_admin_reply`] under `id`. A release is exactly a
+    /// from [`Output::AdminReply`] under `id`. A release is exactly a
     /// holder's release (hand-over to the front waiter under a larger token,
-    /// wakes follow), counted and reported through [`Server::poll_log`].
+    /// wakes follow), counted and reported through [`Output::Log`].
     fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
         self.handle_timeout(now);
         // Read before the release: the key may go straight to a waiter.
@@ -871,15 +872,22 @@ impl Machine for Server {
         }
     }
 
-    /// A connection that has bytes to send or must be closed. A connection
-    /// whose bytes were already taken since it was queued is skipped, so each
-    /// is reported once per batch of bytes.
-    fn poll_wake(&mut self) -> Option<ConnId> {
-        self.wakes.poll(|conn_id| {
-            self.conns
-                .get_mut(&conn_id)
-                .is_some_and(|conn| conn.out.leave_wake_queue())
-        })
+    /// The next output, in this order: answers to force-releases, the
+    /// reserve write, token alerts, connections to serve, reports to log.
+    fn poll_output(&mut self, now: Instant) -> Option<Output> {
+        if let Some((id, outcome)) = self.admin_replies.pop() {
+            return Some(Output::AdminReply { id, outcome });
+        }
+        if let Some(value) = self.next_reserve_write(now) {
+            return Some(Output::Reserve { value });
+        }
+        if let Some(alert) = self.reserve.poll_alert() {
+            return Some(Output::Alert(alert));
+        }
+        if let Some(conn) = self.next_wake() {
+            return Some(Output::Wake(conn));
+        }
+        self.reports.poll().map(Output::Log)
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
@@ -903,32 +911,21 @@ impl Machine for Server {
         .min()
     }
 
-    /// A reserve value the driver must store durably now (then answer
-    /// [`Server::handle_reserve_persisted`] or
-    /// [`Server::handle_reserve_failed`]). Drain after every input.
-    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
-        let next_token = self.table.next_token();
-        // The table refuses every token above the limit, so a next token
-        // beyond it means grants are being held back right now.
-        self.reserve.note_exhausted(next_token);
-        self.reserve.poll_persist(now, next_token)
+    fn handle_requests(&mut self, now: Instant, conn_id: ConnId, requests: &mut Vec<Request>) {
+        self.serve_request_values(now, conn_id, requests);
     }
 
-    /// The next answer to a force-release. Drain after every input.
-    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
-        self.admin_replies.pop()
-    }
-
-    /// The next thing to log: aggregated abuse reports (`warn`) and close
-    /// reasons (`debug`). Drain after every input, like the wakes.
-    fn poll_log(&mut self) -> Option<LogEvent> {
-        self.reports.poll()
-    }
-
-    /// The next token alert for the operator (the driver logs it at
-    /// `error`).
-    fn poll_alert(&mut self) -> Option<TokenAlert> {
-        self.reserve.poll_alert()
+    fn poll_transmit_replies(
+        &mut self,
+        conn_id: ConnId,
+        out: &mut Vec<u8>,
+        replies: &mut Vec<Reply>,
+    ) -> ConnState {
+        self.conns
+            .get_mut(&conn_id)
+            .map_or(ConnState::Gone, |conn| {
+                conn.out.take_with_replies(out, replies)
+            })
     }
 
     /// False while `conn` has too many reply bytes waiting to be written: the

@@ -5,6 +5,7 @@
 //! the release-miss limit.
 
 use std::net::{IpAddr, Ipv4Addr};
+use ticketing_core::testing::outputs::OutputQueues;
 
 use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
@@ -77,6 +78,8 @@ fn token_of(reply: &Reply) -> u64 {
 struct Harness {
     server: Server,
     now: Instant,
+    /// What the server emitted and the test has not looked at yet.
+    outputs: OutputQueues,
     nonce: u8,
 }
 
@@ -85,6 +88,7 @@ impl Harness {
         let now = Instant::from_millis(1_000);
         Harness {
             server: Server::new(config, FIRST_TOKEN, now),
+            outputs: OutputQueues::default(),
             now,
             nonce: 0,
         }
@@ -160,7 +164,7 @@ impl Harness {
     }
 
     fn logs(&mut self) -> Vec<LogEvent> {
-        std::iter::from_fn(|| self.server.poll_log()).collect()
+        self.outputs.logs(&mut self.server, self.now)
     }
 
     fn abuse(&mut self) -> Vec<(Option<IpAddr>, AbuseKind, u64)> {

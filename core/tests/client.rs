@@ -114,7 +114,9 @@ impl Live {
                     self.server.handle_input(self.now, *conn, &up);
                 }
             }
-            while self.server.poll_wake().is_some() {}
+            // The pump serves every link after each round; outputs are
+            // not looked at.
+            while self.server.poll_output(self.now).is_some() {}
             for (conn, session) in &mut self.links {
                 let mut down = Vec::new();
                 let state = self.server.poll_transmit(*conn, &mut down);

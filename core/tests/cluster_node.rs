@@ -6,6 +6,7 @@
 const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use ticketing_core::testing::outputs::OutputQueues;
 
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
 use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
@@ -86,6 +87,8 @@ struct Net {
     /// Stale ends whose close the transport never reports (a write stuck
     /// on a silent link).
     stuck: BTreeSet<(usize, ConnId)>,
+    /// What each node emitted and the test has not looked at yet.
+    outputs: Vec<OutputQueues>,
     /// Peer dials that connected.
     dials_connected: usize,
     /// `dials_connected` when the latest partition began.
@@ -134,6 +137,7 @@ impl Net {
             cut: None,
             stale: BTreeSet::new(),
             stuck: BTreeSet::new(),
+            outputs: Vec::new(),
             dials_connected: 0,
             dials_at_cut: 0,
         }
@@ -159,20 +163,30 @@ impl Net {
         self.nodes[i].as_mut().expect("node alive")
     }
 
+    /// Node `i`'s outputs not looked at yet, with everything it emits now.
+    fn outputs(&mut self, i: usize) -> &mut OutputQueues {
+        let now = self.now;
+        self.outputs
+            .resize_with(self.nodes.len(), OutputQueues::default);
+        let node = self.nodes[i].as_mut().expect("node alive");
+        self.outputs[i].drain(node, now);
+        &mut self.outputs[i]
+    }
+
     /// Moves every byte until nothing moves.
     fn settle(&mut self) {
         for _ in 0..10_000 {
             let mut moved = false;
+            self.outputs
+                .resize_with(self.nodes.len(), OutputQueues::default);
             for i in 0..self.nodes.len() {
+                let now = self.now;
+                match self.nodes[i].as_mut() {
+                    Some(node) => self.outputs[i].drain(node, now),
+                    None => self.outputs[i] = OutputQueues::default(),
+                }
                 // Dials.
-                loop {
-                    let now = self.now;
-                    let Some(node) = self.nodes[i].as_mut() else {
-                        break;
-                    };
-                    let Some(slot) = node.poll_dial(now) else {
-                        break;
-                    };
+                while let Some(slot) = self.outputs[i].dials.pop_front() {
                     moved = true;
                     let target = usize::from(slot);
                     let across_cut = self.cut.is_some_and(|c| c == i || c == target);
@@ -193,20 +207,19 @@ impl Net {
                         self.node(i).handle_dial_failed(now, slot);
                     }
                 }
-                // Token reserve writes, durable at once unless held back.
-                let now = self.now;
+                // Token reserve writes, durable at once unless held back
+                // (a write asked for then waits in the queue).
                 if !self.hold_reserve_writes
-                    && let Some(node) = self.nodes[i].as_mut()
-                    && let Some(value) = node.poll_reserve(now)
+                    && let Some(value) = self.outputs[i].reserves.pop_front()
                 {
                     moved = true;
                     self.durable[i] = Some(value);
-                    node.handle_reserve_persisted(now, value);
+                    self.node(i).handle_reserve_persisted(now, value);
                 }
                 // Transmits.
                 let mut deliveries = VecDeque::new();
                 if let Some(node) = self.nodes[i].as_mut() {
-                    while let Some(conn) = node.poll_wake() {
+                    while let Some(conn) = self.outputs[i].wakes.pop_front() {
                         if let Some(Endpoint::Client(c)) = self.links.get(&(i, conn))
                             && self.clients[*c].stalled
                         {
@@ -388,6 +401,9 @@ impl Net {
             .copied()
             .collect();
         self.nodes[i] = None;
+        if let Some(outputs) = self.outputs.get_mut(i) {
+            *outputs = OutputQueues::default();
+        }
         for (n, conn) in links {
             match self.links.remove(&(n, conn)) {
                 Some(Endpoint::Peer(j, other)) => {
@@ -698,10 +714,7 @@ fn inputs_of_several_clients_before_a_peer_take_share_one_append_per_follower() 
 fn held_messages_wake_each_peer_link_once() {
     let (mut net, leader, c) = leader_with_a_client();
     net.send_bytes(c, &acquire(1, "j", 0, 10).to_frame());
-    let mut woken = Vec::new();
-    while let Some(conn) = net.node(leader).poll_wake() {
-        woken.push(conn);
-    }
+    let woken: Vec<ConnId> = net.outputs(leader).wakes.drain(..).collect();
     let peers: Vec<ConnId> = woken
         .iter()
         .copied()
@@ -713,7 +726,11 @@ fn held_messages_wake_each_peer_link_once() {
         let mut out = Vec::new();
         net.node(leader).poll_transmit(conn, &mut out);
         if n == 0 {
-            assert_eq!(net.node(leader).poll_wake(), None, "no second wake");
+            assert_eq!(
+                net.outputs(leader).wakes.pop_front(),
+                None,
+                "no second wake"
+            );
         }
         if !out.is_empty() {
             carrying += 1;
@@ -1371,7 +1388,10 @@ fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
         assert_eq!(state(&mut net, *conn), expected, "connection {i}");
     }
     assert_eq!(state(&mut net, other), ConnState::Open);
-    let evicted: Vec<_> = std::iter::from_fn(|| net.node(0).poll_log())
+    let evicted: Vec<_> = net
+        .outputs(0)
+        .logs
+        .drain(..)
         .filter(|e| {
             matches!(
                 e,
@@ -1405,7 +1425,7 @@ fn a_failed_peer_handshake_is_reported_with_its_source() {
         ConnState::CloseAfterFlush
     );
     net.node(1).handle_closed(now, conn);
-    let events: Vec<_> = std::iter::from_fn(|| net.node(1).poll_log()).collect();
+    let events: Vec<_> = net.outputs(1).logs.drain(..).collect();
     assert!(
         events.contains(&LogEvent::Abuse {
             source: Some(source),
@@ -1738,7 +1758,7 @@ fn a_healed_partition_of_the_leader_rejoins_within_3_s() {
         assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
         // The stale sockets were given up on, not waited for.
         let closed_silent = (0..3).any(|i| {
-            std::iter::from_fn(|| net.node(i).poll_log()).any(|e| {
+            net.outputs(i).logs.drain(..).any(|e| {
                 matches!(
                     e,
                     LogEvent::Closed {
@@ -1845,7 +1865,7 @@ fn a_live_link_is_never_closed_by_the_silence_rule() {
     net.elect();
     net.run_for(Duration::from_secs(1));
     for i in 0..3 {
-        while net.node(i).poll_log().is_some() {}
+        net.outputs(i).logs.clear();
     }
     let dials_before = net.dials_connected;
     // Ten minutes with no client traffic: heartbeats leader to followers,
@@ -1859,7 +1879,10 @@ fn a_live_link_is_never_closed_by_the_silence_rule() {
     }
     assert_eq!(net.dials_connected, dials_before, "no link was redialed");
     for i in 0..3 {
-        let closes: Vec<_> = std::iter::from_fn(|| net.node(i).poll_log())
+        let closes: Vec<_> = net
+            .outputs(i)
+            .logs
+            .drain(..)
             .filter(|e| matches!(e, LogEvent::Closed { .. }))
             .collect();
         assert!(closes.is_empty(), "node {i} closed {closes:?}");
@@ -2165,7 +2188,7 @@ fn force(k: &str, token: Option<u64>) -> ForceRelease {
 
 impl Net {
     fn admin_replies(&mut self, i: usize) -> Vec<(AdminRequestId, ForceReleaseOutcome)> {
-        std::iter::from_fn(|| self.node(i).poll_admin_reply()).collect()
+        self.outputs(i).admin_replies.drain(..).collect()
     }
 
     fn force_release(&mut self, i: usize, id: u64, req: ForceRelease) {
@@ -2636,8 +2659,7 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
 
 /// Every node event queued on node `i` so far.
 fn drain_events(net: &mut Net, i: usize) -> Vec<NodeEvent> {
-    let node = net.node(i);
-    std::iter::from_fn(|| node.poll_node_event()).collect()
+    net.outputs(i).node_events.drain(..).collect()
 }
 
 #[test]

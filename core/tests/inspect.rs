@@ -3,6 +3,7 @@
 //! API's access rule (`ticketing_core::admin`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use ticketing_core::testing::outputs::OutputQueues;
 
 use ticketing_core::admin::{
     AdminAccess, AdminEndpoint, AdminRefusal, AdminRefusals, AdminTokens, admin_access,
@@ -57,6 +58,8 @@ fn release(rid: u64, names: &[&str], token: u64) -> Request {
 struct Harness {
     server: Server,
     now: Instant,
+    /// What the server emitted and the test has not looked at yet.
+    outputs: OutputQueues,
     next_admin_id: u64,
 }
 
@@ -65,6 +68,7 @@ impl Harness {
         let now = Instant::from_millis(1_000);
         Harness {
             server: Server::new(ServerConfig::default(), FIRST_TOKEN, now),
+            outputs: OutputQueues::default(),
             now,
             next_admin_id: 0,
         }
@@ -147,9 +151,12 @@ impl Harness {
             token,
         };
         self.server.handle_force_release(self.now, id, req);
-        let (answered, outcome) = self.server.poll_admin_reply().expect("answered at once");
+        let (answered, outcome) = self
+            .outputs
+            .admin_reply(&mut self.server, self.now)
+            .expect("answered at once");
         assert_eq!(answered, id);
-        assert_eq!(self.server.poll_admin_reply(), None);
+        assert_eq!(self.outputs.admin_reply(&mut self.server, self.now), None);
         outcome
     }
 
@@ -528,7 +535,7 @@ fn force_release_is_counted_and_reported_as_a_log_event() {
     let mut h = Harness::new();
     let (_, token) = h.holder(source(1), &["k"], 30);
     let waiter = h.waiter(source(2), &["k"], 10);
-    while h.server.poll_log().is_some() {}
+    h.outputs.logs(&mut h.server, h.now);
     let before = h.server.metrics().lock;
     h.force_release("k", None);
     let new_token = h.token(waiter);
@@ -536,7 +543,7 @@ fn force_release_is_counted_and_reported_as_a_log_event() {
     assert_eq!(after.force_releases, before.force_releases + 1);
     assert_eq!(after.releases, before.releases + 1, "it is a release");
     assert_eq!(after.handovers_on_release, before.handovers_on_release + 1);
-    let logs: Vec<LogEvent> = std::iter::from_fn(|| h.server.poll_log()).collect();
+    let logs: Vec<LogEvent> = h.outputs.logs(&mut h.server, h.now);
     assert_eq!(
         logs,
         vec![LogEvent::ForceReleased {
@@ -549,7 +556,7 @@ fn force_release_is_counted_and_reported_as_a_log_event() {
     h.force_release("k", Some(token));
     h.force_release("free", None);
     assert_eq!(h.server.metrics().lock.force_releases, after.force_releases);
-    assert_eq!(h.server.poll_log(), None);
+    assert_eq!(h.outputs.logs(&mut h.server, h.now), vec![]);
 }
 
 #[test]

@@ -14,6 +14,7 @@ use ticketing_core::line::{
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Dialect, Server, ServerConfig};
+use ticketing_core::testing::outputs::OutputQueues;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
 
@@ -123,6 +124,8 @@ fn answer_for(hello: &[u8], token: &[u8]) -> Vec<u8> {
 struct Harness {
     server: Server,
     now: Instant,
+    /// What the server emitted and the test has not looked at yet.
+    outputs: OutputQueues,
     nonce: u8,
 }
 
@@ -131,6 +134,7 @@ impl Harness {
         let now = Instant::from_millis(1_000);
         Harness {
             server: Server::new(config, FIRST_TOKEN, now),
+            outputs: OutputQueues::default(),
             now,
             nonce: 0,
         }
@@ -477,15 +481,19 @@ fn a_failing_line_answer_waits_a_second_then_says_auth_failed_and_closes() {
     assert_eq!(decode_lines(&bytes), vec![e("auth_failed")]);
     assert_eq!(state, ConnState::CloseAfterFlush);
     assert_eq!(h.server.stats().lock.held_keys, 0);
-    let failed = std::iter::from_fn(|| h.server.poll_log()).any(|event| {
-        matches!(
-            event,
-            LogEvent::Abuse {
-                kind: AbuseKind::FailedProof,
-                ..
-            }
-        )
-    });
+    let failed = h
+        .outputs
+        .logs(&mut h.server, h.now)
+        .into_iter()
+        .any(|event| {
+            matches!(
+                event,
+                LogEvent::Abuse {
+                    kind: AbuseKind::FailedProof,
+                    ..
+                }
+            )
+        });
     assert!(failed, "the failed proof is reported");
 }
 
@@ -838,15 +846,19 @@ fn a_release_with_a_token_never_issued_is_reported_as_an_old_client() {
     frame.extend(b"2\n");
     let lines = h.call(conn, &frame);
     assert!(matches!(&lines[..], [Line::N { .. }]), "{lines:?}");
-    let reported = std::iter::from_fn(|| h.server.poll_log()).any(|event| {
-        matches!(
-            event,
-            LogEvent::Abuse {
-                kind: AbuseKind::TokenFromTheFuture,
-                ..
-            }
-        )
-    });
+    let reported = h
+        .outputs
+        .logs(&mut h.server, h.now)
+        .into_iter()
+        .any(|event| {
+            matches!(
+                event,
+                LogEvent::Abuse {
+                    kind: AbuseKind::TokenFromTheFuture,
+                    ..
+                }
+            )
+        });
     assert!(reported);
 }
 

@@ -10,6 +10,7 @@ use ticketing_core::auth::{
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::testing::outputs::OutputQueues;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
@@ -21,6 +22,8 @@ const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
 struct Harness {
     server: Server,
     now: Instant,
+    /// What the server emitted and the test has not looked at yet.
+    outputs: OutputQueues,
 }
 
 fn keys(names: &[&str]) -> KeyGroup {
@@ -79,6 +82,7 @@ impl Harness {
         let now = Instant::from_millis(1_000);
         Harness {
             server: Server::new(config, FIRST_TOKEN, now),
+            outputs: OutputQueues::default(),
             now,
         }
     }
@@ -156,7 +160,8 @@ impl Harness {
     }
 
     fn woken(&mut self) -> Vec<ConnId> {
-        std::iter::from_fn(|| self.server.poll_wake()).collect()
+        self.outputs.drain(&mut self.server, self.now);
+        self.outputs.wakes.drain(..).collect()
     }
 }
 
@@ -436,7 +441,7 @@ fn a_single_server_refuses_peer_and_dialed_connections_and_never_counts_as_quies
     let conn = h.connect();
     assert_eq!(h.server.handle_peer_accept(h.now, [0; 16], LOOPBACK), None);
     assert_eq!(h.server.handle_dialed(h.now, 1, [0; 16]), None);
-    assert_eq!(h.server.poll_dial(h.now), None);
+    assert_eq!(h.outputs.dial(&mut h.server, h.now), None);
     assert_eq!(h.server.stats().connections, 1, "nothing but the client");
     // Shutdown waits for every connection: the server never says the rest
     // may be dropped, not even once they are all gone.
@@ -446,7 +451,7 @@ fn a_single_server_refuses_peer_and_dialed_connections_and_never_counts_as_quies
     assert_eq!(h.server.stats().connections, 0);
     assert!(!h.server.quiesced());
     assert_eq!(h.server.node_id(), None);
-    assert_eq!(h.server.poll_node_event(), None);
+    assert!(h.outputs.node_events(&mut h.server, h.now).is_empty());
 }
 
 #[test]
@@ -605,16 +610,19 @@ fn nothing_is_granted_before_the_first_reserve_is_durable() {
         h.call(conn, &acquire(1, "k", 0, 30)),
         [Reply::Busy { rid: 1 }]
     );
-    assert_eq!(h.server.poll_reserve(h.now), Some(FIRST_TOKEN + STEP));
+    assert_eq!(
+        h.outputs.reserve(&mut h.server, h.now),
+        Some(FIRST_TOKEN + STEP)
+    );
     // One write at a time.
-    assert_eq!(h.server.poll_reserve(h.now), None);
+    assert_eq!(h.outputs.reserve(&mut h.server, h.now), None);
     h.server.handle_reserve_persisted(h.now, FIRST_TOKEN + STEP);
     assert_eq!(
         granted_token(&h.call(conn, &acquire(2, "k", 0, 30))),
         FIRST_TOKEN
     );
     assert!(matches!(
-        h.server.poll_alert(),
+        h.outputs.alerts(&mut h.server, h.now).first().copied(),
         Some(TokenAlert::Exhausted { .. })
     ));
 }
@@ -623,7 +631,7 @@ fn nothing_is_granted_before_the_first_reserve_is_durable() {
 fn the_next_reserve_is_asked_for_half_a_step_early_and_never_overrun() {
     let mut h = with_reserve(None);
     let limit = FIRST_TOKEN + STEP;
-    h.server.poll_reserve(h.now);
+    h.outputs.reserve(&mut h.server, h.now);
     h.server.handle_reserve_persisted(h.now, limit);
     let conn = h.connect();
     let mut asked = None;
@@ -642,7 +650,10 @@ fn the_next_reserve_is_asked_for_half_a_step_early_and_never_overrun() {
             ref other => panic!("unexpected {other:?}"),
         }
         if asked.is_none() {
-            asked = h.server.poll_reserve(h.now).map(|value| (value, last));
+            asked = h
+                .outputs
+                .reserve(&mut h.server, h.now)
+                .map(|value| (value, last));
         }
     }
     // Asked once the next token came within STEP / 2 of the reserve: the
@@ -663,7 +674,10 @@ fn a_queued_waiter_keeps_its_place_until_the_reserve_grows() {
     // grant, then none.
     let start = FIRST_TOKEN;
     let mut h = with_durable(start, start);
-    let asked = h.server.poll_reserve(h.now).expect("a write is asked for");
+    let asked = h
+        .outputs
+        .reserve(&mut h.server, h.now)
+        .expect("a write is asked for");
     let [holder, waiter] = h.connections();
     let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
     assert_eq!(token, start);
@@ -693,16 +707,22 @@ fn a_waiter_held_back_by_the_reserve_still_times_out() {
     h.send(waiter, &acquire(7, "k", 2, 30));
     h.call(holder, &release(2, "k", token));
     // The write keeps failing; the wait ends with T (minus the margin).
-    h.server.poll_reserve(h.now).expect("a write is asked for");
+    h.outputs
+        .reserve(&mut h.server, h.now)
+        .expect("a write is asked for");
     h.server.handle_reserve_failed(h.now);
-    assert_eq!(h.server.poll_reserve(h.now), None, "not at once again");
+    assert_eq!(
+        h.outputs.reserve(&mut h.server, h.now),
+        None,
+        "not at once again"
+    );
     assert!(matches!(
-        std::iter::from_fn(|| h.server.poll_alert()).last(),
+        h.outputs.alerts(&mut h.server, h.now).into_iter().last(),
         Some(TokenAlert::PersistFailed { .. })
     ));
     h.advance(Duration::from_millis(1_900));
     assert_eq!(h.replies(waiter), [Reply::TimedOut { rid: 7 }]);
     // Retried after the pause the core asks for (1 s, already passed).
-    assert!(h.server.poll_reserve(h.now).is_some());
+    assert!(h.outputs.reserve(&mut h.server, h.now).is_some());
     assert_eq!(h.server.stats().reserve.persist_failures, 1);
 }

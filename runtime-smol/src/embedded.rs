@@ -7,7 +7,7 @@
 //! *peer* of the hub:
 //!
 //! - a socket peer has one task and one wake-up; after every input the
-//!   task that fed the core drains [`Machine::poll_wake`] and notifies the
+//!   task that fed the core drains [`Machine::poll_output`] and notifies the
 //!   woken peers (the serve loop of `ticketing-tokio`, ported to async-io);
 //!   that is this module;
 //! - a memory peer is one connection of an in-process [`TicketBroker`]: the
@@ -332,7 +332,7 @@ impl EmbeddedServer {
     /// counts. Only a server with [`EmbeddedServerBuilder::state_dir`] has
     /// any.
     pub fn poll_token_alert(&self) -> Option<TokenAlert> {
-        self.hub.lock().server.poll_alert()
+        self.hub.lock().kept.alerts.pop_front()
     }
 
     /// One page of the keys starting with `prefix` that are held or
@@ -376,15 +376,16 @@ impl EmbeddedServer {
         inner
             .server
             .handle_force_release(now, id, ForceRelease { key, token });
-        // Single mode answers at once, under this same lock.
-        let mut outcome = ForceReleaseOutcome::Indeterminate;
-        while let Some((answered, answer)) = inner.server.poll_admin_reply() {
-            if answered == id {
-                outcome = answer;
-            }
-        }
-        // Hands the grant of a hand-over to its waiter's link.
+        // Hands the grant of a hand-over to its waiter's link, and keeps
+        // the answer: single mode answers at once, under this same lock.
         inner.dispatch(&self.hub.timer, None, None);
+        let mut outcome = ForceReleaseOutcome::Indeterminate;
+        inner.kept.admin_answers.retain(|(answered, answer)| {
+            if *answered == id {
+                outcome = answer.clone();
+            }
+            *answered != id
+        });
         Ok(outcome)
     }
 
@@ -485,7 +486,7 @@ async fn run_persister(hub: Arc<Hub>, file: FloorFile, persist: Arc<Notify>) {
         if hub.stopping.load(Ordering::Acquire) {
             return;
         }
-        let Some(value) = hub.lock().reserve_request.take() else {
+        let Some(value) = hub.lock().kept.reserve_request.take() else {
             continue;
         };
         let writer = Arc::clone(&file);

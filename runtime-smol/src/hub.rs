@@ -10,6 +10,7 @@
 //! [`Machine::handle_flushed`], so a broker that dies first leaves no ghost
 //! grant, exactly as over TCP.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,7 +20,9 @@ use futures_rustls::TlsAcceptor;
 use ticketing_core::auth::NONCE_LEN;
 use ticketing_core::client::Session;
 use ticketing_core::hash::IdMap;
-use ticketing_core::machine::Machine;
+use ticketing_core::inspect::{AdminRequestId, ForceReleaseOutcome};
+use ticketing_core::machine::{Machine, Output};
+use ticketing_core::reserve::TokenAlert;
 use ticketing_core::server::{ConnId, ConnState, Server};
 use ticketing_core::time::Instant;
 use ticketing_core::wire::{Reply, Request};
@@ -58,8 +61,24 @@ pub(crate) struct HubInner {
     clock: Clock,
     /// Wakes the persister (with a state file only).
     pub(crate) persist: Option<Arc<Notify>>,
+    /// The core's outputs for the other tasks and the application.
+    pub(crate) kept: Kept,
+}
+
+/// Token alerts kept for [`crate::EmbeddedServer::poll_token_alert`] at
+/// most; an application that never asks loses the oldest.
+const ALERTS_KEPT_MAX: usize = 64;
+
+/// The core's outputs that wait for another task or the application:
+/// everything [`Machine::poll_output`] gives besides wakes.
+#[derive(Default)]
+pub(crate) struct Kept {
     /// A reserve write the core asked for, not yet picked up.
     pub(crate) reserve_request: Option<u64>,
+    /// Token alerts the application has not asked for yet.
+    pub(crate) alerts: VecDeque<TokenAlert>,
+    /// Answers to force-releases, taken by their callers under the lock.
+    pub(crate) admin_answers: Vec<(AdminRequestId, ForceReleaseOutcome)>,
 }
 
 /// A connection of the server, as the hub drives it.
@@ -99,33 +118,25 @@ impl HubInner {
         me: Option<ConnId>,
         owner: Option<u64>,
     ) -> bool {
-        let mine = self.drain_wakes(me, owner, |_| {});
+        let now = self.clock.now();
+        let mine = drain_outputs(
+            &mut self.server,
+            &mut self.peers,
+            &mut self.kept,
+            now,
+            (me, owner),
+            |_| {},
+        );
         self.after_input(timer);
         mine
     }
 
-    /// The wake half of [`Self::dispatch`]; `owned` hears each woken link
-    /// of `owner`.
-    fn drain_wakes(
-        &mut self,
-        me: Option<ConnId>,
-        owner: Option<u64>,
-        owned: impl FnMut(ConnId),
-    ) -> bool {
-        drain_wakes(&mut self.server, &mut self.peers, me, owner, owned)
-    }
-
-    /// The rest of [`Self::dispatch`], once the wakes are drained: the
-    /// core's reports, a reserve write it asks for, the timer's deadline.
+    /// The rest of [`Self::dispatch`], once the outputs are drained: the
+    /// persister if a reserve write waits, the timer's deadline.
     fn after_input(&mut self, timer: &Notify) {
-        // The embedded server has no logger: the core's reports (failed
-        // proofs, close reasons) are drained so its bounded queue never
-        // fills, and dropped.
-        while self.server.poll_log().is_some() {}
         if let Some(persist) = &self.persist
-            && let Some(value) = self.server.poll_reserve(self.clock.now())
+            && self.kept.reserve_request.is_some()
         {
-            self.reserve_request = Some(value);
             persist.notify_one();
         }
         let deadline = self
@@ -144,39 +155,61 @@ impl HubInner {
     }
 }
 
-/// [`HubInner::drain_wakes`] on the hub's fields, so that
-/// [`Hub::exchange`] can hold its scratch buffers beside them.
-fn drain_wakes(
+/// Drains the core's outputs on the hub's fields (so that [`Hub::exchange`]
+/// can hold its scratch buffers beside them): socket peers are notified
+/// (`me` only reported), memory peers get their bytes in their inbox and
+/// are notified unless their broker (`owner`) is reading them right now
+/// (`owned` hears each woken link of `owner`); the rest is kept. True if
+/// `me`, or a link of `owner`, was woken.
+fn drain_outputs(
     server: &mut Server,
     peers: &mut IdMap<ConnId, Peer>,
-    me: Option<ConnId>,
-    owner: Option<u64>,
+    kept: &mut Kept,
+    now: Instant,
+    (me, owner): (Option<ConnId>, Option<u64>),
     mut owned: impl FnMut(ConnId),
 ) -> bool {
     let mut mine = false;
-    while let Some(conn) = server.poll_wake() {
-        match peers.get_mut(&conn) {
-            Some(Peer::Socket(waker)) => {
-                if Some(conn) == me {
-                    mine = true;
-                } else {
-                    waker.notify_one();
+    while let Some(output) = server.poll_output(now) {
+        match output {
+            Output::Wake(conn) => match peers.get_mut(&conn) {
+                Some(Peer::Socket(waker)) => {
+                    if Some(conn) == me {
+                        mine = true;
+                    } else {
+                        waker.notify_one();
+                    }
                 }
+                Some(Peer::Memory(peer)) => {
+                    let state =
+                        server.poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
+                    if state != ConnState::Open {
+                        peer.state = state;
+                    }
+                    if Some(peer.owner) != owner {
+                        peer.wake.notify_one();
+                    } else {
+                        mine = true;
+                        owned(conn);
+                    }
+                }
+                // A peer being closed right now; its closer tells the core.
+                None => {}
+            },
+            Output::Reserve { value } => kept.reserve_request = Some(value),
+            Output::Alert(alert) => {
+                if kept.alerts.len() >= ALERTS_KEPT_MAX {
+                    kept.alerts.pop_front();
+                }
+                kept.alerts.push_back(alert);
             }
-            Some(Peer::Memory(peer)) => {
-                let state = server.poll_transmit_replies(conn, &mut peer.inbox, &mut peer.replies);
-                if state != ConnState::Open {
-                    peer.state = state;
-                }
-                if Some(peer.owner) != owner {
-                    peer.wake.notify_one();
-                } else {
-                    mine = true;
-                    owned(conn);
-                }
-            }
-            // A peer being closed right now; its closer tells the core.
-            None => {}
+            Output::AdminReply { id, outcome } => kept.admin_answers.push((id, outcome)),
+            // The embedded server has no logger: the core's reports (failed
+            // proofs, close reasons) are dropped; its counts stay in
+            // `EmbeddedServer::stats`.
+            Output::Log(_) => {}
+            // A single-mode server neither dials nor has node events.
+            Output::Dial { .. } | Output::Node(_) => {}
         }
     }
     mine
@@ -189,7 +222,7 @@ fn drain_wakes(
 /// during the handshake, as values once the session is ready (no codec
 /// between two state machines in one process; the server checks and
 /// serves values exactly as decoded frames, see
-/// [`Server::handle_requests`]). `bufs` are the hub's scratch buffers,
+/// [`Machine::handle_requests`]). `bufs` are the hub's scratch buffers,
 /// swapped with the inbox (each keeps its capacity).
 fn serve_link(
     server: &mut Server,
@@ -311,7 +344,7 @@ impl Hub {
                 scratch: Scratch::default(),
                 clock,
                 persist,
-                reserve_request: None,
+                kept: Kept::default(),
             }),
             clock,
             timer: Notify::new(),
@@ -395,6 +428,7 @@ impl Hub {
             server,
             peers,
             scratch: bufs,
+            kept,
             ..
         } = &mut *guard;
         // The links of `first` once (all of them: bytes may have come in,
@@ -413,7 +447,7 @@ impl Hub {
             }
             due = 0;
             let links = &*links;
-            drain_wakes(server, peers, None, Some(owner), |conn| {
+            drain_outputs(server, peers, kept, now, (None, Some(owner)), |conn| {
                 if let Some(index) = links
                     .iter()
                     .position(|link| link.as_ref().is_some_and(|link| link.conn == conn))

@@ -47,7 +47,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
 use ticketing_core::cluster::peer::PeerTokens;
 use ticketing_core::cluster::{ClusterConfig, ClusterNode};
-use ticketing_core::machine::Machine;
+use ticketing_core::machine::{Machine, Output};
 use ticketing_core::raft::NodeId;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::{Duration, Instant};
@@ -257,19 +257,22 @@ impl Net {
         let mut woken = std::mem::take(&mut self.woken[i]);
         let mut dials = std::mem::take(&mut self.dials);
         self.on(i, |node| {
-            while let Some(conn) = node.poll_wake() {
-                woken.push(conn);
+            let mut reserve = None;
+            while let Some(output) = node.poll_output(now) {
+                match output {
+                    Output::Wake(conn) => woken.push(conn),
+                    Output::Dial { slot } => dials.push((i, slot)),
+                    Output::Reserve { value } => reserve = Some(value),
+                    // Logged by the daemon; only drained here.
+                    Output::AdminReply { .. }
+                    | Output::Log(_)
+                    | Output::Alert(_)
+                    | Output::Node(_) => {}
+                }
             }
-            while let Some(slot) = node.poll_dial(now) {
-                dials.push((i, slot));
-            }
-            if let Some(value) = node.poll_reserve(now) {
+            if let Some(value) = reserve {
                 node.handle_reserve_persisted(now, value);
             }
-            while node.poll_admin_reply().is_some() {}
-            while node.poll_log().is_some() {}
-            while node.poll_alert().is_some() {}
-            while node.poll_node_event().is_some() {}
             std::hint::black_box(node.poll_timeout());
             std::hint::black_box(node.is_shutting_down());
         });

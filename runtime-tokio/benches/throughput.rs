@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use ticketing_core::machine::Machine;
+use ticketing_core::machine::{Machine, Output};
 
 #[path = "support/echo.rs"]
 mod echo;
@@ -633,7 +633,7 @@ fn core_contended_cpu_per_op(inputs: usize) -> f64 {
         holders[key] = (key * PER_KEY, word(&out[11..]));
         server.handle_flushed(now, conns[key * PER_KEY]);
     }
-    while server.poll_wake().is_some() {}
+    while server.poll_output(now).is_some() {}
     let mut woken = Vec::new();
     let started = proc_cpu::this_thread_cpu();
     for input in 0..inputs {
@@ -653,13 +653,18 @@ fn core_contended_cpu_per_op(inputs: usize) -> f64 {
         now = now.saturating_add(ticketing_core::time::Duration::from_micros(1));
         server.handle_input(now, conns[holder], &frames);
         // What the driver does after every input (serve/shared.rs).
-        while let Some(conn) = server.poll_wake() {
-            woken.push(conn);
+        while let Some(output) = server.poll_output(now) {
+            match output {
+                Output::Wake(conn) => woken.push(conn),
+                // Logged or acted on by the daemon; only drained here.
+                Output::Dial { .. }
+                | Output::Reserve { .. }
+                | Output::AdminReply { .. }
+                | Output::Log(_)
+                | Output::Alert(_)
+                | Output::Node(_) => {}
+            }
         }
-        let _ = server.poll_reserve(now);
-        while server.poll_admin_reply().is_some() {}
-        while server.poll_log().is_some() {}
-        while server.poll_alert().is_some() {}
         std::hint::black_box(server.poll_timeout());
         let _ = server.wants_input(conns[holder]);
         let mut handed_token = None;

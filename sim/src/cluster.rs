@@ -26,7 +26,7 @@ use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
 use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor};
 use ticketing_core::lock::Limits;
-use ticketing_core::machine::Machine;
+use ticketing_core::machine::{Machine, Output};
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
 use ticketing_core::wire::{ErrorCode, Key, Reply, Request};
 
@@ -1081,15 +1081,13 @@ impl<'t> ClusterWorld<'t> {
 
     /// The answers to force-releases a node has: each resolves the
     /// operator's history entries as the answer says.
-    fn drain_admin_replies(&mut self, slot: u8) {
+    fn resolve_admin_replies(
+        &mut self,
+        slot: u8,
+        answers: Vec<(AdminRequestId, ForceReleaseOutcome)>,
+    ) {
         let s = usize::from(slot);
         let inc = self.nodes[s].inc;
-        let mut answers = Vec::new();
-        if let Some(node) = self.nodes[s].node.as_mut() {
-            while let Some(answer) = node.poll_admin_reply() {
-                answers.push(answer);
-            }
-        }
         for (AdminRequestId(id), outcome) in answers {
             let Some(op) = self.admin_pending.remove(&id) else {
                 self.violation(
@@ -1158,12 +1156,12 @@ impl<'t> ClusterWorld<'t> {
     /// The node's events: the latest one of each kind names the state the
     /// node is in now (they are queued as changes happen, not sampled).
     /// Not part of the trace.
-    fn drain_node_events(&mut self, slot: u8) {
-        let Some(node) = self.nodes[usize::from(slot)].node.as_mut() else {
+    fn check_node_events(&mut self, slot: u8, events: Vec<NodeEvent>) {
+        let Some(node) = self.nodes[usize::from(slot)].node.as_ref() else {
             return;
         };
         let (mut leader, mut voter, mut generation) = (None, None, None);
-        while let Some(event) = node.poll_node_event() {
+        for event in events {
             match event {
                 NodeEvent::LeaderChanged { leader: l, .. } => leader = Some(l),
                 NodeEvent::VoterChanged { is_voter } => voter = Some(is_voter),
@@ -1189,23 +1187,48 @@ impl<'t> ClusterWorld<'t> {
         }
     }
 
-    /// After any node input: admin answers, events, dials, transmits, timer.
-    fn node_step(&mut self, slot: u8, retake: Option<ConnId>) {
-        self.drain_admin_replies(slot);
-        self.drain_node_events(slot);
+    /// Everything node `slot` emits now, by kind; its alerts and reports
+    /// go to the notes (not part of the trace).
+    fn drain_node_outputs(&mut self, slot: u8) -> NodeOutputs {
         let s = usize::from(slot);
         let now = self.node_now(slot);
-        let inc = self.nodes[s].inc;
-        let Some(node) = self.nodes[s].node.as_mut() else {
-            return;
-        };
-        let mut dials = Vec::new();
-        while let Some(target) = node.poll_dial(now) {
-            dials.push(target);
+        let mut outputs = NodeOutputs::default();
+        let mut noted = Vec::new();
+        if let Some(node) = self.nodes[s].node.as_mut() {
+            while let Some(output) = node.poll_output(now) {
+                match output {
+                    Output::Wake(id) => outputs.woken.push(id),
+                    Output::Dial { slot: target } => outputs.dials.push(target),
+                    Output::AdminReply { id, outcome } => outputs.admin.push((id, outcome)),
+                    Output::Node(event) => outputs.events.push(event),
+                    // Formatted only when tracing.
+                    Output::Alert(_) | Output::Log(_) => noted.push(output),
+                    // The sim's nodes issue tokens without a reserve: one
+                    // asked for would be a note, and never written.
+                    Output::Reserve { .. } => noted.push(output),
+                }
+            }
         }
-        let mut woken = Vec::new();
-        while let Some(id) = node.poll_wake() {
-            woken.push(id);
+        for output in noted {
+            self.note(|| format!("node {slot}: {output:?}"));
+        }
+        outputs
+    }
+
+    /// After any node input: admin answers, events, dials, transmits, timer.
+    fn node_step(&mut self, slot: u8, retake: Option<ConnId>) {
+        let NodeOutputs {
+            admin,
+            events,
+            dials,
+            mut woken,
+        } = self.drain_node_outputs(slot);
+        self.resolve_admin_replies(slot, admin);
+        self.check_node_events(slot, events);
+        let s = usize::from(slot);
+        let inc = self.nodes[s].inc;
+        if self.nodes[s].node.is_none() {
+            return;
         }
         woken.extend(retake);
         woken.sort();
@@ -2817,4 +2840,13 @@ impl std::fmt::Debug for TraceEv<'_> {
             other => write!(f, "{other:?}"),
         }
     }
+}
+
+/// What one node emitted after an input, by kind, in order.
+#[derive(Default)]
+struct NodeOutputs {
+    admin: Vec<(AdminRequestId, ForceReleaseOutcome)>,
+    events: Vec<NodeEvent>,
+    dials: Vec<u8>,
+    woken: Vec<ConnId>,
 }

@@ -16,6 +16,7 @@ use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::machine::Machine;
 use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::testing::outputs::OutputQueues;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{Key, Reply, Request};
 
@@ -158,6 +159,8 @@ struct ServerProc {
     /// The deadline the pending timer event stands for.
     armed: Option<Instant>,
     conns: BTreeMap<ConnId, u64>,
+    /// What the server emitted and the world has not served yet.
+    outputs: OutputQueues,
 }
 
 /// A simulated world; see the module docs.
@@ -425,22 +428,30 @@ impl<'t> World<'t> {
             timer_generation: 0,
             armed: None,
             conns: BTreeMap::new(),
+            outputs: OutputQueues::default(),
         });
         self.server_step(Vec::new());
     }
 
-    /// Starts the reserve write the server asks for, if any: durable after
-    /// a random delay, lost if the server crashes first.
-    fn poll_server_reserve(&mut self) {
+    /// Drains the server's outputs: notes its alerts and reports, and
+    /// starts the reserve write it asks for, if any (durable after a random
+    /// delay, lost if the server crashes first). Wakes and force-release
+    /// answers stay in `proc.outputs` for the step that serves them.
+    fn drain_server_outputs(&mut self) {
         let now = self.server_now();
         let Some(proc) = self.server.as_mut() else {
             return;
         };
         let epoch = proc.epoch;
-        let alerts: Vec<_> = std::iter::from_fn(|| proc.server.poll_alert()).collect();
-        let asked = proc.server.poll_reserve(instant(now));
+        proc.outputs.drain(&mut proc.server, instant(now));
+        let alerts: Vec<_> = proc.outputs.alerts.drain(..).collect();
+        let logs: Vec<_> = proc.outputs.logs.drain(..).collect();
+        let asked = proc.outputs.reserves.pop_front();
         for alert in alerts {
             self.note(|| format!("server epoch {epoch}: {alert}"));
+        }
+        for event in logs {
+            self.note(|| format!("server epoch {epoch}: {event:?}"));
         }
         if let Some(value) = asked {
             let delay = self
@@ -578,7 +589,7 @@ impl<'t> World<'t> {
     /// [`World::server_step`], also taking `writable`'s bytes (its socket
     /// just became writable again).
     fn server_step_with(&mut self, fresh: Vec<(u64, u64)>, writable: Option<u64>) {
-        self.poll_server_reserve();
+        self.drain_server_outputs();
         let Some(proc) = self.server.as_mut() else {
             return;
         };
@@ -624,13 +635,11 @@ impl<'t> World<'t> {
                 )
             });
         }
+        self.drain_server_outputs();
         let Some(proc) = self.server.as_mut() else {
             return;
         };
-        let mut woken = Vec::new();
-        while let Some(id) = proc.server.poll_wake() {
-            woken.push(id);
-        }
+        let mut woken: Vec<_> = proc.outputs.wakes.drain(..).collect();
         if let Some(conn_id) = writable
             && let Some(id) = self.conns.get(&conn_id).and_then(|conn| conn.server_id)
             && proc.conns.get(&id) == Some(&conn_id)
@@ -1154,7 +1163,8 @@ impl<'t> World<'t> {
             token: asked,
         };
         proc.server.handle_force_release(instant(local), id, req);
-        let answer = proc.server.poll_admin_reply();
+        proc.outputs.drain(&mut proc.server, instant(local));
+        let answer = proc.outputs.admin_replies.pop_front();
         self.rec.report.faults += 1;
         let group = self
             .token_groups

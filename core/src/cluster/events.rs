@@ -10,54 +10,13 @@
 
 use std::collections::VecDeque;
 
-use crate::cluster::peer::PeerError;
 use crate::raft::NodeId;
 
 /// Most node events queued for the driver. There are five kinds, so a full
 /// queue always holds a superseded event to drop.
 pub const NODE_EVENTS_MAX: usize = 64;
 
-/// A change in the node the driver should log or act on
-/// ([`crate::machine::Machine::poll_node_event`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeEvent {
-    /// The leader this node knows changed (`None`: no leader known). When
-    /// `leader` is this node's own id, this node leads.
-    LeaderChanged {
-        /// The new leader.
-        leader: Option<NodeId>,
-        /// The Raft term when it changed.
-        term: u64,
-    },
-    /// This node became a voter (`true`) or stopped being one (learner or
-    /// removed).
-    VoterChanged {
-        /// Whether this node votes now.
-        is_voter: bool,
-    },
-    /// A bootstrap member found the cluster already running and rejoined as
-    /// this new generation of its slot.
-    GenerationChanged {
-        /// The generation it runs under now.
-        generation: u64,
-    },
-    /// Peer frames were refused by the decoder (each closed its
-    /// connection). Coalesced until drained: `refused` counts all so far.
-    PeerFramesRefused {
-        /// The slot of the latest refused frame.
-        slot: u8,
-        /// Why the latest one was refused.
-        error: PeerError,
-        /// Peer frames refused since the node started.
-        refused: u64,
-    },
-    /// Raft dropped peer messages carrying an out-of-bounds term or index.
-    /// Coalesced until drained: `refused` counts all so far.
-    RaftMessagesRefused {
-        /// Messages Raft refused since the node started.
-        refused: u64,
-    },
-}
+pub use crate::machine::NodeEvent;
 
 impl NodeEvent {
     /// Events of one kind supersede each other.

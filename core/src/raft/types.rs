@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
+pub use crate::machine::NodeId;
+
 /// Every term, log index, commit index, hint and snapshot offset a peer
 /// sends must be below this bound (2^62); a message carrying one at or above
 /// it is refused, by the peer decoder and again by [`super::Raft::step`].
@@ -17,30 +19,6 @@ use std::sync::Arc;
 /// overflow on anything accepted, and a node never campaigns in a term its
 /// peers would refuse (see [`super::Raft`]'s handling of an exhausted term).
 pub const RAFT_NUMBER_MAX: u64 = 1 << 62;
-
-/// The Raft identity of a node: a stable slot (its place in the client's
-/// address list) and a generation that is new every time a process starts
-/// with empty state for that slot.
-///
-/// State is volatile, so a restarted process has forgotten its votes and its
-/// log. Were it to come back under its old identity it could vote twice in a
-/// term or acknowledge entries it no longer holds, and two leaders or a lost
-/// commit would follow. A fresh generation makes it a different node, which
-/// joins as a learner and replaces its old self by a membership change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId {
-    /// Position in the cluster's address list (0..n-1).
-    pub slot: u8,
-    /// Incarnation of the process behind the slot; larger is newer.
-    pub generation: u64,
-}
-
-impl NodeId {
-    /// Shorthand constructor.
-    pub const fn new(slot: u8, generation: u64) -> Self {
-        NodeId { slot, generation }
-    }
-}
 
 /// A cluster configuration: who votes and who only receives the log.
 ///

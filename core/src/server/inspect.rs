@@ -16,7 +16,7 @@ use crate::lock::KeyInspection;
 use crate::server::ConnId;
 
 /// Admin answers kept for a driver that does not drain
-/// [`crate::machine::Machine::poll_admin_reply`]; past it the oldest is dropped (its caller
+/// [`crate::machine::Output::AdminReply`]; past it the oldest is dropped (its caller
 /// times out; the force-release itself took effect).
 pub const QUEUED_ADMIN_REPLIES_MAX: usize = 1_024;
 

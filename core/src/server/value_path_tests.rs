@@ -1,5 +1,5 @@
-//! The value path of an in-process link ([`Server::handle_requests`],
-//! [`Server::poll_transmit_replies`]) against the byte path: the same
+//! The value path of an in-process link ([`Machine::handle_requests`],
+//! [`Machine::poll_transmit_replies`]) against the byte path: the same
 //! requests get the same replies, counts and hand-overs, and a grant whose
 //! reply value was never flushed is released like one whose frame was never
 //! written.

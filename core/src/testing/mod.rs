@@ -3,6 +3,8 @@
 //!
 //! - [`fuzzing`]: the entry points of the cargo-fuzz targets in `fuzz/`,
 //!   which the stable corpus-replay tests call too.
+//! - [`outputs`]: [`outputs::OutputQueues`], a machine's outputs sorted by
+//!   kind for tests that look at one kind at a time.
 //! - [`lock_model`]: a reference model of the lock table and the op-sequence
 //!   harness shared by the proptest in `core/tests` and the simulator.
 //! - `planted` (feature `planted-bugs`): deliberate mutations the
@@ -16,5 +18,6 @@
 
 pub mod fuzzing;
 pub mod lock_model;
+pub mod outputs;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;

@@ -1,31 +1,17 @@
 //! Logging what the core reports. The core decides what is worth telling
 //! (and aggregates it); the driver drains its report outputs after every
-//! input and turns them into `tracing` events here.
+//! input (`Inner::dispatch`) and turns them into `tracing` events here.
 
 use tracing::{debug, error, info, warn};
 
 use ticketing_core::budget::LogEvent;
 use ticketing_core::cluster::NodeEvent;
-use ticketing_core::machine::Machine;
 use ticketing_core::raft::NodeId;
 use ticketing_core::reserve::TokenAlert;
 use ticketing_core::wire::Key;
 
-/// Drains and logs the core's reports, token alerts and node events.
-pub(crate) fn drain_reports<M: Machine>(core: &mut M) {
-    while let Some(event) = core.poll_log() {
-        log_event(event);
-    }
-    while let Some(alert) = core.poll_alert() {
-        log_token_alert(alert);
-    }
-    while let Some(event) = core.poll_node_event() {
-        log_node_event(core.node_id(), event);
-    }
-}
-
 /// Logs what the core reported: abuse at `warn`, close reasons at `debug`.
-fn log_event(event: LogEvent) {
+pub(crate) fn log_event(event: LogEvent) {
     match event {
         LogEvent::Abuse {
             source,
@@ -72,13 +58,13 @@ fn log_event(event: LogEvent) {
 }
 
 /// Logs what the core reports about the token counter.
-fn log_token_alert(alert: TokenAlert) {
+pub(crate) fn log_token_alert(alert: TokenAlert) {
     error!("{alert}");
 }
 
 /// Logs what a cluster node reported about itself; `own_id` (the node's
 /// current id) names a leader change to this node as such.
-fn log_node_event(own_id: Option<NodeId>, event: NodeEvent) {
+pub(crate) fn log_node_event(own_id: Option<NodeId>, event: NodeEvent) {
     match event {
         NodeEvent::GenerationChanged { generation } => warn!(
             generation,

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use ticketing_core::hash::IdMap;
-use ticketing_core::machine::Machine;
+use ticketing_core::machine::{Machine, Output};
 use ticketing_core::server::ConnId;
 use ticketing_core::time::{Instant, StdOrigin};
 
-use super::log::drain_reports;
+use super::log::{log_event, log_node_event, log_token_alert};
 use crate::admin;
 
 /// The driver's monotonic clock: reads the std clock; the core's
@@ -117,28 +117,41 @@ pub(crate) struct Inner<M> {
 
 impl<M: Machine> Inner<M> {
     /// Drains the core's outputs after an input: notifies every woken
-    /// connection but `me` and says whether `me` was woken. Then collects
-    /// dials, the reserve write and admin answers, logs the reports, tells
-    /// the timer if the input made the next deadline earlier, and (during
-    /// shutdown) the supervisor.
+    /// connection but `me` and says whether `me` was woken; hands dials to
+    /// the supervisor, the reserve write to the persister and admin answers
+    /// to their waiters; logs the reports. Then tells the timer if the
+    /// input made the next deadline earlier, and (during shutdown) the
+    /// supervisor.
     pub(crate) fn dispatch(&mut self, shared: &Shared<M>, me: Option<ConnId>) -> bool {
-        let mine = self.notify_woken(me);
         let now = shared.clock.now();
+        let mut mine = false;
         let dials_before = self.dials.len();
-        while let Some(slot) = self.core.poll_dial(now) {
-            self.dials.push(slot);
+        while let Some(output) = self.core.poll_output(now) {
+            match output {
+                Output::Wake(conn) => {
+                    if Some(conn) == me {
+                        mine = true;
+                    } else if let Some(waker) = self.wakers.get(&conn) {
+                        waker.notify_one();
+                    }
+                    // A wake for a connection without a waker is for one
+                    // that is being closed right now; its task is already
+                    // finishing.
+                }
+                Output::Dial { slot } => self.dials.push(slot),
+                Output::Reserve { value } => {
+                    self.reserve_request = Some(value);
+                    shared.persist.notify_one();
+                }
+                Output::AdminReply { id, outcome } => self.admin.answer(id, outcome),
+                Output::Log(event) => log_event(event),
+                Output::Alert(alert) => log_token_alert(alert),
+                Output::Node(event) => log_node_event(self.core.node_id(), event),
+            }
         }
         if self.dials.len() > dials_before {
             shared.dial.notify_one();
         }
-        if let Some(value) = self.core.poll_reserve(now) {
-            self.reserve_request = Some(value);
-            shared.persist.notify_one();
-        }
-        while let Some((id, outcome)) = self.core.poll_admin_reply() {
-            self.admin.answer(id, outcome);
-        }
-        drain_reports(&mut self.core);
         let deadline = self
             .core
             .poll_timeout()
@@ -149,22 +162,6 @@ impl<M: Machine> Inner<M> {
         }
         if self.core.is_shutting_down() {
             shared.progress.notify_one();
-        }
-        mine
-    }
-
-    /// Drains the wakes: notifies every woken connection but `me`; true if
-    /// `me` was woken.
-    fn notify_woken(&mut self, me: Option<ConnId>) -> bool {
-        let mut mine = false;
-        while let Some(conn) = self.core.poll_wake() {
-            if Some(conn) == me {
-                mine = true;
-            } else if let Some(waker) = self.wakers.get(&conn) {
-                waker.notify_one();
-            }
-            // A wake for a connection without a waker is for one that is
-            // being closed right now; its task is already finishing.
         }
         mine
     }

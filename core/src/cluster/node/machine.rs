@@ -11,17 +11,14 @@
 use std::net::IpAddr;
 
 use crate::auth::NONCE_LEN;
-use crate::budget::LogEvent;
-use crate::cluster::{ClusterNode, ConnId, ConnState, NodeEvent};
+use crate::cluster::{ClusterNode, ConnId, ConnState};
 use crate::inspect::{
-    AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
-    NotLeader,
+    AdminRequestId, ForceRelease, ListingCursor, LockListing, LockView, NotLeader,
 };
-use crate::machine::Machine;
+use crate::machine::{Machine, Output};
 
 use super::connections::{ConnKind, carries_raft, note_output};
 use crate::raft::NodeId;
-use crate::reserve::TokenAlert;
 use crate::time::Instant;
 use crate::wire::Key;
 
@@ -137,22 +134,30 @@ impl Machine for ClusterNode {
         self.start_shutdown(now);
     }
 
-    /// A connection with bytes to send or to be closed, or a peer link
-    /// whose take routes Raft's held messages.
-    fn poll_wake(&mut self) -> Option<ConnId> {
-        let deferred = self.route_deferred_at.is_some();
-        let handed = &mut self.route_handed;
-        self.conns.wakes.poll(|conn_id| {
-            self.conns.by_id.get_mut(&conn_id).is_some_and(|conn| {
-                // While Raft's messages wait, a peer connection is woken
-                // with nothing queued: its take routes them.
-                let waits = deferred && carries_raft(conn);
-                if waits && !handed.contains(&conn_id) {
-                    handed.push(conn_id);
-                }
-                conn.out.leave_wake_queue() || waits
-            })
-        })
+    /// The next output, in this order: answers to force-releases, the
+    /// reserve write, dials, token alerts, connections to serve (peer links
+    /// among them), node events, reports to log.
+    fn poll_output(&mut self, now: Instant) -> Option<Output> {
+        if let Some((id, outcome)) = self.admin_replies.pop_front() {
+            return Some(Output::AdminReply { id, outcome });
+        }
+        let bound = self.next_grant_token_bound();
+        if let Some(value) = self.reserve.poll_persist(now, bound) {
+            return Some(Output::Reserve { value });
+        }
+        if let Some(slot) = self.next_dial(now) {
+            return Some(Output::Dial { slot });
+        }
+        if let Some(alert) = self.reserve.poll_alert() {
+            return Some(Output::Alert(alert));
+        }
+        if let Some(conn) = self.next_wake() {
+            return Some(Output::Wake(conn));
+        }
+        if let Some(event) = self.events.poll() {
+            return Some(Output::Node(event));
+        }
+        self.reports.poll().map(Output::Log)
     }
 
     /// Moves `conn`'s pending bytes to the end of `out` and says what to do
@@ -168,57 +173,6 @@ impl Machine for ClusterNode {
 
     fn poll_timeout(&self) -> Option<Instant> {
         self.next_deadline()
-    }
-
-    /// The next peer slot the driver should dial (its configured peer
-    /// address). Answer with [`Machine::handle_dialed`] or
-    /// [`ClusterNode::handle_dial_failed`].
-    fn poll_dial(&mut self, now: Instant) -> Option<u8> {
-        for slot in 0..self.config.slot_count {
-            let dial = &mut self.conns.dials[usize::from(slot)];
-            if slot == self.config.id.slot || dial.connected || dial.dialing {
-                continue;
-            }
-            if dial.next_attempt <= now {
-                dial.dialing = true;
-                return Some(slot);
-            }
-        }
-        None
-    }
-
-    /// A reserve value the driver must store durably now (then answer
-    /// [`ClusterNode::handle_reserve_persisted`] or
-    /// [`ClusterNode::handle_reserve_failed`]). Drain after every input.
-    fn poll_reserve(&mut self, now: Instant) -> Option<u64> {
-        let bound = self.next_grant_token_bound();
-        self.reserve.poll_persist(now, bound)
-    }
-
-    /// The next answer to a force-release. Drain after every input, like
-    /// the wakes.
-    fn poll_admin_reply(&mut self) -> Option<(AdminRequestId, ForceReleaseOutcome)> {
-        self.admin_replies.pop_front()
-    }
-
-    /// The next thing to log: aggregated abuse reports (`warn`) and close
-    /// reasons (`debug`). Drain after every input, like the wakes.
-    fn poll_log(&mut self) -> Option<LogEvent> {
-        self.reports.poll()
-    }
-
-    /// The next token alert for the operator (the driver logs it at
-    /// `error`).
-    fn poll_alert(&mut self) -> Option<TokenAlert> {
-        self.reserve.poll_alert()
-    }
-
-    /// The next change to this node the driver should log or act on:
-    /// leader, voter and generation changes, refused peer input. Queued
-    /// when it happens (bounded, see [`crate::cluster::events`]); drain
-    /// after every input, like the wakes.
-    fn poll_node_event(&mut self) -> Option<NodeEvent> {
-        self.events.poll()
     }
 
     /// False while `conn` has too many bytes waiting to be written: the
@@ -268,5 +222,43 @@ impl Machine for ClusterNode {
 
     fn not_leader(&self) -> Option<NotLeader> {
         self.leader_elsewhere()
+    }
+}
+
+/// The queues [`Machine::poll_output`] drains.
+impl ClusterNode {
+    /// A connection with bytes to send or to be closed, or a peer link
+    /// whose take routes Raft's held messages.
+    fn next_wake(&mut self) -> Option<ConnId> {
+        let deferred = self.route_deferred_at.is_some();
+        let handed = &mut self.route_handed;
+        self.conns.wakes.poll(|conn_id| {
+            self.conns.by_id.get_mut(&conn_id).is_some_and(|conn| {
+                // While Raft's messages wait, a peer connection is woken
+                // with nothing queued: its take routes them.
+                let waits = deferred && carries_raft(conn);
+                if waits && !handed.contains(&conn_id) {
+                    handed.push(conn_id);
+                }
+                conn.out.leave_wake_queue() || waits
+            })
+        })
+    }
+
+    /// The next peer slot the driver should dial (its configured peer
+    /// address). Answer with [`Machine::handle_dialed`] or
+    /// [`Machine::handle_dial_failed`].
+    fn next_dial(&mut self, now: Instant) -> Option<u8> {
+        for slot in 0..self.config.slot_count {
+            let dial = &mut self.conns.dials[usize::from(slot)];
+            if slot == self.config.id.slot || dial.connected || dial.dialing {
+                continue;
+            }
+            if dial.next_attempt <= now {
+                dial.dialing = true;
+                return Some(slot);
+            }
+        }
+        None
     }
 }

@@ -136,39 +136,6 @@ const ENTRY_NOOP: u8 = 0;
 const ENTRY_COMMAND: u8 = 1;
 const ENTRY_CONFIG: u8 = 2;
 
-/// Why a frame was refused. Every case closes the peer connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PeerError {
-    /// The length field is below [`FRAME_LEN_MIN`] or above [`FRAME_LEN_MAX`].
-    BadLength(u32),
-    /// Unknown frame version.
-    Version(u8),
-    /// Unknown message kind.
-    Kind(u8),
-    /// The tag does not verify: forged, corrupted, replayed, reordered or
-    /// from another connection.
-    BadTag,
-    /// The payload does not decode exactly (truncated, trailing bytes, a
-    /// field out of range, entries not consecutive).
-    Malformed,
-    /// A message too large to frame (not sent).
-    TooLarge,
-    /// 2^64 frames were sent on the connection (not sent).
-    SequenceExhausted,
-}
-
-impl core::fmt::Display for PeerError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            PeerError::BadLength(len) => write!(f, "peer frame length {len} out of range"),
-            PeerError::Version(v) => write!(f, "unknown peer frame version {v}"),
-            PeerError::Kind(k) => write!(f, "unknown peer message kind {k}"),
-            PeerError::BadTag => f.write_str("peer frame tag does not verify"),
-            PeerError::Malformed => f.write_str("malformed peer frame"),
-            PeerError::TooLarge => f.write_str("peer message too large to frame"),
-            PeerError::SequenceExhausted => f.write_str("peer frame sequence exhausted"),
-        }
-    }
-}
+pub use crate::machine::PeerError;
 
 impl std::error::Error for PeerError {}

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, HELLO_LEN, WireMode};
 use crate::cluster::peer::PeerTokens;
 use crate::cluster::{ClusterConfig, ClusterNode};
-use crate::machine::Machine;
+use crate::machine::{Machine, Output};
 use crate::raft::{NodeId, RaftConfig};
 use crate::server::{ConnId, ConnState};
 use crate::time::{Duration, Instant};
@@ -78,51 +78,61 @@ impl Cluster {
             let mut moved = false;
             for i in 0..self.nodes.len() {
                 let now = self.now;
-                while let Some(slot) = self.nodes[i].poll_dial(now) {
-                    moved = true;
-                    let target = usize::from(slot);
-                    let (n1, n2) = (self.nonce(), self.nonce());
-                    let a = self.nodes[i]
-                        .handle_dialed(now, slot, n1)
-                        .expect("a dialed connection is taken");
-                    match self.nodes[target].handle_peer_accept(now, n2, node_source(i)) {
-                        Some(b) => {
-                            self.peer_links.insert((i, a), (target, b));
-                            self.peer_links.insert((target, b), (i, a));
-                        }
-                        None => self.nodes[i].handle_closed(now, a),
-                    }
-                }
-                while let Some(conn) = self.nodes[i].poll_wake() {
-                    let mut out = Vec::new();
-                    let state = self.nodes[i].poll_transmit(conn, &mut out);
-                    self.nodes[i].handle_flushed(now, conn);
-                    if let Some(&(j, other)) = self.peer_links.get(&(i, conn)) {
-                        if !out.is_empty() {
+                while let Some(output) = self.nodes[i].poll_output(now) {
+                    match output {
+                        Output::Dial { slot } => {
                             moved = true;
-                            self.nodes[j].handle_input(now, other, &out);
+                            let target = usize::from(slot);
+                            let (n1, n2) = (self.nonce(), self.nonce());
+                            let a = self.nodes[i]
+                                .handle_dialed(now, slot, n1)
+                                .expect("a dialed connection is taken");
+                            match self.nodes[target].handle_peer_accept(now, n2, node_source(i)) {
+                                Some(b) => {
+                                    self.peer_links.insert((i, a), (target, b));
+                                    self.peer_links.insert((target, b), (i, a));
+                                }
+                                None => self.nodes[i].handle_closed(now, a),
+                            }
                         }
-                        if state != ConnState::Open {
-                            moved = true;
-                            self.peer_links.remove(&(i, conn));
-                            self.peer_links.remove(&(j, other));
-                            self.nodes[i].handle_closed(now, conn);
-                            self.nodes[j].handle_closed(now, other);
+                        Output::Wake(conn) => {
+                            let mut out = Vec::new();
+                            let state = self.nodes[i].poll_transmit(conn, &mut out);
+                            self.nodes[i].handle_flushed(now, conn);
+                            if let Some(&(j, other)) = self.peer_links.get(&(i, conn)) {
+                                if !out.is_empty() {
+                                    moved = true;
+                                    self.nodes[j].handle_input(now, other, &out);
+                                }
+                                if state != ConnState::Open {
+                                    moved = true;
+                                    self.peer_links.remove(&(i, conn));
+                                    self.peer_links.remove(&(j, other));
+                                    self.nodes[i].handle_closed(now, conn);
+                                    self.nodes[j].handle_closed(now, other);
+                                }
+                            } else if self.taps.contains(&(i, conn)) {
+                                if state != ConnState::Open {
+                                    self.taps.remove(&(i, conn));
+                                    self.nodes[i].handle_closed(now, conn);
+                                }
+                            } else if let Some(client) = clients
+                                .iter_mut()
+                                .find(|c| c.node == i && c.conn == conn && !c.closed)
+                            {
+                                client.received.extend_from_slice(&out);
+                                if state != ConnState::Open {
+                                    client.closed = true;
+                                    self.nodes[i].handle_closed(now, conn);
+                                }
+                            }
                         }
-                    } else if self.taps.contains(&(i, conn)) {
-                        if state != ConnState::Open {
-                            self.taps.remove(&(i, conn));
-                            self.nodes[i].handle_closed(now, conn);
-                        }
-                    } else if let Some(client) = clients
-                        .iter_mut()
-                        .find(|c| c.node == i && c.conn == conn && !c.closed)
-                    {
-                        client.received.extend_from_slice(&out);
-                        if state != ConnState::Open {
-                            client.closed = true;
-                            self.nodes[i].handle_closed(now, conn);
-                        }
+                        // Unlimited tokens, no operator, nobody logging.
+                        Output::Reserve { .. }
+                        | Output::AdminReply { .. }
+                        | Output::Log(_)
+                        | Output::Alert(_)
+                        | Output::Node(_) => {}
                     }
                 }
             }
