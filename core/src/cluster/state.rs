@@ -366,6 +366,12 @@ impl ReplicatedLocks {
         self.keys.len()
     }
 
+    /// Number of grants (key groups held under a token): what
+    /// [`Self::snapshot`] writes one record for.
+    pub fn grant_count(&self) -> usize {
+        self.grants.len()
+    }
+
     /// The state every replica must agree on (counter and grants without the
     /// local deadlines), for determinism checks.
     pub fn replicated_view(&self) -> (u64, Vec<(u64, KeyGroup, u32)>) {
