@@ -85,7 +85,6 @@ impl core::fmt::Display for SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// The held keys that start with `prefix`, ascending.
 /// The replicated state machine of cluster mode.
 #[derive(Clone, Debug, Default)]
 pub struct ReplicatedLocks {
