@@ -24,7 +24,8 @@ use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
-    AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+    AcquireRequest, ErrorCode, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT, ReleaseRequest, Reply,
+    Request,
 };
 
 const FINGERPRINT: [u8; 32] = [3; 32];
@@ -2818,5 +2819,95 @@ fn a_leader_lists_a_key_that_only_a_set_waiter_waits_for_once_in_its_second_phas
         assert_eq!(seen[1].holder, None);
         assert_eq!(seen[1].waiters.len(), 1);
         assert_eq!(seen[1].waiters[0].keys, set.keys().to_vec());
+    }
+}
+
+/// The index of node `i`'s latest snapshot (0 before any).
+fn snapshot_index(net: &mut Net, i: usize) -> u64 {
+    net.node(i).raft().snapshot_meta().map_or(0, |m| m.index)
+}
+
+/// Client `c` of the leader acquires `key` for the longest lease.
+fn hold(net: &mut Net, c: usize, rid: u64, key: &str) -> u64 {
+    net.send_only(c, acquire(rid, key, 0, LEASE_S_MAX));
+    net.run_for(Duration::from_millis(10));
+    token_of(*net.answers(c).last().expect("answered"))
+}
+
+/// Client `c` of `leader` acquires and releases "pulse" one entry at a
+/// time, the state's grants changing by at most one, until the leader
+/// takes its next snapshot: returns the entries applied since its previous
+/// one. Asserts that every entry was one command and that no snapshot came
+/// before `not_before_entries`.
+fn entries_until_snapshot(net: &mut Net, leader: usize, c: usize, not_before_entries: u64) -> u64 {
+    let base = snapshot_index(net, leader);
+    let mut rid = 1_000_000;
+    for _ in 0..500 {
+        let before = net.node(leader).raft().applied_index();
+        rid += 1;
+        let token = hold(net, c, rid, "pulse");
+        rid += 1;
+        net.send_only(c, release(rid, "pulse", token));
+        net.run_for(Duration::from_millis(10));
+        assert_eq!(net.answers(c).last(), Some(&Reply::Released { rid }));
+        let applied = net.node(leader).raft().applied_index();
+        assert_eq!(applied, before + 2, "one entry a request");
+        let snapshot = snapshot_index(net, leader);
+        if snapshot != base {
+            let entries = snapshot - base;
+            assert!(
+                entries >= not_before_entries,
+                "a snapshot {entries} entries after the last"
+            );
+            return entries;
+        }
+    }
+    panic!("no snapshot in 1,000 entries");
+}
+
+/// The leader snapshots every `snapshot_threshold_entries` (here 20) while
+/// it holds few grants, every two entries per grant once that is more,
+/// and never later than `snapshot_threshold_entries_max` (here 100): the
+/// snapshot work per entry stays bounded however many keys are held.
+#[test]
+fn a_leader_snapshots_at_twice_its_grants_between_the_base_and_the_cap() {
+    let mut net = Net::with_config(|config| {
+        config.raft.snapshot_threshold_entries = 20;
+        config.raft.snapshot_entries_per_state_item = 2;
+        config.raft.snapshot_threshold_entries_max = 100;
+    });
+    let leader = net.elect();
+    let c = net.connect(leader);
+    let mut rid = 0;
+    let mut hold_more = |net: &mut Net, grants: usize| {
+        for _ in 0..grants {
+            rid += 1;
+            hold(net, c, rid, &format!("held/{rid}"));
+        }
+    };
+    // A small state (3-4 grants): every 20 entries, as before.
+    hold_more(&mut net, 3);
+    entries_until_snapshot(&mut net, leader, c, 0);
+    assert_eq!(entries_until_snapshot(&mut net, leader, c, 0), 20);
+    assert_eq!(entries_until_snapshot(&mut net, leader, c, 0), 20);
+
+    // 30-31 grants: not at 20 entries, but at twice the grants.
+    hold_more(&mut net, 27);
+    entries_until_snapshot(&mut net, leader, c, 0);
+    let entries = entries_until_snapshot(&mut net, leader, c, 21);
+    assert!((60..=62).contains(&entries), "{entries} entries");
+
+    // 80-81 grants: at the cap, 100, not at 160.
+    hold_more(&mut net, 50);
+    entries_until_snapshot(&mut net, leader, c, 0);
+    assert_eq!(entries_until_snapshot(&mut net, leader, c, 0), 100);
+    assert_eq!(net.node(leader).raft().snapshot_threshold_entries(), 100);
+
+    // The followers apply the same grants and follow the same rule.
+    for i in (0..3).filter(|&i| i != leader) {
+        net.run_for(Duration::from_millis(100));
+        let raft = net.node(i).raft();
+        assert_eq!(raft.snapshot_threshold_entries(), 100);
+        assert!(raft.snapshot_meta().is_some(), "follower {i} snapshots too");
     }
 }

@@ -553,3 +553,80 @@ fn a_zero_notice_delay_tells_an_idle_follower_at_once() {
     let told = appends(&drain_messages(&mut net, leader));
     assert_eq!(told, vec![(fast, Vec::new(), last)]);
 }
+
+/// A lone voter elected leader, with a threshold of 10 entries (20 per
+/// state item, at most 50).
+fn lone_leader_with_snapshot_rule() -> Raft {
+    let cfg = RaftConfig {
+        snapshot_threshold_entries: 10,
+        snapshot_entries_per_state_item: 2,
+        snapshot_threshold_entries_max: 50,
+        ..fast()
+    };
+    let me = id(0, 1);
+    let mut raft = Raft::bootstrap(me, [me], cfg, 5, Instant::ZERO);
+    while !raft.is_leader() {
+        let at = raft
+            .poll_timeout()
+            .expect("a voter has an election deadline");
+        raft.handle_timeout(at);
+        while raft.poll_message().is_some() {}
+    }
+    raft
+}
+
+/// Proposes and applies one entry at a time, telling the state size
+/// `items` after each, until `SnapshotWanted`; compacts then and returns
+/// the entries applied since the previous snapshot.
+fn entries_until_snapshot(raft: &mut Raft, items: u64) -> u64 {
+    let base = raft.snapshot_meta().map_or(0, |m| m.index);
+    for _ in 0..1_000 {
+        raft.propose(Instant::ZERO, &b"x"[..]).unwrap();
+        while raft.poll_committed().is_some() {
+            raft.set_state_items(items);
+        }
+        while let Some(event) = raft.poll_event() {
+            if let Event::SnapshotWanted { applied_index } = event {
+                assert_eq!(raft.compact(Vec::new()), Ok(applied_index));
+                return applied_index - base;
+            }
+        }
+    }
+    panic!("no snapshot in 1,000 entries");
+}
+
+#[test]
+fn the_snapshot_threshold_grows_with_the_state_up_to_its_cap() {
+    let mut raft = lone_leader_with_snapshot_rule();
+    // Nothing told: the fixed threshold.
+    assert_eq!(raft.snapshot_threshold_entries(), 10);
+    let threshold = |raft: &mut Raft, items| {
+        raft.set_state_items(items);
+        raft.snapshot_threshold_entries()
+    };
+    assert_eq!(threshold(&mut raft, 5), 10, "small: the base");
+    assert_eq!(threshold(&mut raft, 6), 12, "two entries an item");
+    assert_eq!(threshold(&mut raft, 25), 50);
+    assert_eq!(threshold(&mut raft, 26), 50, "capped");
+    assert_eq!(threshold(&mut raft, u64::MAX), 50, "no overflow");
+
+    // The snapshots taken follow it: a small state at the base, a larger
+    // one twice its size, a huge one at the cap, and a shrunk one at the
+    // base again.
+    raft.set_state_items(0);
+    entries_until_snapshot(&mut raft, 0);
+    assert_eq!(entries_until_snapshot(&mut raft, 3), 10);
+    assert_eq!(entries_until_snapshot(&mut raft, 20), 40);
+    assert_eq!(entries_until_snapshot(&mut raft, 1_000), 50);
+    raft.set_state_items(3);
+    assert_eq!(entries_until_snapshot(&mut raft, 3), 10);
+
+    // Zero keeps meaning "never", whatever the state.
+    let never = RaftConfig {
+        snapshot_threshold_entries: 0,
+        ..fast()
+    };
+    let mut raft = Raft::bootstrap(id(0, 1), [id(0, 1)], never, 5, Instant::ZERO);
+    raft.set_state_items(1_000);
+    assert_eq!(raft.snapshot_threshold_entries(), 0);
+}

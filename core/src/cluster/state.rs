@@ -85,7 +85,6 @@ impl core::fmt::Display for SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// The held keys that start with `prefix`, ascending.
 /// The replicated state machine of cluster mode.
 #[derive(Clone, Debug, Default)]
 pub struct ReplicatedLocks {
@@ -364,6 +363,12 @@ impl ReplicatedLocks {
     /// Number of held keys.
     pub fn held_keys(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Number of grants (key groups held under a token): what
+    /// [`Self::snapshot`] writes one record for.
+    pub fn grant_count(&self) -> usize {
+        self.grants.len()
     }
 
     /// The state every replica must agree on (counter and grants without the

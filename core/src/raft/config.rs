@@ -43,8 +43,22 @@ pub struct RaftConfig {
     /// Largest snapshot a follower accepts.
     pub snapshot_bytes_max: usize,
     /// Applied entries beyond the last snapshot after which
-    /// [`super::Event::SnapshotWanted`] is emitted (0 = never).
+    /// [`super::Event::SnapshotWanted`] is emitted while the application's
+    /// state is small (0 = never). The threshold in effect is this,
+    /// `snapshot_entries_per_state_item` times the state's size, whichever
+    /// is larger, capped at `snapshot_threshold_entries_max`
+    /// ([`super::Raft::snapshot_threshold_entries`]).
     pub snapshot_threshold_entries: u64,
+    /// Entries to apply between snapshots per item of the application's
+    /// state, as told by [`super::Raft::set_state_items`] (0: the fixed
+    /// threshold alone). A snapshot's cost grows with the state, so a
+    /// threshold that grows with it keeps the snapshot work per applied
+    /// entry constant instead of growing with the state.
+    pub snapshot_entries_per_state_item: u64,
+    /// Most applied entries held beyond the last snapshot however large
+    /// the state: this bounds the memory of the log. At least
+    /// `snapshot_threshold_entries`.
+    pub snapshot_threshold_entries_max: u64,
     /// A learner within this many entries of the leader's last index counts
     /// as caught up for promotion.
     pub catch_up_lag_entries: u64,
@@ -77,6 +91,14 @@ impl Default for RaftConfig {
             snapshot_chunk_bytes: 256 * 1024,
             snapshot_bytes_max: 1 << 30,
             snapshot_threshold_entries: 10_000,
+            // Two entries per grant: a snapshot of g grants then comes at
+            // most once per 2·g entries, so its cost per entry is half that
+            // of writing one grant record (docs/cluster.md, "Snapshots").
+            snapshot_entries_per_state_item: 2,
+            // About 120 bytes an entry of one short key in memory
+            // (docs/cluster.md): at most ~120 MB of log on each node,
+            // reached at 500,000 grants.
+            snapshot_threshold_entries_max: 1_000_000,
             catch_up_lag_entries: 64,
             auto_membership: true,
         }
@@ -121,6 +143,11 @@ impl RaftConfig {
         {
             return Err("limits must be positive");
         }
+        if self.snapshot_threshold_entries_max < self.snapshot_threshold_entries {
+            return Err(
+                "snapshot_threshold_entries_max must be at least snapshot_threshold_entries",
+            );
+        }
         Ok(())
     }
 }
@@ -164,5 +191,12 @@ mod tests {
         assert!(fault(notice(50_001)).starts_with("commit_notice_delay "));
         assert_eq!(notice(50_000).validate(), Ok(()));
         assert_eq!(notice(0).validate(), Ok(()));
+        let snapshot_max = |entries| RaftConfig {
+            snapshot_threshold_entries: 100,
+            snapshot_threshold_entries_max: entries,
+            ..fast()
+        };
+        assert!(fault(snapshot_max(99)).starts_with("snapshot_threshold_entries_max "));
+        assert_eq!(snapshot_max(100).validate(), Ok(()));
     }
 }

@@ -200,12 +200,16 @@ impl ClusterNode {
         self.events.note_voter(self.raft.is_voter());
     }
 
-    /// Applies one committed snapshot or entry.
+    /// Applies one committed snapshot or entry, then tells Raft the
+    /// state's size in grants: what a snapshot of it costs, so what the
+    /// snapshot threshold grows with (docs/cluster.md, "Snapshots").
     fn apply(&mut self, now: Instant, committed: Committed) {
         match committed {
             Committed::Snapshot { meta, data } => self.apply_snapshot(now, meta.index, &data),
             Committed::Entry(entry) => self.apply_entry(now, entry),
         }
+        let grants = u64::try_from(self.state.grant_count()).unwrap_or(u64::MAX);
+        self.raft.set_state_items(grants);
     }
 
     /// Replaces the applied state by the leader's snapshot covering the
