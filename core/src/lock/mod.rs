@@ -7,8 +7,9 @@
 //!
 //! Layout: a hash table from key bytes (inline up to 22 bytes) to a 24-byte
 //! entry (token, lease deadline, and one word packing the holder's tag, the
-//! grant's size and lease, and a has-waiters bit): 48 bytes a bucket, no
-//! allocation for a short key (see `entry.rs`). The FIFO queues of waiter
+//! grant's size and lease, a has-waiters bit and a has-extension-record
+//! bit): 48 bytes a bucket, no allocation for a short key (see
+//! `entry.rs`). The FIFO queues of waiter
 //! sequence numbers are in a second table, only for keys that have waiters;
 //! both hash a key once per request (`keyed.rs`);
 //! waiters in a map by arrival sequence number; two min-heaps for wait
@@ -18,9 +19,10 @@
 //! Files: this one holds the types and the public API of [`LockTable`];
 //! `acquire.rs` decides an acquire (grant now, refuse, or queue),
 //! `release.rs` a release, `extend.rs` a lease's renewal (the rule both
-//! modes share, and the record of capped or extended grants), `queue.rs` the waiter queues (handing a key to
-//! the front waiter, removing a waiter), `expiry.rs` the clock: deadlines
-//! due, the sweep, and keeping the deadline heaps bounded; `entry.rs` is
+//! modes share, and the record of capped or extended grants), `queue.rs`
+//! the waiter queues (handing a key to the front waiter, removing a
+//! waiter), `expiry.rs` the clock: deadlines due, the sweep, and keeping
+//! the deadline heaps bounded; `entry.rs` is
 //! the packed per-key entry, `keyed.rs` the maps by key bytes, and
 //! `inspect.rs` the operator's read-only view.
 
