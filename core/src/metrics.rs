@@ -157,6 +157,11 @@ pub struct LockMetrics {
     pub timeouts_shutdown: u64,
     /// Acquires answered `B` by the table, by limit.
     pub busy: BusyByLimit,
+    /// Lease extensions, by outcome.
+    pub extensions: ExtensionCounts,
+    /// Leases that ran out after at least one extension had moved them
+    /// (also counted in the two expiry counts above).
+    pub expiries_extended: u64,
     /// Time from an acquire's arrival to its grant; an immediate grant
     /// observes 0. One observation per grant.
     pub wait: DurationHistogram,
@@ -384,6 +389,28 @@ impl ClosedReplies {
     }
 }
 
+/// Lease extensions by outcome (single mode's [`LockMetrics`], the
+/// cluster's [`ReplicatedLockMetrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtensionCounts {
+    /// Extensions that moved the lease to the requested end.
+    pub extended: u64,
+    /// Extensions that moved the lease to the grant's cap instead of the
+    /// requested end.
+    pub clipped: u64,
+    /// Extensions refused because the lease already reached the cap.
+    pub at_cap: u64,
+    /// Extensions of a token that was not current: nothing changed.
+    pub not_current: u64,
+}
+
+impl ExtensionCounts {
+    /// Every extension asked for.
+    pub fn total(&self) -> u64 {
+        self.extended + self.clipped + self.at_cap + self.not_current
+    }
+}
+
 /// What the replicated lock state counted
 /// ([`crate::cluster::ReplicatedLocks`]): applied commands, the same on
 /// every node that applied them (followers included).
@@ -400,6 +427,11 @@ pub struct ReplicatedLockMetrics {
     pub force_releases: u64,
     /// Snapshots installed into the lock state.
     pub snapshots_installed: u64,
+    /// Extensions applied, by outcome on this node (whether one reached
+    /// the cap depends on this node's apply times).
+    pub extensions: ExtensionCounts,
+    /// Lease expiries applied that removed a grant an extension had moved.
+    pub expiries_extended: u64,
     /// Time from a grant's apply to its release's or expiry's apply, on
     /// this node's clock (grants restored from a snapshot count from the
     /// install).

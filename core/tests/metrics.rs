@@ -409,6 +409,7 @@ fn applied_commands_count_grants_releases_expiries_and_hold_time() {
     let grant = |keys: &KeyGroup| Command::Grant {
         keys: keys.clone(),
         lease_ms: 5_000,
+        max_hold_ms: None,
     };
     state.apply(&grant(&k), t0);
     state.apply(&grant(&j), t0);

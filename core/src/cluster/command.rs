@@ -15,8 +15,15 @@
 //! | `0x03` | [`Command::Release`] | token u64 · keys |
 //! | `0x04` | [`Command::Expire`] | token u64 · keys |
 //! | `0x05` | [`Command::ForceRelease`] | has_token u8 (0/1) · token u64 (0 unless has_token) · len u8 · key |
+//! | `0x06` | [`Command::Grant`] with a cap | lease_ms u32 · max_hold_ms u32 · keys |
+//! | `0x07` | [`Command::Extend`] | token u64 · lease_ms u32 |
+//!
+//! A Grant without a cap keeps tag `0x02` and its bytes, so logs written
+//! before caps existed decode as they did, and a node that predates caps
+//! and extensions decodes every entry a leader writes until one is used.
 
 use crate::cluster::bytes::{Reader, put_key_group};
+use crate::lock::ExtendOutcome;
 use crate::wire::{Key, KeyGroup};
 
 /// A [`Command::Init`] must start the token counter below this (2^62);
@@ -25,7 +32,9 @@ use crate::wire::{Key, KeyGroup};
 /// corruption, and leaves 3 · 2^62 grants of headroom below `u64::MAX`.
 pub const FIRST_TOKEN_MAX: u64 = 1 << 62;
 
-/// Largest encoded command: a Release/Expire of 16 keys of 128 bytes.
+/// Largest encoded command: a Release/Expire of 16 keys of 128 bytes (a
+/// capped Grant of them is as long: its two u32 fields take the token's
+/// eight bytes).
 pub const COMMAND_LEN_MAX: usize = 1 + 8 + 1 + 16 * (1 + 128);
 
 /// Tag of [`Command::Init`].
@@ -38,6 +47,10 @@ const TAG_RELEASE: u8 = 0x03;
 const TAG_EXPIRE: u8 = 0x04;
 /// Tag of [`Command::ForceRelease`].
 const TAG_FORCE_RELEASE: u8 = 0x05;
+/// Tag of a [`Command::Grant`] with a cap on total hold.
+const TAG_GRANT_CAPPED: u8 = 0x06;
+/// Tag of [`Command::Extend`].
+const TAG_EXTEND: u8 = 0x07;
 
 /// A lock-state change, replicated through Raft (docs/cluster.md,
 /// "Replicated commands").
@@ -61,6 +74,11 @@ pub enum Command {
         /// The lease, counted by each node on its own clock from when it
         /// applies the grant.
         lease_ms: u32,
+        /// A cap on the grant's total hold, counted like the lease from
+        /// each node's apply: no lease or extension runs past it (a longer
+        /// first lease is clipped to it). `None`: no cap, encoded exactly
+        /// as a Grant was before caps existed.
+        max_hold_ms: Option<u32>,
     },
     /// Release the grant `token` holds on exactly `keys`.
     Release {
@@ -88,6 +106,17 @@ pub enum Command {
         key: Key,
         /// Release only if this token still holds the key.
         token: Option<u64>,
+    },
+    /// Renews grant `token`'s lease to `lease_ms` after each node's apply,
+    /// clipped to the grant's cap (see [`crate::lock::decide_extension`]).
+    /// Whether the token is current is decided from the replicated state,
+    /// the same on every node; where the lease now ends (and so whether
+    /// the cap clipped or refused it) is each node's own, as for a Grant.
+    Extend {
+        /// The grant's token (it does not change).
+        token: u64,
+        /// The new lease, from this node's apply.
+        lease_ms: u32,
     },
 }
 
@@ -130,6 +159,13 @@ pub enum ApplyResult {
         /// The token holding the key.
         held: u64,
     },
+    /// A [`Command::Extend`] applied: the lease moved (to the end this
+    /// node computed from its apply), reached the cap, or the token was not
+    /// current (then nothing changed, on every node).
+    Extension {
+        /// What the extension did on this node.
+        outcome: ExtendOutcome,
+    },
     /// Nothing happened (no-op entries, a repeated [`Command::Init`], bytes
     /// that do not decode).
     Noop,
@@ -143,9 +179,23 @@ impl Command {
                 out.push(TAG_INIT);
                 out.extend_from_slice(&first_token.to_be_bytes());
             }
-            Command::Grant { keys, lease_ms } => {
+            Command::Grant {
+                keys,
+                lease_ms,
+                max_hold_ms: None,
+            } => {
                 out.push(TAG_GRANT);
                 out.extend_from_slice(&lease_ms.to_be_bytes());
+                put_key_group(out, keys);
+            }
+            Command::Grant {
+                keys,
+                lease_ms,
+                max_hold_ms: Some(max_hold_ms),
+            } => {
+                out.push(TAG_GRANT_CAPPED);
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+                out.extend_from_slice(&max_hold_ms.to_be_bytes());
                 put_key_group(out, keys);
             }
             Command::Release { keys, token } => {
@@ -166,6 +216,11 @@ impl Command {
                 // A valid key is at most 128 bytes.
                 out.push(u8::try_from(bytes.len()).unwrap_or(u8::MAX));
                 out.extend_from_slice(bytes);
+            }
+            Command::Extend { token, lease_ms } => {
+                out.push(TAG_EXTEND);
+                out.extend_from_slice(&token.to_be_bytes());
+                out.extend_from_slice(&lease_ms.to_be_bytes());
             }
         }
     }
@@ -190,9 +245,12 @@ impl Command {
         };
         match self {
             Command::Init { .. } => 1 + 8,
-            Command::Grant { keys, .. } => 1 + 4 + group(keys),
+            Command::Grant {
+                keys, max_hold_ms, ..
+            } => 1 + 4 + max_hold_ms.map_or(0, |_| 4) + group(keys),
             Command::Release { keys, .. } | Command::Expire { keys, .. } => 1 + 8 + group(keys),
             Command::ForceRelease { key, .. } => 1 + 1 + 8 + 1 + key.as_bytes().len(),
+            Command::Extend { .. } => 1 + 8 + 4,
         }
     }
 
@@ -215,7 +273,22 @@ impl Command {
                 Command::Grant {
                     keys: r.key_group()?,
                     lease_ms,
+                    max_hold_ms: None,
                 }
+            }
+            TAG_GRANT_CAPPED => {
+                let lease_ms = r.u32()?;
+                let max_hold_ms = r.u32()?;
+                Command::Grant {
+                    keys: r.key_group()?,
+                    lease_ms,
+                    max_hold_ms: Some(max_hold_ms),
+                }
+            }
+            TAG_EXTEND => {
+                let token = r.u64()?;
+                let lease_ms = r.u32()?;
+                Command::Extend { token, lease_ms }
             }
             TAG_RELEASE => {
                 let token = r.u64()?;
@@ -270,10 +343,21 @@ mod tests {
             Command::Grant {
                 keys: one.clone(),
                 lease_ms: 5,
+                max_hold_ms: None,
             },
             Command::Grant {
                 keys: many.clone(),
                 lease_ms: 5,
+                max_hold_ms: None,
+            },
+            Command::Grant {
+                keys: many.clone(),
+                lease_ms: 5,
+                max_hold_ms: Some(60_000),
+            },
+            Command::Extend {
+                token: 9,
+                lease_ms: 30_000,
             },
             Command::Release {
                 keys: one,
@@ -298,5 +382,55 @@ mod tests {
             assert_eq!(bytes.capacity(), bytes.len(), "sized once: {command:?}");
             assert_eq!(Command::decode(&bytes), Some(command));
         }
+    }
+
+    #[test]
+    fn grant_and_other_bytes_written_before_caps_decode_as_they_did() {
+        // Bytes as written before caps and extensions existed: a Grant of
+        // "ab" for 1.5 s and a Release of it.
+        let grant = [0x02, 0x00, 0x00, 0x05, 0xdc, 0x01, 0x02, b'a', b'b'];
+        let release = [0x03, 0, 0, 0, 0, 0, 0, 0, 9, 0x01, 0x02, b'a', b'b'];
+        let keys = KeyGroup::single(key("ab"));
+        let decoded = Command::Grant {
+            keys: keys.clone(),
+            lease_ms: 1_500,
+            max_hold_ms: None,
+        };
+        assert_eq!(Command::decode(&grant), Some(decoded.clone()));
+        // And an uncapped Grant is still written so.
+        assert_eq!(decoded.to_bytes(), grant);
+        assert_eq!(
+            Command::decode(&release),
+            Some(Command::Release { keys, token: 9 })
+        );
+    }
+
+    #[test]
+    fn a_capped_grant_and_an_extension_have_their_own_tags_and_layouts() {
+        let capped = Command::Grant {
+            keys: KeyGroup::single(key("ab")),
+            lease_ms: 1_500,
+            max_hold_ms: Some(60_000),
+        };
+        assert_eq!(
+            capped.to_bytes(),
+            [
+                0x06, 0x00, 0x00, 0x05, 0xdc, 0x00, 0x00, 0xea, 0x60, 0x01, 0x02, b'a', b'b'
+            ]
+        );
+        let extend = Command::Extend {
+            token: 9,
+            lease_ms: 30_000,
+        };
+        assert_eq!(
+            extend.to_bytes(),
+            [0x07, 0, 0, 0, 0, 0, 0, 0, 9, 0x00, 0x00, 0x75, 0x30]
+        );
+        // Truncated or with a trailing byte: not a command.
+        let bytes = extend.to_bytes();
+        assert_eq!(Command::decode(&bytes[..bytes.len() - 1]), None);
+        let mut longer = bytes;
+        longer.push(0);
+        assert_eq!(Command::decode(&longer), None);
     }
 }

@@ -13,6 +13,7 @@ use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::hash::IdMap;
 use crate::lock::keyed::{KeyHash, Keyed};
+use crate::lock::{ExtendOutcome, capped_deadline, decide_extension};
 use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
@@ -25,8 +26,14 @@ use std::collections::BinaryHeap;
 /// before `checked_add` would refuse.
 pub const SNAPSHOT_NEXT_TOKEN_MAX: u64 = 1 << 63;
 
-/// Version byte that starts every snapshot.
+/// Version byte that starts a snapshot in which no grant has a cap or an
+/// extension: the layout from before those existed, so such a snapshot is
+/// byte for byte what it was, and a node that predates them installs it.
 const SNAPSHOT_VERSION: u8 = 1;
+
+/// Version byte of a snapshot with a capped or extended grant: each grant
+/// also carries its cap and extension count.
+const SNAPSHOT_VERSION_EXTENDED: u8 = 2;
 
 /// The deadline heap is rebuilt from live grants once it holds more than
 /// twice their number plus this many entries, so stale entries stay bounded
@@ -47,6 +54,25 @@ pub struct Holding {
     /// When this node applied the grant (or installed the snapshot that
     /// carried it), on its clock: the start of the hold-time observation.
     pub granted_at: Instant,
+    /// The cap on total hold the grant was made with (replicated).
+    pub max_hold_ms: Option<u32>,
+    /// When the cap is reached on this node's clock: apply time (or
+    /// snapshot install time) plus the (remaining) cap. No lease or
+    /// extension runs past it (only a re-armed expiry retry, see
+    /// [`ReplicatedLocks::rearm`], may watch past it); inspection can show
+    /// it as the latest end.
+    pub cap_at: Option<Instant>,
+    /// How many extensions moved the lease on this node (clipped ones
+    /// included). Local, like the deadline: whether an extension reached
+    /// the cap depends on this node's apply times.
+    pub extensions: u32,
+}
+
+impl Holding {
+    /// Whether a snapshot must carry more than the first layout for it.
+    fn is_extended(&self) -> bool {
+        self.max_hold_ms.is_some() || self.extensions > 0
+    }
 }
 
 /// A snapshot that cannot be restored.
@@ -122,7 +148,11 @@ impl ReplicatedLocks {
                 }
                 ApplyResult::Noop
             }
-            Command::Grant { keys, lease_ms } => self.apply_grant(keys, *lease_ms, applied_at),
+            Command::Grant {
+                keys,
+                lease_ms,
+                max_hold_ms,
+            } => self.apply_grant(keys, (*lease_ms, *max_hold_ms), applied_at),
             Command::Release { keys, token } => self.apply_release(keys, *token, applied_at),
             Command::Expire { keys, token } => {
                 let existed = self
@@ -130,6 +160,9 @@ impl ReplicatedLocks {
                     .get(token)
                     .is_some_and(|holding| &holding.keys == keys);
                 if existed {
+                    if self.grants.get(token).is_some_and(|h| h.extensions > 0) {
+                        self.metrics.expiries_extended += 1;
+                    }
                     self.remove_grant(*token, applied_at);
                     self.metrics.expiries += 1;
                 }
@@ -138,7 +171,44 @@ impl ReplicatedLocks {
             Command::ForceRelease { key, token } => {
                 self.apply_force_release(key, *token, applied_at)
             }
+            Command::Extend { token, lease_ms } => {
+                let outcome = self.apply_extend(*token, *lease_ms, applied_at);
+                ApplyResult::Extension { outcome }
+            }
         }
+    }
+
+    /// Renews grant `token`'s lease to `lease_ms` after `applied_at`,
+    /// clipped to its cap. Current means in the replicated state, so every
+    /// node agrees on [`ExtendOutcome::NotCurrent`]; a lease whose local
+    /// deadline passed but whose Expire has not applied is still current
+    /// here (the leader decides which to propose first).
+    fn apply_extend(&mut self, token: u64, lease_ms: u32, applied_at: Instant) -> ExtendOutcome {
+        let counts = &mut self.metrics.extensions;
+        let Some(holding) = self.grants.get_mut(&token) else {
+            counts.not_current += 1;
+            return ExtendOutcome::NotCurrent;
+        };
+        let outcome = decide_extension(
+            applied_at,
+            Duration::from_millis(u64::from(lease_ms)),
+            holding.deadline,
+            holding.cap_at,
+        );
+        match outcome {
+            ExtendOutcome::Extended { .. } => counts.extended += 1,
+            ExtendOutcome::Clipped { .. } => counts.clipped += 1,
+            ExtendOutcome::AtCap => counts.at_cap += 1,
+            ExtendOutcome::NotCurrent => counts.not_current += 1,
+        }
+        if let Some(deadline) = outcome.expires_at() {
+            holding.deadline = deadline;
+            holding.extensions = holding.extensions.saturating_add(1);
+            // The entry for the old deadline goes stale (its deadline no
+            // longer matches), so the leader's expiry follows the new one.
+            self.push_deadline(deadline, token);
+        }
+        outcome
     }
 
     fn apply_force_release(
@@ -171,7 +241,12 @@ impl ReplicatedLocks {
         }
     }
 
-    fn apply_grant(&mut self, keys: &KeyGroup, lease_ms: u32, applied_at: Instant) -> ApplyResult {
+    fn apply_grant(
+        &mut self,
+        keys: &KeyGroup,
+        (lease_ms, max_hold_ms): (u32, Option<u32>),
+        applied_at: Instant,
+    ) -> ApplyResult {
         if self.next_token == 0 {
             return ApplyResult::GrantRejected;
         }
@@ -191,7 +266,11 @@ impl ReplicatedLocks {
             return ApplyResult::GrantRejected;
         };
         self.next_token = next;
-        let deadline = applied_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
+        let cap_at = max_hold_ms.map(|max_hold_ms| {
+            applied_at.saturating_add(Duration::from_millis(max_hold_ms.into()))
+        });
+        let lease = Duration::from_millis(u64::from(lease_ms));
+        let deadline = capped_deadline(applied_at, lease, cap_at);
         for (hash, key) in hashes.iter().zip(keys.keys()) {
             self.keys.insert_absent(*hash, key.clone(), token);
         }
@@ -202,6 +281,9 @@ impl ReplicatedLocks {
                 lease_ms,
                 deadline,
                 granted_at: applied_at,
+                max_hold_ms,
+                cap_at,
+                extensions: 0,
             },
         );
         self.push_deadline(deadline, token);
@@ -383,14 +465,28 @@ impl ReplicatedLocks {
     }
 
     /// Serializes the state at `now`: the counter and every grant with its
-    /// remaining lease rounded up to whole milliseconds. Deterministic
-    /// (grants in token order).
+    /// remaining lease (and, if any grant has a cap or was extended, every
+    /// grant's cap and remaining time to it, and its extension count),
+    /// rounded up to whole milliseconds. Deterministic (grants in token
+    /// order).
     ///
     /// Layout: version u8 (1) · next_token u64 · count u32 ·
     /// count × (token u64 · lease_ms u32 · remaining_ms u32 · keys).
+    ///
+    /// With a capped or extended grant, version 2, whose records are
+    /// token u64 · lease_ms u32 · remaining_ms u32 · has_cap u8 (0/1) ·
+    /// max_hold_ms u32 · cap_remaining_ms u32 (both 0 unless has_cap) ·
+    /// extensions u32 · keys. Version 1 otherwise, so a state that never
+    /// used either snapshots exactly as before they existed.
     pub fn snapshot(&self, now: Instant) -> Vec<u8> {
-        let mut out = Vec::with_capacity(13 + self.grants.len() * 32);
-        out.push(SNAPSHOT_VERSION);
+        let extended = self.grants.values().any(Holding::is_extended);
+        let record_extra = if extended { 13 } else { 0 };
+        let mut out = Vec::with_capacity(13 + self.grants.len() * (32 + record_extra));
+        out.push(if extended {
+            SNAPSHOT_VERSION_EXTENDED
+        } else {
+            SNAPSHOT_VERSION
+        });
         out.extend_from_slice(&self.next_token.to_be_bytes());
         out.extend_from_slice(
             &u32::try_from(self.grants.len())
@@ -398,16 +494,16 @@ impl ReplicatedLocks {
                 .to_be_bytes(),
         );
         for (token, holding) in self.sorted_grants() {
-            let remaining_us = duration_micros(holding.deadline.saturating_duration_since(now));
-            // Rounding up keeps the lease from getting shorter on restore.
-            let remaining_ms = remaining_us.div_ceil(1_000);
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(&holding.lease_ms.to_be_bytes());
-            out.extend_from_slice(
-                &u32::try_from(remaining_ms)
-                    .unwrap_or(u32::MAX)
-                    .to_be_bytes(),
-            );
+            out.extend_from_slice(&remaining_ms(holding.deadline, now).to_be_bytes());
+            if extended {
+                out.push(u8::from(holding.max_hold_ms.is_some()));
+                out.extend_from_slice(&holding.max_hold_ms.unwrap_or(0).to_be_bytes());
+                let cap_remaining_ms = holding.cap_at.map_or(0, |cap| remaining_ms(cap, now));
+                out.extend_from_slice(&cap_remaining_ms.to_be_bytes());
+                out.extend_from_slice(&holding.extensions.to_be_bytes());
+            }
             put_key_group(&mut out, &holding.keys);
         }
         out
@@ -438,9 +534,11 @@ impl ReplicatedLocks {
     pub fn restore(bytes: &[u8], now: Instant) -> Result<ReplicatedLocks, SnapshotError> {
         let mut r = Reader::new(bytes);
         let version = r.u8().ok_or(SnapshotError::Malformed)?;
-        if version != SNAPSHOT_VERSION {
-            return Err(SnapshotError::Version(version));
-        }
+        let extended = match version {
+            SNAPSHOT_VERSION => false,
+            SNAPSHOT_VERSION_EXTENDED => true,
+            _ => return Err(SnapshotError::Version(version)),
+        };
         let next_token = r
             .u64()
             .filter(|&next| next <= SNAPSHOT_NEXT_TOKEN_MAX)
@@ -457,6 +555,11 @@ impl ReplicatedLocks {
             let token = r.u64().ok_or(SnapshotError::Malformed)?;
             let lease_ms = r.u32().ok_or(SnapshotError::Malformed)?;
             let remaining_ms = r.u32().ok_or(SnapshotError::Malformed)?;
+            let (max_hold_ms, cap_remaining_ms, extensions) = if extended {
+                restore_extension(&mut r)?
+            } else {
+                (None, None, 0)
+            };
             let keys = r.key_group().ok_or(SnapshotError::Malformed)?;
             if token <= last_token || token >= next_token {
                 return Err(SnapshotError::Inconsistent);
@@ -469,21 +572,58 @@ impl ReplicatedLocks {
                 }
                 state.keys.insert_absent(hash, key.clone(), token);
             }
-            let deadline = now.saturating_add(Duration::from_millis(u64::from(remaining_ms)));
+            let after = |ms: u32| now.saturating_add(Duration::from_millis(u64::from(ms)));
             state.grants.insert(
                 token,
                 Holding {
                     keys,
                     lease_ms,
-                    deadline,
+                    deadline: after(remaining_ms),
                     granted_at: now,
+                    max_hold_ms,
+                    cap_at: cap_remaining_ms.map(after),
+                    extensions,
                 },
             );
         }
         if !r.is_empty() {
             return Err(SnapshotError::Malformed);
         }
+        if extended && !state.grants.values().any(Holding::is_extended) {
+            // Such a state snapshots as version 1: one encoding per value.
+            return Err(SnapshotError::Malformed);
+        }
         state.rebuild_deadlines();
         Ok(state)
     }
+}
+
+/// The time from `now` to `deadline` in whole milliseconds, rounded up so
+/// that a lease (or cap) never gets shorter on restore.
+fn remaining_ms(deadline: Instant, now: Instant) -> u32 {
+    let remaining_us = duration_micros(deadline.saturating_duration_since(now));
+    u32::try_from(remaining_us.div_ceil(1_000)).unwrap_or(u32::MAX)
+}
+
+/// Reads a version-2 record's extension fields (after its remaining
+/// lease, `remaining_ms`): the cap, the time left to it, the extension
+/// count.
+///
+/// The remaining lease may exceed the time to the cap: a leader that
+/// could not propose an expiry re-arms it later ([`ReplicatedLocks::rearm`]),
+/// past the cap; such a lease is over all the same, only its Expire is
+/// late, and the cap still refuses every extension.
+fn restore_extension(r: &mut Reader<'_>) -> Result<(Option<u32>, Option<u32>, u32), SnapshotError> {
+    let has_cap = r.bool().ok_or(SnapshotError::Malformed)?;
+    let max_hold_ms = r.u32().ok_or(SnapshotError::Malformed)?;
+    let cap_remaining_ms = r.u32().ok_or(SnapshotError::Malformed)?;
+    let extensions = r.u32().ok_or(SnapshotError::Malformed)?;
+    if !has_cap {
+        if max_hold_ms != 0 || cap_remaining_ms != 0 {
+            // One encoding per value.
+            return Err(SnapshotError::Malformed);
+        }
+        return Ok((None, None, extensions));
+    }
+    Ok((Some(max_hold_ms), Some(cap_remaining_ms), extensions))
 }

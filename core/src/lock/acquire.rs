@@ -7,10 +7,11 @@ use std::cmp::Reverse;
 
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
+use super::extend::{GrantExtension, capped_deadline};
 use super::keyed::KeyHash;
 use super::{
-    AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys, Waiter, WaiterId,
-    group_len, lease_deadline,
+    AcquireOptions, AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys,
+    Waiter, WaiterId, group_len, lease_duration,
 };
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
@@ -36,20 +37,13 @@ impl LockTable {
         now: Instant,
         waiter: WaiterId,
         (keys, hashes): (&KeyGroup, &GroupHashes),
-        (wait_s, lease_s): (u8, u8),
-        holder: u64,
+        options: &AcquireOptions,
     ) -> AcquireOutcome {
         let survey = self.survey_keys(now, keys, hashes);
         if survey.all_free {
-            return self.grant_free_keys(
-                now,
-                (keys, hashes),
-                lease_s,
-                holder,
-                survey.over_key_limit,
-            );
+            return self.grant_free_keys(now, (keys, hashes), options, survey.over_key_limit);
         }
-        if let Some(refusal) = self.refuse_to_queue(wait_s, &survey) {
+        if let Some(refusal) = self.refuse_to_queue(options.wait_s, &survey) {
             return refusal;
         }
         let seq = self.next_seq;
@@ -63,7 +57,7 @@ impl LockTable {
             keys => WaitedKeys::Many(keys.iter().zip(hashes).map(waited).collect()),
         };
         self.enqueue_on_keys(now, seq, &keys);
-        self.add_waiter(now, seq, waiter, keys, (wait_s, lease_s), holder);
+        self.add_waiter(now, seq, waiter, keys, options);
         AcquireOutcome::Queued
     }
 
@@ -106,8 +100,7 @@ impl LockTable {
         &mut self,
         now: Instant,
         (keys, hashes): (&KeyGroup, &GroupHashes),
-        lease_s: u8,
-        holder: u64,
+        options: &AcquireOptions,
         over_key_limit: bool,
     ) -> AcquireOutcome {
         if over_key_limit {
@@ -119,7 +112,9 @@ impl LockTable {
             return AcquireOutcome::Busy;
         }
         let token = self.issue_token();
-        let lease_deadline = lease_deadline(now, lease_s);
+        let lease_s = options.lease_s;
+        let cap_at = self.record_cap(token, now, options.max_hold);
+        let lease_deadline = capped_deadline(now, lease_duration(lease_s), cap_at);
         let group_len = group_len(keys.len());
         for (key, &hash) in keys.keys().iter().zip(hashes) {
             // An expired holder is simply overwritten (lazy expiry).
@@ -130,13 +125,19 @@ impl LockTable {
                 KeyEntry::unheld,
             );
             if entry.token != 0 {
-                note_expiry(&mut self.metrics, &mut self.sets, entry, false);
+                note_expiry(
+                    &mut self.metrics,
+                    (&mut self.sets, &mut self.extensions),
+                    entry,
+                    false,
+                );
             } else {
                 self.holder_keys += 1;
             }
             entry.token = token;
             entry.lease_deadline = lease_deadline;
-            entry.set_grant(holder, group_len, lease_s);
+            entry.set_grant(options.holder, group_len, lease_s);
+            entry.set_extension(cap_at.is_some());
         }
         self.sets
             .granted(token, keys.keys().iter().map(|key| key.as_bytes()));
@@ -179,7 +180,12 @@ impl LockTable {
             if entry.token != 0 && !entry.is_held_at(now) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
-                note_expiry(&mut self.metrics, &mut self.sets, entry, false);
+                note_expiry(
+                    &mut self.metrics,
+                    (&mut self.sets, &mut self.extensions),
+                    entry,
+                    false,
+                );
                 entry.token = 0;
                 self.holder_keys -= 1;
             }
@@ -213,12 +219,11 @@ impl LockTable {
         seq: u64,
         waiter: WaiterId,
         keys: WaitedKeys,
-        (wait_s, lease_s): (u8, u8),
-        holder: u64,
+        options: &AcquireOptions,
     ) {
         let wait_deadline = queue_rule::wait_deadline(
             now,
-            Duration::from_secs(u64::from(wait_s)),
+            Duration::from_secs(u64::from(options.wait_s)),
             self.config.wait_margin,
         );
         self.wait_deadlines.push(Reverse((wait_deadline, seq)));
@@ -233,10 +238,31 @@ impl LockTable {
                 id: waiter,
                 keys,
                 wait_deadline,
-                lease_s,
-                holder,
+                lease_s: options.lease_s,
+                holder: options.holder,
+                max_hold: options.max_hold,
                 queued_at: now,
             },
         );
+    }
+
+    /// Records the cap of new grant `token`, made at `now`, if it has one
+    /// (`max_hold` after the grant), and returns it.
+    pub(super) fn record_cap(
+        &mut self,
+        token: u64,
+        now: Instant,
+        max_hold: Option<Duration>,
+    ) -> Option<Instant> {
+        let cap_at = now.saturating_add(max_hold?);
+        self.extensions.insert(
+            token,
+            GrantExtension {
+                granted_at: now,
+                cap_at: Some(cap_at),
+                extensions: 0,
+            },
+        );
+        Some(cap_at)
     }
 }

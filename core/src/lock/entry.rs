@@ -123,6 +123,9 @@ const GROUP_SHIFT: u32 = LEASE_SHIFT + 8;
 /// Five bits: a group has 1..=16 keys (0 while nobody holds the key).
 const GROUP_MASK: u64 = 0x1f;
 const QUEUED_BIT: u64 = 1 << 63;
+/// The grant has a cap or was extended: its record is in the table's
+/// extension map (so no other grant pays a look-up there).
+const EXTENSION_BIT: u64 = 1 << 62;
 
 /// One key in the table. 24 bytes; the key bytes live in the map's key.
 ///
@@ -139,8 +142,9 @@ pub(super) struct KeyEntry {
     /// granted the key); 48..56: the grant's lease in seconds (so the grant
     /// time is known for the hold-time histogram); 56..61: the number of
     /// keys in the grant (so a release can tell whether it names exactly
-    /// the granted group without a per-grant index); 63: whether the key
-    /// has a waiter queue (in [`super::LockTable`]'s queue map). One word
+    /// the granted group without a per-grant index); 62: whether the grant
+    /// has an extension record (a cap, or an extension: see
+    /// `extend.rs`); 63: whether the key has a waiter queue (in [`super::LockTable`]'s queue map). One word
     /// instead of fields, so the entry has no padding.
     packed: u64,
 }
@@ -156,7 +160,7 @@ impl KeyEntry {
     }
 
     /// Records a new grant's holder tag, size and lease (the token and
-    /// deadline are set by the caller).
+    /// deadline are set by the caller), without an extension record.
     pub(super) fn set_grant(&mut self, holder: u64, group_len: u8, lease_s: u8) {
         debug_assert!(holder <= HOLDER_MAX && u64::from(group_len) <= GROUP_MASK);
         self.packed = (self.packed & QUEUED_BIT)
@@ -185,6 +189,19 @@ impl KeyEntry {
     /// Whether somebody waits on the key (its queue is in the queue map).
     pub(super) fn is_queued(&self) -> bool {
         self.packed & QUEUED_BIT != 0
+    }
+
+    /// Whether the grant has a record in the table's extension map.
+    pub(super) fn has_extension(&self) -> bool {
+        self.packed & EXTENSION_BIT != 0
+    }
+
+    pub(super) fn set_extension(&mut self, extension: bool) {
+        if extension {
+            self.packed |= EXTENSION_BIT;
+        } else {
+            self.packed &= !EXTENSION_BIT;
+        }
     }
 
     pub(super) fn set_queued(&mut self, queued: bool) {
@@ -256,5 +273,20 @@ mod tests {
             (entry.holder(), entry.group_len(), entry.lease_s()),
             (7, 1, 1)
         );
+    }
+
+    #[test]
+    fn the_extension_bit_is_its_own_and_a_new_grant_clears_it() {
+        let mut entry = KeyEntry::unheld();
+        entry.set_queued(true);
+        entry.set_grant(HOLDER_MAX, 16, 250);
+        entry.set_extension(true);
+        assert!(entry.has_extension() && entry.is_queued());
+        assert_eq!(
+            (entry.holder(), entry.group_len(), entry.lease_s()),
+            (HOLDER_MAX, 16, 250)
+        );
+        entry.set_grant(7, 1, 1);
+        assert!(!entry.has_extension() && entry.is_queued());
     }
 }

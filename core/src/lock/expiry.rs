@@ -7,6 +7,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
+use super::extend::Extensions;
 use super::{LeaseDeadline, LockTable, SetGrants, lease_duration};
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
@@ -84,13 +85,18 @@ impl LockTable {
                     if let Some(entry) = self.keys.find_mut(lease.hash, &lease.key)
                         && entry.token != 0
                     {
-                        expired = Some((entry.token, entry.group_len(), entry.lease_s()));
+                        expired = Some(ExpiredGrant::of(entry));
                         entry.token = 0;
                         self.holder_keys -= 1;
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
                     if let Some(expired) = expired {
-                        count_expiry(&mut self.metrics, &mut self.sets, expired, handed_over);
+                        count_expiry(
+                            &mut self.metrics,
+                            (&mut self.sets, &mut self.extensions),
+                            expired,
+                            handed_over,
+                        );
                     }
                 }
             }
@@ -101,11 +107,12 @@ impl LockTable {
     fn sweep(&mut self, at: Instant) {
         let metrics = &mut self.metrics;
         let sets = &mut self.sets;
+        let extensions = &mut self.extensions;
         let holder_keys = &mut self.holder_keys;
         self.keys.retain(|_, entry| {
             let keep = entry.is_queued() || entry.is_held_at(at);
             if !keep && entry.token != 0 {
-                note_expiry(metrics, sets, entry, false);
+                note_expiry(metrics, (sets, extensions), entry, false);
                 *holder_keys -= 1;
             }
             keep
@@ -130,11 +137,14 @@ impl LockTable {
     }
 
     fn is_live_lease_deadline(&self, lease: &LeaseDeadline) -> bool {
-        // Tokens are never reused, so a matching token means the same grant
-        // and therefore the same deadline.
-        self.keys
-            .find(lease.hash, &lease.key)
-            .is_some_and(|entry| entry.token == lease.token && entry.is_queued())
+        // Tokens are never reused, so a matching token means the same
+        // grant; an extension moves its deadline, leaving the entry pushed
+        // for the old one stale.
+        self.keys.find(lease.hash, &lease.key).is_some_and(|entry| {
+            entry.token == lease.token
+                && entry.is_queued()
+                && entry.lease_deadline == lease.deadline
+        })
     }
 
     /// End-of-call upkeep: live heap tops, heaps bounded by live state.
@@ -179,27 +189,47 @@ impl LockTable {
 /// key went straight to a waiter).
 pub(super) fn note_expiry(
     metrics: &mut LockMetrics,
-    sets: &mut SetGrants,
+    grants: (&mut SetGrants, &mut Extensions),
     entry: &KeyEntry,
     handed_over: bool,
 ) {
-    count_expiry(
-        metrics,
-        sets,
-        (entry.token, entry.group_len(), entry.lease_s()),
-        handed_over,
-    );
+    count_expiry(metrics, grants, ExpiredGrant::of(entry), handed_over);
 }
 
-/// Counts the expiry of grant `token` (of `group_len` keys, lease
-/// `lease_s`) as noticed on one of its keys: once per grant, on the first
-/// key noticed.
+/// What the expiry count needs of a grant whose lease ended, read from
+/// one of its keys' entries.
+struct ExpiredGrant {
+    token: u64,
+    group_len: u8,
+    lease_s: u8,
+    lease_deadline: Instant,
+    has_extension: bool,
+}
+
+impl ExpiredGrant {
+    fn of(entry: &KeyEntry) -> Self {
+        ExpiredGrant {
+            token: entry.token,
+            group_len: entry.group_len(),
+            lease_s: entry.lease_s(),
+            lease_deadline: entry.lease_deadline,
+            has_extension: entry.has_extension(),
+        }
+    }
+}
+
+/// Counts the expiry of a grant as noticed on one of its keys: once per
+/// grant, on the first key noticed (which also drops its extension
+/// record: the other keys' entries need it no more).
 fn count_expiry(
     metrics: &mut LockMetrics,
-    sets: &mut SetGrants,
-    (token, group_len, lease_s): (u64, u8, u8),
+    (sets, extensions): (&mut SetGrants, &mut Extensions),
+    grant: ExpiredGrant,
     handed_over: bool,
 ) {
+    let ExpiredGrant {
+        token, group_len, ..
+    } = grant;
     if group_len > 1 {
         if let Some(left) = sets.expiring.get_mut(&token) {
             *left -= 1;
@@ -216,6 +246,24 @@ fn count_expiry(
     } else {
         metrics.expiries_not_handed_over += 1;
     }
-    // A lease runs from its grant to its deadline: exactly `lease_s`.
-    metrics.hold.observe(lease_duration(lease_s));
+    let extension = if grant.has_extension {
+        extensions.remove(&token)
+    } else {
+        None
+    };
+    match extension {
+        Some(extension) => {
+            if extension.extensions > 0 {
+                metrics.expiries_extended += 1;
+            }
+            // Capped or extended: the lease ran from the recorded grant
+            // to its last deadline.
+            let held = grant
+                .lease_deadline
+                .saturating_duration_since(extension.granted_at);
+            metrics.hold.observe(held);
+        }
+        // A lease runs from its grant to its deadline: exactly `lease_s`.
+        None => metrics.hold.observe(lease_duration(grant.lease_s)),
+    }
 }

@@ -156,7 +156,7 @@ impl LockTable {
         let holder = entry.is_held_at(now).then(|| HolderInspection {
             token: entry.token,
             keys: to_keys(group.iter().map(|key| &**key)),
-            held_ms: duration_millis(now.saturating_duration_since(entry.granted_at())),
+            held_ms: duration_millis(now.saturating_duration_since(self.grant_start(entry))),
             lease_remaining_ms: duration_millis(
                 entry.lease_deadline.saturating_duration_since(now),
             ),

@@ -7,8 +7,9 @@
 //!
 //! Layout: a hash table from key bytes (inline up to 22 bytes) to a 24-byte
 //! entry (token, lease deadline, and one word packing the holder's tag, the
-//! grant's size and lease, and a has-waiters bit): 48 bytes a bucket, no
-//! allocation for a short key (see `entry.rs`). The FIFO queues of waiter
+//! grant's size and lease, a has-waiters bit and a has-extension-record
+//! bit): 48 bytes a bucket, no allocation for a short key (see
+//! `entry.rs`). The FIFO queues of waiter
 //! sequence numbers are in a second table, only for keys that have waiters;
 //! both hash a key once per request (`keyed.rs`);
 //! waiters in a map by arrival sequence number; two min-heaps for wait
@@ -17,9 +18,11 @@
 //!
 //! Files: this one holds the types and the public API of [`LockTable`];
 //! `acquire.rs` decides an acquire (grant now, refuse, or queue),
-//! `release.rs` a release, `queue.rs` the waiter queues (handing a key to
-//! the front waiter, removing a waiter), `expiry.rs` the clock: deadlines
-//! due, the sweep, and keeping the deadline heaps bounded; `entry.rs` is
+//! `release.rs` a release, `extend.rs` a lease's renewal (the rule both
+//! modes share, and the record of capped or extended grants), `queue.rs`
+//! the waiter queues (handing a key to the front waiter, removing a
+//! waiter), `expiry.rs` the clock: deadlines due, the sweep, and keeping
+//! the deadline heaps bounded; `entry.rs` is
 //! the packed per-key entry, `keyed.rs` the maps by key bytes, and
 //! `inspect.rs` the operator's read-only view.
 
@@ -35,12 +38,15 @@ use crate::wire::{KeyGroup, SET_KEYS_MAX};
 mod acquire;
 mod entry;
 mod expiry;
+mod extend;
 mod inspect;
 pub(crate) mod keyed;
 mod queue;
 mod release;
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
+use extend::Extensions;
+pub use extend::{ExtendOutcome, GrantExtension, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
 use keyed::{KeyHash, Keyed};
 
@@ -112,6 +118,24 @@ pub enum AcquireOutcome {
     Busy,
 }
 
+/// What an acquire asks for besides its keys, as
+/// [`LockTable::acquire_with`] takes it. The default (all zero, no cap) is
+/// not a useful request; name at least the lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// How long the request may wait, in seconds as on the wire (0: not
+    /// at all).
+    pub wait_s: u8,
+    /// The lease, in seconds as on the wire (1..=250).
+    pub lease_s: u8,
+    /// The holder tag the grant records (see [`LockTable::acquire_as`]).
+    pub holder: u64,
+    /// A cap on the grant's total hold, counted from the grant: no lease
+    /// or extension runs past it (a longer first lease is clipped to it).
+    /// `None`: no cap, exactly the behaviour without it.
+    pub max_hold: Option<Duration>,
+}
+
 /// Answer to a release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
@@ -170,7 +194,8 @@ pub struct LockStats {
 }
 
 impl KeyEntry {
-    /// When the holder's grant was made.
+    /// When the holder's grant was made, for a grant without an extension
+    /// record (see [`LockTable::grant_start`] for any grant).
     fn granted_at(&self) -> Instant {
         self.lease_deadline
             .saturating_sub(lease_duration(self.lease_s()))
@@ -219,6 +244,8 @@ struct Waiter {
     lease_s: u8,
     /// The holder tag its grant will carry.
     holder: u64,
+    /// The cap on its grant's total hold, counted from the grant.
+    max_hold: Option<Duration>,
     /// When the acquire arrived, for the wait histogram.
     queued_at: Instant,
 }
@@ -294,6 +321,9 @@ pub struct LockTable {
     /// The key sets granted: their keys while they run, and how many keys
     /// are left to be noticed expired once their lease ran out.
     sets: SetGrants,
+    /// The grants that have a cap or were extended (their keys' entries
+    /// say so), by token: when each began, its cap, its extensions.
+    extensions: Extensions,
 }
 
 /// What the table keeps per key-set grant (a grant of more than one key),
@@ -360,6 +390,7 @@ impl LockTable {
             metrics: LockMetrics::default(),
             holder_keys: 0,
             sets: SetGrants::default(),
+            extensions: Extensions::default(),
         }
     }
 
@@ -412,13 +443,86 @@ impl LockTable {
         lease_s: u8,
         holder: u64,
     ) -> AcquireOutcome {
+        let options = AcquireOptions {
+            wait_s,
+            lease_s,
+            holder,
+            max_hold: None,
+        };
+        self.acquire_with(now, waiter, keys, &options)
+    }
+
+    /// [`LockTable::acquire_as`] with every option, including a cap on the
+    /// grant's total hold ([`AcquireOptions::max_hold`]; without one this
+    /// is exactly `acquire_as`).
+    pub fn acquire_with(
+        &mut self,
+        now: Instant,
+        waiter: WaiterId,
+        keys: &KeyGroup,
+        options: &AcquireOptions,
+    ) -> AcquireOutcome {
+        let holder = options.holder;
         debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
-        let holder = holder.min(HOLDER_MAX);
+        let options = AcquireOptions {
+            holder: holder.min(HOLDER_MAX),
+            ..*options
+        };
         let now = self.advance(now);
         let hashes = self.hash_group(keys);
-        let outcome = self.acquire_at(now, waiter, (keys, &hashes), (wait_s, lease_s), holder);
+        let outcome = self.acquire_at(now, waiter, (keys, &hashes), &options);
         self.tidy();
         outcome
+    }
+
+    /// Renews, at `now`, the lease of grant `token` on exactly `keys` (all
+    /// of a key set's keys: they share the token) to `now + lease_s`
+    /// seconds (1..=250, as on the wire), clipped to the grant's cap. The
+    /// token is unchanged. If the token is not current on exactly these
+    /// keys with a running lease, the answer is
+    /// [`ExtendOutcome::NotCurrent`] and nothing changes: an extension
+    /// never brings back a grant that was released, expired,
+    /// force-released or handed on.
+    ///
+    /// The keys are named, as in a release, because the table finds grants
+    /// by key: an index by token for every grant would cost each held key
+    /// a second map entry.
+    pub fn extend(
+        &mut self,
+        now: Instant,
+        keys: &KeyGroup,
+        token: u64,
+        lease_s: u8,
+    ) -> ExtendOutcome {
+        let now = self.advance(now);
+        let hashes = self.hash_group(keys);
+        let outcome = self.extend_at(now, keys, &hashes, token, lease_s);
+        self.tidy();
+        outcome
+    }
+
+    /// The extension state of the grant holding `key` (recorded, as for
+    /// [`LockTable::grant_of`]: its lease may already have ended): when it
+    /// began, its cap on total hold (the latest it can end), how many
+    /// extensions moved its lease. `None` if the key has no holder.
+    pub fn extension_of(&self, key: &[u8]) -> Option<GrantExtension> {
+        let entry = self.keys.get(key).filter(|entry| entry.token != 0)?;
+        let recorded = entry
+            .has_extension()
+            .then(|| self.extensions.get(&entry.token).copied())
+            .flatten();
+        Some(recorded.unwrap_or(GrantExtension {
+            granted_at: entry.granted_at(),
+            cap_at: None,
+            extensions: 0,
+        }))
+    }
+
+    /// When the grant on `entry` was made. Its first lease tells it unless
+    /// the grant was capped (its first lease may be clipped) or extended
+    /// (its deadline moved); those have it recorded.
+    fn grant_start(&self, entry: &KeyEntry) -> Instant {
+        grant_start(&self.extensions, entry)
     }
 
     /// A release received at `now`.
@@ -617,14 +721,18 @@ impl LockTable {
 /// most [`SET_KEYS_MAX`] keys).
 type GroupHashes = [KeyHash; SET_KEYS_MAX];
 
+/// When the grant on `entry` was made (see [`LockTable::grant_start`]).
+fn grant_start(extensions: &Extensions, entry: &KeyEntry) -> Instant {
+    entry
+        .has_extension()
+        .then(|| extensions.get(&entry.token))
+        .flatten()
+        .map_or_else(|| entry.granted_at(), |extension| extension.granted_at)
+}
+
 /// A lease of `lease_s` seconds (leases arrive in whole seconds).
 fn lease_duration(lease_s: u8) -> Duration {
     Duration::from_secs(u64::from(lease_s))
-}
-
-/// When a lease of `lease_s` seconds granted at `now` ends.
-fn lease_deadline(now: Instant, lease_s: u8) -> Instant {
-    now.saturating_add(lease_duration(lease_s))
 }
 
 fn group_len(len: usize) -> u8 {

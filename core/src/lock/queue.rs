@@ -7,8 +7,9 @@ use std::collections::VecDeque;
 
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
+use super::extend::capped_deadline;
 use super::keyed::KeyHash;
-use super::{LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_deadline};
+use super::{LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration};
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -194,9 +195,11 @@ impl LockTable {
     /// a lease deadline entry so its lease end hands it on.
     fn grant_waiter(&mut self, waiter: Waiter, now: Instant) {
         let token = self.issue_token();
+        // The cap, like the lease, counts from the grant, not the arrival.
+        let cap_at = self.record_cap(token, now, waiter.max_hold);
         // A fresh lease from the real handoff time (etcd #11456), even when
         // catching up on a deadline that passed earlier.
-        let lease_deadline = lease_deadline(now, waiter.lease_s);
+        let lease_deadline = capped_deadline(now, lease_duration(waiter.lease_s), cap_at);
         let group_len = group_len(waiter.keys.len());
         for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
             let hash = *hash;
@@ -206,13 +209,19 @@ impl LockTable {
             if entry.token != 0 {
                 // A lease that ended at this very instant, not yet handled
                 // on this key: it ends here, handed to this waiter.
-                note_expiry(&mut self.metrics, &mut self.sets, entry, true);
+                note_expiry(
+                    &mut self.metrics,
+                    (&mut self.sets, &mut self.extensions),
+                    entry,
+                    true,
+                );
             } else {
                 self.holder_keys += 1;
             }
             entry.token = token;
             entry.lease_deadline = lease_deadline;
             entry.set_grant(waiter.holder, group_len, waiter.lease_s);
+            entry.set_extension(cap_at.is_some());
             if entry.is_queued()
                 && let Some(queue) = self.queues.find_mut(hash, key)
             {

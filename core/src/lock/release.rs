@@ -34,7 +34,7 @@ impl LockTable {
                         lease_deadline: entry.lease_deadline,
                         keys: usize::from(entry.group_len()),
                     },
-                    entry.granted_at(),
+                    self.grant_start(entry),
                 ));
             }
         }
@@ -70,6 +70,7 @@ impl LockTable {
             }
         }
         self.sets.ended(token);
+        self.extensions.remove(&token);
         self.metrics.releases += 1;
         self.metrics
             .hold

@@ -8,7 +8,8 @@
 #![allow(missing_docs)]
 
 use crate::lock::{
-    AcquireOutcome, Limits, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome, WaiterId,
+    AcquireOptions, AcquireOutcome, ExtendOutcome, Limits, LockConfig, LockEvent, LockStats,
+    LockTable, ReleaseOutcome, WaiterId,
 };
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup};
@@ -20,6 +21,8 @@ pub struct ModelKey {
     pub lease_deadline_us: u64,
     pub group_len: usize,
     pub queue: Vec<u64>,
+    /// The holder's cap on total hold, if its grant has one.
+    pub cap_us: Option<u64>,
 }
 
 pub struct ModelWaiter {
@@ -27,6 +30,7 @@ pub struct ModelWaiter {
     pub id: WaiterId,
     pub keys: Vec<Vec<u8>>,
     pub lease_s: u8,
+    pub max_hold_s: Option<u8>,
     pub wait_deadline_us: u64,
 }
 
@@ -45,6 +49,13 @@ pub struct Model {
 
 fn held_at(key: &ModelKey, at_us: u64) -> bool {
     key.token != 0 && key.lease_deadline_us > at_us
+}
+
+/// The cap instant and first lease deadline of a grant made at `now_us`.
+fn first_lease(now_us: u64, lease_s: u8, max_hold_s: Option<u8>) -> (Option<u64>, u64) {
+    let cap_us = max_hold_s.map(|cap| now_us + u64::from(cap) * SECOND_US);
+    let lease_us = now_us + u64::from(lease_s) * SECOND_US;
+    (cap_us, cap_us.map_or(lease_us, |cap| cap.min(lease_us)))
 }
 
 impl Model {
@@ -161,12 +172,14 @@ impl Model {
         let waiter = self.waiters.remove(index);
         let token = self.next_token;
         self.next_token += 1;
+        let (cap_us, deadline_us) = first_lease(now_us, waiter.lease_s, waiter.max_hold_s);
         for name in &waiter.keys {
             let key = self.key_mut(name).unwrap();
             key.queue.remove(0);
             key.token = token;
-            key.lease_deadline_us = now_us + u64::from(waiter.lease_s) * SECOND_US;
+            key.lease_deadline_us = deadline_us;
             key.group_len = waiter.keys.len();
+            key.cap_us = cap_us;
         }
         self.events.push(LockEvent::Granted {
             waiter: waiter.id,
@@ -182,6 +195,18 @@ impl Model {
         wait_s: u8,
         lease_s: u8,
     ) -> AcquireOutcome {
+        self.acquire_capped(now_us, id, names, (wait_s, lease_s), None)
+    }
+
+    /// [`Model::acquire`] with a cap on total hold of `max_hold_s`.
+    pub fn acquire_capped(
+        &mut self,
+        now_us: u64,
+        id: WaiterId,
+        names: &[Vec<u8>],
+        (wait_s, lease_s): (u8, u8),
+        max_hold_s: Option<u8>,
+    ) -> AcquireOutcome {
         let now_us = self.advance(now_us);
         let new_keys = names.iter().filter(|n| self.key(n).is_none()).count();
         let all_free = names.iter().all(|n| {
@@ -195,6 +220,7 @@ impl Model {
             }
             let token = self.next_token;
             self.next_token += 1;
+            let (cap_us, deadline_us) = first_lease(now_us, lease_s, max_hold_s);
             for name in names {
                 if self.key(name).is_none() {
                     self.keys.push(ModelKey {
@@ -203,12 +229,14 @@ impl Model {
                         lease_deadline_us: 0,
                         group_len: 0,
                         queue: Vec::new(),
+                        cap_us: None,
                     });
                 }
                 let key = self.key_mut(name).unwrap();
                 key.token = token;
-                key.lease_deadline_us = now_us + u64::from(lease_s) * SECOND_US;
+                key.lease_deadline_us = deadline_us;
                 key.group_len = names.len();
+                key.cap_us = cap_us;
             }
             return AcquireOutcome::Granted { token };
         }
@@ -232,6 +260,7 @@ impl Model {
                     lease_deadline_us: 0,
                     group_len: 0,
                     queue: Vec::new(),
+                    cap_us: None,
                 });
             }
             let key = self.key_mut(name).unwrap();
@@ -248,9 +277,49 @@ impl Model {
             id,
             keys: names.to_vec(),
             lease_s,
+            max_hold_s,
             wait_deadline_us,
         });
         AcquireOutcome::Queued
+    }
+
+    /// Renews grant `token` on exactly `names` to `now + lease_s`, clipped
+    /// to its cap, refused at it; not current unless every named key
+    /// carries the token with a running lease and the grant has exactly
+    /// these keys.
+    pub fn extend(
+        &mut self,
+        now_us: u64,
+        names: &[Vec<u8>],
+        token: u64,
+        lease_s: u8,
+    ) -> ExtendOutcome {
+        let now_us = self.advance(now_us);
+        let current = token != 0
+            && names.iter().all(|n| {
+                self.key(n).is_some_and(|k| {
+                    k.token == token && held_at(k, now_us) && k.group_len == names.len()
+                })
+            });
+        if !current {
+            return ExtendOutcome::NotCurrent;
+        }
+        let key = self.key(&names[0]).unwrap();
+        let wanted_us = now_us + u64::from(lease_s) * SECOND_US;
+        let (deadline_us, clipped) = match key.cap_us {
+            Some(cap_us) if key.lease_deadline_us >= cap_us => return ExtendOutcome::AtCap,
+            Some(cap_us) if wanted_us > cap_us => (cap_us, true),
+            _ => (wanted_us, false),
+        };
+        for name in names {
+            self.key_mut(name).unwrap().lease_deadline_us = deadline_us;
+        }
+        let expires_at = Instant::from_micros(deadline_us);
+        if clipped {
+            ExtendOutcome::Clipped { expires_at }
+        } else {
+            ExtendOutcome::Extended { expires_at }
+        }
     }
 
     pub fn release(&mut self, now_us: u64, names: &[Vec<u8>], token: u64) -> ReleaseOutcome {
@@ -382,6 +451,24 @@ pub enum Op {
         wait_s: u8,
         lease_s: u8,
     },
+    /// An acquire with a cap on total hold.
+    AcquireCapped {
+        key_mask: u8,
+        wait_s: u8,
+        lease_s: u8,
+        max_hold_s: u8,
+    },
+    /// Extend the grant `pick` (modulo grants seen) under its own group.
+    ExtendGrant {
+        pick: usize,
+        lease_s: u8,
+    },
+    /// Extend under the token of grant `pick` but an arbitrary group.
+    ExtendOther {
+        pick: usize,
+        key_mask: u8,
+        lease_s: u8,
+    },
     /// Release the grant `pick` (modulo grants seen) under its own group.
     ReleaseGrant {
         pick: usize,
@@ -422,6 +509,9 @@ fn key_group(names: &[Vec<u8>]) -> KeyGroup {
     KeyGroup::new(names.iter().map(|n| Key::new(n).unwrap()).collect()).unwrap()
 }
 
+/// A grant's lease and cap on total hold, in seconds, as asked for.
+type Lease = (u8, Option<u8>);
+
 /// A grant seen from outside, for the safety checks.
 struct SeenGrant {
     token: u64,
@@ -439,8 +529,8 @@ pub struct Harness {
     model: Model,
     now_us: u64,
     next_waiter: u64,
-    /// Queued waiters (id → keys, lease) not yet resolved.
-    queued: Vec<(WaiterId, Vec<Vec<u8>>, u8)>,
+    /// Queued waiters (id → keys, lease and cap) not yet resolved.
+    queued: Vec<(WaiterId, Vec<Vec<u8>>, Lease)>,
     grants: Vec<SeenGrant>,
     last_token: u64,
 }
@@ -464,7 +554,7 @@ impl Harness {
 
     /// Safety: a new grant is above every earlier token and overlaps no other
     /// grant whose lease is still running and which was not released.
-    fn record_grant(&mut self, token: u64, keys: Vec<Vec<u8>>, lease_s: u8) {
+    fn record_grant(&mut self, token: u64, keys: Vec<Vec<u8>>, (lease_s, max_hold_s): Lease) {
         assert!(token > self.last_token, "token {token} not increasing");
         self.last_token = token;
         for other in &self.grants {
@@ -479,7 +569,7 @@ impl Harness {
         self.grants.push(SeenGrant {
             token,
             keys,
-            lease_deadline_us: self.now_us + u64::from(lease_s) * SECOND_US,
+            lease_deadline_us: first_lease(self.now_us, lease_s, max_hold_s).1,
             released: false,
         });
     }
@@ -492,21 +582,31 @@ impl Harness {
                 key_mask,
                 wait_s,
                 lease_s,
-            } => {
-                let names = names(key_mask);
-                let id = WaiterId(self.next_waiter);
-                self.next_waiter += 1;
-                let got = self
-                    .table
-                    .acquire(now, id, key_group(&names), wait_s, lease_s);
-                let want = self.model.acquire(self.now_us, id, &names, wait_s, lease_s);
-                assert_eq!(got, want, "acquire {names:?}");
-                self.check_events();
-                match got {
-                    AcquireOutcome::Granted { token } => self.record_grant(token, names, lease_s),
-                    AcquireOutcome::Queued => self.queued.push((id, names, lease_s)),
-                    AcquireOutcome::TimedOut | AcquireOutcome::Busy => {}
+            } => self.acquire(key_mask, (wait_s, lease_s), None),
+            Op::AcquireCapped {
+                key_mask,
+                wait_s,
+                lease_s,
+                max_hold_s,
+            } => self.acquire(key_mask, (wait_s, lease_s), Some(max_hold_s)),
+            Op::ExtendGrant { pick, lease_s } => {
+                if self.grants.is_empty() {
+                    return;
                 }
+                let grant = &self.grants[pick % self.grants.len()];
+                let (names, token) = (grant.keys.clone(), grant.token);
+                self.extend(&names, token, lease_s);
+            }
+            Op::ExtendOther {
+                pick,
+                key_mask,
+                lease_s,
+            } => {
+                if self.grants.is_empty() {
+                    return;
+                }
+                let token = self.grants[pick % self.grants.len()].token;
+                self.extend(&names(key_mask), token, lease_s);
             }
             Op::ReleaseGrant { pick } => {
                 if self.grants.is_empty() {
@@ -557,6 +657,61 @@ impl Harness {
         self.check_state();
     }
 
+    fn acquire(&mut self, key_mask: u8, (wait_s, lease_s): (u8, u8), max_hold_s: Option<u8>) {
+        let names = names(key_mask);
+        let id = WaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        let now = self.now();
+        let got = match max_hold_s {
+            None => self
+                .table
+                .acquire(now, id, key_group(&names), wait_s, lease_s),
+            Some(max_hold_s) => {
+                let options = AcquireOptions {
+                    wait_s,
+                    lease_s,
+                    holder: 0,
+                    max_hold: Some(Duration::from_secs(u64::from(max_hold_s))),
+                };
+                self.table
+                    .acquire_with(now, id, &key_group(&names), &options)
+            }
+        };
+        let want =
+            self.model
+                .acquire_capped(self.now_us, id, &names, (wait_s, lease_s), max_hold_s);
+        assert_eq!(got, want, "acquire {names:?}");
+        self.check_events();
+        match got {
+            AcquireOutcome::Granted { token } => {
+                self.record_grant(token, names, (lease_s, max_hold_s));
+            }
+            AcquireOutcome::Queued => self.queued.push((id, names, (lease_s, max_hold_s))),
+            AcquireOutcome::TimedOut | AcquireOutcome::Busy => {}
+        }
+    }
+
+    /// Safety: only a running grant's own group extends it, and its lease
+    /// then ends where both say; the seen grant's deadline moves with it.
+    fn extend(&mut self, names: &[Vec<u8>], token: u64, lease_s: u8) {
+        let got = self
+            .table
+            .extend(self.now(), &key_group(names), token, lease_s);
+        let want = self.model.extend(self.now_us, names, token, lease_s);
+        assert_eq!(got, want, "extend {names:?} with {token}");
+        if let Some(expires_at) = got.expires_at() {
+            let grant = self.grants.iter_mut().find(|g| g.token == token).unwrap();
+            assert!(!grant.released, "token {token} extended after its release");
+            assert!(
+                grant.lease_deadline_us > self.now_us,
+                "token {token} extended after its lease ended"
+            );
+            assert_eq!(grant.keys, names, "extended under another group");
+            grant.lease_deadline_us = expires_at.as_micros();
+        }
+        self.check_events();
+    }
+
     fn release(&mut self, names: &[Vec<u8>], token: u64) {
         let got = self.table.release(self.now(), &key_group(names), token);
         let want = self.model.release(self.now_us, names, token);
@@ -585,9 +740,9 @@ impl Harness {
                 .iter()
                 .position(|(id, _, _)| *id == waiter)
                 .expect("event for a waiter that is not queued");
-            let (_, names, lease_s) = self.queued.remove(index);
+            let (_, names, lease) = self.queued.remove(index);
             if let LockEvent::Granted { token, .. } = event {
-                self.record_grant(token, names, lease_s);
+                self.record_grant(token, names, lease);
             }
         }
     }

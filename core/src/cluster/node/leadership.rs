@@ -364,6 +364,8 @@ impl ClusterNode {
         let command = Command::Grant {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
+            // No client asks for a cap yet.
+            max_hold_ms: None,
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {

@@ -15,13 +15,25 @@ fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
     let taken = cursor.bytes(8);
     word[8 - taken.len()..].copy_from_slice(taken);
     let number = u64::from_be_bytes(word);
-    Some(match kind % 5 {
+    Some(match kind % 7 {
         0 => Command::Init {
             first_token: number % FIRST_TOKEN_MAX,
         },
         1 => Command::Grant {
             keys,
             lease_ms: number as u32,
+            max_hold_ms: None,
+        },
+        // A capped grant: its lease and cap from the two halves of the word.
+        5 => Command::Grant {
+            keys,
+            lease_ms: number as u32,
+            max_hold_ms: Some((number >> 32) as u32),
+        },
+        // An extension of a recent grant (or of a token never issued).
+        6 => Command::Extend {
+            token: last_token.saturating_sub(number % 3),
+            lease_ms: (number >> 32) as u32,
         },
         2 => Command::Release {
             keys,
