@@ -128,6 +128,10 @@ pub struct ConnView {
     pub source: IpAddr,
     /// The dialect it speaks.
     pub dialect: Dialect,
+    /// The label the client named itself with when it negotiated
+    /// extensions (our clients: host, pid, job); `None` for every other
+    /// client.
+    pub label: Option<Box<str>>,
 }
 
 /// The current grant on a key.

@@ -211,11 +211,15 @@ pub enum ReplyKind {
     Moved,
     /// `E`: an error (see [`ReplyCounts::errors`] for codes).
     Error,
+    /// `X`: capabilities granted (our clients only).
+    Negotiated,
+    /// `W`: an extension by a current token (our clients only).
+    Extended,
 }
 
 impl ReplyKind {
     /// Every kind, in exposition order.
-    pub const ALL: [ReplyKind; 10] = [
+    pub const ALL: [ReplyKind; 12] = [
         ReplyKind::Acquired,
         ReplyKind::AcquiredSet,
         ReplyKind::Released,
@@ -226,6 +230,8 @@ impl ReplyKind {
         ReplyKind::Indeterminate,
         ReplyKind::Moved,
         ReplyKind::Error,
+        ReplyKind::Negotiated,
+        ReplyKind::Extended,
     ];
 
     /// The reply's letter on the wire.
@@ -241,6 +247,8 @@ impl ReplyKind {
             ReplyKind::Indeterminate => "I",
             ReplyKind::Moved => "M",
             ReplyKind::Error => "E",
+            ReplyKind::Negotiated => "X",
+            ReplyKind::Extended => "W",
         }
     }
 
@@ -258,13 +266,15 @@ impl ReplyKind {
             Reply::Indeterminate { .. } => ReplyKind::Indeterminate,
             Reply::Moved { .. } => ReplyKind::Moved,
             Reply::Error { .. } => ReplyKind::Error,
+            Reply::Negotiated { .. } => ReplyKind::Negotiated,
+            Reply::Extended { .. } => ReplyKind::Extended,
             Reply::Leader { .. } => return None,
         })
     }
 }
 
 /// Error codes in exposition order (`E` replies by code).
-pub const ERROR_CODES: [ErrorCode; 7] = [
+pub const ERROR_CODES: [ErrorCode; 8] = [
     ErrorCode::BadKey,
     ErrorCode::BadLease,
     ErrorCode::NotActive,
@@ -272,6 +282,7 @@ pub const ERROR_CODES: [ErrorCode; 7] = [
     ErrorCode::BadKeySet,
     ErrorCode::GroupMismatch,
     ErrorCode::BadToken,
+    ErrorCode::BadExtension,
 ];
 
 /// Replies sent, by kind and (for `E`) by code. Counted where the reply is

@@ -23,14 +23,14 @@ use crate::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
 };
 use crate::lock::{
-    AcquireOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable, ReleaseOutcome,
-    WaiterId,
+    AcquireOutcome, ExtendOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable,
+    ReleaseOutcome, WaiterId,
 };
 use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
+use crate::wire::{Capabilities, ExtendStatus, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
 
 mod held;
 mod inspect;
@@ -270,6 +270,15 @@ impl Server {
                 keys,
                 reply_to,
             } => self.handle_release(now, conn_id, token, keys, reply_to),
+            // The front end decodes `W` only on a connection granted the
+            // extension, which this owner does not serve yet: had it come,
+            // it had no effect, which is what `E 3` says.
+            ClientRequest::Extend {
+                token,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_extend(now, conn_id, (token, lease_s), keys, reply_to),
         }
     }
 
@@ -435,6 +444,55 @@ impl Server {
             self.reports
                 .abuse(now, Some(source), AbuseKind::ReleaseSweep);
             self.close_conn(now, conn_id, CloseReason::ReleaseMisses);
+        }
+    }
+
+    /// Renews the grant `token` of `keys` to `lease_s` from now, if it is
+    /// current (the lock table decides, by the rule both modes share).
+    fn handle_extend(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        (token, lease_s): (u64, u8),
+        keys: KeyGroup,
+        reply_to: ReplyTo,
+    ) {
+        let before = keys
+            .keys()
+            .first()
+            .and_then(|key| self.table.grant_of(key.as_bytes()))
+            .filter(|grant| grant.token == token);
+        let outcome = self.table.extend(now, &keys, token, lease_s);
+        // The holder's count of held keys ends with the lease: its entry
+        // moves with the lease (a connection already gone counts nothing).
+        if let (Some(grant), Some(expires_at)) = (before, outcome.expires_at())
+            && self.conns.contains_key(&ConnId(grant.holder))
+        {
+            let holder = ConnId(grant.holder);
+            self.held.released(holder, grant.keys, grant.lease_deadline);
+            self.held.add(holder, grant.keys, expires_at);
+        }
+        let lease_left = |until: Instant| {
+            let ms = until.saturating_duration_since(now).as_millis();
+            u32::try_from(ms).unwrap_or(u32::MAX)
+        };
+        let answer = match outcome {
+            ExtendOutcome::Extended { expires_at } => Answer::Extended {
+                status: ExtendStatus::Extended,
+                lease_ms: lease_left(expires_at),
+            },
+            ExtendOutcome::Clipped { expires_at } => Answer::Extended {
+                status: ExtendStatus::Clipped,
+                lease_ms: lease_left(expires_at),
+            },
+            ExtendOutcome::AtCap => Answer::Extended {
+                status: ExtendStatus::AtCap,
+                lease_ms: lease_left(lease_end(&self.table, &keys, now)),
+            },
+            ExtendOutcome::NotCurrent => Answer::NotFound,
+        };
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            send(conn_id, conn, &mut self.wakes, &reply_to, answer);
         }
     }
 
@@ -638,7 +696,8 @@ impl Machine for Server {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline);
+        let front =
+            ClientFront::new(hello, SINGLE_FINGERPRINT, deadline).serving(Capabilities::EXTEND);
         let mut conn = Conn {
             out: Outbound::new(front.hello_bytes().to_vec()),
             front,

@@ -172,6 +172,7 @@ fn v3(conn: ConnId, from: IpAddr) -> Option<ConnView> {
         conn,
         source: from,
         dialect: Dialect::V3,
+        label: None,
     })
 }
 

@@ -128,14 +128,26 @@ fn request_ops_map_both_ways() {
         (RequestKind::Release, b'R'),
         (RequestKind::AcquireSet, b'S'),
         (RequestKind::ReleaseSet, b'G'),
+        (RequestKind::Negotiate, b'X'),
     ] {
         assert_eq!(kind.op(), op);
-        assert_eq!(RequestKind::from_op(op), Some(kind));
+        assert_eq!(RequestKind::from_op(op, Capabilities::NONE), Some(kind));
     }
-    let request_ops = [b'A', b'R', b'S', b'G'];
+    assert_eq!(RequestKind::Extend.op(), b'W');
+    assert_eq!(
+        RequestKind::from_op(b'W', Capabilities::EXTEND),
+        Some(RequestKind::Extend)
+    );
+    // A connection that negotiated nothing (every published client) knows
+    // the four v3 ops and `X`, and nothing else.
+    let request_ops = [b'A', b'R', b'S', b'G', b'X'];
     for op in 0..=u8::MAX {
         if !request_ops.contains(&op) {
-            assert_eq!(RequestKind::from_op(op), None, "op {op}");
+            assert_eq!(
+                RequestKind::from_op(op, Capabilities::NONE),
+                None,
+                "op {op}"
+            );
         }
     }
 }
@@ -164,13 +176,14 @@ fn error_codes_map_from_bytes() {
         (5, ErrorCode::BadKeySet),
         (6, ErrorCode::GroupMismatch),
         (7, ErrorCode::BadToken),
+        (8, ErrorCode::BadExtension),
     ];
     for (byte, code) in all {
         assert_eq!(ErrorCode::from_u8(byte), Some(code));
         assert_eq!(code as u8, byte);
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(8), None);
+    assert_eq!(ErrorCode::from_u8(9), None);
     assert_eq!(ErrorCode::from_u8(0xFF), None);
 }
 
@@ -640,7 +653,7 @@ fn every_reply_round_trips() {
 
 #[test]
 fn unknown_op_is_reported_from_the_first_byte() {
-    assert_eq!(fed(&[b"X"]).next(), Err(FrameError::UnknownOp(b'X')));
+    assert_eq!(fed(&[b"Z"]).next(), Err(FrameError::UnknownOp(b'Z')));
     // Reply ops are not request ops.
     for op in [b'N', b'T', b'B', b'I', b'M', b'E', b'L', 0, 0xFF, b'a'] {
         assert_eq!(fed(&[&[op]]).next(), Err(FrameError::UnknownOp(op)));
@@ -1112,7 +1125,7 @@ fn buffered_counts_only_undecoded_bytes() {
 
 #[test]
 fn reply_unknown_op_is_reported_from_the_first_byte() {
-    assert_eq!(Reply::decode(b"X"), Err(ReplyError::UnknownOp(b'X')));
+    assert_eq!(Reply::decode(b"Z"), Err(ReplyError::UnknownOp(b'Z')));
     assert_eq!(Reply::decode(&[0]), Err(ReplyError::UnknownOp(0)));
 }
 
@@ -1179,7 +1192,7 @@ fn reply_zero_rid_or_token_is_refused() {
 
 #[test]
 fn reply_unknown_error_code_is_refused() {
-    for code in [0u8, 8, 0xFF] {
+    for code in [0u8, 9, 0xFF] {
         let bytes = [vec![b'E', 0, 9], 1u64.to_be_bytes().to_vec(), vec![code]].concat();
         assert_eq!(Reply::decode(&bytes), Err(ReplyError::UnknownCode(code)));
     }
@@ -1479,4 +1492,196 @@ proptest! {
             Err(_) => {}
         }
     }
+}
+
+// ------------------------------------------------------------ extensions
+
+fn negotiate(rid: u64, version: u8, wanted: u32, label: &str) -> Request {
+    Request::Negotiate(NegotiateRequest {
+        rid,
+        version,
+        wanted: Capabilities(wanted),
+        label: label.to_owned(),
+    })
+}
+
+/// X body: `rid · version · capabilities · label length · label`.
+fn x_body(rid: u64, version: u8, wanted: u32, label: &[u8]) -> Vec<u8> {
+    [
+        &rid.to_be_bytes()[..],
+        &[version],
+        &wanted.to_be_bytes(),
+        &[label.len() as u8],
+        label,
+    ]
+    .concat()
+}
+
+#[test]
+fn an_x_frame_has_the_documented_bytes_and_decodes_to_itself() {
+    let request = negotiate(7, EXTENSION_VERSION, 1, "host-a/4242/nightly");
+    let bytes = request.to_frame();
+    assert_eq!(bytes, frame(b'X', &x_body(7, 1, 1, b"host-a/4242/nightly")));
+    assert_eq!(bytes.len(), request.frame_len());
+    assert_eq!(decode_one(&bytes), Ok(Decoded::Request(request)));
+    // An empty label is allowed: naming oneself is optional.
+    let bare = negotiate(8, EXTENSION_VERSION, 0, "");
+    assert_eq!(decode_one(&bare.to_frame()), Ok(Decoded::Request(bare)));
+}
+
+#[test]
+fn an_x_with_another_version_or_a_long_unprintable_or_mislabelled_label_gets_e8() {
+    for body in [
+        x_body(3, 2, 1, b"job"),
+        x_body(3, 1, 1, b"job\x1b[2J"),
+        x_body(3, 1, 1, b"\xff\xfe"),
+        // The label length byte says 5, the body carries 3.
+        [&x_body(3, 1, 1, b"job")[..13], &[5], b"job"].concat(),
+    ] {
+        assert_eq!(
+            rejected(&frame(b'X', &body)),
+            (3, RequestKind::Negotiate, ErrorCode::BadExtension),
+            "{body:?}"
+        );
+    }
+    // The longest label there is decodes; one byte more and the frame is
+    // over its op's limit, which closes the stream like any other.
+    let longest = "y".repeat(LABEL_LEN_MAX);
+    assert!(matches!(
+        decode_one(&frame(b'X', &x_body(3, 1, 1, longest.as_bytes()))),
+        Ok(Decoded::Request(Request::Negotiate(_)))
+    ));
+    let long = "x".repeat(LABEL_LEN_MAX + 1);
+    assert_eq!(
+        decode_one(&frame(b'X', &x_body(3, 1, 1, long.as_bytes()))),
+        Err(FrameError::TooLong {
+            kind: RequestKind::Negotiate,
+            body_len: 14 + LABEL_LEN_MAX + 1
+        })
+    );
+}
+
+/// W body: `rid · token · lease · set records`.
+fn w_body(rid: u64, token: u64, lease_s: u8, recs: &[u8]) -> Vec<u8> {
+    [
+        &rid.to_be_bytes()[..],
+        &token.to_be_bytes(),
+        &[lease_s],
+        recs,
+    ]
+    .concat()
+}
+
+#[test]
+fn w_is_an_unknown_op_until_the_extension_is_granted() {
+    let bytes = frame(b'W', &w_body(4, 99, 30, &records(&[b"a", b"b"])));
+    assert_eq!(decode_one(&bytes), Err(FrameError::UnknownOp(b'W')));
+    let request = Request::Extend(ExtendRequest {
+        rid: 4,
+        token: 99,
+        lease_s: 30,
+        keys: group(&["a", "b"]),
+    });
+    let mut decoder = RequestDecoder::new();
+    decoder.grant(Capabilities::EXTEND);
+    decoder.push(&bytes);
+    assert_eq!(decoder.next(), Ok(Some(Decoded::Request(request.clone()))));
+    assert_eq!(request.to_frame(), bytes);
+    assert_eq!(request.frame_len(), bytes.len());
+    // One key is a set of one: `W` has one layout.
+    let single = Request::Extend(ExtendRequest {
+        rid: 5,
+        token: 9,
+        lease_s: 1,
+        keys: group(&["k"]),
+    });
+    assert_eq!(
+        single.to_frame(),
+        frame(b'W', &w_body(5, 9, 1, &records(&[b"k"])))
+    );
+}
+
+#[test]
+fn a_w_with_token_0_a_lease_out_of_range_or_a_bad_set_gets_its_code() {
+    let decode = |body: Vec<u8>| {
+        let mut decoder = RequestDecoder::new();
+        decoder.grant(Capabilities::EXTEND);
+        decoder.push(&frame(b'W', &body));
+        decoder.next()
+    };
+    let one = records(&[b"k"]);
+    for (body, code) in [
+        (w_body(5, 0, 30, &one), ErrorCode::BadToken),
+        (w_body(5, 9, 0, &one), ErrorCode::BadLease),
+        (w_body(5, 9, 251, &one), ErrorCode::BadLease),
+        (
+            w_body(5, 9, 30, &records(&[b"b", b"a"])),
+            ErrorCode::BadKeySet,
+        ),
+        (w_body(5, 9, 30, &records(&[b"a b"])), ErrorCode::BadKey),
+    ] {
+        assert_eq!(
+            decode(body),
+            Ok(Some(Decoded::Rejected {
+                rid: 5,
+                kind: RequestKind::Extend,
+                code
+            }))
+        );
+    }
+    // A body too short for its fixed fields cannot be read: the stream
+    // closes.
+    assert!(decode(w_body(5, 9, 30, &[])[..17].to_vec()).is_err());
+    assert_eq!(RequestKind::Extend.body_len_max(), EXTEND_FRAME_LEN_MAX - 3);
+}
+
+#[test]
+fn extension_replies_round_trip_and_answer_only_their_requests() {
+    let negotiated = Reply::Negotiated {
+        rid: 2,
+        granted: Capabilities::EXTEND,
+    };
+    let extended = Reply::Extended {
+        rid: 3,
+        status: ExtendStatus::Clipped,
+        lease_ms: 4_500,
+    };
+    let mut bytes = Vec::new();
+    negotiated.encode(&mut bytes);
+    assert_eq!(
+        bytes,
+        frame(
+            b'X',
+            &[&2u64.to_be_bytes()[..], &1u32.to_be_bytes()].concat()
+        )
+    );
+    bytes.clear();
+    extended.encode(&mut bytes);
+    assert_eq!(
+        bytes,
+        frame(
+            b'W',
+            &[&3u64.to_be_bytes()[..], &[1], &4_500u32.to_be_bytes()].concat()
+        )
+    );
+    for reply in [negotiated, extended] {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        assert_eq!(Reply::decode(&bytes), Ok(Some((reply, bytes.len()))));
+        assert_eq!(bytes.len(), reply.frame_len());
+    }
+    let mut bad_status = bytes.clone();
+    bad_status[11] = 3;
+    assert_eq!(
+        Reply::decode(&bad_status),
+        Err(ReplyError::UnknownStatus(3))
+    );
+    use RequestKind::*;
+    for kind in [Acquire, Release, AcquireSet, ReleaseSet, Negotiate, Extend] {
+        assert_eq!(negotiated.answers(kind), kind == Negotiate, "{kind:?}");
+        assert_eq!(extended.answers(kind), kind == Extend, "{kind:?}");
+    }
+    // Not current: the same `N` a release gets.
+    assert!(Reply::NotFound { rid: 3 }.answers(Extend));
+    assert!(!Reply::NotFound { rid: 3 }.answers(Negotiate));
 }

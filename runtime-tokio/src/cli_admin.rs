@@ -280,8 +280,12 @@ fn conn_text(conn: &Value) -> String {
     if conn.is_null() {
         return "-".to_owned();
     }
+    let label = match conn["label"].as_str() {
+        Some(label) => format!(" {}", terminal_safe(label.as_bytes())),
+        None => String::new(),
+    };
     format!(
-        "conn {} {} {}",
+        "conn {} {} {}{label}",
         conn["id"],
         shown(&conn["source"]),
         shown(&conn["dialect"])

@@ -1343,6 +1343,8 @@ impl<'t> ClusterWorld<'t> {
                     matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
                         || (!acquire && code == ErrorCode::GroupMismatch)
                 }
+                // The sim's clients negotiate no extension.
+                Reply::Negotiated { .. } | Reply::Extended { .. } => false,
                 Reply::Leader { .. } => false,
             };
             if !fits {
@@ -1557,6 +1559,8 @@ impl<'t> ClusterWorld<'t> {
                     self.release_requested.insert(release.token);
                     (release.rid, false)
                 }
+                Request::Negotiate(req) => (req.rid, false),
+                Request::Extend(req) => (req.rid, false),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
                 self.violation(

@@ -564,6 +564,13 @@ impl<'t> World<'t> {
                         seq: self.arrival_seq,
                     },
                 ),
+                Request::Negotiate(_) | Request::Extend(_) => {
+                    self.violation(
+                        Checker::Client,
+                        format!("conn {conn_id} sent {request:?}: the sim negotiates nothing"),
+                    );
+                    continue;
+                }
             };
             if self.pending.insert((conn_id, rid), req).is_some() {
                 self.violation(

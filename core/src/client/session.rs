@@ -195,7 +195,7 @@ impl Pending {
     fn overdue_at(&self, silence_timeout: Duration) -> Option<Instant> {
         let wait = match &self.request {
             Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
-            Request::Release(_) => Duration::ZERO,
+            Request::Release(_) | Request::Negotiate(_) | Request::Extend(_) => Duration::ZERO,
         };
         Some(
             self.sent_at?
@@ -458,6 +458,8 @@ impl Session {
         match &mut request {
             Request::Acquire(req) => req.rid = rid,
             Request::Release(req) => req.rid = rid,
+            Request::Negotiate(req) => req.rid = rid,
+            Request::Extend(req) => req.rid = rid,
         }
         if acquire {
             self.pending_acquires += 1;
@@ -798,7 +800,9 @@ impl Session {
                 }
                 self.close(now, CloseReason::ServerError(code));
             }
-            Reply::Leader { .. } => {}
+            // This session sends neither `X` nor `W`, and `answers` admits
+            // these replies only to them.
+            Reply::Leader { .. } | Reply::Negotiated { .. } | Reply::Extended { .. } => {}
         }
     }
 

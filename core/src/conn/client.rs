@@ -21,8 +21,8 @@ use crate::line::{
 use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    Decoded, ErrorCode, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT, Reply, Request, RequestDecoder,
-    check_request,
+    Capabilities, Decoded, ErrorCode, ExtendStatus, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT,
+    NegotiateRequest, Reply, Request, RequestDecoder, RequestKind, check_request,
 };
 
 use super::Dialect;
@@ -115,15 +115,27 @@ pub(crate) enum ClientRequest {
         /// Where the answer goes.
         reply_to: ReplyTo,
     },
+    /// Renew the grant `token` to `lease_s` from now (a connection that
+    /// negotiated [`Capabilities::EXTEND`]).
+    Extend {
+        /// The fencing token, non-zero.
+        token: u64,
+        /// The new lease in seconds, 1..=250.
+        lease_s: u8,
+        /// The grant's keys, as named by the client.
+        keys: KeyGroup,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
 }
 
 impl ClientRequest {
     /// Where the answer goes.
     pub(crate) fn reply_to(&self) -> &ReplyTo {
         match self {
-            ClientRequest::Acquire { reply_to, .. } | ClientRequest::Release { reply_to, .. } => {
-                reply_to
-            }
+            ClientRequest::Acquire { reply_to, .. }
+            | ClientRequest::Release { reply_to, .. }
+            | ClientRequest::Extend { reply_to, .. } => reply_to,
         }
     }
 
@@ -157,6 +169,14 @@ pub(crate) enum Answer {
     NotActive,
     /// The token is current but holds another key group.
     GroupMismatch,
+    /// The token was current: renewed (or clipped, or refused at the hold
+    /// cap), with the lease now left.
+    Extended {
+        /// How the extension ended.
+        status: ExtendStatus,
+        /// The lease left, in milliseconds.
+        lease_ms: u32,
+    },
 }
 
 /// What the owner must do after an answer was encoded.
@@ -234,6 +254,11 @@ fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
             rid,
             code: ErrorCode::GroupMismatch,
         },
+        Answer::Extended { status, lease_ms } => Reply::Extended {
+            rid,
+            status,
+            lease_ms,
+        },
     }
 }
 
@@ -267,6 +292,9 @@ fn line_answer(
             None => line_error(LineError::NoLeader),
         },
         Answer::NotActive => line_error(LineError::NotActive),
+        // The line dialect has no extensions, so no line request is
+        // answered so; were one, closing is the only honest reply.
+        Answer::Extended { .. } => return Delivery::Close,
     };
     reply.encode(out);
     Delivery::Queued
@@ -338,6 +366,43 @@ pub(crate) struct ClientFront {
     phase: Phase,
     /// The dialect's session started ([`ClientFront::begin_session`]).
     in_session: bool,
+    /// What the owner serves of the extensions, and what was negotiated.
+    extensions: Extensions,
+}
+
+/// A v3 session's extensions (docs/protocol.md §8): what the owner serves,
+/// and what its one `X` negotiated.
+#[derive(Debug)]
+struct Extensions {
+    /// The capabilities the owner serves.
+    served: Capabilities,
+    /// Set by the connection's `X`: a second one is refused.
+    negotiated: bool,
+    /// The client's label, from its `X`.
+    label: Option<Box<str>>,
+}
+
+impl Extensions {
+    /// Answers `X`: grants what is both wanted and served, from now on
+    /// (the decoder takes the granted ops), and keeps the label.
+    fn negotiate(&mut self, request: NegotiateRequest, decoder: &mut RequestDecoder) -> Reply {
+        if self.negotiated {
+            return Reply::Error {
+                rid: request.rid,
+                code: ErrorCode::BadExtension,
+            };
+        }
+        self.negotiated = true;
+        let granted = request.wanted.intersection(self.served);
+        decoder.grant(granted);
+        if !request.label.is_empty() {
+            self.label = Some(request.label.into_boxed_str());
+        }
+        Reply::Negotiated {
+            rid: request.rid,
+            granted,
+        }
+    }
 }
 
 impl ClientFront {
@@ -355,7 +420,24 @@ impl ClientFront {
                 len: 0,
             }),
             in_session: false,
+            extensions: Extensions {
+                served: Capabilities::NONE,
+                negotiated: false,
+                label: None,
+            },
         }
+    }
+
+    /// Serves the extensions of `served` to a v3 client that asks for them
+    /// with `X`; without it an `X` is answered with nothing granted.
+    pub(crate) fn serving(mut self, served: Capabilities) -> Self {
+        self.extensions.served = served.intersection(Capabilities::KNOWN);
+        self
+    }
+
+    /// The label the client gave in its `X`, if any.
+    pub(crate) fn label(&self) -> Option<&str> {
+        self.extensions.label.as_deref()
     }
 
     /// The shared hello to send first.
@@ -521,7 +603,7 @@ impl ClientFront {
         counts: &mut ReplyCounts,
     ) -> Result<Option<ClientRequest>, CloseReason> {
         match &mut self.phase {
-            Phase::V3(decoder) => next_v3(decoder, out, counts),
+            Phase::V3(decoder) => next_v3(decoder, &mut self.extensions, out, counts),
             Phase::Line(decoder) => next_line(decoder, out, counts),
             _ => Ok(None),
         }
@@ -547,7 +629,21 @@ impl ClientFront {
         counts: &mut ReplyCounts,
         queue: impl FnOnce(Reply),
     ) -> Result<Option<ClientRequest>, CloseReason> {
+        let Phase::V3(decoder) = &mut self.phase else {
+            return Err(CloseReason::BadFrame);
+        };
+        // An op the connection did not negotiate is an unknown op, as in
+        // bytes.
+        if RequestKind::from_op(request.kind().op(), decoder.capabilities()).is_none() {
+            return Err(CloseReason::BadFrame);
+        }
         match check_request(request) {
+            Ok(Decoded::Request(Request::Negotiate(negotiate))) => {
+                let reply = self.extensions.negotiate(negotiate, decoder);
+                counts.count(&reply);
+                queue(reply);
+                Ok(None)
+            }
             Ok(decoded) => Ok(v3_request(decoded, counts, queue)),
             Err(_) => Err(CloseReason::BadFrame),
         }
@@ -572,12 +668,18 @@ impl ClientFront {
 
 fn next_v3(
     decoder: &mut RequestDecoder,
+    extensions: &mut Extensions,
     out: &mut Vec<u8>,
     counts: &mut ReplyCounts,
 ) -> Result<Option<ClientRequest>, CloseReason> {
     loop {
         match decoder.next() {
             Ok(None) => return Ok(None),
+            Ok(Some(Decoded::Request(Request::Negotiate(negotiate)))) => {
+                let reply = extensions.negotiate(negotiate, decoder);
+                counts.count(&reply);
+                reply.encode(out);
+            }
             Ok(Some(decoded)) => {
                 if let Some(request) = v3_request(decoded, counts, |reply| reply.encode(out)) {
                     return Ok(Some(request));
@@ -623,6 +725,25 @@ fn v3_request(
                 set: release.set,
             },
         }),
+        Decoded::Request(Request::Extend(extend)) => Some(ClientRequest::Extend {
+            token: extend.token,
+            lease_s: extend.lease_s,
+            keys: extend.keys,
+            reply_to: ReplyTo::V3 {
+                rid: extend.rid,
+                set: false,
+            },
+        }),
+        // Answered by the front end itself before it gets here.
+        Decoded::Request(Request::Negotiate(negotiate)) => {
+            let reply = Reply::Error {
+                rid: negotiate.rid,
+                code: ErrorCode::BadExtension,
+            };
+            counts.count(&reply);
+            queue(reply);
+            None
+        }
     }
 }
 

@@ -46,6 +46,7 @@ impl Server {
             conn: conn_id,
             source: conn.source,
             dialect: conn.front.dialect()?,
+            label: conn.front.label().map(Box::from),
         })
     }
 

@@ -2,8 +2,9 @@
 //! decoder over a connection's bytes ([`RequestDecoder`]).
 
 use super::{
-    AcquireRequest, DECODER_RETAIN_CAPACITY, ErrorCode, FRAME_HEADER_LEN, Key, KeyGroup,
-    LEASE_S_MAX, ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
+    AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION, ErrorCode,
+    ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX, NegotiateRequest,
+    ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -82,10 +83,20 @@ impl std::error::Error for FrameError {}
 /// the first byte, a bad `body_len` from the 3-byte header, before any of the
 /// body is needed. [`RequestDecoder`] is this function over a growing buffer.
 pub fn decode_request(buf: &[u8]) -> Result<Option<(Decoded, usize)>, FrameError> {
+    decode_request_with(buf, Capabilities::NONE)
+}
+
+/// [`decode_request`] on a connection that negotiated `caps`: the ops of
+/// the capabilities granted decode too; on any other connection they are
+/// unknown ops, exactly as for a published client.
+pub fn decode_request_with(
+    buf: &[u8],
+    caps: Capabilities,
+) -> Result<Option<(Decoded, usize)>, FrameError> {
     let Some(&op) = buf.first() else {
         return Ok(None);
     };
-    let kind = RequestKind::from_op(op).ok_or(FrameError::UnknownOp(op))?;
+    let kind = RequestKind::from_op(op, caps).ok_or(FrameError::UnknownOp(op))?;
     let Some(header) = buf.get(..FRAME_HEADER_LEN) else {
         return Ok(None);
     };
@@ -137,6 +148,8 @@ pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
         Request::Release(req) if !req.set && req.keys.len() != 1 => Err(ErrorCode::BadKeySet),
         Request::Acquire(req) => check_lease(req.lease_s),
         Request::Release(req) => check_token(req.token),
+        Request::Negotiate(req) => check_negotiate(req.version, req.label.as_bytes()),
+        Request::Extend(req) => check_token(req.token).and_then(|()| check_lease(req.lease_s)),
     };
     Ok(match checked {
         Ok(()) => Decoded::Request(request),
@@ -195,7 +208,48 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 set: true,
             }))
         }
+        RequestKind::Negotiate => {
+            let version = body[8];
+            let wanted = Capabilities(u32::from_be_bytes([body[9], body[10], body[11], body[12]]));
+            let label = &body[14..];
+            if usize::from(body[13]) != label.len() {
+                return Err(ErrorCode::BadExtension);
+            }
+            check_negotiate(version, label)?;
+            let label = String::from_utf8(label.to_vec()).map_err(|_| ErrorCode::BadExtension)?;
+            Ok(Request::Negotiate(NegotiateRequest {
+                rid,
+                version,
+                wanted,
+                label,
+            }))
+        }
+        RequestKind::Extend => {
+            let token = read_u64(body, 8);
+            let lease_s = body[16];
+            let keys = decode_key_set(body[17], &body[18..])?;
+            check_token(token)?;
+            check_lease(lease_s)?;
+            Ok(Request::Extend(ExtendRequest {
+                rid,
+                token,
+                lease_s,
+                keys,
+            }))
+        }
     }
+}
+
+/// An `X` this build takes: its extension version, and a label of at most
+/// [`LABEL_LEN_MAX`] bytes of UTF-8 without control characters (a label is
+/// printed in logs and on operators' terminals).
+fn check_negotiate(version: u8, label: &[u8]) -> Result<(), ErrorCode> {
+    let printable =
+        std::str::from_utf8(label).is_ok_and(|text| !text.chars().any(char::is_control));
+    if version != EXTENSION_VERSION || label.len() > LABEL_LEN_MAX || !printable {
+        return Err(ErrorCode::BadExtension);
+    }
+    Ok(())
 }
 
 /// `count` records of `len u8 · key` that must fill `records` exactly.
@@ -258,9 +312,19 @@ pub struct RequestDecoder {
     /// The fatal error, once one was found: the stream cannot be resynced,
     /// so every later call reports it again.
     failed: Option<FrameError>,
+    /// What the connection negotiated: the ops it may send.
+    caps: Capabilities,
 }
 
 impl RequestDecoder {
+    /// From now on the ops of `caps` decode (after an `X` was granted).
+    pub fn grant(&mut self, caps: Capabilities) {
+        self.caps = caps;
+    }
+    /// What the connection negotiated.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
     /// An empty decoder.
     pub fn new() -> Self {
         Self::default()
@@ -288,7 +352,7 @@ impl RequestDecoder {
         if let Some(err) = self.failed {
             return Err(err);
         }
-        match decode_request(&self.buf[self.start..]) {
+        match decode_request_with(&self.buf[self.start..], self.caps) {
             Ok(Some((decoded, used))) => {
                 self.start += used;
                 if self.start == self.buf.len() {

@@ -13,20 +13,28 @@
 //!   to [`Decoded::Rejected`] with the `E` code to answer; the session goes on.
 
 //!
-//! Files: this one (limits, request kinds, error codes), `key` (validated
-//! keys and key groups), `request` (request frames and their encoding),
-//! `decode` (request decoding and the incremental decoder), `reply` (reply
-//! frames, both ways).
+//! Extensions (docs/protocol.md §8): our own clients may send `X` after the
+//! handshake to negotiate capabilities ([`Capabilities`]) and a label; only
+//! a connection that was granted a capability may send its ops (`W`) or
+//! receive its frames. A published client never sends `X`, so it sees
+//! exactly the v3 bytes.
+//!
+//! Files: this one (limits, request kinds, error codes, capabilities),
+//! `key` (validated keys and key groups), `request` (request frames and
+//! their encoding), `decode` (request decoding and the incremental
+//! decoder), `reply` (reply frames, both ways).
 
 mod decode;
 mod key;
 mod reply;
 mod request;
 
-pub use decode::{Decoded, FrameError, RequestDecoder, check_request, decode_request};
+pub use decode::{
+    Decoded, FrameError, RequestDecoder, check_request, decode_request, decode_request_with,
+};
 pub use key::{Key, KeyGroup};
-pub use reply::{Reply, ReplyError};
-pub use request::{AcquireRequest, ReleaseRequest, Request};
+pub use reply::{ExtendStatus, Reply, ReplyError};
+pub use request::{AcquireRequest, ExtendRequest, NegotiateRequest, ReleaseRequest, Request};
 
 /// Longest key, in bytes.
 pub const KEY_LEN_MAX: usize = 128;
@@ -46,9 +54,43 @@ pub const ACQUIRE_SET_FRAME_LEN_MAX: usize = 2078;
 pub const RELEASE_SET_FRAME_LEN_MAX: usize = 2084;
 /// Leader slot meaning "no leader known" (and the only slot of single mode).
 pub const NO_LEADER_SLOT: u8 = 0xFF;
+/// Longest client label an `X` request may carry, in bytes.
+pub const LABEL_LEN_MAX: usize = 64;
+/// The extension version this build speaks in `X`.
+pub const EXTENSION_VERSION: u8 = 1;
+/// Largest negotiation frame (`X`), header included.
+pub const NEGOTIATE_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 14 + LABEL_LEN_MAX;
+/// Largest extension frame (`W`), header included: a release-set frame
+/// with a lease byte.
+pub const EXTEND_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + SET_KEYS_MAX * (1 + KEY_LEN_MAX);
+
+/// Capabilities a connection negotiated with `X` (docs/protocol.md §8): a
+/// bit set on the wire (u32). Bits this build does not know are never
+/// granted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities(pub u32);
+
+impl Capabilities {
+    /// Nothing negotiated: plain v3, as every published client speaks it.
+    pub const NONE: Capabilities = Capabilities(0);
+    /// `W`: renew a grant by its exact token.
+    pub const EXTEND: Capabilities = Capabilities(1);
+    /// Every bit this build knows.
+    pub const KNOWN: Capabilities = Capabilities(1);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: Capabilities) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The bits set in both.
+    pub fn intersection(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 & other.0)
+    }
+}
 
 /// Largest request frame of any kind, header included.
-const REQUEST_FRAME_LEN_MAX: usize = RELEASE_SET_FRAME_LEN_MAX;
+const REQUEST_FRAME_LEN_MAX: usize = EXTEND_FRAME_LEN_MAX;
 
 /// Decoder buffer capacity kept across pushes. A larger allocation left by
 /// one big push is given back once the bytes in it have been consumed, so a
@@ -64,7 +106,7 @@ const _: () = {
     assert!(REQUEST_FRAME_LEN_MAX - FRAME_HEADER_LEN <= u16::MAX as usize);
 };
 
-/// The four request kinds, by op byte.
+/// The request kinds, by op byte: the four of v3, and the extension ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RequestKind {
     /// `A`: acquire one key.
@@ -75,6 +117,11 @@ pub enum RequestKind {
     AcquireSet,
     /// `G`: release a key set.
     ReleaseSet,
+    /// `X`: negotiate capabilities and a label (our clients only).
+    Negotiate,
+    /// `W`: renew a grant by its exact token (capability
+    /// [`Capabilities::EXTEND`]).
+    Extend,
 }
 
 impl RequestKind {
@@ -85,15 +132,20 @@ impl RequestKind {
             RequestKind::Release => b'R',
             RequestKind::AcquireSet => b'S',
             RequestKind::ReleaseSet => b'G',
+            RequestKind::Negotiate => b'X',
+            RequestKind::Extend => b'W',
         }
     }
-    /// The kind for an op byte, if it is a request op.
-    pub fn from_op(op: u8) -> Option<Self> {
+    /// The kind for an op byte, if it is a request op on a connection that
+    /// negotiated `caps`: `X` always, an extension op only when granted.
+    pub fn from_op(op: u8, caps: Capabilities) -> Option<Self> {
         match op {
             b'A' => Some(RequestKind::Acquire),
             b'R' => Some(RequestKind::Release),
             b'S' => Some(RequestKind::AcquireSet),
             b'G' => Some(RequestKind::ReleaseSet),
+            b'X' => Some(RequestKind::Negotiate),
+            b'W' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::Extend),
             _ => None,
         }
     }
@@ -101,9 +153,12 @@ impl RequestKind {
     pub fn is_acquire(self) -> bool {
         matches!(self, RequestKind::Acquire | RequestKind::AcquireSet)
     }
-    /// `S` or `G`.
+    /// `S` or `G`, or `W` (which always carries set records).
     pub fn is_set(self) -> bool {
-        matches!(self, RequestKind::AcquireSet | RequestKind::ReleaseSet)
+        matches!(
+            self,
+            RequestKind::AcquireSet | RequestKind::ReleaseSet | RequestKind::Extend
+        )
     }
     /// Length of the fields before the key (or key records): a body shorter
     /// than this cannot be read at all.
@@ -117,6 +172,10 @@ impl RequestKind {
             RequestKind::AcquireSet => 11,
             // rid · token · count
             RequestKind::ReleaseSet => 17,
+            // rid · version · capabilities · label length
+            RequestKind::Negotiate => 14,
+            // rid · token · lease · count
+            RequestKind::Extend => 18,
         }
     }
     /// Largest body this kind may declare.
@@ -126,6 +185,8 @@ impl RequestKind {
             RequestKind::Release => RELEASE_FRAME_LEN_MAX,
             RequestKind::AcquireSet => ACQUIRE_SET_FRAME_LEN_MAX,
             RequestKind::ReleaseSet => RELEASE_SET_FRAME_LEN_MAX,
+            RequestKind::Negotiate => NEGOTIATE_FRAME_LEN_MAX,
+            RequestKind::Extend => EXTEND_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }
@@ -148,8 +209,12 @@ pub enum ErrorCode {
     BadKeySet = 5,
     /// The token is current but holds a different key group than named.
     GroupMismatch = 6,
-    /// Token 0 in a release.
+    /// Token 0 in a release or an extension.
     BadToken = 7,
+    /// An `X` the server cannot take: an unknown extension version, a label
+    /// that is too long or not printable UTF-8, or a second `X` on the
+    /// connection. Nothing was negotiated by it.
+    BadExtension = 8,
 }
 
 impl ErrorCode {
@@ -163,16 +228,21 @@ impl ErrorCode {
             5 => Some(ErrorCode::BadKeySet),
             6 => Some(ErrorCode::GroupMismatch),
             7 => Some(ErrorCode::BadToken),
+            8 => Some(ErrorCode::BadExtension),
             _ => None,
         }
     }
     /// Whether this code may answer a request of `kind` (PROTOCOL.md §2).
     pub fn allowed_for(self, kind: RequestKind) -> bool {
+        use RequestKind::{Extend, Negotiate, Release, ReleaseSet};
         match self {
-            ErrorCode::BadKey | ErrorCode::NotActive | ErrorCode::NoLeader => true,
-            ErrorCode::BadLease => kind.is_acquire(),
+            ErrorCode::NotActive | ErrorCode::NoLeader => true,
+            ErrorCode::BadKey => kind != Negotiate,
+            ErrorCode::BadLease => kind.is_acquire() || kind == Extend,
             ErrorCode::BadKeySet => kind.is_set(),
-            ErrorCode::GroupMismatch | ErrorCode::BadToken => !kind.is_acquire(),
+            ErrorCode::GroupMismatch => matches!(kind, Release | ReleaseSet),
+            ErrorCode::BadToken => matches!(kind, Release | ReleaseSet | Extend),
+            ErrorCode::BadExtension => kind == Negotiate,
         }
     }
 }

@@ -1,7 +1,31 @@
 //! Reply frames ([`Reply`]): encoding, and decoding with every check a
 //! client makes before it trusts one.
 
-use super::{ErrorCode, FRAME_HEADER_LEN, RequestKind, read_u64};
+use super::{Capabilities, ErrorCode, FRAME_HEADER_LEN, RequestKind, read_u64};
+
+/// How an extension (`W`) ended, when the token was current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ExtendStatus {
+    /// The lease now ends the lease asked for after the server's receipt.
+    Extended = 0,
+    /// The grant's hold cap came first: the lease now ends at the cap.
+    Clipped = 1,
+    /// The lease already reaches the cap: nothing changed.
+    AtCap = 2,
+}
+
+impl ExtendStatus {
+    /// The status for a byte, if it is one.
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(ExtendStatus::Extended),
+            1 => Some(ExtendStatus::Clipped),
+            2 => Some(ExtendStatus::AtCap),
+            _ => None,
+        }
+    }
+}
 
 /// A reply frame (server → client).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +93,23 @@ pub enum Reply {
         /// Leader slot, or [`NO_LEADER_SLOT`](super::NO_LEADER_SLOT).
         leader_slot: u8,
     },
+    /// `X`: the capabilities granted to an `X` (our clients only).
+    Negotiated {
+        /// Request id.
+        rid: u64,
+        /// The capabilities granted: those asked for that the server has.
+        granted: Capabilities,
+    },
+    /// `W`: the token was current; how the extension ended.
+    Extended {
+        /// Request id.
+        rid: u64,
+        /// Extended, clipped at the hold cap, or refused at the cap.
+        status: ExtendStatus,
+        /// The lease left from the server's answer, in milliseconds (the
+        /// client counts it from when it sent the `W`).
+        lease_ms: u32,
+    },
 }
 
 /// A reply frame that a client must treat as session-fatal.
@@ -87,6 +128,8 @@ pub enum ReplyError {
     Zero,
     /// Unknown `E` code.
     UnknownCode(u8),
+    /// Unknown `W` status.
+    UnknownStatus(u8),
 }
 
 impl core::fmt::Display for ReplyError {
@@ -100,6 +143,9 @@ impl core::fmt::Display for ReplyError {
             ),
             ReplyError::Zero => f.write_str("reply carries request id 0 or token 0"),
             ReplyError::UnknownCode(code) => write!(f, "reply carries unknown error code {code}"),
+            ReplyError::UnknownStatus(status) => {
+                write!(f, "extension reply carries unknown status {status}")
+            }
         }
     }
 }
@@ -113,6 +159,8 @@ fn reply_body_len(op: u8) -> Option<usize> {
         b'R' | b'G' | b'N' | b'T' | b'B' | b'I' => Some(8),
         b'M' | b'E' => Some(9),
         b'L' => Some(1),
+        b'X' => Some(12),
+        b'W' => Some(13),
         _ => None,
     }
 }
@@ -130,7 +178,9 @@ impl Reply {
             | Reply::Busy { rid }
             | Reply::Indeterminate { rid }
             | Reply::Moved { rid, .. }
-            | Reply::Error { rid, .. } => Some(rid),
+            | Reply::Error { rid, .. }
+            | Reply::Negotiated { rid, .. }
+            | Reply::Extended { rid, .. } => Some(rid),
             Reply::Leader { .. } => None,
         }
     }
@@ -148,6 +198,8 @@ impl Reply {
             Reply::Moved { .. } => b'M',
             Reply::Error { .. } => b'E',
             Reply::Leader { .. } => b'L',
+            Reply::Negotiated { .. } => b'X',
+            Reply::Extended { .. } => b'W',
         }
     }
     /// The length of the reply's frame, header included: what
@@ -172,6 +224,13 @@ impl Reply {
                 out.push(leader_slot)
             }
             Reply::Error { code, .. } => out.push(code as u8),
+            Reply::Negotiated { granted, .. } => out.extend_from_slice(&granted.0.to_be_bytes()),
+            Reply::Extended {
+                status, lease_ms, ..
+            } => {
+                out.push(status as u8);
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+            }
             Reply::Released { .. }
             | Reply::ReleasedSet { .. }
             | Reply::NotFound { .. }
@@ -234,6 +293,15 @@ impl Reply {
                 rid,
                 code: ErrorCode::from_u8(body[8]).ok_or(ReplyError::UnknownCode(body[8]))?,
             },
+            b'X' => Reply::Negotiated {
+                rid,
+                granted: Capabilities(u32::from_be_bytes([body[8], body[9], body[10], body[11]])),
+            },
+            b'W' => Reply::Extended {
+                rid,
+                status: ExtendStatus::from_u8(body[8]).ok_or(ReplyError::UnknownStatus(body[8]))?,
+                lease_ms: u32::from_be_bytes([body[9], body[10], body[11], body[12]]),
+            },
             _ => unreachable!("reply_body_len accepted only the ops above"),
         };
         Ok(Some((reply, frame_len)))
@@ -260,7 +328,12 @@ impl Reply {
             Reply::Released { .. } => kind == RequestKind::Release,
             Reply::ReleasedSet { .. } => kind == RequestKind::ReleaseSet,
             Reply::TimedOut { .. } | Reply::Busy { .. } => kind.is_acquire(),
-            Reply::NotFound { .. } => !kind.is_acquire(),
+            Reply::NotFound { .. } => matches!(
+                kind,
+                RequestKind::Release | RequestKind::ReleaseSet | RequestKind::Extend
+            ),
+            Reply::Negotiated { .. } => kind == RequestKind::Negotiate,
+            Reply::Extended { .. } => kind == RequestKind::Extend,
             Reply::Moved { .. } | Reply::Indeterminate { .. } => true,
             Reply::Error { code, .. } => code.allowed_for(kind),
             Reply::Leader { .. } => false,

@@ -1,6 +1,6 @@
 //! Request frames ([`Request`]) and their encoding.
 
-use super::{FRAME_HEADER_LEN, KeyGroup, REQUEST_FRAME_LEN_MAX, RequestKind};
+use super::{Capabilities, FRAME_HEADER_LEN, KeyGroup, REQUEST_FRAME_LEN_MAX, RequestKind};
 
 /// An acquire request (`A` or `S`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +30,37 @@ pub struct ReleaseRequest {
     pub set: bool,
 }
 
+/// A negotiation (`X`, our clients only): the capabilities the client
+/// wants and a label naming it to operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NegotiateRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// The extension version the client speaks.
+    pub version: u8,
+    /// The capabilities the client wants; the server grants the ones it
+    /// has.
+    pub wanted: Capabilities,
+    /// Who the client is (host, pid, job), for inspection and logs: at most
+    /// [`super::LABEL_LEN_MAX`] bytes of UTF-8 without control characters;
+    /// may be empty.
+    pub label: String,
+}
+
+/// A renewal by exact token (`W`, capability [`Capabilities::EXTEND`]):
+/// like a release, it names the grant's keys and its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtendRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// The fencing token of the grant to renew, non-zero.
+    pub token: u64,
+    /// The new lease from the server's receipt, in seconds, 1..=250.
+    pub lease_s: u8,
+    /// Every key of the grant (one, or the whole set).
+    pub keys: KeyGroup,
+}
+
 /// A fully validated request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -37,6 +68,10 @@ pub enum Request {
     Acquire(AcquireRequest),
     /// `R` / `G`.
     Release(ReleaseRequest),
+    /// `X`.
+    Negotiate(NegotiateRequest),
+    /// `W`.
+    Extend(ExtendRequest),
 }
 
 impl Request {
@@ -45,6 +80,8 @@ impl Request {
         match self {
             Request::Acquire(req) => req.rid,
             Request::Release(req) => req.rid,
+            Request::Negotiate(req) => req.rid,
+            Request::Extend(req) => req.rid,
         }
     }
     /// The request kind.
@@ -54,6 +91,8 @@ impl Request {
             Request::Acquire(AcquireRequest { set: true, .. }) => RequestKind::AcquireSet,
             Request::Release(ReleaseRequest { set: false, .. }) => RequestKind::Release,
             Request::Release(ReleaseRequest { set: true, .. }) => RequestKind::ReleaseSet,
+            Request::Negotiate(_) => RequestKind::Negotiate,
+            Request::Extend(_) => RequestKind::Extend,
         }
     }
     /// The length of the request's frame, header included: what
@@ -62,6 +101,8 @@ impl Request {
         let (fixed, keys, set) = match self {
             Request::Acquire(req) => (10, &req.keys, req.set),
             Request::Release(req) => (16, &req.keys, req.set),
+            Request::Negotiate(req) => return FRAME_HEADER_LEN + 14 + req.label.len().min(255),
+            Request::Extend(req) => (17, &req.keys, true),
         };
         let keys_len = if set {
             1 + keys
@@ -100,11 +141,28 @@ impl Request {
                 out.extend_from_slice(&req.token.to_be_bytes());
                 encode_keys(&req.keys, req.set, out);
             }
+            Request::Negotiate(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.push(req.version);
+                out.extend_from_slice(&req.wanted.0.to_be_bytes());
+                // A label longer than a length byte says is cut at 255: the
+                // server refuses anything over 64 anyway.
+                let label = &req.label.as_bytes()[..req.label.len().min(255)];
+                out.push(label.len() as u8);
+                out.extend_from_slice(label);
+            }
+            Request::Extend(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.extend_from_slice(&req.token.to_be_bytes());
+                out.push(req.lease_s);
+                encode_keys(&req.keys, true, out);
+            }
         }
         let body_len = out.len() - header_at - FRAME_HEADER_LEN;
-        // A KeyGroup holds at most 16 keys of at most 128 bytes, so every
-        // body fits the op's limit and therefore a u16.
-        debug_assert!(body_len <= kind.body_len_max());
+        // A KeyGroup holds at most 16 keys of at most 128 bytes, and a
+        // label's length is one byte, so every body fits a u16 (a label over
+        // 64 bytes is written as given, for tests of the refusal).
+        debug_assert!(body_len <= kind.body_len_max() || kind == RequestKind::Negotiate);
         let body_len = u16::try_from(body_len).expect("a validated request fits its frame");
         out[header_at + 1..header_at + FRAME_HEADER_LEN].copy_from_slice(&body_len.to_be_bytes());
     }

@@ -685,13 +685,15 @@ fn keys_json(keys: &[Key]) -> (Vec<String>, &'static str) {
     }
 }
 
-/// A connection as JSON; its source address only when `served` in full.
+/// A connection as JSON; its source address and the client's label only
+/// when `served` in full (both say who holds the lock).
 fn conn_json(conn: Option<&ConnView>, served: Served) -> Value {
     match conn {
         None => Value::Null,
         Some(conn) => json!({
             "id": conn.conn.0,
             "source": (served == Served::Full).then(|| conn.source.to_string()),
+            "label": conn.label.as_deref().filter(|_| served == Served::Full),
             "dialect": match conn.dialect {
                 Dialect::V3 => "v3",
                 Dialect::Line => "line",

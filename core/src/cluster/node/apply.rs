@@ -11,10 +11,11 @@ use crate::cluster::state::SnapshotError;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ReplyTo};
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
+use crate::lock::ExtendOutcome;
 use crate::raft::{Committed, Entry, EntryKind, Event};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
-use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
+use crate::wire::{ExtendStatus, Key, KeyGroup, SET_KEYS_MAX};
 
 use super::ClusterNode;
 use super::connections::{Conn, ConnKind};
@@ -29,6 +30,12 @@ pub(super) enum PendingKind {
     Grant(Waiter),
     /// A client's release.
     Release { conn: ConnId, reply_to: ReplyTo },
+    /// A client's renewal of `token`.
+    Extend {
+        conn: ConnId,
+        reply_to: ReplyTo,
+        token: u64,
+    },
     /// A lease expiry or the release of an undelivered grant; no reply.
     Internal,
     /// An operator's force-release, answered through
@@ -401,6 +408,14 @@ impl ClusterNode {
             PendingKind::Release { conn, reply_to } => {
                 self.answer(conn, &reply_to, leader_reply(leader));
             }
+            PendingKind::Extend {
+                conn,
+                reply_to,
+                token,
+            } => {
+                self.extension_done(token);
+                self.answer(conn, &reply_to, leader_reply(leader));
+            }
             PendingKind::ForceRelease { id, .. } => {
                 // Another leader's entry took its place: no effect.
                 let leader_slot = leader.map(|l| l.slot);
@@ -453,6 +468,15 @@ impl ClusterNode {
                 };
                 self.answer(conn, &reply_to, answer);
                 self.close_if_sweeping(now, conn);
+            }
+            PendingKind::Extend {
+                conn,
+                reply_to,
+                token,
+            } => {
+                self.extension_done(token);
+                let answer = self.extension_answer(now, token, result);
+                self.answer(conn, &reply_to, answer);
             }
             PendingKind::ForceRelease { id, keys } => {
                 let outcome = match result {
@@ -527,6 +551,60 @@ impl ClusterNode {
         {
             // The reply was just queued: its frame ends at the stream's end.
             out.record_grant(token, waiter.keys);
+        }
+    }
+
+    /// An `Extend` of `token` applied or was dropped: its expiry need not
+    /// wait for it any more.
+    fn extension_done(&mut self, token: u64) {
+        if let Some(leadership) = self.leadership.as_mut()
+            && let Some(count) = leadership.extending.get_mut(&token)
+        {
+            *count -= 1;
+            if *count == 0 {
+                leadership.extending.remove(&token);
+            }
+        }
+    }
+
+    /// What an applied `Extend` of `token` tells its client, the lease left
+    /// counted on this node's clock; a renewed lease also moves the
+    /// holder connection's count of held keys.
+    fn extension_answer(&mut self, now: Instant, token: u64, result: ApplyResult) -> Answer {
+        let ApplyResult::Extension { outcome } = result else {
+            return Answer::NotFound;
+        };
+        let lease_left = |until: Instant| {
+            let ms = until.saturating_duration_since(now).as_millis();
+            u32::try_from(ms).unwrap_or(u32::MAX)
+        };
+        if let (Some(expires_at), Some(leadership), Some(holding)) = (
+            outcome.expires_at(),
+            self.leadership.as_mut(),
+            self.state.grant(token),
+        ) && let Some(conn) = leadership.held_keys.conn_of(token)
+        {
+            leadership
+                .held_keys
+                .add(conn, token, holding.keys.len(), expires_at);
+        }
+        match outcome {
+            ExtendOutcome::Extended { expires_at } => Answer::Extended {
+                status: ExtendStatus::Extended,
+                lease_ms: lease_left(expires_at),
+            },
+            ExtendOutcome::Clipped { expires_at } => Answer::Extended {
+                status: ExtendStatus::Clipped,
+                lease_ms: lease_left(expires_at),
+            },
+            ExtendOutcome::AtCap => Answer::Extended {
+                status: ExtendStatus::AtCap,
+                lease_ms: self
+                    .state
+                    .grant(token)
+                    .map_or(0, |holding| lease_left(holding.deadline)),
+            },
+            ExtendOutcome::NotCurrent => Answer::NotFound,
         }
     }
 

@@ -22,7 +22,7 @@ use crate::hash::IdHasher;
 use crate::machine::Machine;
 use crate::raft::NodeId;
 use crate::time::{Duration, Instant};
-use crate::wire::NO_LEADER_SLOT;
+use crate::wire::{Capabilities, NO_LEADER_SLOT};
 
 use super::{ClusterConfig, ClusterNode};
 
@@ -266,7 +266,8 @@ impl ClusterNode {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front = ClientFront::new(hello, self.config.fingerprint, deadline);
+        let front = ClientFront::new(hello, self.config.fingerprint, deadline)
+            .serving(Capabilities::EXTEND);
         let hello_bytes = front.hello_bytes();
         let kind = ConnKind::Client(ClientConn {
             front,

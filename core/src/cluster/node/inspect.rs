@@ -79,6 +79,7 @@ impl ClusterNode {
             conn: conn_id,
             source: conn.source?,
             dialect: client.front.dialect()?,
+            label: client.front.label().map(Box::from),
         })
     }
 

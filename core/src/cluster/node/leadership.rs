@@ -6,7 +6,7 @@
 //! leader, which is why it lives apart from the node's replicated state.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
@@ -62,6 +62,10 @@ pub(super) struct Leadership {
     pub(super) wait_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Tokens with an `Expire` in flight.
     pub(super) expiring: HashSet<u64>,
+    /// Tokens with an `Extend` in flight, with how many: their expiry waits
+    /// until the last applies, so that an `Expire` committed just behind an
+    /// `Extend` never ends a lease its holder was told was renewed.
+    pub(super) extending: HashMap<u64, u32>,
     /// Keys whose queue head may have become grantable.
     pub(super) dirty: Vec<Key>,
     /// Keys whose queue head was grantable but for the token reserve;
@@ -166,6 +170,12 @@ impl ClusterNode {
                 keys,
                 reply_to,
             } => self.handle_release(now, conn_id, token, keys, reply_to),
+            ClientRequest::Extend {
+                token,
+                lease_s,
+                keys,
+                reply_to,
+            } => self.handle_extend(now, conn_id, (token, lease_s), &keys, reply_to),
         }
     }
 
@@ -208,6 +218,57 @@ impl ClusterNode {
                 );
             }
             // `B` may not answer a release; every refusal had no effect.
+            Err(ProposeError::NotLeader { leader_hint }) => {
+                self.answer(conn_id, &reply_to, leader_reply(leader_hint));
+            }
+            Err(_) => self.answer(conn_id, &reply_to, leader_reply(None)),
+        }
+    }
+
+    /// A renewal by token: `N` at once when the token is not the current
+    /// grant of exactly `keys` in the applied state (a token never becomes
+    /// current again) or its lease already ended on this leader's clock
+    /// (its `Expire` is proposed); else an `Extend` is proposed and answered
+    /// once applied, each node re-timing the lease from its own apply.
+    fn handle_extend(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        (token, lease_s): (u64, u8),
+        keys: &KeyGroup,
+        reply_to: ReplyTo,
+    ) {
+        let current = self.state.grant(token).is_some_and(|h| &h.keys == keys);
+        let Some(leadership) = self.leadership.as_ref() else {
+            self.answer(conn_id, &reply_to, leader_reply(self.raft.leader()));
+            return;
+        };
+        if !current || leadership.expiring.contains(&token) {
+            self.answer(conn_id, &reply_to, Answer::NotFound);
+            return;
+        }
+        let command = Command::Extend {
+            token,
+            lease_ms: u32::from(lease_s) * 1_000,
+        };
+        match self.propose_command(now, &command) {
+            Ok((index, term)) => {
+                if let Some(leadership) = self.leadership.as_mut() {
+                    *leadership.extending.entry(token).or_default() += 1;
+                }
+                self.pending.insert(
+                    index,
+                    Pending {
+                        term,
+                        proposed_at: now,
+                        kind: PendingKind::Extend {
+                            conn: conn_id,
+                            reply_to,
+                            token,
+                        },
+                    },
+                );
+            }
             Err(ProposeError::NotLeader { leader_hint }) => {
                 self.answer(conn_id, &reply_to, leader_reply(leader_hint));
             }
@@ -485,7 +546,10 @@ impl ClusterNode {
         for (_, p) in pending {
             match p.kind {
                 PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, Answer::Indeterminate),
-                PendingKind::Release { conn, reply_to } => {
+                // It may still commit under the next leader: the client's
+                // next renewal by the same token tells it where it stands.
+                PendingKind::Release { conn, reply_to }
+                | PendingKind::Extend { conn, reply_to, .. } => {
                     self.answer(conn, &reply_to, Answer::Indeterminate);
                 }
                 // It may still commit under the next leader.
@@ -641,6 +705,12 @@ impl ClusterNode {
             let Some(leadership) = self.leadership.as_mut() else {
                 break;
             };
+            if leadership.extending.contains_key(&token) {
+                // Its renewal applies first and re-times the lease (or
+                // leaves it, and this comes back).
+                self.state.rearm(token, now.saturating_add(EXPIRE_RETRY));
+                continue;
+            }
             if !leadership.expiring.insert(token) {
                 continue;
             }

@@ -9,7 +9,7 @@ use crate::client::{
     SessionEvent,
 };
 use crate::time::{Duration, Instant};
-use crate::wire::{Decoded, ErrorCode, NO_LEADER_SLOT, Reply, Request, RequestDecoder};
+use crate::wire::{Decoded, ErrorCode, NO_LEADER_SLOT, Reply, RequestDecoder};
 
 use super::script::{Cursor, FUZZ_KEYS};
 
@@ -257,10 +257,7 @@ impl Harness {
                 let Decoded::Request(request) = decoded else {
                     panic!("the session sent a frame its server refuses: {decoded:?}");
                 };
-                let rid = match &request {
-                    Request::Acquire(req) => req.rid,
-                    Request::Release(req) => req.rid,
-                };
+                let rid = request.rid();
                 let entry = self.tracked.get_mut(&rid).expect("sent an unknown rid");
                 assert!(entry.sent_at.is_none(), "rid {rid} sent twice");
                 assert!(entry.resolved.is_none(), "rid {rid} sent after it ended");
