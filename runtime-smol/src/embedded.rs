@@ -574,6 +574,13 @@ async fn accept_loop(hub: Arc<Hub>, listener: Async<TcpListener>) -> Vec<Task<()
                 // up finished tasks; at most `connections_max` live.
                 conns.retain(|task| !task.is_finished());
                 conns.push(smol::spawn(run_connection(Arc::clone(&hub), tcp, peer)));
+                // One accept per turn: `accept` returns at once while
+                // connections are queued, so without this the loop would
+                // start a task for the whole queue before any of them
+                // registered and sent its hello, and the handshake budget
+                // would then drop a client registered early in the batch
+                // for the ones behind it before its hello left.
+                future::yield_now().await;
             }
             Some(Err(_)) => {
                 Timer::after(ACCEPT_ERROR_PAUSE).await;

@@ -56,9 +56,12 @@ pub(crate) use self::supervise::{Dialer, Listener, start};
 
 /// Default for [`ServeSettings::listen_backlog`]: connections the kernel
 /// queues (handshake done, not yet accepted) before it drops new ones.
-/// A deeper queue rides out bursts of honest reconnects but also holds
-/// more of a flooding attacker's connections ahead of a real client's
-/// (docs/operations.md, "Listen backlog"), so it stays 128 unless set.
+/// A deeper queue rides out bursts of honest reconnects, but one deeper
+/// than a flood's sockets also lets the flood refill as fast as the
+/// server drops its unfinished handshakes, which from a client's own
+/// address can outrun the client's round trip (docs/operations.md,
+/// "Listen backlog"), so it is 128 unless set. Linux caps it at
+/// `net.core.somaxconn` (4,096 since kernel 5.4).
 pub const DEFAULT_LISTEN_BACKLOG: u32 = 128;
 
 /// Pending connections the admin listener queues while its connection

@@ -144,6 +144,16 @@ async fn serve_until_stopped<M: Machine>(
                         listener.what,
                         listener.link_timeout,
                     ));
+                    // One accept per turn: the new connection registers
+                    // and sends its hello, and connections with input
+                    // read it, before the next one registers.
+                    // Accepting a queue in one go (tokio lets a task run
+                    // about 128 ready accepts before it must yield)
+                    // registers the whole batch before any of it is
+                    // served, and the handshake budget then drops a
+                    // client admitted early in the batch for the ones
+                    // behind it before its hello has even left.
+                    tokio::task::yield_now().await;
                 }
                 Err(e) => {
                     // Logged at most once a second, with the count since.
