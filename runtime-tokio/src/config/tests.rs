@@ -1015,12 +1015,12 @@ fn state_dir_insecure_ok_is_off_unless_the_flag_or_the_file_sets_it() {
 }
 
 #[test]
-fn listen_backlog_defaults_to_128_applies_to_both_modes_and_is_range_checked() {
+fn listen_backlog_defaults_to_1024_applies_to_both_modes_and_is_range_checked() {
     let backlog = |file: &FileConfig, argv: &[&str]| {
         resolve(file, None, &args(argv), &Env::default()).map(|c| c.settings.listen_backlog)
     };
     let none = FileConfig::default();
-    assert_eq!(backlog(&none, &[]), Ok(128));
+    assert_eq!(backlog(&none, &[]), Ok(1_024));
     let file = parse_file("listen_backlog = 4096").unwrap();
     assert_eq!(backlog(&file, &[]), Ok(4096));
     assert_eq!(backlog(&file, &["--listen-backlog", "1"]), Ok(1));

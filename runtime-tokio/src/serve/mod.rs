@@ -55,14 +55,14 @@ pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
 
 /// Default for [`ServeSettings::listen_backlog`]: connections the kernel
-/// queues (handshake done, not yet accepted) before it drops new ones.
-/// A deeper queue rides out bursts of honest reconnects, but one deeper
-/// than a flood's sockets also lets the flood refill as fast as the
-/// server drops its unfinished handshakes, which from a client's own
-/// address can outrun the client's round trip (docs/operations.md,
-/// "Listen backlog"), so it is 128 unless set. Linux caps it at
-/// `net.core.somaxconn` (4,096 since kernel 5.4).
-pub const DEFAULT_LISTEN_BACKLOG: u32 = 128;
+/// queues (handshake done, not yet accepted) before it drops new ones. A
+/// queue this deep rides out a connect flood and bursts of honest
+/// reconnects (a full queue drops connects, which the kernel retries only
+/// after 1 s); the handshake budget, per source, is what keeps a flood
+/// from crowding out other addresses (docs/operations.md, "Listen
+/// backlog"). Linux caps it at `net.core.somaxconn` (4,096 since kernel
+/// 5.4).
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 1_024;
 
 /// Pending connections the admin listener queues while its connection
 /// slots are all taken: there they cost no descriptor, and no lock
