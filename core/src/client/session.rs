@@ -726,6 +726,9 @@ impl Session {
                 }
                 return self.push_leader_hint(leader_slot);
             }
+            // Advisory, and only sent to a session that asked for them
+            // (this one does not): a push changes no request's outcome.
+            Reply::Push { .. } => return,
             other => other.rid().unwrap_or(0),
         };
         let Some(entry) = self.take_answered(now, rid, &reply) else {
@@ -802,7 +805,10 @@ impl Session {
             }
             // This session sends neither `X` nor `W`, and `answers` admits
             // these replies only to them.
-            Reply::Leader { .. } | Reply::Negotiated { .. } | Reply::Extended { .. } => {}
+            Reply::Leader { .. }
+            | Reply::Push { .. }
+            | Reply::Negotiated { .. }
+            | Reply::Extended { .. } => {}
         }
     }
 
