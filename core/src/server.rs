@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
 use crate::budget::{AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, Reports};
 use crate::conn::client::{
-    Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, ReplyTo,
+    Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, HoldAsk, ReplyTo,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdMap;
@@ -23,8 +23,8 @@ use crate::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
 };
 use crate::lock::{
-    AcquireOutcome, ExtendOutcome, HOLDER_MAX, LockConfig, LockEvent, LockStats, LockTable,
-    ReleaseOutcome, WaiterId,
+    AcquireOptions, AcquireOutcome, ExtendOutcome, HOLDER_MAX, HoldCaps, LockConfig, LockEvent,
+    LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
 use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// The default suits 10,000 sessions; derive it with
     /// [`BudgetConfig::for_connections_max`] when changing `connections_max`.
     pub budget: BudgetConfig,
+    /// The caps on total hold of our clients' grants (connections that
+    /// negotiated renewal; other clients' grants have none).
+    pub hold_caps: HoldCaps,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(3),
             client_tokens: ClientTokens::no_auth(),
             budget: BudgetConfig::for_connections_max(10_000),
+            hold_caps: HoldCaps::default(),
         }
     }
 }
@@ -304,8 +308,12 @@ impl Server {
                 wait_s,
                 lease_s,
                 keys,
+                hold,
                 reply_to,
-            } => self.handle_acquire(now, conn_id, wait_s, lease_s, keys, reply_to),
+            } => {
+                let max_hold = self.hold_cap(hold);
+                self.handle_acquire(now, conn_id, (wait_s, lease_s, max_hold), keys, reply_to)
+            }
             ClientRequest::Release {
                 token,
                 keys,
@@ -386,8 +394,7 @@ impl Server {
         &mut self,
         now: Instant,
         conn_id: ConnId,
-        wait_s: u8,
-        lease_s: u8,
+        (wait_s, lease_s, max_hold): (u8, u8, Option<Duration>),
         keys: KeyGroup,
         reply_to: ReplyTo,
     ) {
@@ -403,9 +410,13 @@ impl Server {
         } else {
             let waiter = WaiterId(self.next_waiter_id);
             self.next_waiter_id += 1;
-            let outcome = self
-                .table
-                .acquire_as(now, waiter, &keys, wait_s, lease_s, conn_id.0);
+            let options = AcquireOptions {
+                wait_s,
+                lease_s,
+                holder: conn_id.0,
+                max_hold,
+            };
+            let outcome = self.table.acquire_with(now, waiter, &keys, &options);
             if outcome == AcquireOutcome::Queued {
                 let Some(conn) = self.conns.get_mut(&conn_id) else {
                     return;
@@ -497,6 +508,18 @@ impl Server {
             self.reports
                 .abuse(now, Some(source), AbuseKind::ReleaseSweep);
             self.close_conn(now, conn_id, CloseReason::ReleaseMisses);
+        }
+    }
+
+    /// The cap on total hold of an acquire that asked for `hold`.
+    fn hold_cap(&self, hold: HoldAsk) -> Option<Duration> {
+        match hold {
+            HoldAsk::Uncapped => None,
+            HoldAsk::Default => Some(self.config.hold_caps.cap_for(None)),
+            HoldAsk::Asked(s) => {
+                let asked = Duration::from_secs(u64::from(s));
+                Some(self.config.hold_caps.cap_for(Some(asked)))
+            }
         }
     }
 

@@ -538,3 +538,40 @@ fn no_connection_that_did_not_ask_for_pushes_ever_gets_one() {
         assert_eq!(h.take(renewing).0, Vec::<u8>::new());
     }
 }
+
+#[test]
+fn an_h_acquire_caps_the_hold_and_renewals_are_clipped_then_refused_at_the_cap() {
+    use ticketing_core::wire::AcquireCappedRequest;
+    let mut h = Harness::new();
+    let conn = h.connect_extended("capped");
+    let capped = Request::AcquireCapped(AcquireCappedRequest {
+        rid: 2,
+        wait_s: 0,
+        lease_s: 10,
+        max_hold_s: 15,
+        keys: group(&["k"]),
+    });
+    let token = granted(&h.call(conn, &capped));
+    h.advance(Duration::from_secs(8));
+    assert_eq!(
+        h.call(conn, &extend(3, &["k"], token, 10)),
+        [Reply::Extended {
+            rid: 3,
+            status: ExtendStatus::Clipped,
+            lease_ms: 7_000
+        }]
+    );
+    assert_eq!(
+        h.call(conn, &extend(4, &["k"], token, 10)),
+        [Reply::Extended {
+            rid: 4,
+            status: ExtendStatus::AtCap,
+            lease_ms: 7_000
+        }]
+    );
+    // `H` is an unknown op on a connection that negotiated nothing.
+    let plain = h.connect();
+    let (bytes, state) = h.send_bytes(plain, &capped.to_frame());
+    assert!(bytes.is_empty());
+    assert_eq!(state, ConnState::CloseAfterFlush);
+}

@@ -1562,6 +1562,7 @@ impl<'t> ClusterWorld<'t> {
                 }
                 Request::Negotiate(req) => (req.rid, false),
                 Request::Extend(req) => (req.rid, false),
+                Request::AcquireCapped(req) => (req.rid, true),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
                 self.violation(

@@ -564,7 +564,7 @@ impl<'t> World<'t> {
                         seq: self.arrival_seq,
                     },
                 ),
-                Request::Negotiate(_) | Request::Extend(_) => {
+                Request::Negotiate(_) | Request::Extend(_) | Request::AcquireCapped(_) => {
                     self.violation(
                         Checker::Client,
                         format!("conn {conn_id} sent {request:?}: the sim negotiates nothing"),

@@ -195,6 +195,7 @@ impl Pending {
     fn overdue_at(&self, silence_timeout: Duration) -> Option<Instant> {
         let wait = match &self.request {
             Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
+            Request::AcquireCapped(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::Release(_) | Request::Negotiate(_) | Request::Extend(_) => Duration::ZERO,
         };
         Some(
@@ -460,6 +461,7 @@ impl Session {
             Request::Release(req) => req.rid = rid,
             Request::Negotiate(req) => req.rid = rid,
             Request::Extend(req) => req.rid = rid,
+            Request::AcquireCapped(req) => req.rid = rid,
         }
         if acquire {
             self.pending_acquires += 1;

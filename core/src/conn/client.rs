@@ -91,6 +91,19 @@ impl EchoKey {
     }
 }
 
+/// The cap on total hold an acquire asks for; the owner turns it into a
+/// cap by its [`crate::lock::HoldCaps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HoldAsk {
+    /// None: a client that cannot renew (every published client), whose
+    /// lease bounds its hold.
+    Uncapped,
+    /// Our client named none: the server's default cap.
+    Default,
+    /// Our client asked for this many seconds (`H`).
+    Asked(u32),
+}
+
 /// A request, in terms both owners understand.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ClientRequest {
@@ -103,6 +116,8 @@ pub(crate) enum ClientRequest {
         lease_s: u8,
         /// The key or key set.
         keys: KeyGroup,
+        /// The cap on total hold asked for.
+        hold: HoldAsk,
         /// Where the answer goes.
         reply_to: ReplyTo,
     },
@@ -653,7 +668,7 @@ impl ClientFront {
                 queue(reply);
                 Ok(None)
             }
-            Ok(decoded) => Ok(v3_request(decoded, counts, queue)),
+            Ok(decoded) => Ok(v3_request(decoded, decoder.capabilities(), counts, queue)),
             Err(_) => Err(CloseReason::BadFrame),
         }
     }
@@ -690,7 +705,9 @@ fn next_v3(
                 reply.encode(out);
             }
             Ok(Some(decoded)) => {
-                if let Some(request) = v3_request(decoded, counts, |reply| reply.encode(out)) {
+                let caps = decoder.capabilities();
+                if let Some(request) = v3_request(decoded, caps, counts, |reply| reply.encode(out))
+                {
                     return Ok(Some(request));
                 }
             }
@@ -707,6 +724,7 @@ fn next_v3(
 /// the value path). Both paths of a v3 session run this.
 fn v3_request(
     decoded: Decoded,
+    caps: Capabilities,
     counts: &mut ReplyCounts,
     queue: impl FnOnce(Reply),
 ) -> Option<ClientRequest> {
@@ -721,9 +739,27 @@ fn v3_request(
             wait_s: acquire.wait_s,
             lease_s: acquire.lease_s,
             keys: acquire.keys,
+            // A client that can renew holds under a cap even when it
+            // names none.
+            hold: if caps.contains(Capabilities::EXTEND) {
+                HoldAsk::Default
+            } else {
+                HoldAsk::Uncapped
+            },
             reply_to: ReplyTo::V3 {
                 rid: acquire.rid,
                 set: acquire.set,
+            },
+        }),
+        Decoded::Request(Request::AcquireCapped(acquire)) => Some(ClientRequest::Acquire {
+            wait_s: acquire.wait_s,
+            lease_s: acquire.lease_s,
+            keys: acquire.keys,
+            hold: HoldAsk::Asked(acquire.max_hold_s),
+            // Answered like `S`, one key or many.
+            reply_to: ReplyTo::V3 {
+                rid: acquire.rid,
+                set: true,
             },
         }),
         Decoded::Request(Request::Release(release)) => Some(ClientRequest::Release {
@@ -840,6 +876,7 @@ fn line_acquire(
     Some(ClientRequest::Acquire {
         wait_s,
         lease_s: lease_s as u8,
+        hold: HoldAsk::Uncapped,
         reply_to: ReplyTo::Line {
             echo: owner,
             key: EchoKey::of(&key),

@@ -189,6 +189,37 @@ impl LockTable {
     }
 }
 
+/// The caps on total hold a server gives the grants of our own clients
+/// (connections that negotiated renewal): the cap an acquire gets when it
+/// names none, and the most one may name. Grants of every other client
+/// have no cap: they cannot be renewed, so their lease (at most 250 s)
+/// bounds them already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldCaps {
+    /// The cap of an acquire that names none.
+    pub default: Duration,
+    /// The largest cap an acquire may name; a larger one is cut to it.
+    pub limit: Duration,
+}
+
+impl Default for HoldCaps {
+    /// An hour by default, at most a day.
+    fn default() -> Self {
+        HoldCaps {
+            default: Duration::from_secs(3_600),
+            limit: Duration::from_secs(24 * 3_600),
+        }
+    }
+}
+
+impl HoldCaps {
+    /// The cap of an acquire that asked for `asked` (`None`: none named),
+    /// never above the limit.
+    pub fn cap_for(&self, asked: Option<Duration>) -> Duration {
+        asked.unwrap_or(self.default).min(self.limit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +230,23 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn an_acquire_gets_the_default_cap_or_its_own_never_above_the_limit() {
+        let caps = HoldCaps {
+            default: Duration::from_secs(60),
+            limit: Duration::from_secs(600),
+        };
+        assert_eq!(caps.cap_for(None), Duration::from_secs(60));
+        assert_eq!(
+            caps.cap_for(Some(Duration::from_secs(5))),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            caps.cap_for(Some(Duration::from_secs(6_000))),
+            Duration::from_secs(600)
+        );
     }
 
     #[test]

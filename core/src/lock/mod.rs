@@ -46,7 +46,7 @@ mod release;
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
-pub use extend::{ExtendOutcome, GrantExtension, capped_deadline, decide_extension};
+pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
 use keyed::{KeyHash, Keyed};
 

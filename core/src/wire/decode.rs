@@ -2,9 +2,9 @@
 //! decoder over a connection's bytes ([`RequestDecoder`]).
 
 use super::{
-    AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION, ErrorCode,
-    ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX, NegotiateRequest,
-    ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
+    AcquireCappedRequest, AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION,
+    ErrorCode, ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX,
+    NegotiateRequest, ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -150,6 +150,9 @@ pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
         Request::Release(req) => check_token(req.token),
         Request::Negotiate(req) => check_negotiate(req.version, req.label.as_bytes()),
         Request::Extend(req) => check_token(req.token).and_then(|()| check_lease(req.lease_s)),
+        Request::AcquireCapped(req) => {
+            check_lease(req.lease_s).and_then(|()| check_max_hold(req.max_hold_s))
+        }
     };
     Ok(match checked {
         Ok(()) => Decoded::Request(request),
@@ -224,6 +227,20 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 label,
             }))
         }
+        RequestKind::AcquireCapped => {
+            let (wait_s, lease_s) = (body[8], body[9]);
+            let max_hold_s = u32::from_be_bytes([body[10], body[11], body[12], body[13]]);
+            let keys = decode_key_set(body[14], &body[15..])?;
+            check_lease(lease_s)?;
+            check_max_hold(max_hold_s)?;
+            Ok(Request::AcquireCapped(AcquireCappedRequest {
+                rid,
+                wait_s,
+                lease_s,
+                max_hold_s,
+                keys,
+            }))
+        }
         RequestKind::Extend => {
             let token = read_u64(body, 8);
             let lease_s = body[16];
@@ -237,6 +254,15 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 keys,
             }))
         }
+    }
+}
+
+/// A hold cap of at least a second.
+fn check_max_hold(max_hold_s: u32) -> Result<(), ErrorCode> {
+    if max_hold_s == 0 {
+        Err(ErrorCode::BadLease)
+    } else {
+        Ok(())
     }
 }
 

@@ -34,7 +34,9 @@ pub use decode::{
 };
 pub use key::{Key, KeyGroup};
 pub use reply::{ExtendStatus, PushKind, Reply, ReplyError};
-pub use request::{AcquireRequest, ExtendRequest, NegotiateRequest, ReleaseRequest, Request};
+pub use request::{
+    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, ReleaseRequest, Request,
+};
 
 /// Longest key, in bytes.
 pub const KEY_LEN_MAX: usize = 128;
@@ -60,6 +62,10 @@ pub const LABEL_LEN_MAX: usize = 64;
 pub const EXTENSION_VERSION: u8 = 1;
 /// Largest negotiation frame (`X`), header included.
 pub const NEGOTIATE_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 14 + LABEL_LEN_MAX;
+/// Largest capped acquire frame (`H`), header included: an acquire-set
+/// frame with a 4-byte hold cap.
+pub const ACQUIRE_CAPPED_FRAME_LEN_MAX: usize =
+    FRAME_HEADER_LEN + 15 + SET_KEYS_MAX * (1 + KEY_LEN_MAX);
 /// Largest extension frame (`W`), header included: a release-set frame
 /// with a lease byte.
 pub const EXTEND_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + SET_KEYS_MAX * (1 + KEY_LEN_MAX);
@@ -130,6 +136,9 @@ pub enum RequestKind {
     /// `W`: renew a grant by its exact token (capability
     /// [`Capabilities::EXTEND`]).
     Extend,
+    /// `H`: acquire a key or key set with a cap on total hold (capability
+    /// [`Capabilities::EXTEND`]).
+    AcquireCapped,
 }
 
 impl RequestKind {
@@ -142,6 +151,7 @@ impl RequestKind {
             RequestKind::ReleaseSet => b'G',
             RequestKind::Negotiate => b'X',
             RequestKind::Extend => b'W',
+            RequestKind::AcquireCapped => b'H',
         }
     }
     /// The kind for an op byte, if it is a request op on a connection that
@@ -154,18 +164,25 @@ impl RequestKind {
             b'G' => Some(RequestKind::ReleaseSet),
             b'X' => Some(RequestKind::Negotiate),
             b'W' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::Extend),
+            b'H' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::AcquireCapped),
             _ => None,
         }
     }
-    /// `A` or `S`.
+    /// `A`, `S` or `H`.
     pub fn is_acquire(self) -> bool {
-        matches!(self, RequestKind::Acquire | RequestKind::AcquireSet)
+        matches!(
+            self,
+            RequestKind::Acquire | RequestKind::AcquireSet | RequestKind::AcquireCapped
+        )
     }
     /// `S` or `G`, or `W` (which always carries set records).
     pub fn is_set(self) -> bool {
         matches!(
             self,
-            RequestKind::AcquireSet | RequestKind::ReleaseSet | RequestKind::Extend
+            RequestKind::AcquireSet
+                | RequestKind::ReleaseSet
+                | RequestKind::Extend
+                | RequestKind::AcquireCapped
         )
     }
     /// Length of the fields before the key (or key records): a body shorter
@@ -184,6 +201,8 @@ impl RequestKind {
             RequestKind::Negotiate => 14,
             // rid · token · lease · count
             RequestKind::Extend => 18,
+            // rid · wait · lease · hold cap · count
+            RequestKind::AcquireCapped => 15,
         }
     }
     /// Largest body this kind may declare.
@@ -195,6 +214,7 @@ impl RequestKind {
             RequestKind::ReleaseSet => RELEASE_SET_FRAME_LEN_MAX,
             RequestKind::Negotiate => NEGOTIATE_FRAME_LEN_MAX,
             RequestKind::Extend => EXTEND_FRAME_LEN_MAX,
+            RequestKind::AcquireCapped => ACQUIRE_CAPPED_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }

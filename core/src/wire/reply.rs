@@ -393,7 +393,9 @@ impl Reply {
     pub fn answers(&self, kind: RequestKind) -> bool {
         match *self {
             Reply::Acquired { .. } => kind == RequestKind::Acquire,
-            Reply::AcquiredSet { .. } => kind == RequestKind::AcquireSet,
+            Reply::AcquiredSet { .. } => {
+                matches!(kind, RequestKind::AcquireSet | RequestKind::AcquireCapped)
+            }
             Reply::Released { .. } => kind == RequestKind::Release,
             Reply::ReleasedSet { .. } => kind == RequestKind::ReleaseSet,
             Reply::TimedOut { .. } | Reply::Busy { .. } => kind.is_acquire(),

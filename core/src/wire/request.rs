@@ -61,6 +61,24 @@ pub struct ExtendRequest {
     pub keys: KeyGroup,
 }
 
+/// An acquire with a cap on total hold (`H`, capability
+/// [`Capabilities::EXTEND`]): however often it is renewed, the grant ends
+/// by `max_hold_s` after it was made (the server may cut the cap to its
+/// limit). Carries set records, one key or many, and is answered like `S`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireCappedRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// Wait bound in seconds; 0 = one immediate try.
+    pub wait_s: u8,
+    /// Lease in seconds, 1..=250.
+    pub lease_s: u8,
+    /// The cap on total hold in seconds, at least 1.
+    pub max_hold_s: u32,
+    /// The key or key set.
+    pub keys: KeyGroup,
+}
+
 /// A fully validated request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -72,6 +90,8 @@ pub enum Request {
     Negotiate(NegotiateRequest),
     /// `W`.
     Extend(ExtendRequest),
+    /// `H`.
+    AcquireCapped(AcquireCappedRequest),
 }
 
 impl Request {
@@ -82,6 +102,7 @@ impl Request {
             Request::Release(req) => req.rid,
             Request::Negotiate(req) => req.rid,
             Request::Extend(req) => req.rid,
+            Request::AcquireCapped(req) => req.rid,
         }
     }
     /// The request kind.
@@ -93,6 +114,7 @@ impl Request {
             Request::Release(ReleaseRequest { set: true, .. }) => RequestKind::ReleaseSet,
             Request::Negotiate(_) => RequestKind::Negotiate,
             Request::Extend(_) => RequestKind::Extend,
+            Request::AcquireCapped(_) => RequestKind::AcquireCapped,
         }
     }
     /// The length of the request's frame, header included: what
@@ -103,6 +125,7 @@ impl Request {
             Request::Release(req) => (16, &req.keys, req.set),
             Request::Negotiate(req) => return FRAME_HEADER_LEN + 14 + req.label.len().min(255),
             Request::Extend(req) => (17, &req.keys, true),
+            Request::AcquireCapped(req) => (14, &req.keys, true),
         };
         let keys_len = if set {
             1 + keys
@@ -155,6 +178,13 @@ impl Request {
                 out.extend_from_slice(&req.rid.to_be_bytes());
                 out.extend_from_slice(&req.token.to_be_bytes());
                 out.push(req.lease_s);
+                encode_keys(&req.keys, true, out);
+            }
+            Request::AcquireCapped(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.push(req.wait_s);
+                out.push(req.lease_s);
+                out.extend_from_slice(&req.max_hold_s.to_be_bytes());
                 encode_keys(&req.keys, true, out);
             }
         }

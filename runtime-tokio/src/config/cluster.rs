@@ -149,6 +149,7 @@ pub(super) fn resolve_cluster(
     node.peer_silence_timeout = ticketing_core::cluster::default_peer_silence_timeout(&raft);
     node.raft = raft;
     node.limits = server.lock.limits;
+    node.hold_caps = server.hold_caps;
     node.wait_margin = server.lock.wait_margin;
     node.connections_max = server.connections_max;
     node.in_flight_per_connection_max = server.in_flight_per_connection_max;

@@ -166,6 +166,15 @@ pub struct FileLimits {
     /// milliseconds, 100..=60000 (default 3000).
     #[arg(long, value_name = "MS")]
     pub handshake_timeout_ms: Option<u64>,
+    /// The cap on total hold, in seconds, of a grant to a client that can
+    /// renew (ours) and named no cap (default 3600: an hour). Other
+    /// clients' grants are bounded by their lease of at most 250 s.
+    #[arg(long, value_name = "S")]
+    pub max_hold_default_s: Option<u64>,
+    /// The largest cap on total hold, in seconds, a client may name; a
+    /// larger one is cut to it (default 86400: a day).
+    #[arg(long, value_name = "S")]
+    pub max_hold_limit_s: Option<u64>,
 }
 
 /// Parses config file text. Unknown fields are errors. An error in a

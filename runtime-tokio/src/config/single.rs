@@ -8,7 +8,7 @@ use std::time::Duration;
 use ticketing_core::admin::AdminTokens;
 use ticketing_core::auth::ClientTokens;
 use ticketing_core::budget::BudgetConfig;
-use ticketing_core::lock::{Limits, LockConfig};
+use ticketing_core::lock::{HoldCaps, Limits, LockConfig};
 use ticketing_core::server::ServerConfig;
 
 use super::auth::{check_admin_listen_auth, check_listen_auth, pick_tokens, resolve_admin_tokens};
@@ -264,7 +264,9 @@ fn resolve_server(
         0,
         WAIT_MARGIN_MS_MAX,
     )?;
+    let hold_caps = resolve_hold_caps(&limits, &defaults.hold_caps)?;
     Ok(ServerConfig {
+        hold_caps,
         lock: LockConfig {
             limits: lock_limits,
             wait_margin: Duration::from_millis(wait_margin_ms as u64),
@@ -276,6 +278,38 @@ fn resolve_server(
         client_tokens,
         budget,
         ..defaults
+    })
+}
+
+/// The caps on total hold of renewing clients' grants: each 1 s..=30 days,
+/// the default not above the limit.
+fn resolve_hold_caps(limits: &LimitSource, defaults: &HoldCaps) -> Result<HoldCaps, ConfigError> {
+    const HOLD_S_MAX: u64 = 30 * 24 * 3_600;
+    let limit_s = check_range(
+        "limits.max_hold_limit_s",
+        limits
+            .given(|l| l.max_hold_limit_s)
+            .unwrap_or(defaults.limit.as_secs()),
+        1,
+        HOLD_S_MAX,
+    )? as u64;
+    let default_s = check_range(
+        "limits.max_hold_default_s",
+        limits
+            .given(|l| l.max_hold_default_s)
+            .unwrap_or(defaults.default.as_secs().min(limit_s)),
+        1,
+        HOLD_S_MAX,
+    )? as u64;
+    if default_s > limit_s {
+        return Err(ConfigError::new(
+            "limits.max_hold_default_s",
+            format!("{default_s} is above limits.max_hold_limit_s ({limit_s})"),
+        ));
+    }
+    Ok(HoldCaps {
+        default: Duration::from_secs(default_s),
+        limit: Duration::from_secs(limit_s),
     })
 }
 

@@ -7,7 +7,7 @@ use crate::budget::BudgetConfig;
 use crate::cluster::command::FIRST_TOKEN_MAX;
 use crate::cluster::peer::{FRAME_LEN_MAX, PeerTokens};
 use crate::line::LINE_TEXT_LEN_MAX;
-use crate::lock::Limits;
+use crate::lock::{HoldCaps, Limits};
 use crate::raft::{NodeId, RaftConfig};
 use crate::time::Duration;
 
@@ -76,6 +76,9 @@ pub struct ClusterConfig {
     /// [`NotLeader`](crate::inspect::NotLeader) so that the admin HTTP layer can redirect an operator
     /// there. At most 190 bytes each, no CR or LF.
     pub admin_addresses: Vec<Box<str>>,
+    /// The caps on total hold of our clients' grants (connections that
+    /// negotiated renewal; other clients' grants have none).
+    pub hold_caps: HoldCaps,
 }
 
 /// A peer connection on which nothing was sent for this many heartbeat
@@ -119,6 +122,7 @@ impl ClusterConfig {
             peer_silence_timeout: default_peer_silence_timeout(&RaftConfig::default()),
             client_addresses: Vec::new(),
             admin_addresses: Vec::new(),
+            hold_caps: HoldCaps::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
 use crate::conn::ConnId;
-use crate::conn::client::{Answer, ClientRequest, ReplyTo};
+use crate::conn::client::{Answer, ClientRequest, HoldAsk, ReplyTo};
 use crate::conn::pushes::Watches;
 use crate::hash::IdMap;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
@@ -37,6 +37,9 @@ pub(super) struct Waiter {
     pub(super) reply_to: ReplyTo,
     pub(super) keys: KeyGroup,
     pub(super) lease_ms: u32,
+    /// The cap on its total hold, carried in the Grant (`None`: a client
+    /// that cannot renew).
+    pub(super) max_hold_ms: Option<u32>,
     /// When it gets `T` if still queued.
     pub(super) deadline: Instant,
     /// When the acquire arrived (the wait-time observation starts here).
@@ -168,8 +171,13 @@ impl ClusterNode {
                 wait_s,
                 lease_s,
                 keys,
+                hold,
                 reply_to,
-            } => self.handle_acquire(now, conn_id, (wait_s, lease_s, keys, reply_to), received),
+            } => {
+                let max_hold_ms = self.hold_cap_ms(hold);
+                let acquire = (wait_s, lease_s, keys, reply_to);
+                self.handle_acquire(now, conn_id, acquire, max_hold_ms, received);
+            }
             ClientRequest::Release {
                 token,
                 keys,
@@ -228,6 +236,19 @@ impl ClusterNode {
             }
             Err(_) => self.answer(conn_id, &reply_to, leader_reply(None)),
         }
+    }
+
+    /// The cap on total hold, in ms, of an acquire that asked for `hold`.
+    fn hold_cap_ms(&self, hold: HoldAsk) -> Option<u32> {
+        let cap = match hold {
+            HoldAsk::Uncapped => return None,
+            HoldAsk::Default => self.config.hold_caps.cap_for(None),
+            HoldAsk::Asked(s) => {
+                let asked = Duration::from_secs(u64::from(s));
+                self.config.hold_caps.cap_for(Some(asked))
+            }
+        };
+        Some(u32::try_from(cap.as_millis()).unwrap_or(u32::MAX))
     }
 
     /// A renewal by token: `N` at once when the token is not the current
@@ -289,6 +310,7 @@ impl ClusterNode {
         now: Instant,
         conn_id: ConnId,
         acquire: (u8, u8, KeyGroup, ReplyTo),
+        max_hold_ms: Option<u32>,
         received: Instant,
     ) {
         let (wait_s, lease_s, keys, reply_to) = acquire;
@@ -312,6 +334,7 @@ impl ClusterNode {
             reply_to,
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
+            max_hold_ms,
             deadline: queue_rule::wait_deadline(
                 received,
                 Duration::from_secs(u64::from(wait_s)),
@@ -430,8 +453,7 @@ impl ClusterNode {
         let command = Command::Grant {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
-            // No client asks for a cap yet.
-            max_hold_ms: None,
+            max_hold_ms: waiter.max_hold_ms,
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {
