@@ -2,538 +2,24 @@
 //! bytes are shuttled between their connections exactly as a driver would,
 //! and clients speak the real wire protocol.
 
-/// The source address of every test connection.
-const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use ticketing_core::testing::outputs::OutputQueues;
-
-use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, WireMode};
-use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
-use ticketing_core::cluster::peer::{
-    PeerHandshake, PeerHandshakeStatus, PeerIdentity, PeerSealer, PeerTokens,
+use ticketing_core::testing::net::{
+    BOOT_US, ClusterNet, Endpoint, LOOPBACK, REJOIN_GENERATION, cluster_config as config,
 };
+
+use ticketing_core::budget::{AbuseKind, CloseReason, LogEvent};
 use ticketing_core::cluster::{
     ClusterConfig, ClusterNode, NodeEvent, PeerLiveness, default_peer_silence_timeout,
 };
-use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
+use ticketing_core::line::{encode_line_acquire, encode_line_release};
 use ticketing_core::machine::Machine;
 use ticketing_core::metrics::RaftCounters;
 use ticketing_core::raft::{NodeId, RaftConfig};
-use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     AcquireRequest, ErrorCode, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT, ReleaseRequest, Reply,
     Request,
 };
-
-const FINGERPRINT: [u8; 32] = [3; 32];
-const BOOT_US: u64 = 1_700_000_000_000_000;
-/// The generation a bootstrap member joins under if it finds the cluster
-/// already running.
-const REJOIN_GENERATION: u64 = 7;
-
-fn config(id: NodeId) -> ClusterConfig {
-    config_with_clock(id, BOOT_US)
-}
-
-fn config_with_clock(id: NodeId, bootstrap_wall_clock_us: u64) -> ClusterConfig {
-    let tokens = PeerTokens::new([b"peer-secret-0123456789-abcdefghijk"]).unwrap();
-    let mut config = ClusterConfig::new(FINGERPRINT, id, 3, tokens, bootstrap_wall_clock_us);
-    config.raft = RaftConfig::fast();
-    config.peer_silence_timeout = default_peer_silence_timeout(&config.raft);
-    config
-}
-
-struct TestClient {
-    node: usize,
-    conn: ConnId,
-    handshake: ClientHandshake,
-    established: bool,
-    buf: Vec<u8>,
-    replies: Vec<Reply>,
-    closed: bool,
-    /// The "socket" to this client is stuck: its bytes stay in the node.
-    stalled: bool,
-    /// A line-dialect client: `replies` stays empty, `lines` has its
-    /// replies as (op, token or owner, tail).
-    line: bool,
-    lines: Vec<(u8, u64, Vec<u8>)>,
-}
-
-/// Where bytes written on (node, conn) go.
-#[derive(Clone, Copy)]
-enum Endpoint {
-    Peer(usize, ConnId),
-    Client(usize),
-}
-
-struct Net {
-    now: Instant,
-    nodes: Vec<Option<ClusterNode>>,
-    links: BTreeMap<(usize, ConnId), Endpoint>,
-    clients: Vec<TestClient>,
-    nonce: u8,
-    /// Token reserve writes: the last value made durable per node.
-    durable: Vec<Option<u64>>,
-    /// Writes asked for stay unanswered while set (a stalled disk).
-    hold_reserve_writes: bool,
-    /// A node cut off from the others: dials to or from it fail.
-    cut: Option<usize>,
-    /// Connection ends whose bytes never arrive (a cut link, and after the
-    /// heal a socket whose retransmission timer backed off): only the local
-    /// end learns of a close.
-    stale: BTreeSet<(usize, ConnId)>,
-    /// Stale ends whose close the transport never reports (a write stuck
-    /// on a silent link).
-    stuck: BTreeSet<(usize, ConnId)>,
-    /// What each node emitted and the test has not looked at yet.
-    outputs: Vec<OutputQueues>,
-    /// Peer dials that connected.
-    dials_connected: usize,
-    /// `dials_connected` when the latest partition began.
-    dials_at_cut: usize,
-}
-
-impl Net {
-    fn new() -> Self {
-        Net::with_boot_clocks([BOOT_US; 3])
-    }
-
-    /// Three bootstrap members whose configuration `adjust` changes.
-    fn with_config(adjust: fn(&mut ClusterConfig)) -> Self {
-        Net::build([BOOT_US; 3], adjust)
-    }
-
-    /// Three bootstrap members whose wall clocks read `clocks_us` at start.
-    fn with_boot_clocks(clocks_us: [u64; 3]) -> Self {
-        Net::build(clocks_us, |_| {})
-    }
-
-    fn build(clocks_us: [u64; 3], adjust: fn(&mut ClusterConfig)) -> Self {
-        let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
-        let nodes = voters
-            .iter()
-            .map(|id| {
-                let mut config = config_with_clock(*id, clocks_us[usize::from(id.slot)]);
-                adjust(&mut config);
-                Some(ClusterNode::bootstrap(
-                    config,
-                    voters.clone(),
-                    REJOIN_GENERATION,
-                    u64::from(id.slot) + 11,
-                    Instant::ZERO,
-                ))
-            })
-            .collect();
-        Net {
-            now: Instant::ZERO,
-            nodes,
-            links: BTreeMap::new(),
-            clients: Vec::new(),
-            nonce: 0,
-            durable: vec![None; 3],
-            hold_reserve_writes: false,
-            cut: None,
-            stale: BTreeSet::new(),
-            stuck: BTreeSet::new(),
-            outputs: Vec::new(),
-            dials_connected: 0,
-            dials_at_cut: 0,
-        }
-    }
-
-    /// Every node with a token reserve of `step` and nothing stored.
-    fn with_reserves(step: u64) -> Self {
-        let mut net = Net::new();
-        for node in &mut net.nodes {
-            *node = node
-                .take()
-                .map(|node| node.with_token_reserve(TokenReserve::new(step, None)));
-        }
-        net
-    }
-
-    fn nonce(&mut self) -> [u8; 16] {
-        self.nonce = self.nonce.wrapping_add(1);
-        [self.nonce; 16]
-    }
-
-    fn node(&mut self, i: usize) -> &mut ClusterNode {
-        self.nodes[i].as_mut().expect("node alive")
-    }
-
-    /// Node `i`'s outputs not looked at yet, with everything it emits now.
-    fn outputs(&mut self, i: usize) -> &mut OutputQueues {
-        let now = self.now;
-        self.outputs
-            .resize_with(self.nodes.len(), OutputQueues::default);
-        let node = self.nodes[i].as_mut().expect("node alive");
-        self.outputs[i].drain(node, now);
-        &mut self.outputs[i]
-    }
-
-    /// Moves every byte until nothing moves.
-    fn settle(&mut self) {
-        for _ in 0..10_000 {
-            let mut moved = false;
-            self.outputs
-                .resize_with(self.nodes.len(), OutputQueues::default);
-            for i in 0..self.nodes.len() {
-                let now = self.now;
-                match self.nodes[i].as_mut() {
-                    Some(node) => self.outputs[i].drain(node, now),
-                    None => self.outputs[i] = OutputQueues::default(),
-                }
-                // Dials.
-                while let Some(slot) = self.outputs[i].dials.pop_front() {
-                    moved = true;
-                    let target = usize::from(slot);
-                    let across_cut = self.cut.is_some_and(|c| c == i || c == target);
-                    if !across_cut && self.nodes.get(target).is_some_and(Option::is_some) {
-                        self.dials_connected += 1;
-                        let (n1, n2) = (self.nonce(), self.nonce());
-                        let a = self
-                            .node(i)
-                            .handle_dialed(now, slot, n1)
-                            .expect("a dialed connection is taken");
-                        let b = self
-                            .node(target)
-                            .handle_peer_accept(now, n2, LOOPBACK)
-                            .unwrap();
-                        self.links.insert((i, a), Endpoint::Peer(target, b));
-                        self.links.insert((target, b), Endpoint::Peer(i, a));
-                    } else {
-                        self.node(i).handle_dial_failed(now, slot);
-                    }
-                }
-                // Token reserve writes, durable at once unless held back
-                // (a write asked for then waits in the queue).
-                if !self.hold_reserve_writes
-                    && let Some(value) = self.outputs[i].reserves.pop_front()
-                {
-                    moved = true;
-                    self.durable[i] = Some(value);
-                    self.node(i).handle_reserve_persisted(now, value);
-                }
-                // Transmits.
-                let mut deliveries = VecDeque::new();
-                if let Some(node) = self.nodes[i].as_mut() {
-                    while let Some(conn) = self.outputs[i].wakes.pop_front() {
-                        if let Some(Endpoint::Client(c)) = self.links.get(&(i, conn))
-                            && self.clients[*c].stalled
-                        {
-                            continue;
-                        }
-                        let mut out = Vec::new();
-                        let state = node.poll_transmit(conn, &mut out);
-                        node.handle_flushed(self.now, conn);
-                        deliveries.push_back((conn, out, state));
-                    }
-                }
-                for (conn, bytes, state) in deliveries {
-                    moved = true;
-                    let endpoint = self.links.get(&(i, conn)).copied();
-                    if self.stale.contains(&(i, conn)) {
-                        // Bytes are lost; a close reaches only this end.
-                        if state != ConnState::Open && !self.stuck.contains(&(i, conn)) {
-                            self.stale.remove(&(i, conn));
-                            self.links.remove(&(i, conn));
-                            let now = self.now;
-                            self.node(i).handle_closed(now, conn);
-                        }
-                        continue;
-                    }
-                    match endpoint {
-                        Some(Endpoint::Peer(j, other)) => {
-                            if !bytes.is_empty()
-                                && let Some(node) = self.nodes[j].as_mut()
-                            {
-                                node.handle_input(self.now, other, &bytes);
-                            }
-                            if state != ConnState::Open {
-                                self.close_link(i, conn);
-                            }
-                        }
-                        Some(Endpoint::Client(c)) => {
-                            self.client_receive(c, &bytes);
-                            if state != ConnState::Open {
-                                self.clients[c].closed = true;
-                                self.links.remove(&(i, conn));
-                                let now = self.now;
-                                self.node(i).handle_closed(now, conn);
-                            }
-                        }
-                        // A socket nobody reads (an idle attacker's): the
-                        // driver closes it when the node says so.
-                        None => {
-                            if state != ConnState::Open {
-                                let now = self.now;
-                                self.node(i).handle_closed(now, conn);
-                            }
-                        }
-                    }
-                }
-            }
-            if !moved {
-                return;
-            }
-        }
-        panic!("network did not settle");
-    }
-
-    fn close_link(&mut self, i: usize, conn: ConnId) {
-        if let Some(Endpoint::Peer(j, other)) = self.links.remove(&(i, conn)) {
-            self.links.remove(&(j, other));
-            if let Some(node) = self.nodes[j].as_mut() {
-                node.handle_closed(self.now, other);
-            }
-        }
-        if let Some(node) = self.nodes[i].as_mut() {
-            node.handle_closed(self.now, conn);
-        }
-    }
-
-    fn client_receive(&mut self, c: usize, mut bytes: &[u8]) {
-        if self.clients[c].line {
-            self.line_client_receive(c, bytes);
-            return;
-        }
-        if !self.clients[c].established {
-            loop {
-                let client = &mut self.clients[c];
-                let (used, status) = client.handshake.handle_input(bytes);
-                bytes = &bytes[used..];
-                match status {
-                    ClientHandshakeStatus::NeedMore => return,
-                    ClientHandshakeStatus::SendProof => {
-                        let proof = client.handshake.proof().unwrap();
-                        let (node, conn) = (client.node, client.conn);
-                        let now = self.now;
-                        self.node(node).handle_input(now, conn, &proof);
-                        if bytes.is_empty() {
-                            return;
-                        }
-                    }
-                    ClientHandshakeStatus::Accepted => {
-                        self.clients[c].established = true;
-                        break;
-                    }
-                    other => panic!("client handshake failed: {other:?}"),
-                }
-            }
-        }
-        let client = &mut self.clients[c];
-        client.buf.extend_from_slice(bytes);
-        while let Ok(Some((reply, used))) = Reply::decode(&client.buf) {
-            client.replies.push(reply);
-            client.buf.drain(..used);
-        }
-    }
-
-    /// Runs for `duration` of injected time, jumping between deadlines.
-    fn run_for(&mut self, duration: Duration) {
-        let end = self.now.saturating_add(duration);
-        loop {
-            self.settle();
-            let next = self
-                .nodes
-                .iter()
-                .flatten()
-                .filter_map(Machine::poll_timeout)
-                .min()
-                .unwrap_or(end)
-                .max(self.now.saturating_add(Duration::from_micros(1)));
-            if next > end {
-                self.now = end;
-                break;
-            }
-            self.now = next;
-            for node in self.nodes.iter_mut().flatten() {
-                node.handle_timeout(next);
-            }
-        }
-        for node in self.nodes.iter_mut().flatten() {
-            node.handle_timeout(end);
-        }
-        self.settle();
-    }
-
-    /// Cuts node `i` off: its existing peer links go stale for good (in
-    /// both directions, also after the heal) and dials across fail.
-    fn partition(&mut self, i: usize) {
-        self.cut = Some(i);
-        for (&(n, conn), endpoint) in &self.links {
-            if let Endpoint::Peer(j, other) = *endpoint
-                && (n == i || j == i)
-            {
-                self.stale.insert((n, conn));
-                self.stale.insert((j, other));
-            }
-        }
-    }
-
-    /// Ends the cut: new connections work, stale ones stay stale.
-    fn heal(&mut self) {
-        self.cut = None;
-    }
-
-    /// Whether every node follows the same leader (the leader itself too).
-    fn all_follow_the_leader(&self) -> bool {
-        let Some(leader) = self.leader() else {
-            return false;
-        };
-        let id = self.nodes[leader].as_ref().map(ClusterNode::id);
-        self.nodes.iter().flatten().all(|node| node.leader() == id)
-    }
-
-    fn leader(&self) -> Option<usize> {
-        self.nodes
-            .iter()
-            .position(|n| n.as_ref().is_some_and(ClusterNode::is_leader))
-    }
-
-    fn kill(&mut self, i: usize) {
-        let links: Vec<(usize, ConnId)> = self
-            .links
-            .keys()
-            .filter(|(n, _)| *n == i)
-            .copied()
-            .collect();
-        self.nodes[i] = None;
-        if let Some(outputs) = self.outputs.get_mut(i) {
-            *outputs = OutputQueues::default();
-        }
-        for (n, conn) in links {
-            match self.links.remove(&(n, conn)) {
-                Some(Endpoint::Peer(j, other)) => {
-                    self.links.remove(&(j, other));
-                    if let Some(node) = self.nodes[j].as_mut() {
-                        node.handle_closed(self.now, other);
-                    }
-                }
-                Some(Endpoint::Client(c)) => self.clients[c].closed = true,
-                None => {}
-            }
-        }
-    }
-
-    fn line_client_receive(&mut self, c: usize, bytes: &[u8]) {
-        let client = &mut self.clients[c];
-        client.buf.extend_from_slice(bytes);
-        if !client.established {
-            if client.buf.len() < 28 {
-                return;
-            }
-            // The challenge: what follows the first space, up to the LF.
-            let hello: Vec<u8> = client.buf.drain(..28).collect();
-            let mut answer = line_answer(b"", &hello[13..27]).to_vec();
-            answer.push(b'\n');
-            client.established = true;
-            let (node, conn) = (client.node, client.conn);
-            let now = self.now;
-            self.node(node).handle_input(now, conn, &answer);
-        }
-        let client = &mut self.clients[c];
-        while let Ok(Some((reply, used))) = LineReply::decode(&client.buf) {
-            let entry = match reply {
-                LineReply::Acquired { token, key, .. } => (b'A', token, key.to_vec()),
-                LineReply::TimedOut { owner, key } | LineReply::Busy { owner, key } => {
-                    (reply.op(), owner, key.to_vec())
-                }
-                LineReply::Released { token, key } | LineReply::NotFound { token, key } => {
-                    (reply.op(), token, key.to_vec())
-                }
-                LineReply::Moved { address } | LineReply::Leader { address } => {
-                    (reply.op(), 0, address.to_vec())
-                }
-                LineReply::Error { reason } => (b'E', 0, reason.to_vec()),
-            };
-            client.lines.push(entry);
-            client.buf.drain(..used);
-        }
-    }
-
-    /// A line-dialect client connected to `node` (handshake done).
-    fn connect_line(&mut self, node: usize) -> usize {
-        let c = self.open_client(node, true);
-        self.settle();
-        assert!(self.clients[c].established && !self.clients[c].closed);
-        c
-    }
-
-    fn open_client(&mut self, node: usize, line: bool) -> usize {
-        let nonce = self.nonce();
-        let now = self.now;
-        let conn = self
-            .node(node)
-            .handle_connect(now, nonce, LOOPBACK)
-            .unwrap();
-        let c = self.clients.len();
-        self.clients.push(TestClient {
-            node,
-            conn,
-            handshake: ClientHandshake::new(b"", FINGERPRINT, WireMode::Cluster, node as u8),
-            established: false,
-            buf: Vec::new(),
-            replies: Vec::new(),
-            closed: false,
-            stalled: false,
-            line,
-            lines: Vec::new(),
-        });
-        self.links.insert((node, conn), Endpoint::Client(c));
-        c
-    }
-
-    /// Sends raw bytes on client `c` without moving any other byte.
-    fn send_bytes(&mut self, c: usize, bytes: &[u8]) {
-        let (node, conn) = (self.clients[c].node, self.clients[c].conn);
-        let now = self.now;
-        self.node(node).handle_input(now, conn, bytes);
-    }
-
-    fn connect(&mut self, node: usize) -> usize {
-        let c = self.open_client(node, false);
-        self.settle();
-        assert!(self.clients[c].established);
-        c
-    }
-
-    /// Sends `request` without moving any other byte.
-    fn send_only(&mut self, c: usize, request: Request) {
-        self.send_bytes(c, &request.to_frame());
-    }
-
-    fn request(&mut self, c: usize, request: Request) -> Reply {
-        let before = self.clients[c].replies.len();
-        self.send_only(c, request);
-        self.run_for(Duration::from_millis(200));
-        let replies = &self.clients[c].replies[before..];
-        let answers: Vec<Reply> = replies
-            .iter()
-            .copied()
-            .filter(|r| r.rid().is_some())
-            .collect();
-        assert_eq!(answers.len(), 1, "replies: {replies:?}");
-        answers[0]
-    }
-
-    fn answers(&self, c: usize) -> Vec<Reply> {
-        self.clients[c]
-            .replies
-            .iter()
-            .copied()
-            .filter(|r| r.rid().is_some())
-            .collect()
-    }
-
-    fn elect(&mut self) -> usize {
-        self.run_for(Duration::from_secs(2));
-        self.leader().expect("a leader is elected")
-    }
-}
 
 fn keys(key: &str) -> KeyGroup {
     KeyGroup::single(Key::new(key.as_bytes()).unwrap())
@@ -563,8 +49,8 @@ fn release(rid: u64, key: &str, token: u64) -> Request {
 /// first)`.
 /// An elected cluster, settled, with one client connected to the leader:
 /// `(net, leader, client)`.
-fn leader_with_a_client() -> (Net, usize, usize) {
-    let mut net = Net::new();
+fn leader_with_a_client() -> (ClusterNet, usize, usize) {
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     net.run_for(Duration::from_millis(300));
@@ -579,8 +65,8 @@ fn two_acquires_in_one_input() -> Vec<u8> {
     bytes
 }
 
-fn holder_and_waiter() -> (Net, usize, usize, usize, u64) {
-    let mut net = Net::new();
+fn holder_and_waiter() -> (ClusterNet, usize, usize, usize, u64) {
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -593,7 +79,7 @@ fn holder_and_waiter() -> (Net, usize, usize, usize, u64) {
 
 /// The appends the leader sent since `before`, and the entries they
 /// carried.
-fn appends_since(net: &mut Net, leader: usize, before: RaftCounters) -> (u64, u64) {
+fn appends_since(net: &mut ClusterNet, leader: usize, before: RaftCounters) -> (u64, u64) {
     let after = net.node(leader).raft().counters();
     (
         after.appends_sent - before.appends_sent,
@@ -610,7 +96,7 @@ fn token_of(reply: Reply) -> u64 {
 
 #[test]
 fn a_grant_is_replied_only_after_commit_and_apply() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     assert_eq!(
@@ -864,7 +350,7 @@ fn a_batch_commit_rides_on_the_next_entries_within_the_notice_delay() {
 
 #[test]
 fn a_follower_answers_moved_with_the_leader_slot() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let follower = (leader + 1) % 3;
     let c = net.connect(follower);
@@ -886,7 +372,7 @@ fn a_follower_answers_moved_with_the_leader_slot() {
 
 #[test]
 fn a_new_leader_grants_with_a_larger_token_and_keeps_the_old_grant() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     let first = token_of(net.request(c, acquire(1, "a", 0, 60)));
@@ -910,7 +396,7 @@ fn a_new_leader_grants_with_a_larger_token_and_keeps_the_old_grant() {
 
 #[test]
 fn leases_expire_through_a_committed_expire_and_the_waiter_gets_the_key() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -939,7 +425,7 @@ fn leases_expire_through_a_committed_expire_and_the_waiter_gets_the_key() {
 
 #[test]
 fn release_hands_the_key_to_the_front_waiter_and_wait_ends_with_t() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -1015,7 +501,7 @@ fn a_mismatched_release_hands_nothing_over() {
 
 #[test]
 fn a_grant_for_a_closed_connection_is_released_at_once() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     net.send_only(c, acquire(1, "k", 0, 60));
@@ -1032,7 +518,7 @@ fn a_grant_for_a_closed_connection_is_released_at_once() {
 
 #[test]
 fn lost_leadership_answers_proposed_requests_indeterminate() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -1063,7 +549,7 @@ fn lost_leadership_answers_proposed_requests_indeterminate() {
 
 #[test]
 fn a_new_generation_answers_not_active_until_it_is_a_voter() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let victim = (leader + 1) % 3;
     net.kill(victim);
@@ -1086,7 +572,7 @@ fn a_new_generation_answers_not_active_until_it_is_a_voter() {
 
 #[test]
 fn a_key_set_waits_for_all_its_keys_in_fifo_order() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -1137,7 +623,7 @@ fn a_key_set_waits_for_all_its_keys_in_fifo_order() {
 #[test]
 fn runs_are_deterministic() {
     let run = || {
-        let mut net = Net::new();
+        let mut net = ClusterNet::new();
         let leader = net.elect();
         let c1 = net.connect(leader);
         let c2 = net.connect((leader + 1) % 3);
@@ -1159,7 +645,7 @@ fn runs_are_deterministic() {
 /// cut off mid-frame is released.
 #[test]
 fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     let observer = net.connect(leader);
@@ -1195,7 +681,7 @@ fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
 
 #[test]
 fn bootstrap_members_started_together_stay_generation_one() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     for i in 0..3 {
         let node = net.node(i);
@@ -1214,7 +700,7 @@ fn bootstrap_members_started_together_stay_generation_one() {
 /// generation 1, join as the new generation and be swapped in.
 #[test]
 fn a_bootstrap_member_that_finds_a_running_cluster_joins_as_a_new_generation() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     let first = token_of(net.request(c, acquire(1, "k", 0, 30)));
@@ -1260,7 +746,7 @@ fn a_bootstrap_member_that_finds_a_running_cluster_joins_as_a_new_generation() {
 
 #[test]
 fn idle_sockets_on_every_peer_port_do_not_keep_a_restarted_node_out() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     for i in 0..3 {
         for _ in 0..20 {
@@ -1294,7 +780,7 @@ fn idle_sockets_on_every_peer_port_do_not_keep_a_restarted_node_out() {
 
 #[test]
 fn the_leader_caps_keys_held_per_client_connection() {
-    let mut net = Net::with_config(|config| config.budget.held_per_connection_max = 2);
+    let mut net = ClusterNet::with_config(|config| config.budget.held_per_connection_max = 2);
     let leader = net.elect();
     let c = net.connect(leader);
     let a = token_of(net.request(c, acquire(1, "a", 0, 60)));
@@ -1332,7 +818,7 @@ fn the_leader_caps_keys_held_per_client_connection() {
 
 #[test]
 fn a_run_of_release_misses_closes_a_cluster_client_after_exactly_k() {
-    let mut net = Net::with_config(|config| config.budget.release_misses_in_row_max = 3);
+    let mut net = ClusterNet::with_config(|config| config.budget.release_misses_in_row_max = 3);
     let leader = net.elect();
     let c = net.connect(leader);
     let own = token_of(net.request(c, acquire(1, "own", 0, 60)));
@@ -1365,7 +851,7 @@ fn a_run_of_release_misses_closes_a_cluster_client_after_exactly_k() {
 
 #[test]
 fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let now = net.now;
     let from = |n: u8| std::net::IpAddr::from([192, 0, 2, n]);
     let mut opened = Vec::new();
@@ -1375,7 +861,7 @@ fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
     }
     let nonce = net.nonce();
     let other = net.node(0).handle_peer_accept(now, nonce, from(2)).unwrap();
-    let state = |net: &mut Net, conn| {
+    let state = |net: &mut ClusterNet, conn| {
         let mut out = Vec::new();
         net.node(0).poll_transmit(conn, &mut out)
     };
@@ -1415,7 +901,7 @@ fn unfinished_peer_handshakes_are_capped_per_source_oldest_first() {
 
 #[test]
 fn a_failed_peer_handshake_is_reported_with_its_source() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let (now, nonce) = (net.now, net.nonce());
     let source = std::net::IpAddr::from([192, 0, 2, 77]);
     let conn = net.node(1).handle_peer_accept(now, nonce, source).unwrap();
@@ -1452,10 +938,10 @@ fn the_first_token_starts_above_every_peer_token_floor() {
     let mut clocks = [BOOT_US; 3];
     // Which slot leads is a pure function of the seeds; put the fast clock
     // on one that does not.
-    let probe = Net::new().elect();
+    let probe = ClusterNet::new().elect();
     let ahead = (probe + 1) % 3;
     clocks[ahead] = AHEAD_US;
-    let mut net = Net::with_boot_clocks(clocks);
+    let mut net = ClusterNet::with_boot_clocks(clocks);
     let leader = net.elect();
     assert_eq!(leader, probe, "same seeds, same leader");
     assert_ne!(leader, ahead);
@@ -1472,7 +958,7 @@ fn the_first_token_starts_above_every_peer_token_floor() {
 /// node that connects later learns it from its peers' hellos.
 #[test]
 fn token_floors_follow_the_replicated_counter() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     let mut last = 0;
@@ -1502,7 +988,7 @@ fn token_floors_follow_the_replicated_counter() {
 
 #[test]
 fn a_leader_proposes_no_grant_above_its_durable_reserve() {
-    let mut net = Net::with_reserves(1_000);
+    let mut net = ClusterNet::with_reserves(1_000);
     net.hold_reserve_writes = true;
     let leader = net.elect();
     let c = net.connect(leader);
@@ -1532,7 +1018,7 @@ fn a_leader_proposes_no_grant_above_its_durable_reserve() {
 #[test]
 fn a_queue_head_waits_for_the_reserve_then_gets_the_key() {
     // A step of 4: the reserve runs out after a few grants.
-    let mut net = Net::with_reserves(4);
+    let mut net = ClusterNet::with_reserves(4);
     let leader = net.elect();
     let [a, b] = [net.connect(leader), net.connect(leader)];
     let first = token_of(net.request(a, acquire(1, "k", 0, 60)));
@@ -1575,7 +1061,7 @@ fn the_bootstrap_counter_starts_above_a_stored_floor() {
     let floor = ticketing_core::reserve::start_token(Duration::from_micros(clock_us), Some(stored));
     assert_eq!(floor, stored + 1);
     let voters: Vec<NodeId> = (0..3).map(|slot| NodeId::new(slot, 1)).collect();
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     for (slot, node) in net.nodes.iter_mut().enumerate() {
         let mut config = config(voters[slot]);
         config.bootstrap_wall_clock_us = floor;
@@ -1593,51 +1079,6 @@ fn the_bootstrap_counter_starts_above_a_stored_floor() {
     assert_eq!(token, stored + 1);
 }
 
-impl Net {
-    /// Opens a connection to node `to` and completes the real peer
-    /// handshake on it as node `from` would (same identity, same token):
-    /// the connection and the frame sealer of that authenticated session.
-    fn authenticated_peer(&mut self, from: usize, to: usize) -> (ConnId, PeerSealer) {
-        let identity = PeerIdentity {
-            fingerprint: FINGERPRINT,
-            id: self.node(from).id(),
-            slot_count: 3,
-            token_floor: 0,
-        };
-        let tokens = PeerTokens::new([b"peer-secret-0123456789-abcdefghijk"]).unwrap();
-        let (now, nonce) = (self.now, self.nonce());
-        let mut dialer = PeerHandshake::new(
-            identity,
-            nonce,
-            Some(to as u8),
-            Instant::from_micros(u64::MAX),
-        );
-        let nonce = self.nonce();
-        let conn = self
-            .node(to)
-            .handle_peer_accept(now, nonce, LOOPBACK)
-            .expect("accepted");
-        for _ in 0..8 {
-            let bytes = dialer.take_outbound();
-            if !bytes.is_empty() {
-                self.node(to).handle_input(now, conn, &bytes);
-            }
-            let mut answer = Vec::new();
-            self.node(to).poll_transmit(conn, &mut answer);
-            let (_, status) = dialer.handle_input(&tokens, &answer);
-            if let PeerHandshakeStatus::Established(_) = status {
-                let bytes = dialer.take_outbound();
-                if !bytes.is_empty() {
-                    self.node(to).handle_input(now, conn, &bytes);
-                }
-                let session = dialer.take_session().expect("a session once established");
-                return (conn, session.sealer);
-            }
-        }
-        panic!("the peer handshake did not complete");
-    }
-}
-
 /// Issue 16: a Heartbeat with term `u64::MAX`, then acknowledgements with
 /// index and hint `u64::MAX`, each sent on an established peer connection
 /// in the name of its authenticated peer. Each is refused and counted, the
@@ -1648,7 +1089,7 @@ fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
     use ticketing_core::cluster::peer::PeerError;
     use ticketing_core::raft::{Message, MessageBody};
 
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect(leader);
     let first = token_of(net.request(c, acquire(1, "a", 0, 60)));
@@ -1727,7 +1168,7 @@ fn a_peer_frame_with_an_impossible_number_closes_that_connection_only() {
 
 /// Cuts the leader off for `cut`, heals, and returns how long after the
 /// heal every node followed one leader (`None`: not within `give_up`).
-fn rejoin_after_cut(net: &mut Net, cut: Duration, give_up: Duration) -> Option<Duration> {
+fn rejoin_after_cut(net: &mut ClusterNet, cut: Duration, give_up: Duration) -> Option<Duration> {
     // Long enough for a first election with the production timing too.
     net.run_for(Duration::from_secs(4));
     let old = net.elect();
@@ -1753,7 +1194,7 @@ fn rejoin_after_cut(net: &mut Net, cut: Duration, give_up: Duration) -> Option<D
 #[test]
 fn a_healed_partition_of_the_leader_rejoins_within_3_s() {
     for cut_s in [5, 30, 60] {
-        let mut net = Net::new();
+        let mut net = ClusterNet::new();
         let took = rejoin_after_cut(&mut net, Duration::from_secs(cut_s), Duration::from_secs(3));
         eprintln!("cut {cut_s} s: every node follows the leader {took:?} after the heal");
         assert!(took.is_some(), "cut {cut_s} s: not rejoined within 3 s");
@@ -1775,7 +1216,8 @@ fn a_healed_partition_of_the_leader_rejoins_within_3_s() {
 
 #[test]
 fn without_the_silence_rule_a_stale_link_is_never_redialed() {
-    let mut net = Net::with_config(|c| c.peer_silence_timeout = Duration::from_secs(1_000_000));
+    let mut net =
+        ClusterNet::with_config(|c| c.peer_silence_timeout = Duration::from_secs(1_000_000));
     let took = rejoin_after_cut(&mut net, Duration::from_secs(30), Duration::from_secs(60));
     assert_eq!(took, None, "a stale link healed without the rule");
     assert_eq!(
@@ -1790,7 +1232,7 @@ fn without_the_silence_rule_a_stale_link_is_never_redialed() {
 /// the two nodes hear each other again.
 #[test]
 fn a_close_that_never_completes_does_not_stop_the_redial_of_its_slot() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     net.run_for(Duration::from_secs(1));
     // The followers' link carries keepalives only.
@@ -1830,7 +1272,7 @@ fn a_close_that_never_completes_does_not_stop_the_redial_of_its_slot() {
 
 #[test]
 fn a_cut_link_shows_silent_then_down() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     net.run_for(Duration::from_secs(1));
     let other = (leader + 1) % 3;
@@ -1862,7 +1304,7 @@ fn a_cut_link_shows_silent_then_down() {
 
 #[test]
 fn a_live_link_is_never_closed_by_the_silence_rule() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     net.elect();
     net.run_for(Duration::from_secs(1));
     for i in 0..3 {
@@ -1894,7 +1336,7 @@ fn a_live_link_is_never_closed_by_the_silence_rule() {
 fn a_healed_partition_rejoins_within_3_s_with_the_production_timing() {
     // Silence bound 5 s, election timeout 2.4-2.5 s, heartbeat 100 ms.
     for cut_s in [5, 30, 60] {
-        let mut net = Net::with_config(|c| {
+        let mut net = ClusterNet::with_config(|c| {
             c.raft = RaftConfig::default();
             c.peer_silence_timeout = default_peer_silence_timeout(&c.raft);
         });
@@ -1938,7 +1380,7 @@ fn e_line(reason: &str) -> (u8, u64, Vec<u8>) {
 
 #[test]
 fn a_line_client_is_told_the_leader_address_at_once_and_on_every_change() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     // No leader yet: nothing is announced.
     let early = net.connect_line(0);
     assert!(net.clients[early].lines.is_empty());
@@ -1960,7 +1402,7 @@ fn a_line_client_is_told_the_leader_address_at_once_and_on_every_change() {
 
 #[test]
 fn a_follower_answers_a_line_request_with_m_and_the_leader_address_and_no_effect() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let follower = (leader + 1) % 3;
     let c = net.connect_line(follower);
@@ -1976,7 +1418,7 @@ fn a_follower_answers_a_line_request_with_m_and_the_leader_address_and_no_effect
 
 #[test]
 fn without_a_leader_a_line_request_gets_no_leader() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let c = net.connect_line(1);
     net.send_bytes(c, &line_acquire(5, 10, 7, "k"));
     net.settle();
@@ -1985,7 +1427,7 @@ fn without_a_leader_a_line_request_gets_no_leader() {
 
 #[test]
 fn a_cluster_without_client_addresses_answers_no_leader_instead_of_m() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c = net.connect_line((leader + 1) % 3);
     assert!(net.clients[c].lines.is_empty(), "no address, no L");
@@ -1996,7 +1438,7 @@ fn a_cluster_without_client_addresses_answers_no_leader_instead_of_m() {
 
 #[test]
 fn the_leader_grants_a_line_client_after_commit_and_hands_over_to_v3() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let line = net.connect_line(leader);
     let v3 = net.connect(leader);
@@ -2025,7 +1467,7 @@ fn the_leader_grants_a_line_client_after_commit_and_hands_over_to_v3() {
 
 #[test]
 fn lost_leadership_closes_a_line_connection_whose_outcome_is_unknown() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let c1 = net.connect_line(leader);
     let c2 = net.connect_line(leader);
@@ -2063,7 +1505,7 @@ fn lost_leadership_closes_a_line_connection_whose_outcome_is_unknown() {
 
 #[test]
 fn a_new_generation_answers_a_line_request_not_active() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let victim = (leader + 1) % 3;
     net.kill(victim);
@@ -2080,7 +1522,7 @@ fn a_new_generation_answers_a_line_request_not_active() {
 
 #[test]
 fn shutdown_tells_line_clients_not_active() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let holder = net.connect(leader);
     let waiter = net.connect_line(leader);
@@ -2102,7 +1544,7 @@ fn shutdown_tells_line_clients_not_active() {
 
 #[test]
 fn a_shutting_down_leader_is_quiesced_once_its_clients_are_closed_and_it_no_longer_leads() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let client = net.connect(leader);
     token_of(net.request(client, acquire(1, "k", 0, 60)));
@@ -2131,7 +1573,7 @@ fn client_addresses_are_validated() {
 
 #[test]
 fn line_sessions_survive_a_rejoin_and_are_counted_down_once() {
-    let mut net = Net::with_config(with_addresses);
+    let mut net = ClusterNet::with_config(with_addresses);
     let leader = net.elect();
     let victim = (leader + 1) % 3;
     net.kill(victim);
@@ -2187,22 +1629,6 @@ fn force(k: &str, token: Option<u64>) -> ForceRelease {
     ForceRelease { key: key(k), token }
 }
 
-impl Net {
-    fn admin_replies(&mut self, i: usize) -> Vec<(AdminRequestId, ForceReleaseOutcome)> {
-        self.outputs(i).admin_replies.drain(..).collect()
-    }
-
-    fn force_release(&mut self, i: usize, id: u64, req: ForceRelease) {
-        let now = self.now;
-        self.node(i)
-            .handle_force_release(now, AdminRequestId(id), req);
-    }
-
-    fn holder_token(&mut self, i: usize, k: &str) -> Option<u64> {
-        self.node(i).lock_state().holder(&key(k)).map(|(t, _)| t)
-    }
-}
-
 #[test]
 fn a_force_release_is_answered_after_commit_and_hands_over_with_a_larger_token() {
     let (mut net, leader, c1, c2, first) = holder_and_waiter();
@@ -2248,7 +1674,7 @@ fn a_force_release_is_answered_after_commit_and_hands_over_with_a_larger_token()
 
 #[test]
 fn a_force_release_with_the_followers_cut_off_has_no_effect_and_ends_indeterminate() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
@@ -2284,7 +1710,7 @@ fn a_force_release_with_the_followers_cut_off_has_no_effect_and_ends_indetermina
 
 #[test]
 fn a_committed_force_release_survives_a_leader_change() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
@@ -2309,7 +1735,7 @@ fn a_committed_force_release_survives_a_leader_change() {
 
 #[test]
 fn a_force_release_names_the_holder_on_a_token_mismatch_and_reports_a_free_key() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let first = token_of(net.request(c1, acquire(1, "k", 0, 60)));
@@ -2339,7 +1765,7 @@ fn a_force_release_names_the_holder_on_a_token_mismatch_and_reports_a_free_key()
 
 #[test]
 fn a_force_release_of_a_set_member_releases_the_whole_set() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let set = KeyGroup::new(vec![key("a"), key("b")]).unwrap();
@@ -2371,7 +1797,7 @@ fn a_force_release_of_a_set_member_releases_the_whole_set() {
 
 #[test]
 fn a_follower_answers_force_release_and_inspection_with_the_leader() {
-    let mut net = Net::with_config(with_admin_addresses);
+    let mut net = ClusterNet::with_config(with_admin_addresses);
     let leader = net.elect();
     let follower = (leader + 1) % 3;
     let c = net.connect(leader);
@@ -2447,7 +1873,7 @@ fn admin_addresses_are_validated() {
 
 #[test]
 fn inspection_on_the_leader_lists_the_holder_and_waiters_in_fifo_order_with_ages() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -2525,7 +1951,7 @@ fn inspection_on_the_leader_lists_the_holder_and_waiters_in_fifo_order_with_ages
 
 #[test]
 fn cluster_metrics_move_exactly_as_the_events_they_count() {
-    let mut net = Net::with_config(|config| config.limits.waiters_per_key_max = 1);
+    let mut net = ClusterNet::with_config(|config| config.limits.waiters_per_key_max = 1);
     let leader = net.elect();
     let c1 = net.connect(leader);
     let c2 = net.connect(leader);
@@ -2604,7 +2030,7 @@ fn cluster_metrics_move_exactly_as_the_events_they_count() {
 #[test]
 fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
     use ticketing_core::inspect::WAITERS_PER_LISTED_LOCK_MAX;
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let holder = net.connect(leader);
     let waiters = net.connect(leader);
@@ -2627,7 +2053,7 @@ fn a_listing_shows_the_front_of_each_queue_and_one_key_shows_all() {
 
 #[test]
 fn busy_is_counted_by_the_limit_that_answered_it() {
-    let mut net = Net::with_config(|config| {
+    let mut net = ClusterNet::with_config(|config| {
         config.limits.keys_max = 2;
         config.limits.waiters_total_max = 1;
     });
@@ -2659,13 +2085,13 @@ fn busy_is_counted_by_the_limit_that_answered_it() {
 }
 
 /// Every node event queued on node `i` so far.
-fn drain_events(net: &mut Net, i: usize) -> Vec<NodeEvent> {
+fn drain_events(net: &mut ClusterNet, i: usize) -> Vec<NodeEvent> {
     net.outputs(i).node_events.drain(..).collect()
 }
 
 #[test]
 fn an_election_yields_exactly_one_leader_changed_event_on_each_node() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     assert!(net.all_follow_the_leader());
     let leader_id = net.node(leader).id();
@@ -2690,7 +2116,7 @@ fn an_election_yields_exactly_one_leader_changed_event_on_each_node() {
 
 #[test]
 fn a_killed_leader_is_reported_replaced_on_the_survivors() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let old = net.elect();
     for i in 0..3 {
         drain_events(&mut net, i);
@@ -2715,7 +2141,7 @@ fn a_killed_leader_is_reported_replaced_on_the_survivors() {
 
 #[test]
 fn a_bootstrap_member_that_rejoins_reports_its_new_generation_once() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let victim = (leader + 1) % 3;
     net.kill(victim);
@@ -2753,7 +2179,7 @@ fn a_bootstrap_member_that_rejoins_reports_its_new_generation_once() {
 
 #[test]
 fn a_learner_promoted_to_voter_reports_voter_changed_true() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let leader_id = net.node(leader).id();
     let victim = (leader + 1) % 3;
@@ -2786,7 +2212,7 @@ fn a_learner_promoted_to_voter_reports_voter_changed_true() {
 
 #[test]
 fn a_leader_lists_a_key_that_only_a_set_waiter_waits_for_once_in_its_second_phase() {
-    let mut net = Net::new();
+    let mut net = ClusterNet::new();
     let leader = net.elect();
     let holder = net.connect(leader);
     let waiter = net.connect(leader);
@@ -2823,12 +2249,12 @@ fn a_leader_lists_a_key_that_only_a_set_waiter_waits_for_once_in_its_second_phas
 }
 
 /// The index of node `i`'s latest snapshot (0 before any).
-fn snapshot_index(net: &mut Net, i: usize) -> u64 {
+fn snapshot_index(net: &mut ClusterNet, i: usize) -> u64 {
     net.node(i).raft().snapshot_meta().map_or(0, |m| m.index)
 }
 
 /// Client `c` of the leader acquires `key` for the longest lease.
-fn hold(net: &mut Net, c: usize, rid: u64, key: &str) -> u64 {
+fn hold(net: &mut ClusterNet, c: usize, rid: u64, key: &str) -> u64 {
     net.send_only(c, acquire(rid, key, 0, LEASE_S_MAX));
     net.run_for(Duration::from_millis(10));
     token_of(*net.answers(c).last().expect("answered"))
@@ -2839,7 +2265,12 @@ fn hold(net: &mut Net, c: usize, rid: u64, key: &str) -> u64 {
 /// takes its next snapshot: returns the entries applied since its previous
 /// one. Asserts that every entry was one command and that no snapshot came
 /// before `not_before_entries`.
-fn entries_until_snapshot(net: &mut Net, leader: usize, c: usize, not_before_entries: u64) -> u64 {
+fn entries_until_snapshot(
+    net: &mut ClusterNet,
+    leader: usize,
+    c: usize,
+    not_before_entries: u64,
+) -> u64 {
     let base = snapshot_index(net, leader);
     let mut rid = 1_000_000;
     for _ in 0..500 {
@@ -2871,7 +2302,7 @@ fn entries_until_snapshot(net: &mut Net, leader: usize, c: usize, not_before_ent
 /// snapshot work per entry stays bounded however many keys are held.
 #[test]
 fn a_leader_snapshots_at_twice_its_grants_between_the_base_and_the_cap() {
-    let mut net = Net::with_config(|config| {
+    let mut net = ClusterNet::with_config(|config| {
         config.raft.snapshot_threshold_entries = 20;
         config.raft.snapshot_entries_per_state_item = 2;
         config.raft.snapshot_threshold_entries_max = 100;
@@ -2879,7 +2310,7 @@ fn a_leader_snapshots_at_twice_its_grants_between_the_base_and_the_cap() {
     let leader = net.elect();
     let c = net.connect(leader);
     let mut rid = 0;
-    let mut hold_more = |net: &mut Net, grants: usize| {
+    let mut hold_more = |net: &mut ClusterNet, grants: usize| {
         for _ in 0..grants {
             rid += 1;
             hold(net, c, rid, &format!("held/{rid}"));
