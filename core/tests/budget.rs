@@ -5,18 +5,14 @@
 //! the release-miss limit.
 
 use std::net::{IpAddr, Ipv4Addr};
-use ticketing_core::testing::outputs::OutputQueues;
+use ticketing_core::testing::net::{Nonces, ReplyDecoding, SingleNet};
 
-use ticketing_core::auth::{
-    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
-};
+use ticketing_core::auth::ClientTokens;
 use ticketing_core::budget::{AbuseKind, BudgetConfig, CloseReason, LogEvent};
 use ticketing_core::machine::Machine;
-use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
-use ticketing_core::time::{Duration, Instant};
-use ticketing_core::wire::{
-    AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
-};
+use ticketing_core::server::{ConnId, ConnState, ServerConfig};
+use ticketing_core::time::Duration;
+use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Reply, Request};
 
 const FIRST_TOKEN: u64 = 1_000;
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
@@ -75,124 +71,26 @@ fn token_of(reply: &Reply) -> u64 {
     }
 }
 
-struct Harness {
-    server: Server,
-    now: Instant,
-    /// What the server emitted and the test has not looked at yet.
-    outputs: OutputQueues,
-    nonce: u8,
-}
-
-impl Harness {
-    fn new(config: ServerConfig) -> Self {
-        let now = Instant::from_millis(1_000);
-        Harness {
-            server: Server::new(config, FIRST_TOKEN, now),
-            outputs: OutputQueues::default(),
-            now,
-            nonce: 0,
-        }
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now = self.now.saturating_add(by);
-        self.server.handle_timeout(self.now);
-    }
-
-    fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
-        let mut out = Vec::new();
-        let state = self.server.poll_transmit(conn, &mut out);
-        self.server.handle_flushed(self.now, conn);
-        (out, state)
-    }
-
-    /// Opens a connection from `from` and returns it with its hello.
-    fn open(&mut self, from: IpAddr) -> (ConnId, Vec<u8>) {
-        self.nonce = self.nonce.wrapping_add(1);
-        let conn = self
-            .server
-            .handle_connect(self.now, [self.nonce; 16], from)
-            .expect("connection accepted");
-        let (hello, state) = self.take(conn);
-        assert_eq!(state, ConnState::Open);
-        (conn, hello)
-    }
-
-    /// Sends the proof for `token` on a connection opened by [`Harness::open`]
-    /// and returns the result byte(s) and state.
-    fn prove(&mut self, conn: ConnId, hello: &[u8], token: &[u8]) -> (Vec<u8>, ConnState) {
-        let mut client =
-            ClientHandshake::new(token, SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
-        assert_eq!(
-            client.handle_input(hello),
-            (hello.len(), ClientHandshakeStatus::SendProof)
-        );
-        self.server
-            .handle_input(self.now, conn, &client.proof().unwrap());
-        self.take(conn)
-    }
-
-    fn connect(&mut self, from: IpAddr) -> ConnId {
-        let (conn, hello) = self.open(from);
-        let (result, state) = self.prove(conn, &hello, b"");
-        assert_eq!((result, state), (vec![1], ConnState::Open));
-        conn
-    }
-
-    /// Sends `bytes` and decodes what comes back.
-    fn call(&mut self, conn: ConnId, bytes: &[u8]) -> (Vec<Reply>, ConnState) {
-        self.server.handle_input(self.now, conn, bytes);
-        let (out, state) = self.take(conn);
-        let mut replies = Vec::new();
-        let mut rest = &out[..];
-        while let Ok(Some((reply, used))) = Reply::decode(rest) {
-            replies.push(reply);
-            rest = &rest[used..];
-        }
-        (replies, state)
-    }
-
-    fn one(&mut self, conn: ConnId, bytes: &[u8]) -> Reply {
-        let (replies, state) = self.call(conn, bytes);
-        assert_eq!(state, ConnState::Open);
-        assert_eq!(replies.len(), 1, "{replies:?}");
-        replies[0]
-    }
-
-    fn state(&mut self, conn: ConnId) -> ConnState {
-        self.take(conn).1
-    }
-
-    fn logs(&mut self) -> Vec<LogEvent> {
-        self.outputs.logs(&mut self.server, self.now)
-    }
-
-    fn abuse(&mut self) -> Vec<(Option<IpAddr>, AbuseKind, u64)> {
-        self.logs()
-            .into_iter()
-            .filter_map(|event| match event {
-                LogEvent::Abuse {
-                    source,
-                    kind,
-                    count,
-                } => Some((source, kind, count)),
-                LogEvent::Closed { .. } | LogEvent::ForceReleased { .. } => None,
-            })
-            .collect()
-    }
+/// The net of these tests: the first token is [`FIRST_TOKEN`], each
+/// connection gets nonce bytes of its own, and replies are decoded up to
+/// the first frame that does not decode.
+fn net(config: ServerConfig) -> SingleNet {
+    SingleNet::with_first_token(config, FIRST_TOKEN)
+        .with_nonces(Nonces::Counting)
+        .with_reply_decoding(ReplyDecoding::Lenient)
 }
 
 #[test]
 fn a_full_handshake_budget_drops_the_oldest_unfinished_handshake() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         budget: budget(3, 3),
         ..ServerConfig::default()
     });
-    let (a, _) = h.open(source(1));
-    let (b, _) = h.open(source(2));
-    let (c, _) = h.open(source(3));
+    let (a, _) = h.open_from(source(1));
+    let (b, _) = h.open_from(source(2));
+    let (c, _) = h.open_from(source(3));
     h.logs();
-    let (d, _) = h.open(source(4));
+    let (d, _) = h.open_from(source(4));
     assert_eq!(h.state(a), ConnState::CloseAfterFlush, "the oldest goes");
     for conn in [b, c, d] {
         assert_eq!(h.state(conn), ConnState::Open);
@@ -201,7 +99,7 @@ fn a_full_handshake_budget_drops_the_oldest_unfinished_handshake() {
         h.abuse(),
         vec![(Some(source(1)), AbuseKind::HandshakeEvicted, 1)]
     );
-    let (e, _) = h.open(source(5));
+    let (e, _) = h.open_from(source(5));
     assert_eq!(
         h.state(b),
         ConnState::CloseAfterFlush,
@@ -213,14 +111,14 @@ fn a_full_handshake_budget_drops_the_oldest_unfinished_handshake() {
 
 #[test]
 fn a_source_over_its_cap_loses_its_own_oldest_handshake() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         budget: budget(10, 2),
         ..ServerConfig::default()
     });
-    let (other, _) = h.open(source(9));
-    let (a1, _) = h.open(source(1));
-    let (a2, _) = h.open(source(1));
-    let (a3, _) = h.open(source(1));
+    let (other, _) = h.open_from(source(9));
+    let (a1, _) = h.open_from(source(1));
+    let (a2, _) = h.open_from(source(1));
+    let (a3, _) = h.open_from(source(1));
     assert_eq!(h.state(a1), ConnState::CloseAfterFlush);
     assert_eq!(h.state(a2), ConnState::Open);
     assert_eq!(h.state(a3), ConnState::Open);
@@ -229,13 +127,13 @@ fn a_source_over_its_cap_loses_its_own_oldest_handshake() {
 
 #[test]
 fn a_finished_handshake_no_longer_counts_against_the_budget() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         budget: budget(2, 2),
         ..ServerConfig::default()
     });
-    let sessions: Vec<ConnId> = (0..5).map(|_| h.connect(source(1))).collect();
-    let (x, _) = h.open(source(1));
-    let (y, _) = h.open(source(1));
+    let sessions: Vec<ConnId> = (0..5).map(|_| h.connect_from(source(1))).collect();
+    let (x, _) = h.open_from(source(1));
+    let (y, _) = h.open_from(source(1));
     for conn in sessions.iter().copied().chain([x, y]) {
         assert_eq!(h.state(conn), ConnState::Open);
     }
@@ -245,19 +143,19 @@ fn a_finished_handshake_no_longer_counts_against_the_budget() {
 
 #[test]
 fn a_client_gets_in_while_idle_sockets_from_its_own_address_keep_arriving() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         connections_max: 200,
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         budget: BudgetConfig::for_connections_max(200),
         ..ServerConfig::default()
     });
     for _ in 0..300 {
-        h.open(source(1));
+        h.open_from(source(1));
     }
-    let (conn, hello) = h.open(source(1));
+    let (conn, hello) = h.open_from(source(1));
     // A few more idle ones arrive during the client's round trip.
     for _ in 0..5 {
-        h.open(source(1));
+        h.open_from(source(1));
     }
     let (result, state) = h.prove(conn, &hello, TOKEN_A.as_bytes());
     assert_eq!((result, state), (vec![1], ConnState::Open));
@@ -268,12 +166,12 @@ fn a_client_gets_in_while_idle_sockets_from_its_own_address_keep_arriving() {
 
 #[test]
 fn the_session_limit_refuses_new_connections_and_reports_them() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         connections_max: 1,
         budget: budget(8, 8),
         ..ServerConfig::default()
     });
-    h.connect(source(1));
+    h.connect_from(source(1));
     h.logs();
     for _ in 0..5 {
         assert_eq!(h.server.handle_connect(h.now, [0; 16], source(7)), None);
@@ -285,8 +183,8 @@ fn the_session_limit_refuses_new_connections_and_reports_them() {
 
 #[test]
 fn an_unfinished_handshake_times_out_after_three_seconds_by_default() {
-    let mut h = Harness::new(ServerConfig::default());
-    let (conn, _) = h.open(source(1));
+    let mut h = net(ServerConfig::default());
+    let (conn, _) = h.open_from(source(1));
     h.advance(Duration::from_millis(2_999));
     assert_eq!(h.state(conn), ConnState::Open);
     h.advance(Duration::from_millis(1));
@@ -300,13 +198,13 @@ fn an_unfinished_handshake_times_out_after_three_seconds_by_default() {
 
 #[test]
 fn failed_proofs_are_reported_once_per_source_per_interval_with_counts() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         budget: budget(64, 64),
         ..ServerConfig::default()
     });
-    let try_wrong = |h: &mut Harness, from: IpAddr| {
-        let (conn, hello) = h.open(from);
+    let try_wrong = |h: &mut SingleNet, from: IpAddr| {
+        let (conn, hello) = h.open_from(from);
         let (result, state) = h.prove(conn, &hello, b"wrong-token-wrong-token");
         assert_eq!((result, state), (vec![0], ConnState::CloseAfterFlush));
         h.server.handle_closed(h.now, conn);
@@ -373,12 +271,12 @@ fn failed_proofs_are_reported_once_per_source_per_interval_with_counts() {
 
 #[test]
 fn shutdown_reports_the_counts_not_yet_reported() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         connections_max: 1,
         budget: budget(8, 8),
         ..ServerConfig::default()
     });
-    h.connect(source(1));
+    h.connect_from(source(1));
     for _ in 0..3 {
         assert_eq!(h.server.handle_connect(h.now, [0; 16], source(7)), None);
     }
@@ -389,13 +287,13 @@ fn shutdown_reports_the_counts_not_yet_reported() {
 
 #[test]
 fn every_close_reports_its_reason() {
-    let mut h = Harness::new(ServerConfig::default());
-    let conn = h.connect(source(3));
+    let mut h = net(ServerConfig::default());
+    let conn = h.connect_from(source(3));
     // A frame that cannot be parsed.
-    let (_, state) = h.call(conn, &[0xff; 8]);
+    let (_, state) = h.call_bytes(conn, &[0xff; 8]);
     assert_eq!(state, ConnState::CloseAfterFlush);
     h.server.handle_closed(h.now, conn);
-    let quiet = h.connect(source(3));
+    let quiet = h.connect_from(source(3));
     h.server.handle_closed(h.now, quiet);
     let closes: Vec<_> = h
         .logs()
@@ -430,29 +328,29 @@ fn held_cap(held_max: usize) -> ServerConfig {
 
 #[test]
 fn an_acquire_over_the_held_cap_is_busy_until_a_release_frees_keys() {
-    let mut h = Harness::new(held_cap(3));
-    let conn = h.connect(source(1));
-    let set = h.one(conn, &acquire(1, &["a", "b"], 0, 60));
-    let single = h.one(conn, &acquire(2, &["c"], 0, 60));
+    let mut h = net(held_cap(3));
+    let conn = h.connect_from(source(1));
+    let set = h.one_reply(conn, &acquire(1, &["a", "b"], 0, 60));
+    let single = h.one_reply(conn, &acquire(2, &["c"], 0, 60));
     assert_eq!(h.server.held_keys(conn), 3);
     assert_eq!(
-        h.one(conn, &acquire(3, &["d"], 0, 60)),
+        h.one_reply(conn, &acquire(3, &["d"], 0, 60)),
         Reply::Busy { rid: 3 }
     );
     assert_eq!(
-        h.one(conn, &release(4, &["a", "b"], token_of(&set))),
+        h.one_reply(conn, &release(4, &["a", "b"], token_of(&set))),
         Reply::ReleasedSet { rid: 4 }
     );
     assert_eq!(h.server.held_keys(conn), 1);
     assert!(matches!(
-        h.one(conn, &acquire(5, &["d"], 0, 60)),
+        h.one_reply(conn, &acquire(5, &["d"], 0, 60)),
         Reply::Acquired { .. }
     ));
     // Another connection may release with the token: the holder's count
     // drops too.
-    let other = h.connect(source(2));
+    let other = h.connect_from(source(2));
     assert_eq!(
-        h.one(other, &release(6, &["c"], token_of(&single))),
+        h.one_reply(other, &release(6, &["c"], token_of(&single))),
         Reply::Released { rid: 6 }
     );
     assert_eq!(h.server.held_keys(conn), 1);
@@ -460,52 +358,52 @@ fn an_acquire_over_the_held_cap_is_busy_until_a_release_frees_keys() {
 
 #[test]
 fn expiry_frees_held_keys_from_the_cap() {
-    let mut h = Harness::new(held_cap(1));
-    let conn = h.connect(source(1));
+    let mut h = net(held_cap(1));
+    let conn = h.connect_from(source(1));
     assert!(matches!(
-        h.one(conn, &acquire(1, &["a"], 0, 2)),
+        h.one_reply(conn, &acquire(1, &["a"], 0, 2)),
         Reply::Acquired { .. }
     ));
     assert_eq!(
-        h.one(conn, &acquire(2, &["b"], 0, 2)),
+        h.one_reply(conn, &acquire(2, &["b"], 0, 2)),
         Reply::Busy { rid: 2 }
     );
     h.advance(Duration::from_millis(1_999));
     assert_eq!(
-        h.one(conn, &acquire(3, &["b"], 0, 2)),
+        h.one_reply(conn, &acquire(3, &["b"], 0, 2)),
         Reply::Busy { rid: 3 }
     );
     h.advance(Duration::from_millis(1));
     assert_eq!(h.server.held_keys(conn), 0);
     assert!(matches!(
-        h.one(conn, &acquire(4, &["b"], 0, 2)),
+        h.one_reply(conn, &acquire(4, &["b"], 0, 2)),
         Reply::Acquired { .. }
     ));
 }
 
 #[test]
 fn a_grant_handed_over_counts_for_the_receiving_connection() {
-    let mut h = Harness::new(held_cap(1));
-    let holder = h.connect(source(1));
-    let waiter = h.connect(source(2));
-    let token = token_of(&h.one(holder, &acquire(1, &["k"], 0, 60)));
-    let (replies, _) = h.call(waiter, &acquire(2, &["k"], 30, 60));
+    let mut h = net(held_cap(1));
+    let holder = h.connect_from(source(1));
+    let waiter = h.connect_from(source(2));
+    let token = token_of(&h.one_reply(holder, &acquire(1, &["k"], 0, 60)));
+    let (replies, _) = h.call_bytes(waiter, &acquire(2, &["k"], 30, 60));
     assert_eq!(replies, vec![], "queued");
     assert_eq!(h.server.held_keys(waiter), 0);
     assert_eq!(
-        h.one(holder, &release(3, &["k"], token)),
+        h.one_reply(holder, &release(3, &["k"], token)),
         Reply::Released { rid: 3 }
     );
-    let (replies, _) = h.call(waiter, &[]);
+    let (replies, _) = h.call_bytes(waiter, &[]);
     assert!(matches!(replies[..], [Reply::Acquired { rid: 2, .. }]));
     assert_eq!(h.server.held_keys(waiter), 1);
     assert_eq!(h.server.held_keys(holder), 0);
     assert_eq!(
-        h.one(waiter, &acquire(4, &["j"], 0, 60)),
+        h.one_reply(waiter, &acquire(4, &["j"], 0, 60)),
         Reply::Busy { rid: 4 }
     );
     assert!(matches!(
-        h.one(holder, &acquire(5, &["j"], 0, 60)),
+        h.one_reply(holder, &acquire(5, &["j"], 0, 60)),
         Reply::Acquired { .. }
     ));
 }
@@ -522,30 +420,30 @@ fn misses(max: u32) -> ServerConfig {
 
 #[test]
 fn a_run_of_release_misses_closes_the_connection_after_exactly_k() {
-    let mut h = Harness::new(misses(4));
-    let other = h.connect(source(1));
-    let victim = token_of(&h.one(other, &acquire(1, &["v"], 0, 60)));
-    let sweeper = h.connect(source(2));
-    let own = token_of(&h.one(sweeper, &acquire(2, &["own"], 0, 60)));
+    let mut h = net(misses(4));
+    let other = h.connect_from(source(1));
+    let victim = token_of(&h.one_reply(other, &acquire(1, &["v"], 0, 60)));
+    let sweeper = h.connect_from(source(2));
+    let own = token_of(&h.one_reply(sweeper, &acquire(2, &["own"], 0, 60)));
     for rid in 10..13 {
         assert_eq!(
-            h.one(sweeper, &release(rid, &["v"], victim - 1 - rid)),
+            h.one_reply(sweeper, &release(rid, &["v"], victim - 1 - rid)),
             Reply::NotFound { rid }
         );
     }
     // A hit resets the run.
     assert_eq!(
-        h.one(sweeper, &release(13, &["own"], own)),
+        h.one_reply(sweeper, &release(13, &["own"], own)),
         Reply::Released { rid: 13 }
     );
     for rid in 20..23 {
         assert_eq!(
-            h.one(sweeper, &release(rid, &["v"], victim + rid)),
+            h.one_reply(sweeper, &release(rid, &["v"], victim + rid)),
             Reply::NotFound { rid }
         );
     }
     h.logs();
-    let (replies, state) = h.call(sweeper, &release(23, &["v"], victim + 99));
+    let (replies, state) = h.call_bytes(sweeper, &release(23, &["v"], victim + 99));
     assert_eq!(replies, vec![Reply::NotFound { rid: 23 }]);
     assert_eq!(state, ConnState::CloseAfterFlush);
     assert_eq!(
@@ -560,18 +458,18 @@ fn a_run_of_release_misses_closes_the_connection_after_exactly_k() {
     }));
     // The victim's lock is untouched.
     assert_eq!(
-        h.one(other, &release(30, &["v"], victim)),
+        h.one_reply(other, &release(30, &["v"], victim)),
         Reply::Released { rid: 30 }
     );
 }
 
 #[test]
 fn zero_turns_the_release_miss_limit_off() {
-    let mut h = Harness::new(misses(0));
-    let conn = h.connect(source(1));
+    let mut h = net(misses(0));
+    let conn = h.connect_from(source(1));
     for rid in 1..=200 {
         assert_eq!(
-            h.one(conn, &release(rid, &["k"], rid + 1)),
+            h.one_reply(conn, &release(rid, &["k"], rid + 1)),
             Reply::NotFound { rid }
         );
     }

@@ -4,9 +4,6 @@
 //! release operations; routing; backoff; parameter validation. Time is
 //! injected and jumped; nothing sleeps.
 
-/// The source address of every test connection.
-const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
@@ -14,14 +11,13 @@ use ticketing_core::client::{
     Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS, ReleaseOperation, ReleaseOutcome,
     ReleaseQueue, ReleaseStep, Router, Session, SessionConfig, SessionEvent, lease_covers,
 };
-use ticketing_core::machine::Machine;
-use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
+use ticketing_core::server::ServerConfig;
+use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     Decoded, ErrorCode, NO_LEADER_SLOT, Reply, ReplyError, Request, RequestDecoder,
 };
 
-const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
 const CLUSTER_ID: [u8; 32] = [7; 32];
 
@@ -69,105 +65,8 @@ fn decode_requests(bytes: &[u8]) -> Vec<Request> {
 // A session against the real server
 // ---------------------------------------------------------------------------
 
-/// One server and any number of client sessions, bytes moved by hand.
-struct Live {
-    server: Server,
-    now: Instant,
-    links: Vec<(ConnId, Session)>,
-}
-
-impl Live {
-    fn new(config: ServerConfig) -> Self {
-        let now = Instant::from_millis(1_000);
-        Live {
-            server: Server::new(config, FIRST_TOKEN, now),
-            now,
-            links: Vec::new(),
-        }
-    }
-
-    /// Opens a connection with `config` and runs the handshake to the end.
-    fn connect(&mut self, config: SessionConfig) -> usize {
-        let conn = self
-            .server
-            .handle_connect(self.now, [0x5a; 16], LOOPBACK)
-            .expect("connection accepted");
-        self.links.push((conn, Session::new(self.now, config)));
-        let index = self.links.len() - 1;
-        self.pump();
-        index
-    }
-
-    fn session(&mut self, index: usize) -> &mut Session {
-        &mut self.links[index].1
-    }
-
-    /// Moves bytes both ways until neither side has anything to say.
-    fn pump(&mut self) {
-        loop {
-            let mut moved = false;
-            for (conn, session) in &mut self.links {
-                let mut up = Vec::new();
-                session.poll_transmit(self.now, &mut up);
-                if !up.is_empty() {
-                    moved = true;
-                    self.server.handle_input(self.now, *conn, &up);
-                }
-            }
-            // The pump serves every link after each round; outputs are
-            // not looked at.
-            while self.server.poll_output(self.now).is_some() {}
-            for (conn, session) in &mut self.links {
-                let mut down = Vec::new();
-                let state = self.server.poll_transmit(*conn, &mut down);
-                self.server.handle_flushed(self.now, *conn);
-                if !down.is_empty() {
-                    moved = true;
-                    session.handle_input(self.now, &down);
-                }
-                if state == ConnState::CloseAfterFlush {
-                    session.handle_transport_closed(self.now);
-                    self.server.handle_closed(self.now, *conn);
-                }
-            }
-            if !moved {
-                return;
-            }
-        }
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now = self.now.saturating_add(by);
-        self.server.handle_timeout(self.now);
-        for (_, session) in &mut self.links {
-            session.handle_timeout(self.now);
-        }
-        self.pump();
-    }
-
-    fn acquire(&mut self, index: usize, keys: KeySet, wait_s: u64, lease_s: u64) -> u64 {
-        let now = self.now;
-        let params = params(secs(wait_s), secs(lease_s), Duration::ZERO);
-        let deadline = params.operation_deadline(now);
-        let rid = self
-            .session(index)
-            .submit_acquire(now, keys, &params, deadline)
-            .unwrap();
-        self.pump();
-        rid
-    }
-
-    fn release(&mut self, index: usize, keys: KeySet, token: u64) -> u64 {
-        let now = self.now;
-        let deadline = ReleaseOperation::new(now, keys.clone(), token).attempt_deadline(now);
-        let rid = self
-            .session(index)
-            .submit_release(now, keys, token, deadline)
-            .unwrap();
-        self.pump();
-        rid
-    }
-}
+// Sessions on `SingleNet` links: the net's server, one connection each,
+// bytes pumped both ways until quiet after every step.
 
 fn granted(events: &[SessionEvent], rid: u64) -> Grant {
     match events {
@@ -183,13 +82,13 @@ fn granted(events: &[SessionEvent], rid: u64) -> Grant {
 
 #[test]
 fn handshake_with_a_real_server_then_acquire_and_release() {
-    let mut live = Live::new(ServerConfig::default());
-    let a = live.connect(SessionConfig::single(b""));
+    let mut live = SingleNet::new(ServerConfig::default());
+    let a = live.connect_session(SessionConfig::single(b""));
     assert_eq!(drain(live.session(a)), [SessionEvent::Ready]);
     assert!(live.session(a).is_ready());
 
     let sent_at = live.now;
-    let rid = live.acquire(a, key("door"), 0, 30);
+    let rid = live.acquire_on(a, key("door"), 0, 30);
     assert_eq!(rid, 1, "rids count up from 1 per connection");
     let grant = granted(&drain(live.session(a)), rid);
     assert_eq!(grant.token, FIRST_TOKEN);
@@ -197,15 +96,15 @@ fn handshake_with_a_real_server_then_acquire_and_release() {
     assert_eq!(grant.valid_before, sent_at.saturating_add(secs(30)));
 
     // Held: an immediate try is answered T at once.
-    let busy = live.acquire(a, key("door"), 0, 30);
+    let busy = live.acquire_on(a, key("door"), 0, 30);
     assert_eq!(drain(live.session(a)), [outcome(busy, Outcome::Timeout)]);
 
-    let released = live.release(a, key("door"), grant.token);
+    let released = live.release_on(a, key("door"), grant.token);
     assert_eq!(
         drain(live.session(a)),
         [outcome(released, Outcome::Released)]
     );
-    let again = live.release(a, key("door"), grant.token);
+    let again = live.release_on(a, key("door"), grant.token);
     assert_eq!(drain(live.session(a)), [outcome(again, Outcome::NotFound)]);
     assert_eq!((busy, released, again), (2, 3, 4));
     assert_eq!(live.session(a).pending_len(), 0);
@@ -215,18 +114,18 @@ fn handshake_with_a_real_server_then_acquire_and_release() {
 
 #[test]
 fn key_sets_travel_as_s_and_g_and_a_deduplicated_set_as_a() {
-    let mut live = Live::new(ServerConfig::default());
-    let a = live.connect(SessionConfig::single(b""));
+    let mut live = SingleNet::new(ServerConfig::default());
+    let a = live.connect_session(SessionConfig::single(b""));
     drain(live.session(a));
 
     let set = KeySet::new(&["b", "a", "c", "a"]).unwrap();
     assert!(set.is_set());
-    let rid = live.acquire(a, set.clone(), 0, 10);
+    let rid = live.acquire_on(a, set.clone(), 0, 10);
     let grant = granted(&drain(live.session(a)), rid);
     // One of the set's keys is now held: a single-key try on it fails.
-    let probe = live.acquire(a, key("c"), 0, 10);
+    let probe = live.acquire_on(a, key("c"), 0, 10);
     assert_eq!(drain(live.session(a)), [outcome(probe, Outcome::Timeout)]);
-    let released = live.release(a, set, grant.token);
+    let released = live.release_on(a, set, grant.token);
     assert_eq!(
         drain(live.session(a)),
         [outcome(released, Outcome::Released)]
@@ -249,7 +148,7 @@ fn key_sets_travel_as_s_and_g_and_a_deduplicated_set_as_a() {
 
 #[test]
 fn a_waiter_on_the_second_connection_is_granted_when_the_first_releases() {
-    let mut live = Live::new(ServerConfig::default());
+    let mut live = SingleNet::new(ServerConfig::default());
     // One address: two connections, as the broker keeps them.
     let endpoints = BrokerConfig {
         allow_loopback_no_auth: true,
@@ -257,17 +156,17 @@ fn a_waiter_on_the_second_connection_is_granted_when_the_first_releases() {
     }
     .endpoints()
     .unwrap();
-    let a = live.connect(endpoints[0].session.clone());
-    let b = live.connect(endpoints[1].session.clone());
+    let a = live.connect_session(endpoints[0].session.clone());
+    let b = live.connect_session(endpoints[1].session.clone());
     drain(live.session(a));
     drain(live.session(b));
 
-    let first = live.acquire(a, key("k"), 0, 30);
+    let first = live.acquire_on(a, key("k"), 0, 30);
     let grant = granted(&drain(live.session(a)), first);
-    let waiter = live.acquire(b, key("k"), 10, 30);
+    let waiter = live.acquire_on(b, key("k"), 10, 30);
     assert!(drain(live.session(b)).is_empty(), "queued on the server");
     live.advance(secs(2));
-    let released = live.release(a, key("k"), grant.token);
+    let released = live.release_on(a, key("k"), grant.token);
     assert_eq!(
         drain(live.session(a)),
         [outcome(released, Outcome::Released)]
@@ -278,12 +177,12 @@ fn a_waiter_on_the_second_connection_is_granted_when_the_first_releases() {
 
 #[test]
 fn server_timeout_of_a_queued_acquire_comes_before_the_local_deadline() {
-    let mut live = Live::new(ServerConfig::default());
-    let a = live.connect(SessionConfig::single(b""));
+    let mut live = SingleNet::new(ServerConfig::default());
+    let a = live.connect_session(SessionConfig::single(b""));
     drain(live.session(a));
-    let held = live.acquire(a, key("k"), 0, 30);
+    let held = live.acquire_on(a, key("k"), 0, 30);
     granted(&drain(live.session(a)), held);
-    let waiter = live.acquire(a, key("k"), 1, 30);
+    let waiter = live.acquire_on(a, key("k"), 1, 30);
     live.advance(ms(899));
     assert!(drain(live.session(a)).is_empty());
     // The server answers T 100 ms before the wait ends; the session stays.
@@ -298,10 +197,10 @@ fn a_wrong_token_is_an_auth_failure_and_the_router_reports_auth() {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         ..ServerConfig::default()
     };
-    let mut live = Live::new(config);
-    let good = live.connect(SessionConfig::single(TOKEN_A.as_bytes()));
+    let mut live = SingleNet::new(config);
+    let good = live.connect_session(SessionConfig::single(TOKEN_A.as_bytes()));
     assert_eq!(drain(live.session(good)), [SessionEvent::Ready]);
-    let bad = live.connect(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
+    let bad = live.connect_session(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
     let events = drain(live.session(bad));
     assert_eq!(events, [SessionEvent::Closed(CloseReason::AuthRejected)]);
     assert!(live.session(bad).is_closed());
@@ -2175,8 +2074,8 @@ fn an_ended_session_sets_the_backoff_unless_authentication_failed() {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         ..ServerConfig::default()
     };
-    let mut live = Live::new(config);
-    let bad = live.connect(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
+    let mut live = SingleNet::new(config);
+    let bad = live.connect_session(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
     drain(live.session(bad));
     assert_eq!(backoff.after_ended(Some(live.session(bad))), None);
 }

@@ -3,26 +3,21 @@
 //! API's access rule (`ticketing_core::admin`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use ticketing_core::testing::outputs::OutputQueues;
+use ticketing_core::testing::net::{Nonces, SingleNet, acquire, release};
 
 use ticketing_core::admin::{
     AdminAccess, AdminEndpoint, AdminRefusal, AdminRefusals, AdminTokens, admin_access,
     host_allowed,
 };
-use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::budget::LogEvent;
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX,
-    LISTING_SLOTS_PER_CALL_MAX, ListingCursor, LockView, WAITERS_PER_LISTED_LOCK_MAX,
+    ConnView, ForceReleaseOutcome, LISTING_LIMIT_MAX, LISTING_SLOTS_PER_CALL_MAX, ListingCursor,
+    LockView, WAITERS_PER_LISTED_LOCK_MAX,
 };
 use ticketing_core::machine::Machine;
-use ticketing_core::server::{ConnId, Dialect, Server, ServerConfig};
-use ticketing_core::time::Instant;
-use ticketing_core::wire::{
-    AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
-};
-
-const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
+use ticketing_core::server::{ConnId, Dialect, Server};
+use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::{Key, Reply};
 
 fn source(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
@@ -32,139 +27,9 @@ fn key(name: &str) -> Key {
     Key::new(name.as_bytes()).unwrap()
 }
 
-fn keys(names: &[&str]) -> KeyGroup {
-    KeyGroup::new(names.iter().map(|name| key(name)).collect()).unwrap()
-}
-
-fn acquire(rid: u64, names: &[&str], wait_s: u8, lease_s: u8) -> Request {
-    Request::Acquire(AcquireRequest {
-        rid,
-        wait_s,
-        lease_s,
-        keys: keys(names),
-        set: names.len() > 1,
-    })
-}
-
-fn release(rid: u64, names: &[&str], token: u64) -> Request {
-    Request::Release(ReleaseRequest {
-        rid,
-        token,
-        keys: keys(names),
-        set: names.len() > 1,
-    })
-}
-
-struct Harness {
-    server: Server,
-    now: Instant,
-    /// What the server emitted and the test has not looked at yet.
-    outputs: OutputQueues,
-    next_admin_id: u64,
-}
-
-impl Harness {
-    fn new() -> Self {
-        let now = Instant::from_millis(1_000);
-        Harness {
-            server: Server::new(ServerConfig::default(), FIRST_TOKEN, now),
-            outputs: OutputQueues::default(),
-            now,
-            next_admin_id: 0,
-        }
-    }
-
-    fn advance_ms(&mut self, ms: u64) {
-        self.now = Instant::from_micros(self.now.as_micros() + ms * 1_000);
-        self.server.handle_timeout(self.now);
-    }
-
-    fn take(&mut self, conn: ConnId) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.server.poll_transmit(conn, &mut out);
-        self.server.handle_flushed(self.now, conn);
-        out
-    }
-
-    fn connect_from(&mut self, from: IpAddr) -> ConnId {
-        let conn = self.server.handle_connect(self.now, [7; 16], from).unwrap();
-        let hello = self.take(conn);
-        let mut client =
-            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
-        client.handle_input(&hello);
-        self.server
-            .handle_input(self.now, conn, &client.proof().unwrap());
-        let result = self.take(conn);
-        assert_eq!(
-            client.handle_input(&result).1,
-            ClientHandshakeStatus::Accepted
-        );
-        conn
-    }
-
-    fn send(&mut self, conn: ConnId, request: Request) {
-        let mut bytes = Vec::new();
-        request.encode(&mut bytes);
-        self.server.handle_input(self.now, conn, &bytes);
-    }
-
-    fn replies(&mut self, conn: ConnId) -> Vec<Reply> {
-        let bytes = self.take(conn);
-        let mut rest = &bytes[..];
-        let mut replies = Vec::new();
-        while !rest.is_empty() {
-            let (reply, used) = Reply::decode(rest).unwrap().unwrap();
-            replies.push(reply);
-            rest = &rest[used..];
-        }
-        replies
-    }
-
-    fn token(&mut self, conn: ConnId) -> u64 {
-        match self.replies(conn).as_slice() {
-            [Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. }] => *token,
-            other => panic!("expected one grant, got {other:?}"),
-        }
-    }
-
-    /// A connection from `from` that holds `names` (lease `lease_s`).
-    fn holder(&mut self, from: IpAddr, names: &[&str], lease_s: u8) -> (ConnId, u64) {
-        let conn = self.connect_from(from);
-        self.send(conn, acquire(1, names, 0, lease_s));
-        let token = self.token(conn);
-        (conn, token)
-    }
-
-    /// A connection from `from` queued on `names` (wait `wait_s`).
-    fn waiter(&mut self, from: IpAddr, names: &[&str], wait_s: u8) -> ConnId {
-        let conn = self.connect_from(from);
-        self.send(conn, acquire(1, names, wait_s, 30));
-        assert_eq!(self.replies(conn), vec![], "queued, no reply yet");
-        conn
-    }
-
-    fn force_release(&mut self, name: &str, token: Option<u64>) -> ForceReleaseOutcome {
-        self.next_admin_id += 1;
-        let id = AdminRequestId(self.next_admin_id);
-        let req = ForceRelease {
-            key: key(name),
-            token,
-        };
-        self.server.handle_force_release(self.now, id, req);
-        let (answered, outcome) = self
-            .outputs
-            .admin_reply(&mut self.server, self.now)
-            .expect("answered at once");
-        assert_eq!(answered, id);
-        assert_eq!(self.outputs.admin_reply(&mut self.server, self.now), None);
-        outcome
-    }
-
-    fn show(&self, name: &str) -> LockView {
-        self.server
-            .inspect_lock(self.now, &key(name))
-            .expect("visible")
-    }
+/// The net of these tests: every connection gets the nonce `[7; 16]`.
+fn net() -> SingleNet {
+    SingleNet::default().with_nonces(Nonces::Fixed([7; 16]))
 }
 
 fn v3(conn: ConnId, from: IpAddr) -> Option<ConnView> {
@@ -178,13 +43,13 @@ fn v3(conn: ConnId, from: IpAddr) -> Option<ConnView> {
 
 #[test]
 fn inspection_lists_the_holder_and_waiters_in_fifo_order_with_ages_after_a_clock_jump() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (holder, token) = h.holder(source(1), &["orders/42"], 30);
-    h.advance_ms(1_000);
+    h.advance(Duration::from_millis(1_000));
     let first = h.waiter(source(2), &["orders/42"], 20);
-    h.advance_ms(2_000);
+    h.advance(Duration::from_millis(2_000));
     let second = h.waiter(source(3), &["orders/42"], 10);
-    h.advance_ms(500);
+    h.advance(Duration::from_millis(500));
     let third = h.waiter(source(4), &["orders/42"], 60);
     // Jump the clock without feeding the server anything: ages are
     // computed at the `now` the inspection is asked for.
@@ -232,7 +97,7 @@ fn inspection_lists_the_holder_and_waiters_in_fifo_order_with_ages_after_a_clock
 
 #[test]
 fn a_set_shows_its_whole_group_on_every_key_and_in_a_listing() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (holder, token) = h.holder(source(1), &["a", "b", "c"], 20);
     let waiter = h.waiter(source(2), &["b", "d"], 10);
     for name in ["a", "b", "c"] {
@@ -289,16 +154,16 @@ fn sorted_names(locks: &[LockView]) -> Vec<String> {
 
 #[test]
 fn listing_by_prefix_pages_through_every_matching_key_once_each_page_ascending() {
-    let mut h = Harness::new();
+    let mut h = net();
     let conn = h.connect_from(source(1));
     // Acquired out of order, so hash order cannot pass for sorted order.
     for (rid, n) in [7u64, 3, 9, 1, 5, 2, 8, 4, 6, 0].into_iter().enumerate() {
         h.send(
             conn,
-            acquire(rid as u64 + 1, &[&format!("jobs/{n}")], 0, 30),
+            &acquire(rid as u64 + 1, &[&format!("jobs/{n}")], 0, 30),
         );
     }
-    h.send(conn, acquire(100, &["other/1"], 0, 30));
+    h.send(conn, &acquire(100, &["other/1"], 0, 30));
     assert_eq!(h.replies(conn).len(), 11);
     let expected: Vec<String> = (0..10).map(|n| format!("jobs/{n}")).collect();
 
@@ -333,7 +198,7 @@ fn listing_by_prefix_pages_through_every_matching_key_once_each_page_ascending()
     for n in 0..=LISTING_LIMIT_MAX {
         h.send(
             conn,
-            acquire(1_000 + n as u64, &[&format!("many/{n:05}")], 0, 30),
+            &acquire(1_000 + n as u64, &[&format!("many/{n:05}")], 0, 30),
         );
     }
     assert_eq!(h.replies(conn).len(), LISTING_LIMIT_MAX + 1);
@@ -348,14 +213,14 @@ fn listing_by_prefix_pages_through_every_matching_key_once_each_page_ascending()
 
 #[test]
 fn a_prefix_that_matches_nothing_in_a_large_table_costs_many_bounded_calls_not_one_walk() {
-    let mut h = Harness::new();
+    let mut h = net();
     // Spread over connections: each may hold 16,384 keys.
     let held = 100_000u64;
     let conns: Vec<ConnId> = (0..8).map(|_| h.connect_from(source(1))).collect();
     for n in 0..held {
         let conn = conns[(n % 8) as usize];
-        h.send(conn, acquire(n + 1, &[&format!("k/{n}")], 0, 250));
-        h.token(conn);
+        h.send(conn, &acquire(n + 1, &[&format!("k/{n}")], 0, 250));
+        h.granted_token(conn);
     }
     let first = h
         .server
@@ -385,7 +250,7 @@ fn a_prefix_that_matches_nothing_in_a_large_table_costs_many_bounded_calls_not_o
 
 #[test]
 fn listing_cursors_parse_only_what_they_print() {
-    let page = Harness::new()
+    let page = net()
         .server
         .inspect_locks(Instant::ZERO, b"", 1, ListingCursor::START);
     assert_eq!(page.next, None, "an empty table ends at once");
@@ -412,11 +277,11 @@ fn listing_cursors_parse_only_what_they_print() {
 #[test]
 fn force_release_of_a_held_key_with_waiters_hands_over_with_a_larger_token_and_fences_the_old_one()
 {
-    let mut h = Harness::new();
+    let mut h = net();
     let (holder, token) = h.holder(source(1), &["orders/42"], 30);
     let front = h.waiter(source(2), &["orders/42"], 20);
     let behind = h.waiter(source(3), &["orders/42"], 20);
-    h.advance_ms(250);
+    h.advance(Duration::from_millis(250));
 
     let outcome = h.force_release("orders/42", None);
     let ForceReleaseOutcome::Released {
@@ -429,7 +294,7 @@ fn force_release_of_a_held_key_with_waiters_hands_over_with_a_larger_token_and_f
     };
     assert_eq!(revoked, token);
     assert_eq!(released, vec![key("orders/42")]);
-    let new_token = h.token(front);
+    let new_token = h.granted_token(front);
     assert_eq!(handed_to, Some(new_token));
     assert!(new_token > token, "{new_token} must exceed {token}");
     assert_eq!(h.replies(behind), vec![], "the second waiter still waits");
@@ -438,24 +303,24 @@ fn force_release_of_a_held_key_with_waiters_hands_over_with_a_larger_token_and_f
     assert_eq!(view.waiters_total, 1);
 
     // The old holder's release is `N`, and changes nothing.
-    h.send(holder, release(2, &["orders/42"], token));
+    h.send(holder, &release(2, &["orders/42"], token));
     assert_eq!(h.replies(holder), vec![Reply::NotFound { rid: 2 }]);
     assert_eq!(h.show("orders/42").holder.unwrap().token, new_token);
 
     // The new holder releases normally; the next waiter gets a larger token.
-    h.send(front, release(2, &["orders/42"], new_token));
+    h.send(front, &release(2, &["orders/42"], new_token));
     assert_eq!(h.replies(front), vec![Reply::Released { rid: 2 }]);
-    assert!(h.token(behind) > new_token);
+    assert!(h.granted_token(behind) > new_token);
 }
 
 #[test]
 fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (_, _) = h.holder(source(1), &["busy"], 30);
     let mut queued = Vec::new();
     for n in 0..WAITERS_PER_LISTED_LOCK_MAX + 5 {
         queued.push(h.waiter(source(2), &["busy"], 20));
-        h.advance_ms(n as u64 + 1);
+        h.advance(Duration::from_millis(n as u64 + 1));
     }
     let listing = h.server.inspect_locks(h.now, b"", 10, ListingCursor::START);
     let lock = &listing.locks[0];
@@ -475,7 +340,7 @@ fn a_listing_lists_only_the_front_of_long_queues_and_counts_the_rest() {
 
 #[test]
 fn force_release_with_the_right_token_releases_and_with_another_is_a_mismatch() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (_, token) = h.holder(source(1), &["k"], 30);
     assert_eq!(
         h.force_release("k", Some(token + 1)),
@@ -505,12 +370,12 @@ fn force_release_with_the_right_token_releases_and_with_another_is_a_mismatch() 
 
 #[test]
 fn force_release_of_a_set_releases_it_whole() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (holder, token) = h.holder(source(1), &["x", "y"], 30);
     let waiter = h.waiter(source(2), &["y"], 10);
     assert_eq!(h.server.held_keys(holder), 2);
     let outcome = h.force_release("x", None);
-    let new_token = h.token(waiter);
+    let new_token = h.granted_token(waiter);
     // The revoked grant no longer counts against its holder's cap; the
     // handed-over key counts for the waiter.
     assert_eq!(h.server.held_keys(holder), 0);
@@ -527,19 +392,19 @@ fn force_release_of_a_set_releases_it_whole() {
     assert!(new_token > token);
     assert_eq!(h.server.inspect_lock(h.now, &key("x")), None);
     assert_eq!(h.show("y").holder.unwrap().token, new_token);
-    h.send(holder, release(2, &["x", "y"], token));
+    h.send(holder, &release(2, &["x", "y"], token));
     assert_eq!(h.replies(holder), vec![Reply::NotFound { rid: 2 }]);
 }
 
 #[test]
 fn force_release_is_counted_and_reported_as_a_log_event() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (_, token) = h.holder(source(1), &["k"], 30);
     let waiter = h.waiter(source(2), &["k"], 10);
     h.outputs.logs(&mut h.server, h.now);
     let before = h.server.metrics().lock;
     h.force_release("k", None);
-    let new_token = h.token(waiter);
+    let new_token = h.granted_token(waiter);
     let after = h.server.metrics().lock;
     assert_eq!(after.force_releases, before.force_releases + 1);
     assert_eq!(after.releases, before.releases + 1, "it is a release");
@@ -723,15 +588,15 @@ fn admin_tokens_shorter_than_sixteen_bytes_are_refused_by_position() {
 
 #[test]
 fn a_set_that_ended_leaves_no_group_behind_for_the_next_grants_on_its_keys() {
-    let mut h = Harness::new();
+    let mut h = net();
     let (holder, token) = h.holder(source(1), &["a", "b"], 1);
-    h.send(holder, release(2, &["a", "b"], token));
+    h.send(holder, &release(2, &["a", "b"], token));
     assert_eq!(h.replies(holder).len(), 1);
     let (_, set) = h.holder(source(1), &["b", "c"], 1);
     assert_eq!(h.show("c").holder.unwrap().keys, vec![key("b"), key("c")]);
     // The set's lease runs out; the keys are granted again, one alone and
     // one in a new set.
-    h.advance_ms(1_500);
+    h.advance(Duration::from_millis(1_500));
     let (_, alone) = h.holder(source(2), &["b"], 30);
     let (_, pair) = h.holder(source(2), &["c", "d"], 30);
     assert!(alone > set && pair > alone);

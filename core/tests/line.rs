@@ -3,9 +3,7 @@
 //! handshake, every request and reply rule. Time is injected; nothing
 //! sleeps.
 
-use ticketing_core::auth::{
-    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
-};
+use ticketing_core::auth::{ClientHandshake, ClientTokens, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::budget::{AbuseKind, LogEvent};
 use ticketing_core::line::{
     LINE_ANSWER_CHARS, LINE_END_BYTES, LINE_NONCE_ALPHABET_LEN, LineDecoded, LineDecoder,
@@ -13,13 +11,11 @@ use ticketing_core::line::{
     encode_line_release, is_line_end_byte, line_answer, line_nonce, shape_shared_nonce,
 };
 use ticketing_core::machine::Machine;
-use ticketing_core::server::{ConnId, ConnState, Dialect, Server, ServerConfig};
-use ticketing_core::testing::outputs::OutputQueues;
-use ticketing_core::time::{Duration, Instant};
+use ticketing_core::server::{ConnId, ConnState, Dialect, ServerConfig};
+use ticketing_core::testing::net::{FIRST_TOKEN, Nonces, SingleNet, line_answer_for};
+use ticketing_core::time::Duration;
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
 
-const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
 
 /// An owned line reply, for assertions.
@@ -109,118 +105,41 @@ fn release_frame(token: u64, key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The answer a line client sends for `hello` (28 bytes) and `token`.
-fn answer_for(hello: &[u8], token: &[u8]) -> Vec<u8> {
-    // A line client reads to the first LF and takes what follows the first
-    // space: exactly what the published clients do with our hello.
-    let lf = hello.iter().position(|&b| b == b'\n').unwrap();
-    let space = hello[..lf].iter().position(|&b| b == b' ').unwrap();
-    assert!(space > 0);
-    let mut answer = line_answer(token, &hello[space + 1..lf]).to_vec();
-    answer.push(b'\n');
-    answer
+/// The net of these tests with `config`: each connection gets nonce bytes
+/// of its own, with an LF among them that the shared hello must map away.
+fn net_with(config: ServerConfig) -> SingleNet {
+    SingleNet::new(config).with_nonces(Nonces::CountingWithLineEnd)
 }
 
-struct Harness {
-    server: Server,
-    now: Instant,
-    /// What the server emitted and the test has not looked at yet.
-    outputs: OutputQueues,
-    nonce: u8,
+/// [`net_with`] the default configuration.
+fn net() -> SingleNet {
+    net_with(ServerConfig::default())
 }
 
-impl Harness {
-    fn new(config: ServerConfig) -> Self {
-        let now = Instant::from_millis(1_000);
-        Harness {
-            server: Server::new(config, FIRST_TOKEN, now),
-            outputs: OutputQueues::default(),
-            now,
-            nonce: 0,
-        }
-    }
+/// What the net takes for a line connection, as the owned replies of this
+/// file.
+trait LineReplies {
+    /// Takes what the server has for `conn` (flushed) as line replies.
+    fn lines(&mut self, conn: ConnId) -> Vec<Line>;
+    /// Sends `bytes` on `conn` and takes the line replies.
+    fn call_line(&mut self, conn: ConnId, bytes: &[u8]) -> Vec<Line>;
+    /// Acquires `key` for `owner` on `conn` (wait 5 s, lease 30 s), which
+    /// must be granted at once; the token.
+    fn grant(&mut self, conn: ConnId, owner: u64, key: &str) -> u64;
+}
 
-    fn default() -> Self {
-        Harness::new(ServerConfig::default())
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now = self.now.saturating_add(by);
-        self.server.handle_timeout(self.now);
-    }
-
-    fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
-        let mut out = Vec::new();
-        let state = self.server.poll_transmit(conn, &mut out);
-        self.server.handle_flushed(self.now, conn);
-        (out, state)
-    }
-
-    fn open(&mut self) -> (ConnId, Vec<u8>) {
-        self.nonce = self.nonce.wrapping_add(1);
-        // 0x0A in the CSPRNG bytes must not reach the line client's view.
-        let mut nonce = [self.nonce; 16];
-        nonce[5] = b'\n';
-        let conn = self
-            .server
-            .handle_connect(self.now, nonce, LOOPBACK)
-            .unwrap();
-        let (hello, state) = self.take(conn);
-        assert_eq!(state, ConnState::Open);
-        assert_eq!(hello.len(), 28);
-        (conn, hello)
-    }
-
-    /// A line session with `token`; the handshake gets no reply at all.
-    fn line_with(&mut self, token: &[u8]) -> ConnId {
-        let (conn, hello) = self.open();
-        self.server
-            .handle_input(self.now, conn, &answer_for(&hello, token));
-        let (bytes, state) = self.take(conn);
-        assert_eq!(state, ConnState::Open);
-        assert!(bytes.is_empty(), "no result byte for a line client");
-        assert_eq!(self.server.dialect(conn), Some(Dialect::Line));
-        conn
-    }
-
-    fn line(&mut self) -> ConnId {
-        self.line_with(b"")
-    }
-
-    fn v3(&mut self) -> ConnId {
-        let (conn, hello) = self.open();
-        let mut client =
-            ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
-        assert_eq!(
-            client.handle_input(&hello).1,
-            ClientHandshakeStatus::SendProof
-        );
-        self.server
-            .handle_input(self.now, conn, &client.proof().unwrap());
-        let (result, _) = self.take(conn);
-        assert_eq!(
-            client.handle_input(&result).1,
-            ClientHandshakeStatus::Accepted
-        );
-        assert_eq!(self.server.dialect(conn), Some(Dialect::V3));
-        conn
-    }
-
-    fn send(&mut self, conn: ConnId, bytes: &[u8]) {
-        self.server.handle_input(self.now, conn, bytes);
-    }
-
+impl LineReplies for SingleNet {
     fn lines(&mut self, conn: ConnId) -> Vec<Line> {
         decode_lines(&self.take(conn).0)
     }
 
-    fn call(&mut self, conn: ConnId, bytes: &[u8]) -> Vec<Line> {
-        self.send(conn, bytes);
+    fn call_line(&mut self, conn: ConnId, bytes: &[u8]) -> Vec<Line> {
+        self.send_bytes(conn, bytes);
         self.lines(conn)
     }
 
     fn grant(&mut self, conn: ConnId, owner: u64, key: &str) -> u64 {
-        match self.call(conn, &acquire_frame(5, 30, owner, key.as_bytes()))[..] {
+        match self.call_line(conn, &acquire_frame(5, 30, owner, key.as_bytes()))[..] {
             [
                 Line::A {
                     token, owner: o, ..
@@ -350,7 +269,7 @@ fn the_shared_hello_is_one_line_for_a_line_client_over_many_seeds() {
     // Python's str.splitlines does on the bytes decoded as Latin-1), the
     // first line ends at the hello's last byte, and the first space is at
     // the nonce, so a line client's challenge is bytes 1..15 of the nonce.
-    let mut h = Harness::default();
+    let mut h = net();
     for _ in 0..300 {
         let (_, hello) = h.open();
         assert_eq!(hello.iter().position(|&b| is_line_end_byte(b)), Some(27));
@@ -387,9 +306,9 @@ fn the_line_answer_matches_both_published_vectors() {
 
 #[test]
 fn a_v3_proof_makes_a_v3_session_and_a_line_answer_a_line_session() {
-    let mut h = Harness::default();
-    let v3 = h.v3();
-    let line = h.line();
+    let mut h = net();
+    let v3 = h.connect();
+    let line = h.connect_line();
     assert_eq!(h.server.dialect(v3), Some(Dialect::V3));
     assert_eq!(h.server.dialect(line), Some(Dialect::Line));
     assert_eq!(h.server.stats().sessions, 2);
@@ -402,13 +321,13 @@ fn a_v3_proof_makes_a_v3_session_and_a_line_answer_a_line_session() {
 
 #[test]
 fn answers_split_across_many_reads_are_assembled_in_both_dialects() {
-    let mut h = Harness::default();
+    let mut h = net();
     // Line: the answer and a pipelined request, one byte per read.
     let (conn, hello) = h.open();
-    let mut bytes = answer_for(&hello, b"");
+    let mut bytes = line_answer_for(&hello, b"");
     bytes.extend(acquire_frame(1, 30, 0x0A0A_0A0A_0A0A_0A0A, b"k"));
     for byte in &bytes {
-        h.send(conn, std::slice::from_ref(byte));
+        h.send_bytes(conn, std::slice::from_ref(byte));
     }
     let lines = h.lines(conn);
     assert!(
@@ -421,7 +340,7 @@ fn answers_split_across_many_reads_are_assembled_in_both_dialects() {
         ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
     client.handle_input(&hello);
     for byte in client.proof().unwrap() {
-        h.send(conn, &[byte]);
+        h.send_bytes(conn, &[byte]);
     }
     assert_eq!(h.take(conn).0, vec![1]);
     assert_eq!(h.server.dialect(conn), Some(Dialect::V3));
@@ -429,9 +348,9 @@ fn answers_split_across_many_reads_are_assembled_in_both_dialects() {
 
 #[test]
 fn garbage_answers_get_the_v3_rejection_and_close() {
-    let mut h = Harness::default();
+    let mut h = net();
     let (conn, _) = h.open();
-    h.send(conn, &[0xFF; 32]);
+    h.send_bytes(conn, &[0xFF; 32]);
     let (bytes, state) = h.take(conn);
     assert_eq!(bytes, vec![0]);
     assert_eq!(state, ConnState::CloseAfterFlush);
@@ -443,7 +362,7 @@ fn a_failing_v3_proof_is_rejected_at_once() {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = net_with(config);
     let (conn, hello) = h.open();
     let mut client = ClientHandshake::new(
         b"wrong-token-0123456789",
@@ -452,7 +371,7 @@ fn a_failing_v3_proof_is_rejected_at_once() {
         NO_LEADER_SLOT,
     );
     client.handle_input(&hello);
-    h.send(conn, &client.proof().unwrap());
+    h.send_bytes(conn, &client.proof().unwrap());
     let (bytes, state) = h.take(conn);
     assert_eq!(bytes, vec![0]);
     assert_eq!(state, ConnState::CloseAfterFlush);
@@ -464,12 +383,12 @@ fn a_failing_line_answer_waits_a_second_then_says_auth_failed_and_closes() {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = net_with(config);
     let (conn, hello) = h.open();
-    let mut bytes = answer_for(&hello, b"wrong-token-0123456789");
+    let mut bytes = line_answer_for(&hello, b"wrong-token-0123456789");
     // A pipelined request behind the answer is never served.
     bytes.extend(acquire_frame(1, 30, 7, b"k"));
-    h.send(conn, &bytes);
+    h.send_bytes(conn, &bytes);
     let (now_bytes, state) = h.take(conn);
     assert!(now_bytes.is_empty(), "nothing before the delay");
     assert_eq!(state, ConnState::Open);
@@ -503,18 +422,18 @@ fn a_configured_token_admits_a_line_client_that_proves_it() {
         client_tokens: ClientTokens::new([TOKEN_A]).unwrap(),
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
-    let conn = h.line_with(TOKEN_A.as_bytes());
+    let mut h = net_with(config);
+    let conn = h.connect_line_with(TOKEN_A.as_bytes());
     assert!(h.grant(conn, 1, "k") >= FIRST_TOKEN);
 }
 
 #[test]
 fn a_line_answer_with_a_bad_tail_fails_as_a_line_handshake() {
-    let mut h = Harness::default();
+    let mut h = net();
     let (conn, hello) = h.open();
-    let mut answer = answer_for(&hello, b"");
+    let mut answer = line_answer_for(&hello, b"");
     answer[43] = b'x'; // no LF where it must be
-    h.send(conn, &answer);
+    h.send_bytes(conn, &answer);
     assert!(h.take(conn).0.is_empty());
     h.advance(Duration::from_secs(1));
     let (bytes, state) = h.take(conn);
@@ -661,21 +580,21 @@ fn the_decoder_stops_at_an_unknown_op_and_at_an_endless_key() {
 
 #[test]
 fn acquire_and_release_echo_owner_token_and_key_byte_for_byte() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     let key = "заказ/42";
     let owner = 0xDEAD_0A0A_BEEF_0A0A;
     let token = h.grant(conn, owner, key);
     assert_eq!(token, FIRST_TOKEN);
     assert_eq!(
-        h.call(conn, &release_frame(token, key.as_bytes())),
+        h.call_line(conn, &release_frame(token, key.as_bytes())),
         vec![Line::R {
             token,
             key: key.as_bytes().to_vec()
         }]
     );
     assert_eq!(
-        h.call(conn, &release_frame(token, key.as_bytes())),
+        h.call_line(conn, &release_frame(token, key.as_bytes())),
         vec![Line::N {
             token,
             key: key.as_bytes().to_vec()
@@ -685,19 +604,22 @@ fn acquire_and_release_echo_owner_token_and_key_byte_for_byte() {
 
 #[test]
 fn wait_zero_on_a_held_key_queues_rather_than_trying_once() {
-    let mut h = Harness::default();
-    let holder = h.line();
-    let waiter = h.line();
-    let v3 = h.v3();
+    let mut h = net();
+    let holder = h.connect_line();
+    let waiter = h.connect_line();
+    let v3 = h.connect();
     h.grant(holder, 1, "k");
     // On v3, wait 0 is one immediate try.
-    h.send(v3, &v3_acquire(1, "k", 0));
+    h.send_bytes(v3, &v3_acquire(1, "k", 0));
     assert!(matches!(
         v3_replies(&h.take(v3).0)[..],
         [Reply::TimedOut { rid: 1 }]
     ));
     // On a line connection it is "without limit", served as 255 s.
-    assert!(h.call(waiter, &acquire_frame(0, 30, 2, b"k")).is_empty());
+    assert!(
+        h.call_line(waiter, &acquire_frame(0, 30, 2, b"k"))
+            .is_empty()
+    );
     h.advance(Duration::from_secs(29));
     assert!(h.lines(waiter).is_empty(), "still queued");
     h.advance(Duration::from_secs(2));
@@ -711,16 +633,16 @@ fn wait_zero_on_a_held_key_queues_rather_than_trying_once() {
 #[test]
 fn line_waits_of_zero_or_over_255_s_end_with_t_at_255_s() {
     for wait_s in [0u16, 256, 65_535] {
-        let mut h = Harness::default();
-        let holder = h.line();
-        let v3 = h.v3();
-        let waiter = h.line();
+        let mut h = net();
+        let holder = h.connect_line();
+        let v3 = h.connect();
+        let waiter = h.connect_line();
         // The key stays held past 255 s: the holder's 250 s lease hands it
         // to a v3 waiter queued first, which holds it 250 s more.
-        h.send(holder, &acquire_frame(1, 250, 1, b"k"));
-        h.send(v3, &v3_acquire(1, "k", 255));
+        h.send_bytes(holder, &acquire_frame(1, 250, 1, b"k"));
+        h.send_bytes(v3, &v3_acquire(1, "k", 255));
         assert!(
-            h.call(waiter, &acquire_frame(wait_s, 30, 2, b"k"))
+            h.call_line(waiter, &acquire_frame(wait_s, 30, 2, b"k"))
                 .is_empty()
         );
         h.advance(Duration::from_secs(254));
@@ -739,13 +661,16 @@ fn line_waits_of_zero_or_over_255_s_end_with_t_at_255_s() {
 
 #[test]
 fn a_line_wait_below_255_s_is_kept() {
-    let mut h = Harness::default();
-    let v3 = h.v3();
-    let waiter = h.line();
-    h.send(v3, &v3_acquire(1, "k", 0));
+    let mut h = net();
+    let v3 = h.connect();
+    let waiter = h.connect_line();
+    h.send_bytes(v3, &v3_acquire(1, "k", 0));
     let replies = v3_replies(&h.take(v3).0);
     assert!(matches!(replies[..], [Reply::Acquired { rid: 1, .. }]));
-    assert!(h.call(waiter, &acquire_frame(20, 30, 5, b"k")).is_empty());
+    assert!(
+        h.call_line(waiter, &acquire_frame(20, 30, 5, b"k"))
+            .is_empty()
+    );
     h.advance(Duration::from_millis(19_000));
     assert!(h.lines(waiter).is_empty());
     h.advance(Duration::from_secs(1));
@@ -760,11 +685,11 @@ fn a_line_wait_below_255_s_is_kept() {
 
 #[test]
 fn a_bad_lease_says_why_then_ends_the_call_with_t_and_grants_nothing() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     for lease_s in [0u16, 251, 300, 65_535] {
         assert_eq!(
-            h.call(conn, &acquire_frame(5, lease_s, 3, b"k")),
+            h.call_line(conn, &acquire_frame(5, lease_s, 3, b"k")),
             vec![
                 e("bad_lease"),
                 Line::T {
@@ -781,28 +706,31 @@ fn a_bad_lease_says_why_then_ends_the_call_with_t_and_grants_nothing() {
 
 #[test]
 fn bad_keys_get_bad_key_only_and_the_session_goes_on() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     let long = vec![b'k'; 129];
     let bad: [&[u8]; 5] = [b"", b"a b", b"a\rb", &[0xFF, 0xFE], &long];
     for key in bad {
         assert_eq!(
-            h.call(conn, &acquire_frame(5, 30, 3, key)),
+            h.call_line(conn, &acquire_frame(5, 30, 3, key)),
             vec![e("bad_key")],
             "{key:?}"
         );
-        assert_eq!(h.call(conn, &release_frame(9, key)), vec![e("bad_key")]);
+        assert_eq!(
+            h.call_line(conn, &release_frame(9, key)),
+            vec![e("bad_key")]
+        );
     }
     assert!(h.grant(conn, 4, "k") >= FIRST_TOKEN);
 }
 
 #[test]
 fn an_unknown_op_says_bad_op_and_closes_and_keep_alives_are_ignored() {
-    let mut h = Harness::default();
-    let conn = h.line();
-    assert!(h.call(conn, b"\n\n\n").is_empty(), "keep-alives");
+    let mut h = net();
+    let conn = h.connect_line();
+    assert!(h.call_line(conn, b"\n\n\n").is_empty(), "keep-alives");
     let token = h.grant(conn, 1, "k");
-    assert_eq!(h.call(conn, b"Q"), vec![e("bad_op")]);
+    assert_eq!(h.call_line(conn, b"Q"), vec![e("bad_op")]);
     let (_, state) = h.take(conn);
     assert_eq!(state, ConnState::CloseAfterFlush);
     // The grant was delivered, so the bad input loses nothing: it stays
@@ -813,22 +741,22 @@ fn an_unknown_op_says_bad_op_and_closes_and_keep_alives_are_ignored() {
 
 #[test]
 fn a_key_without_lf_past_1024_bytes_says_too_long_and_closes() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     let mut frame = release_frame(1, b"");
     frame.pop();
     frame.extend(vec![b'k'; 1025]);
-    assert_eq!(h.call(conn, &frame), vec![e("too_long")]);
+    assert_eq!(h.call_line(conn, &frame), vec![e("too_long")]);
     assert_eq!(h.take(conn).1, ConnState::CloseAfterFlush);
 }
 
 #[test]
 fn a_release_of_token_zero_gets_n() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     h.grant(conn, 1, "k");
     assert_eq!(
-        h.call(conn, &release_frame(0, b"k")),
+        h.call_line(conn, &release_frame(0, b"k")),
         vec![Line::N {
             token: 0,
             key: b"k".to_vec()
@@ -839,12 +767,12 @@ fn a_release_of_token_zero_gets_n() {
 
 #[test]
 fn a_release_with_a_token_never_issued_is_reported_as_an_old_client() {
-    let mut h = Harness::default();
-    let conn = h.line();
+    let mut h = net();
+    let conn = h.connect_line();
     // What a 0.1.0 client sends: `R` + key, the key read as a token.
     let mut frame = b"Rorders/1".to_vec();
     frame.extend(b"2\n");
-    let lines = h.call(conn, &frame);
+    let lines = h.call_line(conn, &frame);
     assert!(matches!(&lines[..], [Line::N { .. }]), "{lines:?}");
     let reported = h
         .outputs
@@ -864,9 +792,9 @@ fn a_release_with_a_token_never_issued_is_reported_as_an_old_client() {
 
 #[test]
 fn every_pipelined_request_gets_exactly_one_terminal_reply() {
-    let mut h = Harness::default();
-    let holder = h.line();
-    let conn = h.line();
+    let mut h = net();
+    let holder = h.connect_line();
+    let conn = h.connect_line();
     h.grant(holder, 1, "busy");
     let mut bytes = Vec::new();
     for owner in 0..50u64 {
@@ -874,7 +802,7 @@ fn every_pipelined_request_gets_exactly_one_terminal_reply() {
         bytes.extend(acquire_frame(1, 10, owner + 100, key.as_bytes()));
     }
     bytes.extend(acquire_frame(1, 10, 999, b"busy"));
-    h.send(conn, &bytes);
+    h.send_bytes(conn, &bytes);
     h.advance(Duration::from_secs(2));
     let lines = h.lines(conn);
     let mut by_owner = std::collections::BTreeMap::new();
@@ -896,19 +824,19 @@ fn every_pipelined_request_gets_exactly_one_terminal_reply() {
 
 #[test]
 fn line_and_v3_clients_contend_on_one_key_with_one_token_counter() {
-    let mut h = Harness::default();
-    let v3 = h.v3();
-    let line = h.line();
-    h.send(v3, &v3_acquire(1, "shared", 0));
+    let mut h = net();
+    let v3 = h.connect();
+    let line = h.connect_line();
+    h.send_bytes(v3, &v3_acquire(1, "shared", 0));
     let t1 = match v3_replies(&h.take(v3).0)[..] {
         [Reply::Acquired { token, .. }] => token,
         ref other => panic!("{other:?}"),
     };
     assert!(
-        h.call(line, &acquire_frame(10, 30, 7, b"shared"))
+        h.call_line(line, &acquire_frame(10, 30, 7, b"shared"))
             .is_empty()
     );
-    h.send(
+    h.send_bytes(
         v3,
         &Request::Release(ticketing_core::wire::ReleaseRequest {
             rid: 2,
@@ -932,10 +860,10 @@ fn line_and_v3_clients_contend_on_one_key_with_one_token_counter() {
     };
     assert!(t2 > t1, "handed over with a new, larger token");
     // And back: a v3 waiter behind the line holder.
-    h.send(v3, &v3_acquire(3, "shared", 10));
+    h.send_bytes(v3, &v3_acquire(3, "shared", 10));
     assert!(h.take(v3).0.is_empty());
     assert_eq!(
-        h.call(line, &release_frame(t2, b"shared")),
+        h.call_line(line, &release_frame(t2, b"shared")),
         vec![Line::R {
             token: t2,
             key: b"shared".to_vec()
@@ -949,14 +877,20 @@ fn line_and_v3_clients_contend_on_one_key_with_one_token_counter() {
 
 #[test]
 fn an_undelivered_line_grant_is_released_when_the_connection_dies() {
-    let mut h = Harness::default();
-    let holder = h.line();
-    let waiter = h.line();
-    let other = h.line();
+    let mut h = net();
+    let holder = h.connect_line();
+    let waiter = h.connect_line();
+    let other = h.connect_line();
     let t = h.grant(holder, 1, "k");
-    assert!(h.call(waiter, &acquire_frame(10, 30, 2, b"k")).is_empty());
-    assert!(h.call(other, &acquire_frame(10, 30, 3, b"k")).is_empty());
-    h.send(holder, &release_frame(t, b"k"));
+    assert!(
+        h.call_line(waiter, &acquire_frame(10, 30, 2, b"k"))
+            .is_empty()
+    );
+    assert!(
+        h.call_line(other, &acquire_frame(10, 30, 3, b"k"))
+            .is_empty()
+    );
+    h.send_bytes(holder, &release_frame(t, b"k"));
     // The waiter's grant is queued but never written: its transport dies.
     h.server.handle_closed(h.now, waiter);
     let lines = h.lines(other);
@@ -968,11 +902,14 @@ fn an_undelivered_line_grant_is_released_when_the_connection_dies() {
 
 #[test]
 fn shutdown_ends_line_waits_with_t_then_not_active() {
-    let mut h = Harness::default();
-    let holder = h.line();
-    let waiter = h.line();
+    let mut h = net();
+    let holder = h.connect_line();
+    let waiter = h.connect_line();
     h.grant(holder, 1, "k");
-    assert!(h.call(waiter, &acquire_frame(10, 30, 2, b"k")).is_empty());
+    assert!(
+        h.call_line(waiter, &acquire_frame(10, 30, 2, b"k"))
+            .is_empty()
+    );
     h.server.begin_shutdown(h.now);
     let (bytes, state) = h.take(waiter);
     assert_eq!(
@@ -996,16 +933,16 @@ fn busy_is_answered_only_at_a_configured_limit() {
         in_flight_per_connection_max: 2,
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
-    let holder = h.line();
-    let conn = h.line();
+    let mut h = net_with(config);
+    let holder = h.connect_line();
+    let conn = h.connect_line();
     h.grant(holder, 1, "k");
     let mut bytes = Vec::new();
     for owner in 10..13 {
         bytes.extend(acquire_frame(10, 30, owner, b"k"));
     }
     assert_eq!(
-        h.call(conn, &bytes),
+        h.call_line(conn, &bytes),
         vec![Line::B {
             owner: 12,
             key: b"k".to_vec()

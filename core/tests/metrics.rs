@@ -6,23 +6,17 @@
 
 mod raft_harness;
 
-use std::net::{IpAddr, Ipv4Addr};
-
-use ticketing_core::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::cluster::{Command, ReplicatedLocks};
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::machine::Machine;
 use ticketing_core::metrics::{ReplyKind, ServerMetrics};
 use ticketing_core::raft::{ConfChange, ProposeError, RaftConfig};
-use ticketing_core::server::{ConnId, Server, ServerConfig};
+use ticketing_core::server::ServerConfig;
+use ticketing_core::testing::net::{LOOPBACK, Nonces, SingleNet, acquire, release};
 use ticketing_core::time::{Duration, Instant};
-use ticketing_core::wire::{
-    AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
-};
+use ticketing_core::wire::{ErrorCode, Key, KeyGroup, Reply};
 
-const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
 const SECOND_US: u64 = 1_000_000;
 
 fn keys(names: &[&str]) -> KeyGroup {
@@ -35,105 +29,15 @@ fn keys(names: &[&str]) -> KeyGroup {
     .unwrap()
 }
 
-fn acquire(rid: u64, names: &[&str], wait_s: u8, lease_s: u8) -> Request {
-    Request::Acquire(AcquireRequest {
-        rid,
-        wait_s,
-        lease_s,
-        keys: keys(names),
-        set: names.len() > 1,
-    })
+/// The net of these tests with `config`: every connection gets the nonce
+/// `[7; 16]`.
+fn net(config: ServerConfig) -> SingleNet {
+    SingleNet::new(config).with_nonces(Nonces::Fixed([7; 16]))
 }
 
-fn release(rid: u64, names: &[&str], token: u64) -> Request {
-    Request::Release(ReleaseRequest {
-        rid,
-        token,
-        keys: keys(names),
-        set: names.len() > 1,
-    })
-}
-
-struct Harness {
-    server: Server,
-    now: Instant,
-}
-
-impl Harness {
-    fn new(config: ServerConfig) -> Self {
-        let now = Instant::from_millis(1_000);
-        Harness {
-            server: Server::new(config, FIRST_TOKEN, now),
-            now,
-        }
-    }
-
-    fn advance_us(&mut self, us: u64) {
-        self.now = Instant::from_micros(self.now.as_micros() + us);
-        self.server.handle_timeout(self.now);
-    }
-
-    fn take(&mut self, conn: ConnId) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.server.poll_transmit(conn, &mut out);
-        self.server.handle_flushed(self.now, conn);
-        out
-    }
-
-    fn connect_with(&mut self, token: &[u8]) -> (ConnId, bool) {
-        let conn = self
-            .server
-            .handle_connect(self.now, [7; 16], LOOPBACK)
-            .unwrap();
-        let hello = self.take(conn);
-        let mut client =
-            ClientHandshake::new(token, SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
-        client.handle_input(&hello);
-        self.server
-            .handle_input(self.now, conn, &client.proof().unwrap());
-        let result = self.take(conn);
-        let accepted = client.handle_input(&result).1 == ClientHandshakeStatus::Accepted;
-        (conn, accepted)
-    }
-
-    fn connect(&mut self) -> ConnId {
-        let (conn, accepted) = self.connect_with(b"");
-        assert!(accepted);
-        conn
-    }
-
-    fn send(&mut self, conn: ConnId, request: Request) {
-        let mut bytes = Vec::new();
-        request.encode(&mut bytes);
-        self.server.handle_input(self.now, conn, &bytes);
-    }
-
-    fn replies(&mut self, conn: ConnId) -> Vec<Reply> {
-        let bytes = self.take(conn);
-        let mut rest = &bytes[..];
-        let mut replies = Vec::new();
-        while !rest.is_empty() {
-            let (reply, used) = Reply::decode(rest).unwrap().unwrap();
-            replies.push(reply);
-            rest = &rest[used..];
-        }
-        replies
-    }
-
-    fn token(&mut self, conn: ConnId) -> u64 {
-        match self.replies(conn).as_slice() {
-            [Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. }] => *token,
-            other => panic!("expected one grant, got {other:?}"),
-        }
-    }
-
-    fn metrics(&self) -> ServerMetrics {
-        self.server.metrics()
-    }
-}
-
-fn harness() -> Harness {
-    Harness::new(ServerConfig::default())
+/// [`net`] with the default configuration.
+fn harness() -> SingleNet {
+    net(ServerConfig::default())
 }
 
 #[test]
@@ -147,8 +51,8 @@ fn an_immediate_grant_counts_one_grant_waited_zero() {
             ..ServerMetrics::default()
         }
     );
-    h.send(c, acquire(1, &["k"], 5, 10));
-    h.token(c);
+    h.send(c, &acquire(1, &["k"], 5, 10));
+    h.granted_token(c);
     let m = h.metrics();
     assert_eq!(m.lock.grants_immediate, 1);
     assert_eq!(m.lock.grants_after_wait, 0);
@@ -164,16 +68,16 @@ fn an_immediate_grant_counts_one_grant_waited_zero() {
 fn a_release_with_a_waiter_counts_a_handover_and_both_durations() {
     let mut h = harness();
     let (a, b) = (h.connect(), h.connect());
-    h.send(a, acquire(1, &["k"], 5, 10));
-    let token = h.token(a);
-    h.send(b, acquire(1, &["k"], 5, 10));
+    h.send(a, &acquire(1, &["k"], 5, 10));
+    let token = h.granted_token(a);
+    h.send(b, &acquire(1, &["k"], 5, 10));
     assert_eq!(h.replies(b), vec![]);
     assert_eq!((h.metrics().waiters, h.metrics().held_keys), (1, 1));
 
-    h.advance_us(2 * SECOND_US);
-    h.send(a, release(2, &["k"], token));
+    h.advance(Duration::from_micros(2 * SECOND_US));
+    h.send(a, &release(2, &["k"], token));
     assert_eq!(h.replies(a), vec![Reply::Released { rid: 2 }]);
-    h.token(b);
+    h.granted_token(b);
     let m = h.metrics();
     assert_eq!(m.lock.releases, 1);
     assert_eq!(m.lock.handovers_on_release, 1);
@@ -196,14 +100,14 @@ fn a_release_with_a_waiter_counts_a_handover_and_both_durations() {
 fn an_expiry_with_a_waiter_counts_as_handed_over_at_the_lease_end() {
     let mut h = harness();
     let (a, b) = (h.connect(), h.connect());
-    h.send(a, acquire(1, &["k"], 5, 2));
-    h.token(a);
-    h.advance_us(SECOND_US / 2);
-    h.send(b, acquire(1, &["k"], 10, 5));
-    h.advance_us(SECOND_US + SECOND_US / 2 - 1);
+    h.send(a, &acquire(1, &["k"], 5, 2));
+    h.granted_token(a);
+    h.advance(Duration::from_micros(SECOND_US / 2));
+    h.send(b, &acquire(1, &["k"], 10, 5));
+    h.advance(Duration::from_micros(SECOND_US + SECOND_US / 2 - 1));
     assert_eq!(h.metrics().lock.expiries(), 0, "the lease still runs");
-    h.advance_us(1);
-    h.token(b);
+    h.advance(Duration::from_micros(1));
+    h.granted_token(b);
     let m = h.metrics();
     assert_eq!(m.lock.expiries_handed_over, 1);
     assert_eq!(m.lock.expiries_not_handed_over, 0);
@@ -219,9 +123,9 @@ fn an_expiry_with_a_waiter_counts_as_handed_over_at_the_lease_end() {
 fn an_expiry_without_a_waiter_is_counted_once_when_the_table_notices() {
     let mut h = harness();
     let a = h.connect();
-    h.send(a, acquire(1, &["k"], 5, 1));
-    h.token(a);
-    h.advance_us(3 * SECOND_US / 2);
+    h.send(a, &acquire(1, &["k"], 5, 1));
+    h.granted_token(a);
+    h.advance(Duration::from_micros(3 * SECOND_US / 2));
     let m = h.metrics();
     assert_eq!(m.held_keys, 1, "not noticed yet: the gauge is lazy too");
     assert_eq!(m.keys, 1, "not swept yet");
@@ -232,13 +136,13 @@ fn an_expiry_without_a_waiter_is_counted_once_when_the_table_notices() {
         "the exact scan sees it ended"
     );
     // The sweep runs 5 s after start.
-    h.advance_us(5 * SECOND_US);
+    h.advance(Duration::from_micros(5 * SECOND_US));
     let m = h.metrics();
     assert_eq!(m.lock.expiries_not_handed_over, 1);
     assert_eq!(m.lock.expiries_handed_over, 0);
     assert_eq!(m.lock.hold.sum_us(), SECOND_US);
     assert_eq!((m.keys, m.held_keys), (0, 0));
-    h.advance_us(10 * SECOND_US);
+    h.advance(Duration::from_micros(10 * SECOND_US));
     assert_eq!(h.metrics().lock.expiries(), 1, "counted once");
 }
 
@@ -246,11 +150,11 @@ fn an_expiry_without_a_waiter_is_counted_once_when_the_table_notices() {
 fn an_expired_key_taken_by_a_new_acquire_counts_its_expiry_then() {
     let mut h = harness();
     let (a, b) = (h.connect(), h.connect());
-    h.send(a, acquire(1, &["k"], 5, 1));
-    h.token(a);
-    h.advance_us(2 * SECOND_US);
-    h.send(b, acquire(1, &["k"], 0, 1));
-    h.token(b);
+    h.send(a, &acquire(1, &["k"], 5, 1));
+    h.granted_token(a);
+    h.advance(Duration::from_micros(2 * SECOND_US));
+    h.send(b, &acquire(1, &["k"], 0, 1));
+    h.granted_token(b);
     let m = h.metrics();
     assert_eq!(m.lock.expiries_not_handed_over, 1);
     assert_eq!(m.lock.grants_immediate, 2);
@@ -261,13 +165,13 @@ fn an_expired_key_taken_by_a_new_acquire_counts_its_expiry_then() {
 fn a_key_set_counts_one_grant_one_release_and_one_expiry() {
     let mut h = harness();
     let a = h.connect();
-    h.send(a, acquire(1, &["x", "y", "z"], 5, 1));
-    let token = h.token(a);
-    h.send(a, release(2, &["x", "y", "z"], token));
+    h.send(a, &acquire(1, &["x", "y", "z"], 5, 1));
+    let token = h.granted_token(a);
+    h.send(a, &release(2, &["x", "y", "z"], token));
     assert_eq!(h.replies(a), vec![Reply::ReleasedSet { rid: 2 }]);
-    h.send(a, acquire(3, &["x", "y", "z"], 5, 1));
-    h.token(a);
-    h.advance_us(6 * SECOND_US);
+    h.send(a, &acquire(3, &["x", "y", "z"], 5, 1));
+    h.granted_token(a);
+    h.advance(Duration::from_micros(6 * SECOND_US));
     let m = h.metrics();
     assert_eq!(m.lock.grants(), 2);
     assert_eq!(m.lock.releases, 1);
@@ -281,15 +185,15 @@ fn a_key_set_counts_one_grant_one_release_and_one_expiry() {
 fn timeouts_count_wait_zero_and_wait_ended_and_their_t_replies() {
     let mut h = harness();
     let (a, b) = (h.connect(), h.connect());
-    h.send(a, acquire(1, &["k"], 5, 30));
-    h.token(a);
-    h.send(b, acquire(1, &["k"], 0, 5));
+    h.send(a, &acquire(1, &["k"], 5, 30));
+    h.granted_token(a);
+    h.send(b, &acquire(1, &["k"], 0, 5));
     assert_eq!(h.replies(b), vec![Reply::TimedOut { rid: 1 }]);
     assert_eq!(h.metrics().lock.timeouts_wait_zero, 1);
-    h.send(b, acquire(2, &["k"], 1, 5));
+    h.send(b, &acquire(2, &["k"], 1, 5));
     assert_eq!(h.metrics().waiters, 1);
     // `T` comes the wait margin (100 ms) before the wait's end.
-    h.advance_us(900_000);
+    h.advance(Duration::from_micros(900_000));
     assert_eq!(h.replies(b), vec![Reply::TimedOut { rid: 2 }]);
     let m = h.metrics();
     assert_eq!(m.lock.timeouts_wait_zero, 1);
@@ -314,21 +218,21 @@ fn busy_replies_count_by_the_limit_that_was_reached() {
         in_flight_per_connection_max: 1,
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = net(config);
     let (a, b, c) = (h.connect(), h.connect(), h.connect());
-    h.send(a, acquire(1, &["k"], 5, 30));
-    h.token(a);
-    h.send(b, acquire(1, &["k"], 5, 30));
+    h.send(a, &acquire(1, &["k"], 5, 30));
+    h.granted_token(a);
+    h.send(b, &acquire(1, &["k"], 5, 30));
     // The queue of k is full: B by waiters_per_key_max.
-    h.send(c, acquire(1, &["k"], 5, 30));
+    h.send(c, &acquire(1, &["k"], 5, 30));
     assert_eq!(h.replies(c), vec![Reply::Busy { rid: 1 }]);
     // b already has one queued acquire: B by its in-flight limit.
-    h.send(b, acquire(2, &["j"], 5, 30));
+    h.send(b, &acquire(2, &["j"], 5, 30));
     assert_eq!(h.replies(b), vec![Reply::Busy { rid: 2 }]);
-    h.send(c, acquire(2, &["j"], 5, 30));
-    h.token(c);
+    h.send(c, &acquire(2, &["j"], 5, 30));
+    h.granted_token(c);
     // Two keys in the table: a third is B by keys_max.
-    h.send(c, acquire(3, &["l"], 5, 30));
+    h.send(c, &acquire(3, &["l"], 5, 30));
     assert_eq!(h.replies(c), vec![Reply::Busy { rid: 3 }]);
     let m = h.metrics();
     assert_eq!(m.lock.busy.waiters_per_key_max, 1);
@@ -344,11 +248,11 @@ fn busy_replies_count_by_the_limit_that_was_reached() {
 fn a_miss_counts_n_and_a_wrong_group_counts_e_by_code() {
     let mut h = harness();
     let a = h.connect();
-    h.send(a, acquire(1, &["x", "y"], 5, 30));
-    let token = h.token(a);
-    h.send(a, release(2, &["k"], token + 1));
+    h.send(a, &acquire(1, &["x", "y"], 5, 30));
+    let token = h.granted_token(a);
+    h.send(a, &release(2, &["k"], token + 1));
     assert_eq!(h.replies(a), vec![Reply::NotFound { rid: 2 }]);
-    h.send(a, release(3, &["x"], token));
+    h.send(a, &release(3, &["x"], token));
     assert_eq!(
         h.replies(a),
         vec![Reply::Error {
@@ -367,15 +271,15 @@ fn a_miss_counts_n_and_a_wrong_group_counts_e_by_code() {
 
 #[test]
 fn replies_of_a_closed_connection_stay_counted_and_failed_proofs_count() {
-    let mut h = Harness::new(ServerConfig {
+    let mut h = net(ServerConfig {
         client_tokens: ticketing_core::auth::ClientTokens::new(["0123456789abcdef0123"]).unwrap(),
         ..ServerConfig::default()
     });
-    let (bad, accepted) = h.connect_with(b"not-the-token-at-all");
+    let (bad, accepted) = h.try_connect_with(b"not-the-token-at-all");
     assert!(!accepted);
-    let (a, accepted) = h.connect_with(b"0123456789abcdef0123");
+    let (a, accepted) = h.try_connect_with(b"0123456789abcdef0123");
     assert!(accepted);
-    h.send(a, release(1, &["k"], 5));
+    h.send(a, &release(1, &["k"], 5));
     assert_eq!(h.replies(a), vec![Reply::NotFound { rid: 1 }]);
     h.server.handle_closed(h.now, a);
     h.server.handle_closed(h.now, bad);
@@ -393,7 +297,7 @@ fn an_unfinished_handshake_that_times_out_counts_as_failed() {
         .handle_connect(h.now, [1; 16], LOOPBACK)
         .expect("accepted");
     assert_eq!(h.metrics().handshakes, 1);
-    h.advance_us(3 * SECOND_US);
+    h.advance(Duration::from_micros(3 * SECOND_US));
     let m = h.metrics();
     assert_eq!(m.abuse.of(AbuseKind::HandshakeTimedOut), 1);
     assert_eq!(m.abuse.failed_handshakes(), 1);

@@ -2,29 +2,16 @@
 //! replies, connection lifecycle and ghost grants. Time is injected; nothing
 //! sleeps.
 
-/// The source address of every test connection.
-const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
-use ticketing_core::auth::{
-    ClientHandshake, ClientHandshakeStatus, ClientTokens, SINGLE_FINGERPRINT, WireMode,
-};
+use ticketing_core::auth::{ClientHandshake, ClientTokens, SINGLE_FINGERPRINT, WireMode};
 use ticketing_core::machine::Machine;
-use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
-use ticketing_core::testing::outputs::OutputQueues;
-use ticketing_core::time::{Duration, Instant};
+use ticketing_core::server::{ConnState, Server, ServerConfig};
+use ticketing_core::testing::net::{FIRST_TOKEN, LOOPBACK, SingleNet, decode_replies};
+use ticketing_core::time::Duration;
 use ticketing_core::wire::{
-    AcquireRequest, ErrorCode, Key, KeyGroup, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+    AcquireRequest, ErrorCode, Key, KeyGroup, ReleaseRequest, Reply, Request,
 };
 
-const FIRST_TOKEN: u64 = 1_700_000_000_000_000;
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
-
-struct Harness {
-    server: Server,
-    now: Instant,
-    /// What the server emitted and the test has not looked at yet.
-    outputs: OutputQueues,
-}
 
 fn keys(names: &[&str]) -> KeyGroup {
     let keys = names
@@ -77,106 +64,6 @@ fn token_a_only() -> ServerConfig {
     }
 }
 
-impl Harness {
-    fn new(config: ServerConfig) -> Self {
-        let now = Instant::from_millis(1_000);
-        Harness {
-            server: Server::new(config, FIRST_TOKEN, now),
-            outputs: OutputQueues::default(),
-            now,
-        }
-    }
-
-    fn default() -> Self {
-        Self::new(ServerConfig::default())
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now = self.now.saturating_add(by);
-        self.server.handle_timeout(self.now);
-    }
-
-    /// Takes what the server has for `conn` without reporting it flushed.
-    fn take(&mut self, conn: ConnId) -> (Vec<u8>, ConnState) {
-        let mut out = Vec::new();
-        let state = self.server.poll_transmit(conn, &mut out);
-        (out, state)
-    }
-
-    /// Takes, "writes" and reports flushed; decodes the replies.
-    fn replies(&mut self, conn: ConnId) -> Vec<Reply> {
-        let (bytes, _) = self.take(conn);
-        self.server.handle_flushed(self.now, conn);
-        decode_all(&bytes)
-    }
-
-    fn open(&mut self) -> (ConnId, Vec<u8>) {
-        let conn = self
-            .server
-            .handle_connect(self.now, [0x5a; 16], LOOPBACK)
-            .expect("connection accepted");
-        let (hello, state) = self.take(conn);
-        assert_eq!(state, ConnState::Open);
-        (conn, hello)
-    }
-
-    /// Opens a connection and completes the handshake with `token`.
-    fn connect_with(&mut self, token: &[u8]) -> ConnId {
-        let (conn, hello) = self.open();
-        let mut client =
-            ClientHandshake::new(token, SINGLE_FINGERPRINT, WireMode::Single, NO_LEADER_SLOT);
-        assert_eq!(
-            client.handle_input(&hello),
-            (hello.len(), ClientHandshakeStatus::SendProof)
-        );
-        self.server
-            .handle_input(self.now, conn, &client.proof().unwrap());
-        let (result, state) = self.take(conn);
-        self.server.handle_flushed(self.now, conn);
-        assert_eq!(state, ConnState::Open);
-        assert_eq!(
-            client.handle_input(&result),
-            (1, ClientHandshakeStatus::Accepted)
-        );
-        conn
-    }
-
-    fn connect(&mut self) -> ConnId {
-        self.connect_with(b"")
-    }
-
-    /// `N` connections with the empty token, handshakes done.
-    fn connections<const N: usize>(&mut self) -> [ConnId; N] {
-        std::array::from_fn(|_| self.connect())
-    }
-
-    fn send(&mut self, conn: ConnId, request: &Request) {
-        self.server.handle_input(self.now, conn, &encode(request));
-    }
-
-    fn call(&mut self, conn: ConnId, request: &Request) -> Vec<Reply> {
-        self.send(conn, request);
-        self.replies(conn)
-    }
-
-    fn woken(&mut self) -> Vec<ConnId> {
-        self.outputs.drain(&mut self.server, self.now);
-        self.outputs.wakes.drain(..).collect()
-    }
-}
-
-fn decode_all(mut bytes: &[u8]) -> Vec<Reply> {
-    let mut replies = Vec::new();
-    while !bytes.is_empty() {
-        let (reply, used) = Reply::decode(bytes)
-            .expect("valid reply")
-            .expect("complete reply");
-        replies.push(reply);
-        bytes = &bytes[used..];
-    }
-    replies
-}
-
 /// Asserts that `replies` is one grant, for request `rid`.
 fn assert_granted(replies: &[Reply], rid: u64) {
     assert!(
@@ -194,7 +81,7 @@ fn granted_token(replies: &[Reply]) -> u64 {
 
 #[test]
 fn hello_is_single_mode_and_handshake_accepts_the_empty_token() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let (_, hello) = h.open();
     assert_eq!(hello.len(), 28);
     assert_eq!(&hello[..8], b"TCKCLI3\0");
@@ -215,22 +102,22 @@ fn hello_is_single_mode_and_handshake_accepts_the_empty_token() {
 
 #[test]
 fn a_wrong_proof_is_answered_zero_and_the_connection_closes() {
-    let mut h = Harness::new(token_a_only());
+    let mut h = SingleNet::new(token_a_only());
     let (conn, _hello) = h.open();
     h.server.handle_input(h.now, conn, &[7u8; 32]);
-    let (bytes, state) = h.take(conn);
+    let (bytes, state) = h.take_unflushed(conn);
     assert_eq!(bytes, vec![0x00]);
     assert_eq!(state, ConnState::CloseAfterFlush);
     // Nothing it sends afterwards is read.
     h.send(conn, &acquire(1, "k", 0, 30));
-    assert!(h.take(conn).0.is_empty());
+    assert!(h.take_unflushed(conn).0.is_empty());
     h.server.handle_closed(h.now, conn);
     assert_eq!(h.server.stats().connections, 0);
 }
 
 #[test]
 fn configured_token_is_accepted_and_empty_token_refused() {
-    let mut h = Harness::new(token_a_only());
+    let mut h = SingleNet::new(token_a_only());
     let conn = h.connect_with(TOKEN_A.as_bytes());
     assert_eq!(h.call(conn, &acquire(1, "k", 0, 30)).len(), 1);
 
@@ -238,29 +125,35 @@ fn configured_token_is_accepted_and_empty_token_refused() {
     let mut client = ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
     client.handle_input(&hello);
     h.server.handle_input(h.now, conn, &client.proof().unwrap());
-    assert_eq!(h.take(conn), (vec![0x00], ConnState::CloseAfterFlush));
+    assert_eq!(
+        h.take_unflushed(conn),
+        (vec![0x00], ConnState::CloseAfterFlush)
+    );
 }
 
 #[test]
 fn a_frame_sent_instead_of_the_proof_is_rejected() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let (conn, _) = h.open();
     let long_key = "k".repeat(100);
     h.send(conn, &acquire(1, &long_key, 0, 30));
-    assert_eq!(h.take(conn), (vec![0x00], ConnState::CloseAfterFlush));
+    assert_eq!(
+        h.take_unflushed(conn),
+        (vec![0x00], ConnState::CloseAfterFlush)
+    );
 }
 
 #[test]
 fn an_unfinished_handshake_is_closed_after_three_seconds() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let (conn, _) = h.open();
     h.server.handle_input(h.now, conn, &[1, 2, 3]);
     assert!(h.server.poll_timeout() <= Some(h.now.saturating_add(Duration::from_secs(3))));
     h.advance(Duration::from_millis(2_999));
-    assert_eq!(h.take(conn), (vec![], ConnState::Open));
+    assert_eq!(h.take_unflushed(conn), (vec![], ConnState::Open));
     h.advance(Duration::from_millis(1));
     assert_eq!(
-        h.take(conn),
+        h.take_unflushed(conn),
         (vec![], ConnState::CloseAfterFlush),
         "no result byte, just closed"
     );
@@ -268,7 +161,7 @@ fn an_unfinished_handshake_is_closed_after_three_seconds() {
 
 #[test]
 fn proof_and_pipelined_requests_in_one_segment_byte_by_byte() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let (conn, hello) = h.open();
     let mut client = ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
     client.handle_input(&hello);
@@ -279,10 +172,10 @@ fn proof_and_pipelined_requests_in_one_segment_byte_by_byte() {
     for byte in bytes {
         h.server.handle_input(h.now, conn, &[byte]);
     }
-    let (out, state) = h.take(conn);
+    let (out, state) = h.take_unflushed(conn);
     assert_eq!(state, ConnState::Open);
     assert_eq!(out[0], 0x01);
-    let replies = decode_all(&out[1..]);
+    let replies = decode_replies(&out[1..]);
     let tokens: Vec<(u64, u64)> = replies
         .iter()
         .map(|reply| match reply {
@@ -298,7 +191,7 @@ fn proof_and_pipelined_requests_in_one_segment_byte_by_byte() {
 
 #[test]
 fn release_on_the_other_connection_hands_over_to_the_waiter() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [a, b, c] = h.connections();
     let token = granted_token(&h.call(a, &acquire(1, "k", 5, 30)));
     assert!(
@@ -317,7 +210,7 @@ fn release_on_the_other_connection_hands_over_to_the_waiter() {
 
 #[test]
 fn out_of_range_fields_get_their_error_code_and_the_session_goes_on() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let conn = h.connect();
     // lease 0 on the wire: build the frame by hand, the encoder is for valid requests.
     let mut frame = vec![b'A', 0, 11];
@@ -336,15 +229,15 @@ fn out_of_range_fields_get_their_error_code_and_the_session_goes_on() {
 
 #[test]
 fn an_unparsable_frame_closes_but_keeps_delivered_grants_and_frees_undelivered_ones() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [observer, conn] = h.connections();
     let delivered = granted_token(&h.call(conn, &acquire(1, "delivered", 0, 30)));
     h.send(conn, &acquire(2, "undelivered", 0, 30));
     // The grant for "undelivered" is queued for sending; now garbage arrives.
     h.server.handle_input(h.now, conn, &[b'X', 0, 1, 0]);
-    let (bytes, state) = h.take(conn);
+    let (bytes, state) = h.take_unflushed(conn);
     assert_eq!(state, ConnState::CloseAfterFlush);
-    assert_granted(&decode_all(&bytes), 2);
+    assert_granted(&decode_replies(&bytes), 2);
     // The write never completes: the transport dies.
     h.server.handle_closed(h.now, conn);
     assert_eq!(
@@ -362,7 +255,7 @@ fn an_unparsable_frame_closes_but_keeps_delivered_grants_and_frees_undelivered_o
 
 #[test]
 fn a_closed_waiter_leaves_the_queue_and_the_next_one_is_served() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, quitter, patient] = h.connections();
     let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
     h.call(quitter, &acquire(1, "k", 10, 30));
@@ -375,15 +268,18 @@ fn a_closed_waiter_leaves_the_queue_and_the_next_one_is_served() {
 
 #[test]
 fn a_handoff_grant_to_a_connection_that_dies_before_flushing_moves_on() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, doomed, next] = h.connections();
     let token = granted_token(&h.call(holder, &acquire(1, "k", 0, 30)));
     h.call(doomed, &acquire(1, "k", 10, 30));
     h.call(next, &acquire(1, "k", 10, 30));
     h.call(holder, &release(2, "k", token));
     // The driver took the bytes for `doomed` but the write failed.
-    let (bytes, _) = h.take(doomed);
-    assert!(matches!(decode_all(&bytes)[..], [Reply::Acquired { .. }]));
+    let (bytes, _) = h.take_unflushed(doomed);
+    assert!(matches!(
+        decode_replies(&bytes)[..],
+        [Reply::Acquired { .. }]
+    ));
     assert!(h.replies(next).is_empty());
     h.server.handle_closed(h.now, doomed);
     assert_granted(&h.replies(next), 1);
@@ -391,7 +287,7 @@ fn a_handoff_grant_to_a_connection_that_dies_before_flushing_moves_on() {
 
 #[test]
 fn a_flushed_grant_survives_its_connection() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, other] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 30));
     h.server.handle_closed(h.now, holder);
@@ -410,7 +306,7 @@ fn in_flight_limit_answers_busy() {
         in_flight_per_connection_max: 2,
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = SingleNet::new(config);
     let [holder, conn] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 30));
     assert!(h.call(conn, &acquire(1, "k", 10, 30)).is_empty());
@@ -427,7 +323,7 @@ fn connection_limit_refuses_the_next_connection() {
         connections_max: 2,
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = SingleNet::new(config);
     let first = h.connect();
     h.connect();
     assert_eq!(h.server.handle_connect(h.now, [0; 16], LOOPBACK), None);
@@ -437,7 +333,7 @@ fn connection_limit_refuses_the_next_connection() {
 
 #[test]
 fn a_single_server_refuses_peer_and_dialed_connections_and_never_counts_as_quiesced() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let conn = h.connect();
     assert_eq!(h.server.handle_peer_accept(h.now, [0; 16], LOOPBACK), None);
     assert_eq!(h.server.handle_dialed(h.now, 1, [0; 16]), None);
@@ -456,7 +352,7 @@ fn a_single_server_refuses_peer_and_dialed_connections_and_never_counts_as_quies
 
 #[test]
 fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, waiter] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 60));
     h.call(waiter, &acquire(7, "k", 2, 30));
@@ -468,15 +364,15 @@ fn queued_waiter_gets_timeout_reply_at_wait_minus_margin() {
 
 #[test]
 fn shutdown_answers_waiters_and_closes_everything() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, waiter] = h.connections();
     h.call(holder, &acquire(1, "k", 0, 60));
     h.call(waiter, &acquire(7, "k", 30, 30));
     h.server.begin_shutdown(h.now);
-    let (bytes, state) = h.take(waiter);
-    assert_eq!(decode_all(&bytes), vec![Reply::TimedOut { rid: 7 }]);
+    let (bytes, state) = h.take_unflushed(waiter);
+    assert_eq!(decode_replies(&bytes), vec![Reply::TimedOut { rid: 7 }]);
     assert_eq!(state, ConnState::CloseAfterFlush);
-    assert_eq!(h.take(holder).1, ConnState::CloseAfterFlush);
+    assert_eq!(h.take_unflushed(holder).1, ConnState::CloseAfterFlush);
     assert_eq!(h.server.handle_connect(h.now, [0; 16], LOOPBACK), None);
 }
 
@@ -486,7 +382,7 @@ fn a_reader_that_does_not_drain_replies_stops_being_read() {
         outbound_bytes_per_connection_max: 64,
         ..ServerConfig::default()
     };
-    let mut h = Harness::new(config);
+    let mut h = SingleNet::new(config);
     let conn = h.connect();
     assert!(h.server.wants_input(conn));
     for rid in 1..=4 {
@@ -502,12 +398,12 @@ fn a_reader_that_does_not_drain_replies_stops_being_read() {
 
 #[test]
 fn each_connection_is_woken_once_until_its_bytes_are_taken() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let conn = h.connect();
     h.send(conn, &acquire(1, "a", 0, 30));
     h.send(conn, &acquire(2, "b", 0, 30));
     assert_eq!(h.woken(), vec![conn]);
-    assert_eq!(decode_all(&h.take(conn).0).len(), 2);
+    assert_eq!(decode_replies(&h.take_unflushed(conn).0).len(), 2);
     h.send(conn, &acquire(3, "c", 0, 30));
     assert_eq!(h.woken(), vec![conn]);
 }
@@ -516,7 +412,7 @@ fn each_connection_is_woken_once_until_its_bytes_are_taken() {
 /// its second one, whose grant then had nobody to go to and blocked the key.
 #[test]
 fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, closing, patient] = h.connections();
     granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
     let set = acquire_set(1, &["a", "k"], 10, 30);
@@ -534,11 +430,11 @@ fn closing_a_connection_passes_on_grants_made_to_its_own_later_waiters() {
 /// frame did not go out whole is released when the connection dies.
 #[test]
 fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [observer, conn] = h.connections();
     h.send(conn, &acquire(1, "first", 0, 30));
     h.send(conn, &acquire(2, "second", 0, 30));
-    let (bytes, _) = h.take(conn);
+    let (bytes, _) = h.take_unflushed(conn);
     let first_frame = match Reply::decode(&bytes).unwrap() {
         Some((Reply::Acquired { rid: 1, .. }, used)) => used,
         other => panic!("expected the first grant, got {other:?}"),
@@ -565,7 +461,7 @@ fn a_short_write_keeps_grants_written_whole_and_releases_the_rest() {
 /// that order came from hashing. Cancelling the latest first burns none.
 #[test]
 fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
-    let mut h = Harness::default();
+    let mut h = SingleNet::default();
     let [holder, closing, next] = h.connections();
     let held = granted_token(&h.call(holder, &acquire(1, "a", 0, 60)));
     let set = acquire_set(1, &["a", "k"], 10, 30);
@@ -584,8 +480,8 @@ fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
 const STEP: u64 = 1_000;
 
 /// A server whose reserve starts with nothing durable (a first start).
-fn with_reserve(stored: Option<u64>) -> Harness {
-    let mut h = Harness::default();
+fn with_reserve(stored: Option<u64>) -> SingleNet {
+    let mut h = SingleNet::default();
     let first = ticketing_core::reserve::start_token(Duration::from_micros(FIRST_TOKEN), stored);
     h.server = Server::new(ServerConfig::default(), first, h.now)
         .with_token_reserve(h.now, TokenReserve::new(STEP, stored));
@@ -595,8 +491,8 @@ fn with_reserve(stored: Option<u64>) -> Harness {
 use ticketing_core::reserve::{TokenAlert, TokenReserve};
 
 /// A server that starts at `first` with `durable` already stored.
-fn with_durable(first: u64, durable: u64) -> Harness {
-    let mut h = Harness::default();
+fn with_durable(first: u64, durable: u64) -> SingleNet {
+    let mut h = SingleNet::default();
     h.server = Server::new(ServerConfig::default(), first, h.now)
         .with_token_reserve(h.now, TokenReserve::new(STEP, Some(durable)));
     h

@@ -5,6 +5,11 @@
 //!   which the stable corpus-replay tests call too.
 //! - [`outputs`]: [`outputs::OutputQueues`], a machine's outputs sorted by
 //!   kind for tests that look at one kind at a time.
+//! - [`net`]: the test network: [`net::Link`] (a client session on one
+//!   connection of a machine), [`net::SingleNet`] (one single-mode
+//!   server with its clock, outputs, raw connections and client links) and
+//!   [`net::ClusterNet`] (three cluster nodes, their peer links and
+//!   clients, with cuts, stale links and kills).
 //! - [`lock_model`]: a reference model of the lock table and the op-sequence
 //!   harness shared by the proptest in `core/tests` and the simulator.
 //! - `planted` (feature `planted-bugs`): deliberate mutations the
@@ -18,6 +23,7 @@
 
 pub mod fuzzing;
 pub mod lock_model;
+pub mod net;
 pub mod outputs;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
