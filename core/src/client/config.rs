@@ -5,6 +5,7 @@ use std::fmt;
 use super::error::ClientError;
 use super::session::{DEFAULT_SILENCE_TIMEOUT, SessionConfig};
 use crate::time::Duration;
+use crate::wire::Capabilities;
 
 /// Shortest [`BrokerConfig::silence_timeout`] a configuration may ask for.
 pub const SILENCE_TIMEOUT_MIN: Duration = Duration::from_millis(100);
@@ -104,7 +105,8 @@ impl BrokerConfig {
     }
 
     /// Validates the configuration and lists the connections to keep, in
-    /// router order: a single address gets two connections (so one dropped
+    /// router order (each asks for [`Capabilities::EXTEND`] after its
+    /// handshake, so tickets can be renewed): a single address gets two connections (so one dropped
     /// socket does not interrupt service); cluster connection `i` is slot `i`.
     pub fn endpoints(&self) -> Result<Vec<Endpoint>, ClientError> {
         if self.addrs.is_empty() {
@@ -151,6 +153,7 @@ impl BrokerConfig {
                     addr: self.addrs[0].clone(),
                     session: SessionConfig {
                         silence_timeout: self.silence_timeout,
+                        extensions: Capabilities::EXTEND,
                         ..SessionConfig::single(token)
                     },
                 };
@@ -173,6 +176,7 @@ impl BrokerConfig {
                         addr: addr.clone(),
                         session: SessionConfig {
                             silence_timeout: self.silence_timeout,
+                            extensions: Capabilities::EXTEND,
                             ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
                         },
                     })

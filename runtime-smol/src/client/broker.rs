@@ -21,6 +21,7 @@ use super::release::run_release_worker;
 use crate::hub::Hub;
 use crate::tls::{self, TlsMode};
 use ticketing_core::client::ClientError as TicketError;
+use ticketing_core::wire::Capabilities;
 
 /// Configures a [`TicketBroker`]; see [`TicketBroker::builder`].
 #[derive(Clone)]
@@ -122,7 +123,9 @@ impl TicketBrokerBuilder {
 
 /// An in-process broker of `hub`, its links connected before it returns.
 pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
-    let session = SessionConfig::single(hub.in_process_token().as_bytes());
+    let mut session = SessionConfig::single(hub.in_process_token().as_bytes());
+    // Tickets of an embedded server renew like any other.
+    session.extensions = Capabilities::EXTEND;
     let inner = Arc::new(Inner::new(
         IN_PROCESS_LINKS,
         DEFAULT_MAX_PENDING,
