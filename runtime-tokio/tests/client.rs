@@ -13,6 +13,7 @@ use common::{
     ours_with_token, published_loopback, wait_for_waiters,
 };
 use ticketing_core::auth::ClientTokens;
+use ticketing_core::wire::ExtendStatus;
 use ticketing_tokio::client::{ReleaseOutcome, TicketBroker, TicketError, TlsMode};
 use ticketing_tokio::spawn_server;
 
@@ -475,4 +476,78 @@ async fn tls_with_a_ca_file_or_without_verification() {
     server.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
     std::fs::remove_dir_all(other_dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_keeps_the_token_and_outlives_the_first_lease() {
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+    let rival = ours_loopback(&server).await;
+
+    let ticket = broker
+        .acquire("renewed", WAIT, Duration::from_secs(2), Duration::ZERO)
+        .await
+        .unwrap();
+    let token = ticket.token();
+    let before = Instant::now();
+    let extended = ticket.extend(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(extended.status(), ExtendStatus::Extended);
+    // Conservative: no later than 10 s from just before the call, and the
+    // ticket moved to it.
+    assert!(extended.deadline() <= Instant::now() + Duration::from_secs(10));
+    assert!(extended.deadline() >= before + Duration::from_secs(9));
+    assert_eq!(ticket.conservative_valid_before(), extended.deadline());
+    assert!(ticket.remaining() > Duration::from_secs(8));
+
+    // Past the first lease (2 s), the renewed grant still holds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let refused = rival
+        .acquire("renewed", Duration::ZERO, LEASE, Duration::ZERO)
+        .await;
+    assert_eq!(refused.unwrap_err(), TicketError::Timeout);
+    assert_eq!(ticket.token(), token);
+    assert!(!ticket.is_lost());
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+
+    broker.close().await;
+    rival.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_a_released_grant_reports_it_lost() {
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+
+    let set = broker
+        .acquire_set(&["a", "b"], WAIT, LEASE, BUDGET)
+        .await
+        .unwrap();
+    let extended = set.extend(Duration::from_secs(20)).await.unwrap();
+    assert_eq!(extended.status(), ExtendStatus::Extended);
+    assert_eq!(set.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // A grant that is gone (here its 1 s lease ended) is not renewed: N.
+    let short = broker
+        .acquire("d", WAIT, Duration::from_secs(1), Duration::ZERO)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        short.extend(Duration::from_secs(10)).await.unwrap_err(),
+        TicketError::Lost
+    );
+    assert!(short.is_lost());
+    assert_eq!(short.remaining(), Duration::ZERO);
+    // Never resurrected; the release stays harmless.
+    assert_eq!(
+        short.extend(Duration::from_secs(10)).await.unwrap_err(),
+        TicketError::Lost
+    );
+    // (The server answers a release of a lapsed grant nobody took over
+    // with R, as before renewals existed.)
+    assert!(short.release().await.is_ok());
+
+    broker.close().await;
+    server.shutdown().await;
 }
