@@ -551,3 +551,70 @@ async fn extending_a_released_grant_reports_it_lost() {
     broker.close().await;
     server.shutdown().await;
 }
+
+/// Plays a server that speaks only the published protocol in front of
+/// `server`: bytes pass both ways, except that a connection whose first
+/// frame after the proof is our `X` is closed, as an unknown op closes it
+/// there. Returns its address and the count of connections it closed so.
+async fn published_only_proxy(
+    server: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closed_on_x = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&closed_on_x);
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut up_read, mut up_write) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut up_read, &mut client_write).await;
+                });
+                // The proof passes (the server answers it), then the first
+                // frame's op is looked at.
+                let mut proof = [0u8; ticketing_core::auth::PROOF_LEN];
+                let mut op = [0u8; 1];
+                if client_read.read_exact(&mut proof).await.is_err()
+                    || up_write.write_all(&proof).await.is_err()
+                    || client_read.read_exact(&mut op).await.is_err()
+                {
+                    return;
+                }
+                if op[0] == b'X' {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                let _ = up_write.write_all(&op).await;
+                let _ = tokio::io::copy(&mut client_read, &mut up_write).await;
+            });
+        }
+    });
+    (addr, closed_on_x)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_published_protocol_server_the_broker_falls_back_and_refuses_renewal() {
+    let server = loopback_server().await;
+    let (proxy, closed_on_x) = published_only_proxy(server.local_addr()).await;
+    let broker = TicketBroker::connect_loopback([proxy.to_string()]);
+    assert!(broker.wait_ready(READY).await, "ready without extensions");
+
+    let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+    assert!(matches!(
+        ticket.extend(Duration::from_secs(60)).await,
+        Err(TicketError::Unsupported(_))
+    ));
+    assert!(!ticket.is_lost());
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+    // Each of the two connections tried X once, then remembered.
+    let tried = closed_on_x.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&tried), "{tried}");
+
+    broker.close().await;
+    server.shutdown().await;
+}
