@@ -75,8 +75,9 @@ use crate::serve::Clock;
 
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ReleaseOutcome, Ticket, TicketSet, TlsMode,
+    ExtendResult, ReleaseOutcome, Ticket, TicketSet, TlsMode,
 };
+pub use ticketing_core::wire::ExtendStatus;
 
 mod endpoint;
 mod outcome;
