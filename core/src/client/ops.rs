@@ -69,8 +69,8 @@ pub struct ExtendOperation {
 
 impl ExtendOperation {
     /// A renewal of the grant `token` of `keys` to `lease` (1..=250 s,
-    /// rounded up to whole seconds), called at `now` and given up at
-    /// `deadline`.
+    /// rounded up to whole seconds), given up at `deadline` (a ticket gives
+    /// it [`EXTEND_RETRY_WINDOW`] from the call).
     pub fn new(
         keys: KeySet,
         token: u64,

@@ -105,7 +105,8 @@ pub struct SessionConfig {
     pub cluster_size: usize,
     /// Acquires awaiting a reply at most.
     pub pending_acquires_max: usize,
-    /// Releases awaiting a reply at most.
+    /// Releases (and renewals, which are sent like them) awaiting a reply
+    /// at most.
     pub pending_releases_max: usize,
     /// How long TCP, TLS and the handshake may take together.
     pub handshake_timeout: Duration,
@@ -476,7 +477,8 @@ impl Session {
 
     /// Queues a renewal (`W`) of the grant `token` of `keys` (every key of
     /// the grant) to `lease` from the server's receipt (1..=250 s, rounded
-    /// up), giving up at `deadline`. Returns its rid. Fails with
+    /// up), giving up at `deadline`; it counts against
+    /// [`SessionConfig::pending_releases_max`]. Returns its rid. Fails with
     /// [`ClientError::Unsupported`], sending nothing, unless the server
     /// granted [`Capabilities::EXTEND`] on this session.
     pub fn submit_extend(
