@@ -2489,3 +2489,23 @@ fn a_server_that_closes_on_x_is_reported_and_its_endpoint_stops_negotiating() {
         Capabilities::EXTEND
     );
 }
+
+#[test]
+fn the_broker_asks_for_extend_with_its_label() {
+    let config = BrokerConfig {
+        label: "host/1/job".into(),
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    };
+    for endpoint in config.endpoints().unwrap() {
+        assert_eq!(endpoint.session.extensions, Capabilities::EXTEND);
+        assert_eq!(endpoint.session.label(), "host/1/job");
+    }
+    let bad = BrokerConfig {
+        label: "tab\there".into(),
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    };
+    assert!(matches!(bad.endpoints(), Err(ClientError::InvalidInput(_))));
+    // The sessions a bare SessionConfig makes send no X (the published
+    // clients' behaviour).
+    assert_eq!(SessionConfig::single(b"").extensions, Capabilities::NONE);
+}

@@ -565,3 +565,37 @@ fn tickets_renew_in_process_and_over_tcp() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn a_broker_label_shows_with_its_connection_in_inspection() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start()
+            .unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+        let invalid = TicketBroker::builder()
+            .addrs([addr.clone()])
+            .allow_loopback_no_auth()
+            .label("a".repeat(65))
+            .connect();
+        assert!(matches!(invalid, Err(TicketError::InvalidInput(_))));
+        let remote = TicketBroker::builder()
+            .addrs([addr])
+            .allow_loopback_no_auth()
+            .label("host-1/4242/reprice")
+            .connect()
+            .unwrap();
+        assert!(remote.wait_ready(Duration::from_secs(5)).await);
+        let ticket = remote
+            .acquire("labelled", WAIT, LEASE, BUDGET)
+            .await
+            .unwrap();
+        let view = server.lock("labelled").unwrap().expect("held");
+        let conn = view.holder.unwrap().conn.expect("a TCP connection");
+        assert_eq!(conn.label.as_deref(), Some("host-1/4242/reprice"));
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+        remote.close().await;
+        server.shutdown().await;
+    });
+}

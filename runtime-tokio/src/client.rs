@@ -141,6 +141,14 @@ impl TicketBrokerBuilder {
         self.config.pending_max = pending_max;
         self
     }
+    /// A label naming this client to operators (e.g. `host/pid/job`), sent
+    /// after each handshake and shown with its connections in inspection
+    /// (`ticketing locks`): at most 64 bytes, no control characters
+    /// (checked by `connect`). Default: none.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.config.label = label.into();
+        self
+    }
     /// Allows the empty token against a server without authentication;
     /// only for IP loopback addresses.
     pub fn allow_loopback_no_auth(mut self) -> Self {
@@ -468,6 +476,7 @@ impl TicketBroker {
                 pending_max: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
                 silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+                label: String::new(),
             },
             tls: TlsMode::Off,
         }

@@ -67,6 +67,11 @@ pub struct BrokerConfig {
     /// ([`SILENCE_TIMEOUT_MIN`]..=[`SILENCE_TIMEOUT_MAX`], default
     /// [`DEFAULT_SILENCE_TIMEOUT`]).
     pub silence_timeout: Duration,
+    /// Names this client to operators (e.g. `host/pid/job`): sent with the
+    /// negotiation after each handshake and shown with its connections in
+    /// inspection. At most 64 bytes without control characters; empty:
+    /// none.
+    pub label: String,
 }
 
 impl fmt::Debug for BrokerConfig {
@@ -78,6 +83,7 @@ impl fmt::Debug for BrokerConfig {
             .field("pending_max", &self.pending_max)
             .field("allow_loopback_no_auth", &self.allow_loopback_no_auth)
             .field("silence_timeout", &self.silence_timeout)
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -101,6 +107,7 @@ impl BrokerConfig {
             pending_max: DEFAULT_MAX_PENDING,
             allow_loopback_no_auth: false,
             silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+            label: String::new(),
         }
     }
 
@@ -155,7 +162,8 @@ impl BrokerConfig {
                         silence_timeout: self.silence_timeout,
                         extensions: Capabilities::EXTEND,
                         ..SessionConfig::single(token)
-                    },
+                    }
+                    .with_label(&self.label)?,
                 };
                 Ok(vec![endpoint.clone(), endpoint])
             }
@@ -168,19 +176,21 @@ impl BrokerConfig {
                         "cluster mode requires exactly 3 or 5 slot-ordered server addresses",
                     ));
                 }
-                Ok(self
-                    .addrs
+                self.addrs
                     .iter()
                     .zip(0u8..)
-                    .map(|(addr, slot)| Endpoint {
-                        addr: addr.clone(),
-                        session: SessionConfig {
-                            silence_timeout: self.silence_timeout,
-                            extensions: Capabilities::EXTEND,
-                            ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
-                        },
+                    .map(|(addr, slot)| {
+                        Ok(Endpoint {
+                            addr: addr.clone(),
+                            session: SessionConfig {
+                                silence_timeout: self.silence_timeout,
+                                extensions: Capabilities::EXTEND,
+                                ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
+                            }
+                            .with_label(&self.label)?,
+                        })
                     })
-                    .collect())
+                    .collect()
             }
         }
     }
