@@ -188,6 +188,33 @@ impl LockMetrics {
     }
 }
 
+/// Pushes (`P`) sent to holders that asked for them, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PushCounts {
+    /// The lease ends soon.
+    pub lease_ending: u64,
+    /// Lost: the lease ran out.
+    pub expired: u64,
+    /// Lost: an operator force-released it.
+    pub force_released: u64,
+    /// Lost: the lease ran out at the hold cap.
+    pub cap_reached: u64,
+}
+
+impl PushCounts {
+    /// Counts one push of `kind`.
+    pub fn count(&mut self, kind: crate::wire::PushKind) {
+        use crate::wire::PushKind;
+        let counter = match kind {
+            PushKind::LeaseEnding => &mut self.lease_ending,
+            PushKind::Expired => &mut self.expired,
+            PushKind::ForceReleased => &mut self.force_released,
+            PushKind::CapReached => &mut self.cap_reached,
+        };
+        *counter += 1;
+    }
+}
+
 /// The kinds of reply a server sends, by their wire letter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ReplyKind {
@@ -268,7 +295,7 @@ impl ReplyKind {
             Reply::Error { .. } => ReplyKind::Error,
             Reply::Negotiated { .. } => ReplyKind::Negotiated,
             Reply::Extended { .. } => ReplyKind::Extended,
-            Reply::Leader { .. } => return None,
+            Reply::Leader { .. } | Reply::Push { .. } => return None,
         })
     }
 }
@@ -339,6 +366,8 @@ impl ReplyCounts {
 pub struct ServerMetrics {
     /// What the lock table counted.
     pub lock: LockMetrics,
+    /// Pushes sent to holders, by kind.
+    pub pushes: PushCounts,
     /// Replies sent, by kind.
     pub replies: ReplyCounts,
     /// Acquires answered `B` for a per-connection limit
@@ -512,6 +541,8 @@ pub struct ClusterMetrics {
     pub peers: Vec<PeerReplication>,
     /// What the replicated lock state counted.
     pub locks: ReplicatedLockMetrics,
+    /// Pushes this node sent to holders (as leader), by kind.
+    pub pushes: PushCounts,
     /// Replies sent, by kind.
     pub replies: ReplyCounts,
     /// Abusive or refused connections.

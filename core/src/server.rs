@@ -27,10 +27,12 @@ use crate::lock::{
     ReleaseOutcome, WaiterId,
 };
 use crate::machine::{Machine, Output};
-use crate::metrics::{ClosedReplies, ReplyCounts, ServerMetrics};
+use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{Capabilities, ExtendStatus, Key, KeyGroup, NO_LEADER_SLOT, Reply, Request};
+use crate::wire::{
+    Capabilities, ExtendStatus, Key, KeyGroup, NO_LEADER_SLOT, PushKind, Reply, Request,
+};
 
 mod held;
 mod inspect;
@@ -38,6 +40,7 @@ mod metrics;
 #[cfg(test)]
 mod value_path_tests;
 
+use crate::conn::pushes::{Watch, Watches};
 use held::HeldCounts;
 pub use inspect::QUEUED_ADMIN_REPLIES_MAX;
 
@@ -140,6 +143,10 @@ pub struct Server {
     closed_replies: ClosedReplies,
     /// Answers to force-releases, for the driver.
     admin_replies: inspect::AdminReplies,
+    /// Grants delivered to connections that asked for pushes.
+    watches: Watches,
+    /// Pushes sent, by kind.
+    pushes: PushCounts,
 }
 
 #[derive(Debug)]
@@ -183,6 +190,38 @@ fn send_grant(
 ) {
     send(conn_id, conn, wakes, reply_to, Answer::Granted { token });
     conn.out.record_grant(token, keys);
+}
+
+/// Watches the grant just sent to `conn` when it negotiated pushes: its
+/// holder hears when the lease is ending, and when it is lost.
+fn watch_grant(
+    table: &LockTable,
+    watches: &mut Watches,
+    (conn_id, conn): (ConnId, &Conn),
+    token: u64,
+    keys: &KeyGroup,
+    (lease, deadline): (Duration, Instant),
+) {
+    if !conn.front.capabilities().contains(Capabilities::PUSH) {
+        return;
+    }
+    let Some(key) = keys.keys().first() else {
+        return;
+    };
+    let cap_at = table
+        .extension_of(key.as_bytes())
+        .and_then(|extension| extension.cap_at);
+    watches.watch(
+        token,
+        Watch {
+            conn: conn_id,
+            key: key.clone(),
+            lease,
+            deadline,
+            warned: false,
+            cap_at,
+        },
+    );
 }
 
 /// When the grant just made on `keys` ends (the table's lease deadline of
@@ -238,6 +277,8 @@ impl Server {
             reserve: TokenReserve::unlimited(),
             closed_replies: ClosedReplies::default(),
             admin_replies: inspect::AdminReplies::default(),
+            watches: Watches::default(),
+            pushes: PushCounts::default(),
         }
     }
 
@@ -389,6 +430,15 @@ impl Server {
             AcquireOutcome::Granted { token } => {
                 let expires = lease_end(&self.table, &keys, now);
                 self.held.add(conn_id, keys.len(), expires);
+                let lease = Duration::from_secs(u64::from(lease_s));
+                watch_grant(
+                    &self.table,
+                    &mut self.watches,
+                    (conn_id, conn),
+                    token,
+                    &keys,
+                    (lease, expires),
+                );
                 send_grant(conn_id, conn, &mut self.wakes, &reply_to, token, keys);
                 return;
             }
@@ -413,6 +463,9 @@ impl Server {
                 .abuse(now, source, AbuseKind::TokenFromTheFuture);
         }
         let (outcome, grant) = self.table.release_grant(now, &keys, token);
+        if outcome == ReleaseOutcome::Released {
+            self.watches.forget(token);
+        }
         if let Some(grant) = grant {
             self.held
                 .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
@@ -472,6 +525,10 @@ impl Server {
             self.held.released(holder, grant.keys, grant.lease_deadline);
             self.held.add(holder, grant.keys, expires_at);
         }
+        if let Some(expires_at) = outcome.expires_at() {
+            let lease = expires_at.saturating_duration_since(now);
+            self.watches.renewed(token, lease, expires_at);
+        }
         let lease_left = |until: Instant| {
             let ms = until.saturating_duration_since(now).as_millis();
             u32::try_from(ms).unwrap_or(u32::MAX)
@@ -494,6 +551,77 @@ impl Server {
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             send(conn_id, conn, &mut self.wakes, &reply_to, answer);
         }
+    }
+
+    /// Tells the holders whose watches are due at `now`: a lease ending
+    /// soon, or lost (it ran out, at its cap or not). The table says
+    /// whether the grant is current; a holder whose connection is gone is
+    /// told nothing.
+    fn serve_watches(&mut self, now: Instant) {
+        while let Some((token, mut watch)) = self.watches.next_due(now) {
+            if self
+                .conns
+                .get(&watch.conn)
+                .is_none_or(|conn| conn.out.is_closing())
+            {
+                continue;
+            }
+            let current = self
+                .table
+                .grant_of(watch.key.as_bytes())
+                .filter(|grant| grant.token == token && grant.lease_deadline > now);
+            match current {
+                Some(grant) if grant.lease_deadline != watch.deadline => {
+                    // Renewed from another connection: watch the new lease.
+                    watch.lease = grant.lease_deadline.saturating_duration_since(now);
+                    watch.deadline = grant.lease_deadline;
+                    watch.warned = false;
+                    self.watches.watch(token, watch);
+                }
+                Some(grant) => {
+                    if !watch.warned {
+                        let left = grant.lease_deadline.saturating_duration_since(now);
+                        let ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+                        self.push(watch.conn, token, PushKind::LeaseEnding, ms);
+                        watch.warned = true;
+                    }
+                    self.watches.watch(token, watch);
+                }
+                None => {
+                    // Neither released by its holder nor revoked (those end
+                    // the watch): its lease ran out.
+                    let kind = if watch.cap_at == Some(watch.deadline) {
+                        PushKind::CapReached
+                    } else {
+                        PushKind::Expired
+                    };
+                    self.push(watch.conn, token, kind, 0);
+                }
+            }
+        }
+    }
+
+    /// Queues a push about `token` for `conn` (a connection that
+    /// negotiated pushes).
+    fn push(&mut self, conn_id: ConnId, token: u64, kind: PushKind, lease_ms: u32) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        if conn.out.is_closing() {
+            return;
+        }
+        let reply = Reply::Push {
+            token,
+            kind,
+            lease_ms,
+        };
+        if conn.values {
+            conn.out.queue_reply(reply);
+        } else {
+            reply.encode(conn.out.buffer_mut());
+        }
+        self.pushes.count(kind);
+        self.wakes.wake(conn_id, &mut conn.out);
     }
 
     /// Keys held by the grants delivered to `conn` (for tests and metrics).
@@ -548,6 +676,16 @@ impl Server {
                 Some(token) => {
                     let expires = lease_deadline.unwrap_or(now);
                     self.held.add(queued.conn, queued.keys.len(), expires);
+                    let lease = expires.saturating_duration_since(now);
+                    let holder = (queued.conn, &*conn);
+                    watch_grant(
+                        &self.table,
+                        &mut self.watches,
+                        holder,
+                        token,
+                        &queued.keys,
+                        (lease, expires),
+                    );
                     send_grant(queued.conn, conn, &mut self.wakes, to, token, queued.keys);
                 }
                 None => send(queued.conn, conn, &mut self.wakes, to, Answer::TimedOut),
@@ -611,8 +749,11 @@ impl Server {
     pub fn metrics(&self) -> ServerMetrics {
         ServerMetrics::assemble(
             &self.table,
-            self.closed_replies
-                .total(self.conns.values().map(|c| &c.replies)),
+            (
+                self.closed_replies
+                    .total(self.conns.values().map(|c| &c.replies)),
+                self.pushes,
+            ),
             self.reports.totals(),
             (self.sessions, self.line_sessions),
             self.handshakes.len(),
@@ -696,8 +837,8 @@ impl Machine for Server {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front =
-            ClientFront::new(hello, SINGLE_FINGERPRINT, deadline).serving(Capabilities::EXTEND);
+        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline)
+            .serving(Capabilities::EXTEND.union(Capabilities::PUSH));
         let mut conn = Conn {
             out: Outbound::new(front.hello_bytes().to_vec()),
             front,
@@ -868,6 +1009,7 @@ impl Machine for Server {
         self.held.expire(now);
         self.reports.handle_timeout(now);
         self.drain_lock_events(now);
+        self.serve_watches(now);
     }
 
     /// `value` is durable: tokens up to it may be issued; waiters held back
@@ -903,6 +1045,9 @@ impl Machine for Server {
             if let Some(grant) = grant.filter(|grant| grant.token == *revoked) {
                 self.held
                     .released(ConnId(grant.holder), grant.keys, grant.lease_deadline);
+            }
+            if let Some(watch) = self.watches.forget(*revoked) {
+                self.push(watch.conn, *revoked, PushKind::ForceReleased, 0);
             }
             self.reports
                 .force_released(keys.clone(), *revoked, *handed_to);
@@ -964,6 +1109,7 @@ impl Machine for Server {
             self.handshake_deadlines.earliest(),
             self.reports.poll_timeout(),
             self.reserve.poll_timeout(),
+            self.watches.poll_timeout(),
         ]
         .into_iter()
         .flatten()

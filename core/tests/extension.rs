@@ -13,7 +13,7 @@ use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode, ExtendRequest, ExtendStatus, Key,
-    KeyGroup, NO_LEADER_SLOT, NegotiateRequest, ReleaseRequest, Reply, Request,
+    KeyGroup, NO_LEADER_SLOT, NegotiateRequest, PushKind, ReleaseRequest, Reply, Request,
 };
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -186,7 +186,7 @@ fn capabilities_the_server_does_not_have_are_not_granted() {
         h.call(conn, &negotiate(1, Capabilities(0xFFFF_FFFF), "")),
         [Reply::Negotiated {
             rid: 1,
-            granted: Capabilities::EXTEND
+            granted: Capabilities::KNOWN
         }]
     );
     let other = h.connect();
@@ -402,4 +402,139 @@ fn w_with_token_0_or_a_bad_lease_gets_its_code_and_the_session_goes_on() {
         }]
     );
     granted(&h.call(conn, &acquire(4, &["k"], 0, 10)));
+}
+
+// ---------------------------------------------------------------- pushes
+
+impl Harness {
+    /// A connection that negotiated renewal and pushes.
+    fn connect_pushed(&mut self) -> ConnId {
+        let conn = self.connect();
+        let both = Capabilities::EXTEND.union(Capabilities::PUSH);
+        assert_eq!(
+            self.call(conn, &negotiate(1, both, "pushed")),
+            [Reply::Negotiated {
+                rid: 1,
+                granted: both
+            }]
+        );
+        conn
+    }
+
+    /// What `conn` was sent since it was last read.
+    fn unsolicited(&mut self, conn: ConnId) -> Vec<Reply> {
+        decode_all(&self.take(conn).0)
+    }
+}
+
+fn push(token: u64, kind: PushKind, lease_ms: u32) -> Reply {
+    Reply::Push {
+        token,
+        kind,
+        lease_ms,
+    }
+}
+
+#[test]
+fn a_holder_that_asked_hears_its_lease_is_ending_and_then_that_it_ran_out() {
+    let mut h = Harness::new();
+    let conn = h.connect_pushed();
+    let token = granted(&h.call(conn, &acquire(2, &["k"], 0, 8)));
+    // A quarter of an 8 s lease: told 2 s before the end, not earlier.
+    h.advance(Duration::from_millis(5_999));
+    assert_eq!(h.unsolicited(conn), []);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        h.unsolicited(conn),
+        [push(token, PushKind::LeaseEnding, 2_000)]
+    );
+    h.advance(Duration::from_millis(1_999));
+    assert_eq!(h.unsolicited(conn), []);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.unsolicited(conn), [push(token, PushKind::Expired, 0)]);
+    h.advance(Duration::from_secs(30));
+    assert_eq!(h.unsolicited(conn), [], "told once");
+}
+
+#[test]
+fn a_renewal_moves_the_warning_to_the_renewed_lease() {
+    let mut h = Harness::new();
+    let conn = h.connect_pushed();
+    let token = granted(&h.call(conn, &acquire(2, &["k"], 0, 4)));
+    h.advance(Duration::from_secs(2));
+    h.call(conn, &extend(3, &["k"], token, 8));
+    // The first lease's warning time (3 s) passes in silence; the renewed
+    // lease ends at 10 s and is told 2 s before.
+    h.advance(Duration::from_millis(5_999));
+    assert_eq!(h.unsolicited(conn), []);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        h.unsolicited(conn),
+        [push(token, PushKind::LeaseEnding, 2_000)]
+    );
+}
+
+#[test]
+fn a_force_release_is_pushed_at_once_and_a_release_by_the_holder_is_not() {
+    let mut h = Harness::new();
+    let conn = h.connect_pushed();
+    let revoked = granted(&h.call(conn, &acquire(2, &["a"], 0, 60)));
+    let released = granted(&h.call(conn, &acquire(3, &["b"], 0, 60)));
+    h.server.handle_force_release(
+        h.now,
+        ticketing_core::inspect::AdminRequestId(1),
+        ForceRelease {
+            key: Key::new(b"a").unwrap(),
+            token: None,
+        },
+    );
+    assert_eq!(
+        h.unsolicited(conn),
+        [push(revoked, PushKind::ForceReleased, 0)]
+    );
+    assert_eq!(
+        h.call(conn, &release(4, &["b"], released)),
+        [Reply::Released { rid: 4 }]
+    );
+    h.advance(Duration::from_secs(120));
+    assert_eq!(h.unsolicited(conn), [], "nothing about either any more");
+}
+
+#[test]
+fn a_lease_that_runs_out_into_a_waiters_hands_is_pushed_as_expired() {
+    let mut h = Harness::new();
+    let holder = h.connect_pushed();
+    let waiter = h.connect();
+    let token = granted(&h.call(holder, &acquire(2, &["k"], 0, 2)));
+    assert_eq!(h.call(waiter, &acquire(1, &["k"], 30, 5)), []);
+    h.advance(Duration::from_secs(1));
+    assert_eq!(
+        h.unsolicited(holder),
+        [push(token, PushKind::LeaseEnding, 1_000)]
+    );
+    h.advance(Duration::from_secs(1));
+    assert!(granted(&h.unsolicited(waiter)) > token);
+    assert_eq!(h.unsolicited(holder), [push(token, PushKind::Expired, 0)]);
+}
+
+#[test]
+fn no_connection_that_did_not_ask_for_pushes_ever_gets_one() {
+    let mut h = Harness::new();
+    let plain = h.connect();
+    let renewing = h.connect_extended("renews, no pushes");
+    granted(&h.call(plain, &acquire(1, &["a"], 0, 2)));
+    granted(&h.call(renewing, &acquire(2, &["b"], 0, 2)));
+    h.server.handle_force_release(
+        h.now,
+        ticketing_core::inspect::AdminRequestId(1),
+        ForceRelease {
+            key: Key::new(b"b").unwrap(),
+            token: None,
+        },
+    );
+    for _ in 0..10 {
+        h.advance(Duration::from_secs(1));
+        assert_eq!(h.take(plain).0, Vec::<u8>::new());
+        assert_eq!(h.take(renewing).0, Vec::<u8>::new());
+    }
 }

@@ -1685,3 +1685,41 @@ fn extension_replies_round_trip_and_answer_only_their_requests() {
     assert!(Reply::NotFound { rid: 3 }.answers(Extend));
     assert!(!Reply::NotFound { rid: 3 }.answers(Negotiate));
 }
+
+#[test]
+fn a_push_has_the_documented_bytes_no_rid_and_answers_nothing() {
+    let reply = Reply::Push {
+        token: 9,
+        kind: PushKind::LeaseEnding,
+        lease_ms: 1_500,
+    };
+    let mut bytes = Vec::new();
+    reply.encode(&mut bytes);
+    assert_eq!(
+        bytes,
+        frame(
+            b'P',
+            &[&9u64.to_be_bytes()[..], &[1], &1_500u32.to_be_bytes()].concat()
+        )
+    );
+    assert_eq!(Reply::decode(&bytes), Ok(Some((reply, bytes.len()))));
+    assert_eq!(reply.rid(), None);
+    use RequestKind::*;
+    for kind in [Acquire, Release, AcquireSet, ReleaseSet, Negotiate, Extend] {
+        assert!(!reply.answers(kind), "{kind:?}");
+    }
+    for (byte, kind) in [
+        (2, PushKind::Expired),
+        (3, PushKind::ForceReleased),
+        (4, PushKind::CapReached),
+    ] {
+        assert_eq!(PushKind::from_u8(byte), Some(kind));
+        assert!(kind.is_lost());
+    }
+    let mut unknown = bytes.clone();
+    unknown[11] = 5;
+    assert_eq!(Reply::decode(&unknown), Err(ReplyError::UnknownPush(5)));
+    let mut zero = bytes;
+    zero[3..11].copy_from_slice(&0u64.to_be_bytes());
+    assert_eq!(Reply::decode(&zero), Err(ReplyError::Zero));
+}

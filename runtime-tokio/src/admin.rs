@@ -303,6 +303,52 @@ fn abuse(e: &mut DescriptorEncoder, m: &ticketing_core::metrics::AbuseCounts) ->
     )
 }
 
+/// Renewals by exact token, by result, and leases that ran out after one
+/// (a renewer that hung or lost its way to the server).
+fn extensions(
+    e: &mut DescriptorEncoder,
+    counts: &ticketing_core::metrics::ExtensionCounts,
+    expiries_extended: u64,
+) -> fmt::Result {
+    counters(
+        e,
+        "extensions",
+        "Renewals by exact token (W), by result: renewed, clipped at the hold cap, refused at \
+         the cap, or the token not current (nothing changed).",
+        "result",
+        &[
+            ("ok", counts.extended),
+            ("clipped", counts.clipped),
+            ("at_cap", counts.at_cap),
+            ("not_current", counts.not_current),
+        ],
+    )?;
+    counter(
+        e,
+        "lease_expiries_after_extension",
+        "Leases that ran out after at least one renewal: a renewer that stopped renewing \
+         (hung, partitioned, or its work ended without a release).",
+        expiries_extended,
+    )
+}
+
+/// Pushes sent to holders, by kind.
+fn pushes(e: &mut DescriptorEncoder, m: &ticketing_core::metrics::PushCounts) -> fmt::Result {
+    counters(
+        e,
+        "pushes",
+        "Pushes to holders that asked for them, by kind: the lease is ending, or lost (it \
+         ran out, was force-released, or reached its hold cap).",
+        "kind",
+        &[
+            ("lease_ending", m.lease_ending),
+            ("expired", m.expired),
+            ("force_released", m.force_released),
+            ("cap_reached", m.cap_reached),
+        ],
+    )
+}
+
 /// Single mode's series, in exposition order.
 fn encode_single(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Result {
     single_lock_events(e, m)?;
@@ -354,6 +400,8 @@ fn single_lock_events(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Resu
             ("false", l.expiries_not_handed_over),
         ],
     )?;
+    extensions(e, &l.extensions, l.expiries_extended)?;
+    pushes(e, &m.pushes)?;
     counters(
         e,
         "timeouts",
@@ -615,6 +663,8 @@ fn cluster_lock_events(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Re
         "Operator force-releases applied that revoked a grant (also counted in releases).",
         m.locks.force_releases,
     )?;
+    extensions(e, &m.locks.extensions, m.locks.expiries_extended)?;
+    pushes(e, &m.pushes)?;
     busy(
         e,
         "Leader: acquires answered B, by the limit that was reached.",

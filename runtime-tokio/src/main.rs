@@ -222,6 +222,9 @@ mod lock {
 
     use std::process::ExitCode;
 
+    use ticketing_core::client::holder::StopPlan;
+
+    use crate::guard;
     use ticketing_tokio::TicketError;
     use ticketing_tokio::config::{LockArgs, lock_exit};
     use ticketing_tokio::terminal::terminal_safe;
@@ -316,13 +319,27 @@ mod lock {
             }
         };
         let (program, rest) = args.command.split_first().expect("clap requires a command");
-        let spawned = tokio::process::Command::new(program)
+        let valid_before = ticket.conservative_valid_before();
+        let mut command = tokio::process::Command::new(program);
+        command
             .args(rest)
             .env("TICKETING_KEY", &args.key)
             .env("TICKETING_TOKEN", ticket.token().to_string())
-            .spawn();
+            .env(
+                "TICKETING_DEADLINE_UNIX_MS",
+                unix_ms(valid_before).to_string(),
+            );
+        if !args.no_kill {
+            // Today's behaviour with --no-kill: the command stays in this
+            // process group, where it may read the terminal.
+            guard::own_group_ended_with_us(&mut command);
+        }
+        let spawned = command.spawn();
         let status = match spawned {
-            Ok(mut child) => wait_child(&mut child, ticket.conservative_valid_before()).await,
+            Ok(mut child) => {
+                let stop = (!args.no_kill).then_some(args.kill_after);
+                wait_child(&mut child, valid_before, stop).await
+            }
             Err(e) => {
                 let code = if e.kind() == std::io::ErrorKind::NotFound {
                     lock_exit::NOT_FOUND
@@ -348,32 +365,83 @@ mod lock {
         }
     }
 
-    /// Waits for the command, warning once if the lease lapses first (the
-    /// lock no longer excludes anyone), and passing SIGINT/SIGTERM on by
-    /// staying alive until the command exits: SIGINT from a terminal
-    /// reaches the command through the process group; SIGTERM kills it.
+    /// `at` as milliseconds since the Unix epoch by this machine's clock.
+    fn unix_ms(at: std::time::Instant) -> u128 {
+        let wall = std::time::SystemTime::now();
+        let now = std::time::Instant::now();
+        let at_wall = match at.checked_duration_since(now) {
+            Some(ahead) => wall + ahead,
+            None => wall - now.duration_since(at),
+        };
+        at_wall
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis())
+    }
+
+    /// Waits for the command. With `stop` (the grace between SIGTERM and
+    /// SIGKILL), its process group is stopped before the lease could
+    /// lapse, by the core's [`StopPlan`], and the exit is [`lock_exit::LOST`];
+    /// without, it only warns once when the lease lapses (the lock no
+    /// longer excludes anyone). SIGINT and SIGTERM received are passed on
+    /// to the command's group, and this waits for it to exit.
     async fn wait_child(
         child: &mut tokio::process::Child,
         valid_before: std::time::Instant,
+        stop: Option<std::time::Duration>,
     ) -> Result<std::process::ExitStatus, u8> {
+        let now = std::time::Instant::now();
+        let left = valid_before.saturating_duration_since(now);
+        let plan = stop.map(|grace| StopPlan::for_deadline(left, grace));
+        let far = now + std::time::Duration::from_secs(365 * 24 * 3_600);
+        let ask_at = plan.map_or(far, |plan| now + plan.ask_in);
+        let force_at = plan.map_or(far, |plan| now + plan.force_in);
+        let ask = tokio::time::sleep_until(ask_at.into());
+        let force = tokio::time::sleep_until(force_at.into());
         let lapse = tokio::time::sleep_until(valid_before.into());
-        tokio::pin!(lapse);
-        let mut warned = false;
+        tokio::pin!(ask, force, lapse);
+        let (mut asked, mut forced, mut warned) = (false, false, stop.is_some());
+        let group = child.id();
         let mut signals = Signals::new();
         loop {
             tokio::select! {
                 status = child.wait() => {
-                    return status.map_err(|e| {
+                    let status = status.map_err(|e| {
                         eprintln!("ticketing lock: waiting for the command failed: {e}");
                         lock_exit::SOFTWARE
-                    });
+                    })?;
+                    if stop.is_some() {
+                        // Whatever else of its group still runs goes too:
+                        // the lock is about to be released.
+                        guard::signal_group(group, guard::Stop::Kill);
+                    }
+                    return if asked { Err(lock_exit::LOST) } else { Ok(status) };
+                }
+                () = &mut ask, if !asked => {
+                    asked = true;
+                    eprintln!(
+                        "ticketing lock: the lease ends in {} ms and is not renewed: stopping the command (SIGTERM)",
+                        valid_before.saturating_duration_since(std::time::Instant::now()).as_millis()
+                    );
+                    guard::signal_group(group, guard::Stop::Ask);
+                }
+                () = &mut force, if asked && !forced => {
+                    forced = true;
+                    eprintln!("ticketing lock: the command did not stop: SIGKILL before the lease ends");
+                    guard::signal_group(group, guard::Stop::Kill);
                 }
                 () = &mut lapse, if !warned => {
                     warned = true;
                     eprintln!("ticketing lock: warning: the lease has lapsed while the command runs; the lock no longer excludes others");
                 }
                 terminate = signals.recv() => {
-                    if terminate {
+                    if stop.is_some() {
+                        // Its own group: the terminal's SIGINT did not
+                        // reach it.
+                        let signal = if terminate { guard::Stop::Ask } else { guard::Stop::Interrupt };
+                        guard::signal_group(group, signal);
+                    } else if terminate {
+                        // In our group: SIGINT reached it from the
+                        // terminal; SIGTERM did not.
                         let _ = child.start_kill();
                     }
                 }
@@ -442,3 +510,73 @@ mod lock {
 }
 
 mod bench;
+
+/// The guarded command's process: its own process group (so a stop
+/// reaches everything it started), ended by the kernel if this CLI dies
+/// (Linux), and signalled as a group.
+mod guard {
+    /// A signal to the command's group.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) enum Stop {
+        /// SIGINT, passed on from the terminal.
+        Interrupt,
+        /// SIGTERM: stop now, cleanly.
+        Ask,
+        /// SIGKILL.
+        Kill,
+    }
+
+    /// Makes the command a process group of its own, ended with SIGTERM
+    /// when this process dies.
+    #[cfg(unix)]
+    pub(crate) fn own_group_ended_with_us(command: &mut tokio::process::Command) {
+        command.process_group(0);
+        #[cfg(target_os = "linux")]
+        {
+            let parent = rustix::process::getpid();
+            // SAFETY: the closure runs in the child between fork and exec,
+            // where only async-signal-safe calls are allowed: it makes two
+            // raw system calls (prctl, getppid) and allocates nothing.
+            #[allow(unsafe_code)]
+            unsafe {
+                command.pre_exec(move || {
+                    rustix::process::set_parent_process_death_signal(Some(
+                        rustix::process::Signal::TERM,
+                    ))?;
+                    // This CLI died before the request took hold: its
+                    // lock is not ours to run under.
+                    if rustix::process::getppid() != Some(parent) {
+                        return Err(std::io::Error::other("ticketing lock exited"));
+                    }
+                    Ok(())
+                });
+            }
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn own_group_ended_with_us(_command: &mut tokio::process::Command) {}
+
+    /// Sends `stop` to the process group led by `leader` (the command's
+    /// pid); nothing if it is gone.
+    #[cfg(unix)]
+    pub(crate) fn signal_group(leader: Option<u32>, stop: Stop) {
+        use rustix::process::{Pid, Signal, kill_process_group};
+        let Some(pid) = leader
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw)
+        else {
+            return;
+        };
+        let signal = match stop {
+            Stop::Interrupt => Signal::INT,
+            Stop::Ask => Signal::TERM,
+            Stop::Kill => Signal::KILL,
+        };
+        // ESRCH: the group is gone already, which is what was wanted.
+        let _ = kill_process_group(pid, signal);
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn signal_group(_leader: Option<u32>, _stop: Stop) {}
+}

@@ -181,3 +181,180 @@ where
     }
     outputs
 }
+
+/// Whether process `pid` still exists (a zombie counts as gone: it runs
+/// nothing).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Reads the pids the script wrote to `file`, one a line.
+fn pids(file: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_renewal_the_command_and_its_children_are_stopped_before_the_lease_lapses() {
+    let server = loopback_server().await;
+    let pid_file = scratch_file("stopped.pids");
+    // The command starts a child of its own and outlives the lease.
+    let script = format!(
+        "sleep 30 & echo $! >> '{0}'; echo $$ >> '{0}'; wait",
+        pid_file.display()
+    );
+    let started = std::time::Instant::now();
+    let output = lock(
+        &server,
+        "job",
+        &["--lease", "3s", "--kill-after", "1s"],
+        &script,
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "stopped after {elapsed:?}"
+    );
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    let pids = pids(&pid_file);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids {
+        assert!(
+            !alive(pid),
+            "process {pid} of the command's group still runs"
+        );
+    }
+    // Released on the way out: the key is free at once.
+    let broker = TicketBroker::connect_loopback([server.local_addr().to_string()]);
+    let ticket = broker
+        .acquire("job", Duration::ZERO, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    ticket.release().await.unwrap();
+    broker.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_ignores_sigterm_is_killed_before_the_lease_ends() {
+    let server = loopback_server().await;
+    let started = std::time::Instant::now();
+    let output = lock(
+        &server,
+        "stubborn",
+        &["--lease", "3s", "--kill-after", "1s"],
+        "trap '' TERM; while :; do sleep 0.05; done",
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    assert!(elapsed < Duration::from_secs(3), "killed after {elapsed:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("SIGKILL"), "{stderr}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_is_told_its_deadline_and_a_short_one_runs_to_its_end() {
+    let server = loopback_server().await;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let output = lock(
+        &server,
+        "quick",
+        &["--lease", "10s"],
+        r#"echo "$TICKETING_DEADLINE_UNIX_MS"; exit 3"#,
+    )
+    .await;
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let deadline: u128 = String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("a number of ms");
+    // The lease from the acquire's send, which came between the two
+    // readings (the client's deadline may be a little earlier, never later).
+    assert!(deadline <= after + 10_000, "{deadline} vs {after}");
+    assert!(
+        deadline + 2_000 >= before + 10_000,
+        "{deadline} vs {before}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_kill_the_command_runs_past_its_lease_with_a_warning() {
+    let server = loopback_server().await;
+    let output = lock(
+        &server,
+        "slow",
+        &["--lease", "1s", "--budget", "0s", "--no-kill"],
+        "sleep 1.5",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("lease has lapsed"), "{stderr}");
+    server.shutdown().await;
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_ends_when_the_cli_is_killed() {
+    let server = loopback_server().await;
+    let pid_file = scratch_file("orphan.pid");
+    let addr = server.local_addr().to_string();
+    let script = format!("echo $$ > '{}'; exec sleep 30", pid_file.display());
+    let mut cli = tokio::process::Command::new(BIN)
+        .args(["lock", "orphan", "--addr", &addr, "--", "sh", "-c", &script])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let command = loop {
+        if let Some(&pid) = pids(&pid_file).first() {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cli.start_kill().unwrap();
+    cli.wait().await.unwrap();
+    let killed = std::time::Instant::now();
+    while alive(command) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the command outlived the CLI"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await;
+}

@@ -1343,8 +1343,9 @@ impl<'t> ClusterWorld<'t> {
                     matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
                         || (!acquire && code == ErrorCode::GroupMismatch)
                 }
-                // The sim's clients negotiate no extension.
-                Reply::Negotiated { .. } | Reply::Extended { .. } => false,
+                // The sim's clients negotiate no extension; `P` has no rid
+                // and never gets here.
+                Reply::Negotiated { .. } | Reply::Extended { .. } | Reply::Push { .. } => false,
                 Reply::Leader { .. } => false,
             };
             if !fits {

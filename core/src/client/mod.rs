@@ -23,6 +23,8 @@
 //!   released once (explicitly or on drop) through its [`Broker`].
 //! - [`BrokerConfig`]: validation of what a user configures, and the
 //!   connections it implies (one address means two connections).
+//! - [`holder::StopPlan`]: when guarded work is asked to stop, and made to,
+//!   before its lease could lapse (`ticketing lock`).
 //!
 //! Files: [`session`] (one connection), [`ops`] (parameters, key sets,
 //! grants, the logical operations and the release queue), [`routing`]
@@ -38,6 +40,7 @@
 mod broker;
 pub mod config;
 pub mod error;
+pub mod holder;
 pub mod ops;
 pub mod request;
 pub mod routing;

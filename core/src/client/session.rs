@@ -848,6 +848,9 @@ impl Session {
                 }
                 return self.push_leader_hint(leader_slot);
             }
+            // Advisory, and only sent to a session that asked for them
+            // (this one does not): a push changes no request's outcome.
+            Reply::Push { .. } => return,
             other => other.rid().unwrap_or(0),
         };
         let Some(entry) = self.take_answered(now, rid, &reply) else {
@@ -942,9 +945,9 @@ impl Session {
                     },
                 );
             }
-            // `answers` admits `X` only to our negotiation (handled above)
-            // and `L` to nothing.
-            Reply::Leader { .. } | Reply::Negotiated { .. } => {}
+            // `answers` admits `X` only to our negotiation (handled above),
+            // and `L` and `P` (handled before matching) to nothing.
+            Reply::Leader { .. } | Reply::Push { .. } | Reply::Negotiated { .. } => {}
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::budget::AbuseCounts;
 use crate::cluster::state::ReplicatedLocks;
-use crate::metrics::{ClusterMetrics, PeerReplication, ReplyCounts};
+use crate::metrics::{ClusterMetrics, PeerReplication, PushCounts, ReplyCounts};
 use crate::raft::Raft;
 
 /// Assembles a cluster node's snapshot from its parts
@@ -55,6 +55,7 @@ pub(crate) fn cluster_metrics(
         raft: raft.counters(),
         peers,
         locks: state.metrics().clone(),
+        pushes: PushCounts::default(),
         replies,
         abuse,
         held_keys: state.held_keys() as u64,

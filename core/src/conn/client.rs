@@ -435,6 +435,15 @@ impl ClientFront {
         self
     }
 
+    /// What the connection negotiated ([`Capabilities::NONE`] for every
+    /// published client).
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        match &self.phase {
+            Phase::V3(decoder) => decoder.capabilities(),
+            _ => Capabilities::NONE,
+        }
+    }
+
     /// The label the client gave in its `X`, if any.
     pub(crate) fn label(&self) -> Option<&str> {
         self.extensions.label.as_deref()

@@ -26,6 +26,7 @@ use crate::time::Instant;
 use crate::wire::{KeyGroup, Reply};
 
 pub(crate) mod client;
+pub(crate) mod pushes;
 
 /// A connection, as named by its owner (server or cluster node). Never
 /// reused.

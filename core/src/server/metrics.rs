@@ -4,14 +4,14 @@
 
 use crate::budget::AbuseCounts;
 use crate::lock::LockTable;
-use crate::metrics::{ReplyCounts, ReplyKind, ServerMetrics};
+use crate::metrics::{PushCounts, ReplyCounts, ReplyKind, ServerMetrics};
 
 impl ServerMetrics {
     /// Assembles a snapshot; the `B` replies the table did not decide are
     /// those of the per-connection limits.
     pub(crate) fn assemble(
         table: &LockTable,
-        replies: ReplyCounts,
+        (replies, pushes): (ReplyCounts, PushCounts),
         abuse: AbuseCounts,
         (sessions, line_sessions): (usize, usize),
         handshakes: usize,
@@ -22,6 +22,7 @@ impl ServerMetrics {
             .saturating_sub(table.metrics().busy_total());
         ServerMetrics {
             lock: table.metrics().clone(),
+            pushes,
             replies,
             busy_per_connection,
             abuse,

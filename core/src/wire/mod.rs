@@ -33,7 +33,7 @@ pub use decode::{
     Decoded, FrameError, RequestDecoder, check_request, decode_request, decode_request_with,
 };
 pub use key::{Key, KeyGroup};
-pub use reply::{ExtendStatus, Reply, ReplyError};
+pub use reply::{ExtendStatus, PushKind, Reply, ReplyError};
 pub use request::{AcquireRequest, ExtendRequest, NegotiateRequest, ReleaseRequest, Request};
 
 /// Longest key, in bytes.
@@ -75,8 +75,16 @@ impl Capabilities {
     pub const NONE: Capabilities = Capabilities(0);
     /// `W`: renew a grant by its exact token.
     pub const EXTEND: Capabilities = Capabilities(1);
+    /// `P` frames: the server tells the holder that its lease is ending or
+    /// that its grant is lost.
+    pub const PUSH: Capabilities = Capabilities(2);
     /// Every bit this build knows.
-    pub const KNOWN: Capabilities = Capabilities(1);
+    pub const KNOWN: Capabilities = Capabilities(3);
+
+    /// The bits set in either.
+    pub fn union(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 | other.0)
+    }
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Capabilities) -> bool {

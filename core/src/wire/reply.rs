@@ -15,6 +15,39 @@ pub enum ExtendStatus {
     AtCap = 2,
 }
 
+/// What a push (`P`) tells the holder of a grant. Advisory: a client may
+/// only ever move its own deadline earlier because of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PushKind {
+    /// The lease ends soon (the push carries the milliseconds left).
+    LeaseEnding = 1,
+    /// Lost: the lease ran out.
+    Expired = 2,
+    /// Lost: an operator force-released it.
+    ForceReleased = 3,
+    /// Lost: the lease ran out at the grant's hold cap.
+    CapReached = 4,
+}
+
+impl PushKind {
+    /// The kind for a byte, if it is one.
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(PushKind::LeaseEnding),
+            2 => Some(PushKind::Expired),
+            3 => Some(PushKind::ForceReleased),
+            4 => Some(PushKind::CapReached),
+            _ => None,
+        }
+    }
+
+    /// Whether the grant is gone.
+    pub fn is_lost(self) -> bool {
+        self != PushKind::LeaseEnding
+    }
+}
+
 impl ExtendStatus {
     /// The status for a byte, if it is one.
     pub fn from_u8(value: u8) -> Option<Self> {
@@ -100,6 +133,16 @@ pub enum Reply {
         /// The capabilities granted: those asked for that the server has.
         granted: Capabilities,
     },
+    /// `P`: unsolicited news for the holder of `token` (a connection that
+    /// negotiated [`Capabilities::PUSH`]); no rid.
+    Push {
+        /// The grant's fencing token.
+        token: u64,
+        /// Ending soon, or lost and why.
+        kind: PushKind,
+        /// The lease left in milliseconds (0 when lost).
+        lease_ms: u32,
+    },
     /// `W`: the token was current; how the extension ended.
     Extended {
         /// Request id.
@@ -130,6 +173,8 @@ pub enum ReplyError {
     UnknownCode(u8),
     /// Unknown `W` status.
     UnknownStatus(u8),
+    /// Unknown `P` kind.
+    UnknownPush(u8),
 }
 
 impl core::fmt::Display for ReplyError {
@@ -146,6 +191,7 @@ impl core::fmt::Display for ReplyError {
             ReplyError::UnknownStatus(status) => {
                 write!(f, "extension reply carries unknown status {status}")
             }
+            ReplyError::UnknownPush(kind) => write!(f, "push carries unknown kind {kind}"),
         }
     }
 }
@@ -161,6 +207,7 @@ fn reply_body_len(op: u8) -> Option<usize> {
         b'L' => Some(1),
         b'X' => Some(12),
         b'W' => Some(13),
+        b'P' => Some(13),
         _ => None,
     }
 }
@@ -181,7 +228,7 @@ impl Reply {
             | Reply::Error { rid, .. }
             | Reply::Negotiated { rid, .. }
             | Reply::Extended { rid, .. } => Some(rid),
-            Reply::Leader { .. } => None,
+            Reply::Leader { .. } | Reply::Push { .. } => None,
         }
     }
     /// The op byte on the wire.
@@ -200,6 +247,7 @@ impl Reply {
             Reply::Leader { .. } => b'L',
             Reply::Negotiated { .. } => b'X',
             Reply::Extended { .. } => b'W',
+            Reply::Push { .. } => b'P',
         }
     }
     /// The length of the reply's frame, header included: what
@@ -229,6 +277,15 @@ impl Reply {
                 status, lease_ms, ..
             } => {
                 out.push(status as u8);
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+            }
+            Reply::Push {
+                token,
+                kind,
+                lease_ms,
+            } => {
+                out.extend_from_slice(&token.to_be_bytes());
+                out.push(kind as u8);
                 out.extend_from_slice(&lease_ms.to_be_bytes());
             }
             Reply::Released { .. }
@@ -261,6 +318,16 @@ impl Reply {
         let Some(body) = buf.get(FRAME_HEADER_LEN..frame_len) else {
             return Ok(None);
         };
+        if op == b'P' {
+            return Ok(Some((
+                Reply::Push {
+                    token: nonzero(read_u64(body, 0))?,
+                    kind: PushKind::from_u8(body[8]).ok_or(ReplyError::UnknownPush(body[8]))?,
+                    lease_ms: u32::from_be_bytes([body[9], body[10], body[11], body[12]]),
+                },
+                frame_len,
+            )));
+        }
         if op == b'L' {
             return Ok(Some((
                 Reply::Leader {
@@ -313,7 +380,9 @@ impl Reply {
     pub fn check(&self) -> Result<(), ReplyError> {
         let zero_token = matches!(
             *self,
-            Reply::Acquired { token: 0, .. } | Reply::AcquiredSet { token: 0, .. }
+            Reply::Acquired { token: 0, .. }
+                | Reply::AcquiredSet { token: 0, .. }
+                | Reply::Push { token: 0, .. }
         );
         if self.rid() == Some(0) || zero_token {
             return Err(ReplyError::Zero);
@@ -336,7 +405,7 @@ impl Reply {
             Reply::Extended { .. } => kind == RequestKind::Extend,
             Reply::Moved { .. } | Reply::Indeterminate { .. } => true,
             Reply::Error { code, .. } => code.allowed_for(kind),
-            Reply::Leader { .. } => false,
+            Reply::Leader { .. } | Reply::Push { .. } => false,
         }
     }
 }

@@ -137,6 +137,9 @@ pub mod lock_exit {
     pub const INDETERMINATE: u8 = 74;
     /// The wait ended without the lock.
     pub const TIMEOUT: u8 = 75;
+    /// The lock was lost while the command ran (its lease was about to
+    /// lapse): the command was stopped.
+    pub const LOST: u8 = 76;
     /// The server rejected the client token.
     pub const AUTH: u8 = 77;
     /// The command could not be started.
@@ -146,15 +149,23 @@ pub mod lock_exit {
 }
 
 const LOCK_AFTER_HELP: &str = "\
-The command runs with TICKETING_KEY (the key) and TICKETING_TOKEN (the fencing
-token: strictly increasing; reject writes carrying a token not above the last
-one seen) in its environment. The lock is released when it exits. The lease is
-not renewed: choose --lease above the command's worst-case run time.
+The command runs in its own process group with TICKETING_KEY (the key),
+TICKETING_TOKEN (the fencing token: strictly increasing; reject writes carrying
+a token not above the last one seen) and TICKETING_DEADLINE_UNIX_MS (when the
+lock may be lost, by this machine's clock, in ms since the Unix epoch: check it
+before a critical write) in its environment. The lock is released when it
+exits. The lease is not renewed: before it could lapse the command's process
+group gets SIGTERM, SIGKILL --kill-after later (still before the lease ends),
+and the exit status is 76. The command also ends if this CLI dies (Linux).
+--no-kill only warns instead, and leaves the command in this process group
+(where it may read the terminal: an interactive command needs it). A paused or frozen CLI stops nothing: fencing at the
+storage is the guarantee, stopping the command the courtesy.
 
 Exit status: the command's own (128+N if killed by signal N), or
    2  bad usage          69  cannot connect       70  internal/protocol error
   73  server busy        74  indeterminate        75  timed out waiting
-  77  auth rejected     126  command not runnable 127  command not found";
+  76  lock lost, command stopped                  77  auth rejected
+ 126  command not runnable                       127  command not found";
 
 /// Options of `ticketing lock`.
 #[derive(Debug, Clone, Args)]
@@ -182,6 +193,15 @@ pub struct LockArgs {
     /// Lease that must remain when the command starts.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub budget: Duration,
+    /// Between SIGTERM and SIGKILL of a command stopped before its lease
+    /// lapses; shortened to fit, SIGKILL always comes before the lease ends.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub kill_after: Duration,
+    /// Do not stop the command when its lease is about to lapse: only warn
+    /// (the lock then no longer excludes others while it runs). The command
+    /// stays in this process group, so it may read the terminal.
+    #[arg(long)]
+    pub no_kill: bool,
     /// Use TLS, verifying the server against this PEM CA file.
     #[arg(long, value_name = "FILE", conflicts_with = "tls_system_roots")]
     pub tls_ca: Option<PathBuf>,

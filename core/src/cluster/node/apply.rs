@@ -10,12 +10,13 @@ use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::state::SnapshotError;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ReplyTo};
+use crate::conn::pushes::Watch;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::lock::ExtendOutcome;
 use crate::raft::{Committed, Entry, EntryKind, Event};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
-use crate::wire::{ExtendStatus, Key, KeyGroup, SET_KEYS_MAX};
+use crate::wire::{Capabilities, ExtendStatus, Key, KeyGroup, PushKind, Reply, SET_KEYS_MAX};
 
 use super::ClusterNode;
 use super::connections::{Conn, ConnKind};
@@ -120,6 +121,7 @@ impl ClusterNode {
         self.time_out_waiters(now);
         self.add_established_learners(now);
         self.pump(now);
+        self.serve_watches(now);
     }
 
     /// A client's input: Raft's messages wait for the first take of a
@@ -347,6 +349,24 @@ impl ClusterNode {
         if let Some(Command::Expire { token, .. }) = command {
             leadership.expiring.remove(token);
         }
+        // What the holders that asked for pushes hear: a release by the
+        // holder, nothing; an expiry or a revocation, that it is lost.
+        let lost = match (command, result) {
+            (Some(Command::Release { token, .. }), ApplyResult::Released) => {
+                leadership.watches.forget(*token);
+                None
+            }
+            (Some(Command::Expire { token, .. }), ApplyResult::Expired { existed: true }) => {
+                Some((*token, PushKind::Expired))
+            }
+            (_, ApplyResult::ForceReleased { revoked }) => Some((revoked, PushKind::ForceReleased)),
+            _ => None,
+        };
+        if let Some((token, kind)) = lost
+            && let Some(watch) = leadership.watches.forget(token)
+        {
+            self.pushes_due.push((watch.conn, token, kind));
+        }
         match (command, result) {
             (Some(Command::Release { token, .. }), ApplyResult::Released)
             | (Some(Command::Expire { token, .. }), _) => {
@@ -534,8 +554,28 @@ impl ClusterNode {
         self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
         let waited = now.saturating_duration_since(waiter.received);
         self.counts.wait.observe(waited);
+        let pushed = matches!(
+            self.conns.by_id.get(&waiter.conn),
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) if client.front.capabilities().contains(Capabilities::PUSH)
+        );
         if let Some(leadership) = self.leadership.as_mut() {
             let lease = Duration::from_millis(u64::from(waiter.lease_ms));
+            if pushed && let Some(key) = waiter.keys.keys().first() {
+                leadership.watches.watch(
+                    token,
+                    Watch {
+                        conn: waiter.conn,
+                        key: key.clone(),
+                        lease,
+                        deadline: now.saturating_add(lease),
+                        warned: false,
+                        cap_at: None,
+                    },
+                );
+            }
             leadership.held_keys.add(
                 waiter.conn,
                 token,
@@ -552,6 +592,66 @@ impl ClusterNode {
             // The reply was just queued: its frame ends at the stream's end.
             out.record_grant(token, waiter.keys);
         }
+    }
+
+    /// Tells the holders whose watches are due at `now` that their lease
+    /// is ending (or watches the renewed lease); a watch whose lease ended
+    /// is kept until its `Expire` applies, which tells the loss.
+    pub(super) fn serve_watches(&mut self, now: Instant) {
+        for (conn, token, kind) in std::mem::take(&mut self.pushes_due) {
+            self.push(conn, token, kind, 0);
+        }
+        loop {
+            let Some(leadership) = self.leadership.as_mut() else {
+                return;
+            };
+            let Some((token, mut watch)) = leadership.watches.next_due(now) else {
+                return;
+            };
+            let Some(holding) = self.state.grant(token) else {
+                // Gone without a release, expiry or revocation applied
+                // here (a snapshot installed): nothing to say.
+                continue;
+            };
+            if holding.deadline != watch.deadline {
+                watch.lease = holding.deadline.saturating_duration_since(now);
+                watch.deadline = holding.deadline;
+                watch.warned = false;
+                leadership.watches.watch(token, watch);
+            } else if watch.warned || holding.deadline <= now {
+                leadership.watches.keep(token, watch);
+            } else {
+                let left = holding.deadline.saturating_duration_since(now);
+                watch.warned = true;
+                let conn = watch.conn;
+                leadership.watches.watch(token, watch);
+                let ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+                self.push(conn, token, PushKind::LeaseEnding, ms);
+            }
+        }
+    }
+
+    /// Queues a push about `token` for client `conn`.
+    fn push(&mut self, conn_id: ConnId, token: u64, kind: PushKind, lease_ms: u32) {
+        let Some(Conn {
+            kind: ConnKind::Client(_),
+            out,
+            ..
+        }) = self.conns.by_id.get_mut(&conn_id)
+        else {
+            return;
+        };
+        if out.is_closing() {
+            return;
+        }
+        Reply::Push {
+            token,
+            kind,
+            lease_ms,
+        }
+        .encode(out.buffer_mut());
+        self.pushes.count(kind);
+        self.conns.wakes.wake(conn_id, out);
     }
 
     /// An `Extend` of `token` applied or was dropped: its expiry need not
@@ -587,6 +687,13 @@ impl ClusterNode {
             leadership
                 .held_keys
                 .add(conn, token, holding.keys.len(), expires_at);
+            let lease = expires_at.saturating_duration_since(now);
+            if let Some(mut watch) = leadership.watches.forget(token) {
+                watch.lease = lease;
+                watch.deadline = expires_at;
+                watch.warned = false;
+                leadership.watches.watch(token, watch);
+            }
         }
         match outcome {
             ExtendOutcome::Extended { expires_at } => Answer::Extended {

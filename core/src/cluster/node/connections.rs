@@ -267,7 +267,7 @@ impl ClusterNode {
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
         let front = ClientFront::new(hello, self.config.fingerprint, deadline)
-            .serving(Capabilities::EXTEND);
+            .serving(Capabilities::EXTEND.union(Capabilities::PUSH));
         let hello_bytes = front.hello_bytes();
         let kind = ConnKind::Client(ClientConn {
             front,

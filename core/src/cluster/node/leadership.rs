@@ -12,6 +12,7 @@ use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ClientRequest, ReplyTo};
+use crate::conn::pushes::Watches;
 use crate::hash::IdMap;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::queue_rule;
@@ -75,6 +76,10 @@ pub(super) struct Leadership {
     pub(super) held: VecDeque<(ConnId, ClientRequest, Instant)>,
     /// Keys held by the grants this leader delivered, per connection.
     pub(super) held_keys: HeldKeys,
+    /// The grants this leader delivered to connections that asked for
+    /// pushes: when each holder hears its lease is ending (its loss is
+    /// pushed when the `Expire` or force-release applies).
+    pub(super) watches: Watches,
 }
 
 impl Leadership {

@@ -78,11 +78,13 @@ use crate::conn::ConnId;
 use crate::conn::client::Answer;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
 use crate::machine::Machine;
+use crate::metrics::PushCounts;
 use crate::metrics::{ClusterMetrics, ReplyCounts};
 use crate::raft::{NodeId, Raft};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::Instant;
 use crate::wire::NO_LEADER_SLOT;
+use crate::wire::PushKind;
 
 mod apply;
 mod config;
@@ -168,6 +170,11 @@ pub struct ClusterNode {
     handovers: BTreeMap<u64, Handover>,
     /// What this node counted beyond Raft and the applied state.
     counts: NodeCounts,
+    /// Holders to tell of a lost grant, found while applying (sent when
+    /// the pump is done).
+    pushes_due: Vec<(ConnId, u64, PushKind)>,
+    /// Pushes sent, by kind.
+    pushes: PushCounts,
     /// Leader, voter and generation changes for the driver (bounded).
     events: NodeEvents,
     /// No established peer link had a silence, stuck-output or keepalive
@@ -305,6 +312,8 @@ impl ClusterNode {
             handover_wanted: Vec::new(),
             handovers: BTreeMap::new(),
             counts: NodeCounts::default(),
+            pushes_due: Vec::new(),
+            pushes: PushCounts::default(),
             peer_scan_at: Instant::ZERO,
             route_deferred_at: None,
             route_handed: Vec::new(),
@@ -398,6 +407,7 @@ impl ClusterNode {
             busy_per_connection: counts.busy_per_connection,
             busy_backpressure: counts.busy_backpressure,
             dropped_admin_replies: counts.dropped_admin_replies,
+            pushes: self.pushes,
             ..super::metrics::cluster_metrics(
                 &self.raft,
                 &self.state,
@@ -476,6 +486,7 @@ impl ClusterNode {
             if leadership.caught_up {
                 consider(self.state.peek_deadline());
             }
+            consider(leadership.watches.poll_timeout());
         }
         for (slot, dial) in self.conns.dials.iter().enumerate() {
             if slot != usize::from(self.config.id.slot) && !dial.connected && !dial.dialing {
