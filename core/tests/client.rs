@@ -7,15 +7,17 @@
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
-    COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, Grant, KeySet,
-    Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS, ReleaseOperation, ReleaseOutcome,
-    ReleaseQueue, ReleaseStep, Router, Session, SessionConfig, SessionEvent, lease_covers,
+    COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, ExtendOperation,
+    ExtendStep, Grant, KeySet, Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS,
+    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
+    SessionEvent, lease_covers,
 };
 use ticketing_core::server::ServerConfig;
 use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
-    Decoded, ErrorCode, NO_LEADER_SLOT, Reply, ReplyError, Request, RequestDecoder,
+    Capabilities, Decoded, EXTENSION_VERSION, ErrorCode, ExtendStatus, NO_LEADER_SLOT, Reply,
+    ReplyError, Request, RequestDecoder,
 };
 
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
@@ -2078,4 +2080,331 @@ fn an_ended_session_sets_the_backoff_unless_authentication_failed() {
     let bad = live.connect_session(SessionConfig::single(b"fedcba9876543210fedcba9876543210"));
     drain(live.session(bad));
     assert_eq!(backoff.after_ended(Some(live.session(bad))), None);
+}
+
+// ---------------------------------------------------------------------------
+// Renewal: the negotiation (`X`) and `W`
+// ---------------------------------------------------------------------------
+
+fn extending(mut config: SessionConfig) -> SessionConfig {
+    config.extensions = Capabilities::EXTEND;
+    config
+}
+
+/// The handshake bytes up to the server's result byte, without the
+/// `Ready` check (a negotiating session is not ready yet).
+fn accept_single(session: &mut Session, now: Instant) {
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: NO_LEADER_SLOT,
+        nonce: [0x42; 16],
+    };
+    session.handle_input(now, &hello.encode());
+    let mut proof = Vec::new();
+    session.poll_transmit(now, &mut proof);
+    session.handle_input(now, &[1]);
+}
+
+/// A scripted session that sent its `X` (returned) and has not been
+/// answered.
+fn negotiating() -> (Scripted, Request) {
+    let now = Instant::from_millis(1_000);
+    let config = extending(SessionConfig::single(b""))
+        .with_label("host/42/job")
+        .unwrap();
+    let mut session = Session::new(now, config);
+    accept_single(&mut session, now);
+    let mut scripted = Scripted { session, now };
+    let sent = scripted.transmit();
+    assert_eq!(sent.len(), 1, "only the X leaves first: {sent:?}");
+    (scripted, sent[0].clone())
+}
+
+/// A scripted session granted EXTEND.
+fn granted_extend() -> Scripted {
+    let (mut scripted, x) = negotiating();
+    scripted.reply(Reply::Negotiated {
+        rid: x.rid(),
+        granted: Capabilities::EXTEND,
+    });
+    assert_eq!(drain(&mut scripted.session), [SessionEvent::Ready]);
+    scripted
+}
+
+/// Decodes `W` frames too (the server's decoder after granting EXTEND).
+fn decode_extended(bytes: &[u8]) -> Vec<Request> {
+    let mut decoder = RequestDecoder::new();
+    decoder.grant(Capabilities::EXTEND);
+    decoder.push(bytes);
+    let mut requests = Vec::new();
+    while let Some(Decoded::Request(request)) = decoder.next().unwrap() {
+        requests.push(request);
+    }
+    requests
+}
+
+#[test]
+fn the_negotiation_is_the_first_request_and_the_session_is_ready_once_it_is_answered() {
+    let (mut scripted, x) = negotiating();
+    let Request::Negotiate(negotiate) = &x else {
+        panic!("expected X first, got {x:?}");
+    };
+    assert_eq!(negotiate.version, EXTENSION_VERSION);
+    assert_eq!(negotiate.wanted, Capabilities::EXTEND);
+    assert_eq!(negotiate.label, "host/42/job");
+    // Not ready while X is unanswered: requests wait (nothing is
+    // pipelined behind X that a server closing on it would leave
+    // Indeterminate).
+    assert!(!scripted.session.is_ready());
+    assert_eq!(drain(&mut scripted.session), []);
+    let p = params(secs(0), secs(10), Duration::ZERO);
+    assert_eq!(
+        scripted.session.submit_acquire(
+            scripted.now,
+            key("k"),
+            &p,
+            p.operation_deadline(scripted.now)
+        ),
+        Err(ClientError::NotConnected)
+    );
+    // Bits we did not ask for are not ours.
+    scripted.reply(Reply::Negotiated {
+        rid: x.rid(),
+        granted: Capabilities(0b11),
+    });
+    assert_eq!(drain(&mut scripted.session), [SessionEvent::Ready]);
+    assert_eq!(scripted.session.capabilities(), Capabilities::EXTEND);
+    let rid = scripted.acquire("k", 0);
+    assert_eq!(rid, x.rid() + 1);
+}
+
+#[test]
+fn a_label_must_fit_the_rules() {
+    let config = SessionConfig::single(b"");
+    assert!(config.clone().with_label(&"a".repeat(64)).is_ok());
+    assert!(config.clone().with_label(&"a".repeat(65)).is_err());
+    assert!(config.with_label("a\nb").is_err());
+}
+
+#[test]
+fn the_real_server_grants_extend_and_renews_by_token() {
+    let mut live = Live::new(ServerConfig::default());
+    let a = live.connect(extending(SessionConfig::single(b"")));
+    assert_eq!(drain(live.session(a)), [SessionEvent::Ready]);
+    assert_eq!(live.session(a).capabilities(), Capabilities::EXTEND);
+    let rid = live.acquire(a, key("door"), 0, 2);
+    let grant = granted(&drain(live.session(a)), rid);
+
+    live.advance(ms(1_500));
+    let sent_at = live.now;
+    let deadline = sent_at.saturating_add(secs(5));
+    let rid = live
+        .session(a)
+        .submit_extend(sent_at, key("door"), grant.token, secs(10), deadline)
+        .unwrap();
+    live.pump();
+    assert_eq!(
+        drain(live.session(a)),
+        [outcome(
+            rid,
+            Outcome::Extended {
+                status: ExtendStatus::Extended,
+                valid_before: sent_at.saturating_add(secs(10)),
+            }
+        )]
+    );
+    // Past the first lease, the grant holds.
+    live.advance(ms(1_000));
+    let busy = live.acquire(a, key("door"), 0, 2);
+    assert_eq!(drain(live.session(a)), [outcome(busy, Outcome::Timeout)]);
+
+    // Released: a renewal is answered N and nothing comes back.
+    let release = live.release(a, key("door"), grant.token);
+    assert_eq!(
+        drain(live.session(a)),
+        [outcome(release, Outcome::Released)]
+    );
+    let now = live.now;
+    let mut op = ExtendOperation::new(
+        key("door"),
+        grant.token,
+        secs(10),
+        now.saturating_add(secs(5)),
+    )
+    .unwrap();
+    let rid = op.submit(now, live.session(a)).unwrap();
+    live.pump();
+    let events = drain(live.session(a));
+    assert_eq!(events, [outcome(rid, Outcome::NotFound)]);
+    assert_eq!(
+        op.on_outcome(now, Outcome::NotFound),
+        ExtendStep::Done(Err(ClientError::Lost))
+    );
+}
+
+#[test]
+fn a_renewal_is_refused_locally_without_extend() {
+    // A session that did not negotiate (as against a published-protocol
+    // server) never sends W.
+    let mut scripted = Scripted::single();
+    let deadline = scripted.now.saturating_add(secs(5));
+    assert!(matches!(
+        scripted
+            .session
+            .submit_extend(scripted.now, key("k"), 7, secs(10), deadline),
+        Err(ClientError::Unsupported(_))
+    ));
+    assert_eq!(scripted.transmit(), []);
+    assert_eq!(scripted.session.pending_len(), 0);
+
+    // Negotiated, but the server granted nothing.
+    let (mut scripted, x) = negotiating();
+    scripted.reply(Reply::Negotiated {
+        rid: x.rid(),
+        granted: Capabilities::NONE,
+    });
+    assert_eq!(drain(&mut scripted.session), [SessionEvent::Ready]);
+    assert!(matches!(
+        scripted
+            .session
+            .submit_extend(scripted.now, key("k"), 7, secs(10), deadline),
+        Err(ClientError::Unsupported(_))
+    ));
+    assert_eq!(scripted.transmit(), []);
+}
+
+#[test]
+fn the_renewed_deadline_counts_from_when_the_w_was_sent() {
+    let mut scripted = granted_extend();
+    let deadline = scripted.now.saturating_add(secs(5));
+    let rid = scripted
+        .session
+        .submit_extend(scripted.now, key("k"), 7, secs(10), deadline)
+        .unwrap();
+    // Handed out 100 ms after the submit, answered 300 ms later with the
+    // lease left as the server answers.
+    scripted.now = scripted.now.saturating_add(ms(100));
+    let sent_at = scripted.now;
+    let mut out = Vec::new();
+    scripted.session.poll_transmit(sent_at, &mut out);
+    let sent = decode_extended(&out);
+    assert!(
+        matches!(&sent[..], [Request::Extend(w)] if w.rid == rid && w.token == 7 && w.lease_s == 10),
+        "{sent:?}"
+    );
+    scripted.now = scripted.now.saturating_add(ms(300));
+    scripted.reply(Reply::Extended {
+        rid,
+        status: ExtendStatus::Clipped,
+        lease_ms: 9_900,
+    });
+    assert_eq!(
+        drain(&mut scripted.session),
+        [outcome(
+            rid,
+            Outcome::Extended {
+                status: ExtendStatus::Clipped,
+                valid_before: sent_at.saturating_add(ms(9_900)),
+            }
+        )]
+    );
+}
+
+#[test]
+fn a_renewal_ends_like_an_acquire_when_its_reply_is_lost() {
+    let mut scripted = granted_extend();
+    let deadline = scripted.now.saturating_add(secs(5));
+    let mut op = ExtendOperation::new(key("k"), 7, secs(10), deadline).unwrap();
+    let rid = op.submit(scripted.now, &mut scripted.session).unwrap();
+    scripted.transmit_extended();
+    scripted.session.handle_transport_closed(scripted.now);
+    let events = drain(&mut scripted.session);
+    assert_eq!(events[0], outcome(rid, Outcome::Indeterminate));
+    assert_eq!(
+        op.on_outcome(scripted.now, Outcome::Indeterminate),
+        ExtendStep::Done(Err(ClientError::Indeterminate))
+    );
+    // Certainly no effect (M, E 3/4, never sent): retried within the
+    // deadline, then given up.
+    assert!(matches!(
+        op.on_outcome(scripted.now, Outcome::Retry),
+        ExtendStep::RetryAt(_)
+    ));
+    assert_eq!(
+        op.on_outcome(deadline, Outcome::Retry),
+        ExtendStep::Done(Err(ClientError::Timeout))
+    );
+}
+
+impl Scripted {
+    fn transmit_extended(&mut self) -> Vec<Request> {
+        let mut out = Vec::new();
+        self.session.poll_transmit(self.now, &mut out);
+        decode_extended(&out)
+    }
+}
+
+#[test]
+fn a_server_that_closes_on_x_is_reported_and_its_endpoint_stops_negotiating() {
+    let (mut scripted, _x) = negotiating();
+    scripted.session.handle_transport_closed(scripted.now);
+    assert_eq!(
+        drain(&mut scripted.session),
+        [SessionEvent::Closed(CloseReason::ExtensionsUnsupported)],
+        "no outcome for our own X"
+    );
+    assert!(CloseReason::ExtensionsUnsupported.refuses_extensions());
+    assert!(CloseReason::ServerError(ErrorCode::BadExtension).refuses_extensions());
+
+    // A close before the X left is an ordinary one.
+    let now = Instant::from_millis(1_000);
+    let mut session = Session::new(now, extending(SessionConfig::single(b"")));
+    accept_single(&mut session, now);
+    session.handle_transport_closed(now);
+    assert_eq!(
+        drain(&mut session),
+        [SessionEvent::Closed(CloseReason::TransportClosed)]
+    );
+
+    // The broker remembers it per endpoint: the next session sends no X.
+    let config = extending(SessionConfig::single(b""));
+    let mut state = BrokerState::<Tx>::new(2, 16);
+    state.open_session(0, now, &config);
+    state.open_session(1, now, &config);
+    let session = state.sessions[0].as_mut().unwrap();
+    accept_single(session, now);
+    let mut out = Vec::new();
+    session.poll_transmit(now, &mut out);
+    assert_eq!(decode_requests(&out).len(), 1);
+    state.transport_closed(0, now, &mut |_| {});
+    assert!(state.extensions_refused(0));
+    assert!(!state.extensions_refused(1));
+    state.open_session(0, now, &config);
+    let session = state.sessions[0].as_mut().unwrap();
+    assert_eq!(session.config().extensions, Capabilities::NONE);
+    ready_single(session, now);
+    assert_eq!(
+        state.sessions[1].as_ref().unwrap().config().extensions,
+        Capabilities::EXTEND
+    );
+}
+
+#[test]
+fn the_broker_asks_for_extend_with_its_label() {
+    let config = BrokerConfig {
+        label: "host/1/job".into(),
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    };
+    for endpoint in config.endpoints().unwrap() {
+        assert_eq!(endpoint.session.extensions, Capabilities::EXTEND);
+        assert_eq!(endpoint.session.label(), "host/1/job");
+    }
+    let bad = BrokerConfig {
+        label: "tab\there".into(),
+        ..BrokerConfig::single("h:1", TOKEN_A)
+    };
+    assert!(matches!(bad.endpoints(), Err(ClientError::InvalidInput(_))));
+    // The sessions a bare SessionConfig makes send no X (the published
+    // clients' behaviour).
+    assert_eq!(SessionConfig::single(b"").extensions, Capabilities::NONE);
 }

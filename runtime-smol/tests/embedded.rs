@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use smol::future;
+use ticketing_core::wire::ExtendStatus;
 use ticketing_smol::{EmbeddedServer, ReleaseOutcome, TicketBroker, TicketError};
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -502,6 +503,99 @@ fn concurrent_requests_on_one_in_process_broker_each_get_their_own_outcome() {
         assert_eq!(server.stats().lock.waiters, 0);
         drop(executor);
         broker.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn tickets_renew_in_process_and_over_tcp() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start()
+            .unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+        let local = server.broker();
+        let rival = server.broker();
+        let remote = TicketBroker::connect_loopback([addr]);
+        assert!(remote.wait_ready(Duration::from_secs(5)).await);
+
+        // In process: lease 2 s, renewed to 10 s, outlives the first lease.
+        let ticket = local
+            .acquire("renewed", WAIT, Duration::from_secs(2), Duration::ZERO)
+            .await
+            .unwrap();
+        let token = ticket.token();
+        let extended = ticket.extend(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(extended.status(), ExtendStatus::Extended);
+        assert!(extended.deadline() <= Instant::now() + Duration::from_secs(10));
+        assert_eq!(ticket.conservative_valid_before(), extended.deadline());
+        smol::Timer::after(Duration::from_secs(5)).await;
+        let refused = rival
+            .acquire("renewed", Duration::ZERO, LEASE, Duration::ZERO)
+            .await;
+        assert!(matches!(refused, Err(TicketError::Timeout)), "{refused:?}");
+        assert_eq!(ticket.token(), token);
+
+        // Over TCP: renew a set; then an operator force-releases it and
+        // the next renewal finds it lost, for good.
+        let set = remote
+            .acquire_set(&["a", "b"], WAIT, LEASE, BUDGET)
+            .await
+            .unwrap();
+        let extended = set.extend(Duration::from_secs(60)).await.unwrap();
+        assert_eq!(extended.status(), ExtendStatus::Extended);
+        assert!(set.remaining() > LEASE);
+        server.force_release("a", None).unwrap();
+        assert_eq!(
+            set.extend(Duration::from_secs(60)).await.unwrap_err(),
+            TicketError::Lost
+        );
+        assert!(set.is_lost());
+        assert_eq!(set.remaining(), Duration::ZERO);
+        assert_eq!(
+            set.release().await.unwrap(),
+            ReleaseOutcome::AlreadyGoneOrNotCurrent
+        );
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+
+        local.close().await;
+        rival.close().await;
+        remote.close().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn a_broker_label_shows_with_its_connection_in_inspection() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start()
+            .unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+        let invalid = TicketBroker::builder()
+            .addrs([addr.clone()])
+            .allow_loopback_no_auth()
+            .label("a".repeat(65))
+            .connect();
+        assert!(matches!(invalid, Err(TicketError::InvalidInput(_))));
+        let remote = TicketBroker::builder()
+            .addrs([addr])
+            .allow_loopback_no_auth()
+            .label("host-1/4242/reprice")
+            .connect()
+            .unwrap();
+        assert!(remote.wait_ready(Duration::from_secs(5)).await);
+        let ticket = remote
+            .acquire("labelled", WAIT, LEASE, BUDGET)
+            .await
+            .unwrap();
+        let view = server.lock("labelled").unwrap().expect("held");
+        let conn = view.holder.unwrap().conn.expect("a TCP connection");
+        assert_eq!(conn.label.as_deref(), Some("host-1/4242/reprice"));
+        assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+        remote.close().await;
         server.shutdown().await;
     });
 }

@@ -7,14 +7,15 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use ticketing_core::auth::{Hello, WireMode};
-use ticketing_core::wire::NO_LEADER_SLOT;
+use ticketing_core::auth::{Hello, PROOF_LEN, WireMode};
+use ticketing_core::wire::{Capabilities, FRAME_HEADER_LEN, NO_LEADER_SLOT, Reply};
 use ticketing_smol::client::{TicketBroker, TicketError};
 
 const SILENCE: Duration = Duration::from_secs(1);
 
 /// Accepts every connection, sends a single-mode hello and the accepting
-/// result byte, then reads and discards whatever comes, answering nothing.
+/// result byte, answers the client's negotiation (`X`, granting nothing),
+/// then reads and discards whatever comes, answering nothing.
 fn spawn_mute_server() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -29,6 +30,20 @@ fn spawn_mute_server() -> std::net::SocketAddr {
                 };
                 let _ = stream.write_all(&hello.encode());
                 let _ = stream.write_all(&[1]);
+                // The proof, then our client's `X` without a label.
+                let mut head = [0u8; PROOF_LEN + FRAME_HEADER_LEN + 14];
+                if stream.read_exact(&mut head).is_err() {
+                    return;
+                }
+                let rid_at = PROOF_LEN + FRAME_HEADER_LEN;
+                let rid = u64::from_be_bytes(head[rid_at..rid_at + 8].try_into().unwrap());
+                let mut answer = Vec::new();
+                Reply::Negotiated {
+                    rid,
+                    granted: Capabilities::NONE,
+                }
+                .encode(&mut answer);
+                let _ = stream.write_all(&answer);
                 let mut sink = [0u8; 1024];
                 while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
             });

@@ -75,8 +75,9 @@ use crate::serve::Clock;
 
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ReleaseOutcome, Ticket, TicketSet, TlsMode,
+    ExtendResult, ReleaseOutcome, Ticket, TicketSet, TlsMode,
 };
+pub use ticketing_core::wire::ExtendStatus;
 
 mod endpoint;
 mod outcome;
@@ -138,6 +139,14 @@ impl TicketBrokerBuilder {
     /// [`DEFAULT_MAX_PENDING`]).
     pub fn max_pending(mut self, pending_max: usize) -> Self {
         self.config.pending_max = pending_max;
+        self
+    }
+    /// A label naming this client to operators (e.g. `host/pid/job`), sent
+    /// after each handshake and shown with its connections in inspection
+    /// (`ticketing locks`): at most 64 bytes, no control characters
+    /// (checked by `connect`). Default: none.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.config.label = label.into();
         self
     }
     /// Allows the empty token against a server without authentication;
@@ -467,6 +476,7 @@ impl TicketBroker {
                 pending_max: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
                 silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+                label: String::new(),
             },
             tls: TlsMode::Off,
         }

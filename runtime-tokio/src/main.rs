@@ -249,7 +249,12 @@ mod lock {
             TicketError::InvalidInput(_) | TicketError::UnsupportedDuration { .. } => {
                 lock_exit::USAGE
             }
-            TicketError::InsufficientLease | TicketError::Protocol(_) => lock_exit::SOFTWARE,
+            // The command does not renew, so it never meets the renewal
+            // errors.
+            TicketError::InsufficientLease
+            | TicketError::Protocol(_)
+            | TicketError::Unsupported(_)
+            | TicketError::Lost => lock_exit::SOFTWARE,
         }
     }
 

@@ -13,6 +13,7 @@ use common::{
     ours_with_token, published_loopback, wait_for_waiters,
 };
 use ticketing_core::auth::ClientTokens;
+use ticketing_core::wire::ExtendStatus;
 use ticketing_tokio::client::{ReleaseOutcome, TicketBroker, TicketError, TlsMode};
 use ticketing_tokio::spawn_server;
 
@@ -475,4 +476,145 @@ async fn tls_with_a_ca_file_or_without_verification() {
     server.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
     std::fs::remove_dir_all(other_dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_keeps_the_token_and_outlives_the_first_lease() {
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+    let rival = ours_loopback(&server).await;
+
+    let ticket = broker
+        .acquire("renewed", WAIT, Duration::from_secs(2), Duration::ZERO)
+        .await
+        .unwrap();
+    let token = ticket.token();
+    let before = Instant::now();
+    let extended = ticket.extend(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(extended.status(), ExtendStatus::Extended);
+    // Conservative: no later than 10 s from just before the call, and the
+    // ticket moved to it.
+    assert!(extended.deadline() <= Instant::now() + Duration::from_secs(10));
+    assert!(extended.deadline() >= before + Duration::from_secs(9));
+    assert_eq!(ticket.conservative_valid_before(), extended.deadline());
+    assert!(ticket.remaining() > Duration::from_secs(8));
+
+    // Past the first lease (2 s), the renewed grant still holds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let refused = rival
+        .acquire("renewed", Duration::ZERO, LEASE, Duration::ZERO)
+        .await;
+    assert_eq!(refused.unwrap_err(), TicketError::Timeout);
+    assert_eq!(ticket.token(), token);
+    assert!(!ticket.is_lost());
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+
+    broker.close().await;
+    rival.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_a_released_grant_reports_it_lost() {
+    let server = loopback_server().await;
+    let broker = ours_loopback(&server).await;
+
+    let set = broker
+        .acquire_set(&["a", "b"], WAIT, LEASE, BUDGET)
+        .await
+        .unwrap();
+    let extended = set.extend(Duration::from_secs(20)).await.unwrap();
+    assert_eq!(extended.status(), ExtendStatus::Extended);
+    assert_eq!(set.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // A grant that is gone (here its 1 s lease ended) is not renewed: N.
+    let short = broker
+        .acquire("d", WAIT, Duration::from_secs(1), Duration::ZERO)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        short.extend(Duration::from_secs(10)).await.unwrap_err(),
+        TicketError::Lost
+    );
+    assert!(short.is_lost());
+    assert_eq!(short.remaining(), Duration::ZERO);
+    // Never resurrected; the release stays harmless.
+    assert_eq!(
+        short.extend(Duration::from_secs(10)).await.unwrap_err(),
+        TicketError::Lost
+    );
+    // (The server answers a release of a lapsed grant nobody took over
+    // with R, as before renewals existed.)
+    assert!(short.release().await.is_ok());
+
+    broker.close().await;
+    server.shutdown().await;
+}
+
+/// Plays a server that speaks only the published protocol in front of
+/// `server`: bytes pass both ways, except that a connection whose first
+/// frame after the proof is our `X` is closed, as an unknown op closes it
+/// there. Returns its address and the count of connections it closed so.
+async fn published_only_proxy(
+    server: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closed_on_x = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&closed_on_x);
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut up_read, mut up_write) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut up_read, &mut client_write).await;
+                });
+                // The proof passes (the server answers it), then the first
+                // frame's op is looked at.
+                let mut proof = [0u8; ticketing_core::auth::PROOF_LEN];
+                let mut op = [0u8; 1];
+                if client_read.read_exact(&mut proof).await.is_err()
+                    || up_write.write_all(&proof).await.is_err()
+                    || client_read.read_exact(&mut op).await.is_err()
+                {
+                    return;
+                }
+                if op[0] == b'X' {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                let _ = up_write.write_all(&op).await;
+                let _ = tokio::io::copy(&mut client_read, &mut up_write).await;
+            });
+        }
+    });
+    (addr, closed_on_x)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_published_protocol_server_the_broker_falls_back_and_refuses_renewal() {
+    let server = loopback_server().await;
+    let (proxy, closed_on_x) = published_only_proxy(server.local_addr()).await;
+    let broker = TicketBroker::connect_loopback([proxy.to_string()]);
+    assert!(broker.wait_ready(READY).await, "ready without extensions");
+
+    let ticket = broker.acquire("k", WAIT, LEASE, BUDGET).await.unwrap();
+    assert!(matches!(
+        ticket.extend(Duration::from_secs(60)).await,
+        Err(TicketError::Unsupported(_))
+    ));
+    assert!(!ticket.is_lost());
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+    // Each of the two connections tried X once, then remembered.
+    let tried = closed_on_x.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&tried), "{tried}");
+
+    broker.close().await;
+    server.shutdown().await;
 }

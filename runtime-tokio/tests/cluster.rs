@@ -247,3 +247,47 @@ async fn a_restart_with_bootstrap_by_mistake_joins_as_a_new_generation() {
     held.release().await.unwrap();
     broker.close().await;
 }
+
+/// Renewal through the leader: the `W` is a committed command, and the
+/// renewed lease outlives the first one on the nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn our_client_renews_a_cluster_lock_through_the_leader() {
+    let cluster = Cluster::start(3);
+    cluster.leader().await;
+    let broker = ours(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let deadline = Instant::now() + CHANGE_DEADLINE;
+    let ticket = loop {
+        match broker
+            .acquire(
+                "renewed",
+                Duration::from_secs(5),
+                Duration::from_secs(2),
+                Duration::ZERO,
+            )
+            .await
+        {
+            Ok(ticket) => break ticket,
+            Err(e) => assert!(Instant::now() < deadline, "no grant: {e:?}"),
+        }
+    };
+    let extended = ticket.extend(Duration::from_secs(10)).await.unwrap();
+    assert!(extended.deadline() <= Instant::now() + Duration::from_secs(10));
+    assert!(ticket.remaining() > Duration::from_secs(8));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rival = published(&cluster);
+    assert!(rival.wait_ready(Duration::from_secs(10)).await);
+    let refused = rival
+        .acquire("renewed", Duration::ZERO, LEASE, BUDGET)
+        .await;
+    assert!(
+        matches!(refused, Err(ticketing::TicketError::Timeout)),
+        "{refused:?}"
+    );
+    assert_eq!(
+        ticket.release().await.unwrap(),
+        ticketing_tokio::ReleaseOutcome::Released
+    );
+    rival.close().await;
+    broker.close().await;
+}

@@ -15,12 +15,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::error::{ClientError, CloseReason};
 use super::ops::{
-    AcquireOperation, AcquireStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
+    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,
+    ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
 use super::request::{AcquireParams, Grant, KeySet, Outcome};
 use super::routing::Router;
-use super::session::{Session, SessionEvent};
+use super::session::{Session, SessionConfig, SessionEvent};
 use crate::time::Instant;
+use crate::wire::Capabilities;
 
 /// The sending half of a runtime's one-shot channel for one outcome.
 pub trait OutcomeSender {
@@ -102,6 +104,10 @@ pub struct BrokerState<W> {
     /// The attempt of [`BrokerState::submit_direct`] until
     /// [`BrokerState::finish_direct`].
     direct: Option<Direct>,
+    /// Per endpoint: its server does not take our `X` (it closed the
+    /// connection on it, or refused it), so its sessions no longer
+    /// negotiate. Kept for the broker's life.
+    no_extensions: Vec<bool>,
 }
 
 /// An attempt whose caller collects its outcome itself, still under the
@@ -125,7 +131,25 @@ impl<W: OutcomeSender> BrokerState<W> {
             acquires_in_flight: 0,
             pending_max,
             direct: None,
+            no_extensions: vec![false; endpoints],
         }
+    }
+
+    /// Starts endpoint `index`'s next session at `now` with `config`,
+    /// without negotiating if its server has shown that it does not take
+    /// our `X`.
+    pub fn open_session(&mut self, index: usize, now: Instant, config: &SessionConfig) {
+        let mut config = config.clone();
+        if self.no_extensions[index] {
+            config.extensions = Capabilities::NONE;
+        }
+        self.sessions[index] = Some(Session::new(now, config));
+    }
+
+    /// True once endpoint `index`'s server has shown that it speaks only
+    /// the published protocol (see [`BrokerState::open_session`]).
+    pub fn extensions_refused(&self, index: usize) -> bool {
+        self.no_extensions[index]
     }
 
     /// Submits one attempt (`submit`) on the session the router picks and
@@ -304,6 +328,9 @@ impl<W: OutcomeSender> BrokerState<W> {
                     self.enqueue_release(now, compensation.keys, compensation.token, notice);
                 }
                 SessionEvent::Closed(reason) => {
+                    if reason.refuses_extensions() {
+                        self.no_extensions[index] = true;
+                    }
                     notice(BrokerNotice::SessionClosed {
                         index,
                         reason: &reason,
@@ -402,6 +429,35 @@ pub async fn run_acquire<B: Broker + ?Sized>(
                 return Err(error);
             }
             AcquireStep::RetryAt(at) => {
+                broker.sleep_until(at).await;
+                now = broker.now();
+            }
+        }
+    }
+}
+
+/// One logical renewal across attempts, until a final reply, an error or
+/// the operation's deadline. Renewals do not count against the broker's
+/// bound on acquires (a session bounds them with its releases).
+pub async fn run_extend<B: Broker + ?Sized>(
+    broker: &B,
+    mut op: ExtendOperation,
+) -> Result<Extension, ClientError> {
+    let mut now = broker.now();
+    loop {
+        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
+            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
+            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
+            Err(error) => Err(error),
+        };
+        let step = match result {
+            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
+            Err(ClientError::Closed) => return Err(ClientError::Closed),
+            Err(error) => op.on_error(broker.now(), error),
+        };
+        match step {
+            ExtendStep::Done(result) => return result,
+            ExtendStep::RetryAt(at) => {
                 broker.sleep_until(at).await;
                 now = broker.now();
             }

@@ -5,6 +5,7 @@ use std::fmt;
 use super::error::ClientError;
 use super::session::{DEFAULT_SILENCE_TIMEOUT, SessionConfig};
 use crate::time::Duration;
+use crate::wire::Capabilities;
 
 /// Shortest [`BrokerConfig::silence_timeout`] a configuration may ask for.
 pub const SILENCE_TIMEOUT_MIN: Duration = Duration::from_millis(100);
@@ -66,6 +67,11 @@ pub struct BrokerConfig {
     /// ([`SILENCE_TIMEOUT_MIN`]..=[`SILENCE_TIMEOUT_MAX`], default
     /// [`DEFAULT_SILENCE_TIMEOUT`]).
     pub silence_timeout: Duration,
+    /// Names this client to operators (e.g. `host/pid/job`): sent with the
+    /// negotiation after each handshake and shown with its connections in
+    /// inspection. At most 64 bytes without control characters; empty:
+    /// none.
+    pub label: String,
 }
 
 impl fmt::Debug for BrokerConfig {
@@ -77,6 +83,7 @@ impl fmt::Debug for BrokerConfig {
             .field("pending_max", &self.pending_max)
             .field("allow_loopback_no_auth", &self.allow_loopback_no_auth)
             .field("silence_timeout", &self.silence_timeout)
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -100,11 +107,13 @@ impl BrokerConfig {
             pending_max: DEFAULT_MAX_PENDING,
             allow_loopback_no_auth: false,
             silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+            label: String::new(),
         }
     }
 
     /// Validates the configuration and lists the connections to keep, in
-    /// router order: a single address gets two connections (so one dropped
+    /// router order (each asks for [`Capabilities::EXTEND`] after its
+    /// handshake, so tickets can be renewed): a single address gets two connections (so one dropped
     /// socket does not interrupt service); cluster connection `i` is slot `i`.
     pub fn endpoints(&self) -> Result<Vec<Endpoint>, ClientError> {
         if self.addrs.is_empty() {
@@ -151,8 +160,10 @@ impl BrokerConfig {
                     addr: self.addrs[0].clone(),
                     session: SessionConfig {
                         silence_timeout: self.silence_timeout,
+                        extensions: Capabilities::EXTEND,
                         ..SessionConfig::single(token)
-                    },
+                    }
+                    .with_label(&self.label)?,
                 };
                 Ok(vec![endpoint.clone(), endpoint])
             }
@@ -165,18 +176,21 @@ impl BrokerConfig {
                         "cluster mode requires exactly 3 or 5 slot-ordered server addresses",
                     ));
                 }
-                Ok(self
-                    .addrs
+                self.addrs
                     .iter()
                     .zip(0u8..)
-                    .map(|(addr, slot)| Endpoint {
-                        addr: addr.clone(),
-                        session: SessionConfig {
-                            silence_timeout: self.silence_timeout,
-                            ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
-                        },
+                    .map(|(addr, slot)| {
+                        Ok(Endpoint {
+                            addr: addr.clone(),
+                            session: SessionConfig {
+                                silence_timeout: self.silence_timeout,
+                                extensions: Capabilities::EXTEND,
+                                ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
+                            }
+                            .with_label(&self.label)?,
+                        })
                     })
-                    .collect())
+                    .collect()
             }
         }
     }

@@ -38,6 +38,14 @@ pub enum ClientError {
     Protocol(String),
     /// The broker is closed.
     Closed,
+    /// The connection was not granted what the call needs: a renewal on a
+    /// server that did not grant EXTEND (docs/protocol.md §8), e.g. one that
+    /// speaks only the published protocol. Nothing was sent.
+    Unsupported(&'static str),
+    /// The grant is gone: the server answered a renewal with `N` (released,
+    /// expired, force-released or handed over). It never comes back; stop
+    /// the protected work.
+    Lost,
     /// An IO error reported by the runtime.
     Io {
         /// Its kind.
@@ -74,6 +82,10 @@ impl fmt::Display for ClientError {
             ClientError::InvalidInput(what) => write!(f, "invalid input: {what}"),
             ClientError::Protocol(what) => write!(f, "protocol error: {what}"),
             ClientError::Closed => f.write_str("broker is closed"),
+            ClientError::Unsupported(what) => write!(f, "not supported by the server: {what}"),
+            ClientError::Lost => f.write_str(
+                "the lock is lost: its token is no longer the current grant of its keys",
+            ),
             ClientError::Io { message, .. } => write!(f, "io error: {message}"),
         }
     }
@@ -156,6 +168,10 @@ pub enum CloseReason {
     Local,
     /// Request ids ran out (after 2^64 - 1 requests).
     RidsExhausted,
+    /// The server closed the connection after our `X` (docs/protocol.md
+    /// §8) without answering it: it speaks only the published protocol,
+    /// where `X` is an unknown op. Reconnect without negotiating.
+    ExtensionsUnsupported,
 }
 
 impl CloseReason {
@@ -177,6 +193,15 @@ impl CloseReason {
         matches!(
             self,
             CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
+        )
+    }
+    /// True when the server does not take our `X`: it closed the
+    /// connection on it ([`CloseReason::ExtensionsUnsupported`]) or refused
+    /// it (`E 8`). Connections to it should not negotiate again.
+    pub fn refuses_extensions(&self) -> bool {
+        matches!(
+            self,
+            CloseReason::ExtensionsUnsupported | CloseReason::ServerError(ErrorCode::BadExtension)
         )
     }
     /// The error a caller sees for a request that could not use this session.
@@ -214,6 +239,9 @@ impl fmt::Display for CloseReason {
             CloseReason::TransportClosed => f.write_str("connection closed"),
             CloseReason::Local => f.write_str("closed locally"),
             CloseReason::RidsExhausted => f.write_str("request ids exhausted"),
+            CloseReason::ExtensionsUnsupported => {
+                f.write_str("the server closed the connection on extension negotiation")
+            }
         }
     }
 }

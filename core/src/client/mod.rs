@@ -11,9 +11,10 @@
 //! - [`Router`]: picks a ready connection, leader first, then round-robin
 //!   ([`Router::pick`]) or in runs that share writes
 //!   ([`Router::pick_coalescing`], what the broker uses).
-//! - [`AcquireOperation`] / [`ReleaseOperation`]: one logical acquire or
-//!   release across attempts (retry only what certainly had no effect,
-//!   conservative validity, the absolute 5 s release window).
+//! - [`AcquireOperation`] / [`ReleaseOperation`] / [`ExtendOperation`]: one
+//!   logical acquire, release or renewal across attempts (retry only what
+//!   certainly had no effect, conservative validity, the absolute 5 s
+//!   release window).
 //! - [`Backoff`]: reconnect delays.
 //! - [`BrokerState`], [`run_acquire`], [`run_release`]: the broker-wide
 //!   state behind a runtime's lock (pending outcomes, capacity, release
@@ -47,25 +48,27 @@ pub mod session;
 mod ticket;
 
 pub use broker::{
-    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_release,
+    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_extend,
+    run_release,
 };
 pub use config::{BrokerConfig, BrokerMode, Endpoint, TlsMode};
 pub use error::{ClientError, CloseReason, ProtocolError};
 pub use ops::{
-    AcquireOperation, AcquireStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
+    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,
+    ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
 pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_covers};
 pub use routing::{Backoff, Router};
 pub use session::{CancelOutcome, Session, SessionConfig, SessionEvent};
-pub use ticket::{Ticket, TicketSet};
+pub use ticket::{ExtendResult, Ticket, TicketSet};
 
 // The fixed numbers of the client, each defined beside the code it bounds.
 pub use config::{
     DEFAULT_MAX_PENDING, PENDING_LIMIT_MAX, SILENCE_TIMEOUT_MAX, SILENCE_TIMEOUT_MIN,
 };
 pub use ops::{
-    ACQUIRE_RETRY_MAX, RELEASE_ATTEMPT_TIMEOUT, RELEASE_QUEUE_CAPACITY, RELEASE_RETRY_MAX,
-    RELEASE_RETRY_WINDOW, RETRY_MIN,
+    ACQUIRE_RETRY_MAX, EXTEND_RETRY_WINDOW, RELEASE_ATTEMPT_TIMEOUT, RELEASE_QUEUE_CAPACITY,
+    RELEASE_RETRY_MAX, RELEASE_RETRY_WINDOW, RETRY_MIN,
 };
 pub use request::{IMMEDIATE_TRANSPORT_TIMEOUT, WAIT_S_MAX, WORK_BUDGET_MAX};
 pub use routing::{

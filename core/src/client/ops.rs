@@ -5,9 +5,10 @@
 use std::collections::VecDeque;
 
 use super::error::ClientError;
-use super::request::{AcquireParams, Grant, KeySet, Outcome};
+use super::request::{AcquireParams, Grant, KeySet, Outcome, lease_s};
 use super::session::Session;
 use crate::time::{Duration, Instant};
+use crate::wire::ExtendStatus;
 
 /// A release (explicit or compensating) is retried until this long after
 /// the call or enqueue, never longer, whatever the lease.
@@ -27,6 +28,133 @@ pub const RELEASE_RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// Default capacity of the compensating/auto release queue.
 pub const RELEASE_QUEUE_CAPACITY: usize = 512;
+
+/// A renewal is retried until this long after the call, never longer.
+pub const EXTEND_RETRY_WINDOW: Duration = Duration::from_secs(5);
+
+/// How a renewal ended when the token was current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extension {
+    /// Renewed, clipped at the hold cap, or refused at the cap (nothing
+    /// changed; `valid_before` is then what is left of the lease).
+    pub status: ExtendStatus,
+    /// The new conservative end of the lease (see [`Outcome::Extended`]).
+    pub valid_before: Instant,
+}
+
+/// What to do next in a renewal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendStep {
+    /// Finished: the token was current ([`Extension`]), or an error:
+    /// [`ClientError::Lost`] (`N`: the grant is gone),
+    /// [`ClientError::Indeterminate`] (the `W` may have taken effect: call
+    /// again with the same token to learn where the grant stands), or
+    /// another final error.
+    Done(Result<Extension, ClientError>),
+    /// Try again at this instant.
+    RetryAt(Instant),
+}
+
+/// One logical renewal (`W`) of a grant across attempts. Like an acquire,
+/// only an attempt that certainly had no effect (`M`, `E 3`/`E 4`, never
+/// sent, no ready connection) is retried, within the caller's deadline.
+#[derive(Clone, Debug)]
+pub struct ExtendOperation {
+    keys: KeySet,
+    token: u64,
+    lease: Duration,
+    deadline: Instant,
+    retry_delay: Duration,
+}
+
+impl ExtendOperation {
+    /// A renewal of the grant `token` of `keys` to `lease` (1..=250 s,
+    /// rounded up to whole seconds), given up at `deadline` (a ticket gives
+    /// it [`EXTEND_RETRY_WINDOW`] from the call).
+    pub fn new(
+        keys: KeySet,
+        token: u64,
+        lease: Duration,
+        deadline: Instant,
+    ) -> Result<Self, ClientError> {
+        if token == 0 {
+            return Err(ClientError::InvalidInput("token must not be zero"));
+        }
+        lease_s(lease)?;
+        Ok(ExtendOperation {
+            keys,
+            token,
+            lease,
+            deadline,
+            retry_delay: RETRY_MIN,
+        })
+    }
+    /// The keys.
+    pub fn keys(&self) -> &KeySet {
+        &self.keys
+    }
+    /// The token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+    /// The lease asked for.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+    /// When the whole renewal gives up.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+    /// Submits one attempt on `session`.
+    pub fn submit(&self, now: Instant, session: &mut Session) -> Result<u64, ClientError> {
+        session.submit_extend(
+            now,
+            self.keys.clone(),
+            self.token,
+            self.lease,
+            self.deadline,
+        )
+    }
+    /// An attempt ended with `outcome`.
+    pub fn on_outcome(&mut self, now: Instant, outcome: Outcome) -> ExtendStep {
+        match outcome {
+            Outcome::Extended {
+                status,
+                valid_before,
+            } => ExtendStep::Done(Ok(Extension {
+                status,
+                valid_before,
+            })),
+            Outcome::NotFound => ExtendStep::Done(Err(ClientError::Lost)),
+            Outcome::Indeterminate => ExtendStep::Done(Err(ClientError::Indeterminate)),
+            Outcome::Timeout => ExtendStep::Done(Err(ClientError::Timeout)),
+            Outcome::Retry => self.retry(now, ClientError::Timeout),
+            Outcome::Error(code) => ExtendStep::Done(Err(ClientError::Protocol(format!(
+                "server rejected renewal with {code:?}"
+            )))),
+            Outcome::Acquired(_) | Outcome::Busy | Outcome::Released => ExtendStep::Done(Err(
+                ClientError::Protocol("acquire or release reply to a renewal".into()),
+            )),
+        }
+    }
+    /// An attempt could not be made.
+    pub fn on_error(&mut self, now: Instant, error: ClientError) -> ExtendStep {
+        match error {
+            ClientError::NotConnected => self.retry(now, ClientError::Timeout),
+            ClientError::ClientCapacity => self.retry(now, ClientError::ClientCapacity),
+            other => ExtendStep::Done(Err(other)),
+        }
+    }
+    fn retry(&mut self, now: Instant, at_deadline: ClientError) -> ExtendStep {
+        let remaining = self.deadline.saturating_duration_since(now);
+        if remaining.is_zero() {
+            return ExtendStep::Done(Err(at_deadline));
+        }
+        let delay = self.retry_delay.min(remaining);
+        self.retry_delay = (self.retry_delay * 2).min(ACQUIRE_RETRY_MAX);
+        ExtendStep::RetryAt(now.saturating_add(delay))
+    }
+}
 
 /// What to do next in an acquire.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +237,7 @@ impl AcquireOperation {
             Outcome::Error(code) => AcquireStep::Failed(ClientError::Protocol(format!(
                 "server rejected acquire with {code:?}"
             ))),
-            Outcome::Released | Outcome::NotFound => {
+            Outcome::Released | Outcome::NotFound | Outcome::Extended { .. } => {
                 AcquireStep::Failed(ClientError::Protocol("release reply to an acquire".into()))
             }
         }
@@ -236,9 +364,9 @@ impl ReleaseOperation {
             Outcome::Error(code) => ReleaseStep::Done(Err(ClientError::Protocol(format!(
                 "server rejected release with {code:?}"
             )))),
-            Outcome::Acquired(_) | Outcome::Busy => ReleaseStep::Done(Err(ClientError::Protocol(
-                "acquire reply to a release".into(),
-            ))),
+            Outcome::Acquired(_) | Outcome::Busy | Outcome::Extended { .. } => ReleaseStep::Done(
+                Err(ClientError::Protocol("acquire reply to a release".into())),
+            ),
         }
     }
     /// An attempt could not be made.

@@ -4,7 +4,7 @@
 
 use super::error::ClientError;
 use crate::time::{Duration, Instant};
-use crate::wire::{ErrorCode, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, SET_KEYS_MAX};
+use crate::wire::{ErrorCode, ExtendStatus, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, SET_KEYS_MAX};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
 pub const WAIT_S_MAX: u8 = 255;
@@ -21,6 +21,21 @@ pub(super) fn ceil_secs(duration: Duration) -> u64 {
     duration
         .as_secs()
         .saturating_add(u64::from(duration.subsec_nanos() > 0))
+}
+
+/// A lease as sent on the wire: whole seconds, 1..=250, sub-second values
+/// rounded up; out-of-range values are rejected, never clamped.
+pub(super) fn lease_s(lease: Duration) -> Result<u8, ClientError> {
+    if lease.is_zero() {
+        return Err(ClientError::InvalidInput("lease must be greater than zero"));
+    }
+    u8::try_from(ceil_secs(lease))
+        .ok()
+        .filter(|lease_s| *lease_s <= LEASE_S_MAX)
+        .ok_or(ClientError::UnsupportedDuration {
+            field: "lease",
+            s_max: u64::from(LEASE_S_MAX),
+        })
 }
 
 /// The validated times of an acquire: whole seconds as sent on the wire.
@@ -46,16 +61,7 @@ impl AcquireParams {
                 field: "wait",
                 s_max: u64::from(WAIT_S_MAX),
             })?;
-        if lease.is_zero() {
-            return Err(ClientError::InvalidInput("lease must be greater than zero"));
-        }
-        let lease_s = u8::try_from(ceil_secs(lease))
-            .ok()
-            .filter(|lease_s| *lease_s <= LEASE_S_MAX)
-            .ok_or(ClientError::UnsupportedDuration {
-                field: "lease",
-                s_max: u64::from(LEASE_S_MAX),
-            })?;
+        let lease_s = lease_s(lease)?;
         if work_budget_min > WORK_BUDGET_MAX {
             return Err(ClientError::UnsupportedDuration {
                 field: "min_work_budget",
@@ -202,7 +208,17 @@ pub enum Outcome {
     Busy,
     /// `R`/`G`: released.
     Released,
-    /// `N`: key absent or token not current.
+    /// `W`: the token was current and the server answered `status`.
+    Extended {
+        /// Renewed, clipped at the hold cap, or refused at the cap.
+        status: ExtendStatus,
+        /// Conservative end of the lease: the `lease_ms` the server
+        /// answered counted from when the `W` was handed to the transport,
+        /// so never after the server's own expiry.
+        valid_before: Instant,
+    },
+    /// `N`: key absent or token not current (for a renewal: the grant is
+    /// lost).
     NotFound,
     /// `I`, or the bytes may have left and no definite reply came.
     Indeterminate,

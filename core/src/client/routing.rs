@@ -67,12 +67,13 @@ impl Backoff {
         lived: Option<Duration>,
         reason: Option<&CloseReason>,
     ) -> Duration {
-        if reason.is_some_and(CloseReason::is_routing) {
+        if reason.is_some_and(|reason| reason.is_routing() || reason.refuses_extensions()) {
             // A node that answered `E 3`/`E 4` is reachable: during an
             // election every node answers so for a while, and growing the
             // backoff then would keep the client away from the new leader
             // for up to 3.2 s after it is elected. Come back soon, without
-            // spinning.
+            // spinning. A server that closed on our `X` is reachable too,
+            // and the next session does not negotiate.
             self.next = BACKOFF_MIN;
             return BACKOFF_MIN;
         }

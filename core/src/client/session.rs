@@ -5,12 +5,13 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 
 use super::error::{ClientError, CloseReason, ProtocolError};
-use super::request::{AcquireParams, Compensation, Grant, KeySet, Outcome, ceil_secs};
+use super::request::{AcquireParams, Compensation, Grant, KeySet, Outcome, ceil_secs, lease_s};
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    AcquireRequest, ErrorCode, FRAME_HEADER_LEN, NO_LEADER_SLOT, ReleaseRequest, Reply, Request,
+    AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode, ExtendRequest, FRAME_HEADER_LEN,
+    LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest, ReleaseRequest, Reply, Request,
 };
 
 /// A connection that has not finished TCP, TLS and the handshake this long
@@ -49,7 +50,8 @@ const REPLY_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 16;
 /// What a [`Session`] reports to its driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SessionEvent {
-    /// The handshake succeeded; requests may be submitted.
+    /// The handshake (and the negotiation, when the config asks for one)
+    /// succeeded; requests may be submitted.
     Ready,
     /// A request ended.
     Outcome {
@@ -103,7 +105,8 @@ pub struct SessionConfig {
     pub cluster_size: usize,
     /// Acquires awaiting a reply at most.
     pub pending_acquires_max: usize,
-    /// Releases awaiting a reply at most.
+    /// Releases (and renewals, which are sent like them) awaiting a reply
+    /// at most.
     pub pending_releases_max: usize,
     /// How long TCP, TLS and the handshake may take together.
     pub handshake_timeout: Duration,
@@ -115,6 +118,12 @@ pub struct SessionConfig {
     /// connection (possibly sent → Indeterminate) and the runtime
     /// reconnects.
     pub silence_timeout: Duration,
+    /// The capabilities to ask for with `X` right after the handshake
+    /// (docs/protocol.md §8); [`Capabilities::NONE`] sends no `X`, as the
+    /// published clients do. The brokers ask for [`Capabilities::EXTEND`].
+    pub extensions: Capabilities,
+    /// The label sent with `X` (see [`SessionConfig::with_label`]).
+    pub(super) label: String,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -128,6 +137,8 @@ impl fmt::Debug for SessionConfig {
             .field("pending_acquires_max", &self.pending_acquires_max)
             .field("pending_releases_max", &self.pending_releases_max)
             .field("silence_timeout", &self.silence_timeout)
+            .field("extensions", &self.extensions)
+            .field("label", &self.label)
             .finish_non_exhaustive()
     }
 }
@@ -145,7 +156,25 @@ impl SessionConfig {
             pending_releases_max: DEFAULT_MAX_PENDING_RELEASES,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+            extensions: Capabilities::NONE,
+            label: String::new(),
         }
+    }
+    /// This config with `label` sent in the `X` (naming the client to
+    /// operators, e.g. `host/pid/job`): at most 64 bytes, no control
+    /// characters.
+    pub fn with_label(mut self, label: &str) -> Result<Self, ClientError> {
+        if label.len() > LABEL_LEN_MAX || label.chars().any(char::is_control) {
+            return Err(ClientError::InvalidInput(
+                "label must be at most 64 bytes without control characters",
+            ));
+        }
+        self.label = label.to_owned();
+        Ok(self)
+    }
+    /// The label sent with `X` (empty: none).
+    pub fn label(&self) -> &str {
+        &self.label
     }
     /// The node at `slot` of a cluster of `cluster_size` with identity
     /// `fingerprint`.
@@ -322,6 +351,11 @@ pub struct Session {
     /// any): the silence rule's clock.
     last_input_at: Instant,
     events: VecDeque<SessionEvent>,
+    /// The rid of our `X` until it is answered: the session is not ready
+    /// (no other request is taken) meanwhile.
+    negotiating: Option<u64>,
+    /// What the server granted with `X`.
+    capabilities: Capabilities,
 }
 
 impl Session {
@@ -354,6 +388,8 @@ impl Session {
             overdue: BinaryHeap::new(),
             last_input_at: now,
             events: VecDeque::new(),
+            negotiating: None,
+            capabilities: Capabilities::NONE,
         }
     }
 
@@ -361,9 +397,20 @@ impl Session {
     pub fn config(&self) -> &SessionConfig {
         &self.config
     }
-    /// True once the handshake succeeded and until the session closes.
+    /// True once the handshake (and the negotiation, if any) succeeded and
+    /// until the session closes.
     pub fn is_ready(&self) -> bool {
+        self.is_open() && self.negotiating.is_none()
+    }
+    /// True from the handshake's success until the session closes: replies
+    /// are read and requests handed out.
+    fn is_open(&self) -> bool {
         matches!(self.phase, Phase::Ready)
+    }
+    /// The capabilities the server granted with `X` ([`Capabilities::NONE`]
+    /// before the answer, or when the session did not negotiate).
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
     }
     /// True once closed (the driver should drop the transport).
     pub fn is_closed(&self) -> bool {
@@ -427,6 +474,73 @@ impl Session {
             keys: keys.0,
         });
         self.submit(now, request, deadline, 0)
+    }
+
+    /// Queues a renewal (`W`) of the grant `token` of `keys` (every key of
+    /// the grant) to `lease` from the server's receipt (1..=250 s, rounded
+    /// up), giving up at `deadline`; it counts against
+    /// [`SessionConfig::pending_releases_max`]. Returns its rid. Fails with
+    /// [`ClientError::Unsupported`], sending nothing, unless the server
+    /// granted [`Capabilities::EXTEND`] on this session.
+    pub fn submit_extend(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        token: u64,
+        lease: Duration,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        if token == 0 {
+            return Err(ClientError::InvalidInput("token must not be zero"));
+        }
+        let lease_s = lease_s(lease)?;
+        if !self.is_ready() {
+            return Err(ClientError::NotConnected);
+        }
+        if !self.capabilities.contains(Capabilities::EXTEND) {
+            return Err(ClientError::Unsupported(
+                "lease renewal (the server did not grant EXTEND)",
+            ));
+        }
+        let request = Request::Extend(ExtendRequest {
+            rid: 0,
+            token,
+            lease_s,
+            keys: keys.0,
+        });
+        self.submit(now, request, deadline, 0)
+    }
+
+    /// Queues our `X` as the first request after the handshake. Nothing
+    /// else is taken until it is answered: a request pipelined behind it
+    /// to a server that closes on `X` (published protocol only) would end
+    /// Indeterminate, where waiting leaves it unsent and retryable. The
+    /// negotiation gets a handshake's allowance.
+    fn start_negotiation(&mut self, now: Instant) {
+        let Some(rid) = self.next_rid else {
+            return self.close(now, CloseReason::RidsExhausted);
+        };
+        self.next_rid = rid.checked_add(1);
+        let request = Request::Negotiate(NegotiateRequest {
+            rid,
+            version: EXTENSION_VERSION,
+            wanted: self.config.extensions,
+            label: self.config.label.clone(),
+        });
+        let deadline = now.saturating_add(self.config.handshake_timeout);
+        self.pending_releases += 1;
+        self.unsent += 1;
+        self.pending.insert(
+            rid,
+            Pending {
+                request,
+                deadline,
+                wait_s_max: 0,
+                sent_at: None,
+            },
+        );
+        self.deadlines.push(Reverse((deadline, rid)));
+        self.negotiating = Some(rid);
     }
 
     fn submit(
@@ -496,7 +610,7 @@ impl Session {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> usize {
         let start = out.len();
         out.append(&mut self.proof);
-        if !self.is_ready() {
+        if !self.is_open() {
             return out.len() - start;
         }
         let proof_len = out.len() - start;
@@ -516,7 +630,7 @@ impl Session {
     /// session is ready: the handshake goes as bytes
     /// ([`Session::poll_transmit`]), and nothing is handed out before.
     pub fn poll_transmit_requests(&mut self, now: Instant, out: &mut Vec<Request>) -> usize {
-        if !self.is_ready() {
+        if !self.is_open() {
             return 0;
         }
         self.transmit(now, 0, |request| {
@@ -553,6 +667,10 @@ impl Session {
             }
             if now >= entry.deadline {
                 self.take(rid);
+                if self.negotiating == Some(rid) {
+                    self.close(now, CloseReason::HandshakeTimeout);
+                    return handed;
+                }
                 self.push_outcome(rid, Outcome::Timeout);
                 continue;
             }
@@ -622,7 +740,11 @@ impl Session {
                 ClientHandshakeStatus::Accepted => {
                     self.phase = Phase::Ready;
                     self.ready_at = Some(now);
-                    self.events.push_back(SessionEvent::Ready);
+                    if self.config.extensions == Capabilities::NONE {
+                        self.events.push_back(SessionEvent::Ready);
+                    } else {
+                        self.start_negotiation(now);
+                    }
                 }
                 ClientHandshakeStatus::Rejected => {
                     return self.close(now, CloseReason::AuthRejected);
@@ -638,7 +760,7 @@ impl Session {
                 }
             }
         }
-        if !self.is_ready() {
+        if !self.is_open() {
             return;
         }
         self.handle_frames(now, rest);
@@ -662,7 +784,7 @@ impl Session {
             return self.close(now, CloseReason::Protocol(ProtocolError::UnknownRid(rid)));
         }
         for reply in replies {
-            if !self.is_ready() {
+            if !self.is_open() {
                 break;
             }
             if let Err(error) = reply.check() {
@@ -676,7 +798,7 @@ impl Session {
     /// Decodes frames without copying whole inputs: only a frame split
     /// across inputs is buffered, and it is at most one frame long.
     fn handle_frames(&mut self, now: Instant, mut input: &[u8]) {
-        while !input.is_empty() && self.is_ready() {
+        while !input.is_empty() && self.is_open() {
             if self.partial.is_empty() {
                 match Reply::decode(input) {
                     Ok(Some((reply, used))) => {
@@ -776,6 +898,9 @@ impl Session {
 
     /// Ends request `rid` (already taken) as `reply` says.
     fn resolve(&mut self, now: Instant, rid: u64, entry: Pending, reply: Reply) {
+        if self.negotiating == Some(rid) {
+            return self.resolve_negotiation(now, rid, reply);
+        }
         match reply {
             Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
                 self.resolve_grant(now, rid, entry, token)
@@ -805,12 +930,49 @@ impl Session {
                 }
                 self.close(now, CloseReason::ServerError(code));
             }
-            // This session sends neither `X` nor `W`, and `answers` admits
-            // these replies only to them.
-            Reply::Leader { .. }
-            | Reply::Push { .. }
-            | Reply::Negotiated { .. }
-            | Reply::Extended { .. } => {}
+            Reply::Extended {
+                status, lease_ms, ..
+            } => {
+                // Counted from the send boundary: the server counts from its
+                // receipt (later) and answers the lease left as it answers
+                // (rounded down), so this end is never after its own.
+                let sent_at = entry.sent_at.unwrap_or(now);
+                let valid_before =
+                    sent_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
+                self.push_outcome(
+                    rid,
+                    Outcome::Extended {
+                        status,
+                        valid_before,
+                    },
+                );
+            }
+            // `answers` admits `X` only to our negotiation (handled above),
+            // and `L` and `P` (handled before matching) to nothing.
+            Reply::Leader { .. } | Reply::Push { .. } | Reply::Negotiated { .. } => {}
+        }
+    }
+
+    /// The answer to our `X` (`rid`): the granted bits, then the session is
+    /// ready; an `E` closes it (and the driver stops negotiating with this
+    /// server, see [`CloseReason::refuses_extensions`]); anything else
+    /// breaks the protocol.
+    fn resolve_negotiation(&mut self, now: Instant, rid: u64, reply: Reply) {
+        self.negotiating = None;
+        match reply {
+            Reply::Negotiated { granted, .. } => {
+                // A bit we did not ask for is not ours to use.
+                self.capabilities = granted.intersection(self.config.extensions);
+                self.events.push_back(SessionEvent::Ready);
+            }
+            Reply::Error { code, .. } => self.close(now, CloseReason::ServerError(code)),
+            other => self.close(
+                now,
+                CloseReason::Protocol(ProtocolError::WrongKind {
+                    rid,
+                    op: other.op(),
+                }),
+            ),
         }
     }
 
@@ -872,7 +1034,9 @@ impl Session {
                 continue;
             };
             if entry.sent_at.is_some() {
-                self.push_outcome(rid, Outcome::Indeterminate);
+                if self.negotiating != Some(rid) {
+                    self.push_outcome(rid, Outcome::Indeterminate);
+                }
                 return self.close(now, CloseReason::DeadlineAfterSend);
             }
             self.push_outcome(rid, Outcome::Timeout);
@@ -954,6 +1118,18 @@ impl Session {
         if self.is_closed() {
             return;
         }
+        // Our `X` was handed out and the connection ended before any answer:
+        // a server that speaks only the published protocol closes on it.
+        let negotiation_sent = self
+            .negotiating
+            .take()
+            .and_then(|rid| self.pending.remove(&rid))
+            .is_some_and(|entry| entry.sent_at.is_some());
+        let reason = if negotiation_sent && reason == CloseReason::TransportClosed {
+            CloseReason::ExtensionsUnsupported
+        } else {
+            reason
+        };
         self.phase = Phase::Closed;
         self.closed_at = Some(now);
         // In rid order, as they were submitted.

@@ -12,13 +12,19 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use super::broker::{Broker, ReleaseAttempted, attempt_release, release_step, run_release};
+use super::broker::{
+    Broker, ReleaseAttempted, attempt_release, release_step, run_extend, run_release,
+};
 use super::error::ClientError;
-use super::ops::{ReleaseOperation, ReleaseOutcome, ReleaseStep};
+use super::ops::{
+    EXTEND_RETRY_WINDOW, ExtendOperation, Extension, ReleaseOperation, ReleaseOutcome, ReleaseStep,
+};
 use super::request::Grant;
 use crate::time::{Duration, Instant};
+use crate::wire::ExtendStatus;
 
 /// What a ticket needs of the broker that acquired it: a [`Broker`] as a
 /// trait object.
@@ -28,7 +34,11 @@ trait Releaser: Send + Sync {
     /// Runs `op`, its first attempt submitted at `now`.
     fn release(&self, now: Instant, op: ReleaseOperation) -> Release<'_>;
     fn release_in_background(&self, grant: Grant);
+    /// Runs a renewal.
+    fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_>;
 }
+
+type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Extension, ClientError>> + Send + 'a>>;
 
 impl<B: Broker> Releaser for B {
     fn now(&self) -> Instant {
@@ -61,6 +71,9 @@ impl<B: Broker> Releaser for B {
     }
     fn release_in_background(&self, grant: Grant) {
         Broker::release_in_background(self, grant);
+    }
+    fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_> {
+        Box::pin(run_extend(self, op))
     }
 }
 
@@ -101,13 +114,97 @@ impl Future for Release<'_> {
     }
 }
 
+/// What a renewal through a ticket gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtendResult {
+    status: ExtendStatus,
+    deadline: std::time::Instant,
+}
+
+impl ExtendResult {
+    /// Renewed, clipped at the server's hold cap, or refused at the cap
+    /// (then the lease did not change and the deadline is what is left).
+    pub fn status(&self) -> ExtendStatus {
+        self.status
+    }
+    /// The ticket's new conservative end of the lease: the lease the server
+    /// answered, counted from when the renewal was sent.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.deadline
+    }
+}
+
 /// A granted lock and the broker it goes back to, released once.
 struct Held {
     releaser: Arc<dyn Releaser>,
     grant: Option<Grant>,
+    /// The conservative end of the lease in microseconds of the broker's
+    /// clock: the grant's, then each renewal's. Atomic so that a ticket
+    /// shared by reference can be renewed (by a heartbeat task, say) while
+    /// the work reads it.
+    valid_before_us: AtomicU64,
+    /// A renewal was answered `N`: the grant is gone for good.
+    lost: AtomicBool,
 }
 
 impl Held {
+    fn new(releaser: Arc<dyn Releaser>, grant: Grant) -> Self {
+        Held {
+            valid_before_us: AtomicU64::new(grant.valid_before.as_micros()),
+            releaser,
+            grant: Some(grant),
+            lost: AtomicBool::new(false),
+        }
+    }
+    fn valid_before_core(&self) -> Instant {
+        Instant::from_micros(self.valid_before_us.load(Ordering::Acquire))
+    }
+    /// Moves the conservative end no later than `at`.
+    fn clip_valid_before(&self, at: Instant) {
+        self.valid_before_us
+            .fetch_min(at.as_micros(), Ordering::AcqRel);
+    }
+    fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+    async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
+        if self.is_lost() {
+            // `N` is final: a renewal never brings a grant back.
+            return Err(ClientError::Lost);
+        }
+        let grant = self.grant();
+        let now = self.releaser.now();
+        let op = ExtendOperation::new(
+            grant.keys.clone(),
+            grant.token,
+            lease,
+            now.saturating_add(EXTEND_RETRY_WINDOW),
+        )?;
+        match self.releaser.extend(op).await {
+            Ok(extension) => {
+                // Replaced, not maxed: a renewal may shorten the lease.
+                self.valid_before_us
+                    .store(extension.valid_before.as_micros(), Ordering::Release);
+                Ok(ExtendResult {
+                    status: extension.status,
+                    deadline: self.releaser.to_std(extension.valid_before),
+                })
+            }
+            Err(ClientError::Lost) => {
+                self.lost.store(true, Ordering::Release);
+                self.clip_valid_before(now);
+                Err(ClientError::Lost)
+            }
+            Err(ClientError::Indeterminate) => {
+                // The `W` may have renewed the lease to `lease` from its
+                // receipt, which may be shorter than what was left: only
+                // the earlier of the two ends is certain.
+                self.clip_valid_before(now.saturating_add(lease));
+                Err(ClientError::Indeterminate)
+            }
+            Err(error) => Err(error),
+        }
+    }
     fn grant(&self) -> &Grant {
         self.grant.as_ref().expect("grant present until released")
     }
@@ -115,11 +212,10 @@ impl Held {
         self.grant().token
     }
     fn valid_before(&self) -> std::time::Instant {
-        self.releaser.to_std(self.grant().valid_before)
+        self.releaser.to_std(self.valid_before_core())
     }
     fn remaining(&self) -> Duration {
-        self.grant()
-            .valid_before
+        self.valid_before_core()
             .saturating_duration_since(self.releaser.now())
     }
     async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
@@ -161,10 +257,7 @@ impl Ticket {
     pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
         let releaser: Arc<dyn Releaser> = broker;
         Ticket {
-            held: Held {
-                releaser,
-                grant: Some(grant),
-            },
+            held: Held::new(releaser, grant),
         }
     }
     /// The key held.
@@ -185,6 +278,26 @@ impl Ticket {
     /// Conservative lease remaining now (zero once past).
     pub fn remaining(&self) -> Duration {
         self.held.remaining()
+    }
+    /// Renews the lease to `lease` (1..=250 s, rounded up) from the server's
+    /// receipt, keeping the token (docs/protocol.md §8, `W`); retried for up
+    /// to 5 s while it certainly had no effect. On success
+    /// [`conservative_valid_before`](Self::conservative_valid_before) and
+    /// [`remaining`](Self::remaining) move to the new conservative end,
+    /// counted from when the renewal was sent (a renewal may also shorten
+    /// the lease). Errors: [`ClientError::Lost`] when the grant is gone
+    /// (released, expired, force-released: stop the work; the ticket then
+    /// reports [`is_lost`](Self::is_lost) and its release is harmless);
+    /// [`ClientError::Unsupported`] when the server does not grant renewals;
+    /// [`ClientError::Indeterminate`] when the renewal may have taken effect
+    /// (the conservative end then becomes the earlier of the old one and
+    /// `lease` from the call; call again to learn where the grant stands).
+    pub async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
+        self.held.extend(lease).await
+    }
+    /// True once a renewal found the grant gone.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
     }
     /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
     /// final reply; an error means the result is unknown and the lease is the
@@ -216,10 +329,7 @@ impl TicketSet {
     pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
         let releaser: Arc<dyn Releaser> = broker;
         TicketSet {
-            held: Held {
-                releaser,
-                grant: Some(grant),
-            },
+            held: Held::new(releaser, grant),
         }
     }
     /// The keys held, ascending by bytes, without duplicates.
@@ -237,6 +347,14 @@ impl TicketSet {
     /// Conservative lease remaining now (zero once past).
     pub fn remaining(&self) -> Duration {
         self.held.remaining()
+    }
+    /// Renews the whole set's lease; see [`Ticket::extend`].
+    pub async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
+        self.held.extend(lease).await
+    }
+    /// True once a renewal found the grant gone.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
     }
     /// Releases the whole set with the exact token; see [`Ticket::release`].
     pub async fn release(self) -> Result<ReleaseOutcome, ClientError> {

@@ -21,6 +21,7 @@ use super::release::run_release_worker;
 use crate::hub::Hub;
 use crate::tls::{self, TlsMode};
 use ticketing_core::client::ClientError as TicketError;
+use ticketing_core::wire::Capabilities;
 
 /// Configures a [`TicketBroker`]; see [`TicketBroker::builder`].
 #[derive(Clone)]
@@ -70,6 +71,14 @@ impl TicketBrokerBuilder {
     /// [`DEFAULT_MAX_PENDING`]).
     pub fn max_pending(mut self, pending_max: usize) -> Self {
         self.config.pending_max = pending_max;
+        self
+    }
+    /// A label naming this client to operators (e.g. `host/pid/job`), sent
+    /// after each handshake and shown with its connections in inspection
+    /// (`ticketing locks`): at most 64 bytes, no control characters
+    /// (checked by `connect`). Default: none.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.config.label = label.into();
         self
     }
     /// Allows the empty token against a server without authentication;
@@ -122,7 +131,9 @@ impl TicketBrokerBuilder {
 
 /// An in-process broker of `hub`, its links connected before it returns.
 pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
-    let session = SessionConfig::single(hub.in_process_token().as_bytes());
+    let mut session = SessionConfig::single(hub.in_process_token().as_bytes());
+    // Tickets of an embedded server renew like any other.
+    session.extensions = Capabilities::EXTEND;
     let inner = Arc::new(Inner::new(
         IN_PROCESS_LINKS,
         DEFAULT_MAX_PENDING,
@@ -194,6 +205,7 @@ impl TicketBroker {
                 pending_max: DEFAULT_MAX_PENDING,
                 allow_loopback_no_auth: false,
                 silence_timeout: DEFAULT_SILENCE_TIMEOUT,
+                label: String::new(),
             },
             tls: TlsMode::Off,
         }

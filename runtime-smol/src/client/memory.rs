@@ -103,7 +103,7 @@ impl Inner {
         else {
             return false;
         };
-        state.broker.sessions[index] = Some(Session::new(now, config.clone()));
+        state.broker.open_session(index, now, config);
         state.links[index] = Some(conn);
         self.exchange(&mut state, now);
         true

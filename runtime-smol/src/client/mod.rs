@@ -53,8 +53,9 @@ mod slot;
 pub use broker::{TicketBroker, TicketBrokerBuilder};
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ReleaseOutcome, Ticket, TicketSet,
+    ExtendResult, ReleaseOutcome, Ticket, TicketSet,
 };
+pub use ticketing_core::wire::ExtendStatus;
 
 pub(crate) use broker::in_process;
 pub(crate) use inner::Weak;

@@ -11,7 +11,7 @@ use rustls::pki_types::ServerName;
 use smol::future;
 use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use ticketing_core::client::{Backoff, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT};
+use ticketing_core::client::{Backoff, SessionConfig, WRITE_PROGRESS_TIMEOUT};
 use ticketing_core::time::Instant;
 
 use super::inner::Inner;
@@ -43,7 +43,10 @@ pub(super) async fn run_network_endpoint(inner: Arc<Inner>, index: usize, link: 
     let mut backoff = Backoff::new();
     while !inner.is_shut_down() {
         let started = inner.now();
-        inner.lock().broker.sessions[index] = Some(Session::new(started, link.session.clone()));
+        inner
+            .lock()
+            .broker
+            .open_session(index, started, &link.session);
         let handshake_deadline = started.saturating_add(link.session.handshake_timeout);
         let connected = future::or(async { Some(connect(&link).await) }, async {
             inner.clock.sleep_until(handshake_deadline).await;

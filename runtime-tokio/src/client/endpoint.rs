@@ -23,9 +23,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
-use ticketing_core::client::{
-    Backoff, Broker, Session, SessionConfig, WRITE_PROGRESS_TIMEOUT, run_release,
-};
+use ticketing_core::client::{Backoff, Broker, SessionConfig, WRITE_PROGRESS_TIMEOUT, run_release};
 use ticketing_core::time::Instant;
 
 use super::{Inner, State};
@@ -131,7 +129,7 @@ pub(super) async fn run_endpoint(inner: Arc<Inner>, link: Link) {
     let mut backoff = Backoff::new();
     while !inner.is_shut_down() {
         let started = inner.now();
-        inner.lock().sessions[index] = Some(Session::new(started, link.session.clone()));
+        inner.lock().open_session(index, started, &link.session);
         let handshake_deadline = tokio::time::Instant::from_std(
             inner.to_std(started.saturating_add(link.session.handshake_timeout)),
         );
