@@ -2188,11 +2188,11 @@ fn a_label_must_fit_the_rules() {
 
 #[test]
 fn the_real_server_grants_extend_and_renews_by_token() {
-    let mut live = Live::new(ServerConfig::default());
-    let a = live.connect(extending(SessionConfig::single(b"")));
+    let mut live = SingleNet::new(ServerConfig::default());
+    let a = live.connect_session(extending(SessionConfig::single(b"")));
     assert_eq!(drain(live.session(a)), [SessionEvent::Ready]);
     assert_eq!(live.session(a).capabilities(), Capabilities::EXTEND);
-    let rid = live.acquire(a, key("door"), 0, 2);
+    let rid = live.acquire_on(a, key("door"), 0, 2);
     let grant = granted(&drain(live.session(a)), rid);
 
     live.advance(ms(1_500));
@@ -2215,11 +2215,11 @@ fn the_real_server_grants_extend_and_renews_by_token() {
     );
     // Past the first lease, the grant holds.
     live.advance(ms(1_000));
-    let busy = live.acquire(a, key("door"), 0, 2);
+    let busy = live.acquire_on(a, key("door"), 0, 2);
     assert_eq!(drain(live.session(a)), [outcome(busy, Outcome::Timeout)]);
 
     // Released: a renewal is answered N and nothing comes back.
-    let release = live.release(a, key("door"), grant.token);
+    let release = live.release_on(a, key("door"), grant.token);
     assert_eq!(
         drain(live.session(a)),
         [outcome(release, Outcome::Released)]
