@@ -623,7 +623,7 @@ impl Session {
     /// [`Session::poll_transmit`] handing out request values instead of
     /// their frames, for a driver that passes them to the server as they
     /// are (an in-process link: the server's
-    /// [`crate::server::Server::handle_requests`]). The very same requests,
+    /// [`crate::machine::Machine::handle_requests`]). The very same requests,
     /// in the same order and under the same send boundary and batch bound
     /// (each counted as the bytes of its frame), leave as they would as
     /// bytes; returns the bytes their frames would take. Only once the

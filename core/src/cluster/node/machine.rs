@@ -120,7 +120,7 @@ impl Machine for ClusterNode {
         }
     }
 
-    /// The write asked for by [`ClusterNode::poll_reserve`] failed; it is
+    /// The write asked for by [`Output::Reserve`] failed; it is
     /// asked for again later ([`Machine::poll_timeout`] says when).
     fn handle_reserve_failed(&mut self, now: Instant) {
         self.reserve.handle_persist_failed(now);

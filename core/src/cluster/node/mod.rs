@@ -6,15 +6,15 @@
 //! - inputs: [`Machine::handle_connect`] (a client connection accepted),
 //!   [`Machine::handle_peer_accept`] (a peer connection accepted),
 //!   [`Machine::handle_dialed`] / [`Machine::handle_dial_failed`]
-//!   (the outcome of a dial asked for by [`Machine::poll_dial`]),
+//!   (the outcome of a dial asked for by [`Output::Dial`](crate::machine::Output::Dial)),
 //!   [`Machine::handle_input`], [`Machine::handle_flushed`],
 //!   [`Machine::handle_closed`], [`Machine::handle_timeout`],
 //!   [`Machine::begin_shutdown`];
-//! - outputs, drained after every input: [`Machine::poll_dial`] (a
-//!   peer slot to dial), [`Machine::poll_wake`] then
+//! - outputs, drained after every input: [`Output::Dial`](crate::machine::Output::Dial) (a
+//!   peer slot to dial), [`Output::Wake`](crate::machine::Output::Wake) then
 //!   [`Machine::poll_transmit`] for each woken connection (client and
 //!   peer alike); with a token reserve ([`ClusterNode::with_token_reserve`])
-//!   [`Machine::poll_reserve`] and [`Machine::poll_alert`], as for
+//!   [`Output::Reserve`](crate::machine::Output::Reserve) and [`Output::Alert`](crate::machine::Output::Alert), as for
 //!   the single-mode server;
 //! - time: [`Machine::poll_timeout`].
 //!
@@ -191,7 +191,7 @@ pub struct ClusterNode {
     /// input: the inputs of other clients the driver takes in the same
     /// wake-up then join the same appends.
     route_deferred_at: Option<Instant>,
-    /// The peer links [`Machine::poll_wake`](crate::machine::Machine::poll_wake)
+    /// The peer links [`Output::Wake`](crate::machine::Output::Wake)(crate::machine::Machine::poll_wake)
     /// handed to the driver while messages were held (each once), empty
     /// when nothing is held.
     route_handed: Vec<ConnId>,
@@ -450,14 +450,14 @@ impl ClusterNode {
     }
 
     /// Log events dropped because the driver did not drain
-    /// [`ClusterNode::poll_log`] (a bounded queue).
+    /// [`Output::Log`](crate::machine::Output::Log) (a bounded queue).
     pub fn dropped_log_events(&self) -> u64 {
         self.reports.dropped_events()
     }
 
     /// Node events dropped because a newer one of their kind superseded
     /// them while the queue was full (the driver did not drain
-    /// [`Machine::poll_node_event`]).
+    /// [`Output::Node`](crate::machine::Output::Node)).
     pub fn coalesced_node_events(&self) -> u64 {
         self.events.coalesced()
     }
