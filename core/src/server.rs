@@ -23,16 +23,14 @@ use crate::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
 };
 use crate::lock::{
-    AcquireOptions, AcquireOutcome, ExtendOutcome, HOLDER_MAX, HoldCaps, LockConfig, LockEvent,
-    LockStats, LockTable, ReleaseOutcome, WaiterId,
+    AcquireOptions, AcquireOutcome, HOLDER_MAX, HoldCaps, LockConfig, LockEvent, LockStats,
+    LockTable, ReleaseOutcome, WaiterId,
 };
 use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{
-    Capabilities, ExtendStatus, Key, KeyGroup, NO_LEADER_SLOT, PushKind, Reply, Request,
-};
+use crate::wire::{Capabilities, Key, KeyGroup, NO_LEADER_SLOT, PushKind, Reply, Request};
 
 mod held;
 mod inspect;
@@ -552,25 +550,7 @@ impl Server {
             let lease = expires_at.saturating_duration_since(now);
             self.watches.renewed(token, lease, expires_at);
         }
-        let lease_left = |until: Instant| {
-            let ms = until.saturating_duration_since(now).as_millis();
-            u32::try_from(ms).unwrap_or(u32::MAX)
-        };
-        let answer = match outcome {
-            ExtendOutcome::Extended { expires_at } => Answer::Extended {
-                status: ExtendStatus::Extended,
-                lease_ms: lease_left(expires_at),
-            },
-            ExtendOutcome::Clipped { expires_at } => Answer::Extended {
-                status: ExtendStatus::Clipped,
-                lease_ms: lease_left(expires_at),
-            },
-            ExtendOutcome::AtCap => Answer::Extended {
-                status: ExtendStatus::AtCap,
-                lease_ms: lease_left(lease_end(&self.table, &keys, now)),
-            },
-            ExtendOutcome::NotCurrent => Answer::NotFound,
-        };
+        let answer = Answer::of_extension(outcome, now, lease_end(&self.table, &keys, now));
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             send(conn_id, conn, &mut self.wakes, &reply_to, answer);
         }

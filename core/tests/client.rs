@@ -2311,6 +2311,34 @@ fn the_renewed_deadline_counts_from_when_the_w_was_sent() {
 }
 
 #[test]
+fn a_server_answering_more_lease_than_asked_does_not_lengthen_the_clients_deadline() {
+    let mut scripted = granted_extend();
+    let deadline = scripted.now.saturating_add(secs(5));
+    let rid = scripted
+        .session
+        .submit_extend(scripted.now, key("k"), 7, secs(10), deadline)
+        .unwrap();
+    let sent_at = scripted.now;
+    let mut out = Vec::new();
+    scripted.session.poll_transmit(sent_at, &mut out);
+    scripted.reply(Reply::Extended {
+        rid,
+        status: ExtendStatus::Extended,
+        lease_ms: u32::MAX,
+    });
+    assert_eq!(
+        drain(&mut scripted.session),
+        [outcome(
+            rid,
+            Outcome::Extended {
+                status: ExtendStatus::Extended,
+                valid_before: sent_at.saturating_add(secs(10)),
+            }
+        )]
+    );
+}
+
+#[test]
 fn a_renewal_ends_like_an_acquire_when_its_reply_is_lost() {
     let mut scripted = granted_extend();
     let deadline = scripted.now.saturating_add(secs(5));

@@ -13,7 +13,7 @@ use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{AcquireRequest, Key, KeyGroup, LEASE_S_MAX, Reply, Request};
 
 // ----------------------------------------------------------------------
-// Operations: force-release, inspection, metrics (issue 12)
+// Operations: force-release, inspection, metrics
 // ----------------------------------------------------------------------
 
 use ticketing_core::inspect::{

@@ -15,7 +15,7 @@ use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::Reply;
 
 // ---------------------------------------------------------------------------
-// The token reserve (issue 10)
+// The token reserve: no token above what the driver made durable
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -111,7 +111,7 @@ fn the_bootstrap_counter_starts_above_a_stored_floor() {
     assert_eq!(token, stored + 1);
 }
 
-/// Issue 16: a Heartbeat with term `u64::MAX`, then acknowledgements with
+/// A hostile peer: a Heartbeat with term `u64::MAX`, then acknowledgements with
 /// index and hint `u64::MAX`, each sent on an established peer connection
 /// in the name of its authenticated peer. Each is refused and counted, the
 /// connection is closed (and dialed again), and the cluster still elects a

@@ -1,4 +1,4 @@
-//! Issue 16: one peer message carrying an impossible number must not end a
+//! One peer message carrying an impossible number must not end a
 //! cluster. Each message is refused twice over — by the peer decoder (an
 //! authenticated frame, sealed with the session key, so only the number
 //! bound can refuse it) and by `Raft::step` when stepped directly — and a three-node cluster that

@@ -474,7 +474,7 @@ fn closing_a_connection_with_two_waiters_on_one_key_burns_no_token() {
 }
 
 // ---------------------------------------------------------------------------
-// The token reserve (issue 10): no token above what the driver made durable
+// The token reserve: no token above what the driver made durable
 // ---------------------------------------------------------------------------
 
 const STEP: u64 = 1_000;

@@ -937,8 +937,14 @@ impl Session {
                 // receipt (later) and answers the lease left as it answers
                 // (rounded down), so this end is never after its own.
                 let sent_at = entry.sent_at.unwrap_or(now);
-                let valid_before =
-                    sent_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
+                // Never more than the lease asked for: a server's number is
+                // not trusted to lengthen what the client counts.
+                let asked = match &entry.request {
+                    Request::Extend(req) => Duration::from_secs(u64::from(req.lease_s)),
+                    _ => Duration::ZERO,
+                };
+                let left = Duration::from_millis(u64::from(lease_ms)).min(asked);
+                let valid_before = sent_at.saturating_add(left);
                 self.push_outcome(
                     rid,
                     Outcome::Extended {

@@ -18,6 +18,7 @@ use crate::line::{
     LINE_ANSWER_LEN, LINE_MAX_WAIT_S, LINE_TEXT_LEN_MAX, LineDecoded, LineDecoder, LineError,
     LineFrameError, LineReply, LineRequest, is_base64url, line_nonce, shape_shared_nonce,
 };
+use crate::lock::ExtendOutcome;
 use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
@@ -192,6 +193,29 @@ pub(crate) enum Answer {
         /// The lease left, in milliseconds.
         lease_ms: u32,
     },
+}
+
+impl Answer {
+    /// What an extension that came to `outcome` at `now` tells its client:
+    /// the lease left (until the new end, or until `lease_end`, the lease
+    /// as it stands, when refused at the cap), or not current. Both owners
+    /// answer by this one rule.
+    pub(crate) fn of_extension(outcome: ExtendOutcome, now: Instant, lease_end: Instant) -> Answer {
+        let lease_left = |until: Instant| {
+            let ms = until.saturating_duration_since(now).as_millis();
+            u32::try_from(ms).unwrap_or(u32::MAX)
+        };
+        let (status, until) = match outcome {
+            ExtendOutcome::Extended { expires_at } => (ExtendStatus::Extended, expires_at),
+            ExtendOutcome::Clipped { expires_at } => (ExtendStatus::Clipped, expires_at),
+            ExtendOutcome::AtCap => (ExtendStatus::AtCap, lease_end),
+            ExtendOutcome::NotCurrent => return Answer::NotFound,
+        };
+        Answer::Extended {
+            status,
+            lease_ms: lease_left(until),
+        }
+    }
 }
 
 /// What the owner must do after an answer was encoded.

@@ -12,11 +12,10 @@ use crate::conn::ConnId;
 use crate::conn::client::{Answer, ReplyTo};
 use crate::conn::pushes::Watch;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
-use crate::lock::ExtendOutcome;
 use crate::raft::{Committed, Entry, EntryKind, Event};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
-use crate::wire::{Capabilities, ExtendStatus, Key, KeyGroup, PushKind, Reply, SET_KEYS_MAX};
+use crate::wire::{Capabilities, Key, KeyGroup, PushKind, Reply, SET_KEYS_MAX};
 
 use super::ClusterNode;
 use super::connections::{Conn, ConnKind};
@@ -674,10 +673,6 @@ impl ClusterNode {
         let ApplyResult::Extension { outcome } = result else {
             return Answer::NotFound;
         };
-        let lease_left = |until: Instant| {
-            let ms = until.saturating_duration_since(now).as_millis();
-            u32::try_from(ms).unwrap_or(u32::MAX)
-        };
         if let (Some(expires_at), Some(leadership), Some(holding)) = (
             outcome.expires_at(),
             self.leadership.as_mut(),
@@ -695,24 +690,11 @@ impl ClusterNode {
                 leadership.watches.watch(token, watch);
             }
         }
-        match outcome {
-            ExtendOutcome::Extended { expires_at } => Answer::Extended {
-                status: ExtendStatus::Extended,
-                lease_ms: lease_left(expires_at),
-            },
-            ExtendOutcome::Clipped { expires_at } => Answer::Extended {
-                status: ExtendStatus::Clipped,
-                lease_ms: lease_left(expires_at),
-            },
-            ExtendOutcome::AtCap => Answer::Extended {
-                status: ExtendStatus::AtCap,
-                lease_ms: self
-                    .state
-                    .grant(token)
-                    .map_or(0, |holding| lease_left(holding.deadline)),
-            },
-            ExtendOutcome::NotCurrent => Answer::NotFound,
-        }
+        let lease_end = self
+            .state
+            .grant(token)
+            .map_or(now, |holding| holding.deadline);
+        Answer::of_extension(outcome, now, lease_end)
     }
 
     fn handle_event(&mut self, now: Instant, event: Event) {
