@@ -16,8 +16,8 @@ use ticketing_core::server::ServerConfig;
 use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
-    Capabilities, Decoded, EXTENSION_VERSION, ErrorCode, ExtendStatus, NO_LEADER_SLOT, Reply,
-    ReplyError, Request, RequestDecoder,
+    Capabilities, Decoded, EXTENSION_VERSION, ErrorCode, ExtendStatus, NO_LEADER_SLOT, PushKind,
+    Reply, ReplyError, Request, RequestDecoder,
 };
 
 const TOKEN_A: &str = "0123456789abcdef0123456789abcdef";
@@ -2053,14 +2053,16 @@ fn an_outcome_handed_back_while_submitting_is_judged_at_the_submits_reading() {
     assert_eq!(result, std::task::Poll::Ready(Ok(granted.clone())));
     assert_eq!(broker.readings(), 1);
 
-    // A final release reply needs no reading after the one that starts it.
+    // A final release reply needs no reading after the one that starts it
+    // (the ticket reads the clock once when made, for its drift margin).
     let broker = AnsweringBroker::new(Outcome::Released);
     let ticket = ticketing_core::client::Ticket::new(std::sync::Arc::clone(&broker), granted);
+    let made = broker.readings();
     assert_eq!(
         poll_once(ticket.release()),
         std::task::Poll::Ready(Ok(ReleaseOutcome::Released))
     );
-    assert_eq!(broker.readings(), 1);
+    assert_eq!(broker.readings(), made + 1);
 }
 
 #[test]
@@ -2418,13 +2420,16 @@ fn a_server_that_closes_on_x_is_reported_and_its_endpoint_stops_negotiating() {
 }
 
 #[test]
-fn the_broker_asks_for_extend_with_its_label() {
+fn the_broker_asks_for_extend_and_push_with_its_label() {
     let config = BrokerConfig {
         label: "host/1/job".into(),
         ..BrokerConfig::single("h:1", TOKEN_A)
     };
     for endpoint in config.endpoints().unwrap() {
-        assert_eq!(endpoint.session.extensions, Capabilities::EXTEND);
+        assert_eq!(
+            endpoint.session.extensions,
+            Capabilities::EXTEND.union(Capabilities::PUSH)
+        );
         assert_eq!(endpoint.session.label(), "host/1/job");
     }
     let bad = BrokerConfig {
@@ -2435,4 +2440,173 @@ fn the_broker_asks_for_extend_with_its_label() {
     // The sessions a bare SessionConfig makes send no X (the published
     // clients' behaviour).
     assert_eq!(SessionConfig::single(b"").extensions, Capabilities::NONE);
+}
+
+// ---------------------------------------------------------------------------
+// Pushes (`P`) and the hold cap (`H`)
+// ---------------------------------------------------------------------------
+
+/// A scripted session that asked for `wanted` and was granted `granted`.
+fn negotiated(wanted: Capabilities, granted: Capabilities) -> Scripted {
+    let now = Instant::from_millis(1_000);
+    let mut config = SessionConfig::single(b"");
+    config.extensions = wanted;
+    let mut session = Session::new(now, config);
+    accept_single(&mut session, now);
+    let mut scripted = Scripted { session, now };
+    let x = scripted.transmit();
+    scripted.reply(Reply::Negotiated {
+        rid: x[0].rid(),
+        granted,
+    });
+    assert_eq!(drain(&mut scripted.session), [SessionEvent::Ready]);
+    scripted
+}
+
+fn push(token: u64, kind: PushKind, lease_ms: u32) -> Reply {
+    Reply::Push {
+        token,
+        kind,
+        lease_ms,
+    }
+}
+
+#[test]
+fn a_push_reaches_the_driver_only_on_a_session_granted_push() {
+    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
+    let mut pushed = negotiated(both, both);
+    pushed.reply(push(7, PushKind::LeaseEnding, 2_500));
+    pushed.reply(push(7, PushKind::ForceReleased, 0));
+    assert_eq!(
+        pushed.events(),
+        [
+            SessionEvent::Push {
+                token: 7,
+                kind: PushKind::LeaseEnding,
+                lease_ms: 2_500
+            },
+            SessionEvent::Push {
+                token: 7,
+                kind: PushKind::ForceReleased,
+                lease_ms: 0
+            },
+        ]
+    );
+    // Asked but not granted, or never asked: dropped, and the session
+    // goes on.
+    for mut quiet in [
+        negotiated(both, Capabilities::EXTEND),
+        negotiated(Capabilities::EXTEND, Capabilities::EXTEND),
+    ] {
+        quiet.reply(push(7, PushKind::Expired, 0));
+        assert_eq!(quiet.events(), []);
+        assert!(quiet.session.is_ready());
+    }
+}
+
+#[test]
+fn the_broker_keeps_each_push_for_the_ticket_of_its_token() {
+    use ticketing_core::client::{LossCause, PushNews};
+
+    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
+    let scripted = negotiated(both, both);
+    let now = scripted.now;
+    let mut state = BrokerState::<Tx>::new(1, 16);
+    state.sessions[0] = Some(scripted.session);
+    let feed = |state: &mut BrokerState<Tx>, reply: Reply| {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        state.sessions[0]
+            .as_mut()
+            .unwrap()
+            .handle_input(now, &bytes);
+        state.dispatch(0, now, &mut |_| {});
+    };
+    // Nothing is kept for a grant nobody heard of.
+    assert_eq!(state.news(7, None), PushNews::default());
+    assert_eq!(state.news_len(), 0);
+    // A warning: the end is its receipt plus the lease it says is left.
+    feed(&mut state, push(7, PushKind::LeaseEnding, 4_000));
+    assert_eq!(
+        state.news(7, None),
+        PushNews {
+            valid_before: Some(now.saturating_add(secs(4))),
+            lost: None
+        }
+    );
+    feed(&mut state, push(7, PushKind::ForceReleased, 0));
+    assert_eq!(
+        state.news(7, None),
+        PushNews {
+            valid_before: Some(now),
+            lost: Some(LossCause::ForceReleased)
+        }
+    );
+    assert_eq!(state.news(8, None), PushNews::default());
+}
+
+#[test]
+fn a_capped_acquire_is_sent_as_h_and_granted_like_any_other() {
+    let mut scripted = granted_extend();
+    let capped = params(secs(5), secs(10), Duration::ZERO)
+        .with_max_hold(Duration::from_secs(3_600))
+        .unwrap();
+    let sent_at = scripted.now;
+    let rid = scripted
+        .session
+        .submit_acquire(
+            sent_at,
+            key("k"),
+            &capped,
+            capped.operation_deadline(sent_at),
+        )
+        .unwrap();
+    let mut out = Vec::new();
+    scripted.session.poll_transmit(scripted.now, &mut out);
+    let sent = decode_extended(&out);
+    assert!(
+        matches!(&sent[..], [Request::AcquireCapped(h)]
+            if h.rid == rid && h.max_hold_s == 3_600 && h.lease_s == 10 && h.wait_s == 5),
+        "{sent:?}"
+    );
+    scripted.advance(ms(300));
+    scripted.reply(Reply::AcquiredSet { rid, token: 12 });
+    assert_eq!(
+        scripted.events(),
+        [outcome(
+            rid,
+            Outcome::Acquired(Grant {
+                keys: key("k"),
+                token: 12,
+                valid_before: sent_at.saturating_add(secs(10)),
+            })
+        )]
+    );
+}
+
+#[test]
+fn a_capped_acquire_without_extend_is_refused_locally_and_a_zero_cap_is_invalid() {
+    let mut scripted = Scripted::single();
+    let capped = params(secs(5), secs(10), Duration::ZERO)
+        .with_max_hold(Duration::from_secs(60))
+        .unwrap();
+    assert!(matches!(
+        scripted.session.submit_acquire(
+            scripted.now,
+            key("k"),
+            &capped,
+            capped.operation_deadline(scripted.now)
+        ),
+        Err(ClientError::Unsupported(_))
+    ));
+    assert!(scripted.transmit().is_empty());
+    assert!(matches!(
+        params(secs(5), secs(10), Duration::ZERO).with_max_hold(Duration::ZERO),
+        Err(ClientError::InvalidInput(_))
+    ));
+    // Sub-second caps round up, like every other time.
+    let rounded = params(secs(5), secs(10), Duration::ZERO)
+        .with_max_hold(ms(1_500))
+        .unwrap();
+    assert_eq!(rounded.max_hold_s(), Some(2));
 }

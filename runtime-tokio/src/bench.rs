@@ -117,6 +117,7 @@ async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode>
         tls_ca: args.tls_ca.as_deref(),
         tls_system_roots: false,
         cluster_identity: args.cluster_identity,
+        label: None,
     };
     let broker = match client_broker(&options) {
         Ok(broker) => broker,

@@ -10,6 +10,8 @@ pub(crate) struct ClientOptions<'a> {
     pub(crate) tls_ca: Option<&'a std::path::Path>,
     pub(crate) tls_system_roots: bool,
     pub(crate) cluster_identity: Option<[u8; 32]>,
+    /// The label naming this client to operators.
+    pub(crate) label: Option<&'a str>,
 }
 
 /// Builds the broker of `lock` and `bench`: the token from the flag or
@@ -32,6 +34,9 @@ pub(crate) fn client_broker(
         builder = builder.mode(ticketing_tokio::client::BrokerMode::Cluster {
             identity_fingerprint,
         });
+    }
+    if let Some(label) = options.label {
+        builder = builder.label(label);
     }
     if let Some(ca) = options.tls_ca {
         builder = builder.tls(TlsMode::Ca(ca.to_owned()));

@@ -67,7 +67,7 @@ use tracing::{debug, warn};
 
 use ticketing_core::client::{
     AcquireParams, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet, Outcome,
-    RELEASE_RETRY_WINDOW, Session, WRITE_PROGRESS_TIMEOUT, run_acquire,
+    PushNews, RELEASE_RETRY_WINDOW, Session, WRITE_PROGRESS_TIMEOUT, run_acquire,
 };
 use ticketing_core::time::Instant;
 
@@ -75,7 +75,8 @@ use crate::serve::Clock;
 
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ExtendResult, ReleaseOutcome, Ticket, TicketSet, TlsMode,
+    ExtendResult, LossCause, Lost, ReleaseOutcome, RenewEnd, RenewPolicy, Ticket, TicketSet,
+    TlsMode,
 };
 pub use ticketing_core::wire::ExtendStatus;
 
@@ -564,6 +565,25 @@ impl TicketBroker {
         Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
 
+    /// [`TicketBroker::acquire`] with a cap on total hold: however often it
+    /// is renewed, the lock ends by `max_hold` after it was granted (the
+    /// server may cut the cap to its own limit; docs/protocol.md §8.4).
+    /// Fails with [`TicketError::Unsupported`], sending nothing, on a
+    /// server that does not renew leases.
+    pub async fn acquire_capped(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+        max_hold: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?.with_max_hold(max_hold)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
+    }
+
     /// Acquires 1..=16 keys atomically under one token (duplicates are
     /// removed). Same times and rules as [`TicketBroker::acquire`].
     pub async fn acquire_set<S: AsRef<str>>(
@@ -617,5 +637,8 @@ impl Broker for Inner {
         let now = self.now();
         let mut state = self.lock();
         self.enqueue_release(&mut state, now, grant.keys, grant.token);
+    }
+    fn news(&self, token: u64, waker: Option<&std::task::Waker>) -> PushNews {
+        self.lock().news(token, waker)
     }
 }

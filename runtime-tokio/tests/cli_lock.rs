@@ -358,3 +358,191 @@ async fn the_command_ends_when_the_cli_is_killed() {
     }
     server.shutdown().await;
 }
+
+/// Polls until `file` holds a line, or fails after 10 s.
+async fn first_line(file: &std::path::Path) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(line) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned))
+        {
+            return line;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "nothing was written to {}",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_renew_the_command_holds_past_several_leases_while_a_rival_is_refused() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    // The command outlives two leases of 2 s, then a rival asks for the key
+    // without waiting, and the deadline file has moved with the renewals.
+    let script = format!(
+        r#"first=$(cat "$TICKETING_DEADLINE_FILE"); sleep 4.5
+'{BIN}' lock renewed --addr {addr} --wait 0 -- true; echo "rival=$?"
+echo "moved=$(( $(cat "$TICKETING_DEADLINE_FILE") - first ))""#
+    );
+    let started = std::time::Instant::now();
+    let output = lock(&server, "renewed", &["--lease", "2s", "--renew"], &script).await;
+    assert!(started.elapsed() > Duration::from_secs(4));
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains(&format!("rival={}", lock_exit::TIMEOUT)),
+        "{stdout}"
+    );
+    let moved: u64 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("moved="))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(moved >= 3_000, "the deadline moved only {moved} ms");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_stops_a_renewed_command_before_the_cap() {
+    let server = loopback_server().await;
+    let started = std::time::Instant::now();
+    let output = lock(
+        &server,
+        "capped",
+        &[
+            "--lease",
+            "2s",
+            "--renew",
+            "--max-hold",
+            "3s",
+            "--kill-after",
+            "1s",
+        ],
+        "exec sleep 30",
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    // Renewed past the first lease's stop point (0.75 s in), stopped
+    // before the cap.
+    assert!(elapsed > Duration::from_millis(1_500), "after {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "after {elapsed:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_shows_no_life_loses_its_renewal_and_is_stopped() {
+    let server = loopback_server().await;
+    let started = std::time::Instant::now();
+    let output = lock(
+        &server,
+        "hung",
+        &[
+            "--lease",
+            "2s",
+            "--renew",
+            "--progress-timeout",
+            "1s",
+            "--kill-after",
+            "1s",
+        ],
+        "exec sleep 30",
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(4));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("showed no life"), "{stderr}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_shows_life_keeps_its_renewal() {
+    let server = loopback_server().await;
+    // Life by the progress file for one half, by the notify socket for
+    // the other.
+    let script = r#"i=0; while [ $i -lt 8 ]; do touch "$TICKETING_PROGRESS_FILE"; sleep 0.25; i=$((i+1)); done
+i=0; while [ $i -lt 8 ]; do python3 -c 'import os,socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"1", os.environ["TICKETING_NOTIFY"])'; sleep 0.25; i=$((i+1)); done"#;
+    let output = lock(
+        &server,
+        "alive",
+        &["--lease", "2s", "--renew", "--progress-timeout", "1s"],
+        script,
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_through_the_admin_api_stops_the_command_within_a_second() {
+    let dir = scratch_file("admin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let admin_token = "admin-token-for-the-force-release-test";
+    let token_file = dir.join("admin-token");
+    std::fs::write(&token_file, admin_token).unwrap();
+    let mut settings = common::loopback_settings();
+    settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.admin_tokens = ticketing_core::admin::AdminTokens::new([admin_token]).unwrap();
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let addr = server.local_addr().to_string();
+    let admin = server.admin_addr().unwrap().to_string();
+    let started_file = dir.join("started");
+    let script = format!(
+        "echo $TICKETING_TOKEN > '{}'; exec sleep 60",
+        started_file.display()
+    );
+    let cli = tokio::process::Command::new(BIN)
+        .args(["lock", "revoked", "--addr", &addr, "--lease", "60s"])
+        .args(["--", "sh", "-c", &script])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let token = first_line(&started_file).await;
+
+    let released = run_ticketing(&[
+        "locks",
+        "release",
+        "revoked",
+        "--token",
+        &token,
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        token_file.to_str().unwrap(),
+    ])
+    .await;
+    assert!(released.status.success(), "{released:?}");
+    let revoked_at = std::time::Instant::now();
+    let output = tokio::time::timeout(Duration::from_secs(10), cli.wait_with_output())
+        .await
+        .expect("the command was not stopped")
+        .unwrap();
+    let stopped_after = revoked_at.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    assert!(
+        stopped_after < Duration::from_millis(1_500),
+        "stopped {stopped_after:?} after the force-release"
+    );
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("force-released"), "{stderr}");
+    server.shutdown().await;
+}

@@ -1255,6 +1255,8 @@ pub(crate) trait ClientWorld<'t> {
             SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
             SessionEvent::Closed(reason) => self.session_closed(client, slot, conn, reason),
             SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => self.on_leader_notice(client),
+            // The simulated clients ask for no pushes.
+            SessionEvent::Push { .. } => {}
         }
     }
 

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::task::Waker;
 
 use super::error::{ClientError, CloseReason};
 use super::ops::{
@@ -21,6 +22,7 @@ use super::ops::{
 use super::request::{AcquireParams, Grant, KeySet, Outcome};
 use super::routing::Router;
 use super::session::{Session, SessionConfig, SessionEvent};
+use super::watch::{NewsBoard, PushNews};
 use crate::time::Instant;
 use crate::wire::Capabilities;
 
@@ -108,6 +110,8 @@ pub struct BrokerState<W> {
     /// connection on it, or refused it), so its sessions no longer
     /// negotiate. Kept for the broker's life.
     no_extensions: Vec<bool>,
+    /// What the servers pushed about grants, until their tickets read it.
+    news: NewsBoard,
 }
 
 /// An attempt whose caller collects its outcome itself, still under the
@@ -132,7 +136,19 @@ impl<W: OutcomeSender> BrokerState<W> {
             pending_max,
             direct: None,
             no_extensions: vec![false; endpoints],
+            news: NewsBoard::default(),
         }
+    }
+
+    /// What the servers pushed about grant `token` (docs/protocol.md
+    /// §8.3); with `waker`, it is woken by the next push about it.
+    pub fn news(&mut self, token: u64, waker: Option<&Waker>) -> PushNews {
+        self.news.read(token, waker)
+    }
+
+    /// Grants the broker keeps pushed news of (bounded).
+    pub fn news_len(&self) -> usize {
+        self.news.len()
     }
 
     /// Starts endpoint `index`'s next session at `now` with `config`,
@@ -341,6 +357,13 @@ impl<W: OutcomeSender> BrokerState<W> {
                         notice(BrokerNotice::ReadyChanged);
                     }
                 }
+                SessionEvent::Push {
+                    token,
+                    kind,
+                    lease_ms,
+                } => {
+                    self.news.pushed(now, token, kind, lease_ms);
+                }
                 SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
             }
         }
@@ -393,6 +416,14 @@ pub trait Broker: Send + Sync {
     /// Releases `grant` in the background: bounded and best effort, the
     /// lease being the safety net.
     fn release_in_background(&self, grant: Grant);
+    /// What the servers pushed about grant `token`
+    /// ([`BrokerState::news`] under the broker's lock); with `waker`, it is
+    /// woken by the next push. The default knows of none: the holder's own
+    /// clock bounds it anyway.
+    fn news(&self, token: u64, waker: Option<&Waker>) -> PushNews {
+        let _ = (token, waker);
+        PushNews::default()
+    }
 }
 
 /// One logical acquire of `keys` across attempts, until a grant the caller

@@ -112,7 +112,7 @@ impl BrokerConfig {
     }
 
     /// Validates the configuration and lists the connections to keep, in
-    /// router order (each asks for [`Capabilities::EXTEND`] after its
+    /// router order (each asks for [`Capabilities::EXTEND`] and [`Capabilities::PUSH`] after its
     /// handshake, so tickets can be renewed): a single address gets two connections (so one dropped
     /// socket does not interrupt service); cluster connection `i` is slot `i`.
     pub fn endpoints(&self) -> Result<Vec<Endpoint>, ClientError> {
@@ -160,7 +160,7 @@ impl BrokerConfig {
                     addr: self.addrs[0].clone(),
                     session: SessionConfig {
                         silence_timeout: self.silence_timeout,
-                        extensions: Capabilities::EXTEND,
+                        extensions: Capabilities::EXTEND.union(Capabilities::PUSH),
                         ..SessionConfig::single(token)
                     }
                     .with_label(&self.label)?,
@@ -184,7 +184,7 @@ impl BrokerConfig {
                             addr: addr.clone(),
                             session: SessionConfig {
                                 silence_timeout: self.silence_timeout,
-                                extensions: Capabilities::EXTEND,
+                                extensions: Capabilities::EXTEND.union(Capabilities::PUSH),
                                 ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
                             }
                             .with_label(&self.label)?,

@@ -23,6 +23,9 @@
 //!   released once (explicitly or on drop) through its [`Broker`].
 //! - [`BrokerConfig`]: validation of what a user configures, and the
 //!   connections it implies (one address means two connections).
+//! - [`HolderWatch`] and [`NewsBoard`]: the conservative end of a held
+//!   grant and why it was lost, moved by renewals and (only earlier) by
+//!   the server's pushes, which the broker keeps by token.
 //! - [`holder::StopPlan`]: when guarded work is asked to stop, and made to,
 //!   before its lease could lapse (`ticketing lock`).
 //!
@@ -46,6 +49,7 @@ pub mod request;
 pub mod routing;
 pub mod session;
 mod ticket;
+pub mod watch;
 
 pub use broker::{
     Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_extend,
@@ -60,7 +64,8 @@ pub use ops::{
 pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_covers};
 pub use routing::{Backoff, Router};
 pub use session::{CancelOutcome, Session, SessionConfig, SessionEvent};
-pub use ticket::{ExtendResult, Ticket, TicketSet};
+pub use ticket::{ExtendResult, Lost, RenewEnd, RenewPolicy, Ticket, TicketSet};
+pub use watch::{HolderWatch, LossCause, NewsBoard, PushNews};
 
 // The fixed numbers of the client, each defined beside the code it bounds.
 pub use config::{

@@ -44,6 +44,7 @@ pub struct AcquireParams {
     wait_s: u8,
     lease_s: u8,
     work_budget_min: Duration,
+    max_hold_s: Option<u32>,
 }
 
 impl AcquireParams {
@@ -76,7 +77,32 @@ impl AcquireParams {
             wait_s,
             lease_s,
             work_budget_min,
+            max_hold_s: None,
         })
+    }
+    /// These times with a cap on total hold (docs/protocol.md §8.4):
+    /// however often it is renewed, the grant ends by `max_hold` after it
+    /// was made (whole seconds, rounded up; the server may cut it to its
+    /// own limit). Sent as `H`, which only a server that granted EXTEND
+    /// takes: elsewhere the acquire fails with
+    /// [`ClientError::Unsupported`], sending nothing.
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Result<Self, ClientError> {
+        if max_hold.is_zero() {
+            return Err(ClientError::InvalidInput(
+                "max_hold must be greater than zero",
+            ));
+        }
+        let max_hold_s =
+            u32::try_from(ceil_secs(max_hold)).map_err(|_| ClientError::UnsupportedDuration {
+                field: "max_hold",
+                s_max: u64::from(u32::MAX),
+            })?;
+        self.max_hold_s = Some(max_hold_s);
+        Ok(self)
+    }
+    /// The cap on total hold in whole seconds, if one is asked for.
+    pub fn max_hold_s(&self) -> Option<u32> {
+        self.max_hold_s
     }
     /// Wait in whole seconds; 0 = one immediate try.
     pub fn wait_s(&self) -> u8 {

@@ -157,7 +157,9 @@ impl Router {
                     self.auth_failed = true;
                 }
             }
-            SessionEvent::Outcome { .. } | SessionEvent::Compensate(_) => {}
+            SessionEvent::Outcome { .. }
+            | SessionEvent::Compensate(_)
+            | SessionEvent::Push { .. } => {}
         }
     }
     /// Marks connection `index` ready or down; a down leader is forgotten.

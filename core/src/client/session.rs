@@ -10,8 +10,9 @@ use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, Wi
 use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode, ExtendRequest, FRAME_HEADER_LEN,
-    LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest, ReleaseRequest, Reply, Request,
+    AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode,
+    ExtendRequest, FRAME_HEADER_LEN, LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest, PushKind,
+    ReleaseRequest, Reply, Request,
 };
 
 /// A connection that has not finished TCP, TLS and the handshake this long
@@ -69,6 +70,18 @@ pub enum SessionEvent {
     /// A grant nobody will receive (it arrived after its deadline, or its
     /// request was cancelled): release it with [`ReleaseOperation`](super::ReleaseOperation).
     Compensate(Compensation),
+    /// The server pushed news of grant `token` (docs/protocol.md §8.3):
+    /// only on a session granted [`Capabilities::PUSH`]. Advisory: it may
+    /// move the holder's deadline earlier, never later.
+    Push {
+        /// The grant's fencing token.
+        token: u64,
+        /// Ending soon, or lost and why.
+        kind: PushKind,
+        /// The lease left in milliseconds by the server's count (0 when
+        /// lost).
+        lease_ms: u32,
+    },
     /// The session ended; nothing follows.
     Closed(CloseReason),
 }
@@ -120,7 +133,7 @@ pub struct SessionConfig {
     pub silence_timeout: Duration,
     /// The capabilities to ask for with `X` right after the handshake
     /// (docs/protocol.md §8); [`Capabilities::NONE`] sends no `X`, as the
-    /// published clients do. The brokers ask for [`Capabilities::EXTEND`].
+    /// published clients do. The brokers ask for [`Capabilities::EXTEND`] and [`Capabilities::PUSH`].
     pub extensions: Capabilities,
     /// The label sent with `X` (see [`SessionConfig::with_label`]).
     pub(super) label: String,
@@ -237,7 +250,22 @@ impl Pending {
 
 impl Pending {
     fn is_acquire(&self) -> bool {
-        matches!(self.request, Request::Acquire(_))
+        is_acquire(&self.request)
+    }
+}
+
+/// True for the requests that may be granted (`A`/`S` and `H`).
+fn is_acquire(request: &Request) -> bool {
+    matches!(request, Request::Acquire(_) | Request::AcquireCapped(_))
+}
+
+/// The wait byte of an acquire, to be cut to what is left of the caller's
+/// wait.
+fn wait_s_mut(request: &mut Request) -> Option<&mut u8> {
+    match request {
+        Request::Acquire(req) => Some(&mut req.wait_s),
+        Request::AcquireCapped(req) => Some(&mut req.wait_s),
+        _ => None,
     }
 }
 
@@ -445,13 +473,29 @@ impl Session {
         params: &AcquireParams,
         deadline: Instant,
     ) -> Result<u64, ClientError> {
-        let request = Request::Acquire(AcquireRequest {
-            rid: 0,
-            wait_s: params.wait_s(),
-            lease_s: params.lease_s(),
-            set: keys.is_set(),
-            keys: keys.0,
-        });
+        let request = match params.max_hold_s() {
+            None => Request::Acquire(AcquireRequest {
+                rid: 0,
+                wait_s: params.wait_s(),
+                lease_s: params.lease_s(),
+                set: keys.is_set(),
+                keys: keys.0,
+            }),
+            Some(max_hold_s) => {
+                if self.is_ready() && !self.capabilities.contains(Capabilities::EXTEND) {
+                    return Err(ClientError::Unsupported(
+                        "a hold cap (the server did not grant EXTEND)",
+                    ));
+                }
+                Request::AcquireCapped(AcquireCappedRequest {
+                    rid: 0,
+                    wait_s: params.wait_s(),
+                    lease_s: params.lease_s(),
+                    max_hold_s,
+                    keys: keys.0,
+                })
+            }
+        };
         self.submit(now, request, deadline, params.wait_s())
     }
 
@@ -553,7 +597,7 @@ impl Session {
         if !self.is_ready() {
             return Err(ClientError::NotConnected);
         }
-        let acquire = matches!(request, Request::Acquire(_));
+        let acquire = is_acquire(&request);
         let full = if acquire {
             self.pending_acquires >= self.config.pending_acquires_max
         } else {
@@ -674,10 +718,10 @@ impl Session {
                 self.push_outcome(rid, Outcome::Timeout);
                 continue;
             }
-            if let Request::Acquire(req) = &mut entry.request {
+            if let Some(wait_s) = wait_s_mut(&mut entry.request) {
                 // The server may wait only what remains of the caller's
                 // wait, so that its `T` comes before our own deadline.
-                req.wait_s = if entry.wait_s_max == 0 {
+                *wait_s = if entry.wait_s_max == 0 {
                     0
                 } else {
                     let remaining_s = ceil_secs(entry.deadline.saturating_duration_since(now));
@@ -850,9 +894,23 @@ impl Session {
                 }
                 return self.push_leader_hint(leader_slot);
             }
-            // Advisory, and only sent to a session that asked for them
-            // (this one does not): a push changes no request's outcome.
-            Reply::Push { .. } => return,
+            // Advisory: a push changes no request's outcome. Only a
+            // session granted PUSH passes it on; on any other it is noise
+            // from a server that ignores what was negotiated, and dropped.
+            Reply::Push {
+                token,
+                kind,
+                lease_ms,
+            } => {
+                if self.capabilities.contains(Capabilities::PUSH) {
+                    self.events.push_back(SessionEvent::Push {
+                        token,
+                        kind,
+                        lease_ms,
+                    });
+                }
+                return;
+            }
             other => other.rid().unwrap_or(0),
         };
         let Some(entry) = self.take_answered(now, rid, &reply) else {
@@ -985,11 +1043,12 @@ impl Session {
     /// Acquire `rid` was granted `token`: the grant goes to the caller, or
     /// back to the server if the caller's deadline has passed.
     fn resolve_grant(&mut self, now: Instant, rid: u64, entry: Pending, token: u64) {
-        let Request::Acquire(req) = entry.request else {
+        let (keys, lease_s) = match entry.request {
+            Request::Acquire(req) => (KeySet(req.keys), req.lease_s),
+            Request::AcquireCapped(req) => (KeySet(req.keys), req.lease_s),
             // `answers` admits grants only for acquires.
-            return;
+            _ => return,
         };
-        let keys = KeySet(req.keys);
         if now >= entry.deadline {
             // The caller has given up at its deadline: it is told
             // Indeterminate and the lock is handed back.
@@ -998,7 +1057,7 @@ impl Session {
                 .push_back(SessionEvent::Compensate(Compensation { keys, token }));
         } else {
             let sent_at = entry.sent_at.unwrap_or(now);
-            let lease = Duration::from_secs(u64::from(req.lease_s));
+            let lease = Duration::from_secs(u64::from(lease_s));
             let grant = Grant {
                 keys,
                 token,

@@ -12,8 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use super::broker::{
     Broker, ReleaseAttempted, attempt_release, release_step, run_extend, run_release,
@@ -23,6 +22,7 @@ use super::ops::{
     EXTEND_RETRY_WINDOW, ExtendOperation, Extension, ReleaseOperation, ReleaseOutcome, ReleaseStep,
 };
 use super::request::Grant;
+use super::watch::{HolderWatch, LossCause, PushNews};
 use crate::time::{Duration, Instant};
 use crate::wire::ExtendStatus;
 
@@ -36,9 +36,14 @@ trait Releaser: Send + Sync {
     fn release_in_background(&self, grant: Grant);
     /// Runs a renewal.
     fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_>;
+    /// Sleeps until `at` on the broker's clock.
+    fn sleep(&self, at: Instant) -> SleepFuture<'_>;
+    /// What was pushed about grant `token`.
+    fn news(&self, token: u64, waker: Option<&Waker>) -> PushNews;
 }
 
 type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Extension, ClientError>> + Send + 'a>>;
+type SleepFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 impl<B: Broker> Releaser for B {
     fn now(&self) -> Instant {
@@ -74,6 +79,12 @@ impl<B: Broker> Releaser for B {
     }
     fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_> {
         Box::pin(run_extend(self, op))
+    }
+    fn sleep(&self, at: Instant) -> SleepFuture<'_> {
+        Box::pin(self.sleep_until(at))
+    }
+    fn news(&self, token: u64, waker: Option<&Waker>) -> PushNews {
+        Broker::news(self, token, waker)
     }
 }
 
@@ -138,38 +149,40 @@ impl ExtendResult {
 struct Held {
     releaser: Arc<dyn Releaser>,
     grant: Option<Grant>,
-    /// The conservative end of the lease in microseconds of the broker's
-    /// clock: the grant's, then each renewal's. Atomic so that a ticket
-    /// shared by reference can be renewed (by a heartbeat task, say) while
-    /// the work reads it.
-    valid_before_us: AtomicU64,
-    /// A renewal was answered `N`: the grant is gone for good.
-    lost: AtomicBool,
+    /// The conservative end of the lease and whether the grant is lost;
+    /// what the server pushed is read from the broker into it.
+    watch: HolderWatch,
 }
 
 impl Held {
-    fn new(releaser: Arc<dyn Releaser>, grant: Grant) -> Self {
+    fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
+        // The drift margin is counted over the lease left now, which is
+        // within a round trip of the lease asked for.
+        let lease = grant
+            .valid_before
+            .saturating_duration_since(Broker::now(&*broker));
+        let watch = HolderWatch::new(grant.valid_before, lease);
+        let releaser: Arc<dyn Releaser> = broker;
         Held {
-            valid_before_us: AtomicU64::new(grant.valid_before.as_micros()),
             releaser,
             grant: Some(grant),
-            lost: AtomicBool::new(false),
+            watch,
         }
     }
-    fn valid_before_core(&self) -> Instant {
-        Instant::from_micros(self.valid_before_us.load(Ordering::Acquire))
-    }
-    /// Moves the conservative end no later than `at`.
-    fn clip_valid_before(&self, at: Instant) {
-        self.valid_before_us
-            .fetch_min(at.as_micros(), Ordering::AcqRel);
+    /// Reads what the server pushed about the grant into the watch; with
+    /// `waker`, it is woken by the next push.
+    fn read_news(&self, waker: Option<&Waker>) {
+        if let Some(grant) = &self.grant {
+            self.watch.apply(self.releaser.news(grant.token, waker));
+        }
     }
     fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.read_news(None);
+        self.watch.lost().is_some()
     }
     async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
         if self.is_lost() {
-            // `N` is final: a renewal never brings a grant back.
+            // A loss is final: a renewal never brings a grant back.
             return Err(ClientError::Lost);
         }
         let grant = self.grant();
@@ -183,23 +196,21 @@ impl Held {
         match self.releaser.extend(op).await {
             Ok(extension) => {
                 // Replaced, not maxed: a renewal may shorten the lease.
-                self.valid_before_us
-                    .store(extension.valid_before.as_micros(), Ordering::Release);
+                self.watch.renewed(extension.valid_before, lease);
                 Ok(ExtendResult {
                     status: extension.status,
                     deadline: self.releaser.to_std(extension.valid_before),
                 })
             }
             Err(ClientError::Lost) => {
-                self.lost.store(true, Ordering::Release);
-                self.clip_valid_before(now);
+                self.watch.lose(now, LossCause::NotCurrent);
                 Err(ClientError::Lost)
             }
             Err(ClientError::Indeterminate) => {
                 // The `W` may have renewed the lease to `lease` from its
                 // receipt, which may be shorter than what was left: only
                 // the earlier of the two ends is certain.
-                self.clip_valid_before(now.saturating_add(lease));
+                self.watch.clip(now.saturating_add(lease));
                 Err(ClientError::Indeterminate)
             }
             Err(error) => Err(error),
@@ -212,11 +223,68 @@ impl Held {
         self.grant().token
     }
     fn valid_before(&self) -> std::time::Instant {
-        self.releaser.to_std(self.valid_before_core())
+        self.read_news(None);
+        self.releaser.to_std(self.watch.valid_before())
+    }
+    fn deadline(&self) -> std::time::Instant {
+        self.read_news(None);
+        self.releaser.to_std(self.watch.deadline())
     }
     fn remaining(&self) -> Duration {
-        self.valid_before_core()
+        self.read_news(None);
+        self.watch
+            .valid_before()
             .saturating_duration_since(self.releaser.now())
+    }
+    fn lost_within(&self, lead: Duration) -> Lost<'_> {
+        Lost {
+            held: self,
+            lead,
+            sleep: None,
+        }
+    }
+    async fn keep_alive(
+        &self,
+        policy: RenewPolicy,
+        mut progress: impl FnMut() -> bool,
+    ) -> RenewEnd {
+        // The next renewal is due once the lease left is down to what a
+        // renewal `every` ago would have left, and at least `every` after
+        // the last attempt (a failed one moved nothing).
+        let left_when_due = policy.lease.saturating_sub(policy.every);
+        let mut attempted_at: Option<Instant> = None;
+        loop {
+            let due = Instant::from_micros(
+                self.watch
+                    .valid_before()
+                    .as_micros()
+                    .saturating_sub(u64::try_from(left_when_due.as_micros()).unwrap_or(u64::MAX)),
+            );
+            let due = attempted_at.map_or(due, |at| due.max(at.saturating_add(policy.every)));
+            self.releaser.sleep(due).await;
+            self.read_news(None);
+            if let Some(cause) = self.watch.lost() {
+                return RenewEnd::Lost(cause);
+            }
+            if !progress() {
+                return RenewEnd::NoProgress;
+            }
+            attempted_at = Some(self.releaser.now());
+            match self.extend(policy.lease).await {
+                Ok(result) if result.status() == ExtendStatus::AtCap => return RenewEnd::AtCap,
+                Ok(_) => {}
+                Err(ClientError::Lost) => {
+                    return RenewEnd::Lost(self.watch.lost().unwrap_or(LossCause::NotCurrent));
+                }
+                Err(ClientError::Unsupported(what)) => return RenewEnd::Unsupported(what),
+                Err(ClientError::Closed) => return RenewEnd::Closed,
+                // No connection, a timeout, an indeterminate answer: the
+                // next period tries again, while the conservative end
+                // (moved earlier by an indeterminate answer) bounds the
+                // holder meanwhile.
+                Err(_) => {}
+            }
+        }
     }
     async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
         let grant = self.grant.take().expect("grant present until released");
@@ -224,6 +292,99 @@ impl Held {
         let now = self.releaser.now();
         let op = ReleaseOperation::new(now, grant.keys, grant.token);
         self.releaser.release(now, op).await
+    }
+}
+
+/// How a ticket renews itself ([`Ticket::keep_alive`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewPolicy {
+    /// The lease each renewal asks for (1..=250 s).
+    pub lease: Duration,
+    /// Time between renewals, from the send of the last one.
+    pub every: Duration,
+}
+
+impl RenewPolicy {
+    /// Renewals of `lease` every third of it: two renewals may fail before
+    /// the lease runs out.
+    pub fn thirds(lease: Duration) -> Self {
+        RenewPolicy {
+            lease,
+            every: lease / 3,
+        }
+    }
+}
+
+/// Why [`Ticket::keep_alive`] stopped renewing. The ticket stays valid
+/// until its conservative end; [`Ticket::lost`] says when that comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewEnd {
+    /// The grant is gone.
+    Lost(LossCause),
+    /// The progress check failed: the work showed no life, so its lease is
+    /// left to run out.
+    NoProgress,
+    /// The lease already reaches the grant's hold cap.
+    AtCap,
+    /// The server does not renew leases (it did not grant EXTEND).
+    Unsupported(&'static str),
+    /// The broker is closed.
+    Closed,
+}
+
+/// The future of [`Ticket::lost`] and [`Ticket::lost_within`]: resolves
+/// with the cause once the grant is lost (a push, a renewal answered "not
+/// current") or once the ticket's own deadline, less the lead asked for,
+/// has come. It follows the deadline as renewals move it.
+pub struct Lost<'a> {
+    held: &'a Held,
+    lead: Duration,
+    /// The sleep until the instant it was armed for.
+    sleep: Option<(Instant, SleepFuture<'a>)>,
+}
+
+impl fmt::Debug for Lost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost")
+            .field("lead", &self.lead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for Lost<'_> {
+    type Output = LossCause;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LossCause> {
+        let this = self.get_mut();
+        let watch = &this.held.watch;
+        loop {
+            // Registered before reading, so a change after the reading
+            // wakes this future: a renewal with the watch, a push with
+            // the broker.
+            watch.register(cx.waker());
+            this.held.read_news(Some(cx.waker()));
+            if let Some(cause) = watch.lost() {
+                return Poll::Ready(cause);
+            }
+            let now = this.held.releaser.now();
+            let at = Instant::from_micros(
+                watch
+                    .deadline()
+                    .as_micros()
+                    .saturating_sub(u64::try_from(this.lead.as_micros()).unwrap_or(u64::MAX)),
+            );
+            if now >= at {
+                return Poll::Ready(LossCause::Deadline);
+            }
+            let sleep = match &mut this.sleep {
+                Some((armed, sleep)) if *armed == at => sleep,
+                slot => &mut slot.insert((at, this.held.releaser.sleep(at))).1,
+            };
+            match sleep.as_mut().poll(cx) {
+                // Checked again: the clock now says.
+                Poll::Ready(()) => this.sleep = None,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -255,9 +416,8 @@ impl Ticket {
     /// The ticket for `grant`, a single-key grant acquired by `broker`
     /// (for runtimes: a broker's `acquire` hands this out).
     pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
-        let releaser: Arc<dyn Releaser> = broker;
         Ticket {
-            held: Held::new(releaser, grant),
+            held: Held::new(broker, grant),
         }
     }
     /// The key held.
@@ -295,7 +455,40 @@ impl Ticket {
     pub async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
         self.held.extend(lease).await
     }
-    /// True once a renewal found the grant gone.
+    /// When the work must be done, by this machine's clock: the
+    /// conservative end of the lease less a margin for clock drift (1 part
+    /// in 200 of the lease). Moves with each renewal, and earlier on a push
+    /// from the server; never after any node's expiry of the grant.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.held.deadline()
+    }
+    /// Resolves once the lock is lost or may be: on a push saying it is
+    /// gone (expired, force-released, cap reached), a renewal answered "not
+    /// current", or the [`deadline`](Self::deadline) passing, with the
+    /// cause. Run the work beside it and stop the work when it resolves.
+    pub fn lost(&self) -> Lost<'_> {
+        self.held.lost_within(Duration::ZERO)
+    }
+    /// [`lost`](Self::lost), but resolving `lead` before the deadline: the
+    /// time the work needs to stop.
+    pub fn lost_within(&self, lead: Duration) -> Lost<'_> {
+        self.held.lost_within(lead)
+    }
+    /// Renews the lease by `policy` for as long as the returned future is
+    /// polled, each renewal only if `progress()` says the work still shows
+    /// life; resolves when renewal stops, with why. It borrows the ticket,
+    /// so no renewal outlives the ticket: drop the future (or the ticket)
+    /// and renewal stops, and the lease runs out on its own. Run it beside
+    /// the work and [`lost`](Self::lost).
+    pub async fn keep_alive(
+        &self,
+        policy: RenewPolicy,
+        progress: impl FnMut() -> bool,
+    ) -> RenewEnd {
+        self.held.keep_alive(policy, progress).await
+    }
+    /// True once the grant is known to be gone (a renewal answered "not
+    /// current", or the server pushed its loss).
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
@@ -327,9 +520,8 @@ impl TicketSet {
     /// The ticket for `grant`, acquired by `broker` (for runtimes: a
     /// broker's `acquire_set` hands this out).
     pub fn new<B: Broker + 'static>(broker: Arc<B>, grant: Grant) -> Self {
-        let releaser: Arc<dyn Releaser> = broker;
         TicketSet {
-            held: Held::new(releaser, grant),
+            held: Held::new(broker, grant),
         }
     }
     /// The keys held, ascending by bytes, without duplicates.
@@ -352,7 +544,40 @@ impl TicketSet {
     pub async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
         self.held.extend(lease).await
     }
-    /// True once a renewal found the grant gone.
+    /// When the work must be done, by this machine's clock: the
+    /// conservative end of the lease less a margin for clock drift (1 part
+    /// in 200 of the lease). Moves with each renewal, and earlier on a push
+    /// from the server; never after any node's expiry of the grant.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.held.deadline()
+    }
+    /// Resolves once the lock is lost or may be: on a push saying it is
+    /// gone (expired, force-released, cap reached), a renewal answered "not
+    /// current", or the [`deadline`](Self::deadline) passing, with the
+    /// cause. Run the work beside it and stop the work when it resolves.
+    pub fn lost(&self) -> Lost<'_> {
+        self.held.lost_within(Duration::ZERO)
+    }
+    /// [`lost`](Self::lost), but resolving `lead` before the deadline: the
+    /// time the work needs to stop.
+    pub fn lost_within(&self, lead: Duration) -> Lost<'_> {
+        self.held.lost_within(lead)
+    }
+    /// Renews the lease by `policy` for as long as the returned future is
+    /// polled, each renewal only if `progress()` says the work still shows
+    /// life; resolves when renewal stops, with why. It borrows the ticket,
+    /// so no renewal outlives the ticket: drop the future (or the ticket)
+    /// and renewal stops, and the lease runs out on its own. Run it beside
+    /// the work and [`lost`](Self::lost).
+    pub async fn keep_alive(
+        &self,
+        policy: RenewPolicy,
+        progress: impl FnMut() -> bool,
+    ) -> RenewEnd {
+        self.held.keep_alive(policy, progress).await
+    }
+    /// True once the grant is known to be gone (a renewal answered "not
+    /// current", or the server pushed its loss).
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use smol::future;
 
-use ticketing_core::client::{Broker, Grant, Outcome, Session, Submitted};
+use ticketing_core::client::{Broker, Grant, Outcome, PushNews, Session, Submitted};
 use ticketing_core::time::Instant;
 
 use super::inner::Inner;
@@ -173,5 +173,8 @@ impl Broker for Inner {
         let now = self.now();
         let mut state = self.lock();
         self.enqueue_release(&mut state, now, grant.keys, grant.token);
+    }
+    fn news(&self, token: u64, waker: Option<&std::task::Waker>) -> PushNews {
+        self.lock().broker.news(token, waker)
     }
 }

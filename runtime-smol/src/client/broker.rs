@@ -132,8 +132,8 @@ impl TicketBrokerBuilder {
 /// An in-process broker of `hub`, its links connected before it returns.
 pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
     let mut session = SessionConfig::single(hub.in_process_token().as_bytes());
-    // Tickets of an embedded server renew like any other.
-    session.extensions = Capabilities::EXTEND;
+    // Tickets of an embedded server renew, and hear of their loss, like any other.
+    session.extensions = Capabilities::EXTEND.union(Capabilities::PUSH);
     let inner = Arc::new(Inner::new(
         IN_PROCESS_LINKS,
         DEFAULT_MAX_PENDING,
@@ -298,6 +298,25 @@ impl TicketBroker {
     ) -> Result<Ticket, TicketError> {
         let keys = KeySet::single(key)?;
         let params = AcquireParams::new(wait, lease, work_budget_min)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// [`TicketBroker::acquire`] with a cap on total hold: however often it
+    /// is renewed, the lock ends by `max_hold` after it was granted (the
+    /// server may cut the cap to its own limit; docs/protocol.md §8.4).
+    /// Fails with [`TicketError::Unsupported`], sending nothing, on a
+    /// server that does not renew leases.
+    pub async fn acquire_capped(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+        max_hold: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?.with_max_hold(max_hold)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }

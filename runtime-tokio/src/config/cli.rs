@@ -154,9 +154,16 @@ TICKETING_TOKEN (the fencing token: strictly increasing; reject writes carrying
 a token not above the last one seen) and TICKETING_DEADLINE_UNIX_MS (when the
 lock may be lost, by this machine's clock, in ms since the Unix epoch: check it
 before a critical write) in its environment. The lock is released when it
-exits. The lease is not renewed: before it could lapse the command's process
-group gets SIGTERM, SIGKILL --kill-after later (still before the lease ends),
-and the exit status is 76. The command also ends if this CLI dies (Linux).
+exits. Without --renew the lease is not renewed: before it could lapse the
+command's process group gets SIGTERM, SIGKILL --kill-after later (still before
+the lease ends), and the exit status is 76. With --renew it is renewed every
+third of the lease, and the command is stopped the same way if renewal fails,
+the --max-hold cap is reached, or (with --progress-timeout) the command shows
+no life. If an operator force-releases the lock, the command is stopped within
+about a second (SIGTERM, SIGKILL at most a second later), exit status 76.
+TICKETING_DEADLINE_FILE names a file holding the current deadline (as
+TICKETING_DEADLINE_UNIX_MS, rewritten as renewals move it). The command also
+ends if this CLI dies (Linux).
 --no-kill only warns instead, and leaves the command in this process group
 (where it may read the terminal: an interactive command needs it). A paused or frozen CLI stops nothing: fencing at the
 storage is the guarantee, stopping the command the courtesy.
@@ -202,6 +209,26 @@ pub struct LockArgs {
     /// stays in this process group, so it may read the terminal.
     #[arg(long)]
     pub no_kill: bool,
+    /// Renew the lease every third of it while the command runs (by exact
+    /// token: a lost lock is never renewed back). Needs a server that
+    /// renews leases.
+    #[arg(long)]
+    pub renew: bool,
+    /// A cap on the whole hold, however often renewed (at most what the
+    /// server allows, by default a day): at the cap the command is stopped
+    /// like at a lapsing lease. Needs a server that renews leases.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_hold: Option<Duration>,
+    /// With --renew: renew only while the command showed life within this
+    /// long, by sending a datagram to the socket named by $TICKETING_NOTIFY
+    /// (e.g. `printf 1 | socat - UNIX-SENDTO:$TICKETING_NOTIFY`) or
+    /// by touching the file named by $TICKETING_PROGRESS_FILE.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "renew")]
+    pub progress_timeout: Option<Duration>,
+    /// The label naming this holder to operators in `ticketing locks`
+    /// (at most 64 bytes); default `ticketing-lock/PID`.
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
     /// Use TLS, verifying the server against this PEM CA file.
     #[arg(long, value_name = "FILE", conflicts_with = "tls_system_roots")]
     pub tls_ca: Option<PathBuf>,

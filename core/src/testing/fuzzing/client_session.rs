@@ -9,7 +9,7 @@ use crate::client::{
     SessionEvent,
 };
 use crate::time::{Duration, Instant};
-use crate::wire::{Decoded, ErrorCode, NO_LEADER_SLOT, Reply, RequestDecoder};
+use crate::wire::{Capabilities, Decoded, ErrorCode, NO_LEADER_SLOT, Reply, RequestDecoder};
 
 use super::script::{Cursor, FUZZ_KEYS};
 
@@ -373,6 +373,13 @@ fn drain(
             }
             SessionEvent::Compensate(compensation) => {
                 assert_ne!(compensation.token, 0);
+            }
+            SessionEvent::Push { .. } => {
+                // Only a session granted PUSH passes pushes on.
+                assert!(
+                    session.capabilities().contains(Capabilities::PUSH),
+                    "a push on a session not granted PUSH"
+                );
             }
             SessionEvent::Ready | SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => {}
         }
