@@ -116,6 +116,14 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                     ),
                 );
             }
+            if let TicketError::InsufficientLease = e {
+                return fail(
+                    exit_code(&e),
+                    format_args!(
+                        "{key}: granted with less than --budget of its lease left (the lease counts from the request, and the wait used it up): give a --lease longer than the --wait, or a smaller --budget"
+                    ),
+                );
+            }
             return fail(exit_code(&e), format_args!("{key}: {e}"));
         }
     };

@@ -291,3 +291,91 @@ async fn our_client_renews_a_cluster_lock_through_the_leader() {
     rival.close().await;
     broker.close().await;
 }
+
+/// `ticketing lock --renew` against the cluster while its leader is
+/// killed: every holder writes when it starts and stops to one log, and no
+/// two holders' spans overlap, whether the first holder's renewal rides
+/// through the election or it is stopped before its lease could lapse.
+#[tokio::test(flavor = "multi_thread")]
+async fn renewing_holders_never_overlap_across_a_leader_kill() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader().await;
+    let scratch = common::scratch::scratch_dir("renew-failover");
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let log = scratch.0.join("spans");
+    let addrs = cluster.addrs();
+    let spawn = |work_s: u32, wait: &str, lease: &str| {
+        // A span starts and ends in the log; a stop ends it through the
+        // trap (SIGKILL leaves it open, and the CLI's exit bounds it).
+        let script = format!(
+            r#"trap 'echo "end $(date +%s%N) $TICKETING_TOKEN" >> {log}; exit 143' TERM
+echo "start $(date +%s%N) $TICKETING_TOKEN" >> {log}
+sleep {work_s} & wait
+echo "end $(date +%s%N) $TICKETING_TOKEN" >> {log}"#,
+            log = log.display()
+        );
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ticketing"));
+        command.args(["lock", "door"]);
+        for addr in &addrs {
+            command.args(["--addr", addr]);
+        }
+        command
+            .args(["--cluster-identity", IDENTITY, "--token", CLIENT_TOKEN])
+            .args(["--lease", lease, "--renew", "--kill-after", "1s"])
+            .args(["--wait", wait])
+            .args(["--", "sh", "-c", &script])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn(8, "10s", "3s");
+    poll("the first holder to start", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|spans| spans.contains("start"))
+    })
+    .await;
+    // Its lease counts from its request, so it must outlast the wait.
+    let rival = spawn(1, "30s", "60s");
+    cluster.kill(leader);
+    let first = first.wait_with_output().await.unwrap();
+    let rival = rival.wait_with_output().await.unwrap();
+    let ended = wall_ns();
+    eprintln!(
+        "first holder: {:?}, {}",
+        first.status.code(),
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        matches!(first.status.code(), Some(0 | 76)),
+        "the first holder ran to its end or was stopped: {first:?}"
+    );
+    assert_eq!(rival.status.code(), Some(0), "{rival:?}");
+
+    let spans = std::fs::read_to_string(&log).unwrap();
+    let mut open: std::collections::HashMap<u64, u128> = std::collections::HashMap::new();
+    let mut closed: Vec<(u128, u128, u64)> = Vec::new();
+    for line in spans.lines() {
+        let mut words = line.split(' ');
+        let (what, at, token) = (words.next(), words.next(), words.next());
+        let at: u128 = at.unwrap().parse().unwrap();
+        let token: u64 = token.unwrap().parse().unwrap();
+        match what {
+            Some("start") => assert!(open.insert(token, at).is_none(), "{spans}"),
+            _ => closed.push((open.remove(&token).expect("end after start"), at, token)),
+        }
+    }
+    closed.extend(open.into_iter().map(|(token, start)| (start, ended, token)));
+    closed.sort();
+    assert_eq!(closed.len(), 2, "{spans}");
+    let (a, b) = (closed[0], closed[1]);
+    assert!(a.1 <= b.0, "two holders overlapped: {spans}");
+    assert!(b.2 > a.2, "the later holder has the larger token: {spans}");
+}
+
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
