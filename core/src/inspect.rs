@@ -145,6 +145,11 @@ pub struct HolderView {
     pub held_ms: u64,
     /// How long until the lease runs out, in milliseconds (0 once it has).
     pub lease_remaining_ms: u64,
+    /// How many extensions (renewals by token) moved the lease.
+    pub extensions: u32,
+    /// Milliseconds until the grant's cap on total hold: the latest it can
+    /// end, however often renewed (`None`: no cap).
+    pub hold_remaining_ms: Option<u64>,
     /// The connection it was granted to; `None` when the core no longer
     /// knows it (a cluster grant made by another leader, or a connection
     /// that has gone while the lease runs on).

@@ -469,6 +469,13 @@ fn an_h_acquire_caps_the_hold_and_renewals_are_clipped_then_refused_at_the_cap()
             lease_ms: 7_000
         }]
     );
+    // Inspection says how often it was renewed and when the cap ends it.
+    let view = h.server.inspect_lock(h.now, &Key::new(b"k").unwrap());
+    let holder = view.unwrap().holder.unwrap();
+    // The clipped renewal moved the lease; the refused one did not.
+    assert_eq!(holder.extensions, 1);
+    assert_eq!(holder.hold_remaining_ms, Some(7_000));
+    assert_eq!(holder.lease_remaining_ms, 7_000);
     // `H` is an unknown op on a connection that negotiated nothing.
     let plain = h.connect();
     let (bytes, state) = h.send_frame(plain, &capped.to_frame());

@@ -447,6 +447,13 @@ fn print_lock(value: &Value) {
         if holder["keys"].as_array().is_some_and(|keys| keys.len() > 1) {
             println!("         set {}", keys_text(holder));
         }
+        let renewed = holder["extensions"].as_u64().unwrap_or(0);
+        if renewed > 0 || holder["hold_remaining_ms"].is_u64() {
+            println!(
+                "         renewed {renewed} times  hold cap in {}",
+                duration(holder["hold_remaining_ms"].as_u64())
+            );
+        }
     }
     let waiters = value["waiters"].as_array().cloned().unwrap_or_default();
     println!("waiters  {}", value["waiters_total"]);

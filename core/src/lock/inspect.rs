@@ -42,6 +42,11 @@ pub struct HolderInspection {
     pub held_ms: u64,
     /// Milliseconds until the lease ends.
     pub lease_remaining_ms: u64,
+    /// How many extensions moved the lease.
+    pub extensions: u32,
+    /// Milliseconds until the grant's cap on total hold (`None`: no cap):
+    /// the latest it can end, however often renewed.
+    pub hold_remaining_ms: Option<u64>,
 }
 
 /// A queued waiter.
@@ -160,6 +165,11 @@ impl LockTable {
             lease_remaining_ms: duration_millis(
                 entry.lease_deadline.saturating_duration_since(now),
             ),
+            extensions: self.extension_of(key).map_or(0, |e| e.extensions),
+            hold_remaining_ms: self
+                .extension_of(key)
+                .and_then(|e| e.cap_at)
+                .map(|cap_at| duration_millis(cap_at.saturating_duration_since(now))),
         });
         let hash = self.keys.hash(key);
         let queue = self.queues.find(hash, key).filter(|_| entry.is_queued());

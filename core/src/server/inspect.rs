@@ -62,6 +62,8 @@ impl Server {
             keys: holder.keys,
             held_ms: holder.held_ms,
             lease_remaining_ms: holder.lease_remaining_ms,
+            extensions: holder.extensions,
+            hold_remaining_ms: holder.hold_remaining_ms,
         });
         let waiters = inspection
             .waiters

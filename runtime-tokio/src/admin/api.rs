@@ -717,6 +717,8 @@ fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Value {
             "keys_encoding": keys_encoding,
             "held_ms": holder.held_ms,
             "lease_remaining_ms": holder.lease_remaining_ms,
+            "extensions": holder.extensions,
+            "hold_remaining_ms": holder.hold_remaining_ms,
             "granted_at": rfc3339(granted_at),
             "conn": conn_json(holder.conn.as_ref(), served),
         })

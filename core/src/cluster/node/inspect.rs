@@ -105,6 +105,10 @@ impl ClusterNode {
             keys: holding.keys.keys().to_vec(),
             held_ms: ms(now.saturating_duration_since(holding.granted_at)),
             lease_remaining_ms: ms(holding.deadline.saturating_duration_since(now)),
+            extensions: holding.extensions,
+            hold_remaining_ms: holding
+                .cap_at
+                .map(|cap_at| ms(cap_at.saturating_duration_since(now))),
             conn: leadership
                 .held_keys
                 .conn_of(token)
