@@ -16,6 +16,9 @@ use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if prints_to_stdout(&cli.command) {
+        end_quietly_on_a_closed_stdout();
+    }
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Lock(args) => cli_lock::run(args),
@@ -24,6 +27,45 @@ fn main() -> ExitCode {
         Command::Token => print_random_hex(),
         Command::Locks(command) => cli_admin::locks(command),
         Command::Status(args) => cli_admin::status(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "ticketing",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            use clap::CommandFactory;
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ticketing: cannot write the manual page: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+/// The subcommands whose output is for a pipe (`| head`, `| grep`): the
+/// server and `lock` (whose command owns stdout) are not among them.
+fn prints_to_stdout(command: &Command) -> bool {
+    !matches!(command, Command::Serve(_) | Command::Lock(_))
+}
+
+/// A reader that stops reading (`ticketing locks ls | head -1`) ends this
+/// process as it ends every other filter: by SIGPIPE, quietly, instead of
+/// a panic on the failed write (Rust ignores SIGPIPE by default).
+fn end_quietly_on_a_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in `main`, before any thread exists, to
+    // restore the signal's default disposition; no handler is installed.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -12,7 +12,7 @@ use super::file::FileLimits;
 #[derive(Debug, Parser)]
 #[command(
     name = "ticketing",
-    version,
+    version = env!("TICKETING_VERSION_LONG"),
     about = "Ticketing distributed lock service"
 )]
 pub struct Cli {
@@ -44,6 +44,15 @@ pub enum Command {
     Locks(LocksCommand),
     /// Readiness and counts of each node, from its admin listener.
     Status(AdminArgs),
+    /// Print a shell completion script: `ticketing completions bash >
+    /// /etc/bash_completion.d/ticketing`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): `ticketing man > ticketing.1`.
+    Man,
 }
 
 /// Environment variable naming the admin listener for the CLI

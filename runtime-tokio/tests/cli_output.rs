@@ -1,0 +1,114 @@
+//! What the printing subcommands do with their output: a reader that has
+//! gone away (`ticketing locks ls | head -1`) ends them quietly, and the
+//! completion scripts and the manual page are generated from the command
+//! line's own definition.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
+
+/// Runs `ticketing ARGS` with its stdout a pipe whose reader is already
+/// closed: (exit code, the signal that ended it, stderr).
+fn with_closed_stdout(args: &[&str]) -> (Option<i32>, Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    (status.code(), status.signal(), stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_printing_subcommand_ends_quietly_when_its_reader_is_gone() {
+    let mut settings = common::loopback_settings();
+    settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let addr = server.local_addr().to_string();
+    let admin = server.admin_addr().unwrap().to_string();
+    // Something to list.
+    let broker = common::ours_loopback(&server).await;
+    let ticket = broker
+        .acquire(
+            "listed",
+            std::time::Duration::ZERO,
+            common::LEASE,
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["identity"],
+        vec!["token"],
+        vec!["completions", "bash"],
+        vec!["man"],
+        vec!["locks", "ls", "--admin", &admin],
+        vec!["status", "--admin", &admin],
+        vec!["bench", "--addr", &addr, "--ops", "200", "--clients", "2"],
+    ];
+    for args in runs {
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let (code, signal, stderr) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            with_closed_stdout(&args)
+        })
+        .await
+        .unwrap();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            code == Some(0) || signal == Some(libc::SIGPIPE),
+            "exit {code:?}, signal {signal:?}: {stderr}"
+        );
+    }
+    ticket.release().await.unwrap();
+    broker.close().await;
+    server.shutdown().await;
+}
+
+#[test]
+fn completions_for_every_shell_and_the_manual_page_name_every_subcommand() {
+    let subcommands = ["serve", "lock", "bench", "locks", "status", "completions"];
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for subcommand in subcommands {
+            assert!(script.contains(subcommand), "{shell}: no {subcommand}");
+        }
+    }
+    let output = Command::new(BIN).arg("man").output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let page = String::from_utf8(output.stdout).unwrap();
+    assert!(page.starts_with(".ie"), "{page}");
+    assert!(page.contains(".TH ticketing 1"), "{page}");
+    for subcommand in subcommands {
+        assert!(page.contains(subcommand), "no {subcommand}");
+    }
+}
+
+#[test]
+fn the_version_names_the_package_version() {
+    let output = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        version.starts_with(&format!("ticketing {}", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+}
