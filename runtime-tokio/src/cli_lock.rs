@@ -6,6 +6,7 @@ use ticketing_core::client::holder::StopPlan;
 
 use crate::guard;
 use crate::holder_files::HolderFiles;
+use ticketing_core::client::AcquireParams;
 use ticketing_tokio::client::{LossCause, RenewEnd, RenewPolicy};
 use ticketing_tokio::config::{LockArgs, lock_exit};
 use ticketing_tokio::terminal::terminal_safe;
@@ -49,6 +50,19 @@ pub fn run(args: LockArgs) -> ExitCode {
 }
 
 async fn run_locked(args: LockArgs) -> ExitCode {
+    // Times that can never be served are a usage error, found before
+    // connecting.
+    let params = AcquireParams::new(args.wait, args.lease, args.budget).and_then(|params| {
+        args.max_hold
+            .map_or(Ok(params), |max_hold| params.with_max_hold(max_hold))
+    });
+    if let Err(e) = params {
+        let why = match e {
+            TicketError::InsufficientLease => "--budget must not be longer than --lease".to_owned(),
+            other => other.to_string(),
+        };
+        return fail(lock_exit::USAGE, why);
+    }
     let label = args
         .label
         .clone()
@@ -91,18 +105,21 @@ async fn run_locked(args: LockArgs) -> ExitCode {
             ),
         );
     }
-    let acquired = match args.max_hold {
-        None => {
-            broker
-                .acquire(&args.key, args.wait, args.lease, args.budget)
-                .await
-        }
-        Some(max_hold) => {
-            broker
-                .acquire_capped(&args.key, args.wait, args.lease, args.budget, max_hold)
-                .await
+    let acquiring = async {
+        match args.max_hold {
+            None => {
+                broker
+                    .acquire(&args.key, args.wait, args.lease, args.budget)
+                    .await
+            }
+            Some(max_hold) => {
+                broker
+                    .acquire_capped(&args.key, args.wait, args.lease, args.budget, max_hold)
+                    .await
+            }
         }
     };
+    let acquired = waiting_shown(&args.key, acquiring).await;
     let ticket = match acquired {
         Ok(ticket) => ticket,
         Err(e) => {
@@ -148,6 +165,40 @@ async fn run_locked(args: LockArgs) -> ExitCode {
         Ok(status) => ExitCode::from(status_code(status)),
         Err(code) => ExitCode::from(code),
     }
+}
+
+/// Runs `acquiring`, showing on a terminal's stderr, once a second has
+/// passed, which key it waits for and for how long; the line is cleared
+/// when the wait ends. Nothing is shown when stderr is not a terminal.
+async fn waiting_shown<T>(key: &str, acquiring: impl std::future::Future<Output = T>) -> T {
+    use std::io::{IsTerminal, Write};
+    if !std::io::stderr().is_terminal() {
+        return acquiring.await;
+    }
+    let key = terminal_safe(key.as_bytes());
+    let started = tokio::time::Instant::now();
+    let second = std::time::Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(started + second, second);
+    let mut shown = false;
+    tokio::pin!(acquiring);
+    let result = loop {
+        tokio::select! {
+            result = &mut acquiring => break result,
+            _ = tick.tick() => {
+                shown = true;
+                let mut stderr = std::io::stderr().lock();
+                let _ = write!(stderr, "\rticketing lock: waiting for {key}: {}s", started.elapsed().as_secs());
+                let _ = stderr.flush();
+            }
+        }
+    };
+    if shown {
+        // Erase the line: after the wait nothing of it stays.
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[2K");
+        let _ = stderr.flush();
+    }
+    result
 }
 
 /// Spawns the command under `ticket` and waits for it.

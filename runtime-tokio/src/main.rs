@@ -15,7 +15,18 @@ use ticketing_tokio::{StateError, spawn_server};
 use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            if missed_the_separator(&error) {
+                eprintln!(
+                    "\ntip: the command goes after `--`: ticketing lock KEY [OPTIONS] -- CMD [ARGS...]"
+                );
+            }
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+        }
+    };
     if prints_to_stdout(&cli.command) {
         end_quietly_on_a_closed_stdout();
     }
@@ -48,6 +59,15 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// True when `ticketing lock` met a word it does not know and no `--`
+/// came before: most likely the command, given without the separator.
+fn missed_the_separator(error: &clap::Error) -> bool {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    error.kind() == clap::error::ErrorKind::UnknownArgument
+        && args.first().is_some_and(|first| first == "lock")
+        && !args.iter().any(|arg| arg == "--")
 }
 
 /// The subcommands whose output is for a pipe (`| head`, `| grep`): the

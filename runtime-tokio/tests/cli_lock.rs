@@ -546,3 +546,70 @@ async fn a_force_release_through_the_admin_api_stops_the_command_within_a_second
     assert!(stderr.contains("force-released"), "{stderr}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_is_shown_on_a_terminal_only_and_erased_when_it_ends() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let broker = TicketBroker::connect_loopback([addr.clone()]);
+    let held = broker
+        .acquire("busy", Duration::ZERO, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+
+    // Not a terminal: only the outcome.
+    let output = lock(&server, "busy", &["--wait", "2s"], "true").await;
+    assert_eq!(output.status.code(), Some(i32::from(lock_exit::TIMEOUT)));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!stderr.contains("waiting for busy:"), "{stderr}");
+
+    // A terminal (script(1) gives the command a pty): the elapsed wait,
+    // then the line erased before the outcome.
+    let command = format!("'{BIN}' lock busy --addr {addr} --wait 3s -- true");
+    let output = tokio::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("waiting for busy: 1s"), "{shown:?}");
+    assert!(shown.contains("\r\x1b[2K"), "{shown:?}");
+    held.release().await.unwrap();
+    broker.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_that_can_never_be_served_are_usage_errors_found_before_connecting() {
+    // Nothing listens there: a usage error is found without it.
+    let nowhere = "127.0.0.1:9".to_owned();
+    for (extra, said) in [
+        (&["--lease", "2s", "--budget", "3s"][..], "--budget"),
+        (&["--lease", "300s"][..], "250"),
+        (&["--wait", "300s"][..], "255"),
+    ] {
+        let output = lock_at(nowhere.clone(), "k", extra, "true").await;
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(lock_exit::USAGE)),
+            "{output:?}"
+        );
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.contains(said), "{stderr}");
+    }
+    // The command without its separator gets a hint.
+    let output = run_ticketing(&["lock", "k", "sh", "-c", "true"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("goes after `--`"), "{stderr}");
+    // Fractions are durations.
+    let output = lock_at(
+        nowhere,
+        "k",
+        &["--lease", "1.5s", "--budget", "2.5s"],
+        "true",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(i32::from(lock_exit::USAGE)));
+}

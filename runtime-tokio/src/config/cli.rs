@@ -307,23 +307,48 @@ pub const ENV_CLIENT_TOKEN: &str = "TICKETING_CLIENT_TOKEN";
 
 /// Parses `500ms`, `5s`, `2m` (a whole number and a unit), or `0`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    const ACCEPTED: &str =
+        "expected a number with a unit: 500ms, 1.5s, 2m (fractions allowed; 0 alone is zero)";
     let split = text
-        .find(|c: char| !c.is_ascii_digit())
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a number with a unit: 500ms, 5s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(value)),
-        "s" => Ok(Duration::from_secs(value)),
-        "m" => value
-            .checked_mul(60)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("{text:?}: too long")),
-        "" if value == 0 => Ok(Duration::ZERO),
-        _ => Err(format!("{text:?}: the unit must be ms, s or m")),
+    let (number, unit) = text.split_at(split);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return Err(format!("{text:?}: {ACCEPTED}"));
     }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| format!("{text:?}: {ACCEPTED}"))?
+    };
+    // The fraction as nanoseconds of one unit: at most 9 digits count.
+    let digits = fraction.len().min(9);
+    let fraction_nanos: u64 = if digits == 0 {
+        0
+    } else {
+        fraction[..digits]
+            .parse::<u64>()
+            .map_err(|_| format!("{text:?}: {ACCEPTED}"))?
+            * 10u64.pow(9 - digits as u32)
+    };
+    let unit_nanos: u64 = match unit {
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "" if whole == 0 && fraction_nanos == 0 => return Ok(Duration::ZERO),
+        "" => return Err(format!("{text:?}: a unit is needed: {ACCEPTED}")),
+        _ => {
+            return Err(format!(
+                "{text:?}: the unit must be ms, s or m ({ACCEPTED})"
+            ));
+        }
+    };
+    let nanos = u128::from(whole) * u128::from(unit_nanos)
+        + u128::from(fraction_nanos) * u128::from(unit_nanos) / 1_000_000_000;
+    u64::try_from(nanos / 1_000_000_000)
+        .map(|secs| Duration::new(secs, (nanos % 1_000_000_000) as u32))
+        .map_err(|_| format!("{text:?}: too long"))
 }
 
 /// Options of `ticketing serve`. Each overrides the config file.
