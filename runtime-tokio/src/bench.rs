@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use ticketing_tokio::config::BenchArgs;
+use ticketing_tokio::config::{BenchArgs, lock_exit};
 use ticketing_tokio::{ReleaseOutcome, TicketBroker, TicketError};
 
-use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
+use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker, exit_code};
 
 /// Progress line refresh interval.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -20,7 +20,7 @@ const LATENCY_MAX_MICROS: u64 = 300_000_000;
 pub fn run(args: &BenchArgs) -> ExitCode {
     if args.clients == 0 || args.keys == 0 || args.ops == 0 {
         eprintln!("ticketing bench: --clients, --keys and --ops must be positive");
-        return ExitCode::from(2);
+        return ExitCode::from(lock_exit::USAGE);
     }
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -36,7 +36,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("ticketing bench: cannot start: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(lock_exit::SOFTWARE);
         }
     };
     runtime.block_on(bench(args))
@@ -123,19 +123,28 @@ async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode>
         Ok(broker) => broker,
         Err(e) => {
             eprintln!("ticketing bench: {e}");
-            return Err(ExitCode::from(2));
+            let code = match e {
+                TicketError::Io { .. } => lock_exit::USAGE,
+                ref other => exit_code(other),
+            };
+            return Err(ExitCode::from(code));
         }
     };
     if !broker.wait_ready(CONNECT_TIMEOUT).await {
+        let (code, why) = if broker.auth_failed() {
+            (lock_exit::AUTH, "authentication rejected")
+        } else {
+            (lock_exit::UNAVAILABLE, "no connection")
+        };
         eprintln!(
-            "ticketing bench: cannot connect to {}",
+            "ticketing bench: cannot connect to {}: {why}",
             args.addrs.join(", ")
         );
-        return Err(ExitCode::from(1));
+        return Err(ExitCode::from(code));
     }
     if let Err(e) = warm_up(&broker, args).await {
         eprintln!("ticketing bench: the warm-up pair failed: {e}");
-        return Err(ExitCode::from(1));
+        return Err(ExitCode::from(exit_code(&e)));
     }
     Ok(broker)
 }

@@ -48,3 +48,26 @@ pub(crate) fn client_broker(
 
 /// How long `lock` and `bench` wait for a first connection.
 pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The exit code of a client error, the same for every client subcommand
+/// (`lock`, `bench`): [`lock_exit`]'s table.
+pub(crate) fn exit_code(error: &ticketing_tokio::TicketError) -> u8 {
+    match error {
+        ticketing_tokio::TicketError::Timeout => config::lock_exit::TIMEOUT,
+        ticketing_tokio::TicketError::Busy | ticketing_tokio::TicketError::ClientCapacity => {
+            config::lock_exit::BUSY
+        }
+        ticketing_tokio::TicketError::Indeterminate => config::lock_exit::INDETERMINATE,
+        ticketing_tokio::TicketError::Auth => config::lock_exit::AUTH,
+        ticketing_tokio::TicketError::NotConnected
+        | ticketing_tokio::TicketError::Closed
+        | ticketing_tokio::TicketError::Io { .. } => config::lock_exit::UNAVAILABLE,
+        ticketing_tokio::TicketError::InvalidInput(_)
+        | ticketing_tokio::TicketError::UnsupportedDuration { .. } => config::lock_exit::USAGE,
+        // Renewal errors do not keep the command from running.
+        ticketing_tokio::TicketError::InsufficientLease
+        | ticketing_tokio::TicketError::Protocol(_)
+        | ticketing_tokio::TicketError::Unsupported(_)
+        | ticketing_tokio::TicketError::Lost => config::lock_exit::SOFTWARE,
+    }
+}

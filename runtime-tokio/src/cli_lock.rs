@@ -12,30 +12,11 @@ use ticketing_tokio::config::{LockArgs, lock_exit};
 use ticketing_tokio::terminal::terminal_safe;
 use ticketing_tokio::{Ticket, TicketError};
 
-use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker};
+use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker, exit_code};
 
 fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("ticketing lock: {message}");
     ExitCode::from(code)
-}
-
-/// The exit code of an error that kept the command from running.
-fn exit_code(error: &TicketError) -> u8 {
-    match error {
-        TicketError::Timeout => lock_exit::TIMEOUT,
-        TicketError::Busy | TicketError::ClientCapacity => lock_exit::BUSY,
-        TicketError::Indeterminate => lock_exit::INDETERMINATE,
-        TicketError::Auth => lock_exit::AUTH,
-        TicketError::NotConnected | TicketError::Closed | TicketError::Io { .. } => {
-            lock_exit::UNAVAILABLE
-        }
-        TicketError::InvalidInput(_) | TicketError::UnsupportedDuration { .. } => lock_exit::USAGE,
-        // Renewal errors do not keep the command from running.
-        TicketError::InsufficientLease
-        | TicketError::Protocol(_)
-        | TicketError::Unsupported(_)
-        | TicketError::Lost => lock_exit::SOFTWARE,
-    }
 }
 
 pub fn run(args: LockArgs) -> ExitCode {

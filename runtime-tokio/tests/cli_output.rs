@@ -112,3 +112,20 @@ fn the_version_names_the_package_version() {
         "{version}"
     );
 }
+
+#[test]
+fn lock_and_bench_share_the_exit_code_of_a_missing_server() {
+    // Nothing listens on the discard port.
+    let lock = Command::new(BIN)
+        .args(["lock", "k", "--addr", "127.0.0.1:9", "--", "true"])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
+        .unwrap();
+    let bench = Command::new(BIN)
+        .args(["bench", "--addr", "127.0.0.1:9", "--ops", "10"])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(lock.status.code(), Some(69), "{lock:?}");
+    assert_eq!(bench.status.code(), Some(69), "{bench:?}");
+}

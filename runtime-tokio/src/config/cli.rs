@@ -33,6 +33,7 @@ pub enum Command {
     #[command(after_help = LOCK_AFTER_HELP)]
     Lock(LockArgs),
     /// Load-generate against a server with the built-in client.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Bench(BenchArgs),
     /// Print a fresh random cluster identity (64 lowercase hex digits).
     Identity,
@@ -182,6 +183,13 @@ Exit status: the command's own (128+N if killed by signal N), or
   73  server busy        74  indeterminate        75  timed out waiting
   76  lock lost, command stopped                  77  auth rejected
  126  command not runnable                       127  command not found";
+
+const BENCH_AFTER_HELP: &str = "\
+Exit status: 0, or 1 when the run finished but some operations failed; a run
+that could not start exits as `ticketing lock` does:
+   2  bad usage          69  cannot connect       70  internal/protocol error
+  73  server busy        74  indeterminate        75  timed out waiting
+  77  auth rejected";
 
 /// Options of `ticketing lock`.
 #[derive(Debug, Clone, Args)]
