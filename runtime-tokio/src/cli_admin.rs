@@ -7,8 +7,11 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use serde_json::Value;
+use ticketing_tokio::admin_client::AdminClientError;
 use ticketing_tokio::admin_client::{self, AdminAnswer, encode_component};
-use ticketing_tokio::config::{AdminArgs, ENV_ADMIN, ENV_ADMIN_TOKEN, LocksCommand, admin_exit};
+use ticketing_tokio::config::{
+    AdminArgs, ENV_ADMIN, ENV_ADMIN_TOKEN, ENV_ADMIN_TOKENS, LocksCommand, admin_exit,
+};
 use ticketing_tokio::terminal::{terminal_safe, terminal_safe_json};
 
 /// The admin address the CLI uses when none is given.
@@ -94,8 +97,15 @@ fn admin_token(args: &AdminArgs) -> Result<Option<String>, Failure> {
             })?;
         return Ok(Some(token.to_owned()));
     }
+    // The server's plural list works here too: its first token.
+    let from_list = || {
+        std::env::var(ENV_ADMIN_TOKENS)
+            .ok()
+            .and_then(|list| list.split(',').next().map(str::to_owned))
+    };
     Ok(std::env::var(ENV_ADMIN_TOKEN)
         .ok()
+        .or_else(from_list)
         .map(|token| token.trim().to_owned())
         .filter(|token| !token.is_empty()))
 }
@@ -126,9 +136,18 @@ async fn call_once(
     admin_client::request(addr, method, path, token)
         .await
         .map_err(|e| {
+            let hint = match &e {
+                AdminClientError::Connect(io)
+                    if io.kind() == std::io::ErrorKind::ConnectionRefused =>
+                {
+                    " (is the server's admin listener on? it is off unless the server runs with \
+                     --admin-listen ADDR, or admin_listen in its config)"
+                }
+                _ => "",
+            };
             failure(
                 admin_exit::UNAVAILABLE,
-                format!("admin listener {addr}: {e}"),
+                format!("admin listener {addr}: {e}{hint}"),
             )
         })
 }

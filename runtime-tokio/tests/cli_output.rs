@@ -129,3 +129,53 @@ fn lock_and_bench_share_the_exit_code_of_a_missing_server() {
     assert_eq!(lock.status.code(), Some(69), "{lock:?}");
     assert_eq!(bench.status.code(), Some(69), "{bench:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_cli_names_what_is_missing_and_takes_either_token_spelling() {
+    // No admin listener there: the hint names the flag that turns it on.
+    let output = tokio::process::Command::new(BIN)
+        .args(["locks", "ls", "--admin", "127.0.0.1:9"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("--admin-listen"), "{stderr}");
+
+    // A server without admin tokens: a force-release says none could work.
+    let mut settings = common::loopback_settings();
+    settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let admin = server.admin_addr().unwrap().to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["locks", "release", "k", "--admin", &admin])
+        .env("TICKETING_ADMIN_TOKEN", "some-admin-token-0123456789")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(77), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("no admin token configured"), "{stderr}");
+    server.shutdown().await;
+
+    // The server's plural variable works for the CLI too.
+    let token = "the-admin-token-0123456789";
+    let mut settings = common::loopback_settings();
+    settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.admin_tokens = ticketing_core::admin::AdminTokens::new([token]).unwrap();
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let admin = server.admin_addr().unwrap().to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["locks", "release", "nobody-holds-this", "--admin", &admin])
+        .env_remove("TICKETING_ADMIN_TOKEN")
+        .env(
+            "TICKETING_ADMIN_TOKENS",
+            format!("{token},another-admin-token-0123"),
+        )
+        .output()
+        .await
+        .unwrap();
+    // Authenticated: the answer is about the key (404), not the token.
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    server.shutdown().await;
+}

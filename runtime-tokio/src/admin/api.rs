@@ -225,7 +225,13 @@ fn access(
             Err(error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "an admin token is needed: Authorization: Bearer <token>",
+                if app.tokens.is_empty() {
+                    // No token could work: say what would.
+                    "this server has no admin token configured, so this needs one it cannot \
+                     accept: start it with --admin-token-file FILE (or admin_tokens)"
+                } else {
+                    "an admin token is needed: Authorization: Bearer <token>"
+                },
             ))
         }
         AdminAccess::Forbidden => {
@@ -233,7 +239,12 @@ fn access(
             Err(error(
                 StatusCode::FORBIDDEN,
                 "forbidden",
-                "the token is not an admin token",
+                if app.tokens.is_empty() {
+                    "the token is not an admin token: this server has no admin token \
+                     configured (start it with --admin-token-file FILE, or admin_tokens)"
+                } else {
+                    "the token is not an admin token"
+                },
             ))
         }
     }

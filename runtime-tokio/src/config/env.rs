@@ -30,7 +30,10 @@ impl Env {
     pub fn from_process() -> Self {
         Env {
             client_tokens: std::env::var(ENV_CLIENT_TOKENS).ok(),
-            admin_tokens: std::env::var(ENV_ADMIN_TOKENS).ok(),
+            // The CLI's singular spelling works here too.
+            admin_tokens: std::env::var(ENV_ADMIN_TOKENS)
+                .or_else(|_| std::env::var(super::ENV_ADMIN_TOKEN))
+                .ok(),
             rust_log: std::env::var("RUST_LOG").ok(),
             peer_tokens: std::env::var(ENV_PEER_TOKENS).ok(),
             state_directory: std::env::var("STATE_DIRECTORY").ok(),
