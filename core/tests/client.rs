@@ -1770,14 +1770,22 @@ fn broker_configuration_is_validated_and_one_address_means_two_connections() {
         pending_max: 16_385,
         ..BrokerConfig::single("h:1", TOKEN_A)
     });
-    assert!(
-        BrokerConfig {
-            allow_loopback_no_auth: true,
-            ..BrokerConfig::single("[::1]:1", "")
-        }
-        .endpoints()
-        .is_ok()
-    );
+    // Loopback by IP, or by the name that means it.
+    for loopback in ["[::1]:1", "127.0.0.1:1", "localhost:5225", "LOCALHOST:1"] {
+        assert!(
+            BrokerConfig {
+                allow_loopback_no_auth: true,
+                ..BrokerConfig::single(loopback, "")
+            }
+            .endpoints()
+            .is_ok(),
+            "{loopback}"
+        );
+    }
+    invalid(BrokerConfig {
+        allow_loopback_no_auth: true,
+        ..BrokerConfig::single("localhost.example.com:1", "")
+    });
 }
 
 #[test]

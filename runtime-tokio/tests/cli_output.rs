@@ -179,3 +179,17 @@ async fn the_admin_cli_names_what_is_missing_and_takes_either_token_spelling() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_name_address_is_resolved() {
+    let server = common::loopback_server().await;
+    let addr = format!("localhost:{}", server.local_addr().port());
+    let output = tokio::process::Command::new(BIN)
+        .args(["lock", "named", "--addr", &addr, "--", "true"])
+        .env_remove("TICKETING_CLIENT_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    server.shutdown().await;
+}

@@ -140,7 +140,7 @@ impl BrokerConfig {
             }
             if !self.addrs.iter().all(|addr| is_loopback_addr(addr)) {
                 return Err(ClientError::InvalidInput(
-                    "loopback no-auth mode requires IP loopback server addresses",
+                    "loopback no-auth mode requires loopback server addresses (127.0.0.1, [::1] or localhost); give a client token for any other",
                 ));
             }
         } else if self.token.len() < CLIENT_TOKEN_LEN_MIN {
@@ -234,9 +234,13 @@ fn validate_addr(addr: &str) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// An IP loopback address, or `localhost` (which names the loopback
+/// interface by definition, RFC 6761).
 fn is_loopback_addr(addr: &str) -> bool {
-    split_addr(addr)
-        .ok()
-        .and_then(|(host, _)| host.parse::<std::net::IpAddr>().ok())
-        .is_some_and(|ip| ip.is_loopback())
+    split_addr(addr).ok().is_some_and(|(host, _)| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
 }
