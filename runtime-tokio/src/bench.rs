@@ -10,7 +10,9 @@ use hdrhistogram::Histogram;
 use ticketing_tokio::config::{BenchArgs, lock_exit};
 use ticketing_tokio::{ReleaseOutcome, TicketBroker, TicketError};
 
-use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker, exit_code};
+use crate::cli_client::{
+    CONNECT_TIMEOUT, ClientOptions, client_broker, connect_failure, exit_code,
+};
 
 /// Progress line refresh interval.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -131,15 +133,8 @@ async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode>
         }
     };
     if !broker.wait_ready(CONNECT_TIMEOUT).await {
-        let (code, why) = if broker.auth_failed() {
-            (lock_exit::AUTH, "authentication rejected")
-        } else {
-            (lock_exit::UNAVAILABLE, "no connection")
-        };
-        eprintln!(
-            "ticketing bench: cannot connect to {}: {why}",
-            args.addrs.join(", ")
-        );
+        let (code, why) = connect_failure(&broker, &options);
+        eprintln!("ticketing bench: {why}");
         return Err(ExitCode::from(code));
     }
     if let Err(e) = warm_up(&broker, args).await {

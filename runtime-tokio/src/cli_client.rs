@@ -71,3 +71,40 @@ pub(crate) fn exit_code(error: &ticketing_tokio::TicketError) -> u8 {
         | ticketing_tokio::TicketError::Lost => config::lock_exit::SOFTWARE,
     }
 }
+
+/// Why `broker` did not become ready within [`CONNECT_TIMEOUT`]: the exit
+/// code and the words, naming every cause the protocol leaves possible and
+/// what to do about each.
+pub(crate) fn connect_failure(
+    broker: &ticketing_tokio::TicketBroker,
+    options: &ClientOptions<'_>,
+) -> (u8, String) {
+    let addrs = options.addrs.join(", ");
+    if broker.auth_failed() {
+        // The proof covers the token and, in cluster mode, the identity:
+        // a refusal cannot say which of them is wrong.
+        let why = if options.cluster_identity.is_some() {
+            "the client token (--token or TICKETING_CLIENT_TOKEN) is not one the cluster accepts, \
+             or --cluster-identity is not this cluster's identity"
+        } else {
+            "the client token (--token or TICKETING_CLIENT_TOKEN) is not one the server accepts, \
+             or the server is a cluster node (give --cluster-identity and every node's --addr)"
+        };
+        return (
+            config::lock_exit::AUTH,
+            format!("cannot connect to {addrs}: authentication rejected: {why}"),
+        );
+    }
+    let tls = if options.tls_ca.is_some() || options.tls_system_roots {
+        "the server does not speak TLS, or its certificate is not trusted by the CA given"
+    } else {
+        "a server that speaks TLS needs --tls-ca FILE"
+    };
+    (
+        config::lock_exit::UNAVAILABLE,
+        format!(
+            "cannot connect to {addrs} within {}s: is a server listening there? ({tls})",
+            CONNECT_TIMEOUT.as_secs()
+        ),
+    )
+}

@@ -12,7 +12,9 @@ use ticketing_tokio::config::{LockArgs, lock_exit};
 use ticketing_tokio::terminal::terminal_safe;
 use ticketing_tokio::{Ticket, TicketError};
 
-use crate::cli_client::{CONNECT_TIMEOUT, ClientOptions, client_broker, exit_code};
+use crate::cli_client::{
+    CONNECT_TIMEOUT, ClientOptions, client_broker, connect_failure, exit_code,
+};
 
 fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("ticketing lock: {message}");
@@ -67,24 +69,9 @@ async fn run_locked(args: LockArgs) -> ExitCode {
         }
     };
     if !broker.wait_ready(CONNECT_TIMEOUT).await {
-        let code = if broker.auth_failed() {
-            lock_exit::AUTH
-        } else {
-            lock_exit::UNAVAILABLE
-        };
+        let (code, why) = connect_failure(&broker, &options);
         broker.close().await;
-        return fail(
-            code,
-            format_args!(
-                "cannot connect to {}: {}",
-                args.addrs.join(", "),
-                if code == lock_exit::AUTH {
-                    "authentication rejected"
-                } else {
-                    "no connection"
-                }
-            ),
-        );
+        return fail(code, why);
     }
     let acquiring = async {
         match args.max_hold {

@@ -193,3 +193,23 @@ async fn a_host_name_address_is_resolved() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_proof_names_the_token_and_what_else_it_could_be() {
+    let mut settings = common::loopback_settings();
+    settings.server.client_tokens =
+        ticketing_core::auth::ClientTokens::new([common::TOKEN]).unwrap();
+    let server = ticketing_tokio::spawn_server(settings).await.unwrap();
+    let addr = server.local_addr().to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["lock", "k", "--addr", &addr])
+        .args(["--token", "not-the-client-token-0123456789", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(77), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("client token"), "{stderr}");
+    assert!(stderr.contains("--cluster-identity"), "{stderr}");
+    server.shutdown().await;
+}
