@@ -2618,3 +2618,31 @@ fn a_capped_acquire_without_extend_is_refused_locally_and_a_zero_cap_is_invalid(
         .unwrap();
     assert_eq!(rounded.max_hold_s(), Some(2));
 }
+
+/// Our `X` that the driver never handed out within a handshake's allowance
+/// (a socket that would not take a byte) ends the session as a handshake
+/// timeout: no outcome for its rid, which no caller submitted, and no
+/// session left waiting forever for an answer to a request never sent.
+#[test]
+fn an_x_never_sent_within_the_handshake_allowance_closes_the_session_without_an_outcome() {
+    let now = Instant::from_millis(1_000);
+    let mut config = SessionConfig::single(b"");
+    config.extensions = Capabilities::EXTEND;
+    let allowance = config.handshake_timeout;
+    let mut session = Session::new(now, config);
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: NO_LEADER_SLOT,
+        nonce: [0x42; 16],
+    };
+    session.handle_input(now, &hello.encode());
+    session.handle_input(now, &[1]);
+    assert!(!session.is_ready(), "waits for the X's answer");
+    let later = now.saturating_add(allowance);
+    session.handle_timeout(later);
+    assert_eq!(
+        drain(&mut session),
+        [SessionEvent::Closed(CloseReason::HandshakeTimeout)]
+    );
+    assert!(session.is_closed());
+}

@@ -1,4 +1,5 @@
-//! `ticketing bench`: acquire+release pairs from many tasks.
+//! `ticketing bench`: acquire+release pairs from many tasks, or, with
+//! `--extend`, renewals (`W`) of one key held by each task.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -42,6 +43,15 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         }
     };
     runtime.block_on(bench(args))
+}
+
+/// What one measured operation is called in the report.
+fn unit(args: &BenchArgs) -> &'static str {
+    if args.extend {
+        "renewal"
+    } else {
+        "acquire+release"
+    }
 }
 
 /// Latencies a task collects before adding them to the shared histogram.
@@ -167,6 +177,17 @@ async fn run_workers(brokers: &[TicketBroker], args: &BenchArgs, server_pids: &[
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.clients);
     for client in 0..args.clients {
+        if args.extend {
+            tasks.push(tokio::spawn(renewer(
+                brokers[client % brokers.len()].clone(),
+                args.clone(),
+                client,
+                Arc::clone(&totals),
+                Arc::clone(&claimed),
+                Arc::clone(&done),
+            )));
+            continue;
+        }
         tasks.push(tokio::spawn(worker(
             brokers[client % brokers.len()].clone(),
             args.clone(),
@@ -222,15 +243,25 @@ fn report(
     let histogram = histogram.unwrap_or_else(new_histogram);
     let ok = histogram.len();
     let rate = ok as f64 / elapsed.as_secs_f64();
+    let unit = unit(args);
+    if args.extend {
+        println!(
+            "{ok} renewals in {:.2} s: {rate:.0} ops/s ({} clients, each renewing a key of its own, {connections} connection{})",
+            elapsed.as_secs_f64(),
+            args.clients,
+            if connections == 1 { "" } else { "s" }
+        );
+    } else {
+        println!(
+            "{ok} acquire+release pairs in {:.2} s: {rate:.0} ops/s ({} clients, {} keys, {connections} connection{})",
+            elapsed.as_secs_f64(),
+            args.clients,
+            args.keys,
+            if connections == 1 { "" } else { "s" }
+        );
+    }
     println!(
-        "{ok} acquire+release pairs in {:.2} s: {rate:.0} ops/s ({} clients, {} keys, {connections} connection{})",
-        elapsed.as_secs_f64(),
-        args.clients,
-        args.keys,
-        if connections == 1 { "" } else { "s" }
-    );
-    println!(
-        "latency (acquire+release): p50 {} p99 {} p99.9 {} max {}",
+        "latency ({unit}): p50 {} p99 {} p99.9 {} max {}",
         micros(histogram.value_at_quantile(0.5)),
         micros(histogram.value_at_quantile(0.99)),
         micros(histogram.value_at_quantile(0.999)),
@@ -244,7 +275,7 @@ fn report(
     let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / ok.max(1) as f64;
     let split = |cpu: cpu::CpuTimes| {
         format!(
-            "{:.2} µs per acquire+release: user {:.2}, system {:.2}; {:.3} sleeps per acquire+release",
+            "{:.2} µs per {unit}: user {:.2}, system {:.2}; {:.3} sleeps per {unit}",
             per_op(cpu.total()),
             per_op(cpu.user),
             per_op(cpu.system),
@@ -380,6 +411,47 @@ async fn worker(
     lock(&totals).record(&latencies_us);
 }
 
+/// One task of `--extend`: holds the key `bench-renew-<client>` (its own,
+/// so renewals never wait behind another task) and renews it with
+/// `--lease` until `--ops` renewals are claimed in all; the acquire and the
+/// release at the ends are not counted.
+async fn renewer(
+    broker: TicketBroker,
+    args: BenchArgs,
+    client: usize,
+    totals: SharedTotals,
+    claimed: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+) {
+    let key = format!("bench-renew-{client}");
+    let ticket = match broker
+        .acquire(&key, args.wait, args.lease, args.budget)
+        .await
+    {
+        Ok(ticket) => ticket,
+        Err(e) => return lock(&totals).error(e.to_string()),
+    };
+    let mut latencies_us = Vec::with_capacity(LATENCY_BATCH);
+    while claimed.fetch_add(1, Ordering::Relaxed) < args.ops {
+        let started = Instant::now();
+        match ticket.extend(args.lease).await {
+            Ok(_) => {
+                latencies_us.push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+                if latencies_us.len() == LATENCY_BATCH {
+                    lock(&totals).record(&latencies_us);
+                    latencies_us.clear();
+                }
+            }
+            Err(e) => lock(&totals).error(e.to_string()),
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    lock(&totals).record(&latencies_us);
+    if let Err(e) = ticket.release().await {
+        lock(&totals).error(e.to_string());
+    }
+}
+
 async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
     let mut interval = tokio::time::interval(PROGRESS_INTERVAL);
     loop {
@@ -387,7 +459,7 @@ async fn show_progress(done: Arc<AtomicU64>, ops: u64, started: Instant) {
         let count = done.load(Ordering::Relaxed);
         let rate = count as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let mut stderr = std::io::stderr().lock();
-        let _ = write!(stderr, "\r\x1b[K{count}/{ops} pairs, {rate:.0} ops/s");
+        let _ = write!(stderr, "\r\x1b[K{count}/{ops} done, {rate:.0} ops/s");
         let _ = stderr.flush();
     }
 }

@@ -1098,6 +1098,12 @@ impl Session {
             let Some(entry) = self.take(rid) else {
                 continue;
             };
+            if self.negotiating == Some(rid) && entry.sent_at.is_none() {
+                // Our own `X`, never handed out within a handshake's
+                // allowance: no caller waits on its rid, and without its
+                // answer the session can never become ready.
+                return self.close(now, CloseReason::HandshakeTimeout);
+            }
             if entry.sent_at.is_some() {
                 if self.negotiating != Some(rid) {
                     self.push_outcome(rid, Outcome::Indeterminate);

@@ -308,6 +308,12 @@ pub struct BenchArgs {
     /// the loopback addresses given, when /proc shows them.
     #[arg(long = "server-pid", value_name = "PID")]
     pub server_pids: Vec<u32>,
+    /// Measure renewals instead of pairs: each task acquires a key of its
+    /// own (no contention), renews it with `--lease` until `--ops`
+    /// renewals are done in all, then releases it. Reports renewals/s and
+    /// the CPU per renewal.
+    #[arg(long)]
+    pub extend: bool,
 }
 
 /// Environment variable with the client token of `lock` and `bench`.

@@ -9,7 +9,10 @@ use crate::client::{
     SessionEvent,
 };
 use crate::time::{Duration, Instant};
-use crate::wire::{Capabilities, Decoded, ErrorCode, NO_LEADER_SLOT, Reply, RequestDecoder};
+use crate::wire::{
+    Capabilities, Decoded, ErrorCode, ExtendStatus, NO_LEADER_SLOT, PushKind, Reply, Request,
+    RequestDecoder,
+};
 
 use super::script::{Cursor, FUZZ_KEYS};
 
@@ -18,6 +21,9 @@ use super::script::{Cursor, FUZZ_KEYS};
 struct Tracked {
     keys: KeySet,
     acquire: bool,
+    /// A renewal (`W`): only it may end `Extended`.
+    extend: bool,
+    /// The lease asked for (an acquire's or a renewal's).
     lease: Duration,
     /// When its bytes were handed out, as decoded from the session's output.
     sent_at: Option<Instant>,
@@ -91,9 +97,23 @@ fn reply(cursor: &mut Cursor<'_>, rid: u64) -> Reply {
 /// `E 3`/`E 4`; a grant
 /// names the requested keys, a non-zero token, and a validity no later
 /// than the lease counted from when its bytes were handed out.
+///
+/// An input that starts with `X` configures the session to negotiate the
+/// extension (docs/protocol.md §8) with the capabilities in its next byte;
+/// op bytes `0xF0` and above then queue `X` answers, `W` answers and `P`
+/// pushes, or submit renewals. Checks besides: the `X` is the first
+/// request sent and nothing follows it before its answer; the session uses
+/// only capabilities it asked for and was granted, and refuses a renewal
+/// locally without EXTEND; only a renewal ends `Extended`, valid no later
+/// than the lease asked for counted from its send; a push changes no
+/// request's outcome (every id still resolves exactly once).
 pub fn client_session(data: &[u8]) {
+    let (wanted, data) = match data {
+        [b'X', bits, rest @ ..] => (Capabilities(u32::from(*bits) & 3), rest),
+        _ => (Capabilities::NONE, data),
+    };
     let mut cursor = Cursor { data };
-    let mut harness = Harness::new();
+    let mut harness = Harness::new(wanted);
     for _ in 0..256 {
         let Some(op) = cursor.byte() else { break };
         harness.step(&mut cursor, op);
@@ -114,14 +134,19 @@ struct Harness {
     proof_skipped: bool,
     requests: RequestDecoder,
     closed: Option<CloseReason>,
+    /// What the session was configured to ask for with `X`.
+    wanted: Capabilities,
+    /// The rid of the session's `X`, once sent.
+    negotiation: Option<u64>,
 }
 
 impl Harness {
-    fn new() -> Harness {
+    fn new(wanted: Capabilities) -> Harness {
         let now = Instant::from_millis(1);
         let mut config = SessionConfig::single(b"");
         config.pending_acquires_max = 4;
         config.pending_releases_max = 2;
+        config.extensions = wanted;
         Harness {
             now,
             session: Session::new(now, config),
@@ -131,11 +156,16 @@ impl Harness {
             proof_skipped: false,
             requests: RequestDecoder::new(),
             closed: None,
+            wanted,
+            negotiation: None,
         }
     }
 
     /// One script step, picked by `op`.
     fn step(&mut self, cursor: &mut Cursor<'_>, op: u8) {
+        if self.wanted != Capabilities::NONE && op >= 0xF0 {
+            return self.extension_step(cursor, op);
+        }
         match op % 12 {
             0 => self.queue_hello(cursor),
             1 => self.queue_result(cursor),
@@ -147,6 +177,102 @@ impl Harness {
             9 => self.advance_clock(cursor),
             10 => self.cancel(cursor),
             _ => self.close(cursor),
+        }
+    }
+
+    /// One step of the extension, picked by the low bits of `op`.
+    fn extension_step(&mut self, cursor: &mut Cursor<'_>, op: u8) {
+        match op % 4 {
+            0 => self.queue_negotiated(cursor),
+            1 => self.queue_extended(cursor),
+            2 => self.queue_push(cursor),
+            _ => self.submit_extend(cursor),
+        }
+    }
+
+    /// Queues an `X` answer, usually to the session's `X`, granting any
+    /// bits (unknown ones and ones not asked for too).
+    fn queue_negotiated(&mut self, cursor: &mut Cursor<'_>) {
+        let bits = cursor.byte().unwrap_or(3);
+        let rid = match self.negotiation {
+            Some(rid) if bits & 0x80 == 0 => rid,
+            _ => u64::from(cursor.byte().unwrap_or(1)),
+        };
+        Reply::Negotiated {
+            rid,
+            granted: Capabilities(u32::from(bits & 0x0F)),
+        }
+        .encode(&mut self.to_session);
+    }
+
+    /// Queues a `W` answer to a tracked request (a renewal or not) or a
+    /// made-up one, of any status and lease.
+    fn queue_extended(&mut self, cursor: &mut Cursor<'_>) {
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let rid = match self.tracked.keys().nth(pick % self.tracked.len().max(1)) {
+            Some(&rid) if pick != 255 => rid,
+            _ => u64::from(cursor.byte().unwrap_or(0)),
+        };
+        let arg = cursor.byte().unwrap_or(0);
+        let status = match arg % 3 {
+            0 => ExtendStatus::Extended,
+            1 => ExtendStatus::Clipped,
+            _ => ExtendStatus::AtCap,
+        };
+        // Up to past the longest lease (250 s), so a server that answers
+        // more than was asked is among them.
+        let lease_ms = u32::from(arg) * 1_100;
+        Reply::Extended {
+            rid,
+            status,
+            lease_ms,
+        }
+        .encode(&mut self.to_session);
+    }
+
+    /// Queues a push about a token the bytes choose (granted or not).
+    fn queue_push(&mut self, cursor: &mut Cursor<'_>) {
+        let arg = cursor.byte().unwrap_or(0);
+        let kind = PushKind::from_u8(1 + arg % 4).expect("kinds 1..=4");
+        Reply::Push {
+            token: u64::from(arg >> 2) + 1,
+            kind,
+            lease_ms: u32::from(cursor.byte().unwrap_or(0)) * 100,
+        }
+        .encode(&mut self.to_session);
+    }
+
+    /// Submits a renewal; accepted only on a ready session granted EXTEND.
+    fn submit_extend(&mut self, cursor: &mut Cursor<'_>) {
+        let bits = cursor.byte().unwrap_or(1);
+        let arg = cursor.byte().unwrap_or(0);
+        let keys = keyset(bits);
+        let lease = Duration::from_secs(1 + u64::from(arg % 5));
+        let deadline = self.now.saturating_add(Duration::from_secs(2));
+        let granted = self.session.capabilities();
+        assert!(self.wanted.contains(granted), "uses {granted:?} unasked");
+        let result =
+            self.session
+                .submit_extend(self.now, keys.clone(), u64::from(arg) + 1, lease, deadline);
+        if let Ok(rid) = result {
+            assert!(self.closed.is_none(), "accepted a renewal after closing");
+            assert!(
+                granted.contains(Capabilities::EXTEND),
+                "renewal sent unasked"
+            );
+            let fresh = self.tracked.insert(
+                rid,
+                Tracked {
+                    keys,
+                    acquire: false,
+                    extend: true,
+                    lease,
+                    sent_at: None,
+                    moved: false,
+                    resolved: None,
+                },
+            );
+            assert!(fresh.is_none(), "rid {rid} handed out twice");
         }
     }
 
@@ -230,6 +356,7 @@ impl Harness {
                 Tracked {
                     keys,
                     acquire,
+                    extend: false,
                     lease,
                     sent_at: None,
                     moved: false,
@@ -253,11 +380,36 @@ impl Harness {
         if self.proof_skipped {
             self.requests.push(&self.from_session);
             self.from_session.clear();
-            while let Ok(Some(decoded)) = self.requests.next() {
+            loop {
+                let decoded = match self.requests.next() {
+                    Ok(Some(decoded)) => decoded,
+                    Ok(None) => break,
+                    Err(error) => panic!("the session sent bytes no server reads: {error:?}"),
+                };
                 let Decoded::Request(request) = decoded else {
                     panic!("the session sent a frame its server refuses: {decoded:?}");
                 };
                 let rid = request.rid();
+                if let Request::Negotiate(negotiate) = &request {
+                    assert_eq!(negotiate.wanted, self.wanted);
+                    assert!(self.negotiation.is_none(), "a second X");
+                    assert!(
+                        self.tracked.values().all(|t| t.sent_at.is_none()),
+                        "X after another request"
+                    );
+                    self.negotiation = Some(rid);
+                    // The server reads what the session may send once it
+                    // is granted anything: its renewals are `W` frames.
+                    self.requests.grant(Capabilities::KNOWN);
+                    continue;
+                }
+                // Ready: the handshake is done and the `X`, if any, was
+                // answered (the session took its answer).
+                assert!(self.session.is_ready(), "rid {rid} sent before ready");
+                assert!(
+                    self.wanted == Capabilities::NONE || self.negotiation.is_some(),
+                    "rid {rid} sent without the X first"
+                );
                 let entry = self.tracked.get_mut(&rid).expect("sent an unknown rid");
                 assert!(entry.sent_at.is_none(), "rid {rid} sent twice");
                 assert!(entry.resolved.is_none(), "rid {rid} sent after it ended");
@@ -357,6 +509,11 @@ fn drain(
                         matches!(outcome, Outcome::Timeout | Outcome::Retry),
                         "unsent rid {rid} ended {outcome:?}"
                     );
+                }
+                if let Outcome::Extended { valid_before, .. } = &outcome {
+                    assert!(entry.extend, "rid {rid} ended Extended, not a renewal");
+                    let sent_at = entry.sent_at.expect("answered, so sent");
+                    assert!(*valid_before <= sent_at.saturating_add(entry.lease));
                 }
                 if let Outcome::Acquired(grant) = &outcome {
                     assert!(entry.acquire, "a release was granted");

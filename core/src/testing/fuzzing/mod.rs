@@ -27,29 +27,40 @@ use crate::auth::{
 use crate::machine::Machine;
 use crate::server::{ConnId, ConnState, Server};
 use crate::time::{Duration, Instant};
-use crate::wire::{Decoded, NO_LEADER_SLOT, RELEASE_SET_FRAME_LEN_MAX, Reply, RequestDecoder};
+use crate::wire::{
+    Capabilities, Decoded, NO_LEADER_SLOT, PushKind, RELEASE_SET_FRAME_LEN_MAX, Reply,
+    RequestDecoder,
+};
 
 use self::script::{Cursor, fuzz_request, tiny_server_config};
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
-/// first byte, and checks: no panic, bounded buffering, every request it
-/// yields re-encodes to bytes that decode to the same request, and the
-/// sequence decoded (requests, rejections, the error that ends it) is the
-/// same as when the whole input arrives at once.
+/// low six bits of the first byte, on a connection that negotiated the
+/// capabilities in its top two bits (EXTEND lets `W` and `H` decode), and
+/// checks: no panic, bounded buffering, every request it yields
+/// re-encodes to bytes that decode to the same request, and the sequence
+/// decoded (requests, rejections, the error that ends it) is the same as
+/// when the whole input arrives at once.
 pub fn request_decoder(data: &[u8]) {
     let Some((&chunk_seed, data)) = data.split_first() else {
         return;
     };
     let chunk_len = usize::from(chunk_seed % 64) + 1;
-    let chunked = decode_requests(data, chunk_len);
-    let whole = decode_requests(data, data.len().max(1));
+    let caps = Capabilities(u32::from(chunk_seed >> 6));
+    let chunked = decode_requests(data, chunk_len, caps);
+    let whole = decode_requests(data, data.len().max(1), caps);
     assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
 }
 
-/// Everything a [`RequestDecoder`] yields for `data` pushed in chunks of
-/// `chunk_len`, up to and including the first error.
-fn decode_requests(data: &[u8], chunk_len: usize) -> Vec<Result<Decoded, crate::wire::FrameError>> {
+/// Everything a [`RequestDecoder`] granted `caps` yields for `data` pushed
+/// in chunks of `chunk_len`, up to and including the first error.
+fn decode_requests(
+    data: &[u8],
+    chunk_len: usize,
+    caps: Capabilities,
+) -> Vec<Result<Decoded, crate::wire::FrameError>> {
     let mut decoder = RequestDecoder::new();
+    decoder.grant(caps);
     let mut seen = Vec::new();
     for chunk in data.chunks(chunk_len) {
         decoder.push(chunk);
@@ -61,6 +72,7 @@ fn decode_requests(data: &[u8], chunk_len: usize) -> Vec<Result<Decoded, crate::
                             let mut bytes = Vec::new();
                             request.encode(&mut bytes);
                             let mut again = RequestDecoder::new();
+                            again.grant(caps);
                             again.push(&bytes);
                             assert_eq!(again.next(), Ok(Some(Decoded::Request(request.clone()))));
                             assert_eq!(again.buffered(), 0);
@@ -162,10 +174,12 @@ fn check_server_output(bytes: &[u8]) {
     };
     assert!(result <= 1, "result byte {result}");
     assert!(result == 1 || rest.is_empty(), "bytes after a rejection");
+    let mut extension = ExtensionReplies::default();
     while !rest.is_empty() {
         match Reply::decode(rest) {
             Ok(Some((reply, used))) => {
                 assert!(!matches!(reply, Reply::Leader { .. } | Reply::Moved { .. }));
+                extension.check(&reply);
                 rest = &rest[used..];
             }
             Ok(None) => panic!("server wrote a partial frame"),
@@ -174,10 +188,68 @@ fn check_server_output(bytes: &[u8]) {
     }
 }
 
+/// What one connection's replies say about the negotiated extension, in
+/// the order they were written (docs/protocol.md §8).
+#[derive(Default)]
+struct ExtensionReplies {
+    /// The capabilities an `X` answer granted, if one came.
+    granted: Option<Capabilities>,
+    /// Tokens granted on the connection.
+    tokens: Vec<u64>,
+    /// Tokens whose loss was pushed: nothing more is said of them.
+    lost: Vec<u64>,
+}
+
+impl ExtensionReplies {
+    /// Checks one reply: at most one `X` answer, granting only bits the
+    /// server knows; a `W` answer only on a connection granted EXTEND; a
+    /// `P` only on one granted PUSH, about a token granted on it, at most
+    /// one loss per token and nothing after it, and a lease left only in a
+    /// warning.
+    fn check(&mut self, reply: &Reply) {
+        match *reply {
+            Reply::Negotiated { granted, .. } => {
+                assert!(self.granted.is_none(), "a second X granted");
+                assert!(Capabilities::KNOWN.contains(granted), "{granted:?}");
+                self.granted = Some(granted);
+            }
+            Reply::Extended { .. } => assert!(
+                self.granted
+                    .is_some_and(|g| g.contains(Capabilities::EXTEND)),
+                "a W answered without EXTEND"
+            ),
+            Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
+                self.tokens.push(token);
+            }
+            Reply::Push {
+                token,
+                kind,
+                lease_ms,
+            } => {
+                assert!(
+                    self.granted.is_some_and(|g| g.contains(Capabilities::PUSH)),
+                    "a P without PUSH"
+                );
+                assert!(self.tokens.contains(&token), "a P about another's token");
+                assert!(!self.lost.contains(&token), "a P after the loss");
+                if kind == PushKind::LeaseEnding {
+                    assert!(lease_ms > 0, "a warning with nothing left");
+                } else {
+                    assert_eq!(lease_ms, 0, "a loss with lease left");
+                    self.lost.push(token);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Runs a whole single-mode server on a script read from `data`: connects,
-/// raw bytes, valid handshakes and requests, flushes, closes and clock jumps.
+/// raw bytes, valid handshakes and requests (the extension's `X`, `W` and
+/// `H` among them), flushes, closes and clock jumps.
 /// Checks that the server never panics, only ever writes a hello, a result
-/// byte and well-formed replies, and that once every connection is closed and
+/// byte and well-formed replies, extension replies and pushes only as
+/// negotiated (see `ExtensionReplies`), and that once every connection is closed and
 /// every lease has run out, the table is empty (no ghost lock, no lost waiter).
 pub fn server_session(data: &[u8]) {
     let mut harness = ServerHarness::new();

@@ -3,7 +3,10 @@
 
 use crate::lock::{Limits, LockConfig};
 use crate::server::ServerConfig;
-use crate::wire::{AcquireRequest, Key, KeyGroup, ReleaseRequest, Request};
+use crate::wire::{
+    AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ExtendRequest, Key,
+    KeyGroup, NegotiateRequest, ReleaseRequest, Request,
+};
 
 /// A single server small enough for a script to reach every limit: 3 keys,
 /// 3 waiters a key and 5 in all, 4 connections of 4 in-flight requests,
@@ -68,11 +71,17 @@ pub(super) fn fuzz_keys(bits: u8) -> KeyGroup {
 /// A request built from the next three input bytes: an acquire or a
 /// release, of one key (`A`/`R`) or a non-empty set (`S`/`G`), with a short
 /// wait and lease, or a token within 16 of `first_token` (so releases hit
-/// live grants).
+/// live grants). A kind byte of `0xE0` and above builds one of the
+/// negotiated extension's requests instead (see [`fuzz_extension`]); the
+/// range is narrow so that the corpora from before it keep their meaning
+/// almost everywhere.
 pub(super) fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) -> Request {
     let kind = cursor.byte().unwrap_or(0);
     let bits = cursor.byte().unwrap_or(1);
     let arg = cursor.byte().unwrap_or(0);
+    if kind >= 0xE0 {
+        return fuzz_extension(kind, bits, arg, rid, first_token);
+    }
     let set = kind & 1 == 1;
     let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
     if kind & 2 == 0 {
@@ -90,5 +99,42 @@ pub(super) fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) 
             keys,
             set,
         })
+    }
+}
+
+/// One of the extension's requests (docs/protocol.md §8), by the low bits
+/// of `kind`: an `X` asking for the capabilities in `bits` (unknown ones
+/// too) with a short label; a `W` of the keys in `bits` by a token within
+/// 16 of `first_token`, with a lease of up to 250 s or an out-of-range 0;
+/// an `H` with a short wait and lease and a cap of up to 4 s (or 0, which
+/// is refused), so renewals reach it.
+fn fuzz_extension(kind: u8, bits: u8, arg: u8, rid: u64, first_token: u64) -> Request {
+    let set = kind & 0x10 != 0;
+    let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
+    match kind % 4 {
+        0 => Request::Negotiate(NegotiateRequest {
+            rid,
+            version: EXTENSION_VERSION,
+            wanted: Capabilities(u32::from(bits)),
+            label: "fuzz".repeat(usize::from(arg % 4)),
+        }),
+        1 | 2 => Request::Extend(ExtendRequest {
+            rid,
+            token: first_token + u64::from(arg % 16),
+            // Mostly 1..=3 s, as the acquires; sometimes long, or 0.
+            lease_s: match arg >> 4 {
+                0 => 0,
+                15 => 250,
+                n => 1 + n % 3,
+            },
+            keys,
+        }),
+        _ => Request::AcquireCapped(AcquireCappedRequest {
+            rid,
+            wait_s: arg % 4,
+            lease_s: 1 + arg % 3,
+            max_hold_s: u32::from(arg >> 4) % 5,
+            keys,
+        }),
     }
 }
