@@ -510,7 +510,10 @@ impl HeldKeys {
         };
         // Its expiry-heap entry stays behind, stale (see the type's docs).
         if let Some(held) = self.per_conn.get_mut(&grant.conn) {
-            *held -= grant.keys as usize;
+            // Saturating: a forgotten connection's count can start again
+            // from a grant applied after its close (a cluster waiter's),
+            // while its older grants still leave one by one.
+            *held = held.saturating_sub(grant.keys as usize);
             if *held == 0 {
                 self.per_conn.remove(&grant.conn);
             }
@@ -705,6 +708,23 @@ mod tests {
         assert_eq!(held.held(ConnId(3)), 0);
         assert!(held.grants.is_empty());
         assert!(held.by_expiry.is_empty());
+    }
+
+    #[test]
+    fn a_grant_counted_after_its_connection_was_forgotten_does_not_underflow() {
+        // A cluster waiter's grant can apply after its connection closed
+        // and was forgotten; the connection's older grants leave later.
+        let mut held = HeldKeys::default();
+        let far = Instant::from_micros(60_000_000);
+        held.add(ConnId(1), 1, 2, far);
+        held.forget_conn(ConnId(1));
+        held.add(ConnId(1), 2, 1, far);
+        held.remove(1);
+        assert_eq!(held.held(ConnId(1)), 0);
+        held.remove(2);
+        assert_eq!(held.held(ConnId(1)), 0);
+        held.add(ConnId(2), 3, 1, far);
+        assert_eq!(held.held(ConnId(2)), 1, "other connections count as before");
     }
 
     #[test]
