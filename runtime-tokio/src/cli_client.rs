@@ -50,7 +50,7 @@ pub(crate) fn client_broker(
 pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The exit code of a client error, the same for every client subcommand
-/// (`lock`, `bench`): [`lock_exit`]'s table.
+/// (`lock`, `bench`): [`config::lock_exit`]'s table.
 pub(crate) fn exit_code(error: &ticketing_tokio::TicketError) -> u8 {
     match error {
         ticketing_tokio::TicketError::Timeout => config::lock_exit::TIMEOUT,

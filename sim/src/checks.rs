@@ -11,6 +11,10 @@ use crate::config::ALL_KEYS;
 use crate::linear::{self, LinEntry, LinOp, LinResult};
 use crate::run::RunReport;
 
+/// Answers to grants and renewals a world remembers for the deadline
+/// checker, at most (clients take theirs at once; a crashed one never does).
+pub(crate) const ANSWERED_MAX: usize = 4_096;
+
 /// Where one operation's entries stand: (key, index in that key's history).
 pub(crate) type HistRefs = Vec<(usize, usize)>;
 
@@ -69,6 +73,7 @@ impl History {
             entry.respond_us = match entry.op {
                 LinOp::AcquireIndeterminate { .. }
                 | LinOp::ReleaseIndeterminate { .. }
+                | LinOp::ExtendIndeterminate { .. }
                 | LinOp::ForceReleaseIndeterminate { .. } => u64::MAX,
                 _ => now_us,
             };

@@ -19,10 +19,12 @@ use std::collections::BTreeMap;
 
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, CancelOutcome, ClientError, CloseReason,
-    Compensation, Grant, KeySet, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router,
+    Compensation, DRIFT_PARTS, EXTEND_RETRY_WINDOW, ExtendOperation, ExtendStep, Grant,
+    HolderWatch, KeySet, LossCause, Outcome, ReleaseOperation, ReleaseOutcome, ReleaseStep, Router,
     Session, SessionEvent,
 };
 use ticketing_core::time::{Duration, Instant};
+use ticketing_core::wire::ExtendStatus;
 
 use crate::checks::{HistRefs, History, Window, Windows, key_indices};
 use crate::clock::{Clock, act_before_local_us, duration_us, instant, lease_min_us};
@@ -43,6 +45,31 @@ pub(crate) struct Plan {
     pub(crate) writes: u8,
     pub(crate) write_gap_us: u64,
     pub(crate) release: bool,
+    /// Renew the lease while the work shows progress (clients that
+    /// negotiated renewal only).
+    pub(crate) renew: Option<RenewPlan>,
+}
+
+/// How a renewing holder's work goes: it renews every third of its lease
+/// (as `ticketing lock --renew` does) while its last write is at most
+/// `progress_timeout_us` old; with `stall_after` its work hangs after that
+/// many writes, its renewals stop, and it must let go by its deadline.
+#[derive(Clone, Debug)]
+pub(crate) struct RenewPlan {
+    pub(crate) progress_timeout_us: u64,
+    pub(crate) stall_after: Option<u8>,
+}
+
+/// A renewing holder's state.
+#[derive(Debug)]
+pub(crate) struct Renewal {
+    pub(crate) plan: RenewPlan,
+    /// Local time of the work's last sign of life (a write, or the grant).
+    pub(crate) progress_local_us: u64,
+    /// Writes done so far.
+    pub(crate) writes_done: u8,
+    /// The renewal in flight (its op id), if any.
+    pub(crate) extending: Option<u64>,
 }
 
 /// One logical operation of a client.
@@ -69,6 +96,19 @@ pub(crate) enum OpState {
         /// The next write was checked before a pause and goes ahead
         /// unchecked after it.
         write_after_pause: bool,
+        /// The lease asked for, seconds.
+        lease_s: u8,
+        /// Renewing holders only.
+        renewal: Option<Renewal>,
+    },
+    /// A renewal (`W`) of holding `holder`'s grant.
+    Extending {
+        op: ExtendOperation,
+        attempt: Option<(u64, u64)>,
+        holder: u64,
+        lease_s: u8,
+        any_indeterminate: bool,
+        hist: HistRefs,
     },
     Releasing {
         op: ReleaseOperation,
@@ -95,6 +135,11 @@ pub(crate) struct ClientProc {
     pub(crate) link: Sessions,
     /// A line client (published 0.3.0 model) instead of v3 sessions.
     pub(crate) line: Option<LineLink>,
+    /// Negotiates renewal and pushes, and renews some grants.
+    pub(crate) renews: bool,
+    /// The attempt (connection, rid) whose outcome is being handled: the
+    /// deadline checker asks the world what that server answered.
+    pub(crate) answered: Option<(u64, u64)>,
 }
 
 impl ClientProc {
@@ -109,6 +154,8 @@ impl ClientProc {
             recent_indeterminate: Vec::new(),
             link,
             line: None,
+            renews: false,
+            answered: None,
         }
     }
 
@@ -216,6 +263,8 @@ pub(crate) enum ClientEv {
     Connect(u8),
     /// A crashed client process starts again, as a new incarnation.
     Restart,
+    /// Holder `op` considers renewing its lease.
+    RenewStep(u64),
 }
 
 /// A client event as scheduled: for which client and incarnation.
@@ -240,13 +289,18 @@ impl ClientCall {
             ClientEv::CancelOp(_) => 5,
             ClientEv::Resume => 6,
             ClientEv::Restart => 7,
+            // Past every world's own codes (added after them).
+            ClientEv::RenewStep(_) => 100,
         }
     }
 
     /// The number the trace hash mixes in besides time and code.
     pub(crate) fn hash_extra(&self) -> u64 {
         match self.ev {
-            ClientEv::OpRetry(op) | ClientEv::WorkStep(op) | ClientEv::CancelOp(op) => op,
+            ClientEv::OpRetry(op)
+            | ClientEv::WorkStep(op)
+            | ClientEv::CancelOp(op)
+            | ClientEv::RenewStep(op) => op,
             _ => self.client as u64,
         }
     }
@@ -282,6 +336,7 @@ impl ClientCall {
             ClientEv::OpRetry(op) => ("OpRetry", Some(op)),
             ClientEv::WorkStep(op) => ("WorkStep", Some(op)),
             ClientEv::CancelOp(op) => ("CancelOp", Some(op)),
+            ClientEv::RenewStep(op) => ("RenewStep", Some(op)),
         };
         let mut shown = f.debug_struct(name);
         shown.field("client", &self.client).field("inc", &self.inc);
@@ -321,6 +376,9 @@ pub(crate) fn close_expected_of_any(reason: &CloseReason) -> bool {
             | CloseReason::HandshakeTimeout
             | CloseReason::StalledReply
             | CloseReason::Silent
+            // A connection reset while our `X` is unanswered looks like a
+            // published-protocol server closing on it.
+            | CloseReason::ExtensionsUnsupported
     )
 }
 
@@ -406,6 +464,10 @@ pub(crate) trait ClientWorld<'t> {
     fn line_slots(&self) -> u8;
     /// The slot whose client address is `address` (`M`/`L`).
     fn line_address_slot(&self, address: &[u8]) -> Option<u8>;
+    /// When the grant named in the answer to `rid` on connection `conn`
+    /// (a grant or a renewal) expired on the server that answered, in true
+    /// time as of the answer, and the lease era then; taken (asked once).
+    fn answered_expiry(&mut self, conn: u64, rid: u64) -> Option<(u64, u64)>;
 
     /// A trace note; `text` only runs when tracing.
     fn note(&mut self, text: impl FnOnce() -> String) {
@@ -495,11 +557,25 @@ pub(crate) trait ClientWorld<'t> {
             Duration::from_micros(budget_us),
         )
         .expect("sim parameters are valid");
-        let plan = Plan {
+        let mut plan = Plan {
             writes: work.range(1, 4) as u8,
             write_gap_us: work.range(1_000, lease_s * 400_000),
             release: work.chance(800_000),
+            renew: None,
         };
+        if parts.clients[client].renews && work.chance(600_000) {
+            // Work that outlasts its lease several times over: it holds on
+            // only by renewing, and a stall must cost it the key.
+            plan.writes = work.range(3, 10) as u8;
+            plan.write_gap_us = work.range(lease_s * 200_000, lease_s * 600_000);
+            let stall_after = work
+                .chance(300_000)
+                .then(|| work.below(u64::from(plan.writes)) as u8);
+            plan.renew = Some(RenewPlan {
+                progress_timeout_us: lease_s * 700_000,
+                stall_after,
+            });
+        }
         let cancel_after =
             (wait_s > 0 && work.chance(100_000)).then(|| work.below(wait_s * 1_000_000));
         let local = parts.clients[client].clock.local(now_us);
@@ -569,6 +645,22 @@ pub(crate) trait ClientWorld<'t> {
                 let step = op.on_error(instant(local), error);
                 return self.release_step(client, id, step);
             }
+            (Some(OpState::Extending { op, attempt, .. }), Ok((session, conn, index))) => {
+                match op.submit(instant(local), session) {
+                    Ok(rid) => {
+                        *attempt = Some((conn, rid));
+                        slot = index;
+                    }
+                    Err(error) => {
+                        let step = op.on_error(instant(local), error);
+                        return self.extend_step(client, id, step);
+                    }
+                }
+            }
+            (Some(OpState::Extending { op, .. }), Err(error)) => {
+                let step = op.on_error(instant(local), error);
+                return self.extend_step(client, id, step);
+            }
             (Some(OpState::Line(_)), _) => return self.line_retry(client, id),
             _ => return,
         }
@@ -583,7 +675,9 @@ pub(crate) trait ClientWorld<'t> {
             .ops
             .iter()
             .find_map(|(&id, op)| match op {
-                OpState::Acquiring { attempt, .. } | OpState::Releasing { attempt, .. }
+                OpState::Acquiring { attempt, .. }
+                | OpState::Releasing { attempt, .. }
+                | OpState::Extending { attempt, .. }
                     if *attempt == Some((conn, rid)) =>
                 {
                     Some(id)
@@ -599,9 +693,24 @@ pub(crate) trait ClientWorld<'t> {
         let local = self.local_now(client);
         match self.parts().clients[client].ops.get_mut(&id) {
             Some(OpState::Acquiring { op, attempt, .. }) => {
-                *attempt = None;
+                let answered = attempt.take();
                 let step = op.on_outcome(instant(local), outcome);
+                self.parts().clients[client].answered = answered;
                 self.acquire_step(client, id, step);
+            }
+            Some(OpState::Extending {
+                op,
+                attempt,
+                any_indeterminate,
+                ..
+            }) => {
+                let answered = attempt.take();
+                if outcome == Outcome::Indeterminate {
+                    *any_indeterminate = true;
+                }
+                let step = op.on_outcome(instant(local), outcome);
+                self.parts().clients[client].answered = answered;
+                self.extend_step(client, id, step);
             }
             Some(OpState::Releasing {
                 op,
@@ -732,6 +841,8 @@ pub(crate) trait ClientWorld<'t> {
 
     fn start_holding(&mut self, client: usize, id: u64, grant: Grant, plan: Plan, lease_s: u8) {
         let (holding, era) = self.new_holding(grant.token);
+        self.check_deadline(client, grant.token, grant.valid_before.as_micros(), lease_s);
+        let local = self.local_now(client);
         let parts = self.parts();
         let act_before_local_us = act_before_local_us(
             grant.valid_before.as_micros(),
@@ -739,6 +850,14 @@ pub(crate) trait ClientWorld<'t> {
             parts.config.drift_ppm_max,
         );
         let now_us = parts.now_us;
+        let renewal = plan.renew.clone().map(|plan| Renewal {
+            plan,
+            progress_local_us: local,
+            writes_done: 0,
+            extending: None,
+        });
+        let renews = renewal.is_some();
+        let valid_before_us = grant.valid_before.as_micros();
         let proc = &mut parts.clients[client];
         let inc = proc.inc;
         proc.ops.insert(
@@ -752,9 +871,228 @@ pub(crate) trait ClientWorld<'t> {
                 start_us: now_us,
                 era,
                 write_after_pause: false,
+                lease_s,
+                renewal,
             },
         );
         self.schedule_client(now_us, client, inc, ClientEv::WorkStep(id));
+        if renews {
+            self.schedule_renewal(client, id, valid_before_us, lease_s);
+        }
+    }
+
+    /// Deadline checker: the core's conservative deadline of a grant of
+    /// `token` valid before `valid_before_us` (local) with a lease of
+    /// `lease_s`, taken to true time, is not after the grant's expiry on
+    /// the server whose answer gave it. Only where the world's clocks keep
+    /// the rate error the core allows for ([`DRIFT_PARTS`]), and within
+    /// one lease era (a server clock jump or restart ends leases early).
+    fn check_deadline(&mut self, client: usize, token: u64, valid_before_us: u64, lease_s: u8) {
+        let Some((conn, rid)) = self.parts().clients[client].answered.take() else {
+            return;
+        };
+        let Some((expiry_us, era)) = self.answered_expiry(conn, rid) else {
+            return;
+        };
+        let parts = self.parts();
+        // Two clocks, each off by up to the bound, in opposite directions.
+        let rate_error_ppm = 2 * u64::from(parts.config.drift_ppm_max);
+        if era != parts.lease_era || rate_error_ppm > 1_000_000 / DRIFT_PARTS {
+            return;
+        }
+        let watch = HolderWatch::new(
+            instant(valid_before_us),
+            Duration::from_secs(u64::from(lease_s)),
+        );
+        let deadline_us = parts.clients[client]
+            .clock
+            .true_at(watch.deadline().as_micros());
+        parts.rec.report.deadlines_checked += 1;
+        if deadline_us > expiry_us {
+            self.violation(
+                Checker::Deadlines,
+                format!(
+                    "client {client}: the deadline of token {token} ({deadline_us}) is after its expiry on the server that answered ({expiry_us})"
+                ),
+            );
+        }
+    }
+
+    /// Schedules holder `id`'s next renewal a third of its lease after the
+    /// last renewal (at the end of a lease valid before `valid_before_us`,
+    /// less two thirds of it), as the CLI's `--renew` does.
+    fn schedule_renewal(&mut self, client: usize, id: u64, valid_before_us: u64, lease_s: u8) {
+        let lease_us = u64::from(lease_s) * 1_000_000;
+        let due_local = valid_before_us.saturating_sub(lease_us * 2 / 3);
+        let parts = self.parts();
+        let proc = &parts.clients[client];
+        let at = proc.clock.true_at(due_local).max(parts.now_us);
+        let inc = proc.inc;
+        self.schedule_client(at, client, inc, ClientEv::RenewStep(id));
+    }
+
+    /// Holder `id` renews its lease if its work showed life within its
+    /// progress timeout and its deadline has not passed (a renewal never
+    /// tries to win back a grant the holder already had to let go of).
+    fn renew_step(&mut self, client: usize, id: u64) {
+        let local = self.local_now(client);
+        let parts = self.parts();
+        let safety = parts.safety;
+        let Some(OpState::Holding {
+            grant,
+            act_before_local_us,
+            lease_s,
+            renewal: Some(renewal),
+            ..
+        }) = parts.clients[client].ops.get_mut(&id)
+        else {
+            return;
+        };
+        let alive =
+            local.saturating_sub(renewal.progress_local_us) <= renewal.plan.progress_timeout_us;
+        if !safety || !alive || renewal.extending.is_some() || local >= *act_before_local_us {
+            // No renewal: the lease runs out and the holder stops at its
+            // deadline (the work step sees it).
+            return;
+        }
+        let lease_s = *lease_s;
+        let deadline = instant(
+            local
+                .saturating_add(duration_us(EXTEND_RETRY_WINDOW))
+                .min(*act_before_local_us),
+        );
+        let Ok(op) = ExtendOperation::new(
+            grant.keys.clone(),
+            grant.token,
+            Duration::from_secs(u64::from(lease_s)),
+            deadline,
+        ) else {
+            return;
+        };
+        let ext_id = *parts.next_op;
+        *parts.next_op += 1;
+        renewal.extending = Some(ext_id);
+        let lease_min_us = lease_min_us(u64::from(lease_s) * 1_000_000, parts.config.drift_ppm_max);
+        let token = grant.token;
+        let hist = parts.history.open(
+            parts.now_us,
+            op.keys(),
+            LinOp::ExtendIndeterminate {
+                token,
+                lease_min_us,
+            },
+        );
+        parts.clients[client].ops.insert(
+            ext_id,
+            OpState::Extending {
+                op,
+                attempt: None,
+                holder: id,
+                lease_s,
+                any_indeterminate: false,
+                hist,
+            },
+        );
+        self.note(|| format!("client {client} op {ext_id}: renew token {token} of holder {id}"));
+        self.op_attempt(client, ext_id);
+    }
+
+    /// A renewal took a step: on an answer, its holder learns its new
+    /// deadline (renewed), that its grant is gone (`N`: it stops now), or
+    /// nothing (no definite answer: the old deadline stands, and the next
+    /// renewal by the same token settles it).
+    fn extend_step(&mut self, client: usize, id: u64, step: ExtendStep) {
+        if let ExtendStep::RetryAt(at) = step {
+            return self.schedule_retry(client, id, at.as_micros());
+        }
+        let Some(OpState::Extending {
+            op,
+            holder,
+            lease_s,
+            any_indeterminate,
+            hist,
+            ..
+        }) = self.parts().clients[client].ops.remove(&id)
+        else {
+            return;
+        };
+        self.note(|| format!("client {client} op {id}: {step:?}"));
+        let token = op.token();
+        let drift = self.parts().config.drift_ppm_max;
+        let ExtendStep::Done(done) = step else {
+            unreachable!("handled above")
+        };
+        let mut renewed = None;
+        let mut lost = false;
+        match done {
+            Ok(extension) => {
+                self.parts().rec.report.extensions += 1;
+                let lease_min_us = match extension.status {
+                    ExtendStatus::Extended => lease_min_us(u64::from(lease_s) * 1_000_000, drift),
+                    // Cut at the hold cap: the model learns nothing of how
+                    // long the lease still runs.
+                    _ => 0,
+                };
+                self.resolve_history(&hist, |_| LinOp::Extended {
+                    token,
+                    lease_min_us,
+                });
+                self.check_deadline(client, token, extension.valid_before.as_micros(), lease_s);
+                renewed = Some(extension.valid_before.as_micros());
+            }
+            Err(ClientError::Lost) => {
+                self.parts().rec.report.extensions_refused += 1;
+                if !any_indeterminate {
+                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
+                }
+                lost = true;
+            }
+            Err(ClientError::Indeterminate) => {}
+            Err(ClientError::Timeout | ClientError::ClientCapacity) => {
+                if !any_indeterminate {
+                    self.forget_history(&hist);
+                }
+            }
+            Err(error) => {
+                self.violation(
+                    Checker::Client,
+                    format!("client {client} op {id}: renewal failed with {error:?}"),
+                );
+            }
+        }
+        self.parts().clients[client].answered = None;
+        let local = self.local_now(client);
+        let parts = self.parts();
+        let Some(OpState::Holding {
+            grant,
+            act_before_local_us,
+            renewal: Some(renewal),
+            ..
+        }) = parts.clients[client].ops.get_mut(&holder)
+        else {
+            return;
+        };
+        if grant.token != token {
+            return;
+        }
+        renewal.extending = None;
+        let mut next_from = grant.valid_before.as_micros();
+        if lost {
+            // The grant is gone: stop acting now.
+            *act_before_local_us = (*act_before_local_us).min(local);
+            let inc = parts.clients[client].inc;
+            let now_us = parts.now_us;
+            return self.schedule_client(now_us, client, inc, ClientEv::WorkStep(holder));
+        }
+        if let Some(valid_before_us) = renewed {
+            *act_before_local_us =
+                crate::clock::act_before_local_us(valid_before_us, lease_s, drift);
+            grant.valid_before = instant(valid_before_us);
+            next_from = valid_before_us;
+        }
+        // Without an answer the next renewal is due from the old end, or
+        // at once if that is already past.
+        self.schedule_renewal(client, holder, next_from.max(local), lease_s);
     }
 
     /// A holder's next step: write (checked against its validity window,
@@ -764,7 +1102,13 @@ pub(crate) trait ClientWorld<'t> {
         enum Action {
             Finish,
             Pause,
-            Write { checked: bool },
+            Write {
+                checked: bool,
+            },
+            /// The work hangs: nothing happens until the deadline.
+            Hang {
+                until_local_us: u64,
+            },
         }
         let local = self.local_now(client);
         let parts = self.parts();
@@ -783,14 +1127,25 @@ pub(crate) trait ClientWorld<'t> {
             act_before_local_us,
             write_after_pause,
             plan,
+            renewal,
             ..
         }) = parts.clients[client].ops.get_mut(&id)
         else {
             return;
         };
+        let stalled = renewal.as_ref().is_some_and(|renewal| {
+            renewal
+                .plan
+                .stall_after
+                .is_some_and(|after| renewal.writes_done >= after)
+        });
         let action = if *write_after_pause {
             *write_after_pause = false;
             Action::Write { checked: false }
+        } else if stalled && local < *act_before_local_us {
+            Action::Hang {
+                until_local_us: *act_before_local_us,
+            }
         } else if *writes_left > 0 && local < *act_before_local_us {
             if pause_chance > 0 && parts.fault_rng.chance(pause_chance) {
                 // Checked, then stopped before writing: the write lands
@@ -805,6 +1160,10 @@ pub(crate) trait ClientWorld<'t> {
         };
         if matches!(action, Action::Write { .. }) {
             *writes_left = writes_left.saturating_sub(1);
+            if let Some(renewal) = renewal.as_mut() {
+                renewal.progress_local_us = local;
+                renewal.writes_done = renewal.writes_done.saturating_add(1);
+            }
         }
         let token = grant.token;
         let keys = key_indices(&grant.keys);
@@ -825,6 +1184,14 @@ pub(crate) trait ClientWorld<'t> {
                     self.db_write(client, key, token, holding, checked, era);
                 }
                 self.schedule_client(now_us + gap, client, inc, ClientEv::WorkStep(id));
+            }
+            Action::Hang { until_local_us } => {
+                let parts = self.parts();
+                let at = parts.clients[client]
+                    .clock
+                    .true_at(until_local_us)
+                    .max(now_us + 1);
+                self.schedule_client(at, client, inc, ClientEv::WorkStep(id));
             }
         }
     }
@@ -1087,6 +1454,7 @@ pub(crate) trait ClientWorld<'t> {
             ClientEv::OpRetry(op) => self.op_attempt(client, op),
             ClientEv::WorkStep(op) => self.work_step(client, op),
             ClientEv::CancelOp(op) => self.cancel_op(client, op),
+            ClientEv::RenewStep(op) => self.renew_step(client, op),
             ClientEv::Resume => self.resume_event(client, inc),
             ClientEv::Restart => self.restart(client),
         }
@@ -1255,8 +1623,36 @@ pub(crate) trait ClientWorld<'t> {
             SessionEvent::Compensate(compensation) => self.compensate(client, compensation),
             SessionEvent::Closed(reason) => self.session_closed(client, slot, conn, reason),
             SessionEvent::LeaderHint(_) | SessionEvent::NotLeader => self.on_leader_notice(client),
-            // The simulated clients ask for no pushes.
-            SessionEvent::Push { .. } => {}
+            SessionEvent::Push { token, kind, .. } => self.on_push(client, token, kind),
+        }
+    }
+
+    /// A push about grant `token`: a loss stops its holder now (a push may
+    /// only ever make a holder stop earlier); an "ending soon" changes
+    /// nothing (the holder's own deadline already bounds it).
+    fn on_push(&mut self, client: usize, token: u64, kind: ticketing_core::wire::PushKind) {
+        self.note(|| format!("client {client} push {kind:?} for token {token}"));
+        if LossCause::of_push(kind).is_none() {
+            return;
+        }
+        let local = self.local_now(client);
+        let parts = self.parts();
+        let now_us = parts.now_us;
+        let proc = &mut parts.clients[client];
+        let inc = proc.inc;
+        let holder = proc.ops.iter_mut().find_map(|(&id, op)| match op {
+            OpState::Holding {
+                grant,
+                act_before_local_us,
+                ..
+            } if grant.token == token => {
+                *act_before_local_us = (*act_before_local_us).min(local);
+                Some(id)
+            }
+            _ => None,
+        });
+        if let Some(id) = holder {
+            self.schedule_client(now_us, client, inc, ClientEv::WorkStep(id));
         }
     }
 

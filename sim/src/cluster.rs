@@ -28,10 +28,10 @@ use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome,
 use ticketing_core::lock::Limits;
 use ticketing_core::machine::{Machine, Output};
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
-use ticketing_core::wire::{ErrorCode, Key, Reply, Request};
+use ticketing_core::wire::{Capabilities, ErrorCode, Key, Reply, Request};
 
 use crate::adversary::{Adversary, AdversaryRates};
-use crate::checks::{History, Windows, key_index};
+use crate::checks::{ANSWERED_MAX, History, Windows, key_index};
 use crate::clients::{
     ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, OpState, Parts, ReleaseFailure, Sessions,
     close_expected_of_any,
@@ -471,6 +471,12 @@ pub struct ClusterWorld<'t> {
     received: HashSet<u64>,
     /// Requests a node received and has not answered: (pipe, rid).
     pending: BTreeMap<(u64, u64), bool>,
+    /// Renewals among them: their tokens.
+    renewals: BTreeMap<(u64, u64), u64>,
+    /// Per answered grant or renewal (pipe, rid): the grant's expiry on
+    /// the node that answered, in true time as of the answer, and the
+    /// lease era (the deadline checker's record).
+    answered: BTreeMap<(u64, u64), (u64, u64)>,
     db: Vec<DbKey>,
     windows: Windows,
     history: History,
@@ -536,9 +542,12 @@ impl<'t> ClusterWorld<'t> {
             })
             .collect();
         let mut clients: Vec<ClientProc> = (0..config.base.clients)
-            .map(|_| {
+            .map(|client| {
                 let sessions = Sessions::routed(usize::from(n));
-                ClientProc::new(Clock::draw(&mut clocks, drift), sessions)
+                ClientProc {
+                    renews: client < config.base.renewing_clients,
+                    ..ClientProc::new(Clock::draw(&mut clocks, drift), sessions)
+                }
             })
             .collect();
         // Drawn after the v3 clients', so worlds without line clients are
@@ -579,6 +588,8 @@ impl<'t> ClusterWorld<'t> {
             ghosts: HashSet::new(),
             received: HashSet::new(),
             pending: BTreeMap::new(),
+            renewals: BTreeMap::new(),
+            answered: BTreeMap::new(),
             db: vec![DbKey::default(); keys],
             windows: Windows::new(),
             history: History::new(),
@@ -1267,7 +1278,7 @@ impl<'t> ClusterWorld<'t> {
                 continue;
             }
             if self.pipes[&pipe_id].client() {
-                self.observe_replies(pipe_id, &out);
+                self.observe_replies(slot, pipe_id, &out);
             }
             let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
             pipe.writing[usize::from(side)] = true;
@@ -1310,7 +1321,7 @@ impl<'t> ClusterWorld<'t> {
     }
 
     /// Oracle: the replies in bytes a node took for a client pipe.
-    fn observe_replies(&mut self, pipe_id: u64, out: &[u8]) {
+    fn observe_replies(&mut self, slot: u8, pipe_id: u64, out: &[u8]) {
         let pipe = self.pipes.get_mut(&pipe_id).expect("caller checked");
         let (replies, bad) = pipe.oracle.replies(out);
         if let Some(error) = bad {
@@ -1323,6 +1334,7 @@ impl<'t> ClusterWorld<'t> {
             let Some(rid) = reply.rid() else {
                 continue; // `L` notices
             };
+            let renewal = self.renewals.remove(&(pipe_id, rid));
             let Some(acquire) = self.pending.remove(&(pipe_id, rid)) else {
                 self.violation(
                     Checker::Replies,
@@ -1343,9 +1355,10 @@ impl<'t> ClusterWorld<'t> {
                     matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
                         || (!acquire && code == ErrorCode::GroupMismatch)
                 }
-                // The sim's clients negotiate no extension; `P` has no rid
-                // and never gets here.
-                Reply::Negotiated { .. } | Reply::Extended { .. } | Reply::Push { .. } => false,
+                Reply::Negotiated { .. } => !acquire && renewal.is_none(),
+                Reply::Extended { .. } => renewal.is_some(),
+                // `P` has no rid and never gets here.
+                Reply::Push { .. } => false,
                 Reply::Leader { .. } => false,
             };
             if !fits {
@@ -1353,6 +1366,16 @@ impl<'t> ClusterWorld<'t> {
                     Checker::Replies,
                     format!("reply {reply:?} on pipe {pipe_id} does not fit its request"),
                 );
+            }
+            let answered = match (&reply, renewal) {
+                (Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. }, _) => {
+                    Some(*token)
+                }
+                (Reply::Extended { .. }, renewed) => renewed,
+                _ => None,
+            };
+            if let Some(token) = answered {
+                self.remember_expiry(slot, pipe_id, rid, token);
             }
             if let Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } = reply {
                 if !self.replied.insert(token) {
@@ -1365,6 +1388,26 @@ impl<'t> ClusterWorld<'t> {
                 pipe.unflushed_grants.push((token, end_offset));
             }
         }
+    }
+
+    /// Deadline checker's record: when grant `token`, just granted or
+    /// renewed in the answer to `rid` on `pipe_id`, expires on the node in
+    /// `slot` that answered (its own apply time plus the lease), in true
+    /// time.
+    fn remember_expiry(&mut self, slot: u8, pipe_id: u64, rid: u64, token: u64) {
+        let proc = &self.nodes[usize::from(slot)];
+        let Some(node) = proc.node.as_ref() else {
+            return;
+        };
+        let Some(holding) = node.lock_state().grant(token) else {
+            return;
+        };
+        let expiry_us = proc.clock.true_at(holding.deadline.as_micros());
+        if self.answered.len() >= ANSWERED_MAX {
+            self.answered.pop_first();
+        }
+        self.answered
+            .insert((pipe_id, rid), (expiry_us, self.lease_era));
     }
 
     fn dial_arrive(&mut self, pipe_id: u64) {
@@ -1561,7 +1604,10 @@ impl<'t> ClusterWorld<'t> {
                     (release.rid, false)
                 }
                 Request::Negotiate(req) => (req.rid, false),
-                Request::Extend(req) => (req.rid, false),
+                Request::Extend(req) => {
+                    self.renewals.insert((pipe_id, req.rid), req.token);
+                    (req.rid, false)
+                }
                 Request::AcquireCapped(req) => (req.rid, true),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
@@ -2181,7 +2227,10 @@ impl<'t> ClusterWorld<'t> {
         let local = proc.clock.local(self.now_us);
         let inc = proc.inc;
         let pipe = self.new_pipe(Opener::Client { client, inc }, slot);
-        let config = SessionConfig::cluster(b"", FINGERPRINT, slot, usize::from(self.n));
+        let mut config = SessionConfig::cluster(b"", FINGERPRINT, slot, usize::from(self.n));
+        if self.clients[client].renews {
+            config.extensions = Capabilities::EXTEND.union(Capabilities::PUSH);
+        }
         let session = Session::new(instant(local), config);
         self.clients[client].link.sessions[usize::from(slot)] = Some((session, pipe));
         self.note(|| format!("client {client} connects to node {slot} as pipe {pipe}"));
@@ -2499,6 +2548,10 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
 
     fn line_address_slot(&self, address: &[u8]) -> Option<u8> {
         (0..self.n).find(|&slot| line_address(slot).as_bytes() == address)
+    }
+
+    fn answered_expiry(&mut self, conn: u64, rid: u64) -> Option<(u64, u64)> {
+        self.answered.remove(&(conn, rid))
     }
 }
 

@@ -127,6 +127,9 @@ pub struct SimConfig {
     /// (`ticketing_core::reserve`); 0: none, the first token of a restart
     /// is its wall clock alone (and the wall clock never steps back).
     pub token_reserve_step: u64,
+    /// Of the wire v3 clients, how many negotiate renewal (`X`) and renew
+    /// some of their grants (`W`) while their work shows progress.
+    pub renewing_clients: usize,
     /// Longest time a reserve write takes to become durable.
     pub reserve_write_max_us: u64,
     /// Planted driver bug: a restart ignores the stored floor (starts from
@@ -173,6 +176,7 @@ impl Default for SimConfig {
             token_reserve_step: 0,
             reserve_write_max_us: 30_000,
             forget_token_floor: false,
+            renewing_clients: 2,
         }
     }
 }
@@ -224,6 +228,8 @@ impl SimConfig {
         if rng.chance(330_000) {
             config.faults.force_release_ppm = 0;
         }
+        // Renewing clients in three worlds of four (drawn last, as above).
+        config.renewing_clients = [0, 1, 2, 4][rng.index(4)].min(config.clients);
         config
     }
 

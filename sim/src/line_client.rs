@@ -168,6 +168,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
             writes: work.range(1, 4) as u8,
             write_gap_us: work.range(1_000, gap_lease_s * 400_000),
             release: work.chance(800_000),
+            renew: None,
         };
         let proc = &mut parts.clients[client];
         let line = proc.line.as_mut().expect("a line client");

@@ -14,6 +14,13 @@
 //!   out; `R` frees the key;
 //! - an Indeterminate request may have had no effect, or its effect at any
 //!   point after its invocation (also after the client gave up);
+//! - a renewal answered "renewed" for token `t` is legal if `t` is the
+//!   holder, and restarts its lease at that point; one answered `N` is a
+//!   [`LinOp::NotFound`] (legal as for a release); one without a definite
+//!   answer may have had no effect, or that of a renewal. The model's lease
+//!   starts at the earliest point the history allows, so it cannot tell a
+//!   renewal just before the server's expiry from one just after: a
+//!   renewal of a grant that was handed on is what it catches;
 //! - a server restart (fixed point) forgets the holder but not the tokens;
 //! - an operator's force-release of `t` (fixed point) frees a key held by
 //!   `t` (or by a holder whose token the clients never learned); it is not
@@ -54,6 +61,21 @@ pub enum LinOp {
     ReleaseIndeterminate {
         /// The token.
         token: u64,
+    },
+    /// A renewal of `token` answered "renewed" (or clipped at the hold
+    /// cap): the lease runs `lease_min_us` at least from then.
+    Extended {
+        /// The token.
+        token: u64,
+        /// The shortest true duration of the renewed lease.
+        lease_min_us: u64,
+    },
+    /// A renewal of `token` without a definite answer.
+    ExtendIndeterminate {
+        /// The token.
+        token: u64,
+        /// As for [`LinOp::Extended`].
+        lease_min_us: u64,
     },
     /// The server restarted from nothing.
     Restart,
@@ -341,6 +363,31 @@ fn apply(state: State, entry: &LinEntry) -> Vec<State> {
                 });
             }
         }
+        LinOp::Extended {
+            token,
+            lease_min_us,
+        }
+        | LinOp::ExtendIndeterminate {
+            token,
+            lease_min_us,
+        } => {
+            if matches!(entry.op, LinOp::ExtendIndeterminate { .. }) {
+                out.push(state);
+            }
+            if matches!(state.holder, Holder::Known { token: t, .. } if t == token)
+                && let Some(p) = at(earliest)
+            {
+                out.push(State {
+                    holder: Holder::Known {
+                        token,
+                        since_us: p,
+                        lease_min_us,
+                    },
+                    at_us: p,
+                    ..state
+                });
+            }
+        }
         LinOp::ReleaseIndeterminate { token } => {
             out.push(state);
             if matches!(state.holder, Holder::Known { token: t, .. } if t == token) {
@@ -400,6 +447,66 @@ mod tests {
         // Without the force-release the second grant overlaps the lease.
         let overlap = [entry(0, 10, granted(5)), entry(30, 40, granted(6))];
         assert_eq!(check(&overlap), LinResult::Violation);
+    }
+
+    #[test]
+    fn a_renewal_keeps_the_key_and_only_its_holder_may_renew() {
+        let granted = |token| LinOp::Granted {
+            token,
+            lease_min_us: LEASE,
+        };
+        let extended = |token| LinOp::Extended {
+            token,
+            lease_min_us: LEASE,
+        };
+        // Renewed at 900: a grant to another at 1_500 overlaps the lease.
+        let renewed = [
+            entry(0, 10, granted(5)),
+            entry(900, 910, extended(5)),
+            entry(1_500, 1_510, granted(6)),
+        ];
+        assert_eq!(check(&renewed), LinResult::Violation);
+        // After the renewed lease it is fine.
+        let later = [
+            entry(0, 10, granted(5)),
+            entry(900, 910, extended(5)),
+            entry(2_000, 2_010, granted(6)),
+        ];
+        assert_eq!(check(&later), LinResult::Ok);
+        // A grant handed on cannot be renewed by its old token...
+        let stale = [
+            entry(0, 10, granted(5)),
+            entry(1_500, 1_510, granted(6)),
+            entry(1_600, 1_610, extended(5)),
+        ];
+        assert_eq!(check(&stale), LinResult::Violation);
+        // ...nor a released one; `N` is its answer.
+        let released = [
+            entry(0, 10, granted(5)),
+            entry(20, 30, LinOp::Released { token: 5 }),
+            entry(40, 50, extended(5)),
+        ];
+        assert_eq!(check(&released), LinResult::Violation);
+        let refused = [
+            entry(0, 10, granted(5)),
+            entry(20, 30, LinOp::Released { token: 5 }),
+            entry(40, 50, LinOp::NotFound { token: 5 }),
+        ];
+        assert_eq!(check(&refused), LinResult::Ok);
+        // An indeterminate renewal may have had no effect at all.
+        let unknown = [
+            entry(0, 10, granted(5)),
+            entry(
+                900,
+                u64::MAX,
+                LinOp::ExtendIndeterminate {
+                    token: 5,
+                    lease_min_us: LEASE,
+                },
+            ),
+            entry(1_500, 1_510, granted(6)),
+        ];
+        assert_eq!(check(&unknown), LinResult::Ok);
     }
 
     #[test]

@@ -128,6 +128,8 @@ fn plant(name: &Option<String>) -> Result<(), String> {
         Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
         Some("skip-peer-frame-mac") => Some(PlantedBug::SkipPeerFrameMac),
         Some("force-release-keeps-grant") => Some(PlantedBug::ForceReleaseKeepsGrant),
+        Some("extend-any-token") => Some(PlantedBug::ExtendAnyToken),
+        Some("renewal-from-reply") => Some(PlantedBug::RenewalFromReply),
         Some(other) => return Err(format!("unknown planted bug {other}")),
     };
     planted::set(bug);
@@ -217,6 +219,9 @@ fn main() -> ExitCode {
         totals.line_resends += report.line_resends;
         totals.line_redirects += report.line_redirects;
         totals.cluster_force_releases += report.cluster_force_releases;
+        totals.extensions += report.extensions;
+        totals.extensions_refused += report.extensions_refused;
+        totals.deadlines_checked += report.deadlines_checked;
         for (total, n) in totals.force_outcomes.iter_mut().zip(report.force_outcomes) {
             *total += n;
         }
@@ -267,6 +272,10 @@ fn main() -> ExitCode {
     println!(
         "line clients in {line_worlds} worlds: {} line grants, {} line requests resent after a close, {} line redirects (M/E)",
         totals.line_grants, totals.line_resends, totals.line_redirects
+    );
+    println!(
+        "renewals: {} renewed, {} refused (grant gone); {} holder deadlines checked against the answering server's expiry",
+        totals.extensions, totals.extensions_refused, totals.deadlines_checked
     );
     if totals.cluster_force_releases > 0 {
         let [released, indeterminate, unchanged, refused] = totals.force_outcomes;

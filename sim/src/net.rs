@@ -289,6 +289,11 @@ impl StreamOracle {
                     used_total += used;
                     // The buffer's end is the stream's observed end.
                     let unparsed = (self.reply_buf.len() - used_total) as u64;
+                    if let Some(Reply::Negotiated { granted, .. }) = &reply {
+                        // The client's extension ops decode from now on, as
+                        // in the server's own decoder.
+                        self.decoder.grant(*granted);
+                    }
                     if let Some(reply) = reply {
                         replies.push((reply, self.observed_total - unparsed));
                     }

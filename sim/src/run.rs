@@ -33,11 +33,18 @@ pub enum Checker {
     /// committed entry per index, commit index never decreasing, equal
     /// replicated state at equal applied index.
     Raft,
+    /// No renewal is answered "renewed" for a token that was not the
+    /// current grant of its keys when the renewal arrived.
+    Extensions,
+    /// A holder's conservative deadline (the core's, from the send time of
+    /// its last answered acquire or renewal) is never after the expiry of
+    /// that grant on the server that answered.
+    Deadlines,
 }
 
 impl Checker {
     /// Every checker.
-    pub const ALL: [Checker; 9] = [
+    pub const ALL: [Checker; 11] = [
         Checker::ServerState,
         Checker::Tokens,
         Checker::Fifo,
@@ -47,6 +54,8 @@ impl Checker {
         Checker::Liveness,
         Checker::Client,
         Checker::Raft,
+        Checker::Extensions,
+        Checker::Deadlines,
     ];
 }
 
@@ -105,6 +114,12 @@ pub struct RunReport {
     /// Of those, answered "released" / "indeterminate" / "token mismatch or
     /// not held" / refused (not the leader any more, busy).
     pub force_outcomes: [u64; 4],
+    /// Renewals answered "renewed" (or clipped).
+    pub extensions: u64,
+    /// Renewals answered `N` (the grant was gone).
+    pub extensions_refused: u64,
+    /// Holders' deadlines compared with the answering server's expiry.
+    pub deadlines_checked: u64,
 }
 
 /// Where a run is: faults and new work (safety), then none while

@@ -18,9 +18,9 @@ use ticketing_core::reserve::TokenReserve;
 use ticketing_core::server::{ConnId, ConnState, Server, ServerConfig};
 use ticketing_core::testing::outputs::OutputQueues;
 use ticketing_core::time::{Duration, Instant};
-use ticketing_core::wire::{Key, Reply, Request};
+use ticketing_core::wire::{Capabilities, Key, Reply, Request};
 
-use crate::checks::{History, Windows, key_index};
+use crate::checks::{ANSWERED_MAX, History, Windows, key_index};
 use crate::clients::{
     ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
     close_expected_of_any,
@@ -145,11 +145,25 @@ struct SimConn {
 #[derive(Clone, Debug)]
 struct ServerReq {
     acquire: bool,
+    /// What besides an acquire or release the request is.
+    other: Other,
     keys: Vec<usize>,
     wait_s: u8,
     token: u64,
     arrival_local_us: u64,
     seq: u64,
+}
+
+/// Requests of the extension channel, as the oracle tracks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Other {
+    /// An acquire or a release.
+    Lock,
+    /// The client's `X`.
+    Negotiate,
+    /// A renewal, and whether its token was the current grant of its keys
+    /// (running lease) when it arrived.
+    Extend { current: bool },
 }
 
 struct ServerProc {
@@ -201,6 +215,9 @@ pub struct World<'t> {
     /// Grants handed to a caller, with the client.
     handed_tokens: HashMap<u64, usize>,
     shadow: Vec<Option<(u64, u64)>>,
+    /// Per answered grant or renewal (connection, rid): the grant's expiry
+    /// on the server in true time as of the answer, and the lease era.
+    answered: BTreeMap<(u64, u64), (u64, u64)>,
     // Clients' side.
     db: Vec<DbKey>,
     windows: Windows,
@@ -224,7 +241,10 @@ impl<'t> World<'t> {
         let drift = config.drift_ppm_max;
         let server_clock = Clock::draw(&mut clocks, drift);
         let mut clients: Vec<ClientProc> = (0..config.clients)
-            .map(|_| ClientProc::new(Clock::draw(&mut clocks, drift), Sessions::single()))
+            .map(|client| ClientProc {
+                renews: client < config.renewing_clients,
+                ..ClientProc::new(Clock::draw(&mut clocks, drift), Sessions::single())
+            })
             .collect();
         // Drawn after the v3 clients', so worlds without line clients are
         // what they were.
@@ -258,6 +278,7 @@ impl<'t> World<'t> {
             tokens_seen: HashSet::new(),
             token_groups: HashMap::new(),
             token_eras: HashMap::new(),
+            answered: BTreeMap::new(),
             released_tokens: HashSet::new(),
             ghost_tokens: HashSet::new(),
             handed_tokens: HashMap::new(),
@@ -536,6 +557,7 @@ impl<'t> World<'t> {
                     acquire.rid,
                     ServerReq {
                         acquire: true,
+                        other: Other::Lock,
                         keys: acquire
                             .keys
                             .keys()
@@ -552,6 +574,7 @@ impl<'t> World<'t> {
                     release.rid,
                     ServerReq {
                         acquire: false,
+                        other: Other::Lock,
                         keys: release
                             .keys
                             .keys()
@@ -564,10 +587,49 @@ impl<'t> World<'t> {
                         seq: self.arrival_seq,
                     },
                 ),
-                Request::Negotiate(_) | Request::Extend(_) | Request::AcquireCapped(_) => {
+                Request::Negotiate(negotiate) => (
+                    negotiate.rid,
+                    ServerReq {
+                        acquire: false,
+                        other: Other::Negotiate,
+                        keys: Vec::new(),
+                        wait_s: 0,
+                        token: 0,
+                        arrival_local_us: local,
+                        seq: self.arrival_seq,
+                    },
+                ),
+                Request::Extend(extend) => {
+                    let keys: Vec<usize> = extend
+                        .keys
+                        .keys()
+                        .iter()
+                        .map(|k| key_index(k.as_bytes()))
+                        .collect();
+                    // Requests ahead of it in this chunk come from the same
+                    // client and cannot make an old token current again.
+                    let current = keys.iter().all(|&key| {
+                        self.holder(key).is_some_and(|(token, deadline)| {
+                            token == extend.token && deadline > local
+                        })
+                    });
+                    (
+                        extend.rid,
+                        ServerReq {
+                            acquire: false,
+                            other: Other::Extend { current },
+                            keys,
+                            wait_s: 0,
+                            token: extend.token,
+                            arrival_local_us: local,
+                            seq: self.arrival_seq,
+                        },
+                    )
+                }
+                Request::AcquireCapped(_) => {
                     self.violation(
                         Checker::Client,
-                        format!("conn {conn_id} sent {request:?}: the sim negotiates nothing"),
+                        format!("conn {conn_id} sent {request:?}: the sim asks for no hold cap"),
                     );
                     continue;
                 }
@@ -850,6 +912,27 @@ impl<'t> World<'t> {
         }
     }
 
+    /// Deadline checker's record: when grant `token` of `keys`, just
+    /// granted or renewed in the answer to `rid` on `conn`, expires on the
+    /// server (its earliest key), in true time.
+    fn remember_expiry(&mut self, conn_id: u64, rid: u64, token: u64, keys: &[usize]) {
+        let expiry_local_us = keys
+            .iter()
+            .filter_map(|&key| self.holder(key))
+            .filter(|&(held, _)| held == token)
+            .map(|(_, deadline)| deadline)
+            .min();
+        let Some(expiry_local_us) = expiry_local_us else {
+            return;
+        };
+        if self.answered.len() >= ANSWERED_MAX {
+            self.answered.pop_first();
+        }
+        let expiry_us = self.server_clock.true_at(expiry_local_us);
+        self.answered
+            .insert((conn_id, rid), (expiry_us, self.lease_era));
+    }
+
     fn holder(&self, key: usize) -> Option<(u64, u64)> {
         let proc = self.server.as_ref()?;
         proc.server
@@ -864,7 +947,11 @@ impl<'t> World<'t> {
         let mut grants = Vec::new();
         for (conn_id, reply, end_offset) in replies {
             let Some(rid) = reply.rid() else {
-                self.violation(Checker::Replies, format!("single server sent {reply:?}"));
+                // Pushes go to connections that negotiated them (the
+                // session drops any other as a protocol error).
+                if !matches!(reply, Reply::Push { .. }) {
+                    self.violation(Checker::Replies, format!("single server sent {reply:?}"));
+                }
                 continue;
             };
             let Some(req) = self.pending.get(&(conn_id, rid)) else {
@@ -881,11 +968,28 @@ impl<'t> World<'t> {
                 Reply::TimedOut { .. } | Reply::Busy { .. } if req.acquire => {
                     self.pending.remove(&(conn_id, rid));
                 }
-                Reply::Released { .. } | Reply::ReleasedSet { .. } if !req.acquire => {
+                Reply::Released { .. } | Reply::ReleasedSet { .. }
+                    if !req.acquire && req.other == Other::Lock =>
+                {
                     self.released_tokens.insert(req.token);
                     self.pending.remove(&(conn_id, rid));
                 }
-                Reply::NotFound { .. } if !req.acquire => {
+                Reply::Negotiated { .. } if req.other == Other::Negotiate => {
+                    self.pending.remove(&(conn_id, rid));
+                }
+                Reply::Extended { status, .. } if matches!(req.other, Other::Extend { .. }) => {
+                    let req = self.pending.remove(&(conn_id, rid)).expect("found above");
+                    if req.other == (Other::Extend { current: false }) {
+                        let detail = format!(
+                            "renewal of token {} on conn {conn_id} rid {rid} answered {status:?}, but it was not the current grant of {:?} when it arrived",
+                            req.token,
+                            req.keys.iter().map(|&k| ALL_KEYS[k]).collect::<Vec<_>>()
+                        );
+                        self.violation(Checker::Extensions, detail);
+                    }
+                    self.remember_expiry(conn_id, rid, req.token, &req.keys);
+                }
+                Reply::NotFound { .. } if !req.acquire && req.other != Other::Negotiate => {
                     self.pending.remove(&(conn_id, rid));
                 }
                 other => {
@@ -926,6 +1030,7 @@ impl<'t> World<'t> {
                 );
                 self.violation(Checker::Fifo, detail);
             }
+            self.remember_expiry(conn_id, rid, token, &req.keys);
             self.token_groups.insert(token, req.keys.clone());
             self.token_eras.insert(token, self.lease_era);
             if let Some(conn) = self.conns.get_mut(&conn_id) {
@@ -1010,7 +1115,11 @@ impl<'t> World<'t> {
         let local = proc.clock.local(self.now_us);
         let conn_id = self.next_conn;
         self.next_conn += 1;
-        let session = Session::new(instant(local), SessionConfig::single(b""));
+        let mut config = SessionConfig::single(b"");
+        if proc.renews {
+            config.extensions = Capabilities::EXTEND.union(Capabilities::PUSH);
+        }
+        let session = Session::new(instant(local), config);
         proc.link.sessions[0] = Some((session, conn_id));
         self.open_conn(client, conn_id, StreamOracle::new());
         self.client_pump(client, 0);
@@ -1411,6 +1520,10 @@ impl<'t> ClientWorld<'t> for World<'t> {
 
     fn line_address_slot(&self, _address: &[u8]) -> Option<u8> {
         None
+    }
+
+    fn answered_expiry(&mut self, conn: u64, rid: u64) -> Option<(u64, u64)> {
+        self.answered.remove(&(conn, rid))
     }
 }
 

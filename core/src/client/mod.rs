@@ -65,7 +65,7 @@ pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_cov
 pub use routing::{Backoff, Router};
 pub use session::{CancelOutcome, Session, SessionConfig, SessionEvent};
 pub use ticket::{ExtendResult, Lost, RenewEnd, RenewPolicy, Ticket, TicketSet};
-pub use watch::{HolderWatch, LossCause, NewsBoard, PushNews};
+pub use watch::{DRIFT_PARTS, HolderWatch, LossCause, NewsBoard, PushNews};
 
 // The fixed numbers of the client, each defined beside the code it bounds.
 pub use config::{

@@ -994,7 +994,11 @@ impl Session {
                 // Counted from the send boundary: the server counts from its
                 // receipt (later) and answers the lease left as it answers
                 // (rounded down), so this end is never after its own.
-                let sent_at = entry.sent_at.unwrap_or(now);
+                let sent_at = if renewal_from_reply_planted() {
+                    now
+                } else {
+                    entry.sent_at.unwrap_or(now)
+                };
                 // Never more than the lease asked for: a server's number is
                 // not trusted to lengthen what the client counts.
                 let asked = match &entry.request {
@@ -1303,6 +1307,18 @@ impl Session {
             .saturating_add(self.config.silence_timeout);
         Some((*overdue_at).max(quiet_until))
     }
+}
+
+/// Whether the simulator's planted bug "a renewal counts from its answer"
+/// is switched on (never outside tests with the `planted-bugs` feature).
+#[cfg(feature = "planted-bugs")]
+fn renewal_from_reply_planted() -> bool {
+    crate::testing::planted::active(crate::testing::planted::PlantedBug::RenewalFromReply)
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+fn renewal_from_reply_planted() -> bool {
+    false
 }
 
 #[cfg(test)]

@@ -169,10 +169,8 @@ impl LockTable {
             };
             // A lease that ran out but was not noticed yet (lazy expiry)
             // is over all the same.
-            if entry.token != token
-                || !entry.is_held_at(now)
-                || usize::from(entry.group_len()) != keys.len()
-            {
+            let named = entry.token == token || (entry.token != 0 && any_token_planted());
+            if !named || !entry.is_held_at(now) || usize::from(entry.group_len()) != keys.len() {
                 return ExtendOutcome::NotCurrent;
             }
             current = Some((entry.lease_deadline, entry.has_extension()));
@@ -187,6 +185,18 @@ impl LockTable {
         };
         decide_extension(now, lease_duration(lease_s), expires_at, cap_at)
     }
+}
+
+/// Whether the simulator's planted bug "an extension names any token" is
+/// switched on (never outside tests with the `planted-bugs` feature).
+#[cfg(feature = "planted-bugs")]
+fn any_token_planted() -> bool {
+    crate::testing::planted::active(crate::testing::planted::PlantedBug::ExtendAnyToken)
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+fn any_token_planted() -> bool {
+    false
 }
 
 /// The caps on total hold a server gives the grants of our own clients

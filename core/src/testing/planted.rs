@@ -27,6 +27,14 @@ pub enum PlantedBug {
     /// An operator's force-release answers "released" but leaves the
     /// grant in place (the old holder's release still succeeds).
     ForceReleaseKeepsGrant,
+    /// An extension of a held key is accepted whatever token it names: a
+    /// holder whose grant was handed on (or force-released and granted
+    /// again) hears "renewed" and acts next to the new holder.
+    ExtendAnyToken,
+    /// The client counts a renewed lease from when the answer arrived
+    /// instead of from when the renewal was sent: its deadline runs past
+    /// the server's expiry by the answer's trip.
+    RenewalFromReply,
 }
 
 thread_local! {
