@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 3-node loopback cluster's figures, measured in one run on one cluster
-# and printed against issue 13's goals:
+# and printed against the goals in docs/performance.md:
 #
 #  1. the round trip of a tiny TCP echo (tokio both sides, 16 bytes), and
 #     our client's uncontended acquire+release p50 (one task, one key;
@@ -56,7 +56,7 @@ die() { echo "cluster-bench: $*" >&2; exit 1; }
 cleanup() { "$cluster" stop >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-# Goals (issue 13, 3-node cluster).
+# Goals (docs/performance.md, 3-node cluster).
 readonly GOAL_OPS=100000 GOAL_SERVER_US=10 GOAL_P99_MS=10
 
 if [[ "${NO_BUILD:-}" != 1 ]]; then
