@@ -887,8 +887,8 @@ fn scrape_loop(admin: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Duration) {
 }
 
 fn main() {
-    // The bench's line client must answer the challenge as PROTOCOL-LINE.md
-    // §2 says (its two vectors), or its round measures nothing.
+    // The bench's line client must answer the challenge as docs/protocol.md
+    // §7.3 says (its two vectors), or its round measures nothing.
     assert_eq!(
         line_client::line_answer("secret", b"aB3dEf_g"),
         "WvDLEd0VIA9cVatiwxXYXRGMDSXw0ibHllLgAMBffdg"
