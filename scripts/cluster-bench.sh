@@ -14,7 +14,7 @@
 #     median of each per placement. On this project's VM a wake-up of a
 #     process on another CPU costs the waker far more than one on its own
 #     CPU, so the two placements measure that cost against the second
-#     core's gain (README, "Why the rest is the kernel's");
+#     core's gain (docs/performance.md, "Why the rest is the kernel's");
 #  3. the published 0.4.0 client's steady-state benchmark (nc_bench_test:
 #     64 tasks, 32 keys x 1,250 acquire+release, every grant checked for
 #     overlap) through its TICKETING_BENCH_* settings (MODE=cluster):

@@ -5,7 +5,7 @@
 # core) and "one CPU" (taskset puts both on CPU 0). On this project's VM a
 # wake-up of a process on another CPU costs the waker far more than one on
 # its own CPU, so the two placements measure that cost against the second
-# core's gain (README, "Why the rest is the kernel's").
+# core's gain (docs/performance.md, "Why the rest is the kernel's").
 #
 #  1. per placement, the round trip of a tiny TCP echo (tokio both sides,
 #     16 bytes) and our client's uncontended acquire+release p50 (one task,
