@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 3-node loopback cluster's figures, measured in one run on one cluster
-# and printed against issue 13's goals:
+# and printed against the goals in docs/performance.md:
 #
 #  1. the round trip of a tiny TCP echo (tokio both sides, 16 bytes), and
 #     our client's uncontended acquire+release p50 (one task, one key;
@@ -14,7 +14,7 @@
 #     median of each per placement. On this project's VM a wake-up of a
 #     process on another CPU costs the waker far more than one on its own
 #     CPU, so the two placements measure that cost against the second
-#     core's gain (README, "Why the rest is the kernel's");
+#     core's gain (docs/performance.md, "Why the rest is the kernel's");
 #  3. the published 0.4.0 client's steady-state benchmark (nc_bench_test:
 #     64 tasks, 32 keys x 1,250 acquire+release, every grant checked for
 #     overlap) through its TICKETING_BENCH_* settings (MODE=cluster):
@@ -56,7 +56,7 @@ die() { echo "cluster-bench: $*" >&2; exit 1; }
 cleanup() { "$cluster" stop >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-# Goals (issue 13, 3-node cluster).
+# Goals (docs/performance.md, 3-node cluster).
 readonly GOAL_OPS=100000 GOAL_SERVER_US=10 GOAL_P99_MS=10
 
 if [[ "${NO_BUILD:-}" != 1 ]]; then

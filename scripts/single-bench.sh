@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A single server's figures with our client, measured in one run on one
-# server and printed against issue 13's goals, in two CPU placements
+# server and printed against the goals in docs/performance.md, in two CPU placements
 # alternated: "spread" (the scheduler places server and client on every
 # core) and "one CPU" (taskset puts both on CPU 0). On this project's VM a
 # wake-up of a process on another CPU costs the waker far more than one on
 # its own CPU, so the two placements measure that cost against the second
-# core's gain (README, "Why the rest is the kernel's").
+# core's gain (docs/performance.md, "Why the rest is the kernel's").
 #
 #  1. per placement, the round trip of a tiny TCP echo (tokio both sides,
 #     16 bytes) and our client's uncontended acquire+release p50 (one task,
@@ -43,7 +43,7 @@ ops="${OPS:-400000}"
 read_placements
 die() { echo "single-bench: $*" >&2; exit 1; }
 
-# Goals (issue 13, single server, our client).
+# Goals (docs/performance.md, single server, our client).
 readonly GOAL_SERVER_US=2.0 GOAL_CLIENT_US=4 GOAL_OPS=250000 GOAL_SOLO_RATIO=1.3
 
 if [[ "${NO_BUILD:-}" != 1 ]]; then

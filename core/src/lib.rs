@@ -49,7 +49,8 @@
 //!
 //! - [`client`]: the official client's rules as state machines, shared by
 //!   every client runtime: session, request parameters, logical operations,
-//!   routing and backoff, configuration, and the broker loops over a
+//!   routing and backoff, configuration, tickets (renewal, `keep_alive`,
+//!   what the server pushed about a grant), and the broker loops over a
 //!   runtime's [`client::Broker`].
 //!
 //! # Test support

@@ -569,7 +569,7 @@ impl<'a> LineReply<'a> {
 // The line answer's check beside its definition, so that `auth` needs
 // nothing from this module.
 impl ClientTokens {
-    /// Checks a line-dialect handshake answer (PROTOCOL-LINE.md §2: the
+    /// Checks a line-dialect handshake answer (docs/protocol.md §7.3: the
     /// base64url of SHA-256(token ‖ nonce)) against every accepted token,
     /// all of them always tried, each compared in constant time.
     pub fn verify_line(&self, nonce: &[u8], answer: &[u8]) -> bool {

@@ -468,7 +468,7 @@ fn when_the_session_dies_sent_requests_are_indeterminate_and_unsent_ones_retry()
 }
 
 /// `M` answers one request; the server keeps serving the connection
-/// (PROTOCOL.md), so the others in flight on it get their own replies, not
+/// (docs/protocol.md §5), so the others in flight on it get their own replies, not
 /// Indeterminate, and the session stays up.
 #[test]
 fn moved_is_retry_with_a_leader_hint_for_that_request_only() {

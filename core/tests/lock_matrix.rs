@@ -1,5 +1,5 @@
-//! The lock table against the request × key-state matrix (PROTOCOL.md §3,
-//! docs/architecture.md, "Request × key state"), one test per case, plus a
+//! The lock table against the request × key-state matrix (docs/protocol.md
+//! §3 and §5, docs/architecture.md, "Request × key state"), one test per case, plus a
 //! property test against a naive reference model. Time is injected and jumped; nothing sleeps.
 
 use proptest::prelude::*;

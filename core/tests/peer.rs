@@ -654,7 +654,7 @@ fn garbage_hello_and_timeout_reject() {
     );
 }
 
-/// The relay attack of issue 10: an outsider dials leader L claiming to be
+/// The relay attack on the peer handshake: an outsider dials leader L claiming to be
 /// follower F and dials F claiming to be L, shuttling hellos. Both honest
 /// sides are acceptors, so neither ever proves first: the outsider has no
 /// proof to relay and nobody accepts it.

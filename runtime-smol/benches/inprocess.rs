@@ -2,7 +2,7 @@
 //! `async_lock::Mutex` in the same run:
 //!
 //! - uncontended acquire + release latency (p50, p99) on the in-process
-//!   path, against the goal of a p50 of at most 1 µs (issue 13, goal 5b),
+//!   path, against the goal of a p50 of at most 1 µs (docs/performance.md),
 //!   and the bench thread's CPU time per operation
 //!   (`/proc/thread-self/schedstat`), which a busy machine disturbs less;
 //! - contended handoff throughput: 64 tasks taking turns on one key, each
@@ -23,7 +23,8 @@ use ticketing_smol::{EmbeddedServer, ReleaseOutcome, TicketBroker};
 const WAIT: Duration = Duration::from_secs(5);
 const LEASE: Duration = Duration::from_secs(30);
 const CONTENDERS: usize = 64;
-/// Issue 13, goal 5b: the uncontended in-process acquire + release, p50.
+/// The embedded goal (docs/performance.md): the uncontended in-process
+/// acquire + release, p50.
 const GOAL_P50_MICROS: f64 = 1.0;
 
 struct Sizes {

@@ -14,7 +14,8 @@
 //! Both are thin drivers of [`ticketing_core`]: the in-process path runs the
 //! very same client [`Session`](ticketing_core::client::Session) and
 //! [`Server`](ticketing_core::server::Server) state machines as the network
-//! path, exchanging the same protocol bytes in memory. See
+//! path: the handshake in protocol bytes, then the request and reply values
+//! those bytes would carry, checked as their frames would be. See
 //! `docs/embedding.md` for when to embed and what it does not give you.
 //!
 //! Background tasks run on smol's global executor (threads:
@@ -30,7 +31,37 @@ mod sync;
 pub mod tls;
 
 pub use client::{
-    BrokerMode, ReleaseOutcome, Ticket, TicketBroker, TicketBrokerBuilder, TicketError, TicketSet,
+    BrokerMode, ClusterIdentity, ClusterIdentityError, ReleaseOutcome, Ticket, TicketBroker,
+    TicketBrokerBuilder, TicketError, TicketSet,
 };
 pub use embedded::{EmbeddedServer, EmbeddedServerBuilder};
 pub use tls::TlsMode;
+
+/// The Rust code blocks of README.md and docs/*.md, compiled (and, unless
+/// marked `no_run`, run) by `cargo test`, so that a snippet cannot drift
+/// from the API it shows. They live in this crate because its dependencies
+/// cover every snippet: the published `ticketing` client, `ticketing_tokio`
+/// and tokio (dev-dependencies), and `ticketing_smol` and smol. Blocks in
+/// another language carry its tag (`sh`, `toml`, `text`, …), which rustdoc
+/// skips. runtime-tokio/tests/doc_links.rs checks every docs/*.md is listed.
+#[cfg(doctest)]
+mod doc_snippets {
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../docs/admin-api.md")]
+    struct AdminApi;
+    #[doc = include_str!("../../docs/architecture.md")]
+    struct Architecture;
+    #[doc = include_str!("../../docs/cluster.md")]
+    struct Cluster;
+    #[doc = include_str!("../../docs/embedding.md")]
+    struct Embedding;
+    #[doc = include_str!("../../docs/operations.md")]
+    struct Operations;
+    #[doc = include_str!("../../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../../docs/protocol.md")]
+    struct Protocol;
+    #[doc = include_str!("../../docs/testing.md")]
+    struct Testing;
+}

@@ -35,10 +35,10 @@
 //! line-dialect client), next to the round trip of a tiny TCP echo (16
 //! bytes, tokio on both sides, like client and server) measured right
 //! before it; the ratio of the acquire+release p50 to two echo round trips
-//! is what issue 13 bounds (goal <= 1.3). Then the same loop from a
-//! blocking socket in the line dialect against a blocking echo: no client
-//! runtime on either side, so its ratio is the server's own share of the
-//! latency, apart from whatever the clients add.
+//! is what the latency goal bounds (<= 1.3, docs/performance.md). Then the
+//! same loop from a blocking socket in the line dialect against a blocking
+//! echo: no client runtime on either side, so its ratio is the server's own
+//! share of the latency, apart from whatever the clients add.
 //!
 //! The core alone, first: a `Server` in process (no sockets, no runtime)
 //! fed 32 uncontended acquires per input then their 32 releases, in v3 and
@@ -46,10 +46,10 @@
 //! the codecs, the part of the server's cost that does not depend on the
 //! kernel.
 //!
-//! The summary gives each figure with its ratio to its goal (issue 13: server
-//! CPU per acquire+release <= 2.0 µs with our client, <= 3.0 µs with the
-//! published 0.4.0 client; issue 11: the line dialect no dearer than v3;
-//! issue 12: metrics on within 5 % of off).
+//! The summary gives each figure with its ratio to its goal (the goals in
+//! docs/performance.md: server CPU per acquire+release <= 2.0 µs with our
+//! client, <= 3.0 µs with the published 0.4.0 client; the line dialect no
+//! dearer than v3; metrics on within 5 % of off).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -84,12 +84,14 @@ const WORK_BUDGET: Duration = Duration::from_secs(1);
 /// Round trips of the echo, and acquire+release of the uncontended task,
 /// per round.
 const SOLO_OPS: usize = 2_000;
-/// Issue 13's goals: server CPU µs per acquire+release with our client and
-/// with the published 0.4.0 client; uncontended p50 over two round trips.
+/// The performance goals (docs/performance.md): server CPU µs per
+/// acquire+release with our client and with the published 0.4.0 client;
+/// uncontended p50 over two round trips.
 const GOAL_OURS_SERVER_CPU_US: f64 = 2.0;
 const GOAL_PUBLISHED_SERVER_CPU_US: f64 = 3.0;
 const GOAL_SOLO_RATIO: f64 = 1.3;
-/// Issue 12's bound on what metrics cost: on within 5 % of off.
+/// The bound on what metrics cost (docs/performance.md): on within 5 % of
+/// off.
 const GOAL_METRICS_RATIO: f64 = 1.05;
 
 struct KeyState {
@@ -885,8 +887,8 @@ fn scrape_loop(admin: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Duration) {
 }
 
 fn main() {
-    // The bench's line client must answer the challenge as PROTOCOL-LINE.md
-    // §2 says (its two vectors), or its round measures nothing.
+    // The bench's line client must answer the challenge as docs/protocol.md
+    // §7.3 says (its two vectors), or its round measures nothing.
     assert_eq!(
         line_client::line_answer("secret", b"aB3dEf_g"),
         "WvDLEd0VIA9cVatiwxXYXRGMDSXw0ibHllLgAMBffdg"

@@ -9,9 +9,9 @@
 //! ```
 //!
 //! - `solo`: one task, acquire+release on a key nobody else uses, one
-//!   request in flight (issue 13's uncontended latency), after the round
-//!   trip of a tiny TCP echo in this process (the same echo as the
-//!   throughput bench's) as the yardstick.
+//!   request in flight (the uncontended latency goal in
+//!   docs/performance.md), after the round trip of a tiny TCP echo in this
+//!   process (the same echo as the throughput bench's) as the yardstick.
 //! - `load`: 64 tasks on 32 keys, as `ticketing bench` and the throughput
 //!   bench run it (a yield inside each critical section).
 //!

@@ -74,9 +74,9 @@ use ticketing_core::time::Instant;
 use crate::serve::Clock;
 
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ExtendResult, LossCause, Lost, ReleaseOutcome, RenewEnd, RenewPolicy, Ticket, TicketSet,
-    TlsMode,
+    BrokerMode, ClientError as TicketError, ClusterIdentity, ClusterIdentityError,
+    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, LossCause, Lost, ReleaseOutcome,
+    RenewEnd, RenewPolicy, Ticket, TicketSet, TlsMode,
 };
 pub use ticketing_core::wire::ExtendStatus;
 

@@ -1,6 +1,6 @@
 //! An outsider without the peer token against a three-node `ticketing
 //! serve` cluster on loopback, over real sockets, while our client keeps
-//! acquiring: the relay of issue 10 (dial the leader's peer port claiming
+//! acquiring: the relay attack on the peer handshake (dial the leader's peer port claiming
 //! to be a follower, dial that follower's claiming to be the leader,
 //! shuttle hellos and whatever proofs appear), then a forged InstallSnapshot
 //! frame. Nobody ever sends it a proof (acceptors wait for the dialer's),

@@ -1,7 +1,7 @@
 //! The cluster world's outsider: it has no peer token, but it reaches every
 //! node's peer port and every peer link. It opens connections to nodes and
-//! relays hellos between them (claiming to be each to the other, the relay
-//! of issue 10), taps honest links to learn identities and capture frames,
+//! relays hellos between them (claiming to be each to the other: the relay
+//! attack on the peer handshake, which must yield no proof to relay), taps honest links to learn identities and capture frames,
 //! and writes forged frames into honest streams at frame boundaries (an
 //! InstallSnapshot that would set the token counter low, heartbeats with
 //! huge terms, frames replayed from other connections). The frame MAC must

@@ -29,10 +29,131 @@ pub enum BrokerMode {
     Single,
     /// 3 or 5 nodes, addresses in slot order.
     Cluster {
-        /// The cluster's identity (decoded from 64 hex digits).
+        /// The cluster's identity: [`ClusterIdentity::to_bytes`] of
+        /// [`ClusterIdentity::from_hex`] of the 64 hex digits.
         identity_fingerprint: [u8; 32],
     },
 }
+
+/// A cluster's identity: the 32 bytes every node of one cluster is started
+/// with (`--cluster-identity`, made by `ticketing identity`) and every
+/// client of it must present, so that a client pointed at the wrong cluster
+/// is refused at the handshake instead of taking locks there. Written as 64
+/// lowercase hex digits, the form `ticketing identity` prints and the server
+/// reads.
+///
+/// ```
+/// use ticketing_core::client::{BrokerMode, ClusterIdentity};
+///
+/// let hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+/// let identity = ClusterIdentity::from_hex(hex)?;
+/// assert_eq!(identity.to_string(), hex);
+/// let mode = BrokerMode::Cluster { identity_fingerprint: identity.to_bytes() };
+/// # let _ = mode;
+/// # Ok::<(), ticketing_core::client::ClusterIdentityError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClusterIdentity([u8; 32]);
+
+impl ClusterIdentity {
+    /// Number of hex digits in the written form.
+    pub const HEX_LEN: usize = 64;
+
+    /// The identity with these bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The identity's bytes, as [`BrokerMode::Cluster`] takes them.
+    pub const fn to_bytes(self) -> [u8; 32] {
+        self.0
+    }
+
+    /// Parses the written form: exactly 64 lowercase hex digits, nothing
+    /// around them. Upper case is refused, as the server refuses it, so that
+    /// a string accepted here is accepted by `ticketing serve` too.
+    pub fn from_hex(text: &str) -> Result<Self, ClusterIdentityError> {
+        let length = text.chars().count();
+        if length != Self::HEX_LEN {
+            return Err(ClusterIdentityError::Length { found: length });
+        }
+        let mut bytes = [0u8; 32];
+        for (index, c) in text.chars().enumerate() {
+            let digit = match c {
+                '0'..='9' => c as u8 - b'0',
+                'a'..='f' => c as u8 - b'a' + 10,
+                _ => return Err(ClusterIdentityError::NotHex { index, found: c }),
+            };
+            bytes[index / 2] |= if index % 2 == 0 { digit << 4 } else { digit };
+        }
+        Ok(Self(bytes))
+    }
+}
+
+impl std::str::FromStr for ClusterIdentity {
+    type Err = ClusterIdentityError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::from_hex(text)
+    }
+}
+
+/// The written form: 64 lowercase hex digits.
+impl fmt::Display for ClusterIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ClusterIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterIdentity({self})")
+    }
+}
+
+/// Why a string is not a [`ClusterIdentity`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterIdentityError {
+    /// Not 64 characters long.
+    Length {
+        /// Characters found.
+        found: usize,
+    },
+    /// A character that is not a lowercase hex digit.
+    NotHex {
+        /// Its position, counted in characters from 0.
+        index: usize,
+        /// The character.
+        found: char,
+    },
+}
+
+impl fmt::Display for ClusterIdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Length { found } => write!(
+                f,
+                "a cluster identity is 64 lowercase hex digits (see `ticketing identity`), \
+                 got {found} characters"
+            ),
+            Self::NotHex { index, found } if found.is_ascii_hexdigit() => write!(
+                f,
+                "a cluster identity is 64 lowercase hex digits (see `ticketing identity`), \
+                 character {index} is upper case ({found:?})"
+            ),
+            Self::NotHex { index, found } => write!(
+                f,
+                "a cluster identity is 64 lowercase hex digits (see `ticketing identity`), \
+                 character {index} is {found:?}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ClusterIdentityError {}
 
 /// How a broker secures its connections; every runtime builds its TLS
 /// connector from it. The client never presents a certificate.
@@ -243,4 +364,85 @@ fn is_loopback_addr(addr: &str) -> bool {
                 .parse::<std::net::IpAddr>()
                 .is_ok_and(|ip| ip.is_loopback())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ClusterIdentity, ClusterIdentityError};
+
+    const HEX: &str = "00112233445566778899aabbccddeeff0123456789abcdeffedcba9876543210";
+
+    #[test]
+    fn valid_hex_decodes_and_prints_back() {
+        let identity = ClusterIdentity::from_hex(HEX).expect("valid");
+        let bytes = identity.to_bytes();
+        assert_eq!(bytes[..4], [0x00, 0x11, 0x22, 0x33]);
+        assert_eq!(bytes[16..20], [0x01, 0x23, 0x45, 0x67]);
+        assert_eq!(bytes[31], 0x10);
+        assert_eq!(identity.to_string(), HEX);
+        assert_eq!(HEX.parse::<ClusterIdentity>(), Ok(identity));
+        assert_eq!(ClusterIdentity::from_bytes(bytes), identity);
+    }
+
+    #[test]
+    fn wrong_length_is_refused_with_the_length() {
+        for text in ["", &HEX[..63], &format!("{HEX}0"), &format!("{HEX}\n")] {
+            assert_eq!(
+                ClusterIdentity::from_hex(text),
+                Err(ClusterIdentityError::Length {
+                    found: text.chars().count()
+                })
+            );
+        }
+        // Counted in characters, not bytes: 64 bytes of two-byte characters
+        // are 32 characters.
+        let wide = "é".repeat(32);
+        assert_eq!(
+            ClusterIdentity::from_hex(&wide),
+            Err(ClusterIdentityError::Length { found: 32 })
+        );
+        let message = ClusterIdentity::from_hex("abc").unwrap_err().to_string();
+        assert!(message.contains("64 lowercase hex digits"), "{message}");
+        assert!(message.contains("got 3 characters"), "{message}");
+    }
+
+    #[test]
+    fn non_hex_is_refused_with_its_position() {
+        let mut text = HEX.to_owned();
+        text.replace_range(10..11, "g");
+        assert_eq!(
+            ClusterIdentity::from_hex(&text),
+            Err(ClusterIdentityError::NotHex {
+                index: 10,
+                found: 'g'
+            })
+        );
+        let spaced = format!(" {}", &HEX[1..]);
+        assert_eq!(
+            ClusterIdentity::from_hex(&spaced),
+            Err(ClusterIdentityError::NotHex {
+                index: 0,
+                found: ' '
+            })
+        );
+        let message = ClusterIdentity::from_hex(&text).unwrap_err().to_string();
+        assert!(message.contains("character 10 is 'g'"), "{message}");
+    }
+
+    #[test]
+    fn upper_case_is_refused_as_the_server_refuses_it() {
+        let upper = HEX.to_ascii_uppercase();
+        assert_eq!(
+            ClusterIdentity::from_hex(&upper),
+            Err(ClusterIdentityError::NotHex {
+                index: 20,
+                found: 'A'
+            })
+        );
+        let message = ClusterIdentity::from_hex(&upper).unwrap_err().to_string();
+        assert!(
+            message.contains("character 20 is upper case ('A')"),
+            "{message}"
+        );
+    }
 }

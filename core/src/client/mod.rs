@@ -55,7 +55,9 @@ pub use broker::{
     Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_extend,
     run_release,
 };
-pub use config::{BrokerConfig, BrokerMode, Endpoint, TlsMode};
+pub use config::{
+    BrokerConfig, BrokerMode, ClusterIdentity, ClusterIdentityError, Endpoint, TlsMode,
+};
 pub use error::{ClientError, CloseReason, ProtocolError};
 pub use ops::{
     AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,

@@ -973,7 +973,7 @@ impl Session {
             Reply::Moved { leader_slot, .. } => {
                 // `M` answers this one request: it had no effect and may
                 // run elsewhere. The server goes on serving the connection
-                // (PROTOCOL.md: `M` is a reply like any other, not a close),
+                // (docs/protocol.md §5: `M` is a reply like any other, not a close),
                 // so the other requests on it get their own replies, a
                 // grant or an `M` of their own, rather than Indeterminate.
                 self.push_outcome(rid, Outcome::Retry);

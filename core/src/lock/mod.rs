@@ -2,19 +2,23 @@
 //! limits and key sets.
 //!
 //! Deterministic: time enters only as `now` arguments; the table never reads a
-//! clock. The single-mode server drives it directly; cluster mode will drive
-//! the same rules through replicated commands.
+//! clock. The single-mode server ([`crate::server::Server`]) drives it
+//! directly. Cluster mode does not use the table: its applied state is
+//! [`crate::cluster::ReplicatedLocks`] and the leader's queues are in
+//! `cluster/node/keys.rs`, but both share this module's pieces that must
+//! agree with single mode: the maps by key bytes (`keyed.rs`), the
+//! extension rule ([`decide_extension`], [`capped_deadline`]) and the
+//! limits ([`Limits`], [`HoldCaps`]).
 //!
 //! Layout: a hash table from key bytes (inline up to 22 bytes) to a 24-byte
 //! entry (token, lease deadline, and one word packing the holder's tag, the
 //! grant's size and lease, a has-waiters bit and a has-extension-record
 //! bit): 48 bytes a bucket, no allocation for a short key (see
-//! `entry.rs`). The FIFO queues of waiter
-//! sequence numbers are in a second table, only for keys that have waiters;
-//! both hash a key once per request (`keyed.rs`);
-//! waiters in a map by arrival sequence number; two min-heaps for wait
-//! deadlines and for the lease deadlines of keys that have waiters. Keys
-//! without waiters expire lazily and are swept periodically.
+//! `entry.rs`). The FIFO queues of waiter sequence numbers are in a second
+//! table, only for keys that have waiters; both hash a key once per request
+//! (`keyed.rs`); waiters in a map by arrival sequence number; two min-heaps
+//! for wait deadlines and for the lease deadlines of keys that have
+//! waiters. Keys without waiters expire lazily and are swept periodically.
 //!
 //! Files: this one holds the types and the public API of [`LockTable`];
 //! `acquire.rs` decides an acquire (grant now, refuse, or queue),

@@ -276,7 +276,8 @@ mod tests {
 
     #[test]
     fn held_counts_heap_entry_is_16_bytes() {
-        // One per held grant: part of the per-key memory goal (issue 13).
+        // One per held grant: it counts against the goal of at most 120 bytes per
+        // held key (docs/performance.md), so it must not grow unnoticed.
         assert!(std::mem::size_of::<Reverse<HeldEntry>>() <= 16);
         let (at, conn_and_keys) = held_entry(ConnId(HOLDER_MAX), 16, Instant::from_micros(5));
         assert_eq!(

@@ -260,7 +260,7 @@ impl ErrorCode {
             _ => None,
         }
     }
-    /// Whether this code may answer a request of `kind` (PROTOCOL.md §2).
+    /// Whether this code may answer a request of `kind` (docs/protocol.md §5, the "may answer" column).
     pub fn allowed_for(self, kind: RequestKind) -> bool {
         use RequestKind::{Extend, Negotiate, Release, ReleaseSet};
         match self {

@@ -52,8 +52,9 @@ mod slot;
 
 pub use broker::{TicketBroker, TicketBrokerBuilder};
 pub use ticketing_core::client::{
-    BrokerMode, ClientError as TicketError, DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT,
-    ExtendResult, LossCause, Lost, ReleaseOutcome, RenewEnd, RenewPolicy, Ticket, TicketSet,
+    BrokerMode, ClientError as TicketError, ClusterIdentity, ClusterIdentityError,
+    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, LossCause, Lost, ReleaseOutcome,
+    RenewEnd, RenewPolicy, Ticket, TicketSet,
 };
 pub use ticketing_core::wire::ExtendStatus;
 

@@ -1,5 +1,5 @@
 //! A minimal client of the line dialect (the one the published 0.3.0
-//! clients speak), written from `PROTOCOL-LINE.md` for the throughput
+//! clients speak), written from docs/protocol.md §7 for the throughput
 //! bench: it answers the line challenge with
 //! `base64url(SHA-256(token ‖ nonce))`, pipelines `A`/`R` frames on a few
 //! connections and matches replies by op family, key and owner/token, as
