@@ -239,6 +239,15 @@ fn regression_a_stuck_close_does_not_keep_a_slot_from_redialing() {
     assert_clean(&run_cluster_seed(1795, 3), 3);
 }
 
+/// A waiter's grant applied after its connection closed (and was
+/// forgotten) restarted that connection's key count, and the connection's
+/// older grant leaving later took the count below zero: a panic in the
+/// leader (overflow checks) or a wrapped count (without them).
+#[test]
+fn regression_a_late_grant_to_a_closed_connection_does_not_underflow_its_count() {
+    assert_clean(&run_cluster_seed(70, 3), 3);
+}
+
 /// An outsider busier than the swarm's: a relay every few fault ticks, a
 /// forged or replayed frame in about one honest peer write in a hundred.
 fn busy_adversary() -> AdversaryRates {

@@ -115,7 +115,11 @@ fn linearizability_checker_catches_a_double_grant() {
 
 #[test]
 fn linearizability_checker_catches_a_reused_token() {
-    caught_in(PlantedBug::ReuseToken, Checker::Linearizability, without_renewals);
+    caught_in(
+        PlantedBug::ReuseToken,
+        Checker::Linearizability,
+        without_renewals,
+    );
 }
 
 /// Without the switch the planted code is inert: the same seeds are clean.
