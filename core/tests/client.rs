@@ -10,7 +10,7 @@ use ticketing_core::client::{
     COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, ExtendOperation,
     ExtendStep, Grant, KeySet, Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS,
     ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
-    SessionEvent, lease_covers,
+    SessionEvent, X_CLOSES_MAX, lease_covers,
 };
 use ticketing_core::server::ServerConfig;
 use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
@@ -2115,6 +2115,13 @@ fn accept_single(session: &mut Session, now: Instant) {
     session.handle_input(now, &[1]);
 }
 
+/// `reply`'s frame.
+fn reply_bytes(reply: &Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    reply.encode(&mut out);
+    out
+}
+
 /// A scripted session that sent its `X` (returned) and has not been
 /// answered.
 fn negotiating() -> (Scripted, Request) {
@@ -2404,17 +2411,21 @@ fn a_server_that_closes_on_x_is_reported_and_its_endpoint_stops_negotiating() {
         [SessionEvent::Closed(CloseReason::TransportClosed)]
     );
 
-    // The broker remembers it per endpoint: the next session sends no X.
+    // The broker remembers it per endpoint once it happened X_CLOSES_MAX
+    // times in a row (one could be a reset): the next session sends no X.
     let config = extending(SessionConfig::single(b""));
     let mut state = BrokerState::<Tx>::new(2, 16);
-    state.open_session(0, now, &config);
     state.open_session(1, now, &config);
-    let session = state.sessions[0].as_mut().unwrap();
-    accept_single(session, now);
-    let mut out = Vec::new();
-    session.poll_transmit(now, &mut out);
-    assert_eq!(decode_requests(&out).len(), 1);
-    state.transport_closed(0, now, &mut |_| {});
+    for close in 1..=X_CLOSES_MAX {
+        assert!(!state.extensions_refused(0), "refused after {close} closes");
+        state.open_session(0, now, &config);
+        let session = state.sessions[0].as_mut().unwrap();
+        accept_single(session, now);
+        let mut out = Vec::new();
+        session.poll_transmit(now, &mut out);
+        assert_eq!(decode_requests(&out).len(), 1, "our X goes out");
+        state.transport_closed(0, now, &mut |_| {});
+    }
     assert!(state.extensions_refused(0));
     assert!(!state.extensions_refused(1));
     state.open_session(0, now, &config);
@@ -2425,6 +2436,52 @@ fn a_server_that_closes_on_x_is_reported_and_its_endpoint_stops_negotiating() {
         state.sessions[1].as_ref().unwrap().config().extensions,
         Capabilities::EXTEND
     );
+}
+
+#[test]
+fn one_close_on_x_then_an_answered_negotiation_keeps_the_endpoint_negotiating() {
+    // A reset that hits one negotiation, then a server that answers the
+    // next: renewal is not lost, and the count starts again.
+    let now = Instant::from_millis(1_000);
+    let config = extending(SessionConfig::single(b""));
+    let mut state = BrokerState::<Tx>::new(1, 16);
+    for _ in 0..3 {
+        state.open_session(0, now, &config);
+        let session = state.sessions[0].as_mut().unwrap();
+        accept_single(session, now);
+        let mut out = Vec::new();
+        session.poll_transmit(now, &mut out);
+        state.transport_closed(0, now, &mut |_| {});
+        assert!(!state.extensions_refused(0));
+        state.open_session(0, now, &config);
+        let session = state.sessions[0].as_mut().unwrap();
+        assert_eq!(session.config().extensions, Capabilities::EXTEND);
+        accept_single(session, now);
+        let mut out = Vec::new();
+        session.poll_transmit(now, &mut out);
+        let sent = decode_requests(&out);
+        assert_eq!(sent.len(), 1, "X asked again");
+        let answer = Reply::Negotiated {
+            rid: sent[0].rid(),
+            granted: Capabilities::EXTEND,
+        };
+        session.handle_input(now, &reply_bytes(&answer));
+        state.dispatch(0, now, &mut |_| {});
+        assert!(!state.extensions_refused(0));
+    }
+    // E 8 refuses at once.
+    state.open_session(0, now, &config);
+    let session = state.sessions[0].as_mut().unwrap();
+    accept_single(session, now);
+    let mut out = Vec::new();
+    session.poll_transmit(now, &mut out);
+    let refused = Reply::Error {
+        rid: decode_requests(&out)[0].rid(),
+        code: ErrorCode::BadExtension,
+    };
+    session.handle_input(now, &reply_bytes(&refused));
+    state.dispatch(0, now, &mut |_| {});
+    assert!(state.extensions_refused(0));
 }
 
 #[test]

@@ -106,13 +106,21 @@ pub struct BrokerState<W> {
     /// The attempt of [`BrokerState::submit_direct`] until
     /// [`BrokerState::finish_direct`].
     direct: Option<Direct>,
-    /// Per endpoint: its server does not take our `X` (it closed the
-    /// connection on it, or refused it), so its sessions no longer
-    /// negotiate. Kept for the broker's life.
-    no_extensions: Vec<bool>,
+    /// Per endpoint: sessions in a row whose connection closed on our
+    /// unanswered `X`; at [`X_CLOSES_MAX`] (or at once, refused with
+    /// `E 8`) its sessions no longer negotiate, for the broker's life. A
+    /// negotiation answered starts the count again.
+    x_closes: Vec<u8>,
     /// What the servers pushed about grants, until their tickets read it.
     news: NewsBoard,
 }
+
+/// Sessions in a row whose connection closed while our `X` was unanswered
+/// after which an endpoint is taken to speak only the published protocol.
+/// A published-protocol server closes on every `X`; one close can also be
+/// a reset that happened to hit the negotiation, and renewal should not be
+/// lost for the broker's life to one.
+pub const X_CLOSES_MAX: u8 = 2;
 
 /// An attempt whose caller collects its outcome itself, still under the
 /// runtime's lock ([`BrokerState::submit_direct`]).
@@ -135,7 +143,7 @@ impl<W: OutcomeSender> BrokerState<W> {
             acquires_in_flight: 0,
             pending_max,
             direct: None,
-            no_extensions: vec![false; endpoints],
+            x_closes: vec![0; endpoints],
             news: NewsBoard::default(),
         }
     }
@@ -156,7 +164,7 @@ impl<W: OutcomeSender> BrokerState<W> {
     /// our `X`.
     pub fn open_session(&mut self, index: usize, now: Instant, config: &SessionConfig) {
         let mut config = config.clone();
-        if self.no_extensions[index] {
+        if self.extensions_refused(index) {
             config.extensions = Capabilities::NONE;
         }
         self.sessions[index] = Some(Session::new(now, config));
@@ -165,7 +173,7 @@ impl<W: OutcomeSender> BrokerState<W> {
     /// True once endpoint `index`'s server has shown that it speaks only
     /// the published protocol (see [`BrokerState::open_session`]).
     pub fn extensions_refused(&self, index: usize) -> bool {
-        self.no_extensions[index]
+        self.x_closes[index] >= X_CLOSES_MAX
     }
 
     /// Submits one attempt (`submit`) on the session the router picks and
@@ -313,9 +321,15 @@ impl<W: OutcomeSender> BrokerState<W> {
             let Some(event) = session.poll_event() else {
                 return;
             };
+            let negotiated = session.capabilities() != Capabilities::NONE;
             self.router.handle_event(index, &event);
             match event {
-                SessionEvent::Ready => notice(BrokerNotice::ReadyChanged),
+                SessionEvent::Ready => {
+                    if negotiated {
+                        self.x_closes[index] = 0;
+                    }
+                    notice(BrokerNotice::ReadyChanged)
+                }
                 SessionEvent::Outcome { rid, outcome } => {
                     if let Some(direct) = self.direct.as_mut().filter(|direct| {
                         direct.index == index && direct.rid == rid && direct.outcome.is_none()
@@ -344,8 +358,14 @@ impl<W: OutcomeSender> BrokerState<W> {
                     self.enqueue_release(now, compensation.keys, compensation.token, notice);
                 }
                 SessionEvent::Closed(reason) => {
-                    if reason.refuses_extensions() {
-                        self.no_extensions[index] = true;
+                    match reason {
+                        CloseReason::ServerError(_) if reason.refuses_extensions() => {
+                            self.x_closes[index] = X_CLOSES_MAX;
+                        }
+                        CloseReason::ExtensionsUnsupported => {
+                            self.x_closes[index] = self.x_closes[index].saturating_add(1);
+                        }
+                        _ => {}
                     }
                     notice(BrokerNotice::SessionClosed {
                         index,

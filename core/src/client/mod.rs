@@ -52,8 +52,8 @@ mod ticket;
 pub mod watch;
 
 pub use broker::{
-    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, run_acquire, run_extend,
-    run_release,
+    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, X_CLOSES_MAX, run_acquire,
+    run_extend, run_release,
 };
 pub use config::{
     BrokerConfig, BrokerMode, ClusterIdentity, ClusterIdentityError, Endpoint, TlsMode,
