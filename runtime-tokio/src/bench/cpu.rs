@@ -118,14 +118,15 @@ pub fn total_cpu(pids: &[u32]) -> Option<CpuTimes> {
         .try_fold(CpuTimes::default(), |sum, times| Some(sum + times?))
 }
 
-/// The processes listening on the ports of the loopback addresses among
-/// `addrs` (a server on this machine), as far as `/proc` shows them.
+/// The processes listening on the loopback addresses among `addrs` (a
+/// server on this machine), as far as `/proc` shows them: a socket bound
+/// to that address and port, or to the wildcard address of its family
+/// and that port (which serves it too). Another process on the same port
+/// of another address (a test beside it, an IPv6-only socket) is not it.
 pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
-    let ports: Vec<u16> = addrs
-        .iter()
-        .filter_map(|addr| loopback_port(addr))
-        .collect();
-    if ports.is_empty() {
+    let wanted: Vec<std::net::SocketAddr> =
+        addrs.iter().flat_map(|addr| loopback_addrs(addr)).collect();
+    if wanted.is_empty() {
         return Vec::new();
     }
     let mut inodes = Vec::new();
@@ -142,10 +143,7 @@ pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
             else {
                 continue;
             };
-            let port = local
-                .rsplit_once(':')
-                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
-            if port.is_some_and(|port| ports.contains(&port)) {
+            if proc_net_addr(local).is_some_and(|bound| serves_any(bound, &wanted)) {
                 inodes.push(format!("socket:[{inode}]"));
             }
         }
@@ -182,14 +180,104 @@ pub fn listening_pids(addrs: &[String]) -> Vec<u32> {
     pids
 }
 
-/// The port of `host:port` when the host is an IP loopback address or
-/// `localhost`.
-fn loopback_port(addr: &str) -> Option<u16> {
-    let (host, port) = addr.rsplit_once(':')?;
+/// The socket addresses `host:port` names when the host is an IP loopback
+/// address or `localhost` (both of its addresses).
+fn loopback_addrs(addr: &str) -> Vec<std::net::SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Vec::new();
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return Vec::new();
+    };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    loopback.then(|| port.parse().ok()).flatten()
+    let ips: Vec<IpAddr> = if host == "localhost" {
+        vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
+    } else {
+        host.parse::<IpAddr>()
+            .into_iter()
+            .filter(IpAddr::is_loopback)
+            .collect()
+    };
+    ips.into_iter()
+        .map(|ip| SocketAddr::new(ip, port))
+        .collect()
+}
+
+/// A `local_address` of `/proc/net/tcp{,6}`: the address as 8 or 32 hex
+/// digits, each 32-bit word in the machine's byte order, then the port.
+fn proc_net_addr(field: &str) -> Option<std::net::SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for word in 0..ip.len() / 8 {
+        let word = u32::from_str_radix(ip.get(word * 8..word * 8 + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip: IpAddr = match bytes.len() {
+        4 => Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?).into(),
+        16 => Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?).into(),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Whether a socket bound to `bound` takes connections to one of `wanted`.
+fn serves_any(bound: std::net::SocketAddr, wanted: &[std::net::SocketAddr]) -> bool {
+    wanted.iter().any(|want| {
+        if bound.port() != want.port() {
+            return false;
+        }
+        let bound_ip = match bound.ip() {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        bound_ip == want.ip()
+            || (bound_ip.is_unspecified() && bound_ip.is_ipv4() == want.ip().is_ipv4())
+            // A dual-stack wildcard socket serves IPv4 too.
+            || bound.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    // The throughput bench includes this file under a harness of its own,
+    // which compiles no `#[test]`: the import is unused there.
+    #[allow(unused_imports)]
+    use super::*;
+
+    #[test]
+    fn proc_net_addresses_decode_in_the_machine_byte_order() {
+        let v4 = if cfg!(target_endian = "little") {
+            "0100007F:1F90"
+        } else {
+            "7F000001:1F90"
+        };
+        assert_eq!(proc_net_addr(v4), "127.0.0.1:8080".parse().ok());
+        let v6_loopback = if cfg!(target_endian = "little") {
+            "00000000000000000000000001000000:1F90"
+        } else {
+            "00000000000000000000000000000001:1F90"
+        };
+        assert_eq!(proc_net_addr(v6_loopback), "[::1]:8080".parse().ok());
+        assert_eq!(proc_net_addr("zz:1F90"), None);
+    }
+
+    #[test]
+    fn only_sockets_that_serve_the_address_given_count() {
+        let wanted = loopback_addrs("127.0.0.1:8080");
+        let serves = |bound: &str| serves_any(bound.parse().unwrap(), &wanted);
+        assert!(serves("127.0.0.1:8080"));
+        assert!(serves("0.0.0.0:8080"));
+        assert!(serves("[::]:8080"));
+        assert!(serves("[::ffff:127.0.0.1]:8080"));
+        assert!(!serves("127.0.0.1:8081"), "another port");
+        assert!(!serves("127.0.0.2:8080"), "another loopback address");
+        assert!(!serves("[::1]:8080"), "IPv6 loopback does not serve IPv4");
+        assert_eq!(loopback_addrs("localhost:1").len(), 2);
+        assert!(loopback_addrs("10.0.0.1:1").is_empty());
+    }
 }
