@@ -18,7 +18,12 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let _ = error.print();
+            match config::flag_value_error(&error) {
+                Some(message) => eprintln!("ticketing: {message}; see --help"),
+                None => {
+                    let _ = error.print();
+                }
+            }
             if missed_the_separator(&error) {
                 eprintln!(
                     "\ntip: the command goes after `--`: ticketing lock KEY [OPTIONS] -- CMD [ARGS...]"
