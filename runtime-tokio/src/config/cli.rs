@@ -208,7 +208,8 @@ pub struct LockArgs {
     /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
     #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
     pub cluster_identity: Option<[u8; 32]>,
-    /// How long to wait for the lock (0 = one immediate try), at most 255s.
+    /// How long to wait for the lock (0 = one immediate try), at most 255s;
+    /// also how long to keep trying to connect (at least 1s).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub wait: Duration,
     /// Lease: the server frees the key after this even if we do not, 1s..=250s.
