@@ -212,7 +212,61 @@ fn syntax_error(text: &str, line: Option<usize>, message: &str) -> ConfigError {
             format!("invalid TOML{location}: {}", secret::NOT_SHOWN),
         );
     }
-    ConfigError::new("--config", format!("invalid TOML{location}: {message}"))
+    let field = line
+        .and_then(|line| field_at_line(text, line))
+        .unwrap_or_else(|| "--config".to_owned());
+    ConfigError::new(field, format!("invalid TOML{location}: {message}"))
+}
+
+/// The field whose value line `line` (0-based) of `text` holds or
+/// continues, as errors name it (`limits.max_keys`,
+/// `cluster.slots[1].peer`), if the lines say plainly: the last `key =`
+/// at or above it under the last table header. Only keys spelled like
+/// ours (lowercase words joined by `_`) count; anything else leaves the
+/// error naming the file.
+fn field_at_line(text: &str, line: usize) -> Option<String> {
+    let plain = |name: &str| {
+        // Every field of ours is lowercase words joined by `_`.
+        name.split('.').all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase())
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
+    };
+    let mut table = String::new();
+    let mut slots = 0usize;
+    let mut key = None;
+    for current in text.lines().take(line + 1) {
+        let current = current.trim();
+        if let Some(header) = current
+            .strip_prefix("[[")
+            .and_then(|rest| rest.split_once("]]"))
+        {
+            let name = header.0.trim();
+            // Only `[[cluster.slots]]` is a list of tables here.
+            if name != "cluster.slots" {
+                return None;
+            }
+            table = format!("cluster.slots[{slots}].");
+            slots += 1;
+            key = None;
+        } else if let Some(header) = current
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once(']'))
+        {
+            let name = header.0.trim();
+            if !plain(name) {
+                return None;
+            }
+            table = format!("{name}.");
+            key = None;
+        } else if let Some((name, _)) = current.split_once('=') {
+            let name = name.trim();
+            if plain(name) {
+                key = Some(name.to_owned());
+            }
+        }
+    }
+    key.map(|key| format!("{table}{key}"))
 }
 
 /// A field of valid TOML that [`FileConfig`] refuses, as the error names it.

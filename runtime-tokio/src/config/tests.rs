@@ -849,6 +849,37 @@ fn a_value_of_the_wrong_kind_names_its_field_and_line_but_not_the_value() {
 }
 
 #[test]
+fn text_that_is_not_toml_names_the_field_of_its_line_but_not_the_value() {
+    for (text, field, line) in [
+        (
+            format!("[limits]\nmax_keys = 0x{PASTED}"),
+            "limits.max_keys",
+            2,
+        ),
+        (format!("listen = \"{PASTED}"), "listen", 1),
+        (
+            format!(
+                "[[cluster.slots]]\nclient = \"a\"\n[[cluster.slots]]\npeer = [\n  {PASTED}\n]"
+            ),
+            "cluster.slots[1].peer",
+            5,
+        ),
+        // No key to name: the file.
+        (PASTED.to_owned(), "--config", 1),
+    ] {
+        let err = parse_file(&text).unwrap_err();
+        let shown = err.to_string();
+        assert_eq!(err.field, field, "{text}: {shown}");
+        assert!(
+            err.message
+                .starts_with(&format!("invalid TOML at line {line}: ")),
+            "{shown}"
+        );
+        assert!(!shown.contains(PASTED), "a value was printed: {shown}");
+    }
+}
+
+#[test]
 fn a_bad_flag_value_names_the_flag_but_not_the_value() {
     for (argv, flag, wanted) in [
         (
