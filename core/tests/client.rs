@@ -5,12 +5,13 @@
 //! injected and jumped; nothing sleeps.
 
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
+use ticketing_core::client::HandshakeClue;
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
     COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, ExtendOperation,
-    ExtendStep, Grant, HandshakeClue, KeySet, Outcome, OutcomeSender, ProtocolError,
-    ROUTE_RUN_REQUESTS, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router,
-    Session, SessionConfig, SessionEvent, lease_covers,
+    ExtendStep, Grant, KeySet, Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS,
+    ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
+    SessionEvent, lease_covers,
 };
 use ticketing_core::server::ServerConfig;
 use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
