@@ -2,7 +2,8 @@
 # A 3-node Ticketing cluster on loopback, for trying cluster mode and for the
 # chaos supervisor.
 #
-#   scripts/cluster-local.sh start          build, then bootstrap slots 0-2
+#   scripts/cluster-local.sh start          build, bootstrap slots 0-2, wait
+#                                           for a leader and name it
 #   scripts/cluster-local.sh status         one status line per node
 #   scripts/cluster-local.sh kill SLOT      kill -9 one node
 #   scripts/cluster-local.sh restart SLOT   kill -9, then start it with empty
@@ -20,6 +21,7 @@
 #        BASE              first client port (default 5225)
 #        PROFILE           default | fast (default: default)
 #        LOG_LEVEL         node --log-level (default: info)
+#        LEADER_WAIT_S     how long start waits for a leader (default: 15)
 #        TICKETING_BIN     the binary to run (default: $CARGO_TARGET_DIR/release/ticketing)
 #        NO_CLIENT_TOKEN   1: start the cluster with no client token (loopback
 #                          no-auth; the 0.3.0 clients' nc_cluster_test needs it)
@@ -31,6 +33,7 @@ base="${BASE:-5225}"
 bin="${TICKETING_BIN:-$target/release/ticketing}"
 
 die() { echo "cluster-local: $*" >&2; exit 1; }
+now_ms() { local us="${EPOCHREALTIME//[.,]/}"; echo $((us / 1000)); }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 slot_args() {
@@ -81,6 +84,35 @@ kill_node() { # SLOT
     fi
 }
 
+# Polls every node's admin listener (`ticketing status --json`: one JSON
+# object per node and line) until one reports itself leader, for at most
+# LEADER_WAIT_S seconds; prints which slot leads, or says why it gave up
+# and fails.
+wait_for_leader() {
+    local wait_s="${LEADER_WAIT_S:-15}" i admin line
+    local -a admins=()
+    for i in 0 1 2; do admins+=(--admin "127.0.0.1:$((base + 4000 + i))"); done
+    # Milliseconds: $SECONDS ticks on whole seconds, so a 1 s wait could
+    # end at once.
+    local deadline_ms=$(($(now_ms) + wait_s * 1000))
+    while (($(now_ms) < deadline_ms)); do
+        # Exits non-zero until every node is ready: only the lines matter.
+        line="$("$bin" status "${admins[@]}" --json 2>/dev/null | grep '"role":"leader"' || true)"
+        if [[ -n "$line" ]]; then
+            admin="$(sed -E 's/.*"admin":"127\.0\.0\.1:([0-9]+)".*/\1/' <<<"$line")"
+            i=$((admin - base - 4000))
+            echo "==> leader: slot $i (clients 127.0.0.1:$((base + i)), admin http://127.0.0.1:$admin)" >&2
+            return 0
+        fi
+        for i in 0 1 2; do
+            kill -0 "$(cat "$dir/node$i.pid")" 2>/dev/null || { tail -5 "$dir/node$i.log" >&2; die "node $i exited before a leader was elected"; }
+        done
+        sleep 0.1 # the polling interval, not a wait for the election
+    done
+    status >&2
+    die "no leader elected within ${wait_s} s (LEADER_WAIT_S); the nodes still run (node logs in $dir; $0 stop ends them)"
+}
+
 status() {
     local i
     for i in 0 1 2; do
@@ -114,6 +146,7 @@ case "${1:-}" in
         fi
         for i in 0 1 2; do start_node "$i" --bootstrap; done
         echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); admin: http://127.0.0.1:$((base + 4000))-$((base + 4002))/metrics; state in $dir" >&2
+        wait_for_leader
         ;;
     status) status ;;
     kill) kill_node "${2:?slot}" ;;
@@ -144,5 +177,5 @@ case "${1:-}" in
         fi
         echo "export TICKETING_CHAOS_ADDRS=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
         ;;
-    *) sed -n '2,24p' "$0"; exit 2 ;;
+    *) sed -n '2,26p' "$0"; exit 2 ;;
 esac

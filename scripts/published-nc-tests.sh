@@ -191,11 +191,7 @@ cluster_test() {
         status=1
         return
     fi
-    # The cluster is up once some node reports itself leader.
-    for _ in $(seq 1 100); do
-        if cluster status 2>/dev/null | grep -q "role=leader"; then break; fi
-        sleep 0.1
-    done
+    # `start` returned once a node reported itself leader.
     eval "$(cluster env)"
     nc_test "$version" "nc_cluster_test" --test nc_cluster_test -- --include-ignored --nocapture
     unset TICKETING_IDENTITY_FINGERPRINT TICKETING_CLIENT_TOKEN TICKETING_CHAOS_ADDRS

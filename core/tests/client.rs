@@ -5,6 +5,7 @@
 //! injected and jumped; nothing sleeps.
 
 use ticketing_core::auth::{ClientTokens, Hello, SINGLE_FINGERPRINT, WireMode, client_proof};
+use ticketing_core::client::HandshakeClue;
 use ticketing_core::client::{
     AcquireOperation, AcquireParams, AcquireStep, Backoff, BrokerConfig, BrokerMode, BrokerState,
     COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, ExtendOperation,
@@ -884,6 +885,38 @@ fn handshake_failures_close_the_session_and_say_whether_it_is_auth() {
     assert_eq!(events, [SessionEvent::Closed(CloseReason::BadResult(7))]);
     assert!(CloseReason::BadResult(7).is_auth_failure());
     assert_eq!(CloseReason::BadResult(7).to_error(), ClientError::Auth);
+}
+
+#[test]
+fn a_handshake_that_did_not_finish_gives_a_clue_about_the_server() {
+    // Not a byte: what a TLS server does to a plain client, open or closed.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    assert_eq!(session.handshake_clue(), Some(HandshakeClue::Silent));
+    session.handle_transport_closed(Instant::from_millis(3_000));
+    assert_eq!(session.handshake_clue(), Some(HandshakeClue::Silent));
+
+    // Bytes that are not a hello: another service.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    session.handle_input(Instant::ZERO, b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    assert!(session.is_closed());
+    assert_eq!(session.handshake_clue(), Some(HandshakeClue::NotAHello));
+
+    // Part of a hello, then closed: no clue.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    let hello = Hello {
+        mode: WireMode::Single,
+        self_slot: NO_LEADER_SLOT,
+        nonce: [0; 16],
+    };
+    session.handle_input(Instant::ZERO, &hello.encode()[..5]);
+    session.handle_transport_closed(Instant::ZERO);
+    assert_eq!(session.handshake_clue(), None);
+
+    // Once ready, never.
+    let mut session = Session::new(Instant::ZERO, SessionConfig::single(b""));
+    ready_single(&mut session, Instant::ZERO);
+    session.handle_transport_closed(Instant::ZERO);
+    assert_eq!(session.handshake_clue(), None);
 }
 
 #[test]

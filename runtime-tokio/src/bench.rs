@@ -143,7 +143,7 @@ async fn connect_and_warm_up(args: &BenchArgs) -> Result<TicketBroker, ExitCode>
         }
     };
     if !broker.wait_ready(CONNECT_TIMEOUT).await {
-        let (code, why) = connect_failure(&broker, &options);
+        let (code, why) = connect_failure(&broker, &options, CONNECT_TIMEOUT);
         eprintln!("ticketing bench: {why}");
         return Err(ExitCode::from(code));
     }

@@ -548,19 +548,21 @@ async fn run_status(args: AdminArgs) -> Result<(), Failure> {
         .map(str::to_owned)
         .to_vec(),
     ];
-    let mut json = Vec::new();
     let mut all_ready = true;
     let mut reached = 0;
     for addr in &addrs {
         let status = node_status(*addr).await;
         reached += usize::from(status.reached);
         all_ready &= status.ready;
+        if args.json {
+            // JSON Lines: one object per node, each on its own line as it
+            // is known, for `jq` and line-based log shippers alike.
+            let text = status.json.to_string();
+            println!("{}", terminal_safe_json(&text));
+        }
         rows.push(status.row);
-        json.push(status.json);
     }
-    if args.json {
-        print_json(&Value::Array(json));
-    } else {
+    if !args.json {
         table(&rows);
     }
     if reached == 0 {

@@ -46,8 +46,13 @@ pub(crate) fn client_broker(
     builder.connect()
 }
 
-/// How long `lock` and `bench` wait for a first connection.
+/// How long `bench` waits for a first connection.
 pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The least `lock` waits for a first connection, even with `--wait 0`
+/// (one immediate try of the lock, not of the connection): time for a
+/// TCP and TLS handshake with a server a few round trips away.
+pub(crate) const CONNECT_WAIT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The exit code of a client error, the same for every client subcommand
 /// (`lock`, `bench`): [`config::lock_exit`]'s table.
@@ -72,15 +77,32 @@ pub(crate) fn exit_code(error: &ticketing_tokio::TicketError) -> u8 {
     }
 }
 
-/// Why `broker` did not become ready within [`CONNECT_TIMEOUT`]: the exit
-/// code and the words, naming every cause the protocol leaves possible and
-/// what to do about each.
+/// Why `broker` did not become ready within `waited`: the exit code and
+/// the words, naming the cause its connection attempts saw (or every cause
+/// the protocol leaves possible) and what to do about each.
 pub(crate) fn connect_failure(
     broker: &ticketing_tokio::TicketBroker,
     options: &ClientOptions<'_>,
+    waited: std::time::Duration,
 ) -> (u8, String) {
+    use ticketing_tokio::client::ConnectProblem;
     let addrs = options.addrs.join(", ");
-    if broker.auth_failed() {
+    let tls = options.tls_ca.is_some() || options.tls_system_roots;
+    let mut problems = broker.connect_problems();
+    // A broker may hold several connections to one address: say each
+    // address's problem once.
+    let mut seen = Vec::new();
+    problems.retain(|problem| {
+        let new = !seen.contains(problem);
+        seen.push(problem.clone());
+        new
+    });
+    // A server that is not ours fails like a refused token (the broker
+    // stops trying it): say what it is first.
+    let not_ours = problems
+        .iter()
+        .any(|(_, problem)| *problem == ConnectProblem::NotTicketing);
+    if broker.auth_failed() && !not_ours {
         // The proof covers the token and, in cluster mode, the identity:
         // a refusal cannot say which of them is wrong.
         let why = if options.cluster_identity.is_some() {
@@ -95,16 +117,68 @@ pub(crate) fn connect_failure(
             format!("cannot connect to {addrs}: authentication rejected: {why}"),
         );
     }
-    let tls = if options.tls_ca.is_some() || options.tls_system_roots {
+    let code = if not_ours {
+        config::lock_exit::AUTH
+    } else {
+        config::lock_exit::UNAVAILABLE
+    };
+    if !problems.is_empty() {
+        let why: Vec<String> = problems
+            .iter()
+            .map(|(addr, problem)| problem_words(addr, problem, tls))
+            .collect();
+        return (
+            code,
+            format!(
+                "cannot connect to {addrs} within {waited:?}: {}",
+                why.join("; ")
+            ),
+        );
+    }
+    let tls_hint = if tls {
         "the server does not speak TLS, or its certificate is not trusted by the CA given"
     } else {
         "a server that speaks TLS needs --tls-ca FILE"
     };
     (
-        config::lock_exit::UNAVAILABLE,
+        code,
         format!(
-            "cannot connect to {addrs} within {}s: is a server listening there? ({tls})",
-            CONNECT_TIMEOUT.as_secs()
+            "cannot connect to {addrs} within {waited:?}: is a server listening there? ({tls_hint})"
         ),
     )
+}
+
+/// One address's problem, and what to do about it.
+fn problem_words(
+    addr: &str,
+    problem: &ticketing_tokio::client::ConnectProblem,
+    tls: bool,
+) -> String {
+    use ticketing_tokio::client::ConnectProblem;
+    match problem {
+        ConnectProblem::NothingListening => format!(
+            "nothing listens at {addr} (connection refused): is the server running, on this port?"
+        ),
+        ConnectProblem::SilentServer if tls => format!(
+            "the server at {addr} completed TLS but sent no hello: it is not a Ticketing server"
+        ),
+        // A server of ours sends its hello at once; a TLS one waits for
+        // a TLS hello that we did not send.
+        ConnectProblem::SilentServer => format!(
+            "the server at {addr} accepted the connection but sent no hello: it speaks TLS \
+             (pass --tls-ca FILE with the CA that signed its certificate, or \
+             --tls-system-roots), or it is not a Ticketing server"
+        ),
+        ConnectProblem::NotTicketing => format!(
+            "the server at {addr} is not a Ticketing server (its first bytes are not a Ticketing hello)"
+        ),
+        ConnectProblem::NotTls => {
+            format!("the server at {addr} does not speak TLS: drop --tls-ca / --tls-system-roots")
+        }
+        ConnectProblem::CertificateNotTrusted(reason) => format!(
+            "the certificate of the server at {addr} is not trusted ({reason}): pass --tls-ca \
+             with the CA that signed it"
+        ),
+        other => format!("{addr}: {other}"),
+    }
 }

@@ -13,7 +13,7 @@ use ticketing_tokio::terminal::terminal_safe;
 use ticketing_tokio::{Ticket, TicketError};
 
 use crate::cli_client::{
-    CONNECT_TIMEOUT, ClientOptions, client_broker, connect_failure, exit_code,
+    CONNECT_WAIT_MIN, ClientOptions, client_broker, connect_failure, exit_code,
 };
 
 fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
@@ -68,8 +68,11 @@ async fn run_locked(args: LockArgs) -> ExitCode {
             return fail(code, e);
         }
     };
-    if !broker.wait_ready(CONNECT_TIMEOUT).await {
-        let (code, why) = connect_failure(&broker, &options);
+    // Connecting counts against --wait: a user who would wait a second for
+    // the lock would not wait five for a connection that may never work.
+    let connect_wait = args.wait.max(CONNECT_WAIT_MIN);
+    if !broker.wait_ready(connect_wait).await {
+        let (code, why) = connect_failure(&broker, &options, connect_wait);
         broker.close().await;
         return fail(code, why);
     }

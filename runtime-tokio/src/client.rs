@@ -24,7 +24,8 @@
 //! whose wake-up waits for the lock's release (`outcome`), so the caller
 //! does not run only to block on the lock. A release worker drains the
 //! release queue (dropped tickets, compensations). Files: `endpoint` (the
-//! tasks), `outcome` (the slot), `tls` (the connector).
+//! tasks), `outcome` (the slot), `problem` (why an address does not
+//! connect), `tls` (the connector).
 //!
 //! # Quick start
 //!
@@ -82,7 +83,10 @@ pub use ticketing_core::wire::ExtendStatus;
 
 mod endpoint;
 mod outcome;
+mod problem;
 mod tls;
+
+pub use problem::ConnectProblem;
 
 use endpoint::{Link, Wire, run_endpoint, run_release_worker};
 use outcome::{OutcomeRx, OutcomeTx};
@@ -186,6 +190,10 @@ impl TicketBrokerBuilder {
         let (closed_tx, closed_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             clock: Clock::start(),
+            addrs: endpoints
+                .iter()
+                .map(|endpoint| endpoint.addr.clone())
+                .collect(),
             state: Mutex::new(State::new(endpoints.len(), self.config.pending_max)),
             wakes: endpoints.iter().map(|_| Notify::new()).collect(),
             ready_changed: Notify::new(),
@@ -247,6 +255,9 @@ impl Drop for Locked<'_> {
 struct State {
     broker: BrokerState<OutcomeTx>,
     wires: Vec<Wire>,
+    /// Per endpoint: what its last connection attempt that failed showed
+    /// (see [`TicketBroker::connect_problems`]); `None` once one was ready.
+    problems: Vec<Option<ConnectProblem>>,
 }
 
 impl State {
@@ -254,6 +265,7 @@ impl State {
         State {
             broker: BrokerState::new(endpoints, pending_max),
             wires: (0..endpoints).map(|_| Wire::default()).collect(),
+            problems: vec![None; endpoints],
         }
     }
 }
@@ -273,6 +285,8 @@ impl DerefMut for State {
 
 struct Inner {
     clock: Clock,
+    /// Each endpoint's address as configured, by index.
+    addrs: Vec<String>,
     state: Mutex<State>,
     /// Per endpoint: wakes its driver (bytes to send, deadline moved, close).
     wakes: Vec<Notify>,
@@ -526,6 +540,30 @@ impl TicketBroker {
                 return false;
             }
         }
+    }
+
+    /// Why each address that has no ready connection has none, as far as
+    /// its connection attempts tell, in the order the addresses were
+    /// given: (address, problem), one per connection (an address may have
+    /// several). An address still connecting, or whose attempts tell
+    /// nothing, is left out. For telling a user what to fix
+    /// after [`TicketBroker::wait_ready`] gave up.
+    pub fn connect_problems(&self) -> Vec<(String, ConnectProblem)> {
+        let state = self.inner.lock();
+        (0..self.inner.addrs.len())
+            .filter(|&index| !state.router.is_ready(index))
+            .filter_map(|index| {
+                // Connected and still in the handshake: what it has (not)
+                // heard so far says more than an older attempt.
+                let live = state.sessions[index]
+                    .as_ref()
+                    .filter(|_| state.wires[index].connected)
+                    .and_then(Session::handshake_clue)
+                    .map(ConnectProblem::from_clue);
+                let problem = live.or_else(|| state.problems[index].clone())?;
+                Some((self.inner.addrs[index].clone(), problem))
+            })
+            .collect()
     }
 
     /// True once some connection failed authentication (wrong token, or not

@@ -471,7 +471,10 @@ fn log_listening(settings: &ClusterSettings, sockets: &ClusterSockets) {
     info!(
         client = %sockets.client_addr,
         peer = %sockets.peer_addr,
-        status = ?sockets.status_addr,
+        // The address, or "none": never Rust's `Some(…)`.
+        status = %sockets
+            .status_addr
+            .map_or_else(|| "none".to_owned(), |addr| addr.to_string()),
         mode = "cluster",
         slot = settings.node.id.slot,
         generation = settings.node.id.generation,

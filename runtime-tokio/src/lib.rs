@@ -20,6 +20,9 @@ pub mod config;
 pub mod serve;
 pub mod state;
 pub mod terminal;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod tls;
 
 pub use client::{ReleaseOutcome, Ticket, TicketBroker, TicketError, TicketSet, TlsMode};

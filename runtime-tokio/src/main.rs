@@ -18,7 +18,12 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let _ = error.print();
+            match config::flag_value_error(&error) {
+                Some(message) => eprintln!("ticketing: {message}; see --help"),
+                None => {
+                    let _ = error.print();
+                }
+            }
             if missed_the_separator(&error) {
                 eprintln!(
                     "\ntip: the command goes after `--`: ticketing lock KEY [OPTIONS] -- CMD [ARGS...]"
@@ -166,8 +171,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             Ok(server) => server,
             Err(e) if StateError::find(&e).is_some() => return state_error(&e),
             Err(e) => {
-                error!("cannot listen on {listen}: {e}");
-                eprintln!("ticketing: cannot listen on {listen}: {e}");
+                fatal(&format!("cannot listen on {listen}: {e}"));
                 return ExitCode::from(1);
             }
         };
@@ -189,8 +193,9 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
         Ok(node) => node,
         Err(e) if StateError::find(&e).is_some() => return state_error(&e),
         Err(e) => {
-            error!("cannot start the cluster node on {client} / {peer}: {e}");
-            eprintln!("ticketing: cannot start the cluster node on {client} / {peer}: {e}");
+            fatal(&format!(
+                "cannot start the cluster node on {client} / {peer}: {e}"
+            ));
             return ExitCode::from(1);
         }
     };
@@ -202,6 +207,17 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
     info!("stop signal received");
     node.shutdown().await;
     ExitCode::SUCCESS
+}
+
+/// Why the server stops, said once: as a log event when error events are
+/// logged (in the log format chosen, so JSON logs stay JSON), else as a
+/// plain line on stderr, so that it is never lost to `log_level = "off"`.
+fn fatal(message: &str) {
+    if tracing::enabled!(tracing::Level::ERROR) {
+        error!("{message}");
+    } else {
+        eprintln!("ticketing: {message}");
+    }
 }
 
 /// The state directory or file is unusable: like a config error, exit 2

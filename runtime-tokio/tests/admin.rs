@@ -898,12 +898,23 @@ async fn locks_release_fences_the_holder_and_needs_the_admin_token() {
     let (code, stdout, _) = ticketing(&["status", "--admin", &admin, "--json"]);
     assert_eq!(code, Some(0));
     let status = json(&stdout);
-    assert_eq!(status[0]["ready"], true);
-    assert_eq!(status[0]["held_keys"], 1);
-    assert_eq!(status[0]["sessions"], 2);
+    assert_eq!(status["admin"], admin.as_str());
+    assert_eq!(status["ready"], true);
+    assert_eq!(status["held_keys"], 1);
+    assert_eq!(status["sessions"], 2);
 
     // Nothing listens on a fresh port: a clear error, exit 69.
     let nobody = free_port().to_string();
+    // `status --json`: one object per node, one line each (JSON Lines), in
+    // the order given, an unreachable node's with its error.
+    let (code, stdout, _) = ticketing(&["status", "--admin", &admin, "--admin", &nobody, "--json"]);
+    assert_eq!(code, Some(1), "not every node is ready: {stdout}");
+    let lines: Vec<serde_json::Value> = stdout.lines().map(json).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0]["admin"], admin.as_str());
+    assert_eq!(lines[0]["ready"], true);
+    assert_eq!(lines[1]["admin"], nobody.as_str());
+    assert!(lines[1]["error"].is_string(), "{stdout}");
     let (code, _, stderr) = ticketing(&["locks", "ls", "--admin", &nobody]);
     assert_eq!(code, Some(69), "{stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");

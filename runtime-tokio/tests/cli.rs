@@ -42,6 +42,33 @@ fn config_errors_exit_2_with_one_line_naming_the_field() {
     assert!(stderr.contains("--config"), "{stderr}");
 }
 
+#[test]
+fn a_value_of_the_wrong_kind_is_one_line_naming_the_field_never_the_value() {
+    const PASTED: &str = "tok3n-5ecret-0123456789abcdef";
+    let dir = std::env::temp_dir().join(format!("ticketing-cli-kind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("ticketing.toml");
+    std::fs::write(
+        &config,
+        format!("[limits]\nmax_hold_limit_s = \"{PASTED}\"\n"),
+    )
+    .unwrap();
+    let stderr = serve_expecting_config_error(&["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains("limits.max_hold_limit_s: expected a whole number of seconds"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASTED), "the value was shown: {stderr}");
+
+    let stderr = serve_expecting_config_error(&["--max-keys", PASTED]);
+    assert!(
+        stderr.starts_with("ticketing: flag `--max-keys`: expected a whole number"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASTED), "the value was shown: {stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_and_exits_0_on_sigterm() {

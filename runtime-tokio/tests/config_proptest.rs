@@ -1,8 +1,8 @@
-//! The config parser on arbitrary input (the fuzz target of the config,
-//! kept as a proptest here so that the fuzz crate need not build the tokio
-//! runtime): TOML files and command lines built from every known field, a
-//! few unknown ones, and values of every shape. Nothing panics, and every
-//! refusal names the field at fault.
+//! The config parser on structured input: TOML files and command lines
+//! built from every known field, a few unknown ones, and values of every
+//! shape. Nothing panics, and every refusal names the field at fault. (The
+//! `config_loader` fuzz target takes bytes; this reaches deeper, valid
+//! configs more often.)
 
 use clap::Parser;
 use proptest::prelude::*;
@@ -207,10 +207,9 @@ proptest! {
         let file = match parse_file(&text) {
             Ok(file) => file,
             Err(error) => {
-                // The file as a whole, or the secret field whose value is
-                // wrong (named without showing it).
-                let fields = ["--config", "client_tokens", "admin_tokens", "cluster.peer_tokens"];
-                prop_assert!(fields.contains(&error.field.as_str()), "{:?} in {:?}", error, text);
+                // The file as a whole (not TOML), or the field whose value
+                // is of the wrong kind or whose name is unknown.
+                prop_assert!(is_field_name(&error.field), "{:?} in {:?}", error, text);
                 prop_assert!(!error.message.is_empty());
                 return Ok(());
             }

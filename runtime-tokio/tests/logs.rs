@@ -91,6 +91,68 @@ fn json_format_prints_one_parseable_object_per_line() {
         messages.iter().any(|m| m == "shutdown complete"),
         "{messages:#?}"
     );
+    // Optional addresses are written as addresses, not as Rust's `Some(…)`.
+    for line in &lines {
+        assert!(!line.contains("Some("), "{line}");
+    }
+    let admin = lines
+        .iter()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|o| {
+            o["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("admin listener"))
+        })
+        .expect("the admin listener line");
+    let admin_addr = admin["fields"]["admin"]
+        .as_str()
+        .expect("an address string");
+    assert!(
+        admin_addr.parse::<std::net::SocketAddr>().is_ok(),
+        "{admin}"
+    );
+}
+
+/// Runs `ticketing serve` on a port another socket holds, with `extra`
+/// arguments; returns its stderr lines once it exited 1.
+fn serve_on_a_taken_port(extra: &[&str]) -> Vec<String> {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let state = common::scratch::scratch_dir("logs-taken");
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &taken.local_addr().unwrap().to_string(),
+        ])
+        .args(["--state-dir", &state.arg()])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .env_remove("TICKETING_CLIENT_TOKENS")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    String::from_utf8(output.stderr)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn cannot_listen_is_said_once_in_every_format_and_with_logs_off() {
+    for extra in [
+        &["--log-level", "info"][..],
+        &["--log-level", "info", "--log-format", "json"],
+        &["--log-level", "off"],
+    ] {
+        let lines = serve_on_a_taken_port(extra);
+        let said: Vec<&String> = lines
+            .iter()
+            .filter(|line| line.contains("cannot listen"))
+            .collect();
+        assert_eq!(said.len(), 1, "{extra:?}: {lines:#?}");
+    }
 }
 
 #[test]
@@ -103,4 +165,9 @@ fn text_stays_the_default_format() {
     assert!(serde_json::from_str::<serde_json::Value>(startup).is_err());
     assert!(startup.contains(" INFO "), "{startup}");
     assert!(startup.contains("mode=\"single\""), "{startup}");
+    let admin = lines
+        .iter()
+        .find(|line| line.contains("admin listener"))
+        .expect("the admin listener line");
+    assert!(admin.contains("admin=127.0.0.1:"), "{admin}");
 }

@@ -65,7 +65,7 @@ pub use ops::{
 };
 pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_covers};
 pub use routing::{Backoff, Router};
-pub use session::{CancelOutcome, Session, SessionConfig, SessionEvent};
+pub use session::{CancelOutcome, HandshakeClue, Session, SessionConfig, SessionEvent};
 pub use ticket::{ExtendResult, Lost, RenewEnd, RenewPolicy, Ticket, TicketSet};
 pub use watch::{DRIFT_PARTS, HolderWatch, LossCause, NewsBoard, PushNews};
 

@@ -346,6 +346,18 @@ impl PendingMap {
     }
 }
 
+/// What a handshake that did not finish says about the server at the other
+/// end ([`Session::handshake_clue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeClue {
+    /// Connected, and not a byte came: a server of ours sends its hello at
+    /// once, while a TLS server waits for a TLS hello that a plain client
+    /// never sends (then closes at its own handshake timeout).
+    Silent,
+    /// The first bytes were not a hello of ours: another service.
+    NotAHello,
+}
+
 /// One client connection as a state machine.
 #[derive(Debug)]
 pub struct Session {
@@ -378,6 +390,9 @@ pub struct Session {
     /// When the last byte arrived (the connection attempt's start before
     /// any): the silence rule's clock.
     last_input_at: Instant,
+    /// Some byte arrived: a connected server that sent none is a clue
+    /// ([`HandshakeClue::Silent`]).
+    heard: bool,
     events: VecDeque<SessionEvent>,
     /// The rid of our `X` until it is answered: the session is not ready
     /// (no other request is taken) meanwhile.
@@ -415,9 +430,27 @@ impl Session {
             deadlines: BinaryHeap::new(),
             overdue: BinaryHeap::new(),
             last_input_at: now,
+            heard: false,
             events: VecDeque::new(),
             negotiating: None,
             capabilities: Capabilities::NONE,
+        }
+    }
+
+    /// What the bytes of a session that never became ready say about the
+    /// server, for telling a user why no connection works; `None` once it
+    /// was ready, or when they say nothing (the caller knows whether the
+    /// transport ever connected: before it did, silence means nothing).
+    pub fn handshake_clue(&self) -> Option<HandshakeClue> {
+        if self.ready_at.is_some() {
+            return None;
+        }
+        if !self.heard {
+            return Some(HandshakeClue::Silent);
+        }
+        match self.close_reason {
+            Some(CloseReason::BadHello(_)) => Some(HandshakeClue::NotAHello),
+            _ => None,
         }
     }
 
@@ -754,6 +787,7 @@ impl Session {
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
         if !bytes.is_empty() {
             self.last_input_at = self.last_input_at.max(now);
+            self.heard = true;
         }
         let mut rest = bytes;
         if let Phase::Handshake(handshake) = &mut self.phase {

@@ -156,8 +156,11 @@ async fn accept_loop(
     limits: AdminLimits,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let local = listener.local_addr().ok();
-    info!(admin = ?local, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
+    // Shown as the address, never as Rust's `Some(…)`.
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string());
+    info!(admin = %local, "admin listener serving /metrics, /livez, /readyz, /v1/locks");
     let slots = Arc::new(Semaphore::new(limits.connections_max.max(1)));
     let per_source = Arc::new(PerSource::default());
     let mut pause = ACCEPT_ERROR_PAUSE_FIRST;

@@ -26,7 +26,7 @@ use tracing::{debug, warn};
 use ticketing_core::client::{Backoff, Broker, SessionConfig, WRITE_PROGRESS_TIMEOUT, run_release};
 use ticketing_core::time::Instant;
 
-use super::{Inner, State};
+use super::{ConnectProblem, Inner, State};
 
 /// Size of one socket read.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -62,6 +62,9 @@ pub(super) struct Wire {
     /// When the endpoint task's timer fires (`None`: not armed). A submit
     /// that brings an earlier deadline wakes the task to move it.
     armed: Option<Instant>,
+    /// The transport (TCP, and TLS if used) is up: a session still in its
+    /// handshake has really heard what it heard.
+    pub(super) connected: bool,
 }
 
 impl Inner {
@@ -141,7 +144,17 @@ pub(super) async fn run_endpoint(inner: Arc<Inner>, link: Link) {
         let delay = match connected {
             Ok(Ok(stream)) => {
                 drive(&inner, index, stream).await;
-                let session = inner.lock().sessions[index].take();
+                let session = {
+                    let mut state = inner.lock();
+                    let session = state.sessions[index].take();
+                    // This attempt connected: an older attempt's problem
+                    // no longer holds.
+                    state.problems[index] = session
+                        .as_ref()
+                        .and_then(|session| session.handshake_clue())
+                        .map(ConnectProblem::from_clue);
+                    session
+                };
                 let Some(delay) = backoff.after_ended(session.as_ref()) else {
                     warn!(addr = %link.addr, "authentication failed; not reconnecting");
                     return;
@@ -149,13 +162,14 @@ pub(super) async fn run_endpoint(inner: Arc<Inner>, link: Link) {
                 delay
             }
             result => {
-                let why = match result {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "connect timed out".to_owned(),
+                let problem = match result {
+                    Ok(Err(e)) => ConnectProblem::from_connect_error(&e),
+                    _ => ConnectProblem::Other("connect timed out".to_owned()),
                 };
-                debug!(addr = %link.addr, %why, "connect failed");
+                debug!(addr = %link.addr, why = %problem, "connect failed");
                 let now = inner.now();
                 let mut state = inner.lock();
+                state.problems[index] = Some(problem);
                 inner.transport_closed(&mut state, index, now);
                 state.sessions[index] = None;
                 backoff.after_connect_failure()
@@ -232,6 +246,7 @@ impl Writer {
 /// served; a submitter's wake-up yields once first so that the requests of
 /// every task ready in that round leave in one write.
 async fn drive(inner: &Inner, index: usize, connection: Connection) {
+    inner.lock().wires[index].connected = true;
     let (mut reader, mut writer): (Box<dyn AsyncRead + Unpin + Send>, Writer) = match connection {
         Connection::Tcp(tcp) => {
             let (read_half, write_half) = tcp.into_split();
@@ -312,6 +327,7 @@ async fn drive(inner: &Inner, index: usize, connection: Connection) {
     let now = inner.now();
     let mut state = inner.lock();
     let wire = &mut state.wires[index];
+    wire.connected = false;
     wire.direct = None;
     wire.busy = false;
     wire.spill.clear();

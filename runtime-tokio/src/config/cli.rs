@@ -208,7 +208,8 @@ pub struct LockArgs {
     /// cluster mode; give the 3 or 5 node addresses in slot order with --addr.
     #[arg(long = "cluster-identity", value_name = "HEX", value_parser = parse_identity)]
     pub cluster_identity: Option<[u8; 32]>,
-    /// How long to wait for the lock (0 = one immediate try), at most 255s.
+    /// How long to wait for the lock (0 = one immediate try), at most 255s;
+    /// also how long to keep trying to connect (at least 1s).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub wait: Duration,
     /// Lease: the server frees the key after this even if we do not, 1s..=250s.
@@ -319,7 +320,8 @@ pub struct BenchArgs {
 /// Environment variable with the client token of `lock` and `bench`.
 pub const ENV_CLIENT_TOKEN: &str = "TICKETING_CLIENT_TOKEN";
 
-/// Parses `500ms`, `5s`, `2m` (a whole number and a unit), or `0`.
+/// Parses `500ms`, `5s`, `2m` (a whole number and a unit), or `0`. Errors
+/// do not repeat the text: see [`flag_value_error`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     const ACCEPTED: &str =
         "expected a number with a unit: 500ms, 1.5s, 2m (fractions allowed; 0 alone is zero)";
@@ -329,12 +331,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(split);
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
-        return Err(format!("{text:?}: {ACCEPTED}"));
+        return Err(ACCEPTED.to_owned());
     }
     let whole: u64 = if whole.is_empty() {
         0
     } else {
-        whole.parse().map_err(|_| format!("{text:?}: {ACCEPTED}"))?
+        whole.parse().map_err(|_| ACCEPTED.to_owned())?
     };
     // The fraction as nanoseconds of one unit: at most 9 digits count.
     let digits = fraction.len().min(9);
@@ -343,7 +345,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     } else {
         fraction[..digits]
             .parse::<u64>()
-            .map_err(|_| format!("{text:?}: {ACCEPTED}"))?
+            .map_err(|_| ACCEPTED.to_owned())?
             * 10u64.pow(9 - digits as u32)
     };
     let unit_nanos: u64 = match unit {
@@ -351,18 +353,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "" if whole == 0 && fraction_nanos == 0 => return Ok(Duration::ZERO),
-        "" => return Err(format!("{text:?}: a unit is needed: {ACCEPTED}")),
-        _ => {
-            return Err(format!(
-                "{text:?}: the unit must be ms, s or m ({ACCEPTED})"
-            ));
-        }
+        "" => return Err(format!("a unit is needed: {ACCEPTED}")),
+        _ => return Err(format!("the unit must be ms, s or m ({ACCEPTED})")),
     };
     let nanos = u128::from(whole) * u128::from(unit_nanos)
         + u128::from(fraction_nanos) * u128::from(unit_nanos) / 1_000_000_000;
     u64::try_from(nanos / 1_000_000_000)
         .map(|secs| Duration::new(secs, (nanos % 1_000_000_000) as u32))
-        .map_err(|_| format!("{text:?}: too long"))
+        .map_err(|_| "too long".to_owned())
 }
 
 /// Options of `ticketing serve`. Each overrides the config file.
@@ -501,4 +499,45 @@ pub fn parse_identity(text: &str) -> Result<[u8; 32], String> {
             .map_err(|_| "not hexadecimal".to_owned())?;
     }
     Ok(out)
+}
+
+/// A flag's bad value in plain words: the flag, and what it takes; `None`
+/// for a command-line error that is not about a value (clap's own message
+/// is right for those). clap's own message quotes the value, and a value
+/// may be a secret given to the wrong flag (`--max-keys` followed by a
+/// token meant for the flag before it), so the value is never shown.
+pub fn flag_value_error(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        error.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return None;
+    }
+    // `--max-keys <N>`: the flag, then the name of its value.
+    let arg = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => arg.as_str(),
+        _ => "",
+    };
+    let (flag, value_name) = arg.split_once(' ').unwrap_or((arg, ""));
+    let source = std::error::Error::source(error).map(ToString::to_string);
+    // clap's range check says `{value} is not in {range}`.
+    let range = source
+        .as_deref()
+        .and_then(|source| source.split_once("is not in "))
+        .map_or_else(String::new, |(_, range)| format!(" in {range}"));
+    let wanted = match value_name {
+        "<N>" => format!("a whole number{range}"),
+        "<MS>" => "a whole number of milliseconds".to_owned(),
+        "<S>" => "a whole number of seconds".to_owned(),
+        _ => match (error.get(ContextKind::ValidValue), source) {
+            (Some(ContextValue::Strings(valid)), _) => format!("one of {}", valid.join(", ")),
+            (_, Some(source)) => source,
+            _ => "a different value".to_owned(),
+        },
+    };
+    let wanted = wanted.strip_prefix("expected ").unwrap_or(&wanted);
+    Some(format!(
+        "flag `{flag}`: expected {wanted} (the value given is not shown)"
+    ))
 }

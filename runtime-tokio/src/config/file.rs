@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Deserialize;
+use toml::{Table, Value};
 
 use super::error::ConfigError;
 use super::secret;
@@ -177,8 +178,10 @@ pub struct FileLimits {
     pub max_hold_limit_s: Option<u64>,
 }
 
-/// Parses config file text. Unknown fields are errors. An error in a
-/// secret field's value names the field and never shows the value.
+/// Parses config file text. Unknown fields are errors. Every error names
+/// the field at fault (`--config` for TOML that does not parse), and an
+/// error about a value never shows the value: it may be a secret pasted
+/// into the wrong field.
 pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     toml::from_str(text).map_err(|e| {
         // toml's own Display spans several lines (with a source snippet); keep
@@ -186,21 +189,205 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
         let line = e
             .span()
             .map(|span| text[..span.start.min(text.len())].matches('\n').count());
-        let location = line.map_or_else(String::new, |line| format!(" at line {}", line + 1));
-        let message = e.message().trim();
-        if let Some(field) = secret::secret_error_field(message) {
-            let detail = &message[field.len() + 2..];
-            let at = line.map_or_else(String::new, |line| format!(" (at line {})", line + 1));
-            return ConfigError::new(field, format!("{detail}{at}"));
+        let at = line.map_or_else(String::new, |line| format!(" (at line {})", line + 1));
+        match toml::from_str::<Table>(text) {
+            // Valid TOML: a value of the wrong kind, or an unknown field.
+            Ok(table) => match first_wrong_field(&table) {
+                Some(wrong) => ConfigError::new(wrong.field, format!("{}{at}", wrong.message)),
+                // Not found field by field: say where, not what.
+                None => ConfigError::new("--config", format!("a value of the wrong kind{at}")),
+            },
+            Err(_) => syntax_error(text, line, e.message().trim()),
         }
-        if let Some(field) = line.and_then(|line| secret::hides_line(text, line)) {
-            return ConfigError::new(
-                field,
-                format!("invalid TOML{location}: {}", secret::NOT_SHOWN),
-            );
-        }
-        ConfigError::new("--config", format!("invalid TOML{location}: {message}"))
     })
+}
+
+/// Text that is not TOML: the error names the line, and the secret field
+/// whose value the line lies in, if any, instead of toml's message.
+fn syntax_error(text: &str, line: Option<usize>, message: &str) -> ConfigError {
+    let location = line.map_or_else(String::new, |line| format!(" at line {}", line + 1));
+    if let Some(field) = line.and_then(|line| secret::hides_line(text, line)) {
+        return ConfigError::new(
+            field,
+            format!("invalid TOML{location}: {}", secret::NOT_SHOWN),
+        );
+    }
+    let field = line
+        .and_then(|line| field_at_line(text, line))
+        .unwrap_or_else(|| "--config".to_owned());
+    ConfigError::new(field, format!("invalid TOML{location}: {message}"))
+}
+
+/// The field whose value line `line` (0-based) of `text` holds or
+/// continues, as errors name it (`limits.max_keys`,
+/// `cluster.slots[1].peer`), if the lines say plainly: the last `key =`
+/// at or above it under the last table header. Only keys spelled like
+/// ours (lowercase words joined by `_`) count; anything else leaves the
+/// error naming the file.
+fn field_at_line(text: &str, line: usize) -> Option<String> {
+    let plain = |name: &str| {
+        // Every field of ours is lowercase words joined by `_`.
+        name.split('.').all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase())
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
+    };
+    let mut table = String::new();
+    let mut slots = 0usize;
+    let mut key = None;
+    for current in text.lines().take(line + 1) {
+        let current = current.trim();
+        if let Some(header) = current
+            .strip_prefix("[[")
+            .and_then(|rest| rest.split_once("]]"))
+        {
+            let name = header.0.trim();
+            // Only `[[cluster.slots]]` is a list of tables here.
+            if name != "cluster.slots" {
+                return None;
+            }
+            table = format!("cluster.slots[{slots}].");
+            slots += 1;
+            key = None;
+        } else if let Some(header) = current
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once(']'))
+        {
+            let name = header.0.trim();
+            if !plain(name) {
+                return None;
+            }
+            table = format!("{name}.");
+            key = None;
+        } else if let Some((name, _)) = current.split_once('=') {
+            let name = name.trim();
+            if plain(name) {
+                key = Some(name.to_owned());
+            }
+        }
+    }
+    key.map(|key| format!("{table}{key}"))
+}
+
+/// A field of valid TOML that [`FileConfig`] refuses, as the error names it.
+struct WrongField {
+    /// Its path: `limits.max_keys`, `cluster.slots[1].peer`.
+    field: String,
+    /// What is wrong, without the value.
+    message: String,
+}
+
+/// The first field of `table` that [`FileConfig`] refuses. serde's errors
+/// carry no path, and quote the value they got, so each field is tried
+/// alone (every field is optional, so a table of one field is a whole
+/// config) and the error is rewritten from the value's kind and the type
+/// serde expected.
+fn first_wrong_field(table: &Table) -> Option<WrongField> {
+    first_wrong_in::<FileConfig>("", table, |key, value| match (key, value) {
+        ("tls", Value::Table(inner)) => first_wrong_in::<FileTls>("tls.", inner, no_nesting),
+        ("limits", Value::Table(inner)) => {
+            first_wrong_in::<FileLimits>("limits.", inner, no_nesting)
+        }
+        ("cluster", Value::Table(inner)) => first_wrong_in_cluster(inner),
+        _ => None,
+    })
+}
+
+fn first_wrong_in_cluster(table: &Table) -> Option<WrongField> {
+    first_wrong_in::<FileCluster>("cluster.", table, |key, value| match (key, value) {
+        ("peer_tls", Value::Table(inner)) => {
+            first_wrong_in::<FilePeerTls>("cluster.peer_tls.", inner, no_nesting)
+        }
+        ("slots", Value::Array(slots)) => slots.iter().enumerate().find_map(|(index, slot)| {
+            let prefix = format!("cluster.slots[{index}]");
+            match slot {
+                Value::Table(inner) => {
+                    first_wrong_in::<FileSlot>(&format!("{prefix}."), inner, no_nesting)
+                }
+                other => Some(WrongField {
+                    field: prefix,
+                    message: format!("expected a table, got {}", secret::kind_of(other)),
+                }),
+            }
+        }),
+        _ => None,
+    })
+}
+
+/// A key as written in TOML: bare when it can be, else quoted (an unknown
+/// key may hold anything, a line break included).
+fn key_name(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    }
+}
+
+fn no_nesting(_: &str, _: &Value) -> Option<WrongField> {
+    None
+}
+
+/// The first field of `table` (whose path starts with `prefix`) that `T`
+/// refuses; `nested` looks inside a refused field that is a table or list
+/// of tables itself, for the field within it.
+fn first_wrong_in<T: serde::de::DeserializeOwned>(
+    prefix: &str,
+    table: &Table,
+    nested: impl Fn(&str, &Value) -> Option<WrongField>,
+) -> Option<WrongField> {
+    table.iter().find_map(|(key, value)| {
+        let mut alone = Table::new();
+        alone.insert(key.clone(), value.clone());
+        let error = T::deserialize(Value::Table(alone)).err()?;
+        nested(key, value).or_else(|| {
+            let field = format!("{prefix}{}", key_name(key));
+            let message = plain_message(&field, value, error.message());
+            Some(WrongField { field, message })
+        })
+    })
+}
+
+/// serde's message about `field` (holding `value`) in plain words, without
+/// the value: serde quotes it (`invalid type: string "…", expected u64`).
+fn plain_message(field: &str, value: &Value, serde_message: &str) -> String {
+    let serde_message = serde_message.trim();
+    // The secret fields' own errors already hide the value.
+    if let Some(detail) = serde_message.split_once(secret::NOT_SHOWN) {
+        return format!("{}{}", secret::NOT_SHOWN, detail.1);
+    }
+    let expected = serde_message
+        .rsplit_once(", expected ")
+        .map_or("", |(_, expected)| expected);
+    if serde_message.starts_with("unknown field") {
+        let allowed = expected.trim_start_matches("one of ").replace('`', "");
+        return format!("unknown field (allowed here: {allowed})");
+    }
+    let wanted = match expected {
+        "u64" | "u32" | "usize" => whole_number(field),
+        "a boolean" => "true or false".to_owned(),
+        "a string" | "path string" => "a string".to_owned(),
+        "a sequence" => "a list".to_owned(),
+        expected if expected.starts_with("struct ") => "a table".to_owned(),
+        _ => "a different kind of value".to_owned(),
+    };
+    format!("expected {wanted}, got {}", secret::kind_of(value))
+}
+
+/// A whole number, in the unit the field's name ends with.
+fn whole_number(field: &str) -> String {
+    let unit = if field.ends_with("_ms") {
+        " of milliseconds"
+    } else if field.ends_with("_s") {
+        " of seconds"
+    } else {
+        ""
+    };
+    format!("a whole number{unit}")
 }
 
 /// A path from the config file: relative ones are relative to its folder.

@@ -15,7 +15,7 @@ use toml::Value;
 use super::cli::ServeArgs;
 use super::file::{FileConfig, in_file_dir};
 
-/// In the message of every error about a secret field: [`super::parse_file`]
+/// In the message of every error about a secret field: `parse_file`
 /// recognises it, and readers learn why the value is missing.
 pub(super) const NOT_SHOWN: &str = "invalid value (not shown: it is a secret)";
 
@@ -75,9 +75,10 @@ fn secret_list<'de, D: Deserializer<'de>>(
 }
 
 /// The kind of a TOML value, for an error that must not show the value.
-fn kind_of(value: &Value) -> &'static str {
+pub(super) fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::String(_) => "a string",
+        Value::Integer(number) if *number < 0 => "a negative integer",
         Value::Integer(_) => "an integer",
         Value::Float(_) => "a float",
         Value::Boolean(_) => "a boolean",
@@ -85,17 +86,6 @@ fn kind_of(value: &Value) -> &'static str {
         Value::Array(_) => "a list",
         Value::Table(_) => "a table",
     }
-}
-
-/// The field named by an error [`secret_list`] made, if `message` is one.
-pub(super) fn secret_error_field(message: &str) -> Option<&'static str> {
-    if !message.contains(NOT_SHOWN) {
-        return None;
-    }
-    SECRET_FIELDS
-        .iter()
-        .map(|(_, named)| *named)
-        .find(|named| message.starts_with(&format!("{named}: ")))
 }
 
 /// The secret field whose value line `line` (0-based) of `text` lies in,

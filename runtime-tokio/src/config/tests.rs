@@ -764,18 +764,196 @@ fn file_limit_out_of_range_names_the_field() {
 
 #[test]
 fn unknown_fields_are_rejected_with_their_name() {
-    for text in [
-        "listen_addr = \"127.0.0.1:1\"",
-        "[limits]\nmax_key = 1",
-        "[tls]\ncertificate = \"x\"",
+    for (text, field) in [
+        ("listen_addr = \"127.0.0.1:1\"", "listen_addr"),
+        ("[limits]\nmax_key = 1", "limits.max_key"),
+        ("[tls]\ncertificate = \"x\"", "tls.certificate"),
+        (
+            "[[cluster.slots]]\nclient_addr = \"x\"",
+            "cluster.slots[0].client_addr",
+        ),
     ] {
         let err = parse_file(text).unwrap_err();
-        assert_eq!(err.field, "--config");
+        assert_eq!(err.field, field, "{text}");
         assert!(err.message.contains("unknown field"), "{err}");
+        assert!(err.message.contains("allowed here"), "{err}");
         assert!(!err.message.contains('\n'), "not one line: {err}");
     }
-    let err = parse_file("listen = 5").unwrap_err();
-    assert!(err.message.contains("line 1"), "{err}");
+}
+
+/// Looks like a token: it must never appear in an error, whichever field
+/// it was put in by mistake.
+const PASTED: &str = "tok3n-5ecret-0123456789abcdef";
+
+#[test]
+fn a_value_of_the_wrong_kind_names_its_field_and_line_but_not_the_value() {
+    let cases = [
+        (
+            format!("[limits]\nmax_hold_limit_s = \"{PASTED}\""),
+            "limits.max_hold_limit_s",
+            "expected a whole number of seconds, got a string (at line 2)",
+        ),
+        (
+            format!("wait_margin_ms = \"{PASTED}\""),
+            "wait_margin_ms",
+            "expected a whole number of milliseconds, got a string (at line 1)",
+        ),
+        (
+            "worker_threads = -3".to_owned(),
+            "worker_threads",
+            "expected a whole number, got a negative integer (at line 1)",
+        ),
+        (
+            format!("insecure_no_auth = \"{PASTED}\""),
+            "insecure_no_auth",
+            "expected true or false, got a string (at line 1)",
+        ),
+        (
+            "listen = 5".to_owned(),
+            "listen",
+            "expected a string, got an integer (at line 1)",
+        ),
+        (
+            format!("admin_allowed_hosts = \"{PASTED}\""),
+            "admin_allowed_hosts",
+            "expected a list, got a string (at line 1)",
+        ),
+        (
+            format!("limits = \"{PASTED}\""),
+            "limits",
+            "expected a table, got a string (at line 1)",
+        ),
+        (
+            format!(
+                "[cluster]\npeer_tls = {{ server_name = 7 }}\n[[cluster.slots]]\npeer = \"{PASTED}\""
+            ),
+            "cluster.peer_tls.server_name",
+            "expected a string, got an integer (at line 2)",
+        ),
+        (
+            format!(
+                "[[cluster.slots]]\nclient = \"127.0.0.1:1\"\n[[cluster.slots]]\nadmin = [\"{PASTED}\"]"
+            ),
+            "cluster.slots[1].admin",
+            "expected a string, got a list (at line 4)",
+        ),
+    ];
+    for (text, field, message) in cases {
+        let err = parse_file(&text).unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains(PASTED), "a value was printed: {shown}");
+        assert!(!shown.contains("-3"), "a value was printed: {shown}");
+        assert_eq!(err.field, field, "{text}");
+        assert_eq!(err.message, message, "{text}");
+    }
+}
+
+#[test]
+fn text_that_is_not_toml_names_the_field_of_its_line_but_not_the_value() {
+    for (text, field, line) in [
+        (
+            format!("[limits]\nmax_keys = 0x{PASTED}"),
+            "limits.max_keys",
+            2,
+        ),
+        (format!("listen = \"{PASTED}"), "listen", 1),
+        (
+            format!(
+                "[[cluster.slots]]\nclient = \"a\"\n[[cluster.slots]]\npeer = [\n  {PASTED}\n]"
+            ),
+            "cluster.slots[1].peer",
+            5,
+        ),
+        // No key to name: the file.
+        (PASTED.to_owned(), "--config", 1),
+    ] {
+        let err = parse_file(&text).unwrap_err();
+        let shown = err.to_string();
+        assert_eq!(err.field, field, "{text}: {shown}");
+        assert!(
+            err.message
+                .starts_with(&format!("invalid TOML at line {line}: ")),
+            "{shown}"
+        );
+        assert!(!shown.contains(PASTED), "a value was printed: {shown}");
+    }
+}
+
+#[test]
+fn a_bad_flag_value_names_the_flag_but_not_the_value() {
+    for (argv, flag, wanted) in [
+        (
+            vec!["serve", "--max-hold-limit-s", PASTED],
+            "--max-hold-limit-s",
+            "a whole number of seconds",
+        ),
+        (
+            vec!["serve", "--handshake-timeout-ms", PASTED],
+            "--handshake-timeout-ms",
+            "a whole number of milliseconds",
+        ),
+        (
+            vec!["serve", "--max-keys", PASTED],
+            "--max-keys",
+            "a whole number",
+        ),
+        (
+            vec!["lock", "k", "--wait", PASTED, "--", "true"],
+            "--wait",
+            "a number with a unit",
+        ),
+        (
+            vec!["bench", "--threads", PASTED],
+            "--threads",
+            "a whole number",
+        ),
+        (
+            vec!["bench", "--threads", "999"],
+            "--threads",
+            "a whole number in 1..=256",
+        ),
+        (
+            vec!["lock", "k", "--cluster-identity", PASTED, "--", "true"],
+            "--cluster-identity",
+            "64 lowercase hex digits",
+        ),
+    ] {
+        let mut full = vec!["ticketing"];
+        full.extend(argv);
+        let error = Cli::try_parse_from(&full).unwrap_err();
+        let message = flag_value_error(&error).expect("a value error");
+        assert!(!message.contains(PASTED), "a value was printed: {message}");
+        assert!(
+            message.starts_with(&format!("flag `{flag}`: expected ")),
+            "{message}"
+        );
+        assert!(message.contains(wanted), "{full:?}: {message}");
+    }
+    // Not about a value: clap's message is kept.
+    let error = Cli::try_parse_from(["ticketing", "serve", "--no-such-flag"]).unwrap_err();
+    assert_eq!(flag_value_error(&error), None);
+}
+
+#[test]
+fn a_bad_environment_value_names_the_variable_but_not_the_value() {
+    let short = "tok3n-5ecret";
+    let env = Env {
+        client_tokens: Some(format!("{PASTED},{short}")),
+        ..Env::default()
+    };
+    let err = resolve(&FileConfig::default(), None, &ServeArgs::default(), &env).unwrap_err();
+    let shown = err.to_string();
+    assert_eq!(err.field, "client_tokens[1]");
+    assert!(shown.contains(ENV_CLIENT_TOKENS), "{shown}");
+    assert!(!shown.contains(short), "a value was printed: {shown}");
+    let env = Env {
+        rust_log: Some(format!("ticketing=\"{PASTED}")),
+        ..Env::default()
+    };
+    let err = resolve(&FileConfig::default(), None, &ServeArgs::default(), &env).unwrap_err();
+    let shown = err.to_string();
+    assert_eq!(err.field, "RUST_LOG");
+    assert!(!shown.contains(PASTED), "a value was printed: {shown}");
 }
 
 #[test]
@@ -1095,12 +1273,12 @@ fn a_bad_secret_field_in_the_file_is_named_without_its_value() {
         assert_eq!(err.field, field, "{text}: {err}");
         assert!(err.message.contains("not shown"), "{text}: {err}");
     }
-    // An error in a field after a secret's value is shown as usual.
+    // An error in a field after a secret's value names that field.
     let text = format!("client_tokens = [\n  \"{SECRET}\",\n]\nwait_margin_ms = \"soon\"\n");
     let err = parse_file(&text).unwrap_err();
-    assert_eq!(err.field, "--config", "{err}");
+    assert_eq!(err.field, "wait_margin_ms", "{err}");
     assert!(
-        err.message.contains("\"soon\"") && err.message.contains("line 4"),
+        !err.message.contains("soon") && err.message.contains("line 4"),
         "{err}"
     );
 }
