@@ -1,0 +1,56 @@
+//! The status page: `GET /` (HTML), `/page.css` and `/page.js`, compiled
+//! into the binary from the files under `admin/page/`.
+//!
+//! The page holds no data of its own: its script reads `/metrics`,
+//! `/readyz` and the lock API with the visitor's credentials (the admin
+//! token only if one was entered), so it shows exactly what the access
+//! rule lets that visitor read. Serving it is open, like `/livez`, and
+//! behind the same `Host` check as every route. Its headers keep it from
+//! loading anything from elsewhere or being framed by another site (a
+//! frame could trick a clicking operator into a force-release).
+
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+
+const INDEX_HTML: &str = include_str!("page/index.html");
+const PAGE_CSS: &str = include_str!("page/page.css");
+const PAGE_JS: &str = include_str!("page/page.js");
+
+/// Only this listener's own files and API; no inline script, no frames.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    // A new binary may serve a new page: never keep an old one.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+pub(crate) async fn index() -> Response {
+    asset(INDEX_HTML, "text/html; charset=utf-8")
+}
+
+pub(crate) async fn css() -> Response {
+    asset(PAGE_CSS, "text/css; charset=utf-8")
+}
+
+pub(crate) async fn js() -> Response {
+    asset(PAGE_JS, "text/javascript; charset=utf-8")
+}
