@@ -235,7 +235,13 @@ async function pollList() {
   const rows = locks.map((lock) => {
     const row = el("tr");
     const keyCell = el("th", null, { scope: "row" });
-    keyCell.append(el("a", keyText(lock.key, lock.key_encoding), { href: "#key=" + encodeURIComponent(lock.key) }));
+    // A key that is not UTF-8 (none is today) has no view: its hex text
+    // is not its name in a path.
+    if (lock.key_encoding === "utf8") {
+      keyCell.append(el("a", lock.key, { href: "#key=" + encodeURIComponent(lock.key) }));
+    } else {
+      keyCell.textContent = keyText(lock.key, lock.key_encoding);
+    }
     row.append(keyCell);
     const h = lock.holder;
     row.append(el("td", h ? connText(h.conn) : "nobody (waiters only)"));
