@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::admin::{http_get, http_request};
+use common::cluster::{CLIENT_TOKEN, Cluster, IDENTITY, PEER_TOKEN, Setup};
 use common::ports::free_port;
 use common::scratch::{Scratch, scratch_dir};
 use serde_json::{Value, json};
@@ -445,6 +446,130 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     drop(page);
     browser.stop();
     drop(ticket);
+}
+
+/// The text of the fact `name` (a `<dd>`) in a dumped page.
+fn fact_text(dom: &str, name: &str) -> Option<String> {
+    let at = dom.find(&format!("data-fact=\"{name}\""))?;
+    let rest = &dom[at..];
+    let dd = rest.find("<dd")?;
+    let rest = &rest[dd..];
+    let start = rest.find('>')? + 1;
+    let end = rest.find("</dd>")?;
+    Some(rest[start..end].to_owned())
+}
+
+/// Config files for a 3-node cluster whose every node has a loopback
+/// admin listener, knows every slot's, and accepts [`ADMIN_TOKEN`].
+fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<PathBuf> {
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let slots: Vec<String> = cluster
+        .slots
+        .iter()
+        .zip(admin)
+        .map(|(s, admin)| {
+            format!(
+                "{{ client = \"{}\", peer = \"{}\", admin = \"{admin}\" }}",
+                s.client, s.peer
+            )
+        })
+        .collect();
+    (0..cluster.slots.len())
+        .map(|slot| {
+            let path = dir.0.join(format!("node{slot}.toml"));
+            let text = format!(
+                "client_tokens = [\"{CLIENT_TOKEN}\"]\n\
+                 admin_listen = \"{}\"\n\
+                 admin_tokens = [\"{ADMIN_TOKEN}\"]\n\
+                 log_level = \"warn\"\n\
+                 [cluster]\n\
+                 identity = \"{IDENTITY}\"\n\
+                 self_slot = {slot}\n\
+                 profile = \"fast\"\n\
+                 peer_tokens = [\"{PEER_TOKEN}\"]\n\
+                 status_listen = \"{}\"\n\
+                 slots = [{}]\n",
+                admin[slot],
+                cluster.slots[slot].status,
+                slots.join(", ")
+            );
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// What a node's page says of it: (role, term).
+fn page_role(chromium: &Path, admin: SocketAddr) -> (String, u64) {
+    let dom = dump_dom(chromium, &format!("http://{admin}/"));
+    let role = fact_text(&dom, "Role").unwrap_or_else(|| panic!("no role on the page: {dom}"));
+    let term = fact_text(&dom, "Term")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no term on the page: {dom}"));
+    (role, term)
+}
+
+#[test]
+fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
+    let test = "cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed";
+    let Some(chromium) = chromium(test) else {
+        return;
+    };
+    let mut cluster = Cluster::new(3);
+    let admin: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let config_dir = scratch_dir("status-page-cluster");
+    cluster.setup = Setup::Files(cluster_files(&config_dir, &cluster, &admin));
+    cluster.start_all();
+    // Every node ready: each knows the leader.
+    for &addr in &admin {
+        poll("/readyz 200", || {
+            http_get(addr, "/readyz").and_then(|(status, _, _)| (status == 200).then_some(()))
+        });
+    }
+    let roles: Vec<(String, u64)> = (0..3)
+        .map(|slot| page_role(&chromium, admin[slot]))
+        .collect();
+    let leaders: Vec<usize> = (0..3)
+        .filter(|&slot| roles[slot].0 == "leader, voter")
+        .collect();
+    assert_eq!(leaders.len(), 1, "one leader among {roles:?}");
+    let leader = leaders[0];
+    for (slot, (role, _)) in roles.iter().enumerate().filter(|&(s, _)| s != leader) {
+        assert_eq!(role, "follower, voter", "slot {slot}: {roles:?}");
+    }
+    // The leader's page shows how far behind each peer is; a follower's
+    // lock table sends the operator to the leader.
+    let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
+    let behind = fact_text(&leader_dom, "Peers behind").expect("the peers' lag on the leader");
+    assert_eq!(behind.matches("slot ").count(), 2, "{behind}");
+    let follower = (leader + 1) % 3;
+    let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
+    assert!(
+        follower_dom.contains("This node is not the leader"),
+        "{follower_dom}"
+    );
+
+    // Kill the leader: a survivor's page shows it leading, in a later term.
+    let old_term = roles[leader].1;
+    cluster.kill(leader);
+    let survivors: Vec<usize> = (0..3).filter(|&s| s != leader).collect();
+    let (new_leader, new_term) = poll("a new leader on a survivor's page", || {
+        survivors.iter().find_map(|&slot| {
+            let (role, term) = page_role(&chromium, admin[slot]);
+            (role == "leader, voter").then_some((slot, term))
+        })
+    });
+    assert!(new_term > old_term, "term {old_term}, then {new_term}");
+    let other = survivors
+        .iter()
+        .copied()
+        .find(|&s| s != new_leader)
+        .unwrap();
+    let (role, _) = poll("the other survivor following", || {
+        Some(page_role(&chromium, admin[other])).filter(|(role, _)| role == "follower, voter")
+    });
+    assert_eq!(role, "follower, voter");
+    drop(config_dir);
 }
 
 // ---------------------------------------------------------------------------

@@ -160,6 +160,14 @@ async function pollOverview() {
     fact(list, "Term", m.get("ticketing_raft_term"));
     fact(list, "Commit index", m.get("ticketing_raft_commit_index"));
     fact(list, "Applied index", m.get("ticketing_raft_applied_index"));
+    fact(list, "Leader changes seen", m.get("ticketing_leader_changes_total"));
+    // Only a leader knows how far behind each peer is.
+    const lags = [];
+    for (const [series, value] of m) {
+      const match = /^ticketing_peer_replication_lag_entries\{slot="(\d+)"\}$/.exec(series);
+      if (match) lags.push("slot " + match[1] + ": " + value + (value === 1 ? " entry" : " entries"));
+    }
+    if (lags.length > 0) fact(list, "Peers behind", lags.join(", "));
   }
   fact(list, "Held keys", m.get("ticketing_held_keys"));
   fact(list, "Waiters", cluster && m.get("ticketing_is_leader") !== 1 ? "— (leader only)" : m.get("ticketing_waiters"));
