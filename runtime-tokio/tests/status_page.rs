@@ -427,7 +427,9 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         .block_on(tokio::time::timeout(DEADLINE, waiting.remove(0)))
         .expect("the front waiter is granted")
         .unwrap();
-    let next = granted.expect("the front waiter is granted").token();
+    // Kept until the end: dropping it would hand the key on to waiter-2.
+    let next_ticket = granted.expect("the front waiter is granted");
+    let next = next_ticket.token();
     assert_eq!(handed_to, next.to_string(), "{result}");
     assert!(next > token);
     assert!(
@@ -445,7 +447,7 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     );
     drop(page);
     browser.stop();
-    drop(ticket);
+    drop((ticket, next_ticket));
 }
 
 /// The text of the fact `name` (a `<dd>`) in a dumped page.
@@ -744,11 +746,21 @@ impl Page {
         self.until_value(what, &format!("({expression}) || null"));
     }
 
-    /// Polls until `expression` is not null; returns it.
+    /// Polls until `expression` is not null; returns it. A failure shows
+    /// what the page says.
     fn until_value(&mut self, what: &str, expression: &str) -> Value {
-        poll(what, || {
-            Some(self.eval(expression)).filter(|v| !v.is_null())
-        })
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let value = self.eval(expression);
+            if !value.is_null() {
+                return value;
+            }
+            if Instant::now() >= deadline {
+                let shown = self.eval("document.querySelector('main').innerText");
+                panic!("no {what} within {DEADLINE:?}; the page shows: {shown}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Presses and releases Enter on the focused element.

@@ -445,6 +445,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("release-start").addEventListener("click", askRelease);
   $("release-no").addEventListener("click", cancelRelease);
   $("release-yes").addEventListener("click", confirmRelease);
+  // Escape backs out of the confirmation, as from a dialog.
+  $("release-confirm").addEventListener("keydown", (event) => { if (event.key === "Escape") cancelRelease(); });
   window.addEventListener("hashchange", () => { $("release-confirm").hidden = true; pollNow(); });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) pollNow(); });
   setInterval(tick, TICK_MS);
