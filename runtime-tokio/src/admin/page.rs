@@ -54,3 +54,34 @@ pub(crate) async fn css() -> Response {
 pub(crate) async fn js() -> Response {
     asset(PAGE_JS, "text/javascript; charset=utf-8")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_page_loads_only_its_own_files_and_cannot_be_framed() {
+        for (response, content_type) in [
+            (index().await, "text/html; charset=utf-8"),
+            (css().await, "text/css; charset=utf-8"),
+            (js().await, "text/javascript; charset=utf-8"),
+        ] {
+            let headers = response.headers();
+            assert_eq!(headers[header::CONTENT_TYPE], content_type);
+            let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+            assert!(csp.starts_with("default-src 'none'; script-src 'self';"));
+            assert!(csp.contains("frame-ancestors 'none'"));
+            assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
+            assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        }
+        // The HTML names only the two files served next to it, and no
+        // inline script (the policy would block it).
+        assert!(INDEX_HTML.contains(r#"<script src="/page.js" defer></script>"#));
+        assert!(INDEX_HTML.contains(r#"<link rel="stylesheet" href="/page.css">"#));
+        assert_eq!(INDEX_HTML.matches("<script").count(), 1);
+        assert!(!INDEX_HTML.contains("http://") && !INDEX_HTML.contains("https://"));
+        assert!(!PAGE_CSS.contains("url(") && !PAGE_CSS.contains("@import"));
+        // Text from the server is only ever set as text, never as markup.
+        assert!(!PAGE_JS.contains("http") && !PAGE_JS.contains("innerHTML"));
+    }
+}
