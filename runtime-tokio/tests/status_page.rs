@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::admin::{http_get, http_request};
+use common::admin::{http_get, http_request, http_request_as};
 use common::cluster::{CLIENT_TOKEN, Cluster, IDENTITY, PEER_TOKEN, Setup};
 use common::ports::free_port;
 use common::scratch::{Scratch, scratch_dir};
@@ -300,6 +300,10 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     assert_eq!(status, 200);
     assert_eq!(content_type, "text/html; charset=utf-8");
     assert!(page.contains("<noscript>"), "a note without JavaScript");
+    // The page is behind the same Host check as the API.
+    let (status, _, _) =
+        http_request_as("rebound.example:80", server.admin, "GET", "/", None).unwrap();
+    assert_eq!(status, 421);
 
     // Without the admin token: the key, its holder's connection, and never
     // the live fencing token.
@@ -444,6 +448,25 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     page.until(
         "two waiters",
         "document.querySelectorAll('#waiters tbody tr').length === 2",
+    );
+    // Back to the list, now with tokens; then the search by prefix.
+    page.eval("document.getElementById('back').click()");
+    page.until(
+        "the list with the token",
+        &format!(
+            "[...document.querySelectorAll('#locks tbody tr[data-key] td')].some(td => td.textContent === '{next}')"
+        ),
+    );
+    page.eval("document.getElementById('prefix').focus()");
+    page.call("Input.insertText", json!({ "text": "other/" }));
+    page.press_enter();
+    page.until(
+        "no key under other/",
+        "document.getElementById('locks-summary').textContent.startsWith('0 keys starting with')",
+    );
+    assert_eq!(
+        page.eval_u64("document.querySelectorAll('#locks tbody tr').length"),
+        0
     );
     drop(page);
     browser.stop();
