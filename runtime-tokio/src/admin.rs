@@ -111,6 +111,7 @@ pub(crate) fn spawn_admin_api(
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .route("/v1/node", get(api::node))
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{*key}", get(api::show).post(api::release))
         // Every route, the open ones too: they say nothing secret, but a

@@ -300,6 +300,14 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     assert_eq!(status, 200);
     assert_eq!(content_type, "text/html; charset=utf-8");
     assert!(page.contains("<noscript>"), "a note without JavaScript");
+    let (status, _, body) = http_get(server.admin, "/v1/node").unwrap();
+    assert_eq!(
+        (status, body.trim()),
+        (
+            200,
+            r#"{"leader_admin":null,"leader_slot":null,"mode":"single","slot":null}"#
+        )
+    );
     // The page is behind the same Host check as the API.
     let (status, _, _) =
         http_request_as("rebound.example:80", server.admin, "GET", "/", None).unwrap();
@@ -567,8 +575,21 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
     let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
     let behind = fact_text(&leader_dom, "Peers behind").expect("the peers' lag on the leader");
     assert_eq!(behind.matches("slot ").count(), 2, "{behind}");
+    assert_eq!(
+        fact_text(&leader_dom, "Leader").as_deref(),
+        Some(format!("slot {leader} (this node)").as_str())
+    );
     let follower = (leader + 1) % 3;
     let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
+    assert_eq!(
+        fact_text(&follower_dom, "Leader").as_deref(),
+        Some(format!("slot {leader}").as_str()),
+        "{follower_dom}"
+    );
+    assert!(
+        follower_dom.contains(&format!("href=\"http://{}/\"", admin[leader])),
+        "a link to the leader's page"
+    );
     assert!(
         follower_dom.contains("This node is not the leader"),
         "{follower_dom}"
@@ -585,15 +606,23 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         })
     });
     assert!(new_term > old_term, "term {old_term}, then {new_term}");
+    let dom = dump_dom(&chromium, &format!("http://{}/", admin[new_leader]));
+    assert_eq!(
+        fact_text(&dom, "Leader"),
+        Some(format!("slot {new_leader} (this node)"))
+    );
     let other = survivors
         .iter()
         .copied()
         .find(|&s| s != new_leader)
         .unwrap();
-    let (role, _) = poll("the other survivor following", || {
-        Some(page_role(&chromium, admin[other])).filter(|(role, _)| role == "follower, voter")
+    // The other survivor's page names the new leader.
+    poll("the other survivor following the new leader", || {
+        let dom = dump_dom(&chromium, &format!("http://{}/", admin[other]));
+        let following = fact_text(&dom, "Role").as_deref() == Some("follower, voter")
+            && fact_text(&dom, "Leader") == Some(format!("slot {new_leader}"));
+        following.then_some(())
     });
-    assert_eq!(role, "follower, voter");
     drop(config_dir);
 }
 

@@ -161,6 +161,17 @@ async function pollOverview() {
     fact(list, "Commit index", m.get("ticketing_raft_commit_index"));
     fact(list, "Applied index", m.get("ticketing_raft_applied_index"));
     fact(list, "Leader changes seen", m.get("ticketing_leader_changes_total"));
+    const node = await get("/v1/node", true);
+    if (node.status === 200 && node.body) {
+      const n = node.body;
+      fact(list, "This node", "slot " + n.slot);
+      fact(list, "Leader", n.leader_slot === null ? "none known"
+        : "slot " + n.leader_slot + (n.leader_slot === n.slot ? " (this node)" : ""));
+      if (n.leader_admin && n.leader_slot !== n.slot) {
+        // A link, not a request: each node's page reads only its own node.
+        fact(list, "Leader's page", el("a", n.leader_admin, { href: "http://" + n.leader_admin + "/" }));
+      }
+    }
     // Only a leader knows how far behind each peer is.
     const lags = [];
     for (const [series, value] of m) {
