@@ -431,6 +431,11 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         "the release's answer",
         "document.getElementById('release-result').dataset.revoked || null",
     );
+    assert_eq!(
+        page.eval_string("document.activeElement.id"),
+        "release-result",
+        "the focus moves to the outcome"
+    );
     let handed_to = page.eval_string("document.getElementById('release-result').dataset.handedTo");
     let result = page.eval_string("document.getElementById('release-result').textContent");
     assert_eq!(revoked, json!(token.to_string()), "{result}");

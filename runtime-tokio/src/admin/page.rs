@@ -81,7 +81,9 @@ mod tests {
         assert_eq!(INDEX_HTML.matches("<script").count(), 1);
         assert!(!INDEX_HTML.contains("http://") && !INDEX_HTML.contains("https://"));
         assert!(!PAGE_CSS.contains("url(") && !PAGE_CSS.contains("@import"));
-        // Text from the server is only ever set as text, never as markup.
-        assert!(!PAGE_JS.contains("http") && !PAGE_JS.contains("innerHTML"));
+        // Text from the server is only ever set as text, never as markup;
+        // the one absolute URL is the link to a cluster leader's page.
+        assert!(!PAGE_JS.contains("innerHTML") && !PAGE_JS.contains("https://"));
+        assert_eq!(PAGE_JS.matches("http://").count(), 1);
     }
 }

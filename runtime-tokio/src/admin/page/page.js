@@ -6,8 +6,10 @@
 "use strict";
 
 // Polling: one round at a time (the next is scheduled after the last
-// answer), every POLL_MS, and none while the tab is hidden: an open page
-// costs the core about one small query a second at most.
+// answer), every POLL_MS, and none while the tab is hidden. A round is
+// /metrics, /readyz (and /v1/node in a cluster), then one key or up to
+// PAGES_MAX listing pages, one request after another: what one
+// `ticketing status` and `ticketing locks ls` would ask.
 const POLL_MS = 2000;
 // Bounds on one round's listing: pages of PAGE_LIMIT locks, at most
 // PAGES_MAX pages (each one bounded scan on the server).
@@ -378,8 +380,17 @@ async function confirmRelease() {
   result.className = "";
   result.textContent = "Releasing…";
   const key = shownLock.key;
-  const response = await fetch("/v1/locks/" + encodeURIComponent(key) + "/release?token=" + encodeURIComponent(grant),
-    { method: "POST", headers: headers(), redirect: "manual", cache: "no-store" });
+  let response;
+  try {
+    response = await fetch("/v1/locks/" + encodeURIComponent(key) + "/release?token=" + encodeURIComponent(grant),
+      { method: "POST", headers: headers(), redirect: "manual", cache: "no-store" });
+  } catch (error) {
+    result.className = "bad";
+    result.textContent = "No answer from the admin listener (" + error.message + "): the release may or may not have happened; look at the key before trying again.";
+    result.focus();
+    await pollNow();
+    return;
+  }
   let body = null;
   if (response.type !== "opaqueredirect") { try { body = JSON.parse(await response.text()); } catch (_) { body = null; } }
   if (response.status === 200 && body) {
@@ -394,9 +405,12 @@ async function confirmRelease() {
     const code = body && body.error;
     result.textContent = code === "token_mismatch" ? "Not released: the key is now held by another grant; nothing changed."
       : code === "not_held" ? "Not released: nobody holds the key now."
+      : code === "indeterminate" ? "Outcome unknown (leadership changed, or no answer in time): look at the key before trying again."
       : "Not released: " + (refusal({ status: response.status || 307, body: body, redirected: response.type === "opaqueredirect" }) || "unknown answer");
     if (response.status === 403) forgetToken(true);
   }
+  // The confirmation is gone: the focus goes to the outcome.
+  result.focus();
   await pollNow();
 }
 
