@@ -1,6 +1,7 @@
 //! The admin HTTP listener (`admin_listen`): `GET /metrics` (OpenMetrics
 //! text), `GET /livez` and `GET /readyz`, and the lock API (`/v1/locks…`,
-//! see the `api` submodule and `docs/admin-api.md`).
+//! see the `api` submodule and `docs/admin-api.md`), and a status page
+//! at `GET /` that reads them from a browser (the `page` submodule).
 //!
 //! It only serves what the core counted and decided: each request takes one
 //! snapshot ([`ticketing_core::server::Server::metrics`] or
@@ -37,6 +38,7 @@ use tokio::task::JoinHandle;
 
 mod api;
 mod listener;
+mod page;
 pub use api::{
     ADMIN_REPLY_TIMEOUT, AdminNode, DEFAULT_LISTING_LIMIT, PENDING_ADMIN_REQUESTS_MAX,
     UNAUTHENTICATED_QUERIES_MAX, UNAUTHENTICATED_QUEUE_TIMEOUT, rfc3339,
@@ -103,9 +105,13 @@ pub(crate) fn spawn_admin_api(
         started: std::time::Instant::now(),
     });
     let router = Router::new()
+        .route("/", get(page::index))
+        .route("/page.css", get(page::css))
+        .route("/page.js", get(page::js))
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .route("/v1/node", get(api::node))
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{*key}", get(api::show).post(api::release))
         // Every route, the open ones too: they say nothing secret, but a

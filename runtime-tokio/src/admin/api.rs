@@ -1,6 +1,7 @@
 //! The lock API of the admin listener:
 //! `GET /v1/locks?prefix=P&limit=N&cursor=C`, `GET /v1/locks/{key}`,
-//! `POST /v1/locks/{key}/release[?token=T]`.
+//! `POST /v1/locks/{key}/release[?token=T]`, and `GET /v1/node` (this
+//! node's slot and the leader it knows).
 //!
 //! Thin by design: each handler checks the request's `Host` and query
 //! parameters, asks the core's access rule
@@ -412,6 +413,49 @@ async fn query_core<T>(
             ))
         }
     }
+}
+
+/// `GET /v1/node`: this node's place, answered by every node (a follower
+/// does not redirect it): single or cluster, its slot, and the leader it
+/// knows (slot, and admin address when configured). Read access, like the
+/// lock API: the leader's address is what a redirect would reveal.
+pub(crate) async fn node(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if let Err(refused) = check_params(&app, &uri, &[], addrs.peer) {
+        return refused;
+    }
+    if let Err(refused) = access(&app, &headers, AdminEndpoint::Read, addrs.peer) {
+        return refused;
+    }
+    // Asked first: a node that knows another leader says so here, one
+    // that leads answers None (and its metrics say it leads).
+    let elsewhere = app.node.not_leader();
+    let body = match app.node.metrics() {
+        NodeMetrics::Single(_) => json!({
+            "mode": "single",
+            "slot": Value::Null,
+            "leader_slot": Value::Null,
+            "leader_admin": Value::Null,
+        }),
+        NodeMetrics::Cluster(m) => {
+            let (leader_slot, leader_admin) = match elsewhere {
+                Some(not_leader) => (not_leader.leader_slot, not_leader.leader_admin),
+                None if m.is_leader => (Some(m.slot), None),
+                None => (None, None),
+            };
+            json!({
+                "mode": "cluster",
+                "slot": m.slot,
+                "leader_slot": leader_slot,
+                "leader_admin": leader_admin.as_deref(),
+            })
+        }
+    };
+    ok_json(StatusCode::OK, &body)
 }
 
 pub(crate) async fn list(
