@@ -37,6 +37,41 @@ pub enum PlantedBug {
     RenewalFromReply,
 }
 
+impl PlantedBug {
+    /// Every planted bug.
+    pub const ALL: [PlantedBug; 9] = [
+        PlantedBug::GrantTwice,
+        PlantedBug::ReuseToken,
+        PlantedBug::SkipWaiter,
+        PlantedBug::ForgetGhostGrant,
+        PlantedBug::LoseWaiter,
+        PlantedBug::SkipPeerFrameMac,
+        PlantedBug::ForceReleaseKeepsGrant,
+        PlantedBug::ExtendAnyToken,
+        PlantedBug::RenewalFromReply,
+    ];
+
+    /// The bug's name on the simulator's command line (`--planted NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlantedBug::GrantTwice => "grant-twice",
+            PlantedBug::ReuseToken => "reuse-token",
+            PlantedBug::SkipWaiter => "skip-waiter",
+            PlantedBug::ForgetGhostGrant => "forget-ghost-grant",
+            PlantedBug::LoseWaiter => "lose-waiter",
+            PlantedBug::SkipPeerFrameMac => "skip-peer-frame-mac",
+            PlantedBug::ForceReleaseKeepsGrant => "force-release-keeps-grant",
+            PlantedBug::ExtendAnyToken => "extend-any-token",
+            PlantedBug::RenewalFromReply => "renewal-from-reply",
+        }
+    }
+
+    /// The bug named `name` on the command line.
+    pub fn from_name(name: &str) -> Option<PlantedBug> {
+        PlantedBug::ALL.into_iter().find(|bug| bug.name() == name)
+    }
+}
+
 thread_local! {
     static ACTIVE: Cell<Option<PlantedBug>> = const { Cell::new(None) };
 }
