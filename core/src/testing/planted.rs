@@ -35,11 +35,17 @@ pub enum PlantedBug {
     /// instead of from when the renewal was sent: its deadline runs past
     /// the server's expiry by the answer's trip.
     RenewalFromReply,
+    /// A restart starts its tokens at the stored reserve instead of one
+    /// above it ([`crate::reserve::start_token`]): the reserve is the highest
+    /// token the previous run may have issued, so once that run used its
+    /// reserve up, and the wall clock is behind, its last token is issued
+    /// again.
+    ReissueReservedToken,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 9] = [
+    pub const ALL: [PlantedBug; 10] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -49,6 +55,7 @@ impl PlantedBug {
         PlantedBug::ForceReleaseKeepsGrant,
         PlantedBug::ExtendAnyToken,
         PlantedBug::RenewalFromReply,
+        PlantedBug::ReissueReservedToken,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -63,6 +70,7 @@ impl PlantedBug {
             PlantedBug::ForceReleaseKeepsGrant => "force-release-keeps-grant",
             PlantedBug::ExtendAnyToken => "extend-any-token",
             PlantedBug::RenewalFromReply => "renewal-from-reply",
+            PlantedBug::ReissueReservedToken => "reissue-reserved-token",
         }
     }
 
