@@ -41,11 +41,16 @@ pub enum PlantedBug {
     /// reserve up, and the wall clock is behind, its last token is issued
     /// again.
     ReissueReservedToken,
+    /// A Raft leader commits the entry a majority holds even when it is of
+    /// an older term (the check of Raft §5.4.2 dropped): an entry so
+    /// committed can still be overwritten by a leader elected without it
+    /// (Figure 8 of the Raft paper), after some node applied it.
+    CommitOlderTerm,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 10] = [
+    pub const ALL: [PlantedBug; 11] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -56,6 +61,7 @@ impl PlantedBug {
         PlantedBug::ExtendAnyToken,
         PlantedBug::RenewalFromReply,
         PlantedBug::ReissueReservedToken,
+        PlantedBug::CommitOlderTerm,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -71,6 +77,7 @@ impl PlantedBug {
             PlantedBug::ExtendAnyToken => "extend-any-token",
             PlantedBug::RenewalFromReply => "renewal-from-reply",
             PlantedBug::ReissueReservedToken => "reissue-reserved-token",
+            PlantedBug::CommitOlderTerm => "commit-older-term",
         }
     }
 
