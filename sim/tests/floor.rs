@@ -6,6 +6,10 @@
 use ticketing_core::testing::planted::{self, PlantedBug};
 use ticketing_sim::{Checker, SimConfig, World};
 
+/// Floor on the forgotten-floor catches in 100 worlds: 82 measured, the
+/// floor well below.
+const FORGET_FLOOR_MIN: u64 = 55;
+
 /// A swarm world with a token floor of reserve `step`, frequent server
 /// restarts and the wall clock stepped back at half of them.
 fn floor_world(seed: u64, step: u64) -> SimConfig {
@@ -41,18 +45,27 @@ fn restarts_with_the_clock_stepped_back_keep_tokens_rising() {
     assert!(grants > 1_000, "only {grants} grants");
 }
 
+/// The token checker alone catches a restart that ignores the stored
+/// floor (a driver bug, `SimConfig::forget_token_floor`) in a large share
+/// of the first 100 floor worlds, not only now and then.
 #[test]
 fn the_token_checker_catches_a_restart_that_forgets_the_floor() {
-    for seed in 0..200 {
+    const SEEDS: u64 = 100;
+    let mut fired = 0;
+    for seed in 0..SEEDS {
         let mut config = floor_world(seed, 64).only(Checker::Tokens);
         config.forget_token_floor = true;
         let report = World::new(seed, config).run();
         if let Some(violation) = report.violations.first() {
             assert_eq!(violation.checker, Checker::Tokens);
-            return;
+            fired += 1;
         }
     }
-    panic!("no seed below 200 caught a restart below the earlier tokens");
+    println!("forget_token_floor: Tokens alone fires in {fired} of {SEEDS} worlds");
+    assert!(
+        fired >= FORGET_FLOOR_MIN,
+        "the token checker caught a forgotten floor in only {fired} of {SEEDS} worlds"
+    );
 }
 
 /// Switches a core mutation on for this thread while alive.
