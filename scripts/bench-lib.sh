@@ -12,7 +12,8 @@ latency_us() { # NAME LINE
 # verdict runs in a command substitution, a subshell, so a variable would
 # not outlive it. The script ends with `verdicts_complete || exit 1`.
 verdict() {
-    if ! [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+    # awk prints a large non-integral median as 1.00000e+06: a figure too.
+    if ! [[ "$1" =~ ^[0-9]+([.][0-9]+)?([eE][+-]?[0-9]+)?$ ]]; then
         echo "no figure"
         echo "${1:-(empty)} $2 $3" >> "${work:?verdict needs \$work}/no-figure"
         return 0

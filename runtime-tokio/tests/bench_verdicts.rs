@@ -39,15 +39,19 @@ fn stdout(output: &Output) -> String {
 fn figures_meet_or_miss_their_goals() {
     let output = bash(
         r#"verdict 1.9 '<=' 2.0; verdict 2.1 '<=' 2.0; verdict 250001 '>=' 250000;
-           verdict 9999 '<' 10000; verdict 10000 '<' 10000; verdicts_complete"#,
+           verdict 9999 '<' 10000; verdict 10000 '<' 10000; verdict 1.00000e+06 '<' 10000;
+           verdict 2.5e+05 '>=' 250000; verdicts_complete"#,
     );
-    assert_eq!(stdout(&output), "met\nNOT met\nmet\nmet\nNOT met\n");
+    assert_eq!(
+        stdout(&output),
+        "met\nNOT met\nmet\nmet\nNOT met\nNOT met\nmet\n"
+    );
     assert!(output.status.success(), "{output:?}");
 }
 
 #[test]
 fn a_missing_figure_is_no_figure_and_fails_the_script() {
-    for figure in ["", "abc", "1.2.3", "-nan", "inf", " "] {
+    for figure in ["", "abc", "1.2.3", "-nan", "inf", " ", "1e", "e5"] {
         let output = bash(&format!(
             r#"echo "$(verdict '{figure}' '<=' 2.0)"; echo "$(verdict 1.0 '<=' 2.0)"; verdicts_complete || exit 1; echo unreachable"#
         ));
