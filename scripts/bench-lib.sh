@@ -6,10 +6,26 @@ latency_us() { # NAME LINE
     sed -nE "s/.* $1 ([0-9.]+) (µs|ms).*/\1 \2/p" <<<"$2" |
         awk '{ printf "%.0f", ($2 == "ms") ? $1 * 1000 : $1 }'
 }
-# "met" or "NOT met": VALUE OP GOAL, OP one of >= <= <.
+# "met" or "NOT met": VALUE OP GOAL, OP one of >= <= <. An empty or
+# non-numeric VALUE (a run that printed no figure) is "no figure", never
+# "met" (awk would read it as 0), and is recorded in $work/no-figure:
+# verdict runs in a command substitution, a subshell, so a variable would
+# not outlive it. The script ends with `verdicts_complete || exit 1`.
 verdict() {
+    # awk prints a large non-integral median as 1.00000e+06: a figure too.
+    if ! [[ "$1" =~ ^[0-9]+([.][0-9]+)?([eE][+-]?[0-9]+)?$ ]]; then
+        echo "no figure"
+        echo "${1:-(empty)} $2 $3" >> "${work:?verdict needs \$work}/no-figure"
+        return 0
+    fi
     awk -v v="$1" -v g="$3" -v op="$2" \
         'BEGIN { ok = (op == ">=") ? v >= g : (op == "<=") ? v <= g : v < g; print ok ? "met" : "NOT met" }'
+}
+# Fails (status 1, the count on stderr) when any verdict had no figure.
+verdicts_complete() {
+    [[ -s "$work/no-figure" ]] || return 0
+    echo "$(wc -l < "$work/no-figure") goal(s) had no figure: the run is not a measurement" >&2
+    return 1
 }
 # The median of the numbers on stdin, one per line.
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }

@@ -152,3 +152,4 @@ fi
 if [[ -n "$nc_rate" ]]; then
     printf '  %-52s %12s   %s\n' "published $VERSION client (nc_bench_test, spread): ops/s" "$nc_rate" "reported beside ours"
 fi
+verdicts_complete || exit 1

@@ -105,3 +105,4 @@ if [[ -f "$work/ours-spread.txt" && -f "$work/ours-one-cpu.txt" ]]; then
     awk -v a="$(med one-cpu 1)" -v b="$(med spread 1)" -v c="$(med one-cpu 5)" -v d="$(med spread 5)" \
         'BEGIN { printf "  one CPU / spread: ops/s %.2f x, server CPU per pair %.2f x\n", a / b, c / d }'
 fi
+verdicts_complete || exit 1

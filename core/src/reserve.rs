@@ -50,9 +50,22 @@ const ALERTS_MAX: usize = 64;
 pub fn start_token(since_epoch: Duration, stored: Option<u64>) -> u64 {
     let wall = crate::time::duration_micros(since_epoch).max(1);
     match stored {
+        Some(stored) if reissue_reserved_token() => wall.max(stored),
         Some(stored) => wall.max(stored.saturating_add(1)),
         None => wall,
     }
+}
+
+/// The planted off-by-one (tests of the simulator's token checker only).
+#[cfg(feature = "planted-bugs")]
+fn reissue_reserved_token() -> bool {
+    crate::testing::planted::active(crate::testing::planted::PlantedBug::ReissueReservedToken)
+}
+
+/// Without `planted-bugs` nothing is planted.
+#[cfg(not(feature = "planted-bugs"))]
+fn reissue_reserved_token() -> bool {
+    false
 }
 
 /// Something about the token counter the operator must hear of (the driver

@@ -563,7 +563,33 @@ fn runs_are_deterministic() {
             net.clients[c2].replies.clone(),
         )
     };
-    assert_eq!(run(), run());
+    let first = run();
+    // The run did the work it is compared on: c1 was granted the key at
+    // once and again after its one-second lease ran out (with a larger
+    // token), and c2, on a follower, was sent to the leader.
+    let (leader, c1, c2) = &first;
+    let slot = *leader as u8;
+    let [
+        Reply::Leader { leader_slot: s1 },
+        Reply::Acquired { rid: 1, token: t1 },
+        Reply::Acquired { rid: 2, token: t2 },
+    ] = c1[..]
+    else {
+        panic!("c1: {c1:?}");
+    };
+    assert!(t2 > t1 && s1 == slot, "c1: {c1:?}");
+    let [
+        Reply::Leader { leader_slot: s2 },
+        Reply::Moved {
+            rid: 1,
+            leader_slot: moved_to,
+        },
+    ] = c2[..]
+    else {
+        panic!("c2: {c2:?}");
+    };
+    assert_eq!((s2, moved_to), (slot, slot), "c2: {c2:?}");
+    assert_eq!(run(), first);
 }
 
 /// A take written in parts: a grant whose reply frame went out whole may be

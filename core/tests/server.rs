@@ -118,9 +118,17 @@ fn a_wrong_proof_is_answered_zero_and_the_connection_closes() {
 #[test]
 fn configured_token_is_accepted_and_empty_token_refused() {
     let mut h = SingleNet::new(token_a_only());
-    let conn = h.connect_with(TOKEN_A.as_bytes());
-    assert_eq!(h.call(conn, &acquire(1, "k", 0, 30)).len(), 1);
+    // The configured token: the server answers the acceptance byte 1 and
+    // keeps the connection open, and the session is served.
+    let (conn, hello) = h.open();
+    assert_eq!(
+        h.prove(conn, &hello, TOKEN_A.as_bytes()),
+        (vec![0x01], ConnState::Open)
+    );
+    let token = granted_token(&h.call(conn, &acquire(1, "k", 0, 30)));
+    assert_eq!(token, FIRST_TOKEN);
 
+    // The empty token: the refusal byte 0, and the connection closes.
     let (conn, hello) = h.open();
     let mut client = ClientHandshake::new(b"", SINGLE_FINGERPRINT, WireMode::Single, 0xFF);
     client.handle_input(&hello);

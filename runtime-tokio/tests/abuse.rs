@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::ports::free_port;
+use common::startup::await_listening;
 use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
 };
@@ -42,41 +43,26 @@ impl Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ticketing"))
             .arg("serve")
             .args(["--listen", &addr.to_string(), "--client-token", TOKEN])
-            .args(["--log-level", "warn"])
+            // `info`, for the startup line it is awaited by; the tests
+            // count `WARN` lines only.
+            .args(["--log-level", "info"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn ticketing serve");
-        let mut stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                text.push_str(&String::from_utf8_lossy(&buf[..n]));
-                while let Some(end) = text.find('\n') {
-                    let line: String = text.drain(..=end).collect();
-                    sink.lock().unwrap().push(line.trim_end().to_owned());
-                }
-            }
-        });
-        let serve = Serve {
+        let started = await_listening(&mut child);
+        assert!(
+            started.line.contains(&format!("listen={addr}")),
+            "{}",
+            started.line
+        );
+        Serve {
             child,
             addr,
-            lines,
-            reader: Some(reader),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect_timeout(&addr, IO_BOUND).is_err() {
-            assert!(Instant::now() < deadline, "server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
+            lines: started.log,
+            reader: Some(started.reader),
         }
-        serve
     }
 
     /// Warn lines that contain `what`, with the count each reports.

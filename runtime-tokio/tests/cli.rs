@@ -170,28 +170,25 @@ fn a_non_loopback_admin_listener_without_an_admin_token_is_refused_unless_insecu
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", &client.to_string()])
         .args(["--admin-listen", &open, "--insecure-admin-no-auth"])
-        .args(["--state-dir", &state.arg(), "--log-level", "warn"])
+        // `info`, for the startup line it is awaited by: the admin listener
+        // is bound (and listening) before it.
+        .args(["--state-dir", &state.arg(), "--log-level", "info"])
         .env_remove("TICKETING_CLIENT_TOKENS")
         .env_remove("TICKETING_ADMIN_TOKENS")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let started = common::startup::await_listening(&mut child);
+    assert!(
+        started.line.contains(&format!("listen={client}")),
+        "{}",
+        started.line
+    );
     let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], admin.port()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let livez = loop {
-        if let Some(answer) = http_status(loopback, "/livez") {
-            break answer;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the insecure admin listener never answered"
-        );
-        assert!(child.try_wait().unwrap().is_none(), "serve exited");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let livez = http_status(loopback, "/livez").expect("the insecure admin listener answers");
     assert_eq!(livez, 200);
     assert_eq!(http_status(loopback, "/v1/locks"), Some(401));
     let _ = child.kill();

@@ -1,6 +1,8 @@
 //! The config parser on structured input: TOML files and command lines
 //! built from every known field, a few unknown ones, and values of every
-//! shape. Nothing panics, and every refusal names the field at fault. (The
+//! shape. Nothing panics, and every refusal names the field at fault: a
+//! field the config has (not merely something shaped like a name), and for
+//! a command line clap refuses, the flag or argument refused. (The
 //! `config_loader` fuzz target takes bytes; this reaches deeper, valid
 //! configs more often.)
 
@@ -144,14 +146,80 @@ fn argv() -> impl Strategy<Value = Vec<String>> {
     .prop_map(|parts| parts.into_iter().flatten().collect())
 }
 
-fn serve_args(argv: &[String]) -> Option<ServeArgs> {
+/// The `serve` arguments of `argv`, or clap's refusal as printed.
+fn serve_args(argv: &[String]) -> Result<ServeArgs, String> {
     let mut full = vec!["ticketing".to_owned(), "serve".to_owned()];
     full.extend_from_slice(argv);
-    // Clap's own refusals (an unparsable number) name the flag themselves.
-    match Cli::try_parse_from(full).ok()?.command {
-        Command::Serve(args) => Some(args),
-        _ => None,
+    match Cli::try_parse_from(full)
+        .map_err(|error| error.to_string())?
+        .command
+    {
+        Command::Serve(args) => Ok(args),
+        other => Err(format!("parsed as another command: {other:?}")),
     }
+}
+
+/// Whether clap's refusal `error` of `argv` names what it refuses: a
+/// quoted flag of `serve` (`'--max-keys <MAX_KEYS>'`), or a quoted
+/// argument of `argv` that looks like a flag, or the start of one (clap
+/// quotes `'- '` for the argument `- a`).
+fn names_a_flag(error: &str, argv: &[String]) -> bool {
+    // A value may hold quotes itself: a flag quoted anywhere counts.
+    let flag_quoted = VALUE_FLAGS
+        .iter()
+        .chain(SWITCHES)
+        .any(|flag| error.contains(&format!("'{flag} <")) || error.contains(&format!("'{flag}'")));
+    flag_quoted
+        || error.split('\'').skip(1).step_by(2).any(|quoted| {
+            let name = quoted.split(" <").next().unwrap_or("");
+            VALUE_FLAGS.contains(&name)
+                || SWITCHES.contains(&name)
+                || (name.starts_with('-')
+                    && argv
+                        .iter()
+                        .any(|arg| arg.starts_with('-') && arg.starts_with(name)))
+        })
+}
+
+/// Whether `field` (indexes stripped) is a field the config has: a key of
+/// the file, a flag, an environment variable, the file itself, or a part
+/// of the slot list.
+fn is_known_field(field: &str) -> bool {
+    let base: String = {
+        let mut base = String::new();
+        let mut depth = 0;
+        for c in field.chars() {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ if depth == 0 => base.push(c),
+                _ => {}
+            }
+        }
+        base
+    };
+    let file_key = FILE_KEYS.iter().any(|(table, name)| {
+        if table.is_empty() {
+            base == *name
+        } else {
+            base == format!("{table}.{name}") || base == *table
+        }
+    });
+    file_key
+        || VALUE_FLAGS.contains(&base.as_str())
+        || SWITCHES.contains(&base.as_str())
+        || [
+            "--config",
+            "RUST_LOG",
+            "TICKETING_CLIENT_TOKENS",
+            "TICKETING_PEER_TOKENS",
+            "admin_tokens",
+            "cluster",
+            "cluster.slots",
+            "cluster.slots.client",
+            "cluster.slots.peer",
+        ]
+        .contains(&base.as_str())
 }
 
 /// A field as the config names it: `--flag`, `RUST_LOG`, or a file path
@@ -203,7 +271,15 @@ proptest! {
             home: None,
             is_root: false,
         };
-        let args = serve_args(&argv).unwrap_or_default();
+        // A command line clap refuses must name what it refuses; the file
+        // and the environment are then checked with no flags.
+        let args = match serve_args(&argv) {
+            Ok(args) => args,
+            Err(error) => {
+                prop_assert!(names_a_flag(&error, &argv), "{} for {:?}", error, argv);
+                ServeArgs::default()
+            }
+        };
         let file = match parse_file(&text) {
             Ok(file) => file,
             Err(error) => {
@@ -219,6 +295,7 @@ proptest! {
         let dir = std::path::Path::new("/nonexistent-ticketing-config-dir");
         if let Err(error) = resolve(&file, Some(dir), &args, &env) {
             prop_assert!(is_field_name(&error.field), "{:?} in {:?} / {:?}", error, text, argv);
+            prop_assert!(is_known_field(&error.field), "{:?} in {:?} / {:?}", error, text, argv);
             prop_assert!(!error.message.is_empty());
         }
     }
@@ -239,4 +316,35 @@ fn the_field_name_check_accepts_names_and_refuses_the_rest() {
     for bad in ["", "invalid TOML", "limits.", "x[]", "--", "Listen"] {
         assert!(!is_field_name(bad), "{bad}");
     }
+}
+
+#[test]
+fn the_known_field_and_flag_checks_refuse_the_rest() {
+    for known in [
+        "listen",
+        "limits.max_keys",
+        "client_tokens[1]",
+        "cluster.slots[2].peer",
+        "cluster.peer_tls.ca",
+        "--max-keys",
+        "--config",
+        "RUST_LOG",
+    ] {
+        assert!(is_known_field(known), "{known}");
+    }
+    for unknown in ["limits.nothing_here", "tls.cat", "--no-such-flag", "HOME"] {
+        assert!(!is_known_field(unknown), "{unknown}");
+    }
+    let argv = vec!["--max-keys".to_owned(), "x".to_owned(), "-1".to_owned()];
+    assert!(names_a_flag(
+        "error: invalid value 'x' for '--max-keys <MAX_KEYS>'",
+        &argv
+    ));
+    assert!(names_a_flag("error: unexpected argument '-1' found", &argv));
+    assert!(names_a_flag(
+        "error: unexpected argument '- ' found",
+        &["- a".to_owned()]
+    ));
+    assert!(!names_a_flag("error: something went wrong", &argv));
+    assert!(!names_a_flag("error: unexpected argument 'x' found", &argv));
 }

@@ -8,11 +8,12 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::ports::free_port;
+use common::startup::await_listening;
 use ticketing_tokio::TicketBroker;
 use ticketing_tokio::client::{ReleaseOutcome, TicketError};
 
@@ -34,21 +35,22 @@ struct Serve {
 impl Serve {
     fn start() -> Serve {
         let addr = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_ticketing"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ticketing"))
             .arg("serve")
             .args(["--listen", &addr.to_string(), "--client-token", TOKEN])
-            .args(["--log-level", "warn"])
+            // `info`, for the startup line it is awaited by.
+            .args(["--log-level", "info"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn ticketing serve");
-        let serve = Serve { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
-            assert!(Instant::now() < deadline, "server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        serve
+        let started = await_listening(&mut child);
+        assert!(
+            started.line.contains(&format!("listen={addr}")),
+            "{}",
+            started.line
+        );
+        Serve { child, addr }
     }
 
     fn signal(&self, name: &str) {

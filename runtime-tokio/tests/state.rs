@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use common::faketime::shift_clock;
 use common::ports::free_port;
 use common::scratch::scratch_dir;
+use common::startup::await_listening;
 use ticketing_tokio::{TicketBroker, TicketError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ticketing");
@@ -35,27 +36,27 @@ impl Server {
                 "serve",
                 "--listen",
                 &addr.to_string(),
+                // `info`, for the startup line it is awaited by.
                 "--log-level",
-                "warn",
+                "info",
             ])
             .arg("--state-dir")
             .arg(state_dir)
             .env_remove("TICKETING_CLIENT_TOKENS")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         if let Some(offset) = faketime {
             shift_clock(&mut command, offset);
         }
         let mut server = Server(command.spawn().expect("start ticketing serve"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            if let Some(status) = server.0.try_wait().unwrap() {
-                panic!("server exited at start: {status}");
-            }
-            assert!(Instant::now() < deadline, "server did not listen on {addr}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let started = await_listening(&mut server.0);
+        assert!(
+            started.line.contains(&format!("listen={addr}")),
+            "{}",
+            started.line
+        );
         // The state file is durable before the listener accepts, so its
         // folder exists by now; if not, whoever answered on `addr` is some
         // other process that took the port first (another test run).

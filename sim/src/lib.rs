@@ -39,12 +39,14 @@ mod lock_model;
 mod net;
 pub mod rng;
 mod run;
+pub mod spec;
 pub mod world;
 
 pub use adversary::AdversaryRates;
 pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
 pub use config::{FaultConfig, SimConfig};
 pub use run::{Checker, RunReport, Violation};
+pub use spec::Knobs;
 pub use world::World;
 
 /// Runs the swarm world of `seed` (see [`SimConfig::swarm`]).

@@ -10,127 +10,17 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ticketing_sim::{ClusterSimConfig, ClusterWorld, RunReport, SimConfig, World};
-
-struct Args {
-    seeds: std::ops::Range<u64>,
-    trace: bool,
-    /// Print every seed's trace hash (compare two processes for determinism).
-    hashes: bool,
-    /// Bigger, busier worlds than the swarm default.
-    stress: bool,
-    /// Chance per server write of a partial write, ppm (off by default;
-    /// cluster worlds keep their swarm draw unless given).
-    partial_writes_ppm: Option<u32>,
-    /// Cluster worlds: drive nodes by the literal flush contract (a partly
-    /// written take is never reported flushed), exposing the open core bug.
-    /// Replay a `sim_schedule` fuzz input instead of seeds.
-    bytes: Option<String>,
-    quiet: bool,
-    /// Run cluster worlds of this many nodes (3 or 5) instead.
-    cluster: Option<u8>,
-    /// Cluster worlds: run the liveness phase to its bound even when
-    /// everything resolved early.
-    full_liveness: bool,
-    #[cfg_attr(not(feature = "planted-bugs"), allow(dead_code))]
-    planted: Option<String>,
-    /// Line clients per world instead of the swarm's draw.
-    line_clients: Option<usize>,
-    /// v3 clients per world instead of the swarm's draw.
-    v3_clients: Option<usize>,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        seeds: 0..100,
-        trace: false,
-        hashes: false,
-        stress: false,
-        bytes: None,
-        partial_writes_ppm: None,
-        quiet: false,
-        cluster: None,
-        full_liveness: false,
-        planted: None,
-        line_clients: None,
-        v3_clients: None,
-    };
-    let mut iter = std::env::args().skip(1);
-    while let Some(arg) = iter.next() {
-        match arg.as_str() {
-            "--seeds" => {
-                let value = iter.next().ok_or("--seeds needs A..B")?;
-                let (a, b) = value.split_once("..").ok_or("--seeds needs A..B")?;
-                let a = a.parse().map_err(|_| "bad seed")?;
-                let b = b.parse().map_err(|_| "bad seed")?;
-                args.seeds = a..b;
-            }
-            "--seed" => {
-                let value: u64 = iter
-                    .next()
-                    .ok_or("--seed needs N")?
-                    .parse()
-                    .map_err(|_| "bad seed")?;
-                args.seeds = value..value + 1;
-            }
-            "--trace" => args.trace = true,
-            "--line-clients" => {
-                let value = iter.next().ok_or("--line-clients needs N")?;
-                args.line_clients = Some(value.parse().map_err(|_| "bad --line-clients")?);
-            }
-            "--v3-clients" => {
-                let value = iter.next().ok_or("--v3-clients needs N")?;
-                args.v3_clients = Some(value.parse().map_err(|_| "bad --v3-clients")?);
-            }
-            "--hashes" => args.hashes = true,
-            "--stress" => args.stress = true,
-            "--partial-writes" => {
-                args.partial_writes_ppm = Some(
-                    iter.next()
-                        .ok_or("--partial-writes needs a rate in ppm")?
-                        .parse()
-                        .map_err(|_| "bad rate")?,
-                );
-            }
-            "--bytes" => args.bytes = Some(iter.next().ok_or("--bytes needs a file")?),
-            "--quiet" => args.quiet = true,
-            "--full-liveness" => args.full_liveness = true,
-            "--cluster" => {
-                let nodes: u8 = iter
-                    .next()
-                    .ok_or("--cluster needs 3 or 5")?
-                    .parse()
-                    .map_err(|_| "bad node count")?;
-                if nodes != 3 && nodes != 5 {
-                    return Err("--cluster needs 3 or 5".into());
-                }
-                args.cluster = Some(nodes);
-            }
-            "--planted" => args.planted = Some(iter.next().ok_or("--planted needs a name")?),
-            "--help" | "-h" => {
-                return Err("usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--stress] [--partial-writes PPM] [--quiet] [--cluster 3|5 [--full-liveness]] [--bytes FUZZ_INPUT [--trace]] [--planted NAME] [--line-clients N] [--v3-clients N]".into());
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(args)
-}
+use ticketing_sim::spec::{CliArgs, parse_args};
+use ticketing_sim::{RunReport, World};
 
 #[cfg(feature = "planted-bugs")]
 fn plant(name: &Option<String>) -> Result<(), String> {
     use ticketing_core::testing::planted::{self, PlantedBug};
     let bug = match name.as_deref() {
         None => None,
-        Some("grant-twice") => Some(PlantedBug::GrantTwice),
-        Some("reuse-token") => Some(PlantedBug::ReuseToken),
-        Some("skip-waiter") => Some(PlantedBug::SkipWaiter),
-        Some("forget-ghost-grant") => Some(PlantedBug::ForgetGhostGrant),
-        Some("lose-waiter") => Some(PlantedBug::LoseWaiter),
-        Some("skip-peer-frame-mac") => Some(PlantedBug::SkipPeerFrameMac),
-        Some("force-release-keeps-grant") => Some(PlantedBug::ForceReleaseKeepsGrant),
-        Some("extend-any-token") => Some(PlantedBug::ExtendAnyToken),
-        Some("renewal-from-reply") => Some(PlantedBug::RenewalFromReply),
-        Some(other) => return Err(format!("unknown planted bug {other}")),
+        Some(name) => {
+            Some(PlantedBug::from_name(name).ok_or(format!("unknown planted bug {name}"))?)
+        }
     };
     planted::set(bug);
     Ok(())
@@ -145,14 +35,14 @@ fn plant(name: &Option<String>) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
+    let args: CliArgs = match parse_args(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);
         }
     };
-    if let Err(message) = plant(&args.planted) {
+    if let Err(message) = plant(&args.knobs.planted) {
         eprintln!("{message}");
         return ExitCode::from(2);
     }
@@ -165,45 +55,13 @@ fn main() -> ExitCode {
     let mut failing = Vec::new();
     let mut count = 0u64;
     for seed in args.seeds.clone() {
-        let mut config = SimConfig::swarm(seed);
-        if args.stress {
-            config = config.stress();
-        }
-        config.faults.partial_write_ppm = args.partial_writes_ppm.unwrap_or(0);
-        let clients = |config: &mut SimConfig| {
-            if let Some(line) = args.line_clients {
-                config.line_clients = line;
-            }
-            if let Some(v3) = args.v3_clients {
-                config.clients = v3;
-            }
-        };
-        clients(&mut config);
-        let report = if let Some(nodes) = args.cluster {
-            let mut cluster = ClusterSimConfig::swarm(seed, nodes);
-            if let Some(ppm) = args.partial_writes_ppm {
-                cluster.base.faults.partial_write_ppm = ppm;
-            }
-            cluster.end_when_quiet = !args.full_liveness;
-            if args.stress {
-                cluster.base = cluster.base.stress();
-            }
-            clients(&mut cluster.base);
-            if args.trace {
-                let stdout = std::io::stdout();
-                let mut lock = stdout.lock();
-                println!("seed {seed}: {cluster:?}");
-                ClusterWorld::new(seed, cluster).with_trace(&mut lock).run()
-            } else {
-                ClusterWorld::new(seed, cluster).run()
-            }
-        } else if args.trace {
+        // The same function the tests build their worlds with.
+        let report = if args.trace {
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
-            println!("seed {seed}: {config:?}");
-            World::new(seed, config).with_trace(&mut lock).run()
+            args.knobs.run(seed, Some(&mut lock))
         } else {
-            World::new(seed, config).run()
+            args.knobs.run(seed, None)
         };
         count += 1;
         totals.events += report.events;
@@ -236,12 +94,7 @@ fn main() -> ExitCode {
                         violation.checker, violation.at_us, violation.detail
                     );
                 }
-                let cluster = args
-                    .cluster
-                    .map_or(String::new(), |n| format!(" --cluster {n}"));
-                eprintln!(
-                    "  replay: cargo run -p ticketing-sim --release -- --seed {seed}{cluster} --trace"
-                );
+                eprintln!("  replay: {}", args.knobs.replay_command(seed));
             }
             failing.push(seed);
         }
@@ -263,7 +116,7 @@ fn main() -> ExitCode {
         totals.lin_inconclusive,
         failing.len()
     );
-    if args.cluster.is_none() {
+    if args.knobs.cluster.is_none() {
         println!(
             "{} operator force-releases ({} more refused for a stale token)",
             totals.force_releases, totals.force_releases_refused

@@ -4,18 +4,33 @@
 
 use ticketing_core::testing::planted::{self, PlantedBug};
 use ticketing_sim::{
-    AdversaryRates, Checker, ClusterPlant, ClusterSimConfig, ClusterWorld, RunReport,
+    AdversaryRates, Checker, ClusterPlant, ClusterSimConfig, ClusterWorld, Knobs, RunReport,
     run_cluster_seed,
 };
 
-fn assert_clean(report: &RunReport, nodes: u8) {
+/// No violation in `report`, a run of the world `knobs` make of its seed
+/// (named in full in the replay line).
+fn assert_clean_in(report: &RunReport, knobs: &Knobs) {
     assert!(
         report.violations.is_empty(),
-        "seed {} violated: {:#?}\nreplay: cargo run -p ticketing-sim --release -- --cluster {nodes} --seed {} --trace",
+        "seed {} violated: {:#?}\nreplay: {}",
         report.seed,
         report.violations,
-        report.seed
+        knobs.replay_command(report.seed)
     );
+}
+
+/// No violation in `report`, a run of its seed's cluster swarm world.
+fn assert_clean(report: &RunReport, nodes: u8) {
+    assert_clean_in(report, &cluster(nodes));
+}
+
+/// The cluster swarm world of `nodes` nodes.
+fn cluster(nodes: u8) -> Knobs {
+    Knobs {
+        cluster: Some(nodes),
+        ..Knobs::default()
+    }
 }
 
 /// CI's cluster sweep: 300 three-node and 200 five-node swarm worlds hold
@@ -81,9 +96,12 @@ fn a_cluster_trace_replays_exactly() {
 #[test]
 fn quiet_clusters_are_clean() {
     for (nodes, seed) in [(3, 1), (3, 2), (5, 3)] {
-        let config = ClusterSimConfig::swarm(seed, nodes).without_faults();
-        let report = ClusterWorld::new(seed, config).run();
-        assert_clean(&report, nodes);
+        let quiet = Knobs {
+            no_faults: true,
+            ..cluster(nodes)
+        };
+        let report = quiet.run(seed, None);
+        assert_clean_in(&report, &quiet);
         assert_eq!(report.faults, 0);
         assert_eq!(report.fenced_writes, 0);
         assert!(report.grants > 0, "seed {seed}: no grants");
@@ -111,11 +129,12 @@ fn caught(plant: ClusterPlant, checker: Checker, nodes: u8, limit: u64) -> u64 {
 /// Every take written in two parts, each part reported as it goes out.
 #[test]
 fn partly_written_takes_are_safe() {
+    let partial = Knobs {
+        partial_writes_ppm: Some(1_000_000),
+        ..cluster(3)
+    };
     for seed in [133, 1133].into_iter().chain(0..20) {
-        let mut config = ClusterSimConfig::swarm(seed, 3);
-        config.base.faults.partial_write_ppm = 1_000_000;
-        let report = ClusterWorld::new(seed, config).run();
-        assert_clean(&report, 3);
+        assert_clean_in(&partial.run(seed, None), &partial);
     }
 }
 
@@ -126,11 +145,13 @@ fn partly_written_takes_are_safe() {
 fn force_released_worlds_hold_every_invariant() {
     let mut outcomes = [0; 4];
     let mut ordered = 0;
+    let knobs = Knobs {
+        force_releases_ppm: Some(150_000),
+        ..cluster(3)
+    };
     for seed in 0..120 {
-        let mut config = ClusterSimConfig::swarm(seed, 3);
-        config.faults.force_release_ppm = 150_000;
-        let report = ClusterWorld::new(seed, config).run();
-        assert_clean(&report, 3);
+        let report = knobs.run(seed, None);
+        assert_clean_in(&report, &knobs);
         ordered += report.cluster_force_releases;
         for (total, n) in outcomes.iter_mut().zip(report.force_outcomes) {
             *total += n;
@@ -206,13 +227,14 @@ fn fencing_checker_catches_grants_never_reported_flushed() {
 /// release a grant that had already reached the client.
 #[test]
 fn regression_cluster_grant_in_a_partly_written_take_stays_held() {
+    // The worlds of the finding, as they were: before line clients.
+    let finding = Knobs {
+        partial_writes_ppm: Some(1_000_000),
+        line_clients: Some(0),
+        ..cluster(3)
+    };
     for seed in [133, 1133] {
-        let mut config = ClusterSimConfig::swarm(seed, 3);
-        config.base.faults.partial_write_ppm = 1_000_000;
-        // The worlds of the finding, as they were: before line clients.
-        config.base.line_clients = 0;
-        let report = ClusterWorld::new(seed, config).run();
-        assert_clean(&report, 3);
+        assert_clean_in(&finding.run(seed, None), &finding);
     }
 }
 
@@ -223,10 +245,11 @@ fn regression_cluster_grant_in_a_partly_written_take_stays_held() {
 #[test]
 fn regression_two_replacements_complete_in_a_five_node_cluster() {
     // The world of the finding, as it was: before line clients.
-    let mut config = ClusterSimConfig::swarm(426, 5);
-    config.base.line_clients = 0;
-    let report = ClusterWorld::new(426, config).run();
-    assert_clean(&report, 5);
+    let finding = Knobs {
+        line_clients: Some(0),
+        ..cluster(5)
+    };
+    assert_clean_in(&finding.run(426, None), &finding);
 }
 
 /// Core bug found here, fixed (docs/testing.md, bug 5): a peer connection
@@ -250,11 +273,9 @@ fn regression_a_late_grant_to_a_closed_connection_does_not_underflow_its_count()
 
 /// An outsider busier than the swarm's: a relay every few fault ticks, a
 /// forged or replayed frame in about one honest peer write in a hundred.
-fn busy_adversary() -> AdversaryRates {
-    AdversaryRates {
-        relay_ppm: 300_000,
-        inject_ppm: 10_000,
-    }
+/// (Relay ppm, inject ppm), as the `--adversary` knob takes them.
+fn busy_adversary() -> (u32, u32) {
+    (300_000, 10_000)
 }
 
 /// The outsider relays handshakes and writes forged and replayed frames
@@ -265,16 +286,20 @@ fn busy_adversary() -> AdversaryRates {
 fn the_outsider_without_the_peer_token_is_rejected() {
     let mut actions = 0;
     for (nodes, seed) in (0..15).map(|seed| (3, seed)).chain((0..5).map(|s| (5, s))) {
-        let mut config = ClusterSimConfig::swarm(seed, nodes).without_faults();
-        config.faults.adversary = busy_adversary();
-        let report = ClusterWorld::new(seed, config).run();
-        assert_clean(&report, nodes);
+        let busy = Knobs {
+            adversary: Some(busy_adversary()),
+            ..cluster(nodes)
+        };
+        let quiet = Knobs {
+            no_faults: true,
+            ..busy.clone()
+        };
+        let report = quiet.run(seed, None);
+        assert_clean_in(&report, &quiet);
         assert!(report.faults > 0, "seed {seed}: the outsider did nothing");
         assert!(report.grants > 0, "seed {seed}: no grants");
         actions += report.faults;
-        let mut config = ClusterSimConfig::swarm(seed, nodes);
-        config.faults.adversary = busy_adversary();
-        assert_clean(&ClusterWorld::new(seed, config).run(), nodes);
+        assert_clean_in(&busy.run(seed, None), &busy);
     }
     assert!(actions > 300, "only {actions} outsider actions");
 }
@@ -303,7 +328,11 @@ fn caught_without_frame_mac(checker: Checker) -> u64 {
     let _plant = CorePlant::new(PlantedBug::SkipPeerFrameMac);
     for seed in 0..200 {
         let mut config = ClusterSimConfig::swarm(seed, 3);
-        config.faults.adversary = busy_adversary();
+        let (relay_ppm, inject_ppm) = busy_adversary();
+        config.faults.adversary = AdversaryRates {
+            relay_ppm,
+            inject_ppm,
+        };
         config.base = config.base.only(checker);
         let run = std::panic::catch_unwind(|| ClusterWorld::new(seed, config).run());
         let Ok(report) = run else {

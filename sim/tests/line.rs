@@ -3,16 +3,29 @@
 //! holds with both dialects in one history, runs stay pure functions of
 //! their seeds, and a line client resends its request after a close.
 
-use ticketing_sim::{ClusterSimConfig, ClusterWorld, FaultConfig, RunReport, SimConfig, World};
+use ticketing_sim::{Knobs, RunReport, SimConfig};
 
-fn assert_clean(report: &RunReport, cluster: &str) {
+/// No violation in `report`, a run of the world `knobs` make of its seed
+/// (named in full in the replay line).
+fn assert_clean(report: &RunReport, knobs: &Knobs) {
     assert!(
         report.violations.is_empty(),
-        "seed {} violated: {:#?}\nreplay: cargo run -p ticketing-sim -- --seed {}{cluster} --trace",
+        "seed {} violated: {:#?}\nreplay: {}",
         report.seed,
         report.violations,
-        report.seed
+        knobs.replay_command(report.seed)
     );
+}
+
+/// Worlds whose only fault is a server crash (frequent), with one v3
+/// client and two line clients.
+fn crash_only() -> Knobs {
+    Knobs {
+        v3_clients: Some(1),
+        line_clients: Some(2),
+        server_crashes_only_ppm: Some(300_000),
+        ..Knobs::default()
+    }
 }
 
 /// 200 swarm worlds, each with one or two line clients beside its v3
@@ -21,14 +34,14 @@ fn assert_clean(report: &RunReport, cluster: &str) {
 fn line_and_v3_clients_hold_every_invariant_single() {
     let (mut line_grants, mut grants, mut resends, mut lin_keys) = (0, 0, 0, 0);
     for seed in 0..200 {
-        let config = SimConfig {
-            line_clients: 1 + (seed % 2) as usize,
-            ..SimConfig::swarm(seed)
+        let knobs = Knobs {
+            line_clients: Some(1 + (seed % 2) as usize),
+            ..Knobs::default()
         };
-        let report = World::new(seed, config.clone()).run();
-        assert_clean(&report, "");
+        let report = knobs.run(seed, None);
+        assert_clean(&report, &knobs);
         assert_eq!(
-            World::new(seed, config).run().trace_hash,
+            knobs.run(seed, None).trace_hash,
             report.trace_hash,
             "seed {seed} is not deterministic"
         );
@@ -55,12 +68,15 @@ fn line_and_v3_clients_hold_every_invariant_cluster() {
     let (mut line_grants, mut resends, mut redirects) = (0, 0, 0);
     for (nodes, seeds) in [(3u8, 0..30u64), (5, 0..8)] {
         for seed in seeds {
-            let mut config = ClusterSimConfig::swarm(seed, nodes);
-            config.base.line_clients = 2;
-            let report = ClusterWorld::new(seed, config.clone()).run();
-            assert_clean(&report, &format!(" --cluster {nodes}"));
+            let knobs = Knobs {
+                cluster: Some(nodes),
+                line_clients: Some(2),
+                ..Knobs::default()
+            };
+            let report = knobs.run(seed, None);
+            assert_clean(&report, &knobs);
             assert_eq!(
-                ClusterWorld::new(seed, config).run().trace_hash,
+                knobs.run(seed, None).trace_hash,
                 report.trace_hash,
                 "seed {seed} ({nodes} nodes) is not deterministic"
             );
@@ -80,19 +96,10 @@ fn line_and_v3_clients_hold_every_invariant_cluster() {
 #[test]
 fn a_line_client_resends_after_a_server_crash() {
     let (mut resends, mut line_grants) = (0, 0);
+    let knobs = crash_only();
     for seed in 0..40 {
-        let config = SimConfig {
-            clients: 1,
-            line_clients: 2,
-            faults: FaultConfig {
-                tick_mean_us: 400_000,
-                server_restart_ppm: 300_000,
-                ..FaultConfig::none()
-            },
-            ..SimConfig::swarm(seed)
-        };
-        let report = World::new(seed, config).run();
-        assert_clean(&report, "");
+        let report = knobs.run(seed, None);
+        assert_clean(&report, &knobs);
         assert!(report.faults > 0, "seed {seed}: no crash");
         resends += report.line_resends;
         line_grants += report.line_grants;
@@ -136,20 +143,11 @@ fn resend_after_crash_in(trace: &str) -> Option<String> {
 /// answer there.
 #[test]
 fn a_resent_acquire_is_answered_on_the_new_connection() {
+    let knobs = crash_only();
     let found = (0..40).find_map(|seed| {
-        let config = SimConfig {
-            clients: 1,
-            line_clients: 2,
-            faults: FaultConfig {
-                tick_mean_us: 400_000,
-                server_restart_ppm: 300_000,
-                ..FaultConfig::none()
-            },
-            ..SimConfig::swarm(seed)
-        };
         let mut out = Vec::new();
-        let report = World::new(seed, config).with_trace(&mut out).run();
-        assert_clean(&report, "");
+        let report = knobs.run(seed, Some(&mut out));
+        assert_clean(&report, &knobs);
         resend_after_crash_in(&String::from_utf8_lossy(&out))
     });
     let shown = found.expect("no resend after a server crash answered in 40 seeds");
@@ -160,15 +158,12 @@ fn a_resent_acquire_is_answered_on_the_new_connection() {
 /// resend, and the default configuration does include one.
 #[test]
 fn line_clients_are_a_knob() {
-    let report = World::new(
-        7,
-        SimConfig {
-            line_clients: 0,
-            ..SimConfig::swarm(7)
-        },
-    )
-    .run();
-    assert_clean(&report, "");
+    let knobs = Knobs {
+        line_clients: Some(0),
+        ..Knobs::default()
+    };
+    let report = knobs.run(7, None);
+    assert_clean(&report, &knobs);
     assert_eq!((report.line_grants, report.line_resends), (0, 0));
     assert_eq!(SimConfig::default().line_clients, 1);
     let with_line = (0..100)

@@ -1,8 +1,10 @@
 //! Every checker catches a planted bug on its own: each test switches one
 //! mutation of the core on (feature `planted-bugs`, enabled for this
-//! package's tests) and all checkers but one off, and requires that checker
-//! to report within a bounded number of seeds. So none is a check that
-//! cannot fail.
+//! package's tests) and all checkers but one off, runs 100 worlds, prints
+//! the share in which that checker fires, and requires a floor set well
+//! below the share measured — so none is a check that cannot fail, nor one
+//! that catches its bug only by luck. A bug that shows rarely in swarm
+//! worlds is run in worlds made for it (more of the faults it needs).
 
 use ticketing_core::testing::planted::{self, PlantedBug};
 use ticketing_sim::{Checker, SimConfig, World};
@@ -23,23 +25,52 @@ impl Drop for Plant {
     }
 }
 
-/// The first seed below 400 on which `checker` alone reports `bug`.
-fn caught(bug: PlantedBug, checker: Checker) -> u64 {
-    caught_in(bug, checker, SimConfig::swarm)
-}
+/// Seeds each firing share is measured over.
+const SEEDS: u64 = 100;
 
-/// [`caught`] in the worlds `world` makes of each seed.
-fn caught_in(bug: PlantedBug, checker: Checker, world: impl Fn(u64) -> SimConfig) -> u64 {
+/// Runs the first [`SEEDS`] worlds `world` makes with `bug` on and only
+/// `checker` reporting; prints and returns the share (in percent) of the
+/// worlds run to their end in which `checker` fires, and requires at least
+/// `floor` percent: a checker that catches its bug only now and then would
+/// let a weaker bug through, so each is held to a margin, not to one lucky
+/// seed. A planted bug may also trip one of the core's own debug
+/// assertions (debug builds) before a checker speaks: such worlds are
+/// counted apart and must stay a minority.
+fn fires(bug: PlantedBug, checker: Checker, world: impl Fn(u64) -> SimConfig, floor: u64) -> u64 {
     let _plant = Plant::new(bug);
-    for seed in 0..400 {
+    let (mut first, mut fired, mut asserted) = (None, 0, 0);
+    for seed in 0..SEEDS {
         let config = world(seed).only(checker);
-        let report = World::new(seed, config).run();
+        let Ok(report) = std::panic::catch_unwind(|| World::new(seed, config).run()) else {
+            asserted += 1;
+            continue;
+        };
         if let Some(violation) = report.violations.first() {
             assert_eq!(violation.checker, checker, "other checkers are off");
-            return seed;
+            fired += 1;
+            first.get_or_insert(seed);
         }
     }
-    panic!("{checker:?} never caught {bug:?}");
+    let ran = SEEDS - asserted;
+    assert!(
+        asserted * 2 < SEEDS,
+        "{bug:?}: {asserted} of {SEEDS} worlds stopped at a core debug assertion"
+    );
+    let share = fired * 100 / ran;
+    println!(
+        "{bug:?} ({}): {checker:?} alone fires in {fired} of {ran} worlds run to their end ({share}%; {asserted} more stopped at a core debug assertion), first at seed {first:?}",
+        bug.name()
+    );
+    assert!(
+        share >= floor,
+        "{checker:?} caught {bug:?} in only {fired} of {ran} worlds (floor {floor}%)"
+    );
+    share
+}
+
+/// [`fires`] in the swarm worlds.
+fn caught(bug: PlantedBug, checker: Checker, floor: u64) -> u64 {
+    fires(bug, checker, SimConfig::swarm, floor)
 }
 
 /// Worlds without renewing clients: a reused token also breaks the
@@ -53,72 +84,141 @@ fn without_renewals(seed: u64) -> SimConfig {
     }
 }
 
+/// Worlds where grants are often left unwritten when their connection
+/// dies (the ghost grants a server must release): the server's socket is
+/// full at most writes, connections reset at most fault ticks, and waiters
+/// queue for the keys a ghost grant would block. (In swarm worlds the bug
+/// shows in about 2 of 100.)
+fn ghost_grant_world(seed: u64) -> SimConfig {
+    let mut config = SimConfig::swarm(seed);
+    config.faults.server_write_stall_ppm = 900_000;
+    config.faults.reset_ppm = 800_000;
+    config.faults.client_crash_ppm = 100_000;
+    config.faults.tick_mean_us = 300_000;
+    config.wait_s_max = config.wait_s_max.max(3);
+    config
+}
+
+/// Worlds where every v3 client renews (the renewals a planted renewal
+/// bug acts on).
+fn renewing_world(seed: u64) -> SimConfig {
+    let config = SimConfig::swarm(seed);
+    SimConfig {
+        renewing_clients: config.clients,
+        ..config
+    }
+}
+
+/// Renewing worlds where an operator force-releases held keys at most
+/// fault ticks (one every 0.2 s on average) and clients start more work:
+/// holders often renew a token that is no longer current, and a
+/// force-release's effect shows in many histories. (In swarm worlds a
+/// stale renewal shows in about 2 of 100, a kept grant in 15.)
+fn stale_renewal_world(seed: u64) -> SimConfig {
+    let mut config = renewing_world(seed);
+    config.faults.force_release_ppm = 800_000;
+    config.faults.tick_mean_us = 200_000;
+    config.acquires_per_client_max = config.acquires_per_client_max.max(12);
+    config
+}
+
 #[test]
 fn linearizability_checker_catches_a_force_release_that_keeps_the_grant() {
-    caught(PlantedBug::ForceReleaseKeepsGrant, Checker::Linearizability);
+    fires(
+        PlantedBug::ForceReleaseKeepsGrant,
+        Checker::Linearizability,
+        stale_renewal_world,
+        60,
+    );
 }
 
 #[test]
 fn extension_checker_catches_a_renewal_accepted_for_a_stale_token() {
-    caught(PlantedBug::ExtendAnyToken, Checker::Extensions);
+    fires(
+        PlantedBug::ExtendAnyToken,
+        Checker::Extensions,
+        stale_renewal_world,
+        12,
+    );
 }
 
 #[test]
 fn linearizability_checker_catches_a_renewal_accepted_for_a_stale_token() {
-    caught(PlantedBug::ExtendAnyToken, Checker::Linearizability);
+    fires(
+        PlantedBug::ExtendAnyToken,
+        Checker::Linearizability,
+        stale_renewal_world,
+        12,
+    );
 }
 
 #[test]
 fn deadline_checker_catches_a_renewal_counted_from_its_answer() {
-    caught(PlantedBug::RenewalFromReply, Checker::Deadlines);
+    fires(
+        PlantedBug::RenewalFromReply,
+        Checker::Deadlines,
+        renewing_world,
+        45,
+    );
 }
 
 #[test]
 fn server_state_checker_catches_a_double_grant() {
-    caught(PlantedBug::GrantTwice, Checker::ServerState);
+    caught(PlantedBug::GrantTwice, Checker::ServerState, 80);
 }
 
 #[test]
 fn token_checker_catches_a_reused_token() {
-    caught(PlantedBug::ReuseToken, Checker::Tokens);
+    caught(PlantedBug::ReuseToken, Checker::Tokens, 75);
 }
 
 #[test]
 fn fifo_checker_catches_a_skipped_waiter() {
-    caught(PlantedBug::SkipWaiter, Checker::Fifo);
+    caught(PlantedBug::SkipWaiter, Checker::Fifo, 30);
 }
 
 #[test]
 fn reply_checker_catches_a_forgotten_ghost_grant() {
-    caught(PlantedBug::ForgetGhostGrant, Checker::Replies);
+    fires(
+        PlantedBug::ForgetGhostGrant,
+        Checker::Replies,
+        ghost_grant_world,
+        60,
+    );
 }
 
 #[test]
 fn reply_checker_catches_a_lost_waiter() {
-    caught(PlantedBug::LoseWaiter, Checker::Replies);
+    caught(PlantedBug::LoseWaiter, Checker::Replies, 40);
 }
 
 #[test]
 fn fencing_checker_catches_a_double_grant() {
-    caught(PlantedBug::GrantTwice, Checker::Fencing);
+    caught(PlantedBug::GrantTwice, Checker::Fencing, 80);
 }
 
 #[test]
 fn fencing_checker_catches_a_reused_token() {
-    caught_in(PlantedBug::ReuseToken, Checker::Fencing, without_renewals);
+    fires(
+        PlantedBug::ReuseToken,
+        Checker::Fencing,
+        without_renewals,
+        30,
+    );
 }
 
 #[test]
 fn linearizability_checker_catches_a_double_grant() {
-    caught(PlantedBug::GrantTwice, Checker::Linearizability);
+    caught(PlantedBug::GrantTwice, Checker::Linearizability, 80);
 }
 
 #[test]
 fn linearizability_checker_catches_a_reused_token() {
-    caught_in(
+    fires(
         PlantedBug::ReuseToken,
         Checker::Linearizability,
         without_renewals,
+        50,
     );
 }
 

@@ -1,15 +1,22 @@
 //! Many seeds, determinism, and a quiet baseline.
 
-use ticketing_sim::{RunReport, SimConfig, World, run_seed};
+use ticketing_sim::{Knobs, RunReport, SimConfig, World, run_seed};
 
-fn assert_clean(report: &RunReport) {
+/// No violation in `report`, a run of the world `knobs` make of its seed
+/// (named in full in the replay line).
+fn assert_clean_in(report: &RunReport, knobs: &Knobs) {
     assert!(
         report.violations.is_empty(),
-        "seed {} violated: {:#?}\nreplay: cargo run -p ticketing-sim --release -- --seed {} --trace",
+        "seed {} violated: {:#?}\nreplay: {}",
         report.seed,
         report.violations,
-        report.seed
+        knobs.replay_command(report.seed)
     );
+}
+
+/// No violation in `report`, a run of its seed's swarm world.
+fn assert_clean(report: &RunReport) {
+    assert_clean_in(report, &Knobs::default());
 }
 
 /// CI's seed sweep: every invariant holds on 600 swarm worlds (safety phase
@@ -55,16 +62,19 @@ fn six_hundred_seeds_hold_every_invariant() {
 /// simulator itself reordering bytes held for a paused client.
 #[test]
 fn busier_worlds_hold_every_invariant() {
+    let stress = Knobs {
+        stress: true,
+        ..Knobs::default()
+    };
     for seed in 0..100 {
-        let report = World::new(seed, SimConfig::swarm(seed).stress()).run();
-        assert_clean(&report);
+        assert_clean_in(&stress.run(seed, None), &stress);
     }
     // The world of the finding, as it was: before line clients.
-    let config = SimConfig {
-        line_clients: 0,
-        ..SimConfig::swarm(10_589).stress()
+    let finding = Knobs {
+        line_clients: Some(0),
+        ..stress
     };
-    assert_clean(&World::new(10_589, config).run());
+    assert_clean_in(&finding.run(10_589, None), &finding);
 }
 
 /// The same seed gives the same run, event for event and byte for byte;
@@ -109,9 +119,13 @@ fn a_trace_replays_exactly() {
 /// checker complaining here would be a false alarm.
 #[test]
 fn quiet_worlds_are_clean() {
+    let quiet = Knobs {
+        no_faults: true,
+        ..Knobs::default()
+    };
     for seed in 0..100 {
-        let report = World::new(seed, SimConfig::swarm(seed).without_faults()).run();
-        assert_clean(&report);
+        let report = quiet.run(seed, None);
+        assert_clean_in(&report, &quiet);
         assert_eq!(report.faults, 0);
         assert_eq!(report.fenced_writes, 0, "seed {seed}");
     }
@@ -130,11 +144,11 @@ fn quiet_worlds_are_clean() {
 fn regression_close_order_is_deterministic() {
     // The world of the finding, as it was: before line clients.
     let run = || {
-        let config = SimConfig {
-            line_clients: 0,
-            ..SimConfig::swarm(482)
-        };
-        World::new(482, config).run()
+        Knobs {
+            line_clients: Some(0),
+            ..Knobs::default()
+        }
+        .run(482, None)
     };
     let first = run();
     for _ in 0..16 {
@@ -156,9 +170,12 @@ fn regression_close_order_is_deterministic() {
 /// and at close only grants whose frame was not written whole are released.
 #[test]
 fn regression_grant_in_a_partly_written_take_stays_held() {
-    let mut config = SimConfig::swarm(275).stress();
-    config.faults.partial_write_ppm = 1_000_000;
     // The world of the finding, as it was: before line clients.
-    config.line_clients = 0;
-    assert_clean(&World::new(275, config).run());
+    let finding = Knobs {
+        stress: true,
+        partial_writes_ppm: Some(1_000_000),
+        line_clients: Some(0),
+        ..Knobs::default()
+    };
+    assert_clean_in(&finding.run(275, None), &finding);
 }

@@ -248,7 +248,9 @@ impl LeaderState {
         // overwritten by a leader elected without it (Figure 8); once an
         // entry of our term is on a majority, no such leader can be elected,
         // and everything before it is committed with it.
-        if candidate <= s.log.committed || s.log.term(candidate) != Some(s.term) {
+        if candidate <= s.log.committed
+            || (s.log.term(candidate) != Some(s.term) && !commit_older_term_planted())
+        {
             return Commit::Unchanged;
         }
         s.log.commit_to(candidate);
@@ -679,4 +681,18 @@ impl Raft {
         };
         leader.transfer_to(&mut self.shared, now, target)
     }
+}
+
+/// Whether the planted Figure-8 bug (commit an older term's entry by
+/// counting replicas) is switched on: tests of the randomized Raft
+/// schedules only.
+#[cfg(feature = "planted-bugs")]
+fn commit_older_term_planted() -> bool {
+    crate::testing::planted::active(crate::testing::planted::PlantedBug::CommitOlderTerm)
+}
+
+/// Without `planted-bugs` nothing is planted.
+#[cfg(not(feature = "planted-bugs"))]
+fn commit_older_term_planted() -> bool {
+    false
 }

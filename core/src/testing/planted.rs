@@ -35,6 +35,56 @@ pub enum PlantedBug {
     /// instead of from when the renewal was sent: its deadline runs past
     /// the server's expiry by the answer's trip.
     RenewalFromReply,
+    /// A restart starts its tokens at the stored reserve instead of one
+    /// above it ([`crate::reserve::start_token`]): the reserve is the highest
+    /// token the previous run may have issued, so once that run used its
+    /// reserve up, and the wall clock is behind, its last token is issued
+    /// again.
+    ReissueReservedToken,
+    /// A Raft leader commits the entry a majority holds even when it is of
+    /// an older term (the check of Raft §5.4.2 dropped): an entry so
+    /// committed can still be overwritten by a leader elected without it
+    /// (Figure 8 of the Raft paper), after some node applied it.
+    CommitOlderTerm,
+}
+
+impl PlantedBug {
+    /// Every planted bug.
+    pub const ALL: [PlantedBug; 11] = [
+        PlantedBug::GrantTwice,
+        PlantedBug::ReuseToken,
+        PlantedBug::SkipWaiter,
+        PlantedBug::ForgetGhostGrant,
+        PlantedBug::LoseWaiter,
+        PlantedBug::SkipPeerFrameMac,
+        PlantedBug::ForceReleaseKeepsGrant,
+        PlantedBug::ExtendAnyToken,
+        PlantedBug::RenewalFromReply,
+        PlantedBug::ReissueReservedToken,
+        PlantedBug::CommitOlderTerm,
+    ];
+
+    /// The bug's name on the simulator's command line (`--planted NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlantedBug::GrantTwice => "grant-twice",
+            PlantedBug::ReuseToken => "reuse-token",
+            PlantedBug::SkipWaiter => "skip-waiter",
+            PlantedBug::ForgetGhostGrant => "forget-ghost-grant",
+            PlantedBug::LoseWaiter => "lose-waiter",
+            PlantedBug::SkipPeerFrameMac => "skip-peer-frame-mac",
+            PlantedBug::ForceReleaseKeepsGrant => "force-release-keeps-grant",
+            PlantedBug::ExtendAnyToken => "extend-any-token",
+            PlantedBug::RenewalFromReply => "renewal-from-reply",
+            PlantedBug::ReissueReservedToken => "reissue-reserved-token",
+            PlantedBug::CommitOlderTerm => "commit-older-term",
+        }
+    }
+
+    /// The bug named `name` on the command line.
+    pub fn from_name(name: &str) -> Option<PlantedBug> {
+        PlantedBug::ALL.into_iter().find(|bug| bug.name() == name)
+    }
 }
 
 thread_local! {

@@ -2,7 +2,8 @@
 //! loopback and clients for it, a raw wire client ([`raw`]), throwaway
 //! certificates ([`certs`]), `ticketing serve` clusters ([`cluster`]),
 //! loopback ports for child processes ([`ports`]) and the admin listener
-//! over plain HTTP ([`admin`]).
+//! over plain HTTP ([`admin`]), and awaiting a child's startup line
+//! ([`startup`]).
 //! Each test file says `mod common;` and uses only a part of it.
 #![allow(dead_code)]
 
@@ -13,6 +14,7 @@ pub mod faketime;
 pub mod ports;
 pub mod raw;
 pub mod scratch;
+pub mod startup;
 
 use std::time::Duration;
 
