@@ -537,6 +537,14 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
         .collect()
 }
 
+/// What a node's page says of it, once the page shows it: (role, term).
+fn try_page_role(chromium: &Path, admin: SocketAddr) -> Option<(String, u64)> {
+    let dom = dump_dom(chromium, &format!("http://{admin}/"));
+    let role = fact_text(&dom, "Role")?;
+    let term = fact_text(&dom, "Term")?.parse().ok()?;
+    Some((role, term))
+}
+
 /// What a node's page says of it: (role, term).
 fn page_role(chromium: &Path, admin: SocketAddr) -> (String, u64) {
     let dom = dump_dom(chromium, &format!("http://{admin}/"));
@@ -564,13 +572,26 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
             http_get(addr, "/readyz").and_then(|(status, _, _)| (status == 200).then_some(()))
         });
     }
-    let roles: Vec<(String, u64)> = (0..3)
-        .map(|slot| page_role(&chromium, admin[slot]))
-        .collect();
+    // The three pages are read one after another, and on a loaded machine
+    // a node's first poll may still be out or an election may fall between
+    // two reads: they are read again until they agree on one term, and
+    // then must show exactly one leader and two followers.
+    let mut seen = Vec::new();
+    let roles: Vec<(String, u64)> = poll("the three pages agreeing on a term", || {
+        let roles: Option<Vec<(String, u64)>> = (0..3)
+            .map(|slot| try_page_role(&chromium, admin[slot]))
+            .collect();
+        seen = roles.clone().unwrap_or_default();
+        roles.filter(|roles| roles.iter().all(|(_, term)| *term == roles[0].1))
+    });
     let leaders: Vec<usize> = (0..3)
         .filter(|&slot| roles[slot].0 == "leader, voter")
         .collect();
-    assert_eq!(leaders.len(), 1, "one leader among {roles:?}");
+    assert_eq!(
+        leaders.len(),
+        1,
+        "one leader among {roles:?} (last read {seen:?})"
+    );
     let leader = leaders[0];
     for (slot, (role, _)) in roles.iter().enumerate().filter(|&(s, _)| s != leader) {
         assert_eq!(role, "follower, voter", "slot {slot}: {roles:?}");
