@@ -242,11 +242,16 @@ pub enum ReplyKind {
     Negotiated,
     /// `W`: an extension by a current token (our clients only).
     Extended,
+    /// `Q`: permits granted (our clients only).
+    Permits,
+    /// `C`: a semaphore's capacity differs from the one declared (our
+    /// clients only).
+    CapacityMismatch,
 }
 
 impl ReplyKind {
     /// Every kind, in exposition order.
-    pub const ALL: [ReplyKind; 12] = [
+    pub const ALL: [ReplyKind; 14] = [
         ReplyKind::Acquired,
         ReplyKind::AcquiredSet,
         ReplyKind::Released,
@@ -259,6 +264,8 @@ impl ReplyKind {
         ReplyKind::Error,
         ReplyKind::Negotiated,
         ReplyKind::Extended,
+        ReplyKind::Permits,
+        ReplyKind::CapacityMismatch,
     ];
 
     /// The reply's letter on the wire.
@@ -276,6 +283,8 @@ impl ReplyKind {
             ReplyKind::Error => "E",
             ReplyKind::Negotiated => "X",
             ReplyKind::Extended => "W",
+            ReplyKind::Permits => "Q",
+            ReplyKind::CapacityMismatch => "C",
         }
     }
 
@@ -295,13 +304,15 @@ impl ReplyKind {
             Reply::Error { .. } => ReplyKind::Error,
             Reply::Negotiated { .. } => ReplyKind::Negotiated,
             Reply::Extended { .. } => ReplyKind::Extended,
+            Reply::Permits { .. } => ReplyKind::Permits,
+            Reply::CapacityMismatch { .. } => ReplyKind::CapacityMismatch,
             Reply::Leader { .. } | Reply::Push { .. } => return None,
         })
     }
 }
 
 /// Error codes in exposition order (`E` replies by code).
-pub const ERROR_CODES: [ErrorCode; 8] = [
+pub const ERROR_CODES: [ErrorCode; 9] = [
     ErrorCode::BadKey,
     ErrorCode::BadLease,
     ErrorCode::NotActive,
@@ -310,6 +321,7 @@ pub const ERROR_CODES: [ErrorCode; 8] = [
     ErrorCode::GroupMismatch,
     ErrorCode::BadToken,
     ErrorCode::BadExtension,
+    ErrorCode::BadPermits,
 ];
 
 /// Replies sent, by kind and (for `E`) by code. Counted where the reply is

@@ -22,6 +22,9 @@ use crate::hash::IdMap;
 use crate::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
 };
+use crate::lock::semaphore::{
+    PermitAsk, PermitEvent, PermitGrant, PermitOutcome, SemaphoreLimits, Semaphores,
+};
 use crate::lock::{
     AcquireOptions, AcquireOutcome, HOLDER_MAX, HoldCaps, LockConfig, LockEvent, LockStats,
     LockTable, ReleaseOutcome, WaiterId,
@@ -30,7 +33,9 @@ use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
-use crate::wire::{Capabilities, Key, KeyGroup, NO_LEADER_SLOT, PushKind, Reply, Request};
+use crate::wire::{
+    Capabilities, Key, KeyGroup, NO_LEADER_SLOT, PermitsRequest, PushKind, Reply, Request,
+};
 
 mod held;
 mod inspect;
@@ -149,6 +154,17 @@ pub struct Server {
     watches: Watches,
     /// Pushes sent, by kind.
     pushes: PushCounts,
+    /// FIFO semaphores over slot keys of the table.
+    semaphores: Semaphores,
+    /// Queued permit requests, by the waiter id the semaphores know them
+    /// by.
+    permit_waiters: IdMap<WaiterId, QueuedPermits>,
+}
+
+#[derive(Debug)]
+struct QueuedPermits {
+    conn: ConnId,
+    reply_to: ReplyTo,
 }
 
 #[derive(Debug)]
@@ -180,6 +196,10 @@ struct Conn {
     /// the rest of the connection.
     values: bool,
 }
+
+/// Most semaphores the server keeps at once (each in use, or forgotten
+/// lazily); a request for a new one beyond it is answered `B`.
+const SEMAPHORES_MAX: usize = 65_536;
 
 /// Queues a grant's reply on `conn`, remembering where its frame ends.
 fn send_grant(
@@ -258,6 +278,7 @@ impl Server {
     /// bootstrap wall-clock time in microseconds since the Unix epoch).
     pub fn new(config: ServerConfig, first_token: u64, now: Instant) -> Self {
         let table = LockTable::new(config.lock, first_token, now);
+        let config_lock = config.lock;
         Server {
             table,
             conns: IdMap::default(),
@@ -281,6 +302,15 @@ impl Server {
             admin_replies: inspect::AdminReplies::default(),
             watches: Watches::default(),
             pushes: PushCounts::default(),
+            semaphores: Semaphores::new(
+                SemaphoreLimits {
+                    semaphores_max: config_lock.limits.keys_max.min(SEMAPHORES_MAX),
+                    waiters_per_semaphore_max: config_lock.limits.waiters_per_key_max,
+                    waiters_total_max: config_lock.limits.waiters_total_max,
+                },
+                config_lock.wait_margin,
+            ),
+            permit_waiters: IdMap::default(),
         }
     }
 
@@ -326,7 +356,169 @@ impl Server {
                 keys,
                 reply_to,
             } => self.handle_extend(now, conn_id, (token, lease_s), keys, reply_to),
+            ClientRequest::AcquirePermits {
+                request,
+                hold,
+                reply_to,
+            } => {
+                let max_hold = self.hold_cap(hold);
+                self.handle_permits(now, conn_id, request, max_hold, reply_to);
+            }
         }
+    }
+
+    /// Takes permits of a semaphore: granted, queued or refused by the
+    /// semaphores' FIFO rule, under the same per-connection limits as an
+    /// acquire.
+    fn handle_permits(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        request: PermitsRequest,
+        max_hold: Option<Duration>,
+        reply_to: ReplyTo,
+    ) {
+        let over_in_flight = self
+            .conns
+            .get(&conn_id)
+            .is_none_or(|conn| conn.queued.len() >= self.config.in_flight_per_connection_max);
+        self.held.expire(now);
+        let over_held = self
+            .held
+            .held(conn_id)
+            .saturating_add(usize::from(request.permits))
+            > self.config.budget.held_per_connection_max;
+        let outcome = if over_in_flight || over_held {
+            PermitOutcome::Busy
+        } else {
+            let waiter = WaiterId(self.next_waiter_id);
+            self.next_waiter_id += 1;
+            let ask = PermitAsk {
+                name: request.name,
+                permits: request.permits,
+                capacity: request.capacity,
+                wait_s: request.wait_s,
+                lease_s: request.lease_s,
+                holder: conn_id.0,
+                max_hold,
+            };
+            let outcome = self.semaphores.acquire(now, &mut self.table, waiter, ask);
+            if outcome == PermitOutcome::Queued {
+                let Some(conn) = self.conns.get_mut(&conn_id) else {
+                    self.semaphores.cancel(waiter);
+                    return;
+                };
+                conn.queued.insert(waiter);
+                self.permit_waiters.insert(
+                    waiter,
+                    QueuedPermits {
+                        conn: conn_id,
+                        reply_to,
+                    },
+                );
+                return;
+            }
+            outcome
+        };
+        let answer = match outcome {
+            PermitOutcome::Granted(grant) => {
+                let expires = lease_end(&self.table, &grant.keys, now);
+                self.deliver_permits(now, conn_id, &reply_to, grant, expires);
+                return;
+            }
+            PermitOutcome::TimedOut => Answer::TimedOut,
+            PermitOutcome::Busy => Answer::Busy,
+            PermitOutcome::CapacityMismatch { capacity } => Answer::CapacityMismatch {
+                asked: request.capacity,
+                capacity,
+            },
+            PermitOutcome::Queued => unreachable!("queued requests returned above"),
+        };
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            send(conn_id, conn, &mut self.wakes, &reply_to, answer);
+        }
+    }
+
+    /// Sends a permit grant to its holder, counted, watched and recorded
+    /// as a grant of its slot keys (so an undelivered one is released).
+    /// A holder already closing does not get it: its slots go to the next
+    /// waiter at once.
+    fn deliver_permits(
+        &mut self,
+        now: Instant,
+        conn_id: ConnId,
+        reply_to: &ReplyTo,
+        grant: PermitGrant,
+        expires: Instant,
+    ) {
+        let Some(conn) = self
+            .conns
+            .get_mut(&conn_id)
+            .filter(|conn| !conn.out.is_closing())
+        else {
+            self.table.release(now, &grant.keys, grant.token);
+            self.semaphores.keys_freed(grant.keys.keys());
+            return;
+        };
+        self.held.add(conn_id, grant.keys.len(), expires);
+        let lease = expires.saturating_duration_since(now);
+        watch_grant(
+            &self.table,
+            &mut self.watches,
+            (conn_id, conn),
+            grant.token,
+            &grant.keys,
+            (lease, expires),
+        );
+        let answer = Answer::PermitsGranted {
+            token: grant.token,
+            free: grant.free,
+            slots: grant.slots,
+        };
+        send(conn_id, conn, &mut self.wakes, reply_to, answer);
+        conn.out.record_grant(grant.token, grant.keys);
+    }
+
+    /// Answers what became of queued permit requests, serving the
+    /// semaphores first when something is due.
+    fn drain_permit_events(&mut self, now: Instant) -> bool {
+        if !self.semaphores.has_work(now) {
+            return false;
+        }
+        self.semaphores.serve(now, &mut self.table);
+        while let Some(event) = self.semaphores.poll_event() {
+            let waiter = match &event {
+                PermitEvent::Granted { waiter, .. } | PermitEvent::TimedOut { waiter } => *waiter,
+            };
+            let Some(queued) = self.permit_waiters.remove(&waiter) else {
+                debug_assert!(false, "permit event for unknown waiter {waiter:?}");
+                continue;
+            };
+            if let Some(conn) = self.conns.get_mut(&queued.conn) {
+                conn.queued.remove(&waiter);
+            }
+            match event {
+                PermitEvent::Granted {
+                    grant,
+                    lease_deadline,
+                    ..
+                } => {
+                    self.deliver_permits(now, queued.conn, &queued.reply_to, grant, lease_deadline)
+                }
+                PermitEvent::TimedOut { .. } => {
+                    if let Some(conn) = self.conns.get_mut(&queued.conn) {
+                        send(
+                            queued.conn,
+                            conn,
+                            &mut self.wakes,
+                            &queued.reply_to,
+                            Answer::TimedOut,
+                        );
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// Requests received on `conn` as values rather than bytes: the
@@ -474,6 +666,7 @@ impl Server {
         let (outcome, grant) = self.table.release_grant(now, &keys, token);
         if outcome == ReleaseOutcome::Released {
             self.watches.forget(token);
+            self.semaphores.keys_freed(keys.keys());
         }
         if let Some(grant) = grant {
             self.held
@@ -638,8 +831,20 @@ impl Server {
         self.reports.dropped_events()
     }
 
-    /// Turns the lock table's events into replies to queued acquires.
+    /// Turns the lock table's and the semaphores' events into replies to
+    /// queued requests, until neither has more (a grant passed on by a
+    /// closing connection may free slots, and the other way round).
     fn drain_lock_events(&mut self, now: Instant) {
+        loop {
+            self.drain_table_events(now);
+            if !self.drain_permit_events(now) {
+                break;
+            }
+        }
+    }
+
+    /// Turns the lock table's events into replies to queued acquires.
+    fn drain_table_events(&mut self, now: Instant) {
         while let Some((event, lease_deadline)) = self.table.poll_event_lease() {
             let (waiter, token) = match event {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
@@ -671,6 +876,7 @@ impl Server {
                 // next instead of leaving them blocked until the lease ends.
                 if let Some(token) = token {
                     self.table.release(now, &queued.keys, token);
+                    self.semaphores.keys_freed(queued.keys.keys());
                 }
                 continue;
             }
@@ -717,6 +923,11 @@ impl Server {
             // are passed on (see `drain_lock_events`).
             if self.table.cancel(now, waiter) {
                 self.waiters.remove(&waiter);
+                if let Some(conn) = self.conns.get_mut(&conn_id) {
+                    conn.queued.remove(&waiter);
+                }
+            } else if self.semaphores.cancel(waiter) {
+                self.permit_waiters.remove(&waiter);
                 if let Some(conn) = self.conns.get_mut(&conn_id) {
                     conn.queued.remove(&waiter);
                 }
@@ -840,8 +1051,8 @@ impl Machine for Server {
             nonce,
         };
         let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front = ClientFront::new(hello, SINGLE_FINGERPRINT, deadline)
-            .serving(Capabilities::EXTEND.union(Capabilities::PUSH));
+        let front =
+            ClientFront::new(hello, SINGLE_FINGERPRINT, deadline).serving(Capabilities::KNOWN);
         let mut conn = Conn {
             out: Outbound::new(front.hello_bytes().to_vec()),
             front,
@@ -985,6 +1196,7 @@ impl Machine for Server {
             // leave the key blocked until the lease ends. A token that is no
             // longer current (expired and re-granted) is simply not found.
             self.table.release(now, &grant.keys, grant.token);
+            self.semaphores.keys_freed(grant.keys.keys());
         }
         self.drain_lock_events(now);
     }
@@ -1020,6 +1232,7 @@ impl Machine for Server {
     fn handle_reserve_persisted(&mut self, now: Instant, value: u64) {
         if self.reserve.handle_persisted(value) {
             self.table.set_token_limit(now, self.reserve.limit());
+            self.semaphores.recheck_all();
             self.drain_lock_events(now);
         }
     }
@@ -1052,6 +1265,7 @@ impl Machine for Server {
             if let Some(watch) = self.watches.forget(*revoked) {
                 self.push(watch.conn, *revoked, PushKind::ForceReleased, 0);
             }
+            self.semaphores.keys_freed(keys);
             self.reports
                 .force_released(keys.clone(), *revoked, *handed_to);
             self.drain_lock_events(now);
@@ -1067,6 +1281,7 @@ impl Machine for Server {
         self.shutting_down = true;
         self.reports.flush();
         self.table.time_out_all_waiters(now);
+        self.semaphores.time_out_all();
         self.drain_lock_events(now);
         let mut conn_ids: Vec<ConnId> = self.conns.keys().copied().collect();
         conn_ids.sort_unstable();
@@ -1113,6 +1328,7 @@ impl Machine for Server {
             self.reports.poll_timeout(),
             self.reserve.poll_timeout(),
             self.watches.poll_timeout(),
+            self.semaphores.poll_timeout(),
         ]
         .into_iter()
         .flatten()

@@ -1425,6 +1425,7 @@ fn covers_uses_the_lease_from_just_before_sending() {
         keys: key("a"),
         token: 5,
         valid_before,
+        permits: None,
     };
     let p = params(secs(30), secs(10), secs(8));
     let mut op = AcquireOperation::new(sent_at, key("a"), p);
@@ -2053,6 +2054,7 @@ fn a_release_answered_while_submitting_ends_on_its_first_poll_and_a_retry_still_
         keys: key("a"),
         token,
         valid_before: Instant::from_millis(600_000),
+        permits: None,
     };
     let broker = AnsweringBroker::new(Outcome::Released);
     let ticket = ticketing_core::client::Ticket::new(std::sync::Arc::clone(&broker), grant(7));
@@ -2084,6 +2086,7 @@ fn an_outcome_handed_back_while_submitting_is_judged_at_the_submits_reading() {
         keys: key("a"),
         token: 9,
         valid_before: Instant::from_millis(31_000),
+        permits: None,
     };
     let broker = AnsweringBroker::new(Outcome::Acquired(granted.clone()));
     let result = poll_once(ticketing_core::client::run_acquire(
@@ -2518,16 +2521,16 @@ fn one_close_on_x_then_an_answered_negotiation_keeps_the_endpoint_negotiating() 
 }
 
 #[test]
-fn the_broker_asks_for_extend_and_push_with_its_label() {
+fn the_broker_asks_for_every_capability_with_its_label() {
     let config = BrokerConfig {
         label: "host/1/job".into(),
         ..BrokerConfig::single("h:1", TOKEN_A)
     };
     for endpoint in config.endpoints().unwrap() {
-        assert_eq!(
-            endpoint.session.extensions,
-            Capabilities::EXTEND.union(Capabilities::PUSH)
-        );
+        let every = Capabilities::EXTEND
+            .union(Capabilities::PUSH)
+            .union(Capabilities::PERMITS);
+        assert_eq!(endpoint.session.extensions, every);
         assert_eq!(endpoint.session.label(), "host/1/job");
     }
     let bad = BrokerConfig {
@@ -2677,6 +2680,7 @@ fn a_capped_acquire_is_sent_as_h_and_granted_like_any_other() {
                 keys: key("k"),
                 token: 12,
                 valid_before: sent_at.saturating_add(secs(10)),
+                permits: None,
             })
         )]
     );

@@ -119,6 +119,7 @@ fn ticket(broker: &Arc<ClockBroker>) -> Ticket {
             keys: KeySet::single("k").unwrap(),
             token: TOKEN,
             valid_before: Instant::from_millis(30_000),
+            permits: None,
         },
     )
 }

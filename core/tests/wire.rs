@@ -177,13 +177,14 @@ fn error_codes_map_from_bytes() {
         (6, ErrorCode::GroupMismatch),
         (7, ErrorCode::BadToken),
         (8, ErrorCode::BadExtension),
+        (9, ErrorCode::BadPermits),
     ];
     for (byte, code) in all {
         assert_eq!(ErrorCode::from_u8(byte), Some(code));
         assert_eq!(code as u8, byte);
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(9), None);
+    assert_eq!(ErrorCode::from_u8(10), None);
     assert_eq!(ErrorCode::from_u8(0xFF), None);
 }
 
@@ -1192,7 +1193,7 @@ fn reply_zero_rid_or_token_is_refused() {
 
 #[test]
 fn reply_unknown_error_code_is_refused() {
-    for code in [0u8, 9, 0xFF] {
+    for code in [0u8, 10, 0xFF] {
         let bytes = [vec![b'E', 0, 9], 1u64.to_be_bytes().to_vec(), vec![code]].concat();
         assert_eq!(Reply::decode(&bytes), Err(ReplyError::UnknownCode(code)));
     }

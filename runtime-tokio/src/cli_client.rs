@@ -68,7 +68,8 @@ pub(crate) fn exit_code(error: &ticketing_tokio::TicketError) -> u8 {
         | ticketing_tokio::TicketError::Closed
         | ticketing_tokio::TicketError::Io { .. } => config::lock_exit::UNAVAILABLE,
         ticketing_tokio::TicketError::InvalidInput(_)
-        | ticketing_tokio::TicketError::UnsupportedDuration { .. } => config::lock_exit::USAGE,
+        | ticketing_tokio::TicketError::UnsupportedDuration { .. }
+        | ticketing_tokio::TicketError::CapacityMismatch { .. } => config::lock_exit::USAGE,
         // Renewal errors do not keep the command from running.
         ticketing_tokio::TicketError::InsufficientLease
         | ticketing_tokio::TicketError::Protocol(_)

@@ -7,10 +7,12 @@ use ticketing_core::client::holder::StopPlan;
 use crate::guard;
 use crate::holder_files::HolderFiles;
 use ticketing_core::client::AcquireParams;
+use ticketing_tokio::ReleaseOutcome;
+use ticketing_tokio::client::Lost;
 use ticketing_tokio::client::{LossCause, RenewEnd, RenewPolicy};
 use ticketing_tokio::config::{LockArgs, lock_exit};
 use ticketing_tokio::terminal::terminal_safe;
-use ticketing_tokio::{Ticket, TicketError};
+use ticketing_tokio::{Ticket, TicketError, TicketSet};
 
 use crate::cli_client::{
     CONNECT_WAIT_MIN, ClientOptions, client_broker, connect_failure, exit_code,
@@ -35,10 +37,15 @@ pub fn run(args: LockArgs) -> ExitCode {
 async fn run_locked(args: LockArgs) -> ExitCode {
     // Times that can never be served are a usage error, found before
     // connecting.
-    let params = AcquireParams::new(args.wait, args.lease, args.budget).and_then(|params| {
-        args.max_hold
-            .map_or(Ok(params), |max_hold| params.with_max_hold(max_hold))
-    });
+    let params = AcquireParams::new(args.wait, args.lease, args.budget)
+        .and_then(|params| {
+            args.max_hold
+                .map_or(Ok(params), |max_hold| params.with_max_hold(max_hold))
+        })
+        .and_then(|params| match args.semaphore {
+            Some(capacity) => params.with_permits(args.permits.unwrap_or(1), capacity),
+            None => Ok(params),
+        });
     if let Err(e) = params {
         let why = match e {
             TicketError::InsufficientLease => "--budget must not be longer than --lease".to_owned(),
@@ -77,17 +84,29 @@ async fn run_locked(args: LockArgs) -> ExitCode {
         return fail(code, why);
     }
     let acquiring = async {
-        match args.max_hold {
-            None => {
+        match (args.semaphore, args.max_hold) {
+            (Some(capacity), _) => {
+                let permits = args.permits.unwrap_or(1);
                 broker
-                    .acquire(&args.key, args.wait, args.lease, args.budget)
+                    .acquire_permits(
+                        &args.key,
+                        permits,
+                        capacity,
+                        args.wait,
+                        args.lease,
+                        args.budget,
+                    )
                     .await
+                    .map(Holding::Permits)
             }
-            Some(max_hold) => {
-                broker
-                    .acquire_capped(&args.key, args.wait, args.lease, args.budget, max_hold)
-                    .await
-            }
+            (None, None) => broker
+                .acquire(&args.key, args.wait, args.lease, args.budget)
+                .await
+                .map(Holding::Lock),
+            (None, Some(max_hold)) => broker
+                .acquire_capped(&args.key, args.wait, args.lease, args.budget, max_hold)
+                .await
+                .map(Holding::Lock),
         }
     };
     let acquired = waiting_shown(&args.key, acquiring).await;
@@ -96,6 +115,14 @@ async fn run_locked(args: LockArgs) -> ExitCode {
         Err(e) => {
             broker.close().await;
             let key = terminal_safe(args.key.as_bytes());
+            if let (TicketError::Unsupported(_), Some(_)) = (&e, args.semaphore) {
+                return fail(
+                    lock_exit::USAGE,
+                    format_args!(
+                        "{key}: the server does not serve semaphores (a cluster, or a server that speaks only the published protocol): drop --semaphore, or use a single-mode server of this version"
+                    ),
+                );
+            }
             if let TicketError::Unsupported(_) = e {
                 return fail(
                     lock_exit::USAGE,
@@ -138,6 +165,68 @@ async fn run_locked(args: LockArgs) -> ExitCode {
     }
 }
 
+/// What `ticketing lock` holds while the command runs: a lock, or permits
+/// of a semaphore. Both are renewed, watched and released alike.
+enum Holding {
+    Lock(Ticket),
+    Permits(TicketSet),
+}
+
+impl Holding {
+    fn token(&self) -> u64 {
+        match self {
+            Holding::Lock(ticket) => ticket.token(),
+            Holding::Permits(set) => set.token(),
+        }
+    }
+    fn deadline(&self) -> std::time::Instant {
+        match self {
+            Holding::Lock(ticket) => ticket.deadline(),
+            Holding::Permits(set) => set.deadline(),
+        }
+    }
+    fn remaining(&self) -> std::time::Duration {
+        match self {
+            Holding::Lock(ticket) => ticket.remaining(),
+            Holding::Permits(set) => set.remaining(),
+        }
+    }
+    fn lost_within(&self, lead: std::time::Duration) -> Lost<'_> {
+        match self {
+            Holding::Lock(ticket) => ticket.lost_within(lead),
+            Holding::Permits(set) => set.lost_within(lead),
+        }
+    }
+    fn lost(&self) -> Lost<'_> {
+        self.lost_within(std::time::Duration::ZERO)
+    }
+    async fn keep_alive(&self, policy: RenewPolicy, progress: impl FnMut() -> bool) -> RenewEnd {
+        match self {
+            Holding::Lock(ticket) => ticket.keep_alive(policy, progress).await,
+            Holding::Permits(set) => set.keep_alive(policy, progress).await,
+        }
+    }
+    async fn release(self) -> Result<ReleaseOutcome, TicketError> {
+        match self {
+            Holding::Lock(ticket) => ticket.release().await,
+            Holding::Permits(set) => set.release().await,
+        }
+    }
+    /// The slots held, comma-separated, for a semaphore's permits.
+    fn slots(&self) -> Option<String> {
+        match self {
+            Holding::Lock(_) => None,
+            Holding::Permits(set) => Some(
+                set.slots()
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        }
+    }
+}
+
 /// Runs `acquiring`, showing on a terminal's stderr, once a second has
 /// passed, which key it waits for and for how long; the line is cleared
 /// when the wait ends. Nothing is shown when stderr is not a terminal.
@@ -175,7 +264,7 @@ async fn waiting_shown<T>(key: &str, acquiring: impl std::future::Future<Output 
 /// Spawns the command under `ticket` and waits for it.
 async fn run_command(
     args: &LockArgs,
-    ticket: &Ticket,
+    ticket: &Holding,
     files: &HolderFiles,
 ) -> Result<std::process::ExitStatus, u8> {
     let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -190,6 +279,9 @@ async fn run_command(
         .env("TICKETING_DEADLINE_FILE", files.deadline_path())
         .env("TICKETING_NOTIFY", files.notify_path())
         .env("TICKETING_PROGRESS_FILE", files.progress_path());
+    if let Some(slots) = ticket.slots() {
+        command.env("TICKETING_SLOTS", slots);
+    }
     if !args.no_kill {
         // Today's behaviour with --no-kill: the command stays in this
         // process group, where it may read the terminal.
@@ -242,7 +334,7 @@ const DEADLINE_FILE_PERIOD: std::time::Duration = std::time::Duration::from_mill
 async fn wait_child(
     child: &mut tokio::process::Child,
     args: &LockArgs,
-    ticket: &Ticket,
+    ticket: &Holding,
     files: &HolderFiles,
 ) -> Result<std::process::ExitStatus, u8> {
     let stop = !args.no_kill;

@@ -1357,6 +1357,8 @@ impl<'t> ClusterWorld<'t> {
                 }
                 Reply::Negotiated { .. } => !acquire && renewal.is_none(),
                 Reply::Extended { .. } => renewal.is_some(),
+                // Cluster nodes do not serve semaphores.
+                Reply::Permits { .. } | Reply::CapacityMismatch { .. } => false,
                 // `P` has no rid and never gets here.
                 Reply::Push { .. } => false,
                 Reply::Leader { .. } => false,
@@ -1609,6 +1611,7 @@ impl<'t> ClusterWorld<'t> {
                     (req.rid, false)
                 }
                 Request::AcquireCapped(req) => (req.rid, true),
+                Request::AcquirePermits(req) => (req.rid, true),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
                 self.violation(

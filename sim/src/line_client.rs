@@ -545,6 +545,7 @@ pub(crate) trait LineClientWorld<'t>: ClientWorld<'t> {
                     token,
                     // Counted from just before the frame went out.
                     valid_before: instant(sent_local + u64::from(lease_s) * 1_000_000),
+                    permits: None,
                 };
                 let plan = call.plan.expect("an acquire has a plan");
                 self.start_holding(client, id, grant, plan, lease_s as u8);

@@ -626,10 +626,12 @@ impl<'t> World<'t> {
                         },
                     )
                 }
-                Request::AcquireCapped(_) => {
+                Request::AcquireCapped(_) | Request::AcquirePermits(_) => {
                     self.violation(
                         Checker::Client,
-                        format!("conn {conn_id} sent {request:?}: the sim asks for no hold cap"),
+                        format!(
+                            "conn {conn_id} sent {request:?}: the sim asks for no hold cap and no permits"
+                        ),
                     );
                     continue;
                 }

@@ -281,7 +281,7 @@ impl BrokerConfig {
                     addr: self.addrs[0].clone(),
                     session: SessionConfig {
                         silence_timeout: self.silence_timeout,
-                        extensions: Capabilities::EXTEND.union(Capabilities::PUSH),
+                        extensions: Capabilities::KNOWN,
                         ..SessionConfig::single(token)
                     }
                     .with_label(&self.label)?,
@@ -305,7 +305,7 @@ impl BrokerConfig {
                             addr: addr.clone(),
                             session: SessionConfig {
                                 silence_timeout: self.silence_timeout,
-                                extensions: Capabilities::EXTEND.union(Capabilities::PUSH),
+                                extensions: Capabilities::KNOWN,
                                 ..SessionConfig::cluster(token, identity_fingerprint, slot, size)
                             }
                             .with_label(&self.label)?,

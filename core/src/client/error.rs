@@ -46,6 +46,15 @@ pub enum ClientError {
     /// expired, force-released or handed over). It never comes back; stop
     /// the protected work.
     Lost,
+    /// The semaphore is in use with another capacity than the one the
+    /// acquire declared; nothing was taken. Every user of a semaphore
+    /// must declare the same capacity.
+    CapacityMismatch {
+        /// The capacity the acquire declared.
+        asked: u16,
+        /// The capacity the semaphore has.
+        capacity: u16,
+    },
     /// An IO error reported by the runtime.
     Io {
         /// Its kind.
@@ -83,6 +92,11 @@ impl fmt::Display for ClientError {
             ClientError::Protocol(what) => write!(f, "protocol error: {what}"),
             ClientError::Closed => f.write_str("broker is closed"),
             ClientError::Unsupported(what) => write!(f, "not supported by the server: {what}"),
+            ClientError::CapacityMismatch { asked, capacity } => write!(
+                f,
+                "the semaphore is in use with capacity {capacity}, not the {asked} declared; \
+                 declare {capacity}, or wait until nobody holds or waits for it"
+            ),
             ClientError::Lost => f.write_str(
                 "the lock is lost: its token is no longer the current grant of its keys",
             ),

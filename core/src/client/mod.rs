@@ -63,7 +63,9 @@ pub use ops::{
     AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,
     ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
-pub use request::{AcquireParams, Compensation, Grant, KeySet, Outcome, lease_covers};
+pub use request::{
+    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Outcome, lease_covers,
+};
 pub use routing::{Backoff, Router};
 pub use session::{CancelOutcome, HandshakeClue, Session, SessionConfig, SessionEvent};
 pub use ticket::{ExtendResult, Lost, RenewEnd, RenewPolicy, Ticket, TicketSet};

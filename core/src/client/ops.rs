@@ -132,9 +132,12 @@ impl ExtendOperation {
             Outcome::Error(code) => ExtendStep::Done(Err(ClientError::Protocol(format!(
                 "server rejected renewal with {code:?}"
             )))),
-            Outcome::Acquired(_) | Outcome::Busy | Outcome::Released => ExtendStep::Done(Err(
-                ClientError::Protocol("acquire or release reply to a renewal".into()),
-            )),
+            Outcome::Acquired(_)
+            | Outcome::Busy
+            | Outcome::Released
+            | Outcome::CapacityMismatch { .. } => ExtendStep::Done(Err(ClientError::Protocol(
+                "acquire or release reply to a renewal".into(),
+            ))),
         }
     }
     /// An attempt could not be made.
@@ -237,6 +240,9 @@ impl AcquireOperation {
             Outcome::Error(code) => AcquireStep::Failed(ClientError::Protocol(format!(
                 "server rejected acquire with {code:?}"
             ))),
+            Outcome::CapacityMismatch { asked, capacity } => {
+                AcquireStep::Failed(ClientError::CapacityMismatch { asked, capacity })
+            }
             Outcome::Released | Outcome::NotFound | Outcome::Extended { .. } => {
                 AcquireStep::Failed(ClientError::Protocol("release reply to an acquire".into()))
             }
@@ -364,9 +370,12 @@ impl ReleaseOperation {
             Outcome::Error(code) => ReleaseStep::Done(Err(ClientError::Protocol(format!(
                 "server rejected release with {code:?}"
             )))),
-            Outcome::Acquired(_) | Outcome::Busy | Outcome::Extended { .. } => ReleaseStep::Done(
-                Err(ClientError::Protocol("acquire reply to a release".into())),
-            ),
+            Outcome::Acquired(_)
+            | Outcome::Busy
+            | Outcome::Extended { .. }
+            | Outcome::CapacityMismatch { .. } => ReleaseStep::Done(Err(ClientError::Protocol(
+                "acquire reply to a release".into(),
+            ))),
         }
     }
     /// An attempt could not be made.

@@ -4,7 +4,10 @@
 
 use super::error::ClientError;
 use crate::time::{Duration, Instant};
-use crate::wire::{ErrorCode, ExtendStatus, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, SET_KEYS_MAX};
+use crate::wire::{
+    ErrorCode, ExtendStatus, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, PERMITS_MAX,
+    SEMAPHORE_CAPACITY_MAX, SET_KEYS_MAX,
+};
 
 /// Longest wait a request may ask for, in seconds (the wire field is a u8).
 pub const WAIT_S_MAX: u8 = 255;
@@ -45,6 +48,7 @@ pub struct AcquireParams {
     lease_s: u8,
     work_budget_min: Duration,
     max_hold_s: Option<u32>,
+    permits: Option<(u8, u16)>,
 }
 
 impl AcquireParams {
@@ -78,7 +82,33 @@ impl AcquireParams {
             lease_s,
             work_budget_min,
             max_hold_s: None,
+            permits: None,
         })
+    }
+    /// These times for `permits` permits of a FIFO semaphore of `capacity`
+    /// slots (docs/protocol.md §8.5): the acquire's one key names the
+    /// semaphore (at most 122 bytes), and the grant holds the `permits`
+    /// lowest free slots under one token ([`Grant::permits`]). Sent as `Q`,
+    /// which only a server that granted PERMITS takes: elsewhere the
+    /// acquire fails with [`ClientError::Unsupported`], sending nothing.
+    pub fn with_permits(mut self, permits: u8, capacity: u16) -> Result<Self, ClientError> {
+        if !(1..=PERMITS_MAX).contains(&permits) {
+            return Err(ClientError::InvalidInput("permits must be 1..=16"));
+        }
+        if !(1..=SEMAPHORE_CAPACITY_MAX).contains(&capacity) {
+            return Err(ClientError::InvalidInput("capacity must be 1..=1024"));
+        }
+        if u16::from(permits) > capacity {
+            return Err(ClientError::InvalidInput(
+                "permits must not exceed the capacity",
+            ));
+        }
+        self.permits = Some((permits, capacity));
+        Ok(self)
+    }
+    /// The permits and capacity asked for, if this is a semaphore acquire.
+    pub fn permits(&self) -> Option<(u8, u16)> {
+        self.permits
     }
     /// These times with a cap on total hold (docs/protocol.md §8.4):
     /// however often it is renewed, the grant ends by `max_hold` after it
@@ -213,6 +243,18 @@ pub struct Grant {
     /// request bytes were handed to the transport. The server starts the
     /// lease no earlier than receipt, so the real lease ends later.
     pub valid_before: Instant,
+    /// For a semaphore's permits: the slots held (their keys are
+    /// [`Grant::keys`]) and the slots left free.
+    pub permits: Option<GrantedPermits>,
+}
+
+/// The permits of a semaphore grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantedPermits {
+    /// The slots held, ascending; they double as worker ids.
+    pub slots: Vec<u16>,
+    /// Slots of the semaphore free as the server granted these.
+    pub free: u16,
 }
 
 impl Grant {
@@ -253,6 +295,13 @@ pub enum Outcome {
     Retry,
     /// `E` with any other code (the session is closed).
     Error(ErrorCode),
+    /// `C`: the semaphore is in use with another capacity.
+    CapacityMismatch {
+        /// The capacity the request declared.
+        asked: u16,
+        /// The semaphore's.
+        capacity: u16,
+    },
 }
 
 /// A lock the caller will never see, to be released with its exact token.

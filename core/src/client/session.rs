@@ -5,14 +5,16 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 
 use super::error::{ClientError, CloseReason, ProtocolError};
-use super::request::{AcquireParams, Compensation, Grant, KeySet, Outcome, ceil_secs, lease_s};
+use super::request::{
+    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Outcome, ceil_secs, lease_s,
+};
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode,
-    ExtendRequest, FRAME_HEADER_LEN, LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest, PushKind,
-    ReleaseRequest, Reply, Request,
+    ExtendRequest, FRAME_HEADER_LEN, KeyGroup, LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest,
+    PermitsRequest, PushKind, ReleaseRequest, Reply, Request, SEMAPHORE_NAME_LEN_MAX, slot_key,
 };
 
 /// A connection that has not finished TCP, TLS and the handshake this long
@@ -238,6 +240,7 @@ impl Pending {
         let wait = match &self.request {
             Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::AcquireCapped(req) => Duration::from_secs(u64::from(req.wait_s)),
+            Request::AcquirePermits(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::Release(_) | Request::Negotiate(_) | Request::Extend(_) => Duration::ZERO,
         };
         Some(
@@ -254,9 +257,12 @@ impl Pending {
     }
 }
 
-/// True for the requests that may be granted (`A`/`S` and `H`).
+/// True for the requests that may be granted (`A`/`S`, `H` and `Q`).
 fn is_acquire(request: &Request) -> bool {
-    matches!(request, Request::Acquire(_) | Request::AcquireCapped(_))
+    matches!(
+        request,
+        Request::Acquire(_) | Request::AcquireCapped(_) | Request::AcquirePermits(_)
+    )
 }
 
 /// The wait byte of an acquire, to be cut to what is left of the caller's
@@ -506,6 +512,9 @@ impl Session {
         params: &AcquireParams,
         deadline: Instant,
     ) -> Result<u64, ClientError> {
+        if let Some((permits, capacity)) = params.permits() {
+            return self.submit_permits(now, keys, params, (permits, capacity), deadline);
+        }
         let request = match params.max_hold_s() {
             None => Request::Acquire(AcquireRequest {
                 rid: 0,
@@ -529,6 +538,40 @@ impl Session {
                 })
             }
         };
+        self.submit(now, request, deadline, params.wait_s())
+    }
+
+    /// A semaphore acquire: `keys` is the semaphore's name.
+    fn submit_permits(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        params: &AcquireParams,
+        (permits, capacity): (u8, u16),
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        let [name] = keys.0.keys() else {
+            return Err(ClientError::InvalidInput("a semaphore is named by one key"));
+        };
+        if name.as_bytes().len() > SEMAPHORE_NAME_LEN_MAX {
+            return Err(ClientError::InvalidInput(
+                "a semaphore name must be at most 122 bytes",
+            ));
+        }
+        if self.is_ready() && !self.capabilities.contains(Capabilities::PERMITS) {
+            return Err(ClientError::Unsupported(
+                "semaphores (the server did not grant PERMITS)",
+            ));
+        }
+        let request = Request::AcquirePermits(PermitsRequest {
+            rid: 0,
+            wait_s: params.wait_s(),
+            lease_s: params.lease_s(),
+            max_hold_s: params.max_hold_s().unwrap_or(0),
+            permits,
+            capacity,
+            name: name.clone(),
+        });
         self.submit(now, request, deadline, params.wait_s())
     }
 
@@ -653,6 +696,7 @@ impl Session {
             Request::Negotiate(req) => req.rid = rid,
             Request::Extend(req) => req.rid = rid,
             Request::AcquireCapped(req) => req.rid = rid,
+            Request::AcquirePermits(req) => req.rid = rid,
         }
         if acquire {
             self.pending_acquires += 1;
@@ -995,8 +1039,20 @@ impl Session {
         }
         match reply {
             Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
-                self.resolve_grant(now, rid, entry, token)
+                self.resolve_grant(now, rid, entry, token, None)
             }
+            Reply::Permits {
+                token, free, slots, ..
+            } => {
+                let permits = GrantedPermits {
+                    slots: slots.as_slice().to_vec(),
+                    free,
+                };
+                self.resolve_grant(now, rid, entry, token, Some(permits))
+            }
+            Reply::CapacityMismatch {
+                asked, capacity, ..
+            } => self.push_outcome(rid, Outcome::CapacityMismatch { asked, capacity }),
             Reply::Released { .. } | Reply::ReleasedSet { .. } => {
                 self.push_outcome(rid, Outcome::Released)
             }
@@ -1080,11 +1136,37 @@ impl Session {
 
     /// Acquire `rid` was granted `token`: the grant goes to the caller, or
     /// back to the server if the caller's deadline has passed.
-    fn resolve_grant(&mut self, now: Instant, rid: u64, entry: Pending, token: u64) {
-        let (keys, lease_s) = match entry.request {
-            Request::Acquire(req) => (KeySet(req.keys), req.lease_s),
-            Request::AcquireCapped(req) => (KeySet(req.keys), req.lease_s),
-            // `answers` admits grants only for acquires.
+    fn resolve_grant(
+        &mut self,
+        now: Instant,
+        rid: u64,
+        entry: Pending,
+        token: u64,
+        permits: Option<GrantedPermits>,
+    ) {
+        let (keys, lease_s) = match (entry.request, &permits) {
+            (Request::Acquire(req), None) => (KeySet(req.keys), req.lease_s),
+            (Request::AcquireCapped(req), None) => (KeySet(req.keys), req.lease_s),
+            (Request::AcquirePermits(req), Some(permits)) => {
+                // The grant is of the slots' keys: what a release and a
+                // renewal name.
+                let keys = permits
+                    .slots
+                    .iter()
+                    .filter_map(|&slot| slot_key(&req.name, slot))
+                    .collect();
+                match KeyGroup::new(keys) {
+                    Ok(keys) if keys.len() == usize::from(req.permits) => {
+                        (KeySet(keys), req.lease_s)
+                    }
+                    _ => {
+                        let error = ProtocolError::WrongKind { rid, op: b'Q' };
+                        return self.close(now, CloseReason::Protocol(error));
+                    }
+                }
+            }
+            // `answers` admits grants only for acquires, permits only for
+            // `Q`.
             _ => return,
         };
         if now >= entry.deadline {
@@ -1100,6 +1182,7 @@ impl Session {
                 keys,
                 token,
                 valid_before: sent_at.saturating_add(lease),
+                permits,
             };
             self.push_outcome(rid, Outcome::Acquired(grant));
         }

@@ -532,6 +532,25 @@ impl TicketSet {
     pub fn token(&self) -> u64 {
         self.held.token()
     }
+    /// For a semaphore's permits: the slots held, ascending (their keys
+    /// are [`keys`](Self::keys)); they double as worker ids. Empty for a
+    /// key set.
+    pub fn slots(&self) -> &[u16] {
+        self.held
+            .grant()
+            .permits
+            .as_ref()
+            .map_or(&[], |permits| &permits.slots)
+    }
+    /// For a semaphore's permits: the slots left free when these were
+    /// granted. `None` for a key set.
+    pub fn free_at_grant(&self) -> Option<u16> {
+        self.held
+            .grant()
+            .permits
+            .as_ref()
+            .map(|permits| permits.free)
+    }
     /// Conservative end of the lease.
     pub fn conservative_valid_before(&self) -> std::time::Instant {
         self.held.valid_before()

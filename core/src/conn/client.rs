@@ -23,7 +23,8 @@ use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     Capabilities, Decoded, ErrorCode, ExtendStatus, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT,
-    NegotiateRequest, Reply, Request, RequestDecoder, RequestKind, check_request,
+    NegotiateRequest, PermitsRequest, Reply, Request, RequestDecoder, RequestKind, Slots,
+    check_request,
 };
 
 use super::Dialect;
@@ -143,6 +144,16 @@ pub(crate) enum ClientRequest {
         /// Where the answer goes.
         reply_to: ReplyTo,
     },
+    /// Take permits of a semaphore (a connection that negotiated
+    /// [`Capabilities::PERMITS`]).
+    AcquirePermits {
+        /// The request as decoded.
+        request: PermitsRequest,
+        /// The cap on total hold asked for.
+        hold: HoldAsk,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
 }
 
 impl ClientRequest {
@@ -151,13 +162,17 @@ impl ClientRequest {
         match self {
             ClientRequest::Acquire { reply_to, .. }
             | ClientRequest::Release { reply_to, .. }
-            | ClientRequest::Extend { reply_to, .. } => reply_to,
+            | ClientRequest::Extend { reply_to, .. }
+            | ClientRequest::AcquirePermits { reply_to, .. } => reply_to,
         }
     }
 
     /// Whether it is an acquire.
     pub(crate) fn is_acquire(&self) -> bool {
-        matches!(self, ClientRequest::Acquire { .. })
+        matches!(
+            self,
+            ClientRequest::Acquire { .. } | ClientRequest::AcquirePermits { .. }
+        )
     }
 }
 
@@ -192,6 +207,22 @@ pub(crate) enum Answer {
         status: ExtendStatus,
         /// The lease left, in milliseconds.
         lease_ms: u32,
+    },
+    /// Permits granted under `token`.
+    PermitsGranted {
+        /// The fencing token.
+        token: u64,
+        /// Slots still free.
+        free: u16,
+        /// The slots granted.
+        slots: Slots,
+    },
+    /// The semaphore is in use with another capacity.
+    CapacityMismatch {
+        /// The capacity the request declared.
+        asked: u16,
+        /// The semaphore's.
+        capacity: u16,
     },
 }
 
@@ -298,6 +329,17 @@ fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
             status,
             lease_ms,
         },
+        Answer::PermitsGranted { token, free, slots } => Reply::Permits {
+            rid,
+            token,
+            free,
+            slots,
+        },
+        Answer::CapacityMismatch { asked, capacity } => Reply::CapacityMismatch {
+            rid,
+            asked,
+            capacity,
+        },
     }
 }
 
@@ -333,7 +375,9 @@ fn line_answer(
         Answer::NotActive => line_error(LineError::NotActive),
         // The line dialect has no extensions, so no line request is
         // answered so; were one, closing is the only honest reply.
-        Answer::Extended { .. } => return Delivery::Close,
+        Answer::Extended { .. }
+        | Answer::PermitsGranted { .. }
+        | Answer::CapacityMismatch { .. } => return Delivery::Close,
     };
     reply.encode(out);
     Delivery::Queued
@@ -802,6 +846,18 @@ fn v3_request(
                 rid: extend.rid,
                 set: false,
             },
+        }),
+        Decoded::Request(Request::AcquirePermits(request)) => Some(ClientRequest::AcquirePermits {
+            hold: match request.max_hold_s {
+                0 if caps.contains(Capabilities::EXTEND) => HoldAsk::Default,
+                0 => HoldAsk::Uncapped,
+                s => HoldAsk::Asked(s),
+            },
+            reply_to: ReplyTo::V3 {
+                rid: request.rid,
+                set: false,
+            },
+            request,
         }),
         // Answered by the front end itself before it gets here.
         Decoded::Request(Request::Negotiate(negotiate)) => {

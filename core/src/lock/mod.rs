@@ -47,6 +47,7 @@ mod inspect;
 pub(crate) mod keyed;
 mod queue;
 mod release;
+pub(crate) mod semaphore;
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;

@@ -4,7 +4,8 @@
 use super::{
     AcquireCappedRequest, AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION,
     ErrorCode, ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX,
-    NegotiateRequest, ReleaseRequest, Request, RequestKind, SET_KEYS_MAX, read_u64,
+    NegotiateRequest, PERMITS_MAX, PermitsRequest, ReleaseRequest, Request, RequestKind,
+    SEMAPHORE_CAPACITY_MAX, SEMAPHORE_NAME_LEN_MAX, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -153,6 +154,9 @@ pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
         Request::AcquireCapped(req) => {
             check_lease(req.lease_s).and_then(|()| check_max_hold(req.max_hold_s))
         }
+        Request::AcquirePermits(req) => check_semaphore_name(req.name.as_bytes())
+            .and_then(|()| check_lease(req.lease_s))
+            .and_then(|()| check_permits(req.permits, req.capacity)),
     };
     Ok(match checked {
         Ok(()) => Decoded::Request(request),
@@ -241,6 +245,31 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 keys,
             }))
         }
+        RequestKind::AcquirePermits => {
+            let (wait_s, lease_s) = (body[8], body[9]);
+            let max_hold_s = u32::from_be_bytes([body[10], body[11], body[12], body[13]]);
+            let permits = body[14];
+            let capacity = u16::from_be_bytes([body[15], body[16]]);
+            let name = &body[18..];
+            // The length byte is redundant with the body length; a
+            // mismatch is a malformed request, refused as such.
+            if usize::from(body[17]) != name.len() {
+                return Err(ErrorCode::BadPermits);
+            }
+            let name = Key::new(name)?;
+            check_semaphore_name(name.as_bytes())?;
+            check_lease(lease_s)?;
+            check_permits(permits, capacity)?;
+            Ok(Request::AcquirePermits(PermitsRequest {
+                rid,
+                wait_s,
+                lease_s,
+                max_hold_s,
+                permits,
+                capacity,
+                name,
+            }))
+        }
         RequestKind::Extend => {
             let token = read_u64(body, 8);
             let lease_s = body[16];
@@ -254,6 +283,26 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 keys,
             }))
         }
+    }
+}
+
+/// A semaphore name leaves room for its slot keys' suffix.
+fn check_semaphore_name(name: &[u8]) -> Result<(), ErrorCode> {
+    if name.len() > SEMAPHORE_NAME_LEN_MAX {
+        Err(ErrorCode::BadKey)
+    } else {
+        Ok(())
+    }
+}
+
+/// 1..=16 permits, no more than a capacity of 1..=1024.
+fn check_permits(permits: u8, capacity: u16) -> Result<(), ErrorCode> {
+    let capacity_ok = (1..=SEMAPHORE_CAPACITY_MAX).contains(&capacity);
+    let permits_ok = (1..=PERMITS_MAX).contains(&permits) && u16::from(permits) <= capacity;
+    if capacity_ok && permits_ok {
+        Ok(())
+    } else {
+        Err(ErrorCode::BadPermits)
     }
 }
 

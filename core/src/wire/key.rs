@@ -210,3 +210,45 @@ const _: () = {
     assert!(size_of::<Key>() == 24);
     assert!(size_of::<KeyGroup>() == 32);
 };
+
+/// The key that stands for slot `slot` of the semaphore `name`:
+/// `name[0003]`. A permit grant is a grant of its slots' keys under one
+/// token, so it is released (`G`), renewed (`W`), inspected and
+/// force-released as any key set is. Four digits keep the keys of one
+/// semaphore in slot order when sorted by bytes. `None` when `name` is
+/// longer than [`super::SEMAPHORE_NAME_LEN_MAX`] or `slot` has more than
+/// four digits.
+pub fn slot_key(name: &Key, slot: u16) -> Option<Key> {
+    if name.as_bytes().len() > super::SEMAPHORE_NAME_LEN_MAX || slot > 9999 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(name.as_bytes().len() + super::SLOT_SUFFIX_LEN);
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.extend_from_slice(format!("[{slot:04}]").as_bytes());
+    Key::new(&bytes).ok()
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    #[test]
+    fn slot_keys_sort_in_slot_order_and_fit_the_key_limit() {
+        let name = Key::new(b"jobs").unwrap();
+        let keys: Vec<Key> = [0, 2, 10, 999, 1023]
+            .iter()
+            .map(|&slot| slot_key(&name, slot).unwrap())
+            .collect();
+        assert_eq!(keys[0].as_bytes(), b"jobs[0000]");
+        assert_eq!(keys[2].as_bytes(), b"jobs[0010]");
+        assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
+        let longest = Key::new(&[b'n'; crate::wire::SEMAPHORE_NAME_LEN_MAX]).unwrap();
+        assert_eq!(
+            slot_key(&longest, 7).unwrap().as_bytes().len(),
+            crate::wire::KEY_LEN_MAX
+        );
+        let too_long = Key::new(&[b'n'; crate::wire::SEMAPHORE_NAME_LEN_MAX + 1]).unwrap();
+        assert_eq!(slot_key(&too_long, 7), None);
+        assert_eq!(slot_key(&name, 10_000), None);
+    }
+}

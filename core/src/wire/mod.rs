@@ -32,10 +32,12 @@ mod request;
 pub use decode::{
     Decoded, FrameError, RequestDecoder, check_request, decode_request, decode_request_with,
 };
+pub use key::slot_key;
 pub use key::{Key, KeyGroup};
-pub use reply::{ExtendStatus, PushKind, Reply, ReplyError};
+pub use reply::{ExtendStatus, PushKind, Reply, ReplyError, Slots};
 pub use request::{
-    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, ReleaseRequest, Request,
+    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, PermitsRequest,
+    ReleaseRequest, Request,
 };
 
 /// Longest key, in bytes.
@@ -70,6 +72,21 @@ pub const ACQUIRE_CAPPED_FRAME_LEN_MAX: usize =
 /// with a lease byte.
 pub const EXTEND_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + SET_KEYS_MAX * (1 + KEY_LEN_MAX);
 
+/// Most permits one `Q` may ask for: a permit grant is a key set of its
+/// slot keys ([`slot_key`]), so it has at most [`SET_KEYS_MAX`].
+pub const PERMITS_MAX: u8 = SET_KEYS_MAX as u8;
+/// Most slots a semaphore may declare.
+pub const SEMAPHORE_CAPACITY_MAX: u16 = 1024;
+/// Longest semaphore name, in bytes: its slot keys add
+/// [`SLOT_SUFFIX_LEN`] bytes and must fit [`KEY_LEN_MAX`].
+pub const SEMAPHORE_NAME_LEN_MAX: usize = KEY_LEN_MAX - SLOT_SUFFIX_LEN;
+/// The bytes a slot key adds to its semaphore's name: `[` four digits `]`.
+pub const SLOT_SUFFIX_LEN: usize = 6;
+/// Largest permits frame (`Q`), header included: room for any key as the
+/// name, so that a name too long for its slot keys is answered `E 1`
+/// rather than closing the connection.
+pub const PERMITS_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + KEY_LEN_MAX;
+
 /// Capabilities a connection negotiated with `X` (docs/protocol.md §8): a
 /// bit set on the wire (u32). Bits this build does not know are never
 /// granted.
@@ -84,8 +101,10 @@ impl Capabilities {
     /// `P` frames: the server tells the holder that its lease is ending or
     /// that its grant is lost.
     pub const PUSH: Capabilities = Capabilities(2);
+    /// `Q`: take numbered permits of a FIFO semaphore.
+    pub const PERMITS: Capabilities = Capabilities(4);
     /// Every bit this build knows.
-    pub const KNOWN: Capabilities = Capabilities(3);
+    pub const KNOWN: Capabilities = Capabilities(7);
 
     /// The bits set in either.
     pub fn union(self, other: Capabilities) -> Capabilities {
@@ -118,6 +137,11 @@ const _: () = {
     assert!(ACQUIRE_SET_FRAME_LEN_MAX == FRAME_HEADER_LEN + 11 + SET_KEYS_MAX * (1 + KEY_LEN_MAX));
     assert!(RELEASE_SET_FRAME_LEN_MAX == FRAME_HEADER_LEN + 17 + SET_KEYS_MAX * (1 + KEY_LEN_MAX));
     assert!(REQUEST_FRAME_LEN_MAX - FRAME_HEADER_LEN <= u16::MAX as usize);
+    assert!(PERMITS_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
+    assert!(
+        SEMAPHORE_CAPACITY_MAX <= 9999,
+        "slot numbers are written in four digits"
+    );
 };
 
 /// The request kinds, by op byte: the four of v3, and the extension ops.
@@ -139,6 +163,9 @@ pub enum RequestKind {
     /// `H`: acquire a key or key set with a cap on total hold (capability
     /// [`Capabilities::EXTEND`]).
     AcquireCapped,
+    /// `Q`: take permits of a semaphore (capability
+    /// [`Capabilities::PERMITS`]).
+    AcquirePermits,
 }
 
 impl RequestKind {
@@ -152,6 +179,7 @@ impl RequestKind {
             RequestKind::Negotiate => b'X',
             RequestKind::Extend => b'W',
             RequestKind::AcquireCapped => b'H',
+            RequestKind::AcquirePermits => b'Q',
         }
     }
     /// The kind for an op byte, if it is a request op on a connection that
@@ -165,14 +193,18 @@ impl RequestKind {
             b'X' => Some(RequestKind::Negotiate),
             b'W' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::Extend),
             b'H' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::AcquireCapped),
+            b'Q' if caps.contains(Capabilities::PERMITS) => Some(RequestKind::AcquirePermits),
             _ => None,
         }
     }
-    /// `A`, `S` or `H`.
+    /// `A`, `S`, `H` or `Q`.
     pub fn is_acquire(self) -> bool {
         matches!(
             self,
-            RequestKind::Acquire | RequestKind::AcquireSet | RequestKind::AcquireCapped
+            RequestKind::Acquire
+                | RequestKind::AcquireSet
+                | RequestKind::AcquireCapped
+                | RequestKind::AcquirePermits
         )
     }
     /// `S` or `G`, or `W` (which always carries set records).
@@ -203,6 +235,8 @@ impl RequestKind {
             RequestKind::Extend => 18,
             // rid · wait · lease · hold cap · count
             RequestKind::AcquireCapped => 15,
+            // rid · wait · lease · hold cap · permits · capacity · name length
+            RequestKind::AcquirePermits => 18,
         }
     }
     /// Largest body this kind may declare.
@@ -215,6 +249,7 @@ impl RequestKind {
             RequestKind::Negotiate => NEGOTIATE_FRAME_LEN_MAX,
             RequestKind::Extend => EXTEND_FRAME_LEN_MAX,
             RequestKind::AcquireCapped => ACQUIRE_CAPPED_FRAME_LEN_MAX,
+            RequestKind::AcquirePermits => PERMITS_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }
@@ -243,6 +278,10 @@ pub enum ErrorCode {
     /// that is too long or not printable UTF-8, or a second `X` on the
     /// connection. Nothing was negotiated by it.
     BadExtension = 8,
+    /// A `Q` whose permits or capacity are out of range: permits outside
+    /// 1..=16 or above the capacity, capacity outside 1..=1024, or a name
+    /// length byte that does not match the body.
+    BadPermits = 9,
 }
 
 impl ErrorCode {
@@ -257,12 +296,13 @@ impl ErrorCode {
             6 => Some(ErrorCode::GroupMismatch),
             7 => Some(ErrorCode::BadToken),
             8 => Some(ErrorCode::BadExtension),
+            9 => Some(ErrorCode::BadPermits),
             _ => None,
         }
     }
     /// Whether this code may answer a request of `kind` (docs/protocol.md §5, the "may answer" column).
     pub fn allowed_for(self, kind: RequestKind) -> bool {
-        use RequestKind::{Extend, Negotiate, Release, ReleaseSet};
+        use RequestKind::{AcquirePermits, Extend, Negotiate, Release, ReleaseSet};
         match self {
             ErrorCode::NotActive | ErrorCode::NoLeader => true,
             ErrorCode::BadKey => kind != Negotiate,
@@ -271,6 +311,7 @@ impl ErrorCode {
             ErrorCode::GroupMismatch => matches!(kind, Release | ReleaseSet),
             ErrorCode::BadToken => matches!(kind, Release | ReleaseSet | Extend),
             ErrorCode::BadExtension => kind == Negotiate,
+            ErrorCode::BadPermits => kind == AcquirePermits,
         }
     }
 }

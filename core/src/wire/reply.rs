@@ -1,7 +1,43 @@
 //! Reply frames ([`Reply`]): encoding, and decoding with every check a
 //! client makes before it trusts one.
 
-use super::{Capabilities, ErrorCode, FRAME_HEADER_LEN, RequestKind, read_u64};
+use super::{Capabilities, ErrorCode, FRAME_HEADER_LEN, PERMITS_MAX, RequestKind, read_u64};
+
+/// The slots of a permit grant, ascending: 1..=[`PERMITS_MAX`] slot
+/// numbers, in a fixed-size value so that a [`Reply`] stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slots {
+    len: u8,
+    slots: [u16; PERMITS_MAX as usize],
+}
+
+impl Slots {
+    /// The slots `slots`, if there are 1..=16 of them, strictly ascending.
+    pub fn new(slots: &[u16]) -> Option<Slots> {
+        if slots.is_empty() || slots.len() > usize::from(PERMITS_MAX) {
+            return None;
+        }
+        if !slots.windows(2).all(|pair| pair[0] < pair[1]) {
+            return None;
+        }
+        let mut all = [0; PERMITS_MAX as usize];
+        all[..slots.len()].copy_from_slice(slots);
+        Some(Slots {
+            len: slots.len() as u8,
+            slots: all,
+        })
+    }
+    /// The slot numbers, ascending.
+    pub fn as_slice(&self) -> &[u16] {
+        &self.slots[..usize::from(self.len)]
+    }
+}
+
+impl core::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
 
 /// How an extension (`W`) ended, when the token was current.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -143,6 +179,27 @@ pub enum Reply {
         /// The lease left in milliseconds (0 when lost).
         lease_ms: u32,
     },
+    /// `Q`: permits granted: the slots, under one token.
+    Permits {
+        /// Request id.
+        rid: u64,
+        /// Fencing token of the grant (every slot's).
+        token: u64,
+        /// Slots of the semaphore still free after this grant.
+        free: u16,
+        /// The slots granted, ascending (they double as worker ids).
+        slots: Slots,
+    },
+    /// `C`: the semaphore is in use with another capacity than the
+    /// request declared; nothing changed.
+    CapacityMismatch {
+        /// Request id.
+        rid: u64,
+        /// The capacity the request declared.
+        asked: u16,
+        /// The capacity the semaphore has.
+        capacity: u16,
+    },
     /// `W`: the token was current; how the extension ended.
     Extended {
         /// Request id.
@@ -175,6 +232,8 @@ pub enum ReplyError {
     UnknownStatus(u8),
     /// Unknown `P` kind.
     UnknownPush(u8),
+    /// A `Q` whose slots are not 1..=16 strictly ascending numbers.
+    BadSlots,
 }
 
 impl core::fmt::Display for ReplyError {
@@ -192,6 +251,9 @@ impl core::fmt::Display for ReplyError {
                 write!(f, "extension reply carries unknown status {status}")
             }
             ReplyError::UnknownPush(kind) => write!(f, "push carries unknown kind {kind}"),
+            ReplyError::BadSlots => {
+                f.write_str("permits reply carries no slots, too many, or slots out of order")
+            }
         }
     }
 }
@@ -208,6 +270,9 @@ fn reply_body_len(op: u8) -> Option<usize> {
         b'X' => Some(12),
         b'W' => Some(13),
         b'P' => Some(13),
+        // rid · token · free · count · 16 slots
+        b'Q' => Some(51),
+        b'C' => Some(12),
         _ => None,
     }
 }
@@ -227,6 +292,8 @@ impl Reply {
             | Reply::Moved { rid, .. }
             | Reply::Error { rid, .. }
             | Reply::Negotiated { rid, .. }
+            | Reply::Permits { rid, .. }
+            | Reply::CapacityMismatch { rid, .. }
             | Reply::Extended { rid, .. } => Some(rid),
             Reply::Leader { .. } | Reply::Push { .. } => None,
         }
@@ -248,6 +315,8 @@ impl Reply {
             Reply::Negotiated { .. } => b'X',
             Reply::Extended { .. } => b'W',
             Reply::Push { .. } => b'P',
+            Reply::Permits { .. } => b'Q',
+            Reply::CapacityMismatch { .. } => b'C',
         }
     }
     /// The length of the reply's frame, header included: what
@@ -287,6 +356,22 @@ impl Reply {
                 out.extend_from_slice(&token.to_be_bytes());
                 out.push(kind as u8);
                 out.extend_from_slice(&lease_ms.to_be_bytes());
+            }
+            Reply::Permits {
+                token, free, slots, ..
+            } => {
+                out.extend_from_slice(&token.to_be_bytes());
+                out.extend_from_slice(&free.to_be_bytes());
+                out.push(slots.len);
+                for slot in slots.slots {
+                    out.extend_from_slice(&slot.to_be_bytes());
+                }
+            }
+            Reply::CapacityMismatch {
+                asked, capacity, ..
+            } => {
+                out.extend_from_slice(&asked.to_be_bytes());
+                out.extend_from_slice(&capacity.to_be_bytes());
             }
             Reply::Released { .. }
             | Reply::ReleasedSet { .. }
@@ -369,6 +454,25 @@ impl Reply {
                 status: ExtendStatus::from_u8(body[8]).ok_or(ReplyError::UnknownStatus(body[8]))?,
                 lease_ms: u32::from_be_bytes([body[9], body[10], body[11], body[12]]),
             },
+            b'Q' => {
+                let count = usize::from(body[18]);
+                let mut all = [0u16; PERMITS_MAX as usize];
+                for (at, slot) in all.iter_mut().enumerate() {
+                    *slot = u16::from_be_bytes([body[19 + 2 * at], body[20 + 2 * at]]);
+                }
+                let slots = all.get(..count).and_then(Slots::new);
+                Reply::Permits {
+                    rid,
+                    token: nonzero(read_u64(body, 8))?,
+                    free: u16::from_be_bytes([body[16], body[17]]),
+                    slots: slots.ok_or(ReplyError::BadSlots)?,
+                }
+            }
+            b'C' => Reply::CapacityMismatch {
+                rid,
+                asked: u16::from_be_bytes([body[8], body[9]]),
+                capacity: u16::from_be_bytes([body[10], body[11]]),
+            },
             _ => unreachable!("reply_body_len accepted only the ops above"),
         };
         Ok(Some((reply, frame_len)))
@@ -383,6 +487,7 @@ impl Reply {
             Reply::Acquired { token: 0, .. }
                 | Reply::AcquiredSet { token: 0, .. }
                 | Reply::Push { token: 0, .. }
+                | Reply::Permits { token: 0, .. }
         );
         if self.rid() == Some(0) || zero_token {
             return Err(ReplyError::Zero);
@@ -399,6 +504,9 @@ impl Reply {
             Reply::Released { .. } => kind == RequestKind::Release,
             Reply::ReleasedSet { .. } => kind == RequestKind::ReleaseSet,
             Reply::TimedOut { .. } | Reply::Busy { .. } => kind.is_acquire(),
+            Reply::Permits { .. } | Reply::CapacityMismatch { .. } => {
+                kind == RequestKind::AcquirePermits
+            }
             Reply::NotFound { .. } => matches!(
                 kind,
                 RequestKind::Release | RequestKind::ReleaseSet | RequestKind::Extend

@@ -1,6 +1,6 @@
 //! Request frames ([`Request`]) and their encoding.
 
-use super::{Capabilities, FRAME_HEADER_LEN, KeyGroup, REQUEST_FRAME_LEN_MAX, RequestKind};
+use super::{Capabilities, FRAME_HEADER_LEN, Key, KeyGroup, REQUEST_FRAME_LEN_MAX, RequestKind};
 
 /// An acquire request (`A` or `S`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +79,31 @@ pub struct AcquireCappedRequest {
     pub keys: KeyGroup,
 }
 
+/// Permits of a FIFO semaphore (`Q`, capability
+/// [`Capabilities::PERMITS`]): the `permits` lowest free slots of `name`,
+/// under one token, once every earlier request for `name` was served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermitsRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// Wait bound in seconds; 0 = one immediate try.
+    pub wait_s: u8,
+    /// Lease in seconds, 1..=250.
+    pub lease_s: u8,
+    /// The cap on total hold in seconds; 0 = the server's default (a
+    /// connection that negotiated [`Capabilities::EXTEND`]) or none.
+    pub max_hold_s: u32,
+    /// Permits wanted, 1..=[`super::PERMITS_MAX`], at most `capacity`.
+    pub permits: u8,
+    /// The semaphore's slot count as the client declares it,
+    /// 1..=[`super::SEMAPHORE_CAPACITY_MAX`]: refused when it differs from
+    /// the capacity of a semaphore in use.
+    pub capacity: u16,
+    /// The semaphore's name: a key of at most
+    /// [`super::SEMAPHORE_NAME_LEN_MAX`] bytes.
+    pub name: Key,
+}
+
 /// A fully validated request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -92,6 +117,8 @@ pub enum Request {
     Extend(ExtendRequest),
     /// `H`.
     AcquireCapped(AcquireCappedRequest),
+    /// `Q`.
+    AcquirePermits(PermitsRequest),
 }
 
 impl Request {
@@ -103,6 +130,7 @@ impl Request {
             Request::Negotiate(req) => req.rid,
             Request::Extend(req) => req.rid,
             Request::AcquireCapped(req) => req.rid,
+            Request::AcquirePermits(req) => req.rid,
         }
     }
     /// The request kind.
@@ -115,6 +143,7 @@ impl Request {
             Request::Negotiate(_) => RequestKind::Negotiate,
             Request::Extend(_) => RequestKind::Extend,
             Request::AcquireCapped(_) => RequestKind::AcquireCapped,
+            Request::AcquirePermits(_) => RequestKind::AcquirePermits,
         }
     }
     /// The length of the request's frame, header included: what
@@ -126,6 +155,9 @@ impl Request {
             Request::Negotiate(req) => return FRAME_HEADER_LEN + 14 + req.label.len().min(255),
             Request::Extend(req) => (17, &req.keys, true),
             Request::AcquireCapped(req) => (14, &req.keys, true),
+            Request::AcquirePermits(req) => {
+                return FRAME_HEADER_LEN + 18 + req.name.as_bytes().len();
+            }
         };
         let keys_len = if set {
             1 + keys
@@ -187,12 +219,28 @@ impl Request {
                 out.extend_from_slice(&req.max_hold_s.to_be_bytes());
                 encode_keys(&req.keys, true, out);
             }
+            Request::AcquirePermits(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.push(req.wait_s);
+                out.push(req.lease_s);
+                out.extend_from_slice(&req.max_hold_s.to_be_bytes());
+                out.push(req.permits);
+                out.extend_from_slice(&req.capacity.to_be_bytes());
+                // A key is at most 128 bytes: its length fits the byte.
+                out.push(req.name.as_bytes().len() as u8);
+                out.extend_from_slice(req.name.as_bytes());
+            }
         }
         let body_len = out.len() - header_at - FRAME_HEADER_LEN;
         // A KeyGroup holds at most 16 keys of at most 128 bytes, and a
         // label's length is one byte, so every body fits a u16 (a label over
         // 64 bytes is written as given, for tests of the refusal).
-        debug_assert!(body_len <= kind.body_len_max() || kind == RequestKind::Negotiate);
+        // A name longer than a semaphore's is written as given too, for
+        // tests of the refusal.
+        debug_assert!(
+            body_len <= kind.body_len_max()
+                || matches!(kind, RequestKind::Negotiate | RequestKind::AcquirePermits)
+        );
         let body_len = u16::try_from(body_len).expect("a validated request fits its frame");
         out[header_at + 1..header_at + FRAME_HEADER_LEN].copy_from_slice(&body_len.to_be_bytes());
     }

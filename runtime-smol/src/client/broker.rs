@@ -133,7 +133,7 @@ impl TicketBrokerBuilder {
 pub(crate) fn in_process(hub: Arc<Hub>, owner: u64) -> TicketBroker {
     let mut session = SessionConfig::single(hub.in_process_token().as_bytes());
     // Tickets of an embedded server renew, and hear of their loss, like any other.
-    session.extensions = Capabilities::EXTEND.union(Capabilities::PUSH);
+    session.extensions = Capabilities::KNOWN;
     let inner = Arc::new(Inner::new(
         IN_PROCESS_LINKS,
         DEFAULT_MAX_PENDING,
@@ -332,6 +332,32 @@ impl TicketBroker {
     ) -> Result<TicketSet, TicketError> {
         let keys = KeySet::new(keys)?;
         let params = AcquireParams::new(wait, lease, work_budget_min)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(TicketSet::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// Takes `permits` (1..=16) of the FIFO semaphore `name`, which has
+    /// `capacity` (1..=1024) numbered slots (docs/protocol.md §8.5): the
+    /// lowest free slots, under one token, once every earlier request for
+    /// `name` was served (a request for many blocks the smaller ones
+    /// behind it). Same times and rules as [`TicketBroker::acquire`]; the
+    /// ticket's [`TicketSet::slots`] are the slots, and it is renewed and
+    /// released like any ticket. Every user of `name` must declare the same
+    /// capacity while it is in use ([`TicketError::CapacityMismatch`]).
+    /// Fails with [`TicketError::Unsupported`], sending nothing, on a
+    /// server without semaphores (a cluster, or a published server).
+    pub async fn acquire_permits(
+        &self,
+        name: &str,
+        permits: u8,
+        capacity: u16,
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+    ) -> Result<TicketSet, TicketError> {
+        let keys = KeySet::single(name)?;
+        let params =
+            AcquireParams::new(wait, lease, work_budget_min)?.with_permits(permits, capacity)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }

@@ -237,6 +237,16 @@ pub struct LockArgs {
     /// like at a lapsing lease. Needs a server that renews leases.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
+    /// Take permits of the FIFO semaphore KEY, which has this many numbered
+    /// slots (1..=1024), instead of the lock KEY: at most N commands hold
+    /// one at a time. The slots taken are in $TICKETING_SLOTS. Every user
+    /// of the semaphore must give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub semaphore: Option<u16>,
+    /// With --semaphore: how many permits (slots) this command takes at
+    /// once, 1..=16 and at most N.
+    #[arg(long, value_name = "K", requires = "semaphore", value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub permits: Option<u8>,
     /// With --renew: renew only while the command showed life within this
     /// long, by sending a datagram to the socket named by $TICKETING_NOTIFY
     /// (e.g. `printf 1 | socat - UNIX-SENDTO:$TICKETING_NOTIFY`) or

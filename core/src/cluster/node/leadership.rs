@@ -189,6 +189,12 @@ impl ClusterNode {
                 keys,
                 reply_to,
             } => self.handle_extend(now, conn_id, (token, lease_s), &keys, reply_to),
+            // Cluster nodes do not serve semaphores yet, so they never
+            // grant the capability and never decode `Q`; were one here,
+            // it had no effect, which is what `E 3` says.
+            ClientRequest::AcquirePermits { reply_to, .. } => {
+                self.answer(conn_id, &reply_to, Answer::NotActive)
+            }
         }
     }
 

@@ -45,8 +45,9 @@ pub fn request_decoder(data: &[u8]) {
     let Some((&chunk_seed, data)) = data.split_first() else {
         return;
     };
-    let chunk_len = usize::from(chunk_seed % 64) + 1;
-    let caps = Capabilities(u32::from(chunk_seed >> 6));
+    let chunk_len = usize::from(chunk_seed % 32) + 1;
+    // Three bits: every capability this build knows, in every mix.
+    let caps = Capabilities(u32::from(chunk_seed >> 5));
     let chunked = decode_requests(data, chunk_len, caps);
     let whole = decode_requests(data, data.len().max(1), caps);
     assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
@@ -219,6 +220,14 @@ impl ExtensionReplies {
                 "a W answered without EXTEND"
             ),
             Reply::Acquired { token, .. } | Reply::AcquiredSet { token, .. } => {
+                self.tokens.push(token);
+            }
+            Reply::Permits { token, .. } => {
+                assert!(
+                    self.granted
+                        .is_some_and(|g| g.contains(Capabilities::PERMITS)),
+                    "a Q answered without PERMITS"
+                );
                 self.tokens.push(token);
             }
             Reply::Push {
