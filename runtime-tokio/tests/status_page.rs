@@ -458,6 +458,33 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         "the new holder",
         &format!("document.querySelector('[data-fact=\"Token\"] dd').textContent === '{next}'"),
     );
+    // The release is among the recent events, with both tokens (the
+    // admin token is in use), recorded by the core.
+    let event = page.until_value(
+        "the force-release among the events",
+        "(document.querySelector('#events tbody tr[data-kind=\"force_released\"]') || {}).textContent || null",
+    );
+    let event = event.as_str().unwrap().to_owned();
+    assert!(
+        event.contains(KEY)
+            && event.contains(&format!("token {token} revoked"))
+            && event.contains(&format!("under token {next}")),
+        "{event}"
+    );
+    // The chart has drawn rates, and the hand-over's grant shows in them.
+    page.until(
+        "a grant on the chart",
+        "+document.getElementById('chart').dataset.points >= 2 && \
+         +document.querySelector('#chart polyline[data-series=\"grants\"]').dataset.max > 0",
+    );
+    let points = page.eval_string(
+        "document.querySelector('#chart polyline[data-series=\"grants\"]').getAttribute('points')",
+    );
+    assert!(points.split(' ').count() >= 2, "{points}");
+    assert!(
+        page.eval_string("document.getElementById('chart-summary').textContent")
+            .starts_with("Latest: grants/s "),
+    );
     page.until(
         "two waiters",
         "document.querySelectorAll('#waiters tbody tr').length === 2",
@@ -483,6 +510,57 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     );
     drop(page);
     browser.stop();
+
+    // The events over HTTP: without the admin token (a loopback
+    // listener), the release with its tokens hidden; with it, shown.
+    let (status, _, body) = http_get(server.admin, "/v1/events").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(events["redacted"], true);
+    let released = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "force_released")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_eq!(released["keys"], json!([KEY]));
+    assert_eq!(
+        (&released["revoked"], &released["handed_to"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert!(!body.contains(&token.to_string()), "{body}");
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let (status, _, body) = http_request(server.admin, "GET", "/v1/events", Some(&bearer)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    let released = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "force_released")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_eq!(
+        (&released["revoked"], &released["handed_to"]),
+        (&json!(token), &json!(next))
+    );
+    // Without JavaScript: a refresh, and the summary /metrics would give
+    // (the sessions by dialect: our brokers speak v3).
+    let (_, _, metrics) = http_get(server.admin, "/metrics").unwrap();
+    let v3 = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(r#"ticketing_connections{state="session",dialect="v3"} "#)
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let (_, _, html) = http_get(server.admin, "/").unwrap();
+    assert!(html.contains(r#"<meta http-equiv="refresh" content="10">"#));
+    assert!(
+        html.contains(&format!(
+            r#"<div data-fact="Client connections"><dt>Client connections</dt><dd>{v3} (v3 {v3}, line 0)</dd></div>"#
+        )),
+        "{html}"
+    );
+    assert!(html.contains(r#"<div data-fact="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#));
     drop((ticket, next_ticket));
 }
 
@@ -601,6 +679,41 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
     let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
     let behind = fact_text(&leader_dom, "Peers behind").expect("the peers' lag on the leader");
     assert_eq!(behind.matches("slot ").count(), 2, "{behind}");
+    // Every node in one view, from the leader's: by slot, its role, and
+    // (the leader hears them all) each one ready.
+    let roles_by_slot = |dom: &str| -> Vec<String> {
+        attributes(dom, "data-role")
+            .iter()
+            .map(|role| role.to_string())
+            .collect()
+    };
+    let expected: Vec<String> = (0..3)
+        .map(|slot| if slot == leader { "leader" } else { "follower" }.to_owned())
+        .collect();
+    assert_eq!(
+        attributes(&leader_dom, "data-slot"),
+        ["0", "1", "2"],
+        "{leader_dom}"
+    );
+    assert_eq!(roles_by_slot(&leader_dom), expected, "{leader_dom}");
+    let members_table = &leader_dom[leader_dom.find("id=\"members\"").unwrap()..];
+    let members_table = &members_table[..members_table.find("</table>").unwrap()];
+    assert_eq!(
+        members_table.matches(">ready</td>").count(),
+        3,
+        "{members_table}"
+    );
+    assert_eq!(
+        members_table.matches(">voter</td>").count(),
+        3,
+        "{members_table}"
+    );
+    assert!(members_table.contains(&format!("slot {leader} (this node)")));
+    // The leader change that made it is among the leader's events.
+    assert!(
+        leader_dom.contains("data-kind=\"leader_changed\""),
+        "{leader_dom}"
+    );
     assert_eq!(
         fact_text(&leader_dom, "Leader").as_deref(),
         Some(format!("slot {leader} (this node)").as_str())
@@ -620,6 +733,8 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         follower_dom.contains("This node is not the leader"),
         "{follower_dom}"
     );
+    // A follower lists every node too, naming the leader.
+    assert_eq!(roles_by_slot(&follower_dom), expected, "{follower_dom}");
 
     // Kill the leader: a survivor's page shows it leading, in a later term.
     let old_term = roles[leader].1;
