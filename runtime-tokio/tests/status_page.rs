@@ -511,6 +511,19 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     drop(page);
     browser.stop();
 
+    // A visitor without the token sees the release among the events, but
+    // neither token (the new holder's is live).
+    let dom = dump_dom(&chromium, &format!("{base}/"));
+    let row = &dom[dom
+        .find("data-kind=\"force_released\"")
+        .unwrap_or_else(|| panic!("{dom}"))..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(row.contains("revoked (tokens hidden)"), "{row}");
+    assert!(
+        !dom.contains(&token.to_string()) && !dom.contains(&next.to_string()),
+        "a token shown without the admin token"
+    );
+
     // The events over HTTP: without the admin token (a loopback
     // listener), the release with its tokens hidden; with it, shown.
     let (status, _, body) = http_get(server.admin, "/v1/events").unwrap();

@@ -239,6 +239,7 @@ function showMembers(members, leading) {
 // the chart costs the server nothing beyond the /metrics read each round
 // already makes.
 const CHART_WINDOW_MS = 5 * 60 * 1000;
+const CHART_SPAN_MIN_MS = 60 * 1000;
 const SERIES = [
   { name: "grants", label: "grants/s" },
   { name: "releases", label: "releases/s" },
@@ -289,23 +290,27 @@ function rateText(value) {
 function drawChart() {
   const chart = $("chart");
   const points = rates();
-  const [width, height, left, bottom, top] = [600, 150, 44, 20, 8];
+  const [width, height, left, bottom, top] = [600, 150, 2, 22, 4];
   const now = samples.length > 0 ? samples[samples.length - 1].t : performance.now();
+  // The time axis spans the samples there are (at least a minute, at most
+  // the window), so a page just opened does not squeeze them to the edge.
+  const span = Math.min(CHART_WINDOW_MS, Math.max(CHART_SPAN_MIN_MS, samples.length > 0 ? now - samples[0].t : 0));
   let peak = 0;
   for (const p of points) for (const s of SERIES) peak = Math.max(peak, p[s.name]);
   const scale = peak > 0 ? peak : 1;
-  const x = (t) => left + (width - left) * (1 - (now - t) / CHART_WINDOW_MS);
+  const x = (t) => left + (width - left) * (1 - (now - t) / span);
   const y = (v) => height - bottom - (height - bottom - top) * (v / scale);
   const parts = [
     svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, class: "axis" }),
     svg("line", { x1: left, y1: top, x2: left, y2: height - bottom, class: "axis" }),
   ];
-  const yLabel = svg("text", { x: left - 4, y: top + 10, "text-anchor": "end" });
+  // The scale's labels sit inside the plot, so no width clips them.
+  const yLabel = svg("text", { x: left + 4, y: top + 12 });
   yLabel.textContent = rateText(scale) + "/s";
-  const zero = svg("text", { x: left - 4, y: height - bottom, "text-anchor": "end" });
-  zero.textContent = "0";
+  const zero = svg("text", { x: left + 4, y: height - bottom - 4 });
+  zero.textContent = "0/s";
   const since = svg("text", { x: left, y: height - 4 });
-  since.textContent = "5 min ago";
+  since.textContent = duration(span) + " ago";
   const nowLabel = svg("text", { x: width, y: height - 4, "text-anchor": "end" });
   nowLabel.textContent = "now";
   parts.push(yLabel, zero, since, nowLabel);
@@ -329,9 +334,6 @@ function drawChart() {
 
 // ---- recent events (/v1/events) ---------------------------------------------
 
-function tokenText(token) {
-  return token === null ? "hidden" : String(token);
-}
 
 function keysText(event) {
   return event.keys.map((k) => keyText(k, event.keys_encoding)).join(", ");
@@ -342,12 +344,15 @@ function eventText(event) {
     case "leader_changed":
       return ["Leader change", event.leader_slot === null ? "no leader known (term " + event.term + ")"
         : "slot " + event.leader_slot + " leads (term " + event.term + ")"];
+    // Tokens are null without the admin token: the sentence then says so.
     case "force_released":
-      return ["Force-release", keysText(event) + ": token " + tokenText(event.revoked) + " revoked" +
-        (event.handed_to === null ? "" : ", handed to the front waiter under token " + tokenText(event.handed_to))];
+      return ["Force-release", keysText(event) + ": " +
+        (event.revoked === null ? "the grant was revoked (tokens hidden)" : "token " + event.revoked + " revoked") +
+        (event.handed_to === null ? "" : "; handed to the front waiter under token " + event.handed_to)];
     case "expired_with_waiters":
-      return ["Lease ran out with a waiter", keysText(event) + ": token " + tokenText(event.expired) +
-        " expired; the front waiter got the key" + (event.handed_to === null ? "" : " (token " + tokenText(event.handed_to) + ")")];
+      return ["Lease ran out with a waiter", keysText(event) + ": the lease" +
+        (event.expired === null ? "" : " of token " + event.expired) + " ran out; the front waiter got the key" +
+        (event.handed_to === null ? "" : " under token " + event.handed_to)];
     case "refused":
       return ["Refused connections", event.count + " × " + event.description +
         (event.span_ms > 0 ? " over " + duration(event.span_ms) : "")];
