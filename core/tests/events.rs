@@ -270,3 +270,33 @@ fn the_leader_sees_every_member_with_lag_and_contact_and_a_follower_sees_the_con
     assert_eq!(seen[other].ready, Some(true));
     assert_eq!(seen[follower].ready, None);
 }
+
+#[test]
+fn a_cluster_node_counts_refused_connections_in_one_event() {
+    let mut net = ClusterNet::new();
+    let leader = net.elect();
+    let follower = (leader + 1) % 3;
+    let now = net.now;
+    // A node shutting down refuses every client connection.
+    net.node(follower).begin_shutdown(now);
+    for n in 0..500u32 {
+        let from = source(u8::try_from(n % 250).unwrap());
+        assert_eq!(net.node(follower).handle_connect(now, [3; 16], from), None);
+    }
+    let events = net.node(follower).recent_events(now);
+    assert_eq!(
+        events.first().map(|view| &view.event),
+        Some(&Event::Refused {
+            reason: AbuseKind::Refused,
+            count: 500
+        }),
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|view| matches!(view.event, Event::Refused { .. }))
+            .count(),
+        1
+    );
+}
