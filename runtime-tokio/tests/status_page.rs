@@ -628,6 +628,21 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
         .collect()
 }
 
+/// The row of `slot` in a page's table of every node.
+fn member_row(dom: &str, slot: usize) -> Option<&str> {
+    let at = dom.find(&format!("<tr data-slot=\"{slot}\""))?;
+    let row = &dom[at..];
+    Some(&row[..row.find("</tr>")?])
+}
+
+/// The readiness a member's row shows.
+fn readiness_of(row: &str) -> &str {
+    ["not ready", "ready", "unknown here"]
+        .into_iter()
+        .find(|state| row.contains(&format!(">{state}</td>")))
+        .unwrap_or("none")
+}
+
 /// What a node's page says of it, once the page shows it: (role, term).
 fn try_page_role(chromium: &Path, admin: SocketAddr) -> Option<(String, u64)> {
     let dom = dump_dom(chromium, &format!("http://{admin}/"));
@@ -765,6 +780,23 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         fact_text(&dom, "Leader"),
         Some(format!("slot {new_leader} (this node)"))
     );
+    // Its events show it taking over.
+    assert!(
+        dom.contains(&format!("slot {new_leader} leads (term ")),
+        "{dom}"
+    );
+    // The new leader's table: the killed node is still a member, and not
+    // ready (unheard); the survivors are ready.
+    poll("the killed node not ready on the new leader's page", || {
+        let dom = dump_dom(&chromium, &format!("http://{}/", admin[new_leader]));
+        let readiness: Vec<Option<&str>> = (0..3)
+            .map(|slot| member_row(&dom, slot).map(readiness_of))
+            .collect();
+        let expected: Vec<Option<&str>> = (0..3)
+            .map(|slot| Some(if slot == leader { "not ready" } else { "ready" }))
+            .collect();
+        (readiness == expected).then_some(())
+    });
     let other = survivors
         .iter()
         .copied()
