@@ -508,6 +508,34 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         page.eval_u64("document.querySelectorAll('#locks tbody tr').length"),
         0
     );
+    // Without JavaScript: the server's summary shows, and the page asks
+    // to be reloaded.
+    page.call(
+        "Emulation.setScriptExecutionDisabled",
+        json!({ "value": true }),
+    );
+    page.navigate(&format!("{base}/"));
+    let mode = page.until_value(
+        "the summary without JavaScript",
+        "(document.querySelector('#summary-without-script [data-fact=\"Mode\"] dd') || {}).textContent || null",
+    );
+    assert_eq!(mode, json!("single"));
+    assert_eq!(
+        page.eval_string(
+            "document.querySelector('#summary-without-script [data-fact=\"Waiters\"] dd').textContent"
+        ),
+        "2"
+    );
+    assert!(
+        page.eval_bool(
+            "document.querySelector('head meta[http-equiv=\"refresh\"]').content === '10'"
+        )
+    );
+    assert_eq!(
+        page.eval_u64("document.getElementById('overview').children.length"),
+        0,
+        "the script did not run"
+    );
     drop(page);
     browser.stop();
 
