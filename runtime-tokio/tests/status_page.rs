@@ -508,6 +508,28 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         page.eval_u64("document.querySelectorAll('#locks tbody tr').length"),
         0
     );
+    // On a phone's width the page does not overflow sideways (wide tables
+    // scroll inside their own box) and the chart fits.
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true }),
+    );
+    page.navigate(&format!("{base}/"));
+    page.until(
+        "the list on a phone",
+        &format!("document.querySelector('#locks tbody tr[data-key=\"{KEY}\"]') !== null"),
+    );
+    assert_eq!(page.eval_u64("window.innerWidth"), 390);
+    assert!(
+        page.eval_bool("document.documentElement.scrollWidth <= window.innerWidth"),
+        "the page is {} px wide on a 390 px screen",
+        page.eval_u64("document.documentElement.scrollWidth")
+    );
+    assert!(page.eval_bool(
+        "document.getElementById('chart').getBoundingClientRect().right <= window.innerWidth"
+    ));
+    page.call("Emulation.clearDeviceMetricsOverride", json!({}));
+
     // Without JavaScript: the server's summary shows, and the page asks
     // to be reloaded.
     page.call(
