@@ -497,6 +497,31 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
             "[...document.querySelectorAll('#locks tbody tr[data-key] td')].some(td => td.textContent === '{next}')"
         ),
     );
+    // By keyboard alone: Tab from the search box reaches the key's link,
+    // Enter opens its view, and the way back is a link too.
+    page.eval("document.getElementById('prefix').focus()");
+    let mut tabs = 0;
+    while page.eval_string("document.activeElement.getAttribute('href') || ''")
+        != format!("#key={KEY_IN_URL}")
+    {
+        tabs += 1;
+        assert!(
+            tabs <= 5,
+            "the key's link is not within 5 tabs of the search box"
+        );
+        page.press_key("Tab", 9);
+    }
+    page.press_enter();
+    page.until(
+        "the key's view opened by keyboard",
+        "!document.getElementById('key-view').hidden",
+    );
+    page.eval("document.getElementById('back').focus()");
+    page.press_enter();
+    page.until(
+        "the list again",
+        "!document.getElementById('list-view').hidden",
+    );
     page.eval("document.getElementById('prefix').focus()");
     page.call("Input.insertText", json!({ "text": "other/" }));
     page.press_enter();
@@ -1060,6 +1085,16 @@ impl Page {
             if kind == "keyDown" {
                 event["text"] = json!("\r");
             }
+            self.call("Input.dispatchKeyEvent", event);
+        }
+    }
+
+    /// Presses and releases a key that types nothing (`Tab`).
+    fn press_key(&mut self, key: &str, code: u32) {
+        for kind in ["rawKeyDown", "keyUp"] {
+            let event = json!({
+                "type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code,
+            });
             self.call("Input.dispatchKeyEvent", event);
         }
     }
