@@ -98,12 +98,14 @@ impl LockTable {
                             expired,
                             handed_over,
                         );
-                        let handed_to = self
-                            .keys
-                            .find(lease.hash, &lease.key)
+                        // The front waiter now holds the key: its token
+                        // is the hand-over's.
+                        let handed_to = (counted && handed_over)
+                            .then(|| self.keys.find(lease.hash, &lease.key))
+                            .flatten()
                             .map(|entry| entry.token)
                             .filter(|&token| token != 0);
-                        if let (true, Some(handed_to)) = (counted && handed_over, handed_to) {
+                        if let Some(handed_to) = handed_to {
                             note_expiry_handover(
                                 &mut self.expiry_handovers,
                                 &lease.key,
