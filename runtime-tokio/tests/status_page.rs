@@ -564,12 +564,12 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     page.navigate(&format!("{base}/"));
     let mode = page.until_value(
         "the summary without JavaScript",
-        "(document.querySelector('#summary-without-script [data-fact=\"Mode\"] dd') || {}).textContent || null",
+        "(document.querySelector('#summary-without-script [data-summary=\"Mode\"] dd') || {}).textContent || null",
     );
     assert_eq!(mode, json!("single"));
     assert_eq!(
         page.eval_string(
-            "document.querySelector('#summary-without-script [data-fact=\"Waiters\"] dd').textContent"
+            "document.querySelector('#summary-without-script [data-summary=\"Waiters\"] dd').textContent"
         ),
         "2"
     );
@@ -644,11 +644,11 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
     assert!(html.contains(r#"<meta http-equiv="refresh" content="10">"#));
     assert!(
         html.contains(&format!(
-            r#"<div data-fact="Client connections"><dt>Client connections</dt><dd>{v3} (v3 {v3}, line 0)</dd></div>"#
+            r#"<div data-summary="Client connections"><dt>Client connections</dt><dd>{v3} (v3 {v3}, line 0)</dd></div>"#
         )),
         "{html}"
     );
-    assert!(html.contains(r#"<div data-fact="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#));
+    assert!(html.contains(r#"<div data-summary="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#));
     drop((ticket, next_ticket));
 }
 
@@ -757,29 +757,44 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
     // a node's first poll may still be out or an election may fall between
     // two reads: they are read again until they agree on one term, and
     // then must show exactly one leader and two followers.
+    // The leader's and a follower's pages are read again after that, and
+    // an election may fall in between too: the whole reading is taken
+    // again until the two pages are still in the term the three agreed on.
     let mut seen = Vec::new();
-    let roles: Vec<(String, u64)> = poll("the three pages agreeing on a term", || {
-        let roles: Option<Vec<(String, u64)>> = (0..3)
-            .map(|slot| try_page_role(&chromium, admin[slot]))
-            .collect();
-        seen = roles.clone().unwrap_or_default();
-        roles.filter(|roles| roles.iter().all(|(_, term)| *term == roles[0].1))
-    });
-    let leaders: Vec<usize> = (0..3)
-        .filter(|&slot| roles[slot].0 == "leader, voter")
-        .collect();
-    assert_eq!(
-        leaders.len(),
-        1,
-        "one leader among {roles:?} (last read {seen:?})"
-    );
-    let leader = leaders[0];
+    let (roles, leader, leader_dom, follower_dom) =
+        poll("the pages agreeing on a term and its leader", || {
+            let roles: Option<Vec<(String, u64)>> = (0..3)
+                .map(|slot| try_page_role(&chromium, admin[slot]))
+                .collect();
+            seen = roles.clone().unwrap_or_default();
+            let roles = roles.filter(|roles| roles.iter().all(|(_, term)| *term == roles[0].1))?;
+            let leaders: Vec<usize> = (0..3)
+                .filter(|&slot| roles[slot].0 == "leader, voter")
+                .collect();
+            // One term, so never two leaders; none yet is an election.
+            assert!(leaders.len() <= 1, "two leaders in one term: {roles:?}");
+            let leader = *leaders.first()?;
+            let term = roles[0].1;
+            let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
+            let follower = (leader + 1) % 3;
+            let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
+            let still =
+                |dom: &str| fact_text(dom, "Term").and_then(|t| t.parse().ok()) == Some(term);
+            (still(&leader_dom) && still(&follower_dom)).then_some((
+                roles,
+                leader,
+                leader_dom,
+                follower_dom,
+            ))
+        });
     for (slot, (role, _)) in roles.iter().enumerate().filter(|&(s, _)| s != leader) {
-        assert_eq!(role, "follower, voter", "slot {slot}: {roles:?}");
+        assert_eq!(
+            role, "follower, voter",
+            "slot {slot}: {roles:?} (last read {seen:?})"
+        );
     }
     // The leader's page shows how far behind each peer is; a follower's
     // lock table sends the operator to the leader.
-    let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
     let behind = fact_text(&leader_dom, "Peers behind").expect("the peers' lag on the leader");
     assert_eq!(behind.matches("slot ").count(), 2, "{behind}");
     // Every node in one view, from the leader's: by slot, its role, and
@@ -821,8 +836,6 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         fact_text(&leader_dom, "Leader").as_deref(),
         Some(format!("slot {leader} (this node)").as_str())
     );
-    let follower = (leader + 1) % 3;
-    let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
     assert_eq!(
         fact_text(&follower_dom, "Leader").as_deref(),
         Some(format!("slot {leader}").as_str()),

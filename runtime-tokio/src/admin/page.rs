@@ -110,7 +110,7 @@ fn render_index(metrics: &NodeMetrics) -> String {
     let mut summary = String::new();
     for (name, value) in facts {
         summary.push_str(&format!(
-            "<div data-fact=\"{name}\"><dt>{name}</dt><dd>{}</dd></div>",
+            "<div data-summary=\"{name}\"><dt>{name}</dt><dd>{}</dd></div>",
             escape(&value)
         ));
     }
@@ -205,10 +205,10 @@ mod summary_tests {
         let html = render_index(&NodeMetrics::Single(single));
         assert!(!html.contains(SUMMARY_PLACE));
         for fact in [
-            r#"<div data-fact="Mode"><dt>Mode</dt><dd>single</dd></div>"#,
-            r#"<div data-fact="Readiness"><dt>Readiness</dt><dd>ready</dd></div>"#,
-            r#"<div data-fact="Held keys"><dt>Held keys</dt><dd>3</dd></div>"#,
-            r#"<div data-fact="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#,
+            r#"<div data-summary="Mode"><dt>Mode</dt><dd>single</dd></div>"#,
+            r#"<div data-summary="Readiness"><dt>Readiness</dt><dd>ready</dd></div>"#,
+            r#"<div data-summary="Held keys"><dt>Held keys</dt><dd>3</dd></div>"#,
+            r#"<div data-summary="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#,
             r#"<dd>5 (v3 4, line 1)</dd>"#,
         ] {
             assert!(html.contains(fact), "{fact}");
@@ -223,7 +223,7 @@ mod summary_tests {
         let html = render_index(&NodeMetrics::Cluster(cluster));
         assert!(html.contains(r#"<dd>follower, voter</dd>"#));
         assert!(html.contains(r#"<dd>slot 2</dd>"#));
-        assert!(html.contains(r#"<div data-fact="Term"><dt>Term</dt><dd>9</dd></div>"#));
+        assert!(html.contains(r#"<div data-summary="Term"><dt>Term</dt><dd>9</dd></div>"#));
         let stopping = ClusterMetrics {
             shutting_down: true,
             ..ClusterMetrics::default()
