@@ -12,9 +12,10 @@
 #   scripts/cluster-local.sh env            exports for clients
 #
 # Slot i: clients on 127.0.0.1:$((BASE+i)), peers on $((BASE+1000+i)),
-# status on $((BASE+2000+i)), admin HTTP (/metrics, /livez, /readyz) on
-# $((BASE+4000+i)); every node is told every slot's (--slot-admin), so a
-# follower's /v1 endpoints redirect to the leader's. State (identity,
+# status on $((BASE+2000+i)), admin HTTP (the status page at /, /metrics,
+# /livez, /readyz, /v1/…) on $((BASE+4000+i)); every node is told every
+# slot's (--slot-admin), so a follower's lock API redirects to the
+# leader's and every page links to every node's. State (identity,
 # tokens, pids, logs) lives in $CLUSTER_DIR.
 # Env:   CARGO_TARGET_DIR  target dir (default: <repo>/target)
 #        CLUSTER_DIR       state dir (default: /tmp/ticketing-cluster)
@@ -145,7 +146,7 @@ case "${1:-}" in
             echo "client-$("$bin" identity | cut -c1-32)" > "$dir/client-token"
         fi
         for i in 0 1 2; do start_node "$i" --bootstrap; done
-        echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); admin: http://127.0.0.1:$((base + 4000))-$((base + 4002))/metrics; state in $dir" >&2
+        echo "==> 3 nodes started; clients: 127.0.0.1:$base-$((base + 2)); status pages: http://127.0.0.1:$((base + 4000))/ to $((base + 4002))/; state in $dir" >&2
         wait_for_leader
         ;;
     status) status ;;

@@ -3,7 +3,8 @@
 //!
 //! - `/metrics`, `/livez`, `/readyz` ([`AdminEndpoint::Health`]) never need
 //!   a token: they tell nothing about who holds what.
-//! - Inspection (`GET /v1/locks…`, [`AdminEndpoint::Read`]) needs an admin
+//! - Inspection (`GET /v1/locks…`, `/v1/node`, `/v1/events`,
+//!   [`AdminEndpoint::Read`]) needs an admin
 //!   token, except on a loopback listener, which answers a reader without
 //!   one [`AdminAccess::Redacted`]: keys and ages, but no fencing token
 //!   (one `R` with it would free anyone's lock) and no client address.
@@ -31,7 +32,7 @@ use crate::auth::{TokenTooShort, each_long_enough};
 pub enum AdminEndpoint {
     /// `/metrics`, `/livez`, `/readyz`.
     Health,
-    /// Read-only inspection (`GET /v1/locks…`).
+    /// Read-only inspection (`GET /v1/locks…`, `/v1/node`, `/v1/events`).
     Read,
     /// A state change (`POST /v1/locks/{key}/release`).
     Write,

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 
 use crate::conn::ConnId;
+use crate::events::{Event, EventRing, EventView};
 use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 
@@ -306,6 +307,9 @@ pub(crate) struct Reports {
     /// The latest `now` seen; keeps `window_ends` sorted if a driver's
     /// clock readings arrive out of order.
     last_now: Instant,
+    /// The recent events operators see (refusals counted per reason per
+    /// interval, see [`crate::events`]).
+    ring: EventRing,
 }
 
 impl Reports {
@@ -318,6 +322,7 @@ impl Reports {
             dropped_events: 0,
             totals: AbuseCounts::default(),
             last_now: Instant::ZERO,
+            ring: EventRing::new(interval),
         }
     }
 
@@ -326,6 +331,11 @@ impl Reports {
         self.totals.count(kind);
         self.handle_timeout(now);
         let now = self.last_now;
+        // A release naming an unissued token refuses no connection: it is
+        // logged and counted, not an event of the ring.
+        if kind != AbuseKind::TokenFromTheFuture {
+            self.ring.refused(now, kind);
+        }
         let mut key = (source, kind);
         if !self.windows.contains_key(&key) && self.windows.len() >= REPORTED_SOURCES_MAX {
             key = (None, kind);
@@ -360,18 +370,59 @@ impl Reports {
         });
     }
 
-    /// An operator force-released grant `revoked` on `keys`.
+    /// An operator force-released grant `revoked` on `keys` at `now`:
+    /// logged, and an event of the ring.
     pub(crate) fn force_released(
         &mut self,
+        now: Instant,
         keys: Vec<crate::wire::Key>,
         revoked: u64,
         handed_to: Option<u64>,
     ) {
+        self.ring.record(
+            now,
+            Event::ForceReleased {
+                keys: keys.clone(),
+                revoked,
+                handed_to,
+            },
+        );
         self.push(LogEvent::ForceReleased {
             keys,
             revoked,
             handed_to,
         });
+    }
+
+    /// The leader this cluster node knows changed at `now` (an event of
+    /// the ring; the driver logs the node event).
+    pub(crate) fn leader_changed(&mut self, now: Instant, leader_slot: Option<u8>, term: u64) {
+        self.ring
+            .record(now, Event::LeaderChanged { leader_slot, term });
+    }
+
+    /// The lease of `expired` on `keys` ran out at `now` with a waiter
+    /// queued, who got the keys (under `handed_to`, when known).
+    pub(crate) fn expired_with_waiters(
+        &mut self,
+        now: Instant,
+        keys: Vec<crate::wire::Key>,
+        expired: u64,
+        handed_to: Option<u64>,
+    ) {
+        self.ring.record(
+            now,
+            Event::ExpiredWithWaiters {
+                keys,
+                expired,
+                handed_to,
+            },
+        );
+    }
+
+    /// The ring's events, the most recent first, aged at `now`.
+    pub(crate) fn recent_events(&self, now: Instant) -> Vec<EventView> {
+        self.ring.view(now)
     }
 
     fn push(&mut self, event: LogEvent) {

@@ -265,3 +265,33 @@ pub struct NotLeader {
     /// The leader's admin address (`host:port`), if configured.
     pub leader_admin: Option<Box<str>>,
 }
+
+/// One member of a cluster as a node sees it: the leader sees every
+/// member's replication; another node knows only the configuration and
+/// the leader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    /// The member's slot.
+    pub slot: u8,
+    /// Its generation.
+    pub generation: u64,
+    /// A voter (else a learner: it receives the log, does not vote).
+    pub voter: bool,
+    /// It is the leader this node knows.
+    pub leader: bool,
+    /// It is the node answering.
+    pub this_node: bool,
+    /// Leader's view: log entries the member is known to lack (`None`
+    /// on another node, which does not know).
+    pub lag_entries: Option<u64>,
+    /// Leader's view: milliseconds since the leader last heard from it
+    /// (`None` for the leader itself and on another node).
+    pub heard_ms: Option<u64>,
+    /// Whether it should get client traffic, as far as the answering node
+    /// can tell: for itself, its own readiness; on the leader, for another
+    /// member, a voter heard from within the minimum election timeout;
+    /// `None` when the answering node cannot tell.
+    pub ready: Option<bool>,
+    /// Its admin address (`host:port`), if configured.
+    pub admin: Option<Box<str>>,
+}

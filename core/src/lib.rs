@@ -22,7 +22,9 @@
 //!   [`server::ConnState`] are re-exported by both owners.
 //! - [`budget`]: handshake budgets per source, abuse reports, keys held per
 //!   connection.
-//! - [`metrics`]: what the core counts for operators.
+//! - [`metrics`]: what the core counts for operators; [`events`]: the
+//!   bounded ring of recent events they see (leader changes,
+//!   force-releases, expiries with waiters, refusals counted).
 //! - [`inspect`]: the vocabulary of lock inspection and force-release;
 //!   [`admin`]: the admin API's access rule.
 //! - [`reserve`]: the token reserve that keeps fencing tokens growing across
@@ -70,6 +72,7 @@ pub mod budget;
 pub mod client;
 pub mod cluster;
 mod conn;
+pub mod events;
 pub mod hash;
 pub mod inspect;
 pub mod line;

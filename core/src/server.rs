@@ -18,6 +18,7 @@ use crate::conn::client::{
     Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, HoldAsk, ReplyTo,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
+use crate::events::EventView;
 use crate::hash::IdMap;
 use crate::inspect::{
     AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView,
@@ -843,8 +844,17 @@ impl Server {
         }
     }
 
-    /// Turns the lock table's events into replies to queued acquires.
+    /// Turns the lock table's events into replies to queued acquires, and
+    /// its expiries with a waiter into events operators see.
     fn drain_table_events(&mut self, now: Instant) {
+        while let Some(handover) = self.table.poll_expiry_handover() {
+            self.reports.expired_with_waiters(
+                now,
+                vec![handover.key],
+                handover.expired,
+                Some(handover.handed_to),
+            );
+        }
         while let Some((event, lease_deadline)) = self.table.poll_event_lease() {
             let (waiter, token) = match event {
                 LockEvent::Granted { waiter, token } => (waiter, Some(token)),
@@ -1267,7 +1277,7 @@ impl Machine for Server {
             }
             self.semaphores.keys_freed(keys);
             self.reports
-                .force_released(keys.clone(), *revoked, *handed_to);
+                .force_released(now, keys.clone(), *revoked, *handed_to);
             self.drain_lock_events(now);
         }
         self.admin_replies.push(id, outcome);
@@ -1372,6 +1382,11 @@ impl Machine for Server {
     fn inspect_lock(&self, now: Instant, key: &Key) -> Option<LockView> {
         let inspection = self.table.inspect_key(now, key.as_bytes())?;
         Some(self.lock_view(inspection))
+    }
+
+    /// The recent events, the most recent first (see [`crate::events`]).
+    fn recent_events(&self, now: Instant) -> Vec<EventView> {
+        self.reports.recent_events(now)
     }
 
     /// One page of the keys starting with `prefix` that are held or

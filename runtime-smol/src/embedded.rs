@@ -350,6 +350,15 @@ impl EmbeddedServer {
             .inspect_locks(self.hub.clock.now(), prefix.as_bytes(), limit, cursor)
     }
 
+    /// The server's recent events, the most recent first (at most
+    /// [`ticketing_core::events::EVENTS_MAX`]): force-releases, leases
+    /// that ran out while somebody waited, and refused connections counted
+    /// per reason per interval; what the daemon serves as `/v1/events`.
+    pub fn recent_events(&self) -> Vec<ticketing_core::events::EventView> {
+        let inner = self.hub.lock();
+        inner.server.recent_events(self.hub.clock.now())
+    }
+
     /// `key` as an operator sees it now; `None` when it is neither held nor
     /// waited on. [`TicketError::InvalidInput`] for a key that is not one.
     pub fn lock(&self, key: &str) -> Result<Option<LockView>, TicketError> {

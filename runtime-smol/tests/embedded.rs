@@ -444,6 +444,17 @@ fn inspection_and_force_release_through_the_embedded_api() {
                 handed_to: Some(next.token()),
             }
         );
+        // The release is the server's latest event, as the core recorded it.
+        let events = server.recent_events();
+        assert_eq!(
+            events.first().map(|view| &view.event),
+            Some(&ticketing_core::events::Event::ForceReleased {
+                revoked: held.token(),
+                keys: vec![ticketing_core::wire::Key::new(b"jobs/1").unwrap()],
+                handed_to: Some(next.token()),
+            }),
+            "{events:?}"
+        );
         // The old holder is fenced: its release finds its token gone.
         assert_eq!(
             held.release().await.unwrap(),

@@ -1,6 +1,7 @@
 //! The admin HTTP listener (`admin_listen`): `GET /metrics` (OpenMetrics
-//! text), `GET /livez` and `GET /readyz`, and the lock API (`/v1/locks…`,
-//! see the `api` submodule and `docs/admin-api.md`), and a status page
+//! text), `GET /livez` and `GET /readyz`, the lock API (`/v1/locks…`,
+//! see the `api` submodule and `docs/admin-api.md`), `/v1/node` and
+//! `/v1/events`, and a status page
 //! at `GET /` that reads them from a browser (the `page` submodule).
 //!
 //! It only serves what the core counted and decided: each request takes one
@@ -112,6 +113,7 @@ pub(crate) fn spawn_admin_api(
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/v1/node", get(api::node))
+        .route("/v1/events", get(api::events))
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{*key}", get(api::show).post(api::release))
         // Every route, the open ones too: they say nothing secret, but a
@@ -694,7 +696,20 @@ fn cluster_occupancy(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Resu
         "client_sessions",
         "Client connections past their handshake.",
         m.sessions,
-    )
+    )?;
+    let mut metric = e.encode_descriptor(
+        "client_sessions_by_dialect",
+        "Client connections past their handshake, by dialect.",
+        None,
+        MetricType::Gauge,
+    )?;
+    let v3_sessions = m.sessions.saturating_sub(m.line_sessions);
+    for (dialect, value) in [("v3", v3_sessions), ("line", m.line_sessions)] {
+        metric
+            .encode_family(&[("dialect", dialect)])?
+            .encode_gauge(&value)?;
+    }
+    Ok(())
 }
 
 fn cluster_latencies(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {

@@ -528,6 +528,20 @@ async fn cluster_readyz_follows_the_leader_and_metrics_parse() {
             >= 1.0
     );
     assert!(m.value("ticketing_raft_commit_index", &[]).unwrap() >= 1.0);
+    // Sessions by dialect add up to the sessions (the published client
+    // speaks v3).
+    let sessions = m.value("ticketing_client_sessions", &[]).unwrap();
+    let v3 = m
+        .value("ticketing_client_sessions_by_dialect", &[("dialect", "v3")])
+        .unwrap();
+    let line = m
+        .value(
+            "ticketing_client_sessions_by_dialect",
+            &[("dialect", "line")],
+        )
+        .unwrap();
+    assert!(v3 >= 1.0, "{v3}");
+    assert_eq!((v3 + line, line), (sessions, 0.0));
     // The leader reports each peer's lag, and only the peers'.
     assert_eq!(m.series("ticketing_peer_replication_lag_entries"), 2);
     let leaders: f64 = (0..3)
@@ -713,6 +727,22 @@ async fn force_release_over_http_needs_the_admin_token_and_fences_the_holder() {
 
     let m = scrape(server.admin);
     assert_eq!(m.value("ticketing_force_releases_total", &[]), Some(1.0));
+
+    // The release is among the events; they follow the read access rule.
+    let (status, _, body) = http_request(server.admin, "GET", "/v1/events", Some(&right)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events = json(&body);
+    assert_eq!(events["events"][0]["kind"], "force_released", "{events}");
+    assert_eq!(events["events"][0]["revoked"], token);
+    assert_eq!(events["events"][0]["handed_to"], new_token);
+    let (status, _, body) = http_request(server.admin, "GET", "/v1/events", Some(wrong)).unwrap();
+    assert_eq!(
+        status, 403,
+        "a wrong token is refused where none is needed: {body}"
+    );
+    let (status, _, body) =
+        http_request(server.admin, "GET", "/v1/events?limit=5", Some(&right)).unwrap();
+    assert_eq!(status, 400, "{body}");
 }
 
 #[tokio::test]

@@ -458,6 +458,33 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         "the new holder",
         &format!("document.querySelector('[data-fact=\"Token\"] dd').textContent === '{next}'"),
     );
+    // The release is among the recent events, with both tokens (the
+    // admin token is in use), recorded by the core.
+    let event = page.until_value(
+        "the force-release among the events",
+        "(document.querySelector('#events tbody tr[data-kind=\"force_released\"]') || {}).textContent || null",
+    );
+    let event = event.as_str().unwrap().to_owned();
+    assert!(
+        event.contains(KEY)
+            && event.contains(&format!("token {token} revoked"))
+            && event.contains(&format!("under token {next}")),
+        "{event}"
+    );
+    // The chart has drawn rates, and the hand-over's grant shows in them.
+    page.until(
+        "a grant on the chart",
+        "+document.getElementById('chart').dataset.points >= 2 && \
+         +document.querySelector('#chart polyline[data-series=\"grants\"]').dataset.max > 0",
+    );
+    let points = page.eval_string(
+        "document.querySelector('#chart polyline[data-series=\"grants\"]').getAttribute('points')",
+    );
+    assert!(points.split(' ').count() >= 2, "{points}");
+    assert!(
+        page.eval_string("document.getElementById('chart-summary').textContent")
+            .starts_with("Latest: grants/s "),
+    );
     page.until(
         "two waiters",
         "document.querySelectorAll('#waiters tbody tr').length === 2",
@@ -470,6 +497,31 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
             "[...document.querySelectorAll('#locks tbody tr[data-key] td')].some(td => td.textContent === '{next}')"
         ),
     );
+    // By keyboard alone: Tab from the search box reaches the key's link,
+    // Enter opens its view, and the way back is a link too.
+    page.eval("document.getElementById('prefix').focus()");
+    let mut tabs = 0;
+    while page.eval_string("document.activeElement.getAttribute('href') || ''")
+        != format!("#key={KEY_IN_URL}")
+    {
+        tabs += 1;
+        assert!(
+            tabs <= 5,
+            "the key's link is not within 5 tabs of the search box"
+        );
+        page.press_key("Tab", 9);
+    }
+    page.press_enter();
+    page.until(
+        "the key's view opened by keyboard",
+        "!document.getElementById('key-view').hidden",
+    );
+    page.eval("document.getElementById('back').focus()");
+    page.press_enter();
+    page.until(
+        "the list again",
+        "!document.getElementById('list-view').hidden",
+    );
     page.eval("document.getElementById('prefix').focus()");
     page.call("Input.insertText", json!({ "text": "other/" }));
     page.press_enter();
@@ -481,8 +533,122 @@ fn the_page_shows_the_queue_counts_down_and_force_releases_with_the_token() {
         page.eval_u64("document.querySelectorAll('#locks tbody tr').length"),
         0
     );
+    // On a phone's width the page does not overflow sideways (wide tables
+    // scroll inside their own box) and the chart fits.
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true }),
+    );
+    page.navigate(&format!("{base}/"));
+    page.until(
+        "the list on a phone",
+        &format!("document.querySelector('#locks tbody tr[data-key=\"{KEY}\"]') !== null"),
+    );
+    assert_eq!(page.eval_u64("window.innerWidth"), 390);
+    assert!(
+        page.eval_bool("document.documentElement.scrollWidth <= window.innerWidth"),
+        "the page is {} px wide on a 390 px screen",
+        page.eval_u64("document.documentElement.scrollWidth")
+    );
+    assert!(page.eval_bool(
+        "document.getElementById('chart').getBoundingClientRect().right <= window.innerWidth"
+    ));
+    page.call("Emulation.clearDeviceMetricsOverride", json!({}));
+
+    // Without JavaScript: the server's summary shows, and the page asks
+    // to be reloaded.
+    page.call(
+        "Emulation.setScriptExecutionDisabled",
+        json!({ "value": true }),
+    );
+    page.navigate(&format!("{base}/"));
+    let mode = page.until_value(
+        "the summary without JavaScript",
+        "(document.querySelector('#summary-without-script [data-summary=\"Mode\"] dd') || {}).textContent || null",
+    );
+    assert_eq!(mode, json!("single"));
+    assert_eq!(
+        page.eval_string(
+            "document.querySelector('#summary-without-script [data-summary=\"Waiters\"] dd').textContent"
+        ),
+        "2"
+    );
+    assert!(
+        page.eval_bool(
+            "document.querySelector('head meta[http-equiv=\"refresh\"]').content === '10'"
+        )
+    );
+    assert_eq!(
+        page.eval_u64("document.getElementById('overview').children.length"),
+        0,
+        "the script did not run"
+    );
     drop(page);
     browser.stop();
+
+    // A visitor without the token sees the release among the events, but
+    // neither token (the new holder's is live).
+    let dom = dump_dom(&chromium, &format!("{base}/"));
+    let row = &dom[dom
+        .find("data-kind=\"force_released\"")
+        .unwrap_or_else(|| panic!("{dom}"))..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(row.contains("revoked (tokens hidden)"), "{row}");
+    assert!(
+        !dom.contains(&token.to_string()) && !dom.contains(&next.to_string()),
+        "a token shown without the admin token"
+    );
+
+    // The events over HTTP: without the admin token (a loopback
+    // listener), the release with its tokens hidden; with it, shown.
+    let (status, _, body) = http_get(server.admin, "/v1/events").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(events["redacted"], true);
+    let released = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "force_released")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_eq!(released["keys"], json!([KEY]));
+    assert_eq!(
+        (&released["revoked"], &released["handed_to"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert!(!body.contains(&token.to_string()), "{body}");
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let (status, _, body) = http_request(server.admin, "GET", "/v1/events", Some(&bearer)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    let released = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "force_released")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_eq!(
+        (&released["revoked"], &released["handed_to"]),
+        (&json!(token), &json!(next))
+    );
+    // Without JavaScript: a refresh, and the summary /metrics would give
+    // (the sessions by dialect: our brokers speak v3).
+    let (_, _, metrics) = http_get(server.admin, "/metrics").unwrap();
+    let v3 = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(r#"ticketing_connections{state="session",dialect="v3"} "#)
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let (_, _, html) = http_get(server.admin, "/").unwrap();
+    assert!(html.contains(r#"<meta http-equiv="refresh" content="10">"#));
+    assert!(
+        html.contains(&format!(
+            r#"<div data-summary="Client connections"><dt>Client connections</dt><dd>{v3} (v3 {v3}, line 0)</dd></div>"#
+        )),
+        "{html}"
+    );
+    assert!(html.contains(r#"<div data-summary="Waiters"><dt>Waiters</dt><dd>2</dd></div>"#));
     drop((ticket, next_ticket));
 }
 
@@ -537,6 +703,21 @@ fn cluster_files(dir: &Scratch, cluster: &Cluster, admin: &[SocketAddr]) -> Vec<
         .collect()
 }
 
+/// The row of `slot` in a page's table of every node.
+fn member_row(dom: &str, slot: usize) -> Option<&str> {
+    let at = dom.find(&format!("<tr data-slot=\"{slot}\""))?;
+    let row = &dom[at..];
+    Some(&row[..row.find("</tr>")?])
+}
+
+/// The readiness a member's row shows.
+fn readiness_of(row: &str) -> &str {
+    ["not ready", "ready", "unknown here"]
+        .into_iter()
+        .find(|state| row.contains(&format!(">{state}</td>")))
+        .unwrap_or("none")
+}
+
 /// What a node's page says of it, once the page shows it: (role, term).
 fn try_page_role(chromium: &Path, admin: SocketAddr) -> Option<(String, u64)> {
     let dom = dump_dom(chromium, &format!("http://{admin}/"));
@@ -576,37 +757,85 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
     // a node's first poll may still be out or an election may fall between
     // two reads: they are read again until they agree on one term, and
     // then must show exactly one leader and two followers.
+    // The leader's and a follower's pages are read again after that, and
+    // an election may fall in between too: the whole reading is taken
+    // again until the two pages are still in the term the three agreed on.
     let mut seen = Vec::new();
-    let roles: Vec<(String, u64)> = poll("the three pages agreeing on a term", || {
-        let roles: Option<Vec<(String, u64)>> = (0..3)
-            .map(|slot| try_page_role(&chromium, admin[slot]))
-            .collect();
-        seen = roles.clone().unwrap_or_default();
-        roles.filter(|roles| roles.iter().all(|(_, term)| *term == roles[0].1))
-    });
-    let leaders: Vec<usize> = (0..3)
-        .filter(|&slot| roles[slot].0 == "leader, voter")
-        .collect();
-    assert_eq!(
-        leaders.len(),
-        1,
-        "one leader among {roles:?} (last read {seen:?})"
-    );
-    let leader = leaders[0];
+    let (roles, leader, leader_dom, follower_dom) =
+        poll("the pages agreeing on a term and its leader", || {
+            let roles: Option<Vec<(String, u64)>> = (0..3)
+                .map(|slot| try_page_role(&chromium, admin[slot]))
+                .collect();
+            seen = roles.clone().unwrap_or_default();
+            let roles = roles.filter(|roles| roles.iter().all(|(_, term)| *term == roles[0].1))?;
+            let leaders: Vec<usize> = (0..3)
+                .filter(|&slot| roles[slot].0 == "leader, voter")
+                .collect();
+            // One term, so never two leaders; none yet is an election.
+            assert!(leaders.len() <= 1, "two leaders in one term: {roles:?}");
+            let leader = *leaders.first()?;
+            let term = roles[0].1;
+            let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
+            let follower = (leader + 1) % 3;
+            let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
+            let still =
+                |dom: &str| fact_text(dom, "Term").and_then(|t| t.parse().ok()) == Some(term);
+            (still(&leader_dom) && still(&follower_dom)).then_some((
+                roles,
+                leader,
+                leader_dom,
+                follower_dom,
+            ))
+        });
     for (slot, (role, _)) in roles.iter().enumerate().filter(|&(s, _)| s != leader) {
-        assert_eq!(role, "follower, voter", "slot {slot}: {roles:?}");
+        assert_eq!(
+            role, "follower, voter",
+            "slot {slot}: {roles:?} (last read {seen:?})"
+        );
     }
     // The leader's page shows how far behind each peer is; a follower's
     // lock table sends the operator to the leader.
-    let leader_dom = dump_dom(&chromium, &format!("http://{}/", admin[leader]));
     let behind = fact_text(&leader_dom, "Peers behind").expect("the peers' lag on the leader");
     assert_eq!(behind.matches("slot ").count(), 2, "{behind}");
+    // Every node in one view, from the leader's: by slot, its role, and
+    // (the leader hears them all) each one ready.
+    let roles_by_slot = |dom: &str| -> Vec<String> {
+        attributes(dom, "data-role")
+            .iter()
+            .map(|role| role.to_string())
+            .collect()
+    };
+    let expected: Vec<String> = (0..3)
+        .map(|slot| if slot == leader { "leader" } else { "follower" }.to_owned())
+        .collect();
+    assert_eq!(
+        attributes(&leader_dom, "data-slot"),
+        ["0", "1", "2"],
+        "{leader_dom}"
+    );
+    assert_eq!(roles_by_slot(&leader_dom), expected, "{leader_dom}");
+    let members_table = &leader_dom[leader_dom.find("id=\"members\"").unwrap()..];
+    let members_table = &members_table[..members_table.find("</table>").unwrap()];
+    assert_eq!(
+        members_table.matches(">ready</td>").count(),
+        3,
+        "{members_table}"
+    );
+    assert_eq!(
+        members_table.matches(">voter</td>").count(),
+        3,
+        "{members_table}"
+    );
+    assert!(members_table.contains(&format!("slot {leader} (this node)")));
+    // The leader change that made it is among the leader's events.
+    assert!(
+        leader_dom.contains("data-kind=\"leader_changed\""),
+        "{leader_dom}"
+    );
     assert_eq!(
         fact_text(&leader_dom, "Leader").as_deref(),
         Some(format!("slot {leader} (this node)").as_str())
     );
-    let follower = (leader + 1) % 3;
-    let follower_dom = dump_dom(&chromium, &format!("http://{}/", admin[follower]));
     assert_eq!(
         fact_text(&follower_dom, "Leader").as_deref(),
         Some(format!("slot {leader}").as_str()),
@@ -620,6 +849,8 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         follower_dom.contains("This node is not the leader"),
         "{follower_dom}"
     );
+    // A follower lists every node too, naming the leader.
+    assert_eq!(roles_by_slot(&follower_dom), expected, "{follower_dom}");
 
     // Kill the leader: a survivor's page shows it leading, in a later term.
     let old_term = roles[leader].1;
@@ -637,6 +868,23 @@ fn cluster_pages_show_each_role_and_a_new_leader_after_the_leader_is_killed() {
         fact_text(&dom, "Leader"),
         Some(format!("slot {new_leader} (this node)"))
     );
+    // Its events show it taking over.
+    assert!(
+        dom.contains(&format!("slot {new_leader} leads (term ")),
+        "{dom}"
+    );
+    // The new leader's table: the killed node is still a member, and not
+    // ready (unheard); the survivors are ready.
+    poll("the killed node not ready on the new leader's page", || {
+        let dom = dump_dom(&chromium, &format!("http://{}/", admin[new_leader]));
+        let readiness: Vec<Option<&str>> = (0..3)
+            .map(|slot| member_row(&dom, slot).map(readiness_of))
+            .collect();
+        let expected: Vec<Option<&str>> = (0..3)
+            .map(|slot| Some(if slot == leader { "not ready" } else { "ready" }))
+            .collect();
+        (readiness == expected).then_some(())
+    });
     let other = survivors
         .iter()
         .copied()
@@ -850,6 +1098,16 @@ impl Page {
             if kind == "keyDown" {
                 event["text"] = json!("\r");
             }
+            self.call("Input.dispatchKeyEvent", event);
+        }
+    }
+
+    /// Presses and releases a key that types nothing (`Tab`).
+    fn press_key(&mut self, key: &str, code: u32) {
+        for kind in ["rawKeyDown", "keyUp"] {
+            let event = json!({
+                "type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code,
+            });
             self.call("Input.dispatchKeyEvent", event);
         }
     }

@@ -61,12 +61,14 @@ impl NodeEvents {
     }
 
     /// Queues a leader change if `leader` differs from the one last
-    /// reported.
-    pub(crate) fn note_leader(&mut self, leader: Option<NodeId>, term: u64) {
-        if leader != self.leader {
-            self.leader = leader;
-            self.push(NodeEvent::LeaderChanged { leader, term });
+    /// reported; true if it did.
+    pub(crate) fn note_leader(&mut self, leader: Option<NodeId>, term: u64) -> bool {
+        if leader == self.leader {
+            return false;
         }
+        self.leader = leader;
+        self.push(NodeEvent::LeaderChanged { leader, term });
+        true
     }
 
     /// Queues a voter change if `is_voter` differs from the one last

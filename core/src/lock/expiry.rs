@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
 use super::extend::Extensions;
-use super::{LeaseDeadline, LockTable, SetGrants, lease_duration};
+use super::{LeaseDeadline, LockTable, SetGrants, lease_duration, note_expiry_handover};
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
 
@@ -91,12 +91,28 @@ impl LockTable {
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
                     if let Some(expired) = expired {
-                        count_expiry(
+                        let token = expired.token;
+                        let counted = count_expiry(
                             &mut self.metrics,
                             (&mut self.sets, &mut self.extensions),
                             expired,
                             handed_over,
                         );
+                        // The front waiter now holds the key: its token
+                        // is the hand-over's.
+                        let handed_to = (counted && handed_over)
+                            .then(|| self.keys.find(lease.hash, &lease.key))
+                            .flatten()
+                            .map(|entry| entry.token)
+                            .filter(|&token| token != 0);
+                        if let Some(handed_to) = handed_to {
+                            note_expiry_handover(
+                                &mut self.expiry_handovers,
+                                &lease.key,
+                                token,
+                                handed_to,
+                            );
+                        }
                     }
                 }
             }
@@ -186,14 +202,15 @@ impl LockTable {
 }
 
 /// Counts the end of the lease on `entry` (noticed now; `handed_over`: its
-/// key went straight to a waiter).
+/// key went straight to a waiter). True if this counted the grant's
+/// expiry (the first of its keys noticed).
 pub(super) fn note_expiry(
     metrics: &mut LockMetrics,
     grants: (&mut SetGrants, &mut Extensions),
     entry: &KeyEntry,
     handed_over: bool,
-) {
-    count_expiry(metrics, grants, ExpiredGrant::of(entry), handed_over);
+) -> bool {
+    count_expiry(metrics, grants, ExpiredGrant::of(entry), handed_over)
 }
 
 /// What the expiry count needs of a grant whose lease ended, read from
@@ -220,13 +237,13 @@ impl ExpiredGrant {
 
 /// Counts the expiry of a grant as noticed on one of its keys: once per
 /// grant, on the first key noticed (which also drops its extension
-/// record: the other keys' entries need it no more).
+/// record: the other keys' entries need it no more). True if it counted.
 fn count_expiry(
     metrics: &mut LockMetrics,
     (sets, extensions): (&mut SetGrants, &mut Extensions),
     grant: ExpiredGrant,
     handed_over: bool,
-) {
+) -> bool {
     let ExpiredGrant {
         token, group_len, ..
     } = grant;
@@ -236,7 +253,7 @@ fn count_expiry(
             if *left == 0 {
                 sets.expiring.remove(&token);
             }
-            return;
+            return false;
         }
         sets.expiring.insert(token, group_len - 1);
         sets.ended(token);
@@ -266,4 +283,5 @@ fn count_expiry(
         // A lease runs from its grant to its deadline: exactly `lease_s`.
         None => metrics.hold.observe(lease_duration(grant.lease_s)),
     }
+    true
 }

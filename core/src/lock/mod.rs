@@ -267,6 +267,43 @@ struct LeaseDeadline {
     hash: KeyHash,
 }
 
+/// Most [`ExpiryHandover`]s kept for an owner that does not take them;
+/// past it the oldest goes (the count in [`LockMetrics`] stays exact).
+pub const EXPIRY_HANDOVERS_MAX: usize = 64;
+
+/// A lease that ran out while a waiter was queued for its key, who got
+/// the key next (one per grant: the key its expiry was counted on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpiryHandover {
+    /// The key.
+    pub key: crate::wire::Key,
+    /// The token whose lease ran out.
+    pub expired: u64,
+    /// The token the waiter was granted.
+    pub handed_to: u64,
+}
+
+/// Queues `handover`, dropping the oldest past [`EXPIRY_HANDOVERS_MAX`].
+fn note_expiry_handover(
+    handovers: &mut VecDeque<ExpiryHandover>,
+    key: &[u8],
+    expired: u64,
+    handed_to: u64,
+) {
+    // Every key in the table was a valid key when it came in.
+    let Ok(key) = crate::wire::Key::new(key) else {
+        return;
+    };
+    if handovers.len() >= EXPIRY_HANDOVERS_MAX {
+        handovers.pop_front();
+    }
+    handovers.push_back(ExpiryHandover {
+        key,
+        expired,
+        handed_to,
+    });
+}
+
 /// The lock table.
 ///
 /// Processing order: every method taking `now` first handles everything due
@@ -320,6 +357,9 @@ pub struct LockTable {
     stalled: BTreeSet<Box<[u8]>>,
     /// What the table counted.
     metrics: LockMetrics,
+    /// Leases that ran out with a waiter queued, for the owner's events;
+    /// at most [`EXPIRY_HANDOVERS_MAX`].
+    expiry_handovers: VecDeque<ExpiryHandover>,
     /// Keys with a holder (`token != 0`), including leases that ended but
     /// were not noticed yet: an O(1) gauge for metrics.
     holder_keys: usize,
@@ -393,6 +433,7 @@ impl LockTable {
             token_limit: u64::MAX,
             stalled: BTreeSet::new(),
             metrics: LockMetrics::default(),
+            expiry_handovers: VecDeque::new(),
             holder_keys: 0,
             sets: SetGrants::default(),
             extensions: Extensions::default(),
@@ -619,6 +660,12 @@ impl LockTable {
     /// caller need not look the grant up.
     pub fn poll_event_lease(&mut self) -> Option<(LockEvent, Option<Instant>)> {
         self.events.pop_front()
+    }
+
+    /// The oldest lease that ran out with a waiter queued on its key
+    /// (who got it) not yet taken: what the owner records as an event.
+    pub fn poll_expiry_handover(&mut self) -> Option<ExpiryHandover> {
+        self.expiry_handovers.pop_front()
     }
 
     /// What the table counted so far (see [`LockMetrics`]).

@@ -9,7 +9,10 @@ use super::entry::KeyEntry;
 use super::expiry::note_expiry;
 use super::extend::capped_deadline;
 use super::keyed::KeyHash;
-use super::{LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration};
+use super::{
+    LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration,
+    note_expiry_handover,
+};
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -209,12 +212,15 @@ impl LockTable {
             if entry.token != 0 {
                 // A lease that ended at this very instant, not yet handled
                 // on this key: it ends here, handed to this waiter.
-                note_expiry(
+                let counted = note_expiry(
                     &mut self.metrics,
                     (&mut self.sets, &mut self.extensions),
                     entry,
                     true,
                 );
+                if counted {
+                    note_expiry_handover(&mut self.expiry_handovers, key, entry.token, token);
+                }
             } else {
                 self.holder_keys += 1;
             }

@@ -19,7 +19,8 @@
 //!   about it. Beside the queue, [`Machine::poll_timeout`] gives the next
 //!   deadline.
 //! - **Queries** read the core without changing it: flow control
-//!   ([`Machine::wants_input`]), shutdown progress, lock inspection.
+//!   ([`Machine::wants_input`]), shutdown progress, lock inspection, the
+//!   recent events and (cluster) the members.
 //!
 //! An in-process driver (the embedded server) may hand requests over as
 //! values and take replies as values ([`Machine::handle_requests`],
@@ -44,8 +45,9 @@ pub use output::Output;
 
 use crate::auth::NONCE_LEN;
 use crate::conn::{ConnId, ConnState};
+use crate::events::EventView;
 use crate::inspect::{
-    AdminRequestId, ForceRelease, ListingCursor, LockListing, LockView, NotLeader,
+    AdminRequestId, ForceRelease, ListingCursor, LockListing, LockView, MemberView, NotLeader,
 };
 use crate::time::Instant;
 use crate::wire::{Key, Reply, Request};
@@ -235,5 +237,16 @@ pub trait Machine: Send + 'static {
     /// leader); `None`: this core serves inspection and force-release.
     fn not_leader(&self) -> Option<NotLeader> {
         None
+    }
+
+    /// The recent events this core recorded (see [`crate::events`]), the
+    /// most recent first, aged at `now`: at most
+    /// [`crate::events::EVENTS_MAX`]. Every node answers with its own.
+    fn recent_events(&self, now: Instant) -> Vec<EventView>;
+
+    /// Every member of the cluster as this node sees it (see
+    /// [`crate::inspect::MemberView`]); empty in single mode.
+    fn members(&self, _now: Instant) -> Vec<MemberView> {
+        Vec::new()
     }
 }

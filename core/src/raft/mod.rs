@@ -595,6 +595,15 @@ impl Raft {
         }
     }
 
+    /// Leader: when `peer` last answered it (`None` on another node, or
+    /// for a peer it has no progress of).
+    pub fn last_heard(&self, peer: NodeId) -> Option<Instant> {
+        match &self.role {
+            RoleState::Leader(leader) => leader.progress.get(&peer).map(|p| p.last_heard),
+            _ => None,
+        }
+    }
+
     // ----------------------------------------------------------------------
     // Outputs
     // ----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! The lock API of the admin listener:
 //! `GET /v1/locks?prefix=P&limit=N&cursor=C`, `GET /v1/locks/{key}`,
-//! `POST /v1/locks/{key}/release[?token=T]`, and `GET /v1/node` (this
-//! node's slot and the leader it knows).
+//! `POST /v1/locks/{key}/release[?token=T]`, `GET /v1/node` (this
+//! node's slot, the leader it knows and, in a cluster, every member as it
+//! sees them), and `GET /v1/events` (the core's recent events).
 //!
 //! Thin by design: each handler checks the request's `Host` and query
 //! parameters, asks the core's access rule
@@ -36,9 +37,11 @@ use ticketing_core::admin::{
     AdminAccess, AdminEndpoint, AdminRefusal, AdminRefusals, AdminTokens, admin_access,
     host_allowed,
 };
+use ticketing_core::budget::AbuseKind;
+use ticketing_core::events::{EVENTS_MAX, Event, EventView};
 use ticketing_core::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, ListingCursor,
-    LockListing, LockView, NotLeader,
+    LockListing, LockView, MemberView, NotLeader,
 };
 use ticketing_core::server::Dialect;
 use ticketing_core::wire::Key;
@@ -74,6 +77,10 @@ pub trait AdminNode: Send + Sync + 'static {
     fn not_leader(&self) -> Option<NotLeader> {
         None
     }
+    /// The core's recent events, the most recent first.
+    fn events(&self) -> Vec<EventView>;
+    /// Every cluster member as the core sees it (empty in single mode).
+    fn members(&self) -> Vec<MemberView>;
 }
 
 /// Force-releases waiting for the core's answer, by the id the core was
@@ -447,15 +454,143 @@ pub(crate) async fn node(
                 None if m.is_leader => (Some(m.slot), None),
                 None => (None, None),
             };
+            let members: Vec<Value> = app.node.members().iter().map(member_json).collect();
             json!({
                 "mode": "cluster",
                 "slot": m.slot,
                 "leader_slot": leader_slot,
                 "leader_admin": leader_admin.as_deref(),
+                "members": members,
             })
         }
     };
     ok_json(StatusCode::OK, &body)
+}
+
+/// A cluster member as JSON: its role is the leader it is known as, else
+/// a voter (follower) or a learner.
+fn member_json(member: &MemberView) -> Value {
+    let role = if member.leader {
+        "leader"
+    } else if member.voter {
+        "follower"
+    } else {
+        "learner"
+    };
+    json!({
+        "slot": member.slot,
+        "generation": member.generation,
+        "role": role,
+        "voter": member.voter,
+        "this_node": member.this_node,
+        "lag_entries": member.lag_entries,
+        "heard_ms": member.heard_ms,
+        "ready": member.ready,
+        "admin": member.admin.as_deref(),
+    })
+}
+
+/// `GET /v1/events`: this node's recent events, the most recent first
+/// (every node answers with its own; a follower does not redirect).
+/// Read access, like the lock API: without the admin token (loopback
+/// only) every token in them is `null`.
+pub(crate) async fn events(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    Extension(addrs): Extension<ConnAddrs>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if let Err(refused) = check_params(&app, &uri, &[], addrs.peer) {
+        return refused;
+    }
+    let served = match access(&app, &headers, AdminEndpoint::Read, addrs.peer) {
+        Ok(served) => served,
+        Err(refused) => return refused,
+    };
+    let events = match query_core(&app, served, addrs.peer, || app.node.events()).await {
+        Ok(events) => events,
+        Err(busy) => return busy,
+    };
+    let now = SystemTime::now();
+    let events: Vec<Value> = events
+        .iter()
+        .map(|view| event_json(view, now, served))
+        .collect();
+    ok_json(
+        StatusCode::OK,
+        &json!({
+            "events": events,
+            "events_max": EVENTS_MAX,
+            "redacted": served == Served::Redacted,
+        }),
+    )
+}
+
+/// The name of a refusal reason in `/v1/events`.
+fn refusal_reason(reason: AbuseKind) -> &'static str {
+    match reason {
+        AbuseKind::FailedProof => "client_proof",
+        AbuseKind::FailedPeerHandshake => "peer_handshake",
+        AbuseKind::HandshakeEvicted => "handshake_evicted",
+        AbuseKind::HandshakeTimedOut => "handshake_timed_out",
+        AbuseKind::Refused => "no_session_slot",
+        AbuseKind::ReleaseSweep => "release_misses",
+        AbuseKind::TokenFromTheFuture => "unissued_token",
+    }
+}
+
+/// One event as JSON; its tokens only when `served` in full.
+fn event_json(view: &EventView, now: SystemTime, served: Served) -> Value {
+    let shown = |token: u64| (served == Served::Full).then_some(token);
+    let at = now
+        .checked_sub(Duration::from_millis(view.age_ms))
+        .unwrap_or(UNIX_EPOCH);
+    let mut body = match &view.event {
+        Event::LeaderChanged { leader_slot, term } => json!({
+            "kind": "leader_changed",
+            "leader_slot": leader_slot,
+            "term": term,
+        }),
+        Event::ForceReleased {
+            keys,
+            revoked,
+            handed_to,
+        } => {
+            let (keys, keys_encoding) = keys_json(keys);
+            json!({
+                "kind": "force_released",
+                "keys": keys,
+                "keys_encoding": keys_encoding,
+                "revoked": shown(*revoked),
+                "handed_to": handed_to.and_then(shown),
+            })
+        }
+        Event::ExpiredWithWaiters {
+            keys,
+            expired,
+            handed_to,
+        } => {
+            let (keys, keys_encoding) = keys_json(keys);
+            json!({
+                "kind": "expired_with_waiters",
+                "keys": keys,
+                "keys_encoding": keys_encoding,
+                "expired": shown(*expired),
+                "handed_to": handed_to.and_then(shown),
+            })
+        }
+        Event::Refused { reason, count } => json!({
+            "kind": "refused",
+            "reason": refusal_reason(*reason),
+            "description": reason.describe(),
+            "count": count,
+        }),
+    };
+    body["seq"] = json!(view.seq);
+    body["at"] = json!(rfc3339(at));
+    body["age_ms"] = json!(view.age_ms);
+    body["span_ms"] = json!(view.span_ms);
+    body
 }
 
 pub(crate) async fn list(

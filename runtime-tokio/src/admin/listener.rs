@@ -160,7 +160,7 @@ async fn accept_loop(
     let local = listener
         .local_addr()
         .map_or_else(|_| "unknown".to_owned(), |addr| addr.to_string());
-    info!(admin = %local, "admin listener serving the status page (/), /metrics, /livez, /readyz, /v1/locks, /v1/node");
+    info!(admin = %local, "admin listener serving the status page (/), /metrics, /livez, /readyz, /v1/locks, /v1/node, /v1/events");
     let slots = Arc::new(Semaphore::new(limits.connections_max.max(1)));
     let per_source = Arc::new(PerSource::default());
     let mut pause = ACCEPT_ERROR_PAUSE_FIRST;

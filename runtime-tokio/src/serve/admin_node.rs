@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use ticketing_core::events::EventView;
 use ticketing_core::inspect::{
-    ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView, NotLeader,
+    ForceRelease, ForceReleaseOutcome, ListingCursor, LockListing, LockView, MemberView, NotLeader,
 };
 use ticketing_core::machine::Machine;
 use ticketing_core::wire::Key;
@@ -47,5 +48,13 @@ impl<M: Machine> AdminNode for DrivenNode<M> {
     }
     fn not_leader(&self) -> Option<NotLeader> {
         self.shared.lock().core.not_leader()
+    }
+    fn events(&self) -> Vec<EventView> {
+        let inner = self.shared.lock();
+        inner.core.recent_events(self.shared.clock.now())
+    }
+    fn members(&self) -> Vec<MemberView> {
+        let inner = self.shared.lock();
+        inner.core.members(self.shared.clock.now())
     }
 }

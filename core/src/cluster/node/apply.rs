@@ -12,7 +12,7 @@ use crate::conn::ConnId;
 use crate::conn::client::{Answer, ReplyTo};
 use crate::conn::pushes::Watch;
 use crate::inspect::{AdminRequestId, ForceReleaseOutcome};
-use crate::raft::{Committed, Entry, EntryKind, Event};
+use crate::raft::{Committed, Entry, EntryKind, Event, NodeId};
 use crate::reserve::TokenAlert;
 use crate::time::{Duration, Instant};
 use crate::wire::{Capabilities, Key, KeyGroup, PushKind, Reply, SET_KEYS_MAX};
@@ -187,7 +187,7 @@ impl ClusterNode {
         }
         // Raft's own event queue is bounded too: the state reached is
         // reported even if an event in between was dropped.
-        self.note_role();
+        self.note_role(now);
         self.events.note_raft_refused(self.raft.refused_messages());
         if self.route_deferred_at.is_some() {
             // Woken only for something to route: a woken link's task
@@ -202,10 +202,18 @@ impl ClusterNode {
 
     /// Queues a node event for each of leader and voter status that
     /// differs from what was last reported.
-    pub(super) fn note_role(&mut self) {
-        self.events
-            .note_leader(self.raft.leader(), self.raft.term());
+    pub(super) fn note_role(&mut self, now: Instant) {
+        self.note_leader(now, self.raft.leader(), self.raft.term());
         self.events.note_voter(self.raft.is_voter());
+    }
+
+    /// Queues a node event if `leader` is not the leader last reported,
+    /// and records the change among the recent events.
+    fn note_leader(&mut self, now: Instant, leader: Option<NodeId>, term: u64) {
+        if self.events.note_leader(leader, term) {
+            self.reports
+                .leader_changed(now, leader.map(|leader| leader.slot), term);
+        }
     }
 
     /// Applies one committed snapshot or entry, then tells Raft the
@@ -254,12 +262,19 @@ impl ClusterNode {
             Some(command) => self.state.apply(command, now),
             None => ApplyResult::Noop,
         };
-        self.leader_note_applied(command.as_ref(), result, forced_keys.as_ref());
+        let expired_with_waiters =
+            self.leader_note_applied(command.as_ref(), result, forced_keys.as_ref());
         if let (ApplyResult::ForceReleased { revoked }, Some(keys)) = (result, &forced_keys) {
             // Every node that applies it says so: the revoked
             // holder's later writes are fenced.
             self.reports
-                .force_released(keys.keys().to_vec(), revoked, None);
+                .force_released(now, keys.keys().to_vec(), revoked, None);
+        }
+        if let (true, Some(Command::Expire { keys, token, .. })) =
+            (expired_with_waiters, command.as_ref())
+        {
+            self.reports
+                .expired_with_waiters(now, keys.keys().to_vec(), *token, None);
         }
         let pending = self.take_applied_pending(now, &entry, forced_keys.as_ref());
         self.after_apply(now, entry.index, pending, result);
@@ -275,15 +290,17 @@ impl ClusterNode {
     /// goes to the queue heads (counted as a hand-over when somebody
     /// waited), and the grant it ended leaves the per-connection held
     /// keys. `forced_keys`: the keys of the grant a force-release revoked.
+    /// True for an expiry whose keys somebody waited for.
     fn leader_note_applied(
         &mut self,
         command: Option<&Command>,
         result: ApplyResult,
         forced_keys: Option<&KeyGroup>,
-    ) {
+    ) -> bool {
         let Some(leadership) = self.leadership.as_mut() else {
-            return;
+            return false;
         };
+        let mut expired_with_waiters = false;
         // A Release's keys are no longer releasing, whatever it did; what
         // each still has queued or reserved is read in the same look-up.
         let mut flags = [(false, false); SET_KEYS_MAX];
@@ -325,6 +342,7 @@ impl ClusterNode {
             match (command, waited_for) {
                 (Some(Command::Expire { .. }), true) => {
                     self.counts.expiries_handed_over += 1;
+                    expired_with_waiters = true;
                 }
                 (Some(Command::Expire { .. }), false) => {
                     self.counts.expiries_not_handed_over += 1;
@@ -376,6 +394,7 @@ impl ClusterNode {
             }
             _ => {}
         }
+        expired_with_waiters
     }
 
     /// The proposal `entry` answers, if this node proposed exactly it
@@ -700,7 +719,7 @@ impl ClusterNode {
     fn handle_event(&mut self, now: Instant, event: Event) {
         match event {
             Event::BecameLeader { term } => {
-                self.events.note_leader(Some(self.config.id), term);
+                self.note_leader(now, Some(self.config.id), term);
                 self.state.rebuild_deadlines();
                 self.leadership = Some(Leadership {
                     // The no-op of this term is the last entry now.
@@ -711,7 +730,7 @@ impl ClusterNode {
             }
             Event::SteppedDown { .. } => self.step_down(),
             Event::LeaderChanged { leader, term } => {
-                self.events.note_leader(leader, term);
+                self.note_leader(now, leader, term);
                 self.announce_leader();
             }
             Event::ConfigChanged { .. } => self.events.note_voter(self.raft.is_voter()),

@@ -126,7 +126,7 @@ impl ClusterNode {
         *self = fresh;
         self.events
             .push(NodeEvent::GenerationChanged { generation });
-        self.note_role();
+        self.note_role(now);
         let peers: Vec<ConnId> = self
             .conns
             .by_id

@@ -9,11 +9,11 @@ use crate::cluster::command::Command;
 use crate::conn::ConnId;
 use crate::inspect::{
     AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LISTED_WAITERS_MAX,
-    LISTING_LIMIT_MAX, LISTING_SLOTS_PER_CALL_MAX, ListingCursor, LockListing, LockView, NotLeader,
-    WAITERS_PER_LISTED_LOCK_MAX, WaiterView,
+    LISTING_LIMIT_MAX, LISTING_SLOTS_PER_CALL_MAX, ListingCursor, LockListing, LockView,
+    MemberView, NotLeader, WAITERS_PER_LISTED_LOCK_MAX, WaiterView,
 };
 use crate::machine::Machine;
-use crate::raft::ProposeError;
+use crate::raft::{NodeId, ProposeError};
 use crate::time::{Duration, Instant};
 use crate::wire::Key;
 
@@ -27,6 +27,61 @@ use super::connections::ConnKind;
 pub const ADMIN_REPLIES_MAX: usize = 1_024;
 
 impl ClusterNode {
+    /// Every member of the configuration (and this node, if it is not one
+    /// yet), by slot, as this node sees it at `now`: the leader knows each
+    /// one's lag and when it last heard from it; another node knows the
+    /// configuration and the leader.
+    pub(super) fn member_views(&self, now: Instant) -> Vec<MemberView> {
+        let config = self.raft.config();
+        let id = self.config.id;
+        let leader = self.raft.leader();
+        let leading = self.raft.is_leader();
+        let last_index = self.raft.last_index();
+        let contact_window = self.config.raft.election_timeout_min;
+        let mut ids: Vec<NodeId> = config.members().collect();
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+        ids.sort_unstable();
+        ids.into_iter()
+            .map(|member| {
+                let this_node = member == id;
+                let voter = config.is_voter(member);
+                let heard = (leading && !this_node)
+                    .then(|| self.raft.last_heard(member))
+                    .flatten()
+                    .map(|at| now.saturating_duration_since(at));
+                let ready = if this_node {
+                    Some(
+                        !self.shutting_down
+                            && !self.checking_genesis()
+                            && self.raft.is_voter()
+                            && leader.is_some(),
+                    )
+                } else if leading {
+                    Some(voter && heard.is_some_and(|heard| heard < contact_window))
+                } else {
+                    None
+                };
+                MemberView {
+                    slot: member.slot,
+                    generation: member.generation,
+                    voter,
+                    leader: leader == Some(member),
+                    this_node,
+                    lag_entries: leading
+                        .then(|| self.raft.match_index(member))
+                        .flatten()
+                        .map(|matched| last_index.saturating_sub(matched)),
+                    heard_ms: heard
+                        .map(|heard| u64::try_from(heard.as_millis()).unwrap_or(u64::MAX)),
+                    ready,
+                    admin: self.admin_address(member.slot).map(Box::from),
+                }
+            })
+            .collect()
+    }
+
     /// The admin address configured for `slot`
     /// ([`ClusterConfig::admin_addresses`](super::ClusterConfig::admin_addresses)).
     pub fn admin_address(&self, slot: u8) -> Option<&str> {

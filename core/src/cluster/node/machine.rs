@@ -12,8 +12,9 @@ use std::net::IpAddr;
 
 use crate::auth::NONCE_LEN;
 use crate::cluster::{ClusterNode, ConnId, ConnState};
+use crate::events::EventView;
 use crate::inspect::{
-    AdminRequestId, ForceRelease, ListingCursor, LockListing, LockView, NotLeader,
+    AdminRequestId, ForceRelease, ListingCursor, LockListing, LockView, MemberView, NotLeader,
 };
 use crate::machine::{Machine, Output};
 
@@ -222,6 +223,17 @@ impl Machine for ClusterNode {
 
     fn not_leader(&self) -> Option<NotLeader> {
         self.leader_elsewhere()
+    }
+
+    /// This node's recent events: the leader changes it saw, the
+    /// force-releases it applied, and (as leader) the expiries it applied
+    /// with a waiter queued; refusals counted per reason per interval.
+    fn recent_events(&self, now: Instant) -> Vec<EventView> {
+        self.reports.recent_events(now)
+    }
+
+    fn members(&self, now: Instant) -> Vec<MemberView> {
+        self.member_views(now)
     }
 }
 

@@ -8,8 +8,10 @@
 // Polling: one round at a time (the next is scheduled after the last
 // answer), every POLL_MS, and none while the tab is hidden. A round is
 // /metrics, /readyz (and /v1/node in a cluster), then one key or up to
-// PAGES_MAX listing pages, one request after another: what one
-// `ticketing status` and `ticketing locks ls` would ask.
+// PAGES_MAX listing pages, then /v1/events, one request after another:
+// what one `ticketing status` and `ticketing locks ls` would ask, and one
+// bounded read of the event ring. The chart is drawn from the /metrics
+// read the round makes anyway.
 const POLL_MS = 2000;
 // Bounds on one round's listing: pages of PAGE_LIMIT locks, at most
 // PAGES_MAX pages (each one bounded scan on the server).
@@ -170,9 +172,11 @@ async function pollOverview() {
       fact(list, "Leader", n.leader_slot === null ? "none known"
         : "slot " + n.leader_slot + (n.leader_slot === n.slot ? " (this node)" : ""));
       if (n.leader_admin && n.leader_slot !== n.slot) {
-        // A link, not a request: each node's page reads only its own node.
-        fact(list, "Leader's page", el("a", n.leader_admin, { href: "http://" + n.leader_admin + "/" }));
+        fact(list, "Leader's page", pageLink(n.leader_admin));
       }
+      showMembers(n.members || [], m.get("ticketing_is_leader") === 1);
+    } else {
+      showMembers([], false);
     }
     // Only a leader knows how far behind each peer is.
     const lags = [];
@@ -184,10 +188,201 @@ async function pollOverview() {
   }
   fact(list, "Held keys", m.get("ticketing_held_keys"));
   fact(list, "Waiters", cluster && m.get("ticketing_is_leader") !== 1 ? "— (leader only)" : m.get("ticketing_waiters"));
-  const connections = cluster ? m.get("ticketing_client_sessions")
-    : sumOf(m, "ticketing_connections", 'state="session"');
-  fact(list, "Client connections", connections);
+  // Sessions by dialect: single mode's connections gauge, a cluster
+  // node's sessions gauge.
+  const family = cluster ? "ticketing_client_sessions_by_dialect" : "ticketing_connections";
+  const sessions = cluster ? m.get("ticketing_client_sessions") : sumOf(m, family, 'state="session"');
+  const v3 = sumOf(m, family, 'dialect="v3"');
+  const line = sumOf(m, family, 'dialect="line"');
+  fact(list, "Client connections", sessions +
+    (v3 === null || line === null ? "" : " (v3 " + v3 + ", line " + line + ")"));
+  if (!cluster) showMembers([], false);
+  sample(m, cluster);
   return { cluster: cluster, leader: cluster && m.get("ticketing_is_leader") === 1 };
+}
+
+// A link to another node's page: a link, not a request (each node's page
+// reads only its own listener, and the token never leaves this origin).
+function pageLink(admin) {
+  return el("a", admin, { href: "http://" + admin + "/" });
+}
+
+// ---- every node of the cluster (/v1/node's members) ------------------------
+
+function showMembers(members, leading) {
+  const area = $("members-area");
+  area.hidden = members.length === 0;
+  $("members-caption").textContent = leading
+    ? "Every node of the cluster, as this node (the leader) sees them"
+    : "Every node of the cluster, as this node sees them (lag and contact: on the leader's page)";
+  $("members").tBodies[0].replaceChildren(...members.map((member) => {
+    const row = el("tr", null, { "data-slot": String(member.slot), "data-role": member.role });
+    row.append(el("th", "slot " + member.slot + (member.this_node ? " (this node)" : ""), { scope: "row" }));
+    row.append(el("td", member.role));
+    row.append(el("td", member.voter ? "voter" : "learner (does not vote)"));
+    row.append(el("td", member.lag_entries === null ? "—"
+      : member.lag_entries + (member.lag_entries === 1 ? " entry" : " entries"), { class: "num" }));
+    row.append(el("td", member.heard_ms === null ? "—" : duration(member.heard_ms) + " ago"));
+    const ready = el("td", member.ready === null ? "unknown here" : member.ready ? "ready" : "not ready");
+    if (member.ready !== null) ready.className = member.ready ? "good" : "bad";
+    row.append(ready);
+    const page = el("td");
+    if (member.admin && !member.this_node) page.append(pageLink(member.admin)); else page.textContent = member.this_node ? "this page" : "—";
+    row.append(page);
+    return row;
+  }));
+}
+
+// ---- the activity chart (counters of /metrics, sampled each round) ---------
+
+// Samples of the counters, one per poll round, for the last CHART_WINDOW_MS:
+// the chart costs the server nothing beyond the /metrics read each round
+// already makes.
+const CHART_WINDOW_MS = 5 * 60 * 1000;
+const CHART_SPAN_MIN_MS = 60 * 1000;
+const SERIES = [
+  { name: "grants", label: "grants/s" },
+  { name: "releases", label: "releases/s" },
+  { name: "expiries", label: "lease expiries/s" },
+];
+let samples = [];
+
+function sample(m, cluster) {
+  const point = {
+    t: performance.now(),
+    grants: sumOf(m, "ticketing_grants_total"),
+    releases: m.get("ticketing_releases_total"),
+    // A cluster node counts every applied expiry; single mode, by hand-over.
+    expiries: cluster ? m.get("ticketing_lease_expiries_applied_total") : sumOf(m, "ticketing_lease_expiries_total"),
+  };
+  const last = samples[samples.length - 1];
+  // A counter that went back is a restarted server: start over.
+  if (last && SERIES.some((s) => point[s.name] < last[s.name])) samples = [];
+  samples.push(point);
+  while (samples.length > 0 && samples[0].t < point.t - CHART_WINDOW_MS) samples.shift();
+  drawChart();
+}
+
+// Rates between consecutive samples: [{t, grants, releases, expiries}].
+function rates() {
+  const out = [];
+  for (let i = 1; i < samples.length; i++) {
+    const a = samples[i - 1], b = samples[i];
+    const seconds = (b.t - a.t) / 1000;
+    if (seconds <= 0) continue;
+    const rate = { t: b.t };
+    for (const s of SERIES) rate[s.name] = Math.max(0, (b[s.name] - a[s.name]) / seconds);
+    out.push(rate);
+  }
+  return out;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const name in attrs) node.setAttribute(name, attrs[name]);
+  return node;
+}
+
+function rateText(value) {
+  return value >= 10 ? value.toFixed(0) : value.toFixed(value >= 1 ? 1 : 2);
+}
+
+function drawChart() {
+  const chart = $("chart");
+  const points = rates();
+  const [width, height, left, bottom, top] = [600, 150, 2, 22, 4];
+  const now = samples.length > 0 ? samples[samples.length - 1].t : performance.now();
+  // The time axis spans the samples there are (at least a minute, at most
+  // the window), so a page just opened does not squeeze them to the edge.
+  const span = Math.min(CHART_WINDOW_MS, Math.max(CHART_SPAN_MIN_MS, samples.length > 0 ? now - samples[0].t : 0));
+  let peak = 0;
+  for (const p of points) for (const s of SERIES) peak = Math.max(peak, p[s.name]);
+  const scale = peak > 0 ? peak : 1;
+  const x = (t) => left + (width - left) * (1 - (now - t) / span);
+  const y = (v) => height - bottom - (height - bottom - top) * (v / scale);
+  const parts = [
+    svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, class: "axis" }),
+    svg("line", { x1: left, y1: top, x2: left, y2: height - bottom, class: "axis" }),
+  ];
+  // The scale's labels sit inside the plot, so no width clips them.
+  const yLabel = svg("text", { x: left + 4, y: top + 12 });
+  yLabel.textContent = rateText(scale) + "/s";
+  const zero = svg("text", { x: left + 4, y: height - bottom - 4 });
+  zero.textContent = "0/s";
+  const since = svg("text", { x: left, y: height - 4 });
+  since.textContent = duration(span) + " ago";
+  const nowLabel = svg("text", { x: width, y: height - 4, "text-anchor": "end" });
+  nowLabel.textContent = "now";
+  parts.push(yLabel, zero, since, nowLabel);
+  for (const s of SERIES) {
+    const line = svg("polyline", {
+      class: "series-" + s.name,
+      "data-series": s.name,
+      "data-max": String(points.reduce((max, p) => Math.max(max, p[s.name]), 0)),
+      points: points.map((p) => x(p.t).toFixed(1) + "," + y(p[s.name]).toFixed(1)).join(" "),
+    });
+    parts.push(line);
+  }
+  chart.replaceChildren(...parts);
+  chart.setAttribute("data-points", String(points.length));
+  const latest = points[points.length - 1];
+  $("chart-summary").textContent = latest
+    ? "Latest: " + SERIES.map((s) => s.label + " " + rateText(latest[s.name])).join(", ") +
+      "; peak over the last " + duration(now - samples[0].t) + ": " + rateText(peak) + "/s."
+    : "Drawn from this node's counters at each refresh while the page is open (up to the last 5 minutes); the first rates show after two refreshes.";
+}
+
+// ---- recent events (/v1/events) ---------------------------------------------
+
+
+function keysText(event) {
+  return event.keys.map((k) => keyText(k, event.keys_encoding)).join(", ");
+}
+
+function eventText(event) {
+  switch (event.kind) {
+    case "leader_changed":
+      return ["Leader change", event.leader_slot === null ? "no leader known (term " + event.term + ")"
+        : "slot " + event.leader_slot + " leads (term " + event.term + ")"];
+    // Tokens are null without the admin token: the sentence then says so.
+    case "force_released":
+      return ["Force-release", keysText(event) + ": " +
+        (event.revoked === null ? "the grant was revoked (tokens hidden)" : "token " + event.revoked + " revoked") +
+        (event.handed_to === null ? "" : "; handed to the front waiter under token " + event.handed_to)];
+    case "expired_with_waiters":
+      return ["Lease ran out with a waiter", keysText(event) + ": the lease" +
+        (event.expired === null ? "" : " of token " + event.expired) + " ran out; the front waiter got the key" +
+        (event.handed_to === null ? "" : " under token " + event.handed_to)];
+    case "refused":
+      return ["Refused connections", event.count + " × " + event.description +
+        (event.span_ms > 0 ? " over " + duration(event.span_ms) : "")];
+    default:
+      return [event.kind, ""];
+  }
+}
+
+async function pollEvents() {
+  const answer = await get("/v1/events", true);
+  const body = $("events").tBodies[0];
+  if (answer.status !== 200 || !answer.body) {
+    if (answer.status === 403) forgetToken(true);
+    $("events-summary").textContent = answer.status === 401
+      ? "This listener shows events only with the admin token." : refusal(answer);
+    body.replaceChildren();
+    return;
+  }
+  const events = answer.body.events;
+  body.replaceChildren(...events.map((event) => {
+    const row = el("tr", null, { "data-kind": event.kind, "data-seq": String(event.seq) });
+    const when = el("td");
+    when.append(el("time", duration(event.age_ms) + " ago", { datetime: event.at, title: event.at }));
+    const [what, details] = eventText(event);
+    row.append(when, el("th", what, { scope: "row" }), el("td", details));
+    return row;
+  }));
+  $("events-summary").textContent = events.length === 0 ? "Nothing yet since this node started."
+    : events.length + (events.length === 1 ? " event" : " events") + " (the latest " + answer.body.events_max + " are kept)" +
+      (answer.body.redacted ? "; tokens hidden without the admin token." : ".");
 }
 
 // ---- answers of the lock API that are not locks -------------------------
@@ -432,6 +627,7 @@ async function poll() {
     await pollOverview();
     const key = route();
     if (key === null) await pollList(); else await pollKey(key);
+    await pollEvents();
     $("updated").textContent = "Updated " + new Date().toLocaleTimeString() + "; refreshes every " + POLL_MS / 1000 + " s.";
   } catch (error) {
     $("updated").textContent = "Cannot reach the admin listener (" + error.message + "); retrying.";
