@@ -168,6 +168,9 @@ pub(super) fn resolve_cluster(
         node,
     );
     settings.bootstrap = args.bootstrap;
+    settings.recovery = args.recover.then_some(crate::cluster::RecoverySettings {
+        explicit_floor: args.token_floor,
+    });
     settings.client_tls = client_tls;
     settings.peer_tls = peer_tls;
     settings.status_listen = status_listen;

@@ -506,6 +506,7 @@ fn cluster_mode(file: &FileConfig, args: &ServeArgs) -> bool {
         || args.profile.is_some()
         || args.status_listen.is_some()
         || args.bootstrap
+        || args.recover
 }
 
 /// The state directory: the flag, else `state_dir` in the file (relative

@@ -10,6 +10,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
+use crate::cluster::recovery;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ClientRequest, HoldAsk, ReplyTo};
 use crate::conn::pushes::Watches;
@@ -611,7 +612,14 @@ impl ClusterNode {
             return false;
         };
         let mut progressed = false;
-        if !leadership.init_proposed && !self.state.is_initialised() {
+        // A recovering leader first hears the floors of enough slots
+        // (their hellos): together they bound every earlier token.
+        let evidence_complete = !self.config.recovering
+            || recovery::init_evidence_complete(
+                self.config.slot_count,
+                self.floor_slots_heard.len(),
+            );
+        if !leadership.init_proposed && !self.state.is_initialised() && evidence_complete {
             // Above every token an authenticated peer knew of, so that a
             // cluster bootstrapped again with one clock behind still starts
             // above what it issued before.
