@@ -1350,3 +1350,39 @@ fn admin_allowed_hosts_come_from_the_flags_or_the_file_and_a_bad_one_is_named() 
         assert_eq!(err.field, "admin_allowed_hosts", "{err}");
     }
 }
+
+#[test]
+fn recover_is_a_command_line_flag_with_an_optional_floor() {
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--recover".to_owned()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.expect("cluster mode");
+    assert_eq!(
+        cluster.recovery,
+        Some(crate::cluster::RecoverySettings {
+            explicit_floor: None
+        })
+    );
+    assert!(!cluster.bootstrap);
+
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--recover", "--token-floor", "1796139901743063"].map(str::to_owned));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.unwrap();
+    assert_eq!(
+        cluster.recovery.unwrap().explicit_floor,
+        Some(1_796_139_901_743_063)
+    );
+
+    // A floor without --recover, or --recover with --bootstrap: clap
+    // refuses, naming the flags.
+    for bad in [
+        &["--token-floor", "5"][..],
+        &["--recover", "--bootstrap"][..],
+    ] {
+        let mut full = vec!["ticketing", "serve"];
+        full.extend_from_slice(bad);
+        let error = Cli::try_parse_from(&full).unwrap_err().to_string();
+        assert!(error.contains("--recover"), "{error}");
+    }
+}
