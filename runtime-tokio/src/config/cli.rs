@@ -477,7 +477,7 @@ pub struct ServeArgs {
     pub recover: bool,
     /// With --recover: a token at or above every token this fencing
     /// domain ever issued, for a slot whose state file is lost.
-    #[arg(long, value_name = "N", requires = "recover")]
+    #[arg(long, value_name = "N")]
     pub token_floor: Option<u64>,
     /// Folder of the token-floor state file, created if missing (default:
     /// $STATE_DIRECTORY, else /var/lib/ticketing as root, else

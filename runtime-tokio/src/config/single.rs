@@ -507,6 +507,7 @@ fn cluster_mode(file: &FileConfig, args: &ServeArgs) -> bool {
         || args.status_listen.is_some()
         || args.bootstrap
         || args.recover
+        || args.token_floor.is_some()
 }
 
 /// The state directory: the flag, else `state_dir` in the file (relative
