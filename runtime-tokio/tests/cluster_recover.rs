@@ -11,7 +11,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, acquire_published, poll, published};
+use common::cluster::{
+    Cluster, acquire_published, assert_no_grant_without_majority, poll, published,
+};
 use ticketing_core::cluster::recovery::RECOVERY_GENERATION;
 
 /// Grants and releases five keys, then holds `held`; the largest token.
@@ -192,4 +194,34 @@ async fn a_recovery_while_a_quorum_is_alive_is_refused() {
     assert!(!cluster.running(slot));
     let second = acquire_published(&broker, "k").await;
     assert!(second.token() > token);
+}
+
+/// Five slots need the floors of four: three recovering nodes elect a
+/// leader, but it starts no counter and grants nothing until a fourth
+/// recovering slot is heard; then its tokens are above every earlier one.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_slots_recover_only_with_the_floors_of_four() {
+    let mut cluster = Cluster::start(5);
+    cluster.leader().await;
+    let broker = published(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let (before, held) = tokens_before_the_loss(&broker).await;
+    for slot in 0..5 {
+        cluster.kill(slot);
+    }
+    for slot in 0..3 {
+        cluster.spawn_logged(slot, &["--recover"]);
+    }
+    recovered(&cluster, &[0, 1, 2]).await;
+    // A leader, but only three floors: nothing is granted.
+    assert_no_grant_without_majority(&broker, "waiting").await;
+
+    cluster.spawn_logged(3, &["--recover"]);
+    let after = acquire_published(&broker, "held").await;
+    assert!(
+        after.token() > before,
+        "token {} not above {before}",
+        after.token()
+    );
+    drop(held);
 }

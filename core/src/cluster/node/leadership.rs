@@ -52,7 +52,7 @@ pub(super) struct Waiter {
 pub(super) struct Leadership {
     /// Index of this term's no-op: nothing is served until it is applied.
     pub(super) first_index: u64,
-    /// Its own no-op is applied: it serves.
+    /// Its own no-op is applied and the token counter is set: it serves.
     pub(super) caught_up: bool,
     /// This leader proposed the domain's `Init`.
     pub(super) init_proposed: bool,
