@@ -209,12 +209,20 @@ async fn five_slots_recover_only_with_the_floors_of_four() {
     for slot in 0..5 {
         cluster.kill(slot);
     }
-    for slot in 0..3 {
-        cluster.spawn_logged(slot, &["--recover"]);
-    }
-    recovered(&cluster, &[0, 1, 2]).await;
-    // A leader, but only three floors: nothing is granted.
+    let logs: Vec<_> = (0..3)
+        .map(|slot| cluster.spawn_logged(slot, &["--recover"]))
+        .collect();
+    let leader = recovered(&cluster, &[0, 1, 2]).await;
+    // A leader, but only three floors: nothing is granted, and it says
+    // what it waits for.
     assert_no_grant_without_majority(&broker, "waiting").await;
+    let log = logs[leader].lock().unwrap().clone();
+    assert!(
+        log.iter().any(|l| l.contains("recovering leader waits")
+            && l.contains("heard=3")
+            && l.contains("needed=4")),
+        "{log:?}"
+    );
 
     cluster.spawn_logged(3, &["--recover"]);
     let after = acquire_published(&broker, "held").await;

@@ -1177,7 +1177,9 @@ impl<'t> ClusterWorld<'t> {
                 NodeEvent::LeaderChanged { leader: l, .. } => leader = Some(l),
                 NodeEvent::VoterChanged { is_voter } => voter = Some(is_voter),
                 NodeEvent::GenerationChanged { generation: g } => generation = Some(g),
-                NodeEvent::PeerFramesRefused { .. } | NodeEvent::RaftMessagesRefused { .. } => {}
+                NodeEvent::PeerFramesRefused { .. }
+                | NodeEvent::RaftMessagesRefused { .. }
+                | NodeEvent::RecoveryEvidence { .. } => {}
             }
         }
         let mut wrong = Vec::new();

@@ -619,6 +619,11 @@ impl ClusterNode {
                 self.config.slot_count,
                 self.floor_slots_heard.len(),
             );
+        if !leadership.init_proposed && !self.state.is_initialised() && !evidence_complete {
+            let heard = u8::try_from(self.floor_slots_heard.len() + 1).unwrap_or(u8::MAX);
+            let needed = recovery::evidence_slots_needed(self.config.slot_count);
+            self.events.note_recovery_evidence(heard, needed);
+        }
         if !leadership.init_proposed && !self.state.is_initialised() && evidence_complete {
             // Above every token an authenticated peer knew of, so that a
             // cluster bootstrapped again with one clock behind still starts
