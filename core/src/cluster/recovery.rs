@@ -215,9 +215,11 @@ pub enum RecoveryRefusal {
         /// This slot.
         slot: u8,
     },
-    /// The explicit floor leaves no room for tokens above it.
+    /// The explicit or stored floor leaves no room for tokens above it
+    /// (the domain's first token must stay below
+    /// [`FIRST_TOKEN_MAX`]).
     FloorTooLarge {
-        /// The floor given.
+        /// The floor.
         floor: u64,
     },
 }
@@ -255,8 +257,9 @@ impl fmt::Display for RecoveryRefusal {
             ),
             RecoveryRefusal::FloorTooLarge { floor } => write!(
                 f,
-                "--token-floor {floor} leaves no tokens above it (the largest is {})",
-                FIRST_TOKEN_MAX - 2
+                "the token floor {floor} leaves no room for tokens above it (the largest \
+                 usable is {})",
+                FIRST_TOKEN_MAX - 3
             ),
         }
     }
@@ -283,8 +286,11 @@ pub fn decide_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, RecoveryRe
     if !running.is_empty() {
         return Err(RecoveryRefusal::OldNodesRunning { running });
     }
-    if let Some(floor) = facts.explicit_floor
-        && floor >= FIRST_TOKEN_MAX - 2
+    // No clipping: a floor clipped below the evidence would prove nothing.
+    if let Some(floor) = [facts.explicit_floor, facts.stored_floor]
+        .into_iter()
+        .flatten()
+        .find(|&floor| floor >= FIRST_TOKEN_MAX - 2)
     {
         return Err(RecoveryRefusal::FloorTooLarge { floor });
     }
@@ -308,7 +314,7 @@ pub fn decide_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, RecoveryRe
         }
     }
     Ok(RecoveryPlan {
-        token_floor: token_floor.min(FIRST_TOKEN_MAX - 1),
+        token_floor,
         source,
         recovering_peers: facts
             .peers
@@ -388,6 +394,18 @@ mod tests {
             Err(RecoveryRefusal::FloorTooLarge {
                 floor: FIRST_TOKEN_MAX
             })
+        );
+        // A stored floor that high is refused too, never clipped.
+        f.explicit_floor = None;
+        f.stored_floor = Some(FIRST_TOKEN_MAX - 2);
+        assert!(matches!(
+            decide_recovery(&f),
+            Err(RecoveryRefusal::FloorTooLarge { .. })
+        ));
+        f.stored_floor = Some(FIRST_TOKEN_MAX - 3);
+        assert_eq!(
+            decide_recovery(&f).unwrap().token_floor,
+            FIRST_TOKEN_MAX - 2
         );
     }
 
