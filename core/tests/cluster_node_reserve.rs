@@ -23,6 +23,10 @@ fn a_leader_proposes_no_grant_above_its_durable_reserve() {
     let mut net = ClusterNet::with_reserves(1_000);
     net.hold_reserve_writes = true;
     let leader = net.elect();
+    // The followers' writes land (they append only what their durable
+    // reserve covers); the leader's stay held.
+    net.hold_reserve_writes_of = Some(leader);
+    net.run_for(Duration::from_millis(10));
     let c = net.connect(leader);
     // Nothing durable yet: a definite "no", nothing proposed.
     assert_eq!(
@@ -55,6 +59,7 @@ fn a_queue_head_waits_for_the_reserve_then_gets_the_key() {
     let [a, b] = [net.connect(leader), net.connect(leader)];
     let first = token_of(net.request(a, acquire(1, "k", 0, 60)));
     net.hold_reserve_writes = true;
+    net.hold_reserve_writes_of = Some(leader);
     // Use up what is durable on other keys.
     let durable = net.durable[leader].unwrap();
     let mut rid = 10;
@@ -83,6 +88,56 @@ fn a_queue_head_waits_for_the_reserve_then_gets_the_key() {
     let granted = token_of(net.answers(b)[0]);
     assert!(granted > durable);
     assert!(granted <= net.durable[leader].unwrap());
+}
+
+/// Every token the entries in a follower's log could allocate (one per
+/// entry past the applied counter) is covered by its durable reserve, also
+/// while its writes stall: the Appends it cannot cover are dropped, and
+/// the cluster commits with the other follower meanwhile. This is what
+/// makes a surviving state file evidence for a recovery.
+#[test]
+fn a_follower_appends_nothing_its_durable_reserve_does_not_cover() {
+    // A step of 4: every few grants need a new write.
+    let mut net = ClusterNet::with_reserves(4);
+    let leader = net.elect();
+    let follower = (leader + 1) % 3;
+    let c = net.connect(leader);
+    token_of(net.request(c, acquire(1, "warm", 0, 60)));
+    net.hold_reserve_writes = true;
+    net.hold_reserve_writes_of = Some(follower);
+    let covered = |net: &ClusterNet| {
+        let node = net.nodes[follower].as_ref().unwrap();
+        let raft = node.raft();
+        let bound = node.lock_state().next_token() + (raft.last_index() - raft.applied_index());
+        (bound, net.durable[follower].unwrap())
+    };
+    let mut tokens = Vec::new();
+    for rid in 10..40 {
+        tokens.push(token_of(
+            net.request(c, acquire(rid, &format!("k{rid}"), 0, 60)),
+        ));
+        let (bound, durable) = covered(&net);
+        assert!(
+            bound <= durable,
+            "log bound {bound} above durable {durable}"
+        );
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let stalled = net.node(follower).stats().appends_uncovered;
+    assert!(stalled > 0, "the follower never had to drop an Append");
+    assert!(
+        net.node(follower).raft().last_index() < net.node(leader).raft().last_index(),
+        "the stalled follower is behind"
+    );
+    // Once its writes land it catches up.
+    net.hold_reserve_writes = false;
+    net.run_for(Duration::from_millis(500));
+    assert_eq!(
+        net.node(follower).raft().last_index(),
+        net.node(leader).raft().last_index()
+    );
+    let (bound, durable) = covered(&net);
+    assert!(bound <= durable);
 }
 
 #[test]

@@ -30,6 +30,15 @@
 //!   removes the slot's old generation and promotes it (Raft auto
 //!   membership). No operator step, as long as a majority of the current
 //!   voters is up.
+//! - **`--recover`** (a cluster that lost a majority, under the same
+//!   identity): the driver reads this slot's state file without writing it
+//!   and probes every other slot's peer address for the hello a node sends
+//!   on accepting a connection; the core decides from those facts
+//!   ([`recovery::decide_recovery`]) whether to refuse (old nodes still
+//!   run, or no floor for this slot) or with what token floor to start.
+//!   The node then bootstraps as `(self_slot, RECOVERY_GENERATION)` with
+//!   every slot's recovery generation as voters, and its first leadership
+//!   proposes `Init` only once it heard the floors of every slot but one.
 
 use std::io;
 use std::net::SocketAddr;
@@ -37,21 +46,26 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::pki_types::ServerName;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, error, info, warn};
 
 use ticketing_core::admin::AdminTokens;
 use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
+use ticketing_core::cluster::peer::PEER_HELLO_LEN;
+use ticketing_core::cluster::recovery::{
+    self, PeerProbe, RECOVERY_GENERATION, RecoveryFacts, RecoveryPlan, RecoveryRefusal,
+};
 use ticketing_core::raft::NodeId;
 use ticketing_core::time::Instant;
 
 use crate::admin;
 use crate::serve::{
     Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_admin,
-    bind_listener, first_token_from_clock, open_floor, run_persister, start,
+    bind_listener, first_token_from_clock, open_floor, read_floor, run_persister, start,
+    start_floor,
 };
 use crate::state::{self, FloorFile, StateSettings};
 use ticketing_core::machine::Machine;
@@ -73,6 +87,39 @@ pub struct PeerTls {
     pub server_name: ServerName<'static>,
 }
 
+/// A recovery after a majority of the cluster lost its state (see the
+/// module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoverySettings {
+    /// A token the operator vouches is at or above every token of the
+    /// domain (`--token-floor`), for a slot whose state file is lost.
+    pub explicit_floor: Option<u64>,
+}
+
+/// How long a recovery's probe waits for a peer to accept and to send its
+/// hello.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A recovery the core refused: the process exits with code 2 and this
+/// line.
+#[derive(Debug)]
+pub struct RecoveryRefused(pub RecoveryRefusal);
+
+impl std::fmt::Display for RecoveryRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "recovery refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for RecoveryRefused {}
+
+impl RecoveryRefused {
+    /// The refusal inside `error`, if it is one.
+    pub fn find(error: &io::Error) -> Option<&RecoveryRefused> {
+        error.get_ref()?.downcast_ref::<RecoveryRefused>()
+    }
+}
+
 /// Everything [`spawn_cluster`] needs.
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
@@ -87,6 +134,9 @@ pub struct ClusterSettings {
     pub node: ClusterConfig,
     /// Start a brand-new cluster (first start only).
     pub bootstrap: bool,
+    /// Recover a cluster that lost a majority, under the same identity
+    /// (command line only).
+    pub recovery: Option<RecoverySettings>,
     /// TLS towards clients, if enabled.
     pub client_tls: Option<Arc<rustls::ServerConfig>>,
     /// TLS between peers, if enabled.
@@ -134,6 +184,7 @@ impl ClusterSettings {
             peer_addrs,
             node,
             bootstrap: false,
+            recovery: None,
             client_tls: None,
             peer_tls: None,
             status_listen: None,
@@ -300,14 +351,27 @@ fn wall_clock_micros() -> u64 {
 pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningCluster> {
     check_peer_addrs(&settings)?;
     let clock = Clock::start();
-    let floor = match &settings.state {
-        Some(state) => {
-            let name = state::cluster_file_name(&settings.node.fingerprint, settings.node.id.slot);
-            Some(open_floor(state, &name, &clock).await?)
+    let name = state::cluster_file_name(&settings.node.fingerprint, settings.node.id.slot);
+    let (floor, plan) = match (&settings.recovery, &settings.state) {
+        (Some(recovery), state) => {
+            let read = match state {
+                Some(state) => Some(read_floor(state, &name).await?),
+                None => None,
+            };
+            let stored = read.as_ref().and_then(|(_, stored)| *stored);
+            let plan = plan_recovery(&settings, recovery, stored).await?;
+            let floor = match (state, read) {
+                (Some(state), Some((file, stored))) => {
+                    Some(start_floor(state, file, stored, plan.token_floor, &clock).await?)
+                }
+                _ => None,
+            };
+            (floor, Some(plan))
         }
-        None => None,
+        (None, Some(state)) => (Some(open_floor(state, &name, &clock).await?), None),
+        (None, None) => (None, None),
     };
-    let join_generation = pick_identity(&mut settings, floor.as_ref())?;
+    let join_generation = pick_identity(&mut settings, floor.as_ref(), plan.as_ref())?;
     let sockets = ClusterSockets::bind(&settings).await?;
     let seed = os_seed()?;
     let (node, persister) = new_node(&settings, join_generation, seed, floor, &clock);
@@ -365,25 +429,119 @@ fn check_peer_addrs(settings: &ClusterSettings) -> io::Result<()> {
     Ok(())
 }
 
+/// Probes the other slots, then asks the core whether this node may
+/// recover and with what token floor (`stored`: this slot's state file).
+async fn plan_recovery(
+    settings: &ClusterSettings,
+    recovery: &RecoverySettings,
+    stored: Option<u64>,
+) -> io::Result<RecoveryPlan> {
+    let self_slot = settings.node.id.slot;
+    let mut probes = tokio::task::JoinSet::new();
+    for (slot, addr) in settings.peer_addrs.iter().enumerate() {
+        let slot = u8::try_from(slot).unwrap_or(u8::MAX);
+        if slot == self_slot {
+            continue;
+        }
+        let (addr, tls) = (*addr, settings.peer_tls.clone());
+        probes.spawn(async move { (slot, probe_hello(addr, tls.as_ref()).await) });
+    }
+    let mut peers = Vec::new();
+    while let Some(probe) = probes.join_next().await {
+        let (slot, hello) = probe.map_err(io::Error::other)?;
+        let found = recovery::classify_probe(&settings.node.fingerprint, slot, hello.as_ref());
+        peers.push((slot, found));
+    }
+    peers.sort_by_key(|(slot, _)| *slot);
+    let facts = RecoveryFacts {
+        slot_count: settings.node.slot_count,
+        self_slot,
+        stored_floor: stored,
+        explicit_floor: recovery.explicit_floor,
+        peers,
+        wall_clock: state::wall_clock(),
+    };
+    let plan = recovery::decide_recovery(&facts)
+        .map_err(|refusal| io::Error::other(RecoveryRefused(refusal)))?;
+    let probes: Vec<String> = facts
+        .peers
+        .iter()
+        .map(|(slot, probe)| format!("{slot}:{}", probe_word(*probe)))
+        .collect();
+    warn!(
+        slot = self_slot,
+        token_floor = plan.token_floor,
+        from = ?plan.source,
+        stored_floor = ?stored,
+        explicit_floor = ?recovery.explicit_floor,
+        peers = %probes.join(","),
+        "recovering the fencing domain under the same identity"
+    );
+    Ok(plan)
+}
+
+fn probe_word(probe: PeerProbe) -> &'static str {
+    match probe {
+        PeerProbe::Unreachable => "unreachable",
+        PeerProbe::Running { .. } => "running",
+        PeerProbe::Recovering => "recovering",
+        PeerProbe::Foreign => "foreign",
+    }
+}
+
+/// The hello a node sends on accepting a connection to `addr` (after TLS
+/// when peers use it), or `None` if nothing answered in time. Nothing is
+/// sent: the node sees a handshake that never finished.
+async fn probe_hello(addr: SocketAddr, tls: Option<&PeerTls>) -> Option<[u8; PEER_HELLO_LEN]> {
+    let probe = async {
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        match tls {
+            Some(tls) => {
+                let connector = TlsConnector::from(Arc::clone(&tls.client));
+                let stream = connector.connect(tls.server_name.clone(), tcp).await.ok()?;
+                read_hello(stream).await
+            }
+            None => read_hello(tcp).await,
+        }
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, probe).await.ok()?
+}
+
+async fn read_hello(mut stream: impl AsyncRead + Unpin) -> Option<[u8; PEER_HELLO_LEN]> {
+    let mut hello = [0u8; PEER_HELLO_LEN];
+    stream.read_exact(&mut hello).await.ok()?;
+    Some(hello)
+}
+
 /// Sets the node's id (generation, see the module documentation) and the
 /// domain's first token in `settings`, validates the configuration, and
 /// returns the generation a joining start uses.
-fn pick_identity(settings: &mut ClusterSettings, floor: Option<&state::Floor>) -> io::Result<u64> {
+fn pick_identity(
+    settings: &mut ClusterSettings,
+    floor: Option<&state::Floor>,
+    plan: Option<&RecoveryPlan>,
+) -> io::Result<u64> {
     // The token floor at start: above the clock and above every floor this
     // slot started with before. It is also the generation of a joining
     // start, so that a restart with the clock stepped back still comes back
     // newer than its last generation (the leader adds only newer ones).
     // Strictly above the bootstrap generation whatever the clock says; a
     // bootstrap member joins under it if it finds the cluster running.
-    let token_floor = floor.map_or_else(first_token_from_clock, |floor| floor.first_token);
+    let token_floor = floor
+        .map_or_else(first_token_from_clock, |floor| floor.first_token)
+        .max(plan.map_or(0, |plan| plan.token_floor));
     let join_generation = floor
         .map_or_else(wall_clock_micros, |floor| floor.first_token)
-        .max(BOOTSTRAP_GENERATION + 1);
-    let generation = if settings.bootstrap {
+        .max(plan.map_or(0, |plan| plan.token_floor))
+        .max(RECOVERY_GENERATION + 1);
+    let generation = if plan.is_some() {
+        RECOVERY_GENERATION
+    } else if settings.bootstrap {
         BOOTSTRAP_GENERATION
     } else {
         join_generation
     };
+    settings.node.recovering = plan.is_some();
     settings.node.id = NodeId::new(settings.node.id.slot, generation);
     // The domain's first token if this node's leadership initialises the
     // counter.
@@ -450,8 +608,11 @@ fn new_node(
     clock: &Clock,
 ) -> (ClusterNode, Option<Arc<FloorFile>>) {
     let now = clock.now();
-    let node = if settings.bootstrap {
-        let voters = (0..settings.node.slot_count).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
+    let node = if settings.bootstrap || settings.recovery.is_some() {
+        // A recovery bootstraps under the same identity with its own
+        // generation, so a probe tells its members from old nodes.
+        let generation = settings.node.id.generation;
+        let voters = (0..settings.node.slot_count).map(|s| NodeId::new(s, generation));
         ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
     } else {
         ClusterNode::join(settings.node.clone(), seed, now)
@@ -479,7 +640,13 @@ fn log_listening(settings: &ClusterSettings, sockets: &ClusterSockets) {
         slot = settings.node.id.slot,
         generation = settings.node.id.generation,
         slots = settings.node.slot_count,
-        start = if settings.bootstrap { "bootstrap" } else { "join" },
+        start = if settings.recovery.is_some() {
+            "recover"
+        } else if settings.bootstrap {
+            "bootstrap"
+        } else {
+            "join"
+        },
         auth,
         client_tls = if settings.client_tls.is_some() { "on" } else { "off" },
         peer_tls = if settings.peer_tls.is_some() { "on" } else { "off" },

@@ -192,6 +192,12 @@ async fn serve_cluster(settings: ticketing_tokio::ClusterSettings, auth: AuthMod
     let node = match ticketing_tokio::spawn_cluster(settings).await {
         Ok(node) => node,
         Err(e) if StateError::find(&e).is_some() => return state_error(&e),
+        Err(e) if ticketing_tokio::cluster::RecoveryRefused::find(&e).is_some() => {
+            // Like a config error: exit 2 with one line naming what is
+            // missing, whatever the log level.
+            eprintln!("ticketing: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             fatal(&format!(
                 "cannot start the cluster node on {client} / {peer}: {e}"

@@ -341,6 +341,21 @@ pub(crate) fn open_floor(
 ) -> Result<Floor, StateError> {
     let (file, stored) = FloorFile::open(settings, name)?;
     let first_token = server::first_token(wall_clock(), stored);
+    start_floor(file, stored, first_token, settings, now)
+}
+
+/// Makes the reserve covering `first_token` durable in the `file` opened
+/// by [`FloorFile::open`] (which read `stored`). `first_token` is at
+/// least [`server::first_token`] of `stored`, never below: a recovery
+/// passes a larger one.
+pub(crate) fn start_floor(
+    file: FloorFile,
+    stored: Option<u64>,
+    first_token: u64,
+    settings: &StateSettings,
+    now: Instant,
+) -> Result<Floor, StateError> {
+    let first_token = first_token.max(server::first_token(wall_clock(), stored));
     let mut reserve = TokenReserve::new(settings.reserve_step, stored);
     if let Some(value) = reserve.poll_persist(now, first_token) {
         file.write(value)

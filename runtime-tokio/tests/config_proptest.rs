@@ -58,8 +58,14 @@ const VALUE_FLAGS: &[&str] = &[
     "--peer-token",
     "--profile",
     "--status-listen",
+    "--token-floor",
 ];
-const SWITCHES: &[&str] = &["--insecure-no-auth", "--cluster", "--bootstrap"];
+const SWITCHES: &[&str] = &[
+    "--insecure-no-auth",
+    "--cluster",
+    "--bootstrap",
+    "--recover",
+];
 
 /// Text values: addresses, tokens, levels, identities, numbers, junk.
 fn text() -> impl Strategy<Value = String> {

@@ -22,12 +22,14 @@ use std::hash::{Hash, Hasher};
 use ticketing_core::client::KeySet;
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerTokens};
+use ticketing_core::cluster::recovery::{self, RECOVERY_GENERATION, RecoveryFacts};
 use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
 use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor};
 use ticketing_core::lock::Limits;
 use ticketing_core::machine::{Machine, Output};
 use ticketing_core::raft::{Configuration, NodeId, RaftConfig};
+use ticketing_core::reserve::TokenReserve;
 use ticketing_core::wire::{Capabilities, ErrorCode, Key, Reply, Request};
 
 use crate::adversary::{Adversary, AdversaryRates};
@@ -63,6 +65,11 @@ const MISTAKEN_BOOTSTRAP_PPM: u32 = 250_000;
 const ADVERSARY_SEEDS_PPM: u32 = 300_000;
 /// Share of swarm worlds with operator force-releases, parts per million.
 const FORCE_RELEASE_SEEDS_PPM: u32 = 500_000;
+/// Token reserve step of nodes with durable floors (small: writes are
+/// frequent, and Appends a follower's floor does not cover yet wait).
+const SIM_RESERVE_STEP: u64 = 64;
+/// How far back a recovered node's clock is: an hour.
+const RECOVERY_CLOCK_BACK_US: u64 = 3_600_000_000;
 /// A force-release's era: its grant's validity window and fenced writes are
 /// judged on their own (the holder may act on a grant an operator revoked;
 /// its writes are fenced, which is the point).
@@ -102,6 +109,15 @@ pub struct ClusterFaults {
     /// may commit under a leader change or end indeterminate. Drawn from
     /// its own stream: worlds without it are what they were.
     pub force_release_ppm: u32,
+    /// Every node crashes at once (a majority's state is lost) and, after
+    /// a while, the operator recovers the cluster under the same identity
+    /// (`serve --recover` on every slot: `cluster::recovery`), every
+    /// recovered clock an hour behind for its token floor. Nodes then keep
+    /// durable token floors (written at once); the locks held at the loss
+    /// are gone, as an operator's force-release would end them, and the
+    /// token checker watches that every grant after it is larger. Drawn
+    /// from its own stream: worlds without it are what they were.
+    pub majority_loss_ppm: u32,
 }
 
 /// A bug planted in the simulated *driver* (the core has no cluster
@@ -121,6 +137,9 @@ pub enum ClusterPlant {
     /// see a force-release as a real change of holder, accepted only
     /// because it was ordered.
     SilentForceRelease,
+    /// The recovery after a majority loss starts the token counter from
+    /// the clock alone (an hour behind), ignoring the stored floors.
+    RecoverFromClock,
 }
 
 /// What a cluster run simulates.
@@ -162,6 +181,7 @@ impl ClusterSimConfig {
             partition_max_us: rng.range(300_000, 5_000_000),
             adversary: AdversaryRates::default(),
             force_release_ppm: 0,
+            majority_loss_ppm: 0,
         };
         for rate in [
             &mut faults.partition_ppm,
@@ -208,6 +228,7 @@ impl ClusterSimConfig {
             partition_max_us: 0,
             adversary: AdversaryRates::default(),
             force_release_ppm: 0,
+            majority_loss_ppm: 0,
         };
         self
     }
@@ -228,6 +249,8 @@ pub(crate) enum Ev {
     NodeRestart {
         slot: u8,
     },
+    /// The operator recovers the cluster after a majority loss.
+    Recover,
     /// A dial's SYN reaches the target.
     DialArrive {
         pipe: u64,
@@ -303,6 +326,7 @@ impl Ev {
             Ev::AdversaryArrive { .. } => 22,
             Ev::AdversaryFinish { .. } => 23,
             Ev::Retransmit { .. } => 24,
+            Ev::Recover => 25,
         }
     }
 }
@@ -416,6 +440,9 @@ struct NodeProc {
     known_leader: (u64, Option<NodeId>, Configuration),
     /// Per key: the token holding it in this node's applied state.
     shadow: Vec<Option<u64>>,
+    /// The slot's durable token floor (its state file), kept across
+    /// crashes; only with majority losses.
+    floor: Option<u64>,
 }
 
 /// What the oracle knows of a grant in the replicated state.
@@ -489,6 +516,14 @@ pub struct ClusterWorld<'t> {
     /// Force-releases awaiting their answer, by request id.
     admin_pending: BTreeMap<u64, AdminOp>,
     next_admin_id: u64,
+    /// Draws of majority losses (their own stream).
+    loss_rng: Rng,
+    /// Every node is down after a majority loss, until the recovery.
+    lost: bool,
+    /// The generation of the bootstrap members of the cluster running now:
+    /// 1, or the recovery generation after a recovery (a mistaken restart
+    /// with the flag of the last start uses it).
+    bootstrap_generation: u64,
     rec: Recorder<'t>,
 }
 
@@ -539,6 +574,7 @@ impl<'t> ClusterWorld<'t> {
                 checked: (0, 0, 0, 0),
                 known_leader: (0, None, Configuration::default()),
                 shadow: vec![None; ALL_KEYS.len()],
+                floor: None,
             })
             .collect();
         let mut clients: Vec<ClientProc> = (0..config.base.clients)
@@ -598,6 +634,9 @@ impl<'t> ClusterWorld<'t> {
             force_requested: HashSet::new(),
             admin_pending: BTreeMap::new(),
             next_admin_id: 1,
+            loss_rng: Rng::new(seed, 91),
+            lost: false,
+            bootstrap_generation: 1,
             rec: Recorder::new(seed, config.base.checkers_off.clone()),
             config,
         }
@@ -827,6 +866,10 @@ impl<'t> ClusterWorld<'t> {
         config.connections_max = 64;
         config.in_flight_per_connection_max = 64;
         config.client_addresses = (0..self.n).map(line_address).collect();
+        // The daemon's token floor at start: above the stored one.
+        if let Some(stored) = self.nodes[usize::from(slot)].floor {
+            config.bootstrap_wall_clock_us = config.bootstrap_wall_clock_us.max(stored + 1);
+        }
         config
     }
 
@@ -834,6 +877,11 @@ impl<'t> ClusterWorld<'t> {
     /// that joins (its old state is gone) — or, as an operator's mistake,
     /// a restart with `--bootstrap`, which the core must turn into a join.
     fn node_start(&mut self, slot: u8, bootstrap: bool) {
+        if self.lost || self.nodes[usize::from(slot)].node.is_some() {
+            // A restart scheduled before a majority loss: the recovery
+            // starts every slot.
+            return;
+        }
         let seed = self.net.next_u64();
         let now = self.node_now(slot);
         let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
@@ -849,7 +897,8 @@ impl<'t> ClusterWorld<'t> {
             proc.generation += 1;
         }
         let generation = proc.generation;
-        let voters = (0..self.n).map(|s| NodeId::new(s, 1));
+        let first = self.bootstrap_generation;
+        let voters = (0..self.n).map(|s| NodeId::new(s, first));
         let node = if amnesia && !bootstrap {
             // The planted driver bug restarts under generation 1 and skips
             // the core's check that would catch it.
@@ -858,10 +907,36 @@ impl<'t> ClusterWorld<'t> {
             if mistaken_bootstrap {
                 self.note(|| format!("FAULT node {slot} restarts with --bootstrap"));
             }
-            ClusterNode::bootstrap(self.node_config(slot, 1), voters, generation, seed, now)
+            ClusterNode::bootstrap(self.node_config(slot, first), voters, generation, seed, now)
         } else {
             ClusterNode::join(self.node_config(slot, generation), seed, now)
         };
+        let node = self.with_floor(slot, node);
+        self.install_node(slot, node);
+    }
+
+    /// With majority losses, `node` keeps a durable token floor, as the
+    /// daemon does: its counter starts above the slot's stored floor, and
+    /// the first reserve is durable before it runs.
+    fn with_floor(&mut self, slot: u8, node: ClusterNode) -> ClusterNode {
+        if self.config.faults.majority_loss_ppm == 0 {
+            return node;
+        }
+        let s = usize::from(slot);
+        let now = self.node_now(slot);
+        let stored = self.nodes[s].floor;
+        let mut reserve = TokenReserve::new(SIM_RESERVE_STEP, stored);
+        let wall = WALL_EPOCH_US + self.nodes[s].clock.local(self.now_us);
+        let first = wall.max(stored.map_or(0, |v| v + 1));
+        if let Some(value) = reserve.poll_persist(now, first) {
+            self.nodes[s].floor = Some(value);
+            reserve.handle_persisted(value);
+        }
+        node.with_token_reserve(reserve)
+    }
+
+    /// Runs `node` in `slot`, checked as a new incarnation.
+    fn install_node(&mut self, slot: u8, node: ClusterNode) {
         let generation = node.id().generation;
         let proc = &mut self.nodes[usize::from(slot)];
         proc.incarnation = Some(node.id());
@@ -877,13 +952,22 @@ impl<'t> ClusterWorld<'t> {
     }
 
     fn crash_node(&mut self, slot: u8) {
+        let proc = &self.nodes[usize::from(slot)];
+        let generation = proc.incarnation.map_or(proc.generation, |id| id.generation);
+        self.note(|| format!("FAULT node {slot} generation {generation} crashes"));
+        self.crash_node_quietly(slot);
+        let at = self.now_us + self.fault_rng.range(200_000, 3_000_000);
+        self.schedule(at, Ev::NodeRestart { slot });
+    }
+
+    /// Node `slot` crashes with no restart of its own (a majority loss:
+    /// the recovery starts it).
+    fn crash_node_quietly(&mut self, slot: u8) {
         let proc = &mut self.nodes[usize::from(slot)];
         let inc = proc.inc;
-        let generation = proc.incarnation.map_or(proc.generation, |id| id.generation);
         proc.node = None;
         proc.conns.clear();
         proc.armed = None;
-        self.note(|| format!("FAULT node {slot} generation {generation} crashes"));
         let pipes: Vec<u64> = self.pipes.keys().copied().collect();
         for pipe_id in pipes {
             let Some(pipe) = self.pipes.get_mut(&pipe_id) else {
@@ -900,8 +984,118 @@ impl<'t> ClusterWorld<'t> {
                 self.reset_pipe(pipe_id);
             }
         }
+    }
+
+    /// Every node crashes at once: the committed state is gone but for the
+    /// slots' token floors. The grants any node held end as an operator's
+    /// force-release would end them (their holders' later writes are
+    /// fenced); the operator recovers the cluster later.
+    fn fault_majority_loss(&mut self) {
+        // What the most advanced applied state holds: a lagging node may
+        // still show grants released since.
+        let mut held: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        let newest = self
+            .nodes
+            .iter()
+            .filter_map(|proc| proc.node.as_ref())
+            .max_by_key(|node| node.raft().applied_index());
+        if let Some(node) = newest {
+            for (token, holding) in node.lock_state().grants() {
+                let keys = holding
+                    .keys
+                    .keys()
+                    .iter()
+                    .map(|key| key_index(key.as_bytes()))
+                    .collect();
+                held.insert(token, keys);
+            }
+        }
+        self.rec.report.faults += 1;
+        self.rec.report.cluster_majority_losses += 1;
+        self.note(|| {
+            format!(
+                "FAULT every node crashes: a majority loss ({} grants end)",
+                held.len()
+            )
+        });
+        for (token, keys) in held {
+            let names: Vec<&str> = keys.iter().map(|&k| ALL_KEYS[k]).collect();
+            let key_set = KeySet::new(&names).expect("sim keys are valid");
+            let hist = self.history.open(
+                self.now_us,
+                &key_set,
+                LinOp::ForceReleaseIndeterminate { token },
+            );
+            self.history
+                .resolve(self.now_us, &hist, |_| LinOp::ForceReleased { token });
+            self.force_requested.insert(token);
+            self.exempt_force_released(token);
+        }
+        // Answers to force-releases in flight never come.
+        self.admin_pending.clear();
+        for slot in 0..self.n {
+            if self.nodes[usize::from(slot)].node.is_some() {
+                self.crash_node_quietly(slot);
+            }
+        }
+        self.lost = true;
         let at = self.now_us + self.fault_rng.range(200_000, 3_000_000);
-        self.schedule(at, Ev::NodeRestart { slot });
+        self.schedule(at, Ev::Recover);
+    }
+
+    /// `serve --recover` on every slot: the core decides each node's token
+    /// floor from the slot's stored floor and a clock an hour behind, and
+    /// the nodes bootstrap in the recovery generation under the same
+    /// identity. Raft starts over (terms and indices from 1), so the Raft
+    /// oracle does too.
+    fn recover(&mut self) {
+        self.lost = false;
+        self.bootstrap_generation = RECOVERY_GENERATION;
+        self.leaders.clear();
+        self.committed.clear();
+        self.entries.clear();
+        self.states.clear();
+        self.note(|| "the operator recovers the cluster (--recover on every slot)".into());
+        let voters: Vec<NodeId> = (0..self.n)
+            .map(|s| NodeId::new(s, RECOVERY_GENERATION))
+            .collect();
+        for slot in 0..self.n {
+            let s = usize::from(slot);
+            let wall = WALL_EPOCH_US + self.nodes[s].clock.local(self.now_us);
+            let facts = RecoveryFacts {
+                slot_count: self.n,
+                self_slot: slot,
+                stored_floor: self.nodes[s].floor,
+                explicit_floor: None,
+                peers: Vec::new(),
+                wall_clock: ticketing_core::time::Duration::from_micros(
+                    wall.saturating_sub(RECOVERY_CLOCK_BACK_US),
+                ),
+            };
+            let plan = match recovery::decide_recovery(&facts) {
+                Ok(mut plan) if self.config.plant == Some(ClusterPlant::RecoverFromClock) => {
+                    plan.token_floor = wall.saturating_sub(RECOVERY_CLOCK_BACK_US);
+                    plan
+                }
+                Ok(plan) => plan,
+                Err(refusal) => {
+                    self.violation(Checker::ServerState, format!("recovery refused: {refusal}"));
+                    continue;
+                }
+            };
+            let proc = &mut self.nodes[s];
+            proc.inc += 1;
+            proc.generation = proc.generation.max(RECOVERY_GENERATION) + 1;
+            let rejoin = proc.generation;
+            let mut config = self.node_config(slot, RECOVERY_GENERATION);
+            config.bootstrap_wall_clock_us = plan.token_floor;
+            config.recovering = true;
+            let seed = self.net.next_u64();
+            let now = self.node_now(slot);
+            let node = ClusterNode::bootstrap(config, voters.clone(), rejoin, seed, now);
+            let node = self.with_floor(slot, node);
+            self.install_node(slot, node);
+        }
     }
 
     /// The operator orders a force-release on the leader: of a key its
@@ -1177,7 +1371,9 @@ impl<'t> ClusterWorld<'t> {
                 NodeEvent::LeaderChanged { leader: l, .. } => leader = Some(l),
                 NodeEvent::VoterChanged { is_voter } => voter = Some(is_voter),
                 NodeEvent::GenerationChanged { generation: g } => generation = Some(g),
-                NodeEvent::PeerFramesRefused { .. } | NodeEvent::RaftMessagesRefused { .. } => {}
+                NodeEvent::PeerFramesRefused { .. }
+                | NodeEvent::RaftMessagesRefused { .. }
+                | NodeEvent::RecoveryEvidence { .. } => {}
             }
         }
         let mut wrong = Vec::new();
@@ -1205,6 +1401,7 @@ impl<'t> ClusterWorld<'t> {
         let now = self.node_now(slot);
         let mut outputs = NodeOutputs::default();
         let mut noted = Vec::new();
+        let mut persisted = 0;
         if let Some(node) = self.nodes[s].node.as_mut() {
             while let Some(output) = node.poll_output(now) {
                 match output {
@@ -1214,11 +1411,17 @@ impl<'t> ClusterWorld<'t> {
                     Output::Node(event) => outputs.events.push(event),
                     // Formatted only when tracing.
                     Output::Alert(_) | Output::Log(_) => noted.push(output),
-                    // The sim's nodes issue tokens without a reserve: one
-                    // asked for would be a note, and never written.
-                    Output::Reserve { .. } => noted.push(output),
+                    // Durable at once (only nodes with a floor ask).
+                    Output::Reserve { value } => {
+                        persisted = persisted.max(value);
+                        node.handle_reserve_persisted(now, value);
+                    }
                 }
             }
+        }
+        if persisted > 0 {
+            let floor = &mut self.nodes[s].floor;
+            *floor = Some(floor.map_or(persisted, |f| f.max(persisted)));
         }
         for output in noted {
             self.note(|| format!("node {slot}: {output:?}"));
@@ -2646,6 +2849,7 @@ impl<'t> SimWorld<'t> for ClusterWorld<'t> {
                 }
             }
             Ev::NodeRestart { slot } => self.node_start(slot, false),
+            Ev::Recover => self.recover(),
             Ev::DialArrive { pipe } => self.dial_arrive(pipe),
             Ev::DialAnswer { pipe, ok } => self.dial_answer(pipe, ok),
             Ev::ClientConnectArrive { pipe } => self.client_connect_arrive(pipe),
@@ -2699,6 +2903,11 @@ impl<'t> SimWorld<'t> for ClusterWorld<'t> {
         let force_ppm = self.config.faults.force_release_ppm;
         if force_ppm > 0 && self.force_rng.chance(force_ppm) {
             self.fault_force_release();
+        }
+        let loss_ppm = self.config.faults.majority_loss_ppm;
+        if loss_ppm > 0 && !self.lost && self.loss_rng.chance(loss_ppm) {
+            self.fault_majority_loss();
+            return;
         }
         let faults = self.config.base.faults.clone();
         let cluster = self.config.faults.clone();

@@ -111,6 +111,8 @@ pub struct RunReport {
     pub line_redirects: u64,
     /// Operator force-releases ordered (cluster worlds).
     pub cluster_force_releases: u64,
+    /// Majority losses the operator recovered from (cluster worlds).
+    pub cluster_majority_losses: u64,
     /// Of those, answered "released" / "indeterminate" / "token mismatch or
     /// not held" / refused (not the leader any more, busy).
     pub force_outcomes: [u64; 4],

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use crate::raft::NodeId;
 
-/// Most node events queued for the driver. There are five kinds, so a full
+/// Most node events queued for the driver. There are six kinds, so a full
 /// queue always holds a superseded event to drop.
 pub const NODE_EVENTS_MAX: usize = 64;
 
@@ -45,6 +45,8 @@ pub(crate) struct NodeEvents {
     is_voter: bool,
     /// Raft's refused-message count as last reported.
     raft_refused: u64,
+    /// A waiting recovering leader's evidence as last reported.
+    recovery_evidence: Option<(u8, u8)>,
     /// Events dropped on overflow (each superseded by a newer one).
     coalesced: u64,
 }
@@ -56,6 +58,7 @@ impl NodeEvents {
             leader: None,
             is_voter,
             raft_refused: 0,
+            recovery_evidence: None,
             coalesced: 0,
         }
     }
@@ -88,6 +91,15 @@ impl NodeEvents {
         }
     }
 
+    /// Queues a recovery-evidence event if a waiting recovering leader's
+    /// count of slots heard differs from the one last reported.
+    pub(crate) fn note_recovery_evidence(&mut self, heard: u8, needed: u8) {
+        if self.recovery_evidence != Some((heard, needed)) {
+            self.recovery_evidence = Some((heard, needed));
+            self.push(NodeEvent::RecoveryEvidence { heard, needed });
+        }
+    }
+
     /// Queues `event`: a counter event replaces an undrained one of its
     /// kind; on overflow the oldest superseded event goes.
     pub(crate) fn push(&mut self, event: NodeEvent) {
@@ -102,7 +114,7 @@ impl NodeEvents {
                 let old = &self.queue[i];
                 old.same_kind(&event) || self.queue.iter().skip(i + 1).any(|e| e.same_kind(old))
             });
-            // Always found: five kinds, more slots than that.
+            // Always found: six kinds, more slots than that.
             self.queue.remove(superseded.unwrap_or(0));
             self.coalesced += 1;
         }
@@ -161,6 +173,29 @@ mod tests {
             events.poll(),
             Some(NodeEvent::RaftMessagesRefused { refused: 4 })
         );
+    }
+
+    #[test]
+    fn recovery_evidence_is_queued_when_the_count_changes() {
+        let mut events = NodeEvents::new(true);
+        events.note_recovery_evidence(2, 4);
+        events.note_recovery_evidence(2, 4);
+        events.note_recovery_evidence(3, 4);
+        assert_eq!(
+            events.poll(),
+            Some(NodeEvent::RecoveryEvidence {
+                heard: 2,
+                needed: 4
+            })
+        );
+        assert_eq!(
+            events.poll(),
+            Some(NodeEvent::RecoveryEvidence {
+                heard: 3,
+                needed: 4
+            })
+        );
+        assert_eq!(events.poll(), None);
     }
 
     #[test]

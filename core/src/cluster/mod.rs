@@ -24,6 +24,7 @@ pub mod events;
 mod metrics;
 pub mod node;
 pub mod peer;
+pub mod recovery;
 pub mod state;
 
 pub use crate::conn::{ConnId, ConnState, Dialect};

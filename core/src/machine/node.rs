@@ -67,6 +67,16 @@ pub enum NodeEvent {
         /// Messages Raft refused since the node started.
         refused: u64,
     },
+    /// A recovering leader has not started the token counter: it knows the
+    /// token floors of `heard` slots (itself included) and needs `needed`
+    /// (see [`crate::cluster::recovery`]). Queued when `heard` changes
+    /// while it waits.
+    RecoveryEvidence {
+        /// Slots whose floors it knows.
+        heard: u8,
+        /// Slots whose floors it needs.
+        needed: u8,
+    },
 }
 
 /// Why a frame was refused. Every case closes the peer connection.

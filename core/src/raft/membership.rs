@@ -73,8 +73,12 @@ impl LeaderState {
                 if !self.caught_up(s, new) {
                     return Err(invalid("new is not caught up"));
                 }
-                if next.voters.len() < 2 {
-                    return Err(invalid("would remove the last voter"));
+                // Never fewer than two voters: every committed entry is then
+                // on at least two slots, which is what lets the floors of
+                // every slot but one bound every token after a majority is
+                // lost (crate::cluster::recovery).
+                if next.voters.len() < 3 {
+                    return Err(invalid("would leave fewer than two voters"));
                 }
                 next.voters.remove(&old);
             }
@@ -117,7 +121,9 @@ impl LeaderState {
                 continue;
             }
             match config.voter_in_slot(learner.slot) {
-                Some(old) if old.generation < learner.generation => {
+                // Not from two voters (see `next_config`): the slot
+                // without a voter is filled first.
+                Some(old) if old.generation < learner.generation && config.voters.len() > 2 => {
                     return Some(ConfChange::ReplaceVoter { old, new: learner });
                 }
                 Some(_) => {}

@@ -114,7 +114,12 @@
 //! follows immediately) and the voter count is back to odd after two commits.
 //! With [`RaftConfig::auto_membership`] the leader drives this itself: a
 //! caught-up learner whose slot is held by an older-generation voter causes
-//! that voter's removal; a caught-up learner in a slot without a voter is
+//! that voter's removal, unless only two voters are left (no change ever
+//! leaves fewer than two: every committed entry is then held by at least
+//! two slots, which lets a recovery after losing a majority bound every
+//! fencing token by the token floors of every slot but one, see
+//! `crate::cluster::recovery`; the empty slot is filled first); a
+//! caught-up learner in a slot without a voter is
 //! promoted while the voter count is even, or while a second caught-up
 //! learner waits for another empty slot (two replacements at once: 3 → 4 →
 //! 5), so automatic changes never leave an even voter set behind; a learner

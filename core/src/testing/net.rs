@@ -795,6 +795,10 @@ pub struct ClusterNet {
     pub durable: Vec<Option<u64>>,
     /// Writes asked for stay unanswered while set (a stalled disk).
     pub hold_reserve_writes: bool,
+    /// With `hold_reserve_writes`: only this node's writes are held
+    /// (`None`: every node's). A follower appends no entry its durable
+    /// reserve does not cover, so holding every node's stops commits.
+    pub hold_reserve_writes_of: Option<usize>,
     /// A node cut off from the others: dials to or from it fail.
     pub cut: Option<usize>,
     /// Connection ends whose bytes never arrive (a cut link, and after the
@@ -859,6 +863,7 @@ impl ClusterNet {
             nonce: 0,
             durable: vec![None; 3],
             hold_reserve_writes: false,
+            hold_reserve_writes_of: None,
             cut: None,
             stale: BTreeSet::new(),
             stuck: BTreeSet::new(),
@@ -936,9 +941,9 @@ impl ClusterNet {
                 }
                 // Token reserve writes, durable at once unless held back
                 // (a write asked for then waits in the queue).
-                if !self.hold_reserve_writes
-                    && let Some(value) = self.outputs[i].reserves.pop_front()
-                {
+                let held = self.hold_reserve_writes
+                    && self.hold_reserve_writes_of.is_none_or(|only| only == i);
+                if !held && let Some(value) = self.outputs[i].reserves.pop_front() {
                     moved = true;
                     self.durable[i] = Some(value);
                     self.node(i).handle_reserve_persisted(now, value);

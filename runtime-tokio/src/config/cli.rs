@@ -478,6 +478,17 @@ pub struct ServeArgs {
     /// joins by itself.
     #[arg(long)]
     pub bootstrap: bool,
+    /// Recover a cluster that lost a majority of its nodes, under the same
+    /// identity: start every slot whose state file survived with this
+    /// flag. Refused (exit 2) while old nodes still run or when this
+    /// slot has no token floor file (see docs/cluster.md, "Losing the
+    /// majority").
+    #[arg(long, conflicts_with = "bootstrap")]
+    pub recover: bool,
+    /// With --recover: a token at or above every token this fencing
+    /// domain ever issued, for a slot whose state file is lost.
+    #[arg(long, value_name = "N")]
+    pub token_floor: Option<u64>,
     /// Folder of the token-floor state file, created if missing (default:
     /// $STATE_DIRECTORY, else /var/lib/ticketing as root, else
     /// $XDG_STATE_HOME/ticketing or ~/.local/state/ticketing).

@@ -168,6 +168,15 @@ pub(super) fn resolve_cluster(
         node,
     );
     settings.bootstrap = args.bootstrap;
+    if args.token_floor.is_some() && !args.recover {
+        return Err(ConfigError::new(
+            "--token-floor",
+            "only with --recover (the floor a recovery after losing a majority starts above)",
+        ));
+    }
+    settings.recovery = args.recover.then_some(crate::cluster::RecoverySettings {
+        explicit_floor: args.token_floor,
+    });
     settings.client_tls = client_tls;
     settings.peer_tls = peer_tls;
     settings.status_listen = status_listen;

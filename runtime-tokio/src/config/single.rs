@@ -506,6 +506,8 @@ fn cluster_mode(file: &FileConfig, args: &ServeArgs) -> bool {
         || args.profile.is_some()
         || args.status_listen.is_some()
         || args.bootstrap
+        || args.recover
+        || args.token_floor.is_some()
 }
 
 /// The state directory: the flag, else `state_dir` in the file (relative

@@ -1350,3 +1350,40 @@ fn admin_allowed_hosts_come_from_the_flags_or_the_file_and_a_bad_one_is_named() 
         assert_eq!(err.field, "admin_allowed_hosts", "{err}");
     }
 }
+
+#[test]
+fn recover_is_a_command_line_flag_with_an_optional_floor() {
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--recover".to_owned()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.expect("cluster mode");
+    assert_eq!(
+        cluster.recovery,
+        Some(crate::cluster::RecoverySettings {
+            explicit_floor: None
+        })
+    );
+    assert!(!cluster.bootstrap);
+
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--recover", "--token-floor", "1796139901743063"].map(str::to_owned));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let cluster = resolve_args(&argv).unwrap().cluster.unwrap();
+    assert_eq!(
+        cluster.recovery.unwrap().explicit_floor,
+        Some(1_796_139_901_743_063)
+    );
+
+    // A floor without --recover is refused naming it; clap refuses
+    // --recover with --bootstrap, naming both.
+    let mut argv = cluster_args(&SLOTS3);
+    argv.extend(["--token-floor", "5"].map(str::to_owned));
+    assert_eq!(cluster_field(&argv), "--token-floor");
+    let error = Cli::try_parse_from(["ticketing", "serve", "--recover", "--bootstrap"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("--recover") && error.contains("--bootstrap"),
+        "{error}"
+    );
+}

@@ -39,6 +39,44 @@ pub(crate) async fn open_floor(
     Ok(floor)
 }
 
+/// Opens and locks the state file and reads it (blocking IO, off the
+/// runtime's thread), writing nothing yet: a recovery decides first.
+pub(crate) async fn read_floor(
+    settings: &StateSettings,
+    name: &str,
+) -> io::Result<(FloorFile, Option<u64>)> {
+    let (settings, name) = (settings.clone(), name.to_owned());
+    tokio::task::spawn_blocking(move || FloorFile::open(&settings, &name))
+        .await
+        .map_err(io::Error::other)?
+        .map_err(state::StateError::into_io)
+}
+
+/// Makes the first reserve above `first_token` durable in a file opened by
+/// [`read_floor`].
+pub(crate) async fn start_floor(
+    settings: &StateSettings,
+    file: FloorFile,
+    stored: Option<u64>,
+    first_token: u64,
+    clock: &Clock,
+) -> io::Result<state::Floor> {
+    let (settings, now) = (settings.clone(), clock.now());
+    let floor = tokio::task::spawn_blocking(move || {
+        state::start_floor(file, stored, first_token, &settings, now)
+    })
+    .await
+    .map_err(io::Error::other)?
+    .map_err(state::StateError::into_io)?;
+    info!(
+        path = %floor.file.path().display(),
+        first_token = floor.first_token,
+        reserve = floor.reserve.limit(),
+        "token floor loaded"
+    );
+    Ok(floor)
+}
+
 /// Writes the reserve values the core asks for, one at a time, and tells
 /// the core how each write went.
 pub(crate) async fn run_persister<M: Machine>(shared: Arc<Shared<M>>, file: Arc<FloorFile>) {

@@ -101,5 +101,12 @@ pub(crate) fn log_node_event(own_id: Option<NodeId>, event: NodeEvent) {
         NodeEvent::VoterChanged { is_voter: false } => {
             info!("this node is not a voter (learner or removed)");
         }
+        NodeEvent::RecoveryEvidence { heard, needed } => warn!(
+            heard,
+            needed,
+            "recovering leader waits for the token floors of more slots before it grants \
+             anything: start the other slots whose state files survived with --recover, or \
+             one without its file with --recover --token-floor N"
+        ),
     }
 }

@@ -50,7 +50,9 @@ mod shared;
 mod supervise;
 
 pub(crate) use self::admin_node::DrivenNode;
-pub(crate) use self::floor::{first_token_from_clock, open_floor, run_persister};
+pub(crate) use self::floor::{
+    first_token_from_clock, open_floor, read_floor, run_persister, start_floor,
+};
 pub(crate) use self::shared::{Clock, Shared};
 pub(crate) use self::supervise::{Dialer, Listener, start};
 

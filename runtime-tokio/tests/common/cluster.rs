@@ -4,10 +4,11 @@
 //! event exists (an election, a membership change) [`poll`] waits with a
 //! deadline.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const PEER_TOKEN: &str = "peer-token-for-tests-0123456789abcdef";
@@ -103,6 +104,71 @@ impl Cluster {
     }
 
     pub fn spawn(&mut self, slot: usize, bootstrap: bool) {
+        let extra: &[&str] = if bootstrap { &["--bootstrap"] } else { &[] };
+        let mut cmd = self.command(slot, extra);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
+    }
+
+    /// Starts `slot` with `extra` flags (`--recover`), its stderr (at
+    /// `warn`) collected in the returned log.
+    pub fn spawn_logged(&mut self, slot: usize, extra: &[&str]) -> Arc<Mutex<Vec<String>>> {
+        let mut cmd = self.command(slot, extra);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ticketing serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        self.nodes[slot] = Some(child);
+        log
+    }
+
+    /// Runs `slot` with `extra` flags until it exits (it must, within
+    /// [`CHANGE_DEADLINE`]); its exit code and stderr.
+    pub async fn run_to_exit(&self, slot: usize, extra: &[&str]) -> (Option<i32>, String) {
+        let mut cmd = self.command(slot, extra);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let child = cmd.spawn().expect("spawn ticketing serve");
+        let id = child.id();
+        let output = tokio::time::timeout(
+            CHANGE_DEADLINE,
+            tokio::task::spawn_blocking(move || child.wait_with_output()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            let _ = Command::new("kill").arg("-9").arg(id.to_string()).status();
+            panic!("slot {slot} with {extra:?} did not exit within {CHANGE_DEADLINE:?}")
+        })
+        .unwrap()
+        .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Whether `slot` runs a process started by this cluster.
+    pub fn running(&self, slot: usize) -> bool {
+        self.nodes[slot].is_some()
+    }
+
+    /// `slot`'s token floor file in the shared state directory.
+    pub fn floor_file(&self, slot: usize) -> PathBuf {
+        let id: String = fingerprint()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.state_dir
+            .0
+            .join(format!("cluster-{id}-slot{slot}.floor"))
+    }
+
+    fn command(&self, slot: usize, extra: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticketing"));
         cmd.arg("serve");
         match &self.setup {
@@ -120,15 +186,12 @@ impl Cluster {
                 cmd.arg("--config").arg(&files[slot]);
             }
         }
-        if bootstrap {
-            cmd.arg("--bootstrap");
-        }
+        cmd.args(extra);
         cmd.args(["--state-dir", &self.state_dir.arg()]);
         if let Some(offset) = self.faketime {
             super::faketime::shift_clock(&mut cmd, offset);
         }
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        self.nodes[slot] = Some(cmd.spawn().expect("spawn ticketing serve"));
+        cmd
     }
 
     /// SIGKILL, then reap.

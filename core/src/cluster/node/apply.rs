@@ -281,6 +281,10 @@ impl ClusterNode {
         if let Some(leadership) = self.leadership.as_mut()
             && !leadership.caught_up
             && self.applied_index >= leadership.first_index
+            // Nothing is served before the counter is set: a recovering
+            // leader waiting for evidence has applied its no-op but not
+            // `Init`, and a Grant before it would only be refused.
+            && self.state.is_initialised()
         {
             leadership.caught_up = true;
         }

@@ -79,6 +79,11 @@ pub struct ClusterConfig {
     /// The caps on total hold of our clients' grants (connections that
     /// negotiated renewal; other clients' grants have none).
     pub hold_caps: HoldCaps,
+    /// A recovering member ([`crate::cluster::recovery`]): as leader it
+    /// proposes the domain's `Init` only once it heard the token floors of
+    /// every slot but one (itself included) among the members of its own
+    /// generation.
+    pub recovering: bool,
 }
 
 /// A peer connection on which nothing was sent for this many heartbeat
@@ -123,6 +128,7 @@ impl ClusterConfig {
             client_addresses: Vec::new(),
             admin_addresses: Vec::new(),
             hold_caps: HoldCaps::default(),
+            recovering: false,
         }
     }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::budget::{CloseReason, Reports};
 use crate::cluster::events::{NodeEvent, NodeEvents};
+use crate::cluster::recovery;
 use crate::conn::ConnId;
 use crate::raft::{Message, MessageBody, NodeId};
 use crate::time::{Duration, Instant};
@@ -75,7 +76,7 @@ impl ClusterNode {
             seed,
         } = &mut self.genesis
         else {
-            self.raft.step(now, msg);
+            self.step_covered(now, msg);
             return;
         };
         match genesis_evidence(&msg.body) {
@@ -88,7 +89,7 @@ impl ClusterNode {
                 // This node's own log is bootstrap-only too.
                 if 2 * (empty_logs.len() + 1) > usize::from(self.config.slot_count) {
                     self.genesis = GenesisCheck::Done;
-                    self.raft.step(now, msg);
+                    self.step_covered(now, msg);
                 } else if matches!(msg.body, MessageBody::PreVote { .. }) {
                     // Answering a pre-vote changes no term and casts no
                     // vote, so it is safe while checking; and the answer is
@@ -96,11 +97,30 @@ impl ClusterNode {
                     // own check (otherwise the first pre-candidate of a
                     // five-node cluster, heard by nobody, would end up
                     // joining as a new generation).
-                    self.raft.step(now, msg);
+                    self.step_covered(now, msg);
                 }
             }
             GenesisEvidence::Nothing => {}
         }
+    }
+
+    /// Steps `msg` into Raft, unless it is an `Append` whose entries could
+    /// allocate a token this node's durable reserve does not cover: then
+    /// it is dropped (Raft sends it again) and the reserve is asked to
+    /// cover it. So every entry in this node's log, and so every entry it
+    /// acknowledged, is below its durable token floor, which is what makes
+    /// the floors evidence for a recovery ([`crate::cluster::recovery`]).
+    fn step_covered(&mut self, now: Instant, msg: Message) {
+        if let MessageBody::Append { entries, .. } = &msg.body
+            && let Some(bound) =
+                recovery::log_token_bound(self.state.next_token(), self.applied_index, entries)
+            && !self.reserve.covers(bound)
+        {
+            self.log_bound_wanted = self.log_bound_wanted.max(bound);
+            self.counts.appends_uncovered += 1;
+            return;
+        }
+        self.raft.step(now, msg);
     }
 
     /// Becomes the new generation `generation` of this slot, joining the
@@ -121,6 +141,7 @@ impl ClusterNode {
         fresh.reports = std::mem::replace(&mut self.reports, Reports::new(Duration::ZERO));
         fresh.shutting_down = self.shutting_down;
         fresh.peer_token_floor_max = self.peer_token_floor_max;
+        fresh.log_bound_wanted = self.log_bound_wanted;
         fresh.reserve = std::mem::take(&mut self.reserve);
         fresh.events = std::mem::replace(&mut self.events, NodeEvents::new(false));
         *self = fresh;

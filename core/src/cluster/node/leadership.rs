@@ -10,6 +10,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
 use crate::cluster::command::Command;
+use crate::cluster::recovery;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ClientRequest, HoldAsk, ReplyTo};
 use crate::conn::pushes::Watches;
@@ -51,7 +52,7 @@ pub(super) struct Waiter {
 pub(super) struct Leadership {
     /// Index of this term's no-op: nothing is served until it is applied.
     pub(super) first_index: u64,
-    /// Its own no-op is applied: it serves.
+    /// Its own no-op is applied and the token counter is set: it serves.
     pub(super) caught_up: bool,
     /// This leader proposed the domain's `Init`.
     pub(super) init_proposed: bool,
@@ -617,7 +618,19 @@ impl ClusterNode {
             return false;
         };
         let mut progressed = false;
-        if !leadership.init_proposed && !self.state.is_initialised() {
+        // A recovering leader first hears the floors of enough slots
+        // (their hellos): together they bound every earlier token.
+        let evidence_complete = !self.config.recovering
+            || recovery::init_evidence_complete(
+                self.config.slot_count,
+                self.floor_slots_heard.len(),
+            );
+        if !leadership.init_proposed && !self.state.is_initialised() && !evidence_complete {
+            let heard = u8::try_from(self.floor_slots_heard.len() + 1).unwrap_or(u8::MAX);
+            let needed = recovery::evidence_slots_needed(self.config.slot_count);
+            self.events.note_recovery_evidence(heard, needed);
+        }
+        if !leadership.init_proposed && !self.state.is_initialised() && evidence_complete {
             // Above every token an authenticated peer knew of, so that a
             // cluster bootstrapped again with one clock behind still starts
             // above what it issued before.

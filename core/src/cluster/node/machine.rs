@@ -142,7 +142,8 @@ impl Machine for ClusterNode {
         if let Some((id, outcome)) = self.admin_replies.pop_front() {
             return Some(Output::AdminReply { id, outcome });
         }
-        let bound = self.next_grant_token_bound();
+        // Also what an Append dropped for want of reserve needs.
+        let bound = self.next_grant_token_bound().max(self.log_bound_wanted);
         if let Some(value) = self.reserve.poll_persist(now, bound) {
             return Some(Output::Reserve { value });
         }

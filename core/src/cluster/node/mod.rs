@@ -122,6 +122,10 @@ pub struct ClusterStats {
     pub pending: usize,
     /// Token reserve counts.
     pub reserve: ReserveStats,
+    /// Appends dropped because this node's durable reserve did not cover
+    /// the tokens their entries could allocate (sent again by the leader
+    /// once the reserve grew).
+    pub appends_uncovered: u64,
 }
 
 /// One node of a Ticketing cluster.
@@ -154,6 +158,13 @@ pub struct ClusterNode {
     /// The largest token floor an authenticated peer sent in its hello
     /// (below 2^63): the first `Init` starts at least there.
     peer_token_floor_max: u64,
+    /// Slots of authenticated peers of this node's own generation whose
+    /// hello floors were heard (a recovering leader's evidence, see
+    /// [`crate::cluster::recovery`]).
+    floor_slots_heard: BTreeSet<u8>,
+    /// The largest token bound of an `Append` dropped because the durable
+    /// reserve did not cover it: the reserve is asked to cover it.
+    log_bound_wanted: u64,
     /// The durable bound on tokens this node proposes; unlimited unless
     /// [`ClusterNode::with_token_reserve`] set one.
     reserve: TokenReserve,
@@ -220,6 +231,9 @@ struct NodeCounts {
     /// Force-release answers dropped because the driver did not drain
     /// them.
     dropped_admin_replies: u64,
+    /// Appends dropped because the durable reserve did not cover the
+    /// tokens their entries could allocate.
+    appends_uncovered: u64,
 }
 
 impl ClusterNode {
@@ -305,6 +319,8 @@ impl ClusterNode {
             last_refused_peer_frame: None,
             genesis: GenesisCheck::Done,
             peer_token_floor_max: 0,
+            floor_slots_heard: BTreeSet::new(),
+            log_bound_wanted: 0,
             config,
             reserve: TokenReserve::unlimited(),
             replies: ReplyCounts::default(),
@@ -379,6 +395,7 @@ impl ClusterNode {
             pending: self.pending.len(),
             waiters: self.leadership.as_ref().map_or(0, |l| l.waiters.len()),
             reserve: self.reserve.stats(),
+            appends_uncovered: self.counts.appends_uncovered,
             ..ClusterStats::default()
         };
         for conn in self.conns.by_id.values() {

@@ -208,6 +208,9 @@ impl ClusterNode {
         // The handshake refused floors at or above 2^63.
         if let Some(hello) = peer.handshake.peer_hello() {
             self.peer_token_floor_max = self.peer_token_floor_max.max(hello.token_floor);
+            if hello.from.generation == self.config.id.generation {
+                self.floor_slots_heard.insert(hello.from.slot);
+            }
         }
         if let Some(conn) = self.conns.by_id.get_mut(&conn_id) {
             self.conns.wakes.wake(conn_id, &mut conn.out);
