@@ -353,6 +353,32 @@ impl Semaphores {
                     });
                 }
                 Grant::TooFew(next_free) => {
+                    #[cfg(feature = "planted-bugs")]
+                    if crate::testing::planted::active(
+                        crate::testing::planted::PlantedBug::BargePermits,
+                    ) {
+                        let mut barged = None;
+                        for at in 1..semaphore.queue.len() {
+                            let queued = &semaphore.queue[at];
+                            let capacity = semaphore.capacity;
+                            if let Grant::Made(grant, deadline) =
+                                try_grant(now, table, queued.waiter, &queued.ask, capacity)
+                            {
+                                barged = Some((at, grant, deadline));
+                                break;
+                            }
+                        }
+                        if let Some((at, grant, lease_deadline)) = barged {
+                            let queued = semaphore.queue.remove(at).expect("in the queue");
+                            self.waiter_names.remove(&queued.waiter);
+                            self.events.push_back(PermitEvent::Granted {
+                                waiter: queued.waiter,
+                                grant,
+                                lease_deadline,
+                            });
+                            continue;
+                        }
+                    }
                     if let Some(at) = next_free
                         && semaphore.recheck_at.is_none_or(|old| at < old)
                     {

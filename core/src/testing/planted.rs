@@ -46,11 +46,14 @@ pub enum PlantedBug {
     /// committed can still be overwritten by a leader elected without it
     /// (Figure 8 of the Raft paper), after some node applied it.
     CommitOlderTerm,
+    /// A semaphore whose head asks for more permits than are free grants
+    /// a later, smaller request that fits: FIFO broken, the head starves.
+    BargePermits,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 11] = [
+    pub const ALL: [PlantedBug; 12] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -62,6 +65,7 @@ impl PlantedBug {
         PlantedBug::RenewalFromReply,
         PlantedBug::ReissueReservedToken,
         PlantedBug::CommitOlderTerm,
+        PlantedBug::BargePermits,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -78,6 +82,7 @@ impl PlantedBug {
             PlantedBug::RenewalFromReply => "renewal-from-reply",
             PlantedBug::ReissueReservedToken => "reissue-reserved-token",
             PlantedBug::CommitOlderTerm => "commit-older-term",
+            PlantedBug::BargePermits => "barge-permits",
         }
     }
 
