@@ -116,6 +116,9 @@ pub struct ServerStats {
     pub lock: LockStats,
     /// Token reserve counts.
     pub reserve: ReserveStats,
+    /// Requests queued for a semaphore's permits (not in `lock.waiters`,
+    /// which counts the table's own queues).
+    pub permit_waiters: usize,
 }
 
 /// The single-mode server state machine.
@@ -971,7 +974,7 @@ impl Server {
     /// A snapshot of what the server counted (see [`crate::metrics`]).
     /// O(connections) (their reply counts), independent of the keys.
     pub fn metrics(&self) -> ServerMetrics {
-        ServerMetrics::assemble(
+        let mut metrics = ServerMetrics::assemble(
             &self.table,
             (
                 self.closed_replies
@@ -982,7 +985,10 @@ impl Server {
             (self.sessions, self.line_sessions),
             self.handshakes.len(),
             self.shutting_down,
-        )
+        );
+        // A request queued for permits is a queued acquire too.
+        metrics.waiters += self.semaphores.waiter_count() as u64;
+        metrics
     }
 
     /// Current counts.
@@ -993,6 +999,7 @@ impl Server {
             handshakes: self.handshakes.len(),
             lock: self.table.stats(),
             reserve: self.reserve.stats(),
+            permit_waiters: self.semaphores.waiter_count(),
         }
     }
 }

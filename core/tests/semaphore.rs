@@ -96,6 +96,7 @@ fn three_workers_on_two_slots_the_third_waits_its_turn() {
     );
     let (tc, slots_c, _) = permit_grant(&h.replies(c));
     assert_eq!(slots_c, [0]);
+    assert_eq!(h.server.stats().permit_waiters, 0);
     assert!(tc > tb);
     // Never more than the capacity: both slots are taken again.
     assert_eq!(

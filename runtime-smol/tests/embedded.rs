@@ -610,3 +610,40 @@ fn a_broker_label_shows_with_its_connection_in_inspection() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn in_process_brokers_share_a_semaphore_in_fifo_order() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let first = server.broker();
+        let second = server.broker();
+        let both = first
+            .acquire_permits("workers", 2, 2, Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert_eq!(both.slots(), [0, 1]);
+        assert_eq!(both.free_at_grant(), Some(0));
+        let full = second
+            .acquire_permits("workers", 1, 2, Duration::ZERO, LEASE, BUDGET)
+            .await;
+        assert!(matches!(full, Err(TicketError::Timeout)), "{full:?}");
+        let waiter = {
+            let second = second.clone();
+            smol::spawn(async move {
+                second
+                    .acquire_permits("workers", 1, 2, WAIT, LEASE, BUDGET)
+                    .await
+            })
+        };
+        settle("the request queued", || server.stats().permit_waiters == 1).await;
+        let first_token = both.token();
+        assert_eq!(both.release().await.unwrap(), ReleaseOutcome::Released);
+        let next = waiter.await.unwrap();
+        assert_eq!(next.slots(), [0]);
+        assert!(next.token() > first_token);
+        assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+        first.close().await;
+        second.close().await;
+        server.shutdown().await;
+    });
+}

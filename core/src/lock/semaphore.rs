@@ -161,7 +161,6 @@ impl Semaphores {
     }
 
     /// Waiters queued on every semaphore.
-    #[cfg(test)]
     pub(crate) fn waiter_count(&self) -> usize {
         self.waiter_names.len()
     }
