@@ -27,8 +27,9 @@
 //! the waiter queues (handing a key to the front waiter, removing a
 //! waiter), `expiry.rs` the clock: deadlines due, the sweep, and keeping
 //! the deadline heaps bounded; `entry.rs` is
-//! the packed per-key entry, `keyed.rs` the maps by key bytes, and
-//! `inspect.rs` the operator's read-only view.
+//! the packed per-key entry, `keyed.rs` the maps by key bytes,
+//! `inspect.rs` the operator's read-only view, and `semaphore.rs` the FIFO
+//! semaphores built on the table's slot keys.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, VecDeque};
