@@ -384,16 +384,29 @@ async fn worker(
         state ^= state << 17;
         let key = &keys[(state % keys.len() as u64) as usize];
         let started = Instant::now();
-        let result = match broker
-            .acquire(key, args.wait, args.lease, args.budget)
-            .await
-        {
-            Ok(ticket) => ticket.release().await.and_then(|outcome| match outcome {
+        let released = match args.semaphore {
+            None => match broker
+                .acquire(key, args.wait, args.lease, args.budget)
+                .await
+            {
+                Ok(ticket) => ticket.release().await,
+                Err(e) => Err(e),
+            },
+            Some(capacity) => match broker
+                .acquire_permits(key, 1, capacity, args.wait, args.lease, args.budget)
+                .await
+            {
+                Ok(permit) => permit.release().await,
+                Err(e) => Err(e),
+            },
+        };
+        let result = match released {
+            Ok(outcome) => match outcome {
                 ReleaseOutcome::Released => Ok(()),
                 ReleaseOutcome::AlreadyGoneOrNotCurrent => Err(
                     ticketing_tokio::TicketError::Protocol("lease lapsed".into()),
                 ),
-            }),
+            },
             Err(e) => Err(e),
         };
         match result {

@@ -167,3 +167,38 @@ async fn bench_runs_on_a_multi_thread_runtime_and_takes_the_server_pid_given() {
     assert_eq!(output.status.code(), Some(2));
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_takes_permits_of_semaphores_with_semaphore() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let args = [
+        "--addr",
+        &addr,
+        "--clients",
+        "4",
+        "--keys",
+        "2",
+        "--ops",
+        "300",
+        "--connections",
+        "1",
+        "--semaphore",
+        "2",
+    ];
+    let (grants, stdout) = grants_of(&server, &args).await;
+    // Every pair was a permit grant (one token each) beside the warm-up.
+    assert_eq!(grants, 301, "{stdout}");
+    let permits = server
+        .metrics()
+        .replies
+        .of(ticketing_core::metrics::ReplyKind::Permits);
+    assert_eq!(permits, 300, "{stdout}");
+    let rate = line_with(&stdout, "300 acquire+release pairs in ");
+    assert!(figure_before(rate, "ops/s") > 0.0, "{rate}");
+    assert!(!stdout.contains("error"), "{stdout}");
+    // Permit grants are of slot keys; none is left held.
+    assert_eq!(server.stats().lock.held_keys, 0);
+    assert_eq!(server.stats().permit_waiters, 0);
+    server.shutdown().await;
+}

@@ -325,6 +325,11 @@ pub struct BenchArgs {
     /// the CPU per renewal.
     #[arg(long)]
     pub extend: bool,
+    /// Take one permit of a FIFO semaphore of N slots per pair instead of a
+    /// lock: the `--keys` keys name the semaphores. Reports permits/s and
+    /// the CPU per permit acquire+release.
+    #[arg(long, value_name = "N", conflicts_with = "extend", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub semaphore: Option<u16>,
 }
 
 /// Environment variable with the client token of `lock` and `bench`.

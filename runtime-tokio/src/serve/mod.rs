@@ -153,6 +153,11 @@ impl RunningServer {
         self.shared.lock().core.stats()
     }
 
+    /// The core's metrics, as `/metrics` shows them.
+    pub fn metrics(&self) -> ticketing_core::metrics::ServerMetrics {
+        self.shared.lock().core.metrics()
+    }
+
     /// Stops accepting, lets the core answer what is queued, flushes and
     /// closes every connection (giving up after the shutdown grace), and
     /// returns when all tasks are done.
