@@ -371,6 +371,20 @@ impl Server {
         }
     }
 
+    /// Whether an acquire of `keys` keys (or permits) on `conn` is over a
+    /// per-connection limit: requests in flight, or keys held. Such an
+    /// acquire is answered `B`.
+    fn over_connection_limits(&mut self, now: Instant, conn_id: ConnId, keys: usize) -> bool {
+        let over_in_flight = self
+            .conns
+            .get(&conn_id)
+            .is_none_or(|conn| conn.queued.len() >= self.config.in_flight_per_connection_max);
+        self.held.expire(now);
+        let over_held = self.held.held(conn_id).saturating_add(keys)
+            > self.config.budget.held_per_connection_max;
+        over_in_flight || over_held
+    }
+
     /// Takes permits of a semaphore: granted, queued or refused by the
     /// semaphores' FIFO rule, under the same per-connection limits as an
     /// acquire.
@@ -382,17 +396,7 @@ impl Server {
         max_hold: Option<Duration>,
         reply_to: ReplyTo,
     ) {
-        let over_in_flight = self
-            .conns
-            .get(&conn_id)
-            .is_none_or(|conn| conn.queued.len() >= self.config.in_flight_per_connection_max);
-        self.held.expire(now);
-        let over_held = self
-            .held
-            .held(conn_id)
-            .saturating_add(usize::from(request.permits))
-            > self.config.budget.held_per_connection_max;
-        let outcome = if over_in_flight || over_held {
+        let outcome = if self.over_connection_limits(now, conn_id, usize::from(request.permits)) {
             PermitOutcome::Busy
         } else {
             let waiter = WaiterId(self.next_waiter_id);
@@ -592,14 +596,7 @@ impl Server {
         keys: KeyGroup,
         reply_to: ReplyTo,
     ) {
-        let over_in_flight = self
-            .conns
-            .get(&conn_id)
-            .is_none_or(|conn| conn.queued.len() >= self.config.in_flight_per_connection_max);
-        self.held.expire(now);
-        let over_held = self.held.held(conn_id).saturating_add(keys.len())
-            > self.config.budget.held_per_connection_max;
-        let outcome = if over_in_flight || over_held {
+        let outcome = if self.over_connection_limits(now, conn_id, keys.len()) {
             AcquireOutcome::Busy
         } else {
             let waiter = WaiterId(self.next_waiter_id);
