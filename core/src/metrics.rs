@@ -593,6 +593,11 @@ pub struct ClusterMetrics {
     /// Force-release answers dropped because the driver did not drain
     /// them (0 unless the driver is broken).
     pub dropped_admin_replies: u64,
+    /// Follower: appends dropped because this node's durable token reserve
+    /// did not yet cover the tokens their entries could allocate (the
+    /// leader sends them again once the reserve has grown). Steady growth
+    /// means the state dir's writes lag behind the cluster's grants.
+    pub appends_uncovered: u64,
 }
 
 impl ClusterMetrics {

@@ -609,6 +609,12 @@ fn raft_traffic(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
         "raft_append_responses_sent",
         "Append answers sent to the leader while following.",
         m.raft.append_responses_sent,
+    )?;
+    counter(
+        e,
+        "raft_appends_uncovered",
+        "Appends this follower dropped until its durable token reserve covered their entries (sent again by the leader).",
+        m.appends_uncovered,
     )
 }
 
