@@ -316,6 +316,7 @@ mod tests {
             no_faults: true,
             server_crashes_only_ppm: Some(300_000),
             force_releases_ppm: Some(150_000),
+            majority_losses_ppm: Some(30_000),
             adversary: Some((300_000, 10_000)),
             full_liveness: true,
             planted: Some("grant-twice".into()),
