@@ -427,6 +427,20 @@ fn single_lock_events(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Resu
         &l.busy,
         m.busy_per_connection,
         None,
+    )?;
+    counters(
+        e,
+        "busy_permits",
+        "Permit requests answered B by a semaphore limit: as many semaphores as max_keys allows, or a semaphore's queue or all permit queues at the waiter limits (a B from the lock table under them is in busy).",
+        "limit",
+        &[
+            ("max_semaphores", m.busy_semaphores.semaphores_max),
+            (
+                "max_waiters_per_key",
+                m.busy_semaphores.waiters_per_semaphore_max,
+            ),
+            ("max_waiters_total", m.busy_semaphores.waiters_total_max),
+        ],
     )
 }
 

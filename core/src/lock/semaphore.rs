@@ -27,6 +27,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use super::{AcquireOptions, AcquireOutcome, LockTable, WaiterId};
+use crate::metrics::SemaphoreBusy;
 use crate::queue_rule;
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, SLOT_SUFFIX_LEN, Slots, slot_key};
@@ -143,6 +144,8 @@ pub(crate) struct Semaphores {
     /// Semaphores whose head should be looked at again.
     dirty: Vec<Key>,
     events: VecDeque<PermitEvent>,
+    /// Permit requests answered `B` by the semaphores' own limits.
+    busy: SemaphoreBusy,
 }
 
 impl Semaphores {
@@ -157,7 +160,13 @@ impl Semaphores {
             rechecks: BinaryHeap::new(),
             dirty: Vec::new(),
             events: VecDeque::new(),
+            busy: SemaphoreBusy::default(),
         }
+    }
+
+    /// Permit requests answered `B` by the semaphores' own limits so far.
+    pub(crate) fn busy(&self) -> SemaphoreBusy {
+        self.busy
     }
 
     /// Waiters queued on every semaphore.
@@ -186,6 +195,7 @@ impl Semaphores {
         {
             self.forget_unused(now, table);
             if self.by_name.len() >= self.limits.semaphores_max {
+                self.busy.semaphores_max += 1;
                 return PermitOutcome::Busy;
             }
         }
@@ -212,9 +222,12 @@ impl Semaphores {
             return PermitOutcome::TimedOut;
         }
         let semaphore = self.by_name.get_mut(&ask.name).expect("inserted above");
-        if semaphore.queue.len() >= self.limits.waiters_per_semaphore_max
-            || self.waiter_names.len() >= self.limits.waiters_total_max
-        {
+        if semaphore.queue.len() >= self.limits.waiters_per_semaphore_max {
+            self.busy.waiters_per_semaphore_max += 1;
+            return self.refuse(now, table, &ask.name, PermitOutcome::Busy);
+        }
+        if self.waiter_names.len() >= self.limits.waiters_total_max {
+            self.busy.waiters_total_max += 1;
             return self.refuse(now, table, &ask.name, PermitOutcome::Busy);
         }
         let deadline = queue_rule::wait_deadline(
@@ -779,6 +792,15 @@ mod tests {
             assert_eq!(w.ask(later, "e", 1, 1, 30).1, PermitOutcome::Queued);
         }
         assert_eq!(w.ask(later, "e", 1, 1, 30).1, PermitOutcome::Busy);
+        // Each refusal is counted under the limit that made it.
+        assert_eq!(
+            w.sems.busy(),
+            SemaphoreBusy {
+                semaphores_max: 1,
+                waiters_per_semaphore_max: 1,
+                waiters_total_max: 0,
+            }
+        );
     }
 
     #[test]
