@@ -24,7 +24,8 @@
 //! `now` arguments.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::ops::Bound;
 
 use super::{AcquireOptions, AcquireOutcome, LockTable, WaiterId};
 use crate::metrics::SemaphoreBusy;
@@ -128,12 +129,21 @@ struct PermitWaiter {
     ask: PermitAsk,
 }
 
+/// Slot look-ups one sweep for unused semaphores may spend (a request for
+/// a new name while the registry is full): eight of the widest
+/// semaphores, or thousands of narrow ones.
+const SWEEP_LOOKUPS_MAX: usize = 8_192;
+
 /// Every semaphore with its queue; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct Semaphores {
     limits: SemaphoreLimits,
     wait_margin: Duration,
-    by_name: HashMap<Key, Semaphore>,
+    /// Ordered, so that every walk over them (rechecks, the sweep for
+    /// unused ones) goes the same way in every process.
+    by_name: BTreeMap<Key, Semaphore>,
+    /// Where the last sweep for unused semaphores stopped.
+    sweep_after: Option<Key>,
     /// Which semaphore each waiter is queued on.
     waiter_names: HashMap<WaiterId, Key>,
     /// Wait deadlines; an entry whose waiter is gone is skipped.
@@ -154,7 +164,8 @@ impl Semaphores {
         Semaphores {
             limits,
             wait_margin,
-            by_name: HashMap::new(),
+            by_name: BTreeMap::new(),
+            sweep_after: None,
             waiter_names: HashMap::new(),
             wait_deadlines: BinaryHeap::new(),
             rechecks: BinaryHeap::new(),
@@ -416,10 +427,48 @@ impl Semaphores {
         }
     }
 
-    /// Forgets every semaphore nobody uses (the registry is full).
+    /// Forgets semaphores nobody uses (the registry is full), looking at
+    /// slots for at most [`SWEEP_LOOKUPS_MAX`] look-ups: a full registry of
+    /// wide semaphores would otherwise cost one request up to 65,536 ×
+    /// 1,024 look-ups on the lock state machine's turn. Each sweep goes on
+    /// where the last one stopped (wrapping around), so every semaphore is
+    /// looked at within a bounded number of requests; until then a new
+    /// name is answered `B`, as when the registry is full of used ones.
     fn forget_unused(&mut self, now: Instant, table: &LockTable) {
-        self.by_name
-            .retain(|name, semaphore| in_use(now, table, name, semaphore));
+        let after = self.sweep_after.take();
+        let (tail, head) = match &after {
+            Some(name) => (
+                self.by_name
+                    .range::<Key, _>((Bound::Excluded(name), Bound::Unbounded)),
+                Some(
+                    self.by_name
+                        .range::<Key, _>((Bound::Unbounded, Bound::Included(name))),
+                ),
+            ),
+            None => (self.by_name.range::<Key, _>(..), None),
+        };
+        let (mut unused, mut budget, mut last) = (Vec::new(), SWEEP_LOOKUPS_MAX, None);
+        for (name, semaphore) in tail.chain(head.into_iter().flatten()) {
+            // A semaphore with waiters is in use without a look-up; one
+            // without costs up to one look-up per slot.
+            let cost = if semaphore.queue.is_empty() {
+                usize::from(semaphore.capacity)
+            } else {
+                1
+            };
+            if cost > budget && last.is_some() {
+                break;
+            }
+            budget = budget.saturating_sub(cost);
+            if !in_use(now, table, name, semaphore) {
+                unused.push(name.clone());
+            }
+            last = Some(name.clone());
+        }
+        for name in unused {
+            self.by_name.remove(&name);
+        }
+        self.sweep_after = last;
     }
 
     /// Drops stale rechecks once they outnumber the semaphores, so the heap
@@ -592,9 +641,12 @@ mod tests {
 
     impl World {
         fn new() -> Self {
+            World::with_limits(LIMITS)
+        }
+        fn with_limits(limits: SemaphoreLimits) -> Self {
             World {
                 table: LockTable::new(LockConfig::default(), 1_000, at(0)),
-                sems: Semaphores::new(LIMITS, Duration::from_millis(100)),
+                sems: Semaphores::new(limits, Duration::from_millis(100)),
                 next_waiter: 1,
             }
         }
@@ -801,6 +853,34 @@ mod tests {
                 waiters_total_max: 0,
             }
         );
+    }
+
+    /// A full registry of wide semaphores: each request for a new name
+    /// looks at no more than the sweep's budget of slots (eight semaphores
+    /// of 1,024), going on where the last one stopped, so the unused ones
+    /// at the end are found by the third request, not by the first one
+    /// scanning everything.
+    #[test]
+    fn the_sweep_for_unused_semaphores_is_bounded_and_goes_round() {
+        let mut w = World::with_limits(SemaphoreLimits {
+            semaphores_max: 20,
+            ..LIMITS
+        });
+        let names: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+        // The last four are taken first: their 10 s leases end first.
+        for name in &names[16..] {
+            granted(w.ask(at(0), name, 1, 1_024, 0).1);
+        }
+        for name in &names[..16] {
+            granted(w.ask(at(9_000), name, 1, 1_024, 0).1);
+        }
+        let later = at(15_000);
+        let outcomes: Vec<bool> = (0..3)
+            .map(|_| matches!(w.ask(later, "new", 1, 1, 0).1, PermitOutcome::Granted(_)))
+            .collect();
+        assert_eq!(outcomes, [false, false, true]);
+        assert_eq!(w.sems.by_name.len(), 17, "the four unused ones forgotten");
+        assert_eq!(w.sems.busy().semaphores_max, 2);
     }
 
     #[test]
