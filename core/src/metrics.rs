@@ -124,6 +124,26 @@ pub struct BusyByLimit {
     pub token_reserve: u64,
 }
 
+/// Permit requests answered `B` by the semaphores' own limits (single
+/// mode); a `B` from the lock table under them (keys, token reserve) is
+/// counted in [`BusyByLimit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SemaphoreBusy {
+    /// No room for another semaphore (at most `keys_max` of them).
+    pub semaphores_max: u64,
+    /// The semaphore's queue is full (`waiters_per_key_max`).
+    pub waiters_per_semaphore_max: u64,
+    /// As many permit waiters as `waiters_total_max` allows.
+    pub waiters_total_max: u64,
+}
+
+impl SemaphoreBusy {
+    /// Every `B` counted here.
+    pub fn total(&self) -> u64 {
+        self.semaphores_max + self.waiters_per_semaphore_max + self.waiters_total_max
+    }
+}
+
 /// What the single-mode lock table counted ([`crate::lock::LockTable`]).
 ///
 /// A key set counts once per grant, release or expiry, like one key.
@@ -387,9 +407,11 @@ pub struct ServerMetrics {
     pub pushes: PushCounts,
     /// Replies sent, by kind.
     pub replies: ReplyCounts,
+    /// Permit requests answered `B` by the semaphores' own limits.
+    pub busy_semaphores: SemaphoreBusy,
     /// Acquires answered `B` for a per-connection limit
     /// (`in_flight_per_connection_max`, `held_per_connection_max`): every
-    /// `B` the table did not decide.
+    /// `B` neither the table nor the semaphores decided.
     pub busy_per_connection: u64,
     /// Abusive or refused connections.
     pub abuse: AbuseCounts,
@@ -598,6 +620,11 @@ pub struct ClusterMetrics {
     /// Force-release answers dropped because the driver did not drain
     /// them (0 unless the driver is broken).
     pub dropped_admin_replies: u64,
+    /// Follower: appends dropped because this node's durable token reserve
+    /// did not yet cover the tokens their entries could allocate (the
+    /// leader sends them again once the reserve has grown). Steady growth
+    /// means the state dir's writes lag behind the cluster's grants.
+    pub appends_uncovered: u64,
 }
 
 impl ClusterMetrics {

@@ -1038,7 +1038,7 @@ impl Server {
     /// O(connections) (their reply counts), independent of the keys.
     pub fn metrics(&self) -> ServerMetrics {
         let mut metrics = ServerMetrics::assemble(
-            &self.table,
+            (&self.table, self.semaphores.busy()),
             (
                 self.closed_replies
                     .total(self.conns.values().map(|c| &c.replies)),

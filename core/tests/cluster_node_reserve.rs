@@ -125,6 +125,11 @@ fn a_follower_appends_nothing_its_durable_reserve_does_not_cover() {
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     let stalled = net.node(follower).stats().appends_uncovered;
     assert!(stalled > 0, "the follower never had to drop an Append");
+    assert_eq!(
+        net.node(follower).metrics().appends_uncovered,
+        stalled,
+        "operators see the same count"
+    );
     assert!(
         net.node(follower).raft().last_index() < net.node(leader).raft().last_index(),
         "the stalled follower is behind"

@@ -34,31 +34,50 @@ fn a_single_leader_is_elected_and_everyone_follows_it() {
     }
 }
 
-#[test]
-fn split_votes_resolve() {
-    // A narrow jitter window and slow links make simultaneous candidacies
-    // (and so split votes) common; each must still end with one leader.
+/// A narrow jitter window (15 ms) makes simultaneous candidacies common
+/// among 5 voters; returns the term of the first leader of each seed.
+fn first_terms_with_narrow_jitter(latency_ms: u64) -> Vec<u64> {
     let cfg = RaftConfig {
         heartbeat_interval: Duration::from_millis(50),
         election_timeout_min: Duration::from_millis(300),
         election_timeout_jitter: Duration::from_millis(15),
         ..RaftConfig::default()
     };
-    let mut splits = 0;
-    for seed in 0..40 {
-        let mut net = Net::new(5, cfg.clone(), seed);
-        net.latency_min_ms = 10;
-        net.latency_max_ms = 10;
-        let leader = net.run_until_leader(30_000);
-        let term = net.raft(leader).term();
-        // Bootstrap term is 1; an election won at the first try is term 2.
-        if term > 2 {
-            splits += 1;
-        }
-        net.run_ms(2_000);
-        assert_eq!(net.count_leaders(), 1);
-    }
-    assert!(splits > 0, "the scenario never produced a split vote");
+    (0..40)
+        .map(|seed| {
+            let mut net = Net::new(5, cfg.clone(), seed);
+            net.latency_min_ms = latency_ms;
+            net.latency_max_ms = latency_ms;
+            let leader = net.run_until_leader(30_000);
+            let term = net.raft(leader).term();
+            net.run_ms(2_000);
+            assert_eq!(net.count_leaders(), 1, "seed {seed}");
+            term
+        })
+        .collect()
+}
+
+#[test]
+fn split_votes_resolve() {
+    // Links slower than a heartbeat interval (60 ms against 50): pre-vote
+    // rounds that collide are no longer fresh when the rival's request
+    // arrives, so the tie is not broken and votes split; each must still
+    // end with one leader.
+    let terms = first_terms_with_narrow_jitter(60);
+    // Bootstrap term is 1; an election won at the first try is term 2.
+    assert!(
+        terms.iter().any(|&term| term > 2),
+        "the scenario never produced a split vote"
+    );
+}
+
+#[test]
+fn colliding_pre_vote_rounds_elect_a_leader_at_the_first_try() {
+    // The same narrow window with 10 ms links, where pre-vote rounds often
+    // start within a one-way delay of each other: the tie goes to the
+    // smaller id and only it campaigns, so every seed elects in term 2.
+    let terms = first_terms_with_narrow_jitter(10);
+    assert!(terms.iter().all(|&term| term == 2), "terms {terms:?}");
 }
 
 #[test]
@@ -285,4 +304,161 @@ fn messages_for_another_generation_of_the_slot_are_ignored() {
     );
     assert_eq!(r.term(), 0);
     assert!(r.poll_message().is_none());
+}
+
+/// Two of three voters (the leader dead) whose timers fire at the same
+/// instant: every message between them is delivered after `delay_ms`, the
+/// dead one's are dropped. Returns the two rafts after `run_ms`.
+fn survivors_timing_out_together(delay_ms: u64, run_ms: u64) -> (Raft, Raft) {
+    let voters = [id(0, 1), id(1, 1), id(2, 1)];
+    let cfg = RaftConfig::default();
+    let mut a = Raft::bootstrap(voters[0], voters, cfg.clone(), 1, Instant::ZERO);
+    let mut b = Raft::bootstrap(voters[1], voters, cfg, 2, Instant::ZERO);
+    // Both deadlines have passed: each starts a pre-vote round now.
+    let start = Instant::from_millis(10_000);
+    a.handle_timeout(start);
+    b.handle_timeout(start);
+    assert_eq!(
+        (a.role(), b.role()),
+        (Role::PreCandidate, Role::PreCandidate)
+    );
+    // Messages in flight, each with its delivery time, in send order.
+    let mut flight: Vec<(Instant, Message)> = Vec::new();
+    let delay = Duration::from_millis(delay_ms);
+    let end = start.saturating_add(Duration::from_millis(run_ms));
+    let mut now = start;
+    loop {
+        for raft in [&mut a, &mut b] {
+            while let Some((to, msg)) = raft.poll_message() {
+                if to != voters[2] {
+                    flight.push((now.saturating_add(delay), msg));
+                }
+            }
+        }
+        // The next event: a delivery or a timer, whichever comes first.
+        let next_delivery = flight.iter().map(|(at, _)| *at).min();
+        let next_timer = [a.poll_timeout(), b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
+            break;
+        };
+        if next > end {
+            break;
+        }
+        now = next;
+        if next_delivery == Some(now) {
+            let position = flight.iter().position(|(at, _)| *at == now).unwrap();
+            let (_, msg) = flight.remove(position);
+            if msg.to == voters[0] {
+                a.step(now, msg);
+            } else {
+                b.step(now, msg);
+            }
+        } else {
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+        }
+    }
+    (a, b)
+}
+
+#[test]
+fn two_survivors_whose_timers_fire_together_elect_the_smaller_id_in_one_term() {
+    // Both pre-vote rounds start before either request arrives (a one-way
+    // delay of 1 to 20 ms). Each would grant the other, both would then
+    // campaign in term 2 and vote for themselves, and with the third voter
+    // dead neither would win before another whole election timeout
+    // (2.4–2.5 s). The pre-candidate with the smaller id refuses the tie,
+    // so the other grants it alone and it wins term 2 within a few delays.
+    for delay_ms in [1, 5, 20] {
+        let (a, b) = survivors_timing_out_together(delay_ms, 6 * delay_ms);
+        assert_eq!(a.role(), Role::Leader, "delay {delay_ms} ms");
+        assert_eq!(a.term(), 2, "delay {delay_ms} ms");
+        assert_eq!(b.role(), Role::Follower, "delay {delay_ms} ms");
+        assert_eq!(b.leader(), Some(a.id()), "delay {delay_ms} ms");
+        assert_eq!(b.term(), 2, "delay {delay_ms} ms");
+    }
+}
+
+#[test]
+fn a_pre_candidate_refuses_a_tie_only_within_a_heartbeat_of_its_round() {
+    // Voter 0 starts a pre-vote round at 10 s; voter 1 (a larger id, the
+    // same log) asks for a pre-vote in the same term 99 ms and 100 ms
+    // later. The first ties with a fresh round and is refused; the second
+    // comes when the round is a heartbeat interval (100 ms) old, which a
+    // round that could win does not reach, and is granted.
+    let voters = [id(0, 1), id(1, 1), id(2, 1)];
+    for (after_ms, granted) in [(99, false), (100, true)] {
+        let mut r = Raft::bootstrap(voters[0], voters, RaftConfig::default(), 1, Instant::ZERO);
+        let start = Instant::from_millis(10_000);
+        r.handle_timeout(start);
+        assert_eq!(r.role(), Role::PreCandidate);
+        while r.poll_message().is_some() {}
+        r.step(
+            start.saturating_add(Duration::from_millis(after_ms)),
+            Message {
+                from: voters[1],
+                to: voters[0],
+                term: 2,
+                body: MessageBody::PreVote {
+                    last_index: 1,
+                    last_term: 1,
+                },
+            },
+        );
+        let (to, reply) = r.poll_message().unwrap();
+        assert_eq!(to, voters[1]);
+        assert_eq!(
+            reply.body,
+            MessageBody::PreVoteResponse { reject: !granted },
+            "{after_ms} ms into the round"
+        );
+    }
+}
+
+#[test]
+fn a_pre_candidate_grants_a_rival_with_a_smaller_id_or_a_longer_log() {
+    // The tie goes to the smaller id: voter 1 in a fresh round grants voter
+    // 0 and gives up its own round; voter 0 grants voter 2 when 2's log is
+    // longer (no tie) and keeps its round.
+    let voters = [id(0, 1), id(1, 1), id(2, 1)];
+    let start = Instant::from_millis(10_000);
+    let mut one = Raft::bootstrap(voters[1], voters, RaftConfig::default(), 1, Instant::ZERO);
+    one.handle_timeout(start);
+    while one.poll_message().is_some() {}
+    one.step(
+        start,
+        Message {
+            from: voters[0],
+            to: voters[1],
+            term: 2,
+            body: MessageBody::PreVote {
+                last_index: 1,
+                last_term: 1,
+            },
+        },
+    );
+    let (_, reply) = one.poll_message().unwrap();
+    assert_eq!(reply.body, MessageBody::PreVoteResponse { reject: false });
+    assert_eq!(one.role(), Role::Follower, "the larger id stands down");
+    let mut zero = Raft::bootstrap(voters[0], voters, RaftConfig::default(), 1, Instant::ZERO);
+    zero.handle_timeout(start);
+    while zero.poll_message().is_some() {}
+    zero.step(
+        start,
+        Message {
+            from: voters[2],
+            to: voters[0],
+            term: 2,
+            body: MessageBody::PreVote {
+                last_index: 2,
+                last_term: 1,
+            },
+        },
+    );
+    let (_, reply) = zero.poll_message().unwrap();
+    assert_eq!(reply.body, MessageBody::PreVoteResponse { reject: false });
+    assert_eq!(zero.role(), Role::PreCandidate, "no tie: the round goes on");
 }

@@ -6,8 +6,10 @@
 //! Time is injected; the clock jumps.
 
 use ticketing_core::inspect::{ForceRelease, ForceReleaseOutcome};
+use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::machine::{Machine, Output};
-use ticketing_core::server::{ConnId, ConnState};
+use ticketing_core::metrics::ReplyKind;
+use ticketing_core::server::{ConnId, ConnState, ServerConfig};
 use ticketing_core::testing::net::{SingleNet, decode_replies};
 use ticketing_core::time::Duration;
 use ticketing_core::wire::{
@@ -274,4 +276,45 @@ fn q_is_an_unknown_op_without_permits_and_bad_fields_get_e_9() {
     );
     // Nothing was granted by any of them.
     assert_eq!(h.server.lock_table().key_count(), 0);
+}
+
+/// A `B` from a semaphore's own limit is counted under that limit, not as
+/// a per-connection refusal; one from the connection's in-flight limit
+/// still is.
+#[test]
+fn permit_refusals_are_counted_by_the_limit_that_was_reached() {
+    let config = ServerConfig {
+        lock: LockConfig {
+            limits: Limits {
+                keys_max: 8,
+                waiters_per_key_max: 1,
+                waiters_total_max: 10,
+            },
+            ..LockConfig::default()
+        },
+        in_flight_per_connection_max: 1,
+        ..ServerConfig::default()
+    };
+    let mut h = SingleNet::new(config);
+    let [a, b, c] = [(); 3].map(|()| connect_all(&mut h));
+    permit_grant(&h.call(a, &permits(2, "jobs", 1, 1, 30)));
+    assert!(
+        h.call(b, &permits(2, "jobs", 1, 1, 30)).is_empty(),
+        "queued"
+    );
+    // The semaphore's queue is full (one waiter per key).
+    assert_eq!(
+        h.call(c, &permits(2, "jobs", 1, 1, 30)),
+        [Reply::Busy { rid: 2 }]
+    );
+    // b already has a request in flight: its own limit.
+    assert_eq!(
+        h.call(b, &permits(3, "other", 1, 1, 30)),
+        [Reply::Busy { rid: 3 }]
+    );
+    let m = h.metrics();
+    assert_eq!(m.busy_semaphores.waiters_per_semaphore_max, 1);
+    assert_eq!(m.busy_semaphores.total(), 1);
+    assert_eq!(m.busy_per_connection, 1);
+    assert_eq!(m.replies.of(ReplyKind::Busy), 2);
 }

@@ -3,7 +3,9 @@
 //! SIGKILL and times how long it takes until the next acquire is granted
 //! (by our client in cluster mode), restarting the killed slot with empty
 //! state (it rejoins under a new generation) before the next round.
-//! Prints every sample and p50/p99/max.
+//! Prints every sample (with when a survivor first reported itself leader
+//! and in how many terms past the killed leader's: +1 is one election, +2
+//! or more a split vote or a failed round) and p50/p99/max.
 //!
 //! Usage: cluster_failover BINARY PROFILE ROUNDS   (see
 //! scripts/cluster-failover.sh)
@@ -213,6 +215,13 @@ async fn main() {
                 Err(e) => assert!(Instant::now() < warm_until, "no warm-up grant: {e}"),
             }
         }
+        // The leader's term before the kill: a new leader one term later
+        // was elected in one round, two or more terms later after a split
+        // vote (or a pre-vote round that failed).
+        let term_before = cluster
+            .status(leader)
+            .and_then(|line| Cluster::field(&line, "term"))
+            .and_then(|term| term.parse::<u64>().ok());
         let killed_at = Instant::now();
         cluster.kill(leader);
         // In parallel: when does a surviving node report itself leader?
@@ -229,12 +238,14 @@ async fn main() {
                             let mut line = String::new();
                             tcp.read_to_string(&mut line).ok().map(|_| line)
                         });
-                    if line.is_some_and(|l| l.contains("role=leader")) {
-                        return killed_at.elapsed();
+                    if let Some(line) = line.filter(|l| l.contains("role=leader")) {
+                        let term =
+                            Cluster::field(&line, "term").and_then(|t| t.parse::<u64>().ok());
+                        return (killed_at.elapsed(), term);
                     }
                 }
                 if killed_at.elapsed() > Duration::from_secs(60) {
-                    return killed_at.elapsed();
+                    return (killed_at.elapsed(), None);
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -252,14 +263,19 @@ async fn main() {
             }
         };
         let took = killed_at.elapsed();
-        let elected = elected.join().expect("status poller");
+        let (elected, term_after) = elected.join().expect("status poller");
         elections.push(elected);
+        let rounds_taken = match (term_before, term_after) {
+            (Some(before), Some(after)) => format!("term +{}", after.saturating_sub(before)),
+            _ => "term ?".to_owned(),
+        };
         assert!(ticket.token() > last_token, "token went back");
         last_token = ticket.token();
         let _ = ticket.release().await;
         broker.close().await;
         println!(
-            "round {round:>2}: killed slot {leader}, next grant after {:>7.1} ms",
+            "round {round:>2}: killed slot {leader}, a survivor leader after {:>7.1} ms ({rounds_taken}), next grant after {:>7.1} ms",
+            elected.as_secs_f64() * 1e3,
             took.as_secs_f64() * 1e3
         );
         samples.push(took);

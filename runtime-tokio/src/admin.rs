@@ -427,6 +427,20 @@ fn single_lock_events(e: &mut DescriptorEncoder, m: &ServerMetrics) -> fmt::Resu
         &l.busy,
         m.busy_per_connection,
         None,
+    )?;
+    counters(
+        e,
+        "busy_permits",
+        "Permit requests answered B by a semaphore limit: as many semaphores as max_keys allows, or a semaphore's queue or all permit queues at the waiter limits (a B from the lock table under them is in busy).",
+        "limit",
+        &[
+            ("max_semaphores", m.busy_semaphores.semaphores_max),
+            (
+                "max_waiters_per_key",
+                m.busy_semaphores.waiters_per_semaphore_max,
+            ),
+            ("max_waiters_total", m.busy_semaphores.waiters_total_max),
+        ],
     )
 }
 
@@ -609,6 +623,12 @@ fn raft_traffic(e: &mut DescriptorEncoder, m: &ClusterMetrics) -> fmt::Result {
         "raft_append_responses_sent",
         "Append answers sent to the leader while following.",
         m.raft.append_responses_sent,
+    )?;
+    counter(
+        e,
+        "raft_appends_uncovered",
+        "Appends this follower dropped until its durable token reserve covered their entries (sent again by the leader).",
+        m.appends_uncovered,
     )
 }
 

@@ -49,6 +49,8 @@ pub fn run(args: &BenchArgs) -> ExitCode {
 fn unit(args: &BenchArgs) -> &'static str {
     if args.extend {
         "renewal"
+    } else if args.semaphore.is_some() {
+        "permit acquire+release"
     } else {
         "acquire+release"
     }
@@ -249,6 +251,14 @@ fn report(
             "{ok} renewals in {:.2} s: {rate:.0} ops/s ({} clients, each renewing a key of its own, {connections} connection{})",
             elapsed.as_secs_f64(),
             args.clients,
+            if connections == 1 { "" } else { "s" }
+        );
+    } else if let Some(capacity) = args.semaphore {
+        println!(
+            "{ok} permit acquire+release pairs in {:.2} s: {rate:.0} permits/s ({} clients, {} semaphores of {capacity} slots, {connections} connection{})",
+            elapsed.as_secs_f64(),
+            args.clients,
+            args.keys,
             if connections == 1 { "" } else { "s" }
         );
     } else {

@@ -9,14 +9,14 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::ports::free_port;
-use common::startup::await_listening;
+use common::startup::{Log, await_listening};
 use ticketing_core::auth::{
     ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, SINGLE_SELF_SLOT, WireMode,
 };
@@ -33,7 +33,7 @@ const LEGIT_SOURCE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 struct Serve {
     child: Child,
     addr: SocketAddr,
-    lines: Arc<Mutex<Vec<String>>>,
+    log: Arc<Log>,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -60,27 +60,31 @@ impl Serve {
         Serve {
             child,
             addr,
-            lines: started.log,
+            log: started.log,
             reader: Some(started.reader),
         }
     }
 
     /// Warn lines that contain `what`, with the count each reports.
     fn warn_counts(&self, what: &str) -> Vec<u64> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line.contains("WARN") && line.contains(what))
-            .map(|line| {
-                let count = line
-                    .split_whitespace()
-                    .find_map(|field| field.strip_prefix("count="))
-                    .unwrap_or_else(|| panic!("no count in {line:?}"));
-                count.parse().unwrap()
-            })
-            .collect()
+        warn_counts(&self.log.lines(), what)
     }
+}
+
+/// The warn lines among `lines` that contain `what`, with the count each
+/// reports.
+fn warn_counts(lines: &[String], what: &str) -> Vec<u64> {
+    lines
+        .iter()
+        .filter(|line| line.contains("WARN") && line.contains(what))
+        .map(|line| {
+            let count = line
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix("count="))
+                .unwrap_or_else(|| panic!("no count in {line:?}"));
+            count.parse().unwrap()
+        })
+        .collect()
 }
 
 impl Drop for Serve {
@@ -292,18 +296,16 @@ fn wrong_proofs_in_a_loop_are_logged_rate_limited_with_counts() {
     assert!(attempts > 100, "only {attempts} attempts in 3 s");
     // The first failure is reported at once, the rest when the 10 s window
     // ends.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let counts = loop {
-        let counts = serve.warn_counts("failed client proofs");
-        if counts.iter().sum::<u64>() >= attempts {
-            break counts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "warn counts {counts:?} do not add up to {attempts} attempts"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let counts = serve
+        .log
+        .wait_for(Duration::from_secs(20), |lines| {
+            let counts = warn_counts(lines, "failed client proofs");
+            (counts.iter().sum::<u64>() >= attempts).then_some(counts)
+        })
+        .unwrap_or_else(|| {
+            let counts = serve.warn_counts("failed client proofs");
+            panic!("warn counts {counts:?} do not add up to {attempts} attempts within 20 s")
+        });
     assert_eq!(counts.iter().sum::<u64>(), attempts);
     assert_eq!(counts[0], 1, "the first failure is reported at once");
     assert!(

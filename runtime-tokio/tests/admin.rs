@@ -528,6 +528,11 @@ async fn cluster_readyz_follows_the_leader_and_metrics_parse() {
             >= 1.0
     );
     assert!(m.value("ticketing_raft_commit_index", &[]).unwrap() >= 1.0);
+    // Served on every node; a leader drops no appends of its own.
+    assert_eq!(
+        m.value("ticketing_raft_appends_uncovered_total", &[]),
+        Some(0.0)
+    );
     // Sessions by dialect add up to the sessions (the published client
     // speaks v3).
     let sessions = m.value("ticketing_client_sessions", &[]).unwrap();

@@ -194,8 +194,9 @@ async fn bench_takes_permits_of_semaphores_with_semaphore() {
         .replies
         .of(ticketing_core::metrics::ReplyKind::Permits);
     assert_eq!(permits, 300, "{stdout}");
-    let rate = line_with(&stdout, "300 acquire+release pairs in ");
-    assert!(figure_before(rate, "ops/s") > 0.0, "{rate}");
+    let rate = line_with(&stdout, "300 permit acquire+release pairs in ");
+    assert!(figure_before(rate, "permits/s") > 0.0, "{rate}");
+    assert!(rate.contains("2 semaphores of 2 slots"), "{rate}");
     assert!(!stdout.contains("error"), "{stdout}");
     // Permit grants are of slot keys; none is left held.
     assert_eq!(server.stats().lock.held_keys, 0);

@@ -38,6 +38,10 @@ pub struct Knobs {
     /// Cluster worlds: the outsider's rates (relay ppm, inject ppm)
     /// instead of the swarm's draw.
     pub adversary: Option<(u32, u32)>,
+    /// Cluster worlds: majority losses (every node crashes at once and the
+    /// operator recovers under the same identity) at this rate (ppm per
+    /// fault tick) instead of none.
+    pub majority_losses_ppm: Option<u32>,
     /// Cluster worlds: run the liveness phase to its bound even when
     /// everything resolved early.
     pub full_liveness: bool,
@@ -70,6 +74,9 @@ impl Knobs {
                 relay_ppm,
                 inject_ppm,
             };
+        }
+        if let Some(ppm) = self.majority_losses_ppm {
+            config.faults.majority_loss_ppm = ppm;
         }
         config.end_when_quiet = !self.full_liveness;
         config
@@ -153,6 +160,9 @@ impl Knobs {
         if let Some((relay, inject)) = self.adversary {
             flag("--adversary", Some(format!("{relay},{inject}")));
         }
+        if let Some(ppm) = self.majority_losses_ppm {
+            flag("--majority-losses", Some(ppm.to_string()));
+        }
         if self.full_liveness {
             flag("--full-liveness", None);
         }
@@ -215,6 +225,7 @@ impl Knobs {
                     parsed.ok_or_else(|| format!("--adversary needs RELAY,INJECT: {text:?}"))?,
                 );
             }
+            "--majority-losses" => self.majority_losses_ppm = Some(value(flag, rest)?),
             "--full-liveness" => self.full_liveness = true,
             "--planted" => self.planted = Some(value(flag, rest)?),
             _ => return Ok(false),
@@ -243,7 +254,7 @@ pub struct CliArgs {
 
 /// The CLI's usage line.
 pub const USAGE: &str = "usage: ticketing-sim [--seeds A..B | --seed N [--trace]] [--hashes] [--quiet] [--bytes FUZZ_INPUT [--trace]] \
-[--cluster 3|5 [--full-liveness] [--force-releases PPM] [--adversary RELAY_PPM,INJECT_PPM]] [--stress] [--no-faults] \
+[--cluster 3|5 [--full-liveness] [--force-releases PPM] [--adversary RELAY_PPM,INJECT_PPM] [--majority-losses PPM]] [--stress] [--no-faults] \
 [--server-crashes-only PPM] [--partial-writes PPM] [--line-clients N] [--v3-clients N] [--planted NAME]";
 
 /// Parses the CLI's arguments (without the program name).
@@ -305,6 +316,7 @@ mod tests {
             no_faults: true,
             server_crashes_only_ppm: Some(300_000),
             force_releases_ppm: Some(150_000),
+            majority_losses_ppm: Some(30_000),
             adversary: Some((300_000, 10_000)),
             full_liveness: true,
             planted: Some("grant-twice".into()),

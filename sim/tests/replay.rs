@@ -124,6 +124,19 @@ fn every_knob_is_the_world_it_names() {
     by_hand.end_when_quiet = false;
     by_hand.faults.force_release_ppm = 150_000;
     assert_eq!(knobs.cluster_config(seed, 5), by_hand);
+
+    let (knobs, _) = cli("--cluster 3 --seed 275 --majority-losses 30000");
+    let mut by_hand = ClusterSimConfig::swarm(seed, 3);
+    by_hand.faults.majority_loss_ppm = 30_000;
+    assert_eq!(knobs.cluster_config(seed, 3), by_hand);
+    assert_eq!(
+        cli(&knobs
+            .replay_command(seed)
+            .replace("cargo run -p ticketing-sim --release -- ", ""))
+        .0,
+        knobs,
+        "the replay line names the majority losses"
+    );
 }
 
 /// A replay line printed from knobs, fed back to the CLI's parser, gives

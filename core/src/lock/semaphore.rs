@@ -24,9 +24,11 @@
 //! `now` arguments.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::ops::Bound;
 
 use super::{AcquireOptions, AcquireOutcome, LockTable, WaiterId};
+use crate::metrics::SemaphoreBusy;
 use crate::queue_rule;
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, SLOT_SUFFIX_LEN, Slots, slot_key};
@@ -127,12 +129,21 @@ struct PermitWaiter {
     ask: PermitAsk,
 }
 
+/// Slot look-ups one sweep for unused semaphores may spend (a request for
+/// a new name while the registry is full): eight of the widest
+/// semaphores, or thousands of narrow ones.
+const SWEEP_LOOKUPS_MAX: usize = 8_192;
+
 /// Every semaphore with its queue; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct Semaphores {
     limits: SemaphoreLimits,
     wait_margin: Duration,
-    by_name: HashMap<Key, Semaphore>,
+    /// Ordered, so that every walk over them (rechecks, the sweep for
+    /// unused ones) goes the same way in every process.
+    by_name: BTreeMap<Key, Semaphore>,
+    /// Where the last sweep for unused semaphores stopped.
+    sweep_after: Option<Key>,
     /// Which semaphore each waiter is queued on.
     waiter_names: HashMap<WaiterId, Key>,
     /// Wait deadlines; an entry whose waiter is gone is skipped.
@@ -143,6 +154,8 @@ pub(crate) struct Semaphores {
     /// Semaphores whose head should be looked at again.
     dirty: Vec<Key>,
     events: VecDeque<PermitEvent>,
+    /// Permit requests answered `B` by the semaphores' own limits.
+    busy: SemaphoreBusy,
 }
 
 impl Semaphores {
@@ -151,13 +164,20 @@ impl Semaphores {
         Semaphores {
             limits,
             wait_margin,
-            by_name: HashMap::new(),
+            by_name: BTreeMap::new(),
+            sweep_after: None,
             waiter_names: HashMap::new(),
             wait_deadlines: BinaryHeap::new(),
             rechecks: BinaryHeap::new(),
             dirty: Vec::new(),
             events: VecDeque::new(),
+            busy: SemaphoreBusy::default(),
         }
+    }
+
+    /// Permit requests answered `B` by the semaphores' own limits so far.
+    pub(crate) fn busy(&self) -> SemaphoreBusy {
+        self.busy
     }
 
     /// Waiters queued on every semaphore.
@@ -186,6 +206,7 @@ impl Semaphores {
         {
             self.forget_unused(now, table);
             if self.by_name.len() >= self.limits.semaphores_max {
+                self.busy.semaphores_max += 1;
                 return PermitOutcome::Busy;
             }
         }
@@ -212,9 +233,12 @@ impl Semaphores {
             return PermitOutcome::TimedOut;
         }
         let semaphore = self.by_name.get_mut(&ask.name).expect("inserted above");
-        if semaphore.queue.len() >= self.limits.waiters_per_semaphore_max
-            || self.waiter_names.len() >= self.limits.waiters_total_max
-        {
+        if semaphore.queue.len() >= self.limits.waiters_per_semaphore_max {
+            self.busy.waiters_per_semaphore_max += 1;
+            return self.refuse(now, table, &ask.name, PermitOutcome::Busy);
+        }
+        if self.waiter_names.len() >= self.limits.waiters_total_max {
+            self.busy.waiters_total_max += 1;
             return self.refuse(now, table, &ask.name, PermitOutcome::Busy);
         }
         let deadline = queue_rule::wait_deadline(
@@ -403,10 +427,48 @@ impl Semaphores {
         }
     }
 
-    /// Forgets every semaphore nobody uses (the registry is full).
+    /// Forgets semaphores nobody uses (the registry is full), looking at
+    /// slots for at most [`SWEEP_LOOKUPS_MAX`] look-ups: a full registry of
+    /// wide semaphores would otherwise cost one request up to 65,536 ×
+    /// 1,024 look-ups on the lock state machine's turn. Each sweep goes on
+    /// where the last one stopped (wrapping around), so every semaphore is
+    /// looked at within a bounded number of requests; until then a new
+    /// name is answered `B`, as when the registry is full of used ones.
     fn forget_unused(&mut self, now: Instant, table: &LockTable) {
-        self.by_name
-            .retain(|name, semaphore| in_use(now, table, name, semaphore));
+        let after = self.sweep_after.take();
+        let (tail, head) = match &after {
+            Some(name) => (
+                self.by_name
+                    .range::<Key, _>((Bound::Excluded(name), Bound::Unbounded)),
+                Some(
+                    self.by_name
+                        .range::<Key, _>((Bound::Unbounded, Bound::Included(name))),
+                ),
+            ),
+            None => (self.by_name.range::<Key, _>(..), None),
+        };
+        let (mut unused, mut budget, mut last) = (Vec::new(), SWEEP_LOOKUPS_MAX, None);
+        for (name, semaphore) in tail.chain(head.into_iter().flatten()) {
+            // A semaphore with waiters is in use without a look-up; one
+            // without costs up to one look-up per slot.
+            let cost = if semaphore.queue.is_empty() {
+                usize::from(semaphore.capacity)
+            } else {
+                1
+            };
+            if cost > budget && last.is_some() {
+                break;
+            }
+            budget = budget.saturating_sub(cost);
+            if !in_use(now, table, name, semaphore) {
+                unused.push(name.clone());
+            }
+            last = Some(name.clone());
+        }
+        for name in unused {
+            self.by_name.remove(&name);
+        }
+        self.sweep_after = last;
     }
 
     /// Drops stale rechecks once they outnumber the semaphores, so the heap
@@ -579,9 +641,12 @@ mod tests {
 
     impl World {
         fn new() -> Self {
+            World::with_limits(LIMITS)
+        }
+        fn with_limits(limits: SemaphoreLimits) -> Self {
             World {
                 table: LockTable::new(LockConfig::default(), 1_000, at(0)),
-                sems: Semaphores::new(LIMITS, Duration::from_millis(100)),
+                sems: Semaphores::new(limits, Duration::from_millis(100)),
                 next_waiter: 1,
             }
         }
@@ -779,6 +844,43 @@ mod tests {
             assert_eq!(w.ask(later, "e", 1, 1, 30).1, PermitOutcome::Queued);
         }
         assert_eq!(w.ask(later, "e", 1, 1, 30).1, PermitOutcome::Busy);
+        // Each refusal is counted under the limit that made it.
+        assert_eq!(
+            w.sems.busy(),
+            SemaphoreBusy {
+                semaphores_max: 1,
+                waiters_per_semaphore_max: 1,
+                waiters_total_max: 0,
+            }
+        );
+    }
+
+    /// A full registry of wide semaphores: each request for a new name
+    /// looks at no more than the sweep's budget of slots (eight semaphores
+    /// of 1,024), going on where the last one stopped, so the unused ones
+    /// at the end are found by the third request, not by the first one
+    /// scanning everything.
+    #[test]
+    fn the_sweep_for_unused_semaphores_is_bounded_and_goes_round() {
+        let mut w = World::with_limits(SemaphoreLimits {
+            semaphores_max: 20,
+            ..LIMITS
+        });
+        let names: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+        // The last four are taken first: their 10 s leases end first.
+        for name in &names[16..] {
+            granted(w.ask(at(0), name, 1, 1_024, 0).1);
+        }
+        for name in &names[..16] {
+            granted(w.ask(at(9_000), name, 1, 1_024, 0).1);
+        }
+        let later = at(15_000);
+        let outcomes: Vec<bool> = (0..3)
+            .map(|_| matches!(w.ask(later, "new", 1, 1, 0).1, PermitOutcome::Granted(_)))
+            .collect();
+        assert_eq!(outcomes, [false, false, true]);
+        assert_eq!(w.sems.by_name.len(), 17, "the four unused ones forgotten");
+        assert_eq!(w.sems.busy().semaphores_max, 2);
     }
 
     #[test]

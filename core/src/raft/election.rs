@@ -11,6 +11,16 @@ use super::{
 };
 use crate::time::{Duration, Instant, duration_millis};
 
+/// How a pre-candidate breaks the tie with a rival's fresh pre-vote round
+/// ([`Raft::pre_vote_tie`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PreVoteTie {
+    /// We have the smaller id: refuse the rival, keep our round.
+    Refuse,
+    /// The rival has the smaller id: grant it and give up our round.
+    StandDown,
+}
+
 /// Where an election stands after counting the answers.
 enum Tally {
     /// A majority granted.
@@ -63,7 +73,7 @@ impl Raft {
                 let term = self.shared.term;
                 let current =
                     (!reject && msg.term == term.saturating_add(1)) || (reject && msg.term == term);
-                if let RoleState::PreCandidate { votes } = &mut self.role
+                if let RoleState::PreCandidate { votes, .. } = &mut self.role
                     && current
                 {
                     votes.insert(from, !reject);
@@ -143,11 +153,83 @@ impl Raft {
         }
         let tally = tally(&s.config, &votes);
         self.role = if pre_vote {
-            RoleState::PreCandidate { votes }
+            RoleState::PreCandidate { votes, since: now }
         } else {
             RoleState::Candidate { votes }
         };
         self.conclude(now, pre_vote, tally);
+    }
+
+    /// How the pre-vote request of `from` (for `term`, with a log ending at
+    /// `last_index`/`last_term`) ties with our own pre-vote round, if it
+    /// does.
+    ///
+    /// Two voters whose timers fire within a one-way delay of each other
+    /// both ask for pre-votes before either hears the other, and each
+    /// grants the other (neither has a leader or a newer term). Both then
+    /// campaign in the same term and each votes for itself: in a 3-node
+    /// cluster whose leader died neither can reach a majority, and both
+    /// wait out another whole election timeout (the 5 s failovers of the
+    /// default profile); with more voters the others' votes may split
+    /// between them the same way. So a tie between two fresh pre-vote
+    /// rounds of the same term from logs exactly as up to date goes to the
+    /// smaller id: it refuses the larger's request ([`PreVoteTie::Refuse`])
+    /// and the larger grants the smaller's and stands down
+    /// ([`PreVoteTie::StandDown`]), so only one of them campaigns. A
+    /// pre-vote binds nobody, so refusing one or giving up a round never
+    /// affects safety; a log that is more up to date still wins as before
+    /// (and a less up to date one is refused as before).
+    ///
+    /// A round is fresh for one heartbeat interval (by design far longer
+    /// than a round trip) from its start: a pre-candidate that has waited
+    /// longer is one that could not win (cut off from the leader and from
+    /// a majority of grants), and must not stall a rival that can.
+    pub(super) fn pre_vote_tie(
+        &self,
+        now: Instant,
+        from: NodeId,
+        term: u64,
+        last_index: u64,
+        last_term: u64,
+    ) -> Option<PreVoteTie> {
+        let RoleState::PreCandidate { since, .. } = self.role else {
+            return None;
+        };
+        let s = &self.shared;
+        let tie = term == s.term.saturating_add(1)
+            && last_index == s.log.last_index()
+            && last_term == s.log.last_term()
+            && now < since.saturating_add(s.cfg.heartbeat_interval);
+        if !tie {
+            None
+        } else if s.id < from {
+            Some(PreVoteTie::Refuse)
+        } else {
+            Some(PreVoteTie::StandDown)
+        }
+    }
+
+    /// A pre-vote request, after the term checks: answered in every role
+    /// ([`Shared::handle_pre_vote`]), with the tie of two fresh pre-vote
+    /// rounds broken ([`Raft::pre_vote_tie`]).
+    pub(super) fn step_pre_vote(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        term: u64,
+        last_index: u64,
+        last_term: u64,
+    ) {
+        let tie = self.pre_vote_tie(now, from, term, last_index, last_term);
+        let refuse = tie == Some(PreVoteTie::Refuse);
+        self.shared
+            .handle_pre_vote(from, term, last_index, last_term, refuse);
+        if tie == Some(PreVoteTie::StandDown) {
+            // Back to following nobody in the same term, with a fresh
+            // timer: the rival's vote request comes within a round trip
+            // and is granted (we cast no vote in its term).
+            self.become_follower(now, self.shared.term, None);
+        }
     }
 
     fn conclude(&mut self, now: Instant, pre_vote: bool, tally: Tally) {
@@ -204,16 +286,18 @@ fn tally(config: &Configuration, votes: &BTreeMap<NodeId, bool>) -> Tally {
 impl Shared {
     /// A pre-vote request, answered in every role. The candidate asks about
     /// term `term` (our term + 1 if it is level with us). Grant only for a
-    /// later term, and only to a log at least as up to date as ours
-    /// (§5.4.1).
+    /// later term, only to a log at least as up to date as ours (§5.4.1),
+    /// and not to a rival that lost the tie with our own pre-vote round
+    /// (`tie_lost`, [`Raft::pre_vote_tie`]).
     pub(super) fn handle_pre_vote(
         &mut self,
         from: NodeId,
         term: u64,
         last_index: u64,
         last_term: u64,
+        tie_lost: bool,
     ) {
-        let grant = term > self.term && self.log.is_up_to_date(last_index, last_term);
+        let grant = term > self.term && self.log.is_up_to_date(last_index, last_term) && !tie_lost;
         let term = if grant { term } else { self.term };
         self.send_with_term(from, term, MessageBody::PreVoteResponse { reject: !grant });
     }

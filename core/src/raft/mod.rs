@@ -64,9 +64,14 @@
 //!
 //! Defaults: heartbeat 100 ms, `r` in [2400, 2500) ms, so failover lies in
 //! (2300, 2500) ms + 2·RTT — the 2.3–2.5 s the original service documents.
-//! The jitter window (100 ms) is far above a LAN round trip, so two
-//! followers rarely campaign within one RTT of each other, and a split vote
-//! costs one more randomized timeout. [`RaftConfig::fast`]: heartbeat 50 ms,
+//! The jitter window (100 ms) is far above a LAN round trip, but timers fire
+//! on whole milliseconds and processes wake late on a busy machine, so two
+//! followers still time out within a one-way delay of each other now and
+//! then (2 of 50 kills measured, docs/performance.md). Without a tie-break
+//! both would win their pre-votes, split the vote and wait one more
+//! randomized timeout (5 s in all); the tie of two fresh pre-vote rounds
+//! goes to the smaller id instead (see "Elections" below), so only one
+//! campaigns. [`RaftConfig::fast`]: heartbeat 50 ms,
 //! `r` in [300, 600) ms (the classic `[T, 2T)`), failover under 650 ms.
 //!
 //! Deviation from "`[T, 2T)`": a window that wide (2400 ms of spread) cannot
@@ -79,6 +84,14 @@
 //!   changing its term; only with a majority of grants does it campaign. A
 //!   node cut off from the majority therefore never inflates its term and
 //!   cannot depose a healthy leader when it returns.
+//! - Two pre-vote rounds of the same term from logs exactly as up to date
+//!   that meet within a heartbeat interval of their start are a tie: the
+//!   pre-candidate with the smaller id refuses the other's request, the
+//!   one with the larger id grants the smaller's and stands down. So two
+//!   followers that time out together do not both campaign and split the
+//!   vote (`Raft::pre_vote_tie`). A pre-vote binds nobody, so this never
+//!   touches safety; an older round is not fresh and grants as usual, so
+//!   a pre-candidate that cannot win never stalls one that can.
 //! - A voter that heard from a leader less than `election_timeout_min`
 //!   ago ignores (pre-)vote requests entirely (lease), except votes sent on
 //!   the leader's behalf by a leadership transfer.
@@ -335,6 +348,9 @@ enum RoleState {
     PreCandidate {
         /// Answers received (this node's own included).
         votes: BTreeMap<NodeId, bool>,
+        /// When this pre-vote round started (for the tie of two pre-vote
+        /// rounds started together, see [`Raft::pre_vote_tie`]).
+        since: Instant,
     },
     /// Campaigning in its own term.
     Candidate {
@@ -784,9 +800,7 @@ impl Raft {
             MessageBody::PreVote {
                 last_index,
                 last_term,
-            } => self
-                .shared
-                .handle_pre_vote(msg.from, msg.term, last_index, last_term),
+            } => self.step_pre_vote(now, msg.from, msg.term, last_index, last_term),
             MessageBody::Vote {
                 last_index,
                 last_term,

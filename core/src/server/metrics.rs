@@ -4,13 +4,13 @@
 
 use crate::budget::AbuseCounts;
 use crate::lock::LockTable;
-use crate::metrics::{PushCounts, ReplyCounts, ReplyKind, ServerMetrics};
+use crate::metrics::{PushCounts, ReplyCounts, ReplyKind, SemaphoreBusy, ServerMetrics};
 
 impl ServerMetrics {
-    /// Assembles a snapshot; the `B` replies the table did not decide are
-    /// those of the per-connection limits.
+    /// Assembles a snapshot; the `B` replies neither the table nor the
+    /// semaphores decided are those of the per-connection limits.
     pub(crate) fn assemble(
-        table: &LockTable,
+        (table, busy_semaphores): (&LockTable, SemaphoreBusy),
         (replies, pushes): (ReplyCounts, PushCounts),
         abuse: AbuseCounts,
         (sessions, line_sessions): (usize, usize),
@@ -19,11 +19,13 @@ impl ServerMetrics {
     ) -> ServerMetrics {
         let busy_per_connection = replies
             .of(ReplyKind::Busy)
-            .saturating_sub(table.metrics().busy_total());
+            .saturating_sub(table.metrics().busy_total())
+            .saturating_sub(busy_semaphores.total());
         ServerMetrics {
             lock: table.metrics().clone(),
             pushes,
             replies,
+            busy_semaphores,
             busy_per_connection,
             abuse,
             held_keys: table.holder_keys() as u64,

@@ -424,6 +424,7 @@ impl ClusterNode {
             busy_per_connection: counts.busy_per_connection,
             busy_backpressure: counts.busy_backpressure,
             dropped_admin_replies: counts.dropped_admin_replies,
+            appends_uncovered: counts.appends_uncovered,
             pushes: self.pushes,
             ..super::metrics::cluster_metrics(
                 &self.raft,
