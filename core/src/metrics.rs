@@ -267,11 +267,13 @@ pub enum ReplyKind {
     /// `C`: a semaphore's capacity differs from the one declared (our
     /// clients only).
     CapacityMismatch,
+    /// `O`: who holds a key observed (our clients only).
+    Observed,
 }
 
 impl ReplyKind {
     /// Every kind, in exposition order.
-    pub const ALL: [ReplyKind; 14] = [
+    pub const ALL: [ReplyKind; 15] = [
         ReplyKind::Acquired,
         ReplyKind::AcquiredSet,
         ReplyKind::Released,
@@ -286,6 +288,7 @@ impl ReplyKind {
         ReplyKind::Extended,
         ReplyKind::Permits,
         ReplyKind::CapacityMismatch,
+        ReplyKind::Observed,
     ];
 
     /// The reply's letter on the wire.
@@ -305,6 +308,7 @@ impl ReplyKind {
             ReplyKind::Extended => "W",
             ReplyKind::Permits => "Q",
             ReplyKind::CapacityMismatch => "C",
+            ReplyKind::Observed => "O",
         }
     }
 
@@ -326,6 +330,7 @@ impl ReplyKind {
             Reply::Extended { .. } => ReplyKind::Extended,
             Reply::Permits { .. } => ReplyKind::Permits,
             Reply::CapacityMismatch { .. } => ReplyKind::CapacityMismatch,
+            Reply::Observed { .. } => ReplyKind::Observed,
             Reply::Leader { .. } | Reply::Push { .. } => return None,
         })
     }

@@ -35,9 +35,11 @@ use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
 use crate::reserve::{ReserveStats, TokenReserve};
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    Capabilities, Key, KeyGroup, NO_LEADER_SLOT, PermitsRequest, PushKind, Reply, Request,
+    Capabilities, Key, KeyGroup, LeaderLabel, LeaderState, NO_LEADER_SLOT, Observed,
+    PermitsRequest, PushKind, Reply, Request,
 };
 
+mod departed;
 mod held;
 mod inspect;
 mod metrics;
@@ -163,6 +165,9 @@ pub struct Server {
     /// Queued permit requests, by the waiter id the semaphores know them
     /// by.
     permit_waiters: IdMap<WaiterId, QueuedPermits>,
+    /// Labels of closed connections whose grants still held keys, for
+    /// observers (`O`).
+    departed: departed::DepartedLabels,
 }
 
 #[derive(Debug)]
@@ -315,6 +320,7 @@ impl Server {
                 config_lock.wait_margin,
             ),
             permit_waiters: IdMap::default(),
+            departed: departed::DepartedLabels::default(),
         }
     }
 
@@ -368,6 +374,66 @@ impl Server {
                 let max_hold = self.hold_cap(hold);
                 self.handle_permits(now, conn_id, request, max_hold, reply_to);
             }
+            ClientRequest::Observe { name, reply_to } => {
+                let observed = self.observe(now, &name);
+                if let Some(conn) = self.conns.get_mut(&conn_id) {
+                    let answer = Answer::Observed(observed);
+                    send(conn_id, conn, &mut self.wakes, &reply_to, answer);
+                }
+            }
+        }
+    }
+
+    /// Who holds `key` at `now`, read from the lock table and the holder's
+    /// connection (`O`, docs/protocol.md §8.6): nobody, or the grant's
+    /// token (an election's term), its lease left, and the label the
+    /// holding connection negotiated. A holder whose connection closed (or
+    /// is closing) still holds until its lease ends; it is reported as
+    /// departed, with the label it had. Changes nothing.
+    pub fn observe(&mut self, now: Instant, key: &Key) -> Observed {
+        self.prune_departed();
+        // The table expires leases lazily: a grant whose lease ended is
+        // nobody's, whatever it still records.
+        let Some(grant) = self
+            .table
+            .grant_of(key.as_bytes())
+            .filter(|grant| grant.lease_deadline > now)
+        else {
+            return Observed::NO_LEADER;
+        };
+        let holder = ConnId(grant.holder);
+        let (state, label) = match self.conns.get(&holder) {
+            Some(conn) if !conn.out.is_closing() => (LeaderState::Connected, conn.front.label()),
+            Some(conn) => (LeaderState::Departed, conn.front.label()),
+            None => (LeaderState::Departed, self.departed.label(holder)),
+        };
+        let lease_ms = grant
+            .lease_deadline
+            .saturating_duration_since(now)
+            .as_millis();
+        Observed {
+            state,
+            term: grant.token,
+            lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
+            // A label passed the `X` checks, which are the label's own.
+            label: label
+                .and_then(LeaderLabel::new)
+                .unwrap_or(LeaderLabel::EMPTY),
+        }
+    }
+
+    /// Forgets the labels of departed connections that hold nothing any
+    /// more (oldest first), and their held-key counts with them.
+    fn prune_departed(&mut self) {
+        let held = &mut self.held;
+        let idle: Vec<ConnId> = {
+            let mut idle = Vec::new();
+            self.departed
+                .prune(|conn| held.held(conn) == 0, |conn| idle.push(conn));
+            idle
+        };
+        for conn in idle {
+            held.forget_conn(conn);
         }
     }
 
@@ -1196,7 +1262,19 @@ impl Machine for Server {
                 self.line_sessions -= 1;
             }
         }
-        self.held.forget_conn(conn_id);
+        // A connection that closes holding keys keeps its held-key count
+        // (it ends with the grants' leases) and its label, so observers
+        // still name the holder; everything else is forgotten now.
+        let departing_label = conn.front.label().filter(|_| self.held.held(conn_id) > 0);
+        match departing_label {
+            Some(label) => {
+                if let Some(evicted) = self.departed.insert(conn_id, label) {
+                    self.held.forget_conn(evicted);
+                }
+                self.prune_departed();
+            }
+            None => self.held.forget_conn(conn_id),
+        }
         self.closed_replies.add(&conn.replies);
         let reason = conn.close_reason.unwrap_or(CloseReason::TransportClosed);
         self.reports.closed(conn_id, Some(conn.source), reason);

@@ -2529,7 +2529,8 @@ fn the_broker_asks_for_every_capability_with_its_label() {
     for endpoint in config.endpoints().unwrap() {
         let every = Capabilities::EXTEND
             .union(Capabilities::PUSH)
-            .union(Capabilities::PERMITS);
+            .union(Capabilities::PERMITS)
+            .union(Capabilities::OBSERVE);
         assert_eq!(endpoint.session.extensions, every);
         assert_eq!(endpoint.session.label(), "host/1/job");
     }

@@ -1724,3 +1724,115 @@ fn a_push_has_the_documented_bytes_no_rid_and_answers_nothing() {
     zero[3..11].copy_from_slice(&0u64.to_be_bytes());
     assert_eq!(Reply::decode(&zero), Err(ReplyError::Zero));
 }
+
+// ---------------------------------------------------------------- observe
+
+fn observed_frame(state: u8, term: u64, lease_ms: u32, label: &[u8], pad: u8) -> Vec<u8> {
+    let mut body = 7u64.to_be_bytes().to_vec();
+    body.push(state);
+    body.extend_from_slice(&term.to_be_bytes());
+    body.extend_from_slice(&lease_ms.to_be_bytes());
+    body.push(label.len() as u8);
+    body.extend_from_slice(label);
+    body.resize(8 + 1 + 8 + 4 + 1 + 64, pad);
+    [vec![b'O', 0, 86], body].concat()
+}
+
+#[test]
+fn an_observe_is_o_with_its_rid_and_name_and_decodes_only_with_observe() {
+    let request = Request::Observe(ObserveRequest {
+        rid: 2,
+        name: key("e"),
+    });
+    let bytes = request.to_frame();
+    assert_eq!(bytes, [b'O', 0, 9, 0, 0, 0, 0, 0, 0, 0, 2, b'e']);
+    assert_eq!(
+        decode_request_with(&bytes, Capabilities::OBSERVE),
+        Ok(Some((Decoded::Request(request), bytes.len())))
+    );
+    let all_but = Capabilities::EXTEND
+        .union(Capabilities::PUSH)
+        .union(Capabilities::PERMITS);
+    assert_eq!(
+        decode_request_with(&bytes, all_but),
+        Err(FrameError::UnknownOp(b'O'))
+    );
+    // A name that is no key is `E 1`; one over 128 bytes does not fit.
+    let spaced_frame = [&[b'O', 0, 11][..], &3u64.to_be_bytes(), b"a b"].concat();
+    assert_eq!(
+        decode_request_with(&spaced_frame, Capabilities::OBSERVE),
+        Ok(Some((
+            Decoded::Rejected {
+                rid: 3,
+                kind: RequestKind::Observe,
+                code: ErrorCode::BadKey
+            },
+            spaced_frame.len()
+        )))
+    );
+    assert!(matches!(
+        decode_request_with(&[b'O', 0, 137], Capabilities::OBSERVE),
+        Err(FrameError::TooLong { .. })
+    ));
+    assert_eq!(Capabilities::KNOWN, Capabilities(15));
+}
+
+#[test]
+fn an_observe_reply_round_trips_and_answers_only_an_observe() {
+    for observed in [
+        Observed::NO_LEADER,
+        Observed {
+            state: LeaderState::Connected,
+            term: 42,
+            lease_ms: 9_000,
+            label: LeaderLabel::new("host-a/1").unwrap(),
+        },
+        Observed {
+            state: LeaderState::Departed,
+            term: 41,
+            lease_ms: 1,
+            label: LeaderLabel::EMPTY,
+        },
+    ] {
+        let reply = Reply::Observed { rid: 7, observed };
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        assert_eq!(bytes.len(), 89);
+        assert_eq!(Reply::decode(&bytes), Ok(Some((reply, 89))));
+        assert_eq!(reply.check(), Ok(()));
+        assert!(reply.answers(RequestKind::Observe));
+        assert!(!reply.answers(RequestKind::Acquire));
+        assert!(!reply.answers(RequestKind::AcquirePermits));
+    }
+}
+
+#[test]
+fn an_observe_reply_that_does_not_fit_its_state_is_refused() {
+    let refused = [
+        (observed_frame(3, 1, 0, b"", 0), ReplyError::BadObserved),
+        (observed_frame(0, 1, 0, b"", 0), ReplyError::BadObserved),
+        (observed_frame(0, 0, 5, b"", 0), ReplyError::BadObserved),
+        (observed_frame(0, 0, 0, b"x", 0), ReplyError::BadObserved),
+        (observed_frame(1, 0, 5, b"x", 0), ReplyError::Zero),
+        (observed_frame(1, 1, 5, b"x", 1), ReplyError::BadObserved),
+        (observed_frame(1, 1, 5, b"\x07", 0), ReplyError::BadObserved),
+        (
+            observed_frame(1, 1, 5, &[0xff, 0xfe], 0),
+            ReplyError::BadObserved,
+        ),
+    ];
+    for (bytes, error) in refused {
+        assert_eq!(Reply::decode(&bytes), Err(error), "{bytes:?}");
+    }
+    let mut too_long = observed_frame(1, 1, 5, b"", 0);
+    too_long[3 + 21] = 65;
+    assert_eq!(Reply::decode(&too_long), Err(ReplyError::BadObserved));
+    let bad_value = Reply::Observed {
+        rid: 1,
+        observed: Observed {
+            term: 3,
+            ..Observed::NO_LEADER
+        },
+    };
+    assert_eq!(bad_value.check(), Err(ReplyError::BadObserved));
+}

@@ -31,8 +31,8 @@ mod sync;
 pub mod tls;
 
 pub use client::{
-    BrokerMode, ClusterIdentity, ClusterIdentityError, ReleaseOutcome, Ticket, TicketBroker,
-    TicketBrokerBuilder, TicketError, TicketSet,
+    BrokerMode, ClusterIdentity, ClusterIdentityError, Leader, ReleaseOutcome, Ticket,
+    TicketBroker, TicketBrokerBuilder, TicketError, TicketSet,
 };
 pub use embedded::{EmbeddedServer, EmbeddedServerBuilder};
 pub use tls::TlsMode;

@@ -647,3 +647,51 @@ fn in_process_brokers_share_a_semaphore_in_fifo_order() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn a_campaign_over_tcp_leads_under_its_label_and_a_resign_hands_over_to_an_in_process_candidate() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start()
+            .unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+        let remote = TicketBroker::builder()
+            .addrs([addr])
+            .allow_loopback_no_auth()
+            .label("scheduler-a")
+            .connect()
+            .unwrap();
+        assert!(remote.wait_ready(Duration::from_secs(5)).await);
+        let local = server.broker();
+        assert_eq!(local.observe("leader").await.unwrap(), None);
+        let first = remote.campaign("leader", LEASE).await.unwrap();
+        let leader = local.observe("leader").await.unwrap().expect("a leader");
+        assert_eq!(
+            (leader.label.as_str(), leader.term, leader.connected),
+            ("scheduler-a", first.token(), true)
+        );
+        let candidate = {
+            let local = local.clone();
+            smol::spawn(async move { local.campaign("leader", LEASE).await })
+        };
+        settle("the candidate queued", || server.stats().lock.waiters == 1).await;
+        let first_term = first.token();
+        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
+        let second = candidate.await.unwrap();
+        assert!(second.token() > first_term);
+        // An in-process broker negotiates no label: none is reported.
+        let leader = remote.observe("leader").await.unwrap().expect("a leader");
+        assert_eq!((leader.label.as_str(), leader.term), ("", second.token()));
+        // A lease a third of which cannot be a whole round is refused.
+        let short = local.campaign("other", Duration::from_secs(2)).await;
+        assert!(
+            matches!(short, Err(TicketError::InvalidInput(_))),
+            "{short:?}"
+        );
+        assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+        remote.close().await;
+        local.close().await;
+        server.shutdown().await;
+    });
+}

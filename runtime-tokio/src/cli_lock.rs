@@ -6,7 +6,7 @@ use ticketing_core::client::holder::StopPlan;
 
 use crate::guard;
 use crate::holder_files::HolderFiles;
-use ticketing_core::client::AcquireParams;
+use ticketing_core::client::{AcquireParams, campaign_params};
 use ticketing_tokio::ReleaseOutcome;
 use ticketing_tokio::client::Lost;
 use ticketing_tokio::client::{LossCause, RenewEnd, RenewPolicy};
@@ -37,6 +37,11 @@ pub fn run(args: LockArgs) -> ExitCode {
 async fn run_locked(args: LockArgs) -> ExitCode {
     // Times that can never be served are a usage error, found before
     // connecting.
+    if args.campaign
+        && let Err(e) = campaign_params(args.lease)
+    {
+        return fail(lock_exit::USAGE, format_args!("--lease: {e}"));
+    }
     let params = AcquireParams::new(args.wait, args.lease, args.budget)
         .and_then(|params| {
             args.max_hold
@@ -85,6 +90,11 @@ async fn run_locked(args: LockArgs) -> ExitCode {
     }
     let acquiring = async {
         match (args.semaphore, args.max_hold) {
+            // An election: queue until leader, however long it takes.
+            _ if args.campaign => broker
+                .campaign(&args.key, args.lease)
+                .await
+                .map(Holding::Lock),
             (Some(capacity), _) => {
                 let permits = args.permits.unwrap_or(1);
                 broker
@@ -281,6 +291,10 @@ async fn run_command(
         .env("TICKETING_PROGRESS_FILE", files.progress_path());
     if let Some(slots) = ticket.slots() {
         command.env("TICKETING_SLOTS", slots);
+    }
+    if args.campaign {
+        // An election's term is its leader's fencing token.
+        command.env("TICKETING_TERM", ticket.token().to_string());
     }
     if !args.no_kill {
         // Today's behaviour with --no-kill: the command stays in this

@@ -68,7 +68,8 @@ use tracing::{debug, warn};
 
 use ticketing_core::client::{
     AcquireParams, Broker, BrokerConfig, BrokerNotice, BrokerState, Grant, KeySet, Outcome,
-    PushNews, RELEASE_RETRY_WINDOW, Session, WRITE_PROGRESS_TIMEOUT, run_acquire,
+    PushNews, RELEASE_RETRY_WINDOW, Session, WRITE_PROGRESS_TIMEOUT, run_acquire, run_campaign,
+    run_observe,
 };
 use ticketing_core::time::Instant;
 
@@ -76,8 +77,8 @@ use crate::serve::Clock;
 
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, ClusterIdentity, ClusterIdentityError,
-    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, LossCause, Lost, ReleaseOutcome,
-    RenewEnd, RenewPolicy, Ticket, TicketSet, TlsMode,
+    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, Leader, LossCause, Lost,
+    ReleaseOutcome, RenewEnd, RenewPolicy, Ticket, TicketSet, TlsMode,
 };
 pub use ticketing_core::wire::ExtendStatus;
 
@@ -635,6 +636,29 @@ impl TicketBroker {
         let params = AcquireParams::new(wait, lease, work_budget_min)?;
         let grant = run_acquire(&*self.inner, keys, params).await?;
         Ok(TicketSet::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// Campaigns for the election `name` (docs/protocol.md §8.6): queues
+    /// for the key in FIFO order with `lease` (3..=250 s, whole seconds),
+    /// queueing again whenever a round's wait ends without it, until this
+    /// broker leads. The ticket is the leadership: its token is the term
+    /// (larger for every later leader), and it renews, hears of its loss
+    /// and is released (a resign: the next candidate leads at once) like
+    /// any ticket. Observers see this broker's label as the leader's.
+    /// Drop the future to stop campaigning.
+    pub async fn campaign(&self, name: &str, lease: Duration) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(name)?;
+        let grant = run_campaign(&*self.inner, keys, lease).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// Who leads the election `name` (docs/protocol.md §8.6): the leader's
+    /// label and term, or `None` when nobody holds it. Read-only. Fails
+    /// with [`TicketError::Unsupported`], sending nothing, on a server
+    /// that does not serve it (a cluster, or a published server).
+    pub async fn observe(&self, name: &str) -> Result<Option<Leader>, TicketError> {
+        let keys = KeySet::single(name)?;
+        run_observe(&*self.inner, keys).await
     }
 
     /// Takes `permits` (1..=16) of the FIFO semaphore `name`, which has

@@ -38,6 +38,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Lock(args) => cli_lock::run(args),
+        Command::Elect(args) => cli_elect::run(args),
         Command::Bench(args) => bench::run(&args),
         Command::Identity => print_random_hex(),
         Command::Token => print_random_hex(),
@@ -78,7 +79,12 @@ fn missed_the_separator(error: &clap::Error) -> bool {
 /// The subcommands whose output is for a pipe (`| head`, `| grep`): the
 /// server and `lock` (whose command owns stdout) are not among them.
 fn prints_to_stdout(command: &Command) -> bool {
-    !matches!(command, Command::Serve(_) | Command::Lock(_))
+    match command {
+        Command::Serve(_) | Command::Lock(_) => false,
+        // Without --observe the command owns stdout.
+        Command::Elect(args) => args.observe,
+        _ => true,
+    }
 }
 
 /// A reader that stops reading (`ticketing locks ls | head -1`) ends this
@@ -301,6 +307,7 @@ impl StopSignals {
     }
 }
 
+mod cli_elect;
 mod cli_lock;
 
 mod holder_files;

@@ -1561,7 +1561,9 @@ impl<'t> ClusterWorld<'t> {
                 Reply::Negotiated { .. } => !acquire && renewal.is_none(),
                 Reply::Extended { .. } => renewal.is_some(),
                 // Cluster nodes do not serve semaphores.
+                // Cluster nodes do not serve semaphores, nor observing.
                 Reply::Permits { .. } | Reply::CapacityMismatch { .. } => false,
+                Reply::Observed { .. } => false,
                 // `P` has no rid and never gets here.
                 Reply::Push { .. } => false,
                 Reply::Leader { .. } => false,
@@ -1815,6 +1817,7 @@ impl<'t> ClusterWorld<'t> {
                 }
                 Request::AcquireCapped(req) => (req.rid, true),
                 Request::AcquirePermits(req) => (req.rid, true),
+                Request::Observe(req) => (req.rid, false),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
                 self.violation(

@@ -626,11 +626,11 @@ impl<'t> World<'t> {
                         },
                     )
                 }
-                Request::AcquireCapped(_) | Request::AcquirePermits(_) => {
+                Request::AcquireCapped(_) | Request::AcquirePermits(_) | Request::Observe(_) => {
                     self.violation(
                         Checker::Client,
                         format!(
-                            "conn {conn_id} sent {request:?}: the sim asks for no hold cap and no permits"
+                            "conn {conn_id} sent {request:?}: the sim asks for no hold cap, no permits and no observe"
                         ),
                     );
                     continue;

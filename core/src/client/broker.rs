@@ -16,14 +16,14 @@ use std::task::Waker;
 
 use super::error::{ClientError, CloseReason};
 use super::ops::{
-    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,
-    ReleaseOutcome, ReleaseQueue, ReleaseStep,
+    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, OBSERVE_RETRY_WINDOW,
+    ObserveOperation, ObserveStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
-use super::request::{AcquireParams, Grant, KeySet, Outcome};
+use super::request::{AcquireParams, Grant, KeySet, Leader, Outcome};
 use super::routing::Router;
 use super::session::{Session, SessionConfig, SessionEvent};
 use super::watch::{NewsBoard, PushNews};
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use crate::wire::Capabilities;
 
 /// The sending half of a runtime's one-shot channel for one outcome.
@@ -514,6 +514,85 @@ pub async fn run_extend<B: Broker + ?Sized>(
             }
         }
     }
+}
+
+/// Who holds the key `name` (docs/protocol.md §8.6): an election's leader
+/// and term, or `None` when nobody does. Read-only, so retried across
+/// attempts until an answer or [`OBSERVE_RETRY_WINDOW`] after the call;
+/// [`ClientError::Unsupported`], sending nothing, on a server that does
+/// not serve it (a cluster, or a published server).
+pub async fn run_observe<B: Broker + ?Sized>(
+    broker: &B,
+    name: KeySet,
+) -> Result<Option<Leader>, ClientError> {
+    let mut now = broker.now();
+    let mut op = ObserveOperation::new(name, now.saturating_add(OBSERVE_RETRY_WINDOW))?;
+    loop {
+        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
+            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
+            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
+            Err(error) => Err(error),
+        };
+        let step = match result {
+            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
+            Err(ClientError::Closed) => return Err(ClientError::Closed),
+            Err(error) => op.on_error(broker.now(), error),
+        };
+        match step {
+            ObserveStep::Done(result) => return result,
+            ObserveStep::RetryAt(at) => {
+                broker.sleep_until(at).await;
+                now = broker.now();
+            }
+        }
+    }
+}
+
+/// Campaigns for the election `name` (docs/protocol.md §8.6): acquires the
+/// key in FIFO order with `lease`, waiting in rounds so that a grant always
+/// arrives with most of its lease left, and queueing again when a round's
+/// wait ends without it (or when a grant came with too little lease to be
+/// worth holding; it is released). Returns the grant: its token is the
+/// term. Ends only with the grant or a final error; drop the future to
+/// stop campaigning. `lease` must be 3..=250 s.
+pub async fn run_campaign<B: Broker + ?Sized>(
+    broker: &B,
+    name: KeySet,
+    lease: Duration,
+) -> Result<Grant, ClientError> {
+    let params = campaign_params(lease)?;
+    loop {
+        match run_acquire(broker, name.clone(), params).await {
+            Ok(grant) => return Ok(grant),
+            // The wait of the round ended, or a grant came late in it: a
+            // candidate stays in the race.
+            Err(ClientError::Timeout | ClientError::InsufficientLease) => {}
+            // A limit: nothing queued; wait a moment before asking again.
+            Err(ClientError::Busy | ClientError::ClientCapacity) => {
+                let at = broker.now().saturating_add(CAMPAIGN_BUSY_DELAY);
+                broker.sleep_until(at).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// How long a campaign waits after a busy answer before queueing again.
+pub const CAMPAIGN_BUSY_DELAY: Duration = Duration::from_millis(200);
+
+/// A campaign round's times for `lease`: the wait is a third of the lease
+/// and the grant must come with at least a third left, so a grant that
+/// arrives within the wait always counts (the lease counts from the
+/// request) and the leader has a third of its lease to renew.
+pub fn campaign_params(lease: Duration) -> Result<AcquireParams, ClientError> {
+    let lease_s = lease.as_secs();
+    if lease.subsec_nanos() != 0 || !(3..=250).contains(&lease_s) {
+        return Err(ClientError::InvalidInput(
+            "a campaign's lease must be whole seconds, 3..=250",
+        ));
+    }
+    let third = Duration::from_secs(lease_s / 3);
+    AcquireParams::new(third, lease, third)
 }
 
 /// How one release attempt went as far as its submission tells.

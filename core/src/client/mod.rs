@@ -52,19 +52,19 @@ mod ticket;
 pub mod watch;
 
 pub use broker::{
-    Broker, BrokerNotice, BrokerState, OutcomeSender, Submitted, X_CLOSES_MAX, run_acquire,
-    run_extend, run_release,
+    Broker, BrokerNotice, BrokerState, CAMPAIGN_BUSY_DELAY, OutcomeSender, Submitted, X_CLOSES_MAX,
+    campaign_params, run_acquire, run_campaign, run_extend, run_observe, run_release,
 };
 pub use config::{
     BrokerConfig, BrokerMode, ClusterIdentity, ClusterIdentityError, Endpoint, TlsMode,
 };
 pub use error::{ClientError, CloseReason, ProtocolError};
 pub use ops::{
-    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, ReleaseOperation,
-    ReleaseOutcome, ReleaseQueue, ReleaseStep,
+    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, OBSERVE_RETRY_WINDOW,
+    ObserveOperation, ObserveStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
 pub use request::{
-    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Outcome, lease_covers,
+    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Leader, Outcome, lease_covers,
 };
 pub use routing::{Backoff, Router};
 pub use session::{CancelOutcome, HandshakeClue, Session, SessionConfig, SessionEvent};

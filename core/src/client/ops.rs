@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::error::ClientError;
-use super::request::{AcquireParams, Grant, KeySet, Outcome, lease_s};
+use super::request::{AcquireParams, Grant, KeySet, Leader, Outcome, lease_s};
 use super::session::Session;
 use crate::time::{Duration, Instant};
 use crate::wire::ExtendStatus;
@@ -135,7 +135,8 @@ impl ExtendOperation {
             Outcome::Acquired(_)
             | Outcome::Busy
             | Outcome::Released
-            | Outcome::CapacityMismatch { .. } => ExtendStep::Done(Err(ClientError::Protocol(
+            | Outcome::CapacityMismatch { .. }
+            | Outcome::Observed(_) => ExtendStep::Done(Err(ClientError::Protocol(
                 "acquire or release reply to a renewal".into(),
             ))),
         }
@@ -156,6 +157,84 @@ impl ExtendOperation {
         let delay = self.retry_delay.min(remaining);
         self.retry_delay = (self.retry_delay * 2).min(ACQUIRE_RETRY_MAX);
         ExtendStep::RetryAt(now.saturating_add(delay))
+    }
+}
+
+/// An observe is retried until this long after the call, never longer.
+pub const OBSERVE_RETRY_WINDOW: Duration = Duration::from_secs(5);
+
+/// What to do next in an observe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObserveStep {
+    /// Finished: who holds the key (`None`: nobody), or a final error.
+    Done(Result<Option<Leader>, ClientError>),
+    /// Try again at this instant.
+    RetryAt(Instant),
+}
+
+/// One logical observe (`O`) of who holds a key, across attempts. It
+/// changes nothing, so every attempt that did not bring an answer (no
+/// effect, indeterminate, lost connection) may be tried again, within the
+/// operation's deadline.
+#[derive(Clone, Debug)]
+pub struct ObserveOperation {
+    name: KeySet,
+    deadline: Instant,
+    retry_delay: Duration,
+}
+
+impl ObserveOperation {
+    /// An observe of `name` (one key), given up at `deadline` (a broker
+    /// gives it [`OBSERVE_RETRY_WINDOW`] from the call).
+    pub fn new(name: KeySet, deadline: Instant) -> Result<Self, ClientError> {
+        if name.is_set() {
+            return Err(ClientError::InvalidInput("an election is named by one key"));
+        }
+        Ok(ObserveOperation {
+            name,
+            deadline,
+            retry_delay: RETRY_MIN,
+        })
+    }
+    /// Submits one attempt on `session`.
+    pub fn submit(&self, now: Instant, session: &mut Session) -> Result<u64, ClientError> {
+        session.submit_observe(now, self.name.clone(), self.deadline)
+    }
+    /// An attempt ended with `outcome`.
+    pub fn on_outcome(&mut self, now: Instant, outcome: Outcome) -> ObserveStep {
+        match outcome {
+            Outcome::Observed(leader) => ObserveStep::Done(Ok(leader)),
+            // Read-only: an answer that may have been lost is asked again.
+            Outcome::Retry | Outcome::Indeterminate => self.retry(now),
+            Outcome::Timeout => ObserveStep::Done(Err(ClientError::Timeout)),
+            Outcome::Error(code) => ObserveStep::Done(Err(ClientError::Protocol(format!(
+                "server rejected observe with {code:?}"
+            )))),
+            Outcome::Acquired(_)
+            | Outcome::Busy
+            | Outcome::Released
+            | Outcome::NotFound
+            | Outcome::Extended { .. }
+            | Outcome::CapacityMismatch { .. } => ObserveStep::Done(Err(ClientError::Protocol(
+                "acquire or release reply to an observe".into(),
+            ))),
+        }
+    }
+    /// An attempt could not be made.
+    pub fn on_error(&mut self, now: Instant, error: ClientError) -> ObserveStep {
+        match error {
+            ClientError::NotConnected | ClientError::ClientCapacity => self.retry(now),
+            other => ObserveStep::Done(Err(other)),
+        }
+    }
+    fn retry(&mut self, now: Instant) -> ObserveStep {
+        let remaining = self.deadline.saturating_duration_since(now);
+        if remaining.is_zero() {
+            return ObserveStep::Done(Err(ClientError::Timeout));
+        }
+        let delay = self.retry_delay.min(remaining);
+        self.retry_delay = (self.retry_delay * 2).min(ACQUIRE_RETRY_MAX);
+        ObserveStep::RetryAt(now.saturating_add(delay))
     }
 }
 
@@ -243,7 +322,10 @@ impl AcquireOperation {
             Outcome::CapacityMismatch { asked, capacity } => {
                 AcquireStep::Failed(ClientError::CapacityMismatch { asked, capacity })
             }
-            Outcome::Released | Outcome::NotFound | Outcome::Extended { .. } => {
+            Outcome::Released
+            | Outcome::NotFound
+            | Outcome::Extended { .. }
+            | Outcome::Observed(_) => {
                 AcquireStep::Failed(ClientError::Protocol("release reply to an acquire".into()))
             }
         }
@@ -373,7 +455,8 @@ impl ReleaseOperation {
             Outcome::Acquired(_)
             | Outcome::Busy
             | Outcome::Extended { .. }
-            | Outcome::CapacityMismatch { .. } => ReleaseStep::Done(Err(ClientError::Protocol(
+            | Outcome::CapacityMismatch { .. }
+            | Outcome::Observed(_) => ReleaseStep::Done(Err(ClientError::Protocol(
                 "acquire reply to a release".into(),
             ))),
         }

@@ -302,6 +302,28 @@ pub enum Outcome {
         /// The semaphore's.
         capacity: u16,
     },
+    /// `O`: who held the key observed as the server answered; `None`:
+    /// nobody.
+    Observed(Option<Leader>),
+}
+
+/// The holder of a key as observed (`O`, docs/protocol.md §8.6): an
+/// election's leader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// The label the holder's connection negotiated (empty if it gave
+    /// none, or if its connection closed and the server no longer knows
+    /// it).
+    pub label: String,
+    /// The holder's fencing token: the election's term. A later leader
+    /// always has a larger one.
+    pub term: u64,
+    /// False when the holder's connection has closed (a process that died
+    /// while leader): it stays leader until its lease runs out, unless its
+    /// grant is released or renewed by its token.
+    pub connected: bool,
+    /// The holder's lease left as the server answered.
+    pub lease_remaining: Duration,
 }
 
 /// A lock the caller will never see, to be released with its exact token.

@@ -6,15 +6,16 @@ use std::fmt;
 
 use super::error::{ClientError, CloseReason, ProtocolError};
 use super::request::{
-    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Outcome, ceil_secs, lease_s,
+    AcquireParams, Compensation, Grant, GrantedPermits, KeySet, Leader, Outcome, ceil_secs, lease_s,
 };
 use crate::auth::{ClientHandshake, ClientHandshakeStatus, SINGLE_FINGERPRINT, WireMode};
 use crate::hash::IdMap;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ErrorCode,
-    ExtendRequest, FRAME_HEADER_LEN, KeyGroup, LABEL_LEN_MAX, NO_LEADER_SLOT, NegotiateRequest,
-    PermitsRequest, PushKind, ReleaseRequest, Reply, Request, SEMAPHORE_NAME_LEN_MAX, slot_key,
+    ExtendRequest, FRAME_HEADER_LEN, KeyGroup, LABEL_LEN_MAX, LeaderState, NO_LEADER_SLOT,
+    NegotiateRequest, ObserveRequest, PermitsRequest, PushKind, ReleaseRequest, Reply, Request,
+    SEMAPHORE_NAME_LEN_MAX, slot_key,
 };
 
 /// A connection that has not finished TCP, TLS and the handshake this long
@@ -241,7 +242,10 @@ impl Pending {
             Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::AcquireCapped(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::AcquirePermits(req) => Duration::from_secs(u64::from(req.wait_s)),
-            Request::Release(_) | Request::Negotiate(_) | Request::Extend(_) => Duration::ZERO,
+            Request::Release(_)
+            | Request::Negotiate(_)
+            | Request::Extend(_)
+            | Request::Observe(_) => Duration::ZERO,
         };
         Some(
             self.sent_at?
@@ -631,6 +635,35 @@ impl Session {
         self.submit(now, request, deadline, 0)
     }
 
+    /// Queues an observe (`O`) of who holds `name`, giving up at
+    /// `deadline`; like a release it counts against
+    /// [`SessionConfig::pending_releases_max`]. Returns its rid. Fails with
+    /// [`ClientError::Unsupported`], sending nothing, unless the server
+    /// granted [`Capabilities::OBSERVE`] on this session.
+    pub fn submit_observe(
+        &mut self,
+        now: Instant,
+        name: KeySet,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        let [name] = name.0.keys() else {
+            return Err(ClientError::InvalidInput("an election is named by one key"));
+        };
+        if !self.is_ready() {
+            return Err(ClientError::NotConnected);
+        }
+        if !self.capabilities.contains(Capabilities::OBSERVE) {
+            return Err(ClientError::Unsupported(
+                "observing an election (the server did not grant OBSERVE)",
+            ));
+        }
+        let request = Request::Observe(ObserveRequest {
+            rid: 0,
+            name: name.clone(),
+        });
+        self.submit(now, request, deadline, 0)
+    }
+
     /// Queues our `X` as the first request after the handshake. Nothing
     /// else is taken until it is answered: a request pipelined behind it
     /// to a server that closes on `X` (published protocol only) would end
@@ -697,6 +730,7 @@ impl Session {
             Request::Extend(req) => req.rid = rid,
             Request::AcquireCapped(req) => req.rid = rid,
             Request::AcquirePermits(req) => req.rid = rid,
+            Request::Observe(req) => req.rid = rid,
         }
         if acquire {
             self.pending_acquires += 1;
@@ -1104,6 +1138,15 @@ impl Session {
                         valid_before,
                     },
                 );
+            }
+            Reply::Observed { observed, .. } => {
+                let leader = (observed.state != LeaderState::None).then(|| Leader {
+                    label: observed.label.as_str().to_owned(),
+                    term: observed.term,
+                    connected: observed.state == LeaderState::Connected,
+                    lease_remaining: Duration::from_millis(u64::from(observed.lease_ms)),
+                });
+                self.push_outcome(rid, Outcome::Observed(leader));
             }
             // `answers` admits `X` only to our negotiation (handled above),
             // and `L` and `P` (handled before matching) to nothing.

@@ -23,7 +23,7 @@ use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     Capabilities, Decoded, ErrorCode, ExtendStatus, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT,
-    NegotiateRequest, PermitsRequest, Reply, Request, RequestDecoder, RequestKind, Slots,
+    NegotiateRequest, Observed, PermitsRequest, Reply, Request, RequestDecoder, RequestKind, Slots,
     check_request,
 };
 
@@ -154,6 +154,14 @@ pub(crate) enum ClientRequest {
         /// Where the answer goes.
         reply_to: ReplyTo,
     },
+    /// Who holds `name` (a connection that negotiated
+    /// [`Capabilities::OBSERVE`]): read-only.
+    Observe {
+        /// The key observed.
+        name: Key,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
 }
 
 impl ClientRequest {
@@ -163,7 +171,8 @@ impl ClientRequest {
             ClientRequest::Acquire { reply_to, .. }
             | ClientRequest::Release { reply_to, .. }
             | ClientRequest::Extend { reply_to, .. }
-            | ClientRequest::AcquirePermits { reply_to, .. } => reply_to,
+            | ClientRequest::AcquirePermits { reply_to, .. }
+            | ClientRequest::Observe { reply_to, .. } => reply_to,
         }
     }
 
@@ -224,6 +233,8 @@ pub(crate) enum Answer {
         /// The semaphore's.
         capacity: u16,
     },
+    /// Who holds the key observed.
+    Observed(Observed),
 }
 
 impl Answer {
@@ -340,6 +351,7 @@ fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
             asked,
             capacity,
         },
+        Answer::Observed(observed) => Reply::Observed { rid, observed },
     }
 }
 
@@ -377,7 +389,8 @@ fn line_answer(
         // answered so; were one, closing is the only honest reply.
         Answer::Extended { .. }
         | Answer::PermitsGranted { .. }
-        | Answer::CapacityMismatch { .. } => return Delivery::Close,
+        | Answer::CapacityMismatch { .. }
+        | Answer::Observed(_) => return Delivery::Close,
     };
     reply.encode(out);
     Delivery::Queued
@@ -858,6 +871,13 @@ fn v3_request(
                 set: false,
             },
             request,
+        }),
+        Decoded::Request(Request::Observe(request)) => Some(ClientRequest::Observe {
+            name: request.name,
+            reply_to: ReplyTo::V3 {
+                rid: request.rid,
+                set: false,
+            },
         }),
         // Answered by the front end itself before it gets here.
         Decoded::Request(Request::Negotiate(negotiate)) => {

@@ -4,8 +4,8 @@
 use super::{
     AcquireCappedRequest, AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION,
     ErrorCode, ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX,
-    NegotiateRequest, PERMITS_MAX, PermitsRequest, ReleaseRequest, Request, RequestKind,
-    SEMAPHORE_CAPACITY_MAX, SEMAPHORE_NAME_LEN_MAX, SET_KEYS_MAX, read_u64,
+    NegotiateRequest, ObserveRequest, PERMITS_MAX, PermitsRequest, ReleaseRequest, Request,
+    RequestKind, SEMAPHORE_CAPACITY_MAX, SEMAPHORE_NAME_LEN_MAX, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -157,6 +157,8 @@ pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
         Request::AcquirePermits(req) => check_semaphore_name(req.name.as_bytes())
             .and_then(|()| check_lease(req.lease_s))
             .and_then(|()| check_permits(req.permits, req.capacity)),
+        // Its one field is a key, valid by construction.
+        Request::Observe(_) => Ok(()),
     };
     Ok(match checked {
         Ok(()) => Decoded::Request(request),
@@ -270,6 +272,10 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
                 name,
             }))
         }
+        RequestKind::Observe => Ok(Request::Observe(ObserveRequest {
+            rid,
+            name: Key::new(&body[8..])?,
+        })),
         RequestKind::Extend => {
             let token = read_u64(body, 8);
             let lease_s = body[16];

@@ -34,10 +34,12 @@ pub use decode::{
 };
 pub use key::slot_key;
 pub use key::{Key, KeyGroup};
-pub use reply::{ExtendStatus, PushKind, Reply, ReplyError, Slots};
+pub use reply::{
+    ExtendStatus, LeaderLabel, LeaderState, Observed, PushKind, Reply, ReplyError, Slots,
+};
 pub use request::{
-    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, PermitsRequest,
-    ReleaseRequest, Request,
+    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, ObserveRequest,
+    PermitsRequest, ReleaseRequest, Request,
 };
 
 /// Longest key, in bytes.
@@ -86,6 +88,8 @@ pub const SLOT_SUFFIX_LEN: usize = 6;
 /// name, so that a name too long for its slot keys is answered `E 1`
 /// rather than closing the connection.
 pub const PERMITS_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + KEY_LEN_MAX;
+/// Largest observe frame (`O`), header included: rid and one key.
+pub const OBSERVE_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 8 + KEY_LEN_MAX;
 
 /// Capabilities a connection negotiated with `X` (docs/protocol.md §8): a
 /// bit set on the wire (u32). Bits this build does not know are never
@@ -103,8 +107,10 @@ impl Capabilities {
     pub const PUSH: Capabilities = Capabilities(2);
     /// `Q`: take numbered permits of a FIFO semaphore.
     pub const PERMITS: Capabilities = Capabilities(4);
+    /// `O`: observe who holds a key (an election's leader and term).
+    pub const OBSERVE: Capabilities = Capabilities(8);
     /// Every bit this build knows.
-    pub const KNOWN: Capabilities = Capabilities(7);
+    pub const KNOWN: Capabilities = Capabilities(15);
 
     /// The bits set in either.
     pub fn union(self, other: Capabilities) -> Capabilities {
@@ -138,6 +144,7 @@ const _: () = {
     assert!(RELEASE_SET_FRAME_LEN_MAX == FRAME_HEADER_LEN + 17 + SET_KEYS_MAX * (1 + KEY_LEN_MAX));
     assert!(REQUEST_FRAME_LEN_MAX - FRAME_HEADER_LEN <= u16::MAX as usize);
     assert!(PERMITS_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
+    assert!(OBSERVE_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
     assert!(
         SEMAPHORE_CAPACITY_MAX <= 9999,
         "slot numbers are written in four digits"
@@ -166,6 +173,9 @@ pub enum RequestKind {
     /// `Q`: take permits of a semaphore (capability
     /// [`Capabilities::PERMITS`]).
     AcquirePermits,
+    /// `O`: observe a key's holder, read-only (capability
+    /// [`Capabilities::OBSERVE`]).
+    Observe,
 }
 
 impl RequestKind {
@@ -180,6 +190,7 @@ impl RequestKind {
             RequestKind::Extend => b'W',
             RequestKind::AcquireCapped => b'H',
             RequestKind::AcquirePermits => b'Q',
+            RequestKind::Observe => b'O',
         }
     }
     /// The kind for an op byte, if it is a request op on a connection that
@@ -194,6 +205,7 @@ impl RequestKind {
             b'W' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::Extend),
             b'H' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::AcquireCapped),
             b'Q' if caps.contains(Capabilities::PERMITS) => Some(RequestKind::AcquirePermits),
+            b'O' if caps.contains(Capabilities::OBSERVE) => Some(RequestKind::Observe),
             _ => None,
         }
     }
@@ -237,6 +249,8 @@ impl RequestKind {
             RequestKind::AcquireCapped => 15,
             // rid · wait · lease · hold cap · permits · capacity · name length
             RequestKind::AcquirePermits => 18,
+            // rid
+            RequestKind::Observe => 8,
         }
     }
     /// Largest body this kind may declare.
@@ -250,6 +264,7 @@ impl RequestKind {
             RequestKind::Extend => EXTEND_FRAME_LEN_MAX,
             RequestKind::AcquireCapped => ACQUIRE_CAPPED_FRAME_LEN_MAX,
             RequestKind::AcquirePermits => PERMITS_FRAME_LEN_MAX,
+            RequestKind::Observe => OBSERVE_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }
@@ -305,6 +320,8 @@ impl ErrorCode {
         use RequestKind::{AcquirePermits, Extend, Negotiate, Release, ReleaseSet};
         match self {
             ErrorCode::NotActive | ErrorCode::NoLeader => true,
+            // An observe names one key and nothing else: of the codes
+            // about fields, only this one can answer it.
             ErrorCode::BadKey => kind != Negotiate,
             ErrorCode::BadLease => kind.is_acquire() || kind == Extend,
             ErrorCode::BadKeySet => kind.is_set(),

@@ -1,7 +1,9 @@
 //! Reply frames ([`Reply`]): encoding, and decoding with every check a
 //! client makes before it trusts one.
 
-use super::{Capabilities, ErrorCode, FRAME_HEADER_LEN, PERMITS_MAX, RequestKind, read_u64};
+use super::{
+    Capabilities, ErrorCode, FRAME_HEADER_LEN, LABEL_LEN_MAX, PERMITS_MAX, RequestKind, read_u64,
+};
 
 /// The slots of a permit grant, ascending: 1..=[`PERMITS_MAX`] slot
 /// numbers, in a fixed-size value so that a [`Reply`] stays `Copy`.
@@ -36,6 +38,115 @@ impl Slots {
 impl core::fmt::Debug for Slots {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+/// The label of a key's holder in an `O` reply: the label its connection
+/// negotiated with `X` (0..=[`LABEL_LEN_MAX`] bytes of UTF-8 without
+/// control characters), in a fixed-size value so that a [`Reply`] stays
+/// `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaderLabel {
+    len: u8,
+    bytes: [u8; LABEL_LEN_MAX],
+}
+
+impl LeaderLabel {
+    /// No label: the holder's connection negotiated none.
+    pub const EMPTY: LeaderLabel = LeaderLabel {
+        len: 0,
+        bytes: [0; LABEL_LEN_MAX],
+    };
+
+    /// `label`, if it is a label an `X` may carry: at most 64 bytes,
+    /// without control characters.
+    pub fn new(label: &str) -> Option<LeaderLabel> {
+        if label.len() > LABEL_LEN_MAX || label.chars().any(char::is_control) {
+            return None;
+        }
+        let mut bytes = [0; LABEL_LEN_MAX];
+        bytes[..label.len()].copy_from_slice(label.as_bytes());
+        Some(LeaderLabel {
+            len: label.len() as u8,
+            bytes,
+        })
+    }
+    /// The label's text (empty when there is none).
+    pub fn as_str(&self) -> &str {
+        // Built only from a `&str` or from bytes checked to be UTF-8.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+    /// Whether there is no label.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl core::fmt::Debug for LeaderLabel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// Who holds an observed key (`O`, docs/protocol.md §8.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum LeaderState {
+    /// Nobody: the key is free (never taken, released, or its lease ran
+    /// out).
+    None = 0,
+    /// Held, by a connection that is open: the label is that
+    /// connection's.
+    Connected = 1,
+    /// Held, by a connection that has closed since: the grant stays until
+    /// its lease runs out (or it is released or renewed by its token). The
+    /// label is the one that connection had, if the server still knows it.
+    Departed = 2,
+}
+
+impl LeaderState {
+    /// The state for a byte, if it is one.
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(LeaderState::None),
+            1 => Some(LeaderState::Connected),
+            2 => Some(LeaderState::Departed),
+            _ => None,
+        }
+    }
+}
+
+/// What an `O` reply tells about a key: nobody holds it, or its holder's
+/// token (an election's term), lease left and label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Observed {
+    /// Whether the key is held, and by a connection still open.
+    pub state: LeaderState,
+    /// The holder's fencing token; 0 when nobody holds it.
+    pub term: u64,
+    /// The holder's lease left as the server answers, in milliseconds; 0
+    /// when nobody holds it.
+    pub lease_ms: u32,
+    /// The holder's label; empty when nobody holds it.
+    pub label: LeaderLabel,
+}
+
+impl Observed {
+    /// Nobody holds the key.
+    pub const NO_LEADER: Observed = Observed {
+        state: LeaderState::None,
+        term: 0,
+        lease_ms: 0,
+        label: LeaderLabel::EMPTY,
+    };
+
+    /// Whether the fields fit the state: a holder has a non-zero term;
+    /// nobody has term, lease and label all empty.
+    fn is_consistent(&self) -> bool {
+        match self.state {
+            LeaderState::None => *self == Observed::NO_LEADER,
+            LeaderState::Connected | LeaderState::Departed => self.term != 0,
+        }
     }
 }
 
@@ -200,6 +311,13 @@ pub enum Reply {
         /// The capacity the semaphore has.
         capacity: u16,
     },
+    /// `O`: who holds the key observed, read as the server answered.
+    Observed {
+        /// Request id.
+        rid: u64,
+        /// Nobody, or the holder's term, lease left and label.
+        observed: Observed,
+    },
     /// `W`: the token was current; how the extension ended.
     Extended {
         /// Request id.
@@ -234,6 +352,9 @@ pub enum ReplyError {
     UnknownPush(u8),
     /// A `Q` whose slots are not 1..=16 strictly ascending numbers.
     BadSlots,
+    /// An `O` with an unknown state, fields that do not fit its state, or
+    /// a label that is not one an `X` may carry (its padding included).
+    BadObserved,
 }
 
 impl core::fmt::Display for ReplyError {
@@ -254,6 +375,9 @@ impl core::fmt::Display for ReplyError {
             ReplyError::BadSlots => {
                 f.write_str("permits reply carries no slots, too many, or slots out of order")
             }
+            ReplyError::BadObserved => f.write_str(
+                "observe reply carries an unknown state, fields that do not fit it, or a bad label",
+            ),
         }
     }
 }
@@ -273,6 +397,8 @@ fn reply_body_len(op: u8) -> Option<usize> {
         // rid · token · free · count · 16 slots
         b'Q' => Some(51),
         b'C' => Some(12),
+        // rid · state · term · lease_ms · label_len · 64 label bytes
+        b'O' => Some(86),
         _ => None,
     }
 }
@@ -294,6 +420,7 @@ impl Reply {
             | Reply::Negotiated { rid, .. }
             | Reply::Permits { rid, .. }
             | Reply::CapacityMismatch { rid, .. }
+            | Reply::Observed { rid, .. }
             | Reply::Extended { rid, .. } => Some(rid),
             Reply::Leader { .. } | Reply::Push { .. } => None,
         }
@@ -317,6 +444,7 @@ impl Reply {
             Reply::Push { .. } => b'P',
             Reply::Permits { .. } => b'Q',
             Reply::CapacityMismatch { .. } => b'C',
+            Reply::Observed { .. } => b'O',
         }
     }
     /// The length of the reply's frame, header included: what
@@ -372,6 +500,13 @@ impl Reply {
             } => {
                 out.extend_from_slice(&asked.to_be_bytes());
                 out.extend_from_slice(&capacity.to_be_bytes());
+            }
+            Reply::Observed { observed, .. } => {
+                out.push(observed.state as u8);
+                out.extend_from_slice(&observed.term.to_be_bytes());
+                out.extend_from_slice(&observed.lease_ms.to_be_bytes());
+                out.push(observed.label.len);
+                out.extend_from_slice(&observed.label.bytes);
             }
             Reply::Released { .. }
             | Reply::ReleasedSet { .. }
@@ -473,6 +608,10 @@ impl Reply {
                 asked: u16::from_be_bytes([body[8], body[9]]),
                 capacity: u16::from_be_bytes([body[10], body[11]]),
             },
+            b'O' => Reply::Observed {
+                rid,
+                observed: decode_observed(&body[8..])?,
+            },
             _ => unreachable!("reply_body_len accepted only the ops above"),
         };
         Ok(Some((reply, frame_len)))
@@ -491,6 +630,11 @@ impl Reply {
         );
         if self.rid() == Some(0) || zero_token {
             return Err(ReplyError::Zero);
+        }
+        if let Reply::Observed { observed, .. } = self
+            && !observed.is_consistent()
+        {
+            return Err(ReplyError::BadObserved);
         }
         Ok(())
     }
@@ -513,11 +657,45 @@ impl Reply {
             ),
             Reply::Negotiated { .. } => kind == RequestKind::Negotiate,
             Reply::Extended { .. } => kind == RequestKind::Extend,
+            Reply::Observed { .. } => kind == RequestKind::Observe,
             Reply::Moved { .. } | Reply::Indeterminate { .. } => true,
             Reply::Error { code, .. } => code.allowed_for(kind),
             Reply::Leader { .. } | Reply::Push { .. } => false,
         }
     }
+}
+
+/// The fields of an `O` body after its rid (78 bytes), checked as a
+/// client must before it trusts them.
+fn decode_observed(fields: &[u8]) -> Result<Observed, ReplyError> {
+    let state = LeaderState::from_u8(fields[0]).ok_or(ReplyError::BadObserved)?;
+    let term = read_u64(fields, 1);
+    let lease_ms = u32::from_be_bytes([fields[9], fields[10], fields[11], fields[12]]);
+    let label_len = usize::from(fields[13]);
+    let padded = &fields[14..14 + LABEL_LEN_MAX];
+    let (text, padding) = padded
+        .split_at_checked(label_len)
+        .ok_or(ReplyError::BadObserved)?;
+    if padding.iter().any(|&byte| byte != 0) {
+        return Err(ReplyError::BadObserved);
+    }
+    let label = std::str::from_utf8(text)
+        .ok()
+        .and_then(LeaderLabel::new)
+        .ok_or(ReplyError::BadObserved)?;
+    let observed = Observed {
+        state,
+        term,
+        lease_ms,
+        label,
+    };
+    if state != LeaderState::None && term == 0 {
+        return Err(ReplyError::Zero);
+    }
+    if !observed.is_consistent() {
+        return Err(ReplyError::BadObserved);
+    }
+    Ok(observed)
 }
 
 fn nonzero(value: u64) -> Result<u64, ReplyError> {

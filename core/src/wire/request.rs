@@ -104,6 +104,16 @@ pub struct PermitsRequest {
     pub name: Key,
 }
 
+/// Who holds a key (`O`, capability [`Capabilities::OBSERVE`]): read-only;
+/// an election's leader and term.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObserveRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// The key (an election's name).
+    pub name: Key,
+}
+
 /// A fully validated request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -119,6 +129,8 @@ pub enum Request {
     AcquireCapped(AcquireCappedRequest),
     /// `Q`.
     AcquirePermits(PermitsRequest),
+    /// `O`.
+    Observe(ObserveRequest),
 }
 
 impl Request {
@@ -131,6 +143,7 @@ impl Request {
             Request::Extend(req) => req.rid,
             Request::AcquireCapped(req) => req.rid,
             Request::AcquirePermits(req) => req.rid,
+            Request::Observe(req) => req.rid,
         }
     }
     /// The request kind.
@@ -144,6 +157,7 @@ impl Request {
             Request::Extend(_) => RequestKind::Extend,
             Request::AcquireCapped(_) => RequestKind::AcquireCapped,
             Request::AcquirePermits(_) => RequestKind::AcquirePermits,
+            Request::Observe(_) => RequestKind::Observe,
         }
     }
     /// The length of the request's frame, header included: what
@@ -158,6 +172,7 @@ impl Request {
             Request::AcquirePermits(req) => {
                 return FRAME_HEADER_LEN + 18 + req.name.as_bytes().len();
             }
+            Request::Observe(req) => return FRAME_HEADER_LEN + 8 + req.name.as_bytes().len(),
         };
         let keys_len = if set {
             1 + keys
@@ -228,6 +243,10 @@ impl Request {
                 out.extend_from_slice(&req.capacity.to_be_bytes());
                 // A key is at most 128 bytes: its length fits the byte.
                 out.push(req.name.as_bytes().len() as u8);
+                out.extend_from_slice(req.name.as_bytes());
+            }
+            Request::Observe(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
                 out.extend_from_slice(req.name.as_bytes());
             }
         }

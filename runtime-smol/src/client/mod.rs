@@ -53,8 +53,8 @@ mod slot;
 pub use broker::{TicketBroker, TicketBrokerBuilder};
 pub use ticketing_core::client::{
     BrokerMode, ClientError as TicketError, ClusterIdentity, ClusterIdentityError,
-    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, LossCause, Lost, ReleaseOutcome,
-    RenewEnd, RenewPolicy, Ticket, TicketSet,
+    DEFAULT_MAX_PENDING, DEFAULT_SILENCE_TIMEOUT, ExtendResult, Leader, LossCause, Lost,
+    ReleaseOutcome, RenewEnd, RenewPolicy, Ticket, TicketSet,
 };
 pub use ticketing_core::wire::ExtendStatus;
 

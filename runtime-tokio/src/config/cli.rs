@@ -32,6 +32,9 @@ pub enum Command {
     /// Run a command while holding a lock.
     #[command(after_help = LOCK_AFTER_HELP)]
     Lock(LockArgs),
+    /// Run a command while leader of an election, or follow who leads.
+    #[command(after_help = ELECT_AFTER_HELP)]
+    Elect(ElectArgs),
     /// Load-generate against a server with the built-in client.
     #[command(after_help = BENCH_AFTER_HELP)]
     Bench(BenchArgs),
@@ -265,6 +268,66 @@ pub struct LockArgs {
     pub tls_system_roots: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+    /// Campaign for the election KEY instead of locking it (set by
+    /// `ticketing elect`): queue until leader, however long it takes.
+    #[arg(skip)]
+    pub campaign: bool,
+}
+
+const ELECT_AFTER_HELP: &str = "\
+The election NAME is a lock key: its holder leads, and the holder's fencing
+token is the term (every later leader has a larger one). CMD runs while
+this process leads, with $TICKETING_TERM (= $TICKETING_TOKEN) and the other
+variables of `ticketing lock`; the lease is renewed meanwhile, and CMD is
+stopped if leadership is lost. When CMD exits, this process resigns and the
+next candidate leads at once. A leader that dies leads until its lease ends.
+
+  ticketing elect scheduler --label host-a -- ./run-scheduler
+  ticketing elect scheduler --observe
+
+With --observe it prints `leader LABEL term T` (or `no leader`) and a new
+line whenever that changes, until interrupted. Needs a single-mode server
+of this version. Exit codes as for `ticketing lock`.";
+
+/// Options of `ticketing elect`.
+#[derive(Debug, Clone, Args)]
+pub struct ElectArgs {
+    /// The election's name: a lock key (1-128 bytes, no space, CR or LF).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Server address HOST:PORT.
+    #[arg(long = "addr", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub addrs: Vec<String>,
+    /// Client token (at least 16 bytes); default $TICKETING_CLIENT_TOKEN, or
+    /// none for a loopback server without authentication.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// The label observers see for this candidate while it leads (at most
+    /// 64 bytes); default `ticketing-elect/PID`.
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+    /// Lease of the leadership, renewed every third of it while CMD runs:
+    /// a leader that dies leads this long at most. 3s..=250s, whole seconds.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Between SIGTERM and SIGKILL of a CMD stopped before the lease lapses.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub kill_after: Duration,
+    /// Print who leads, and again on every change, instead of campaigning.
+    #[arg(long, conflicts_with = "command")]
+    pub observe: bool,
+    /// With --observe: how often to ask the server, 100ms..=60s.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration, requires = "observe")]
+    pub interval: Duration,
+    /// Use TLS, verifying the server against this PEM CA file.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_system_roots")]
+    pub tls_ca: Option<PathBuf>,
+    /// Use TLS, verifying the server against the system trust store.
+    #[arg(long)]
+    pub tls_system_roots: bool,
+    /// The command and its arguments (not with --observe).
+    #[arg(last = true, required_unless_present = "observe", value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
 }
 

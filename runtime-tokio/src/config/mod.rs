@@ -30,8 +30,8 @@ mod tests;
 
 pub use self::auth::{check_admin_listen_auth, check_listen_auth};
 pub use self::cli::{
-    AdminArgs, BenchArgs, Cli, Command, ENV_ADMIN, ENV_ADMIN_TOKEN, ENV_CLIENT_TOKEN, LockArgs,
-    LocksCommand, ServeArgs, admin_exit, flag_value_error, lock_exit, parse_duration,
+    AdminArgs, BenchArgs, Cli, Command, ENV_ADMIN, ENV_ADMIN_TOKEN, ENV_CLIENT_TOKEN, ElectArgs,
+    LockArgs, LocksCommand, ServeArgs, admin_exit, flag_value_error, lock_exit, parse_duration,
     parse_identity,
 };
 pub use self::defaults::*;

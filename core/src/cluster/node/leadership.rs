@@ -196,6 +196,11 @@ impl ClusterNode {
             ClientRequest::AcquirePermits { reply_to, .. } => {
                 self.answer(conn_id, &reply_to, Answer::NotActive)
             }
+            // Nor do they serve observing (an election's leader): the same
+            // refusal, for the same reason.
+            ClientRequest::Observe { reply_to, .. } => {
+                self.answer(conn_id, &reply_to, Answer::NotActive)
+            }
         }
     }
 

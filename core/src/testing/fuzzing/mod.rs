@@ -35,8 +35,9 @@ use crate::wire::{
 use self::script::{Cursor, fuzz_request, tiny_server_config};
 
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
-/// low six bits of the first byte, on a connection that negotiated the
-/// capabilities in its top two bits (EXTEND lets `W` and `H` decode), and
+/// low four bits of the first byte, on a connection that negotiated the
+/// capabilities in its top four bits (EXTEND lets `W` and `H` decode,
+/// PERMITS `Q`, OBSERVE `O`), and
 /// checks: no panic, bounded buffering, every request it yields
 /// re-encodes to bytes that decode to the same request, and the sequence
 /// decoded (requests, rejections, the error that ends it) is the same as
@@ -45,9 +46,9 @@ pub fn request_decoder(data: &[u8]) {
     let Some((&chunk_seed, data)) = data.split_first() else {
         return;
     };
-    let chunk_len = usize::from(chunk_seed % 32) + 1;
-    // Three bits: every capability this build knows, in every mix.
-    let caps = Capabilities(u32::from(chunk_seed >> 5));
+    let chunk_len = usize::from(chunk_seed % 16) + 1;
+    // Four bits: every capability this build knows, in every mix.
+    let caps = Capabilities(u32::from(chunk_seed >> 4));
     let chunked = decode_requests(data, chunk_len, caps);
     let whole = decode_requests(data, data.len().max(1), caps);
     assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
@@ -229,6 +230,17 @@ impl ExtensionReplies {
                     "a Q answered without PERMITS"
                 );
                 self.tokens.push(token);
+            }
+            Reply::Observed { observed, .. } => {
+                assert!(
+                    self.granted
+                        .is_some_and(|g| g.contains(Capabilities::OBSERVE)),
+                    "an O answered without OBSERVE"
+                );
+                assert!(
+                    Reply::Observed { rid: 1, observed }.check().is_ok(),
+                    "an O whose fields do not fit its state: {observed:?}"
+                );
             }
             Reply::Push {
                 token,

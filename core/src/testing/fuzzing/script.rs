@@ -5,7 +5,7 @@ use crate::lock::{Limits, LockConfig};
 use crate::server::ServerConfig;
 use crate::wire::{
     AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ExtendRequest, Key,
-    KeyGroup, NegotiateRequest, PermitsRequest, ReleaseRequest, Request,
+    KeyGroup, NegotiateRequest, ObserveRequest, PermitsRequest, ReleaseRequest, Request,
 };
 
 /// A single server small enough for a script to reach every limit: 3 keys,
@@ -107,8 +107,8 @@ pub(super) fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) 
 /// too) with a short label; a `W` of the keys in `bits` by a token within
 /// 16 of `first_token`, with a lease of up to 250 s or an out-of-range 0;
 /// an `H` with a short wait and lease and a cap of up to 4 s (or 0, which
-/// is refused), so renewals reach it; or a `Q` for a few permits of a
-/// small semaphore.
+/// is refused), so renewals reach it; a `Q` for a few permits of a
+/// small semaphore; or an `O` of the first key.
 fn fuzz_extension(kind: u8, bits: u8, arg: u8, rid: u64, first_token: u64) -> Request {
     let set = kind & 0x10 != 0;
     let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
@@ -129,6 +129,11 @@ fn fuzz_extension(kind: u8, bits: u8, arg: u8, rid: u64, first_token: u64) -> Re
                 n => 1 + n % 3,
             },
             keys,
+        }),
+        // Who holds the first key (read-only).
+        _ if kind & 0x60 == 0x60 => Request::Observe(ObserveRequest {
+            rid,
+            name: keys.keys()[0].clone(),
         }),
         // Permits of a small semaphore, named by the first key: up to 3
         // of a capacity of 1..=4 (more than the capacity is refused).
