@@ -1,4 +1,4 @@
-//! The one run loop both worlds go through ([`crate::world::World`] and
+//! The one run loop both worlds go through ([`crate::single::World`] and
 //! [`crate::cluster::ClusterWorld`]): the opening schedule, the event loop
 //! with its stop rule, the fault tick's own rescheduling, the phase
 //! changes, a server clock's forward jump and the checks at the end.

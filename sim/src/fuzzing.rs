@@ -5,7 +5,7 @@
 
 use crate::cluster::{ClusterSimConfig, ClusterWorld};
 use crate::config::SimConfig;
-use crate::world::World;
+use crate::single::World;
 
 pub use crate::lock_model::sim_lock_table;
 

@@ -3,7 +3,7 @@
 //!
 //! The real core state machines — the single-mode [`Server`] and the client
 //! [`Session`] with its [`AcquireOperation`] / [`ReleaseOperation`] — run
-//! inside one seeded world ([`world::World`]): simulated TCP connections
+//! inside one seeded world ([`single::World`]): simulated TCP connections
 //! with per-path delays that split byte streams at any boundary, per-process
 //! clocks with drift and forward jumps, process pauses, connection resets,
 //! client crashes and server restarts from nothing. After every event the
@@ -39,15 +39,15 @@ mod lock_model;
 mod net;
 pub mod rng;
 mod run;
+pub mod single;
 pub mod spec;
-pub mod world;
 
 pub use adversary::AdversaryRates;
 pub use cluster::{ClusterPlant, ClusterSimConfig, ClusterWorld, run_cluster_seed};
 pub use config::{FaultConfig, SimConfig};
 pub use run::{Checker, RunReport, Violation};
+pub use single::World;
 pub use spec::Knobs;
-pub use world::World;
 
 /// Runs the swarm world of `seed` (see [`SimConfig::swarm`]).
 pub fn run_seed(seed: u64) -> RunReport {

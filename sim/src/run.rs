@@ -2,7 +2,7 @@
 //! names and findings, the run report, the event queue ordered by
 //! (time, sequence), and the recorder that hashes, traces and reports.
 //!
-//! Both worlds ([`crate::world::World`], [`crate::cluster::ClusterWorld`])
+//! Both worlds ([`crate::single::World`], [`crate::cluster::ClusterWorld`])
 //! keep their own event enums (and event codes, so trace hashes stay what
 //! they were); this is the machinery around them, and `driver` the one
 //! loop that runs them.

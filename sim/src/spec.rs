@@ -9,7 +9,7 @@ use crate::adversary::AdversaryRates;
 use crate::cluster::{ClusterSimConfig, ClusterWorld};
 use crate::config::{FaultConfig, SimConfig};
 use crate::run::RunReport;
-use crate::world::World;
+use crate::single::World;
 
 /// Everything besides the seed that shapes a run. The default is the swarm
 /// world of the seed, untouched.
