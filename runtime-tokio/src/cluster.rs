@@ -7,38 +7,18 @@
 //!
 //! # Identity: generations and bootstrap
 //!
-//! State is volatile, so a process must never come back under an identity
-//! it had before (it would have forgotten its votes and log). Every start
-//! therefore picks the node's generation itself:
-//!
-//! - **`--bootstrap`** (first start of a brand-new cluster only): the node
-//!   is `(self_slot, BOOTSTRAP_GENERATION)` and starts with
-//!   [`ClusterNode::bootstrap`] and the voters `(s, BOOTSTRAP_GENERATION)`
-//!   for every slot `s`, so all bootstrap members agree on the first
-//!   configuration without talking first. The flag exists on the command
-//!   line only (not in the config file), so a supervisor restarting the
-//!   process with the same config file never bootstraps again. If the flag
-//!   is passed to a restart anyway (or a member starts after the others
-//!   already elected a leader), the core's genesis check sees the running
-//!   cluster before the node acts as generation 1 and it joins under the
-//!   wall-clock generation instead, as below.
-//! - **otherwise** the node is `(self_slot, token floor at start)` (the
-//!   wall-clock µs, or the slot's stored token reserve plus one if that is
-//!   larger, so a clock stepped back still gives a newer generation) and
-//!   starts with [`ClusterNode::join`]: the leader sees the newer generation
-//!   in the peer handshake, adds it as a learner, and once it is caught up
-//!   removes the slot's old generation and promotes it (Raft auto
-//!   membership). No operator step, as long as a majority of the current
-//!   voters is up.
-//! - **`--recover`** (a cluster that lost a majority, under the same
-//!   identity): the driver reads this slot's state file without writing it
-//!   and probes every other slot's peer address for the hello a node sends
-//!   on accepting a connection; the core decides from those facts
-//!   ([`recovery::decide_recovery`]) whether to refuse (old nodes still
-//!   run, or no floor for this slot) or with what token floor to start.
-//!   The node then bootstraps as `(self_slot, RECOVERY_GENERATION)` with
-//!   every slot's recovery generation as voters, and its first leadership
-//!   proposes `Init` only once it heard the floors of every slot but one.
+//! Which generation a start takes (`--bootstrap`, a join, `--recover`) is
+//! the core's start rule ([`ClusterNode::start`], described in
+//! `ticketing_core::cluster::StartFacts`); this driver only gathers its
+//! facts: the operator's flags, the wall clock and the slot's state file.
+//! The `--bootstrap` flag exists on the command line only (not in the
+//! config file), so a supervisor restarting the process with the same
+//! config file never bootstraps again. For `--recover` the driver reads
+//! this slot's state file without writing it and probes every other
+//! slot's peer address for the hello a node sends on accepting a
+//! connection; the core decides from those facts
+//! ([`recovery::decide_recovery`]) whether to refuse (old nodes still run,
+//! or no floor for this slot) or with what token floor to start.
 
 use std::io;
 use std::net::SocketAddr;
@@ -53,10 +33,12 @@ use tokio_rustls::TlsConnector;
 use tracing::{debug, error, info, warn};
 
 use ticketing_core::admin::AdminTokens;
-use ticketing_core::cluster::node::{ClusterConfig, ClusterNode, ClusterStats};
+use ticketing_core::cluster::node::{
+    ClusterConfig, ClusterNode, ClusterStats, StartFacts, StartMode,
+};
 use ticketing_core::cluster::peer::PEER_HELLO_LEN;
 use ticketing_core::cluster::recovery::{
-    self, PeerProbe, RECOVERY_GENERATION, RecoveryFacts, RecoveryPlan, RecoveryRefusal,
+    self, PeerProbe, RecoveryFacts, RecoveryPlan, RecoveryRefusal,
 };
 use ticketing_core::raft::NodeId;
 use ticketing_core::time::Instant;
@@ -64,16 +46,12 @@ use ticketing_core::time::Instant;
 use crate::admin;
 use crate::serve::{
     Clock, DEFAULT_LISTEN_BACKLOG, DEFAULT_SHUTDOWN_GRACE, Dialer, Listener, Shared, bind_admin,
-    bind_listener, first_token_from_clock, open_floor, read_floor, run_persister, start,
-    start_floor,
+    bind_listener, open_floor, read_floor, run_persister, start, start_floor,
 };
 use crate::state::{self, FloorFile, StateSettings};
 use ticketing_core::machine::Machine;
 
-/// The generation of every member of a freshly bootstrapped cluster. Any
-/// later start of a slot uses its token floor (wall-clock microseconds or
-/// above), which is far larger.
-pub const BOOTSTRAP_GENERATION: u64 = 1;
+pub use ticketing_core::cluster::BOOTSTRAP_GENERATION;
 
 /// TLS between peers: each node serves `server` on its peer address and
 /// verifies the peers it dials with `client` under `server_name`.
@@ -371,10 +349,26 @@ pub async fn spawn_cluster(mut settings: ClusterSettings) -> io::Result<RunningC
         (None, Some(state)) => (Some(open_floor(state, &name, &clock).await?), None),
         (None, None) => (None, None),
     };
-    let join_generation = pick_identity(&mut settings, floor.as_ref(), plan.as_ref())?;
-    let sockets = ClusterSockets::bind(&settings).await?;
+    let facts = StartFacts {
+        mode: match (&plan, settings.bootstrap) {
+            (Some(plan), _) => StartMode::Recover {
+                token_floor: plan.token_floor,
+            },
+            (None, true) => StartMode::Bootstrap,
+            (None, false) => StartMode::Join,
+        },
+        wall_clock_us: wall_clock_micros(),
+        floor_first_token: floor.as_ref().map(|floor| floor.first_token),
+    };
     let seed = os_seed()?;
-    let (node, persister) = new_node(&settings, join_generation, seed, floor, &clock);
+    let node = ClusterNode::start(settings.node.clone(), &facts, seed, clock.now())
+        .map_err(|e| invalid_input(format!("cluster configuration: {e}")))?;
+    let sockets = ClusterSockets::bind(&settings).await?;
+    settings.node.id = node.id();
+    let (node, persister) = match floor {
+        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
+        None => (node, None),
+    };
     log_listening(&settings, &sockets);
     let shared = Shared::new(node, clock);
     let extra = spawn_side_tasks(&shared, &settings, persister, sockets.status, sockets.admin)?;
@@ -513,46 +507,6 @@ async fn read_hello(mut stream: impl AsyncRead + Unpin) -> Option<[u8; PEER_HELL
     Some(hello)
 }
 
-/// Sets the node's id (generation, see the module documentation) and the
-/// domain's first token in `settings`, validates the configuration, and
-/// returns the generation a joining start uses.
-fn pick_identity(
-    settings: &mut ClusterSettings,
-    floor: Option<&state::Floor>,
-    plan: Option<&RecoveryPlan>,
-) -> io::Result<u64> {
-    // The token floor at start: above the clock and above every floor this
-    // slot started with before. It is also the generation of a joining
-    // start, so that a restart with the clock stepped back still comes back
-    // newer than its last generation (the leader adds only newer ones).
-    // Strictly above the bootstrap generation whatever the clock says; a
-    // bootstrap member joins under it if it finds the cluster running.
-    let token_floor = floor
-        .map_or_else(first_token_from_clock, |floor| floor.first_token)
-        .max(plan.map_or(0, |plan| plan.token_floor));
-    let join_generation = floor
-        .map_or_else(wall_clock_micros, |floor| floor.first_token)
-        .max(plan.map_or(0, |plan| plan.token_floor))
-        .max(RECOVERY_GENERATION + 1);
-    let generation = if plan.is_some() {
-        RECOVERY_GENERATION
-    } else if settings.bootstrap {
-        BOOTSTRAP_GENERATION
-    } else {
-        join_generation
-    };
-    settings.node.recovering = plan.is_some();
-    settings.node.id = NodeId::new(settings.node.id.slot, generation);
-    // The domain's first token if this node's leadership initialises the
-    // counter.
-    settings.node.bootstrap_wall_clock_us = token_floor;
-    settings
-        .node
-        .validate()
-        .map_err(|e| invalid_input(format!("cluster configuration: {e}")))?;
-    Ok(join_generation)
-}
-
 /// The node's listeners, bound, with their addresses.
 struct ClusterSockets {
     client: TcpListener,
@@ -595,32 +549,6 @@ fn os_seed() -> io::Result<u64> {
     let mut seed = [0u8; 8];
     getrandom::fill(&mut seed).map_err(|e| io::Error::other(format!("no OS randomness: {e}")))?;
     Ok(u64::from_le_bytes(seed))
-}
-
-/// The node (bootstrapping or joining, see the module documentation),
-/// bounded by the token floor's reserve when there is a state file (whose
-/// writer is returned with it).
-fn new_node(
-    settings: &ClusterSettings,
-    join_generation: u64,
-    seed: u64,
-    floor: Option<state::Floor>,
-    clock: &Clock,
-) -> (ClusterNode, Option<Arc<FloorFile>>) {
-    let now = clock.now();
-    let node = if settings.bootstrap || settings.recovery.is_some() {
-        // A recovery bootstraps under the same identity with its own
-        // generation, so a probe tells its members from old nodes.
-        let generation = settings.node.id.generation;
-        let voters = (0..settings.node.slot_count).map(|s| NodeId::new(s, generation));
-        ClusterNode::bootstrap(settings.node.clone(), voters, join_generation, seed, now)
-    } else {
-        ClusterNode::join(settings.node.clone(), seed, now)
-    };
-    match floor {
-        Some(floor) => (node.with_token_reserve(floor.reserve), Some(floor.file)),
-        None => (node, None),
-    }
 }
 
 fn log_listening(settings: &ClusterSettings, sockets: &ClusterSockets) {

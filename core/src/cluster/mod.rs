@@ -32,7 +32,7 @@ pub use crate::conn::{ConnId, ConnState, Dialect};
 pub use self::command::{ApplyResult, COMMAND_LEN_MAX, Command, FIRST_TOKEN_MAX};
 pub use self::events::{NODE_EVENTS_MAX, NodeEvent};
 pub use self::node::{
-    ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, PeerLiveness,
-    default_peer_silence_timeout,
+    BOOTSTRAP_GENERATION, ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS,
+    LIVE_HEARTBEATS, PeerLiveness, StartFacts, StartMode, default_peer_silence_timeout,
 };
 pub use self::state::{Holding, ReplicatedLocks, SNAPSHOT_NEXT_TOKEN_MAX, SnapshotError};

@@ -21,6 +21,14 @@ impl<'t> ClusterWorld<'t> {
             let Some(node) = proc.node.as_ref() else {
                 continue;
             };
+            if node.checking_genesis() {
+                // A bootstrap member still checking that the cluster is new
+                // belongs to no Raft group yet: it steps nothing, and its
+                // log is only its own bootstrap entry, which after a
+                // recovery is not the running cluster's (a mistaken
+                // `--bootstrap` names generation 1's voters).
+                continue;
+            }
             let raft = node.raft();
             let id = raft.id();
             if proc.incarnation != Some(id) {

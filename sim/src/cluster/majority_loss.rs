@@ -67,15 +67,11 @@ impl<'t> ClusterWorld<'t> {
     /// oracle does too.
     pub(super) fn recover(&mut self) {
         self.lost = false;
-        self.bootstrap_generation = RECOVERY_GENERATION;
         self.leaders.clear();
         self.committed.clear();
         self.entries.clear();
         self.states.clear();
         self.note(|| "the operator recovers the cluster (--recover on every slot)".into());
-        let voters: Vec<NodeId> = (0..self.n)
-            .map(|s| NodeId::new(s, RECOVERY_GENERATION))
-            .collect();
         for slot in 0..self.n {
             let s = usize::from(slot);
             let wall = WALL_EPOCH_US + self.nodes[s].clock.local(self.now_us);
@@ -100,18 +96,12 @@ impl<'t> ClusterWorld<'t> {
                     continue;
                 }
             };
-            let proc = &mut self.nodes[s];
-            proc.inc += 1;
-            proc.generation = proc.generation.max(RECOVERY_GENERATION) + 1;
-            let rejoin = proc.generation;
-            let mut config = self.node_config(slot, RECOVERY_GENERATION);
-            config.bootstrap_wall_clock_us = plan.token_floor;
-            config.recovering = true;
+            self.nodes[s].inc += 1;
             let seed = self.net.next_u64();
-            let now = self.node_now(slot);
-            let node = ClusterNode::bootstrap(config, voters.clone(), rejoin, seed, now);
-            let node = self.with_floor(slot, node);
-            self.install_node(slot, node);
+            let mode = StartMode::Recover {
+                token_floor: plan.token_floor,
+            };
+            self.start_node(slot, mode, seed);
         }
     }
 }

@@ -22,8 +22,10 @@ use std::hash::{Hash, Hasher};
 use ticketing_core::client::KeySet;
 use ticketing_core::client::{Backoff, ClientError, CloseReason, Router, Session, SessionConfig};
 use ticketing_core::cluster::peer::{PEER_HELLO_LEN, PeerTokens};
-use ticketing_core::cluster::recovery::{self, RECOVERY_GENERATION, RecoveryFacts};
-use ticketing_core::cluster::{ClusterConfig, ClusterNode, NodeEvent};
+use ticketing_core::cluster::recovery::{self, RecoveryFacts};
+use ticketing_core::cluster::{
+    BOOTSTRAP_GENERATION, ClusterConfig, ClusterNode, NodeEvent, StartFacts, StartMode,
+};
 use ticketing_core::cluster::{ConnId, ConnState};
 use ticketing_core::inspect::{AdminRequestId, ForceRelease, ForceReleaseOutcome, ListingCursor};
 use ticketing_core::lock::Limits;
@@ -387,10 +389,6 @@ pub struct ClusterWorld<'t> {
     loss_rng: Rng,
     /// Every node is down after a majority loss, until the recovery.
     lost: bool,
-    /// The generation of the bootstrap members of the cluster running now:
-    /// 1, or the recovery generation after a recovery (a mistaken restart
-    /// with the flag of the last start uses it).
-    bootstrap_generation: u64,
     rec: Recorder<'t>,
 }
 
@@ -503,7 +501,6 @@ impl<'t> ClusterWorld<'t> {
             next_admin_id: 1,
             loss_rng: Rng::new(seed, 91),
             lost: false,
-            bootstrap_generation: 1,
             rec: Recorder::new(seed, config.base.checkers_off.clone()),
             config,
         }

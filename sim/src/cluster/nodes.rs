@@ -34,6 +34,7 @@ impl<'t> ClusterWorld<'t> {
     /// Starts `slot`: a bootstrap member at time 0, else a new generation
     /// that joins (its old state is gone) — or, as an operator's mistake,
     /// a restart with `--bootstrap`, which the core must turn into a join.
+    /// The generation is the core's start rule, as in the daemon.
     pub(super) fn node_start(&mut self, slot: u8, bootstrap: bool) {
         if self.lost || self.nodes[usize::from(slot)].node.is_some() {
             // A restart scheduled before a majority loss: the recovery
@@ -45,58 +46,100 @@ impl<'t> ClusterWorld<'t> {
         let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
         let mistaken_bootstrap =
             !bootstrap && !amnesia && self.fault_rng.chance(MISTAKEN_BOOTSTRAP_PPM);
-        let proc = &mut self.nodes[usize::from(slot)];
         if !bootstrap {
-            proc.inc += 1;
+            self.nodes[usize::from(slot)].inc += 1;
         }
-        if bootstrap || !amnesia {
-            // A joining node's generation, or the one a bootstrap member
-            // joins under if it finds the cluster running.
-            proc.generation += 1;
-        }
-        let generation = proc.generation;
-        let first = self.bootstrap_generation;
-        let voters = (0..self.n).map(|s| NodeId::new(s, first));
-        let node = if amnesia && !bootstrap {
+        if amnesia && !bootstrap {
             // The planted driver bug restarts under generation 1 and skips
             // the core's check that would catch it.
-            ClusterNode::bootstrap_unchecked(self.node_config(slot, 1), voters, seed, now)
-        } else if bootstrap || mistaken_bootstrap {
-            if mistaken_bootstrap {
-                self.note(|| format!("FAULT node {slot} restarts with --bootstrap"));
-            }
-            ClusterNode::bootstrap(self.node_config(slot, first), voters, generation, seed, now)
+            let voters = (0..self.n).map(|s| NodeId::new(s, BOOTSTRAP_GENERATION));
+            let config = self.node_config(slot, BOOTSTRAP_GENERATION);
+            let node = ClusterNode::bootstrap_unchecked(config, voters, seed, now);
+            self.install_node(slot, node);
+            return;
+        }
+        if mistaken_bootstrap {
+            self.note(|| format!("FAULT node {slot} restarts with --bootstrap"));
+        }
+        let mode = if bootstrap || mistaken_bootstrap {
+            StartMode::Bootstrap
         } else {
-            ClusterNode::join(self.node_config(slot, generation), seed, now)
+            StartMode::Join
         };
-        let node = self.with_floor(slot, node);
+        self.start_node(slot, mode, seed);
+    }
+
+    /// Starts `slot` by the core's start rule from the facts the daemon
+    /// would gather: the node's wall clock (an hour behind for a recovery)
+    /// and, in worlds with majority
+    /// losses (whose nodes keep state files), its token floor, made durable
+    /// before the node runs.
+    pub(super) fn start_node(&mut self, slot: u8, mode: StartMode, seed: u64) {
+        let s = usize::from(slot);
+        let now = self.node_now(slot);
+        let mut wall_clock_us = WALL_EPOCH_US + self.nodes[s].clock.local(self.now_us);
+        if matches!(mode, StartMode::Recover { .. }) {
+            // The recovering operator's clocks are an hour behind, so only
+            // the evidence (floors) can bound the earlier tokens.
+            wall_clock_us = wall_clock_us.saturating_sub(RECOVERY_CLOCK_BACK_US);
+        }
+        let floor = self.floor_at_start(slot, wall_clock_us, mode);
+        // The planted recovery from the clock alone ignores the state file.
+        let from_clock_alone = matches!(mode, StartMode::Recover { .. })
+            && self.config.plant == Some(ClusterPlant::RecoverFromClock);
+        let facts = StartFacts {
+            mode,
+            wall_clock_us,
+            floor_first_token: floor
+                .as_ref()
+                .filter(|_| !from_clock_alone)
+                .map(|(first, _)| *first),
+        };
+        let config = self.node_config(slot, facts.generation());
+        let node = ClusterNode::start(config, &facts, seed, now).expect("sim config is valid");
+        let node = match floor {
+            Some((_, reserve)) => node.with_token_reserve(reserve),
+            None => node,
+        };
         self.install_node(slot, node);
     }
 
-    /// With majority losses, `node` keeps a durable token floor, as the
-    /// daemon does: its counter starts above the slot's stored floor, and
-    /// the first reserve is durable before it runs.
-    pub(super) fn with_floor(&mut self, slot: u8, node: ClusterNode) -> ClusterNode {
+    /// With majority losses, the slot's durable token floor at a start, as
+    /// the daemon's state file gives it: the first token it allows (above
+    /// the clock, the stored floor and a recovery's floor) and the reserve
+    /// above it, made durable now.
+    fn floor_at_start(
+        &mut self,
+        slot: u8,
+        wall_clock_us: u64,
+        mode: StartMode,
+    ) -> Option<(u64, TokenReserve)> {
         if self.config.faults.majority_loss_ppm == 0 {
-            return node;
+            return None;
         }
         let s = usize::from(slot);
         let now = self.node_now(slot);
         let stored = self.nodes[s].floor;
         let mut reserve = TokenReserve::new(SIM_RESERVE_STEP, stored);
-        let wall = WALL_EPOCH_US + self.nodes[s].clock.local(self.now_us);
-        let first = wall.max(stored.map_or(0, |v| v + 1));
+        let recovery_floor = match mode {
+            StartMode::Recover { token_floor } => token_floor,
+            StartMode::Join | StartMode::Bootstrap => 0,
+        };
+        let first = wall_clock_us
+            .max(stored.map_or(0, |v| v + 1))
+            .max(recovery_floor);
         if let Some(value) = reserve.poll_persist(now, first) {
             self.nodes[s].floor = Some(value);
             reserve.handle_persisted(value);
         }
-        node.with_token_reserve(reserve)
+        Some((first, reserve))
     }
 
     /// Runs `node` in `slot`, checked as a new incarnation.
     pub(super) fn install_node(&mut self, slot: u8, node: ClusterNode) {
         let generation = node.id().generation;
         let proc = &mut self.nodes[usize::from(slot)];
+        proc.generation = generation;
         proc.incarnation = Some(node.id());
         proc.node = Some(node);
         proc.conns.clear();

@@ -95,12 +95,14 @@ mod keys;
 mod leadership;
 mod machine;
 mod peers;
+mod start;
 
 pub use self::config::{
     ClusterConfig, KEEPALIVE_HEARTBEATS, LIVE_HEARTBEATS, default_peer_silence_timeout,
 };
 pub use self::inspect::ADMIN_REPLIES_MAX;
 pub use self::peers::PeerLiveness;
+pub use self::start::{BOOTSTRAP_GENERATION, StartFacts, StartMode};
 
 use self::apply::PendingProposals;
 use self::connections::{Conn, ConnKind, Connections};
