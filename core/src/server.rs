@@ -13,9 +13,10 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::auth::{ClientTokens, Hello, NONCE_LEN, SINGLE_FINGERPRINT, WireMode};
-use crate::budget::{AbuseKind, BudgetConfig, CloseReason, HandshakeBudget, Reports};
+use crate::budget::{AbuseKind, BudgetConfig, CloseReason, Reports};
+use crate::conn::admission::{Accept, ClientAdmission, Handshake};
 use crate::conn::client::{
-    Answer, ClientFront, ClientRequest, Delivery, FrontInput, FrontTimeout, HoldAsk, ReplyTo,
+    Answer, ClientFront, ClientRequest, Delivery, FrontTimeout, HoldAsk, ReplyTo,
 };
 use crate::conn::{HandshakeDeadlines, Outbound, WakeQueue};
 use crate::events::EventView;
@@ -137,12 +138,8 @@ pub struct Server {
     /// Handshake deadlines; entries of connections that finished or closed
     /// are skipped when they come due.
     handshake_deadlines: HandshakeDeadlines,
-    /// Unfinished handshakes and their sources.
-    handshakes: HandshakeBudget,
-    /// Connections past their handshake.
-    sessions: usize,
-    /// Of those, the ones that speak the line dialect.
-    line_sessions: usize,
+    /// Admission of client connections: sessions, unfinished handshakes.
+    clients: ClientAdmission,
     /// Keys held by each connection's delivered grants (the table records
     /// which connection holds a grant: its holder tag is the connection id).
     held: HeldCounts,
@@ -296,12 +293,12 @@ impl Server {
             next_waiter_id: 1,
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
-            handshakes: HandshakeBudget::new(
+            clients: ClientAdmission::new(
+                config.connections_max,
                 config.budget.handshakes_max,
                 config.budget.handshakes_per_source_max,
+                config.handshake_timeout,
             ),
-            sessions: 0,
-            line_sessions: 0,
             held: HeldCounts::default(),
             reports: Reports::new(config.budget.report_interval),
             config,
@@ -986,7 +983,7 @@ impl Server {
             return;
         };
         conn.close_reason.get_or_insert(reason);
-        self.handshakes.finish(conn_id);
+        self.clients.closing(conn_id);
         self.wakes.close_after_flush(conn_id, &mut conn.out);
         // Latest arrival first: cancelling a front waiter first could hand the
         // key to this connection's own next waiter, only to pass it on again.
@@ -1045,8 +1042,8 @@ impl Server {
                 self.pushes,
             ),
             self.reports.totals(),
-            (self.sessions, self.line_sessions),
-            self.handshakes.len(),
+            self.clients.sessions(),
+            self.clients.handshakes(),
             self.shutting_down,
         );
         // A request queued for permits is a queued acquire too.
@@ -1058,8 +1055,8 @@ impl Server {
     pub fn stats(&self) -> ServerStats {
         ServerStats {
             connections: self.conns.len(),
-            sessions: self.sessions,
-            handshakes: self.handshakes.len(),
+            sessions: self.clients.sessions().0,
+            handshakes: self.clients.handshakes(),
             lock: self.table.stats(),
             reserve: self.reserve.stats(),
             permit_waiters: self.semaphores.waiter_count(),
@@ -1108,16 +1105,17 @@ impl Machine for Server {
         self.handle_timeout(now);
         // Connection ids are the table's 48-bit holder tags: past 2^48
         // connections (nine years at a million a second) none is accepted.
-        if self.shutting_down
-            || self.sessions >= self.config.connections_max
-            || self.next_conn_id > HOLDER_MAX
-        {
-            self.reports.abuse(now, Some(source), AbuseKind::Refused);
-            return None;
-        }
         let conn_id = ConnId(self.next_conn_id);
+        let closed_to_new = self.shutting_down || conn_id.0 > HOLDER_MAX;
+        let evicted = match self.clients.accept(closed_to_new, conn_id, source) {
+            Accept::Refused => {
+                self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                return None;
+            }
+            Accept::Admitted { evicted } => evicted,
+        };
         self.next_conn_id += 1;
-        if let Some(evicted) = self.handshakes.admit(conn_id, source) {
+        if let Some(evicted) = evicted {
             if let Some(old) = self.conns.get(&evicted) {
                 let old_source = old.source;
                 self.reports
@@ -1130,9 +1128,9 @@ impl Machine for Server {
             self_slot: NO_LEADER_SLOT,
             nonce,
         };
-        let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front =
-            ClientFront::new(hello, SINGLE_FINGERPRINT, deadline).serving(Capabilities::KNOWN);
+        let (front, deadline) =
+            self.clients
+                .front(now, hello, SINGLE_FINGERPRINT, Capabilities::KNOWN);
         let mut conn = Conn {
             out: Outbound::new(front.hello_bytes().to_vec()),
             front,
@@ -1165,35 +1163,29 @@ impl Machine for Server {
             self.close_conn(now, conn_id, CloseReason::BadFrame);
             return;
         }
-        let input = conn.front.handle_input(
+        let step = self.clients.handshake_input(
             now,
+            conn_id,
+            &mut conn.front,
             &self.config.client_tokens,
             bytes,
             conn.out.buffer_mut(),
         );
-        match input {
-            FrontInput::Pending => return,
-            FrontInput::Session => {}
-            FrontInput::Accepted(dialect) => {
-                self.handshakes.finish(conn_id);
-                if self.sessions >= self.config.connections_max {
-                    let source = conn.source;
-                    self.reports.abuse(now, Some(source), AbuseKind::Refused);
-                    self.close_conn(now, conn_id, CloseReason::SessionLimit);
-                    return;
-                }
-                self.sessions += 1;
-                if dialect == Dialect::Line {
-                    self.line_sessions += 1;
-                }
-                conn.front.begin_session(conn.out.buffer_mut());
-                self.wakes.wake(conn_id, &mut conn.out);
+        match step {
+            Handshake::Pending => return,
+            Handshake::Session => {}
+            Handshake::Started(_) => self.wakes.wake(conn_id, &mut conn.out),
+            Handshake::SessionLimit => {
+                let source = conn.source;
+                self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                self.close_conn(now, conn_id, CloseReason::SessionLimit);
+                return;
             }
-            FrontInput::Rejected(_) => {
+            Handshake::Rejected { answer_at } => {
                 let source = conn.source;
                 self.reports
                     .abuse(now, Some(source), AbuseKind::FailedProof);
-                match conn.front.auth_failed_at() {
+                match answer_at {
                     // The line dialect answers a failed handshake late.
                     Some(at) => self.handshake_deadlines.push(at, conn_id),
                     None => self.close_conn(now, conn_id, CloseReason::ProofRejected),
@@ -1256,12 +1248,7 @@ impl Machine for Server {
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
-        if conn.front.in_session() {
-            self.sessions -= 1;
-            if conn.front.dialect() == Some(Dialect::Line) {
-                self.line_sessions -= 1;
-            }
-        }
+        self.clients.closed(conn_id, &conn.front);
         // A connection that closes holding keys keeps its held-key count
         // (it ends with the grants' leases) and its label, so observers
         // still name the holder; everything else is forgotten now.
@@ -1450,7 +1437,7 @@ impl Machine for Server {
         let bytes_max = self.config.outbound_bytes_per_connection_max;
         self.conns
             .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(bytes_max) && conn.front.wants_input())
+            .is_some_and(|conn| ClientAdmission::wants_input(&conn.front, &conn.out, bytes_max))
     }
 
     /// True once [`Server::begin_shutdown`] was called.

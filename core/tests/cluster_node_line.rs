@@ -272,3 +272,29 @@ fn line_sessions_survive_a_rejoin_and_are_counted_down_once() {
     let metrics = net.node(victim).metrics();
     assert_eq!((metrics.sessions, metrics.line_sessions), (0, 0));
 }
+
+#[test]
+fn a_failed_line_handshake_is_read_no_further_until_its_late_refusal_goes_out() {
+    let mut net = ClusterNet::with_config(with_addresses);
+    let leader = net.elect();
+    let now = net.now;
+    let nonce = net.nonce();
+    let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let conn = net
+        .node(leader)
+        .handle_connect(now, nonce, loopback)
+        .expect("accepted");
+    assert!(net.node(leader).wants_input(conn));
+    // A well-shaped line answer that no token produces.
+    let mut answer = vec![b'A'; 43];
+    answer.push(b'\n');
+    net.node(leader).handle_input(now, conn, &answer);
+    assert!(
+        !net.node(leader).wants_input(conn),
+        "a refused handshake's later bytes are not read"
+    );
+    let before = net.node(leader).metrics();
+    net.run_for(Duration::from_millis(1_000));
+    assert_eq!(before.sessions, 0);
+    assert_eq!(net.node(leader).metrics().sessions, 0);
+}

@@ -25,6 +25,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use crate::time::Instant;
 use crate::wire::{KeyGroup, Reply};
 
+pub(crate) mod admission;
 pub(crate) mod client;
 pub(crate) mod pushes;
 

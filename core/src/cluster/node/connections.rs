@@ -16,7 +16,8 @@ use crate::auth::{Hello, NONCE_LEN, WireMode};
 use crate::budget::{AbuseKind, CloseReason, HandshakeBudget};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::cluster::peer::{PeerHandshake, PeerSession};
-use crate::conn::client::{Answer, ClientFront, Delivery, FrontInput, FrontTimeout, ReplyTo};
+use crate::conn::admission::{Accept, ClientAdmission, Handshake};
+use crate::conn::client::{Answer, ClientFront, Delivery, FrontTimeout, ReplyTo};
 use crate::conn::{ConnId, Dialect, HandshakeDeadlines, Outbound, WakeQueue};
 use crate::hash::IdHasher;
 use crate::machine::Machine;
@@ -109,14 +110,10 @@ pub(super) struct Connections {
     pub(super) wakes: WakeQueue,
     /// When each unfinished handshake times out.
     pub(super) handshake_deadlines: HandshakeDeadlines,
-    /// Unfinished client handshakes and their sources.
-    pub(super) client_handshakes: HandshakeBudget,
+    /// Admission of client connections: sessions, unfinished handshakes.
+    pub(super) clients: ClientAdmission,
     /// Unfinished accepted peer handshakes and their sources.
     pub(super) peer_handshakes: HandshakeBudget,
-    /// Client connections past their handshake.
-    pub(super) client_sessions: usize,
-    /// Of those, the ones that speak the line dialect.
-    pub(super) line_sessions: usize,
     /// Peer connections that this node dialed or that authenticated.
     pub(super) known_peer_conns: usize,
     /// Per-slot dialing state, indexed by slot.
@@ -138,16 +135,16 @@ impl Connections {
             next_id: 1,
             wakes: WakeQueue::default(),
             handshake_deadlines: HandshakeDeadlines::default(),
-            client_handshakes: HandshakeBudget::new(
+            clients: ClientAdmission::new(
+                config.connections_max,
                 config.budget.handshakes_max,
                 config.budget.handshakes_per_source_max,
+                config.handshake_timeout,
             ),
             peer_handshakes: HandshakeBudget::new(
                 config.budget.peer_handshakes_max,
                 config.budget.peer_handshakes_per_source_max,
             ),
-            client_sessions: 0,
-            line_sessions: 0,
             known_peer_conns: 0,
             dials,
         }
@@ -223,21 +220,16 @@ impl ClusterNode {
         conn_id
     }
 
-    /// Counts a new connection from `source` in `peers`' handshake budget
-    /// (or the clients'), closing the unfinished handshake it displaces.
-    pub(super) fn admit_handshake(
-        &mut self,
-        now: Instant,
-        peers: bool,
-        conn_id: ConnId,
-        source: IpAddr,
-    ) {
-        let budget = if peers {
-            &mut self.conns.peer_handshakes
-        } else {
-            &mut self.conns.client_handshakes
-        };
-        if let Some(evicted) = budget.admit(conn_id, source) {
+    /// Counts a new peer connection from `source` in the peers' handshake
+    /// budget, closing the unfinished handshake it displaces.
+    pub(super) fn admit_peer_handshake(&mut self, now: Instant, conn_id: ConnId, source: IpAddr) {
+        let evicted = self.conns.peer_handshakes.admit(conn_id, source);
+        self.close_evicted(now, evicted);
+    }
+
+    /// Closes the unfinished handshake a new connection displaced.
+    fn close_evicted(&mut self, now: Instant, evicted: Option<ConnId>) {
+        if let Some(evicted) = evicted {
             let old_source = self.conns.by_id.get(&evicted).and_then(|c| c.source);
             self.reports
                 .abuse(now, old_source, AbuseKind::HandshakeEvicted);
@@ -256,18 +248,29 @@ impl ClusterNode {
         source: IpAddr,
     ) -> Option<ConnId> {
         self.handle_timeout(now);
-        if self.shutting_down || self.conns.client_sessions >= self.config.connections_max {
-            self.reports.abuse(now, Some(source), AbuseKind::Refused);
-            return None;
-        }
+        let conn_id = ConnId(self.conns.next_id);
+        let evicted = match self
+            .conns
+            .clients
+            .accept(self.shutting_down, conn_id, source)
+        {
+            Accept::Refused => {
+                self.reports.abuse(now, Some(source), AbuseKind::Refused);
+                return None;
+            }
+            Accept::Admitted { evicted } => evicted,
+        };
+        self.close_evicted(now, evicted);
         let hello = Hello {
             mode: WireMode::Cluster,
             self_slot: self.config.id.slot,
             nonce,
         };
-        let deadline = now.saturating_add(self.config.handshake_timeout);
-        let front = ClientFront::new(hello, self.config.fingerprint, deadline)
-            .serving(Capabilities::EXTEND.union(Capabilities::PUSH));
+        let served = Capabilities::EXTEND.union(Capabilities::PUSH);
+        let (front, deadline) =
+            self.conns
+                .clients
+                .front(now, hello, self.config.fingerprint, served);
         let hello_bytes = front.hello_bytes();
         let kind = ConnKind::Client(ClientConn {
             front,
@@ -275,8 +278,6 @@ impl ClusterNode {
             queued: HashSet::default(),
             release_misses_in_row: 0,
         });
-        let conn_id = ConnId(self.conns.next_id);
-        self.admit_handshake(now, false, conn_id, source);
         Some(self.new_conn(kind, &hello_bytes, deadline, Some(source)))
     }
 
@@ -300,27 +301,18 @@ impl ClusterNode {
         let ConnKind::Client(client) = &mut conn.kind else {
             return false;
         };
-        let input = client.front.handle_input(
+        let step = self.conns.clients.handshake_input(
             now,
+            conn_id,
+            &mut client.front,
             &self.config.client_tokens,
             bytes,
             conn.out.buffer_mut(),
         );
-        match input {
-            FrontInput::Pending => return false,
-            FrontInput::Session => {}
-            FrontInput::Accepted(dialect) => {
-                self.conns.client_handshakes.finish(conn_id);
-                if self.conns.client_sessions >= self.config.connections_max {
-                    self.reports.abuse(now, conn.source, AbuseKind::Refused);
-                    self.close_conn(conn_id, CloseReason::SessionLimit);
-                    return false;
-                }
-                self.conns.client_sessions += 1;
-                if dialect == Dialect::Line {
-                    self.conns.line_sessions += 1;
-                }
-                client.front.begin_session(conn.out.buffer_mut());
+        match step {
+            Handshake::Pending => return false,
+            Handshake::Session => {}
+            Handshake::Started(_) => {
                 // Clients route by the leader notice; send it at once.
                 client.front.leader_notice(
                     leader_slot,
@@ -329,9 +321,14 @@ impl ClusterNode {
                 );
                 self.conns.wakes.wake(conn_id, &mut conn.out);
             }
-            FrontInput::Rejected(_) => {
+            Handshake::SessionLimit => {
+                self.reports.abuse(now, conn.source, AbuseKind::Refused);
+                self.close_conn(conn_id, CloseReason::SessionLimit);
+                return false;
+            }
+            Handshake::Rejected { answer_at } => {
                 self.reports.abuse(now, conn.source, AbuseKind::FailedProof);
-                match client.front.auth_failed_at() {
+                match answer_at {
                     // The line dialect answers a failed handshake late.
                     Some(at) => self.conns.handshake_deadlines.push(at, conn_id),
                     None => self.close_conn(conn_id, CloseReason::ProofRejected),
@@ -410,7 +407,7 @@ impl ClusterNode {
         };
         conn.close_reason.get_or_insert(reason);
         match conn.kind {
-            ConnKind::Client(_) => self.conns.client_handshakes.finish(conn_id),
+            ConnKind::Client(_) => self.conns.clients.closing(conn_id),
             ConnKind::Peer(_) => self.conns.peer_handshakes.finish(conn_id),
         }
         self.conns.wakes.close_after_flush(conn_id, &mut conn.out);
@@ -475,12 +472,7 @@ impl ClusterNode {
         self.reports.closed(conn_id, conn.source, reason);
         match conn.kind {
             ConnKind::Client(client) => {
-                if client.front.in_session() {
-                    self.conns.client_sessions -= 1;
-                    if client.front.dialect() == Some(Dialect::Line) {
-                        self.conns.line_sessions -= 1;
-                    }
-                }
+                self.conns.clients.closed(conn_id, &client.front);
                 if let Some(leadership) = self.leadership.as_mut() {
                     leadership.held_keys.forget_conn(conn_id);
                 }

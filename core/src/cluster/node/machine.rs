@@ -19,6 +19,7 @@ use crate::inspect::{
 use crate::machine::{Machine, Output};
 
 use super::connections::{ConnKind, carries_raft, note_output};
+use crate::conn::admission::ClientAdmission;
 use crate::raft::NodeId;
 use crate::time::Instant;
 use crate::wire::Key;
@@ -184,7 +185,12 @@ impl Machine for ClusterNode {
         self.conns
             .by_id
             .get(&conn_id)
-            .is_some_and(|conn| conn.out.wants_input(bytes_max))
+            .is_some_and(|conn| match &conn.kind {
+                ConnKind::Client(client) => {
+                    ClientAdmission::wants_input(&client.front, &conn.out, bytes_max)
+                }
+                ConnKind::Peer(_) => conn.out.wants_input(bytes_max),
+            })
     }
 
     /// True once [`ClusterNode::begin_shutdown`] was called.

@@ -435,11 +435,10 @@ impl ClusterNode {
                 self.replies,
                 self.reports.totals(),
                 self.checking_genesis(),
-                (
-                    stats.waiters,
-                    self.conns.client_sessions,
-                    self.conns.line_sessions,
-                ),
+                {
+                    let (sessions, line_sessions) = self.conns.clients.sessions();
+                    (stats.waiters, sessions, line_sessions)
+                },
                 self.shutting_down,
             )
         }

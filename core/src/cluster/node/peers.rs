@@ -104,7 +104,7 @@ impl ClusterNode {
             return None;
         }
         let conn_id = ConnId(self.conns.next_id);
-        self.admit_handshake(now, true, conn_id, source);
+        self.admit_peer_handshake(now, conn_id, source);
         Some(self.new_peer_conn(now, nonce, None, Some(source)))
     }
 
