@@ -74,6 +74,7 @@ pub mod cluster;
 mod conn;
 pub mod events;
 pub mod hash;
+mod keyed;
 pub mod inspect;
 pub mod line;
 pub mod lock;

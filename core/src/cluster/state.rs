@@ -12,7 +12,7 @@
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::{ApplyResult, Command};
 use crate::hash::IdMap;
-use crate::lock::keyed::{KeyHash, Keyed};
+use crate::keyed::{KeyHash, Keyed};
 use crate::lock::{ExtendOutcome, capped_deadline, decide_extension};
 use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant, duration_micros};

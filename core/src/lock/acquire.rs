@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
 use super::extend::{GrantExtension, capped_deadline};
-use super::keyed::KeyHash;
+use crate::keyed::KeyHash;
 use super::{
     AcquireOptions, AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys,
     Waiter, WaiterId, group_len, lease_duration,

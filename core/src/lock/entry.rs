@@ -78,7 +78,7 @@ impl Ord for StoredKey {
     }
 }
 
-impl super::keyed::KeyBytes for StoredKey {
+impl crate::keyed::KeyBytes for StoredKey {
     fn key_bytes(&self) -> &[u8] {
         self.as_bytes()
     }

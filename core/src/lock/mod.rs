@@ -45,7 +45,6 @@ mod entry;
 mod expiry;
 mod extend;
 mod inspect;
-pub(crate) mod keyed;
 mod queue;
 mod release;
 pub(crate) mod semaphore;
@@ -54,7 +53,7 @@ use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
-use keyed::{KeyHash, Keyed};
+use crate::keyed::{KeyHash, Keyed};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;

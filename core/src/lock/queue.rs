@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
 use super::extend::capped_deadline;
-use super::keyed::KeyHash;
+use crate::keyed::KeyHash;
 use super::{
     LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration,
     note_expiry_handover,

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::lock::keyed::Keyed;
+use crate::keyed::Keyed;
 use crate::wire::Key;
 
 /// What the leader knows of one key beyond the applied state. A key
