@@ -8,11 +8,11 @@ use std::cmp::Reverse;
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
 use super::extend::{GrantExtension, capped_deadline};
-use crate::keyed::KeyHash;
 use super::{
     AcquireOptions, AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys,
     Waiter, WaiterId, group_len, lease_duration,
 };
+use crate::keyed::KeyHash;
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;

@@ -48,12 +48,12 @@ mod inspect;
 mod queue;
 mod release;
 pub(crate) mod semaphore;
+use crate::keyed::{KeyHash, Keyed};
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
-use crate::keyed::{KeyHash, Keyed};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;

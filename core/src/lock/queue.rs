@@ -8,11 +8,11 @@ use std::collections::VecDeque;
 use super::entry::KeyEntry;
 use super::expiry::note_expiry;
 use super::extend::capped_deadline;
-use crate::keyed::KeyHash;
 use super::{
     LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration,
     note_expiry_handover,
 };
+use crate::keyed::KeyHash;
 use crate::queue_rule;
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
