@@ -163,6 +163,35 @@ impl Holder {
             } => since_us.saturating_add(lease_min_us),
         }
     }
+
+    /// Whether the holder is the known grant of `token`.
+    fn is_known(&self, token: u64) -> bool {
+        matches!(*self, Holder::Known { token: t, .. } if t == token)
+    }
+
+    /// The same holder with its lease `by_us` shorter (a server clock
+    /// jump).
+    fn cut_by(self, by_us: u64) -> Holder {
+        match self {
+            Holder::Known {
+                token,
+                since_us,
+                lease_min_us,
+            } => Holder::Known {
+                token,
+                since_us,
+                lease_min_us: lease_min_us.saturating_sub(by_us),
+            },
+            Holder::Unknown {
+                since_us,
+                lease_min_us,
+            } => Holder::Unknown {
+                since_us,
+                lease_min_us: lease_min_us.saturating_sub(by_us),
+            },
+            Holder::Free => Holder::Free,
+        }
+    }
 }
 
 /// Most histories need a few hundred states; this bounds a pathological one.
@@ -251,155 +280,190 @@ impl Search<'_> {
 
 /// The states `op` may lead to from `state` (none: illegal here).
 fn apply(state: State, entry: &LinEntry) -> Vec<State> {
-    let earliest = state.at_us.max(entry.invoke_us);
-    let mut out = Vec::new();
-    let at = |point: u64| (point <= entry.respond_us).then_some(point);
+    let step = Step {
+        state,
+        earliest: state.at_us.max(entry.invoke_us),
+        respond_us: entry.respond_us,
+    };
     match entry.op {
-        LinOp::Restart => {
-            if let Some(p) = at(earliest) {
-                out.push(State {
-                    holder: Holder::Free,
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
-        LinOp::LeaseCut { by_us } => {
-            if let Some(p) = at(earliest) {
-                let holder = match state.holder {
-                    Holder::Known {
-                        token,
-                        since_us,
-                        lease_min_us,
-                    } => Holder::Known {
-                        token,
-                        since_us,
-                        lease_min_us: lease_min_us.saturating_sub(by_us),
-                    },
-                    Holder::Unknown {
-                        since_us,
-                        lease_min_us,
-                    } => Holder::Unknown {
-                        since_us,
-                        lease_min_us: lease_min_us.saturating_sub(by_us),
-                    },
-                    Holder::Free => Holder::Free,
-                };
-                out.push(State {
-                    holder,
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
+        LinOp::Restart => step.restart(),
+        LinOp::LeaseCut { by_us } => step.lease_cut(by_us),
         LinOp::Granted {
             token,
             lease_min_us,
-        } => {
-            if token > state.last_token
-                && let Some(p) = at(earliest.max(state.holder.free_from()))
-            {
-                out.push(State {
-                    holder: Holder::Known {
-                        token,
-                        since_us: p,
-                        lease_min_us,
-                    },
-                    last_token: token,
-                    at_us: p,
-                });
-            }
-        }
-        LinOp::AcquireIndeterminate { lease_min_us } => {
-            out.push(state);
-            if let Some(p) = at(earliest.max(state.holder.free_from())) {
-                out.push(State {
-                    holder: Holder::Unknown {
-                        since_us: p,
-                        lease_min_us,
-                    },
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
-        LinOp::Released { token } => {
-            if matches!(state.holder, Holder::Known { token: t, .. } if t == token)
-                && let Some(p) = at(earliest)
-            {
-                out.push(State {
-                    holder: Holder::Free,
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
-        LinOp::NotFound { token } => {
-            let point = match state.holder {
-                Holder::Known { token: t, .. } if t == token => {
-                    earliest.max(state.holder.free_from())
-                }
-                _ => earliest,
-            };
-            if let Some(p) = at(point) {
-                out.push(State { at_us: p, ..state });
-            }
-        }
-        LinOp::ForceReleased { token } | LinOp::ForceReleaseIndeterminate { token } => {
-            let named = match state.holder {
-                Holder::Known { token: t, .. } => t == token,
-                Holder::Unknown { .. } => true,
-                Holder::Free => false,
-            };
-            let definite = matches!(entry.op, LinOp::ForceReleased { .. });
-            if !definite {
-                out.push(state);
-            }
-            if named && let Some(p) = at(earliest) {
-                out.push(State {
-                    holder: Holder::Free,
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
+        } => step.grant(token, lease_min_us),
+        LinOp::AcquireIndeterminate { lease_min_us } => step.acquire_indeterminate(lease_min_us),
+        LinOp::Released { token } => step.release(token),
+        LinOp::NotFound { token } => step.not_found(token),
+        LinOp::ForceReleased { token } => step.force_release(token, true),
+        LinOp::ForceReleaseIndeterminate { token } => step.force_release(token, false),
         LinOp::Extended {
             token,
             lease_min_us,
-        }
-        | LinOp::ExtendIndeterminate {
+        } => step.extend(token, lease_min_us, true),
+        LinOp::ExtendIndeterminate {
             token,
             lease_min_us,
-        } => {
-            if matches!(entry.op, LinOp::ExtendIndeterminate { .. }) {
-                out.push(state);
-            }
-            if matches!(state.holder, Holder::Known { token: t, .. } if t == token)
-                && let Some(p) = at(earliest)
-            {
-                out.push(State {
-                    holder: Holder::Known {
-                        token,
-                        since_us: p,
-                        lease_min_us,
-                    },
-                    at_us: p,
-                    ..state
-                });
-            }
-        }
-        LinOp::ReleaseIndeterminate { token } => {
-            out.push(state);
-            if matches!(state.holder, Holder::Known { token: t, .. } if t == token) {
-                out.push(State {
-                    holder: Holder::Free,
-                    at_us: earliest,
-                    ..state
-                });
-            }
+        } => step.extend(token, lease_min_us, false),
+        LinOp::ReleaseIndeterminate { token } => step.release_indeterminate(token),
+    }
+}
+
+/// One operation taking effect from `state`: no earlier than `earliest`
+/// (the state's latest point, or the operation's invocation if later) and
+/// no later than its response. Each method gives the states the operation
+/// may lead to, in the order the search tries them.
+struct Step {
+    state: State,
+    earliest: u64,
+    respond_us: u64,
+}
+
+impl Step {
+    /// `point`, if the operation may still take effect there (by its
+    /// response).
+    fn at(&self, point: u64) -> Option<u64> {
+        (point <= self.respond_us).then_some(point)
+    }
+
+    /// The state with `holder` from point `p`, its other fields unchanged.
+    fn with_holder(&self, holder: Holder, p: u64) -> State {
+        State {
+            holder,
+            at_us: p,
+            ..self.state
         }
     }
-    out
+
+    /// A server restart forgets the holder (not the tokens).
+    fn restart(&self) -> Vec<State> {
+        self.at(self.earliest)
+            .map(|p| self.with_holder(Holder::Free, p))
+            .into_iter()
+            .collect()
+    }
+
+    /// A clock jump on the server ends the current lease `by_us` earlier.
+    fn lease_cut(&self, by_us: u64) -> Vec<State> {
+        self.at(self.earliest)
+            .map(|p| self.with_holder(self.state.holder.cut_by(by_us), p))
+            .into_iter()
+            .collect()
+    }
+
+    /// A grant of `token`: once the key is free, and above every earlier
+    /// token.
+    fn grant(&self, token: u64, lease_min_us: u64) -> Vec<State> {
+        if token <= self.state.last_token {
+            return Vec::new();
+        }
+        self.at(self.earliest.max(self.state.holder.free_from()))
+            .map(|p| State {
+                holder: Holder::Known {
+                    token,
+                    since_us: p,
+                    lease_min_us,
+                },
+                last_token: token,
+                at_us: p,
+            })
+            .into_iter()
+            .collect()
+    }
+
+    /// An acquire without an answer: no effect, or a grant (once the key
+    /// is free) whose token no client learned.
+    fn acquire_indeterminate(&self, lease_min_us: u64) -> Vec<State> {
+        let mut out = vec![self.state];
+        if let Some(p) = self.at(self.earliest.max(self.state.holder.free_from())) {
+            let holder = Holder::Unknown {
+                since_us: p,
+                lease_min_us,
+            };
+            out.push(self.with_holder(holder, p));
+        }
+        out
+    }
+
+    /// `R` for `token`: legal if it holds the key (lazy expiry: even past
+    /// its lease); frees the key.
+    fn release(&self, token: u64) -> Vec<State> {
+        if !self.state.holder.is_known(token) {
+            return Vec::new();
+        }
+        self.at(self.earliest)
+            .map(|p| self.with_holder(Holder::Free, p))
+            .into_iter()
+            .collect()
+    }
+
+    /// `N` for `token`: legal where it does not hold the key, or once its
+    /// lease ran out; changes nothing.
+    fn not_found(&self, token: u64) -> Vec<State> {
+        let point = if self.state.holder.is_known(token) {
+            self.earliest.max(self.state.holder.free_from())
+        } else {
+            self.earliest
+        };
+        self.at(point)
+            .map(|p| State {
+                at_us: p,
+                ..self.state
+            })
+            .into_iter()
+            .collect()
+    }
+
+    /// An operator's force-release of `token` (answered if `definite`,
+    /// else perhaps without effect): frees a key held by `token`, or by a
+    /// holder whose token no client learned.
+    fn force_release(&self, token: u64, definite: bool) -> Vec<State> {
+        let named = match self.state.holder {
+            Holder::Known { token: t, .. } => t == token,
+            Holder::Unknown { .. } => true,
+            Holder::Free => false,
+        };
+        let mut out = Vec::new();
+        if !definite {
+            out.push(self.state);
+        }
+        if named && let Some(p) = self.at(self.earliest) {
+            out.push(self.with_holder(Holder::Free, p));
+        }
+        out
+    }
+
+    /// A renewal of `token` (answered "renewed" if `definite`, else perhaps
+    /// without effect): legal if `token` holds the key, whose lease then
+    /// restarts.
+    fn extend(&self, token: u64, lease_min_us: u64, definite: bool) -> Vec<State> {
+        let mut out = Vec::new();
+        if !definite {
+            out.push(self.state);
+        }
+        if self.state.holder.is_known(token)
+            && let Some(p) = self.at(self.earliest)
+        {
+            let holder = Holder::Known {
+                token,
+                since_us: p,
+                lease_min_us,
+            };
+            out.push(self.with_holder(holder, p));
+        }
+        out
+    }
+
+    /// A release of `token` without an answer: no effect, or it freed the
+    /// key `token` holds (its effect may come after the client gave up, so
+    /// its response bounds nothing).
+    fn release_indeterminate(&self, token: u64) -> Vec<State> {
+        let mut out = vec![self.state];
+        if self.state.holder.is_known(token) {
+            out.push(self.with_holder(Holder::Free, self.earliest));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

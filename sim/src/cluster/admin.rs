@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// An operator's force-release as drawn: the grant's keys, the key named,
+/// the token named (the holder's, or a stale one), and whether the leader
+/// is isolated right after.
+struct ForceReleaseOrder {
+    keys: Vec<usize>,
+    key: usize,
+    token: u64,
+    stale: bool,
+    isolate: bool,
+}
+
 impl<'t> ClusterWorld<'t> {
     /// The operator orders a force-release on the leader: of a key its
     /// applied state shows held, naming the holder's token, or (a quarter
@@ -10,20 +21,32 @@ impl<'t> ClusterWorld<'t> {
     /// across a leader change or end indeterminate. The history gets the
     /// operator's release of that token on every key of the grant.
     pub(super) fn fault_force_release(&mut self) {
-        let Some(slot) = self
-            .nodes
-            .iter()
-            .filter_map(|proc| proc.node.as_ref())
-            .find(|node| node.is_leader())
-            .map(|node| node.id().slot)
-        else {
+        let Some(slot) = self.leader_slot() else {
             return;
         };
-        let s = usize::from(slot);
-        let Some(node) = self.nodes[s].node.as_ref() else {
+        let Some(held) = self.applied_grants(slot) else {
             return;
         };
-        let held: Vec<(u64, Vec<usize>)> = node
+        self.check_listing(slot, &held);
+        if held.is_empty() {
+            return;
+        }
+        let order = self.draw_force_release(&held);
+        let id = self.open_force_release(slot, &order);
+        self.send_force_release(slot, id, order.key, order.token);
+        if order.isolate {
+            self.isolate(
+                slot,
+                format!("leader {slot} isolated after a force-release"),
+            );
+        }
+    }
+
+    /// The grants in node `slot`'s applied state, by token, with their
+    /// keys; none if the node is down.
+    fn applied_grants(&self, slot: u8) -> Option<Vec<(u64, Vec<usize>)>> {
+        let node = self.nodes[usize::from(slot)].node.as_ref()?;
+        let held = node
             .lock_state()
             .grants()
             .map(|(token, holding)| {
@@ -36,10 +59,13 @@ impl<'t> ClusterWorld<'t> {
                 (token, keys)
             })
             .collect();
-        self.check_listing(slot, &held);
-        if held.is_empty() {
-            return;
-        }
+        Some(held)
+    }
+
+    /// Draws which of the `held` grants (not empty) the operator names,
+    /// which of its keys, whether with a stale token, and whether the
+    /// leader is isolated after; all from the force-release stream.
+    fn draw_force_release(&mut self, held: &[(u64, Vec<usize>)]) -> ForceReleaseOrder {
         let (holder, keys) = held[self.force_rng.index(held.len())].clone();
         let key = keys[self.force_rng.index(keys.len())];
         let stale = self.force_rng.chance(250_000);
@@ -51,6 +77,26 @@ impl<'t> ClusterWorld<'t> {
             holder
         };
         let isolate = self.force_rng.chance(330_000);
+        ForceReleaseOrder {
+            keys,
+            key,
+            token,
+            stale,
+            isolate,
+        }
+    }
+
+    /// Counts and notes the force-release `order` to the leader in `slot`,
+    /// opens its history entries and exemptions, and records it as awaiting
+    /// its answer; returns its request id.
+    fn open_force_release(&mut self, slot: u8, order: &ForceReleaseOrder) -> u64 {
+        let ForceReleaseOrder {
+            ref keys,
+            key,
+            token,
+            stale,
+            isolate,
+        } = *order;
         let id = self.next_admin_id;
         self.next_admin_id += 1;
         self.rec.report.faults += 1;
@@ -84,7 +130,7 @@ impl<'t> ClusterWorld<'t> {
             self.force_requested.insert(token);
             self.exempt_force_released(token);
         }
-        let inc = self.nodes[s].inc;
+        let inc = self.nodes[usize::from(slot)].inc;
         self.admin_pending.insert(
             id,
             AdminOp {
@@ -94,25 +140,21 @@ impl<'t> ClusterWorld<'t> {
                 hist,
             },
         );
+        id
+    }
+
+    /// Hands force-release `id` of `key` with `token` to the node in
+    /// `slot`, and steps it.
+    fn send_force_release(&mut self, slot: u8, id: u64, key: usize, token: u64) {
         let now = self.node_now(slot);
         let request = ForceRelease {
             key: Key::new(ALL_KEYS[key].as_bytes()).expect("sim keys are valid"),
             token: Some(token),
         };
-        if let Some(node) = self.nodes[s].node.as_mut() {
+        if let Some(node) = self.nodes[usize::from(slot)].node.as_mut() {
             node.handle_force_release(now, AdminRequestId(id), request);
         }
         self.node_step(slot, None);
-        if isolate {
-            let links = (0..self.n)
-                .filter(|&other| other != slot)
-                .flat_map(|other| [(slot, other), (other, slot)])
-                .collect();
-            self.partition(
-                links,
-                format!("leader {slot} isolated after a force-release"),
-            );
-        }
     }
 
     /// The operator lists the leader's locks as the admin API does, page

@@ -129,18 +129,7 @@ impl<'t> SimWorld<'t> for ClusterWorld<'t> {
     }
 
     fn inject_fault(&mut self) {
-        let relay_ppm = self.adversary.rates.relay_ppm;
-        if relay_ppm > 0 {
-            let pipes = &self.pipes;
-            self.adversary
-                .taps
-                .retain(|(pipe, _), _| pipes.contains_key(pipe));
-            if self.adversary.conns.len() + 2 <= ADVERSARY_CONNS_MAX
-                && self.adversary.rng.chance(relay_ppm)
-            {
-                self.adversary_relay();
-            }
-        }
+        self.maybe_adversary_relay();
         let force_ppm = self.config.faults.force_release_ppm;
         if force_ppm > 0 && self.force_rng.chance(force_ppm) {
             self.fault_force_release();
@@ -150,85 +139,7 @@ impl<'t> SimWorld<'t> for ClusterWorld<'t> {
             self.fault_majority_loss();
             return;
         }
-        let faults = self.config.base.faults.clone();
-        let cluster = self.config.faults.clone();
-        let mut roll = FaultRoll::new(&mut self.fault_rng);
-        let mut pick = |ppm: u32| roll.pick(ppm);
-        let n = self.n;
-        if pick(faults.reset_ppm) {
-            let live: Vec<u64> = self
-                .pipes
-                .iter()
-                .filter(|(_, pipe)| !pipe.tcp.reset)
-                .map(|(&id, _)| id)
-                .collect();
-            if !live.is_empty() {
-                let pipe = live[self.fault_rng.index(live.len())];
-                self.rec.report.faults += 1;
-                self.note(|| format!("FAULT reset pipe {pipe}"));
-                self.reset_pipe(pipe);
-            }
-        } else if pick(faults.client_crash_ppm) {
-            self.fault_client_crash();
-        } else if pick(cluster.node_crash_ppm) {
-            let slot = self.fault_rng.below(u64::from(n)) as u8;
-            // Losing the state of a majority of voters is unrecoverable by
-            // design (docs/cluster.md); never crash into that.
-            let amnesia = self.config.plant == Some(ClusterPlant::AmnesiacRestart);
-            if self.nodes[usize::from(slot)].node.is_some()
-                && (amnesia || self.crash_is_survivable(slot))
-            {
-                self.rec.report.faults += 1;
-                self.crash_node(slot);
-            }
-        } else if pick(cluster.partition_ppm) {
-            let size = self.fault_rng.range(1, u64::from(n / 2)) as usize;
-            let mut minority = BTreeSet::new();
-            while minority.len() < size {
-                minority.insert(self.fault_rng.below(u64::from(n)) as u8);
-            }
-            let mut links = Vec::new();
-            for a in 0..n {
-                for b in 0..n {
-                    if minority.contains(&a) != minority.contains(&b) {
-                        links.push((a, b));
-                    }
-                }
-            }
-            self.rec.report.faults += 1;
-            self.partition(links, format!("{minority:?} | rest"));
-        } else if pick(cluster.one_way_ppm) {
-            let from = self.fault_rng.below(u64::from(n)) as u8;
-            let to = (from + 1 + self.fault_rng.below(u64::from(n) - 1) as u8) % n;
-            self.rec.report.faults += 1;
-            self.partition(vec![(from, to)], format!("{from} → {to} cut one way"));
-        } else if pick(cluster.isolate_leader_ppm) {
-            let leader = self
-                .nodes
-                .iter()
-                .filter_map(|proc| proc.node.as_ref())
-                .find(|node| node.is_leader())
-                .map(|node| node.id().slot);
-            if let Some(leader) = leader {
-                let links = (0..n)
-                    .filter(|&other| other != leader)
-                    .flat_map(|other| [(leader, other), (other, leader)])
-                    .collect();
-                self.rec.report.faults += 1;
-                self.partition(links, format!("leader {leader} isolated"));
-            }
-        } else if pick(cluster.node_clock_jump_ppm) {
-            let slot = self.fault_rng.below(u64::from(n)) as u8;
-            self.jump_server_clock(slot, |jump| {
-                format!("FAULT node {slot} clock jumps {jump} µs forward")
-            });
-        } else if pick(faults.pause_ppm) {
-            if let Some((client, pause)) = self.fault_pause() {
-                self.note(|| format!("FAULT client {client} pauses {pause} µs"));
-            }
-        } else if pick(faults.clock_jump_ppm) {
-            self.fault_client_clock_jump();
-        }
+        self.roll_fault();
     }
 
     fn after_safety(&mut self) {

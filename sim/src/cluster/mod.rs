@@ -314,6 +314,54 @@ struct NodeProc {
     floor: Option<u64>,
 }
 
+impl NodeProc {
+    /// A slot whose node has not started yet, on `clock`.
+    fn new(clock: Clock) -> Self {
+        NodeProc {
+            node: None,
+            inc: 0,
+            generation: 1,
+            incarnation: None,
+            clock,
+            conns: BTreeMap::new(),
+            timer_generation: 0,
+            armed: None,
+            commit_seen: 0,
+            token_max: 0,
+            checked: (0, 0, 0, 0),
+            known_leader: (0, None, Configuration::default()),
+            shadow: vec![None; ALL_KEYS.len()],
+            floor: None,
+        }
+    }
+}
+
+/// The client processes of `config`, each with a session per node: the v3
+/// clients, then the line clients, their clocks (and line clients' owner
+/// bases) drawn from `clocks` in that order.
+fn draw_clients(config: &ClusterSimConfig, clocks: &mut Rng) -> Vec<ClientProc> {
+    let n = usize::from(config.nodes);
+    let drift = config.base.drift_ppm_max;
+    let mut clients: Vec<ClientProc> = (0..config.base.clients)
+        .map(|client| {
+            let sessions = Sessions::routed(n);
+            ClientProc {
+                renews: client < config.base.renewing_clients,
+                ..ClientProc::new(Clock::draw(clocks, drift), sessions)
+            }
+        })
+        .collect();
+    // Drawn after the v3 clients', so worlds without line clients are
+    // what they were.
+    for _ in 0..config.base.line_clients {
+        let clock = Clock::draw(clocks, drift);
+        let owner_base = clocks.next_u64();
+        let sessions = Sessions::routed(n);
+        clients.push(ClientProc::line(clock, owner_base, sessions));
+    }
+    clients
+}
+
 /// What the oracle knows of a grant in the replicated state.
 #[derive(Clone, Debug)]
 struct GrantInfo {
@@ -424,41 +472,11 @@ impl<'t> ClusterWorld<'t> {
         let n = config.nodes;
         let [net, mut clocks, work, fault_rng] = rngs;
         let drift = config.base.drift_ppm_max;
+        // Node clocks are drawn first, then the clients'.
         let nodes = (0..n)
-            .map(|_| NodeProc {
-                node: None,
-                inc: 0,
-                generation: 1,
-                incarnation: None,
-                clock: Clock::draw(&mut clocks, drift),
-                conns: BTreeMap::new(),
-                timer_generation: 0,
-                armed: None,
-                commit_seen: 0,
-                token_max: 0,
-                checked: (0, 0, 0, 0),
-                known_leader: (0, None, Configuration::default()),
-                shadow: vec![None; ALL_KEYS.len()],
-                floor: None,
-            })
+            .map(|_| NodeProc::new(Clock::draw(&mut clocks, drift)))
             .collect();
-        let mut clients: Vec<ClientProc> = (0..config.base.clients)
-            .map(|client| {
-                let sessions = Sessions::routed(usize::from(n));
-                ClientProc {
-                    renews: client < config.base.renewing_clients,
-                    ..ClientProc::new(Clock::draw(&mut clocks, drift), sessions)
-                }
-            })
-            .collect();
-        // Drawn after the v3 clients', so worlds without line clients are
-        // what they were.
-        for _ in 0..config.base.line_clients {
-            let clock = Clock::draw(&mut clocks, drift);
-            let owner_base = clocks.next_u64();
-            let sessions = Sessions::routed(usize::from(n));
-            clients.push(ClientProc::line(clock, owner_base, sessions));
-        }
+        let clients = draw_clients(&config, &mut clocks);
         let keys = ALL_KEYS.len();
         ClusterWorld {
             n,

@@ -288,52 +288,66 @@ impl<'t> ClusterWorld<'t> {
             self.schedule(at, Ev::DialArrive { pipe });
         }
         for id in woken {
-            let Some(&pipe_id) = self.nodes[s].conns.get(&id) else {
-                continue;
-            };
-            let Some(pipe) = self.pipes.get(&pipe_id) else {
-                continue;
-            };
-            let side: u8 = if pipe.node_at(1) == Some((slot, inc)) && pipe.ids[1] == Some(id) {
-                1
-            } else {
-                0
-            };
-            if pipe.writing[usize::from(side)] {
-                // One take at a time, as in the runtimes; retaken after
-                // the flush.
-                continue;
-            }
-            let mut out = Vec::new();
-            let node = self.nodes[s].node.as_mut().expect("checked above");
-            let state = node.poll_transmit(id, &mut out);
-            if state == ConnState::Gone {
-                continue;
-            }
-            let close = state == ConnState::CloseAfterFlush;
-            if out.is_empty() && !close {
-                continue;
-            }
-            if self.pipes[&pipe_id].client() {
-                self.observe_replies(slot, pipe_id, &out);
-            }
-            let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
-            pipe.writing[usize::from(side)] = true;
-            let partial_ppm = self.config.base.faults.partial_write_ppm;
-            for part in net::write_parts(&mut self.net, self.now_us, partial_ppm, out) {
-                self.schedule(
-                    part.at_us,
-                    Ev::Flush {
-                        pipe: pipe_id,
-                        side,
-                        bytes: part.bytes,
-                        done: part.done,
-                        close: close && part.done,
-                    },
-                );
-            }
+            self.write_node_take(slot, inc, id);
         }
-        let proc = &mut self.nodes[s];
+        self.arm_node_timer(slot, inc);
+    }
+
+    /// Takes what node `slot` (incarnation `inc`) queued on its connection
+    /// `id`, shows client replies to the oracle, and schedules the write in
+    /// parts; nothing while a take on that side is still being written.
+    fn write_node_take(&mut self, slot: u8, inc: u64, id: ConnId) {
+        let s = usize::from(slot);
+        let Some(&pipe_id) = self.nodes[s].conns.get(&id) else {
+            return;
+        };
+        let Some(pipe) = self.pipes.get(&pipe_id) else {
+            return;
+        };
+        let side: u8 = if pipe.node_at(1) == Some((slot, inc)) && pipe.ids[1] == Some(id) {
+            1
+        } else {
+            0
+        };
+        if pipe.writing[usize::from(side)] {
+            // One take at a time, as in the runtimes; retaken after
+            // the flush.
+            return;
+        }
+        let mut out = Vec::new();
+        let node = self.nodes[s].node.as_mut().expect("node_step checked");
+        let state = node.poll_transmit(id, &mut out);
+        if state == ConnState::Gone {
+            return;
+        }
+        let close = state == ConnState::CloseAfterFlush;
+        if out.is_empty() && !close {
+            return;
+        }
+        if self.pipes[&pipe_id].client() {
+            self.observe_replies(slot, pipe_id, &out);
+        }
+        let pipe = self.pipes.get_mut(&pipe_id).expect("checked above");
+        pipe.writing[usize::from(side)] = true;
+        let partial_ppm = self.config.base.faults.partial_write_ppm;
+        for part in net::write_parts(&mut self.net, self.now_us, partial_ppm, out) {
+            self.schedule(
+                part.at_us,
+                Ev::Flush {
+                    pipe: pipe_id,
+                    side,
+                    bytes: part.bytes,
+                    done: part.done,
+                    close: close && part.done,
+                },
+            );
+        }
+    }
+
+    /// Re-arms node `slot`'s timer when its next deadline changed: a new
+    /// timer generation, so the old timer event does nothing.
+    fn arm_node_timer(&mut self, slot: u8, inc: u64) {
+        let proc = &mut self.nodes[usize::from(slot)];
         let Some(node) = proc.node.as_ref() else {
             return;
         };

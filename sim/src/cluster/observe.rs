@@ -25,30 +25,7 @@ impl<'t> ClusterWorld<'t> {
                 );
                 continue;
             };
-            let fits = match reply {
-                Reply::Acquired { .. }
-                | Reply::AcquiredSet { .. }
-                | Reply::TimedOut { .. }
-                | Reply::Busy { .. } => acquire,
-                Reply::Released { .. } | Reply::ReleasedSet { .. } | Reply::NotFound { .. } => {
-                    !acquire
-                }
-                Reply::Indeterminate { .. } | Reply::Moved { .. } => true,
-                Reply::Error { code, .. } => {
-                    matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
-                        || (!acquire && code == ErrorCode::GroupMismatch)
-                }
-                Reply::Negotiated { .. } => !acquire && renewal.is_none(),
-                Reply::Extended { .. } => renewal.is_some(),
-                // Cluster nodes do not serve semaphores.
-                // Cluster nodes do not serve semaphores, nor observing.
-                Reply::Permits { .. } | Reply::CapacityMismatch { .. } => false,
-                Reply::Observed { .. } => false,
-                // `P` has no rid and never gets here.
-                Reply::Push { .. } => false,
-                Reply::Leader { .. } => false,
-            };
-            if !fits {
+            if !reply_fits_request(&reply, acquire, renewal) {
                 self.violation(
                     Checker::Replies,
                     format!("reply {reply:?} on pipe {pipe_id} does not fit its request"),
@@ -124,5 +101,31 @@ impl<'t> ClusterWorld<'t> {
                 );
             }
         }
+    }
+}
+
+/// Whether `reply` may answer the request it names: an acquire (`acquire`)
+/// or not, a renewal of a token (`renewal`) or not. Cluster nodes serve
+/// neither semaphores nor observing, and `P` has no rid.
+fn reply_fits_request(reply: &Reply, acquire: bool, renewal: Option<u64>) -> bool {
+    match reply {
+        Reply::Acquired { .. }
+        | Reply::AcquiredSet { .. }
+        | Reply::TimedOut { .. }
+        | Reply::Busy { .. } => acquire,
+        Reply::Released { .. } | Reply::ReleasedSet { .. } | Reply::NotFound { .. } => !acquire,
+        Reply::Indeterminate { .. } | Reply::Moved { .. } => true,
+        Reply::Error { code, .. } => {
+            matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader)
+                || (!acquire && *code == ErrorCode::GroupMismatch)
+        }
+        Reply::Negotiated { .. } => !acquire && renewal.is_none(),
+        Reply::Extended { .. } => renewal.is_some(),
+        // Cluster nodes do not serve semaphores, nor observing.
+        Reply::Permits { .. } | Reply::CapacityMismatch { .. } => false,
+        Reply::Observed { .. } => false,
+        // `P` has no rid and never gets here.
+        Reply::Push { .. } => false,
+        Reply::Leader { .. } => false,
     }
 }

@@ -7,13 +7,9 @@ impl<'t> ClusterWorld<'t> {
     /// node, to relay the hellos between them.
     pub(super) fn adversary_relay(&mut self) {
         let n = self.n;
-        let leader = self
-            .nodes
-            .iter()
-            .filter_map(|proc| proc.node.as_ref())
-            .find(|node| node.is_leader())
-            .map(|node| node.id().slot);
-        let x = leader.unwrap_or_else(|| self.adversary.rng.below(u64::from(n)) as u8);
+        let x = self
+            .leader_slot()
+            .unwrap_or_else(|| self.adversary.rng.below(u64::from(n)) as u8);
         let y = (x + 1 + self.adversary.rng.below(u64::from(n) - 1) as u8) % n;
         let (px, py) = (
             self.new_pipe(Opener::Adversary, x),

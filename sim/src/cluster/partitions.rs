@@ -29,6 +29,16 @@ impl<'t> ClusterWorld<'t> {
         }
     }
 
+    /// Cuts `slot` off from every other node, both ways (`what` names it in
+    /// the notes).
+    pub(super) fn isolate(&mut self, slot: u8, what: String) {
+        let links = (0..self.n)
+            .filter(|&other| other != slot)
+            .flat_map(|other| [(slot, other), (other, slot)])
+            .collect();
+        self.partition(links, what);
+    }
+
     pub(super) fn heal(&mut self, id: u64) {
         let Some(links) = self.partitions.remove(&id) else {
             return;

@@ -9,14 +9,7 @@ impl<'t> World<'t> {
     /// (the key is free in the history model, leases ended early: a new
     /// lease era), and the old holder's later release must get `N`.
     pub(super) fn fault_force_release(&mut self) {
-        let local = self.server_now();
-        let held: Vec<(usize, u64)> = (0..ALL_KEYS.len())
-            .filter_map(|key| {
-                self.holder(key)
-                    .filter(|&(_, deadline)| deadline > local)
-                    .map(|(token, _)| (key, token))
-            })
-            .collect();
+        let held = self.live_holders();
         if held.is_empty() {
             return;
         }
@@ -26,27 +19,63 @@ impl<'t> World<'t> {
             1 => Some(token - 1),
             _ => Some(token),
         };
-        let Some(proc) = self.server.as_mut() else {
+        let id = AdminRequestId(self.rec.report.faults);
+        let Some(answer) = self.ask_force_release(id, key, asked) else {
             return;
         };
-        let id = AdminRequestId(self.rec.report.faults);
+        self.rec.report.faults += 1;
+        let order = ForceReleaseOrder {
+            id,
+            key,
+            token,
+            asked,
+        };
+        self.check_force_release_answer(&order, answer);
+        self.server_step(Vec::new());
+    }
+
+    /// Every key whose lease runs now on the server's clock, with its
+    /// holder's token, in key order.
+    fn live_holders(&self) -> Vec<(usize, u64)> {
+        let local = self.server_now();
+        (0..ALL_KEYS.len())
+            .filter_map(|key| {
+                self.holder(key)
+                    .filter(|&(_, deadline)| deadline > local)
+                    .map(|(token, _)| (key, token))
+            })
+            .collect()
+    }
+
+    /// Hands the server force-release `id` of `key` naming `asked`, and
+    /// takes what it answered; none if the server is down.
+    fn ask_force_release(
+        &mut self,
+        id: AdminRequestId,
+        key: usize,
+        asked: Option<u64>,
+    ) -> Option<AdminAnswer> {
+        let local = self.server_now();
+        let proc = self.server.as_mut()?;
         let req = ForceRelease {
             key: Key::new(ALL_KEYS[key].as_bytes()).expect("the sim's keys are keys"),
             token: asked,
         };
         proc.server.handle_force_release(instant(local), id, req);
         proc.outputs.drain(&mut proc.server, instant(local));
-        let answer = proc.outputs.admin_replies.pop_front();
-        self.rec.report.faults += 1;
-        let group = self
-            .token_groups
-            .get(&token)
-            .cloned()
-            .unwrap_or_else(|| vec![key]);
-        let names: Vec<Key> = group
-            .iter()
-            .map(|&k| Key::new(ALL_KEYS[k].as_bytes()).expect("a key"))
-            .collect();
+        Some(proc.outputs.admin_replies.pop_front())
+    }
+
+    /// Checks the server's `answer` to `order`: with the holder's token or
+    /// none, the grant is revoked on every key of its group; with a stale
+    /// token, it is refused naming the holder; anything else is wrong.
+    fn check_force_release_answer(&mut self, order: &ForceReleaseOrder, answer: AdminAnswer) {
+        let ForceReleaseOrder {
+            id,
+            key,
+            token,
+            asked,
+        } = *order;
         let releases = asked.is_none_or(|t| t == token);
         match answer {
             Some((
@@ -57,28 +86,7 @@ impl<'t> World<'t> {
                     handed_to,
                 },
             )) if answered == id && releases => {
-                self.note(|| {
-                    format!(
-                        "FAULT operator force-releases {} ({asked:?}): token {revoked} revoked, handed to {handed_to:?}",
-                        ALL_KEYS[key]
-                    )
-                });
-                if revoked != token || keys != names {
-                    self.violation(
-                        Checker::Replies,
-                        format!(
-                            "force-release of {} revoked {revoked} on {keys:?}, but {token} held {names:?}",
-                            ALL_KEYS[key]
-                        ),
-                    );
-                }
-                self.rec.report.force_releases += 1;
-                self.released_tokens.insert(revoked);
-                // The grant ends now, before its lease: windows and fenced
-                // writes are judged within a new era.
-                self.lease_era += 1;
-                self.history
-                    .mark(self.now_us, &group, LinOp::ForceReleased { token: revoked });
+                self.force_released(order, revoked, keys, handed_to);
             }
             Some((answered, ForceReleaseOutcome::TokenMismatch { held }))
                 if answered == id && !releases =>
@@ -108,7 +116,52 @@ impl<'t> World<'t> {
                 ),
             ),
         }
-        self.server_step(Vec::new());
+    }
+
+    /// The server revoked grant `revoked` on `keys` for `order`, and
+    /// handed the key to `handed_to`: it must be the holder's grant on its
+    /// whole group, which ends now for every checker.
+    fn force_released(
+        &mut self,
+        order: &ForceReleaseOrder,
+        revoked: u64,
+        keys: Vec<Key>,
+        handed_to: Option<u64>,
+    ) {
+        let ForceReleaseOrder {
+            key, token, asked, ..
+        } = *order;
+        let group = self
+            .token_groups
+            .get(&token)
+            .cloned()
+            .unwrap_or_else(|| vec![key]);
+        let names: Vec<Key> = group
+            .iter()
+            .map(|&k| Key::new(ALL_KEYS[k].as_bytes()).expect("a key"))
+            .collect();
+        self.note(|| {
+            format!(
+                "FAULT operator force-releases {} ({asked:?}): token {revoked} revoked, handed to {handed_to:?}",
+                ALL_KEYS[key]
+            )
+        });
+        if revoked != token || keys != names {
+            self.violation(
+                Checker::Replies,
+                format!(
+                    "force-release of {} revoked {revoked} on {keys:?}, but {token} held {names:?}",
+                    ALL_KEYS[key]
+                ),
+            );
+        }
+        self.rec.report.force_releases += 1;
+        self.released_tokens.insert(revoked);
+        // The grant ends now, before its lease: windows and fenced
+        // writes are judged within a new era.
+        self.lease_era += 1;
+        self.history
+            .mark(self.now_us, &group, LinOp::ForceReleased { token: revoked });
     }
 
     pub(super) fn crash_server(&mut self) {
@@ -132,3 +185,16 @@ impl<'t> World<'t> {
         self.schedule(at, Ev::ServerStart);
     }
 }
+
+/// An operator's force-release as drawn: its request id, the key, the
+/// token holding it, and the token named (`None`: any holder).
+#[derive(Clone, Copy)]
+struct ForceReleaseOrder {
+    id: AdminRequestId,
+    key: usize,
+    token: u64,
+    asked: Option<u64>,
+}
+
+/// The server's answer to a force-release, if it gave one at once.
+type AdminAnswer = Option<(AdminRequestId, ForceReleaseOutcome)>;

@@ -1,5 +1,7 @@
 //! The server process: start, stepping its machine, delivering, flushing and closing connections.
 
+use ticketing_core::wire::KeyGroup;
+
 use super::*;
 
 impl<'t> World<'t> {
@@ -167,89 +169,8 @@ impl<'t> World<'t> {
         for request in arrived {
             self.rec.report.requests += 1;
             self.arrival_seq += 1;
-            let (rid, req) = match &request {
-                Request::Acquire(acquire) => (
-                    acquire.rid,
-                    ServerReq {
-                        acquire: true,
-                        other: Other::Lock,
-                        keys: acquire
-                            .keys
-                            .keys()
-                            .iter()
-                            .map(|k| key_index(k.as_bytes()))
-                            .collect(),
-                        wait_s: acquire.wait_s,
-                        token: 0,
-                        arrival_local_us: local,
-                        seq: self.arrival_seq,
-                    },
-                ),
-                Request::Release(release) => (
-                    release.rid,
-                    ServerReq {
-                        acquire: false,
-                        other: Other::Lock,
-                        keys: release
-                            .keys
-                            .keys()
-                            .iter()
-                            .map(|k| key_index(k.as_bytes()))
-                            .collect(),
-                        wait_s: 0,
-                        token: release.token,
-                        arrival_local_us: local,
-                        seq: self.arrival_seq,
-                    },
-                ),
-                Request::Negotiate(negotiate) => (
-                    negotiate.rid,
-                    ServerReq {
-                        acquire: false,
-                        other: Other::Negotiate,
-                        keys: Vec::new(),
-                        wait_s: 0,
-                        token: 0,
-                        arrival_local_us: local,
-                        seq: self.arrival_seq,
-                    },
-                ),
-                Request::Extend(extend) => {
-                    let keys: Vec<usize> = extend
-                        .keys
-                        .keys()
-                        .iter()
-                        .map(|k| key_index(k.as_bytes()))
-                        .collect();
-                    // Requests ahead of it in this chunk come from the same
-                    // client and cannot make an old token current again.
-                    let current = keys.iter().all(|&key| {
-                        self.holder(key).is_some_and(|(token, deadline)| {
-                            token == extend.token && deadline > local
-                        })
-                    });
-                    (
-                        extend.rid,
-                        ServerReq {
-                            acquire: false,
-                            other: Other::Extend { current },
-                            keys,
-                            wait_s: 0,
-                            token: extend.token,
-                            arrival_local_us: local,
-                            seq: self.arrival_seq,
-                        },
-                    )
-                }
-                Request::AcquireCapped(_) | Request::AcquirePermits(_) | Request::Observe(_) => {
-                    self.violation(
-                        Checker::Client,
-                        format!(
-                            "conn {conn_id} sent {request:?}: the sim asks for no hold cap, no permits and no observe"
-                        ),
-                    );
-                    continue;
-                }
+            let Some((rid, req)) = self.server_req(conn_id, &request, local) else {
+                continue;
             };
             if self.pending.insert((conn_id, rid), req).is_some() {
                 self.violation(
@@ -265,6 +186,80 @@ impl<'t> World<'t> {
         self.server_step(fresh);
     }
 
+    /// What the oracle tracks of `request`, arriving on `conn_id` at
+    /// server-local time `local` as the latest arrival: its rid, and what
+    /// it asks. None for a kind the sim never sends, which is a violation.
+    fn server_req(
+        &mut self,
+        conn_id: u64,
+        request: &Request,
+        local: u64,
+    ) -> Option<(u64, ServerReq)> {
+        let arrived = ServerReq {
+            acquire: false,
+            other: Other::Lock,
+            keys: Vec::new(),
+            wait_s: 0,
+            token: 0,
+            arrival_local_us: local,
+            seq: self.arrival_seq,
+        };
+        let tracked = match request {
+            Request::Acquire(acquire) => (
+                acquire.rid,
+                ServerReq {
+                    acquire: true,
+                    keys: key_indices(&acquire.keys),
+                    wait_s: acquire.wait_s,
+                    ..arrived
+                },
+            ),
+            Request::Release(release) => (
+                release.rid,
+                ServerReq {
+                    keys: key_indices(&release.keys),
+                    token: release.token,
+                    ..arrived
+                },
+            ),
+            Request::Negotiate(negotiate) => (
+                negotiate.rid,
+                ServerReq {
+                    other: Other::Negotiate,
+                    ..arrived
+                },
+            ),
+            Request::Extend(extend) => {
+                let keys = key_indices(&extend.keys);
+                // Requests ahead of it in this chunk come from the same
+                // client and cannot make an old token current again.
+                let current = keys.iter().all(|&key| {
+                    self.holder(key)
+                        .is_some_and(|(token, deadline)| token == extend.token && deadline > local)
+                });
+                (
+                    extend.rid,
+                    ServerReq {
+                        other: Other::Extend { current },
+                        keys,
+                        token: extend.token,
+                        ..arrived
+                    },
+                )
+            }
+            Request::AcquireCapped(_) | Request::AcquirePermits(_) | Request::Observe(_) => {
+                self.violation(
+                    Checker::Client,
+                    format!(
+                        "conn {conn_id} sent {request:?}: the sim asks for no hold cap, no permits and no observe"
+                    ),
+                );
+                return None;
+            }
+        };
+        Some(tracked)
+    }
+
     /// After any server input: take what the server wants to send, feed
     /// the oracle, run the server-side checkers, re-arm the timer.
     /// `fresh` are the requests this input delivered.
@@ -276,11 +271,37 @@ impl<'t> World<'t> {
     /// just became writable again).
     pub(super) fn server_step_with(&mut self, fresh: Vec<(u64, u64)>, writable: Option<u64>) {
         self.drain_server_outputs();
+        let Some(replies) = self.read_new_replies() else {
+            return;
+        };
+        self.check_replies(replies, fresh);
         let Some(proc) = self.server.as_mut() else {
             return;
         };
-        // Oracle: read every reply when the server produces it, whether or
-        // not the driver takes it now.
+        if self.rec.tracing() {
+            let stats = proc.server.stats();
+            self.note(|| {
+                format!(
+                    "server: {} conns, {} keys, {} waiters, next token {}",
+                    stats.connections, stats.lock.keys, stats.lock.waiters, stats.lock.next_token
+                )
+            });
+        }
+        self.drain_server_outputs();
+        let Some(takes) = self.take_woken(writable) else {
+            return;
+        };
+        self.write_takes(takes);
+        self.check_server_state();
+        self.arm_server_timer();
+    }
+
+    /// Oracle: reads every reply the server queued since the last read,
+    /// whether or not the driver takes it now, as (conn, reply, end offset
+    /// of its frame). None if the server is down, or wrote a bad frame
+    /// (recorded whatever checkers are off): the step ends.
+    fn read_new_replies(&mut self) -> Option<Vec<(u64, Reply, u64)>> {
+        let proc = self.server.as_mut()?;
         let mut replies = Vec::new();
         for (&id, &conn_id) in &proc.conns {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
@@ -300,7 +321,7 @@ impl<'t> World<'t> {
                     at_us: self.now_us,
                     detail,
                 });
-                return;
+                return None;
             }
             replies.extend(
                 decoded
@@ -308,23 +329,15 @@ impl<'t> World<'t> {
                     .map(|(reply, end_offset)| (conn_id, reply, end_offset)),
             );
         }
-        self.check_replies(replies, fresh);
-        let Some(proc) = self.server.as_mut() else {
-            return;
-        };
-        if self.rec.tracing() {
-            let stats = proc.server.stats();
-            self.note(|| {
-                format!(
-                    "server: {} conns, {} keys, {} waiters, next token {}",
-                    stats.connections, stats.lock.keys, stats.lock.waiters, stats.lock.next_token
-                )
-            });
-        }
-        self.drain_server_outputs();
-        let Some(proc) = self.server.as_mut() else {
-            return;
-        };
+        Some(replies)
+    }
+
+    /// Takes the bytes of every connection the server woke (and of
+    /// `writable`), one take at a time per connection, as the runtimes do;
+    /// a full socket (a write stall) leaves them in the server for a while.
+    /// Returns the takes as (conn, bytes, state); none if the server is down.
+    fn take_woken(&mut self, writable: Option<u64>) -> Option<Vec<(u64, Vec<u8>, ConnState)>> {
+        let proc = self.server.as_mut()?;
         let mut woken: Vec<_> = proc.outputs.wakes.drain(..).collect();
         if let Some(conn_id) = writable
             && let Some(id) = self.conns.get(&conn_id).and_then(|conn| conn.server_id)
@@ -367,6 +380,12 @@ impl<'t> World<'t> {
         for (at, conn_id) in stalls {
             self.schedule(at, Ev::ServerWritable { conn: conn_id });
         }
+        Some(takes)
+    }
+
+    /// Schedules each take's write, in parts, as a numbered take of its
+    /// connection; a close after the flush is remembered.
+    fn write_takes(&mut self, takes: Vec<(u64, Vec<u8>, ConnState)>) {
         for (conn_id, out, state) in takes {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 continue;
@@ -393,7 +412,11 @@ impl<'t> World<'t> {
                 );
             }
         }
-        self.check_server_state();
+    }
+
+    /// Re-arms the server's timer when its next deadline changed: a new
+    /// timer generation, so the old timer event does nothing.
+    fn arm_server_timer(&mut self) {
         let Some(proc) = self.server.as_mut() else {
             return;
         };
@@ -528,4 +551,13 @@ impl<'t> World<'t> {
             }
         }
     }
+}
+
+/// The simulator's indices of the keys of `group`.
+fn key_indices(group: &KeyGroup) -> Vec<usize> {
+    group
+        .keys()
+        .iter()
+        .map(|k| key_index(k.as_bytes()))
+        .collect()
 }
