@@ -141,7 +141,7 @@ impl Router {
     /// or the session to the named leader coming up). An attempt answered
     /// "no effect, try again" (`E 4`, `M`) while this stood still waits
     /// for it to move, or for its fallback delay
-    /// ([`super::broker::run_acquire`]): the request then goes to the new
+    /// ([`super::run_acquire`]): the request then goes to the new
     /// leader as soon as it is known, not at the next step of a fixed
     /// schedule. A leader forgotten (`L` naming none, its connection down)
     /// does not count: there is nowhere to retry.
