@@ -148,7 +148,12 @@ impl Router {
     pub fn leader_epoch(&self) -> u64 {
         self.leader_epoch
     }
-    /// Counts a newly reachable leader in `leader_epoch`.
+    /// Counts a newly reachable leader in `leader_epoch`. *Why this does
+    /// not make retries spin:* each count needs a notice or an `M` naming
+    /// another node than the last one (or a session coming up), and the
+    /// nodes of a correct cluster name another leader only when the
+    /// leadership changed; so retries on notices are bounded by leader
+    /// changes, the rest wait their fallback delays.
     fn note_reachable_leader(&mut self) {
         let reachable = self.leader.filter(|&leader| self.is_ready(leader));
         if reachable != self.reachable_leader {
