@@ -49,7 +49,7 @@ use ticketing_tokio::client::BrokerMode;
 /// Every node follows the current leader this soon after a heal.
 const HEAL_BOUND: Duration = Duration::from_secs(3);
 /// A majority without the old leader elects a new one this soon (fast
-/// profile: election timeout 300-600 ms, plus pre-vote and slack for a
+/// profile: election timeout 300-450 ms, plus pre-vote and slack for a
 /// shared machine).
 const NEW_LEADER_BOUND: Duration = Duration::from_secs(5);
 /// Bound on anything else awaited (startup, the first grant after a heal).

@@ -140,6 +140,21 @@ pub(crate) struct ClientProc {
     /// The attempt (connection, rid) whose outcome is being handled: the
     /// deadline checker asks the world what that server answered.
     pub(crate) answered: Option<(u64, u64)>,
+    /// Per v3 operation: the router's leader epoch when its last attempt
+    /// was made, and when its retry falls due without a leader notice.
+    /// The runtimes' rule (`ticketing_core::client::wait_for_retry`): a
+    /// retry runs at its fallback instant or as soon as a leader becomes
+    /// reachable, whichever comes first. One entry per operation alive.
+    pub(crate) retries: BTreeMap<u64, RetryWait>,
+}
+
+/// When a v3 operation's retry runs (see [`ClientProc::retries`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RetryWait {
+    /// `Router::leader_epoch` when the last attempt was made.
+    pub(crate) epoch: u64,
+    /// True instant of the fallback retry, once the attempt asked for one.
+    pub(crate) fallback_us: Option<u64>,
 }
 
 impl ClientProc {
@@ -156,6 +171,7 @@ impl ClientProc {
             line: None,
             renews: false,
             answered: None,
+            retries: BTreeMap::new(),
         }
     }
 
@@ -204,6 +220,12 @@ impl Sessions {
     /// Slots, as the worlds number them.
     pub(crate) fn slots(&self) -> u8 {
         self.sessions.len() as u8
+    }
+
+    /// The router's count of leaders that became reachable (0 for a single
+    /// server, which has no router).
+    fn leader_epoch(&self) -> u64 {
+        self.router.as_ref().map_or(0, Router::leader_epoch)
     }
 
     /// The ready session an attempt goes out on now, with its connection
@@ -610,6 +632,19 @@ pub(crate) trait ClientWorld<'t> {
         let local = self.local_now(client);
         let parts = self.parts();
         let proc = &mut parts.clients[client];
+        if matches!(
+            proc.ops.get(&id),
+            Some(OpState::Acquiring { .. } | OpState::Releasing { .. } | OpState::Extending { .. })
+        ) {
+            let epoch = proc.link.leader_epoch();
+            proc.retries.insert(
+                id,
+                RetryWait {
+                    epoch,
+                    fallback_us: None,
+                },
+            );
+        }
         let session = proc.link.attempt_session();
         let slot;
         match (proc.ops.get_mut(&id), session) {
@@ -769,19 +804,77 @@ pub(crate) trait ClientWorld<'t> {
         proc.recent_indeterminate.push((keys, hist));
     }
 
-    /// Schedules a retry of operation `id` at local instant `at_local_us`.
+    /// Schedules a retry of operation `id` at local instant `at_local_us`,
+    /// or now if a leader became reachable since its attempt was made; a
+    /// leader that becomes reachable before then brings it forward
+    /// ([`ClientWorld::wake_retries`]).
     fn schedule_retry(&mut self, client: usize, id: u64, at_local_us: u64) {
         let parts = self.parts();
+        let now_us = parts.now_us;
+        let proc = &mut parts.clients[client];
+        let inc = proc.inc;
+        let fallback_us = proc.clock.true_at(at_local_us).max(now_us);
+        let epoch = proc.link.leader_epoch();
+        let wait = proc.retries.entry(id).or_insert(RetryWait {
+            epoch,
+            fallback_us: None,
+        });
+        wait.fallback_us = Some(fallback_us);
+        let at = if wait.epoch == epoch {
+            fallback_us
+        } else {
+            now_us
+        };
+        self.schedule_client(at, client, inc, ClientEv::OpRetry(id));
+    }
+
+    /// A leader became reachable for `client`: every v3 operation waiting
+    /// to retry since an attempt made before it retries now.
+    fn wake_retries(&mut self, client: usize) {
+        let parts = self.parts();
+        let now_us = parts.now_us;
         let proc = &parts.clients[client];
         let inc = proc.inc;
-        let at = proc.clock.true_at(at_local_us).max(parts.now_us);
-        self.schedule_client(at, client, inc, ClientEv::OpRetry(id));
+        let epoch = proc.link.leader_epoch();
+        let due: Vec<u64> = proc
+            .retries
+            .iter()
+            .filter(|(_, wait)| wait.fallback_us.is_some() && wait.epoch != epoch)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            self.note(|| format!("client {client} op {id}: retried on a leader notice"));
+            self.schedule_client(now_us, client, inc, ClientEv::OpRetry(id));
+        }
+    }
+
+    /// Whether an `OpRetry` of operation `id` runs: always for a line
+    /// call; for a v3 operation only while it waits to retry and the wait
+    /// is over (its fallback instant came, or a leader became reachable
+    /// since its attempt). An early retry leaves its fallback event
+    /// behind, which then finds nothing to do.
+    fn retry_due(&mut self, client: usize, id: u64) -> bool {
+        let parts = self.parts();
+        let now_us = parts.now_us;
+        let proc = &mut parts.clients[client];
+        if matches!(proc.ops.get(&id), Some(OpState::Line(_))) {
+            return true;
+        }
+        let epoch = proc.link.leader_epoch();
+        let Some(wait) = proc.retries.get(&id) else {
+            return false;
+        };
+        match wait.fallback_us {
+            Some(fallback_us) => now_us >= fallback_us || wait.epoch != epoch,
+            None => false,
+        }
     }
 
     fn acquire_step(&mut self, client: usize, id: u64, step: AcquireStep) {
         if let AcquireStep::RetryAt(at) = step {
             return self.schedule_retry(client, id, at.as_micros());
         }
+        self.parts().clients[client].retries.remove(&id);
         let parts = self.parts();
         let drift = parts.config.drift_ppm_max;
         let Some(OpState::Acquiring { op, plan, hist, .. }) = parts.clients[client].ops.remove(&id)
@@ -1005,6 +1098,7 @@ pub(crate) trait ClientWorld<'t> {
         if let ExtendStep::RetryAt(at) = step {
             return self.schedule_retry(client, id, at.as_micros());
         }
+        self.parts().clients[client].retries.remove(&id);
         let Some(OpState::Extending {
             op,
             holder,
@@ -1318,6 +1412,7 @@ pub(crate) trait ClientWorld<'t> {
         proc.crashed = true;
         proc.paused_until_us = 0;
         proc.recent_indeterminate.clear();
+        proc.retries.clear();
         if let Some(line) = proc.line.as_mut() {
             line.reset();
         }
@@ -1372,6 +1467,7 @@ pub(crate) trait ClientWorld<'t> {
         if let ReleaseStep::RetryAt(at) = step {
             return self.schedule_retry(client, id, at.as_micros());
         }
+        self.parts().clients[client].retries.remove(&id);
         let Some(OpState::Releasing {
             op,
             any_indeterminate,
@@ -1422,6 +1518,7 @@ pub(crate) trait ClientWorld<'t> {
             return;
         };
         self.note(|| format!("client {client} cancels op {id} (rid {rid}): {outcome:?}"));
+        self.parts().clients[client].retries.remove(&id);
         let Some(OpState::Acquiring { hist, op, .. }) =
             self.parts().clients[client].ops.remove(&id)
         else {
@@ -1451,7 +1548,11 @@ pub(crate) trait ClientWorld<'t> {
             ClientEv::Timer { slot, generation } => self.client_timer(client, slot, generation),
             ClientEv::Connect(slot) => self.connect(client, slot),
             ClientEv::StartOp => self.client_start_op(client),
-            ClientEv::OpRetry(op) => self.op_attempt(client, op),
+            ClientEv::OpRetry(op) => {
+                if self.retry_due(client, op) {
+                    self.op_attempt(client, op);
+                }
+            }
             ClientEv::WorkStep(op) => self.work_step(client, op),
             ClientEv::CancelOp(op) => self.cancel_op(client, op),
             ClientEv::RenewStep(op) => self.renew_step(client, op),
@@ -1583,10 +1684,14 @@ pub(crate) trait ClientWorld<'t> {
             }
             self.send_from_client(conn, out);
             for event in events {
+                let epoch = self.parts().clients[client].link.leader_epoch();
                 if let Some(router) = self.parts().clients[client].link.router.as_mut() {
                     router.handle_event(s, &event);
                 }
                 self.session_event(client, slot, conn, event);
+                if self.parts().clients[client].link.leader_epoch() != epoch {
+                    self.wake_retries(client);
+                }
             }
         }
         let local = self.local_now(client);

@@ -10,9 +10,10 @@
 //! attempt's submission and the caller's result is here.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::task::Waker;
+use std::pin::pin;
+use std::task::{Poll, Waker};
 
 use super::error::{ClientError, CloseReason};
 use super::ops::{
@@ -113,7 +114,17 @@ pub struct BrokerState<W> {
     x_closes: Vec<u8>,
     /// What the servers pushed about grants, until their tickets read it.
     news: NewsBoard,
+    /// The retries waiting for a leader notice ([`BrokerState::leader_epoch`]),
+    /// at most [`LEADER_WAKERS_MAX`]; those of retries that ran at their
+    /// fallback instant instead stay until the next notice wakes them for
+    /// nothing.
+    leader_wakers: Vec<Waker>,
 }
+
+/// Retries waiting for a leader notice that the broker wakes at most; past
+/// it the oldest is dropped, and that retry runs at its fallback instant
+/// instead (later, never wrong).
+pub const LEADER_WAKERS_MAX: usize = 1024;
 
 /// Sessions in a row whose connection closed while our `X` was unanswered
 /// after which an endpoint is taken to speak only the published protocol.
@@ -145,7 +156,31 @@ impl<W: OutcomeSender> BrokerState<W> {
             direct: None,
             x_closes: vec![0; endpoints],
             news: NewsBoard::default(),
+            leader_wakers: Vec::new(),
         }
+    }
+
+    /// The router's count of leaders that became reachable
+    /// ([`Router::leader_epoch`]); with `waker`, it is also woken when the
+    /// count next moves.
+    pub fn leader_epoch(&mut self, waker: Option<&Waker>) -> u64 {
+        if let Some(waker) = waker
+            && !self
+                .leader_wakers
+                .iter()
+                .any(|known| known.will_wake(waker))
+        {
+            if self.leader_wakers.len() >= LEADER_WAKERS_MAX {
+                self.leader_wakers.remove(0);
+            }
+            self.leader_wakers.push(waker.clone());
+        }
+        self.router.leader_epoch()
+    }
+
+    /// Retries waiting for a leader notice (bounded by [`LEADER_WAKERS_MAX`]).
+    pub fn leader_wakers_len(&self) -> usize {
+        self.leader_wakers.len()
     }
 
     /// What the servers pushed about grant `token` (docs/protocol.md
@@ -322,7 +357,13 @@ impl<W: OutcomeSender> BrokerState<W> {
                 return;
             };
             let negotiated = session.capabilities() != Capabilities::NONE;
+            let epoch = self.router.leader_epoch();
             self.router.handle_event(index, &event);
+            if self.router.leader_epoch() != epoch {
+                // A leader became reachable: the retries waiting for one
+                // go now.
+                self.leader_wakers.drain(..).for_each(Waker::wake);
+            }
             match event {
                 SessionEvent::Ready => {
                     if negotiated {
@@ -444,6 +485,41 @@ pub trait Broker: Send + Sync {
         let _ = (token, waker);
         PushNews::default()
     }
+    /// [`BrokerState::leader_epoch`] under the broker's lock: how many
+    /// times a leader became reachable; with `waker`, it is woken when that
+    /// next happens. The default never moves: retries then run at their
+    /// fallback instants.
+    fn leader_epoch(&self, waker: Option<&Waker>) -> u64 {
+        let _ = waker;
+        0
+    }
+}
+
+/// Waits before the retry of an attempt that had no effect, submitted when
+/// the broker's [`Broker::leader_epoch`] was `submitted_epoch`: until `at`
+/// (the operation's fallback, within its deadline), or no longer than
+/// until a leader becomes reachable, whichever comes first. If one became
+/// reachable since the submission (an `M` naming a ready leader, an `L`
+/// that came while the attempt was answered) it does not wait at all.
+///
+/// *Why:* during an election every node answers `E 4`; the winner
+/// announces itself with `L` on every connection, and the request should
+/// reach it with that notice, not at the next step of a fixed retry
+/// schedule (docs/protocol.md §5).
+pub async fn wait_for_retry<B: Broker + ?Sized>(broker: &B, at: Instant, submitted_epoch: u64) {
+    let mut sleep = pin!(broker.sleep_until(at));
+    poll_fn(|cx| {
+        // Registered only while still waiting (checked again after, so a
+        // notice between the two readings is not missed): a retry that
+        // goes leaves no waker behind.
+        if broker.leader_epoch(None) != submitted_epoch
+            || broker.leader_epoch(Some(cx.waker())) != submitted_epoch
+        {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// One logical acquire of `keys` across attempts, until a grant the caller
@@ -458,6 +534,7 @@ pub async fn run_acquire<B: Broker + ?Sized>(
     let mut now = broker.now();
     let mut op = AcquireOperation::new(now, keys, params);
     loop {
+        let epoch = broker.leader_epoch(None);
         // An outcome the submit hands back was decided at `now` (the
         // session, and in-process the server, ran on that reading; a
         // grant's validity counts from it), so it is judged at `now`; an
@@ -480,7 +557,7 @@ pub async fn run_acquire<B: Broker + ?Sized>(
                 return Err(error);
             }
             AcquireStep::RetryAt(at) => {
-                broker.sleep_until(at).await;
+                wait_for_retry(broker, at, epoch).await;
                 now = broker.now();
             }
         }
@@ -496,6 +573,7 @@ pub async fn run_extend<B: Broker + ?Sized>(
 ) -> Result<Extension, ClientError> {
     let mut now = broker.now();
     loop {
+        let epoch = broker.leader_epoch(None);
         let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
             Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
             Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
@@ -509,7 +587,7 @@ pub async fn run_extend<B: Broker + ?Sized>(
         match step {
             ExtendStep::Done(result) => return result,
             ExtendStep::RetryAt(at) => {
-                broker.sleep_until(at).await;
+                wait_for_retry(broker, at, epoch).await;
                 now = broker.now();
             }
         }
@@ -528,6 +606,7 @@ pub async fn run_observe<B: Broker + ?Sized>(
     let mut now = broker.now();
     let mut op = ObserveOperation::new(name, now.saturating_add(OBSERVE_RETRY_WINDOW))?;
     loop {
+        let epoch = broker.leader_epoch(None);
         let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
             Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
             Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
@@ -541,7 +620,7 @@ pub async fn run_observe<B: Broker + ?Sized>(
         match step {
             ObserveStep::Done(result) => return result,
             ObserveStep::RetryAt(at) => {
-                broker.sleep_until(at).await;
+                wait_for_retry(broker, at, epoch).await;
                 now = broker.now();
             }
         }
@@ -645,6 +724,7 @@ pub async fn run_release<B: Broker + ?Sized>(
     mut op: ReleaseOperation,
 ) -> Result<ReleaseOutcome, ClientError> {
     loop {
+        let epoch = broker.leader_epoch(None);
         let step = match attempt_release(broker, broker.now(), &mut op) {
             ReleaseAttempted::Now(step) => step,
             ReleaseAttempted::Waiting(outcome) => {
@@ -654,7 +734,7 @@ pub async fn run_release<B: Broker + ?Sized>(
         };
         match step {
             ReleaseStep::Done(result) => return result,
-            ReleaseStep::RetryAt(at) => broker.sleep_until(at).await,
+            ReleaseStep::RetryAt(at) => wait_for_retry(broker, at, epoch).await,
         }
     }
 }

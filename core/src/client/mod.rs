@@ -52,8 +52,9 @@ mod ticket;
 pub mod watch;
 
 pub use broker::{
-    Broker, BrokerNotice, BrokerState, CAMPAIGN_BUSY_DELAY, OutcomeSender, Submitted, X_CLOSES_MAX,
-    campaign_params, run_acquire, run_campaign, run_extend, run_observe, run_release,
+    Broker, BrokerNotice, BrokerState, CAMPAIGN_BUSY_DELAY, LEADER_WAKERS_MAX, OutcomeSender,
+    Submitted, X_CLOSES_MAX, campaign_params, run_acquire, run_campaign, run_extend, run_observe,
+    run_release, wait_for_retry,
 };
 pub use config::{
     BrokerConfig, BrokerMode, ClusterIdentity, ClusterIdentityError, Endpoint, TlsMode,

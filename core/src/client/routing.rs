@@ -68,10 +68,11 @@ impl Backoff {
         reason: Option<&CloseReason>,
     ) -> Duration {
         if reason.is_some_and(|reason| reason.is_routing() || reason.refuses_extensions()) {
-            // A node that answered `E 3`/`E 4` is reachable: during an
-            // election every node answers so for a while, and growing the
-            // backoff then would keep the client away from the new leader
-            // for up to 3.2 s after it is elected. Come back soon, without
+            // A node that answered `E 3` is reachable (a learner catching
+            // up, or a node shutting down; `E 4` keeps the session, so it
+            // is met here only from a server that closes after it), and
+            // growing the backoff would keep the client away from it for
+            // up to 3.2 s once it can serve. Come back soon, without
             // spinning. A server that closed on our `X` is reachable too,
             // and the next session does not negotiate.
             self.next = BACKOFF_MIN;
@@ -90,11 +91,16 @@ impl Backoff {
 /// Picks the connection for each request: the remembered leader if it is
 /// ready, else round-robin over ready connections ([`Router::pick`]) or in
 /// runs ([`Router::pick_coalescing`]). Connection `i` of a cluster is slot
-/// `i`.
+/// `i`. It also counts the leader notices an attempt that had no effect
+/// waits for ([`Router::leader_epoch`]).
 #[derive(Clone, Debug)]
 pub struct Router {
     ready: Vec<bool>,
     leader: Option<usize>,
+    /// The remembered leader while its connection is ready, as last
+    /// counted in `leader_epoch`.
+    reachable_leader: Option<usize>,
+    leader_epoch: u64,
     next_rr: usize,
     /// The connection of the current run of [`Router::pick_coalescing`]
     /// and how many requests it has taken.
@@ -109,6 +115,8 @@ impl Router {
         Router {
             ready: vec![false; connections],
             leader: None,
+            reachable_leader: None,
+            leader_epoch: 0,
             next_rr: 0,
             run: None,
             run_len: 0,
@@ -126,6 +134,34 @@ impl Router {
     /// The remembered leader's connection.
     pub fn leader(&self) -> Option<usize> {
         self.leader
+    }
+    /// How many times a leader became reachable: the remembered leader
+    /// changed to a node whose connection is ready, or the remembered
+    /// leader's connection became ready (an `L` or `M` naming a new leader,
+    /// or the session to the named leader coming up). An attempt answered
+    /// "no effect, try again" (`E 4`, `M`) while this stood still waits
+    /// for it to move, or for its fallback delay
+    /// ([`super::run_acquire`]): the request then goes to the new
+    /// leader as soon as it is known, not at the next step of a fixed
+    /// schedule. A leader forgotten (`L` naming none, its connection down)
+    /// does not count: there is nowhere to retry.
+    pub fn leader_epoch(&self) -> u64 {
+        self.leader_epoch
+    }
+    /// Counts a newly reachable leader in `leader_epoch`. *Why this does
+    /// not make retries spin:* each count needs a notice or an `M` naming
+    /// another node than the last one (or a session coming up), and the
+    /// nodes of a correct cluster name another leader only when the
+    /// leadership changed; so retries on notices are bounded by leader
+    /// changes, the rest wait their fallback delays.
+    fn note_reachable_leader(&mut self) {
+        let reachable = self.leader.filter(|&leader| self.is_ready(leader));
+        if reachable != self.reachable_leader {
+            self.reachable_leader = reachable;
+            if reachable.is_some() {
+                self.leader_epoch += 1;
+            }
+        }
     }
     /// Whether connection `index` is ready.
     pub fn is_ready(&self, index: usize) -> bool {
@@ -150,7 +186,17 @@ impl Router {
             SessionEvent::LeaderHint(slot) => {
                 self.set_leader_hint(*slot);
             }
-            SessionEvent::NotLeader => self.forget_leader_if(index),
+            SessionEvent::NotLeader => {
+                self.forget_leader_if(index);
+                // The session stays up over `E 4` (the node answered; it
+                // may lead after the election), but the next requests
+                // go to the next ready connection rather than to the
+                // same node again: a node cut off from the others
+                // answers `E 4` for as long as the cut lasts.
+                if self.run == Some(index) {
+                    self.run_len = ROUTE_RUN_REQUESTS;
+                }
+            }
             SessionEvent::Closed(reason) => {
                 self.set_ready(index, false);
                 if reason.is_auth_failure() {
@@ -161,6 +207,7 @@ impl Router {
             | SessionEvent::Compensate(_)
             | SessionEvent::Push { .. } => {}
         }
+        self.note_reachable_leader();
     }
     /// Marks connection `index` ready or down; a down leader is forgotten.
     pub fn set_ready(&mut self, index: usize, ready: bool) {
@@ -170,6 +217,7 @@ impl Router {
         if !ready {
             self.forget_leader_if(index);
         }
+        self.note_reachable_leader();
     }
     /// Remembers the leader named by `L` or `M` (`None` = no leader known).
     /// Returns false (and changes nothing) for a slot with no connection.
@@ -179,6 +227,7 @@ impl Router {
             Some(index) if index < self.ready.len() => self.leader = Some(index),
             Some(_) => return false,
         }
+        self.note_reachable_leader();
         true
     }
     fn forget_leader_if(&mut self, index: usize) {

@@ -16,6 +16,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::broker::{
     Broker, ReleaseAttempted, attempt_release, release_step, run_extend, run_release,
+    wait_for_retry,
 };
 use super::error::ClientError;
 use super::ops::{
@@ -57,20 +58,21 @@ impl<B: Broker> Releaser for B {
         // outcome at once (in-process), the release is over without a
         // boxed future. Otherwise the rest of the loop is boxed, as the
         // ticket does not know the broker's type.
+        let epoch = Broker::leader_epoch(self, None);
         let step = match attempt_release(self, now, &mut op) {
             ReleaseAttempted::Now(step) => step,
             ReleaseAttempted::Waiting(outcome) => {
                 return Release::Running(Box::pin(async move {
                     let outcome = outcome.await;
                     let step = release_step(&mut op, || Broker::now(self), Ok(outcome));
-                    finish_release(self, op, step).await
+                    finish_release(self, op, step, epoch).await
                 }));
             }
         };
         match step {
             ReleaseStep::Done(result) => Release::Done(Some(result)),
             step @ ReleaseStep::RetryAt(_) => {
-                Release::Running(Box::pin(finish_release(self, op, step)))
+                Release::Running(Box::pin(finish_release(self, op, step, epoch)))
             }
         }
     }
@@ -88,16 +90,18 @@ impl<B: Broker> Releaser for B {
     }
 }
 
-/// The rest of a release after the attempt that ended with `step`.
+/// The rest of a release after the attempt that ended with `step`,
+/// submitted at the broker's leader epoch `epoch`.
 async fn finish_release<B: Broker>(
     broker: &B,
     op: ReleaseOperation,
     step: ReleaseStep,
+    epoch: u64,
 ) -> Result<ReleaseOutcome, ClientError> {
     match step {
         ReleaseStep::Done(result) => result,
         ReleaseStep::RetryAt(at) => {
-            broker.sleep_until(at).await;
+            wait_for_retry(broker, at, epoch).await;
             run_release(broker, op).await
         }
     }

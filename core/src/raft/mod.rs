@@ -72,11 +72,12 @@
 //! randomized timeout (5 s in all); the tie of two fresh pre-vote rounds
 //! goes to the smaller id instead (see "Elections" below), so only one
 //! campaigns. [`RaftConfig::fast`]: heartbeat 50 ms,
-//! `r` in [300, 600) ms (the classic `[T, 2T)`), failover under 650 ms.
+//! `r` in [300, 450) ms, failover under 500 ms.
 //!
 //! Deviation from "`[T, 2T)`": a window that wide (2400 ms of spread) cannot
 //! give a 200 ms failover band, so the defaults use a narrow jitter instead;
-//! the fast profile keeps `[T, 2T)`.
+//! the fast profile uses `[T, 1.5T)` for a failover under half a second
+//! (the tail is the window's top), still far wider than a round trip.
 //!
 //! # Elections: pre-vote, check-quorum, leader lease
 //!

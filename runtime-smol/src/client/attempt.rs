@@ -177,4 +177,7 @@ impl Broker for Inner {
     fn news(&self, token: u64, waker: Option<&std::task::Waker>) -> PushNews {
         self.lock().broker.news(token, waker)
     }
+    fn leader_epoch(&self, waker: Option<&std::task::Waker>) -> u64 {
+        self.lock().broker.leader_epoch(waker)
+    }
 }

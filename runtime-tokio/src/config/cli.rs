@@ -534,7 +534,7 @@ pub struct ServeArgs {
     /// file or TICKETING_PEER_TOKENS.
     #[arg(long = "peer-token", value_name = "TOKEN")]
     pub peer_tokens: Vec<String>,
-    /// Raft timing: `default` (failover 2.3-2.5 s) or `fast` (under 0.65 s,
+    /// Raft timing: `default` (failover 2.3-2.5 s) or `fast` (under 0.5 s,
     /// for LANs and tests).
     #[arg(long, value_name = "PROFILE")]
     pub profile: Option<String>,

@@ -39,12 +39,9 @@ impl<'t> ClientWorld<'t> for ClusterWorld<'t> {
 
     fn close_expected(&self, reason: &CloseReason) -> bool {
         // Besides what any server may cause: a node that is not (or no
-        // longer) active or has no leader. (`M` does not close a session.)
+        // longer) active. (`M` and `E 4` do not close a session.)
         close_expected_of_any(reason)
-            || matches!(
-                reason,
-                CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-            )
+            || matches!(reason, CloseReason::ServerError(ErrorCode::NotActive))
     }
 
     fn on_ready(&mut self, client: usize, slot: u8, pipe_id: u64) {

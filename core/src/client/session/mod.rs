@@ -71,7 +71,8 @@ pub enum SessionEvent {
     /// Only the latest hint is kept in the event queue.
     LeaderHint(Option<u8>),
     /// This node is not an active leader (`E 3`/`E 4`): if it is the
-    /// remembered leader, forget it.
+    /// remembered leader, forget it. `E 3` also closes the session; over
+    /// `E 4` it stays up.
     NotLeader,
     /// A grant nobody will receive (it arrived after its deadline, or its
     /// request was cancelled): release it with [`ReleaseOperation`](super::ReleaseOperation).

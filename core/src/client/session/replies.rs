@@ -251,8 +251,21 @@ impl Session {
                 self.push_outcome(rid, Outcome::Retry);
                 self.push_leader_hint(leader_slot);
             }
+            Reply::Error {
+                code: ErrorCode::NoLeader,
+                ..
+            } => {
+                // `E 4` answers this one request, like `M`: no effect, and
+                // the server goes on serving the connection. During an
+                // election every node answers so; the node that wins sends
+                // `L` on this very connection, so the session stays up to
+                // hear it and to carry the retry at once (docs/protocol.md
+                // §5), instead of closing, reconnecting and handshaking.
+                self.push_outcome(rid, Outcome::Retry);
+                self.events.push_back(SessionEvent::NotLeader);
+            }
             Reply::Error { code, .. } => {
-                if matches!(code, ErrorCode::NotActive | ErrorCode::NoLeader) {
+                if code == ErrorCode::NotActive {
                     self.push_outcome(rid, Outcome::Retry);
                     self.events.push_back(SessionEvent::NotLeader);
                 } else {

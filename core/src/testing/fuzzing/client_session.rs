@@ -27,8 +27,9 @@ struct Tracked {
     lease: Duration,
     /// When its bytes were handed out, as decoded from the session's output.
     sent_at: Option<Instant>,
-    /// The server was made to answer it `M` (the session may still have
-    /// refused that reply, or another one first).
+    /// The server was made to answer it `M` or `E 4`, "no effect, try
+    /// again" (the session may still have refused that reply, or another
+    /// one first).
     moved: bool,
     /// How it ended: an outcome event, or a cancel that took it.
     resolved: Option<Resolution>,
@@ -93,8 +94,8 @@ fn reply(cursor: &mut Cursor<'_>, rid: u64) -> Reply {
 /// cancel that took it); nothing at all is reported after `Closed`, and
 /// nothing is pending then; a request whose bytes were never handed out
 /// ends only as `Timeout` or `Retry`; one whose bytes were handed out ends
-/// `Retry` only when it was answered `M` or the session closed on
-/// `E 3`/`E 4`; a grant
+/// `Retry` only when it was answered `M` or `E 4` (which leave the session
+/// up) or the session closed on `E 3`; a grant
 /// names the requested keys, a non-zero token, and a validity no later
 /// than the lease counted from when its bytes were handed out.
 ///
@@ -308,7 +309,15 @@ impl Harness {
                 .expect("non-empty")
         };
         let reply = reply(cursor, rid);
-        if let (Reply::Moved { .. }, Some(entry)) = (reply, self.tracked.get_mut(&rid)) {
+        let no_effect = matches!(
+            reply,
+            Reply::Moved { .. }
+                | Reply::Error {
+                    code: ErrorCode::NoLeader,
+                    ..
+                }
+        );
+        if let (true, Some(entry)) = (no_effect, self.tracked.get_mut(&rid)) {
             entry.moved = true;
         }
         reply.encode(&mut self.to_session);
@@ -479,12 +488,8 @@ impl Harness {
                 && entry.sent_at.is_some()
             {
                 assert!(
-                    entry.moved
-                        || matches!(
-                            reason,
-                            CloseReason::ServerError(ErrorCode::NotActive | ErrorCode::NoLeader)
-                        ),
-                    "sent rid {rid} told Retry without an `M`, session closed by {reason:?}"
+                    entry.moved || matches!(reason, CloseReason::ServerError(ErrorCode::NotActive)),
+                    "sent rid {rid} told Retry without an `M` or `E 4`, session closed by {reason:?}"
                 );
             }
         }
