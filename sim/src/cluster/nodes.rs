@@ -125,9 +125,10 @@ impl<'t> ClusterWorld<'t> {
             StartMode::Recover { token_floor } => token_floor,
             StartMode::Join | StartMode::Bootstrap => 0,
         };
-        let first = wall_clock_us
-            .max(stored.map_or(0, |v| v + 1))
-            .max(recovery_floor);
+        // The daemon's rule for the state file's first token, then a
+        // recovery's floor above it.
+        let since_epoch = ticketing_core::time::Duration::from_micros(wall_clock_us);
+        let first = ticketing_core::server::first_token(since_epoch, stored).max(recovery_floor);
         if let Some(value) = reserve.poll_persist(now, first) {
             self.nodes[s].floor = Some(value);
             reserve.handle_persisted(value);
