@@ -11,7 +11,7 @@ use ticketing_core::client::{
     COALESCE_MAX_UNSENT, CancelOutcome, ClientError, CloseReason, Compensation, ExtendOperation,
     ExtendStep, Grant, KeySet, Outcome, OutcomeSender, ProtocolError, ROUTE_RUN_REQUESTS,
     ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep, Router, Session, SessionConfig,
-    SessionEvent, X_CLOSES_MAX, lease_covers,
+    SessionEvent, WRITE_PROGRESS_TIMEOUT, X_CLOSES_MAX, lease_covers,
 };
 use ticketing_core::server::ServerConfig;
 use ticketing_core::testing::net::{FIRST_TOKEN, SingleNet};
@@ -247,6 +247,7 @@ fn handshake(
     session.handle_input(now, &hello.encode());
     let mut proof = Vec::new();
     session.poll_transmit(now, &mut proof);
+    session.handle_written(now, true);
     assert_eq!(proof, client_proof(b"", fingerprint, &hello));
     session.handle_input(now, &[1]);
     assert_eq!(drain(session), [SessionEvent::Ready]);
@@ -304,6 +305,8 @@ impl Scripted {
     fn transmit(&mut self) -> Vec<Request> {
         let mut out = Vec::new();
         self.session.poll_transmit(self.now, &mut out);
+        // The scripted server reads every byte at once.
+        self.session.handle_written(self.now, true);
         decode_requests(&out)
     }
 
@@ -841,6 +844,82 @@ fn a_reply_frame_that_stalls_for_three_seconds_closes_the_session() {
         [
             outcome(rid, Outcome::Indeterminate),
             SessionEvent::Closed(CloseReason::StalledReply),
+        ]
+    );
+}
+
+/// What the session hands out now, left unwritten: the driver's socket
+/// takes nothing.
+fn transmit_unwritten(s: &mut Scripted) -> usize {
+    s.session.poll_transmit(s.now, &mut Vec::new())
+}
+
+#[test]
+fn bytes_never_reported_written_close_the_session_after_the_write_progress_timeout() {
+    let mut s = Scripted::single();
+    let rid = s.acquire("a", 30);
+    assert!(transmit_unwritten(&mut s) > 0);
+    assert_eq!(
+        s.session.poll_timeout(),
+        Some(s.now.saturating_add(WRITE_PROGRESS_TIMEOUT))
+    );
+    s.advance(WRITE_PROGRESS_TIMEOUT - ms(1));
+    assert!(s.session.is_ready());
+    s.advance(ms(1));
+    assert_eq!(
+        s.events(),
+        [
+            outcome(rid, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::WriteStalled),
+        ]
+    );
+}
+
+#[test]
+fn each_write_that_takes_bytes_restarts_the_write_progress_clock() {
+    let mut s = Scripted::single();
+    s.acquire("a", 30);
+    transmit_unwritten(&mut s);
+    s.advance(secs(2));
+    // Part of the bytes left; the rest still waits.
+    s.session.handle_written(s.now, false);
+    assert_eq!(
+        s.session.poll_timeout(),
+        Some(s.now.saturating_add(WRITE_PROGRESS_TIMEOUT))
+    );
+    s.advance(secs(2));
+    assert!(s.session.is_ready(), "progress 2 s ago: not stalled");
+    s.advance(secs(1));
+    assert_eq!(
+        s.events().last(),
+        Some(&SessionEvent::Closed(CloseReason::WriteStalled))
+    );
+}
+
+#[test]
+fn bytes_reported_all_written_stop_the_write_progress_clock_until_more_are_handed_out() {
+    let mut s = Scripted::single();
+    let first = s.acquire("a", 200);
+    transmit_unwritten(&mut s);
+    s.session.handle_written(s.now, true);
+    // Only the acquire's own deadline and its silence rule remain.
+    assert!(
+        s.session
+            .poll_timeout()
+            .is_some_and(|at| at > s.now.saturating_add(WRITE_PROGRESS_TIMEOUT))
+    );
+    s.advance(secs(10));
+    assert!(s.session.is_ready(), "everything written: nothing stalls");
+    // New bytes start the clock at the moment they are handed out.
+    let second = s.acquire("b", 200);
+    transmit_unwritten(&mut s);
+    s.advance(WRITE_PROGRESS_TIMEOUT);
+    assert_eq!(
+        s.events(),
+        [
+            outcome(first, Outcome::Indeterminate),
+            outcome(second, Outcome::Indeterminate),
+            SessionEvent::Closed(CloseReason::WriteStalled),
         ]
     );
 }
@@ -2428,6 +2507,8 @@ impl Scripted {
     fn transmit_extended(&mut self) -> Vec<Request> {
         let mut out = Vec::new();
         self.session.poll_transmit(self.now, &mut out);
+        // The scripted server reads every byte at once.
+        self.session.handle_written(self.now, true);
         decode_extended(&out)
     }
 }

@@ -52,6 +52,7 @@ fn ready_session(now: Instant, slot: u8) -> Session {
     session.handle_input(now, &hello.encode());
     let mut proof = Vec::new();
     session.poll_transmit(now, &mut proof);
+    session.handle_written(now, true);
     assert_eq!(proof, client_proof(b"", &CLUSTER_ID, &hello));
     session.handle_input(now, &[1]);
     session
@@ -105,6 +106,7 @@ impl PlayedBroker {
         let mut out = Vec::new();
         if let Some(session) = state.sessions[slot].as_mut() {
             session.poll_transmit(now, &mut out);
+            session.handle_written(now, true);
         }
         let mut decoder = RequestDecoder::new();
         decoder.push(&out);

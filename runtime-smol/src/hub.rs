@@ -281,6 +281,8 @@ fn serve_link(
             bufs.out.clear();
             if link.session.poll_transmit(now, &mut bufs.out) > 0 {
                 server.handle_input(now, conn, &bufs.out);
+                // The server took every byte, in this very call.
+                link.session.handle_written(now, true);
             }
         }
     }

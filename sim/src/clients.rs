@@ -1676,8 +1676,9 @@ pub(crate) trait ClientWorld<'t> {
                 events.push(event);
             }
             let mut out = Vec::new();
-            if !session.is_closed() {
-                session.poll_transmit(instant(local), &mut out);
+            if !session.is_closed() && session.poll_transmit(instant(local), &mut out) > 0 {
+                // The simulated pipe takes every byte at once.
+                session.handle_written(instant(local), true);
             }
             if events.is_empty() && out.is_empty() {
                 break;

@@ -172,6 +172,10 @@ pub enum CloseReason {
     CancelledAfterSend,
     /// A reply frame stalled mid-way for [`READ_PROGRESS_TIMEOUT`](super::READ_PROGRESS_TIMEOUT).
     StalledReply,
+    /// Bytes handed to the runtime were not reported written within
+    /// [`WRITE_PROGRESS_TIMEOUT`](super::WRITE_PROGRESS_TIMEOUT): the server
+    /// stopped reading.
+    WriteStalled,
     /// A request was overdue (see [`SessionConfig::silence_timeout`](super::SessionConfig::silence_timeout)) and
     /// no byte arrived for the silence timeout: the server or the path to
     /// it is dead, frozen or cut off.
@@ -247,6 +251,7 @@ impl fmt::Display for CloseReason {
             }
             CloseReason::CancelledAfterSend => f.write_str("a sent request was cancelled"),
             CloseReason::StalledReply => f.write_str("a reply frame stalled"),
+            CloseReason::WriteStalled => f.write_str("a write made no progress"),
             CloseReason::Silent => {
                 f.write_str("an overdue request and no bytes for the silence timeout")
             }

@@ -11,7 +11,7 @@ use rustls::pki_types::ServerName;
 use smol::future;
 use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use ticketing_core::client::{Backoff, SessionConfig, WRITE_PROGRESS_TIMEOUT};
+use ticketing_core::client::{Backoff, SessionConfig};
 use ticketing_core::time::Instant;
 
 use super::inner::Inner;
@@ -131,44 +131,90 @@ async fn read_into_session(inner: &Inner, index: usize, mut reader: impl AsyncRe
 }
 
 /// Serves endpoint `index`'s deadlines and writes what its session has to
-/// send, until the session ends or a write stalls.
+/// send, reporting each write's progress to it, until the session ends
+/// (its write-progress deadline among the others) or the transport fails.
 async fn write_from_session(inner: &Inner, index: usize, mut writer: impl AsyncWrite + Unpin) {
     let mut out = Vec::new();
+    // Bytes were taken since the last flush (TLS records may still wait).
+    let mut needs_flush = false;
+    let mut written = None;
     loop {
         let now = inner.now();
-        let Some(deadline) = advance_session(inner, index, now, &mut out) else {
+        let Some(deadline) = advance_session(inner, index, now, written.take(), &mut out) else {
             return;
         };
-        if !out.is_empty() {
-            if !write_within_progress_timeout(&mut writer, &out).await {
-                return;
-            }
-            out.clear();
+        if out.is_empty() && !needs_flush {
+            future::or(sleep_until_opt(inner.clock, deadline), async {
+                inner.wakes[index].notified().await;
+                // Let the other tasks that are ready now submit first, so
+                // that their requests leave in this write.
+                future::yield_now().await;
+            })
+            .await;
             continue;
         }
-        future::or(sleep_until_opt(inner.clock, deadline), async {
-            inner.wakes[index].notified().await;
-            // Let the other tasks that are ready now submit first, so
-            // that their requests leave in this write.
-            future::yield_now().await;
-        })
-        .await;
+        // Each write and flush races the session's next deadline: a write
+        // that takes nothing is cancelled (nothing taken) and the session
+        // decides whether that is a stall.
+        let mut took = false;
+        if !out.is_empty() {
+            match before(inner, deadline, writer.write(&out)).await {
+                None => continue,
+                Some(Ok(taken)) if taken > 0 => {
+                    out.drain(..taken);
+                    needs_flush = true;
+                    took = true;
+                }
+                Some(_) => return,
+            }
+        }
+        if out.is_empty() {
+            match before(inner, deadline, writer.flush()).await {
+                // What this write took is progress; a flush cut short is not.
+                None => {
+                    written = took.then_some(false);
+                    continue;
+                }
+                Some(Ok(())) => needs_flush = false,
+                Some(Err(_)) => return,
+            }
+        }
+        written = Some(out.is_empty() && !needs_flush);
     }
 }
 
-/// One step of endpoint `index`'s session at `now`: a close if the broker
-/// is shutting down, its timeouts, its bytes to send (into `out`), its
-/// events. The session's next deadline, or `None` once it is gone or
+/// `io`'s result, or `None` if `deadline` comes first (then `io` is
+/// dropped: smol's writes and flushes take nothing they did not finish).
+async fn before<T>(
+    inner: &Inner,
+    deadline: Option<Instant>,
+    io: impl std::future::Future<Output = io::Result<T>>,
+) -> Option<io::Result<T>> {
+    future::or(async { Some(io.await) }, async {
+        sleep_until_opt(inner.clock, deadline).await;
+        None
+    })
+    .await
+}
+
+/// One step of endpoint `index`'s session at `now`: the last write's
+/// progress (`written`: whether all was written), a close if the broker
+/// is shutting down, its timeouts, its bytes to send (appended to `out`),
+/// its events. The session's next deadline, or `None` once it is gone or
 /// closed.
 fn advance_session(
     inner: &Inner,
     index: usize,
     now: Instant,
+    written: Option<bool>,
     out: &mut Vec<u8>,
 ) -> Option<Option<Instant>> {
     let mut state = inner.lock();
     let shutdown = inner.is_shut_down();
     let session = state.broker.sessions[index].as_mut()?;
+    if let Some(all_written) = written {
+        session.handle_written(now, all_written);
+    }
     if shutdown {
         session.close_local(now);
     }
@@ -181,20 +227,4 @@ fn advance_session(
         return None;
     }
     Some(deadline)
-}
-
-/// Writes and flushes `out`; false if that failed or made no progress
-/// within [`WRITE_PROGRESS_TIMEOUT`].
-async fn write_within_progress_timeout(writer: &mut (impl AsyncWrite + Unpin), out: &[u8]) -> bool {
-    future::or(
-        async {
-            let result = writer.write_all(out).await;
-            result.and(writer.flush().await).is_ok()
-        },
-        async {
-            Timer::after(WRITE_PROGRESS_TIMEOUT).await;
-            false
-        },
-    )
-    .await
 }

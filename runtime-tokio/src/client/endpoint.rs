@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
-use ticketing_core::client::{Backoff, Broker, SessionConfig, WRITE_PROGRESS_TIMEOUT, run_release};
+use ticketing_core::client::{Backoff, Broker, SessionConfig, run_release};
 use ticketing_core::time::Instant;
 
 use super::{ConnectProblem, Inner, State};
@@ -92,8 +92,11 @@ impl Inner {
         // WouldBlock or an error: the task writes the bytes (or meets the
         // error and ends the connection).
         self.count_socket_write();
-        if let Ok(written) = writer.try_write(&wire.spill) {
+        if let Ok(written) = writer.try_write(&wire.spill)
+            && written > 0
+        {
             wire.spill.drain(..written);
+            session.handle_written(now, wire.spill.is_empty());
         }
         let spilled = !wire.spill.is_empty();
         wire.busy = spilled;
@@ -201,6 +204,17 @@ enum Writer {
     },
 }
 
+/// What a write did, for the session's write-progress rule
+/// ([`ticketing_core::client::Session::handle_written`]), reported at the
+/// next step under the lock that step takes anyway.
+#[derive(Clone, Copy)]
+enum Written {
+    /// Bytes were taken (or a flush completed): whether anything is left.
+    Progress { all_written: bool },
+    /// Nothing to report since the last step.
+    Nothing,
+}
+
 impl Writer {
     /// Writes some of `out` (or, for TLS with nothing left, flushes);
     /// returns how much of `out` was taken. Cancel-safe: nothing is taken
@@ -274,40 +288,35 @@ async fn drive(inner: &Inner, index: usize, connection: Connection) {
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
-    // A write that makes no progress until then ends the connection.
-    let mut stalled_at: Option<tokio::time::Instant> = None;
+    // A write that stalls is the session's to notice (its write-progress
+    // deadline is among those the timer serves).
+    let mut written = Written::Nothing;
     loop {
         let now = inner.now();
-        let Some(rearm) = step(inner, index, now, &buf[..input], &mut out, &mut armed) else {
+        let io = StepIo {
+            input: &buf[..input],
+            written,
+        };
+        let Some(rearm) = step(inner, index, now, io, &mut out, &mut armed) else {
             break;
         };
         input = 0;
+        written = Written::Nothing;
         if let Some(at) = rearm {
             timer
                 .as_mut()
                 .reset(tokio::time::Instant::from_std(inner.to_std(at)));
         }
         let writing = writer.has_work(&out);
-        if !writing {
-            stalled_at = None;
-        } else if stalled_at.is_none() {
-            stalled_at = Some(tokio::time::Instant::now() + WRITE_PROGRESS_TIMEOUT);
-        }
-        // Built only when polled, and polled only while writing.
-        let stall = async {
-            match stalled_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            // Writes first (a batch leaves as soon as it can), the stall
-            // bound last (polled only when nothing else is ready).
+            // Writes first: a batch leaves as soon as it can.
             biased;
-            written = writer.write_some(inner, &out), if writing => match written {
-                Ok(written) if written > 0 || out.is_empty() => {
-                    out.drain(..written);
-                    stalled_at = None;
+            result = writer.write_some(inner, &out), if writing => match result {
+                Ok(taken) if taken > 0 || out.is_empty() => {
+                    out.drain(..taken);
+                    written = Written::Progress {
+                        all_written: !writer.has_work(&out),
+                    };
                 }
                 _ => break,
             },
@@ -321,7 +330,6 @@ async fn drive(inner: &Inner, index: usize, connection: Connection) {
                 tokio::task::yield_now().await;
             }
             () = &mut timer, if armed.is_some() => armed = None,
-            () = stall, if writing => break,
         }
     }
     let now = inner.now();
@@ -335,17 +343,26 @@ async fn drive(inner: &Inner, index: usize, connection: Connection) {
     inner.transport_closed(&mut state, index, now);
 }
 
+/// What the connection did since the last step.
+struct StepIo<'a> {
+    /// Bytes just read.
+    input: &'a [u8],
+    /// What the last write did.
+    written: Written,
+}
+
 /// One step of endpoint `index`'s session at `now`, under one lock: the
-/// `input` just read, a close if the broker is shutting down, its
-/// timeouts, its bytes to send (appended to `out`, after what a direct
-/// write left), its events. `None` once the session is gone or closed;
-/// else the instant to move the timer to, if its next deadline comes
-/// before `armed` (which is updated, here and in the endpoint's [`Wire`]).
+/// input just read and the last write's progress, a close if the broker
+/// is shutting down, its timeouts, its bytes to send (appended to `out`,
+/// after what a direct write left), its events. `None` once the session
+/// is gone or closed; else the instant to move the timer to, if its next
+/// deadline comes before `armed` (which is updated, here and in the
+/// endpoint's [`Wire`]).
 fn step(
     inner: &Inner,
     index: usize,
     now: Instant,
-    input: &[u8],
+    io: StepIo<'_>,
     out: &mut Vec<u8>,
     armed: &mut Option<Instant>,
 ) -> Option<Option<Instant>> {
@@ -353,8 +370,11 @@ fn step(
     let state = &mut *guard;
     let shutdown = inner.is_shut_down();
     let session = state.broker.sessions[index].as_mut()?;
-    if !input.is_empty() {
-        session.handle_input(now, input);
+    if !io.input.is_empty() {
+        session.handle_input(now, io.input);
+    }
+    if let Written::Progress { all_written } = io.written {
+        session.handle_written(now, all_written);
     }
     if shutdown {
         session.close_local(now);

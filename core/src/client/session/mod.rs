@@ -29,8 +29,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// peer: the session is closed.
 pub const READ_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// For runtimes: a write that makes no progress for this long should end the
-/// transport (then call [`Session::handle_transport_closed`]).
+/// Bytes handed out by [`Session::poll_transmit`] that the runtime has not
+/// reported written ([`Session::handle_written`]) for this long, while the
+/// session is ready: the peer stopped reading, and the session is closed
+/// ([`CloseReason::WriteStalled`]).
 pub const WRITE_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Default [`SessionConfig::silence_timeout`]: above the default Raft
@@ -386,6 +388,10 @@ pub struct Session {
     /// A partial reply frame (at most one frame long) and when it began.
     partial: Vec<u8>,
     partial_since: Option<Instant>,
+    /// Since when bytes handed out by [`Session::poll_transmit`] wait in
+    /// the runtime with no write progress; `None` when it reported all of
+    /// them written. The write-progress rule's clock.
+    unwritten_since: Option<Instant>,
     /// Requests in flight by rid. Rids are handed out in order, so every
     /// rid below `send_cursor` has been handed out and none at or above it
     /// has.
@@ -435,6 +441,7 @@ impl Session {
             proof: Vec::new(),
             partial: Vec::with_capacity(REPLY_FRAME_LEN_MAX),
             partial_since: None,
+            unwritten_since: None,
             pending: PendingMap::default(),
             pending_acquires: 0,
             pending_releases: 0,
@@ -529,6 +536,9 @@ impl Session {
         {
             return self.close(now, CloseReason::StalledReply);
         }
+        if self.write_stalled_at().is_some_and(|at| now >= at) {
+            return self.close(now, CloseReason::WriteStalled);
+        }
         self.prune_overdue();
         if self.silent_at().is_some_and(|at| now >= at) {
             return self.close(now, CloseReason::Silent);
@@ -572,7 +582,7 @@ impl Session {
                     .deadlines
                     .peek()
                     .map(|Reverse((deadline, _))| *deadline);
-                [stall, request, self.silent_at()]
+                [stall, self.write_stalled_at(), request, self.silent_at()]
                     .into_iter()
                     .flatten()
                     .min()
@@ -615,7 +625,25 @@ impl Session {
         CancelOutcome::Withdrawn
     }
 
-    /// The transport ended (EOF, IO error, write stalled).
+    /// The runtime's transport took bytes that [`Session::poll_transmit`]
+    /// handed out: `all_written` when none of them is left to write or
+    /// flush. Every runtime reports each write that takes bytes (and each
+    /// flush that completes): bytes handed out and not reported written
+    /// within [`WRITE_PROGRESS_TIMEOUT`] close the session
+    /// ([`CloseReason::WriteStalled`]), since a peer that stopped reading
+    /// would otherwise hold requests, and their callers, until their own
+    /// deadlines.
+    pub fn handle_written(&mut self, now: Instant, all_written: bool) {
+        self.unwritten_since = (!all_written).then_some(now);
+    }
+
+    /// When the write-progress rule closes the session, if bytes wait.
+    fn write_stalled_at(&self) -> Option<Instant> {
+        self.unwritten_since
+            .map(|since| since.saturating_add(WRITE_PROGRESS_TIMEOUT))
+    }
+
+    /// The transport ended (EOF, IO error).
     pub fn handle_transport_closed(&mut self, now: Instant) {
         self.close(now, CloseReason::TransportClosed);
     }

@@ -259,18 +259,25 @@ impl Session {
     /// Appends bytes to send to `out` and returns how many. Call when the
     /// transport can take more; every request whose bytes are handed out
     /// here counts as *possibly sent* from `now` on (the send boundary): it
-    /// is never resent, and a missing reply makes it Indeterminate.
+    /// is never resent, and a missing reply makes it Indeterminate. The
+    /// runtime then reports the writes that take them
+    /// ([`Session::handle_written`]).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> usize {
         let start = out.len();
         out.append(&mut self.proof);
-        if !self.is_open() {
-            return out.len() - start;
+        let handed = if self.is_open() {
+            let proof_len = out.len() - start;
+            self.transmit(now, proof_len, |request| {
+                request.encode(out);
+                request.frame_len()
+            })
+        } else {
+            out.len() - start
+        };
+        if handed > 0 && self.unwritten_since.is_none() {
+            self.unwritten_since = Some(now);
         }
-        let proof_len = out.len() - start;
-        self.transmit(now, proof_len, |request| {
-            request.encode(out);
-            request.frame_len()
-        })
+        handed
     }
 
     /// [`Session::poll_transmit`] handing out request values instead of

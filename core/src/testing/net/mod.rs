@@ -175,6 +175,8 @@ impl Link {
             return false;
         }
         machine.handle_input(now, self.conn, &up);
+        // The machine took every byte, in this very call.
+        self.session.handle_written(now, true);
         true
     }
 
