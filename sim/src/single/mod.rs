@@ -21,6 +21,7 @@ use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{Capabilities, Key, Reply, Request};
 
 use crate::checks::{ANSWERED_MAX, History, Windows, key_index};
+use crate::clients::LineClientWorld;
 use crate::clients::{
     ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
     close_expected_of_any,
@@ -28,7 +29,6 @@ use crate::clients::{
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::driver::{self, Marker, SimWorld};
-use crate::line_client::LineClientWorld;
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};

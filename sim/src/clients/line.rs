@@ -23,8 +23,8 @@
 use ticketing_core::client::{Grant, KeySet};
 use ticketing_core::line::{LineReply, encode_line_acquire, encode_line_release, line_answer};
 
+use super::{ClientEv, ClientWorld, OpState, Plan};
 use crate::checks::HistRefs;
-use crate::clients::{ClientEv, ClientWorld, OpState, Plan};
 use crate::clock::{instant, lease_min_us};
 use crate::config::{COLD_KEYS, HOT_KEYS};
 use crate::linear::LinOp;

@@ -15,6 +15,8 @@
 //! once, drawing from the worlds' random streams in the order it always
 //! did.
 
+mod line;
+
 use std::collections::BTreeMap;
 
 use ticketing_core::client::{
@@ -29,10 +31,11 @@ use ticketing_core::wire::ExtendStatus;
 use crate::checks::{HistRefs, History, Window, Windows, key_indices};
 use crate::clock::{Clock, act_before_local_us, duration_us, instant, lease_min_us};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS, SimConfig};
-use crate::line_client::{LineCall, LineClientWorld, LineLink};
 use crate::linear::LinOp;
 use crate::rng::Rng;
 use crate::run::{Checker, Recorder};
+
+pub(crate) use line::{LineCall, LineClientWorld, LineLink};
 
 /// Indeterminate acquires remembered per client for matching a later
 /// `Compensate` event.
@@ -116,7 +119,7 @@ pub(crate) enum OpState {
         any_indeterminate: bool,
         hist: HistRefs,
     },
-    /// A line client's call (acquire or release), see `line_client.rs`.
+    /// A line client's call (acquire or release), see `line.rs`.
     Line(LineCall),
 }
 
