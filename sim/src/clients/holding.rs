@@ -101,26 +101,59 @@ pub(crate) trait Holdings<'t>: ClientWorld<'t> {
     /// or unchecked right after a pause that came between check and
     /// write), pause before a write, or finish.
     fn work_step(&mut self, client: usize, id: u64) {
-        enum Action {
-            Finish,
-            Pause,
-            Write {
-                checked: bool,
-            },
-            /// The work hangs: nothing happens until the deadline.
-            Hang {
-                until_local_us: u64,
-            },
-        }
         let local = self.local_now(client);
+        let Some(step) = self.decide_work(client, id, local) else {
+            return;
+        };
         let parts = self.parts();
         let inc = parts.clients[client].inc;
+        let pause_max_us = parts.config.faults.pause_max_us;
+        let now_us = parts.now_us;
+        let WorkStep {
+            token,
+            keys,
+            gap,
+            holding,
+            era,
+            ..
+        } = step;
+        match step.action {
+            WorkAction::Finish => self.finish_holding(client, id),
+            WorkAction::Pause => {
+                let parts = self.parts();
+                let pause = parts.fault_rng.range(1, pause_max_us.max(1));
+                parts.rec.report.faults += 1;
+                self.pause_client(client, pause);
+                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
+                self.schedule_client(now_us, client, inc, ClientEv::WorkStep(id));
+            }
+            WorkAction::Write { checked } => {
+                for key in keys {
+                    self.db_write(client, key, token, holding, checked, era);
+                }
+                self.schedule_client(now_us + gap, client, inc, ClientEv::WorkStep(id));
+            }
+            WorkAction::Hang { until_local_us } => {
+                let parts = self.parts();
+                let at = parts.clients[client]
+                    .clock
+                    .true_at(until_local_us)
+                    .max(now_us + 1);
+                self.schedule_client(at, client, inc, ClientEv::WorkStep(id));
+            }
+        }
+    }
+
+    /// Decides holder `id`'s next step at local time `local` (drawing a
+    /// pause before a write from the fault stream) and counts a write as
+    /// done; `None` if `id` holds nothing.
+    fn decide_work(&mut self, client: usize, id: u64, local: u64) -> Option<WorkStep> {
+        let parts = self.parts();
         let pause_chance = if parts.safety {
             parts.config.faults.pause_before_write_ppm
         } else {
             0
         };
-        let pause_max_us = parts.config.faults.pause_max_us;
         let Some(OpState::Holding {
             grant,
             holding,
@@ -133,19 +166,14 @@ pub(crate) trait Holdings<'t>: ClientWorld<'t> {
             ..
         }) = parts.clients[client].ops.get_mut(&id)
         else {
-            return;
+            return None;
         };
-        let stalled = renewal.as_ref().is_some_and(|renewal| {
-            renewal
-                .plan
-                .stall_after
-                .is_some_and(|after| renewal.writes_done >= after)
-        });
+        let stalled = renewal.as_ref().is_some_and(Renewal::stalled);
         let action = if *write_after_pause {
             *write_after_pause = false;
-            Action::Write { checked: false }
+            WorkAction::Write { checked: false }
         } else if stalled && local < *act_before_local_us {
-            Action::Hang {
+            WorkAction::Hang {
                 until_local_us: *act_before_local_us,
             }
         } else if *writes_left > 0 && local < *act_before_local_us {
@@ -153,49 +181,28 @@ pub(crate) trait Holdings<'t>: ClientWorld<'t> {
                 // Checked, then stopped before writing: the write lands
                 // after the pause, perhaps long after the lease.
                 *write_after_pause = true;
-                Action::Pause
+                WorkAction::Pause
             } else {
-                Action::Write { checked: true }
+                WorkAction::Write { checked: true }
             }
         } else {
-            Action::Finish
+            WorkAction::Finish
         };
-        if matches!(action, Action::Write { .. }) {
+        if matches!(action, WorkAction::Write { .. }) {
             *writes_left = writes_left.saturating_sub(1);
             if let Some(renewal) = renewal.as_mut() {
                 renewal.progress_local_us = local;
                 renewal.writes_done = renewal.writes_done.saturating_add(1);
             }
         }
-        let token = grant.token;
-        let keys = key_indices(&grant.keys);
-        let (gap, holding, era) = (plan.write_gap_us, *holding, *era);
-        let now_us = parts.now_us;
-        match action {
-            Action::Finish => self.finish_holding(client, id),
-            Action::Pause => {
-                let parts = self.parts();
-                let pause = parts.fault_rng.range(1, pause_max_us.max(1));
-                parts.rec.report.faults += 1;
-                self.pause_client(client, pause);
-                self.note(|| format!("FAULT client {client} pauses {pause} µs before a write"));
-                self.schedule_client(now_us, client, inc, ClientEv::WorkStep(id));
-            }
-            Action::Write { checked } => {
-                for key in keys {
-                    self.db_write(client, key, token, holding, checked, era);
-                }
-                self.schedule_client(now_us + gap, client, inc, ClientEv::WorkStep(id));
-            }
-            Action::Hang { until_local_us } => {
-                let parts = self.parts();
-                let at = parts.clients[client]
-                    .clock
-                    .true_at(until_local_us)
-                    .max(now_us + 1);
-                self.schedule_client(at, client, inc, ClientEv::WorkStep(id));
-            }
-        }
+        Some(WorkStep {
+            action,
+            token: grant.token,
+            keys: key_indices(&grant.keys),
+            gap: plan.write_gap_us,
+            holding: *holding,
+            era: *era,
+        })
     }
 
     /// The fenced resource: accepts a write iff its token is at least the
@@ -303,3 +310,29 @@ pub(crate) trait Holdings<'t>: ClientWorld<'t> {
 }
 
 impl<'t, W: ClientWorld<'t> + ?Sized> Holdings<'t> for W {}
+
+/// What a holder does at its next work step.
+pub(crate) enum WorkAction {
+    Finish,
+    Pause,
+    Write {
+        checked: bool,
+    },
+    /// The work hangs: nothing happens until the deadline.
+    Hang {
+        until_local_us: u64,
+    },
+}
+
+/// A holder's decided next step, with what acting on it needs of the
+/// holding.
+pub(crate) struct WorkStep {
+    action: WorkAction,
+    token: u64,
+    /// The granted keys, as indices into `ALL_KEYS`.
+    keys: Vec<usize>,
+    /// The gap before the next write, µs.
+    gap: u64,
+    holding: u64,
+    era: u64,
+}

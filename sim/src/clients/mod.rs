@@ -87,6 +87,16 @@ pub(crate) struct Renewal {
     pub(crate) extending: Option<u64>,
 }
 
+impl Renewal {
+    /// The work hung: it made as many writes as its plan lets it make
+    /// before stalling.
+    pub(crate) fn stalled(&self) -> bool {
+        self.plan
+            .stall_after
+            .is_some_and(|after| self.writes_done >= after)
+    }
+}
+
 /// One logical operation of a client.
 pub(crate) enum OpState {
     Acquiring {

@@ -16,6 +16,7 @@ use crate::clients::{
 use crate::clock::{instant, lease_min_us};
 use crate::config::{ALL_KEYS, COLD_KEYS, HOT_KEYS};
 use crate::linear::LinOp;
+use crate::rng::Rng;
 
 /// Starting v3 operations and their attempts (a blanket extension of
 /// [`ClientWorld`]).
@@ -53,62 +54,14 @@ pub(crate) trait V3Ops<'t>: ClientWorld<'t> {
             return;
         }
         let parts = self.parts();
-        let work = parts.work;
-        // Keys: mostly one hot key; sometimes a cold one or a small set.
-        let keys: Vec<&str> = match work.below(10) {
-            0..=4 => vec![HOT_KEYS[work.index(HOT_KEYS.len())]],
-            5..=6 => vec![COLD_KEYS[work.index(COLD_KEYS.len())]],
-            _ => {
-                let mut set = vec![HOT_KEYS[work.index(HOT_KEYS.len())]];
-                for _ in 0..work.range(1, 2) {
-                    set.push(ALL_KEYS[work.index(ALL_KEYS.len())]);
-                }
-                set
-            }
-        };
-        let keys = KeySet::new(&keys).expect("sim keys are valid");
-        let wait_s = if work.chance(300_000) {
-            0
-        } else {
-            work.range(1, u64::from(wait_s_max))
-        };
-        let lease_s = if work.chance(600_000) {
-            work.range(1, 2)
-        } else {
-            work.range(1, u64::from(lease_s_max))
-        };
-        let budget_us = if work.chance(500_000) {
-            0
-        } else {
-            work.below(lease_s * 1_000_000)
-        };
-        let params = AcquireParams::new(
-            Duration::from_secs(wait_s),
-            Duration::from_secs(lease_s),
-            Duration::from_micros(budget_us),
-        )
-        .expect("sim parameters are valid");
-        let mut plan = Plan {
-            writes: work.range(1, 4) as u8,
-            write_gap_us: work.range(1_000, lease_s * 400_000),
-            release: work.chance(800_000),
-            renew: None,
-        };
-        if parts.clients[client].renews && work.chance(600_000) {
-            // Work that outlasts its lease several times over: it holds on
-            // only by renewing, and a stall must cost it the key.
-            plan.writes = work.range(3, 10) as u8;
-            plan.write_gap_us = work.range(lease_s * 200_000, lease_s * 600_000);
-            let stall_after = work
-                .chance(300_000)
-                .then(|| work.below(u64::from(plan.writes)) as u8);
-            plan.renew = Some(RenewPlan {
-                progress_timeout_us: lease_s * 700_000,
-                stall_after,
-            });
-        }
-        let cancel_after =
-            (wait_s > 0 && work.chance(100_000)).then(|| work.below(wait_s * 1_000_000));
+        let renews = parts.clients[client].renews;
+        let AcquireDraw {
+            keys,
+            lease_s,
+            params,
+            plan,
+            cancel_after,
+        } = draw_acquire(parts.work, wait_s_max, lease_s_max, renews);
         let local = parts.clients[client].clock.local(now_us);
         let op = AcquireOperation::new(instant(local), keys.clone(), params);
         let id = *parts.next_op;
@@ -354,3 +307,90 @@ pub(crate) trait V3Ops<'t>: ClientWorld<'t> {
 }
 
 impl<'t, W: ClientWorld<'t> + ?Sized> V3Ops<'t> for W {}
+
+/// A v3 acquire as the workload draws it.
+struct AcquireDraw {
+    keys: KeySet,
+    lease_s: u64,
+    params: AcquireParams,
+    plan: Plan,
+    /// Cancel the acquire this long after it starts (true µs).
+    cancel_after: Option<u64>,
+}
+
+/// Draws a v3 acquire from the work stream, in the order the workload
+/// always drew it: keys, wait, lease, budget, plan, cancel.
+fn draw_acquire(work: &mut Rng, wait_s_max: u8, lease_s_max: u8, renews: bool) -> AcquireDraw {
+    let keys = draw_keys(work);
+    let keys = KeySet::new(&keys).expect("sim keys are valid");
+    let wait_s = if work.chance(300_000) {
+        0
+    } else {
+        work.range(1, u64::from(wait_s_max))
+    };
+    let lease_s = if work.chance(600_000) {
+        work.range(1, 2)
+    } else {
+        work.range(1, u64::from(lease_s_max))
+    };
+    let budget_us = if work.chance(500_000) {
+        0
+    } else {
+        work.below(lease_s * 1_000_000)
+    };
+    let params = AcquireParams::new(
+        Duration::from_secs(wait_s),
+        Duration::from_secs(lease_s),
+        Duration::from_micros(budget_us),
+    )
+    .expect("sim parameters are valid");
+    let plan = draw_plan(work, lease_s, renews);
+    let cancel_after = (wait_s > 0 && work.chance(100_000)).then(|| work.below(wait_s * 1_000_000));
+    AcquireDraw {
+        keys,
+        lease_s,
+        params,
+        plan,
+        cancel_after,
+    }
+}
+
+/// Keys: mostly one hot key; sometimes a cold one or a small set.
+fn draw_keys(work: &mut Rng) -> Vec<&'static str> {
+    match work.below(10) {
+        0..=4 => vec![HOT_KEYS[work.index(HOT_KEYS.len())]],
+        5..=6 => vec![COLD_KEYS[work.index(COLD_KEYS.len())]],
+        _ => {
+            let mut set = vec![HOT_KEYS[work.index(HOT_KEYS.len())]];
+            for _ in 0..work.range(1, 2) {
+                set.push(ALL_KEYS[work.index(ALL_KEYS.len())]);
+            }
+            set
+        }
+    }
+}
+
+/// What a holder of a lease of `lease_s` does with it; a client that
+/// renews (`renews`) sometimes plans work that only renewing keeps alive.
+fn draw_plan(work: &mut Rng, lease_s: u64, renews: bool) -> Plan {
+    let mut plan = Plan {
+        writes: work.range(1, 4) as u8,
+        write_gap_us: work.range(1_000, lease_s * 400_000),
+        release: work.chance(800_000),
+        renew: None,
+    };
+    if renews && work.chance(600_000) {
+        // Work that outlasts its lease several times over: it holds on
+        // only by renewing, and a stall must cost it the key.
+        plan.writes = work.range(3, 10) as u8;
+        plan.write_gap_us = work.range(lease_s * 200_000, lease_s * 600_000);
+        let stall_after = work
+            .chance(300_000)
+            .then(|| work.below(u64::from(plan.writes)) as u8);
+        plan.renew = Some(RenewPlan {
+            progress_timeout_us: lease_s * 700_000,
+            stall_after,
+        });
+    }
+    plan
+}
