@@ -2,11 +2,14 @@
 //! when a renewal is due, whether the work still shows progress, and what
 //! the renewal's answer does to the holder's deadline.
 
-use ticketing_core::client::{ClientError, EXTEND_RETRY_WINDOW, ExtendOperation, ExtendStep};
+use ticketing_core::client::{
+    ClientError, EXTEND_RETRY_WINDOW, ExtendOperation, ExtendStep, Extension,
+};
 use ticketing_core::time::Duration;
 use ticketing_core::wire::ExtendStatus;
 
 use super::{V3Ops, V3Outcomes};
+use crate::checks::HistRefs;
 use crate::clients::{ClientEv, ClientWorld, Holdings, OpState};
 use crate::clock::{duration_us, instant, lease_min_us};
 use crate::linear::LinOp;
@@ -115,12 +118,36 @@ pub(crate) trait V3Renewals<'t>: ClientWorld<'t> {
         };
         self.note(|| format!("client {client} op {id}: {step:?}"));
         let token = op.token();
-        let drift = self.parts().config.drift_ppm_max;
         let ExtendStep::Done(done) = step else {
             unreachable!("handled above")
         };
-        let mut renewed = None;
-        let mut lost = false;
+        let renewal = ExtendDone {
+            id,
+            token,
+            lease_s,
+            any_indeterminate,
+        };
+        let end = self.extend_done(client, &renewal, done, &hist);
+        self.parts().clients[client].answered = None;
+        self.renewal_ended(client, holder, &renewal, end);
+    }
+
+    /// What the history, the report and the deadline checker make of the
+    /// end of renewal `renewal.id`, and what it tells its holder.
+    fn extend_done(
+        &mut self,
+        client: usize,
+        renewal: &ExtendDone,
+        done: Result<Extension, ClientError>,
+        hist: &HistRefs,
+    ) -> RenewalEnd {
+        let ExtendDone {
+            id,
+            token,
+            lease_s,
+            any_indeterminate,
+        } = *renewal;
+        let drift = self.parts().config.drift_ppm_max;
         match done {
             Ok(extension) => {
                 self.parts().rec.report.extensions += 1;
@@ -130,36 +157,45 @@ pub(crate) trait V3Renewals<'t>: ClientWorld<'t> {
                     // long the lease still runs.
                     _ => 0,
                 };
-                self.resolve_history(&hist, |_| LinOp::Extended {
+                self.resolve_history(hist, |_| LinOp::Extended {
                     token,
                     lease_min_us,
                 });
                 self.check_deadline(client, token, extension.valid_before.as_micros(), lease_s);
-                renewed = Some(extension.valid_before.as_micros());
+                RenewalEnd::Renewed(extension.valid_before.as_micros())
             }
             Err(ClientError::Lost) => {
                 self.parts().rec.report.extensions_refused += 1;
                 if !any_indeterminate {
-                    self.resolve_history(&hist, |_| LinOp::NotFound { token });
+                    self.resolve_history(hist, |_| LinOp::NotFound { token });
                 }
-                lost = true;
+                RenewalEnd::Lost
             }
-            Err(ClientError::Indeterminate) => {}
+            Err(ClientError::Indeterminate) => RenewalEnd::Unknown,
             Err(ClientError::Timeout | ClientError::ClientCapacity) => {
                 if !any_indeterminate {
-                    self.forget_history(&hist);
+                    self.forget_history(hist);
                 }
+                RenewalEnd::Unknown
             }
             Err(error) => {
                 self.violation(
                     Checker::Client,
                     format!("client {client} op {id}: renewal failed with {error:?}"),
                 );
+                RenewalEnd::Unknown
             }
         }
-        self.parts().clients[client].answered = None;
+    }
+
+    /// Holder `holder` (if it still holds the renewed token) learns how
+    /// its renewal ended: it stops now, moves its deadline, or keeps it;
+    /// its next renewal is scheduled unless it stops.
+    fn renewal_ended(&mut self, client: usize, holder: u64, renewal: &ExtendDone, end: RenewalEnd) {
+        let (token, lease_s) = (renewal.token, renewal.lease_s);
         let local = self.local_now(client);
         let parts = self.parts();
+        let drift = parts.config.drift_ppm_max;
         let Some(OpState::Holding {
             grant,
             act_before_local_us,
@@ -174,14 +210,14 @@ pub(crate) trait V3Renewals<'t>: ClientWorld<'t> {
         }
         renewal.extending = None;
         let mut next_from = grant.valid_before.as_micros();
-        if lost {
+        if let RenewalEnd::Lost = end {
             // The grant is gone: stop acting now.
             *act_before_local_us = (*act_before_local_us).min(local);
             let inc = parts.clients[client].inc;
             let now_us = parts.now_us;
             return self.schedule_client(now_us, client, inc, ClientEv::WorkStep(holder));
         }
-        if let Some(valid_before_us) = renewed {
+        if let RenewalEnd::Renewed(valid_before_us) = end {
             *act_before_local_us =
                 crate::clock::act_before_local_us(valid_before_us, lease_s, drift);
             grant.valid_before = instant(valid_before_us);
@@ -194,3 +230,24 @@ pub(crate) trait V3Renewals<'t>: ClientWorld<'t> {
 }
 
 impl<'t, W: ClientWorld<'t> + ?Sized> V3Renewals<'t> for W {}
+
+/// The renewal that ended, as its end is judged.
+pub(crate) struct ExtendDone {
+    /// The renewal's op id.
+    id: u64,
+    token: u64,
+    /// The lease asked for, seconds.
+    lease_s: u8,
+    /// An earlier attempt's answer was indeterminate.
+    any_indeterminate: bool,
+}
+
+/// What the end of a renewal tells its holder.
+pub(crate) enum RenewalEnd {
+    /// Renewed: the grant's new end (local µs).
+    Renewed(u64),
+    /// `N`: the grant is gone.
+    Lost,
+    /// No definite answer: the old deadline stands.
+    Unknown,
+}
