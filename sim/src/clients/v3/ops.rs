@@ -92,21 +92,8 @@ pub(crate) trait V3Ops<'t>: ClientWorld<'t> {
     /// cannot.
     fn v3_attempt(&mut self, client: usize, id: u64) {
         let local = self.local_now(client);
-        let parts = self.parts();
-        let proc = &mut parts.clients[client];
-        if matches!(
-            proc.ops.get(&id),
-            Some(OpState::Acquiring { .. } | OpState::Releasing { .. } | OpState::Extending { .. })
-        ) {
-            let epoch = proc.link.leader_epoch();
-            proc.retries.insert(
-                id,
-                RetryWait {
-                    epoch,
-                    fallback_us: None,
-                },
-            );
-        }
+        self.start_retry_wait(client, id);
+        let proc = &mut self.parts().clients[client];
         let session = proc.link.attempt_session();
         let slot;
         match (proc.ops.get_mut(&id), session) {
@@ -161,6 +148,25 @@ pub(crate) trait V3Ops<'t>: ClientWorld<'t> {
             _ => return,
         }
         self.client_pump(client, slot);
+    }
+
+    /// Operation `id` (if a v3 one) makes an attempt: a retry it needs
+    /// waits from the router's leader epoch as of now.
+    fn start_retry_wait(&mut self, client: usize, id: u64) {
+        let proc = &mut self.parts().clients[client];
+        if matches!(
+            proc.ops.get(&id),
+            Some(OpState::Acquiring { .. } | OpState::Releasing { .. } | OpState::Extending { .. })
+        ) {
+            let epoch = proc.link.leader_epoch();
+            proc.retries.insert(
+                id,
+                RetryWait {
+                    epoch,
+                    fallback_us: None,
+                },
+            );
+        }
     }
 
     fn start_release(&mut self, client: usize, op: ReleaseOperation) {
