@@ -12,6 +12,7 @@ use crate::clients::{ClientEv, ClientWorld, OpState, Plan};
 use crate::clock::lease_min_us;
 use crate::config::{COLD_KEYS, HOT_KEYS};
 use crate::linear::LinOp;
+use crate::rng::Rng;
 
 /// A line client's calls and connection (a blanket extension of
 /// [`ClientWorld`]).
@@ -43,33 +44,13 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
             return;
         }
         let parts = self.parts();
-        let work = parts.work;
-        let key = if work.below(10) < 7 {
-            HOT_KEYS[work.index(HOT_KEYS.len())]
-        } else {
-            COLD_KEYS[work.index(COLD_KEYS.len())]
-        };
+        let LineDraw {
+            key,
+            wait_s,
+            lease_s,
+            plan,
+        } = draw_line_acquire(parts.work, wait_s_max, lease_s_max);
         let keys = KeySet::single(key).expect("sim keys are valid");
-        // Wait 0 is "without limit" to a line client: the server's 255 s.
-        let wait_s = match work.below(100) {
-            0..=24 => 0,
-            25..=27 => 300,
-            _ => work.range(1, u64::from(wait_s_max)) as u16,
-        };
-        // Now and then a lease the server refuses (`Ebad_lease`, then `T`).
-        let lease_s = match work.below(100) {
-            0..=1 => 0,
-            2..=3 => 251 + work.below(1_000) as u16,
-            4..=60 => work.range(1, 2) as u16,
-            _ => work.range(1, u64::from(lease_s_max)) as u16,
-        };
-        let gap_lease_s = u64::from(lease_s.clamp(1, 8));
-        let plan = Plan {
-            writes: work.range(1, 4) as u8,
-            write_gap_us: work.range(1_000, gap_lease_s * 400_000),
-            release: work.chance(800_000),
-            renew: None,
-        };
         let proc = &mut parts.clients[client];
         let line = proc.line.as_mut().expect("a line client");
         let owner = line.owner_base ^ line.calls;
@@ -251,7 +232,6 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
         let now_us = parts.now_us;
         let drift = parts.config.drift_ppm_max;
         let proc = &mut parts.clients[client];
-        let inc = proc.inc;
         let Some(line) = proc.line.as_mut() else {
             return;
         };
@@ -306,6 +286,12 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
         if !pending {
             return;
         }
+        self.line_reconnect_later(client, failures, at_once);
+    }
+
+    /// Schedules line client `client`'s reconnect after `failures`
+    /// connections in a row ended unanswered (`at_once`: after a redirect).
+    fn line_reconnect_later(&mut self, client: usize, failures: u32, at_once: bool) {
         // "At once" for `M` and the named `E` reasons, as the published
         // clients do, but doubling while nothing gets answered (an election
         // would otherwise be a reconnect storm).
@@ -315,6 +301,7 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
             (5_000u64 << failures.min(8)).min(1_000_000)
         };
         let parts = self.parts();
+        let (now_us, inc) = (parts.now_us, parts.clients[client].inc);
         let at = now_us + delay + parts.work.below(delay);
         if let Some(line) = parts.clients[client].line.as_mut() {
             line.reconnecting = true;
@@ -330,3 +317,47 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
 }
 
 impl<'t, W: ClientWorld<'t> + ?Sized> LineCalls<'t> for W {}
+
+/// A line acquire as the workload draws it.
+struct LineDraw {
+    key: &'static str,
+    wait_s: u16,
+    lease_s: u16,
+    plan: Plan,
+}
+
+/// Draws a line acquire from the work stream, in the order the workload
+/// always drew it: key, wait, lease, plan.
+fn draw_line_acquire(work: &mut Rng, wait_s_max: u8, lease_s_max: u8) -> LineDraw {
+    let key = if work.below(10) < 7 {
+        HOT_KEYS[work.index(HOT_KEYS.len())]
+    } else {
+        COLD_KEYS[work.index(COLD_KEYS.len())]
+    };
+    // Wait 0 is "without limit" to a line client: the server's 255 s.
+    let wait_s = match work.below(100) {
+        0..=24 => 0,
+        25..=27 => 300,
+        _ => work.range(1, u64::from(wait_s_max)) as u16,
+    };
+    // Now and then a lease the server refuses (`Ebad_lease`, then `T`).
+    let lease_s = match work.below(100) {
+        0..=1 => 0,
+        2..=3 => 251 + work.below(1_000) as u16,
+        4..=60 => work.range(1, 2) as u16,
+        _ => work.range(1, u64::from(lease_s_max)) as u16,
+    };
+    let gap_lease_s = u64::from(lease_s.clamp(1, 8));
+    let plan = Plan {
+        writes: work.range(1, 4) as u8,
+        write_gap_us: work.range(1_000, gap_lease_s * 400_000),
+        release: work.chance(800_000),
+        renew: None,
+    };
+    LineDraw {
+        key,
+        wait_s,
+        lease_s,
+        plan,
+    }
+}
