@@ -20,30 +20,14 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
     /// Starts `client`'s next call (one at a time) and schedules the one
     /// after.
     fn line_start_op(&mut self, client: usize) {
-        let parts = self.parts();
-        if !parts.safety {
+        if !self.line_call_due(client) {
             return;
         }
+        let parts = self.parts();
         let config = parts.config;
-        let (acquires_max, wait_s_max, lease_s_max, drift) = (
-            config.acquires_per_client_max,
-            config.wait_s_max,
-            config.lease_s_max,
-            config.drift_ppm_max,
-        );
-        let proc = &parts.clients[client];
-        let inc = proc.inc;
-        if proc.acquires_started >= acquires_max {
-            return;
-        }
-        let busy = !proc.ops.is_empty();
-        let think = parts.work.below(600_000);
+        let (wait_s_max, lease_s_max, drift) =
+            (config.wait_s_max, config.lease_s_max, config.drift_ppm_max);
         let now_us = parts.now_us;
-        self.schedule_client(now_us + think, client, inc, ClientEv::StartOp);
-        if busy {
-            return;
-        }
-        let parts = self.parts();
         let LineDraw {
             key,
             wait_s,
@@ -90,6 +74,28 @@ pub(crate) trait LineCalls<'t>: ClientWorld<'t> {
             format!("client {client} op {id}: line acquire {key} wait {wait_s} s lease {lease_s} s owner {owner:#x}")
         });
         self.line_send(client, id);
+    }
+
+    /// Whether `client` starts a call now (in the safety phase, below its
+    /// count of acquires, none in flight); the step after is scheduled
+    /// either way while it may start more.
+    fn line_call_due(&mut self, client: usize) -> bool {
+        let parts = self.parts();
+        if !parts.safety {
+            return false;
+        }
+        let config = parts.config;
+        let acquires_max = config.acquires_per_client_max;
+        let proc = &parts.clients[client];
+        let inc = proc.inc;
+        if proc.acquires_started >= acquires_max {
+            return false;
+        }
+        let busy = !proc.ops.is_empty();
+        let think = parts.work.below(600_000);
+        let now_us = parts.now_us;
+        self.schedule_client(now_us + think, client, inc, ClientEv::StartOp);
+        !busy
     }
 
     /// A line holder releases its grant.

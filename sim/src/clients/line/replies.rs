@@ -6,7 +6,7 @@
 use ticketing_core::client::Grant;
 use ticketing_core::line::{LineReply, line_answer};
 
-use super::{HELLO_LINE_MAX, LineCalls, show};
+use super::{HELLO_LINE_MAX, LineCall, LineCalls, show};
 use crate::clients::{ClientEv, ClientWorld, Holdings, OpState};
 use crate::clock::{instant, lease_min_us};
 use crate::linear::LinOp;
@@ -16,12 +16,22 @@ use crate::run::Checker;
 pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
     /// Bytes from `conn` reach line client `client`.
     fn line_input(&mut self, client: usize, conn: u64, bytes: &[u8]) {
-        let proc = &mut self.parts().clients[client];
-        let Some(line) = proc.line.as_mut() else {
+        let Some(rest) = self.line_hello(client, conn, bytes) else {
             return;
         };
+        self.line_replies(client, conn, rest);
+    }
+
+    /// Reads `bytes` from `conn` as far as the hello goes, while it is
+    /// unanswered: at its LF the answer goes out, and the calls waiting
+    /// for a connection right behind it. The bytes after the hello, or
+    /// `None` if nothing is left to read (not `client`'s connection, the
+    /// hello goes on, or it was bad).
+    fn line_hello<'b>(&mut self, client: usize, conn: u64, bytes: &'b [u8]) -> Option<&'b [u8]> {
+        let proc = &mut self.parts().clients[client];
+        let line = proc.line.as_mut()?;
         if line.conn.map(|(open, _)| open) != Some(conn) {
-            return;
+            return None;
         }
         let mut rest = bytes;
         if let Some(hello) = line.hello.as_mut() {
@@ -32,7 +42,7 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                     self.violation(Checker::Client, detail);
                     self.line_drop_conn(client, conn, false);
                 }
-                return;
+                return None;
             };
             hello.extend_from_slice(&rest[..lf]);
             rest = &rest[lf + 1..];
@@ -46,7 +56,8 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
             let Some(answer) = answer else {
                 let detail = format!("client {client}: hello line without a space on {conn}");
                 self.violation(Checker::Client, detail);
-                return self.line_drop_conn(client, conn, false);
+                self.line_drop_conn(client, conn, false);
+                return None;
             };
             self.send_from_client(conn, answer);
             self.note(|| format!("client {client} line answers on {conn}"));
@@ -63,6 +74,12 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                 self.line_send(client, id);
             }
         }
+        Some(rest)
+    }
+
+    /// Decodes the replies in `rest` (after what was buffered) and handles
+    /// each; a partial one is kept while the connection stays.
+    fn line_replies(&mut self, client: usize, conn: u64, rest: &[u8]) {
         let Some(line) = self.parts().clients[client].line.as_mut() else {
             return;
         };
@@ -108,54 +125,10 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                 return self.line_redirect(client, conn, slot);
             }
             LineReply::Leader { address } => {
-                let slot = self.line_address_slot(address);
-                if slot.is_none() {
-                    self.violation(
-                        Checker::Client,
-                        format!("client {client}: leader notice {text} names no slot"),
-                    );
-                } else {
-                    self.on_leader_notice(client);
-                }
-                if let Some(line) = self.parts().clients[client].line.as_mut() {
-                    line.leader = slot;
-                }
+                self.line_leader_notice(client, address, &text);
                 return true;
             }
-            LineReply::Error { reason } => {
-                return match reason {
-                    b"no_leader" | b"not_active" => self.line_redirect(client, conn, None),
-                    b"bad_lease" => {
-                        let mut expected = false;
-                        for op in self.parts().clients[client].ops.values_mut() {
-                            if let OpState::Line(call) = op
-                                && call.acquire
-                                && call.sent.is_some_and(|(c, _)| c == conn)
-                                && (call.lease_s == 0 || call.lease_s > 250)
-                                && !call.saw_bad_lease
-                            {
-                                call.saw_bad_lease = true;
-                                expected = true;
-                                break;
-                            }
-                        }
-                        if !expected {
-                            self.violation(
-                                Checker::Client,
-                                format!("client {client}: Ebad_lease for no bad lease"),
-                            );
-                        }
-                        true
-                    }
-                    _ => {
-                        self.violation(
-                            Checker::Client,
-                            format!("client {client}: a correct server sent {text}"),
-                        );
-                        true
-                    }
-                };
-            }
+            LineReply::Error { reason } => return self.line_error(client, conn, reason, &text),
         };
         let parts = self.parts();
         let found = parts.clients[client]
@@ -189,26 +162,10 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
 
     /// Call `id` got its reply.
     fn line_outcome(&mut self, client: usize, id: u64, reply: LineReply<'_>) {
-        let parts = self.parts();
-        let drift = parts.config.drift_ppm_max;
-        let now_us = parts.now_us;
-        let proc = &mut parts.clients[client];
-        let local = proc.clock.local(now_us);
-        let inc = proc.inc;
-        let Some(OpState::Line(call)) = proc.ops.get_mut(&id) else {
+        if let LineReply::Busy { .. } = reply
+            && self.line_busy_retry(client, id)
+        {
             return;
-        };
-        if let LineReply::Busy { .. } = reply {
-            // Retried inside its wait (0: without limit), the same frame.
-            let within = call.wait_s == 0
-                || local < call.begun_local_us + u64::from(call.wait_s) * 1_000_000;
-            if within {
-                call.sent = None;
-                call.saw_bad_lease = false;
-                let at = now_us + 20_000 + self.parts().work.below(100_000);
-                self.schedule_client(at, client, inc, ClientEv::OpRetry(id));
-                return;
-            }
         }
         let Some(OpState::Line(call)) = self.parts().clients[client].ops.remove(&id) else {
             return;
@@ -224,30 +181,7 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                     ),
                 );
             }
-            LineReply::Acquired { token, .. } => {
-                let (_, sent_local) = call.sent.expect("answered on its connection");
-                let lease_s = call.lease_s;
-                self.parts().rec.report.grants += 1;
-                self.parts().rec.report.line_grants += 1;
-                self.on_grant(client, token, true);
-                let lease_min = lease_min_us(u64::from(lease_s) * 1_000_000, drift);
-                let parts = self.parts();
-                parts
-                    .history
-                    .resolve(now_us, &call.hist, |_| LinOp::Granted {
-                        token,
-                        lease_min_us: lease_min,
-                    });
-                let grant = Grant {
-                    keys: call.keys,
-                    token,
-                    // Counted from just before the frame went out.
-                    valid_before: instant(sent_local + u64::from(lease_s) * 1_000_000),
-                    permits: None,
-                };
-                let plan = call.plan.expect("an acquire has a plan");
-                self.start_holding(client, id, grant, plan, lease_s as u8);
-            }
+            LineReply::Acquired { token, .. } => self.line_granted(client, id, call, token),
             LineReply::TimedOut { .. } | LineReply::Busy { .. } => {
                 if (call.lease_s == 0 || call.lease_s > 250) && !call.saw_bad_lease {
                     let lease_s = call.lease_s;
@@ -264,7 +198,7 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                 let parts = self.parts();
                 parts
                     .history
-                    .resolve(now_us, &call.hist, |_| LinOp::Released { token });
+                    .resolve(parts.now_us, &call.hist, |_| LinOp::Released { token });
             }
             LineReply::NotFound { token, .. } => {
                 // Unless an earlier attempt may have released it.
@@ -272,10 +206,121 @@ pub(crate) trait LineReplies<'t>: ClientWorld<'t> {
                     let parts = self.parts();
                     parts
                         .history
-                        .resolve(now_us, &call.hist, |_| LinOp::NotFound { token });
+                        .resolve(parts.now_us, &call.hist, |_| LinOp::NotFound { token });
                 }
             }
             _ => unreachable!("only answers to calls"),
+        }
+    }
+
+    /// A `B` for call `id`: retried (true) while inside its wait (0:
+    /// without limit), with the same frame.
+    fn line_busy_retry(&mut self, client: usize, id: u64) -> bool {
+        let parts = self.parts();
+        let now_us = parts.now_us;
+        let proc = &mut parts.clients[client];
+        let local = proc.clock.local(now_us);
+        let inc = proc.inc;
+        let Some(OpState::Line(call)) = proc.ops.get_mut(&id) else {
+            return false;
+        };
+        let within =
+            call.wait_s == 0 || local < call.begun_local_us + u64::from(call.wait_s) * 1_000_000;
+        if !within {
+            return false;
+        }
+        call.sent = None;
+        call.saw_bad_lease = false;
+        let at = now_us + 20_000 + self.parts().work.below(100_000);
+        self.schedule_client(at, client, inc, ClientEv::OpRetry(id));
+        true
+    }
+
+    /// Call `id` (acquire `call`) was granted `token`: the grant becomes a
+    /// holding like a v3 client's.
+    fn line_granted(&mut self, client: usize, id: u64, call: LineCall, token: u64) {
+        let parts = self.parts();
+        let (drift, now_us) = (parts.config.drift_ppm_max, parts.now_us);
+        let (_, sent_local) = call.sent.expect("answered on its connection");
+        let lease_s = call.lease_s;
+        self.parts().rec.report.grants += 1;
+        self.parts().rec.report.line_grants += 1;
+        self.on_grant(client, token, true);
+        let lease_min = lease_min_us(u64::from(lease_s) * 1_000_000, drift);
+        let parts = self.parts();
+        parts
+            .history
+            .resolve(now_us, &call.hist, |_| LinOp::Granted {
+                token,
+                lease_min_us: lease_min,
+            });
+        let grant = Grant {
+            keys: call.keys,
+            token,
+            // Counted from just before the frame went out.
+            valid_before: instant(sent_local + u64::from(lease_s) * 1_000_000),
+            permits: None,
+        };
+        let plan = call.plan.expect("an acquire has a plan");
+        self.start_holding(client, id, grant, plan, lease_s as u8);
+    }
+
+    /// A leader notice (`L`) naming `address`: the leader to dial next.
+    fn line_leader_notice(&mut self, client: usize, address: &[u8], text: &str) {
+        let slot = self.line_address_slot(address);
+        if slot.is_none() {
+            self.violation(
+                Checker::Client,
+                format!("client {client}: leader notice {text} names no slot"),
+            );
+        } else {
+            self.on_leader_notice(client);
+        }
+        if let Some(line) = self.parts().clients[client].line.as_mut() {
+            line.leader = slot;
+        }
+    }
+
+    /// An error reply on `conn`; false if the connection was closed for
+    /// it.
+    fn line_error(&mut self, client: usize, conn: u64, reason: &[u8], text: &str) -> bool {
+        match reason {
+            b"no_leader" | b"not_active" => self.line_redirect(client, conn, None),
+            b"bad_lease" => {
+                self.line_bad_lease(client, conn);
+                true
+            }
+            _ => {
+                self.violation(
+                    Checker::Client,
+                    format!("client {client}: a correct server sent {text}"),
+                );
+                true
+            }
+        }
+    }
+
+    /// `Ebad_lease` on `conn`: it must answer an acquire in flight there
+    /// with a lease the server refuses, not yet answered so.
+    fn line_bad_lease(&mut self, client: usize, conn: u64) {
+        let mut expected = false;
+        for op in self.parts().clients[client].ops.values_mut() {
+            if let OpState::Line(call) = op
+                && call.acquire
+                && call.sent.is_some_and(|(c, _)| c == conn)
+                && (call.lease_s == 0 || call.lease_s > 250)
+                && !call.saw_bad_lease
+            {
+                call.saw_bad_lease = true;
+                expected = true;
+                break;
+            }
+        }
+        if !expected {
+            self.violation(
+                Checker::Client,
+                format!("client {client}: Ebad_lease for no bad lease"),
+            );
         }
     }
 }
