@@ -11,19 +11,20 @@
 //! What differs between the worlds — how bytes travel and connections
 //! close, what the oracle learns of a grant and how it names a holding,
 //! which release errors and close reasons a correct server may cause — is
-//! asked of the world through [`ClientWorld`]; everything else is here
-//! once, drawing from the worlds' random streams in the order it always
-//! did.
+//! asked of the world through [`ClientWorld`]; everything else is in this
+//! folder, once, drawing from the worlds' random streams in the order it
+//! always did.
 //!
 //! This module holds what both client dialects share: the process state
-//! ([`ClientProc`], [`OpState`] and the plans of a holder), the view of the
-//! world the client code works on ([`Parts`], [`ClientWorld`]), the client
-//! events ([`events`]), the dispatch of those events and the process-wide
-//! faults ([`process`]), and holding a grant and writing to the fenced
-//! resource with it ([`holding`]), which both dialects end up in. The
-//! dialects themselves live in [`v3`] (the core `Session` client: its
-//! operations, their outcomes, renewals and sessions) and [`line`](mod@line) (the
-//! published 0.3.0 line client); neither uses the other.
+//! ([`ClientProc`], [`OpState`] and the plans of a holder) and the view of
+//! the world the client code works on ([`Parts`], [`ClientWorld`]). Beside
+//! it: the client events ([`events`]), running them and the client faults
+//! ([`process`], the one place that dispatches between the dialects), and
+//! holding a grant and writing to the fenced resource with it
+//! ([`holding`]), where both dialects' grants end up. The dialects live in
+//! [`v3`] (the core `Session` client: its operations, their outcomes,
+//! renewals and sessions) and [`line`](mod@line) (the published 0.3.0
+//! line client); each uses this shared module, neither the other.
 
 mod events;
 mod holding;
