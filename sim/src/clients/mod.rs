@@ -19,9 +19,9 @@
 //! ([`ClientProc`], [`OpState`] and the plans of a holder) and the view of
 //! the world the client code works on ([`Parts`], [`ClientWorld`]). Beside
 //! it: the client events ([`events`]), running them and the client faults
-//! ([`process`], the one place that dispatches between the dialects), and
-//! holding a grant and writing to the fenced resource with it
-//! ([`holding`]), where both dialects' grants end up. The dialects live in
+//! ([`process`]), and holding a grant and writing to the fenced resource
+//! with it ([`holding`]), where both dialects' grants end up; these two
+//! are where the dialects meet. The dialects live in
 //! [`v3`] (the core `Session` client: its operations, their outcomes,
 //! renewals and sessions) and [`line`](mod@line) (the published 0.3.0
 //! line client); each uses this shared module, neither the other.

@@ -1,9 +1,10 @@
 //! The client process as a whole: running its events (the dispatch to the
 //! v3 or the line client, dropping a dead incarnation's events, holding a
 //! paused one's back), what a crash does to its operations, liveness at
-//! the end, and the client faults (crash, pause, clock jump). This is the
-//! one place that knows both dialects; each dialect knows only the shared
-//! module.
+//! the end, and the client faults (crash, pause, clock jump). Here and in
+//! `holding.rs` (a finished holding is released the way its dialect
+//! releases) are the only places that know both dialects; each dialect
+//! knows only the shared module.
 
 use super::{
     ClientCall, ClientEv, ClientWorld, Gate, Holdings, LineCalls, LineReplies, OpState, V3Ops,
