@@ -33,7 +33,6 @@ pub mod cluster;
 pub mod config;
 mod driver;
 pub mod fuzzing;
-mod line_client;
 pub mod linear;
 mod lock_model;
 mod net;

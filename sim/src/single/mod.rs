@@ -22,13 +22,12 @@ use ticketing_core::wire::{Capabilities, Key, Reply, Request};
 
 use crate::checks::{ANSWERED_MAX, History, Windows, key_index};
 use crate::clients::{
-    ClientCall, ClientEv, ClientProc, ClientWorld, DbKey, Parts, ReleaseFailure, Sessions,
-    close_expected_of_any,
+    ClientCall, ClientEv, ClientProc, ClientProcess, ClientWorld, DbKey, LineCalls, Parts,
+    ReleaseFailure, Sessions, V3Sessions, close_expected_of_any,
 };
 use crate::clock::{Clock, WALL_EPOCH_US, instant};
 use crate::config::{ALL_KEYS, SimConfig};
 use crate::driver::{self, Marker, SimWorld};
-use crate::line_client::LineClientWorld;
 use crate::linear::LinOp;
 use crate::net::{self, StreamOracle, Tcp};
 use crate::rng::{FaultRoll, Rng, fuzz_streams, seeded_streams};
