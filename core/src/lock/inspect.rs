@@ -217,13 +217,32 @@ impl LockTable {
         key: &[u8],
         token: Option<u64>,
     ) -> ForceReleaseOutcome {
-        let Some(entry) = self.keys.get(key).filter(|e| e.is_held_at(now)) else {
+        let Some(mut entry) = self.keys.get(key).filter(|e| e.is_held_at(now)) else {
             return ForceReleaseOutcome::NotHeld;
         };
+        let shared = entry.is_shared();
+        if shared {
+            // A sharer batch: the named sharer, or without a token the
+            // oldest one (one per call, so each revocation is reported).
+            let sharers = self.sharers_of(key, now);
+            let Some(&(oldest, _)) = sharers.first() else {
+                return ForceReleaseOutcome::NotHeld;
+            };
+            let chosen = token.unwrap_or(oldest);
+            let hash = self.keys.hash(key);
+            match self
+                .grant_entry(hash, key, chosen)
+                .filter(|e| e.is_held_at(now))
+            {
+                Some(sharer) => entry = sharer,
+                None => return ForceReleaseOutcome::TokenMismatch { held: oldest },
+            }
+        }
         let held = entry.token;
         if token.is_some_and(|token| token != held) {
             return ForceReleaseOutcome::TokenMismatch { held };
         }
+        let first_new_token = self.next_token;
         let keys = to_keys(self.holder_group(now, key, entry).iter().map(|key| &**key));
         let Ok(group) = KeyGroup::new(keys.clone()) else {
             debug_assert!(false, "a grant's keys form a valid group");
@@ -251,7 +270,8 @@ impl LockTable {
             .keys
             .get(key)
             .map(|entry| entry.token)
-            .filter(|&token| token != 0);
+            // Sharers left beside a revoked one were not handed anything.
+            .filter(|&token| token != 0 && (!shared || token >= first_new_token));
         ForceReleaseOutcome::Released {
             revoked: held,
             keys,

@@ -48,12 +48,14 @@ mod inspect;
 mod queue;
 mod release;
 pub(crate) mod semaphore;
+mod shared;
 use crate::keyed::{KeyHash, Keyed};
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+pub use shared::{DowngradeOutcome, KeyModes};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -218,6 +220,8 @@ impl KeyEntry {
 struct WaitedKey {
     hash: KeyHash,
     bytes: StoredKey,
+    /// Wanted in shared mode (see `shared.rs`).
+    shared: bool,
 }
 
 /// A waiter's keys: a single key (the usual `A`) without an allocation.
@@ -369,6 +373,9 @@ pub struct LockTable {
     /// The grants that have a cap or were extended (their keys' entries
     /// say so), by token: when each began, its cap, its extensions.
     extensions: Extensions,
+    /// The holders of the keys held in shared mode (their entries say
+    /// so); see `shared.rs`.
+    sharers: shared::Sharers,
 }
 
 /// What the table keeps per key-set grant (a grant of more than one key),
@@ -437,6 +444,7 @@ impl LockTable {
             holder_keys: 0,
             sets: SetGrants::default(),
             extensions: Extensions::default(),
+            sharers: shared::Sharers::default(),
         }
     }
 
@@ -508,6 +516,20 @@ impl LockTable {
         keys: &KeyGroup,
         options: &AcquireOptions,
     ) -> AcquireOutcome {
+        self.acquire_in_modes(now, waiter, keys, options, KeyModes::EXCLUSIVE)
+    }
+
+    /// [`LockTable::acquire_with`] with a mode per key: the keys `modes`
+    /// marks are wanted shared, the others exclusive (the queue rules are
+    /// in `shared.rs`). One token for the whole grant, as for any set.
+    pub fn acquire_in_modes(
+        &mut self,
+        now: Instant,
+        waiter: WaiterId,
+        keys: &KeyGroup,
+        options: &AcquireOptions,
+        modes: KeyModes,
+    ) -> AcquireOutcome {
         let holder = options.holder;
         debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
         let options = AcquireOptions {
@@ -516,7 +538,7 @@ impl LockTable {
         };
         let now = self.advance(now);
         let hashes = self.hash_group(keys);
-        let outcome = self.acquire_at(now, waiter, (keys, &hashes), &options);
+        let outcome = self.acquire_at(now, waiter, (keys, &hashes), &options, modes);
         self.tidy();
         outcome
     }
