@@ -200,6 +200,17 @@ pub struct LockStats {
     pub next_token: u64,
 }
 
+impl GrantRecord {
+    fn of(entry: &KeyEntry) -> Self {
+        GrantRecord {
+            token: entry.token,
+            holder: entry.holder(),
+            lease_deadline: entry.lease_deadline,
+            keys: usize::from(entry.group_len()),
+        }
+    }
+}
+
 impl KeyEntry {
     /// When the holder's grant was made, for a grant without an extension
     /// record (see [`LockTable::grant_start`] for any grant).
@@ -763,17 +774,15 @@ impl LockTable {
 
     /// The current grant on `key` as recorded (its lease may already have
     /// ended: lazy expiry, as for [`LockTable::holder`]); `None` if the key
-    /// has no holder.
+    /// has no holder. For a key held shared: its oldest running sharer
+    /// (the one a force-release without a token revokes).
     pub fn grant_of(&self, key: &[u8]) -> Option<GrantRecord> {
-        self.keys
-            .get(key)
-            .filter(|entry| entry.token != 0)
-            .map(|entry| GrantRecord {
-                token: entry.token,
-                holder: entry.holder(),
-                lease_deadline: entry.lease_deadline,
-                keys: usize::from(entry.group_len()),
-            })
+        let entry = self.keys.get(key).filter(|entry| entry.token != 0)?;
+        if entry.is_shared() {
+            let (oldest, _) = *self.sharers_of(key, self.now_last).first()?;
+            return self.grant_of_token(key, oldest);
+        }
+        Some(GrantRecord::of(entry))
     }
 
     fn issue_token(&mut self) -> u64 {

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use super::entry::{KeyEntry, StoredKey};
 use super::expiry::note_expiry;
 use super::extend::{Extensions, GrantExtension};
-use super::{GroupHashes, LeaseDeadline, LockTable, SetGrants};
+use super::{GrantRecord, GroupHashes, LeaseDeadline, LockTable, SetGrants};
 use crate::keyed::KeyHash;
 use crate::metrics::LockMetrics;
 use crate::time::Instant;
@@ -170,6 +170,23 @@ impl LockTable {
         } else {
             (entry.token == token).then_some(entry)
         }
+    }
+
+    /// Grant `token` on `key` as recorded, exclusive or shared (its lease
+    /// may already have ended, as for [`LockTable::grant_of`]); `None` if
+    /// `token` holds no part of `key`.
+    pub fn grant_of_token(&self, key: &[u8], token: u64) -> Option<GrantRecord> {
+        let hash = self.keys.hash(key);
+        self.grant_entry(hash, key, token)
+            .filter(|entry| entry.token != 0)
+            .map(GrantRecord::of)
+    }
+
+    /// The cap on total hold of grant `token`, if it has one.
+    pub fn cap_of(&self, token: u64) -> Option<Instant> {
+        self.extensions
+            .get(&token)
+            .and_then(|extension| extension.cap_at)
     }
 
     /// The running shared grants of `key` at `at`, oldest (lowest token)
