@@ -248,3 +248,31 @@ fn without_shared_negotiated_a_y_is_an_unknown_op() {
     let (_, state) = h.call_bytes(others, &shared(2, &["k"], 1, 0).to_frame());
     assert_ne!(state, ConnState::Open);
 }
+
+#[test]
+fn inspection_shows_the_sharer_batch_and_each_waiter_s_mode() {
+    let mut h = SingleNet::default();
+    let [a, b, w, r] = [(); 4].map(|()| connect_all(&mut h));
+    let ta = set_token(&h.call(a, &shared(2, &["k"], 1, 0)));
+    let tb = set_token(&h.call(b, &shared(2, &["k"], 1, 0)));
+    assert!(h.call(w, &exclusive(2, "k", 60)).is_empty());
+    assert!(h.call(r, &shared(2, &["k"], 1, 60)).is_empty());
+    let view = h.show("k");
+    let tokens: Vec<u64> = view.sharers.iter().map(|s| s.token).collect();
+    assert_eq!(tokens, [ta, tb]);
+    assert_eq!(
+        view.holder.as_ref().map(|h| h.token),
+        Some(ta),
+        "the oldest"
+    );
+    assert!(view.sharers.iter().all(|s| s.conn.is_some()));
+    let modes: Vec<bool> = view.waiters.iter().map(|w| w.shared).collect();
+    assert_eq!(modes, [false, true]);
+    // Held exclusive: no sharers.
+    h.call(a, &release(3, &["k"], ta));
+    h.call(b, &release(3, &["k"], tb));
+    assert!(matches!(h.replies(w)[..], [Reply::Acquired { .. }]));
+    let view = h.show("k");
+    assert!(view.sharers.is_empty());
+    assert!(view.holder.is_some());
+}

@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
 use super::extend::Extensions;
-use super::shared::{end_sharers, expire_holder};
+use super::shared::expire_holder;
 use super::{LeaseDeadline, LockTable, SetGrants, lease_duration, note_expiry_handover};
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
@@ -83,18 +83,14 @@ impl LockTable {
                         unreachable!("peeked above");
                     };
                     let mut expired = None;
+                    let mut expired_sharers = Vec::new();
                     if let Some(entry) = self.keys.find_mut(lease.hash, &lease.key)
                         && entry.token != 0
                     {
                         if entry.is_shared() {
                             // The batch's last lease ran out: every sharer's did.
-                            end_sharers(
-                                &mut self.metrics,
-                                (&mut self.sets, &mut self.extensions),
-                                &mut self.sharers,
-                                &lease.key,
-                                true,
-                            );
+                            expired_sharers =
+                                self.sharers.remove(&lease.key[..]).unwrap_or_default();
                             entry.set_shared(false);
                         } else {
                             expired = Some(ExpiredGrant::of(entry));
@@ -103,6 +99,10 @@ impl LockTable {
                         self.holder_keys -= 1;
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
+                    for sharer in &expired_sharers {
+                        let grants = (&mut self.sets, &mut self.extensions);
+                        note_expiry(&mut self.metrics, grants, sharer, handed_over);
+                    }
                     if let Some(expired) = expired {
                         let token = expired.token;
                         let counted = count_expiry(

@@ -91,7 +91,7 @@ pub(super) fn compatible_at(entry: &KeyEntry, shared: bool, at: Instant) -> bool
 /// Ends every sharer of `key` (the batch's last lease ran out, or a new
 /// grant overwrites sharers whose leases all ended), counting each expiry.
 /// The caller clears the key's token and shared bit.
-pub(super) fn end_sharers(
+fn end_sharers(
     metrics: &mut LockMetrics,
     grants: (&mut SetGrants, &mut Extensions),
     sharers: &mut Sharers,
