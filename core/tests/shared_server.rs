@@ -276,3 +276,34 @@ fn inspection_shows_the_sharer_batch_and_each_waiter_s_mode() {
     assert!(view.sharers.is_empty());
     assert!(view.holder.is_some());
 }
+
+#[test]
+fn each_sharer_hears_its_own_lease_ending_and_its_loss() {
+    use ticketing_core::wire::PushKind;
+    let mut h = SingleNet::default();
+    let [a, b] = [(); 2].map(|()| connect_all(&mut h));
+    let ta = set_token(&h.call(a, &shared(2, &["k"], 1, 0)));
+    h.advance(Duration::from_secs(5));
+    let tb = set_token(&h.call(b, &shared(2, &["k"], 1, 0)));
+    // `a`'s lease (10 s) has a quarter left at 7.5 s; `b`'s not yet.
+    h.advance(Duration::from_secs(3));
+    assert!(matches!(
+        h.replies(a)[..],
+        [Reply::Push { token, kind: PushKind::LeaseEnding, .. }] if token == ta
+    ));
+    assert!(h.replies(b).is_empty());
+    // An operator revokes `b` alone: it hears so; `a` hears nothing.
+    let outcome = h.force_release("k", Some(tb));
+    assert!(matches!(outcome, ForceReleaseOutcome::Released { revoked, .. } if revoked == tb));
+    assert!(matches!(
+        h.replies(b)[..],
+        [Reply::Push { token, kind: PushKind::ForceReleased, .. }] if token == tb
+    ));
+    assert!(h.replies(a).is_empty());
+    // `a`'s lease runs out.
+    h.advance(Duration::from_secs(3));
+    assert!(matches!(
+        h.replies(a)[..],
+        [Reply::Push { token, kind: PushKind::Expired, .. }] if token == ta
+    ));
+}

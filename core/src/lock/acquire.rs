@@ -50,17 +50,16 @@ impl LockTable {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let waited = |(i, (key, &hash)): (usize, (&crate::wire::Key, &KeyHash))| WaitedKey {
+        let waited = |(key, &hash): (&crate::wire::Key, &KeyHash)| WaitedKey {
             hash,
             bytes: StoredKey::from_bytes(key.as_bytes()),
-            shared: modes.is_shared(i),
         };
         let keys = match keys.keys() {
-            [key] => WaitedKeys::One([waited((0, (key, &hashes[0])))]),
-            keys => WaitedKeys::Many(keys.iter().zip(hashes).enumerate().map(waited).collect()),
+            [key] => WaitedKeys::One([waited((key, &hashes[0]))]),
+            keys => WaitedKeys::Many(keys.iter().zip(hashes).map(waited).collect()),
         };
         self.enqueue_on_keys(now, seq, &keys);
-        self.add_waiter(now, seq, waiter, keys, options);
+        self.add_waiter(now, seq, waiter, (keys, modes), options);
         AcquireOutcome::Queued
     }
 
@@ -240,7 +239,7 @@ impl LockTable {
         now: Instant,
         seq: u64,
         waiter: WaiterId,
-        keys: WaitedKeys,
+        (keys, modes): (WaitedKeys, KeyModes),
         options: &AcquireOptions,
     ) {
         let wait_deadline = queue_rule::wait_deadline(
@@ -261,6 +260,7 @@ impl LockTable {
                 keys,
                 wait_deadline,
                 lease_s: options.lease_s,
+                modes,
                 holder: options.holder,
                 max_hold: options.max_hold,
                 queued_at: now,

@@ -117,17 +117,13 @@ impl LockTable {
             return outcome;
         };
         for (key, &hash) in keys.keys().iter().zip(hashes) {
-            if self
-                .keys
-                .find(hash, key.as_bytes())
-                .is_some_and(|entry| entry.is_shared())
-            {
-                self.extend_sharer(hash, key.as_bytes(), token, expires_at);
-                continue;
-            }
             let Some(entry) = self.keys.find_mut(hash, key.as_bytes()) else {
                 unreachable!("checked current above");
             };
+            if entry.is_shared() {
+                self.extend_sharer(hash, key.as_bytes(), token, expires_at);
+                continue;
+            }
             if !entry.has_extension() {
                 // First extension of an uncapped grant: its start is still
                 // readable from its first lease.

@@ -218,7 +218,8 @@ impl LockTable {
                 shared: waiter
                     .keys
                     .iter()
-                    .any(|waited| waited.shared && *waited.bytes == *key),
+                    .position(|waited| *waited.bytes == *key)
+                    .is_some_and(|i| waiter.modes.is_shared(i)),
                 waited_ms: duration_millis(now.saturating_duration_since(waiter.queued_at)),
                 wait_remaining_ms: duration_millis(
                     waiter.wait_deadline.saturating_duration_since(now),

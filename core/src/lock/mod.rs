@@ -231,8 +231,6 @@ impl KeyEntry {
 struct WaitedKey {
     hash: KeyHash,
     bytes: StoredKey,
-    /// Wanted in shared mode (see `shared.rs`).
-    shared: bool,
 }
 
 /// A waiter's keys: a single key (the usual `A`) without an allocation.
@@ -262,6 +260,9 @@ struct Waiter {
     /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
     wait_deadline: Instant,
     lease_s: u8,
+    /// Which of its keys it wants shared (see `shared.rs`); kept here, not
+    /// per key, so a waiter's keys stay as small as before.
+    modes: KeyModes,
     /// The holder tag its grant will carry.
     holder: u64,
     /// The cap on its grant's total hold, counted from the grant.

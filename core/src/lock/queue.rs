@@ -188,7 +188,8 @@ impl LockTable {
             };
             self.waiter_seqs.remove(&waiter.id);
             let mut shared_here = false;
-            for waited in waiter.keys.iter().filter(|waited| waited.shared) {
+            let shared = waiter.keys.iter().enumerate();
+            for (_, waited) in shared.filter(|&(i, _)| waiter.modes.is_shared(i)) {
                 if *waited.bytes == *key {
                     shared_here = true;
                 } else {
@@ -219,16 +220,16 @@ impl LockTable {
         };
         if let [only] = &*waiter.keys {
             debug_assert_eq!(only.bytes.as_bytes(), key);
-            return compatible_at(entry, only.shared, at).then_some(seq);
+            return compatible_at(entry, waiter.modes.is_shared(0), at).then_some(seq);
         }
         let grantable = queue_rule::key_set_grantable(
             seq,
-            waiter.keys.iter(),
-            |key| self.queue_front(key.hash, &key.bytes),
-            |key| {
+            waiter.keys.iter().enumerate(),
+            |(_, key)| self.queue_front(key.hash, &key.bytes),
+            |&(i, key)| {
                 self.keys
                     .find(key.hash, &key.bytes)
-                    .is_some_and(|entry| compatible_at(entry, key.shared, at))
+                    .is_some_and(|entry| compatible_at(entry, waiter.modes.is_shared(i), at))
             },
         );
         grantable.then_some(seq)
@@ -246,9 +247,9 @@ impl LockTable {
         let lease_deadline = capped_deadline(now, lease_duration(waiter.lease_s), cap_at);
         let group_len = group_len(waiter.keys.len());
         let grant = (waiter.holder, group_len, waiter.lease_s);
-        for waited in waiter.keys.iter() {
+        for (i, waited) in waiter.keys.iter().enumerate() {
             let (hash, key) = (waited.hash, &waited.bytes);
-            if waited.shared {
+            if waiter.modes.is_shared(i) {
                 self.leave_front(hash, key);
                 let sharer = new_sharer(token, lease_deadline, grant, cap_at.is_some());
                 self.add_sharer(hash, key, sharer, now, true);

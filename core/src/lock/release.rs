@@ -56,17 +56,24 @@ impl LockTable {
         let mut some_waiters = false;
         for (key, &hash) in keys.keys().iter().zip(hashes) {
             let bytes = key.as_bytes();
-            if self.keys.find(hash, bytes).is_some_and(|e| e.is_shared()) {
-                some_waiters |= self.remove_sharer(hash, bytes, token);
-            } else if let Some(entry) = self.keys.find_mut(hash, bytes) {
-                // Every named key carries the released token.
-                self.holder_keys -= 1;
-                if entry.is_queued() {
-                    entry.token = 0;
-                    some_waiters = true;
-                } else {
-                    self.keys.remove(hash, bytes);
+            let shared = match self.keys.find_mut(hash, bytes) {
+                Some(entry) if entry.is_shared() => true,
+                Some(entry) => {
+                    // Every named key carries the released token.
+                    self.holder_keys -= 1;
+                    if entry.is_queued() {
+                        entry.token = 0;
+                        some_waiters = true;
+                    } else {
+                        self.keys.remove(hash, bytes);
+                    }
+                    false
                 }
+                None => false,
+            };
+            if shared {
+                // One sharer of the key's batch leaves.
+                some_waiters |= self.remove_sharer(hash, bytes, token);
             }
         }
         self.sets.ended(token);
