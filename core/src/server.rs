@@ -354,14 +354,16 @@ impl Server {
                 self.handle_acquire(now, conn_id, ask, keys, reply_to)
             }
             ClientRequest::AcquireShared {
-                request,
+                wait_s,
+                lease_s,
+                modes,
+                keys,
                 hold,
                 reply_to,
             } => {
-                let (wait_s, lease_s) = (request.wait_s, request.lease_s);
-                let modes = KeyModes::from_bits(request.modes);
+                let modes = KeyModes::from_bits(modes);
                 let ask = (wait_s, lease_s, self.hold_cap(hold), modes);
-                self.handle_acquire(now, conn_id, ask, request.keys, reply_to)
+                self.handle_acquire(now, conn_id, ask, keys, reply_to)
             }
             ClientRequest::Downgrade {
                 token,

@@ -22,9 +22,9 @@ use crate::lock::ExtendOutcome;
 use crate::metrics::ReplyCounts;
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    AcquireSharedRequest, Capabilities, Decoded, ErrorCode, ExtendStatus, Key, KeyGroup,
-    LEASE_S_MAX, NO_LEADER_SLOT, NegotiateRequest, Observed, PermitsRequest, Reply, Request,
-    RequestDecoder, RequestKind, Slots, check_request,
+    Capabilities, Decoded, ErrorCode, ExtendStatus, Key, KeyGroup, LEASE_S_MAX, NO_LEADER_SLOT,
+    NegotiateRequest, Observed, PermitsRequest, Reply, Request, RequestDecoder, RequestKind, Slots,
+    check_request,
 };
 
 use super::Dialect;
@@ -171,8 +171,14 @@ pub(crate) enum ClientRequest {
     /// Acquire with a mode per key (a connection that negotiated
     /// [`Capabilities::SHARED`]).
     AcquireShared {
-        /// The request as decoded.
-        request: AcquireSharedRequest,
+        /// The wait bound in seconds.
+        wait_s: u8,
+        /// The lease in seconds, 1..=250.
+        lease_s: u8,
+        /// Bit `i`: key `i` is wanted shared.
+        modes: u16,
+        /// The key or key set.
+        keys: KeyGroup,
         /// The cap on total hold asked for.
         hold: HoldAsk,
         /// Where the answer goes.

@@ -81,13 +81,16 @@ pub(super) fn v3_request(
             },
         }),
         Decoded::Request(Request::AcquireShared(request)) => Some(ClientRequest::AcquireShared {
+            wait_s: request.wait_s,
+            lease_s: request.lease_s,
+            modes: request.modes,
+            keys: request.keys,
             hold: hold_ask(request.max_hold_s, caps),
             // Answered like `S`, one key or many.
             reply_to: ReplyTo::V3 {
                 rid: request.rid,
                 set: true,
             },
-            request,
         }),
         Decoded::Request(Request::Downgrade(request)) => Some(ClientRequest::Downgrade {
             token: request.token,
