@@ -165,6 +165,8 @@ pub struct WaiterView {
     pub waited_ms: u64,
     /// How long until its wait bound answers it `T`, in milliseconds.
     pub wait_remaining_ms: u64,
+    /// It wants the key shared (docs/protocol.md §8.7); exclusive if not.
+    pub shared: bool,
     /// The connection waiting.
     pub conn: Option<ConnView>,
 }
@@ -174,8 +176,12 @@ pub struct WaiterView {
 pub struct LockView {
     /// The key.
     pub key: Key,
-    /// Its holder, if any.
+    /// Its holder, if any; for a key held shared, the oldest sharer.
     pub holder: Option<HolderView>,
+    /// The sharer batch: every shared holder, oldest first (the holder
+    /// among them); empty unless the key is held shared (docs/protocol.md
+    /// §8.7).
+    pub sharers: Vec<HolderView>,
     /// Its waiters in queue order (the front first), at most
     /// [`LISTED_WAITERS_MAX`].
     pub waiters: Vec<WaiterView>,

@@ -269,11 +269,13 @@ pub enum ReplyKind {
     CapacityMismatch,
     /// `O`: who holds a key observed (our clients only).
     Observed,
+    /// `D`: downgraded to shared.
+    Downgraded,
 }
 
 impl ReplyKind {
     /// Every kind, in exposition order.
-    pub const ALL: [ReplyKind; 15] = [
+    pub const ALL: [ReplyKind; 16] = [
         ReplyKind::Acquired,
         ReplyKind::AcquiredSet,
         ReplyKind::Released,
@@ -289,6 +291,7 @@ impl ReplyKind {
         ReplyKind::Permits,
         ReplyKind::CapacityMismatch,
         ReplyKind::Observed,
+        ReplyKind::Downgraded,
     ];
 
     /// The reply's letter on the wire.
@@ -309,6 +312,7 @@ impl ReplyKind {
             ReplyKind::Permits => "Q",
             ReplyKind::CapacityMismatch => "C",
             ReplyKind::Observed => "O",
+            ReplyKind::Downgraded => "D",
         }
     }
 
@@ -331,13 +335,14 @@ impl ReplyKind {
             Reply::Permits { .. } => ReplyKind::Permits,
             Reply::CapacityMismatch { .. } => ReplyKind::CapacityMismatch,
             Reply::Observed { .. } => ReplyKind::Observed,
+            Reply::Downgraded { .. } => ReplyKind::Downgraded,
             Reply::Leader { .. } | Reply::Push { .. } => return None,
         })
     }
 }
 
 /// Error codes in exposition order (`E` replies by code).
-pub const ERROR_CODES: [ErrorCode; 9] = [
+pub const ERROR_CODES: [ErrorCode; 10] = [
     ErrorCode::BadKey,
     ErrorCode::BadLease,
     ErrorCode::NotActive,
@@ -347,6 +352,7 @@ pub const ERROR_CODES: [ErrorCode; 9] = [
     ErrorCode::BadToken,
     ErrorCode::BadExtension,
     ErrorCode::BadPermits,
+    ErrorCode::BadModes,
 ];
 
 /// Replies sent, by kind and (for `E`) by code. Counted where the reply is

@@ -28,8 +28,8 @@ use crate::lock::semaphore::{
     PermitAsk, PermitEvent, PermitGrant, PermitOutcome, SemaphoreLimits, Semaphores,
 };
 use crate::lock::{
-    AcquireOptions, AcquireOutcome, HOLDER_MAX, HoldCaps, LockConfig, LockEvent, LockStats,
-    LockTable, ReleaseOutcome, WaiterId,
+    AcquireOptions, AcquireOutcome, HOLDER_MAX, HoldCaps, KeyModes, LockConfig, LockEvent,
+    LockStats, LockTable, ReleaseOutcome, WaiterId,
 };
 use crate::machine::{Machine, Output};
 use crate::metrics::{ClosedReplies, PushCounts, ReplyCounts, ServerMetrics};
@@ -47,6 +47,7 @@ mod machine;
 mod metrics;
 mod permits;
 mod pushes;
+mod shared;
 #[cfg(test)]
 mod value_path_tests;
 
@@ -239,9 +240,7 @@ fn watch_grant(
     let Some(key) = keys.keys().first() else {
         return;
     };
-    let cap_at = table
-        .extension_of(key.as_bytes())
-        .and_then(|extension| extension.cap_at);
+    let cap_at = table.cap_of(token);
     watches.watch(
         token,
         Watch {
@@ -255,13 +254,14 @@ fn watch_grant(
     );
 }
 
-/// When the grant just made on `keys` ends (the table's lease deadline of
-/// its first key; `now` if the table no longer records it).
-fn lease_end(table: &LockTable, keys: &KeyGroup, now: Instant) -> Instant {
+/// When grant `token`, just made on `keys`, ends (the table's lease
+/// deadline of it on its first key; `now` if the table no longer records
+/// it).
+fn lease_end(table: &LockTable, keys: &KeyGroup, token: u64, now: Instant) -> Instant {
     keys.keys()
         .first()
-        .and_then(|key| table.holder(key.as_bytes()))
-        .map_or(now, |(_, deadline)| deadline)
+        .and_then(|key| table.grant_of_token(key.as_bytes(), token))
+        .map_or(now, |grant| grant.lease_deadline)
 }
 
 /// Queues the reply that tells `answer` on `conn` and schedules a wake.
@@ -350,8 +350,26 @@ impl Server {
                 reply_to,
             } => {
                 let max_hold = self.hold_cap(hold);
-                self.handle_acquire(now, conn_id, (wait_s, lease_s, max_hold), keys, reply_to)
+                let ask = (wait_s, lease_s, max_hold, KeyModes::EXCLUSIVE);
+                self.handle_acquire(now, conn_id, ask, keys, reply_to)
             }
+            ClientRequest::AcquireShared {
+                wait_s,
+                lease_s,
+                modes,
+                keys,
+                hold,
+                reply_to,
+            } => {
+                let modes = KeyModes::from_bits(modes);
+                let ask = (wait_s, lease_s, self.hold_cap(hold), modes);
+                self.handle_acquire(now, conn_id, ask, keys, reply_to)
+            }
+            ClientRequest::Downgrade {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_downgrade(now, conn_id, token, &keys, &reply_to),
             ClientRequest::Release {
                 token,
                 keys,
@@ -514,7 +532,7 @@ impl Server {
         &mut self,
         now: Instant,
         conn_id: ConnId,
-        (wait_s, lease_s, max_hold): (u8, u8, Option<Duration>),
+        (wait_s, lease_s, max_hold, modes): (u8, u8, Option<Duration>, KeyModes),
         keys: KeyGroup,
         reply_to: ReplyTo,
     ) {
@@ -529,7 +547,9 @@ impl Server {
                 holder: conn_id.0,
                 max_hold,
             };
-            let outcome = self.table.acquire_with(now, waiter, &keys, &options);
+            let outcome = self
+                .table
+                .acquire_in_modes(now, waiter, &keys, &options, modes);
             if outcome == AcquireOutcome::Queued {
                 let Some(conn) = self.conns.get_mut(&conn_id) else {
                     return;
@@ -552,7 +572,7 @@ impl Server {
         };
         let answer = match outcome {
             AcquireOutcome::Granted { token } => {
-                let expires = lease_end(&self.table, &keys, now);
+                let expires = lease_end(&self.table, &keys, token, now);
                 self.held.add(conn_id, keys.len(), expires);
                 let lease = Duration::from_secs(u64::from(lease_s));
                 watch_grant(
@@ -650,8 +670,7 @@ impl Server {
         let before = keys
             .keys()
             .first()
-            .and_then(|key| self.table.grant_of(key.as_bytes()))
-            .filter(|grant| grant.token == token);
+            .and_then(|key| self.table.grant_of_token(key.as_bytes(), token));
         let outcome = self.table.extend(now, &keys, token, lease_s);
         // The holder's count of held keys ends with the lease: its entry
         // moves with the lease (a connection already gone counts nothing).
@@ -666,7 +685,8 @@ impl Server {
             let lease = expires_at.saturating_duration_since(now);
             self.watches.renewed(token, lease, expires_at);
         }
-        let answer = Answer::of_extension(outcome, now, lease_end(&self.table, &keys, now));
+        let lease_end = lease_end(&self.table, &keys, token, now);
+        let answer = Answer::of_extension(outcome, now, lease_end);
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             send(conn_id, conn, &mut self.wakes, &reply_to, answer);
         }

@@ -2618,7 +2618,8 @@ fn the_broker_asks_for_every_capability_with_its_label() {
         let every = Capabilities::EXTEND
             .union(Capabilities::PUSH)
             .union(Capabilities::PERMITS)
-            .union(Capabilities::OBSERVE);
+            .union(Capabilities::OBSERVE)
+            .union(Capabilities::SHARED);
         assert_eq!(endpoint.session.extensions, every);
         assert_eq!(endpoint.session.label(), "host/1/job");
     }

@@ -178,13 +178,14 @@ fn error_codes_map_from_bytes() {
         (7, ErrorCode::BadToken),
         (8, ErrorCode::BadExtension),
         (9, ErrorCode::BadPermits),
+        (10, ErrorCode::BadModes),
     ];
     for (byte, code) in all {
         assert_eq!(ErrorCode::from_u8(byte), Some(code));
         assert_eq!(code as u8, byte);
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(10), None);
+    assert_eq!(ErrorCode::from_u8(11), None);
     assert_eq!(ErrorCode::from_u8(0xFF), None);
 }
 
@@ -1193,7 +1194,7 @@ fn reply_zero_rid_or_token_is_refused() {
 
 #[test]
 fn reply_unknown_error_code_is_refused() {
-    for code in [0u8, 10, 0xFF] {
+    for code in [0u8, 11, 0xFF] {
         let bytes = [vec![b'E', 0, 9], 1u64.to_be_bytes().to_vec(), vec![code]].concat();
         assert_eq!(Reply::decode(&bytes), Err(ReplyError::UnknownCode(code)));
     }
@@ -1774,7 +1775,7 @@ fn an_observe_is_o_with_its_rid_and_name_and_decodes_only_with_observe() {
         decode_request_with(&[b'O', 0, 137], Capabilities::OBSERVE),
         Err(FrameError::TooLong { .. })
     ));
-    assert_eq!(Capabilities::KNOWN, Capabilities(15));
+    assert_eq!(Capabilities::KNOWN, Capabilities(0x1f));
 }
 
 #[test]
@@ -1835,4 +1836,70 @@ fn an_observe_reply_that_does_not_fit_its_state_is_refused() {
         },
     };
     assert_eq!(bad_value.check(), Err(ReplyError::BadObserved));
+}
+
+#[test]
+fn a_shared_acquire_and_a_downgrade_round_trip_and_decode_only_with_shared() {
+    use ticketing_core::wire::{AcquireSharedRequest, DowngradeRequest};
+    let keys = KeyGroup::new(vec![
+        Key::from_text("catalog").unwrap(),
+        Key::from_text("orders/42").unwrap(),
+    ])
+    .unwrap();
+    let shared = Request::AcquireShared(AcquireSharedRequest {
+        rid: 7,
+        wait_s: 5,
+        lease_s: 30,
+        max_hold_s: 0,
+        modes: 0b01,
+        keys: keys.clone(),
+    });
+    let frame = shared.to_frame();
+    assert_eq!(&frame[..3], &[b'Y', 0, 17 + 8 + 10]);
+    assert_eq!(frame.len(), shared.frame_len());
+    assert_eq!(
+        decode_request_with(&frame, Capabilities::SHARED),
+        Ok(Some((Decoded::Request(shared.clone()), frame.len())))
+    );
+    // Not negotiated: an unknown op, as for a published client.
+    assert_eq!(
+        decode_request_with(&frame, Capabilities::KNOWN.intersection(Capabilities(0xf))),
+        Err(FrameError::UnknownOp(b'Y'))
+    );
+    let downgrade = Request::Downgrade(DowngradeRequest {
+        rid: 8,
+        token: 42,
+        keys,
+    });
+    let frame = downgrade.to_frame();
+    assert_eq!(frame[0], b'D');
+    assert_eq!(
+        decode_request_with(&frame, Capabilities::SHARED),
+        Ok(Some((Decoded::Request(downgrade), frame.len())))
+    );
+    // A mode bit past the last key is `E 10`.
+    let mut bad = shared.to_frame();
+    bad[3 + 14..3 + 16].copy_from_slice(&0b100u16.to_be_bytes());
+    assert!(matches!(
+        decode_request_with(&bad, Capabilities::SHARED),
+        Ok(Some((
+            Decoded::Rejected {
+                rid: 7,
+                code: ErrorCode::BadModes,
+                ..
+            },
+            _
+        )))
+    ));
+    // The `D` reply: rid only.
+    let reply = Reply::Downgraded { rid: 8 };
+    let mut bytes = Vec::new();
+    reply.encode(&mut bytes);
+    assert_eq!(
+        bytes,
+        [vec![b'D', 0, 8], 8u64.to_be_bytes().to_vec()].concat()
+    );
+    assert_eq!(Reply::decode(&bytes), Ok(Some((reply, bytes.len()))));
+    assert!(reply.answers(RequestKind::Downgrade));
+    assert!(!reply.answers(RequestKind::ReleaseSet));
 }

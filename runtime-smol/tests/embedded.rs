@@ -649,6 +649,45 @@ fn in_process_brokers_share_a_semaphore_in_fifo_order() {
 }
 
 #[test]
+fn in_process_brokers_share_a_key_and_a_downgrade_lets_the_queued_reader_in() {
+    smol::block_on(async {
+        let server = EmbeddedServer::builder().start().unwrap();
+        let [writer, reader, other] = [(); 3].map(|()| server.broker());
+        let exclusive = writer
+            .acquire("doc", Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        let queued = {
+            let reader = reader.clone();
+            smol::spawn(async move { reader.acquire_shared("doc", WAIT, LEASE, BUDGET).await })
+        };
+        settle("the reader queued", || server.stats().lock.waiters == 1).await;
+        // Same token, same place: the reader queued behind joins at once.
+        exclusive.downgrade().await.unwrap();
+        let shared = queued.await.unwrap();
+        assert!(shared.token() > exclusive.token());
+        let view = server.lock("doc").unwrap().expect("held");
+        let tokens: Vec<u64> = view.sharers.iter().map(|s| s.token).collect();
+        assert_eq!(tokens, [exclusive.token(), shared.token()]);
+        // A writer cannot get in beside them.
+        let busy = other.acquire("doc", Duration::ZERO, LEASE, BUDGET).await;
+        assert!(matches!(busy, Err(TicketError::Timeout)), "{busy:?}");
+        // A set mixing modes: `doc` shared beside them, `log` exclusive.
+        let mixed = other
+            .acquire_set_modes(&["log"], &["doc"], Duration::ZERO, LEASE, BUDGET)
+            .await
+            .unwrap();
+        assert_eq!(mixed.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(shared.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(exclusive.release().await.unwrap(), ReleaseOutcome::Released);
+        for broker in [writer, reader, other] {
+            broker.close().await;
+        }
+        server.shutdown().await;
+    });
+}
+
+#[test]
 fn a_campaign_over_tcp_leads_under_its_label_and_a_resign_hands_over_to_an_in_process_candidate() {
     smol::block_on(async {
         let server = EmbeddedServer::builder()

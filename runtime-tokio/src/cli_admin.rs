@@ -437,7 +437,7 @@ fn print_listing(value: &Value) {
             duration(holder["held_ms"].as_u64()),
             duration(holder["lease_remaining_ms"].as_u64()),
             lock["waiters_total"].to_string(),
-            conn_text(&holder["conn"]),
+            conn_text(&holder["conn"]) + &sharers_note(lock),
         ]);
     }
     table(&rows);
@@ -446,6 +446,16 @@ fn print_listing(value: &Value) {
     }
     if value["redacted"] == true {
         println!("(tokens and client addresses hidden: give an admin token to see them)");
+    }
+}
+
+/// For a key held shared, how many share it (nothing otherwise).
+fn sharers_note(lock: &Value) -> String {
+    match lock["sharers"].as_array() {
+        Some(sharers) if lock["mode"] == "shared" => {
+            format!("  (shared by {})", sharers.len())
+        }
+        _ => String::new(),
     }
 }
 
@@ -474,6 +484,7 @@ fn print_lock(value: &Value) {
             );
         }
     }
+    print_sharers(value);
     let waiters = value["waiters"].as_array().cloned().unwrap_or_default();
     println!("waiters  {}", value["waiters_total"]);
     if waiters.is_empty() {
@@ -492,13 +503,35 @@ fn print_lock(value: &Value) {
             duration(waiter["waited_ms"].as_u64()),
             duration(waiter["wait_remaining_ms"].as_u64()),
             conn_text(&waiter["conn"]),
-            keys_text(waiter),
+            match waiter["mode"].as_str() {
+                Some("shared") => format!("{} (shared)", keys_text(waiter)),
+                _ => keys_text(waiter),
+            },
         ]);
     }
     table(&rows);
     let total = value["waiters_total"].as_u64().unwrap_or(0);
     if total > waiters.len() as u64 {
         println!("({} more waiters not listed)", total - waiters.len() as u64);
+    }
+}
+
+/// The sharer batch of a key held shared, one line per holder (nothing
+/// for a key held exclusive).
+fn print_sharers(value: &Value) {
+    let sharers = value["sharers"].as_array().cloned().unwrap_or_default();
+    if value["mode"] != "shared" {
+        return;
+    }
+    println!("mode     shared by {}", sharers.len());
+    for sharer in &sharers {
+        println!(
+            "sharer   token {}  held {}  lease left {}  {}",
+            sharer["token"],
+            duration(sharer["held_ms"].as_u64()),
+            duration(sharer["lease_remaining_ms"].as_u64()),
+            conn_text(&sharer["conn"]),
+        );
     }
 }
 

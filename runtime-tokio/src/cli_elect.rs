@@ -60,6 +60,7 @@ pub fn run(args: ElectArgs) -> ExitCode {
         max_hold: None,
         semaphore: None,
         permits: None,
+        shared: false,
         progress_timeout: None,
         label: Some(label),
         tls_ca: args.tls_ca,

@@ -95,6 +95,10 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                 .campaign(&args.key, args.lease)
                 .await
                 .map(Holding::Lock),
+            _ if args.shared => broker
+                .acquire_shared(&args.key, args.wait, args.lease, args.budget)
+                .await
+                .map(Holding::Lock),
             (Some(capacity), _) => {
                 let permits = args.permits.unwrap_or(1);
                 broker
@@ -130,6 +134,14 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                     lock_exit::USAGE,
                     format_args!(
                         "{key}: the server does not serve semaphores (a cluster, or a server that speaks only the published protocol): drop --semaphore, or use a single-mode server of this version"
+                    ),
+                );
+            }
+            if let (TicketError::Unsupported(_), true) = (&e, args.shared) {
+                return fail(
+                    lock_exit::USAGE,
+                    format_args!(
+                        "{key}: the server does not serve shared locks (a cluster, or a server that speaks only the published protocol): drop --shared, or use a single-mode server of this version"
                     ),
                 );
             }
@@ -285,6 +297,10 @@ async fn run_command(
         .args(rest)
         .env("TICKETING_KEY", &args.key)
         .env("TICKETING_TOKEN", ticket.token().to_string())
+        .env(
+            "TICKETING_MODE",
+            if args.shared { "shared" } else { "exclusive" },
+        )
         .env("TICKETING_DEADLINE_UNIX_MS", unix_ms(deadline).to_string())
         .env("TICKETING_DEADLINE_FILE", files.deadline_path())
         .env("TICKETING_NOTIFY", files.notify_path())

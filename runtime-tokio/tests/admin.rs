@@ -1272,3 +1272,76 @@ async fn a_listing_flood_without_a_token_keeps_the_cluster_leader_and_its_lock_t
     );
     drop(held);
 }
+
+#[tokio::test]
+async fn locks_show_names_the_mode_and_every_sharer() {
+    let (server, _dir, token_file) = single_with_admin_token();
+    let token_file = token_file.to_str().unwrap().to_owned();
+    let client = server.client.to_string();
+    let brokers = [(); 3].map(|()| ticketing_tokio::TicketBroker::connect_loopback([&*client]));
+    for broker in &brokers {
+        assert!(broker.wait_ready(Duration::from_secs(5)).await);
+    }
+    let (lease, budget) = (Duration::from_secs(60), Duration::ZERO);
+    let first = brokers[0]
+        .acquire_shared("catalog", Duration::ZERO, lease, budget)
+        .await
+        .unwrap();
+    let second = brokers[1]
+        .acquire_shared("catalog", Duration::ZERO, lease, budget)
+        .await
+        .unwrap();
+    let writer = {
+        let broker = brokers[2].clone();
+        tokio::spawn(async move {
+            broker
+                .acquire("catalog", Duration::from_secs(30), lease, budget)
+                .await
+        })
+    };
+    until_waiters(server.admin, "catalog", 1).await;
+    let admin = server.admin.to_string();
+    let show = |json_out: bool| {
+        let mut args = vec!["locks", "show", "catalog", "--admin", &admin];
+        args.extend(["--admin-token-file", &token_file]);
+        if json_out {
+            args.push("--json");
+        }
+        ticketing(&args)
+    };
+    let (code, stdout, stderr) = show(true);
+    assert_eq!(code, Some(0), "{stderr}");
+    let view = json(&stdout);
+    assert_eq!(view["mode"], "shared", "{view}");
+    let sharers: Vec<u64> = view["sharers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["token"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sharers, [first.token(), second.token()]);
+    assert_eq!(view["holder"]["token"], first.token(), "the oldest");
+    assert_eq!(view["waiters"][0]["mode"], "exclusive");
+    let (code, table, stderr) = show(false);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(table.contains("mode     shared by 2"), "{table}");
+    assert!(
+        table.contains(&format!("sharer   token {}", second.token())),
+        "{table}"
+    );
+    let (code, listing, _) = ticketing(&["locks", "ls", "--admin", &admin]);
+    assert_eq!(code, Some(0));
+    assert!(listing.contains("(shared by 2)"), "{listing}");
+    // Both let go: the writer holds it alone.
+    assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+    let ticket = writer.await.unwrap().unwrap();
+    let (_, stdout, _) = show(true);
+    let view = json(&stdout);
+    assert_eq!(view["mode"], "exclusive", "{view}");
+    assert!(view["sharers"].as_array().unwrap().is_empty());
+    assert_eq!(ticket.release().await.unwrap(), ReleaseOutcome::Released);
+    for broker in brokers {
+        broker.close().await;
+    }
+}

@@ -42,6 +42,7 @@
 
 mod broker;
 pub mod config;
+pub mod downgrade;
 pub mod error;
 pub mod holder;
 pub mod ops;
@@ -59,6 +60,7 @@ pub use broker::{
 pub use config::{
     BrokerConfig, BrokerMode, ClusterIdentity, ClusterIdentityError, Endpoint, TlsMode,
 };
+pub use downgrade::{DOWNGRADE_RETRY_WINDOW, DowngradeOperation, DowngradeStep, run_downgrade};
 pub use error::{ClientError, CloseReason, ProtocolError};
 pub use ops::{
     AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, OBSERVE_RETRY_WINDOW,

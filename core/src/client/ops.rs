@@ -136,7 +136,8 @@ impl ExtendOperation {
             | Outcome::Busy
             | Outcome::Released
             | Outcome::CapacityMismatch { .. }
-            | Outcome::Observed(_) => ExtendStep::Done(Err(ClientError::Protocol(
+            | Outcome::Observed(_)
+            | Outcome::Downgraded => ExtendStep::Done(Err(ClientError::Protocol(
                 "acquire or release reply to a renewal".into(),
             ))),
         }
@@ -215,7 +216,8 @@ impl ObserveOperation {
             | Outcome::Released
             | Outcome::NotFound
             | Outcome::Extended { .. }
-            | Outcome::CapacityMismatch { .. } => ObserveStep::Done(Err(ClientError::Protocol(
+            | Outcome::CapacityMismatch { .. }
+            | Outcome::Downgraded => ObserveStep::Done(Err(ClientError::Protocol(
                 "acquire or release reply to an observe".into(),
             ))),
         }
@@ -325,7 +327,8 @@ impl AcquireOperation {
             Outcome::Released
             | Outcome::NotFound
             | Outcome::Extended { .. }
-            | Outcome::Observed(_) => {
+            | Outcome::Observed(_)
+            | Outcome::Downgraded => {
                 AcquireStep::Failed(ClientError::Protocol("release reply to an acquire".into()))
             }
         }
@@ -456,7 +459,8 @@ impl ReleaseOperation {
             | Outcome::Busy
             | Outcome::Extended { .. }
             | Outcome::CapacityMismatch { .. }
-            | Outcome::Observed(_) => ReleaseStep::Done(Err(ClientError::Protocol(
+            | Outcome::Observed(_)
+            | Outcome::Downgraded => ReleaseStep::Done(Err(ClientError::Protocol(
                 "acquire reply to a release".into(),
             ))),
         }

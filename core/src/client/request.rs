@@ -3,6 +3,7 @@
 //! ended ([`Outcome`]).
 
 use super::error::ClientError;
+use crate::lock::KeyModes;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     ErrorCode, ExtendStatus, KEY_LEN_MAX, Key, KeyGroup, LEASE_S_MAX, PERMITS_MAX,
@@ -49,6 +50,7 @@ pub struct AcquireParams {
     work_budget_min: Duration,
     max_hold_s: Option<u32>,
     permits: Option<(u8, u16)>,
+    modes: KeyModes,
 }
 
 impl AcquireParams {
@@ -83,6 +85,7 @@ impl AcquireParams {
             work_budget_min,
             max_hold_s: None,
             permits: None,
+            modes: KeyModes::EXCLUSIVE,
         })
     }
     /// These times for `permits` permits of a FIFO semaphore of `capacity`
@@ -105,6 +108,20 @@ impl AcquireParams {
         }
         self.permits = Some((permits, capacity));
         Ok(self)
+    }
+    /// These times with a mode per key (docs/protocol.md §8.7): the keys
+    /// `modes` marks (bit `i`: key `i` of the ascending set) are taken
+    /// shared, the others exclusive, under one token. Sent as `Y`, which
+    /// only a server that granted SHARED takes: elsewhere the acquire
+    /// fails with [`ClientError::Unsupported`], sending nothing. There is
+    /// no upgrade: to write, release and acquire again exclusive.
+    pub fn with_modes(mut self, modes: KeyModes) -> Self {
+        self.modes = modes;
+        self
+    }
+    /// The mode per key (every key exclusive unless set).
+    pub fn modes(&self) -> KeyModes {
+        self.modes
     }
     /// The permits and capacity asked for, if this is a semaphore acquire.
     pub fn permits(&self) -> Option<(u8, u16)> {
@@ -202,6 +219,28 @@ impl KeySet {
         KeyGroup::new(canonical)
             .map(KeySet)
             .map_err(|_| ClientError::InvalidInput("invalid key set"))
+    }
+    /// The set of `exclusive` and `shared` keys (1..=16 in all, as for
+    /// [`KeySet::new`]) with the mode of each (docs/protocol.md §8.7), for
+    /// [`AcquireParams::with_modes`]. A key named in both is an error.
+    pub fn with_modes<S: AsRef<str>>(
+        exclusive: &[S],
+        shared: &[S],
+    ) -> Result<(Self, KeyModes), ClientError> {
+        let all: Vec<&str> = exclusive.iter().chain(shared).map(AsRef::as_ref).collect();
+        let set = KeySet::new(&all)?;
+        if set.len() != all.len() {
+            return Err(ClientError::InvalidInput(
+                "a key is named twice (in one mode or in both)",
+            ));
+        }
+        let bits = set
+            .keys()
+            .iter()
+            .enumerate()
+            .filter(|(_, key)| shared.iter().any(|s| s.as_ref() == key.as_str()))
+            .fold(0u16, |bits, (i, _)| bits | (1 << i));
+        Ok((set, KeyModes::from_bits(bits)))
     }
     /// The keys, ascending.
     pub fn keys(&self) -> &[Key] {
@@ -305,6 +344,8 @@ pub enum Outcome {
     /// `O`: who held the key observed as the server answered; `None`:
     /// nobody.
     Observed(Option<Leader>),
+    /// `D`: the grant now holds its keys shared (same token, same lease).
+    Downgraded,
 }
 
 /// The holder of a key as observed (`O`, docs/protocol.md §8.6): an

@@ -22,7 +22,7 @@ use super::error::ClientError;
 use super::ops::{
     EXTEND_RETRY_WINDOW, ExtendOperation, Extension, ReleaseOperation, ReleaseOutcome, ReleaseStep,
 };
-use super::request::Grant;
+use super::request::{Grant, KeySet};
 use super::watch::{HolderWatch, LossCause, PushNews};
 use crate::time::{Duration, Instant};
 use crate::wire::ExtendStatus;
@@ -37,6 +37,8 @@ trait Releaser: Send + Sync {
     fn release_in_background(&self, grant: Grant);
     /// Runs a renewal.
     fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_>;
+    /// Runs a downgrade of grant `token` on `keys`.
+    fn downgrade(&self, keys: KeySet, token: u64) -> DowngradeFuture<'_>;
     /// Sleeps until `at` on the broker's clock.
     fn sleep(&self, at: Instant) -> SleepFuture<'_>;
     /// What was pushed about grant `token`.
@@ -44,6 +46,7 @@ trait Releaser: Send + Sync {
 }
 
 type ExtendFuture<'a> = Pin<Box<dyn Future<Output = Result<Extension, ClientError>> + Send + 'a>>;
+type DowngradeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send + 'a>>;
 type SleepFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 impl<B: Broker> Releaser for B {
@@ -81,6 +84,9 @@ impl<B: Broker> Releaser for B {
     }
     fn extend(&self, op: ExtendOperation) -> ExtendFuture<'_> {
         Box::pin(run_extend(self, op))
+    }
+    fn downgrade(&self, keys: KeySet, token: u64) -> DowngradeFuture<'_> {
+        Box::pin(super::downgrade::run_downgrade(self, keys, token))
     }
     fn sleep(&self, at: Instant) -> SleepFuture<'_> {
         Box::pin(self.sleep_until(at))
@@ -183,6 +189,21 @@ impl Held {
     fn is_lost(&self) -> bool {
         self.read_news(None);
         self.watch.lost().is_some()
+    }
+    async fn downgrade(&self) -> Result<(), ClientError> {
+        if self.is_lost() {
+            return Err(ClientError::Lost);
+        }
+        let grant = self.grant();
+        let now = self.releaser.now();
+        let result = self
+            .releaser
+            .downgrade(grant.keys.clone(), grant.token)
+            .await;
+        if matches!(result, Err(ClientError::Lost)) {
+            self.watch.lose(now, LossCause::NotCurrent);
+        }
+        result
     }
     async fn extend(&self, lease: Duration) -> Result<ExtendResult, ClientError> {
         if self.is_lost() {
@@ -496,6 +517,17 @@ impl Ticket {
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
+    /// Downgrades the grant from exclusive to shared in one server step
+    /// (docs/protocol.md §8.7): the token, the lease and the place stay,
+    /// and shared requests queued directly behind join at once. There is
+    /// no upgrade: to write again, release and acquire exclusive. Retried
+    /// for up to 5 s while it certainly had no effect or its answer was
+    /// lost (a second downgrade is harmless). Errors:
+    /// [`ClientError::Lost`] when the grant is gone;
+    /// [`ClientError::Unsupported`] when the server has no shared locks.
+    pub async fn downgrade(&self) -> Result<(), ClientError> {
+        self.held.downgrade().await
+    }
     /// Releases with the exact token, retrying for up to 5 s. `Ok` only on a
     /// final reply; an error means the result is unknown and the lease is the
     /// safety net.
@@ -603,6 +635,12 @@ impl TicketSet {
     /// current", or the server pushed its loss).
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
+    }
+    /// Downgrades the whole grant to shared in place (the keys it holds
+    /// exclusive become shared; same token and lease); see
+    /// [`Ticket::downgrade`].
+    pub async fn downgrade(&self) -> Result<(), ClientError> {
+        self.held.downgrade().await
     }
     /// Releases the whole set with the exact token; see [`Ticket::release`].
     pub async fn release(self) -> Result<ReleaseOutcome, ClientError> {

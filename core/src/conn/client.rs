@@ -30,8 +30,10 @@ use crate::wire::{
 use super::Dialect;
 
 mod line;
+mod v3;
 
 use line::{line_answer, line_error, next_line};
+use v3::v3_request;
 
 /// How long a failed line handshake waits before its `Eauth_failed`: a
 /// line client reconnects at once on that reason, so without the delay a
@@ -166,6 +168,32 @@ pub(crate) enum ClientRequest {
         /// Where the answer goes.
         reply_to: ReplyTo,
     },
+    /// Acquire with a mode per key (a connection that negotiated
+    /// [`Capabilities::SHARED`]).
+    AcquireShared {
+        /// The wait bound in seconds.
+        wait_s: u8,
+        /// The lease in seconds, 1..=250.
+        lease_s: u8,
+        /// Bit `i`: key `i` is wanted shared.
+        modes: u16,
+        /// The key or key set.
+        keys: KeyGroup,
+        /// The cap on total hold asked for.
+        hold: HoldAsk,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
+    /// Downgrade the grant `token` of `keys` to shared (a connection that
+    /// negotiated [`Capabilities::SHARED`]).
+    Downgrade {
+        /// The fencing token, non-zero.
+        token: u64,
+        /// The grant's keys, as named by the client.
+        keys: KeyGroup,
+        /// Where the answer goes.
+        reply_to: ReplyTo,
+    },
 }
 
 impl ClientRequest {
@@ -176,7 +204,9 @@ impl ClientRequest {
             | ClientRequest::Release { reply_to, .. }
             | ClientRequest::Extend { reply_to, .. }
             | ClientRequest::AcquirePermits { reply_to, .. }
-            | ClientRequest::Observe { reply_to, .. } => reply_to,
+            | ClientRequest::Observe { reply_to, .. }
+            | ClientRequest::AcquireShared { reply_to, .. }
+            | ClientRequest::Downgrade { reply_to, .. } => reply_to,
         }
     }
 
@@ -184,7 +214,9 @@ impl ClientRequest {
     pub(crate) fn is_acquire(&self) -> bool {
         matches!(
             self,
-            ClientRequest::Acquire { .. } | ClientRequest::AcquirePermits { .. }
+            ClientRequest::Acquire { .. }
+                | ClientRequest::AcquirePermits { .. }
+                | ClientRequest::AcquireShared { .. }
         )
     }
 }
@@ -239,6 +271,8 @@ pub(crate) enum Answer {
     },
     /// Who holds the key observed.
     Observed(Observed),
+    /// The grant now holds its keys shared.
+    Downgraded,
 }
 
 impl Answer {
@@ -324,6 +358,7 @@ fn v3_reply(rid: u64, set: bool, answer: Answer) -> Reply {
         Answer::Busy => Reply::Busy { rid },
         Answer::Released if set => Reply::ReleasedSet { rid },
         Answer::Released => Reply::Released { rid },
+        Answer::Downgraded => Reply::Downgraded { rid },
         Answer::NotFound => Reply::NotFound { rid },
         Answer::Indeterminate => Reply::Indeterminate { rid },
         Answer::NotLeader(Some(leader_slot)) => Reply::Moved { rid, leader_slot },
@@ -758,99 +793,6 @@ fn next_v3(
             // No rid to answer: the published clients expect the session
             // to end.
             Err(_) => return Err(CloseReason::BadFrame),
-        }
-    }
-}
-
-/// A decoded v3 frame as the owner's request, or `None` when it is
-/// answered here: a field out of range gets its `E`, counted in `counts`
-/// and handed to `queue` (encoded by the byte path, queued as a value by
-/// the value path). Both paths of a v3 session run this.
-fn v3_request(
-    decoded: Decoded,
-    caps: Capabilities,
-    counts: &mut ReplyCounts,
-    queue: impl FnOnce(Reply),
-) -> Option<ClientRequest> {
-    match decoded {
-        Decoded::Rejected { rid, code, .. } => {
-            let reply = Reply::Error { rid, code };
-            counts.count(&reply);
-            queue(reply);
-            None
-        }
-        Decoded::Request(Request::Acquire(acquire)) => Some(ClientRequest::Acquire {
-            wait_s: acquire.wait_s,
-            lease_s: acquire.lease_s,
-            keys: acquire.keys,
-            // A client that can renew holds under a cap even when it
-            // names none.
-            hold: if caps.contains(Capabilities::EXTEND) {
-                HoldAsk::Default
-            } else {
-                HoldAsk::Uncapped
-            },
-            reply_to: ReplyTo::V3 {
-                rid: acquire.rid,
-                set: acquire.set,
-            },
-        }),
-        Decoded::Request(Request::AcquireCapped(acquire)) => Some(ClientRequest::Acquire {
-            wait_s: acquire.wait_s,
-            lease_s: acquire.lease_s,
-            keys: acquire.keys,
-            hold: HoldAsk::Asked(acquire.max_hold_s),
-            // Answered like `S`, one key or many.
-            reply_to: ReplyTo::V3 {
-                rid: acquire.rid,
-                set: true,
-            },
-        }),
-        Decoded::Request(Request::Release(release)) => Some(ClientRequest::Release {
-            token: release.token,
-            keys: release.keys,
-            reply_to: ReplyTo::V3 {
-                rid: release.rid,
-                set: release.set,
-            },
-        }),
-        Decoded::Request(Request::Extend(extend)) => Some(ClientRequest::Extend {
-            token: extend.token,
-            lease_s: extend.lease_s,
-            keys: extend.keys,
-            reply_to: ReplyTo::V3 {
-                rid: extend.rid,
-                set: false,
-            },
-        }),
-        Decoded::Request(Request::AcquirePermits(request)) => Some(ClientRequest::AcquirePermits {
-            hold: match request.max_hold_s {
-                0 if caps.contains(Capabilities::EXTEND) => HoldAsk::Default,
-                0 => HoldAsk::Uncapped,
-                s => HoldAsk::Asked(s),
-            },
-            reply_to: ReplyTo::V3 {
-                rid: request.rid,
-                set: false,
-            },
-            request,
-        }),
-        Decoded::Request(Request::Observe(request)) => Some(ClientRequest::Observe {
-            name: request.name,
-            reply_to: ReplyTo::V3 {
-                rid: request.rid,
-                set: false,
-            },
-        }),
-        // Answered by the front end itself before it gets here.
-        Decoded::Request(Request::Negotiate(negotiate)) => {
-            let reply = Reply::Error {
-                rid: negotiate.rid,
-                code: ErrorCode::BadExtension,
-            };
-            counts.count(&reply);
-            queue(reply);
-            None
         }
     }
 }

@@ -6,8 +6,8 @@
 use std::cmp::Reverse;
 
 use super::entry::{KeyEntry, StoredKey};
-use super::expiry::note_expiry;
 use super::extend::{GrantExtension, capped_deadline};
+use super::shared::{KeyModes, compatible_at, expire_holder, new_sharer};
 use super::{
     AcquireOptions, AcquireOutcome, GroupHashes, LeaseDeadline, LockTable, WaitedKey, WaitedKeys,
     Waiter, WaiterId, group_len, lease_duration,
@@ -38,10 +38,12 @@ impl LockTable {
         waiter: WaiterId,
         (keys, hashes): (&KeyGroup, &GroupHashes),
         options: &AcquireOptions,
+        modes: KeyModes,
     ) -> AcquireOutcome {
-        let survey = self.survey_keys(now, keys, hashes);
+        let survey = self.survey_keys(now, keys, hashes, modes);
         if survey.all_free {
-            return self.grant_free_keys(now, (keys, hashes), options, survey.over_key_limit);
+            let keys = (keys, hashes);
+            return self.grant_free_keys(now, keys, options, modes, survey.over_key_limit);
         }
         if let Some(refusal) = self.refuse_to_queue(options.wait_s, &survey) {
             return refusal;
@@ -57,23 +59,30 @@ impl LockTable {
             keys => WaitedKeys::Many(keys.iter().zip(hashes).map(waited).collect()),
         };
         self.enqueue_on_keys(now, seq, &keys);
-        self.add_waiter(now, seq, waiter, keys, options);
+        self.add_waiter(now, seq, waiter, (keys, modes), options);
         AcquireOutcome::Queued
     }
 
     /// Looks at every key without changing anything.
-    fn survey_keys(&self, now: Instant, keys: &KeyGroup, hashes: &GroupHashes) -> KeySurvey {
+    fn survey_keys(
+        &self,
+        now: Instant,
+        keys: &KeyGroup,
+        hashes: &GroupHashes,
+        modes: KeyModes,
+    ) -> KeySurvey {
         let limits = self.config.limits;
         let mut new_keys = 0;
         let mut all_free = true;
         let mut some_queue_full = false;
-        for (key, &hash) in keys.keys().iter().zip(hashes) {
+        for (i, (key, &hash)) in keys.keys().iter().zip(hashes).enumerate() {
             match self.keys.find(hash, key.as_bytes()) {
                 None => new_keys += 1,
                 Some(entry) => {
                     // FIFO: a key with waiters is never free for a newcomer,
-                    // even if its holder is gone.
-                    let held = entry.is_held_at(now);
+                    // even if its holder is gone; a sharer batch without
+                    // waiters takes one more sharer.
+                    let held = !compatible_at(entry, modes.is_shared(i), now);
                     // The planted bug treats a held key without waiters as free.
                     #[cfg(feature = "planted-bugs")]
                     let held = held
@@ -101,6 +110,7 @@ impl LockTable {
         now: Instant,
         (keys, hashes): (&KeyGroup, &GroupHashes),
         options: &AcquireOptions,
+        modes: KeyModes,
         over_key_limit: bool,
     ) -> AcquireOutcome {
         if over_key_limit {
@@ -116,7 +126,7 @@ impl LockTable {
         let cap_at = self.record_cap(token, now, options.max_hold);
         let lease_deadline = capped_deadline(now, lease_duration(lease_s), cap_at);
         let group_len = group_len(keys.len());
-        for (key, &hash) in keys.keys().iter().zip(hashes) {
+        for (i, (key, &hash)) in keys.keys().iter().zip(hashes).enumerate() {
             // An expired holder is simply overwritten (lazy expiry).
             let entry = self.keys.get_or_insert_with(
                 hash,
@@ -124,11 +134,18 @@ impl LockTable {
                 StoredKey::from_bytes,
                 KeyEntry::unheld,
             );
+            if modes.is_shared(i) {
+                let grant = (options.holder, group_len, lease_s);
+                let sharer = new_sharer(token, lease_deadline, grant, cap_at.is_some());
+                self.add_sharer(hash, key.as_bytes(), sharer, now, false);
+                continue;
+            }
             if entry.token != 0 {
-                note_expiry(
+                expire_holder(
                     &mut self.metrics,
                     (&mut self.sets, &mut self.extensions),
-                    entry,
+                    &mut self.sharers,
+                    (key.as_bytes(), entry),
                     false,
                 );
             } else {
@@ -172,7 +189,10 @@ impl LockTable {
     /// Appends waiter `seq` to the queue of each of `keys`, creating keys
     /// and queues as needed.
     fn enqueue_on_keys(&mut self, now: Instant, seq: u64, keys: &[WaitedKey]) {
-        for WaitedKey { hash, bytes: key } in keys {
+        for WaitedKey {
+            hash, bytes: key, ..
+        } in keys
+        {
             let hash = *hash;
             let entry =
                 self.keys
@@ -180,10 +200,11 @@ impl LockTable {
             if entry.token != 0 && !entry.is_held_at(now) {
                 // Expire lazily now: a key with waiters must not keep a dead
                 // holder that no lease deadline will ever clear.
-                note_expiry(
+                expire_holder(
                     &mut self.metrics,
                     (&mut self.sets, &mut self.extensions),
-                    entry,
+                    &mut self.sharers,
+                    (key, entry),
                     false,
                 );
                 entry.token = 0;
@@ -218,7 +239,7 @@ impl LockTable {
         now: Instant,
         seq: u64,
         waiter: WaiterId,
-        keys: WaitedKeys,
+        (keys, modes): (WaitedKeys, KeyModes),
         options: &AcquireOptions,
     ) {
         let wait_deadline = queue_rule::wait_deadline(
@@ -239,6 +260,7 @@ impl LockTable {
                 keys,
                 wait_deadline,
                 lease_s: options.lease_s,
+                modes,
                 holder: options.holder,
                 max_hold: options.max_hold,
                 queued_at: now,

@@ -126,6 +126,10 @@ const QUEUED_BIT: u64 = 1 << 63;
 /// The grant has a cap or was extended: its record is in the table's
 /// extension map (so no other grant pays a look-up there).
 const EXTENSION_BIT: u64 = 1 << 62;
+/// The key is held in shared mode: its holders are in the table's sharer
+/// map, and the entry's token and deadline are those of the sharer whose
+/// lease ends last (see `shared.rs`).
+const SHARED_BIT: u64 = 1 << 61;
 
 /// One key in the table. 24 bytes; the key bytes live in the map's key.
 ///
@@ -142,7 +146,8 @@ pub(super) struct KeyEntry {
     /// granted the key); 48..56: the grant's lease in seconds (so the grant
     /// time is known for the hold-time histogram); 56..61: the number of
     /// keys in the grant (so a release can tell whether it names exactly
-    /// the granted group without a per-grant index); 62: whether the grant
+    /// the granted group without a per-grant index); 61: whether the key
+    /// is held in shared mode; 62: whether the grant
     /// has an extension record (a cap, or an extension: see
     /// `extend.rs`); 63: whether the key has a waiter queue (in [`super::LockTable`]'s queue map). One word
     /// instead of fields, so the entry has no padding.
@@ -189,6 +194,20 @@ impl KeyEntry {
     /// Whether somebody waits on the key (its queue is in the queue map).
     pub(super) fn is_queued(&self) -> bool {
         self.packed & QUEUED_BIT != 0
+    }
+
+    /// Whether the key is held in shared mode (its holders are in the
+    /// table's sharer map).
+    pub(super) fn is_shared(&self) -> bool {
+        self.packed & SHARED_BIT != 0
+    }
+
+    pub(super) fn set_shared(&mut self, shared: bool) {
+        if shared {
+            self.packed |= SHARED_BIT;
+        } else {
+            self.packed &= !SHARED_BIT;
+        }
     }
 
     /// Whether the grant has a record in the table's extension map.

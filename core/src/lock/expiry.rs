@@ -8,6 +8,7 @@ use std::collections::BinaryHeap;
 
 use super::entry::KeyEntry;
 use super::extend::Extensions;
+use super::shared::expire_holder;
 use super::{LeaseDeadline, LockTable, SetGrants, lease_duration, note_expiry_handover};
 use crate::metrics::LockMetrics;
 use crate::time::{Duration, Instant, duration_micros};
@@ -82,14 +83,26 @@ impl LockTable {
                         unreachable!("peeked above");
                     };
                     let mut expired = None;
+                    let mut expired_sharers = Vec::new();
                     if let Some(entry) = self.keys.find_mut(lease.hash, &lease.key)
                         && entry.token != 0
                     {
-                        expired = Some(ExpiredGrant::of(entry));
+                        if entry.is_shared() {
+                            // The batch's last lease ran out: every sharer's did.
+                            expired_sharers =
+                                self.sharers.remove(&lease.key[..]).unwrap_or_default();
+                            entry.set_shared(false);
+                        } else {
+                            expired = Some(ExpiredGrant::of(entry));
+                        }
                         entry.token = 0;
                         self.holder_keys -= 1;
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
+                    for sharer in &expired_sharers {
+                        let grants = (&mut self.sets, &mut self.extensions);
+                        note_expiry(&mut self.metrics, grants, sharer, handed_over);
+                    }
                     if let Some(expired) = expired {
                         let token = expired.token;
                         let counted = count_expiry(
@@ -125,10 +138,12 @@ impl LockTable {
         let sets = &mut self.sets;
         let extensions = &mut self.extensions;
         let holder_keys = &mut self.holder_keys;
-        self.keys.retain(|_, entry| {
+        let sharers = &mut self.sharers;
+        self.keys.retain(|key, entry| {
             let keep = entry.is_queued() || entry.is_held_at(at);
             if !keep && entry.token != 0 {
-                note_expiry(metrics, (sets, extensions), entry, false);
+                let grants = (&mut *sets, &mut *extensions);
+                expire_holder(metrics, grants, sharers, (key, entry), false);
                 *holder_keys -= 1;
             }
             keep

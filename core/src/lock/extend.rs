@@ -120,6 +120,10 @@ impl LockTable {
             let Some(entry) = self.keys.find_mut(hash, key.as_bytes()) else {
                 unreachable!("checked current above");
             };
+            if entry.is_shared() {
+                self.extend_sharer(hash, key.as_bytes(), token, expires_at);
+                continue;
+            }
             if !entry.has_extension() {
                 // First extension of an uncapped grant: its start is still
                 // readable from its first lease.
@@ -164,9 +168,15 @@ impl LockTable {
         }
         let mut current = None;
         for (key, &hash) in keys.keys().iter().zip(hashes) {
-            let Some(entry) = self.keys.find(hash, key.as_bytes()) else {
+            let Some(mut entry) = self.keys.find(hash, key.as_bytes()) else {
                 return ExtendOutcome::NotCurrent;
             };
+            if entry.is_shared() {
+                let Some(sharer) = self.grant_entry(hash, key.as_bytes(), token) else {
+                    return ExtendOutcome::NotCurrent;
+                };
+                entry = sharer;
+            }
             // A lease that ran out but was not noticed yet (lazy expiry)
             // is over all the same.
             let named = entry.token == token || (entry.token != 0 && any_token_planted());

@@ -22,8 +22,12 @@ use crate::wire::{Key, KeyGroup};
 pub struct KeyInspection {
     /// The key.
     pub key: Key,
-    /// The running grant on it, if any.
+    /// The running grant on it, if any; for a key held shared, the oldest
+    /// sharer.
     pub holder: Option<HolderInspection>,
+    /// Every running shared grant on it, oldest first (the sharer batch);
+    /// empty unless the key is held shared.
+    pub sharers: Vec<HolderInspection>,
     /// Its waiters in queue order, the front ones only (see
     /// [`LockTable::inspect_key`] and [`LockTable::inspect_page`]).
     pub waiters: Vec<WaiterInspection>,
@@ -58,6 +62,8 @@ pub struct WaiterInspection {
     pub keys: Vec<Key>,
     /// Milliseconds since it was queued.
     pub waited_ms: u64,
+    /// It wants this key shared (docs/protocol.md §8.7).
+    pub shared: bool,
     /// Milliseconds until its wait ends with `T`.
     pub wait_remaining_ms: u64,
 }
@@ -150,6 +156,32 @@ impl LockTable {
         members.map(<[Box<[u8]>]>::to_vec).unwrap_or_default()
     }
 
+    /// The inspection of the grant recorded on `entry` (a key's own entry,
+    /// or a sharer's), whose keys are `group`.
+    fn holder_inspection(
+        &self,
+        now: Instant,
+        entry: &KeyEntry,
+        group: Vec<Box<[u8]>>,
+    ) -> HolderInspection {
+        let extension = entry
+            .has_extension()
+            .then(|| self.extensions.get(&entry.token))
+            .flatten();
+        HolderInspection {
+            token: entry.token,
+            keys: to_keys(group.iter().map(|key| &**key)),
+            held_ms: duration_millis(now.saturating_duration_since(self.grant_start(entry))),
+            lease_remaining_ms: duration_millis(
+                entry.lease_deadline.saturating_duration_since(now),
+            ),
+            extensions: extension.map_or(0, |e| e.extensions),
+            hold_remaining_ms: extension
+                .and_then(|e| e.cap_at)
+                .map(|cap_at| duration_millis(cap_at.saturating_duration_since(now))),
+        }
+    }
+
     fn inspection(
         &self,
         now: Instant,
@@ -158,19 +190,21 @@ impl LockTable {
         group: Vec<Box<[u8]>>,
         waiters_max: usize,
     ) -> Option<KeyInspection> {
-        let holder = entry.is_held_at(now).then(|| HolderInspection {
-            token: entry.token,
-            keys: to_keys(group.iter().map(|key| &**key)),
-            held_ms: duration_millis(now.saturating_duration_since(self.grant_start(entry))),
-            lease_remaining_ms: duration_millis(
-                entry.lease_deadline.saturating_duration_since(now),
-            ),
-            extensions: self.extension_of(key).map_or(0, |e| e.extensions),
-            hold_remaining_ms: self
-                .extension_of(key)
-                .and_then(|e| e.cap_at)
-                .map(|cap_at| duration_millis(cap_at.saturating_duration_since(now))),
-        });
+        let sharers: Vec<HolderInspection> = self
+            .sharers_of(key, now)
+            .into_iter()
+            .filter_map(|(token, _)| {
+                let sharer = self.grant_entry(self.keys.hash(key), key, token)?;
+                let group = self.holder_group(now, key, sharer);
+                Some(self.holder_inspection(now, sharer, group))
+            })
+            .collect();
+        let holder = match sharers.first() {
+            Some(oldest) => Some(oldest.clone()),
+            None => entry
+                .is_held_at(now)
+                .then(|| self.holder_inspection(now, entry, group)),
+        };
         let hash = self.keys.hash(key);
         let queue = self.queues.find(hash, key).filter(|_| entry.is_queued());
         let waiters = queue
@@ -181,6 +215,11 @@ impl LockTable {
             .map(|waiter| WaiterInspection {
                 waiter: waiter.id,
                 keys: to_keys(waiter.keys.iter().map(|key| &*key.bytes)),
+                shared: waiter
+                    .keys
+                    .iter()
+                    .position(|waited| *waited.bytes == *key)
+                    .is_some_and(|i| waiter.modes.is_shared(i)),
                 waited_ms: duration_millis(now.saturating_duration_since(waiter.queued_at)),
                 wait_remaining_ms: duration_millis(
                     waiter.wait_deadline.saturating_duration_since(now),
@@ -190,6 +229,7 @@ impl LockTable {
         Some(KeyInspection {
             key: Key::new(key).ok()?,
             holder,
+            sharers,
             waiters,
             waiters_total: self.entry_queue_len(hash, key, entry),
         })
@@ -217,13 +257,32 @@ impl LockTable {
         key: &[u8],
         token: Option<u64>,
     ) -> ForceReleaseOutcome {
-        let Some(entry) = self.keys.get(key).filter(|e| e.is_held_at(now)) else {
+        let Some(mut entry) = self.keys.get(key).filter(|e| e.is_held_at(now)) else {
             return ForceReleaseOutcome::NotHeld;
         };
+        let shared = entry.is_shared();
+        if shared {
+            // A sharer batch: the named sharer, or without a token the
+            // oldest one (one per call, so each revocation is reported).
+            let sharers = self.sharers_of(key, now);
+            let Some(&(oldest, _)) = sharers.first() else {
+                return ForceReleaseOutcome::NotHeld;
+            };
+            let chosen = token.unwrap_or(oldest);
+            let hash = self.keys.hash(key);
+            match self
+                .grant_entry(hash, key, chosen)
+                .filter(|e| e.is_held_at(now))
+            {
+                Some(sharer) => entry = sharer,
+                None => return ForceReleaseOutcome::TokenMismatch { held: oldest },
+            }
+        }
         let held = entry.token;
         if token.is_some_and(|token| token != held) {
             return ForceReleaseOutcome::TokenMismatch { held };
         }
+        let first_new_token = self.next_token;
         let keys = to_keys(self.holder_group(now, key, entry).iter().map(|key| &**key));
         let Ok(group) = KeyGroup::new(keys.clone()) else {
             debug_assert!(false, "a grant's keys form a valid group");
@@ -251,7 +310,8 @@ impl LockTable {
             .keys
             .get(key)
             .map(|entry| entry.token)
-            .filter(|&token| token != 0);
+            // Sharers left beside a revoked one were not handed anything.
+            .filter(|&token| token != 0 && (!shared || token >= first_new_token));
         ForceReleaseOutcome::Released {
             revoked: held,
             keys,

@@ -48,12 +48,14 @@ mod inspect;
 mod queue;
 mod release;
 pub(crate) mod semaphore;
+mod shared;
 use crate::keyed::{KeyHash, Keyed};
 pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
+pub use shared::{DowngradeOutcome, KeyModes};
 
 #[cfg(feature = "planted-bugs")]
 use crate::testing::planted;
@@ -198,6 +200,17 @@ pub struct LockStats {
     pub next_token: u64,
 }
 
+impl GrantRecord {
+    fn of(entry: &KeyEntry) -> Self {
+        GrantRecord {
+            token: entry.token,
+            holder: entry.holder(),
+            lease_deadline: entry.lease_deadline,
+            keys: usize::from(entry.group_len()),
+        }
+    }
+}
+
 impl KeyEntry {
     /// When the holder's grant was made, for a grant without an extension
     /// record (see [`LockTable::grant_start`] for any grant).
@@ -247,6 +260,9 @@ struct Waiter {
     /// When the waiter gets `T`: `wait_s` after receipt minus the margin.
     wait_deadline: Instant,
     lease_s: u8,
+    /// Which of its keys it wants shared (see `shared.rs`); kept here, not
+    /// per key, so a waiter's keys stay as small as before.
+    modes: KeyModes,
     /// The holder tag its grant will carry.
     holder: u64,
     /// The cap on its grant's total hold, counted from the grant.
@@ -369,6 +385,9 @@ pub struct LockTable {
     /// The grants that have a cap or were extended (their keys' entries
     /// say so), by token: when each began, its cap, its extensions.
     extensions: Extensions,
+    /// The holders of the keys held in shared mode (their entries say
+    /// so); see `shared.rs`.
+    sharers: shared::Sharers,
 }
 
 /// What the table keeps per key-set grant (a grant of more than one key),
@@ -437,6 +456,7 @@ impl LockTable {
             holder_keys: 0,
             sets: SetGrants::default(),
             extensions: Extensions::default(),
+            sharers: shared::Sharers::default(),
         }
     }
 
@@ -508,6 +528,20 @@ impl LockTable {
         keys: &KeyGroup,
         options: &AcquireOptions,
     ) -> AcquireOutcome {
+        self.acquire_in_modes(now, waiter, keys, options, KeyModes::EXCLUSIVE)
+    }
+
+    /// [`LockTable::acquire_with`] with a mode per key: the keys `modes`
+    /// marks are wanted shared, the others exclusive (the queue rules are
+    /// in `shared.rs`). One token for the whole grant, as for any set.
+    pub fn acquire_in_modes(
+        &mut self,
+        now: Instant,
+        waiter: WaiterId,
+        keys: &KeyGroup,
+        options: &AcquireOptions,
+        modes: KeyModes,
+    ) -> AcquireOutcome {
         let holder = options.holder;
         debug_assert!(holder <= HOLDER_MAX, "holder tag {holder} over 48 bits");
         let options = AcquireOptions {
@@ -516,7 +550,7 @@ impl LockTable {
         };
         let now = self.advance(now);
         let hashes = self.hash_group(keys);
-        let outcome = self.acquire_at(now, waiter, (keys, &hashes), &options);
+        let outcome = self.acquire_at(now, waiter, (keys, &hashes), &options, modes);
         self.tidy();
         outcome
     }
@@ -741,17 +775,15 @@ impl LockTable {
 
     /// The current grant on `key` as recorded (its lease may already have
     /// ended: lazy expiry, as for [`LockTable::holder`]); `None` if the key
-    /// has no holder.
+    /// has no holder. For a key held shared: its oldest running sharer
+    /// (the one a force-release without a token revokes).
     pub fn grant_of(&self, key: &[u8]) -> Option<GrantRecord> {
-        self.keys
-            .get(key)
-            .filter(|entry| entry.token != 0)
-            .map(|entry| GrantRecord {
-                token: entry.token,
-                holder: entry.holder(),
-                lease_deadline: entry.lease_deadline,
-                keys: usize::from(entry.group_len()),
-            })
+        let entry = self.keys.get(key).filter(|entry| entry.token != 0)?;
+        if entry.is_shared() {
+            let (oldest, _) = *self.sharers_of(key, self.now_last).first()?;
+            return self.grant_of_token(key, oldest);
+        }
+        Some(GrantRecord::of(entry))
     }
 
     fn issue_token(&mut self) -> u64 {

@@ -5,9 +5,9 @@
 use std::cmp::Reverse;
 use std::collections::VecDeque;
 
-use super::entry::KeyEntry;
-use super::expiry::note_expiry;
+use super::entry::{KeyEntry, StoredKey};
 use super::extend::capped_deadline;
+use super::shared::{compatible_at, expire_holder, new_sharer};
 use super::{
     LeaseDeadline, LockEvent, LockTable, WaitedKey, Waiter, group_len, lease_duration,
     note_expiry_handover,
@@ -67,7 +67,13 @@ impl LockTable {
         }
         // Bit i: the waiter was at the front of keys[i] (at most 16 keys).
         let mut was_front: u32 = 0;
-        for (i, WaitedKey { hash, bytes: key }) in waiter.keys.iter().enumerate() {
+        for (
+            i,
+            WaitedKey {
+                hash, bytes: key, ..
+            },
+        ) in waiter.keys.iter().enumerate()
+        {
             let Some(entry) = self.keys.find_mut(*hash, key) else {
                 debug_assert!(false, "waiter's key missing from the table");
                 continue;
@@ -111,7 +117,10 @@ impl LockTable {
             self.events
                 .push_back((LockEvent::TimedOut { waiter: waiter.id }, None));
             self.metrics.timeouts_shutdown += 1;
-            for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
+            for WaitedKey {
+                hash, bytes: key, ..
+            } in waiter.keys.iter()
+            {
                 if let Some(entry) = self.keys.find_mut(*hash, key) {
                     entry.set_queued(false);
                     if entry.token == 0 {
@@ -145,21 +154,55 @@ impl LockTable {
         if planted::active(planted::PlantedBug::SkipWaiter) {
             self.plant_skip_waiter(hash, key);
         }
-        let Some(seq) = self.grantable_front(hash, key, at) else {
-            return false;
-        };
-        if self.next_token > self.token_limit {
-            // Not durable yet: the waiter keeps its place until the limit
-            // is raised or its wait ends.
-            self.stalled.insert(key.into());
-            return false;
+        // Keys where a granted waiter joined a sharer batch: the shared
+        // requests queued behind it there may join too.
+        let mut joined = Vec::new();
+        let granted = self.grant_front_batch(hash, key, at, now, &mut joined);
+        while let Some((hash, key)) = joined.pop() {
+            self.grant_front_batch(hash, &key, at, now, &mut joined);
         }
-        let Some(waiter) = self.waiters.remove(&seq) else {
-            return false;
-        };
-        self.waiter_seqs.remove(&waiter.id);
-        self.grant_waiter(waiter, now);
-        true
+        granted
+    }
+
+    /// Grants `key`'s front waiter while it is grantable: once for an
+    /// exclusive request, and on through consecutive shared ones (a sharer
+    /// batch). The other keys a granted waiter took shared go to `joined`.
+    fn grant_front_batch(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        at: Instant,
+        now: Instant,
+        joined: &mut Vec<(KeyHash, StoredKey)>,
+    ) -> bool {
+        let mut granted = false;
+        while let Some(seq) = self.grantable_front(hash, key, at) {
+            if self.next_token > self.token_limit {
+                // Not durable yet: the waiter keeps its place until the limit
+                // is raised or its wait ends.
+                self.stalled.insert(key.into());
+                break;
+            }
+            let Some(waiter) = self.waiters.remove(&seq) else {
+                break;
+            };
+            self.waiter_seqs.remove(&waiter.id);
+            let mut shared_here = false;
+            let shared = waiter.keys.iter().enumerate();
+            for (_, waited) in shared.filter(|&(i, _)| waiter.modes.is_shared(i)) {
+                if *waited.bytes == *key {
+                    shared_here = true;
+                } else {
+                    joined.push((waited.hash, waited.bytes.clone()));
+                }
+            }
+            self.grant_waiter(waiter, now);
+            granted = true;
+            if !shared_here {
+                break;
+            }
+        }
+        granted
     }
 
     /// The seq of the waiter at the front of `key`'s queue if, at `at`,
@@ -167,7 +210,7 @@ impl LockTable {
     /// running lease.
     fn grantable_front(&self, hash: KeyHash, key: &[u8], at: Instant) -> Option<u64> {
         let entry = self.keys.find(hash, key)?;
-        if entry.is_held_at(at) {
+        if entry.is_held_at(at) && !entry.is_shared() {
             return None;
         }
         let seq = self.queue_front(hash, key)?;
@@ -175,19 +218,18 @@ impl LockTable {
             debug_assert!(false, "queued seq without a waiter");
             return None;
         };
-        if waiter.keys.len() == 1 {
-            // Its one key is `key`, checked above.
-            debug_assert_eq!(waiter.keys[0].bytes.as_bytes(), key);
-            return Some(seq);
+        if let [only] = &*waiter.keys {
+            debug_assert_eq!(only.bytes.as_bytes(), key);
+            return compatible_at(entry, waiter.modes.is_shared(0), at).then_some(seq);
         }
         let grantable = queue_rule::key_set_grantable(
             seq,
-            waiter.keys.iter(),
-            |key| self.queue_front(key.hash, &key.bytes),
-            |key| {
+            waiter.keys.iter().enumerate(),
+            |(_, key)| self.queue_front(key.hash, &key.bytes),
+            |&(i, key)| {
                 self.keys
                     .find(key.hash, &key.bytes)
-                    .is_some_and(|entry| !entry.is_held_at(at))
+                    .is_some_and(|entry| compatible_at(entry, waiter.modes.is_shared(i), at))
             },
         );
         grantable.then_some(seq)
@@ -204,22 +246,31 @@ impl LockTable {
         // catching up on a deadline that passed earlier.
         let lease_deadline = capped_deadline(now, lease_duration(waiter.lease_s), cap_at);
         let group_len = group_len(waiter.keys.len());
-        for WaitedKey { hash, bytes: key } in waiter.keys.iter() {
-            let hash = *hash;
+        let grant = (waiter.holder, group_len, waiter.lease_s);
+        for (i, waited) in waiter.keys.iter().enumerate() {
+            let (hash, key) = (waited.hash, &waited.bytes);
+            if waiter.modes.is_shared(i) {
+                self.leave_front(hash, key);
+                let sharer = new_sharer(token, lease_deadline, grant, cap_at.is_some());
+                self.add_sharer(hash, key, sharer, now, true);
+                continue;
+            }
             let Some(entry) = self.keys.find_mut(hash, key) else {
                 continue;
             };
             if entry.token != 0 {
                 // A lease that ended at this very instant, not yet handled
                 // on this key: it ends here, handed to this waiter.
-                let counted = note_expiry(
+                let expired = entry.token;
+                let counted = expire_holder(
                     &mut self.metrics,
                     (&mut self.sets, &mut self.extensions),
-                    entry,
+                    &mut self.sharers,
+                    (key, entry),
                     true,
                 );
                 if counted {
-                    note_expiry_handover(&mut self.expiry_handovers, key, entry.token, token);
+                    note_expiry_handover(&mut self.expiry_handovers, key, expired, token);
                 }
             } else {
                 self.holder_keys += 1;
@@ -259,6 +310,29 @@ impl LockTable {
         self.metrics
             .wait
             .observe(now.saturating_duration_since(waiter.queued_at));
+    }
+
+    /// Takes the front waiter (being granted shared) off `key`'s queue.
+    /// Returns whether others still wait there.
+    fn leave_front(&mut self, hash: KeyHash, key: &[u8]) -> bool {
+        let Some(entry) = self.keys.find_mut(hash, key) else {
+            return false;
+        };
+        if !entry.is_queued() {
+            return false;
+        }
+        let Some(queue) = self.queues.find_mut(hash, key) else {
+            return false;
+        };
+        queue.pop_front();
+        self.queued_pairs -= 1;
+        if queue.is_empty() {
+            entry.set_queued(false);
+            self.drop_queue(hash, key);
+            false
+        } else {
+            true
+        }
     }
 
     /// Planted bug: the second waiter of `key`, if it waits for this key

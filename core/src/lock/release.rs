@@ -23,9 +23,7 @@ impl LockTable {
         let mut matched = 0;
         let mut grant = None;
         for (key, &hash) in keys.keys().iter().zip(hashes) {
-            if let Some(entry) = self.keys.find(hash, key.as_bytes())
-                && entry.token == token
-            {
+            if let Some(entry) = self.grant_entry(hash, key.as_bytes(), token) {
                 matched += 1;
                 grant = Some((
                     GrantRecord {
@@ -58,15 +56,24 @@ impl LockTable {
         let mut some_waiters = false;
         for (key, &hash) in keys.keys().iter().zip(hashes) {
             let bytes = key.as_bytes();
-            if let Some(entry) = self.keys.find_mut(hash, bytes) {
-                // Every named key carries the released token.
-                self.holder_keys -= 1;
-                if entry.is_queued() {
-                    entry.token = 0;
-                    some_waiters = true;
-                } else {
-                    self.keys.remove(hash, bytes);
+            let shared = match self.keys.find_mut(hash, bytes) {
+                Some(entry) if entry.is_shared() => true,
+                Some(entry) => {
+                    // Every named key carries the released token.
+                    self.holder_keys -= 1;
+                    if entry.is_queued() {
+                        entry.token = 0;
+                        some_waiters = true;
+                    } else {
+                        self.keys.remove(hash, bytes);
+                    }
+                    false
                 }
+                None => false,
+            };
+            if shared {
+                // One sharer of the key's batch leaves.
+                some_waiters |= self.remove_sharer(hash, bytes, token);
             }
         }
         self.sets.ended(token);

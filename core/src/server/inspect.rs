@@ -12,7 +12,7 @@ use super::Server;
 use crate::inspect::{
     AdminRequestId, ConnView, ForceReleaseOutcome, HolderView, LockView, WaiterView,
 };
-use crate::lock::KeyInspection;
+use crate::lock::{HolderInspection, KeyInspection};
 use crate::server::ConnId;
 
 /// Admin answers kept for a driver that does not drain
@@ -52,19 +52,15 @@ impl Server {
 
     /// The operator's view of one key the table inspected.
     pub(super) fn lock_view(&self, inspection: KeyInspection) -> LockView {
-        let holder = inspection.holder.map(|holder| HolderView {
-            conn: self
-                .table
-                .grant_of(inspection.key.as_bytes())
-                .filter(|grant| grant.token == holder.token)
-                .and_then(|grant| self.conn_view(ConnId(grant.holder))),
-            token: holder.token,
-            keys: holder.keys,
-            held_ms: holder.held_ms,
-            lease_remaining_ms: holder.lease_remaining_ms,
-            extensions: holder.extensions,
-            hold_remaining_ms: holder.hold_remaining_ms,
-        });
+        let key = inspection.key.as_bytes();
+        let holder = inspection
+            .holder
+            .map(|holder| self.holder_view(key, holder));
+        let sharers = inspection
+            .sharers
+            .into_iter()
+            .map(|sharer| self.holder_view(key, sharer))
+            .collect();
         let waiters = inspection
             .waiters
             .into_iter()
@@ -74,6 +70,7 @@ impl Server {
                     .get(&waiter.waiter)
                     .and_then(|queued| self.conn_view(queued.conn)),
                 keys: waiter.keys,
+                shared: waiter.shared,
                 waited_ms: waiter.waited_ms,
                 wait_remaining_ms: waiter.wait_remaining_ms,
             })
@@ -81,8 +78,25 @@ impl Server {
         LockView {
             key: inspection.key,
             holder,
+            sharers,
             waiters,
             waiters_total: inspection.waiters_total,
+        }
+    }
+
+    /// The operator's view of grant `holder` on `key`, with its connection.
+    fn holder_view(&self, key: &[u8], holder: HolderInspection) -> HolderView {
+        HolderView {
+            conn: self
+                .table
+                .grant_of_token(key, holder.token)
+                .and_then(|grant| self.conn_view(ConnId(grant.holder))),
+            token: holder.token,
+            keys: holder.keys,
+            held_ms: holder.held_ms,
+            lease_remaining_ms: holder.lease_remaining_ms,
+            extensions: holder.extensions,
+            hold_remaining_ms: holder.hold_remaining_ms,
         }
     }
 }

@@ -268,7 +268,10 @@ impl Machine for Server {
     fn handle_force_release(&mut self, now: Instant, id: AdminRequestId, req: ForceRelease) {
         self.handle_timeout(now);
         // Read before the release: the key may go straight to a waiter.
-        let grant = self.table.grant_of(req.key.as_bytes());
+        let grant = match req.token {
+            Some(token) => self.table.grant_of_token(req.key.as_bytes(), token),
+            None => self.table.grant_of(req.key.as_bytes()),
+        };
         let outcome = self.table.force_release(now, req.key.as_bytes(), req.token);
         if let ForceReleaseOutcome::Released {
             revoked,

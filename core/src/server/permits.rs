@@ -49,7 +49,7 @@ impl Server {
         };
         let answer = match outcome {
             PermitOutcome::Granted(grant) => {
-                let expires = lease_end(&self.table, &grant.keys, now);
+                let expires = lease_end(&self.table, &grant.keys, grant.token, now);
                 self.deliver_permits(now, conn_id, &reply_to, grant, expires);
                 return;
             }

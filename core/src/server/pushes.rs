@@ -18,8 +18,8 @@ impl Server {
             }
             let current = self
                 .table
-                .grant_of(watch.key.as_bytes())
-                .filter(|grant| grant.token == token && grant.lease_deadline > now);
+                .grant_of_token(watch.key.as_bytes(), token)
+                .filter(|grant| grant.lease_deadline > now);
             match current {
                 Some(grant) if grant.lease_deadline != watch.deadline => {
                     // Renewed from another connection: watch the new lease.

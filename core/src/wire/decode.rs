@@ -2,10 +2,11 @@
 //! decoder over a connection's bytes ([`RequestDecoder`]).
 
 use super::{
-    AcquireCappedRequest, AcquireRequest, Capabilities, DECODER_RETAIN_CAPACITY, EXTENSION_VERSION,
-    ErrorCode, ExtendRequest, FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX,
-    NegotiateRequest, ObserveRequest, PERMITS_MAX, PermitsRequest, ReleaseRequest, Request,
-    RequestKind, SEMAPHORE_CAPACITY_MAX, SEMAPHORE_NAME_LEN_MAX, SET_KEYS_MAX, read_u64,
+    AcquireCappedRequest, AcquireRequest, AcquireSharedRequest, Capabilities,
+    DECODER_RETAIN_CAPACITY, DowngradeRequest, EXTENSION_VERSION, ErrorCode, ExtendRequest,
+    FRAME_HEADER_LEN, Key, KeyGroup, LABEL_LEN_MAX, LEASE_S_MAX, NegotiateRequest, ObserveRequest,
+    PERMITS_MAX, PermitsRequest, ReleaseRequest, Request, RequestKind, SEMAPHORE_CAPACITY_MAX,
+    SEMAPHORE_NAME_LEN_MAX, SET_KEYS_MAX, read_u64,
 };
 
 /// What one complete request frame decoded to.
@@ -159,6 +160,10 @@ pub fn check_request(request: Request) -> Result<Decoded, FrameError> {
             .and_then(|()| check_permits(req.permits, req.capacity)),
         // Its one field is a key, valid by construction.
         Request::Observe(_) => Ok(()),
+        Request::AcquireShared(req) => {
+            check_lease(req.lease_s).and_then(|()| check_modes(req.modes, req.keys.len()))
+        }
+        Request::Downgrade(req) => check_token(req.token),
     };
     Ok(match checked {
         Ok(()) => Decoded::Request(request),
@@ -276,6 +281,28 @@ fn decode_fields(kind: RequestKind, rid: u64, body: &[u8]) -> Result<Request, Er
             rid,
             name: Key::new(&body[8..])?,
         })),
+        RequestKind::AcquireShared => {
+            let (wait_s, lease_s) = (body[8], body[9]);
+            let max_hold_s = u32::from_be_bytes([body[10], body[11], body[12], body[13]]);
+            let modes = u16::from_be_bytes([body[14], body[15]]);
+            let keys = decode_key_set(body[16], &body[17..])?;
+            check_lease(lease_s)?;
+            check_modes(modes, keys.len())?;
+            Ok(Request::AcquireShared(AcquireSharedRequest {
+                rid,
+                wait_s,
+                lease_s,
+                max_hold_s,
+                modes,
+                keys,
+            }))
+        }
+        RequestKind::Downgrade => {
+            let token = read_u64(body, 8);
+            let keys = decode_key_set(body[16], &body[17..])?;
+            check_token(token)?;
+            Ok(Request::Downgrade(DowngradeRequest { rid, token, keys }))
+        }
         RequestKind::Extend => {
             let token = read_u64(body, 8);
             let lease_s = body[16];
@@ -309,6 +336,15 @@ fn check_permits(permits: u8, capacity: u16) -> Result<(), ErrorCode> {
         Ok(())
     } else {
         Err(ErrorCode::BadPermits)
+    }
+}
+
+/// A mode mask marks no key past the `count` named.
+fn check_modes(modes: u16, count: usize) -> Result<(), ErrorCode> {
+    if count < 16 && modes >> count != 0 {
+        Err(ErrorCode::BadModes)
+    } else {
+        Ok(())
     }
 }
 

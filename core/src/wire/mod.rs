@@ -38,8 +38,8 @@ pub use reply::{
     ExtendStatus, LeaderLabel, LeaderState, Observed, PushKind, Reply, ReplyError, Slots,
 };
 pub use request::{
-    AcquireCappedRequest, AcquireRequest, ExtendRequest, NegotiateRequest, ObserveRequest,
-    PermitsRequest, ReleaseRequest, Request,
+    AcquireCappedRequest, AcquireRequest, AcquireSharedRequest, DowngradeRequest, ExtendRequest,
+    NegotiateRequest, ObserveRequest, PermitsRequest, ReleaseRequest, Request,
 };
 
 /// Longest key, in bytes.
@@ -90,6 +90,12 @@ pub const SLOT_SUFFIX_LEN: usize = 6;
 pub const PERMITS_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 18 + KEY_LEN_MAX;
 /// Largest observe frame (`O`), header included: rid and one key.
 pub const OBSERVE_FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + 8 + KEY_LEN_MAX;
+/// Largest shared acquire frame (`Y`), header included: a capped acquire
+/// frame with a 2-byte mode mask.
+pub const ACQUIRE_SHARED_FRAME_LEN_MAX: usize =
+    FRAME_HEADER_LEN + 17 + SET_KEYS_MAX * (1 + KEY_LEN_MAX);
+/// Largest downgrade frame (`D`), header included: as a release-set frame.
+pub const DOWNGRADE_FRAME_LEN_MAX: usize = RELEASE_SET_FRAME_LEN_MAX;
 
 /// Capabilities a connection negotiated with `X` (docs/protocol.md §8): a
 /// bit set on the wire (u32). Bits this build does not know are never
@@ -109,8 +115,11 @@ impl Capabilities {
     pub const PERMITS: Capabilities = Capabilities(4);
     /// `O`: observe who holds a key (an election's leader and term).
     pub const OBSERVE: Capabilities = Capabilities(8);
+    /// `Y` and `D`: shared (read) and exclusive modes per key, and the
+    /// downgrade of an exclusive grant to shared.
+    pub const SHARED: Capabilities = Capabilities(0x10);
     /// Every bit this build knows.
-    pub const KNOWN: Capabilities = Capabilities(15);
+    pub const KNOWN: Capabilities = Capabilities(0x1f);
 
     /// The bits set in either.
     pub fn union(self, other: Capabilities) -> Capabilities {
@@ -145,6 +154,7 @@ const _: () = {
     assert!(REQUEST_FRAME_LEN_MAX - FRAME_HEADER_LEN <= u16::MAX as usize);
     assert!(PERMITS_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
     assert!(OBSERVE_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
+    assert!(ACQUIRE_SHARED_FRAME_LEN_MAX <= REQUEST_FRAME_LEN_MAX);
     assert!(
         SEMAPHORE_CAPACITY_MAX <= 9999,
         "slot numbers are written in four digits"
@@ -176,6 +186,12 @@ pub enum RequestKind {
     /// `O`: observe a key's holder, read-only (capability
     /// [`Capabilities::OBSERVE`]).
     Observe,
+    /// `Y`: acquire a key or key set with a mode per key, shared or
+    /// exclusive (capability [`Capabilities::SHARED`]).
+    AcquireShared,
+    /// `D`: downgrade an exclusive grant to shared in place (capability
+    /// [`Capabilities::SHARED`]).
+    Downgrade,
 }
 
 impl RequestKind {
@@ -191,6 +207,8 @@ impl RequestKind {
             RequestKind::AcquireCapped => b'H',
             RequestKind::AcquirePermits => b'Q',
             RequestKind::Observe => b'O',
+            RequestKind::AcquireShared => b'Y',
+            RequestKind::Downgrade => b'D',
         }
     }
     /// The kind for an op byte, if it is a request op on a connection that
@@ -206,10 +224,12 @@ impl RequestKind {
             b'H' if caps.contains(Capabilities::EXTEND) => Some(RequestKind::AcquireCapped),
             b'Q' if caps.contains(Capabilities::PERMITS) => Some(RequestKind::AcquirePermits),
             b'O' if caps.contains(Capabilities::OBSERVE) => Some(RequestKind::Observe),
+            b'Y' if caps.contains(Capabilities::SHARED) => Some(RequestKind::AcquireShared),
+            b'D' if caps.contains(Capabilities::SHARED) => Some(RequestKind::Downgrade),
             _ => None,
         }
     }
-    /// `A`, `S`, `H` or `Q`.
+    /// `A`, `S`, `H`, `Q` or `Y`.
     pub fn is_acquire(self) -> bool {
         matches!(
             self,
@@ -217,6 +237,7 @@ impl RequestKind {
                 | RequestKind::AcquireSet
                 | RequestKind::AcquireCapped
                 | RequestKind::AcquirePermits
+                | RequestKind::AcquireShared
         )
     }
     /// `S` or `G`, or `W` (which always carries set records).
@@ -227,6 +248,8 @@ impl RequestKind {
                 | RequestKind::ReleaseSet
                 | RequestKind::Extend
                 | RequestKind::AcquireCapped
+                | RequestKind::AcquireShared
+                | RequestKind::Downgrade
         )
     }
     /// Length of the fields before the key (or key records): a body shorter
@@ -251,6 +274,10 @@ impl RequestKind {
             RequestKind::AcquirePermits => 18,
             // rid
             RequestKind::Observe => 8,
+            // rid · wait · lease · hold cap · modes · count
+            RequestKind::AcquireShared => 17,
+            // rid · token · count
+            RequestKind::Downgrade => 17,
         }
     }
     /// Largest body this kind may declare.
@@ -265,6 +292,8 @@ impl RequestKind {
             RequestKind::AcquireCapped => ACQUIRE_CAPPED_FRAME_LEN_MAX,
             RequestKind::AcquirePermits => PERMITS_FRAME_LEN_MAX,
             RequestKind::Observe => OBSERVE_FRAME_LEN_MAX,
+            RequestKind::AcquireShared => ACQUIRE_SHARED_FRAME_LEN_MAX,
+            RequestKind::Downgrade => DOWNGRADE_FRAME_LEN_MAX,
         };
         frame_len - FRAME_HEADER_LEN
     }
@@ -297,6 +326,8 @@ pub enum ErrorCode {
     /// 1..=16 or above the capacity, capacity outside 1..=1024, or a name
     /// length byte that does not match the body.
     BadPermits = 9,
+    /// A `Y` whose mode mask marks a key past the last one named.
+    BadModes = 10,
 }
 
 impl ErrorCode {
@@ -312,12 +343,15 @@ impl ErrorCode {
             7 => Some(ErrorCode::BadToken),
             8 => Some(ErrorCode::BadExtension),
             9 => Some(ErrorCode::BadPermits),
+            10 => Some(ErrorCode::BadModes),
             _ => None,
         }
     }
     /// Whether this code may answer a request of `kind` (docs/protocol.md §5, the "may answer" column).
     pub fn allowed_for(self, kind: RequestKind) -> bool {
-        use RequestKind::{AcquirePermits, Extend, Negotiate, Release, ReleaseSet};
+        use RequestKind::{
+            AcquirePermits, AcquireShared, Downgrade, Extend, Negotiate, Release, ReleaseSet,
+        };
         match self {
             ErrorCode::NotActive | ErrorCode::NoLeader => true,
             // An observe names one key and nothing else: of the codes
@@ -325,10 +359,11 @@ impl ErrorCode {
             ErrorCode::BadKey => kind != Negotiate,
             ErrorCode::BadLease => kind.is_acquire() || kind == Extend,
             ErrorCode::BadKeySet => kind.is_set(),
-            ErrorCode::GroupMismatch => matches!(kind, Release | ReleaseSet),
-            ErrorCode::BadToken => matches!(kind, Release | ReleaseSet | Extend),
+            ErrorCode::GroupMismatch => matches!(kind, Release | ReleaseSet | Downgrade),
+            ErrorCode::BadToken => matches!(kind, Release | ReleaseSet | Extend | Downgrade),
             ErrorCode::BadExtension => kind == Negotiate,
             ErrorCode::BadPermits => kind == AcquirePermits,
+            ErrorCode::BadModes => kind == AcquireShared,
         }
     }
 }

@@ -318,6 +318,11 @@ pub enum Reply {
         /// Nobody, or the holder's term, lease left and label.
         observed: Observed,
     },
+    /// `D`: the grant now holds its keys shared (same token, same lease).
+    Downgraded {
+        /// Request id.
+        rid: u64,
+    },
     /// `W`: the token was current; how the extension ended.
     Extended {
         /// Request id.
@@ -399,6 +404,7 @@ fn reply_body_len(op: u8) -> Option<usize> {
         b'C' => Some(12),
         // rid · state · term · lease_ms · label_len · 64 label bytes
         b'O' => Some(86),
+        b'D' => Some(8),
         _ => None,
     }
 }
@@ -421,6 +427,7 @@ impl Reply {
             | Reply::Permits { rid, .. }
             | Reply::CapacityMismatch { rid, .. }
             | Reply::Observed { rid, .. }
+            | Reply::Downgraded { rid }
             | Reply::Extended { rid, .. } => Some(rid),
             Reply::Leader { .. } | Reply::Push { .. } => None,
         }
@@ -445,6 +452,7 @@ impl Reply {
             Reply::Permits { .. } => b'Q',
             Reply::CapacityMismatch { .. } => b'C',
             Reply::Observed { .. } => b'O',
+            Reply::Downgraded { .. } => b'D',
         }
     }
     /// The length of the reply's frame, header included: what
@@ -509,6 +517,7 @@ impl Reply {
                 out.extend_from_slice(&observed.label.bytes);
             }
             Reply::Released { .. }
+            | Reply::Downgraded { .. }
             | Reply::ReleasedSet { .. }
             | Reply::NotFound { .. }
             | Reply::TimedOut { .. }
@@ -612,6 +621,7 @@ impl Reply {
                 rid,
                 observed: decode_observed(&body[8..])?,
             },
+            b'D' => Reply::Downgraded { rid },
             _ => unreachable!("reply_body_len accepted only the ops above"),
         };
         Ok(Some((reply, frame_len)))
@@ -642,9 +652,10 @@ impl Reply {
     pub fn answers(&self, kind: RequestKind) -> bool {
         match *self {
             Reply::Acquired { .. } => kind == RequestKind::Acquire,
-            Reply::AcquiredSet { .. } => {
-                matches!(kind, RequestKind::AcquireSet | RequestKind::AcquireCapped)
-            }
+            Reply::AcquiredSet { .. } => matches!(
+                kind,
+                RequestKind::AcquireSet | RequestKind::AcquireCapped | RequestKind::AcquireShared
+            ),
             Reply::Released { .. } => kind == RequestKind::Release,
             Reply::ReleasedSet { .. } => kind == RequestKind::ReleaseSet,
             Reply::TimedOut { .. } | Reply::Busy { .. } => kind.is_acquire(),
@@ -653,11 +664,15 @@ impl Reply {
             }
             Reply::NotFound { .. } => matches!(
                 kind,
-                RequestKind::Release | RequestKind::ReleaseSet | RequestKind::Extend
+                RequestKind::Release
+                    | RequestKind::ReleaseSet
+                    | RequestKind::Extend
+                    | RequestKind::Downgrade
             ),
             Reply::Negotiated { .. } => kind == RequestKind::Negotiate,
             Reply::Extended { .. } => kind == RequestKind::Extend,
             Reply::Observed { .. } => kind == RequestKind::Observe,
+            Reply::Downgraded { .. } => kind == RequestKind::Downgrade,
             Reply::Moved { .. } | Reply::Indeterminate { .. } => true,
             Reply::Error { code, .. } => code.allowed_for(kind),
             Reply::Leader { .. } | Reply::Push { .. } => false,

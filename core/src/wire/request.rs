@@ -114,6 +114,41 @@ pub struct ObserveRequest {
     pub name: Key,
 }
 
+/// An acquire with a mode per key (`Y`, capability
+/// [`Capabilities::SHARED`]): the keys `modes` marks are taken shared, the
+/// others exclusive, all under one token. Carries set records, one key or
+/// many, and is answered like `S`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireSharedRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// Wait bound in seconds; 0 = one immediate try.
+    pub wait_s: u8,
+    /// Lease in seconds, 1..=250.
+    pub lease_s: u8,
+    /// The cap on total hold in seconds; 0 = the server's default (a
+    /// connection that negotiated [`Capabilities::EXTEND`]) or none.
+    pub max_hold_s: u32,
+    /// Bit `i` set: key `i` (ascending) is wanted shared. No bit at or
+    /// past the number of keys.
+    pub modes: u16,
+    /// The key or key set.
+    pub keys: KeyGroup,
+}
+
+/// A downgrade of an exclusive grant to shared (`D`, capability
+/// [`Capabilities::SHARED`]): like a release, it names every key of the
+/// grant and its token; the token and the lease stay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DowngradeRequest {
+    /// Request id, non-zero.
+    pub rid: u64,
+    /// The fencing token of the grant, non-zero.
+    pub token: u64,
+    /// Every key of the grant (one, or the whole set).
+    pub keys: KeyGroup,
+}
+
 /// A fully validated request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -131,6 +166,10 @@ pub enum Request {
     AcquirePermits(PermitsRequest),
     /// `O`.
     Observe(ObserveRequest),
+    /// `Y`.
+    AcquireShared(AcquireSharedRequest),
+    /// `D`.
+    Downgrade(DowngradeRequest),
 }
 
 impl Request {
@@ -144,6 +183,8 @@ impl Request {
             Request::AcquireCapped(req) => req.rid,
             Request::AcquirePermits(req) => req.rid,
             Request::Observe(req) => req.rid,
+            Request::AcquireShared(req) => req.rid,
+            Request::Downgrade(req) => req.rid,
         }
     }
     /// The request kind.
@@ -158,6 +199,8 @@ impl Request {
             Request::AcquireCapped(_) => RequestKind::AcquireCapped,
             Request::AcquirePermits(_) => RequestKind::AcquirePermits,
             Request::Observe(_) => RequestKind::Observe,
+            Request::AcquireShared(_) => RequestKind::AcquireShared,
+            Request::Downgrade(_) => RequestKind::Downgrade,
         }
     }
     /// The length of the request's frame, header included: what
@@ -173,6 +216,8 @@ impl Request {
                 return FRAME_HEADER_LEN + 18 + req.name.as_bytes().len();
             }
             Request::Observe(req) => return FRAME_HEADER_LEN + 8 + req.name.as_bytes().len(),
+            Request::AcquireShared(req) => (16, &req.keys, true),
+            Request::Downgrade(req) => (16, &req.keys, true),
         };
         let keys_len = if set {
             1 + keys
@@ -248,6 +293,19 @@ impl Request {
             Request::Observe(req) => {
                 out.extend_from_slice(&req.rid.to_be_bytes());
                 out.extend_from_slice(req.name.as_bytes());
+            }
+            Request::AcquireShared(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.push(req.wait_s);
+                out.push(req.lease_s);
+                out.extend_from_slice(&req.max_hold_s.to_be_bytes());
+                out.extend_from_slice(&req.modes.to_be_bytes());
+                encode_keys(&req.keys, true, out);
+            }
+            Request::Downgrade(req) => {
+                out.extend_from_slice(&req.rid.to_be_bytes());
+                out.extend_from_slice(&req.token.to_be_bytes());
+                encode_keys(&req.keys, true, out);
             }
         }
         let body_len = out.len() - header_at - FRAME_HEADER_LEN;

@@ -22,6 +22,7 @@ use super::release::run_release_worker;
 use crate::hub::Hub;
 use crate::tls::{self, TlsMode};
 use ticketing_core::client::ClientError as TicketError;
+use ticketing_core::lock::KeyModes;
 use ticketing_core::wire::Capabilities;
 
 /// Configures a [`TicketBroker`]; see [`TicketBroker::builder`].
@@ -358,6 +359,46 @@ impl TicketBroker {
     pub async fn observe(&self, name: &str) -> Result<Option<Leader>, TicketError> {
         let keys = KeySet::single(name)?;
         run_observe(&*self.inner, keys).await
+    }
+
+    /// Acquires `key` in **shared** mode (docs/protocol.md §8.7): held
+    /// beside other shared holders, while an exclusive holder waits for all
+    /// of them (and a shared request behind a queued exclusive one waits
+    /// behind it). Same times and rules as [`TicketBroker::acquire`]; the
+    /// ticket has its own token, is renewed and released like any ticket.
+    /// Fence reads and writes by the two-mark rule of §8.7. Fails with
+    /// [`TicketError::Unsupported`], sending nothing, on a server without
+    /// shared locks (a cluster, or a published server).
+    pub async fn acquire_shared(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let params =
+            AcquireParams::new(wait, lease, work_budget_min)?.with_modes(KeyModes::all_shared(1));
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// Acquires `exclusive` and `shared` keys atomically under one token,
+    /// each in its mode (docs/protocol.md §8.7): e.g. `orders/42`
+    /// exclusive with `catalog` shared. 1..=16 keys in all, none named
+    /// twice. Same rules as [`TicketBroker::acquire_shared`].
+    pub async fn acquire_set_modes<S: AsRef<str>>(
+        &self,
+        exclusive: &[S],
+        shared: &[S],
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+    ) -> Result<TicketSet, TicketError> {
+        let (keys, modes) = KeySet::with_modes(exclusive, shared)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?.with_modes(modes);
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(TicketSet::new(Arc::clone(&self.inner), grant))
     }
 
     /// Takes `permits` (1..=16) of the FIFO semaphore `name`, which has

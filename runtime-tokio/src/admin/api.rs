@@ -40,8 +40,8 @@ use ticketing_core::admin::{
 use ticketing_core::budget::AbuseKind;
 use ticketing_core::events::{EVENTS_MAX, Event, EventView};
 use ticketing_core::inspect::{
-    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, LISTING_LIMIT_MAX, ListingCursor,
-    LockListing, LockView, MemberView, NotLeader,
+    AdminRequestId, ConnView, ForceRelease, ForceReleaseOutcome, HolderView, LISTING_LIMIT_MAX,
+    ListingCursor, LockListing, LockView, MemberView, NotLeader,
 };
 use ticketing_core::server::Dialect;
 use ticketing_core::wire::Key;

@@ -246,6 +246,12 @@ pub struct LockArgs {
     /// of the semaphore must give the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub semaphore: Option<u16>,
+    /// Hold KEY shared: other --shared holders run at the same time, while
+    /// an exclusive holder waits for all of them (and a --shared run queued
+    /// behind a waiting exclusive one waits behind it). Needs a
+    /// single-mode server of this version. $TICKETING_MODE says `shared`.
+    #[arg(long, conflicts_with_all = ["semaphore", "max_hold"])]
+    pub shared: bool,
     /// With --semaphore: how many permits (slots) this command takes at
     /// once, 1..=16 and at most N.
     #[arg(long, value_name = "K", requires = "semaphore", value_parser = clap::value_parser!(u8).range(1..=16))]

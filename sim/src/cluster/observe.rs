@@ -93,6 +93,8 @@ impl<'t> ClusterWorld<'t> {
                 Request::AcquireCapped(req) => (req.rid, true),
                 Request::AcquirePermits(req) => (req.rid, true),
                 Request::Observe(req) => (req.rid, false),
+                Request::AcquireShared(req) => (req.rid, true),
+                Request::Downgrade(req) => (req.rid, false),
             };
             if self.pending.insert((pipe_id, rid), acquire).is_some() {
                 self.violation(
@@ -124,6 +126,8 @@ fn reply_fits_request(reply: &Reply, acquire: bool, renewal: Option<u64>) -> boo
         // Cluster nodes do not serve semaphores, nor observing.
         Reply::Permits { .. } | Reply::CapacityMismatch { .. } => false,
         Reply::Observed { .. } => false,
+        // Nor shared locks.
+        Reply::Downgraded { .. } => false,
         // `P` has no rid and never gets here.
         Reply::Push { .. } => false,
         Reply::Leader { .. } => false,

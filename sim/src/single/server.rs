@@ -247,11 +247,15 @@ impl<'t> World<'t> {
                     },
                 )
             }
-            Request::AcquireCapped(_) | Request::AcquirePermits(_) | Request::Observe(_) => {
+            Request::AcquireCapped(_)
+            | Request::AcquirePermits(_)
+            | Request::Observe(_)
+            | Request::AcquireShared(_)
+            | Request::Downgrade(_) => {
                 self.violation(
                     Checker::Client,
                     format!(
-                        "conn {conn_id} sent {request:?}: the sim asks for no hold cap, no permits and no observe"
+                        "conn {conn_id} sent {request:?}: the sim asks for no hold cap, no permits, no observe and no shared lock"
                     ),
                 );
                 return None;

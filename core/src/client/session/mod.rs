@@ -248,7 +248,9 @@ impl Pending {
             Request::Acquire(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::AcquireCapped(req) => Duration::from_secs(u64::from(req.wait_s)),
             Request::AcquirePermits(req) => Duration::from_secs(u64::from(req.wait_s)),
-            Request::Release(_)
+            Request::AcquireShared(req) => Duration::from_secs(u64::from(req.wait_s)),
+            Request::Downgrade(_)
+            | Request::Release(_)
             | Request::Negotiate(_)
             | Request::Extend(_)
             | Request::Observe(_) => Duration::ZERO,
@@ -267,11 +269,14 @@ impl Pending {
     }
 }
 
-/// True for the requests that may be granted (`A`/`S`, `H` and `Q`).
+/// True for the requests that may be granted (`A`/`S`, `H`, `Q` and `Y`).
 fn is_acquire(request: &Request) -> bool {
     matches!(
         request,
-        Request::Acquire(_) | Request::AcquireCapped(_) | Request::AcquirePermits(_)
+        Request::Acquire(_)
+            | Request::AcquireCapped(_)
+            | Request::AcquirePermits(_)
+            | Request::AcquireShared(_)
     )
 }
 
@@ -281,6 +286,7 @@ fn wait_s_mut(request: &mut Request) -> Option<&mut u8> {
     match request {
         Request::Acquire(req) => Some(&mut req.wait_s),
         Request::AcquireCapped(req) => Some(&mut req.wait_s),
+        Request::AcquireShared(req) => Some(&mut req.wait_s),
         _ => None,
     }
 }

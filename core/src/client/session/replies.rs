@@ -239,6 +239,7 @@ impl Session {
                 self.push_outcome(rid, Outcome::Released)
             }
             Reply::NotFound { .. } => self.push_outcome(rid, Outcome::NotFound),
+            Reply::Downgraded { .. } => self.push_outcome(rid, Outcome::Downgraded),
             Reply::TimedOut { .. } => self.push_outcome(rid, Outcome::Timeout),
             Reply::Busy { .. } => self.push_outcome(rid, Outcome::Busy),
             Reply::Indeterminate { .. } => self.push_outcome(rid, Outcome::Indeterminate),
@@ -351,6 +352,7 @@ impl Session {
         let (keys, lease_s) = match (entry.request, &permits) {
             (Request::Acquire(req), None) => (KeySet(req.keys), req.lease_s),
             (Request::AcquireCapped(req), None) => (KeySet(req.keys), req.lease_s),
+            (Request::AcquireShared(req), None) => (KeySet(req.keys), req.lease_s),
             (Request::AcquirePermits(req), Some(permits)) => {
                 // The grant is of the slots' keys: what a release and a
                 // renewal name.

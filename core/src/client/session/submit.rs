@@ -2,6 +2,8 @@
 //! to the transport.
 
 use super::*;
+use crate::lock::KeyModes;
+use crate::wire::{AcquireSharedRequest, DowngradeRequest, SET_KEYS_MAX};
 
 impl Session {
     /// Queues an acquire of `keys` with `params`, giving up at `deadline`
@@ -16,6 +18,9 @@ impl Session {
     ) -> Result<u64, ClientError> {
         if let Some((permits, capacity)) = params.permits() {
             return self.submit_permits(now, keys, params, (permits, capacity), deadline);
+        }
+        if params.modes() != KeyModes::EXCLUSIVE {
+            return self.submit_shared(now, keys, params, deadline);
         }
         let request = match params.max_hold_s() {
             None => Request::Acquire(AcquireRequest {
@@ -75,6 +80,68 @@ impl Session {
             name: name.clone(),
         });
         self.submit(now, request, deadline, params.wait_s())
+    }
+
+    /// An acquire with a mode per key (`Y`).
+    fn submit_shared(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        params: &AcquireParams,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        let modes = params.modes().bits();
+        if keys.0.len() < SET_KEYS_MAX && modes >> keys.0.len() != 0 {
+            return Err(ClientError::InvalidInput(
+                "a mode names a key past the last",
+            ));
+        }
+        if self.is_ready() && !self.capabilities.contains(Capabilities::SHARED) {
+            return Err(ClientError::Unsupported(
+                "shared locks (the server did not grant SHARED)",
+            ));
+        }
+        let request = Request::AcquireShared(AcquireSharedRequest {
+            rid: 0,
+            wait_s: params.wait_s(),
+            lease_s: params.lease_s(),
+            max_hold_s: params.max_hold_s().unwrap_or(0),
+            modes,
+            keys: keys.0,
+        });
+        self.submit(now, request, deadline, params.wait_s())
+    }
+
+    /// Queues a downgrade (`D`) of the grant `token` of `keys` (every key
+    /// of the grant) from exclusive to shared, giving up at `deadline`;
+    /// like a release it counts against
+    /// [`SessionConfig::pending_releases_max`]. Returns its rid. Fails with
+    /// [`ClientError::Unsupported`], sending nothing, unless the server
+    /// granted [`Capabilities::SHARED`] on this session.
+    pub fn submit_downgrade(
+        &mut self,
+        now: Instant,
+        keys: KeySet,
+        token: u64,
+        deadline: Instant,
+    ) -> Result<u64, ClientError> {
+        if token == 0 {
+            return Err(ClientError::InvalidInput("token must not be zero"));
+        }
+        if !self.is_ready() {
+            return Err(ClientError::NotConnected);
+        }
+        if !self.capabilities.contains(Capabilities::SHARED) {
+            return Err(ClientError::Unsupported(
+                "downgrading (the server did not grant SHARED)",
+            ));
+        }
+        let request = Request::Downgrade(DowngradeRequest {
+            rid: 0,
+            token,
+            keys: keys.0,
+        });
+        self.submit(now, request, deadline, 0)
     }
 
     /// Queues an exact-token release of `keys`, giving up at `deadline`
@@ -229,6 +296,8 @@ impl Session {
             Request::AcquireCapped(req) => req.rid = rid,
             Request::AcquirePermits(req) => req.rid = rid,
             Request::Observe(req) => req.rid = rid,
+            Request::AcquireShared(req) => req.rid = rid,
+            Request::Downgrade(req) => req.rid = rid,
         }
         if acquire {
             self.pending_acquires += 1;

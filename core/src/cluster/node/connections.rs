@@ -266,6 +266,9 @@ impl ClusterNode {
             self_slot: self.config.id.slot,
             nonce,
         };
+        // Not PERMITS, OBSERVE or SHARED: semaphores, observing and shared
+        // holders are single-mode only until the replicated state carries
+        // them (a shared grant must be a committed command like any grant).
         let served = Capabilities::EXTEND.union(Capabilities::PUSH);
         let (front, deadline) =
             self.conns

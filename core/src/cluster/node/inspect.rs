@@ -179,6 +179,8 @@ impl ClusterNode {
                 keys: waiter.keys.keys().to_vec(),
                 waited_ms: ms(now.saturating_duration_since(waiter.received)),
                 wait_remaining_ms: ms(waiter.deadline.saturating_duration_since(now)),
+                // Cluster nodes serve no shared locks (docs/protocol.md §8.7).
+                shared: false,
                 conn: self.conn_view(waiter.conn),
             })
             .collect();
@@ -188,6 +190,7 @@ impl ClusterNode {
         Some(LockView {
             key: key.clone(),
             holder,
+            sharers: Vec::new(),
             waiters,
             waiters_total: queue.map_or(0, VecDeque::len),
         })

@@ -201,6 +201,12 @@ impl ClusterNode {
             ClientRequest::Observe { reply_to, .. } => {
                 self.answer(conn_id, &reply_to, Answer::NotActive)
             }
+            // Nor shared locks: sharers are not replicated yet, so a node
+            // never grants SHARED and never decodes `Y` or `D`.
+            ClientRequest::AcquireShared { reply_to, .. }
+            | ClientRequest::Downgrade { reply_to, .. } => {
+                self.answer(conn_id, &reply_to, Answer::NotActive)
+            }
         }
     }
 

@@ -32,7 +32,8 @@ pub(super) fn line_answer(
         Answer::Extended { .. }
         | Answer::PermitsGranted { .. }
         | Answer::CapacityMismatch { .. }
-        | Answer::Observed(_) => return Delivery::Close,
+        | Answer::Observed(_)
+        | Answer::Downgraded => return Delivery::Close,
     };
     reply.encode(out);
     Delivery::Queued

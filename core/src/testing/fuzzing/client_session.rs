@@ -8,6 +8,7 @@ use crate::client::{
     AcquireParams, CancelOutcome, CloseReason, KeySet, Outcome, Session, SessionConfig,
     SessionEvent,
 };
+use crate::lock::KeyModes;
 use crate::time::{Duration, Instant};
 use crate::wire::{
     Capabilities, Decoded, ErrorCode, ExtendStatus, NO_LEADER_SLOT, PushKind, Reply, Request,
@@ -23,6 +24,8 @@ struct Tracked {
     acquire: bool,
     /// A renewal (`W`): only it may end `Extended`.
     extend: bool,
+    /// A downgrade (`D`): only it may end `Downgraded`.
+    downgrade: bool,
     /// The lease asked for (an acquire's or a renewal's).
     lease: Duration,
     /// When its bytes were handed out, as decoded from the session's output.
@@ -185,8 +188,10 @@ impl Harness {
     fn extension_step(&mut self, cursor: &mut Cursor<'_>, op: u8) {
         match op % 4 {
             0 => self.queue_negotiated(cursor),
+            1 if op & 0x08 != 0 => self.queue_downgraded(cursor),
             1 => self.queue_extended(cursor),
             2 => self.queue_push(cursor),
+            _ if op & 0x08 != 0 => self.submit_shared(cursor),
             _ => self.submit_extend(cursor),
         }
     }
@@ -231,6 +236,73 @@ impl Harness {
         .encode(&mut self.to_session);
     }
 
+    /// Queues a `D` answer to a tracked request (a downgrade or not) or a
+    /// made-up one.
+    fn queue_downgraded(&mut self, cursor: &mut Cursor<'_>) {
+        let pick = usize::from(cursor.byte().unwrap_or(0));
+        let rid = match self.tracked.keys().nth(pick % self.tracked.len().max(1)) {
+            Some(&rid) if pick != 255 => rid,
+            _ => u64::from(cursor.byte().unwrap_or(0)),
+        };
+        Reply::Downgraded { rid }.encode(&mut self.to_session);
+    }
+
+    /// Submits a shared acquire (`Y`) or a downgrade (`D`); either is
+    /// accepted only on a session granted SHARED (an acquire also before
+    /// the negotiation is answered: it waits for it).
+    fn submit_shared(&mut self, cursor: &mut Cursor<'_>) {
+        let bits = cursor.byte().unwrap_or(1);
+        let arg = cursor.byte().unwrap_or(0);
+        let keys = keyset(bits);
+        let granted = self.session.capabilities();
+        let (result, acquire, lease) = if arg & 0x80 == 0 {
+            let params = AcquireParams::new(
+                Duration::from_secs(u64::from(arg % 4)),
+                Duration::from_secs(1 + u64::from(arg % 5)),
+                Duration::ZERO,
+            )
+            .expect("valid params")
+            .with_modes(KeyModes::from_bits(u16::from(bits)));
+            let deadline = params.operation_deadline(self.now);
+            let result = self
+                .session
+                .submit_acquire(self.now, keys.clone(), &params, deadline);
+            (result, true, params.lease())
+        } else {
+            let deadline = self.now.saturating_add(Duration::from_secs(2));
+            let token = u64::from(arg & 0x7f) + 1;
+            let result = self
+                .session
+                .submit_downgrade(self.now, keys.clone(), token, deadline);
+            (result, false, Duration::ZERO)
+        };
+        let Ok(rid) = result else {
+            return;
+        };
+        assert!(self.closed.is_none(), "accepted a request after closing");
+        let modes_named = u16::from(bits) & ((1 << keys.len()) - 1) != 0;
+        if !acquire || (self.session.is_ready() && modes_named) {
+            assert!(
+                granted.contains(Capabilities::SHARED),
+                "shared request sent unasked"
+            );
+        }
+        let fresh = self.tracked.insert(
+            rid,
+            Tracked {
+                keys,
+                acquire,
+                extend: false,
+                downgrade: !acquire,
+                lease,
+                sent_at: None,
+                moved: false,
+                resolved: None,
+            },
+        );
+        assert!(fresh.is_none(), "rid {rid} handed out twice");
+    }
+
     /// Queues a push about a token the bytes choose (granted or not).
     fn queue_push(&mut self, cursor: &mut Cursor<'_>) {
         let arg = cursor.byte().unwrap_or(0);
@@ -267,6 +339,7 @@ impl Harness {
                     keys,
                     acquire: false,
                     extend: true,
+                    downgrade: false,
                     lease,
                     sent_at: None,
                     moved: false,
@@ -366,6 +439,7 @@ impl Harness {
                     keys,
                     acquire,
                     extend: false,
+                    downgrade: false,
                     lease,
                     sent_at: None,
                     moved: false,
@@ -523,6 +597,12 @@ fn drain(
                     assert!(entry.extend, "rid {rid} ended Extended, not a renewal");
                     let sent_at = entry.sent_at.expect("answered, so sent");
                     assert!(*valid_before <= sent_at.saturating_add(entry.lease));
+                }
+                if outcome == Outcome::Downgraded {
+                    assert!(
+                        entry.downgrade,
+                        "rid {rid} ended Downgraded, not a downgrade"
+                    );
                 }
                 if let Outcome::Acquired(grant) = &outcome {
                     assert!(entry.acquire, "a release was granted");

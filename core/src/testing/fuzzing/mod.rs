@@ -37,7 +37,7 @@ use self::script::{Cursor, fuzz_request, tiny_server_config};
 /// Feeds `data` to a [`RequestDecoder`] in chunks whose sizes come from the
 /// low four bits of the first byte, on a connection that negotiated the
 /// capabilities in its top four bits (EXTEND lets `W` and `H` decode,
-/// PERMITS `Q`, OBSERVE `O`), and
+/// PERMITS `Q`, OBSERVE `O`; all four also SHARED's `Y` and `D`), and
 /// checks: no panic, bounded buffering, every request it yields
 /// re-encodes to bytes that decode to the same request, and the sequence
 /// decoded (requests, rejections, the error that ends it) is the same as
@@ -47,8 +47,12 @@ pub fn request_decoder(data: &[u8]) {
         return;
     };
     let chunk_len = usize::from(chunk_seed % 16) + 1;
-    // Four bits: every capability this build knows, in every mix.
-    let caps = Capabilities(u32::from(chunk_seed >> 4));
+    // Four bits: the first four capabilities in every mix; all four set
+    // stands for every capability this build knows (SHARED too).
+    let caps = match chunk_seed >> 4 {
+        0xF => Capabilities::KNOWN,
+        bits => Capabilities(u32::from(bits)),
+    };
     let chunked = decode_requests(data, chunk_len, caps);
     let whole = decode_requests(data, data.len().max(1), caps);
     assert_eq!(chunked, whole, "chunks of {chunk_len} decode differently");
@@ -231,6 +235,11 @@ impl ExtensionReplies {
                 );
                 self.tokens.push(token);
             }
+            Reply::Downgraded { .. } => assert!(
+                self.granted
+                    .is_some_and(|g| g.contains(Capabilities::SHARED)),
+                "a D answered without SHARED"
+            ),
             Reply::Observed { observed, .. } => {
                 assert!(
                     self.granted

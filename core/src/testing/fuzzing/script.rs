@@ -4,8 +4,9 @@
 use crate::lock::{Limits, LockConfig};
 use crate::server::ServerConfig;
 use crate::wire::{
-    AcquireCappedRequest, AcquireRequest, Capabilities, EXTENSION_VERSION, ExtendRequest, Key,
-    KeyGroup, NegotiateRequest, ObserveRequest, PermitsRequest, ReleaseRequest, Request,
+    AcquireCappedRequest, AcquireRequest, AcquireSharedRequest, Capabilities, DowngradeRequest,
+    EXTENSION_VERSION, ExtendRequest, Key, KeyGroup, NegotiateRequest, ObserveRequest,
+    PermitsRequest, ReleaseRequest, Request,
 };
 
 /// A single server small enough for a script to reach every limit: 3 keys,
@@ -108,7 +109,9 @@ pub(super) fn fuzz_request(cursor: &mut Cursor<'_>, rid: u64, first_token: u64) 
 /// 16 of `first_token`, with a lease of up to 250 s or an out-of-range 0;
 /// an `H` with a short wait and lease and a cap of up to 4 s (or 0, which
 /// is refused), so renewals reach it; a `Q` for a few permits of a
-/// small semaphore; or an `O` of the first key.
+/// small semaphore; an `O` of the first key; or, when bit 3 of `kind` is
+/// set, a `Y` with the modes in `arg` or a `D` by a token near
+/// `first_token` instead of a `W`.
 fn fuzz_extension(kind: u8, bits: u8, arg: u8, rid: u64, first_token: u64) -> Request {
     let set = kind & 0x10 != 0;
     let keys = fuzz_keys(if set { bits } else { 1 << (bits % 4) });
@@ -118,6 +121,20 @@ fn fuzz_extension(kind: u8, bits: u8, arg: u8, rid: u64, first_token: u64) -> Re
             version: EXTENSION_VERSION,
             wanted: Capabilities(u32::from(bits)),
             label: "fuzz".repeat(usize::from(arg % 4)),
+        }),
+        // Shared and exclusive keys (modes past the last key are refused).
+        1 if kind & 0x08 != 0 => Request::AcquireShared(AcquireSharedRequest {
+            rid,
+            wait_s: arg % 4,
+            lease_s: 1 + arg % 3,
+            max_hold_s: 0,
+            modes: u16::from(arg >> 2),
+            keys,
+        }),
+        2 if kind & 0x08 != 0 => Request::Downgrade(DowngradeRequest {
+            rid,
+            token: first_token + u64::from(arg % 16),
+            keys,
         }),
         1 | 2 => Request::Extend(ExtendRequest {
             rid,

@@ -190,7 +190,7 @@ pub(super) fn conn_json(conn: Option<&ConnView>, served: Served) -> Value {
 /// `served` in full (see [`ticketing_core::admin`]).
 pub(super) fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Value {
     let (key, utf8) = key_text(view.key.as_bytes());
-    let holder = view.holder.as_ref().map(|holder| {
+    let holder_json = |holder: &HolderView| {
         let (keys, keys_encoding) = keys_json(&holder.keys);
         let granted_at = now
             .checked_sub(Duration::from_millis(holder.held_ms))
@@ -206,7 +206,15 @@ pub(super) fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Val
             "granted_at": rfc3339(granted_at),
             "conn": conn_json(holder.conn.as_ref(), served),
         })
-    });
+    };
+    let holder = view.holder.as_ref().map(holder_json);
+    // Held shared: every sharer, oldest first (the holder is the oldest).
+    let sharers: Vec<Value> = view.sharers.iter().map(holder_json).collect();
+    let mode = match (&view.holder, view.sharers.is_empty()) {
+        (None, _) => None,
+        (Some(_), true) => Some("exclusive"),
+        (Some(_), false) => Some("shared"),
+    };
     let waiters: Vec<Value> = view
         .waiters
         .iter()
@@ -217,6 +225,7 @@ pub(super) fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Val
                 "position": index + 1,
                 "keys": keys,
                 "keys_encoding": keys_encoding,
+                "mode": if waiter.shared { "shared" } else { "exclusive" },
                 "waited_ms": waiter.waited_ms,
                 "wait_remaining_ms": waiter.wait_remaining_ms,
                 "conn": conn_json(waiter.conn.as_ref(), served),
@@ -227,6 +236,8 @@ pub(super) fn lock_json(view: &LockView, now: SystemTime, served: Served) -> Val
         "key": key,
         "key_encoding": encoding(utf8),
         "holder": holder,
+        "mode": mode,
+        "sharers": sharers,
         "waiters": waiters,
         "waiters_total": view.waiters_total,
         "redacted": served == Served::Redacted,
