@@ -84,7 +84,7 @@ struct Campaigner {
     /// The term of an office lost (lease run out, renewal refused): a
     /// paused process may still act on it.
     stale: Option<u64>,
-    /// The step a campaign was sent in, by arrival.
+    /// The step its last campaign was sent in.
     sent_at_step: usize,
 }
 
@@ -537,9 +537,8 @@ fn run_world(seed: u64) -> Verdict {
 
 /// Runs 100 worlds with `bug` on; the number in which each checker fired.
 /// A planted bug may also trip one of the core's own debug assertions
-/// before a checker speaks (`SkipWaiter` can leave a removed waiter at the
-/// front of a queue): such worlds are counted apart and must stay a
-/// minority.
+/// before a checker speaks: such worlds are counted apart and must stay a
+/// minority (none does today).
 fn firing(bug: PlantedBug) -> [usize; 3] {
     planted::set(Some(bug));
     let runs: Vec<std::thread::Result<Verdict>> = (0..100)
