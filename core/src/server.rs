@@ -425,6 +425,14 @@ impl Server {
             Some(conn) => (LeaderState::Departed, conn.front.label()),
             None => (LeaderState::Departed, self.departed.label(holder)),
         };
+        #[cfg(feature = "planted-bugs")]
+        if state == LeaderState::Departed
+            && crate::testing::planted::active(
+                crate::testing::planted::PlantedBug::ObserveDepartedAsNone,
+            )
+        {
+            return Observed::NO_LEADER;
+        }
         let lease_ms = grant
             .lease_deadline
             .saturating_duration_since(now)

@@ -294,7 +294,7 @@ fn mixed_worlds_with_line_clients_catch_every_planted_bug() {
         let (mut failing, mut asserted) = (0, 0);
         for &seed in &worlds {
             // A planted bug may also break the lock table's own debug
-            // assertions (SkipWaiter does in some worlds): counted apart.
+            // assertions: counted apart.
             let run = std::panic::catch_unwind(|| World::new(seed, SimConfig::swarm(seed)).run());
             match run {
                 Ok(report) if !report.violations.is_empty() => failing += 1,

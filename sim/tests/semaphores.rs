@@ -4,20 +4,27 @@
 //!   never a slot at or past its capacity;
 //! - **FIFO**: a permit grant never overtakes an earlier request for the
 //!   same semaphore that is still waiting;
-//! - **tokens**: every grant's token is above every token granted before.
+//! - **tokens**: every grant's token is above every token granted before;
+//! - **linearizability**: each slot key's history as the clients saw it
+//!   (a permit grant is a grant of each of its slot keys under its token, a
+//!   release answered `R` or `N` one of each) has a linearization in the
+//!   sim's model of a FIFO lock with leases (`ticketing_sim::linear`).
 //!
-//! The FIFO checker catches the planted `BargePermits` on its own.
+//! Each checker alone catches a planted bug: capacity `SlotPastCapacity`,
+//! FIFO `BargePermits`, tokens `ReuseToken`, linearizability
+//! `ReportLowestSlots`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ticketing_core::server::ConnId;
 use ticketing_core::testing::net::SingleNet;
 use ticketing_core::testing::planted::{self, PlantedBug};
-use ticketing_core::time::Duration;
+use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
-    Capabilities, EXTENSION_VERSION, Key, KeyGroup, NegotiateRequest, PermitsRequest,
+    Capabilities, EXTENSION_VERSION, ErrorCode, Key, KeyGroup, NegotiateRequest, PermitsRequest,
     ReleaseRequest, Reply, Request, slot_key,
 };
+use ticketing_sim::linear::{self, LinEntry, LinOp, LinResult};
 
 /// The semaphores of every world: name and capacity.
 const SEMAPHORES: [(&str, u16); 2] = [("alpha", 2), ("beta", 3)];
@@ -39,11 +46,36 @@ impl Rng {
     }
 }
 
+/// The checkers, in the order of [`Verdict::fired`].
+const CHECKERS: [&str; 4] = ["capacity", "fifo", "tokens", "linearizability"];
+const CAPACITY: usize = 0;
+const FIFO: usize = 1;
+const TOKENS: usize = 2;
+const LINEAR: usize = 3;
+
+/// What a client sent and has not had answered.
+#[derive(Clone, Debug)]
+enum Sent {
+    /// A permit request for `semaphore`, the `arrival`-th of the world,
+    /// sent at `sent_us` (true time) asking `lease_s`.
+    Permits {
+        semaphore: usize,
+        arrival: u64,
+        sent_us: u64,
+        lease_s: u8,
+    },
+    /// A release of a grant.
+    Release {
+        semaphore: usize,
+        token: u64,
+        slots: Vec<u16>,
+    },
+}
+
 struct Client {
     conn: ConnId,
     next_rid: u64,
-    /// Requests sent and not answered: rid → (semaphore, arrival order).
-    pending: HashMap<u64, (usize, u64)>,
+    pending: HashMap<u64, Sent>,
     /// Grants received: semaphore, token, slots.
     held: Vec<(usize, u64, Vec<u16>)>,
 }
@@ -74,19 +106,49 @@ fn slot_keys(semaphore: usize, slots: &[u16]) -> KeyGroup {
     KeyGroup::new(slots.iter().map(|&s| slot_key(&name, s).unwrap()).collect()).unwrap()
 }
 
-/// Runs world `seed`; the first checker that fires, with what it saw.
-/// The grants, and of them the ones that waited in the queue (answered
-/// in a later step than sent), of a world that held every invariant.
-fn run_world(seed: u64) -> Result<(usize, usize), String> {
+/// What a world did, and the first thing each checker saw (a world goes
+/// on after a checker fired, so every checker judges every world).
+#[derive(Debug, Default)]
+struct Verdict {
+    fired: [Option<String>; 4],
+    granted: usize,
+    /// Grants answered in a later step than sent (they waited in the
+    /// queue).
+    waited: usize,
+    /// Slot-key histories found linearizable, and those the search gave
+    /// up on (too long, or its state budget).
+    linearizable: usize,
+    inconclusive: usize,
+    /// Releases refused as naming another key set than their grant's.
+    refused: usize,
+}
+
+impl Verdict {
+    fn fire(&mut self, checker: usize, what: String) {
+        self.fired[checker].get_or_insert(what);
+    }
+}
+
+/// True microseconds since the world began.
+fn micros(now: Instant, start: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(start).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Runs world `seed`.
+fn run_world(seed: u64) -> Verdict {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut h = SingleNet::default();
+    let start = h.now;
     let mut clients: Vec<Client> = (0..CLIENTS).map(|_| connect(&mut h)).collect();
     let mut arrivals = 0u64;
     let mut token_max = 0u64;
-    let (mut granted, mut waited) = (0, 0);
+    let mut verdict = Verdict::default();
     let mut sent_at_step: HashMap<u64, usize> = HashMap::new();
+    // Each slot key's history, by semaphore and slot.
+    let mut histories: BTreeMap<(usize, u16), Vec<LinEntry>> = BTreeMap::new();
     for step in 0..STEPS {
         let who = rng.below(CLIENTS as u64) as usize;
+        let now_us = micros(h.now, start);
         match rng.below(100) {
             0..45 => {
                 let semaphore = rng.below(SEMAPHORES.len() as u64) as usize;
@@ -95,12 +157,21 @@ fn run_world(seed: u64) -> Result<(usize, usize), String> {
                 let rid = client.next_rid;
                 client.next_rid += 1;
                 arrivals += 1;
-                client.pending.insert(rid, (semaphore, arrivals));
+                let lease_s = 1 + rng.below(3) as u8;
+                client.pending.insert(
+                    rid,
+                    Sent::Permits {
+                        semaphore,
+                        arrival: arrivals,
+                        sent_us: now_us,
+                        lease_s,
+                    },
+                );
                 sent_at_step.insert(arrivals, step);
                 let request = Request::AcquirePermits(PermitsRequest {
                     rid,
                     wait_s: rng.below(4) as u8,
-                    lease_s: 1 + rng.below(3) as u8,
+                    lease_s,
                     max_hold_s: 0,
                     permits: 1 + rng.below(u64::from(capacity.min(3))) as u8,
                     capacity,
@@ -123,77 +194,179 @@ fn run_world(seed: u64) -> Result<(usize, usize), String> {
                     keys: slot_keys(semaphore, &slots),
                     set: true,
                 });
+                client.pending.insert(
+                    rid,
+                    Sent::Release {
+                        semaphore,
+                        token,
+                        slots,
+                    },
+                );
                 h.send(client.conn, &release);
             }
             70..92 => h.advance(Duration::from_millis(rng.below(1_500))),
             _ => {
+                // Every reply so far was read: what the client still
+                // waits for is queued, and goes with the connection.
                 let conn = clients[who].conn;
                 h.server_handle_closed(conn);
                 clients[who] = connect(&mut h);
             }
         }
+        let now_us = micros(h.now, start);
         // Every reply of the step, before any is judged: grants and
         // timeouts of one step may be read in any connection order.
         let mut grants = Vec::new();
         for client in &mut clients {
             for reply in h.replies(client.conn) {
                 let Some(rid) = reply.rid() else { continue };
-                let Some((semaphore, arrival)) = client.pending.remove(&rid) else {
+                let Some(sent) = client.pending.remove(&rid) else {
                     continue;
                 };
-                match reply {
-                    Reply::Permits { token, slots, .. } => {
+                match (sent, reply) {
+                    (
+                        Sent::Permits {
+                            semaphore,
+                            arrival,
+                            sent_us,
+                            lease_s,
+                        },
+                        Reply::Permits { token, slots, .. },
+                    ) => {
                         let slots = slots.as_slice().to_vec();
                         grants.push((semaphore, arrival, token));
-                        granted += 1;
+                        verdict.granted += 1;
                         if sent_at_step.get(&arrival) != Some(&step) {
-                            waited += 1;
+                            verdict.waited += 1;
+                        }
+                        for &slot in &slots {
+                            histories
+                                .entry((semaphore, slot))
+                                .or_default()
+                                .push(LinEntry {
+                                    invoke_us: sent_us,
+                                    respond_us: now_us,
+                                    op: LinOp::Granted {
+                                        token,
+                                        lease_min_us: u64::from(lease_s) * 1_000_000,
+                                    },
+                                });
                         }
                         client.held.push((semaphore, token, slots));
                     }
-                    Reply::TimedOut { .. } | Reply::Busy { .. } => {}
-                    other => return Err(format!("step {step}: unexpected {other:?}")),
+                    (Sent::Permits { .. }, Reply::TimedOut { .. } | Reply::Busy { .. }) => {}
+                    (
+                        Sent::Release {
+                            semaphore,
+                            token,
+                            slots,
+                        },
+                        reply @ (Reply::ReleasedSet { .. } | Reply::NotFound { .. }),
+                    ) => {
+                        let op = match reply {
+                            Reply::NotFound { .. } => LinOp::NotFound { token },
+                            _ => LinOp::Released { token },
+                        };
+                        for slot in slots {
+                            histories
+                                .entry((semaphore, slot))
+                                .or_default()
+                                .push(LinEntry {
+                                    invoke_us: now_us,
+                                    respond_us: now_us,
+                                    op,
+                                });
+                        }
+                    }
+                    // A release naming other keys than its grant's (only a
+                    // client told the wrong slots sends one) is refused and
+                    // changes nothing: no operation of any slot's history.
+                    (
+                        Sent::Release { .. },
+                        Reply::Error {
+                            code: ErrorCode::GroupMismatch,
+                            ..
+                        },
+                    ) => verdict.refused += 1,
+                    (sent, other) => panic!("step {step}: {sent:?} answered {other:?}"),
                 }
             }
         }
         let step_max = grants.iter().map(|grant| grant.2).max();
         for &(semaphore, arrival, token) in &grants {
             if token <= token_max {
-                return Err(format!(
-                    "step {step}: token {token} not above an earlier grant's {token_max}"
-                ));
+                verdict.fire(
+                    TOKENS,
+                    format!("step {step}: token {token} not above an earlier grant's {token_max}"),
+                );
             }
-            let overtaken = clients.iter().flat_map(|c| c.pending.values()).find(
-                |&&(waiting_on, waiting_since)| waiting_on == semaphore && waiting_since < arrival,
-            );
-            if let Some((_, earlier)) = overtaken {
-                return Err(format!(
-                    "step {step}: request {arrival} for {} granted while request {earlier} still waits",
-                    SEMAPHORES[semaphore].0
-                ));
+            let overtaken = clients
+                .iter()
+                .flat_map(|c| c.pending.values())
+                .filter_map(|sent| match *sent {
+                    Sent::Permits {
+                        semaphore: waiting_on,
+                        arrival: waiting_since,
+                        ..
+                    } if waiting_on == semaphore && waiting_since < arrival => Some(waiting_since),
+                    _ => None,
+                })
+                .min();
+            if let Some(earlier) = overtaken {
+                verdict.fire(
+                    FIFO,
+                    format!(
+                        "step {step}: request {arrival} for {} granted while request {earlier} still waits",
+                        SEMAPHORES[semaphore].0
+                    ),
+                );
             }
         }
         token_max = token_max.max(step_max.unwrap_or(0));
-        for (semaphore, &(name, capacity)) in SEMAPHORES.iter().enumerate() {
-            let name = Key::from_text(name).unwrap();
-            let held: Vec<u16> = (0..capacity + 4)
-                .filter(|&slot| {
-                    let key = slot_key(&name, slot).unwrap();
-                    h.server
-                        .lock_table()
-                        .holder(key.as_bytes())
-                        .is_some_and(|(_, deadline)| deadline > h.now)
-                })
-                .collect();
-            if held.len() > usize::from(capacity) || held.iter().any(|&slot| slot >= capacity) {
-                return Err(format!(
-                    "step {step}: {} has slots {held:?} held, capacity {capacity}",
-                    SEMAPHORES[semaphore].0
-                ));
-            }
+        check_capacity(&h, step, &mut verdict);
+    }
+    check_histories(&histories, &mut verdict);
+    verdict
+}
+
+/// The capacity checker, on the server's table at this instant.
+fn check_capacity(h: &SingleNet, step: usize, verdict: &mut Verdict) {
+    for &(name, capacity) in &SEMAPHORES {
+        let key = Key::from_text(name).unwrap();
+        let held: Vec<u16> = (0..capacity + 4)
+            .filter(|&slot| {
+                let key = slot_key(&key, slot).unwrap();
+                h.server
+                    .lock_table()
+                    .holder(key.as_bytes())
+                    .is_some_and(|(_, deadline)| deadline > h.now)
+            })
+            .collect();
+        if held.len() > usize::from(capacity) || held.iter().any(|&slot| slot >= capacity) {
+            verdict.fire(
+                CAPACITY,
+                format!("step {step}: {name} has slots {held:?} held, capacity {capacity}"),
+            );
         }
     }
-    Ok((granted, waited))
+}
+
+/// The linearizability checker, on each slot key's history.
+fn check_histories(histories: &BTreeMap<(usize, u16), Vec<LinEntry>>, verdict: &mut Verdict) {
+    for (&(semaphore, slot), history) in histories {
+        match linear::check(history) {
+            LinResult::Ok => verdict.linearizable += 1,
+            LinResult::Inconclusive => verdict.inconclusive += 1,
+            LinResult::Violation => verdict.fire(
+                LINEAR,
+                format!(
+                    "slot {slot} of {}: no linearization of its {} operations",
+                    SEMAPHORES[semaphore].0,
+                    history.len()
+                ),
+            ),
+        }
+    }
 }
 
 /// What these tests need of the test network beyond its own calls.
@@ -209,33 +382,89 @@ impl Close for SingleNet {
 }
 
 #[test]
-fn semaphore_worlds_keep_capacity_fifo_and_rising_tokens() {
-    let (mut granted, mut waited) = (0, 0);
+fn semaphore_worlds_keep_capacity_fifo_rising_tokens_and_linearizability() {
+    let mut total = Verdict::default();
     for seed in 0..200 {
-        match run_world(seed) {
-            Ok((g, w)) => (granted, waited) = (granted + g, waited + w),
-            Err(violation) => panic!("seed {seed}: {violation}"),
+        let verdict = run_world(seed);
+        for (checker, fired) in CHECKERS.iter().zip(&verdict.fired) {
+            assert!(fired.is_none(), "seed {seed}: {checker}: {fired:?}");
+        }
+        total.granted += verdict.granted;
+        total.waited += verdict.waited;
+        total.linearizable += verdict.linearizable;
+        total.inconclusive += verdict.inconclusive;
+    }
+    // The worlds did what the checkers judge: grants, many after a wait,
+    // and slot histories the search decided.
+    println!(
+        "{} permit grants, {} of them after waiting in the queue; {} slot histories linearizable, {} inconclusive",
+        total.granted, total.waited, total.linearizable, total.inconclusive
+    );
+    assert!(total.waited > 1_000, "{total:?}");
+    assert!(total.linearizable > 800, "{total:?}");
+    assert!(total.inconclusive * 20 < total.linearizable, "{total:?}");
+    assert_eq!(total.refused, 0, "{total:?}");
+}
+
+/// Runs 100 worlds with `bug` on; the number in which each checker fired.
+fn firing(bug: PlantedBug) -> [usize; 4] {
+    planted::set(Some(bug));
+    let runs: Vec<std::thread::Result<Verdict>> = (0..100)
+        .map(|seed| std::panic::catch_unwind(|| run_world(seed)))
+        .collect();
+    planted::set(None);
+    let verdicts: Vec<&Verdict> = runs.iter().filter_map(|run| run.as_ref().ok()).collect();
+    let asserted = runs.len() - verdicts.len();
+    let mut counts = [0; 4];
+    for verdict in &verdicts {
+        for (checker, fired) in verdict.fired.iter().enumerate() {
+            counts[checker] += usize::from(fired.is_some());
         }
     }
-    // The worlds did what the checkers judge: grants, many after a wait.
-    println!("{granted} permit grants, {waited} of them after waiting in the queue");
-    assert!(waited > 1_000, "{granted} grants, {waited} after a wait");
+    for (checker, count) in CHECKERS.iter().zip(counts) {
+        println!(
+            "{bug:?}: the {checker} checker fired in {count} of {} worlds run to their end ({asserted} more stopped at a core debug assertion)",
+            verdicts.len()
+        );
+    }
+    assert!(
+        asserted * 2 < runs.len(),
+        "{asserted} of 100 worlds asserted"
+    );
+    counts
+}
+
+#[test]
+fn the_capacity_checker_alone_catches_a_slot_past_capacity() {
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::SlotPastCapacity);
+    assert_eq!((fifo, tokens, linear), (0, 0, 0));
+    assert!(capacity >= 80, "caught in only {capacity} of 100 worlds");
 }
 
 #[test]
 fn the_fifo_checker_alone_catches_permits_barging_past_the_head() {
-    planted::set(Some(PlantedBug::BargePermits));
-    let verdicts: Vec<Result<(usize, usize), String>> = (0..100).map(run_world).collect();
-    planted::set(None);
-    let fifo = verdicts
-        .iter()
-        .filter(|verdict| verdict.as_ref().is_err_and(|v| v.contains("still waits")))
-        .count();
-    let other = verdicts
-        .iter()
-        .filter(|verdict| verdict.as_ref().is_err_and(|v| !v.contains("still waits")))
-        .count();
-    println!("BargePermits: the FIFO checker fired in {fifo} of 100 worlds");
-    assert_eq!(other, 0, "{verdicts:?}");
-    assert!(fifo >= 20, "caught in only {fifo} of 100 worlds");
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::BargePermits);
+    assert_eq!((capacity, tokens, linear), (0, 0, 0));
+    assert!(fifo >= 80, "caught in only {fifo} of 100 worlds");
+}
+
+/// A reused token is also a token not above its slot's earlier one
+/// wherever the two grants shared a slot: the linearizability checker sees
+/// it too (in fewer worlds), the capacity and FIFO checkers do not.
+#[test]
+fn the_token_checker_catches_a_reused_token() {
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReuseToken);
+    assert_eq!((capacity, fifo), (0, 0));
+    assert!(tokens >= 80, "caught in only {tokens} of 100 worlds");
+    assert!(
+        linear < tokens,
+        "{linear} of 100 worlds for linearizability"
+    );
+}
+
+#[test]
+fn the_linearizability_checker_alone_catches_misreported_slots() {
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReportLowestSlots);
+    assert_eq!((capacity, fifo, tokens), (0, 0, 0));
+    assert!(linear >= 80, "caught in only {linear} of 100 worlds");
 }

@@ -83,7 +83,13 @@ impl LockTable {
                 continue;
             };
             // Queues are ascending by seq: the global arrival order.
-            if let Ok(position) = queue.binary_search(&seq) {
+            #[cfg(not(feature = "planted-bugs"))]
+            let found = queue.binary_search(&seq).ok();
+            // Except where the planted `SkipWaiter` swapped two: found by
+            // a walk, the same answer on an ordered queue.
+            #[cfg(feature = "planted-bugs")]
+            let found = queue.iter().position(|&queued| queued == seq);
+            if let Some(position) = found {
                 queue.remove(position);
                 self.queued_pairs -= 1;
                 if position == 0 {
@@ -239,6 +245,14 @@ impl LockTable {
     /// new token: each key leaves its queue, and a key still queued on gets
     /// a lease deadline entry so its lease end hands it on.
     fn grant_waiter(&mut self, waiter: Waiter, now: Instant) {
+        #[cfg(feature = "planted-bugs")]
+        let token = if planted::active(planted::PlantedBug::HandoffReusesTerm) {
+            // The last token issued, again.
+            self.next_token - 1
+        } else {
+            self.issue_token()
+        };
+        #[cfg(not(feature = "planted-bugs"))]
         let token = self.issue_token();
         // The cap, like the lease, counts from the grant, not the arrival.
         let cap_at = self.record_cap(token, now, waiter.max_hold);

@@ -566,6 +566,13 @@ fn try_grant(
     let mut slots = Vec::with_capacity(wanted);
     let mut free = 0u16;
     let mut next_free: Option<Instant> = None;
+    #[cfg(feature = "planted-bugs")]
+    let capacity =
+        if crate::testing::planted::active(crate::testing::planted::PlantedBug::SlotPastCapacity) {
+            capacity.saturating_add(1)
+        } else {
+            capacity
+        };
     for slot in 0..capacity {
         match slot_held(now, table, &ask.name, slot) {
             None => {
@@ -597,6 +604,15 @@ fn try_grant(
         lease_s: ask.lease_s,
         holder: ask.holder,
         max_hold: ask.max_hold,
+    };
+    #[cfg(feature = "planted-bugs")]
+    let slots = if crate::testing::planted::active(
+        crate::testing::planted::PlantedBug::ReportLowestSlots,
+    ) {
+        let lowest: Vec<u16> = (0..u16::from(ask.permits)).collect();
+        Slots::new(&lowest).unwrap_or(slots)
+    } else {
+        slots
     };
     match table.acquire_with(now, waiter, &keys, &options) {
         AcquireOutcome::Granted { token } => {

@@ -49,11 +49,25 @@ pub enum PlantedBug {
     /// A semaphore whose head asks for more permits than are free grants
     /// a later, smaller request that fits: FIFO broken, the head starves.
     BargePermits,
+    /// A semaphore counts one slot past its capacity as free: a request
+    /// that finds every slot held is granted the slot numbered `capacity`.
+    SlotPastCapacity,
+    /// A permit grant tells the client the lowest slots of the semaphore
+    /// instead of the slots it was granted: the client believes it holds
+    /// slots another client holds, and releases keys it does not hold.
+    ReportLowestSlots,
+    /// A hand-off to the next waiter of a key (a resign, a lease running
+    /// out) grants the last token issued again instead of a new one: the
+    /// next leader of an election gets its predecessor's term.
+    HandoffReusesTerm,
+    /// An `O` (observe) answers "no leader" for a key held by a connection
+    /// that has closed, although the grant holds until its lease ends.
+    ObserveDepartedAsNone,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 12] = [
+    pub const ALL: [PlantedBug; 16] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -66,6 +80,10 @@ impl PlantedBug {
         PlantedBug::ReissueReservedToken,
         PlantedBug::CommitOlderTerm,
         PlantedBug::BargePermits,
+        PlantedBug::SlotPastCapacity,
+        PlantedBug::ReportLowestSlots,
+        PlantedBug::HandoffReusesTerm,
+        PlantedBug::ObserveDepartedAsNone,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -83,6 +101,10 @@ impl PlantedBug {
             PlantedBug::ReissueReservedToken => "reissue-reserved-token",
             PlantedBug::CommitOlderTerm => "commit-older-term",
             PlantedBug::BargePermits => "barge-permits",
+            PlantedBug::SlotPastCapacity => "slot-past-capacity",
+            PlantedBug::ReportLowestSlots => "report-lowest-slots",
+            PlantedBug::HandoffReusesTerm => "handoff-reuses-term",
+            PlantedBug::ObserveDepartedAsNone => "observe-departed-as-none",
         }
     }
 
