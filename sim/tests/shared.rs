@@ -678,7 +678,7 @@ impl World {
     /// The exclusion checker, on who the clients believe holds what.
     fn check_exclusion(&mut self, step: usize) {
         let mut overlapped = false;
-        for key in 0..KEYS.len() {
+        for (key, name) in KEYS.iter().enumerate() {
             let on_key: Vec<(u64, bool)> = self
                 .holders()
                 .filter_map(|grant| Some((grant.token, grant.exclusive_on(key)?)))
@@ -687,7 +687,7 @@ impl World {
                 self.verdict.fire(
                     EXCLUSION,
                     step,
-                    format!("{} held by {on_key:?} (token, exclusive)", KEYS[key]),
+                    format!("{name} held by {on_key:?} (token, exclusive)"),
                 );
             }
             overlapped |= on_key.iter().filter(|&&(_, exclusive)| !exclusive).count() > 1;
@@ -790,11 +790,11 @@ fn the_fifo_checker_alone_catches_a_sharer_jumping_a_queued_writer() {
 
 /// Two grants under one token are also, once both wrote, a write the two
 /// marks accept after a conflicting write of the same token by another
-/// grant: the fencing checker catches it as well. The server's table,
-/// which finds grants by token, then confuses the two (a release or
-/// lease end of one ends the other's hold), so in a few worlds the clients
-/// are told holds that overlap and the exclusion checker speaks too; the
-/// FIFO checker never does.
+/// grant: the fencing checker catches it as well. The server's table finds
+/// grants by token, so it confuses the two: where both are sharers of a
+/// key, the release of one takes both off it, and a writer is let in beside
+/// the other, which the exclusion checker sees in a few worlds. The FIFO
+/// checker never speaks.
 #[test]
 fn the_token_and_fencing_checkers_catch_a_reused_token() {
     let [exclusion, fifo, tokens, fencing] = firing(PlantedBug::ReuseToken);
