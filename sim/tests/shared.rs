@@ -597,13 +597,13 @@ impl World {
                 }
             }
         }
-        // Tokens rise in the order the server granted; a step's grants
-        // are judged after every one of them left the queues.
-        grants.sort_unstable_by_key(|grant| grant.0);
-        for grant in &grants {
-            self.waiting.remove(&grant.2);
-        }
+        // Tokens rise in the order the server granted, so the step's grants
+        // are judged in token order, each against the requests still
+        // waiting then (two grants under one token, which only a planted
+        // bug makes, in their order of arrival).
+        grants.sort_unstable_by_key(|grant| (grant.0, grant.2));
         for (token, who, arrival, asked) in grants {
+            self.waiting.remove(&arrival);
             self.take(step, token, who, arrival, asked);
         }
     }
