@@ -20,7 +20,9 @@
 //!   of another holder that is live too.
 //!
 //! Exclusion has its planted bug `ShareBesideWriter`, FIFO
-//! `SharedJumpsWriter`, tokens `ReuseToken`.
+//! `SharedJumpsWriter` (and `SkipWaiter`), tokens `ReuseToken`; fencing
+//! has none of its own and catches `ReuseToken` and `ShareBesideWriter`
+//! beside their checkers.
 //!
 //! Who holds what comes from what the clients were told (grants,
 //! downgrades, renewals, releases they sent, their own crashes and their
@@ -808,4 +810,13 @@ fn the_token_and_fencing_checkers_catch_a_reused_token() {
         exclusion * 5 < tokens,
         "{exclusion} of 100 worlds for exclusion"
     );
+}
+
+/// A hand-off that serves a queue's second waiter before its first,
+/// whatever their modes, passes a waiter too.
+#[test]
+fn the_fifo_checker_alone_catches_a_skipped_waiter_across_modes() {
+    let [exclusion, fifo, tokens, fencing] = firing(PlantedBug::SkipWaiter);
+    assert_eq!((exclusion, tokens, fencing), (0, 0, 0));
+    assert!(fifo >= 80, "caught in only {fifo} of 100 worlds");
 }
