@@ -263,9 +263,11 @@ impl World {
         for step in 0..STEPS {
             let now = self.h.now;
             for client in &mut self.clients {
-                let (ended, live) = client.held.drain(..).partition(|g| g.until <= now);
+                let (ended, live): (Vec<Grant>, Vec<Grant>) =
+                    client.held.drain(..).partition(|grant| grant.until <= now);
                 client.held = live;
-                client.stale.extend::<Vec<Grant>>(ended);
+                client.stale.extend(ended);
+                // A paused process remembers its last few grants only.
                 let excess = client.stale.len().saturating_sub(3);
                 client.stale.drain(..excess);
             }
