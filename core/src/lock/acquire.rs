@@ -87,7 +87,14 @@ impl LockTable {
                     #[cfg(feature = "planted-bugs")]
                     let held = held
                         && (entry.is_queued() || !planted::active(planted::PlantedBug::GrantTwice));
-                    if entry.is_queued() || held {
+                    // The planted bug lets a sharer join a batch past the
+                    // waiters.
+                    #[cfg(feature = "planted-bugs")]
+                    let queued = entry.is_queued()
+                        && !super::shared::planted_jumps_queue(entry, modes.is_shared(i), now);
+                    #[cfg(not(feature = "planted-bugs"))]
+                    let queued = entry.is_queued();
+                    if queued || held {
                         all_free = false;
                     }
                     some_queue_full |= self.entry_queue_len(hash, key.as_bytes(), entry)

@@ -85,7 +85,25 @@ pub(super) type Sharers = HashMap<Box<[u8]>, Vec<KeyEntry>>;
 /// Whether a key whose entry is `entry` can be taken at `at` in the given
 /// mode, waiters aside.
 pub(super) fn compatible_at(entry: &KeyEntry, shared: bool, at: Instant) -> bool {
-    !entry.is_held_at(at) || (shared && entry.is_shared())
+    let compatible = !entry.is_held_at(at) || (shared && entry.is_shared());
+    // The planted bug lets a sharer in beside an exclusive holder.
+    #[cfg(feature = "planted-bugs")]
+    let compatible = compatible
+        || (shared
+            && crate::testing::planted::active(
+                crate::testing::planted::PlantedBug::ShareBesideWriter,
+            ));
+    compatible
+}
+
+/// The planted `SharedJumpsWriter`: whether a newcomer wanting the key
+/// shared may join its running batch past the key's waiters.
+#[cfg(feature = "planted-bugs")]
+pub(super) fn planted_jumps_queue(entry: &KeyEntry, shared: bool, at: Instant) -> bool {
+    shared
+        && entry.is_shared()
+        && entry.is_held_at(at)
+        && crate::testing::planted::active(crate::testing::planted::PlantedBug::SharedJumpsWriter)
 }
 
 /// Ends every sharer of `key` (the batch's last lease ran out, or a new

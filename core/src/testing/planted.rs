@@ -63,11 +63,18 @@ pub enum PlantedBug {
     /// An `O` (observe) answers "no leader" for a key held by a connection
     /// that has closed, although the grant holds until its lease ends.
     ObserveDepartedAsNone,
+    /// A shared request that finds its key held exclusive (and nobody
+    /// waiting) is granted at once: a sharer beside the writer.
+    ShareBesideWriter,
+    /// A shared request that finds its key held shared joins the batch
+    /// even when an exclusive request waits: the reader passes the writer
+    /// queued before it.
+    SharedJumpsWriter,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 16] = [
+    pub const ALL: [PlantedBug; 18] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -84,6 +91,8 @@ impl PlantedBug {
         PlantedBug::ReportLowestSlots,
         PlantedBug::HandoffReusesTerm,
         PlantedBug::ObserveDepartedAsNone,
+        PlantedBug::ShareBesideWriter,
+        PlantedBug::SharedJumpsWriter,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -105,6 +114,8 @@ impl PlantedBug {
             PlantedBug::ReportLowestSlots => "report-lowest-slots",
             PlantedBug::HandoffReusesTerm => "handoff-reuses-term",
             PlantedBug::ObserveDepartedAsNone => "observe-departed-as-none",
+            PlantedBug::ShareBesideWriter => "share-beside-writer",
+            PlantedBug::SharedJumpsWriter => "shared-jumps-writer",
         }
     }
 
