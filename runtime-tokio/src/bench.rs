@@ -51,6 +51,8 @@ fn unit(args: &BenchArgs) -> &'static str {
         "renewal"
     } else if args.semaphore.is_some() {
         "permit acquire+release"
+    } else if args.shared {
+        "shared acquire+release"
     } else {
         "acquire+release"
     }
@@ -261,6 +263,14 @@ fn report(
             args.keys,
             if connections == 1 { "" } else { "s" }
         );
+    } else if args.shared {
+        println!(
+            "{ok} shared acquire+release pairs in {:.2} s: {rate:.0} shared grants/s ({} clients, {} keys, {connections} connection{})",
+            elapsed.as_secs_f64(),
+            args.clients,
+            args.keys,
+            if connections == 1 { "" } else { "s" }
+        );
     } else {
         println!(
             "{ok} acquire+release pairs in {:.2} s: {rate:.0} ops/s ({} clients, {} keys, {connections} connection{})",
@@ -395,6 +405,13 @@ async fn worker(
         let key = &keys[(state % keys.len() as u64) as usize];
         let started = Instant::now();
         let released = match args.semaphore {
+            None if args.shared => match broker
+                .acquire_shared(key, args.wait, args.lease, args.budget)
+                .await
+            {
+                Ok(ticket) => ticket.release().await,
+                Err(e) => Err(e),
+            },
             None => match broker
                 .acquire(key, args.wait, args.lease, args.budget)
                 .await

@@ -203,3 +203,35 @@ async fn bench_takes_permits_of_semaphores_with_semaphore() {
     assert_eq!(server.stats().permit_waiters, 0);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_takes_every_key_shared_with_shared_so_nobody_waits() {
+    let server = loopback_server().await;
+    let addr = server.local_addr().to_string();
+    let args = [
+        "--addr",
+        &addr,
+        "--clients",
+        "8",
+        "--keys",
+        "1",
+        "--ops",
+        "400",
+        "--connections",
+        "1",
+        "--shared",
+    ];
+    let (grants, stdout) = grants_of(&server, &args).await;
+    // Every pair was a grant of its own token, beside the warm-up.
+    assert_eq!(grants, 401, "{stdout}");
+    // Eight tasks on one key: taken exclusive, most would queue; taken
+    // shared, every one is granted on arrival beside the others.
+    let lock = server.metrics().lock;
+    assert_eq!(lock.grants_after_wait, 0, "{stdout}");
+    assert_eq!(lock.grants_immediate, 401, "{stdout}");
+    let rate = line_with(&stdout, "400 shared acquire+release pairs in ");
+    assert!(figure_before(rate, "shared grants/s") > 0.0, "{rate}");
+    assert!(!stdout.contains("error"), "{stdout}");
+    assert_eq!(server.stats().lock.held_keys, 0);
+    server.shutdown().await;
+}

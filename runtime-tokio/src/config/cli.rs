@@ -399,6 +399,11 @@ pub struct BenchArgs {
     /// the CPU per permit acquire+release.
     #[arg(long, value_name = "N", conflicts_with = "extend", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub semaphore: Option<u16>,
+    /// Take each key shared instead of exclusive (a server that negotiates
+    /// shared locks): the tasks on a key share it, so nothing waits.
+    /// Reports shared grants/s and the CPU per shared acquire+release.
+    #[arg(long, conflicts_with_all = ["extend", "semaphore"])]
+    pub shared: bool,
 }
 
 /// Environment variable with the client token of `lock` and `bench`.
