@@ -433,3 +433,23 @@ fn expired_sharers_are_swept_with_their_key() {
         AcquireOutcome::Granted { .. }
     ));
 }
+
+#[test]
+fn the_last_sharer_whose_lease_ends_into_a_writer_s_hands_is_an_expiry_handover() {
+    let mut t = table();
+    let first = token(shared(&mut t, at(0), 1, &["k"], 10));
+    let last = token(shared(&mut t, at(0), 2, &["k"], 20));
+    exclusive(&mut t, at(0), 3, &["k"], 30);
+    t.handle_timeout(at(10));
+    // The first sharer's lease ended with the key still shared: nothing
+    // was handed over.
+    assert!(t.poll_expiry_handover().is_none());
+    t.handle_timeout(at(20));
+    let writer = grants(&mut t);
+    let handover = t.poll_expiry_handover().expect("an expiry handed over");
+    assert_eq!(handover.key.as_bytes(), b"k");
+    assert_eq!(handover.expired, last);
+    assert_eq!(handover.handed_to, writer[0].1);
+    assert_ne!(handover.expired, first);
+    assert!(t.poll_expiry_handover().is_none());
+}

@@ -84,6 +84,8 @@ impl LockTable {
                     };
                     let mut expired = None;
                     let mut expired_sharers = Vec::new();
+                    // The sharer whose lease ended last: the key's token.
+                    let mut last_sharer = None;
                     if let Some(entry) = self.keys.find_mut(lease.hash, &lease.key)
                         && entry.token != 0
                     {
@@ -91,6 +93,7 @@ impl LockTable {
                             // The batch's last lease ran out: every sharer's did.
                             expired_sharers =
                                 self.sharers.remove(&lease.key[..]).unwrap_or_default();
+                            last_sharer = Some(entry.token);
                             entry.set_shared(false);
                         } else {
                             expired = Some(ExpiredGrant::of(entry));
@@ -99,9 +102,16 @@ impl LockTable {
                         self.holder_keys -= 1;
                     }
                     let handed_over = self.grant_front(lease.hash, &lease.key, lease.deadline, now);
+                    // The grant whose expiry operators hear of: the
+                    // exclusive holder's, or the last sharer's (the one
+                    // whose lease ending let the waiter in), once counted.
+                    let mut counted_token = None;
                     for sharer in &expired_sharers {
                         let grants = (&mut self.sets, &mut self.extensions);
-                        note_expiry(&mut self.metrics, grants, sharer, handed_over);
+                        let counted = note_expiry(&mut self.metrics, grants, sharer, handed_over);
+                        if counted && last_sharer == Some(sharer.token) {
+                            counted_token = Some(sharer.token);
+                        }
                     }
                     if let Some(expired) = expired {
                         let token = expired.token;
@@ -111,21 +121,22 @@ impl LockTable {
                             expired,
                             handed_over,
                         );
-                        // The front waiter now holds the key: its token
-                        // is the hand-over's.
-                        let handed_to = (counted && handed_over)
-                            .then(|| self.keys.find(lease.hash, &lease.key))
-                            .flatten()
-                            .map(|entry| entry.token)
-                            .filter(|&token| token != 0);
-                        if let Some(handed_to) = handed_to {
-                            note_expiry_handover(
-                                &mut self.expiry_handovers,
-                                &lease.key,
-                                token,
-                                handed_to,
-                            );
-                        }
+                        counted_token = counted.then_some(token);
+                    }
+                    // The front waiter now holds the key: its token is the
+                    // hand-over's.
+                    let handed_to = counted_token
+                        .filter(|_| handed_over)
+                        .and_then(|_| self.keys.find(lease.hash, &lease.key))
+                        .map(|entry| entry.token)
+                        .filter(|&token| token != 0);
+                    if let (Some(token), Some(handed_to)) = (counted_token, handed_to) {
+                        note_expiry_handover(
+                            &mut self.expiry_handovers,
+                            &lease.key,
+                            token,
+                            handed_to,
+                        );
                     }
                 }
             }

@@ -108,29 +108,35 @@ pub(super) fn planted_jumps_queue(entry: &KeyEntry, shared: bool, at: Instant) -
 
 /// Ends every sharer of `key` (the batch's last lease ran out, or a new
 /// grant overwrites sharers whose leases all ended), counting each expiry.
-/// The caller clears the key's token and shared bit.
+/// The caller clears the key's token and shared bit. True if the expiry of
+/// sharer `last_token` (the one whose lease ended last) was counted here.
 fn end_sharers(
     metrics: &mut LockMetrics,
     grants: (&mut SetGrants, &mut Extensions),
     sharers: &mut Sharers,
-    key: &[u8],
+    (key, last_token): (&[u8], u64),
     handed_over: bool,
-) {
+) -> bool {
     let (sets, extensions) = grants;
+    let mut last_counted = false;
     for sharer in sharers.remove(key).unwrap_or_default() {
-        note_expiry(
+        let counted = note_expiry(
             metrics,
             (&mut *sets, &mut *extensions),
             &sharer,
             handed_over,
         );
+        last_counted |= counted && sharer.token == last_token;
     }
+    last_counted
 }
 
 /// Counts the end of the holder recorded on `entry` (an exclusive grant,
 /// or every sharer of a key held shared), whose lease ended, and clears the
-/// shared bit; the caller then overwrites or clears the token. True if an
-/// exclusive grant's expiry was counted here (see `note_expiry`).
+/// shared bit; the caller then overwrites or clears the token. True if the
+/// expiry of the grant whose token `entry` records (the exclusive holder,
+/// or the sharer whose lease ended last) was counted here (see
+/// `note_expiry`), so that a hand-over is reported once per grant.
 pub(super) fn expire_holder(
     metrics: &mut LockMetrics,
     grants: (&mut SetGrants, &mut Extensions),
@@ -139,9 +145,9 @@ pub(super) fn expire_holder(
     handed_over: bool,
 ) -> bool {
     if entry.is_shared() {
-        end_sharers(metrics, grants, sharers, key, handed_over);
+        let counted = end_sharers(metrics, grants, sharers, (key, entry.token), handed_over);
         entry.set_shared(false);
-        false
+        counted
     } else {
         note_expiry(metrics, grants, entry, handed_over)
     }
