@@ -95,8 +95,12 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                 .campaign(&args.key, args.lease)
                 .await
                 .map(Holding::Lock),
-            _ if args.shared => broker
+            (_, None) if args.shared => broker
                 .acquire_shared(&args.key, args.wait, args.lease, args.budget)
+                .await
+                .map(Holding::Lock),
+            (_, Some(max_hold)) if args.shared => broker
+                .acquire_shared_capped(&args.key, args.wait, args.lease, args.budget, max_hold)
                 .await
                 .map(Holding::Lock),
             (Some(capacity), _) => {

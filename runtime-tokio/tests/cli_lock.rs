@@ -440,6 +440,39 @@ async fn max_hold_stops_a_renewed_command_before_the_cap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_caps_a_shared_hold_as_it_caps_an_exclusive_one() {
+    let server = loopback_server().await;
+    let started = std::time::Instant::now();
+    let output = lock(
+        &server,
+        "capped-shared",
+        &[
+            "--shared",
+            "--lease",
+            "2s",
+            "--renew",
+            "--max-hold",
+            "3s",
+            "--kill-after",
+            "1s",
+        ],
+        // Exits 9 unless it holds the key shared.
+        r#"[ "$TICKETING_MODE" = shared ] || exit 9; exec sleep 30"#,
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(lock_exit::LOST)),
+        "{output:?}"
+    );
+    // Renewed past the first lease's stop point, stopped before the cap.
+    assert!(elapsed > Duration::from_millis(1_500), "after {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "after {elapsed:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_shows_no_life_loses_its_renewal_and_is_stopped() {
     let server = loopback_server().await;
     let started = std::time::Instant::now();

@@ -383,6 +383,25 @@ impl TicketBroker {
         Ok(Ticket::new(Arc::clone(&self.inner), grant))
     }
 
+    /// [`TicketBroker::acquire_shared`] with a cap on total hold, as
+    /// [`TicketBroker::acquire_capped`] has: however often it is renewed,
+    /// the shared grant ends by `max_hold` after it was granted.
+    pub async fn acquire_shared_capped(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+        work_budget_min: Duration,
+        max_hold: Duration,
+    ) -> Result<Ticket, TicketError> {
+        let keys = KeySet::single(key)?;
+        let params = AcquireParams::new(wait, lease, work_budget_min)?
+            .with_modes(KeyModes::all_shared(1))
+            .with_max_hold(max_hold)?;
+        let grant = run_acquire(&*self.inner, keys, params).await?;
+        Ok(Ticket::new(Arc::clone(&self.inner), grant))
+    }
+
     /// Acquires `exclusive` and `shared` keys atomically under one token,
     /// each in its mode (docs/protocol.md §8.7): e.g. `orders/42`
     /// exclusive with `catalog` shared. 1..=16 keys in all, none named

@@ -250,7 +250,7 @@ pub struct LockArgs {
     /// an exclusive holder waits for all of them (and a --shared run queued
     /// behind a waiting exclusive one waits behind it). Needs a
     /// single-mode server of this version. $TICKETING_MODE says `shared`.
-    #[arg(long, conflicts_with_all = ["semaphore", "max_hold"])]
+    #[arg(long, conflicts_with = "semaphore")]
     pub shared: bool,
     /// With --semaphore: how many permits (slots) this command takes at
     /// once, 1..=16 and at most N.
