@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::budget::{AbuseKind, HeldKeys};
-use crate::cluster::command::Command;
+use crate::cluster::command::{Command, GrantOptions};
 use crate::cluster::recovery;
 use crate::conn::ConnId;
 use crate::conn::client::{Answer, ClientRequest, HoldAsk, ReplyTo};
@@ -472,6 +472,10 @@ impl ClusterNode {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
             max_hold_ms: waiter.max_hold_ms,
+            options: GrantOptions {
+                label: self.holder_label(waiter.conn),
+                ..GrantOptions::default()
+            },
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {
