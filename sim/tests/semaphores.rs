@@ -4,15 +4,17 @@
 //!   never a slot at or past its capacity;
 //! - **FIFO**: a permit grant never overtakes an earlier request for the
 //!   same semaphore that is still waiting;
-//! - **tokens**: every grant's token is above every token granted before;
+//! - **tokens**: every grant's token is above every token granted before
+//!   (and, of the grants of one semaphore read in one step, which its
+//!   queue made in arrival order, each above the earlier arrival's);
 //! - **linearizability**: each slot key's history as the clients saw it
 //!   (a permit grant is a grant of each of its slot keys under its token, a
 //!   release answered `R` or `N` one of each) has a linearization in the
 //!   sim's model of a FIFO lock with leases (`ticketing_sim::linear`).
 //!
 //! Each checker alone catches a planted bug: capacity `SlotPastCapacity`,
-//! FIFO `BargePermits`, tokens `ReuseToken`, linearizability
-//! `ReportLowestSlots`.
+//! FIFO `BargePermits`, tokens `PermitTokensReversed` (and `ReuseToken`,
+//! which linearizability sees too), linearizability `ReportLowestSlots`.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -323,10 +325,32 @@ fn run_world(seed: u64) -> Verdict {
             }
         }
         token_max = token_max.max(step_max.unwrap_or(0));
+        check_step_order(&mut grants, step, &mut verdict);
         check_capacity(&h, step, &mut verdict);
     }
     check_histories(&histories, &mut verdict);
     verdict
+}
+
+/// The tokens checker on the grants of one step: a semaphore serves its
+/// queue in arrival order (which the FIFO checker holds it to), so the
+/// step's grants of one semaphore, taken by arrival, have rising tokens.
+fn check_step_order(grants: &mut [(usize, u64, u64)], step: usize, verdict: &mut Verdict) {
+    grants.sort_unstable();
+    for pair in grants.windows(2) {
+        let [(semaphore, earlier, first), (same, later, second)] = *pair else {
+            continue;
+        };
+        if semaphore == same && second <= first {
+            verdict.fire(
+                TOKENS,
+                format!(
+                    "step {step}: request {later} for {} granted token {second}, not above request {earlier}'s {first} granted before it",
+                    SEMAPHORES[semaphore].0
+                ),
+            );
+        }
+    }
 }
 
 /// The capacity checker, on the server's table at this instant.
@@ -467,4 +491,15 @@ fn the_linearizability_checker_alone_catches_misreported_slots() {
     let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReportLowestSlots);
     assert_eq!((capacity, fifo, tokens), (0, 0, 0));
     assert!(linear >= 80, "caught in only {linear} of 100 worlds");
+}
+
+/// Two grants of one pass with their tokens swapped share no slot, and
+/// both tokens are above every earlier one, so each slot's history is
+/// still linearizable: only the token checker sees that the later grant
+/// holds the smaller token.
+#[test]
+fn the_token_checker_alone_catches_permit_tokens_out_of_grant_order() {
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::PermitTokensReversed);
+    assert_eq!((capacity, fifo, linear), (0, 0, 0));
+    assert!(tokens >= 80, "caught in only {tokens} of 100 worlds");
 }

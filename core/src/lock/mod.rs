@@ -47,6 +47,8 @@ mod extend;
 mod inspect;
 mod queue;
 mod release;
+#[cfg(feature = "planted-bugs")]
+mod reversed_pass;
 pub(crate) mod semaphore;
 mod shared;
 use crate::keyed::{KeyHash, Keyed};
