@@ -21,8 +21,14 @@
 //!
 //! Exclusion has its planted bug `ShareBesideWriter`, FIFO
 //! `SharedJumpsWriter` (and `SkipWaiter`), tokens `ReuseToken`; fencing
-//! has none of its own and catches `ReuseToken` and `ShareBesideWriter`
-//! beside their checkers.
+//! catches `ReuseToken` and `ShareBesideWriter` beside their checkers, and
+//! alone `WriterChecksWritersOnly`, a resource (the core's
+//! [`TwoMarks`]) that checks a writer against the writers' mark only. No
+//! bug of the lock table can be the fencing checker's alone here: under
+//! the two marks a write is accepted after a conflicting write of a token
+//! as large only if the two grants have one token (which the token checker
+//! sees), and beside a live conflicting holder only where the exclusion
+//! checker sees the two holders.
 //!
 //! Who holds what comes from what the clients were told (grants,
 //! downgrades, renewals, releases they sent, their own crashes and their
@@ -35,6 +41,7 @@
 
 use std::collections::HashMap;
 
+use ticketing_core::lock::TwoMarks;
 use ticketing_core::machine::Machine;
 use ticketing_core::server::ConnId;
 use ticketing_core::testing::net::SingleNet;
@@ -186,12 +193,11 @@ struct Waiting {
     keys: Vec<usize>,
 }
 
-/// The fenced resource of one key: the two marks of §8.7, and the grants
-/// whose writes it accepted.
+/// The fenced resource of one key: the two marks of §8.7 (kept by the
+/// core's rule), and the grants whose writes it accepted.
 #[derive(Default)]
 struct Resource {
-    hw_x: u64,
-    hw_all: u64,
+    marks: TwoMarks,
     /// Accepted writes: grant id, token, exclusive.
     acted: Vec<(u64, u64, bool)>,
 }
@@ -442,16 +448,14 @@ impl World {
     fn write(&mut self, grant: &Grant, key: usize, step: usize) {
         let exclusive = grant.exclusive_on(key).expect("a key of the grant");
         let t = grant.token;
-        let resource = &self.resources[key];
-        let accepted = if exclusive {
-            t >= resource.hw_all
-        } else {
-            t >= resource.hw_x
-        };
-        if !accepted {
+        // The marks as they were: the checker judges the write against the
+        // writes before it.
+        let mut marks = self.resources[key].marks;
+        if !marks.admit(t, exclusive) {
             self.verdict.fenced_off += 1;
             return;
         }
+        let resource = &self.resources[key];
         self.verdict.accepted += 1;
         let mode = |exclusive: bool| if exclusive { "exclusive" } else { "shared" };
         let overtaken = resource
@@ -495,10 +499,7 @@ impl World {
             }
         }
         let resource = &mut self.resources[key];
-        resource.hw_all = resource.hw_all.max(t);
-        if exclusive {
-            resource.hw_x = t;
-        }
+        resource.marks = marks;
         resource.acted.push((grant.id, t, exclusive));
     }
 
@@ -821,4 +822,16 @@ fn the_fifo_checker_alone_catches_a_skipped_waiter_across_modes() {
     let [exclusion, fifo, tokens, fencing] = firing(PlantedBug::SkipWaiter);
     assert_eq!((exclusion, tokens, fencing), (0, 0, 0));
     assert!(fifo >= 80, "caught in only {fifo} of 100 worlds");
+}
+
+/// A resource that checks a writer against the writers' mark only accepts
+/// a writer whose lease ran out after readers granted later acted: the
+/// lock table is right, so only the fencing checker can see it. It needs
+/// a stale writer to act after a later reader did, before any later
+/// writer: about a third of the worlds.
+#[test]
+fn the_fencing_checker_alone_catches_a_writer_checked_against_writers_only() {
+    let [exclusion, fifo, tokens, fencing] = firing(PlantedBug::WriterChecksWritersOnly);
+    assert_eq!((exclusion, fifo, tokens), (0, 0, 0));
+    assert!(fencing >= 25, "caught in only {fencing} of 100 worlds");
 }

@@ -44,6 +44,7 @@ mod acquire;
 mod entry;
 mod expiry;
 mod extend;
+mod fence;
 mod inspect;
 mod queue;
 mod release;
@@ -56,6 +57,7 @@ pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
+pub use fence::TwoMarks;
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
 pub use shared::{DowngradeOutcome, KeyModes};
 

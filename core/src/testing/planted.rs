@@ -76,11 +76,15 @@ pub enum PlantedBug {
     /// slot, and both tokens are above every earlier one), but the later
     /// grant holds the smaller token.
     PermitTokensReversed,
+    /// [`crate::lock::TwoMarks`] checks an exclusive operation against the
+    /// exclusive mark alone: a writer whose lease ran out is accepted after
+    /// readers granted later acted.
+    WriterChecksWritersOnly,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 19] = [
+    pub const ALL: [PlantedBug; 20] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -100,6 +104,7 @@ impl PlantedBug {
         PlantedBug::ShareBesideWriter,
         PlantedBug::SharedJumpsWriter,
         PlantedBug::PermitTokensReversed,
+        PlantedBug::WriterChecksWritersOnly,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -124,6 +129,7 @@ impl PlantedBug {
             PlantedBug::ShareBesideWriter => "share-beside-writer",
             PlantedBug::SharedJumpsWriter => "shared-jumps-writer",
             PlantedBug::PermitTokensReversed => "permit-tokens-reversed",
+            PlantedBug::WriterChecksWritersOnly => "writer-checks-writers-only",
         }
     }
 
