@@ -47,6 +47,7 @@ pub mod error;
 pub mod holder;
 pub mod ops;
 pub mod request;
+mod retried;
 pub mod routing;
 pub mod session;
 mod ticket;
