@@ -21,7 +21,7 @@ use super::ops::{
     ObserveOperation, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
 use super::request::{AcquireParams, Grant, KeySet, Leader, Outcome};
-use super::retried::run_retried;
+use super::retried::{attempt, run_retried};
 use super::routing::Router;
 use super::session::{Session, SessionConfig, SessionEvent};
 use super::watch::{NewsBoard, PushNews};
@@ -536,17 +536,8 @@ pub async fn run_acquire<B: Broker + ?Sized>(
     let mut op = AcquireOperation::new(now, keys, params);
     loop {
         let epoch = broker.leader_epoch(None);
-        // An outcome the submit hands back was decided at `now` (the
-        // session, and in-process the server, ran on that reading; a
-        // grant's validity counts from it), so it is judged at `now`; an
-        // outcome awaited later, at a fresh reading.
-        let result = match broker.submit_at(now, true, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
+        let step = match attempt(broker, now, true, |now, session| op.submit(now, session)).await {
+            Ok((outcome, at)) => op.on_outcome(at, outcome),
             Err(ClientError::Closed) => return Err(ClientError::Closed),
             Err(error) => op.on_error(broker.now(), error),
         };

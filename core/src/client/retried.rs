@@ -72,15 +72,8 @@ pub(crate) async fn run_retried<B: Broker + ?Sized, O: Retried>(
 ) -> Result<O::Output, ClientError> {
     loop {
         let epoch = broker.leader_epoch(None);
-        // An outcome the submit hands back was decided at `now`, so it is
-        // judged at `now`; an outcome awaited later, at a fresh reading.
-        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
+        let step = match attempt(broker, now, false, |now, session| op.submit(now, session)).await {
+            Ok((outcome, at)) => op.on_outcome(at, outcome),
             Err(ClientError::Closed) => return Err(ClientError::Closed),
             Err(error) => op.on_error(broker.now(), error),
         };
@@ -90,6 +83,27 @@ pub(crate) async fn run_retried<B: Broker + ?Sized, O: Retried>(
                 wait_for_retry(broker, at, epoch).await;
                 now = broker.now();
             }
+        }
+    }
+}
+
+/// One attempt submitted with `submit` at `now` (`acquire`: counted against
+/// the broker's bound on acquires): its outcome and the instant it is
+/// judged at, or why it could not be made. An outcome the submit hands
+/// back was decided at `now` (the session, and in-process the server, ran
+/// on that reading; a grant's validity counts from it), so it is judged at
+/// `now`; an outcome awaited later, at a fresh reading.
+pub(crate) async fn attempt<B: Broker + ?Sized>(
+    broker: &B,
+    now: Instant,
+    acquire: bool,
+    submit: impl FnOnce(Instant, &mut Session) -> Result<u64, ClientError>,
+) -> Result<(Outcome, Instant), ClientError> {
+    match broker.submit_at(now, acquire, submit)? {
+        Submitted::Ready(outcome) => Ok((outcome, now)),
+        Submitted::Waiting(outcome) => {
+            let outcome = outcome.await;
+            Ok((outcome, broker.now()))
         }
     }
 }
