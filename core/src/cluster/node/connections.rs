@@ -266,10 +266,13 @@ impl ClusterNode {
             self_slot: self.config.id.slot,
             nonce,
         };
-        // Not PERMITS, OBSERVE or SHARED: semaphores, observing and shared
-        // holders are single-mode only until the replicated state carries
-        // them (a shared grant must be a committed command like any grant).
-        let served = Capabilities::EXTEND.union(Capabilities::PUSH);
+        // Not PERMITS or SHARED: semaphores and shared holders are
+        // single-mode only until the replicated state carries them (a
+        // shared grant must be a committed command like any grant). OBSERVE
+        // reads the label each Grant carries.
+        let served = Capabilities::EXTEND
+            .union(Capabilities::PUSH)
+            .union(Capabilities::OBSERVE);
         let (front, deadline) =
             self.conns
                 .clients

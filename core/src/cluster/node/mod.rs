@@ -94,6 +94,7 @@ mod inspect;
 mod keys;
 mod leadership;
 mod machine;
+mod observe;
 mod peers;
 mod start;
 
