@@ -570,7 +570,7 @@ pub async fn run_extend<B: Broker + ?Sized>(
 /// and term, or `None` when nobody does. Read-only, so retried across
 /// attempts until an answer or [`OBSERVE_RETRY_WINDOW`] after the call;
 /// [`ClientError::Unsupported`], sending nothing, on a server that does
-/// not serve it (a cluster, or a published server).
+/// not serve it (a published server, or an older one).
 pub async fn run_observe<B: Broker + ?Sized>(
     broker: &B,
     name: KeySet,

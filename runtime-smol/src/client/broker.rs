@@ -355,7 +355,7 @@ impl TicketBroker {
     /// Who leads the election `name` (docs/protocol.md §8.6): the leader's
     /// label and term, or `None` when nobody holds it. Read-only. Fails
     /// with [`TicketError::Unsupported`], sending nothing, on a server
-    /// that does not serve it (a cluster, or a published server).
+    /// that does not serve it (a published server, or an older one).
     pub async fn observe(&self, name: &str) -> Result<Option<Leader>, TicketError> {
         let keys = KeySet::single(name)?;
         run_observe(&*self.inner, keys).await
