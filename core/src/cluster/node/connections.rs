@@ -266,10 +266,14 @@ impl ClusterNode {
             self_slot: self.config.id.slot,
             nonce,
         };
-        // Not PERMITS, OBSERVE or SHARED: semaphores, observing and shared
-        // holders are single-mode only until the replicated state carries
-        // them (a shared grant must be a committed command like any grant).
-        let served = Capabilities::EXTEND.union(Capabilities::PUSH);
+        // PERMITS: a permit grant is a committed Grant of slot keys that
+        // carries its semaphore's capacity (`permits`). Not OBSERVE or
+        // SHARED: observing and shared holders are single-mode only until
+        // the replicated state carries them (a shared grant must be a
+        // committed command like any grant).
+        let served = Capabilities::EXTEND
+            .union(Capabilities::PUSH)
+            .union(Capabilities::PERMITS);
         let (front, deadline) =
             self.conns
                 .clients
@@ -424,7 +428,9 @@ impl ClusterNode {
         };
         // Queued waiters leave their queues now; nobody will read a grant.
         for seq in queued {
-            self.remove_waiter(seq);
+            if self.remove_waiter(seq).is_none() {
+                self.remove_permit_waiter(seq);
+            }
         }
     }
 
