@@ -240,7 +240,10 @@ fn permits_survive_a_leader_change() {
     assert_eq!(slots, vec![0], "the first waiter gets the lowest slot");
     let (fourth, slots, free) = permit_grant(*net.answers(c4).last().unwrap());
     assert_eq!((slots, free), (vec![1], 0));
-    assert!(second < third && third < fourth, "{second} {third} {fourth}");
+    assert!(
+        second < third && third < fourth,
+        "{second} {third} {fourth}"
+    );
 }
 
 // ------------------------------------------------------------------- FIFO
@@ -308,11 +311,14 @@ fn another_capacity_is_refused_naming_both_while_the_semaphore_is_in_use() {
     net.run_for(Duration::from_millis(100));
     let (taken, slots, _) = permit_grant(*net.answers(c2).last().unwrap());
     assert_eq!(slots, vec![0], "the waiter got the slot");
-    assert_eq!(net.request(c3, permits(4, "s", 1, 4, 0)), Reply::CapacityMismatch {
-        rid: 4,
-        asked: 4,
-        capacity: 1
-    });
+    assert_eq!(
+        net.request(c3, permits(4, "s", 1, 4, 0)),
+        Reply::CapacityMismatch {
+            rid: 4,
+            asked: 4,
+            capacity: 1
+        }
+    );
     assert_eq!(
         net.request(c2, release_slots(5, "s", &[0], taken)),
         Reply::Released { rid: 5 }

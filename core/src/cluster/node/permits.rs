@@ -177,7 +177,11 @@ impl ClusterNode {
             && capacity != request.capacity
         {
             let asked = request.capacity;
-            self.answer(conn_id, &reply_to, Answer::CapacityMismatch { asked, capacity });
+            self.answer(
+                conn_id,
+                &reply_to,
+                Answer::CapacityMismatch { asked, capacity },
+            );
             return;
         }
         if !self.register_semaphore(&name, request.capacity) {
@@ -326,8 +330,7 @@ impl ClusterNode {
                 self.reserve.note_exhausted(bound);
                 // Dirty again once the reserve grows; its slot key leads
                 // back here through `key_freed`.
-                if let (Some(leadership), Some(key)) =
-                    (self.leadership.as_mut(), slot_key(name, 0))
+                if let (Some(leadership), Some(key)) = (self.leadership.as_mut(), slot_key(name, 0))
                 {
                     leadership.reserve_stalled.insert(key);
                 }
