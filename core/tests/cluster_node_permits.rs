@@ -233,7 +233,7 @@ fn permits_survive_a_leader_change() {
     assert_eq!(net.answers(c4).len(), 1, "c4 waits");
     assert_eq!(
         net.request(c2, release_slots(5, "jobs", &[0, 1], first)),
-        Reply::Released { rid: 5 }
+        Reply::ReleasedSet { rid: 5 }
     );
     net.run_for(Duration::from_millis(100));
     let (third, slots, _) = permit_grant(*net.answers(c3).last().unwrap());
@@ -273,7 +273,7 @@ fn a_multi_permit_head_blocks_a_smaller_request_behind_it() {
 
     assert_eq!(
         net.request(c1, release_slots(4, "s", &[0, 1], held)),
-        Reply::Released { rid: 4 }
+        Reply::ReleasedSet { rid: 4 }
     );
     net.run_for(Duration::from_millis(100));
     let (_, slots, _) = permit_grant(*net.answers(c2).last().unwrap());
@@ -306,7 +306,7 @@ fn another_capacity_is_refused_naming_both_while_the_semaphore_is_in_use() {
     assert_eq!(net.request(c3, permits(3, "s", 1, 4, 0)), mismatch);
     assert_eq!(
         net.request(c1, release_slots(5, "s", &[0], held)),
-        Reply::Released { rid: 5 }
+        Reply::ReleasedSet { rid: 5 }
     );
     net.run_for(Duration::from_millis(100));
     let (taken, slots, _) = permit_grant(*net.answers(c2).last().unwrap());
@@ -321,7 +321,7 @@ fn another_capacity_is_refused_naming_both_while_the_semaphore_is_in_use() {
     );
     assert_eq!(
         net.request(c2, release_slots(5, "s", &[0], taken)),
-        Reply::Released { rid: 5 }
+        Reply::ReleasedSet { rid: 5 }
     );
     // Nobody uses it: capacity 4 is the one now.
     let (_, slots, free) = permit_grant(net.request(c3, permits(5, "s", 3, 4, 0)));
@@ -342,7 +342,7 @@ fn a_released_permit_frees_its_slot_for_the_next_waiter() {
     assert_eq!(net.answers(c2).len(), 1, "c2 waits");
     assert_eq!(
         net.request(c1, release_slots(3, "s", &[0], first)),
-        Reply::Released { rid: 3 }
+        Reply::ReleasedSet { rid: 3 }
     );
     let (second, slots, free) = permit_grant(*net.answers(c2).last().unwrap());
     assert_eq!((slots, free), (vec![0], 0));

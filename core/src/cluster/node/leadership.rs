@@ -482,6 +482,7 @@ impl ClusterNode {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
             max_hold_ms: waiter.max_hold_ms,
+            options: waiter.options,
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {
@@ -625,9 +626,8 @@ impl ClusterNode {
                 }
                 self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader));
             }
-            for (_, conn, reply_to) in leadership.semaphores.take_waiters() {
-                self.answer(conn, &reply_to, leader_reply(leader));
-            }
+            let permit_waiters = leadership.semaphores.take_waiters();
+            self.answer_permit_waiters(permit_waiters, leader_reply(leader));
             for (conn, request, _) in leadership.held {
                 self.answer(conn, request.reply_to(), leader_reply(leader));
             }

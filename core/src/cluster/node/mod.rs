@@ -579,9 +579,7 @@ impl ClusterNode {
             for (conn, request, _) in held {
                 self.answer(conn, request.reply_to(), Answer::NotActive);
             }
-            for (_, conn, reply_to) in permit_waiters {
-                self.answer(conn, &reply_to, Answer::NotActive);
-            }
+            self.answer_permit_waiters(permit_waiters, Answer::NotActive);
         }
         let clients: Vec<ConnId> = self
             .conns

@@ -285,6 +285,25 @@ impl ClusterNode {
         Some((waiter.conn, waiter.reply_to))
     }
 
+    /// Answers permit waiters taken off their queues (stepping down,
+    /// shutdown), each leaving its connection's queued set.
+    pub(super) fn answer_permit_waiters(
+        &mut self,
+        waiters: Vec<(u64, ConnId, ReplyTo)>,
+        answer: Answer,
+    ) {
+        for (seq, conn_id, reply_to) in waiters {
+            if let Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) = self.conns.by_id.get_mut(&conn_id)
+            {
+                client.queued.remove(&seq);
+            }
+            self.answer(conn_id, &reply_to, answer);
+        }
+    }
+
     /// Proposes a Grant for every semaphore head that has become
     /// grantable, in FIFO order per semaphore, and forgets the semaphores
     /// nobody uses any more. True when a waiter was served.
