@@ -6,17 +6,20 @@
 //! them and hands freed slots out FIFO under higher tokens; a multi-permit
 //! head blocks smaller requests behind it; another capacity is refused
 //! while the semaphore is in use, naming both; slots freed by a release,
-//! an expiry or a closed connection go to the next waiter.
+//! an expiry, a force-release or a closed connection go to the next
+//! waiter; a plain lock of a slot key takes that slot; and a leader that
+//! steps down answers its permit waiters "no leader".
 
 mod cluster_common;
 
 use cluster_common::*;
+use ticketing_core::inspect::{ForceRelease, ForceReleaseOutcome};
 use ticketing_core::machine::Machine;
 use ticketing_core::server::ConnId;
 use ticketing_core::testing::net::{ClusterNet, Endpoint};
 use ticketing_core::time::Duration;
 use ticketing_core::wire::{
-    Capabilities, EXTENSION_VERSION, Key, KeyGroup, NegotiateRequest, PermitsRequest,
+    Capabilities, EXTENSION_VERSION, ErrorCode, Key, KeyGroup, NegotiateRequest, PermitsRequest,
     ReleaseRequest, Reply, Request, slot_key,
 };
 
@@ -395,6 +398,77 @@ fn a_permit_wait_that_runs_out_is_answered_t() {
     assert_eq!(
         answers_since(&net, c2, from),
         vec![Reply::TimedOut { rid: 2 }]
+    );
+    assert_eq!(net.node(leader).stats().waiters, 0);
+}
+
+/// An operator's force-release of one slot revokes the whole permit
+/// grant, and its slots go to the waiting head under a higher token.
+#[test]
+fn a_force_released_permit_goes_to_the_head() {
+    let (mut net, leader, _) = leader_with_a_client();
+    let c1 = connect_permits(&mut net, leader);
+    let c2 = connect_permits(&mut net, leader);
+    let (held, _, _) = permit_grant(net.request(c1, permits(2, "s", 2, 2, 0)));
+    net.send_only(c2, permits(2, "s", 2, 2, 30));
+    net.run_for(Duration::from_millis(200));
+    assert_eq!(net.answers(c2).len(), 1, "c2 waits");
+    let key = slot_key(&Key::from_text("s").unwrap(), 1).unwrap();
+    net.force_release(leader, 1, ForceRelease { key, token: None });
+    net.run_for(Duration::from_millis(200));
+    assert!(matches!(
+        net.admin_replies(leader)[..],
+        [(_, ForceReleaseOutcome::Released { revoked, .. })] if revoked == held
+    ));
+    let (handed, slots, free) = permit_grant(*net.answers(c2).last().unwrap());
+    assert_eq!((slots, free), (vec![0, 1], 0));
+    assert!(handed > held);
+}
+
+/// A plain acquire of a slot key is a lock like any other, as in single
+/// mode: the slot it holds is taken for the semaphore, which grants the
+/// next free one.
+#[test]
+fn a_plain_lock_of_a_slot_key_takes_that_slot() {
+    let (mut net, leader, c) = leader_with_a_client();
+    let plain = token_of(net.request(c, acquire(1, "s[0000]", 0, 60)));
+    let p = connect_permits(&mut net, leader);
+    let (token, slots, free) = permit_grant(net.request(p, permits(2, "s", 1, 2, 0)));
+    assert_eq!((slots, free), (vec![1], 0));
+    assert!(token > plain);
+    assert_eq!(
+        net.request(p, permits(3, "s", 1, 2, 0)),
+        Reply::TimedOut { rid: 3 }
+    );
+}
+
+/// A leader that loses its majority answers its queued permit request
+/// "no leader" (it had no effect: waiters are not replicated) and its
+/// proposed permit Grant "indeterminate".
+#[test]
+fn lost_leadership_answers_permit_waiters_no_leader() {
+    let (mut net, leader, _) = leader_with_a_client();
+    let c1 = connect_permits(&mut net, leader);
+    let c2 = connect_permits(&mut net, leader);
+    permit_grant(net.request(c1, permits(2, "s", 1, 1, 0)));
+    net.send_only(c2, permits(2, "s", 1, 1, 30));
+    net.run_for(Duration::from_millis(100));
+    for i in (0..3).filter(|&i| i != leader) {
+        net.kill(i);
+    }
+    net.send_only(c1, permits(3, "t", 1, 1, 0));
+    net.run_for(Duration::from_secs(2));
+    assert!(!net.node(leader).is_leader(), "check-quorum stepped down");
+    assert_eq!(
+        net.answers(c1).last(),
+        Some(&Reply::Indeterminate { rid: 3 })
+    );
+    assert_eq!(
+        net.answers(c2).last(),
+        Some(&Reply::Error {
+            rid: 2,
+            code: ErrorCode::NoLeader
+        })
     );
     assert_eq!(net.node(leader).stats().waiters, 0);
 }
