@@ -4,7 +4,7 @@
 //! moved deadline, racing commands give the same result on every node, and
 //! snapshots carry the extension state. Time is injected; nothing sleeps.
 
-use ticketing_core::cluster::{ApplyResult, Command, ReplicatedLocks, SnapshotError};
+use ticketing_core::cluster::{ApplyResult, Command, GrantOptions, ReplicatedLocks, SnapshotError};
 use ticketing_core::lock::ExtendOutcome;
 use ticketing_core::time::Instant;
 use ticketing_core::wire::{Key, KeyGroup};
@@ -40,6 +40,7 @@ fn grant(keys: &[&str], lease_ms: u32, max_hold_ms: Option<u32>) -> Command {
         keys: group(keys),
         lease_ms,
         max_hold_ms,
+        options: GrantOptions::default(),
     }
 }
 

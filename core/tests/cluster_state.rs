@@ -2,10 +2,10 @@
 //! commands, their encoding, apply results, determinism and snapshots.
 
 use proptest::prelude::*;
-use ticketing_core::cluster::{ApplyResult, Command, ReplicatedLocks, SnapshotError};
+use ticketing_core::cluster::{ApplyResult, Command, GrantOptions, ReplicatedLocks, SnapshotError};
 use ticketing_core::lock::ExtendOutcome;
 use ticketing_core::time::Instant;
-use ticketing_core::wire::{Key, KeyGroup};
+use ticketing_core::wire::{Key, KeyGroup, LeaderLabel};
 
 fn group(keys: &[&str]) -> KeyGroup {
     KeyGroup::new(
@@ -34,6 +34,7 @@ fn grant(keys: &[&str]) -> Command {
         keys: group(keys),
         lease_ms: 10_000,
         max_hold_ms: None,
+        options: GrantOptions::default(),
     }
 }
 
@@ -212,6 +213,49 @@ fn snapshot_round_trip_never_shortens_a_lease() {
             .unwrap()
             .snapshot(ms(7_000))
     );
+}
+
+#[test]
+fn grant_options_are_replicated_and_carried_by_a_snapshot() {
+    let mut state = initialised(500);
+    state.apply(&grant(&["plain"]), ms(0));
+    let options = GrantOptions {
+        shared_modes: 0b10,
+        capacity: None,
+        label: LeaderLabel::new("leader-a"),
+    };
+    state.apply(
+        &Command::Grant {
+            keys: group(&["x", "y"]),
+            lease_ms: 10_000,
+            max_hold_ms: None,
+            options,
+        },
+        ms(1),
+    );
+    assert_eq!(state.grant(501).unwrap().options, options);
+    let bytes = state.snapshot(ms(2));
+    // A grant with options needs the third layout.
+    assert_eq!(bytes[0], 3);
+    let restored = ReplicatedLocks::restore(&bytes, ms(3)).unwrap();
+    assert_eq!(restored.grant(501).unwrap().options, options);
+    assert!(restored.grant(500).unwrap().options.is_default());
+    assert_eq!(restored.snapshot(ms(3))[0], 3);
+    // Once the grant with options is gone, the first layout again.
+    state.apply(
+        &Command::Release {
+            keys: group(&["x", "y"]),
+            token: 501,
+        },
+        ms(4),
+    );
+    let bytes = state.snapshot(ms(5));
+    assert_eq!(bytes[0], 1);
+    // The same grants written under the third layout are refused: one
+    // encoding per value.
+    let mut relabelled = bytes.clone();
+    relabelled[0] = 3;
+    assert!(ReplicatedLocks::restore(&relabelled, ms(5)).is_err());
 }
 
 #[test]
@@ -396,18 +440,44 @@ fn replicated_part(result: ApplyResult) -> ApplyResult {
     }
 }
 
+/// Options as a Grant may carry them: default most of the time.
+fn arb_options() -> impl Strategy<Value = GrantOptions> {
+    prop_oneof![
+        3 => Just(GrantOptions::default()),
+        1 => (
+            any::<u16>(),
+            proptest::option::of(1u16..=u16::MAX),
+            proptest::option::of("[a-z ]{1,64}"),
+        )
+            .prop_map(|(shared_modes, capacity, label)| GrantOptions {
+                shared_modes,
+                capacity,
+                label: label.and_then(|label| LeaderLabel::new(&label)),
+            }),
+    ]
+}
+
 fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         (1u64..1_000).prop_map(|first_token| Command::Init { first_token }),
         (
             arb_group(),
             1u32..250_000,
-            proptest::option::of(1u32..300_000)
+            proptest::option::of(1u32..300_000),
+            arb_options(),
         )
-            .prop_map(|(keys, lease_ms, max_hold_ms)| Command::Grant {
-                keys,
-                lease_ms,
-                max_hold_ms
+            .prop_map(|(keys, lease_ms, max_hold_ms, options)| {
+                let modes_mask = (1u32 << keys.len()) - 1;
+                let options = GrantOptions {
+                    shared_modes: (u32::from(options.shared_modes) & modes_mask) as u16,
+                    ..options
+                };
+                Command::Grant {
+                    keys,
+                    lease_ms,
+                    max_hold_ms,
+                    options,
+                }
             }),
         (95u64..130, 1u32..250_000)
             .prop_map(|(token, lease_ms)| Command::Extend { token, lease_ms }),

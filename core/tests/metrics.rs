@@ -7,7 +7,7 @@
 mod raft_harness;
 
 use ticketing_core::budget::AbuseKind;
-use ticketing_core::cluster::{Command, ReplicatedLocks};
+use ticketing_core::cluster::{Command, GrantOptions, ReplicatedLocks};
 use ticketing_core::lock::{Limits, LockConfig};
 use ticketing_core::machine::Machine;
 use ticketing_core::metrics::{ReplyKind, ServerMetrics};
@@ -314,6 +314,7 @@ fn applied_commands_count_grants_releases_expiries_and_hold_time() {
         keys: keys.clone(),
         lease_ms: 5_000,
         max_hold_ms: None,
+        options: GrantOptions::default(),
     };
     state.apply(&grant(&k), t0);
     state.apply(&grant(&j), t0);

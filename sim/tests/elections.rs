@@ -21,12 +21,16 @@
 //! step's instant and every reply is read in the step it is sent, so a
 //! grant's lease runs from the step it is read in.
 
+mod common;
+
+use common::{Judged, Rng};
+
 use std::collections::HashMap;
 
 use ticketing_core::machine::Machine;
 use ticketing_core::server::ConnId;
 use ticketing_core::testing::net::SingleNet;
-use ticketing_core::testing::planted::{self, PlantedBug};
+use ticketing_core::testing::planted::PlantedBug;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     AcquireRequest, Capabilities, EXTENSION_VERSION, ExtendRequest, Key, KeyGroup, LeaderState,
@@ -43,21 +47,6 @@ const CHECKERS: [&str; 3] = ["terms", "fifo", "observe"];
 const TERMS: usize = 0;
 const FIFO: usize = 1;
 const OBSERVE: usize = 2;
-
-/// A small deterministic generator (xorshift64*), so a seed is a world.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What a campaigner's request was.
 #[derive(Clone, Copy, Debug)]
@@ -156,6 +145,12 @@ struct Verdict {
     fenced_off: usize,
 }
 
+impl Judged<3> for Verdict {
+    fn fired(&self) -> &[Option<String>; 3] {
+        &self.fired
+    }
+}
+
 impl Verdict {
     fn fire(&mut self, checker: usize, step: usize, what: String) {
         self.fired[checker].get_or_insert(format!("step {step}: {what}"));
@@ -189,7 +184,7 @@ impl World {
             .collect();
         World {
             h,
-            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            rng: Rng::of_world(seed),
             key: Key::from_text(ELECTION).unwrap(),
             campaigners,
             observers,
@@ -535,45 +530,10 @@ fn run_world(seed: u64) -> Verdict {
     World::new(seed).run()
 }
 
-/// Runs 100 worlds with `bug` on; the number in which each checker fired.
-/// A planted bug may also trip one of the core's own debug assertions
-/// before a checker speaks: such worlds are counted apart and must stay a
-/// minority (none does today).
-fn firing(bug: PlantedBug) -> [usize; 3] {
-    planted::set(Some(bug));
-    let runs: Vec<std::thread::Result<Verdict>> = (0..100)
-        .map(|seed| std::panic::catch_unwind(|| run_world(seed)))
-        .collect();
-    planted::set(None);
-    let verdicts: Vec<&Verdict> = runs.iter().filter_map(|run| run.as_ref().ok()).collect();
-    let asserted = runs.len() - verdicts.len();
-    let mut counts = [0; 3];
-    for verdict in &verdicts {
-        for (checker, fired) in verdict.fired.iter().enumerate() {
-            counts[checker] += usize::from(fired.is_some());
-        }
-    }
-    for (checker, count) in CHECKERS.iter().zip(counts) {
-        println!(
-            "{bug:?}: the {checker} checker fired in {count} of {} worlds run to their end ({asserted} more stopped at a core debug assertion)",
-            verdicts.len()
-        );
-    }
-    assert!(
-        asserted * 2 < runs.len(),
-        "{asserted} of 100 worlds asserted"
-    );
-    counts
-}
-
 #[test]
 fn election_worlds_keep_terms_fifo_and_honest_observes() {
     let mut total = Verdict::default();
-    for seed in 0..200 {
-        let verdict = run_world(seed);
-        for (checker, fired) in CHECKERS.iter().zip(&verdict.fired) {
-            assert!(fired.is_none(), "seed {seed}: {checker}: {fired:?}");
-        }
+    for verdict in common::clean(CHECKERS, 200, run_world) {
         total.grants += verdict.grants;
         total.handovers += verdict.handovers;
         total.observed_leader += verdict.observed_leader;
@@ -594,21 +554,27 @@ fn election_worlds_keep_terms_fifo_and_honest_observes() {
 
 #[test]
 fn the_terms_checker_alone_catches_a_handoff_that_reuses_the_term() {
-    let [terms, fifo, observe] = firing(PlantedBug::HandoffReusesTerm);
-    assert_eq!((fifo, observe), (0, 0));
-    assert!(terms >= 80, "caught in only {terms} of 100 worlds");
+    common::caught_alone(
+        PlantedBug::HandoffReusesTerm,
+        CHECKERS,
+        run_world,
+        TERMS,
+        80,
+    );
 }
 
 #[test]
 fn the_fifo_checker_alone_catches_a_skipped_candidate() {
-    let [terms, fifo, observe] = firing(PlantedBug::SkipWaiter);
-    assert_eq!((terms, observe), (0, 0));
-    assert!(fifo >= 80, "caught in only {fifo} of 100 worlds");
+    common::caught_alone(PlantedBug::SkipWaiter, CHECKERS, run_world, FIFO, 80);
 }
 
 #[test]
 fn the_observe_checker_alone_catches_a_departed_leader_reported_as_none() {
-    let [terms, fifo, observe] = firing(PlantedBug::ObserveDepartedAsNone);
-    assert_eq!((terms, fifo), (0, 0));
-    assert!(observe >= 70, "caught in only {observe} of 100 worlds");
+    common::caught_alone(
+        PlantedBug::ObserveDepartedAsNone,
+        CHECKERS,
+        run_world,
+        OBSERVE,
+        70,
+    );
 }

@@ -4,21 +4,27 @@
 //!   never a slot at or past its capacity;
 //! - **FIFO**: a permit grant never overtakes an earlier request for the
 //!   same semaphore that is still waiting;
-//! - **tokens**: every grant's token is above every token granted before;
+//! - **tokens**: every grant's token is above every token granted before
+//!   (and, of the grants of one semaphore read in one step, which its
+//!   queue made in arrival order, each above the earlier arrival's);
 //! - **linearizability**: each slot key's history as the clients saw it
 //!   (a permit grant is a grant of each of its slot keys under its token, a
 //!   release answered `R` or `N` one of each) has a linearization in the
 //!   sim's model of a FIFO lock with leases (`ticketing_sim::linear`).
 //!
 //! Each checker alone catches a planted bug: capacity `SlotPastCapacity`,
-//! FIFO `BargePermits`, tokens `ReuseToken`, linearizability
-//! `ReportLowestSlots`.
+//! FIFO `BargePermits`, tokens `PermitTokensReversed` (and `ReuseToken`,
+//! which linearizability sees too), linearizability `ReportLowestSlots`.
+
+mod common;
+
+use common::{Judged, Rng, firing};
 
 use std::collections::{BTreeMap, HashMap};
 
 use ticketing_core::server::ConnId;
 use ticketing_core::testing::net::SingleNet;
-use ticketing_core::testing::planted::{self, PlantedBug};
+use ticketing_core::testing::planted::PlantedBug;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
     Capabilities, EXTENSION_VERSION, ErrorCode, Key, KeyGroup, NegotiateRequest, PermitsRequest,
@@ -30,21 +36,6 @@ use ticketing_sim::linear::{self, LinEntry, LinOp, LinResult};
 const SEMAPHORES: [(&str, u16); 2] = [("alpha", 2), ("beta", 3)];
 const CLIENTS: usize = 6;
 const STEPS: usize = 300;
-
-/// A small deterministic generator (xorshift64*), so a seed is a world.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The checkers, in the order of [`Verdict::fired`].
 const CHECKERS: [&str; 4] = ["capacity", "fifo", "tokens", "linearizability"];
@@ -123,6 +114,12 @@ struct Verdict {
     refused: usize,
 }
 
+impl Judged<4> for Verdict {
+    fn fired(&self) -> &[Option<String>; 4] {
+        &self.fired
+    }
+}
+
 impl Verdict {
     fn fire(&mut self, checker: usize, what: String) {
         self.fired[checker].get_or_insert(what);
@@ -136,7 +133,7 @@ fn micros(now: Instant, start: Instant) -> u64 {
 
 /// Runs world `seed`.
 fn run_world(seed: u64) -> Verdict {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::of_world(seed);
     let mut h = SingleNet::default();
     let start = h.now;
     let mut clients: Vec<Client> = (0..CLIENTS).map(|_| connect(&mut h)).collect();
@@ -323,10 +320,32 @@ fn run_world(seed: u64) -> Verdict {
             }
         }
         token_max = token_max.max(step_max.unwrap_or(0));
+        check_step_order(&mut grants, step, &mut verdict);
         check_capacity(&h, step, &mut verdict);
     }
     check_histories(&histories, &mut verdict);
     verdict
+}
+
+/// The tokens checker on the grants of one step: a semaphore serves its
+/// queue in arrival order (which the FIFO checker holds it to), so the
+/// step's grants of one semaphore, taken by arrival, have rising tokens.
+fn check_step_order(grants: &mut [(usize, u64, u64)], step: usize, verdict: &mut Verdict) {
+    grants.sort_unstable();
+    for pair in grants.windows(2) {
+        let [(semaphore, earlier, first), (same, later, second)] = *pair else {
+            continue;
+        };
+        if semaphore == same && second <= first {
+            verdict.fire(
+                TOKENS,
+                format!(
+                    "step {step}: request {later} for {} granted token {second}, not above request {earlier}'s {first} granted before it",
+                    SEMAPHORES[semaphore].0
+                ),
+            );
+        }
+    }
 }
 
 /// The capacity checker, on the server's table at this instant.
@@ -384,11 +403,7 @@ impl Close for SingleNet {
 #[test]
 fn semaphore_worlds_keep_capacity_fifo_rising_tokens_and_linearizability() {
     let mut total = Verdict::default();
-    for seed in 0..200 {
-        let verdict = run_world(seed);
-        for (checker, fired) in CHECKERS.iter().zip(&verdict.fired) {
-            assert!(fired.is_none(), "seed {seed}: {checker}: {fired:?}");
-        }
+    for verdict in common::clean(CHECKERS, 200, run_world) {
         total.granted += verdict.granted;
         total.waited += verdict.waited;
         total.linearizable += verdict.linearizable;
@@ -406,46 +421,20 @@ fn semaphore_worlds_keep_capacity_fifo_rising_tokens_and_linearizability() {
     assert_eq!(total.refused, 0, "{total:?}");
 }
 
-/// Runs 100 worlds with `bug` on; the number in which each checker fired.
-fn firing(bug: PlantedBug) -> [usize; 4] {
-    planted::set(Some(bug));
-    let runs: Vec<std::thread::Result<Verdict>> = (0..100)
-        .map(|seed| std::panic::catch_unwind(|| run_world(seed)))
-        .collect();
-    planted::set(None);
-    let verdicts: Vec<&Verdict> = runs.iter().filter_map(|run| run.as_ref().ok()).collect();
-    let asserted = runs.len() - verdicts.len();
-    let mut counts = [0; 4];
-    for verdict in &verdicts {
-        for (checker, fired) in verdict.fired.iter().enumerate() {
-            counts[checker] += usize::from(fired.is_some());
-        }
-    }
-    for (checker, count) in CHECKERS.iter().zip(counts) {
-        println!(
-            "{bug:?}: the {checker} checker fired in {count} of {} worlds run to their end ({asserted} more stopped at a core debug assertion)",
-            verdicts.len()
-        );
-    }
-    assert!(
-        asserted * 2 < runs.len(),
-        "{asserted} of 100 worlds asserted"
-    );
-    counts
-}
-
 #[test]
 fn the_capacity_checker_alone_catches_a_slot_past_capacity() {
-    let [capacity, fifo, tokens, linear] = firing(PlantedBug::SlotPastCapacity);
-    assert_eq!((fifo, tokens, linear), (0, 0, 0));
-    assert!(capacity >= 80, "caught in only {capacity} of 100 worlds");
+    common::caught_alone(
+        PlantedBug::SlotPastCapacity,
+        CHECKERS,
+        run_world,
+        CAPACITY,
+        80,
+    );
 }
 
 #[test]
 fn the_fifo_checker_alone_catches_permits_barging_past_the_head() {
-    let [capacity, fifo, tokens, linear] = firing(PlantedBug::BargePermits);
-    assert_eq!((capacity, tokens, linear), (0, 0, 0));
-    assert!(fifo >= 80, "caught in only {fifo} of 100 worlds");
+    common::caught_alone(PlantedBug::BargePermits, CHECKERS, run_world, FIFO, 80);
 }
 
 /// A reused token is also a token not above its slot's earlier one
@@ -453,7 +442,7 @@ fn the_fifo_checker_alone_catches_permits_barging_past_the_head() {
 /// it too (in fewer worlds), the capacity and FIFO checkers do not.
 #[test]
 fn the_token_checker_catches_a_reused_token() {
-    let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReuseToken);
+    let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReuseToken, CHECKERS, run_world);
     assert_eq!((capacity, fifo), (0, 0));
     assert!(tokens >= 80, "caught in only {tokens} of 100 worlds");
     assert!(
@@ -464,7 +453,26 @@ fn the_token_checker_catches_a_reused_token() {
 
 #[test]
 fn the_linearizability_checker_alone_catches_misreported_slots() {
-    let [capacity, fifo, tokens, linear] = firing(PlantedBug::ReportLowestSlots);
-    assert_eq!((capacity, fifo, tokens), (0, 0, 0));
-    assert!(linear >= 80, "caught in only {linear} of 100 worlds");
+    common::caught_alone(
+        PlantedBug::ReportLowestSlots,
+        CHECKERS,
+        run_world,
+        LINEAR,
+        80,
+    );
+}
+
+/// Two grants of one pass with their tokens swapped share no slot, and
+/// both tokens are above every earlier one, so each slot's history is
+/// still linearizable: only the token checker sees that the later grant
+/// holds the smaller token.
+#[test]
+fn the_token_checker_alone_catches_permit_tokens_out_of_grant_order() {
+    common::caught_alone(
+        PlantedBug::PermitTokensReversed,
+        CHECKERS,
+        run_world,
+        TOKENS,
+        80,
+    );
 }

@@ -17,10 +17,11 @@ use std::task::{Poll, Waker};
 
 use super::error::{ClientError, CloseReason};
 use super::ops::{
-    AcquireOperation, AcquireStep, ExtendOperation, ExtendStep, Extension, OBSERVE_RETRY_WINDOW,
-    ObserveOperation, ObserveStep, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
+    AcquireOperation, AcquireStep, ExtendOperation, Extension, OBSERVE_RETRY_WINDOW,
+    ObserveOperation, ReleaseOperation, ReleaseOutcome, ReleaseQueue, ReleaseStep,
 };
 use super::request::{AcquireParams, Grant, KeySet, Leader, Outcome};
+use super::retried::{attempt, run_retried};
 use super::routing::Router;
 use super::session::{Session, SessionConfig, SessionEvent};
 use super::watch::{NewsBoard, PushNews};
@@ -535,17 +536,8 @@ pub async fn run_acquire<B: Broker + ?Sized>(
     let mut op = AcquireOperation::new(now, keys, params);
     loop {
         let epoch = broker.leader_epoch(None);
-        // An outcome the submit hands back was decided at `now` (the
-        // session, and in-process the server, ran on that reading; a
-        // grant's validity counts from it), so it is judged at `now`; an
-        // outcome awaited later, at a fresh reading.
-        let result = match broker.submit_at(now, true, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
+        let step = match attempt(broker, now, true, |now, session| op.submit(now, session)).await {
+            Ok((outcome, at)) => op.on_outcome(at, outcome),
             Err(ClientError::Closed) => return Err(ClientError::Closed),
             Err(error) => op.on_error(broker.now(), error),
         };
@@ -569,29 +561,9 @@ pub async fn run_acquire<B: Broker + ?Sized>(
 /// bound on acquires (a session bounds them with its releases).
 pub async fn run_extend<B: Broker + ?Sized>(
     broker: &B,
-    mut op: ExtendOperation,
+    op: ExtendOperation,
 ) -> Result<Extension, ClientError> {
-    let mut now = broker.now();
-    loop {
-        let epoch = broker.leader_epoch(None);
-        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
-            Err(ClientError::Closed) => return Err(ClientError::Closed),
-            Err(error) => op.on_error(broker.now(), error),
-        };
-        match step {
-            ExtendStep::Done(result) => return result,
-            ExtendStep::RetryAt(at) => {
-                wait_for_retry(broker, at, epoch).await;
-                now = broker.now();
-            }
-        }
-    }
+    run_retried(broker, broker.now(), op).await
 }
 
 /// Who holds the key `name` (docs/protocol.md §8.6): an election's leader
@@ -603,28 +575,9 @@ pub async fn run_observe<B: Broker + ?Sized>(
     broker: &B,
     name: KeySet,
 ) -> Result<Option<Leader>, ClientError> {
-    let mut now = broker.now();
-    let mut op = ObserveOperation::new(name, now.saturating_add(OBSERVE_RETRY_WINDOW))?;
-    loop {
-        let epoch = broker.leader_epoch(None);
-        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
-            Err(ClientError::Closed) => return Err(ClientError::Closed),
-            Err(error) => op.on_error(broker.now(), error),
-        };
-        match step {
-            ObserveStep::Done(result) => return result,
-            ObserveStep::RetryAt(at) => {
-                wait_for_retry(broker, at, epoch).await;
-                now = broker.now();
-            }
-        }
-    }
+    let now = broker.now();
+    let op = ObserveOperation::new(name, now.saturating_add(OBSERVE_RETRY_WINDOW))?;
+    run_retried(broker, now, op).await
 }
 
 /// Campaigns for the election `name` (docs/protocol.md §8.6): acquires the

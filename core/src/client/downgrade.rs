@@ -2,10 +2,11 @@
 //! shared, across attempts: the operation's rule, and the loop a broker
 //! runs it in.
 
-use super::broker::{Broker, Submitted, wait_for_retry};
+use super::broker::Broker;
 use super::error::ClientError;
 use super::ops::{ACQUIRE_RETRY_MAX, RETRY_MIN};
 use super::request::{KeySet, Outcome};
+use super::retried::run_retried;
 use super::session::Session;
 use crate::time::{Duration, Instant};
 
@@ -96,27 +97,7 @@ pub async fn run_downgrade<B: Broker + ?Sized>(
     keys: KeySet,
     token: u64,
 ) -> Result<(), ClientError> {
-    let mut now = broker.now();
+    let now = broker.now();
     let deadline = now.saturating_add(DOWNGRADE_RETRY_WINDOW);
-    let mut op = DowngradeOperation::new(keys, token, deadline);
-    loop {
-        let epoch = broker.leader_epoch(None);
-        let result = match broker.submit_at(now, false, |now, session| op.submit(now, session)) {
-            Ok(Submitted::Ready(outcome)) => Ok((outcome, Some(now))),
-            Ok(Submitted::Waiting(outcome)) => Ok((outcome.await, None)),
-            Err(error) => Err(error),
-        };
-        let step = match result {
-            Ok((outcome, at)) => op.on_outcome(at.unwrap_or_else(|| broker.now()), outcome),
-            Err(ClientError::Closed) => return Err(ClientError::Closed),
-            Err(error) => op.on_error(broker.now(), error),
-        };
-        match step {
-            DowngradeStep::Done(result) => return result,
-            DowngradeStep::RetryAt(at) => {
-                wait_for_retry(broker, at, epoch).await;
-                now = broker.now();
-            }
-        }
-    }
+    run_retried(broker, now, DowngradeOperation::new(keys, token, deadline)).await
 }

@@ -32,7 +32,8 @@
 //! Files: [`session`] (one connection), [`ops`] (parameters, key sets,
 //! grants, the logical operations and the release queue), [`routing`]
 //! (router and reconnect backoff), [`config`] (what a user configures),
-//! [`error`] (what calls and sessions fail with), `broker` and `ticket`.
+//! [`error`] (what calls and sessions fail with), `broker`, `retried` (the
+//! loop of a renewal, downgrade or observe across attempts) and `ticket`.
 //!
 //! Driving a [`Session`] (str0m / quinn-proto shape): after every input
 //! ([`Session::handle_input`], [`Session::handle_timeout`],
@@ -47,6 +48,7 @@ pub mod error;
 pub mod holder;
 pub mod ops;
 pub mod request;
+mod retried;
 pub mod routing;
 pub mod session;
 mod ticket;

@@ -17,14 +17,21 @@
 //! | `0x05` | [`Command::ForceRelease`] | has_token u8 (0/1) · token u64 (0 unless has_token) · len u8 · key |
 //! | `0x06` | [`Command::Grant`] with a cap | lease_ms u32 · max_hold_ms u32 · keys |
 //! | `0x07` | [`Command::Extend`] | token u64 · lease_ms u32 |
+//! | `0x08` | [`Command::Grant`] with [`GrantOptions`] | lease_ms u32 · has_cap u8 (0/1) · max_hold_ms u32 (0 unless has_cap) · options · keys |
+//!
+//! Options are `shared_modes u16 · capacity u16 (0: not a semaphore) ·
+//! label_len u8 · label` (see [`GrantOptions`]); no bit of `shared_modes`
+//! at or past the number of keys.
 //!
 //! A Grant without a cap keeps tag `0x02` and its bytes, so logs written
 //! before caps existed decode as they did, and a node that predates caps
 //! and extensions decodes every entry a leader writes until one is used.
+//! Likewise a Grant with default options keeps tag `0x02` or `0x06`: only
+//! a grant that uses modes, slots or a label is written under `0x08`.
 
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::lock::ExtendOutcome;
-use crate::wire::{Key, KeyGroup};
+use crate::wire::{Key, KeyGroup, LABEL_LEN_MAX, LeaderLabel};
 
 /// A [`Command::Init`] must start the token counter below this (2^62);
 /// one starting higher does not decode. The first token is the bootstrap
@@ -32,10 +39,9 @@ use crate::wire::{Key, KeyGroup};
 /// corruption, and leaves 3 · 2^62 grants of headroom below `u64::MAX`.
 pub const FIRST_TOKEN_MAX: u64 = 1 << 62;
 
-/// Largest encoded command: a Release/Expire of 16 keys of 128 bytes (a
-/// capped Grant of them is as long: its two u32 fields take the token's
-/// eight bytes).
-pub const COMMAND_LEN_MAX: usize = 1 + 8 + 1 + 16 * (1 + 128);
+/// Largest encoded command: a Grant with every option of 16 keys of 128
+/// bytes (lease, cap flag and cap, modes, capacity, the longest label).
+pub const COMMAND_LEN_MAX: usize = 1 + 4 + 1 + 4 + 2 + 2 + 1 + LABEL_LEN_MAX + 1 + 16 * (1 + 128);
 
 /// Tag of [`Command::Init`].
 const TAG_INIT: u8 = 0x01;
@@ -51,6 +57,73 @@ const TAG_FORCE_RELEASE: u8 = 0x05;
 const TAG_GRANT_CAPPED: u8 = 0x06;
 /// Tag of [`Command::Extend`].
 const TAG_EXTEND: u8 = 0x07;
+/// Tag of a [`Command::Grant`] with non-default [`GrantOptions`].
+const TAG_GRANT_OPTIONS: u8 = 0x08;
+
+/// What a grant is beyond its keys and lease: which keys it holds shared,
+/// whether they are a semaphore's slots, and the label of the holder's
+/// connection. Replicated with the grant, so a new leader knows them.
+/// The default, a plain exclusive grant without a label, is encoded
+/// exactly as grants were before options existed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GrantOptions {
+    /// Bit `i` set: key `i` of the group (ascending) is held shared.
+    pub shared_modes: u16,
+    /// `Some(n)`: the keys are slot keys ([`crate::wire::slot_key`]) of one
+    /// semaphore of capacity `n` (1 or more).
+    pub capacity: Option<u16>,
+    /// The label the holder's connection negotiated: who an election's
+    /// leader is, for `O`.
+    pub label: Option<LeaderLabel>,
+}
+
+impl GrantOptions {
+    /// Whether these are the options of a plain grant.
+    pub fn is_default(&self) -> bool {
+        *self == GrantOptions::default()
+    }
+
+    /// Length of [`GrantOptions::encode`]'s output.
+    pub(crate) fn encoded_len(&self) -> usize {
+        2 + 2 + 1 + self.label.map_or(0, |label| label.as_str().len())
+    }
+
+    /// Appends `shared_modes u16 · capacity u16 · label_len u8 · label`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.shared_modes.to_be_bytes());
+        out.extend_from_slice(&self.capacity.unwrap_or(0).to_be_bytes());
+        let label = self.label.as_ref().map_or("", LeaderLabel::as_str);
+        // A label is at most 64 bytes.
+        out.push(u8::try_from(label.len()).unwrap_or(u8::MAX));
+        out.extend_from_slice(label.as_bytes());
+    }
+
+    /// Reads what [`GrantOptions::encode`] wrote; `None` for a label that
+    /// an `X` could not carry (too long, not UTF-8, control characters)
+    /// or an empty one (written as no label: one encoding per value).
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Option<GrantOptions> {
+        let shared_modes = r.u16()?;
+        let capacity = match r.u16()? {
+            0 => None,
+            n => Some(n),
+        };
+        let len = usize::from(r.u8()?);
+        let label = match len {
+            0 => None,
+            _ => Some(LeaderLabel::new(std::str::from_utf8(r.bytes(len)?).ok()?)?),
+        };
+        Some(GrantOptions {
+            shared_modes,
+            capacity,
+            label,
+        })
+    }
+
+    /// Whether the modes name only keys a group of `keys` has.
+    pub(crate) fn fits(&self, keys: &KeyGroup) -> bool {
+        u32::from(self.shared_modes) >> keys.len() == 0
+    }
+}
 
 /// A lock-state change, replicated through Raft (docs/cluster.md,
 /// "Replicated commands").
@@ -79,6 +152,8 @@ pub enum Command {
         /// first lease is clipped to it). `None`: no cap, encoded exactly
         /// as a Grant was before caps existed.
         max_hold_ms: Option<u32>,
+        /// Modes, semaphore and label.
+        options: GrantOptions,
     },
     /// Release the grant `token` holds on exactly `keys`.
     Release {
@@ -182,7 +257,21 @@ impl Command {
             Command::Grant {
                 keys,
                 lease_ms,
+                max_hold_ms,
+                options,
+            } if !options.is_default() => {
+                out.push(TAG_GRANT_OPTIONS);
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+                out.push(u8::from(max_hold_ms.is_some()));
+                out.extend_from_slice(&max_hold_ms.unwrap_or(0).to_be_bytes());
+                options.encode(out);
+                put_key_group(out, keys);
+            }
+            Command::Grant {
+                keys,
+                lease_ms,
                 max_hold_ms: None,
+                ..
             } => {
                 out.push(TAG_GRANT);
                 out.extend_from_slice(&lease_ms.to_be_bytes());
@@ -192,6 +281,7 @@ impl Command {
                 keys,
                 lease_ms,
                 max_hold_ms: Some(max_hold_ms),
+                ..
             } => {
                 out.push(TAG_GRANT_CAPPED);
                 out.extend_from_slice(&lease_ms.to_be_bytes());
@@ -245,6 +335,9 @@ impl Command {
         };
         match self {
             Command::Init { .. } => 1 + 8,
+            Command::Grant { keys, options, .. } if !options.is_default() => {
+                1 + 4 + 1 + 4 + options.encoded_len() + group(keys)
+            }
             Command::Grant {
                 keys, max_hold_ms, ..
             } => 1 + 4 + max_hold_ms.map_or(0, |_| 4) + group(keys),
@@ -274,6 +367,7 @@ impl Command {
                     keys: r.key_group()?,
                     lease_ms,
                     max_hold_ms: None,
+                    options: GrantOptions::default(),
                 }
             }
             TAG_GRANT_CAPPED => {
@@ -283,6 +377,27 @@ impl Command {
                     keys: r.key_group()?,
                     lease_ms,
                     max_hold_ms: Some(max_hold_ms),
+                    options: GrantOptions::default(),
+                }
+            }
+            TAG_GRANT_OPTIONS => {
+                let lease_ms = r.u32()?;
+                let has_cap = r.bool()?;
+                let cap = r.u32()?;
+                if !has_cap && cap != 0 {
+                    // One encoding per value.
+                    return None;
+                }
+                let options = GrantOptions::decode(&mut r)?;
+                let keys = r.key_group()?;
+                if options.is_default() || !options.fits(&keys) {
+                    return None;
+                }
+                Command::Grant {
+                    keys,
+                    lease_ms,
+                    max_hold_ms: has_cap.then_some(cap),
+                    options,
                 }
             }
             TAG_EXTEND => {
@@ -326,8 +441,8 @@ impl Command {
 
 #[cfg(test)]
 mod tests {
-    use super::Command;
-    use crate::wire::{Key, KeyGroup};
+    use super::{Command, GrantOptions};
+    use crate::wire::{Key, KeyGroup, LeaderLabel};
 
     fn key(text: &str) -> Key {
         Key::new(text.as_bytes()).unwrap()
@@ -344,16 +459,38 @@ mod tests {
                 keys: one.clone(),
                 lease_ms: 5,
                 max_hold_ms: None,
+                options: GrantOptions::default(),
             },
             Command::Grant {
                 keys: many.clone(),
                 lease_ms: 5,
                 max_hold_ms: None,
+                options: GrantOptions::default(),
             },
             Command::Grant {
                 keys: many.clone(),
                 lease_ms: 5,
                 max_hold_ms: Some(60_000),
+                options: GrantOptions::default(),
+            },
+            Command::Grant {
+                keys: many.clone(),
+                lease_ms: 5,
+                max_hold_ms: None,
+                options: GrantOptions {
+                    shared_modes: 0b101,
+                    capacity: None,
+                    label: LeaderLabel::new("worker-7"),
+                },
+            },
+            Command::Grant {
+                keys: many.clone(),
+                lease_ms: 5,
+                max_hold_ms: Some(60_000),
+                options: GrantOptions {
+                    capacity: Some(4),
+                    ..GrantOptions::default()
+                },
             },
             Command::Extend {
                 token: 9,
@@ -395,6 +532,7 @@ mod tests {
             keys: keys.clone(),
             lease_ms: 1_500,
             max_hold_ms: None,
+            options: GrantOptions::default(),
         };
         assert_eq!(Command::decode(&grant), Some(decoded.clone()));
         // And an uncapped Grant is still written so.
@@ -411,6 +549,7 @@ mod tests {
             keys: KeyGroup::single(key("ab")),
             lease_ms: 1_500,
             max_hold_ms: Some(60_000),
+            options: GrantOptions::default(),
         };
         assert_eq!(
             capped.to_bytes(),
@@ -432,5 +571,54 @@ mod tests {
         let mut longer = bytes;
         longer.push(0);
         assert_eq!(Command::decode(&longer), None);
+    }
+
+    #[test]
+    fn a_grant_with_options_has_one_encoding_and_refuses_every_other() {
+        let grant = Command::Grant {
+            keys: KeyGroup::single(key("ab")),
+            lease_ms: 1_500,
+            max_hold_ms: None,
+            options: GrantOptions {
+                shared_modes: 1,
+                capacity: None,
+                label: LeaderLabel::new("L"),
+            },
+        };
+        let bytes = grant.to_bytes();
+        assert_eq!(
+            bytes,
+            [
+                0x08, 0x00, 0x00, 0x05, 0xdc, 0x00, 0, 0, 0, 0, 0x00, 0x01, 0x00, 0x00, 0x01, b'L',
+                0x01, 0x02, b'a', b'b'
+            ]
+        );
+        assert_eq!(Command::decode(&bytes), Some(grant));
+        let altered = |at: usize, byte: u8| {
+            let mut altered = bytes.clone();
+            altered[at] = byte;
+            Command::decode(&altered)
+        };
+        // A cap value without its flag.
+        assert_eq!(altered(9, 1), None);
+        // A mode bit past the one key.
+        assert_eq!(altered(11, 0b11), None);
+        // A label with a control character.
+        assert_eq!(altered(15, b'\n'), None);
+        // Default options under the options tag: that grant is written 0x02.
+        let mut plain = bytes[..10].to_vec();
+        plain.extend_from_slice(&[0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, b'a', b'b']);
+        assert_eq!(Command::decode(&plain), None);
+        // A Grant without options is still written as before they existed.
+        let Command::Grant { keys, .. } = Command::decode(&bytes).unwrap() else {
+            unreachable!("decoded a grant above");
+        };
+        let without = Command::Grant {
+            keys,
+            lease_ms: 1_500,
+            max_hold_ms: None,
+            options: GrantOptions::default(),
+        };
+        assert_eq!(without.to_bytes()[0], 0x02);
     }
 }

@@ -29,7 +29,7 @@ pub mod state;
 
 pub use crate::conn::{ConnId, ConnState, Dialect};
 
-pub use self::command::{ApplyResult, COMMAND_LEN_MAX, Command, FIRST_TOKEN_MAX};
+pub use self::command::{ApplyResult, COMMAND_LEN_MAX, Command, FIRST_TOKEN_MAX, GrantOptions};
 pub use self::events::{NODE_EVENTS_MAX, NodeEvent};
 pub use self::node::{
     BOOTSTRAP_GENERATION, ClusterConfig, ClusterNode, ClusterStats, KEEPALIVE_HEARTBEATS,

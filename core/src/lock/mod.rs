@@ -44,9 +44,12 @@ mod acquire;
 mod entry;
 mod expiry;
 mod extend;
+mod fence;
 mod inspect;
 mod queue;
 mod release;
+#[cfg(feature = "planted-bugs")]
+mod reversed_pass;
 pub(crate) mod semaphore;
 mod shared;
 use crate::keyed::{KeyHash, Keyed};
@@ -54,6 +57,7 @@ pub use entry::HOLDER_MAX;
 use entry::{KeyEntry, StoredKey};
 use extend::Extensions;
 pub use extend::{ExtendOutcome, GrantExtension, HoldCaps, capped_deadline, decide_extension};
+pub use fence::TwoMarks;
 pub use inspect::{HolderInspection, KeyInspection, WaiterInspection};
 pub use shared::{DowngradeOutcome, KeyModes};
 

@@ -156,6 +156,9 @@ pub(crate) struct Semaphores {
     events: VecDeque<PermitEvent>,
     /// Permit requests answered `B` by the semaphores' own limits.
     busy: SemaphoreBusy,
+    /// The pass under way with the planted bug `PermitTokensReversed` on.
+    #[cfg(feature = "planted-bugs")]
+    reversed_pass: Option<super::reversed_pass::ReversedPass>,
 }
 
 impl Semaphores {
@@ -172,6 +175,8 @@ impl Semaphores {
             dirty: Vec::new(),
             events: VecDeque::new(),
             busy: SemaphoreBusy::default(),
+            #[cfg(feature = "planted-bugs")]
+            reversed_pass: None,
         }
     }
 
@@ -352,7 +357,15 @@ impl Semaphores {
         dirty.sort_unstable();
         dirty.dedup();
         for name in dirty {
+            #[cfg(feature = "planted-bugs")]
+            {
+                self.reversed_pass = super::reversed_pass::ReversedPass::begin(table);
+            }
             self.serve_head(now, table, &name);
+            #[cfg(feature = "planted-bugs")]
+            if let Some(pass) = self.reversed_pass.take() {
+                pass.end(table);
+            }
         }
         self.compact_rechecks();
     }
@@ -366,6 +379,10 @@ impl Semaphores {
         while let Some(head) = semaphore.queue.front() {
             match try_grant(now, table, head.waiter, &head.ask, semaphore.capacity) {
                 Grant::Made(grant, lease_deadline) => {
+                    #[cfg(feature = "planted-bugs")]
+                    if let Some(pass) = self.reversed_pass {
+                        pass.granted(table, grant.token);
+                    }
                     let waiter = head.waiter;
                     semaphore.queue.pop_front();
                     self.waiter_names.remove(&waiter);

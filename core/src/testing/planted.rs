@@ -70,11 +70,21 @@ pub enum PlantedBug {
     /// even when an exclusive request waits: the reader passes the writer
     /// queued before it.
     SharedJumpsWriter,
+    /// The first two permit grants of one pass over a semaphore's queue
+    /// get their tokens the wrong way round: the earlier waiter the later
+    /// token. Each slot's tokens still rise (the two grants share no
+    /// slot, and both tokens are above every earlier one), but the later
+    /// grant holds the smaller token.
+    PermitTokensReversed,
+    /// [`crate::lock::TwoMarks`] checks an exclusive operation against the
+    /// exclusive mark alone: a writer whose lease ran out is accepted after
+    /// readers granted later acted.
+    WriterChecksWritersOnly,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [PlantedBug; 18] = [
+    pub const ALL: [PlantedBug; 20] = [
         PlantedBug::GrantTwice,
         PlantedBug::ReuseToken,
         PlantedBug::SkipWaiter,
@@ -93,6 +103,8 @@ impl PlantedBug {
         PlantedBug::ObserveDepartedAsNone,
         PlantedBug::ShareBesideWriter,
         PlantedBug::SharedJumpsWriter,
+        PlantedBug::PermitTokensReversed,
+        PlantedBug::WriterChecksWritersOnly,
     ];
 
     /// The bug's name on the simulator's command line (`--planted NAME`).
@@ -116,6 +128,8 @@ impl PlantedBug {
             PlantedBug::ObserveDepartedAsNone => "observe-departed-as-none",
             PlantedBug::ShareBesideWriter => "share-beside-writer",
             PlantedBug::SharedJumpsWriter => "shared-jumps-writer",
+            PlantedBug::PermitTokensReversed => "permit-tokens-reversed",
+            PlantedBug::WriterChecksWritersOnly => "writer-checks-writers-only",
         }
     }
 

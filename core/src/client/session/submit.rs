@@ -31,11 +31,10 @@ impl Session {
                 keys: keys.0,
             }),
             Some(max_hold_s) => {
-                if self.is_ready() && !self.capabilities.contains(Capabilities::EXTEND) {
-                    return Err(ClientError::Unsupported(
-                        "a hold cap (the server did not grant EXTEND)",
-                    ));
-                }
+                self.check_granted(
+                    Capabilities::EXTEND,
+                    "a hold cap (the server did not grant EXTEND)",
+                )?;
                 Request::AcquireCapped(AcquireCappedRequest {
                     rid: 0,
                     wait_s: params.wait_s(),
@@ -65,11 +64,10 @@ impl Session {
                 "a semaphore name must be at most 122 bytes",
             ));
         }
-        if self.is_ready() && !self.capabilities.contains(Capabilities::PERMITS) {
-            return Err(ClientError::Unsupported(
-                "semaphores (the server did not grant PERMITS)",
-            ));
-        }
+        self.check_granted(
+            Capabilities::PERMITS,
+            "semaphores (the server did not grant PERMITS)",
+        )?;
         let request = Request::AcquirePermits(PermitsRequest {
             rid: 0,
             wait_s: params.wait_s(),
@@ -96,11 +94,10 @@ impl Session {
                 "a mode names a key past the last",
             ));
         }
-        if self.is_ready() && !self.capabilities.contains(Capabilities::SHARED) {
-            return Err(ClientError::Unsupported(
-                "shared locks (the server did not grant SHARED)",
-            ));
-        }
+        self.check_granted(
+            Capabilities::SHARED,
+            "shared locks (the server did not grant SHARED)",
+        )?;
         let request = Request::AcquireShared(AcquireSharedRequest {
             rid: 0,
             wait_s: params.wait_s(),
@@ -128,14 +125,10 @@ impl Session {
         if token == 0 {
             return Err(ClientError::InvalidInput("token must not be zero"));
         }
-        if !self.is_ready() {
-            return Err(ClientError::NotConnected);
-        }
-        if !self.capabilities.contains(Capabilities::SHARED) {
-            return Err(ClientError::Unsupported(
-                "downgrading (the server did not grant SHARED)",
-            ));
-        }
+        self.check_ready_with(
+            Capabilities::SHARED,
+            "downgrading (the server did not grant SHARED)",
+        )?;
         let request = Request::Downgrade(DowngradeRequest {
             rid: 0,
             token,
@@ -183,14 +176,10 @@ impl Session {
             return Err(ClientError::InvalidInput("token must not be zero"));
         }
         let lease_s = lease_s(lease)?;
-        if !self.is_ready() {
-            return Err(ClientError::NotConnected);
-        }
-        if !self.capabilities.contains(Capabilities::EXTEND) {
-            return Err(ClientError::Unsupported(
-                "lease renewal (the server did not grant EXTEND)",
-            ));
-        }
+        self.check_ready_with(
+            Capabilities::EXTEND,
+            "lease renewal (the server did not grant EXTEND)",
+        )?;
         let request = Request::Extend(ExtendRequest {
             rid: 0,
             token,
@@ -214,14 +203,10 @@ impl Session {
         let [name] = name.0.keys() else {
             return Err(ClientError::InvalidInput("an election is named by one key"));
         };
-        if !self.is_ready() {
-            return Err(ClientError::NotConnected);
-        }
-        if !self.capabilities.contains(Capabilities::OBSERVE) {
-            return Err(ClientError::Unsupported(
-                "observing an election (the server did not grant OBSERVE)",
-            ));
-        }
+        self.check_ready_with(
+            Capabilities::OBSERVE,
+            "observing an election (the server did not grant OBSERVE)",
+        )?;
         let request = Request::Observe(ObserveRequest {
             rid: 0,
             name: name.clone(),
@@ -433,5 +418,33 @@ impl Session {
                 .collect();
         }
         handed
+    }
+
+    /// Refuses, sending nothing, a request that needs `capability` once
+    /// the handshake is done and the server did not grant it (`what`
+    /// names the feature for [`ClientError::Unsupported`]). Before then
+    /// the grant is not known, and the request is queued.
+    fn check_granted(
+        &self,
+        capability: Capabilities,
+        what: &'static str,
+    ) -> Result<(), ClientError> {
+        if self.is_ready() && !self.capabilities.contains(capability) {
+            return Err(ClientError::Unsupported(what));
+        }
+        Ok(())
+    }
+
+    /// As [`Session::check_granted`], for a request that is only made on
+    /// a ready session ([`ClientError::NotConnected`] before).
+    fn check_ready_with(
+        &self,
+        capability: Capabilities,
+        what: &'static str,
+    ) -> Result<(), ClientError> {
+        if !self.is_ready() {
+            return Err(ClientError::NotConnected);
+        }
+        self.check_granted(capability, what)
     }
 }

@@ -23,7 +23,7 @@ use crate::hash::IdHasher;
 use crate::machine::Machine;
 use crate::raft::NodeId;
 use crate::time::{Duration, Instant};
-use crate::wire::{Capabilities, NO_LEADER_SLOT};
+use crate::wire::{Capabilities, LeaderLabel, NO_LEADER_SLOT};
 
 use super::{ClusterConfig, ClusterNode};
 
@@ -286,6 +286,23 @@ impl ClusterNode {
             release_misses_in_row: 0,
         });
         Some(self.new_conn(kind, &hello_bytes, deadline, Some(source)))
+    }
+
+    /// The label client connection `conn_id` negotiated, as a Grant for it
+    /// carries it: an election's leader is named by it on every node.
+    /// An empty label is none (one encoding per value).
+    pub(super) fn holder_label(&self, conn_id: ConnId) -> Option<LeaderLabel> {
+        match self.conns.by_id.get(&conn_id) {
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) => client
+                .front
+                .label()
+                .and_then(LeaderLabel::new)
+                .filter(|label| !label.is_empty()),
+            _ => None,
+        }
     }
 
     /// Bytes from a client: its handshake while unfinished, then the

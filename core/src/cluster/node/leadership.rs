@@ -482,7 +482,12 @@ impl ClusterNode {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
             max_hold_ms: waiter.max_hold_ms,
-            options: waiter.options,
+            // The holder's label, beside what the waiter asked for (a
+            // permit grant's capacity).
+            options: GrantOptions {
+                label: self.holder_label(waiter.conn),
+                ..waiter.options
+            },
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {

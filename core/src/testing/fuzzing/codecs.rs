@@ -1,7 +1,7 @@
 //! The replicated-command and lock-snapshot codecs: see
 //! [`replicated_codecs`].
 
-use crate::cluster::{ApplyResult, Command, FIRST_TOKEN_MAX, ReplicatedLocks};
+use crate::cluster::{ApplyResult, Command, FIRST_TOKEN_MAX, GrantOptions, ReplicatedLocks};
 use crate::time::{Duration, Instant};
 
 use super::script::{Cursor, fuzz_keys};
@@ -19,16 +19,34 @@ fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
         0 => Command::Init {
             first_token: number % FIRST_TOKEN_MAX,
         },
-        1 => Command::Grant {
-            keys,
-            lease_ms: number as u32,
-            max_hold_ms: None,
-        },
+        // With options when the kind byte says so: modes and capacity from
+        // the word's upper half, and a label.
+        1 => {
+            let options = if kind & 0x80 != 0 {
+                let modes_mask = (1u32 << keys.len()) - 1;
+                GrantOptions {
+                    shared_modes: ((number >> 32) as u32 & modes_mask) as u16,
+                    capacity: std::num::NonZeroU16::new((number >> 48) as u16).map(|n| n.get()),
+                    label: (kind & 0x40 != 0)
+                        .then(|| crate::wire::LeaderLabel::new("fuzz"))
+                        .flatten(),
+                }
+            } else {
+                GrantOptions::default()
+            };
+            Command::Grant {
+                keys,
+                lease_ms: number as u32,
+                max_hold_ms: None,
+                options,
+            }
+        }
         // A capped grant: its lease and cap from the two halves of the word.
         5 => Command::Grant {
             keys,
             lease_ms: number as u32,
             max_hold_ms: Some((number >> 32) as u32),
+            options: GrantOptions::default(),
         },
         // An extension of a recent grant (or of a token never issued).
         6 => Command::Extend {

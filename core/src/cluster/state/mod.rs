@@ -9,16 +9,17 @@
 //! (`node/leadership.rs`), because a waiter is tied to a client connection on that
 //! node and has had no effect until its Grant commits.
 
-use crate::cluster::bytes::{Reader, put_key_group};
-use crate::cluster::command::{ApplyResult, Command};
+use crate::cluster::command::{ApplyResult, Command, GrantOptions};
 use crate::hash::IdMap;
 use crate::keyed::{KeyHash, Keyed};
 use crate::lock::{ExtendOutcome, capped_deadline, decide_extension};
 use crate::metrics::ReplicatedLockMetrics;
-use crate::time::{Duration, Instant, duration_micros};
+use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+
+mod snapshot;
 
 /// A snapshot's token counter must not exceed this (2^63): counters start
 /// below [`crate::cluster::command::FIRST_TOKEN_MAX`] (2^62) and grow by one
@@ -34,6 +35,11 @@ const SNAPSHOT_VERSION: u8 = 1;
 /// Version byte of a snapshot with a capped or extended grant: each grant
 /// also carries its cap and extension count.
 const SNAPSHOT_VERSION_EXTENDED: u8 = 2;
+
+/// Version byte of a snapshot with a grant whose [`GrantOptions`] are not
+/// the default (shared keys, semaphore slots, a label): each record has
+/// version 2's fields and the grant's options.
+const SNAPSHOT_VERSION_OPTIONS: u8 = 3;
 
 /// The deadline heap is rebuilt from live grants once it holds more than
 /// twice their number plus this many entries, so stale entries stay bounded
@@ -66,6 +72,8 @@ pub struct Holding {
     /// included). Local, like the deadline: whether an extension reached
     /// the cap depends on this node's apply times.
     pub extensions: u32,
+    /// Modes, semaphore and holder label (replicated).
+    pub options: GrantOptions,
 }
 
 impl Holding {
@@ -152,7 +160,8 @@ impl ReplicatedLocks {
                 keys,
                 lease_ms,
                 max_hold_ms,
-            } => self.apply_grant(keys, (*lease_ms, *max_hold_ms), applied_at),
+                options,
+            } => self.apply_grant(keys, (*lease_ms, *max_hold_ms), *options, applied_at),
             Command::Release { keys, token } => self.apply_release(keys, *token, applied_at),
             Command::Expire { keys, token } => {
                 let existed = self
@@ -245,6 +254,7 @@ impl ReplicatedLocks {
         &mut self,
         keys: &KeyGroup,
         (lease_ms, max_hold_ms): (u32, Option<u32>),
+        options: GrantOptions,
         applied_at: Instant,
     ) -> ApplyResult {
         if self.next_token == 0 {
@@ -284,6 +294,7 @@ impl ReplicatedLocks {
                 max_hold_ms,
                 cap_at,
                 extensions: 0,
+                options,
             },
         );
         self.push_deadline(deadline, token);
@@ -463,167 +474,4 @@ impl ReplicatedLocks {
             .collect();
         (self.next_token, grants)
     }
-
-    /// Serializes the state at `now`: the counter and every grant with its
-    /// remaining lease (and, if any grant has a cap or was extended, every
-    /// grant's cap and remaining time to it, and its extension count),
-    /// rounded up to whole milliseconds. Deterministic (grants in token
-    /// order).
-    ///
-    /// Layout: version u8 (1) · next_token u64 · count u32 ·
-    /// count × (token u64 · lease_ms u32 · remaining_ms u32 · keys).
-    ///
-    /// With a capped or extended grant, version 2, whose records are
-    /// token u64 · lease_ms u32 · remaining_ms u32 · has_cap u8 (0/1) ·
-    /// max_hold_ms u32 · cap_remaining_ms u32 (both 0 unless has_cap) ·
-    /// extensions u32 · keys. Version 1 otherwise, so a state that never
-    /// used either snapshots exactly as before they existed.
-    pub fn snapshot(&self, now: Instant) -> Vec<u8> {
-        let extended = self.grants.values().any(Holding::is_extended);
-        let record_extra = if extended { 13 } else { 0 };
-        let mut out = Vec::with_capacity(13 + self.grants.len() * (32 + record_extra));
-        out.push(if extended {
-            SNAPSHOT_VERSION_EXTENDED
-        } else {
-            SNAPSHOT_VERSION
-        });
-        out.extend_from_slice(&self.next_token.to_be_bytes());
-        out.extend_from_slice(
-            &u32::try_from(self.grants.len())
-                .unwrap_or(u32::MAX)
-                .to_be_bytes(),
-        );
-        for (token, holding) in self.sorted_grants() {
-            out.extend_from_slice(&token.to_be_bytes());
-            out.extend_from_slice(&holding.lease_ms.to_be_bytes());
-            out.extend_from_slice(&remaining_ms(holding.deadline, now).to_be_bytes());
-            if extended {
-                out.push(u8::from(holding.max_hold_ms.is_some()));
-                out.extend_from_slice(&holding.max_hold_ms.unwrap_or(0).to_be_bytes());
-                let cap_remaining_ms = holding.cap_at.map_or(0, |cap| remaining_ms(cap, now));
-                out.extend_from_slice(&cap_remaining_ms.to_be_bytes());
-                out.extend_from_slice(&holding.extensions.to_be_bytes());
-            }
-            put_key_group(&mut out, &holding.keys);
-        }
-        out
-    }
-
-    /// Replaces this state with the one in [`Self::snapshot`] bytes,
-    /// installed at `now` (see [`Self::restore`]), unless they do not decode
-    /// or their token counter is below this state's: a counter never goes
-    /// down, so such a snapshot is refused and this state kept as it is.
-    pub fn install_snapshot(&mut self, bytes: &[u8], now: Instant) -> Result<(), SnapshotError> {
-        let restored = ReplicatedLocks::restore(bytes, now)?;
-        if restored.next_token < self.next_token {
-            return Err(SnapshotError::CounterBehind {
-                current: self.next_token,
-                snapshot: restored.next_token,
-            });
-        }
-        let mut metrics = std::mem::take(&mut self.metrics);
-        metrics.snapshots_installed += 1;
-        *self = restored;
-        self.metrics = metrics;
-        Ok(())
-    }
-
-    /// Rebuilds a state from [`Self::snapshot`] bytes installed at `now`:
-    /// each lease deadline becomes `now + remaining`, never earlier than
-    /// this node learned of the grant.
-    pub fn restore(bytes: &[u8], now: Instant) -> Result<ReplicatedLocks, SnapshotError> {
-        let mut r = Reader::new(bytes);
-        let version = r.u8().ok_or(SnapshotError::Malformed)?;
-        let extended = match version {
-            SNAPSHOT_VERSION => false,
-            SNAPSHOT_VERSION_EXTENDED => true,
-            _ => return Err(SnapshotError::Version(version)),
-        };
-        let next_token = r
-            .u64()
-            .filter(|&next| next <= SNAPSHOT_NEXT_TOKEN_MAX)
-            .ok_or(SnapshotError::Malformed)?;
-        let count = r.u32().ok_or(SnapshotError::Malformed)?;
-        let mut state = ReplicatedLocks {
-            next_token,
-            ..ReplicatedLocks::default()
-        };
-        let mut last_token = 0;
-        for _ in 0..count {
-            // Each record is at least 18 bytes, so a hostile count cannot
-            // loop long past the end of the data.
-            let token = r.u64().ok_or(SnapshotError::Malformed)?;
-            let lease_ms = r.u32().ok_or(SnapshotError::Malformed)?;
-            let remaining_ms = r.u32().ok_or(SnapshotError::Malformed)?;
-            let (max_hold_ms, cap_remaining_ms, extensions) = if extended {
-                restore_extension(&mut r)?
-            } else {
-                (None, None, 0)
-            };
-            let keys = r.key_group().ok_or(SnapshotError::Malformed)?;
-            if token <= last_token || token >= next_token {
-                return Err(SnapshotError::Inconsistent);
-            }
-            last_token = token;
-            for key in keys.keys() {
-                let hash = state.keys.hash(key.as_bytes());
-                if state.keys.find(hash, key.as_bytes()).is_some() {
-                    return Err(SnapshotError::Inconsistent);
-                }
-                state.keys.insert_absent(hash, key.clone(), token);
-            }
-            let after = |ms: u32| now.saturating_add(Duration::from_millis(u64::from(ms)));
-            state.grants.insert(
-                token,
-                Holding {
-                    keys,
-                    lease_ms,
-                    deadline: after(remaining_ms),
-                    granted_at: now,
-                    max_hold_ms,
-                    cap_at: cap_remaining_ms.map(after),
-                    extensions,
-                },
-            );
-        }
-        if !r.is_empty() {
-            return Err(SnapshotError::Malformed);
-        }
-        if extended && !state.grants.values().any(Holding::is_extended) {
-            // Such a state snapshots as version 1: one encoding per value.
-            return Err(SnapshotError::Malformed);
-        }
-        state.rebuild_deadlines();
-        Ok(state)
-    }
-}
-
-/// The time from `now` to `deadline` in whole milliseconds, rounded up so
-/// that a lease (or cap) never gets shorter on restore.
-fn remaining_ms(deadline: Instant, now: Instant) -> u32 {
-    let remaining_us = duration_micros(deadline.saturating_duration_since(now));
-    u32::try_from(remaining_us.div_ceil(1_000)).unwrap_or(u32::MAX)
-}
-
-/// Reads a version-2 record's extension fields (after its remaining
-/// lease, `remaining_ms`): the cap, the time left to it, the extension
-/// count.
-///
-/// The remaining lease may exceed the time to the cap: a leader that
-/// could not propose an expiry re-arms it later ([`ReplicatedLocks::rearm`]),
-/// past the cap; such a lease is over all the same, only its Expire is
-/// late, and the cap still refuses every extension.
-fn restore_extension(r: &mut Reader<'_>) -> Result<(Option<u32>, Option<u32>, u32), SnapshotError> {
-    let has_cap = r.bool().ok_or(SnapshotError::Malformed)?;
-    let max_hold_ms = r.u32().ok_or(SnapshotError::Malformed)?;
-    let cap_remaining_ms = r.u32().ok_or(SnapshotError::Malformed)?;
-    let extensions = r.u32().ok_or(SnapshotError::Malformed)?;
-    if !has_cap {
-        if max_hold_ms != 0 || cap_remaining_ms != 0 {
-            // One encoding per value.
-            return Err(SnapshotError::Malformed);
-        }
-        return Ok((None, None, extensions));
-    }
-    Ok((Some(max_hold_ms), Some(cap_remaining_ms), extensions))
 }
