@@ -267,13 +267,14 @@ impl ClusterNode {
             nonce,
         };
         // PERMITS: a permit grant is a committed Grant of slot keys that
-        // carries its semaphore's capacity (`permits`). Not OBSERVE or
-        // SHARED: observing and shared holders are single-mode only until
-        // the replicated state carries them (a shared grant must be a
-        // committed command like any grant).
+        // carries its semaphore's capacity (`permits`). OBSERVE reads the
+        // label each Grant carries. Not SHARED: shared holders are
+        // single-mode only until the replicated state carries them (a
+        // shared grant must be a committed command like any grant).
         let served = Capabilities::EXTEND
             .union(Capabilities::PUSH)
-            .union(Capabilities::PERMITS);
+            .union(Capabilities::PERMITS)
+            .union(Capabilities::OBSERVE);
         let (front, deadline) =
             self.conns
                 .clients

@@ -205,10 +205,9 @@ impl ClusterNode {
                 let permits = (request, max_hold_ms, reply_to);
                 self.handle_permits(now, conn_id, permits, received);
             }
-            // Nor do they serve observing (an election's leader): the same
-            // refusal, for the same reason.
-            ClientRequest::Observe { reply_to, .. } => {
-                self.answer(conn_id, &reply_to, Answer::NotActive)
+            ClientRequest::Observe { name, reply_to } => {
+                let observed = self.observe(now, &name);
+                self.answer(conn_id, &reply_to, Answer::Observed(observed));
             }
             // Nor shared locks: sharers are not replicated yet, so a node
             // never grants SHARED and never decodes `Y` or `D`.

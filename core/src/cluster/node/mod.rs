@@ -96,6 +96,7 @@ mod inspect;
 mod keys;
 mod leadership;
 mod machine;
+mod observe;
 mod peers;
 mod permits;
 mod start;
