@@ -1,5 +1,6 @@
 //! `ticketing lock NAME --semaphore N -- CMD` and the clients' permits, with
-//! real processes against the in-process server: never more than N
+//! real processes against the in-process server and against a three-node
+//! cluster of `ticketing serve` processes: never more than N
 //! commands hold a permit at once, each sees its own slot, and a waiter
 //! runs when a holder's command exits.
 
@@ -9,6 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::cluster::{CLIENT_TOKEN, Cluster, IDENTITY, ours as cluster_ours};
 use common::{loopback_server, ours_loopback};
 use ticketing_tokio::TicketError;
 use ticketing_tokio::client::ReleaseOutcome;
@@ -54,11 +56,13 @@ async fn let_go(dir: &Path, slot: &str) {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_commands_on_two_permits_never_run_three_at_once() {
-    let server = loopback_server().await;
-    let addr = server.local_addr().to_string();
-    let dir = scratch_dir("three");
+/// Runs three `ticketing lock jobs --semaphore 2` commands against the
+/// server(s) `target` names (addresses and credentials): two run at once,
+/// each on its own slot, the third only once the holder of slot 0 exits,
+/// on that slot under a higher token, and none sees more than two marks
+/// held. Every command ends with status 0.
+async fn three_commands_on_two_permits(target: &[String], scratch: &str) {
+    let dir = scratch_dir(scratch);
     let started = dir.join("started");
     mkfifo(&started);
     for slot in ["0", "1"] {
@@ -92,7 +96,8 @@ async fn three_commands_on_two_permits_never_run_three_at_once() {
     let spawn = || {
         tokio::process::Command::new(BIN)
             .args(["lock", "jobs", "--semaphore", "2", "--wait", "50s"])
-            .args(["--addr", &addr, "--", "sh", "-c", script])
+            .args(target)
+            .args(["--", "sh", "-c", script])
             .env("DIR", &dir)
             .env_remove("TICKETING_CLIENT_TOKEN")
             .kill_on_drop(true)
@@ -133,10 +138,43 @@ async fn three_commands_on_two_permits_never_run_three_at_once() {
             .unwrap();
         assert_eq!(status.code(), Some(0));
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_commands_on_two_permits_never_run_three_at_once() {
+    let server = loopback_server().await;
+    let target = ["--addr".to_owned(), server.local_addr().to_string()];
+    three_commands_on_two_permits(&target, "three").await;
     // Every permit was released when its command ended.
     assert_eq!(server.stats().lock.held_keys, 0);
-    let _ = std::fs::remove_dir_all(&dir);
     server.shutdown().await;
+}
+
+/// The same against a three-node cluster: the leader queues the third
+/// command's `Q` and hands it the slot freed by a committed release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_commands_on_two_permits_of_a_cluster_never_run_three_at_once() {
+    let cluster = Cluster::start(3);
+    cluster.leader().await;
+    let mut target: Vec<String> = ["--token", CLIENT_TOKEN, "--cluster-identity", IDENTITY]
+        .map(str::to_owned)
+        .to_vec();
+    for addr in cluster.addrs() {
+        target.extend(["--addr".to_owned(), addr]);
+    }
+    three_commands_on_two_permits(&target, "cluster").await;
+    // Every permit was released when its command ended: both slots are
+    // granted again at once.
+    let broker = cluster_ours(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let both = broker
+        .acquire_permits("jobs", 2, 2, Duration::ZERO, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(both.slots(), [0, 1]);
+    assert_eq!(both.release().await.unwrap(), ReleaseOutcome::Released);
+    broker.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -531,7 +531,7 @@ impl Semaphores {
 }
 
 /// The name of the semaphore `key` is a slot key of, if it has the shape.
-fn semaphore_of(key: &[u8]) -> Option<&[u8]> {
+pub(crate) fn semaphore_of(key: &[u8]) -> Option<&[u8]> {
     let split = key.len().checked_sub(SLOT_SUFFIX_LEN)?;
     let (name, suffix) = key.split_at(split);
     let shaped = suffix[0] == b'['

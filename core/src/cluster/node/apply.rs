@@ -573,7 +573,9 @@ impl ClusterNode {
             );
             return;
         }
-        self.answer(waiter.conn, &waiter.reply_to, Answer::Granted { token });
+        // A permit grant is answered with its slots (`permits`).
+        let answer = self.granted_answer(token);
+        self.answer(waiter.conn, &waiter.reply_to, answer);
         let waited = now.saturating_duration_since(waiter.received);
         self.counts.wait.observe(waited);
         let pushed = matches!(

@@ -266,12 +266,14 @@ impl ClusterNode {
             self_slot: self.config.id.slot,
             nonce,
         };
-        // Not PERMITS or SHARED: semaphores and shared holders are
+        // PERMITS: a permit grant is a committed Grant of slot keys that
+        // carries its semaphore's capacity (`permits`). OBSERVE reads the
+        // label each Grant carries. Not SHARED: shared holders are
         // single-mode only until the replicated state carries them (a
-        // shared grant must be a committed command like any grant). OBSERVE
-        // reads the label each Grant carries.
+        // shared grant must be a committed command like any grant).
         let served = Capabilities::EXTEND
             .union(Capabilities::PUSH)
+            .union(Capabilities::PERMITS)
             .union(Capabilities::OBSERVE);
         let (front, deadline) =
             self.conns
@@ -444,7 +446,9 @@ impl ClusterNode {
         };
         // Queued waiters leave their queues now; nobody will read a grant.
         for seq in queued {
-            self.remove_waiter(seq);
+            if self.remove_waiter(seq).is_none() {
+                self.remove_permit_waiter(seq);
+            }
         }
     }
 

@@ -25,6 +25,7 @@ use super::ClusterNode;
 use super::apply::{Pending, PendingKind};
 use super::connections::{Conn, ConnKind};
 use super::keys::{KeyQueue, LeaderKeys};
+use super::permits::LeaderSemaphores;
 
 /// How soon an `Expire` that could not be proposed is retried; also the
 /// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
@@ -41,6 +42,9 @@ pub(super) struct Waiter {
     /// The cap on its total hold, carried in the Grant (`None`: a client
     /// that cannot renew).
     pub(super) max_hold_ms: Option<u32>,
+    /// What the grant is beyond its keys (a permit grant: its
+    /// semaphore's capacity).
+    pub(super) options: GrantOptions,
     /// When it gets `T` if still queued.
     pub(super) deadline: Instant,
     /// When the acquire arrived (the wait-time observation starts here).
@@ -84,6 +88,8 @@ pub(super) struct Leadership {
     /// pushes: when each holder hears its lease is ending (its loss is
     /// pushed when the `Expire` or force-release applies).
     pub(super) watches: Watches,
+    /// Semaphores: permit waiters FIFO per name, and capacities in use.
+    pub(super) semaphores: LeaderSemaphores,
 }
 
 impl Leadership {
@@ -190,11 +196,14 @@ impl ClusterNode {
                 keys,
                 reply_to,
             } => self.handle_extend(now, conn_id, (token, lease_s), &keys, reply_to),
-            // Cluster nodes do not serve semaphores yet, so they never
-            // grant the capability and never decode `Q`; were one here,
-            // it had no effect, which is what `E 3` says.
-            ClientRequest::AcquirePermits { reply_to, .. } => {
-                self.answer(conn_id, &reply_to, Answer::NotActive)
+            ClientRequest::AcquirePermits {
+                request,
+                hold,
+                reply_to,
+            } => {
+                let max_hold_ms = self.hold_cap_ms(hold);
+                let permits = (request, max_hold_ms, reply_to);
+                self.handle_permits(now, conn_id, permits, received);
             }
             ClientRequest::Observe { name, reply_to } => {
                 let observed = self.observe(now, &name);
@@ -352,6 +361,7 @@ impl ClusterNode {
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
             max_hold_ms,
+            options: GrantOptions::default(),
             deadline: queue_rule::wait_deadline(
                 received,
                 Duration::from_secs(u64::from(wait_s)),
@@ -379,7 +389,7 @@ impl ClusterNode {
     /// limit, or with `new_keys` more over its held-key limit (the held
     /// keys whose lease ended are forgotten first); `None` when it is not a
     /// client connection.
-    fn over_connection_limit(
+    pub(super) fn over_connection_limit(
         &mut self,
         now: Instant,
         conn_id: ConnId,
@@ -405,7 +415,7 @@ impl ClusterNode {
 
     /// Proposes a Grant for `waiter`, whose keys are free: `B` instead when
     /// the token reserve does not cover it or the key limit is reached.
-    fn grant_at_once(&mut self, now: Instant, waiter: Waiter) {
+    pub(super) fn grant_at_once(&mut self, now: Instant, waiter: Waiter) {
         let new_keys = waiter.keys.len();
         let bound = self.next_grant_token_bound();
         if !self.reserve.covers(bound) {
@@ -466,14 +476,16 @@ impl ClusterNode {
 
     /// Proposes a Grant for `waiter` (keys free and unreserved); the
     /// entry's index if it was proposed.
-    fn propose_grant(&mut self, now: Instant, waiter: Waiter) -> Option<u64> {
+    pub(super) fn propose_grant(&mut self, now: Instant, waiter: Waiter) -> Option<u64> {
         let command = Command::Grant {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
             max_hold_ms: waiter.max_hold_ms,
+            // The holder's label, beside what the waiter asked for (a
+            // permit grant's capacity).
             options: GrantOptions {
                 label: self.holder_label(waiter.conn),
-                ..GrantOptions::default()
+                ..waiter.options
             },
         };
         match self.propose_command(now, &command) {
@@ -618,6 +630,8 @@ impl ClusterNode {
                 }
                 self.answer(waiter.conn, &waiter.reply_to, leader_reply(leader));
             }
+            let permit_waiters = leadership.semaphores.take_waiters();
+            self.answer_permit_waiters(permit_waiters, leader_reply(leader));
             for (conn, request, _) in leadership.held {
                 self.answer(conn, request.reply_to(), leader_reply(leader));
             }
@@ -679,6 +693,7 @@ impl ClusterNode {
             self.serve_request(now, conn, request, received);
         }
         progressed |= self.serve_dirty(now);
+        progressed |= self.serve_permits(now);
         progressed |= self.expire_due(now);
         progressed
     }
@@ -693,6 +708,7 @@ impl ClusterNode {
             let Some(key) = leadership.dirty.pop() else {
                 return progressed;
             };
+            leadership.semaphores.key_freed(&key);
             let Some(queue) = leadership.keys.get(&key) else {
                 continue;
             };
@@ -801,6 +817,8 @@ impl ClusterNode {
             leadership.wait_deadlines.pop();
             if let Some(waiter) = self.remove_waiter(seq) {
                 self.answer(waiter.conn, &waiter.reply_to, Answer::TimedOut);
+            } else if let Some((conn, reply_to)) = self.remove_permit_waiter(seq) {
+                self.answer(conn, &reply_to, Answer::TimedOut);
             }
         }
     }

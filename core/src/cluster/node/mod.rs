@@ -59,6 +59,8 @@
 //! - `leadership`: the leader-only state (waiter queues, serving acquires
 //!   and releases, wait timeouts, lease expiry, hand-over), dropped on
 //!   stepping down;
+//! - `permits`: semaphores on the leader (permit waiters FIFO per
+//!   semaphore, capacities derived from the applied grants);
 //! - `apply`: proposals in flight, the pump that drains Raft, applying
 //!   committed entries and answering their proposals, Raft events;
 //! - `genesis`: a bootstrap member's check that the cluster is new, and
@@ -96,6 +98,7 @@ mod leadership;
 mod machine;
 mod observe;
 mod peers;
+mod permits;
 mod start;
 
 pub use self::config::{
@@ -396,7 +399,10 @@ impl ClusterNode {
         let mut stats = ClusterStats {
             held_keys: self.state.held_keys(),
             pending: self.pending.len(),
-            waiters: self.leadership.as_ref().map_or(0, |l| l.waiters.len()),
+            waiters: self
+                .leadership
+                .as_ref()
+                .map_or(0, |l| l.waiters.len() + l.semaphores.waiter_count()),
             reserve: self.reserve.stats(),
             appends_uncovered: self.counts.appends_uncovered,
             ..ClusterStats::default()
@@ -566,6 +572,7 @@ impl ClusterNode {
         if let Some(leadership) = self.leadership.as_mut() {
             let waiters = leadership.waiters_in_order();
             let held = std::mem::take(&mut leadership.held);
+            let permit_waiters = leadership.semaphores.take_waiters();
             leadership.keys.clear_waiters();
             for waiter in waiters {
                 self.answer(waiter.conn, &waiter.reply_to, Answer::NotActive);
@@ -573,6 +580,7 @@ impl ClusterNode {
             for (conn, request, _) in held {
                 self.answer(conn, request.reply_to(), Answer::NotActive);
             }
+            self.answer_permit_waiters(permit_waiters, Answer::NotActive);
         }
         let clients: Vec<ConnId> = self
             .conns
