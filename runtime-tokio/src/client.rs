@@ -730,7 +730,7 @@ impl TicketBroker {
     /// released like any ticket. Every user of `name` must declare the same
     /// capacity while it is in use ([`TicketError::CapacityMismatch`]).
     /// Fails with [`TicketError::Unsupported`], sending nothing, on a
-    /// server without semaphores (a cluster, or a published server).
+    /// server without semaphores (a published server, or an older one).
     pub async fn acquire_permits(
         &self,
         name: &str,
