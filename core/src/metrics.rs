@@ -517,6 +517,8 @@ pub struct ReplicatedLockMetrics {
     pub extensions: ExtensionCounts,
     /// Lease expiries applied that removed a grant an extension had moved.
     pub expiries_extended: u64,
+    /// Downgrades applied that turned a current grant shared.
+    pub downgrades: u64,
     /// Time from a grant's apply to its release's or expiry's apply, on
     /// this node's clock (grants restored from a snapshot count from the
     /// install).

@@ -6,6 +6,8 @@
 //!   one of its keys' queues and is granted when it heads all of them and
 //!   all its keys are free. Sequence numbers come from one global arrival
 //!   order, so no two sets can each wait for the other: no deadlock.
+//! - **Modes** ([`mode_admits`]): a key takes a request when it is free,
+//!   or when it is held shared and the request wants it shared.
 //! - **Wait minus margin** ([`wait_deadline`]): a queued request is
 //!   answered `T` a margin before its wait bound runs out, so the answer
 //!   beats the client's own deadline, but never before it arrived.
@@ -23,6 +25,28 @@ pub(crate) fn key_set_grantable<K>(
 ) -> bool {
     keys.into_iter()
         .all(|key| queue_front(&key) == Some(seq) && is_free(&key))
+}
+
+/// How a key is held, as far as a new request's mode cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeldMode {
+    /// Nobody holds it.
+    Free,
+    /// One shared grant or more hold it.
+    Shared,
+    /// One exclusive grant holds it.
+    Exclusive,
+}
+
+/// Whether a key held as `held` takes a request wanting it shared (or
+/// exclusive), waiters aside: a free key takes either, a key held shared
+/// only another sharer, a key held exclusive nobody.
+pub(crate) fn mode_admits(held: HeldMode, shared: bool) -> bool {
+    match held {
+        HeldMode::Free => true,
+        HeldMode::Shared => shared,
+        HeldMode::Exclusive => false,
+    }
 }
 
 /// When a request received at `received` that may wait `wait` is
@@ -47,6 +71,15 @@ mod tests {
         assert!(key_set_grantable(1, keys, |_| Some(1), |_| true));
         assert!(!key_set_grantable(1, keys, |_| Some(1), |k| *k != "b"));
         assert!(!key_set_grantable(1, keys, |_| None, |_| true));
+    }
+
+    #[test]
+    fn a_free_key_takes_either_mode_a_shared_one_only_sharers() {
+        for shared in [false, true] {
+            assert!(mode_admits(HeldMode::Free, shared));
+            assert!(!mode_admits(HeldMode::Exclusive, shared));
+            assert_eq!(mode_admits(HeldMode::Shared, shared), shared);
+        }
     }
 
     #[test]

@@ -11,24 +11,13 @@ mod cluster_common;
 use cluster_common::*;
 use ticketing_core::inspect::{ForceRelease, ForceReleaseOutcome};
 use ticketing_core::machine::Machine;
-use ticketing_core::server::ConnId;
-use ticketing_core::testing::net::{ClusterNet, Endpoint};
+use ticketing_core::testing::net::ClusterNet;
 use ticketing_core::time::{Duration, Instant};
 use ticketing_core::wire::{
-    Capabilities, EXTENSION_VERSION, ExtendRequest, ExtendStatus, Key, NegotiateRequest, PushKind,
-    Reply, Request,
+    Capabilities, ExtendRequest, ExtendStatus, Key, PushKind, Reply, Request,
 };
 
 const ONE_MICRO: Duration = Duration::from_micros(1);
-
-fn negotiate(rid: u64, wanted: Capabilities) -> Request {
-    Request::Negotiate(NegotiateRequest {
-        rid,
-        version: EXTENSION_VERSION,
-        wanted,
-        label: "cluster-test".to_owned(),
-    })
-}
 
 fn extend(rid: u64, key: &str, token: u64, lease_s: u8) -> Request {
     Request::Extend(ExtendRequest {
@@ -45,19 +34,6 @@ fn push(token: u64, kind: PushKind, lease_ms: u32) -> Reply {
         kind,
         lease_ms,
     }
-}
-
-/// A client of `node` that negotiated `wanted` (all of it granted).
-fn connect_negotiated(net: &mut ClusterNet, node: usize, wanted: Capabilities) -> usize {
-    let c = net.connect(node);
-    assert_eq!(
-        net.request(c, negotiate(1, wanted)),
-        Reply::Negotiated {
-            rid: 1,
-            granted: wanted
-        }
-    );
-    c
 }
 
 /// Node `i`'s lease deadline of grant `token`, if it holds it.
@@ -80,69 +56,6 @@ fn pushes_since(net: &ClusterNet, c: usize, from: usize) -> Vec<Reply> {
         .copied()
         .filter(|r| matches!(r, Reply::Push { .. }))
         .collect()
-}
-
-/// Every live node holds the same replicated state (token counter,
-/// grants, their keys and leases).
-fn assert_every_node_agrees(net: &mut ClusterNet) {
-    let views: Vec<_> = net
-        .nodes
-        .iter()
-        .flatten()
-        .map(|node| node.lock_state().replicated_view())
-        .collect();
-    assert!(
-        views.windows(2).all(|w| w[0] == w[1]),
-        "replicas differ: {views:?}"
-    );
-}
-
-/// Takes what node `from` has for its peer links without delivering it
-/// (the other ends hear nothing yet, but the TCP streams stay whole:
-/// [`deliver`] hands the bytes over later, in order); wakes of client
-/// connections are left for the net.
-fn take_peer_bytes(net: &mut ClusterNet, from: usize) -> Vec<(ConnId, Vec<u8>)> {
-    let woken: Vec<ConnId> = net.outputs(from).wakes.drain(..).collect();
-    let now = net.now;
-    let mut taken = Vec::new();
-    for conn in woken {
-        if let Some(Endpoint::Peer(..)) = net.links.get(&(from, conn)) {
-            let mut out = Vec::new();
-            net.node(from).poll_transmit(conn, &mut out);
-            net.node(from).handle_flushed(now, conn);
-            if !out.is_empty() {
-                taken.push((conn, out));
-            }
-        } else {
-            net.outputs[from].wakes.push_back(conn);
-        }
-    }
-    taken
-}
-
-/// Hands the bytes [`take_peer_bytes`] took from node `from` to the other
-/// ends, in the order they were written.
-fn deliver(net: &mut ClusterNet, from: usize, taken: Vec<(ConnId, Vec<u8>)>) {
-    let now = net.now;
-    for (conn, bytes) in taken {
-        if let Some(Endpoint::Peer(j, other)) = net.links.get(&(from, conn)).copied() {
-            net.node(j).handle_input(now, other, &bytes);
-        }
-    }
-}
-
-/// Moves the leader's clock on by `by` in 1 ms steps, serving only its
-/// timers; what it writes to its peers is kept back and returned.
-fn leader_alone_for(net: &mut ClusterNet, leader: usize, by: Duration) -> Vec<(ConnId, Vec<u8>)> {
-    let end = net.now.saturating_add(by);
-    let mut held = take_peer_bytes(net, leader);
-    while net.now < end {
-        net.now = net.now.saturating_add(Duration::from_millis(1)).min(end);
-        let now = net.now;
-        net.node(leader).handle_timeout(now);
-        held.extend(take_peer_bytes(net, leader));
-    }
-    held
 }
 
 // ------------------------------------------------------------- commit first

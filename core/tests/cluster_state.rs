@@ -479,6 +479,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
                     options,
                 }
             }),
+        (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Downgrade { keys, token }),
         (95u64..130, 1u32..250_000)
             .prop_map(|(token, lease_ms)| Command::Extend { token, lease_ms }),
         (arb_group(), 95u64..130).prop_map(|(keys, token)| Command::Release { keys, token }),
@@ -528,6 +529,18 @@ proptest! {
         }
         let restored = ReplicatedLocks::restore(&a.snapshot(ms(1_000)), ms(2_000)).unwrap();
         prop_assert_eq!(restored.replicated_view(), a.replicated_view());
+        for first in 'a'..='e' {
+            for name in std::iter::once(first.to_string())
+                .chain(('a'..='e').map(|second| format!("{first}{second}")))
+            {
+                let key = Key::new(name.as_bytes()).unwrap();
+                prop_assert_eq!(a.sharers_of(&key), b.sharers_of(&key));
+                prop_assert_eq!(restored.sharers_of(&key), a.sharers_of(&key));
+            }
+        }
+        for (token, holding) in a.grants() {
+            prop_assert_eq!(b.grant(token).map(|h| h.options), Some(holding.options));
+        }
         for (token, holding) in restored.grants() {
             prop_assert!(holding.deadline >= a.grant(token).unwrap().deadline);
         }

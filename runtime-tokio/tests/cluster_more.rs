@@ -4,7 +4,8 @@
 //! two `kill -9`s but not a third.
 //!
 //! Leadership and links are read from each node's status address (one line
-//! per connection). Where no event exists (an election) the tests poll it
+//! per connection). Our client takes shared locks from a cluster.
+//! Where no event exists (an election) the tests poll it
 //! with a deadline; the one negative check (a foreign node never links) is
 //! an observation over a bounded window.
 
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::certs::{Pki, make_pki};
 use common::cluster::{
-    CLIENT_TOKEN, Cluster, IDENTITY, PEER_TOKEN, Setup, acquire_published,
-    assert_no_grant_without_majority, poll, published,
+    BUDGET, CHANGE_DEADLINE, CLIENT_TOKEN, Cluster, IDENTITY, LEASE, PEER_TOKEN, Setup,
+    acquire_published, assert_no_grant_without_majority, ours, poll, published,
 };
 
 /// The DNS name on every peer certificate.
@@ -177,5 +178,45 @@ async fn five_node_cluster_survives_two_failures() {
     // A third failure (the new leader): two of five, no majority, no grant.
     cluster.kill(second_leader);
     assert_no_grant_without_majority(&broker, "five").await;
+    broker.close().await;
+}
+
+/// Our client's `acquire_shared` against a cluster (which grants SHARED):
+/// two readers hold one key at once, a writer that may not wait is
+/// refused meanwhile, and once both released it is granted with a token
+/// above both.
+#[tokio::test(flavor = "multi_thread")]
+async fn our_client_holds_a_cluster_key_shared_with_another_reader() {
+    let cluster = Cluster::start(3);
+    cluster.leader().await;
+    let broker = ours(&cluster);
+    assert!(broker.wait_ready(Duration::from_secs(10)).await);
+    let wait = Duration::from_secs(5);
+    let deadline = Instant::now() + CHANGE_DEADLINE;
+    let first = loop {
+        match broker.acquire_shared("doc", wait, LEASE, BUDGET).await {
+            Ok(ticket) => break ticket,
+            Err(e) => assert!(Instant::now() < deadline, "no grant: {e:?}"),
+        }
+    };
+    let second = broker
+        .acquire_shared("doc", Duration::ZERO, LEASE, BUDGET)
+        .await
+        .expect("a second reader joins at once");
+    assert!(second.token() > first.token());
+    let refused = broker.acquire("doc", Duration::ZERO, LEASE, BUDGET).await;
+    assert!(
+        matches!(refused, Err(ticketing_tokio::TicketError::Timeout)),
+        "{refused:?}"
+    );
+    let last = second.token();
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    let writer = broker
+        .acquire("doc", wait, LEASE, BUDGET)
+        .await
+        .expect("the writer, once both readers left");
+    assert!(writer.token() > last);
+    writer.release().await.unwrap();
     broker.close().await;
 }

@@ -18,6 +18,7 @@
 //! | `0x06` | [`Command::Grant`] with a cap | lease_ms u32 · max_hold_ms u32 · keys |
 //! | `0x07` | [`Command::Extend`] | token u64 · lease_ms u32 |
 //! | `0x08` | [`Command::Grant`] with [`GrantOptions`] | lease_ms u32 · has_cap u8 (0/1) · max_hold_ms u32 (0 unless has_cap) · options · keys |
+//! | `0x09` | [`Command::Downgrade`] | token u64 · keys |
 //!
 //! Options are `shared_modes u16 · capacity u16 (0: not a semaphore) ·
 //! label_len u8 · label` (see [`GrantOptions`]); no bit of `shared_modes`
@@ -57,6 +58,8 @@ const TAG_FORCE_RELEASE: u8 = 0x05;
 const TAG_GRANT_CAPPED: u8 = 0x06;
 /// Tag of [`Command::Extend`].
 const TAG_EXTEND: u8 = 0x07;
+/// Tag of [`Command::Downgrade`].
+const TAG_DOWNGRADE: u8 = 0x09;
 /// Tag of a [`Command::Grant`] with non-default [`GrantOptions`].
 const TAG_GRANT_OPTIONS: u8 = 0x08;
 
@@ -193,6 +196,17 @@ pub enum Command {
         /// The new lease, from this node's apply.
         lease_ms: u32,
     },
+    /// Turns grant `token` of exactly `keys` from exclusive to shared on
+    /// every key, in place: same token, lease and cap, so it keeps its
+    /// place ahead of every waiter. Whether the token is current and its
+    /// group is `keys` is decided from the replicated state, the same on
+    /// every node (else nothing changes, as for a Release).
+    Downgrade {
+        /// The grant's keys, as named by the client.
+        keys: KeyGroup,
+        /// The grant's token (it does not change).
+        token: u64,
+    },
 }
 
 /// What applying one command did: the state machine's answer to the leader
@@ -241,6 +255,8 @@ pub enum ApplyResult {
         /// What the extension did on this node.
         outcome: ExtendOutcome,
     },
+    /// A [`Command::Downgrade`] applied: the grant holds every key shared.
+    Downgraded,
     /// Nothing happened (no-op entries, a repeated [`Command::Init`], bytes
     /// that do not decode).
     Noop,
@@ -312,6 +328,11 @@ impl Command {
                 out.extend_from_slice(&token.to_be_bytes());
                 out.extend_from_slice(&lease_ms.to_be_bytes());
             }
+            Command::Downgrade { keys, token } => {
+                out.push(TAG_DOWNGRADE);
+                out.extend_from_slice(&token.to_be_bytes());
+                put_key_group(out, keys);
+            }
         }
     }
 
@@ -339,9 +360,20 @@ impl Command {
                 1 + 4 + 1 + 4 + options.encoded_len() + group(keys)
             }
             Command::Grant {
+                keys,
+                max_hold_ms,
+                options,
+                ..
+            } if !options.is_default() => {
+                let _ = max_hold_ms;
+                1 + 4 + 1 + 4 + options.encoded_len() + group(keys)
+            }
+            Command::Grant {
                 keys, max_hold_ms, ..
             } => 1 + 4 + max_hold_ms.map_or(0, |_| 4) + group(keys),
-            Command::Release { keys, .. } | Command::Expire { keys, .. } => 1 + 8 + group(keys),
+            Command::Release { keys, .. }
+            | Command::Expire { keys, .. }
+            | Command::Downgrade { keys, .. } => 1 + 8 + group(keys),
             Command::ForceRelease { key, .. } => 1 + 1 + 8 + 1 + key.as_bytes().len(),
             Command::Extend { .. } => 1 + 8 + 4,
         }
@@ -415,6 +447,13 @@ impl Command {
             TAG_EXPIRE => {
                 let token = r.u64()?;
                 Command::Expire {
+                    keys: r.key_group()?,
+                    token,
+                }
+            }
+            TAG_DOWNGRADE => {
+                let token = r.u64()?;
+                Command::Downgrade {
                     keys: r.key_group()?,
                     token,
                 }
@@ -501,6 +540,10 @@ mod tests {
                 token: 9,
             },
             Command::Expire {
+                keys: many.clone(),
+                token: 9,
+            },
+            Command::Downgrade {
                 keys: many,
                 token: 9,
             },
@@ -571,6 +614,20 @@ mod tests {
         let mut longer = bytes;
         longer.push(0);
         assert_eq!(Command::decode(&longer), None);
+    }
+
+    #[test]
+    fn a_downgrade_has_tag_0x09_and_the_layout_of_a_release() {
+        let downgrade = Command::Downgrade {
+            keys: KeyGroup::single(key("ab")),
+            token: 9,
+        };
+        assert_eq!(
+            downgrade.to_bytes(),
+            [0x09, 0, 0, 0, 0, 0, 0, 0, 9, 0x01, 0x02, b'a', b'b']
+        );
+        let bytes = downgrade.to_bytes();
+        assert_eq!(Command::decode(&bytes[..bytes.len() - 1]), None);
     }
 
     #[test]

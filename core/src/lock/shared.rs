@@ -31,6 +31,7 @@ use super::extend::{Extensions, GrantExtension};
 use super::{GrantRecord, GroupHashes, LeaseDeadline, LockTable, SetGrants};
 use crate::keyed::KeyHash;
 use crate::metrics::LockMetrics;
+use crate::queue_rule::{HeldMode, mode_admits};
 use crate::time::Instant;
 use crate::wire::{KeyGroup, SET_KEYS_MAX};
 
@@ -85,7 +86,12 @@ pub(super) type Sharers = HashMap<Box<[u8]>, Vec<KeyEntry>>;
 /// Whether a key whose entry is `entry` can be taken at `at` in the given
 /// mode, waiters aside.
 pub(super) fn compatible_at(entry: &KeyEntry, shared: bool, at: Instant) -> bool {
-    let compatible = !entry.is_held_at(at) || (shared && entry.is_shared());
+    let held = match (entry.is_held_at(at), entry.is_shared()) {
+        (false, _) => HeldMode::Free,
+        (true, true) => HeldMode::Shared,
+        (true, false) => HeldMode::Exclusive,
+    };
+    let compatible = mode_admits(held, shared);
     // The planted bug lets a sharer in beside an exclusive holder.
     #[cfg(feature = "planted-bugs")]
     let compatible = compatible

@@ -36,6 +36,8 @@ pub(super) enum PendingKind {
         reply_to: ReplyTo,
         token: u64,
     },
+    /// A client's downgrade of its grant to shared.
+    Downgrade { conn: ConnId, reply_to: ReplyTo },
     /// A lease expiry or the release of an undelivered grant; no reply.
     Internal,
     /// An operator's force-release, answered through
@@ -250,12 +252,15 @@ impl ClusterNode {
             EntryKind::Command(bytes) => Command::decode(bytes),
             _ => None,
         };
-        // The keys of a force-released grant, read before it goes.
+        // The keys of a force-released grant, read before it goes (of a
+        // key held shared, the sharer it revokes).
         let forced_keys = match &command {
-            Some(Command::ForceRelease { key, .. }) => self
+            Some(Command::ForceRelease { key, token }) => self
                 .state
-                .holder(key)
-                .map(|(_, holding)| holding.keys.clone()),
+                .force_target(key, *token)
+                .ok()
+                .and_then(|revoked| self.state.grant(revoked))
+                .map(|holding| holding.keys.clone()),
             _ => None,
         };
         let result = match &command {
@@ -314,7 +319,7 @@ impl ClusterNode {
                     .keys
                     .update_existing(key, |q| {
                         q.releasing = false;
-                        (!q.waiters.is_empty(), q.reserved)
+                        (!q.waiters.is_empty(), q.is_reserved())
                     })
                     .unwrap_or_default();
             }
@@ -333,16 +338,20 @@ impl ClusterNode {
                 *flag = leadership
                     .keys
                     .get(key)
-                    .map_or((false, false), |q| (!q.waiters.is_empty(), q.reserved));
+                    .map_or((false, false), |q| (!q.waiters.is_empty(), q.is_reserved()));
             }
         }
         if let Some(keys) = freed {
             let flags = &flags[..keys.len().min(SET_KEYS_MAX)];
             // A queue head waits, or already took the keys in a Grant
-            // proposed right after this Release.
+            // proposed right after this Release; of a key the grant held
+            // shared, only once its last sharer left.
             let waited_for = flags
                 .iter()
-                .any(|(waiting, reserved)| *waiting || *reserved);
+                .zip(keys.keys())
+                .any(|((waiting, reserved), key)| {
+                    (*waiting || *reserved) && !self.state.is_held(key)
+                });
             match (command, waited_for) {
                 (Some(Command::Expire { .. }), true) => {
                     self.counts.expiries_handed_over += 1;
@@ -369,6 +378,12 @@ impl ClusterNode {
         }
         if let Some(Command::Expire { token, .. }) = command {
             leadership.expiring.remove(token);
+        }
+        if let (Some(Command::Downgrade { keys, .. }), ApplyResult::Downgraded) = (command, result)
+        {
+            // Its keys are held shared now: the shared requests at their
+            // queues' heads may join (a writer still waits).
+            leadership.dirty.extend(keys.keys().iter().cloned());
         }
         // What the holders that asked for pushes hear: a release by the
         // holder, nothing; an expiry or a revocation, that it is lost.
@@ -447,7 +462,7 @@ impl ClusterNode {
         let leader = self.raft.leader();
         match pending.kind {
             PendingKind::Grant(w) => self.answer(w.conn, &w.reply_to, leader_reply(leader)),
-            PendingKind::Release { conn, reply_to } => {
+            PendingKind::Release { conn, reply_to } | PendingKind::Downgrade { conn, reply_to } => {
                 self.answer(conn, &reply_to, leader_reply(leader));
             }
             PendingKind::Extend {
@@ -481,17 +496,7 @@ impl ClusterNode {
         match pending.kind {
             PendingKind::Grant(waiter) => {
                 let granted = matches!(result, ApplyResult::Granted { .. });
-                if let Some(leadership) = self.leadership.as_mut() {
-                    for key in waiter.keys.keys() {
-                        leadership.keys.update_existing(key, |q| q.reserved = false);
-                        // Granted, the keys are held until a Release,
-                        // Expire or force-release applies (which dirties
-                        // them); refused, they may be free.
-                        if !granted {
-                            leadership.dirty.push(key.clone());
-                        }
-                    }
-                }
+                self.note_grant_applied(&waiter, granted);
                 self.deliver_grant(now, waiter, result);
                 if let Some(handover) = self.handovers.remove(&index) {
                     let token = match result {
@@ -518,6 +523,14 @@ impl ClusterNode {
             } => {
                 self.extension_done(token);
                 let answer = self.extension_answer(now, token, result);
+                self.answer(conn, &reply_to, answer);
+            }
+            PendingKind::Downgrade { conn, reply_to } => {
+                let answer = match result {
+                    ApplyResult::Downgraded => Answer::Downgraded,
+                    ApplyResult::GroupMismatch => Answer::GroupMismatch,
+                    _ => Answer::NotFound,
+                };
                 self.answer(conn, &reply_to, answer);
             }
             PendingKind::ForceRelease { id, keys } => {

@@ -266,15 +266,15 @@ impl ClusterNode {
             self_slot: self.config.id.slot,
             nonce,
         };
-        // PERMITS: a permit grant is a committed Grant of slot keys that
-        // carries its semaphore's capacity (`permits`). OBSERVE reads the
-        // label each Grant carries. Not SHARED: shared holders are
-        // single-mode only until the replicated state carries them (a
-        // shared grant must be a committed command like any grant).
+        // Every extension: a permit grant is a committed Grant of slot
+        // keys that carries its semaphore's capacity (`permits`), a shared
+        // grant and a downgrade are committed commands like any grant
+        // (`shared`), and OBSERVE reads the label each Grant carries.
         let served = Capabilities::EXTEND
             .union(Capabilities::PUSH)
             .union(Capabilities::PERMITS)
-            .union(Capabilities::OBSERVE);
+            .union(Capabilities::OBSERVE)
+            .union(Capabilities::SHARED);
         let (front, deadline) =
             self.conns
                 .clients

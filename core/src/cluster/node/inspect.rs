@@ -155,7 +155,7 @@ impl ClusterNode {
     fn lock_view(&self, now: Instant, key: &Key, waiters_max: usize) -> Option<LockView> {
         let leadership = self.leadership.as_ref()?;
         let ms = |d: Duration| crate::time::duration_micros(d) / 1_000;
-        let holder = self.state.holder(key).map(|(token, holding)| HolderView {
+        let view = |token: u64, holding: &crate::cluster::state::Holding| HolderView {
             token,
             keys: holding.keys.keys().to_vec(),
             held_ms: ms(now.saturating_duration_since(holding.granted_at)),
@@ -168,7 +168,18 @@ impl ClusterNode {
                 .held_keys
                 .conn_of(token)
                 .and_then(|conn| self.conn_view(conn)),
-        });
+        };
+        // For a key held shared, the holder is the oldest sharer.
+        let holder = self
+            .state
+            .holder(key)
+            .map(|(token, holding)| view(token, holding));
+        let sharers: Vec<HolderView> = self
+            .state
+            .sharers_of(key)
+            .iter()
+            .filter_map(|&token| Some(view(token, self.state.grant(token)?)))
+            .collect();
         let queue = leadership.keys.get(key).map(|q| &q.waiters);
         let waiters: Vec<WaiterView> = queue
             .into_iter()
@@ -179,8 +190,11 @@ impl ClusterNode {
                 keys: waiter.keys.keys().to_vec(),
                 waited_ms: ms(now.saturating_duration_since(waiter.received)),
                 wait_remaining_ms: ms(waiter.deadline.saturating_duration_since(now)),
-                // Cluster nodes serve no shared locks (docs/protocol.md §8.7).
-                shared: false,
+                shared: waiter
+                    .keys
+                    .keys()
+                    .binary_search(key)
+                    .is_ok_and(|index| waiter.wants_shared(index)),
                 conn: self.conn_view(waiter.conn),
             })
             .collect();
@@ -190,7 +204,7 @@ impl ClusterNode {
         Some(LockView {
             key: key.clone(),
             holder,
-            sharers: Vec::new(),
+            sharers,
             waiters,
             waiters_total: queue.map_or(0, VecDeque::len),
         })

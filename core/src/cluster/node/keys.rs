@@ -25,11 +25,38 @@ pub(super) struct KeyQueue {
     /// log, so one commit carries the whole hand-over. Only held keys get
     /// it, so it is bounded by the held keys.
     pub(super) releasing: bool,
+    /// Shared Grant proposals not yet applied that take it (several may be
+    /// in flight at once; `reserved` is for an exclusive one). Bounded by
+    /// the proposals in flight.
+    pub(super) shared_reserved: u32,
 }
 
 impl KeyQueue {
     fn is_idle(&self) -> bool {
-        self.waiters.is_empty() && !self.reserved && !self.releasing
+        self.waiters.is_empty() && !self.is_reserved() && !self.releasing
+    }
+
+    /// Whether a Grant in flight takes it, in either mode.
+    pub(super) fn is_reserved(&self) -> bool {
+        self.reserved || self.shared_reserved > 0
+    }
+
+    /// A Grant taking it in this mode is proposed.
+    pub(super) fn reserve(&mut self, shared: bool) {
+        if shared {
+            self.shared_reserved += 1;
+        } else {
+            self.reserved = true;
+        }
+    }
+
+    /// A Grant taking it in this mode applied (or was dropped).
+    pub(super) fn unreserve(&mut self, shared: bool) {
+        if shared {
+            self.shared_reserved = self.shared_reserved.saturating_sub(1);
+        } else {
+            self.reserved = false;
+        }
     }
 
     /// The first waiter.

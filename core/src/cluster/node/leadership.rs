@@ -24,8 +24,9 @@ use crate::wire::{Key, KeyGroup};
 use super::ClusterNode;
 use super::apply::{Pending, PendingKind};
 use super::connections::{Conn, ConnKind};
-use super::keys::{KeyQueue, LeaderKeys};
+use super::keys::LeaderKeys;
 use super::permits::LeaderSemaphores;
+use super::shared::{head_grantable, newcomer_takes};
 
 /// How soon an `Expire` that could not be proposed is retried; also the
 /// longest the leader lets an expired lease go unnoticed (docs/cluster.md,
@@ -45,6 +46,9 @@ pub(super) struct Waiter {
     /// What the grant is beyond its keys (a permit grant: its
     /// semaphore's capacity).
     pub(super) options: GrantOptions,
+    /// Bit `i`: key `i` of `keys` is wanted shared (0: every key
+    /// exclusive, as every acquire but `Y` asks).
+    pub(super) modes: u16,
     /// When it gets `T` if still queued.
     pub(super) deadline: Instant,
     /// When the acquire arrived (the wait-time observation starts here).
@@ -181,10 +185,25 @@ impl ClusterNode {
                 hold,
                 reply_to,
             } => {
-                let max_hold_ms = self.hold_cap_ms(hold);
                 let acquire = (wait_s, lease_s, keys, reply_to);
-                self.handle_acquire(now, conn_id, acquire, max_hold_ms, received);
+                self.handle_acquire(now, conn_id, acquire, (hold, 0), received);
             }
+            ClientRequest::AcquireShared {
+                wait_s,
+                lease_s,
+                modes,
+                keys,
+                hold,
+                reply_to,
+            } => {
+                let acquire = (wait_s, lease_s, keys, reply_to);
+                self.handle_acquire(now, conn_id, acquire, (hold, modes), received);
+            }
+            ClientRequest::Downgrade {
+                token,
+                keys,
+                reply_to,
+            } => self.handle_downgrade(now, conn_id, (token, keys), reply_to),
             ClientRequest::Release {
                 token,
                 keys,
@@ -209,12 +228,6 @@ impl ClusterNode {
                 let observed = self.observe(now, &name);
                 self.answer(conn_id, &reply_to, Answer::Observed(observed));
             }
-            // Nor shared locks: sharers are not replicated yet, so a node
-            // never grants SHARED and never decodes `Y` or `D`.
-            ClientRequest::AcquireShared { reply_to, .. }
-            | ClientRequest::Downgrade { reply_to, .. } => {
-                self.answer(conn_id, &reply_to, Answer::NotActive)
-            }
         }
     }
 
@@ -236,13 +249,8 @@ impl ClusterNode {
         let command = Command::Release { keys, token };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {
-                if let (true, Some(leadership), Command::Release { keys, .. }) =
-                    (hands_over, self.leadership.as_mut(), &command)
-                {
-                    for key in keys.keys() {
-                        leadership.keys.update(key, |q| q.releasing = true);
-                        leadership.dirty.push(key.clone());
-                    }
+                if let (true, Command::Release { keys, .. }) = (hands_over, &command) {
+                    self.mark_releasing(token, keys);
                 }
                 self.pending.insert(
                     index,
@@ -303,42 +311,66 @@ impl ClusterNode {
             token,
             lease_ms: u32::from(lease_s) * 1_000,
         };
-        match self.propose_command(now, &command) {
-            Ok((index, term)) => {
-                if let Some(leadership) = self.leadership.as_mut() {
-                    *leadership.extending.entry(token).or_default() += 1;
+        let proposed =
+            self.propose_answered(now, &command, (conn_id, reply_to), |conn, reply_to| {
+                PendingKind::Extend {
+                    conn,
+                    reply_to,
+                    token,
                 }
+            });
+        if proposed && let Some(leadership) = self.leadership.as_mut() {
+            *leadership.extending.entry(token).or_default() += 1;
+        }
+    }
+
+    /// Proposes `command` for a client's request that is answered once it
+    /// applies (`kind` names the proposal); a refusal had no effect and is
+    /// answered here, `M` or `E 4` (never `B`). True when proposed.
+    pub(super) fn propose_answered(
+        &mut self,
+        now: Instant,
+        command: &Command,
+        (conn_id, reply_to): (ConnId, ReplyTo),
+        kind: impl FnOnce(ConnId, ReplyTo) -> PendingKind,
+    ) -> bool {
+        match self.propose_command(now, command) {
+            Ok((index, term)) => {
+                let kind = kind(conn_id, reply_to);
                 self.pending.insert(
                     index,
                     Pending {
                         term,
                         proposed_at: now,
-                        kind: PendingKind::Extend {
-                            conn: conn_id,
-                            reply_to,
-                            token,
-                        },
+                        kind,
                     },
                 );
+                true
             }
             Err(ProposeError::NotLeader { leader_hint }) => {
                 self.answer(conn_id, &reply_to, leader_reply(leader_hint));
+                false
             }
-            Err(_) => self.answer(conn_id, &reply_to, leader_reply(None)),
+            Err(_) => {
+                self.answer(conn_id, &reply_to, leader_reply(None));
+                false
+            }
         }
     }
 
-    /// An acquire on the caught-up leader, received at `received`: `B` over
-    /// a per-connection limit, a Grant proposed at once when its keys are
-    /// free, `T` when it may not wait, else queued FIFO behind its keys.
+    /// An acquire on the caught-up leader, received at `received`, with
+    /// its cap and modes: `B` over a per-connection limit, a Grant proposed
+    /// at once when its keys take it, `T` when it may not wait, else queued
+    /// FIFO behind its keys.
     fn handle_acquire(
         &mut self,
         now: Instant,
         conn_id: ConnId,
         acquire: (u8, u8, KeyGroup, ReplyTo),
-        max_hold_ms: Option<u32>,
+        (hold, modes): (HoldAsk, u16),
         received: Instant,
     ) {
+        let max_hold_ms = self.hold_cap_ms(hold);
         let (wait_s, lease_s, keys, reply_to) = acquire;
         let Some(over_connection_limit) = self.over_connection_limit(now, conn_id, keys.len())
         else {
@@ -348,13 +380,7 @@ impl ClusterNode {
             self.answer(conn_id, &reply_to, leader_reply(self.raft.leader()));
             return;
         };
-        let free = keys.keys().iter().all(|k| {
-            !self.state.is_held(k)
-                && leadership
-                    .keys
-                    .get(k)
-                    .is_none_or(|q| !q.reserved && q.waiters.is_empty())
-        });
+        let free = newcomer_takes(&self.state, &leadership.keys, &keys, modes);
         let waiter = Waiter {
             conn: conn_id,
             reply_to,
@@ -362,6 +388,7 @@ impl ClusterNode {
             lease_ms: u32::from(lease_s) * 1_000,
             max_hold_ms,
             options: GrantOptions::default(),
+            modes,
             deadline: queue_rule::wait_deadline(
                 received,
                 Duration::from_secs(u64::from(wait_s)),
@@ -424,7 +451,7 @@ impl ClusterNode {
             self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;
         }
-        if self.state.held_keys() + new_keys > self.config.limits.keys_max {
+        if self.state.key_holds() + new_keys > self.config.limits.keys_max {
             self.counts.busy.keys_max += 1;
             self.answer(waiter.conn, &waiter.reply_to, Answer::Busy);
             return;
@@ -484,17 +511,14 @@ impl ClusterNode {
             // The holder's label, beside what the waiter asked for (a
             // permit grant's capacity).
             options: GrantOptions {
+                shared_modes: waiter.modes,
                 label: self.holder_label(waiter.conn),
                 ..waiter.options
             },
         };
         match self.propose_command(now, &command) {
             Ok((index, term)) => {
-                if let Some(leadership) = self.leadership.as_mut() {
-                    for key in waiter.keys.keys() {
-                        leadership.keys.update(key, |q| q.reserved = true);
-                    }
-                }
+                self.note_grant_proposed(&waiter);
                 self.pending.insert(
                     index,
                     Pending {
@@ -609,6 +633,7 @@ impl ClusterNode {
                 // It may still commit under the next leader: the client's
                 // next renewal by the same token tells it where it stands.
                 PendingKind::Release { conn, reply_to }
+                | PendingKind::Downgrade { conn, reply_to }
                 | PendingKind::Extend { conn, reply_to, .. } => {
                     self.answer(conn, &reply_to, Answer::Indeterminate);
                 }
@@ -718,27 +743,10 @@ impl ClusterNode {
             let Some(waiter) = leadership.waiters.get(&seq) else {
                 continue;
             };
-            // Free here: not held (or its holder's Release is in flight,
-            // ahead of this Grant in the log) and not reserved by a Grant
-            // in flight.
-            let free = |queue: &KeyQueue, k: &Key| {
-                (queue.releasing || !self.state.is_held(k)) && !queue.reserved
-            };
-            let grantable = if waiter.keys.len() == 1 {
-                // It waits on this key alone, and heads its queue.
-                free(queue, &key)
-            } else {
-                queue_rule::key_set_grantable(
-                    seq,
-                    waiter.keys.keys(),
-                    |k| leadership.keys.get(k).and_then(KeyQueue::head),
-                    |k| match leadership.keys.get(k) {
-                        Some(queue) => free(queue, k),
-                        None => !self.state.is_held(k),
-                    },
-                )
-            };
-            if !grantable {
+            // Free here for its modes: not held against them (or its
+            // holder's Release is in flight, ahead of this Grant in the
+            // log) nor reserved against them by a Grant in flight.
+            if !head_grantable(&self.state, &leadership.keys, (seq, waiter), &key) {
                 continue;
             }
             let bound = self.next_grant_token_bound();

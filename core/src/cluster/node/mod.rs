@@ -61,6 +61,8 @@
 //!   stepping down;
 //! - `permits`: semaphores on the leader (permit waiters FIFO per
 //!   semaphore, capacities derived from the applied grants);
+//! - `shared`: shared locks on the leader (the mode rules of its queues,
+//!   the downgrade);
 //! - `apply`: proposals in flight, the pump that drains Raft, applying
 //!   committed entries and answering their proposals, Raft events;
 //! - `genesis`: a bootstrap member's check that the cluster is new, and
@@ -99,6 +101,7 @@ mod machine;
 mod observe;
 mod peers;
 mod permits;
+mod shared;
 mod start;
 
 pub use self::config::{

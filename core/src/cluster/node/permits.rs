@@ -528,7 +528,7 @@ impl ClusterNode {
             let key = slot_key(name, slot)?;
             let free = match leadership.keys.get(&key) {
                 Some(queue) => {
-                    !queue.reserved
+                    !queue.is_reserved()
                         && queue.waiters.is_empty()
                         && (queue.releasing || !self.state.is_held(&key))
                 }
@@ -558,6 +558,8 @@ fn permit_grant_waiter(waiter: PermitWaiter, capacity: u16, keys: KeyGroup) -> W
             capacity: Some(capacity),
             ..GrantOptions::default()
         },
+        // A slot is held exclusively.
+        modes: 0,
         // Proposed now: it waits no longer.
         deadline: waiter.received,
         received: waiter.received,

@@ -12,13 +12,14 @@
 use crate::cluster::command::{ApplyResult, Command, GrantOptions};
 use crate::hash::IdMap;
 use crate::keyed::{KeyHash, Keyed};
-use crate::lock::{ExtendOutcome, capped_deadline, decide_extension};
+use crate::lock::{ExtendOutcome, KeyModes, capped_deadline, decide_extension};
 use crate::metrics::ReplicatedLockMetrics;
 use crate::time::{Duration, Instant};
 use crate::wire::{Key, KeyGroup, SET_KEYS_MAX};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+mod shared;
 mod snapshot;
 
 /// A snapshot's token counter must not exceed this (2^63): counters start
@@ -132,6 +133,12 @@ pub struct ReplicatedLocks {
     /// bytes, under std's keyed SipHash: each key hashed once per command).
     /// Unordered: whatever lists keys sorts them.
     keys: Keyed<Key, u64>,
+    /// The sharers of each key held shared, oldest (lowest token) first;
+    /// `keys` names the oldest (see `shared`). Bounded like the grants.
+    sharers: Keyed<Key, Vec<u64>>,
+    /// Sharers beyond the first of each key held shared: with `keys`, the
+    /// holds the key limit counts.
+    extra_sharer_holds: usize,
     /// Lease deadlines by token; entries of released or re-armed grants are
     /// skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -184,6 +191,7 @@ impl ReplicatedLocks {
                 let outcome = self.apply_extend(*token, *lease_ms, applied_at);
                 ApplyResult::Extension { outcome }
             }
+            Command::Downgrade { keys, token } => self.apply_downgrade(keys, *token),
         }
     }
 
@@ -226,12 +234,10 @@ impl ReplicatedLocks {
         token: Option<u64>,
         applied_at: Instant,
     ) -> ApplyResult {
-        let Some(held) = self.keys.get(key.as_bytes()).copied() else {
-            return ApplyResult::ForceNotHeld;
+        let held = match self.force_target(key, token) {
+            Ok(held) => held,
+            Err(refusal) => return refusal,
         };
-        if token.is_some_and(|t| t != held) {
-            return ApplyResult::ForceTokenMismatch { held };
-        }
         // The whole grant goes, as its holder's release would take it.
         self.remove_grant(held, applied_at);
         // A release like the holder's own (as in single mode), and counted
@@ -260,12 +266,13 @@ impl ReplicatedLocks {
         if self.next_token == 0 {
             return ApplyResult::GrantRejected;
         }
-        // Each key hashed once: for the check that it is free and again
-        // to record its holder.
+        let modes = KeyModes::from_bits(options.shared_modes);
+        // Each key hashed once: for the check that it takes the grant in
+        // its mode and again to record the hold.
         let mut hashes = [KeyHash::default(); SET_KEYS_MAX];
-        for (hash, key) in hashes.iter_mut().zip(keys.keys()) {
+        for (index, (hash, key)) in hashes.iter_mut().zip(keys.keys()).enumerate() {
             *hash = self.keys.hash(key.as_bytes());
-            if self.keys.find(*hash, key.as_bytes()).is_some() {
+            if !self.key_takes(*hash, key, modes.is_shared(index)) {
                 return ApplyResult::GrantRejected;
             }
         }
@@ -281,8 +288,8 @@ impl ReplicatedLocks {
         });
         let lease = Duration::from_millis(u64::from(lease_ms));
         let deadline = capped_deadline(applied_at, lease, cap_at);
-        for (hash, key) in hashes.iter().zip(keys.keys()) {
-            self.keys.insert_absent(*hash, key.clone(), token);
+        for (index, (hash, key)) in hashes.iter().zip(keys.keys()).enumerate() {
+            self.hold_key(*hash, key, token, modes.is_shared(index));
         }
         self.grants.insert(
             token,
@@ -309,17 +316,7 @@ impl ReplicatedLocks {
                 self.metrics.releases += 1;
                 ApplyResult::Released
             }
-            Some(holding) => {
-                let named = keys
-                    .keys()
-                    .iter()
-                    .any(|k| holding.keys.keys().binary_search(k).is_ok());
-                if named {
-                    ApplyResult::GroupMismatch
-                } else {
-                    ApplyResult::NotFound
-                }
-            }
+            Some(holding) => shared::group_refusal(&holding.keys, keys),
             None => ApplyResult::NotFound,
         }
     }
@@ -330,8 +327,7 @@ impl ReplicatedLocks {
             let held = at.saturating_duration_since(holding.granted_at);
             self.metrics.hold.observe(held);
             for key in holding.keys.keys() {
-                self.keys
-                    .remove(self.keys.hash(key.as_bytes()), key.as_bytes());
+                self.unhold_key(key, token);
             }
         }
     }

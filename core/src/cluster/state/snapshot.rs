@@ -7,6 +7,7 @@ use super::{
 };
 use crate::cluster::bytes::{Reader, put_key_group};
 use crate::cluster::command::GrantOptions;
+use crate::lock::KeyModes;
 use crate::time::{Duration, Instant, duration_micros};
 
 impl ReplicatedLocks {
@@ -130,12 +131,16 @@ impl ReplicatedLocks {
                 return Err(SnapshotError::Inconsistent);
             }
             last_token = token;
-            for key in keys.keys() {
+            let modes = KeyModes::from_bits(options.shared_modes);
+            for (index, key) in keys.keys().iter().enumerate() {
+                // A key held exclusive by one grant and by any other, in
+                // either mode, is not a state any order of commands makes;
+                // sharers are rebuilt oldest first, as they were granted.
                 let hash = state.keys.hash(key.as_bytes());
-                if state.keys.find(hash, key.as_bytes()).is_some() {
+                if !state.key_takes(hash, key, modes.is_shared(index)) {
                     return Err(SnapshotError::Inconsistent);
                 }
-                state.keys.insert_absent(hash, key.clone(), token);
+                state.hold_key(hash, key, token, modes.is_shared(index));
             }
             let after = |ms: u32| now.saturating_add(Duration::from_millis(u64::from(ms)));
             state.grants.insert(
