@@ -48,6 +48,12 @@ fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
             max_hold_ms: Some((number >> 32) as u32),
             options: GrantOptions::default(),
         },
+        // A downgrade of a recent grant (or of a token never issued),
+        // naming the fuzzed keys, which sometimes are its keys.
+        6 if kind & 0x80 != 0 => Command::Downgrade {
+            keys,
+            token: last_token.saturating_sub(number % 3),
+        },
         // An extension of a recent grant (or of a token never issued).
         6 => Command::Extend {
             token: last_token.saturating_sub(number % 3),
@@ -86,7 +92,8 @@ fn command(cursor: &mut Cursor<'_>, last_token: u64) -> Option<Command> {
 /// Structured: commands built from the bytes satisfy
 /// `decode(encode(c)) == c`; they are applied to a state (with clock jumps
 /// between them), whose token counter never goes down and whose snapshot
-/// restores to the same replicated state and snapshots to the same bytes.
+/// restores to the same replicated state and snapshots to the same bytes;
+/// a downgrade that applies leaves the grant sharing every key it holds.
 pub fn replicated_codecs(data: &[u8]) {
     let Some((&split, data)) = data.split_first() else {
         return;
@@ -123,6 +130,13 @@ pub fn replicated_codecs(data: &[u8]) {
                 token >= before && token < after,
                 "token {token} outside the counter"
             );
+        }
+        if let (Command::Downgrade { keys, token }, ApplyResult::Downgraded) = (&command, result) {
+            // A downgraded grant holds every one of its keys shared, with
+            // the token it had.
+            for key in keys.keys() {
+                assert!(state.sharers_of(key).contains(token), "{key:?} not shared");
+            }
         }
         if let Command::ForceRelease { key, token } = &command {
             // A force-release leaves its key free, or names the token that
