@@ -43,12 +43,11 @@ pub(super) struct Waiter {
     /// The cap on its total hold, carried in the Grant (`None`: a client
     /// that cannot renew).
     pub(super) max_hold_ms: Option<u32>,
-    /// What the grant is beyond its keys (a permit grant: its
-    /// semaphore's capacity).
+    /// What the grant is beyond its keys: which keys are wanted shared
+    /// (bit `i` of `shared_modes` for key `i`; none for every acquire but
+    /// `Y`) and, for a permit grant, its semaphore's capacity. The label
+    /// is the connection's, read when the Grant is proposed.
     pub(super) options: GrantOptions,
-    /// Bit `i`: key `i` of `keys` is wanted shared (0: every key
-    /// exclusive, as every acquire but `Y` asks).
-    pub(super) modes: u16,
     /// When it gets `T` if still queued.
     pub(super) deadline: Instant,
     /// When the acquire arrived (the wait-time observation starts here).
@@ -387,8 +386,10 @@ impl ClusterNode {
             keys,
             lease_ms: u32::from(lease_s) * 1_000,
             max_hold_ms,
-            options: GrantOptions::default(),
-            modes,
+            options: GrantOptions {
+                shared_modes: modes,
+                ..GrantOptions::default()
+            },
             deadline: queue_rule::wait_deadline(
                 received,
                 Duration::from_secs(u64::from(wait_s)),
@@ -508,10 +509,9 @@ impl ClusterNode {
             keys: waiter.keys.clone(),
             lease_ms: waiter.lease_ms,
             max_hold_ms: waiter.max_hold_ms,
-            // The holder's label, beside what the waiter asked for (a
-            // permit grant's capacity).
+            // The holder's label, beside what the waiter asked for (its
+            // modes, a permit grant's capacity).
             options: GrantOptions {
-                shared_modes: waiter.modes,
                 label: self.holder_label(waiter.conn),
                 ..waiter.options
             },

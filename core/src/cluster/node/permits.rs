@@ -554,12 +554,11 @@ fn permit_grant_waiter(waiter: PermitWaiter, capacity: u16, keys: KeyGroup) -> W
         keys,
         lease_ms: waiter.lease_ms,
         max_hold_ms: waiter.max_hold_ms,
+        // A slot is held exclusively: no shared modes.
         options: GrantOptions {
             capacity: Some(capacity),
             ..GrantOptions::default()
         },
-        // A slot is held exclusively.
-        modes: 0,
         // Proposed now: it waits no longer.
         deadline: waiter.received,
         received: waiter.received,

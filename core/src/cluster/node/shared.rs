@@ -102,7 +102,7 @@ fn is_shared(modes: u16, index: usize) -> bool {
 impl Waiter {
     /// Whether it wants key `index` of its group shared.
     pub(super) fn wants_shared(&self, index: usize) -> bool {
-        is_shared(self.modes, index)
+        is_shared(self.options.shared_modes, index)
     }
 }
 
