@@ -156,7 +156,7 @@ async fn observe(args: ElectArgs) -> ExitCode {
                 break fail(
                     lock_exit::USAGE,
                     format_args!(
-                        "{name}: the server does not serve observing (a cluster, or a server that speaks only the published protocol): use a single-mode server of this version"
+                        "{name}: the server does not serve observing (it speaks only the published protocol, or predates it): upgrade the server"
                     ),
                 );
             }

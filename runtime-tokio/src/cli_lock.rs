@@ -137,7 +137,7 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                 return fail(
                     lock_exit::USAGE,
                     format_args!(
-                        "{key}: the server does not serve semaphores (a cluster, or a server that speaks only the published protocol): drop --semaphore, or use a single-mode server of this version"
+                        "{key}: the server does not serve semaphores (it speaks only the published protocol, or predates them): drop --semaphore, or upgrade the server"
                     ),
                 );
             }
@@ -145,7 +145,7 @@ async fn run_locked(args: LockArgs) -> ExitCode {
                 return fail(
                     lock_exit::USAGE,
                     format_args!(
-                        "{key}: the server does not serve shared locks (a cluster, or a server that speaks only the published protocol): drop --shared, or use a single-mode server of this version"
+                        "{key}: the server does not serve shared locks (it speaks only the published protocol, or predates them): drop --shared, or upgrade the server"
                     ),
                 );
             }

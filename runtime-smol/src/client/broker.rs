@@ -368,7 +368,7 @@ impl TicketBroker {
     /// ticket has its own token, is renewed and released like any ticket.
     /// Fence reads and writes by the two-mark rule of §8.7. Fails with
     /// [`TicketError::Unsupported`], sending nothing, on a server without
-    /// shared locks (a cluster, or a published server).
+    /// shared locks (a published server, or an older one).
     pub async fn acquire_shared(
         &self,
         key: &str,

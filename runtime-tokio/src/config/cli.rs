@@ -248,8 +248,8 @@ pub struct LockArgs {
     pub semaphore: Option<u16>,
     /// Hold KEY shared: other --shared holders run at the same time, while
     /// an exclusive holder waits for all of them (and a --shared run queued
-    /// behind a waiting exclusive one waits behind it). Needs a
-    /// single-mode server of this version. $TICKETING_MODE says `shared`.
+    /// behind a waiting exclusive one waits behind it). Needs a server of
+    /// this version (single or cluster). $TICKETING_MODE says `shared`.
     #[arg(long, conflicts_with = "semaphore")]
     pub shared: bool,
     /// With --semaphore: how many permits (slots) this command takes at
@@ -293,8 +293,8 @@ next candidate leads at once. A leader that dies leads until its lease ends.
   ticketing elect scheduler --observe
 
 With --observe it prints `leader LABEL term T` (or `no leader`) and a new
-line whenever that changes, until interrupted. Needs a single-mode server
-of this version. Exit codes as for `ticketing lock`.";
+line whenever that changes, until interrupted. Needs a server of this
+version (single or cluster). Exit codes as for `ticketing lock`.";
 
 /// Options of `ticketing elect`.
 #[derive(Debug, Clone, Args)]
