@@ -91,6 +91,23 @@ impl<K: KeyBytes, V> Keyed<K, V> {
             .map(|entry| entry.remove().0.1)
     }
 
+    /// Removes `key` (hash `hash`) if `remove` says so of its value, in
+    /// one probe; whether it was removed.
+    pub(crate) fn remove_if(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        remove: impl FnOnce(&V) -> bool,
+    ) -> bool {
+        match self.table.find_entry(hash.0, |(k, _)| k.key_bytes() == key) {
+            Ok(entry) if remove(&entry.get().1) => {
+                entry.remove();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The value of `key` (hash `hash`), inserting `make_key(key)` with
     /// `make_value()` first if absent.
     pub(crate) fn get_or_insert_with(

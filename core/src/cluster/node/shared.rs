@@ -66,10 +66,14 @@ pub(super) fn newcomer_takes(
     modes: u16,
 ) -> bool {
     keys.keys().iter().enumerate().all(|(index, key)| {
-        let queue = leader_keys.get(key);
-        let idle = queue.is_none_or(|q| q.waiters.is_empty() && !q.releasing);
-        idle && mode_admits(state.held_mode(key), is_shared(modes, index))
-            && mode_admits(in_flight(queue), is_shared(modes, index))
+        let shared = is_shared(modes, index);
+        // The applied state first: a key held against this mode (the
+        // common contended case) needs no look at its queue.
+        mode_admits(state.held_mode(key), shared) && {
+            let queue = leader_keys.get(key);
+            queue.is_none_or(|q| q.waiters.is_empty() && !q.releasing)
+                && mode_admits(in_flight(queue), shared)
+        }
     })
 }
 

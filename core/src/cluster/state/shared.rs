@@ -75,9 +75,7 @@ impl ReplicatedLocks {
         let sharers_hash = (self.sharers.len() > 0).then(|| self.sharers.hash(bytes));
         let found = sharers_hash.and_then(|h| Some((h, self.sharers.find_mut(h, bytes)?)));
         let Some((sharers_hash, sharers)) = found else {
-            if self.keys.find(hash, bytes) == Some(&token) {
-                self.keys.remove(hash, bytes);
-            }
+            self.keys.remove_if(hash, bytes, |&held| held == token);
             return;
         };
         let Some(at) = sharers.iter().position(|&sharer| sharer == token) else {
