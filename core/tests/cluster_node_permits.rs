@@ -15,22 +15,12 @@ mod cluster_common;
 use cluster_common::*;
 use ticketing_core::inspect::{ForceRelease, ForceReleaseOutcome};
 use ticketing_core::machine::Machine;
-use ticketing_core::server::ConnId;
-use ticketing_core::testing::net::{ClusterNet, Endpoint};
+use ticketing_core::testing::net::ClusterNet;
 use ticketing_core::time::Duration;
 use ticketing_core::wire::{
-    Capabilities, EXTENSION_VERSION, ErrorCode, Key, KeyGroup, NegotiateRequest, PermitsRequest,
-    ReleaseRequest, Reply, Request, slot_key,
+    Capabilities, ErrorCode, Key, KeyGroup, PermitsRequest, ReleaseRequest, Reply, Request,
+    slot_key,
 };
-
-fn negotiate(rid: u64, wanted: Capabilities) -> Request {
-    Request::Negotiate(NegotiateRequest {
-        rid,
-        version: EXTENSION_VERSION,
-        wanted,
-        label: "cluster-test".to_owned(),
-    })
-}
 
 /// A `Q` for `permits` of semaphore `name` declared with `capacity`.
 fn permits(rid: u64, name: &str, permits: u8, capacity: u16, wait_s: u8) -> Request {
@@ -71,15 +61,7 @@ fn release_slots(rid: u64, name: &str, slots: &[u16], token: u64) -> Request {
 
 /// A client of `node` that negotiated PERMITS.
 fn connect_permits(net: &mut ClusterNet, node: usize) -> usize {
-    let c = net.connect(node);
-    assert_eq!(
-        net.request(c, negotiate(1, Capabilities::PERMITS)),
-        Reply::Negotiated {
-            rid: 1,
-            granted: Capabilities::PERMITS
-        }
-    );
-    c
+    connect_negotiated(net, node, Capabilities::PERMITS)
 }
 
 /// A permit grant's token, slots and free count.
@@ -95,52 +77,6 @@ fn permit_grant(reply: Reply) -> (u64, Vec<u16>, u16) {
 /// The answers client `c` got since it had `from` of them.
 fn answers_since(net: &ClusterNet, c: usize, from: usize) -> Vec<Reply> {
     net.answers(c).split_off(from)
-}
-
-/// Takes what node `from` has for its peer links without delivering it;
-/// wakes of client connections are left for the net.
-fn take_peer_bytes(net: &mut ClusterNet, from: usize) -> Vec<(ConnId, Vec<u8>)> {
-    let woken: Vec<ConnId> = net.outputs(from).wakes.drain(..).collect();
-    let now = net.now;
-    let mut taken = Vec::new();
-    for conn in woken {
-        if let Some(Endpoint::Peer(..)) = net.links.get(&(from, conn)) {
-            let mut out = Vec::new();
-            net.node(from).poll_transmit(conn, &mut out);
-            net.node(from).handle_flushed(now, conn);
-            if !out.is_empty() {
-                taken.push((conn, out));
-            }
-        } else {
-            net.outputs[from].wakes.push_back(conn);
-        }
-    }
-    taken
-}
-
-/// Hands the bytes [`take_peer_bytes`] took from node `from` to the other
-/// ends, in the order they were written.
-fn deliver(net: &mut ClusterNet, from: usize, taken: Vec<(ConnId, Vec<u8>)>) {
-    let now = net.now;
-    for (conn, bytes) in taken {
-        if let Some(Endpoint::Peer(j, other)) = net.links.get(&(from, conn)).copied() {
-            net.node(j).handle_input(now, other, &bytes);
-        }
-    }
-}
-
-/// Moves the leader's clock on by `by` in 1 ms steps, serving only its
-/// timers; what it writes to its peers is kept back and returned.
-fn leader_alone_for(net: &mut ClusterNet, leader: usize, by: Duration) -> Vec<(ConnId, Vec<u8>)> {
-    let end = net.now.saturating_add(by);
-    let mut held = take_peer_bytes(net, leader);
-    while net.now < end {
-        net.now = net.now.saturating_add(Duration::from_millis(1)).min(end);
-        let now = net.now;
-        net.node(leader).handle_timeout(now);
-        held.extend(take_peer_bytes(net, leader));
-    }
-    held
 }
 
 /// The capacity node `i`'s applied grant of `token` carries, if it holds
