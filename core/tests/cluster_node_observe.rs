@@ -7,11 +7,11 @@
 mod cluster_common;
 
 use cluster_common::*;
-use ticketing_core::testing::net::ClusterNet;
+use ticketing_core::testing::net::{ClusterNet, Endpoint};
 use ticketing_core::time::Duration;
 use ticketing_core::wire::{
-    Capabilities, EXTENSION_VERSION, LeaderLabel, LeaderState, NegotiateRequest, ObserveRequest,
-    Observed, Reply, Request,
+    Capabilities, EXTENSION_VERSION, ExtendRequest, ExtendStatus, LeaderLabel, LeaderState,
+    NegotiateRequest, ObserveRequest, Observed, Reply, Request,
 };
 
 /// A client of `node` that negotiated OBSERVE under `label`.
@@ -101,4 +101,66 @@ fn a_new_leader_names_the_same_holder_and_term_until_its_lease_ends() {
     assert!(next_term > term);
     let seen = observe(&mut net, watcher, 4, "election");
     assert_eq!((seen.term, seen.label.as_str()), (next_term, "worker-b"));
+}
+
+/// Closes client `c`'s connection at the node it is connected to.
+fn close_client(net: &mut ClusterNet, c: usize) {
+    let (node, conn) = net
+        .links
+        .iter()
+        .find(|(_, end)| matches!(end, Endpoint::Client(client) if *client == c))
+        .map(|(&link, _)| link)
+        .expect("the client is connected");
+    net.close_link(node, conn);
+}
+
+/// A grant an earlier leader delivered is departed on the new leader
+/// until a connection renews it there by token: from then on it is named
+/// connected, and departed again once that connection closes (still the
+/// holder, under the same term and label, until its lease ends).
+#[test]
+fn a_holder_that_renews_on_a_new_leader_is_named_connected_there() {
+    let mut net = ClusterNet::new();
+    let leader = net.elect();
+    let candidate = observer(&mut net, leader, "worker-a");
+    let term = token_of(net.request(candidate, acquire(2, "election", 0, 20)));
+    net.kill(leader);
+    let next = net.elect();
+    assert_ne!(next, leader);
+    let watcher = observer(&mut net, next, "watcher");
+    assert_eq!(
+        observe(&mut net, watcher, 2, "election").state,
+        LeaderState::Departed
+    );
+
+    let renewer = connect_negotiated(&mut net, next, Capabilities::EXTEND);
+    let renewal = Request::Extend(ExtendRequest {
+        rid: 2,
+        token: term,
+        lease_s: 20,
+        keys: keys("election"),
+    });
+    let reply = net.request(renewer, renewal);
+    assert!(
+        matches!(
+            reply,
+            Reply::Extended {
+                status: ExtendStatus::Extended,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    let seen = observe(&mut net, watcher, 3, "election");
+    assert_eq!(
+        (seen.state, seen.term, seen.label.as_str()),
+        (LeaderState::Connected, term, "worker-a")
+    );
+
+    close_client(&mut net, renewer);
+    let seen = observe(&mut net, watcher, 4, "election");
+    assert_eq!(
+        (seen.state, seen.term, seen.label.as_str()),
+        (LeaderState::Departed, term, "worker-a")
+    );
 }

@@ -522,7 +522,7 @@ impl ClusterNode {
                 token,
             } => {
                 self.extension_done(token);
-                let answer = self.extension_answer(now, token, result);
+                let answer = self.extension_answer(now, conn, token, result);
                 self.answer(conn, &reply_to, answer);
             }
             PendingKind::Downgrade { conn, reply_to } => {
@@ -704,22 +704,40 @@ impl ClusterNode {
         }
     }
 
-    /// What an applied `Extend` of `token` tells its client, the lease left
-    /// counted on this node's clock; a renewed lease also moves the
-    /// holder connection's count of held keys.
-    fn extension_answer(&mut self, now: Instant, token: u64, result: ApplyResult) -> Answer {
+    /// What an applied `Extend` of `token` from `conn` tells its client,
+    /// the lease left counted on this node's clock; a renewed lease also
+    /// moves the holder connection's count of held keys.
+    ///
+    /// The holder's connection is the one this leader delivered the grant
+    /// to while that one is open; otherwise (an earlier leader delivered
+    /// it, or its connection closed and the client came back on another)
+    /// the renewing connection becomes it: it knows the token and keeps
+    /// the grant alive, so `O` names the holder connected and inspection
+    /// shows its connection, and its keys count against its budget.
+    fn extension_answer(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        token: u64,
+        result: ApplyResult,
+    ) -> Answer {
         let ApplyResult::Extension { outcome } = result else {
             return Answer::NotFound;
         };
+        let delivered_to = self
+            .leadership
+            .as_ref()
+            .and_then(|leadership| leadership.held_keys.conn_of(token))
+            .filter(|&delivered| self.is_open_client(delivered));
         if let (Some(expires_at), Some(leadership), Some(holding)) = (
             outcome.expires_at(),
             self.leadership.as_mut(),
             self.state.grant(token),
-        ) && let Some(conn) = leadership.held_keys.conn_of(token)
-        {
+        ) {
+            let holder = delivered_to.unwrap_or(conn);
             leadership
                 .held_keys
-                .add(conn, token, holding.keys.len(), expires_at);
+                .add(holder, token, holding.keys.len(), expires_at);
             let lease = expires_at.saturating_duration_since(now);
             if let Some(mut watch) = leadership.watches.forget(token) {
                 watch.lease = lease;

@@ -4,12 +4,13 @@
 //! The label is the one the Grant carried ([`GrantOptions::label`]), so a
 //! new leader names the holder as the old one did. Whether the holder is
 //! connected is this leader's own knowledge: a grant this leader delivered
-//! to a connection still open is reported connected; any other grant (its
-//! connection closed, or it was delivered by an earlier leader) is
-//! reported departed until its lease ends, with its label. A departed
-//! holder that renews by token on this leader still holds, and is still
-//! the leader of its election; departed says only that this leader does
-//! not see its connection.
+//! to a connection still open, or that a connection still open renewed by
+//! token here, is reported connected; any other grant (its connection
+//! closed, or an earlier leader delivered it and it has not renewed here
+//! yet) is reported departed until its lease ends or it renews, with its
+//! label. Departed says only that this leader does not see its
+//! connection: the grant still holds, and is still the leader of its
+//! election.
 //!
 //! [`GrantOptions::label`]: crate::cluster::GrantOptions::label
 
@@ -41,20 +42,27 @@ impl ClusterNode {
         }
     }
 
-    /// Connected when this leader delivered grant `token` to a client
-    /// connection that is open and not closing; departed otherwise.
+    /// Connected when grant `token`'s connection on this leader (the one
+    /// it delivered the grant to, or the one that renewed it here) is open
+    /// and not closing; departed otherwise.
     fn holder_state(&self, token: u64) -> LeaderState {
         let conn: Option<ConnId> = self
             .leadership
             .as_ref()
             .and_then(|leadership| leadership.held_keys.conn_of(token));
-        let open = conn
-            .and_then(|conn| self.conns.by_id.get(&conn))
-            .is_some_and(|conn| conn.close_reason.is_none() && !conn.out.is_closing());
-        if open {
+        if conn.is_some_and(|conn| self.is_open_client(conn)) {
             LeaderState::Connected
         } else {
             LeaderState::Departed
         }
+    }
+
+    /// Whether `conn` is a connection of this node that is open and not
+    /// closing.
+    pub(super) fn is_open_client(&self, conn: ConnId) -> bool {
+        self.conns
+            .by_id
+            .get(&conn)
+            .is_some_and(|conn| conn.close_reason.is_none() && !conn.out.is_closing())
     }
 }
