@@ -453,3 +453,75 @@ fn no_connection_that_did_not_ask_for_pushes_gets_one_in_a_cluster() {
             .any(|r| matches!(r, Reply::Negotiated { .. }))
     );
 }
+
+/// A pushed holder whose grant an earlier leader delivered renews it on
+/// the new leader from a connection that takes pushes: from then on the
+/// new leader watches it for that connection, which hears its lease
+/// ending (a quarter of the renewed lease before its end) and then that it
+/// expired.
+#[test]
+fn a_holder_renewing_on_a_new_leader_hears_its_pushes_from_it() {
+    let (mut net, leader, _) = leader_with_a_client();
+    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
+    let first = connect_negotiated(&mut net, leader, both);
+    let token = token_of(net.request(first, acquire(2, "k", 0, 10)));
+    net.run_for(Duration::from_millis(100));
+    net.kill(leader);
+    let new = net.elect();
+    assert_ne!(new, leader);
+
+    let again = connect_negotiated(&mut net, new, both);
+    let from = net.clients[again].replies.len();
+    let reply = net.request(again, extend(3, "k", token, 20));
+    assert!(
+        matches!(
+            reply,
+            Reply::Extended {
+                rid: 3,
+                status: ExtendStatus::Extended,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    let end = deadline(&mut net, new, token).unwrap();
+    let warn_at = end.saturating_sub(Duration::from_secs(5));
+    run_until(&mut net, warn_at.saturating_sub(ONE_MICRO));
+    assert_eq!(pushes_since(&net, again, from), [], "not before a quarter");
+    run_until(&mut net, warn_at);
+    assert_eq!(
+        pushes_since(&net, again, from),
+        [push(token, PushKind::LeaseEnding, 5_000)]
+    );
+    run_until(&mut net, end);
+    assert_eq!(
+        pushes_since(&net, again, from),
+        [
+            push(token, PushKind::LeaseEnding, 5_000),
+            push(token, PushKind::Expired, 0)
+        ]
+    );
+}
+
+/// A grant renewed on a new leader from a connection that did not
+/// negotiate pushes is not watched for it: it hears no push (pushes only
+/// ever go to a connection that asked for them).
+#[test]
+fn a_renewal_without_pushes_on_a_new_leader_brings_no_pushes() {
+    let (mut net, leader, _) = leader_with_a_client();
+    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
+    let first = connect_negotiated(&mut net, leader, both);
+    let token = token_of(net.request(first, acquire(2, "k", 0, 10)));
+    net.run_for(Duration::from_millis(100));
+    net.kill(leader);
+    let new = net.elect();
+
+    let again = connect_negotiated(&mut net, new, Capabilities::EXTEND);
+    let from = net.clients[again].replies.len();
+    let reply = net.request(again, extend(3, "k", token, 20));
+    assert!(matches!(reply, Reply::Extended { rid: 3, .. }), "{reply:?}");
+    let end = deadline(&mut net, new, token).unwrap();
+    run_until(&mut net, end);
+    assert!(net.node(new).lock_state().grant(token).is_none(), "expired");
+    assert_eq!(pushes_since(&net, again, from), []);
+}

@@ -713,7 +713,9 @@ impl ClusterNode {
     /// it, or its connection closed and the client came back on another)
     /// the renewing connection becomes it: it knows the token and keeps
     /// the grant alive, so `O` names the holder connected and inspection
-    /// shows its connection, and its keys count against its budget.
+    /// shows its connection, its keys count against its budget, and, if it
+    /// negotiated pushes, it hears of the renewed lease ending and of the
+    /// grant's loss from this leader.
     fn extension_answer(
         &mut self,
         now: Instant,
@@ -729,20 +731,47 @@ impl ClusterNode {
             .as_ref()
             .and_then(|leadership| leadership.held_keys.conn_of(token))
             .filter(|&delivered| self.is_open_client(delivered));
+        let holder = delivered_to.unwrap_or(conn);
+        let holder_hears_pushes = matches!(
+            self.conns.by_id.get(&holder),
+            Some(Conn {
+                kind: ConnKind::Client(client),
+                ..
+            }) if client.front.capabilities().contains(Capabilities::PUSH)
+        );
         if let (Some(expires_at), Some(leadership), Some(holding)) = (
             outcome.expires_at(),
             self.leadership.as_mut(),
             self.state.grant(token),
         ) {
-            let holder = delivered_to.unwrap_or(conn);
             leadership
                 .held_keys
                 .add(holder, token, holding.keys.len(), expires_at);
             let lease = expires_at.saturating_duration_since(now);
-            if let Some(mut watch) = leadership.watches.forget(token) {
-                watch.lease = lease;
-                watch.deadline = expires_at;
-                watch.warned = false;
+            // The renewed lease is watched for the holder's connection; a
+            // grant this leader did not watch yet (an earlier leader's, or
+            // one whose connection closed) is watched from its renewal on
+            // when the renewing connection takes pushes, so it hears of
+            // its lease ending and of its loss from this leader too.
+            // Pushes only ever go to a connection that negotiated them.
+            let watch = match leadership.watches.forget(token) {
+                Some(watch) if watch.conn == holder => Some(Watch {
+                    lease,
+                    deadline: expires_at,
+                    warned: false,
+                    ..watch
+                }),
+                previous if holder_hears_pushes => holding.keys.keys().first().map(|key| Watch {
+                    conn: holder,
+                    key: key.clone(),
+                    lease,
+                    deadline: expires_at,
+                    warned: false,
+                    cap_at: previous.and_then(|watch| watch.cap_at),
+                }),
+                _ => None,
+            };
+            if let Some(watch) = watch {
                 leadership.watches.watch(token, watch);
             }
         }
