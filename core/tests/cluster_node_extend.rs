@@ -454,13 +454,10 @@ fn no_connection_that_did_not_ask_for_pushes_gets_one_in_a_cluster() {
     );
 }
 
-/// A pushed holder whose grant an earlier leader delivered renews it on
-/// the new leader from a connection that takes pushes: from then on the
-/// new leader watches it for that connection, which hears its lease
-/// ending (a quarter of the renewed lease before its end) and then that it
-/// expired.
-#[test]
-fn a_holder_renewing_on_a_new_leader_hears_its_pushes_from_it() {
+/// A grant of `k` (10 s lease) delivered by a leader to a connection that
+/// negotiated pushes, every node applying it; then that leader dies and
+/// another is elected. The net, the new leader and the grant's token.
+fn pushed_grant_then_a_new_leader() -> (ClusterNet, usize, u64) {
     let (mut net, leader, _) = leader_with_a_client();
     let both = Capabilities::EXTEND.union(Capabilities::PUSH);
     let first = connect_negotiated(&mut net, leader, both);
@@ -469,7 +466,18 @@ fn a_holder_renewing_on_a_new_leader_hears_its_pushes_from_it() {
     net.kill(leader);
     let new = net.elect();
     assert_ne!(new, leader);
+    (net, new, token)
+}
 
+/// A pushed holder whose grant an earlier leader delivered renews it on
+/// the new leader from a connection that takes pushes: from then on the
+/// new leader watches it for that connection, which hears its lease
+/// ending (a quarter of the renewed lease before its end) and then that it
+/// expired.
+#[test]
+fn a_holder_renewing_on_a_new_leader_hears_its_pushes_from_it() {
+    let (mut net, new, token) = pushed_grant_then_a_new_leader();
+    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
     let again = connect_negotiated(&mut net, new, both);
     let from = net.clients[again].replies.len();
     let reply = net.request(again, extend(3, "k", token, 20));
@@ -508,14 +516,7 @@ fn a_holder_renewing_on_a_new_leader_hears_its_pushes_from_it() {
 /// ever go to a connection that asked for them).
 #[test]
 fn a_renewal_without_pushes_on_a_new_leader_brings_no_pushes() {
-    let (mut net, leader, _) = leader_with_a_client();
-    let both = Capabilities::EXTEND.union(Capabilities::PUSH);
-    let first = connect_negotiated(&mut net, leader, both);
-    let token = token_of(net.request(first, acquire(2, "k", 0, 10)));
-    net.run_for(Duration::from_millis(100));
-    net.kill(leader);
-    let new = net.elect();
-
+    let (mut net, new, token) = pushed_grant_then_a_new_leader();
     let again = connect_negotiated(&mut net, new, Capabilities::EXTEND);
     let from = net.clients[again].replies.len();
     let reply = net.request(again, extend(3, "k", token, 20));

@@ -74,8 +74,10 @@ fn the_leader_names_the_holder_by_its_label_and_term() {
     }
 }
 
-#[test]
-fn a_new_leader_names_the_same_holder_and_term_until_its_lease_ends() {
+/// `worker-a` leads the election `election` (20 s lease) through a leader
+/// that then dies; another is elected and a `watcher` observes on it. The
+/// net, the new leader, the watcher and the election's term.
+fn leader_elected_then_a_new_leader() -> (ClusterNet, usize, usize, u64) {
     let mut net = ClusterNet::new();
     let leader = net.elect();
     let candidate = observer(&mut net, leader, "worker-a");
@@ -84,6 +86,12 @@ fn a_new_leader_names_the_same_holder_and_term_until_its_lease_ends() {
     let next = net.elect();
     assert_ne!(next, leader);
     let watcher = observer(&mut net, next, "watcher");
+    (net, next, watcher, term)
+}
+
+#[test]
+fn a_new_leader_names_the_same_holder_and_term_until_its_lease_ends() {
+    let (mut net, next, watcher, term) = leader_elected_then_a_new_leader();
     let seen = observe(&mut net, watcher, 2, "election");
     // This leader never saw the holder's connection: departed, but still
     // the holder, under the label its Grant carried.
@@ -120,14 +128,7 @@ fn close_client(net: &mut ClusterNet, c: usize) {
 /// holder, under the same term and label, until its lease ends).
 #[test]
 fn a_holder_that_renews_on_a_new_leader_is_named_connected_there() {
-    let mut net = ClusterNet::new();
-    let leader = net.elect();
-    let candidate = observer(&mut net, leader, "worker-a");
-    let term = token_of(net.request(candidate, acquire(2, "election", 0, 20)));
-    net.kill(leader);
-    let next = net.elect();
-    assert_ne!(next, leader);
-    let watcher = observer(&mut net, next, "watcher");
+    let (mut net, next, watcher, term) = leader_elected_then_a_new_leader();
     assert_eq!(
         observe(&mut net, watcher, 2, "election").state,
         LeaderState::Departed
